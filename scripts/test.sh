@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# The test command (README, CI): notebooks and package agree, notebooks are clean, the notebooks' own
+# tests (nbdev_test) and the pytest suite. Offline and single-threaded per worker by design.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+BIN=.venv/bin
+export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
+export TOKENIZERS_PARALLELISM=false PYTHONHASHSEED=0 MPLBACKEND=Agg
+export DEPTHBENCH_CACHE=${DEPTHBENCH_CACHE:-$PWD/.cache/depthbench-nb}
+
+echo "== 1/4 nbdev_export leaves depthbench_nb/ unchanged"
+$BIN/python scripts/check_sync.py export
+echo "== 2/4 notebooks are clean (nbdev_clean changes nothing)"
+$BIN/python scripts/check_sync.py clean
+echo "== 3/4 nbdev_test (the tests inside the library notebooks)"
+$BIN/nbdev_test --n_workers 2 --timing 2>&1 | tail -n 40
+echo "== 4/4 pytest"
+$BIN/python -m pytest -n 2 --durations=15 -q "$@"
