@@ -1,0 +1,19 @@
+"""Shared test settings: offline, single-threaded, and every file the package writes goes to a temporary folder."""
+import os
+
+os.environ.setdefault('HF_HUB_OFFLINE', '1')
+os.environ.setdefault('HF_DATASETS_OFFLINE', '1')
+os.environ.setdefault('TRANSFORMERS_OFFLINE', '1')
+os.environ.setdefault('OMP_NUM_THREADS', '1')
+os.environ.setdefault('TOKENIZERS_PARALLELISM', 'false')
+os.environ.setdefault('MPLBACKEND', 'Agg')
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture
+def runs_dir(tmp_path, monkeypatch):
+    "A private DEPTHBENCH_RUNS folder for tests that write run records."
+    d = tmp_path / 'runs'
+    monkeypatch.setenv('DEPTHBENCH_RUNS', str(d))
+    return d
