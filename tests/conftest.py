@@ -17,3 +17,13 @@ def runs_dir(tmp_path, monkeypatch):
     d = tmp_path / 'runs'
     monkeypatch.setenv('DEPTHBENCH_RUNS', str(d))
     return d
+
+
+@pytest.fixture(scope='session')
+def tiny_data(tmp_path_factory):
+    """The offline default data (source 'sample', tokenizer 'bpe:4096': what the tiny preset trains on), prepared
+    once per test session into a folder shared by xdist workers (prepare is locked and idempotent); returns its path."""
+    from depthbench_nb.config import DataConfig
+    from depthbench_nb.data import prepare
+    folder = tmp_path_factory.getbasetemp().parent / 'depthbench-data' / 'sample-bpe4096'
+    return prepare(DataConfig(source='sample', tokenizer='bpe:4096', path=str(folder)), progress=False)
