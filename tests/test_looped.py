@@ -87,3 +87,130 @@ def test_bad_looped_configs(kw, words):
 def test_bad_layouts():
     with pytest.raises(ConfigError, match='needs a loop'): looped_config(6, 1, injection='hc')
     with pytest.raises(ConfigError, match='n_layer'): loop_layout(ModelConfig(arch='looped', n_layer=9, d_model=128, n_head=2, recurrence=2))
+
+
+# ---------------------------------------------------------------- the model (§1-3)
+import importlib
+
+import torch
+
+from depthbench_nb.config import resolve_arch
+from depthbench_nb.looped import LoopedLM, build_looped
+
+
+def tiny(r=2, n_layer=8, **kw):
+    return ModelConfig(arch='looped', n_layer=n_layer, d_model=64, n_head=2, vocab_size=97, max_seq_len=64, recurrence=r, **kw)
+
+
+def make(cfg, seed=0, perturb=True):
+    "A tiny model moved off its init (so W_inj passes gradient to the state and lanes differ)."
+    torch.manual_seed(seed)
+    m = build_looped(cfg)
+    if perturb:
+        with torch.no_grad():
+            for n, p in m.named_parameters():
+                if n.startswith(('inject', 'lane_')) or n.endswith('norm_recur.weight'): p.add_(0.05 * torch.randn_like(p))
+    return m
+
+
+CONFIGS = [tiny(1), tiny(2), tiny(4, 12), tiny(4, 12, injection='additive'), tiny(2, injection='passthrough'),
+           tiny(4, 12, injection='hc'), tiny(8, 20, truncated_bptt=True), tiny(2, n_kv_head=1)]
+
+
+def test_registry_builds_the_looped_model():
+    mod, fn = resolve_arch('looped').impl.split(':')
+    assert getattr(importlib.import_module(mod), fn) is build_looped
+    assert isinstance(build_looped(tiny()), LoopedLM)
+
+
+@pytest.mark.parametrize('cfg', CONFIGS, ids=lambda c: f'r{c.recurrence}-{c.injection}-tb{c.truncated_bptt}-kv{c.n_kv_head}')
+def test_model_count_causality_states_and_grads(cfg):
+    m = make(cfg)
+    assert sum(p.numel() for p in m.parameters()) == count_looped_params(cfg).total == count_params(cfg).total
+    assert m.n_blocks == cfg.n_layer and len(m.blocks) == loop_layout(cfg).n_unique
+    x = torch.randint(0, 97, (2, 10))
+    logits, states = m(x, return_states=True)
+    assert logits.dtype == torch.float32 and logits.shape == (2, 10, 97) and logits.abs().max() <= 15
+    assert len(states) == m.n_blocks + 1 and all(z.shape == (2, 10, 64) for z in states)
+    x2 = x.clone(); x2[:, 6:] = (x2[:, 6:] + 1) % 97
+    assert torch.allclose(m(x2)[:, :6], logits[:, :6], atol=1e-6)         # causal
+    loss = torch.nn.functional.cross_entropy(logits.view(-1, 97), x.roll(-1, 1).view(-1))
+    loss.backward()
+    for n, p in m.named_parameters():
+        assert p.grad is not None and torch.isfinite(p.grad).all(), n
+    last = states[-1] if loop_layout(cfg).n_coda else m.norm_recur(states[-1])   # r = 1 ends with RMSNorm_recur
+    assert torch.allclose(m.readout(m.n_blocks, last), logits, atol=1e-6)       # the lens at the top is the model
+    with pytest.raises(ConfigError, match='state_index'): m.readout(m.n_blocks + 1, last)
+
+
+def test_init_follows_the_paper():
+    m = build_looped(tiny(4, 12))
+    d, ffn = 64, 256
+    w = m.blocks[3].attn.c_proj.weight
+    assert w.abs().max() <= 3**0.5 / d**0.5 and w.abs().max() > 0.9 * 3**0.5 / d**0.5    # U(-a, a), a = sqrt(3/d)
+    assert m.blocks[0].mlp.c_proj.weight.abs().max() <= 3**0.5 / ffn**0.5
+    assert abs(m.wte.weight.std().item() - 1) < 0.05 and abs(m.lm_head.weight.std().item() - 1e-3) < 1e-4
+    assert torch.equal(m.inject.weight, torch.cat([torch.eye(d), torch.zeros(d, d)], 1))
+
+
+@pytest.mark.parametrize('r, n_layer', [(2, 8), (4, 12), (8, 20)])
+def test_truncated_bptt_gradients(r, n_layer):
+    full = make(tiny(r, n_layer))
+    trunc = build_looped(tiny(r, n_layer, truncated_bptt=True)); trunc.load_state_dict(full.state_dict())
+    x = torch.randint(0, 97, (2, 8))
+    logits, states = trunc(x, return_states=True)
+    assert torch.equal(logits, full(x))                                     # forward unchanged
+    for z in states: z.retain_grad()
+    logits.square().mean().backward()
+    r_bwd = math.ceil(r / 2)
+    for k, it in enumerate(trunc.iteration_of):
+        g = states[k + 1].grad
+        if it is None: assert g is not None and g.abs().sum() > 0           # prelude and coda always learn
+        elif it < r - r_bwd: assert g is None or g.abs().sum() == 0, (k, it)
+        else: assert g is not None and g.abs().sum() > 0, (k, it)
+    # the shared weights' gradient differs from full BPTT's (fewer paths), the coda's does not
+    logits_full = full(x); logits_full.square().mean().backward()
+    shared = trunc.layout.n_prelude
+    g_trunc, g_full = trunc.blocks[shared].mlp.c_fc.weight.grad, full.blocks[shared].mlp.c_fc.weight.grad
+    assert (g_trunc - g_full).abs().max() > 1e-4 * g_full.abs().max()
+    assert torch.allclose(trunc.blocks[-1].mlp.c_fc.weight.grad, full.blocks[-1].mlp.c_fc.weight.grad, atol=1e-6)
+
+
+def test_hc_lanes_by_hand():
+    "The loop hyper-connection recurrence, recomputed by hand from the model's own pieces (§3, Eq. 7)."
+    m = make(tiny(2, 8, injection='hc'))
+    x = torch.randint(0, 97, (1, 6))
+    logits, states = m(x, return_states=True)
+    e = states[2]
+    from depthbench_nb.looped import rope_tables
+    cos, sin = rope_tables(0, 6, 32, 1e4)
+    lanes = [e, e]
+    for i in range(2):
+        u = m.lane_alpha[i, 0] * lanes[0] + m.lane_alpha[i, 1] * lanes[1]
+        for b in (2, 3): u = m.blocks[b](u, cos, sin)
+        s = m.norm_recur(u)
+        lanes = [m.lane_mixing[i, j, 0] * lanes[0] + m.lane_mixing[i, j, 1] * lanes[1] + m.lane_beta[i, j] * s for j in range(2)]
+    y = lanes[0] + lanes[1]
+    for b in (4, 5): y = m.blocks[b](y, cos, sin)
+    assert torch.allclose(m._logits(y), logits, atol=1e-5)
+
+
+def test_kv_cache_decoding_matches_full_forward():
+    m = make(tiny(4, 12))
+    x = torch.randint(0, 97, (2, 9))
+    cache = m.new_kv_cache()
+    out = torch.cat([m(x[:, :4], kv_cache=cache)] + [m(x[:, t:t + 1], kv_cache=cache) for t in range(4, 9)], 1)
+    assert torch.allclose(out, m(x), atol=1e-5)
+
+
+def test_swap_and_skip_over_executed_layers():
+    m = make(tiny(4, 12))
+    x = torch.randint(0, 97, (2, 8))
+    base = m(x)
+    m.swap_blocks(3, 8)                       # two executions of shared layers in different iterations
+    assert m.schedule[3] == 2 and m.schedule[8] == 3 and not torch.allclose(m(x), base)
+    m.swap_blocks(3, 8)
+    assert torch.equal(m(x), base)
+    assert not torch.allclose(m(x, skip=[4]), base)
+    with pytest.raises(ConfigError, match='0..11'): m(x, skip=[12])
+    with pytest.raises(ConfigError, match='swap index'): m.swap_blocks(0, 99)
