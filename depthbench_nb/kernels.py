@@ -18,9 +18,11 @@ from torch import Tensor
 from .config import ConfigError
 
 # %% auto #0
-__all__ = ['SINKHORN_EPS', 'KERNELS_ENV', 'KERNEL_BACKENDS', 'TRITON_INTERPRETED', 'rms_norm_ref', 'swiglu_ref',
-           'relu_squared_ref', 'sinkhorn_ref', 'hc_read_ref', 'hc_write_ref', 'attnres_mix_ref', 'kernel_backend',
-           'rms_norm', 'swiglu', 'relu_squared', 'sinkhorn', 'hc_read', 'hc_write', 'attnres_mix']
+__all__ = ['SINKHORN_EPS', 'KERNELS_ENV', 'KERNEL_BACKENDS', 'TRITON_INTERPRETED', 'REFERENCES', 'KERNEL_NAMES',
+           'SELF_CHECK_RTOL', 'DEFAULT_INTERPRETER_CASES', 'rms_norm_ref', 'swiglu_ref', 'relu_squared_ref',
+           'sinkhorn_ref', 'hc_read_ref', 'hc_write_ref', 'attnres_mix_ref', 'kernel_backend', 'rms_norm', 'swiglu',
+           'relu_squared', 'sinkhorn', 'hc_read', 'hc_write', 'attnres_mix', 'kernel_example', 'compare_to_reference',
+           'interpreter_report']
 
 # %% ../nbs/03_kernels.ipynb #91c3b078
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -130,7 +132,7 @@ def kernel_backend() -> str:
         raise ConfigError(f"{KERNELS_ENV}={mode!r} is not a kernel backend; valid choices: {', '.join(KERNEL_BACKENDS)}")
     return mode
 
-# %% ../nbs/03_kernels.ipynb #0c0d85e7
+# %% ../nbs/03_kernels.ipynb #2181a115
 try:
     import triton
     import triton.language as tl
@@ -181,8 +183,8 @@ def _self_check(name: str, device: torch.device, strict: bool) -> bool:
     key = (name, str(device))
     if key not in _SELF_CHECKS:
         try:
-            err = _SELF_CHECK_FNS[name](device)
-            ok, detail = err is None, err
+            detail = _self_check_error(name, device)
+            ok = detail is None
         except Exception as e:  # a compile failure is a failed check too
             ok, detail = False, f"{type(e).__name__}: {e}"
         _SELF_CHECKS[key] = ok
@@ -194,9 +196,588 @@ def _self_check(name: str, device: torch.device, strict: bool) -> bool:
         raise RuntimeError(f"Triton kernel {name!r} failed its self-check earlier on {device} ({KERNELS_ENV}=triton)")
     return _SELF_CHECKS[key]
 
+# %% ../nbs/03_kernels.ipynb #5173adeb
+if not HAS_TRITON:
+    class _NoTriton:
+        "Stand-in so that the @triton.jit definitions parse without triton; they are never launched."
+        @staticmethod
+        def jit(fn=None, **kw): return fn if fn is not None else (lambda f: f)
+        @staticmethod
+        def next_power_of_2(n: int) -> int: return 1 << max(0, (int(n) - 1).bit_length())
+        @staticmethod
+        def cdiv(a: int, b: int) -> int: return -(-a // b)
+    triton = _NoTriton()
 
-# name -> function(device) -> None if the kernel agrees with its reference, else a description; filled below
-_SELF_CHECK_FNS: dict = {}
+
+def _n_programs_persistent(n_rows: int, device: torch.device) -> int:
+    "Programs for a persistent (row-looping) kernel: a few per SM on a GPU, few in the interpreter."
+    if device.type == 'cuda':
+        return max(1, min(n_rows, 4 * torch.cuda.get_device_properties(device).multi_processor_count))
+    return max(1, min(n_rows, 8))
+
+
+def _rows_view(t: Tensor, d: int) -> Tensor:
+    return t.contiguous().view(-1, d)                                           # [R, d]
+
+# %% ../nbs/03_kernels.ipynb #b27e4ee9
+@triton.jit
+def _rms_norm_fwd_kernel(x_ptr, res_ptr, w_ptr, y_ptr, h_ptr, rstd_ptr, D, eps,
+                         HAS_RES: tl.constexpr, HAS_W: tl.constexpr, BLOCK_D: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK_D)
+    mask = cols < D
+    x = tl.load(x_ptr + row * D + cols, mask=mask, other=0.0).to(tl.float32)
+    if HAS_RES:
+        x = x + tl.load(res_ptr + row * D + cols, mask=mask, other=0.0).to(tl.float32)
+        h = x.to(h_ptr.dtype.element_ty)          # the new residual stream, in the storage dtype
+        tl.store(h_ptr + row * D + cols, h, mask=mask)
+        x = h.to(tl.float32)
+    rstd = tl.rsqrt(tl.sum(x * x, axis=0) / D + eps)
+    y = x * rstd
+    if HAS_W:
+        y = y * tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(y_ptr + row * D + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
+    tl.store(rstd_ptr + row, rstd)
+
+
+@triton.jit
+def _rms_norm_bwd_kernel(dy_ptr, dh_ptr, x_ptr, w_ptr, rstd_ptr, dx_ptr, dw_part_ptr, n_rows, D,
+                         HAS_DH: tl.constexpr, HAS_W: tl.constexpr, BLOCK_D: tl.constexpr):
+    pid = tl.program_id(0)
+    n_prog = tl.num_programs(0)
+    cols = tl.arange(0, BLOCK_D)
+    mask = cols < D
+    if HAS_W:
+        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    dw_acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+    for row in range(pid, n_rows, n_prog):
+        off = tl.cast(row, tl.int64) * D + cols                                # int64: R·d may pass 2³¹
+        dy = tl.load(dy_ptr + off, mask=mask, other=0.0).to(tl.float32)
+        x = tl.load(x_ptr + off, mask=mask, other=0.0).to(tl.float32)
+        rstd = tl.load(rstd_ptr + row)
+        x_hat = x * rstd
+        if HAS_W:
+            g = dy * w
+        else:
+            g = dy
+        dx = rstd * (g - x_hat * (tl.sum(g * x_hat, axis=0) / D))
+        if HAS_DH:
+            dx += tl.load(dh_ptr + off, mask=mask, other=0.0).to(tl.float32)
+        tl.store(dx_ptr + off, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+        dw_acc += dy * x_hat
+    tl.store(dw_part_ptr + pid * D + cols, dw_acc, mask=mask)
+
+
+class _RMSNormFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, eps, residual):
+        d = x.shape[-1]
+        x2 = _rows_view(x, d)                                                   # [R, d]
+        res2 = _rows_view(residual, d) if residual is not None else None
+        y = torch.empty_like(x2)
+        h = torch.empty_like(x2) if residual is not None else None
+        rstd = torch.empty(x2.shape[0], device=x.device, dtype=torch.float32)  # [R]
+        if x2.shape[0] > 0:
+            _rms_norm_fwd_kernel[(x2.shape[0],)](x2, res2 if res2 is not None else x2, weight if weight is not None else x2,
+                                                y, h if h is not None else y, rstd, d, eps,
+                                                HAS_RES=residual is not None, HAS_W=weight is not None,
+                                                BLOCK_D=triton.next_power_of_2(d))
+        ctx.save_for_backward(h if h is not None else x2, weight, rstd)
+        ctx.has_res, ctx.shape = residual is not None, x.shape
+        ctx.set_materialize_grads(False)
+        if residual is not None: return y.view(x.shape), h.view(x.shape)
+        return y.view(x.shape)
+
+    @staticmethod
+    def backward(ctx, dy, dh=None):
+        x2, weight, rstd = ctx.saved_tensors
+        R, d = x2.shape
+        if dy is None: dy = torch.zeros(ctx.shape, device=x2.device, dtype=x2.dtype)
+        dy2 = _rows_view(dy, d)
+        dh2 = _rows_view(dh, d) if dh is not None else None
+        dx = torch.empty_like(x2)
+        n_prog = _n_programs_persistent(R, x2.device)
+        dw_part = torch.zeros(n_prog, d, device=x2.device, dtype=torch.float32)    # [programs, d]
+        if R > 0:
+            _rms_norm_bwd_kernel[(n_prog,)](dy2, dh2 if dh2 is not None else dy2, x2, weight if weight is not None else x2,
+                                            rstd, dx, dw_part, R, d, HAS_DH=dh2 is not None, HAS_W=weight is not None,
+                                            BLOCK_D=triton.next_power_of_2(d))
+        dw = dw_part.sum(0) if weight is not None and ctx.needs_input_grad[1] else None
+        dx = dx.view(ctx.shape)
+        return dx, dw, None, (dx if ctx.has_res else None)
+
+
+def _rms_norm_triton(x, weight, eps, residual=None):
+    w = weight.float().contiguous() if weight is not None else None
+    return _RMSNormFn.apply(x, w, eps, residual)
+
+# %% ../nbs/03_kernels.ipynb #a1a7ce41
+_ELEMENTWISE_BLOCK = 1024
+
+
+@triton.jit
+def _swiglu_fwd_kernel(g_ptr, u_ptr, y_ptr, N, BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < N
+    g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(u_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    y = g * tl.sigmoid(g) * u
+    tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _swiglu_bwd_kernel(dy_ptr, g_ptr, u_ptr, dg_ptr, du_ptr, N, BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < N
+    dy = tl.load(dy_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(u_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    sig = tl.sigmoid(g)
+    tl.store(dg_ptr + offs, (dy * u * sig * (1.0 + g * (1.0 - sig))).to(dg_ptr.dtype.element_ty), mask=mask)
+    tl.store(du_ptr + offs, (dy * g * sig).to(du_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _relu_sq_fwd_kernel(x_ptr, y_ptr, N, BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < N
+    r = tl.maximum(tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32), 0.0)
+    tl.store(y_ptr + offs, (r * r).to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _relu_sq_bwd_kernel(dy_ptr, x_ptr, dx_ptr, N, BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < N
+    r = tl.maximum(tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32), 0.0)
+    dy = tl.load(dy_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(dx_ptr + offs, (2.0 * r * dy).to(dx_ptr.dtype.element_ty), mask=mask)
+
+
+def _grid_1d(n: int): return (max(1, triton.cdiv(n, _ELEMENTWISE_BLOCK)),)
+
+
+class _SwiGLUFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, gate, up):
+        g, u = gate.contiguous(), up.contiguous()
+        y = torch.empty_like(g)
+        if g.numel(): _swiglu_fwd_kernel[_grid_1d(g.numel())](g, u, y, g.numel(), BLOCK=_ELEMENTWISE_BLOCK)
+        ctx.save_for_backward(g, u)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        g, u = ctx.saved_tensors
+        dy = dy.contiguous()
+        dg, du = torch.empty_like(g), torch.empty_like(u)
+        if g.numel(): _swiglu_bwd_kernel[_grid_1d(g.numel())](dy, g, u, dg, du, g.numel(), BLOCK=_ELEMENTWISE_BLOCK)
+        return dg, du
+
+
+class _ReluSquaredFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        x = x.contiguous()
+        y = torch.empty_like(x)
+        if x.numel(): _relu_sq_fwd_kernel[_grid_1d(x.numel())](x, y, x.numel(), BLOCK=_ELEMENTWISE_BLOCK)
+        ctx.save_for_backward(x)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        (x,) = ctx.saved_tensors
+        dx = torch.empty_like(x)
+        if x.numel(): _relu_sq_bwd_kernel[_grid_1d(x.numel())](dy.contiguous(), x, dx, x.numel(), BLOCK=_ELEMENTWISE_BLOCK)
+        return dx
+
+# %% ../nbs/03_kernels.ipynb #ee7cfd1d
+_SINKHORN_MAX_N = 32
+
+
+@triton.jit
+def _sinkhorn_fwd_kernel(z_ptr, out_ptr, den_ptr, B, N, n_iter, eps,
+                         STORE_DEN: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr):
+    b = tl.program_id(0).to(tl.int64) * BLOCK_B + tl.arange(0, BLOCK_B)
+    i = tl.arange(0, BLOCK_N)
+    j = tl.arange(0, BLOCK_N)
+    b3, i3, j3 = b[:, None, None], i[None, :, None], j[None, None, :]
+    valid = (b3 < B) & (i3 < N) & (j3 < N)                                    # [BLOCK_B, BLOCK_N, BLOCK_N]
+    offs = b3 * N * N + i3 * N + j3
+    z = tl.load(z_ptr + offs, mask=valid, other=-float('inf')).to(tl.float32)
+    z = tl.where(valid, z, -float('inf'))
+    z_max = tl.max(z, axis=2)
+    z_max = tl.where(z_max == -float('inf'), 0.0, z_max)                      # padded rows: avoid inf - inf
+    e = tl.exp(z - z_max[:, :, None])
+    row_sum = tl.sum(e, axis=2)
+    row_sum = tl.where(row_sum == 0.0, 1.0, row_sum)
+    m = tl.where(valid, e / row_sum[:, :, None] + eps, 0.0)
+    # den layout: [B, 2*n_iter-1, N], step 0 = the first column normalisation, then (row, column) pairs
+    n_steps = 2 * n_iter - 1
+    den_row_base = b[:, None] * n_steps * N + tl.arange(0, BLOCK_N)[None, :]   # [BLOCK_B, BLOCK_N]
+    den_mask = (b[:, None] < B) & (tl.arange(0, BLOCK_N)[None, :] < N)
+    col = tl.sum(m, axis=1) + eps                                             # [BLOCK_B, BLOCK_N] over j
+    m = m / col[:, None, :]
+    if STORE_DEN:
+        tl.store(den_ptr + den_row_base, col, mask=den_mask)
+    for it in range(1, n_iter):
+        row = tl.sum(m, axis=2) + eps                                         # over i
+        m = m / row[:, :, None]
+        col = tl.sum(m, axis=1) + eps
+        m = m / col[:, None, :]
+        if STORE_DEN:
+            tl.store(den_ptr + den_row_base + (2 * it - 1) * N, row, mask=den_mask)
+            tl.store(den_ptr + den_row_base + (2 * it) * N, col, mask=den_mask)
+    tl.store(out_ptr + offs, m.to(out_ptr.dtype.element_ty), mask=valid)
+
+
+@triton.jit
+def _sinkhorn_bwd_kernel(dout_ptr, m_ptr, den_ptr, dz_ptr, B, N, n_iter, eps,
+                         BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr):
+    b = tl.program_id(0).to(tl.int64) * BLOCK_B + tl.arange(0, BLOCK_B)
+    i = tl.arange(0, BLOCK_N)
+    b3, i3, j3 = b[:, None, None], i[None, :, None], i[None, None, :]
+    valid = (b3 < B) & (i3 < N) & (j3 < N)
+    offs = b3 * N * N + i3 * N + j3
+    g = tl.load(dout_ptr + offs, mask=valid, other=0.0).to(tl.float32)       # dL/dM, [BLOCK_B, n, n]
+    m = tl.load(m_ptr + offs, mask=valid, other=0.0).to(tl.float32)          # fp32 final matrix (recomputed)
+    n_steps = 2 * n_iter - 1
+    den_row_base = b[:, None] * n_steps * N + i[None, :]
+    den_mask = (b[:, None] < B) & (i[None, :] < N)
+    for k in range(0, n_iter - 1):
+        it = n_iter - 1 - k
+        col = tl.load(den_ptr + den_row_base + (2 * it) * N, mask=den_mask, other=1.0)
+        g = (g - tl.sum(g * m, axis=1)[:, None, :]) / col[:, None, :]
+        m = m * col[:, None, :]
+        row = tl.load(den_ptr + den_row_base + (2 * it - 1) * N, mask=den_mask, other=1.0)
+        g = (g - tl.sum(g * m, axis=2)[:, :, None]) / row[:, :, None]
+        m = m * row[:, :, None]
+    col = tl.load(den_ptr + den_row_base, mask=den_mask, other=1.0)
+    g = (g - tl.sum(g * m, axis=1)[:, None, :]) / col[:, None, :]
+    m = m * col[:, None, :]
+    p = tl.where(valid, m - eps, 0.0)                                         # the softmax (the +eps has no gradient)
+    dz = p * (g - tl.sum(g * p, axis=2)[:, :, None])
+    tl.store(dz_ptr + offs, dz.to(dz_ptr.dtype.element_ty), mask=valid)
+
+
+def _sinkhorn_launch(z: Tensor, n_iter: int, out: Tensor, den: Optional[Tensor]):
+    B, n = z.shape[0], z.shape[-1]
+    block_n = triton.next_power_of_2(n)
+    block_b = max(1, min(triton.next_power_of_2(B), 2048 // (block_n * block_n)))
+    _sinkhorn_fwd_kernel[(triton.cdiv(B, block_b),)](z, out, den if den is not None else out, B, n, n_iter, SINKHORN_EPS,
+                                                     STORE_DEN=den is not None, BLOCK_B=block_b, BLOCK_N=block_n)
+    return block_b, block_n
+
+
+class _SinkhornFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, logits, n_iter):
+        n = logits.shape[-1]
+        z = logits.contiguous().view(-1, n, n)                                 # [B, n, n]
+        out = torch.empty_like(z)
+        if z.shape[0]: _sinkhorn_launch(z, n_iter, out, None)
+        ctx.save_for_backward(z)
+        ctx.n_iter, ctx.shape = n_iter, logits.shape
+        return out.view(logits.shape)
+
+    @staticmethod
+    def backward(ctx, dout):
+        (z,) = ctx.saved_tensors
+        B, n = z.shape[0], z.shape[-1]
+        dz = torch.empty_like(z)
+        if B:
+            # recompute the forward in fp32, keeping every step's denominators
+            m32 = torch.empty(z.shape, device=z.device, dtype=torch.float32)
+            den = torch.empty(B, 2 * ctx.n_iter - 1, n, device=z.device, dtype=torch.float32)
+            block_b, block_n = _sinkhorn_launch(z, ctx.n_iter, m32, den)
+            _sinkhorn_bwd_kernel[(triton.cdiv(B, block_b),)](dout.contiguous().view(-1, n, n), m32, den, dz, B, n, ctx.n_iter,
+                                                           SINKHORN_EPS, BLOCK_B=block_b, BLOCK_N=block_n)
+        return dz.view(ctx.shape), None
+
+
+def _sinkhorn_triton(logits, n_iter=20):
+    if logits.shape[-1] > _SINKHORN_MAX_N: return sinkhorn_ref(logits, n_iter)   # whole matrices live in registers
+    return _SinkhornFn.apply(logits, n_iter)
+
+# %% ../nbs/03_kernels.ipynb #1621abdd
+def _hc_block_d(d: int, n_pad: int) -> int:
+    return max(16, min(triton.next_power_of_2(d), 4096 // (n_pad * n_pad), 256))
+
+
+@triton.jit
+def _hc_read_fwd_kernel(s_ptr, w_ptr, y_ptr, N, D, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    j = tl.arange(0, BLOCK_N)
+    mask = (j[:, None] < N) & (cols[None, :] < D)
+    s = tl.load(s_ptr + row * N * D + j[:, None] * D + cols[None, :], mask=mask, other=0.0).to(tl.float32)   # [n, BLOCK_D]
+    w = tl.load(w_ptr + row * N + j, mask=j < N, other=0.0)                                                    # [n] fp32
+    tl.store(y_ptr + row * D + cols, tl.sum(w[:, None] * s, axis=0).to(y_ptr.dtype.element_ty), mask=cols < D)
+
+
+@triton.jit
+def _hc_read_bwd_kernel(dy_ptr, s_ptr, w_ptr, ds_ptr, dw_ptr, N, D, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    j = tl.arange(0, BLOCK_N)
+    w = tl.load(w_ptr + row * N + j, mask=j < N, other=0.0)
+    dw = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for d0 in range(0, D, BLOCK_D):
+        cols = d0 + tl.arange(0, BLOCK_D)
+        mask = (j[:, None] < N) & (cols[None, :] < D)
+        offs = row * N * D + j[:, None] * D + cols[None, :]
+        dy = tl.load(dy_ptr + row * D + cols, mask=cols < D, other=0.0).to(tl.float32)                      # [BLOCK_D]
+        s = tl.load(s_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        tl.store(ds_ptr + offs, (w[:, None] * dy[None, :]).to(ds_ptr.dtype.element_ty), mask=mask)
+        dw += tl.sum(s * dy[None, :], axis=1)
+    tl.store(dw_ptr + row * N + j, dw, mask=j < N)
+
+
+@triton.jit
+def _hc_write_fwd_kernel(s_ptr, m_ptr, w_ptr, b_ptr, o_ptr, N, D, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    i = tl.arange(0, BLOCK_N)
+    mask = (i[:, None] < N) & (cols[None, :] < D)
+    offs = row * N * D + i[:, None] * D + cols[None, :]
+    s = tl.load(s_ptr + offs, mask=mask, other=0.0).to(tl.float32)                                          # [n, BLOCK_D] (j, d)
+    mix = tl.load(m_ptr + row * N * N + i[:, None] * N + i[None, :], mask=(i[:, None] < N) & (i[None, :] < N), other=0.0)  # [n, n] (i, j)
+    w = tl.load(w_ptr + row * N + i, mask=i < N, other=0.0)                                                  # [n]
+    br = tl.load(b_ptr + row * D + cols, mask=cols < D, other=0.0).to(tl.float32)                           # [BLOCK_D]
+    out = tl.sum(mix[:, :, None] * s[None, :, :], axis=1) + w[:, None] * br[None, :]                         # [n, BLOCK_D]
+    tl.store(o_ptr + offs, out.to(o_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _hc_write_bwd_kernel(do_ptr, s_ptr, m_ptr, w_ptr, b_ptr, ds_ptr, dm_ptr, dw_ptr, db_ptr, N, D,
+                         BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    i = tl.arange(0, BLOCK_N)
+    nn_mask = (i[:, None] < N) & (i[None, :] < N)
+    mix = tl.load(m_ptr + row * N * N + i[:, None] * N + i[None, :], mask=nn_mask, other=0.0)                # [n, n] (i, j)
+    w = tl.load(w_ptr + row * N + i, mask=i < N, other=0.0)
+    dmix = tl.zeros([BLOCK_N, BLOCK_N], dtype=tl.float32)
+    dw = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for d0 in range(0, D, BLOCK_D):
+        cols = d0 + tl.arange(0, BLOCK_D)
+        mask = (i[:, None] < N) & (cols[None, :] < D)
+        offs = row * N * D + i[:, None] * D + cols[None, :]
+        g = tl.load(do_ptr + offs, mask=mask, other=0.0).to(tl.float32)                                     # [n, BLOCK_D] (i, d)
+        s = tl.load(s_ptr + offs, mask=mask, other=0.0).to(tl.float32)                                      # [n, BLOCK_D] (j, d)
+        br = tl.load(b_ptr + row * D + cols, mask=cols < D, other=0.0).to(tl.float32)
+        ds = tl.sum(mix[:, :, None] * g[:, None, :], axis=0)                                                # [n, BLOCK_D] (j, d)
+        tl.store(ds_ptr + offs, ds.to(ds_ptr.dtype.element_ty), mask=mask)
+        tl.store(db_ptr + row * D + cols, tl.sum(w[:, None] * g, axis=0).to(db_ptr.dtype.element_ty), mask=cols < D)
+        dmix += tl.sum(g[:, None, :] * s[None, :, :], axis=2)
+        dw += tl.sum(g * br[None, :], axis=1)
+    tl.store(dm_ptr + row * N * N + i[:, None] * N + i[None, :], dmix, mask=nn_mask)
+    tl.store(dw_ptr + row * N + i, dw, mask=i < N)
+
+
+class _HCReadFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, s, w):                         # s [R, n, d] storage dtype, w [R, n] fp32
+        R, n, d = s.shape
+        y = torch.empty(R, d, device=s.device, dtype=s.dtype)
+        bn = triton.next_power_of_2(n); bd = _hc_block_d(d, bn)
+        if R: _hc_read_fwd_kernel[(R, triton.cdiv(d, bd))](s, w, y, n, d, BLOCK_N=bn, BLOCK_D=bd)
+        ctx.save_for_backward(s, w)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        s, w = ctx.saved_tensors
+        R, n, d = s.shape
+        ds, dw = torch.empty_like(s), torch.empty_like(w)
+        bn = triton.next_power_of_2(n); bd = _hc_block_d(d, bn)
+        if R: _hc_read_bwd_kernel[(R,)](dy.contiguous(), s, w, ds, dw, n, d, BLOCK_N=bn, BLOCK_D=bd)
+        return ds, dw
+
+
+class _HCWriteFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, s, mix, w, br):                # s [R, n, d], mix [R, n, n] fp32, w [R, n] fp32, br [R, d]
+        R, n, d = s.shape
+        out = torch.empty_like(s)
+        bn = triton.next_power_of_2(n); bd = _hc_block_d(d, bn)
+        if R: _hc_write_fwd_kernel[(R, triton.cdiv(d, bd))](s, mix, w, br, out, n, d, BLOCK_N=bn, BLOCK_D=bd)
+        ctx.save_for_backward(s, mix, w, br)
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        s, mix, w, br = ctx.saved_tensors
+        R, n, d = s.shape
+        ds, dmix, dw, dbr = torch.empty_like(s), torch.empty_like(mix), torch.empty_like(w), torch.empty_like(br)
+        bn = triton.next_power_of_2(n); bd = _hc_block_d(d, bn)
+        if R: _hc_write_bwd_kernel[(R,)](dout.contiguous(), s, mix, w, br, ds, dmix, dw, dbr, n, d, BLOCK_N=bn, BLOCK_D=bd)
+        return ds, dmix, dw, dbr
+
+
+def _coeff_rows(t: Tensor, lead: tuple, tail: tuple) -> Tensor:
+    "Coefficients broadcast to one set per token, fp32, [R, *tail] (autograd sums the broadcast back)."
+    return t.float().expand(*lead, *tail).reshape(-1, *tail).contiguous()
+
+
+def _hc_read_triton(streams, read_w):
+    lead, (n, d) = tuple(streams.shape[:-2]), streams.shape[-2:]
+    y = _HCReadFn.apply(streams.contiguous().view(-1, n, d), _coeff_rows(read_w, lead, (n,)))
+    return y.view(*lead, d)
+
+
+def _hc_write_triton(streams, mix, write_w, branch):
+    lead, (n, d) = tuple(streams.shape[:-2]), streams.shape[-2:]
+    out = _HCWriteFn.apply(streams.contiguous().view(-1, n, d), _coeff_rows(mix, lead, (n, n)),
+                           _coeff_rows(write_w, lead, (n,)), branch.contiguous().view(-1, d))
+    return out.view(streams.shape)
+
+# %% ../nbs/03_kernels.ipynb #f256bb5e
+def _attnres_blocks(S: int, d: int) -> tuple[int, int]:
+    bs = triton.next_power_of_2(S)
+    return bs, max(16, min(triton.next_power_of_2(d), 8192 // bs, 512))
+
+
+@triton.jit
+def _attnres_fwd_kernel(v_ptr, c_ptr, wo_ptr, bias_ptr, out_ptr, raw_ptr, p_ptr, r_ptr, dot_ptr, rho_ptr,
+                        S, R, D, eps, scale, HAS_BIAS: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    s = tl.arange(0, BLOCK_S)
+    s_mask = s < S
+    src = s.to(tl.int64)[:, None] * R * D + row * D                           # [BLOCK_S, 1] start of v_s for this token
+    sumsq = tl.zeros([BLOCK_S], dtype=tl.float32)
+    dot = tl.zeros([BLOCK_S], dtype=tl.float32)
+    for d0 in range(0, D, BLOCK_D):
+        cols = d0 + tl.arange(0, BLOCK_D)
+        v = tl.load(v_ptr + src + cols[None, :], mask=s_mask[:, None] & (cols[None, :] < D), other=0.0).to(tl.float32)
+        c = tl.load(c_ptr + cols, mask=cols < D, other=0.0)
+        sumsq += tl.sum(v * v, axis=1)
+        dot += tl.sum(v * c[None, :], axis=1)
+    r = tl.rsqrt(sumsq / D + eps)                                            # [BLOCK_S] 1/rms(v_s)
+    z = scale * r * dot
+    if HAS_BIAS:
+        z += tl.load(bias_ptr + s, mask=s_mask, other=0.0)
+    z = tl.where(s_mask, z, -float('inf'))
+    e = tl.exp(z - tl.max(z, axis=0))
+    p = e / tl.sum(e, axis=0)                                                # [BLOCK_S]
+    tl.store(p_ptr + row * S + s, p, mask=s_mask)
+    tl.store(r_ptr + row * S + s, r, mask=s_mask)
+    tl.store(dot_ptr + row * S + s, dot, mask=s_mask)
+    raw_sq = tl.zeros([BLOCK_D], dtype=tl.float32)
+    for d0 in range(0, D, BLOCK_D):
+        cols = d0 + tl.arange(0, BLOCK_D)
+        v = tl.load(v_ptr + src + cols[None, :], mask=s_mask[:, None] & (cols[None, :] < D), other=0.0).to(tl.float32)
+        raw = tl.sum(p[:, None] * v, axis=0)                                 # [BLOCK_D]
+        tl.store(raw_ptr + row * D + cols, raw, mask=cols < D)
+        raw_sq += raw * raw
+    rho = tl.rsqrt(tl.sum(raw_sq, axis=0) / D + eps)
+    tl.store(rho_ptr + row, rho)
+    for d0 in range(0, D, BLOCK_D):
+        cols = d0 + tl.arange(0, BLOCK_D)
+        raw = tl.load(raw_ptr + row * D + cols, mask=cols < D, other=0.0)
+        wo = tl.load(wo_ptr + cols, mask=cols < D, other=0.0)
+        tl.store(out_ptr + row * D + cols, (raw * rho * wo).to(out_ptr.dtype.element_ty), mask=cols < D)
+
+
+@triton.jit
+def _attnres_bwd_kernel(dout_ptr, draw_ptr, dp_ptr, v_ptr, c_ptr, wo_ptr, raw_ptr, p_ptr, r_ptr, dot_ptr, rho_ptr,
+                        dv_ptr, a_ptr, gwo_ptr, dz_ptr, S, R, D, scale,
+                        HAS_DOUT: tl.constexpr, HAS_DRAW: tl.constexpr, HAS_DP: tl.constexpr,
+                        BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    s = tl.arange(0, BLOCK_S)
+    s_mask = s < S
+    src = s.to(tl.int64)[:, None] * R * D + row * D
+    p = tl.load(p_ptr + row * S + s, mask=s_mask, other=0.0)
+    r = tl.load(r_ptr + row * S + s, mask=s_mask, other=0.0)
+    dot = tl.load(dot_ptr + row * S + s, mask=s_mask, other=0.0)
+    rho = tl.load(rho_ptr + row)
+    # mean(g * raw) of the output RMSNorm
+    g_raw = tl.zeros([BLOCK_D], dtype=tl.float32)
+    if HAS_DOUT:
+        for d0 in range(0, D, BLOCK_D):
+            cols = d0 + tl.arange(0, BLOCK_D)
+            g = tl.load(dout_ptr + row * D + cols, mask=cols < D, other=0.0).to(tl.float32) * tl.load(wo_ptr + cols, mask=cols < D, other=0.0)
+            g_raw += g * tl.load(raw_ptr + row * D + cols, mask=cols < D, other=0.0)
+    g_raw_mean = tl.sum(g_raw, axis=0) / D
+    # dp_s = d raw . v_s
+    dp = tl.zeros([BLOCK_S], dtype=tl.float32)
+    for d0 in range(0, D, BLOCK_D):
+        cols = d0 + tl.arange(0, BLOCK_D)
+        raw = tl.load(raw_ptr + row * D + cols, mask=cols < D, other=0.0)
+        draw = tl.zeros([BLOCK_D], dtype=tl.float32)
+        if HAS_DOUT:
+            dout = tl.load(dout_ptr + row * D + cols, mask=cols < D, other=0.0).to(tl.float32)
+            g = dout * tl.load(wo_ptr + cols, mask=cols < D, other=0.0)
+            draw += rho * (g - raw * rho * rho * g_raw_mean)
+            tl.store(gwo_ptr + row * D + cols, dout * raw * rho, mask=cols < D)
+        if HAS_DRAW:
+            draw += tl.load(draw_ptr + row * D + cols, mask=cols < D, other=0.0).to(tl.float32)
+        v = tl.load(v_ptr + src + cols[None, :], mask=s_mask[:, None] & (cols[None, :] < D), other=0.0).to(tl.float32)
+        dp += tl.sum(v * draw[None, :], axis=1)
+    if HAS_DP:
+        dp += tl.load(dp_ptr + row * S + s, mask=s_mask, other=0.0).to(tl.float32)
+    dz = p * (dp - tl.sum(p * dp, axis=0))
+    tl.store(dz_ptr + row * S + s, dz, mask=s_mask)
+    k = scale * dz * r                                                       # du_s * r_s
+    for d0 in range(0, D, BLOCK_D):
+        cols = d0 + tl.arange(0, BLOCK_D)
+        raw = tl.load(raw_ptr + row * D + cols, mask=cols < D, other=0.0)
+        draw = tl.zeros([BLOCK_D], dtype=tl.float32)
+        if HAS_DOUT:
+            g = tl.load(dout_ptr + row * D + cols, mask=cols < D, other=0.0).to(tl.float32) * tl.load(wo_ptr + cols, mask=cols < D, other=0.0)
+            draw += rho * (g - raw * rho * rho * g_raw_mean)
+        if HAS_DRAW:
+            draw += tl.load(draw_ptr + row * D + cols, mask=cols < D, other=0.0).to(tl.float32)
+        vmask = s_mask[:, None] & (cols[None, :] < D)
+        v = tl.load(v_ptr + src + cols[None, :], mask=vmask, other=0.0).to(tl.float32)
+        c = tl.load(c_ptr + cols, mask=cols < D, other=0.0)
+        dv = p[:, None] * draw[None, :] + k[:, None] * (c[None, :] - (r * r * dot / D)[:, None] * v)
+        tl.store(dv_ptr + src + cols[None, :], dv.to(dv_ptr.dtype.element_ty), mask=vmask)
+        tl.store(a_ptr + row * D + cols, tl.sum(k[:, None] * v, axis=0), mask=cols < D)
+
+
+class _AttnResMixFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, v, q, kw, wo, bias, eps, scale):   # v [S, R, d] storage dtype; q, kw, wo [d] fp32; bias [S] fp32 or None
+        S, R, d = v.shape
+        c = (q * kw).contiguous()                                              # [d] the effective key direction
+        out = torch.empty(R, d, device=v.device, dtype=v.dtype)
+        f32 = dict(device=v.device, dtype=torch.float32)
+        raw, p, r, dot, rho = torch.empty(R, d, **f32), torch.empty(R, S, **f32), torch.empty(R, S, **f32), torch.empty(R, S, **f32), torch.empty(R, **f32)
+        bs, bd = _attnres_blocks(S, d)
+        if R: _attnres_fwd_kernel[(R,)](v, c, wo, bias if bias is not None else c, out, raw, p, r, dot, rho, S, R, d, eps, scale,
+                                        HAS_BIAS=bias is not None, BLOCK_S=bs, BLOCK_D=bd)
+        ctx.save_for_backward(v, q, kw, wo, c, raw, p, r, dot, rho)
+        ctx.scale, ctx.has_bias = scale, bias is not None
+        ctx.set_materialize_grads(False)
+        return out, raw.to(v.dtype), p.to(v.dtype)
+
+    @staticmethod
+    def backward(ctx, dout, draw, dp):
+        v, q, kw, wo, c, raw, p, r, dot, rho = ctx.saved_tensors
+        S, R, d = v.shape
+        f32 = dict(device=v.device, dtype=torch.float32)
+        dv = torch.empty_like(v)
+        a, gwo, dz = torch.zeros(R, d, **f32), torch.zeros(R, d, **f32), torch.zeros(R, S, **f32)
+        bs, bd = _attnres_blocks(S, d)
+        dout_ = dout.contiguous() if dout is not None else raw
+        draw_ = draw.contiguous() if draw is not None else raw
+        dp_ = dp.contiguous() if dp is not None else p
+        if R: _attnres_bwd_kernel[(R,)](dout_, draw_, dp_, v, c, wo, raw, p, r, dot, rho, dv, a, gwo, dz, S, R, d, ctx.scale,
+                                        HAS_DOUT=dout is not None, HAS_DRAW=draw is not None, HAS_DP=dp is not None,
+                                        BLOCK_S=bs, BLOCK_D=bd)
+        a_sum = a.sum(0)                                                       # [d]
+        return dv, a_sum * kw, a_sum * q, gwo.sum(0), (dz.sum(0) if ctx.has_bias else None), None, None
+
+
+def _attnres_mix_triton(sources, query, key_weight, out_weight, eps, bias=None, scale=1.0, return_all=False):
+    S, d = sources.shape[0], sources.shape[-1]
+    lead = tuple(sources.shape[1:-1])
+    vec = lambda t: t.float().contiguous()
+    out, raw, p = _AttnResMixFn.apply(sources.contiguous().view(S, -1, d), vec(query), vec(key_weight), vec(out_weight),
+                                      vec(bias) if bias is not None else None, eps, scale)
+    out = out.view(*lead, d)
+    if not return_all: return out
+    return out, raw.view(*lead, d), p.view(*lead, S)
 
 # %% ../nbs/03_kernels.ipynb #d7163323
 def _need_eps(eps) -> float:
@@ -316,3 +897,106 @@ def attnres_mix(sources, query: Tensor, key_weight: Tensor, out_weight: Tensor, 
     if not isinstance(scale, Tensor) and _use_triton('attnres_mix', sources):
         return _TRITON_IMPLS['attnres_mix'](sources, query, key_weight, out_weight, eps, bias, float(scale), return_all)
     return attnres_mix_ref(sources, query, key_weight, out_weight, eps, bias, scale, return_all)
+
+# %% ../nbs/03_kernels.ipynb #9f7ac4c3
+REFERENCES = dict(rms_norm=rms_norm_ref, swiglu=swiglu_ref, relu_squared=relu_squared_ref, sinkhorn=sinkhorn_ref,
+                  hc_read=hc_read_ref, hc_write=hc_write_ref, attnres_mix=attnres_mix_ref)
+KERNEL_NAMES = tuple(REFERENCES)
+if HAS_TRITON:
+    _TRITON_IMPLS.update(rms_norm=_rms_norm_triton, swiglu=lambda g, u: _SwiGLUFn.apply(g, u),
+                         relu_squared=lambda x: _ReluSquaredFn.apply(x), sinkhorn=_sinkhorn_triton,
+                         hc_read=_hc_read_triton, hc_write=_hc_write_triton, attnres_mix=_attnres_mix_triton)
+
+SELF_CHECK_RTOL = 1e-4   # fp32 forward and gradients, relative to the reference's largest magnitude
+
+
+def kernel_example(name: str, device='cpu', dtype=torch.float32, seed: int = 0, tokens: int = 15, d: int = 37,
+                   n: int = 4, S: int = 5, n_iter: int = 20, residual: bool = True, bias: bool = True):
+    "Small random inputs (args, kwargs) for kernel `name`: `tokens` rows of width `d` (odd by default, to hit the masks)."
+    if name not in REFERENCES: raise ConfigError(f"unknown kernel {name!r}; valid kernels: {', '.join(KERNEL_NAMES)}")
+    gen = torch.Generator().manual_seed(seed)
+    def rnd(*shape, scale=1.0, dt=dtype, offset=0.0):
+        return (torch.randn(*shape, generator=gen) * scale + offset).to(device=device, dtype=dt).requires_grad_()
+    B = 3 if tokens % 3 == 0 else 1
+    T = tokens // B
+    if name == 'rms_norm':
+        return (rnd(B, T, d), rnd(d, scale=0.2, dt=torch.float32, offset=1.0), 1e-6), dict(residual=rnd(B, T, d) if residual else None)
+    if name == 'swiglu': return (rnd(tokens, d, scale=2.0), rnd(tokens, d)), {}
+    if name == 'relu_squared': return (rnd(tokens, d),), {}
+    if name == 'sinkhorn': return (rnd(tokens, n, n, scale=1.0), n_iter), {}
+    if name == 'hc_read': return (rnd(B, T, n, d), rnd(B, T, n, dt=torch.float32)), {}
+    if name == 'hc_write':
+        return (rnd(B, T, n, d), rnd(B, T, n, n, scale=0.5, dt=torch.float32), rnd(B, T, n, dt=torch.float32), rnd(B, T, d)), {}
+    # attnres_mix: fp32 parameters as in mixed-precision training
+    return ((rnd(S, B, T, d), rnd(d, scale=0.5, dt=torch.float32), rnd(d, scale=0.2, dt=torch.float32, offset=1.0),
+             rnd(d, scale=0.2, dt=torch.float32, offset=1.0), 1e-5),
+            dict(bias=rnd(S, dt=torch.float32) if bias else None, scale=0.7, return_all=True))
+
+
+def _run_with_grads(fn, args, kwargs, outputs=None):
+    "Outputs (fp32) and the gradients of every grad-requiring input under fixed random cotangents on `outputs` (default all)."
+    def fresh(a): return a.detach().clone().requires_grad_(a.requires_grad) if isinstance(a, Tensor) else a
+    args = [fresh(a) for a in args]
+    kwargs = {k: fresh(v) for k, v in kwargs.items()}
+    ins = [t for t in list(args) + list(kwargs.values()) if isinstance(t, Tensor) and t.requires_grad]
+    outs = fn(*args, **kwargs)
+    outs = outs if isinstance(outs, tuple) else (outs,)
+    gen = torch.Generator().manual_seed(1234)
+    cot = [torch.randn(o.shape, generator=gen).to(o.device) for o in outs]
+    loss = sum((outs[i].float() * cot[i]).sum() for i in (range(len(outs)) if outputs is None else outputs))
+    grads = torch.autograd.grad(loss, ins, allow_unused=True) if ins else ()
+    return [o.detach().float() for o in outs], [None if g is None else g.float() for g in grads]
+
+
+def compare_to_reference(name: str, args, kwargs=None, outputs: Optional[Sequence[int]] = None) -> dict[str, float]:
+    "Relative errors {out0.., grad0..} of the Triton kernel `name` against its torch reference; `outputs`: which outputs carry gradient."
+    if name not in _TRITON_IMPLS: raise ConfigError(f"no Triton kernel {name!r} (triton installed: {HAS_TRITON}); valid kernels: {', '.join(KERNEL_NAMES)}")
+    kwargs = kwargs or {}
+    (o_k, g_k), (o_r, g_r) = (_run_with_grads(_TRITON_IMPLS[name], args, kwargs, outputs),
+                              _run_with_grads(REFERENCES[name], args, kwargs, outputs))
+    def rel(a, b):
+        if a is None or b is None: return 0.0 if a is None and b is None else float('inf')
+        if a.shape != b.shape: return float('inf')
+        return ((a - b).abs().max() / b.abs().max().clamp_min(1e-12)).item() if b.numel() else 0.0
+    errs = {f'out{i}': rel(a, b) for i, (a, b) in enumerate(zip(o_k, o_r))}
+    errs.update({f'grad{i}': rel(a, b) for i, (a, b) in enumerate(zip(g_k, g_r))})
+    return errs
+
+
+def _self_check_error(name: str, device: torch.device) -> Optional[str]:
+    "None when kernel `name` matches its reference on a small fp32 example on `device`, else what went wrong."
+    args, kwargs = kernel_example(name, device=device)
+    errs = compare_to_reference(name, args, kwargs)
+    bad = {k: f'{v:.2e}' for k, v in errs.items() if not v <= SELF_CHECK_RTOL}   # NaN counts as bad
+    return None if not bad else f"relative errors {bad} exceed {SELF_CHECK_RTOL:g}"
+
+# %% ../nbs/03_kernels.ipynb #eaea976b
+DEFAULT_INTERPRETER_CASES = tuple(dict(kernel=k) for k in KERNEL_NAMES)
+
+
+def _interpreter_worker() -> None:
+    "Body of the interpreter subprocess: read cases (JSON on stdin), print {case index: errors} as JSON."
+    import json, sys, time
+    if not TRITON_INTERPRETED: raise RuntimeError("the interpreter worker needs TRITON_INTERPRET=1 before import")
+    results = []
+    for case in json.load(sys.stdin):
+        t0 = time.perf_counter()
+        args, kwargs = kernel_example(case['kernel'], **case.get('example', {}))
+        errs = compare_to_reference(case['kernel'], args, kwargs, case.get('outputs'))
+        # the public function dispatches to the kernel (DEPTHBENCH_KERNELS=triton) on CPU tensors
+        dispatched = _use_triton(case['kernel'], *[a for a in args if isinstance(a, Tensor)])
+        results.append(dict(case=case, errors=errs, dispatched=dispatched, seconds=time.perf_counter() - t0))
+    print('INTERPRETER-REPORT ' + json.dumps(results))
+
+
+def interpreter_report(cases=DEFAULT_INTERPRETER_CASES, timeout: float = 300.0) -> list[dict]:
+    "Run kernel-vs-reference cases in a subprocess with Triton's CPU interpreter; one dict per case (errors, seconds)."
+    import json, subprocess, sys
+    if not HAS_TRITON: raise ConfigError("interpreter_report needs triton installed (pip install triton)")
+    env = dict(os.environ, TRITON_INTERPRET='1', **{KERNELS_ENV: 'triton'})
+    proc = subprocess.run([sys.executable, '-c', 'from depthbench_nb.kernels import _interpreter_worker; _interpreter_worker()'],
+                          input=json.dumps(list(cases)), capture_output=True, text=True, env=env, timeout=timeout)
+    lines = [l for l in proc.stdout.splitlines() if l.startswith('INTERPRETER-REPORT ')]
+    if proc.returncode != 0 or not lines:
+        raise RuntimeError(f"interpreter subprocess failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
+    return json.loads(lines[-1][len('INTERPRETER-REPORT '):])
