@@ -91,3 +91,92 @@ def test_backend_env(monkeypatch):
     monkeypatch.setenv(K.KERNELS_ENV, 'torch')
     x = torch.randn(2, 3)
     assert torch.equal(K.rms_norm(x, None, 1e-6), K.rms_norm_ref(x, None, 1e-6))
+
+
+# ---------------------------------------------------------------------------------------------------
+# The real Triton kernels in the CPU interpreter (fp32 only: the interpreter does no bf16 arithmetic).
+# One subprocess (TRITON_INTERPRET=1 must be set before triton/kernels are imported) runs every case.
+
+INTERP_CASES = {
+    # every kernel at its default odd sizes (d = 37, 15 tokens)
+    **{f'{k}-default': dict(kernel=k) for k in K.KERNEL_NAMES},
+    # RMSNorm: no residual, no gain; residual where only y or only h carries gradient; wide rows
+    'rms_norm-plain': dict(kernel='rms_norm', example=dict(residual=False, d=130, tokens=9)),
+    'rms_norm-only-y': dict(kernel='rms_norm', outputs=[0]),
+    'rms_norm-only-h': dict(kernel='rms_norm', outputs=[1]),
+    'rms_norm-d1': dict(kernel='rms_norm', example=dict(d=1, tokens=4)),
+    # element-wise: several programs (> 1024 elements) with a ragged tail
+    'swiglu-multi': dict(kernel='swiglu', example=dict(tokens=40, d=53)),
+    'relu_squared-multi': dict(kernel='relu_squared', example=dict(tokens=40, d=53)),
+    # Sinkhorn: n not a power of two (padded, masked), one round, several matrices per program
+    'sinkhorn-n3': dict(kernel='sinkhorn', example=dict(n=3, n_iter=7, tokens=11)),
+    'sinkhorn-n5': dict(kernel='sinkhorn', example=dict(n=5, n_iter=20, tokens=6)),
+    'sinkhorn-1round': dict(kernel='sinkhorn', example=dict(n_iter=1)),
+    # HC: n = 3 streams, d larger than one d-chunk (256 at n = 4)
+    'hc_read-n3-d300': dict(kernel='hc_read', example=dict(n=3, d=300, tokens=6)),
+    'hc_write-n3-d300': dict(kernel='hc_write', example=dict(n=3, d=300, tokens=6)),
+    'hc_write-n4-d600': dict(kernel='hc_write', example=dict(n=4, d=600, tokens=3)),
+    # AttnRes: one source; many sources and d over one chunk; no bias; only p / only raw carry gradient
+    'attnres-S1': dict(kernel='attnres_mix', example=dict(S=1)),
+    'attnres-S9-d600': dict(kernel='attnres_mix', example=dict(S=9, d=600, tokens=3, bias=False)),
+    'attnres-only-out': dict(kernel='attnres_mix', outputs=[0]),
+    'attnres-only-raw': dict(kernel='attnres_mix', outputs=[1]),
+    'attnres-only-p': dict(kernel='attnres_mix', outputs=[2]),
+}
+FP32_RTOL = 1e-5
+
+
+@pytest.fixture(scope='module')
+def interp():
+    names = list(INTERP_CASES)
+    report = K.interpreter_report([INTERP_CASES[n] for n in names], timeout=240)
+    return dict(zip(names, report))
+
+
+@pytest.mark.parametrize('case', list(INTERP_CASES))
+def test_triton_kernel_matches_reference_in_interpreter(interp, case):
+    r = interp[case]
+    assert r['dispatched'], 'DEPTHBENCH_KERNELS=triton with TRITON_INTERPRET=1 must dispatch to the kernel on CPU'
+    errs = r['errors']
+    n_out = {'rms_norm': 1, 'attnres_mix': 3}.get(INTERP_CASES[case]['kernel'], 1)
+    assert sum(k.startswith('out') for k in errs) >= n_out and any(k.startswith('grad') for k in errs)
+    bad = {k: v for k, v in errs.items() if not v <= FP32_RTOL}
+    assert not bad, f'{case}: relative errors above {FP32_RTOL}: {bad}'
+
+
+def test_interpreter_grids_are_small(interp):
+    # the whole interpreter run stays well under the test budget
+    assert sum(r['seconds'] for r in interp.values()) < 40
+
+
+def test_compare_to_reference_detects_a_wrong_kernel(monkeypatch):
+    # the comparison the self-check relies on must see a 1% error (here a deliberately wrong "kernel")
+    monkeypatch.setitem(K._TRITON_IMPLS, 'relu_squared', lambda x: K.relu_squared_ref(x) * 1.01)
+    args, kw = K.kernel_example('relu_squared')
+    errs = K.compare_to_reference('relu_squared', args, kw)
+    assert errs['out0'] == pytest.approx(0.01, rel=1e-3) and errs['grad0'] == pytest.approx(0.01, rel=1e-3)
+
+
+def test_self_check_falls_back_with_warning_or_raises(monkeypatch):
+    monkeypatch.setitem(K._TRITON_IMPLS, 'swiglu', lambda g, u: K.swiglu_ref(g, u) + 1e-2)
+    monkeypatch.setattr(K, '_SELF_CHECKS', {})
+    with pytest.warns(RuntimeWarning, match="'swiglu' failed its self-check"):
+        assert K._self_check('swiglu', torch.device('cpu'), strict=False) is False
+    assert K._SELF_CHECKS[('swiglu', 'cpu')] is False          # checked once, remembered
+    with pytest.raises(RuntimeError, match='failed its self-check'):
+        K._self_check('swiglu', torch.device('cpu'), strict=True)
+    monkeypatch.setitem(K._TRITON_IMPLS, 'swiglu', lambda g, u: K.swiglu_ref(g, u))
+    monkeypatch.setattr(K, '_SELF_CHECKS', {})
+    assert K._self_check('swiglu', torch.device('cpu'), strict=True) is True
+
+
+def test_forced_triton_on_cpu_without_interpreter_is_a_clear_error(monkeypatch):
+    if K.TRITON_INTERPRETED: pytest.fail('this test process must not run the interpreter')
+    monkeypatch.setenv(K.KERNELS_ENV, 'triton')
+    with pytest.raises(ConfigError, match='TRITON_INTERPRET=1'):
+        K.swiglu(torch.randn(3), torch.randn(3))
+    # fp64 (gradcheck) always goes to the reference, even when Triton is forced
+    x = torch.randn(3, dtype=torch.float64)
+    assert torch.equal(K.relu_squared(x), K.relu_squared_ref(x))
+    monkeypatch.setenv(K.KERNELS_ENV, 'auto')
+    assert torch.equal(K.relu_squared(x.float()), K.relu_squared_ref(x.float()))   # auto on CPU: the reference
