@@ -21,11 +21,13 @@ from torch import Tensor
 from .config import ConfigError, ModelConfig, atomic_write_json, atomic_write_text
 
 # %% auto #0
-__all__ = ['CAUSAL_THRESHOLD', 'PERMUTATION_THRESHOLD', 'USEFULNESS_RATIO', 'DEAD_ZONE_THRESHOLD', 'last_three_quarters',
-           'angular_distance_matrix', 'contributions', 'causal_row', 'ScoreSummary', 'summarize_causal', 'lm_loss',
-           'permutation_matrix', 'summarize_permutation', 'layer_pruning', 'usefulness', 'spectrum_stats',
-           'token_collapse', 'logit_lens', 'effective_rank', 'forward_product', 'mixing_stats', 'dead_zone',
-           'attnres_partial_mass', 'completion_nll', 'measure_latency']
+__all__ = ['CAUSAL_THRESHOLD', 'PERMUTATION_THRESHOLD', 'USEFULNESS_RATIO', 'DEAD_ZONE_THRESHOLD', 'METRICS',
+           'last_three_quarters', 'angular_distance_matrix', 'contributions', 'causal_row', 'ScoreSummary',
+           'summarize_causal', 'lm_loss', 'permutation_matrix', 'summarize_permutation', 'layer_pruning', 'usefulness',
+           'spectrum_stats', 'token_collapse', 'logit_lens', 'effective_rank', 'forward_product', 'mixing_stats',
+           'dead_zone', 'completion_nll', 'measure_latency', 'applicable_metrics', 'check_metrics',
+           'sublayer_partial_mass', 'diagnose_model', 'per_layer_rows', 'summary', 'write_diagnostics',
+           'load_checkpointed_run', 'heldout_windows', 'run_diagnostics', 'cli_diagnose']
 
 # %% ../nbs/08_diagnostics.ipynb #02f16891
 CAUSAL_THRESHOLD = 0.45
@@ -105,7 +107,7 @@ def summarize_causal(C: Tensor, threshold: float = CAUSAL_THRESHOLD) -> ScoreSum
     return ScoreSummary(_nan_to_none(C), float(vals.mean()), float(vals.max()), per_layer, frac, threshold,
                         _top_pairs(C), extra=dict(global_score_older=glob))
 
-# %% ../nbs/08_diagnostics.ipynb #b3d754ac
+# %% ../nbs/08_diagnostics.ipynb #8541d430
 def lm_loss(logits: Tensor, targets: Tensor, per_row: bool = False) -> Tensor:
     "Mean next-token CE over all positions (targets already shifted), or per row [B]."
     ce = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), reduction='none').view(targets.shape)
@@ -172,7 +174,7 @@ class _SharedSwapRunner:
             def hook(module, args, kwargs, out):
                 if busy[0]: return None
                 if p == i: return recompute(p, args, kwargs, out, [(k, j) for k, j in enumerate(js)])
-                if p in js: return recompute(p, args, kwargs, out, [(js.index(p), i)])
+                if p in js: return recompute(p, args, kwargs, out, [(k, i) for k, j in enumerate(js) if j == p])
                 return None
             return hook
 
@@ -215,9 +217,10 @@ def permutation_matrix(model, x: Tensor, y: Tensor, method: str = 'auto', max_ro
     P = torch.full((L, L), float('nan'), dtype=torch.float64)
     if method != 'naive':
         runner = _SharedSwapRunner(model, x)
-        if method == 'auto':
-            i, j = pairs[0]
-            try: ok = math.isclose(runner.losses(i, [j], y)[0], _swap_loss_ng(model, x, y, i, j), rel_tol=1e-4, abs_tol=1e-6)
+        if method == 'auto':  # probe the first and the last pair (a replayed prefix only shows up when i > 0)
+            probes = [pairs[0]] + ([max(pairs)] if max(pairs) != pairs[0] else [])
+            try: ok = all(math.isclose(runner.losses(i, [j, j], y)[0], _swap_loss_ng(model, x, y, i, j), rel_tol=1e-4, abs_tol=1e-6)
+                          for i, j in probes)
             except Exception: ok = False
             method = 'shared' if ok else 'naive'
     if method == 'shared':
@@ -250,7 +253,7 @@ def summarize_permutation(P: Tensor, threshold: float = PERMUTATION_THRESHOLD) -
     frac = sum(v > threshold for v in late_vals) / max(len(late_vals), 1)
     return ScoreSummary(_nan_to_none(P), float(vals.mean()), float(vals.max()), per_layer, frac, threshold, _top_pairs(P))
 
-# %% ../nbs/08_diagnostics.ipynb #f182ccea
+# %% ../nbs/08_diagnostics.ipynb #7e9131c3
 def layer_pruning(model, x: Tensor, y: Tensor) -> dict:
     "Base loss and Δ loss per skipped block."
     with torch.no_grad():
@@ -260,7 +263,8 @@ def layer_pruning(model, x: Tensor, y: Tensor) -> dict:
 
 
 def _affine_fit(inp: Tensor, out: Tensor) -> tuple[Tensor, Tensor]:
-    X = inp.reshape(-1, inp.shape[-1]).double(); Y = out.reshape(-1, out.shape[-1]).double()
+    "Least-squares W, b with out ≈ inp @ W + b over tokens; a state is everything after [B, T] (HC: n·d)."
+    X = inp.flatten(2).reshape(-1, inp[0, 0].numel()).double(); Y = out.flatten(2).reshape(-1, out[0, 0].numel()).double()
     X1 = torch.cat([X, torch.ones(len(X), 1, dtype=X.dtype)], 1)             # [N, D+1]
     W = torch.linalg.lstsq(X1, Y, driver='gelsd').solution                   # [D+1, D]
     return W[:-1].to(inp.dtype), W[-1].to(inp.dtype)
@@ -284,7 +288,7 @@ def usefulness(model, x: Tensor, y: Tensor, ratio_threshold: float = USEFULNESS_
         if not (isinstance(inp, Tensor) and isinstance(out, Tensor) and inp.shape == out.shape):
             raise ConfigError(f'usefulness does not apply to this design: block {l} is not a map from one state tensor to one of the same shape')
         W, b = _affine_fit(inp, out)
-        h = blk.register_forward_hook(lambda m, a, o, W=W, b=b: a[0] @ W + b)
+        h = blk.register_forward_hook(lambda m, a, o, W=W, b=b: (a[0].flatten(2) @ W + b).view_as(o))
         try:
             with torch.no_grad(): ratios.append(float(lm_loss(model(x), y)) / base)
         finally: h.remove()
@@ -353,20 +357,15 @@ def mixing_stats(mix: Tensor) -> dict:
                 amax_forward=float(P.abs().sum(-1).amax(-1).mean()), amax_backward=float(P.abs().sum(-2).amax(-1).mean()),
                 n_streams=n, n_sites=mix.shape[0])
 
-# %% ../nbs/08_diagnostics.ipynb #b6a47ef5
+# %% ../nbs/08_diagnostics.ipynb #d16bf5fa
 def dead_zone(partial_mass: Sequence[Optional[float]], threshold: float = DEAD_ZONE_THRESHOLD) -> dict:
     "Leading sublayers whose partial-sum mass stays below `threshold` (None = the site has no partial)."
+    if all(m is None for m in partial_mass):  # one sublayer per block (Full AttnRes): there is no running partial sum
+        return dict(dead_sublayers=None, dead_layers=None, threshold=threshold, note='no site has a running partial sum')
     first = next((k for k, m in enumerate(partial_mass) if m is not None and m >= threshold), len(partial_mass))
     return dict(dead_sublayers=first, dead_layers=first / 2, threshold=threshold)
 
-
-def attnres_partial_mass(weights: Sequence[Tensor], has_partial: Sequence[bool]) -> list[Optional[float]]:
-    "Mean depth-softmax mass on the running partial sum (the last source) per sublayer site."
-    if len(weights) != len(has_partial):
-        raise ConfigError(f'got mixing weights for {len(weights)} sites, expected {len(has_partial)}')
-    return [float(w[..., -1].mean()) if p else None for w, p in zip(weights, has_partial)]
-
-# %% ../nbs/08_diagnostics.ipynb #d926236e
+# %% ../nbs/08_diagnostics.ipynb #6901b43d
 def completion_nll(model, pairs: Sequence[tuple[Sequence[int], Sequence[int]]], max_len: Optional[int] = None) -> dict:
     "Completion-only NLL over (context ids, completion ids) pairs; contexts are cut from the left to fit max_len."
     if not pairs: raise ConfigError('completion_nll needs at least one (context, completion) pair')
@@ -396,14 +395,249 @@ def measure_latency(model, seq_len: int, vocab_size: int, n_repeat: int = 3, dec
     out = dict(seq_len=seq_len, prefill_s=sorted(times)[len(times) // 2], decode_tokens_per_s=None)
     if decode_tokens:
         try:
-            from depthbench_nb.model import KVCache
+            from depthbench_nb.model import DepthModel, KVCache
         except ImportError:
             return out
+        if not isinstance(model, DepthModel): return out                     # no generation path
         with torch.no_grad():
-            cache = KVCache(model) if callable(KVCache) else None
-            logits = model(x, kv_cache=cache)
-            nxt = logits[:, -1:].argmax(-1)
-            t0 = time.perf_counter()
+            cache = KVCache()
+            try: nxt = model(x[:, :max(1, seq_len - decode_tokens)], kv_cache=cache)[:, -1:].argmax(-1)
+            except ConfigError: return out                                   # e.g. MoDA: no inference KV cache
+            sync(); t0 = time.perf_counter()
             for _ in range(decode_tokens): nxt = model(nxt, kv_cache=cache)[:, -1:].argmax(-1)
-            out['decode_tokens_per_s'] = decode_tokens / (time.perf_counter() - t0)
+            sync(); out['decode_tokens_per_s'] = decode_tokens / (time.perf_counter() - t0)
     return out
+
+# %% ../nbs/08_diagnostics.ipynb #f4922d2c
+METRICS = ('angular', 'causal', 'permutation', 'pruning', 'usefulness', 'collapse', 'logit_lens', 'mixing', 'dead_zone',
+           'latency', 'domain_nll')
+_APPLIES = {'mixing': ('multistream',), 'dead_zone': ('block_attnres',), 'usefulness': ('residual', 'multistream')}
+
+
+_WHY = {'mixing': ' (the effective rank of residual mixing needs several streams)',
+        'dead_zone': ' (the partial-sum dead zone needs block-grouped depth sources)',
+        'usefulness': ' (the affine replacement needs blocks that map one state tensor to the next; AttnRes blocks read depth sources and looped blocks are reused)'}
+
+
+def applicable_metrics(cfg: ModelConfig) -> tuple[str, ...]:
+    "The default metric set of a design (domain_nll needs evaluation sets and is opt-in)."
+    out = []
+    for m in METRICS:
+        if m == 'domain_nll': continue
+        if m in _APPLIES and cfg.family not in _APPLIES[m] and cfg.arch not in _APPLIES[m]: continue
+        out.append(m)
+    return tuple(out)
+
+
+def check_metrics(metrics, cfg: ModelConfig) -> tuple[str, ...]:
+    "Validate requested metric names for this design (None -> its default set)."
+    if metrics is None: return applicable_metrics(cfg)
+    if isinstance(metrics, str): metrics = [m.strip() for m in metrics.split(',') if m.strip()]
+    bad = [m for m in metrics if m not in METRICS]
+    if bad: raise ConfigError(f"unknown metric(s) {bad}; valid metrics: {', '.join(METRICS)}")
+    for m in metrics:
+        if m in _APPLIES and cfg.family not in _APPLIES[m] and cfg.arch not in _APPLIES[m]:
+            raise ConfigError(f"metric {m!r} does not apply to arch {cfg.arch!r} (family {cfg.family}): "
+                              f"it applies to {', '.join(_APPLIES[m])} only" + _WHY.get(m, ''))
+    return tuple(dict.fromkeys(metrics))
+
+
+def sublayer_partial_mass(weights: Sequence[Tensor], cfg: ModelConfig) -> list[Optional[float]]:
+    "Partial-sum mass per sublayer 0..2L-1 (None where the site has no partial) from `model.depth_mix_weights`."
+    from depthbench_nb.costs import attnres_block_starts, attnres_sources_per_site
+    sites, starts = attnres_sources_per_site(cfg), set(attnres_block_starts(cfg))
+    n_sub = cfg.n_sublayers
+    S = [int(w.shape[-1]) for w in weights]
+    for first in (0, 1):  # the list may start at sublayer 0 (which reads the embedding alone) or at sublayer 1
+        expected = sites[first:first + len(S)]
+        if len(expected) == len(S) and all(a == b or k + first == 0 for k, (a, b) in enumerate(zip(S, expected))):
+            break
+    else:
+        raise ConfigError(f'depth_mix_weights gave sites with {S} sources; {cfg.arch} at L={cfg.n_layer} expects {sites[1:]}')
+    mass: list[Optional[float]] = [None] * n_sub
+    for k, w in enumerate(weights):
+        sub = k + first
+        if 1 <= sub < n_sub and sub not in starts: mass[sub] = float(w[..., -1].mean())   # the partial is the last source
+    return mass
+
+
+def diagnose_model(model, cfg: ModelConfig, x: Tensor, y: Tensor, metrics=None, permutation_method: str = 'auto',
+                   domain_sets: Optional[dict] = None, latency_seq_len: Optional[int] = None,
+                   progress: Callable[[str], None] = lambda msg: None) -> dict:
+    "Run the requested diagnostics on held-out windows x, y [B, T]; returns JSON-ready results."
+    metrics = check_metrics(metrics, cfg)
+    model.eval()
+    out: dict = dict(arch=cfg.arch, n_layer=cfg.n_layer, d_model=cfg.d_model, n_blocks=model.n_blocks,
+                     n_samples=int(x.shape[0]), seq_len=int(x.shape[1]), metrics=list(metrics))
+    with torch.no_grad(): logits, states = model(x, return_states=True)
+    out['loss'] = float(lm_loss(logits, y))
+    L = model.n_blocks
+    if 'angular' in metrics:
+        progress('angular distance'); A = angular_distance_matrix(states)
+        out['angular'] = dict(matrix=A.tolist(), consecutive=[float(A[l, l + 1]) for l in range(L)])
+    if 'causal' in metrics or 'pruning' in metrics:
+        progress('causal score / pruning')
+        rows, delta = [], []
+        with torch.no_grad():
+            for s in range(L):
+                lg, st = model(x, skip={s}, return_states=True)
+                delta.append(float(lm_loss(lg, y)) - out['loss'])
+                rows.append(causal_row(states, st, s))
+        if 'causal' in metrics: out['causal'] = asdict(summarize_causal(torch.stack(rows)))
+        if 'pruning' in metrics: out['pruning'] = dict(base_loss=out['loss'], delta_loss=delta)
+    if 'permutation' in metrics:
+        progress('permutation score')
+        P, base, how = permutation_matrix(model, x, y, method=permutation_method)
+        out['permutation'] = asdict(summarize_permutation(P)) | dict(method=how)
+    if 'usefulness' in metrics: progress('usefulness'); out['usefulness'] = usefulness(model, x, y)
+    if 'collapse' in metrics: progress('token collapse'); out['collapse'] = token_collapse(states)
+    if 'logit_lens' in metrics: progress('logit lens'); out['logit_lens'] = logit_lens(model, states, y, logits)
+    if 'mixing' in metrics:
+        progress('residual mixing')
+        with torch.no_grad(): out['mixing'] = mixing_stats(model.mixing_matrices(x))
+    if 'dead_zone' in metrics:
+        progress('dead zone')
+        with torch.no_grad(): weights = model.depth_mix_weights(x)
+        mass = sublayer_partial_mass(weights, cfg)
+        out['dead_zone'] = dead_zone(mass) | dict(partial_mass=mass)
+    if 'latency' in metrics:
+        progress('latency')
+        out['latency'] = measure_latency(model, latency_seq_len or int(x.shape[1]), cfg.vocab_size, decode_tokens=8)
+    if 'domain_nll' in metrics:
+        if not domain_sets: raise ConfigError('metric domain_nll needs evaluation sets: {name: [(context ids, completion ids), ...]}')
+        progress('domain NLL')
+        out['domain_nll'] = {name: completion_nll(model, pairs, max_len=cfg.max_seq_len) for name, pairs in domain_sets.items()}
+    return out
+
+# %% ../nbs/08_diagnostics.ipynb #32b41fbe
+def per_layer_rows(res: dict) -> list[dict]:
+    "One row per block with the per-layer figures of every metric that ran."
+    rows = []
+    for l in range(res['n_blocks']):
+        r = dict(layer=l)
+        if 'angular' in res: r['angular_to_next'] = res['angular']['consecutive'][l]
+        if 'causal' in res: r['causal'] = res['causal']['per_layer'][l]
+        if 'permutation' in res: r['permutation'] = res['permutation']['per_layer'][l]
+        if 'pruning' in res: r['pruning_delta_loss'] = res['pruning']['delta_loss'][l]
+        if 'usefulness' in res: r['usefulness_ratio'] = res['usefulness']['loss_ratio'][l]
+        if 'logit_lens' in res: r['logit_lens_ce'] = res['logit_lens'][l + 1]['ce']
+        if 'collapse' in res: r['erank'] = res['collapse'][l + 1]['erank']
+        rows.append({k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in r.items()})
+    return rows
+
+
+def summary(res: dict) -> dict:
+    "The scalar figures of a diagnostics result (what the CLI prints)."
+    s = {k: res[k] for k in ('arch', 'n_layer', 'd_model', 'n_samples', 'seq_len', 'loss')}
+    if 'causal' in res: s |= dict(causal_mean=res['causal']['mean'], causal_max=res['causal']['max'], causal_frac_late_above=res['causal']['frac_above'])
+    if 'permutation' in res: s |= dict(permutation_mean=res['permutation']['mean'], permutation_frac_late_above=res['permutation']['frac_above'])
+    if 'usefulness' in res: s['usefulness_global'] = res['usefulness']['global_score']
+    if 'mixing' in res: s |= dict(mixing_erank=res['mixing']['mixing_erank'], mixing_distance_to_uniform=res['mixing']['distance_to_uniform'])
+    if 'dead_zone' in res: s['dead_zone_layers'] = res['dead_zone']['dead_layers']
+    if 'latency' in res: s |= dict(prefill_s=res['latency']['prefill_s'], decode_tokens_per_s=res['latency']['decode_tokens_per_s'])
+    if 'domain_nll' in res: s |= {f'nll_{k}': v['nll_mean'] for k, v in res['domain_nll'].items()}
+    return s
+
+
+def _heatmap(M, title, path, **kw):
+    import matplotlib; matplotlib.use('Agg')
+    import matplotlib.pyplot as plt, seaborn as sns
+    fig, ax = plt.subplots(figsize=(5.5, 4.5))
+    sns.heatmap(torch.tensor([[float('nan') if v is None else v for v in row] for row in M]).numpy(), ax=ax, cmap='viridis', square=True, **kw)
+    ax.set_title(title); fig.tight_layout(); fig.savefig(path, dpi=110); plt.close(fig)
+
+
+def write_diagnostics(res: dict, out_dir, figures: bool = True) -> list[Path]:
+    "diagnostics.json, per_layer.csv and PNG figures into out_dir; returns the written paths."
+    out_dir = Path(out_dir); out_dir.mkdir(parents=True, exist_ok=True)
+    written = [atomic_write_json(out_dir / 'diagnostics.json', res)]
+    rows = per_layer_rows(res)
+    cols = list(dict.fromkeys(k for r in rows for k in r))
+    csv = '\n'.join([','.join(cols)] + [','.join('' if r.get(c) is None else f'{r[c]:.6g}' if isinstance(r[c], float) else str(r[c]) for c in cols) for r in rows])
+    written.append(atomic_write_text(out_dir / 'per_layer.csv', csv + '\n'))
+    written.append(atomic_write_json(out_dir / 'summary.json', summary(res)))
+    if not figures: return written
+    import matplotlib; matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    tag = f"{res['arch']} L{res['n_layer']}"
+    if 'angular' in res:
+        _heatmap(res['angular']['matrix'], f'angular distance ({tag})', out_dir / 'angular.png', vmin=0); written.append(out_dir / 'angular.png')
+    if 'causal' in res:
+        _heatmap(res['causal']['matrix'], f'causal score C(s, l) ({tag})', out_dir / 'causal.png', vmin=0); written.append(out_dir / 'causal.png')
+    if 'permutation' in res:
+        _heatmap(res['permutation']['matrix'], f'permutation score P(i, j) ({tag})', out_dir / 'permutation.png', vmin=0); written.append(out_dir / 'permutation.png')
+    if 'logit_lens' in res:
+        fig, ax = plt.subplots(figsize=(5.5, 3.5))
+        ll = res['logit_lens']
+        ax.plot([r['state'] for r in ll], [r['ce'] for r in ll], marker='o', label='early-exit CE')
+        ax.plot([r['state'] for r in ll], [r['kl_to_final'] for r in ll], marker='s', label='KL to final')
+        ax.set_xlabel('depth state'); ax.set_title(f'logit lens ({tag})'); ax.legend(); fig.tight_layout()
+        fig.savefig(out_dir / 'logit_lens.png', dpi=110); plt.close(fig); written.append(out_dir / 'logit_lens.png')
+    if 'dead_zone' in res:
+        fig, ax = plt.subplots(figsize=(5.5, 3.5))
+        m = res['dead_zone']['partial_mass']
+        ax.bar([k / 2 for k in range(len(m))], [0 if v is None else v for v in m], width=0.4)
+        ax.axhline(res['dead_zone']['threshold'], color='r', ls='--'); ax.set_xlabel('layer (sublayer / 2)')
+        ax.set_ylabel('mass on partial sum'); ax.set_title(f"dead zone {res['dead_zone']['dead_layers']} layers ({tag})")
+        fig.tight_layout(); fig.savefig(out_dir / 'dead_zone.png', dpi=110); plt.close(fig); written.append(out_dir / 'dead_zone.png')
+    return written
+
+
+def load_checkpointed_run(run_dir):
+    "(model, RunConfig) of a run folder; ConfigError when the folder or its checkpoint is missing."
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir(): raise ConfigError(f'run folder {run_dir} does not exist')
+    try:
+        from depthbench_nb.trainer import load_run
+    except ImportError as e:
+        raise ConfigError('diagnosing a run needs depthbench_nb.trainer (issue 7), which is not installed') from e
+    try:
+        return load_run(run_dir)
+    except FileNotFoundError as e:
+        raise ConfigError(f'no complete checkpoint in {run_dir}: train it first (depthbench-nb train ... or papermill nbs/10_train.ipynb); {e}') from e
+
+
+def heldout_windows(run, n_samples: int, seq_len: int, seed: int = 0) -> tuple[Tensor, Tensor]:
+    "Seeded held-out windows (x, y) [n_samples, seq_len] from the run's prepared data."
+    from depthbench_nb.data import TokenData, resolve_data
+    data = TokenData(resolve_data(run.data, auto_prepare=False))
+    (x, y), = data.val_batches(1, n_samples, seq_len, seed=seed)
+    return torch.as_tensor(x).long(), torch.as_tensor(y).long()
+
+
+def run_diagnostics(run_dir, metrics=None, n_samples: int = 16, seq_len: Optional[int] = 256, seed: int = 0,
+                    figures: bool = True, permutation_method: str = 'auto', domain_sets: Optional[dict] = None,
+                    progress: bool = False) -> dict:
+    "Diagnose a run's last checkpoint on held-out windows; writes tables and figures into <run_dir>/diagnostics/."
+    if n_samples < 1: raise ConfigError(f'n_samples must be >= 1, got {n_samples}')
+    model, run = load_checkpointed_run(run_dir)
+    cfg = run.model
+    metrics = check_metrics(metrics, cfg)
+    T = min(seq_len or run.train.seq_len, run.train.seq_len, cfg.max_seq_len)
+    x, y = heldout_windows(run, n_samples, T, seed)
+    dev = next(model.parameters()).device
+    say = (lambda m: print(f'[diagnose] {m}', flush=True)) if progress else (lambda m: None)
+    res = diagnose_model(model, cfg, x.to(dev), y.to(dev), metrics, permutation_method=permutation_method,
+                         domain_sets=domain_sets, progress=say)
+    res['run_dir'] = str(Path(run_dir).resolve()); res['seed'] = seed
+    res['files'] = [str(p) for p in write_diagnostics(res, Path(run_dir) / 'diagnostics', figures=figures)]
+    return res
+
+# %% ../nbs/08_diagnostics.ipynb #de0129ca
+def cli_diagnose(argv=None) -> int:
+    "depthbench-nb diagnose RUN_DIR: layer diagnostics of a run's last checkpoint."
+    from depthbench_nb.cli import emit
+    p = argparse.ArgumentParser(prog='depthbench-nb diagnose', description="Layer diagnostics of a run's last checkpoint; writes tables and figures into RUN_DIR/diagnostics/.")
+    p.add_argument('run_dir', help='a run folder (papermill_runs/<study>/<run_id>) with a checkpoint')
+    p.add_argument('--metrics', default=None, help=f"comma-separated subset of: {', '.join(METRICS)} (default: all that apply to the design)")
+    p.add_argument('--n-samples', type=int, default=16, help='held-out windows (default 16)')
+    p.add_argument('--seq-len', type=int, default=256, help='window length (default 256, capped at the training length)')
+    p.add_argument('--seed', type=int, default=0, help='seed of the held-out windows (default 0)')
+    p.add_argument('--permutation-method', default='auto', help="auto | shared | naive (default auto)")
+    p.add_argument('--no-figures', action='store_true', help='write tables only')
+    p.add_argument('--json', action='store_true', help='machine-readable JSON output')
+    a = p.parse_args(argv)
+    res = run_diagnostics(a.run_dir, a.metrics, a.n_samples, a.seq_len, a.seed, figures=not a.no_figures,
+                          permutation_method=a.permutation_method, progress=not a.json)
+    out = summary(res) | dict(files=res['files'])
+    return emit(out, a.json, title=f"diagnostics of {res['run_dir']}")
