@@ -214,3 +214,111 @@ def test_swap_and_skip_over_executed_layers():
     assert not torch.allclose(m(x, skip=[4]), base)
     with pytest.raises(ConfigError, match='0..11'): m(x, skip=[12])
     with pytest.raises(ConfigError, match='swap index'): m.swap_blocks(0, 99)
+
+
+# ---------------------------------------------------------------- MuonH and the HyperP recipe (§4)
+from depthbench_nb.config import TrainConfig
+from depthbench_nb.optim import (POLAR_EXPRESS_COEFFS, HyperP, MuonH, build_looped_optimizer, build_optimizer, hyperp_lrs,
+                                 reference_tokens)
+
+
+def naive_muonh(W, grads, lr, mu=0.95):
+    "MuonH written out from specs/looped.md §4 in float64, one matrix, no tricks."
+    W = W.double().clone(); c = W.norm(); m = torch.zeros_like(W); out = []
+    for g in grads:
+        g = g.double()
+        m = mu * m + (1 - mu) * g
+        u = (1 - mu) * g + mu * m
+        X = u / (1.02 * u.norm() + 1e-6)
+        for a, b, cc in POLAR_EXPRESS_COEFFS:
+            if X.shape[0] > X.shape[1]:
+                A = X.T @ X; X = a * X + b * (X @ A) + cc * (X @ A @ A)
+            else:
+                A = X @ X.T; X = a * X + b * (A @ X) + cc * (A @ A @ X)
+        U = X * c / X.norm()
+        W = W - lr * U
+        W = W * c / W.norm()
+        out.append(W.clone())
+    return out
+
+
+@pytest.mark.parametrize('shape', [(24, 40), (40, 24), (16, 16)])
+def test_muonh_matches_a_naive_reference(shape):
+    torch.manual_seed(1)
+    W = torch.nn.Parameter(torch.empty(shape).uniform_(-0.2, 0.2))
+    grads = [torch.randn(shape) for _ in range(4)]
+    ref = naive_muonh(W.detach(), grads, lr=0.05)
+    opt = MuonH([W], lr=0.05, ortho_dtype='float32')
+    for g, want in zip(grads, ref):
+        W.grad = g.clone(); opt.step()
+        assert torch.allclose(W.detach().double(), want, atol=2e-5), (W.detach().double() - want).abs().max()
+        assert torch.equal(W.grad, g)                                   # the optimiser leaves the gradient alone
+
+
+def test_muonh_bf16_keeps_the_sphere():
+    torch.manual_seed(2)
+    Ws = [torch.nn.Parameter(torch.empty(s).uniform_(-0.1, 0.1)) for s in ((32, 128), (128, 32))]
+    c0 = [w.detach().norm().item() for w in Ws]
+    opt = MuonH(Ws, lr=0.1)                                             # bf16 orthogonalisation, the paper's setting
+    g0 = [torch.randn_like(w) for w in Ws]
+    want = [naive_muonh(w.detach(), [g], lr=0.1)[0] for w, g in zip(Ws, g0)]
+    before = [w.detach().clone() for w in Ws]
+    for w, g in zip(Ws, g0): w.grad = g
+    opt.step()
+    for w, ref, b in zip(Ws, want, before):                            # bf16 step within 10% of the exact step
+        assert (w.detach().double() - ref).norm() < 0.1 * (ref - b.double()).norm()   # (measured: about 5%)
+    for _ in range(20):
+        for w in Ws: w.grad = torch.randn_like(w)
+        opt.step()
+        for w, c in zip(Ws, c0): assert abs(w.detach().norm().item() / c - 1) < 1e-5
+
+
+def test_adamw_groups_match_torch_adamw():
+    torch.manual_seed(3)
+    a = torch.nn.Parameter(torch.randn(7, 5)); b = torch.nn.Parameter(a.detach().clone())
+    ours = MuonH([dict(params=[a], kind='adamw', lr=0.01, betas=(0.8, 0.95), eps=1e-10, weight_decay=0.1)])
+    theirs = torch.optim.AdamW([b], lr=0.01, betas=(0.8, 0.95), eps=1e-10, weight_decay=0.1)
+    for _ in range(5):
+        g = torch.randn(7, 5); a.grad = g.clone(); b.grad = g.clone()
+        ours.step(); theirs.step()
+    assert torch.allclose(a, b, atol=1e-6)
+
+
+def test_hyperp_rules():
+    D, B = 2 * 10**9, 2**19
+    lr = hyperp_lrs(looped_config(14, 4), D, B)
+    width, batch = (896 / 640) ** -0.5, 2 ** 0.558
+    d_ref = 10 * (4 * (12 * 640**2 + 2 * 640) + 3 * 640 + 4 * (4 * (12 * 640**2 + 2 * 640) + 2 * 640**2))   # 2-4-2 at r = 4
+    assert reference_tokens(looped_config(14, 4)) == d_ref
+    assert math.isclose(lr['matrix'], 0.014 * batch * (D / d_ref) ** -0.32)
+    assert math.isclose(lr['embedding'], 0.3 * batch * width) and math.isclose(lr['unembedding'], 0.004 * batch * width)
+    assert math.isclose(lr['norms'], 0.005 * width) and math.isclose(lr['lanes'], 0.01 * width)
+    # the quirk: D_ref follows the training model's r (r = 8: 10 [4 n_b + 3d + 8 (4 n_b + 2d^2)])
+    n_b = 12 * 640**2 + 2 * 640
+    assert reference_tokens(looped_config(14, 8)) == 10 * (4 * n_b + 3 * 640 + 8 * (4 * n_b + 2 * 640**2))
+    assert reference_tokens(looped_config(14, 8), HyperP(d_ref_quirk=False)) == d_ref
+    assert reference_tokens(looped_config(14, 1)) == 10 * (20 * n_b + 3 * 640)   # the 0-20-0 reference
+    assert hyperp_lrs(looped_config(14, 4), D, B, HyperP(data_scaling=False))['data_factor'] == 1.0
+
+
+def test_build_looped_optimizer_for_the_trainer():
+    m = make(tiny(4, 12, injection='hc'))
+    t = TrainConfig(optimizer='muonh', lr=0.014, global_batch=4, seq_len=16, final_lr_frac=0.1)
+    opt, lr_lambda = build_optimizer(m, t, 64 * 50)                     # the trainer's 3-argument call
+    kinds = {g['group']: g['kind'] for g in opt.param_groups}
+    assert kinds == dict(matrix='muonh', unembedding='adamw', embedding='adamw', norms='adamw', lanes='adamw')
+    lanes = next(g for g in opt.param_groups if g['group'] == 'lanes')
+    assert lanes['weight_decay'] == 0 and {id(p) for p in lanes['params']} == {id(m.lane_alpha), id(m.lane_mixing), id(m.lane_beta)}
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda)
+    peak = opt.param_groups[0]['lr']
+    for _ in range(50): opt.step(); sched.step()
+    assert math.isclose(opt.param_groups[0]['lr'], 0.1 * peak, rel_tol=1e-9)   # linear decay to 10%, no warmup
+    assert lr_lambda(0) == 1.0 and lr_lambda(25) == pytest.approx(0.55)
+    with pytest.raises(ConfigError, match='looped'):
+        build_looped_optimizer(torch.nn.Linear(3, 3), t, 100)
+
+
+def test_muonh_bad_input():
+    with pytest.raises(ConfigError, match='2-D'): MuonH([torch.nn.Parameter(torch.ones(4))])
+    with pytest.raises(ConfigError, match='weight decay'): MuonH([torch.nn.Parameter(torch.ones(4, 4))], weight_decay=0.1)
+    with pytest.raises(ConfigError, match='adamw'): MuonH([dict(params=[torch.nn.Parameter(torch.ones(4, 4))], kind='sgd')])
