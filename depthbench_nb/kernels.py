@@ -24,7 +24,7 @@ __all__ = ['SINKHORN_EPS', 'KERNELS_ENV', 'KERNEL_BACKENDS', 'TRITON_INTERPRETED
            'relu_squared', 'sinkhorn', 'hc_read', 'hc_write', 'attnres_mix', 'kernel_example', 'compare_to_reference',
            'interpreter_report']
 
-# %% ../nbs/03_kernels.ipynb #91c3b078
+# %% ../nbs/03_kernels.ipynb #fbfd68e6
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
@@ -41,19 +41,13 @@ def _same_device(**tensors: Tensor) -> None:
         raise ValueError(f"all tensors must be on one device, got {', '.join(f'{k}={v}' for k, v in devs.items())}")
 
 
-def _same_dtype(**tensors: Tensor) -> None:
-    dts = {k: v.dtype for k, v in tensors.items() if v is not None}
-    if len(set(dts.values())) > 1:
-        raise TypeError(f"these tensors must share one dtype, got {', '.join(f'{k}={v}' for k, v in dts.items())}")
-
-
 def _need_shape(name: str, t: Tensor, shape: tuple, rule: str) -> None:
     if tuple(t.shape) != tuple(shape):
         raise ValueError(f"{name} must have shape {tuple(shape)} ({rule}), got {tuple(t.shape)}")
 
-# %% ../nbs/03_kernels.ipynb #126841ab
-def _compute_dtype(t: Tensor) -> torch.dtype:
-    return torch.float64 if t.dtype == torch.float64 else torch.float32
+# %% ../nbs/03_kernels.ipynb #01eb4d6a
+def _compute_dtype(*ts: Tensor) -> torch.dtype:
+    return torch.float64 if any(t.dtype == torch.float64 for t in ts) else torch.float32
 
 
 def rms_norm_ref(x: Tensor, weight: Optional[Tensor], eps: float, residual: Optional[Tensor] = None):
@@ -67,11 +61,11 @@ def rms_norm_ref(x: Tensor, weight: Optional[Tensor], eps: float, residual: Opti
     if weight is not None: y = y * weight.to(ct)
     return y.to(x.dtype)
 
-# %% ../nbs/03_kernels.ipynb #016804d8
+# %% ../nbs/03_kernels.ipynb #ad2e2c78
 def swiglu_ref(gate: Tensor, up: Tensor) -> Tensor:
     "Reference SwiGLU activation: silu(gate) * up."
-    ct = _compute_dtype(gate)
-    return (F.silu(gate.to(ct)) * up.to(ct)).to(gate.dtype)
+    ct = _compute_dtype(gate, up)
+    return (F.silu(gate.to(ct)) * up.to(ct)).to(torch.promote_types(gate.dtype, up.dtype))
 
 
 def relu_squared_ref(x: Tensor) -> Tensor:
@@ -92,7 +86,7 @@ def sinkhorn_ref(logits: Tensor, n_iter: int = 20, eps: float = SINKHORN_EPS) ->
         m = m / (m.sum(-2, keepdim=True) + eps)                   # columns
     return m.to(logits.dtype)
 
-# %% ../nbs/03_kernels.ipynb #35270e41
+# %% ../nbs/03_kernels.ipynb #7e2189e5
 def hc_read_ref(streams: Tensor, read_w: Tensor) -> Tensor:
     "Reference stream read: [..., n, d], [..., n] -> [..., d] = sum_j read_w[j] * streams[j]."
     ct = _compute_dtype(streams)
@@ -101,9 +95,10 @@ def hc_read_ref(streams: Tensor, read_w: Tensor) -> Tensor:
 
 def hc_write_ref(streams: Tensor, mix: Tensor, write_w: Tensor, branch: Tensor) -> Tensor:
     "Reference stream write: out_i = sum_j mix[i, j] * streams_j + write_w[i] * branch; -> [..., n, d]."
-    ct = _compute_dtype(streams)
+    ct = _compute_dtype(streams, branch)
     mixed = torch.einsum('...ij,...jd->...id', mix.to(ct), streams.to(ct))      # [..., n, d]
-    return (mixed + write_w.to(ct)[..., :, None] * branch.to(ct)[..., None, :]).to(streams.dtype)
+    out = mixed + write_w.to(ct)[..., :, None] * branch.to(ct)[..., None, :]
+    return out.to(torch.promote_types(streams.dtype, branch.dtype))
 
 # %% ../nbs/03_kernels.ipynb #80906d05
 def attnres_mix_ref(sources: Tensor, query: Tensor, key_weight: Tensor, out_weight: Tensor, eps: float,
@@ -219,7 +214,7 @@ def _n_programs_persistent(n_rows: int, device: torch.device) -> int:
 def _rows_view(t: Tensor, d: int) -> Tensor:
     return t.contiguous().view(-1, d)                                           # [R, d]
 
-# %% ../nbs/03_kernels.ipynb #b27e4ee9
+# %% ../nbs/03_kernels.ipynb #127df872
 @triton.jit
 def _rms_norm_fwd_kernel(x_ptr, res_ptr, w_ptr, y_ptr, h_ptr, rstd_ptr, D, eps,
                          HAS_RES: tl.constexpr, HAS_W: tl.constexpr, BLOCK_D: tl.constexpr):
@@ -274,8 +269,9 @@ class _RMSNormFn(torch.autograd.Function):
         d = x.shape[-1]
         x2 = _rows_view(x, d)                                                   # [R, d]
         res2 = _rows_view(residual, d) if residual is not None else None
-        y = torch.empty_like(x2)
-        h = torch.empty_like(x2) if residual is not None else None
+        out_dtype = torch.promote_types(x.dtype, residual.dtype) if residual is not None else x.dtype
+        y = torch.empty(x2.shape, device=x.device, dtype=out_dtype)
+        h = torch.empty_like(y) if residual is not None else None
         rstd = torch.empty(x2.shape[0], device=x.device, dtype=torch.float32)  # [R]
         if x2.shape[0] > 0:
             _rms_norm_fwd_kernel[(x2.shape[0],)](x2, res2 if res2 is not None else x2, weight if weight is not None else x2,
@@ -283,7 +279,8 @@ class _RMSNormFn(torch.autograd.Function):
                                                 HAS_RES=residual is not None, HAS_W=weight is not None,
                                                 BLOCK_D=triton.next_power_of_2(d))
         ctx.save_for_backward(h if h is not None else x2, weight, rstd)
-        ctx.has_res, ctx.shape = residual is not None, x.shape
+        ctx.shape, ctx.x_dtype = x.shape, x.dtype
+        ctx.res_dtype = residual.dtype if residual is not None else None
         ctx.set_materialize_grads(False)
         if residual is not None: return y.view(x.shape), h.view(x.shape)
         return y.view(x.shape)
@@ -304,14 +301,14 @@ class _RMSNormFn(torch.autograd.Function):
                                             BLOCK_D=triton.next_power_of_2(d))
         dw = dw_part.sum(0) if weight is not None and ctx.needs_input_grad[1] else None
         dx = dx.view(ctx.shape)
-        return dx, dw, None, (dx if ctx.has_res else None)
+        return dx.to(ctx.x_dtype), dw, None, (dx.to(ctx.res_dtype) if ctx.res_dtype is not None else None)
 
 
 def _rms_norm_triton(x, weight, eps, residual=None):
     w = weight.float().contiguous() if weight is not None else None
     return _RMSNormFn.apply(x, w, eps, residual)
 
-# %% ../nbs/03_kernels.ipynb #a1a7ce41
+# %% ../nbs/03_kernels.ipynb #13e0347e
 _ELEMENTWISE_BLOCK = 1024
 
 
@@ -361,7 +358,7 @@ class _SwiGLUFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, gate, up):
         g, u = gate.contiguous(), up.contiguous()
-        y = torch.empty_like(g)
+        y = torch.empty(g.shape, device=g.device, dtype=torch.promote_types(g.dtype, u.dtype))
         if g.numel(): _swiglu_fwd_kernel[_grid_1d(g.numel())](g, u, y, g.numel(), BLOCK=_ELEMENTWISE_BLOCK)
         ctx.save_for_backward(g, u)
         return y
@@ -499,7 +496,7 @@ def _sinkhorn_triton(logits, n_iter=20):
     if logits.shape[-1] > _SINKHORN_MAX_N: return sinkhorn_ref(logits, n_iter)   # whole matrices live in registers
     return _SinkhornFn.apply(logits, n_iter)
 
-# %% ../nbs/03_kernels.ipynb #1621abdd
+# %% ../nbs/03_kernels.ipynb #48f2bde3
 def _hc_block_d(d: int, n_pad: int) -> int:
     return max(16, min(triton.next_power_of_2(d), 4096 // (n_pad * n_pad), 256))
 
@@ -597,7 +594,7 @@ class _HCWriteFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, s, mix, w, br):                # s [R, n, d], mix [R, n, n] fp32, w [R, n] fp32, br [R, d]
         R, n, d = s.shape
-        out = torch.empty_like(s)
+        out = torch.empty(s.shape, device=s.device, dtype=torch.promote_types(s.dtype, br.dtype))
         bn = triton.next_power_of_2(n); bd = _hc_block_d(d, bn)
         if R: _hc_write_fwd_kernel[(R, triton.cdiv(d, bd))](s, mix, w, br, out, n, d, BLOCK_N=bn, BLOCK_D=bd)
         ctx.save_for_backward(s, mix, w, br)
@@ -779,7 +776,7 @@ def _attnres_mix_triton(sources, query, key_weight, out_weight, eps, bias=None, 
     if not return_all: return out
     return out, raw.view(*lead, d), p.view(*lead, S)
 
-# %% ../nbs/03_kernels.ipynb #d7163323
+# %% ../nbs/03_kernels.ipynb #8dedb56b
 def _need_eps(eps) -> float:
     if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps >= 0:
         raise ValueError(f"eps must be a non-negative float, got {eps!r}")
@@ -794,7 +791,7 @@ def _need_vector(name: str, t: Optional[Tensor], d: int, what: str, ref: Tensor)
 
 
 def rms_norm(x: Tensor, weight: Optional[Tensor], eps: float, residual: Optional[Tensor] = None):
-    "RMSNorm over the last axis (weight [d] or None); with residual: h = x + residual, returns (rms_norm(h), h)."
+    "RMSNorm over the last axis (weight [d] or None); with residual: h = x + residual (promoted dtype), returns (rms_norm(h), h)."
     _need_tensor('x', x)
     if x.ndim < 1: raise ValueError("x must have at least one axis (the normalised one)")
     eps = _need_eps(eps)
@@ -802,7 +799,7 @@ def rms_norm(x: Tensor, weight: Optional[Tensor], eps: float, residual: Optional
     if residual is not None:
         _need_tensor('residual', residual)
         _need_shape('residual', residual, x.shape, 'the same shape as x')
-        _same_dtype(x=x, residual=residual); _same_device(x=x, residual=residual)
+        _same_device(x=x, residual=residual)
     if _use_triton('rms_norm', x, residual): return _TRITON_IMPLS['rms_norm'](x, weight, eps, residual)
     return rms_norm_ref(x, weight, eps, residual)
 
@@ -811,7 +808,7 @@ def swiglu(gate: Tensor, up: Tensor) -> Tensor:
     "SwiGLU activation silu(gate) * up (same shapes)."
     _need_tensor('gate', gate); _need_tensor('up', up)
     _need_shape('up', up, gate.shape, 'the same shape as gate')
-    _same_dtype(gate=gate, up=up); _same_device(gate=gate, up=up)
+    _same_device(gate=gate, up=up)
     if _use_triton('swiglu', gate, up): return _TRITON_IMPLS['swiglu'](gate, up)
     return swiglu_ref(gate, up)
 
@@ -865,7 +862,7 @@ def hc_write(streams: Tensor, mix: Tensor, write_w: Tensor, branch: Tensor) -> T
     _need_coeff('mix', mix, lead, (n, n), streams)
     _need_coeff('write_w', write_w, lead, (n,), streams)
     _need_shape('branch', branch, lead + (d,), 'the streams without the stream axis: [..., d]')
-    _same_dtype(streams=streams, branch=branch); _same_device(streams=streams, branch=branch)
+    _same_device(streams=streams, branch=branch)
     if _use_triton('hc_write', streams, branch): return _TRITON_IMPLS['hc_write'](streams, mix, write_w, branch)
     return hc_write_ref(streams, mix, write_w, branch)
 
@@ -878,7 +875,10 @@ def attnres_mix(sources, query: Tensor, key_weight: Tensor, out_weight: Tensor, 
         for i, s in enumerate(sources): _need_tensor(f'sources[{i}]', s)
         if len({tuple(s.shape) for s in sources}) > 1:
             raise ValueError(f"all sources must have one shape, got {sorted({tuple(s.shape) for s in sources})}")
-        sources = torch.stack(list(sources))                                    # [S, B, T, d]
+        _same_device(**{f'sources[{i}]': s for i, s in enumerate(sources)})
+        dt = sources[0].dtype
+        for s_ in sources[1:]: dt = torch.promote_types(dt, s_.dtype)          # e.g. a fp32 embedding among bf16 outputs
+        sources = torch.stack([s_.to(dt) for s_ in sources])                    # [S, B, T, d]
     _need_tensor('sources', sources)
     if sources.ndim < 2 or sources.shape[0] < 1:
         raise ValueError(f"sources must be [S, ..., d] with S >= 1, got {tuple(sources.shape)}")
@@ -898,7 +898,7 @@ def attnres_mix(sources, query: Tensor, key_weight: Tensor, out_weight: Tensor, 
         return _TRITON_IMPLS['attnres_mix'](sources, query, key_weight, out_weight, eps, bias, float(scale), return_all)
     return attnres_mix_ref(sources, query, key_weight, out_weight, eps, bias, scale, return_all)
 
-# %% ../nbs/03_kernels.ipynb #95597539
+# %% ../nbs/03_kernels.ipynb #1c0d09b4
 REFERENCES = dict(rms_norm=rms_norm_ref, swiglu=swiglu_ref, relu_squared=relu_squared_ref, sinkhorn=sinkhorn_ref,
                   hc_read=hc_read_ref, hc_write=hc_write_ref, attnres_mix=attnres_mix_ref)
 KERNEL_NAMES = tuple(REFERENCES)
@@ -911,22 +911,23 @@ SELF_CHECK_RTOL = 1e-4   # fp32 forward and gradients, relative to the reference
 
 
 def kernel_example(name: str, device='cpu', dtype=torch.float32, seed: int = 0, tokens: int = 15, d: int = 37,
-                   n: int = 4, S: int = 5, n_iter: int = 20, residual: bool = True, bias: bool = True):
-    "Small random inputs (args, kwargs) for kernel `name`: `tokens` rows of width `d` (odd by default, to hit the masks)."
+                   n: int = 4, S: int = 5, n_iter: int = 20, residual: bool = True, bias: bool = True, dtype2=None):
+    "Small random inputs (args, kwargs) for kernel `name`: `tokens` rows of width `d` (odd by default, to hit the masks); `dtype2`: the second activation's dtype."
     if name not in REFERENCES: raise ConfigError(f"unknown kernel {name!r}; valid kernels: {', '.join(KERNEL_NAMES)}")
     gen = torch.Generator().manual_seed(seed)
     def rnd(*shape, scale=1.0, dt=dtype, offset=0.0):
         return (torch.randn(*shape, generator=gen) * scale + offset).to(device=device, dtype=dt).requires_grad_()
+    dtype2 = dtype2 or dtype
     B = 3 if tokens % 3 == 0 else 1
     T = tokens // B
     if name == 'rms_norm':
-        return (rnd(B, T, d), rnd(d, scale=0.2, dt=torch.float32, offset=1.0), 1e-6), dict(residual=rnd(B, T, d) if residual else None)
-    if name == 'swiglu': return (rnd(tokens, d, scale=2.0), rnd(tokens, d)), {}
+        return (rnd(B, T, d), rnd(d, scale=0.2, dt=torch.float32, offset=1.0), 1e-6), dict(residual=rnd(B, T, d, dt=dtype2) if residual else None)
+    if name == 'swiglu': return (rnd(tokens, d, scale=2.0), rnd(tokens, d, dt=dtype2)), {}
     if name == 'relu_squared': return (rnd(tokens, d),), {}
     if name == 'sinkhorn': return (rnd(tokens, n, n, scale=1.0), n_iter), {}
     if name == 'hc_read': return (rnd(B, T, n, d), rnd(B, T, n, dt=torch.float32)), {}
     if name == 'hc_write':
-        return (rnd(B, T, n, d), rnd(B, T, n, n, scale=0.5, dt=torch.float32), rnd(B, T, n, dt=torch.float32), rnd(B, T, d)), {}
+        return (rnd(B, T, n, d), rnd(B, T, n, n, scale=0.5, dt=torch.float32), rnd(B, T, n, dt=torch.float32), rnd(B, T, d, dt=dtype2)), {}
     # attnres_mix: fp32 parameters as in mixed-precision training
     return ((rnd(S, B, T, d), rnd(d, scale=0.5, dt=torch.float32), rnd(d, scale=0.2, dt=torch.float32, offset=1.0),
              rnd(d, scale=0.2, dt=torch.float32, offset=1.0), 1e-5),
@@ -972,7 +973,7 @@ def _self_check_error(name: str, device: torch.device) -> Optional[str]:
     bad = {k: f'{v:.2e}' for k, v in errs.items() if not v <= SELF_CHECK_RTOL}   # NaN counts as bad
     return None if not bad else f"relative errors {bad} exceed {SELF_CHECK_RTOL:g}"
 
-# %% ../nbs/03_kernels.ipynb #eaea976b
+# %% ../nbs/03_kernels.ipynb #f48de2f9
 DEFAULT_INTERPRETER_CASES = tuple(dict(kernel=k) for k in KERNEL_NAMES)
 
 
@@ -983,7 +984,8 @@ def _interpreter_worker() -> None:
     results = []
     for case in json.load(sys.stdin):
         t0 = time.perf_counter()
-        args, kwargs = kernel_example(case['kernel'], **case.get('example', {}))
+        example = {k: (getattr(torch, v) if k in ('dtype', 'dtype2') else v) for k, v in case.get('example', {}).items()}
+        args, kwargs = kernel_example(case['kernel'], **example)
         errs = compare_to_reference(case['kernel'], args, kwargs, case.get('outputs'))
         # the public function dispatches to the kernel (DEPTHBENCH_KERNELS=triton) on CPU tensors
         dispatched = _use_triton(case['kernel'], *[a for a in args if isinstance(a, Tensor)])
