@@ -357,13 +357,13 @@ def mixing_stats(mix: Tensor) -> dict:
                 amax_forward=float(P.abs().sum(-1).amax(-1).mean()), amax_backward=float(P.abs().sum(-2).amax(-1).mean()),
                 n_streams=n, n_sites=mix.shape[0])
 
-# %% ../nbs/08_diagnostics.ipynb #d16bf5fa
+# %% ../nbs/08_diagnostics.ipynb #ab096000
 def dead_zone(partial_mass: Sequence[Optional[float]], threshold: float = DEAD_ZONE_THRESHOLD) -> dict:
-    "Leading sublayers whose partial-sum mass stays below `threshold` (None = the site has no partial)."
+    "Sublayers from 1 up to the first site whose partial-sum mass reaches `threshold` (mass[k] per sublayer k; None = no partial)."
     if all(m is None for m in partial_mass):  # one sublayer per block (Full AttnRes): there is no running partial sum
         return dict(dead_sublayers=None, dead_layers=None, threshold=threshold, note='no site has a running partial sum')
-    first = next((k for k, m in enumerate(partial_mass) if m is not None and m >= threshold), len(partial_mass))
-    return dict(dead_sublayers=first, dead_layers=first / 2, threshold=threshold)
+    first = next((k for k, m in enumerate(partial_mass) if k >= 1 and m is not None and m >= threshold), len(partial_mass))
+    return dict(dead_sublayers=first - 1, dead_layers=(first - 1) / 2, threshold=threshold)
 
 # %% ../nbs/08_diagnostics.ipynb #6901b43d
 def completion_nll(model, pairs: Sequence[tuple[Sequence[int], Sequence[int]]], max_len: Optional[int] = None) -> dict:
