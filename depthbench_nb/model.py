@@ -237,7 +237,7 @@ class HCConnector(nn.Module):
         mix = A[..., 1:].transpose(-1, -2) if self.mixed else torch.eye(self.n, dtype=H.dtype, device=H.device)
         return A[..., 0], mix, beta
 
-# %% ../nbs/05_model.ipynb #0d5e9c0d
+# %% ../nbs/05_model.ipynb #3eafee60
 def _gap8_read_bias(n: int, k: int) -> torch.Tensor:
     "+8 on the stream this sublayer reads (k mod n), -8 elsewhere: a nearly one-hot read."
     b = torch.full((n,), -8.0); b[k % n] = 8.0
@@ -310,11 +310,12 @@ class MHCNativeConnector(nn.Module):
 
     def forward(self, H: torch.Tensor):
         n = self.n
-        x = H.flatten(-2).float()                                               # [B, T, n*d] fp32 normalization
+        f = lambda p: p.float()                                                 # the native backend computes in fp32
+        x = H.flatten(-2).float()                                               # [B, T, n*d]
         r = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-8)
-        read = torch.sigmoid(self.alpha_pre * (x @ self.phi_pre) * r + self.b_pre)
-        write = 2 * torch.sigmoid(self.alpha_post * (x @ self.phi_post) * r + self.b_post)
-        res = log_sinkhorn((self.alpha_res * (x @ self.phi_res) * r + self.b_res).unflatten(-1, (n, n)), self.iters)
+        read = torch.sigmoid(f(self.alpha_pre) * (x @ f(self.phi_pre)) * r + f(self.b_pre))
+        write = 2 * torch.sigmoid(f(self.alpha_post) * (x @ f(self.phi_post)) * r + f(self.b_post))
+        res = log_sinkhorn((f(self.alpha_res) * (x @ f(self.phi_res)) * r + f(self.b_res)).unflatten(-1, (n, n)), self.iters)
         return read.to(H.dtype), res.transpose(-1, -2).to(H.dtype), write.to(H.dtype)  # x'_t = Σ_s H[s,t] x_s
 
 

@@ -407,3 +407,20 @@ def test_bad_input_errors():
     with pytest.raises(ConfigError, match='integer tensor'): m(torch.zeros(4, dtype=torch.long))
     with pytest.raises(ConfigError, match='attnres'): m.depth_mix_weights(torch.zeros(1, 4, dtype=torch.long))
     with pytest.raises(ConfigError, match='out of range'): m.swap_blocks(-1, 2)
+
+
+@pytest.mark.parametrize('kw', [dict(arch=a) for a in DESIGNS] + VARIANTS[:4], ids=_id)
+def test_bf16_pure_and_autocast(kw):
+    "The GPU recipe runs bf16 autocast (and optionally pure bf16 weights): both must run forward, backward and the cache."
+    model = build_model(tiny_config(**kw))
+    idx = torch.randint(0, 64, (2, 9))
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        loss = F.cross_entropy(model(idx[:, :-1]).flatten(0, 1).float(), idx[:, 1:].flatten())
+    loss.backward()
+    assert torch.isfinite(loss) and all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+    model = model.to(torch.bfloat16)
+    cache = KVCache()
+    with torch.no_grad():
+        full = model(idx)
+        step = torch.cat([model(idx[:, :5], kv_cache=cache), model(idx[:, 5:], kv_cache=cache)], 1)
+    assert full.dtype == torch.bfloat16 and torch.isfinite(full).all() and (full.float() - step.float()).abs().max() < 0.1
