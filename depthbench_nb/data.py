@@ -35,7 +35,8 @@ __all__ = ['PACKAGE_FILES', 'VAL_FRACTION', 'HUB_SOURCES', 'HUB_ALIASES', 'DEFAU
            'resolve_source', 'LoadedTokenizer', 'parse_tokenizer', 'check_neox', 'train_bpe', 'source_key',
            'load_tokenizer', 'token_dtype', 'encode_documents', 'pack_split', 'default_data_dir', 'data_dir',
            'read_manifest', 'prepare_command', 'prepare', 'TokenData', 'resolve_data', 'cli_data', 'EvalSet',
-           'EvalTask', 'available_offline', 'load_eval_set', 'eval_sets', 'domain_eval_sets', 'downstream_eval_sets']
+           'EvalTask', 'available_offline', 'load_eval_set', 'eval_sets', 'encode_pairs', 'domain_eval_sets',
+           'downstream_eval_sets']
 
 # %% ../nbs/02_data.ipynb #478e4f17
 @dataclass(frozen=True)
@@ -693,7 +694,7 @@ def cli_data(argv=None) -> int:
     emit(s, a.json, title=f'prepared data {a.dir}')
     return 1 if s['checksums'] == 'MISMATCH' else 0
 
-# %% ../nbs/02_data.ipynb #be8b1f1e
+# %% ../nbs/02_data.ipynb #a3f8f11f
 from collections.abc import Sequence
 
 
@@ -839,6 +840,15 @@ def eval_sets(names=None, offline: Optional[bool] = None, limit: Optional[int] =
     if names is None:
         names = [n for n, t in EVAL_TASKS.items() if (group is None or t.group == group) and (t.offline or not offline)]
     return {n: load_eval_set(n, offline, limit) for n in names}
+
+
+def encode_pairs(pairs: Iterable[tuple[str, str]], tokenizer) -> list[tuple[list[int], list[int]]]:
+    "Token ids of (context, completion) pairs for completion-only NLL: each side encoded on its own, no special tokens."
+    tok = getattr(tokenizer, 'tokenizer', tokenizer)   # a LoadedTokenizer or a tokenizers.Tokenizer (TokenData.tokenizer())
+    pairs = list(pairs)
+    ctx = tok.encode_batch([c for c, _ in pairs], add_special_tokens=False)
+    comp = tok.encode_batch([a for _, a in pairs], add_special_tokens=False)
+    return [(c.ids, a.ids) for c, a in zip(ctx, comp)]
 
 
 def domain_eval_sets(names=None, offline: Optional[bool] = None, limit: Optional[int] = None) -> dict[str, EvalSet]:

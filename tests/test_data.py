@@ -381,3 +381,11 @@ def test_hub_sources_hold_out_whole_files(monkeypatch):
     shuf = D.resolve_source('fineweb-edu-100b-shuffle')
     assert [d.split(':')[1] for d in shuf.documents('val')] == ['shard_00004.parquet', 'shard_00005.parquet']
     assert len(list(shuf.documents('train'))) == 4
+
+
+def test_encode_pairs_round_trip(td):
+    pairs = D.domain_eval_sets(['sciq'], offline=True, limit=20)['sciq']
+    ids = D.encode_pairs(pairs, td.tokenizer())
+    assert len(ids) == 20
+    for (c, a), (ci, ai) in zip(pairs, ids):
+        assert ci and ai and td.decode(ci) == c and td.decode(ai) == a and max(ci + ai) < td.vocab_size
