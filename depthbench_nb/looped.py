@@ -22,8 +22,8 @@ __all__ = ['PAPER_DEPTH', 'PAPER_VOCAB', 'PAPER_SEQ_LEN', 'PAPER_BATCH_TOKENS', 
            'INJECTIONS', 'BASELINE_WIDTHS', 'TBPTT_WIDTHS', 'HC_WIDTHS', 'CASE_STUDY_BUDGETS', 'GRID_VARIANTS',
            'GRID_COLUMNS', 'LoopLayout', 'backward_window', 'loop_layout', 'looped_config', 'looped_block_params',
            'injection_params', 'LoopedParams', 'looped_params', 'count_looped_params', 'flops_per_token',
-           'steps_for_budget', 'tokens_for_budget', 'looped_grid_row', 'looped_grid_rows', 'RMSNorm', 'rope_tables',
-           'apply_rope', 'LoopedKVCache', 'LoopedAttention', 'LoopedMLP', 'LoopedBlock', 'LoopedLM', 'build_looped']
+           'steps_for_budget', 'tokens_for_budget', 'looped_grid_row', 'looped_grid_rows', 'looped_rope',
+           'LoopedAttention', 'LoopedMLP', 'LoopedBlock', 'LoopedLM', 'build_looped']
 
 # %% ../nbs/06_looped.ipynb #e8104e29
 PAPER_DEPTH = 20          # effective depth of every model in the paper
@@ -210,51 +210,19 @@ def looped_grid_rows(variant: str = 'baseline', budgets: Union[str, Collection[f
                 rows += [looped_grid_row(C, s, r, variant) for s in widths[C]]
     return rows
 
-# %% ../nbs/06_looped.ipynb #32b00498
+# %% ../nbs/06_looped.ipynb #48b088c2
 from .kernels import relu_squared, rms_norm
+from .layers import KVCache, RMSNorm, apply_rope, causal_mask, rope_angles
+from .model import DepthModel
 
 
-class RMSNorm(nn.Module):
-    "RMSNorm over the last axis with a learnable gain (initialised to ones)."
-    def __init__(self, d: int, eps: float = 1e-6):
-        super().__init__()
-        self.eps, self.weight = eps, nn.Parameter(torch.ones(d))
-
-    def forward(self, x): return rms_norm(x, self.weight, self.eps)
-
-
-def rope_tables(start: int, T: int, head_dim: int, base: float, device=None) -> tuple[torch.Tensor, torch.Tensor]:
-    "cos, sin [T, head_dim/2] for positions start..start+T-1."
-    inv_freq = 1.0 / base ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim)   # [hd/2]
-    angles = torch.outer(torch.arange(start, start + T, dtype=torch.float32, device=device), inv_freq)       # [T, hd/2]
-    return angles.cos(), angles.sin()
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    "Rotate channel pairs (i, i + hd/2) of x [B, T, H, hd] by the position angles (the released code's layout)."
-    h = x.shape[-1] // 2
-    x1, x2 = x[..., :h], x[..., h:]                                   # [B, T, H, hd/2] each
-    cos, sin = cos[:, None, :].to(x.dtype), sin[:, None, :].to(x.dtype)   # [T, 1, hd/2]
-    return torch.cat([x1 * cos + x2 * sin, x2 * cos - x1 * sin], dim=-1)
-
-
-class LoopedKVCache:
-    "Keys and values per executed layer for incremental decoding; `pos` is the number of tokens already cached."
-    def __init__(self, n_layers: int):
-        self.keys: list[Optional[torch.Tensor]] = [None] * n_layers
-        self.values: list[Optional[torch.Tensor]] = [None] * n_layers
-        self.pos = 0
-
-    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        "Append this step's k, v [B, H_kv, T, hd] for executed layer `layer`; return everything cached so far."
-        if self.keys[layer] is not None:
-            k, v = torch.cat([self.keys[layer], k], dim=2), torch.cat([self.values[layer], v], dim=2)
-        self.keys[layer], self.values[layer] = k, v
-        return k, v
+def looped_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    "RoPE with the released code's sign: y1 = x1 cos + x2 sin, y2 = x2 cos − x1 sin (x [B, T, H, hd])."
+    return apply_rope(x, cos, -sin)
 
 
 class LoopedAttention(nn.Module):
-    "Causal self-attention with RoPE and parameter-free QK-norm after RoPE."
+    "Causal self-attention with RoPE and parameter-free QK-norm after RoPE (the released code's names)."
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         d, self.n_head, self.n_kv_head, self.head_dim = cfg.d_model, cfg.n_head, cfg.n_kv_head, cfg.head_dim
@@ -264,22 +232,18 @@ class LoopedAttention(nn.Module):
         self.c_v = nn.Linear(d, self.n_kv_head * self.head_dim, bias=False)
         self.c_proj = nn.Linear(self.n_head * self.head_dim, d, bias=False)
 
-    def forward(self, x, cos, sin, cache: Optional[LoopedKVCache] = None, layer: int = 0):
+    def forward(self, x, cos, sin, offset: int = 0, cache: Optional[KVCache] = None, cache_key=0):
         B, T, _ = x.shape
         q = self.c_q(x).view(B, T, self.n_head, self.head_dim)          # [B, T, H, hd]
         k = self.c_k(x).view(B, T, self.n_kv_head, self.head_dim)       # [B, T, H_kv, hd]
         v = self.c_v(x).view(B, T, self.n_kv_head, self.head_dim)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q, k = looped_rope(q, cos, sin), looped_rope(k, cos, sin)
         q, k = rms_norm(q, None, self.eps), rms_norm(k, None, self.eps)  # QK-norm after RoPE (code order)
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, H, T, hd]
-        if cache is None:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-        else:
-            past = cache.pos
-            k, v = cache.update(layer, k, v)                             # [B, H_kv, past + T, hd]
-            # query t (absolute position past + t) sees keys 0..past + t
-            mask = torch.arange(past + T, device=x.device)[None, :] <= (past + torch.arange(T, device=x.device))[:, None]   # [T, past+T]
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, H(_kv), T, hd]
+        if cache is not None: k, v = cache.update(cache_key, k, v)      # [B, H_kv, offset + T, hd]
+        gqa = self.n_kv_head != self.n_head
+        if offset == 0: y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+        else: y = F.scaled_dot_product_attention(q, k, v, attn_mask=causal_mask(T, offset, x.device), enable_gqa=gqa)
         return self.c_proj(y.transpose(1, 2).reshape(B, T, -1))         # [B, T, d]
 
 
@@ -300,18 +264,19 @@ class LoopedBlock(nn.Module):
         self.n1, self.attn = RMSNorm(cfg.d_model, cfg.norm_eps), LoopedAttention(cfg)
         self.n3, self.mlp = RMSNorm(cfg.d_model, cfg.norm_eps), LoopedMLP(cfg)
 
-    def forward(self, x, cos, sin, cache=None, layer: int = 0):
-        x = x + self.attn(self.n1(x), cos, sin, cache, layer)
+    def forward(self, x, cos, sin, offset: int = 0, cache: Optional[KVCache] = None, cache_key=0):
+        x = x + self.attn(self.n1(x), cos, sin, offset, cache, cache_key)
         return x + self.mlp(self.n3(x))
 
-# %% ../nbs/06_looped.ipynb #d75a1a1a
-class LoopedLM(nn.Module):
+# %% ../nbs/06_looped.ipynb #6bd4bf63
+class LoopedLM(DepthModel):
     "Looped language model (specs/looped.md §1-3) with the DepthModel interface over executed layers."
+    family = 'looped'
+
     def __init__(self, cfg: ModelConfig):
-        super().__init__()
-        self.config, self.layout = cfg, loop_layout(cfg)
-        lay, d = self.layout, cfg.d_model
-        self.wte = nn.Embedding(cfg.vocab_size, d)
+        super().__init__(cfg)                                      # tok_emb and the untied lm_head
+        self.layout = lay = loop_layout(cfg)
+        d = cfg.d_model
         self.norm_emb = RMSNorm(d, cfg.norm_eps)
         self.blocks = nn.ModuleList(LoopedBlock(cfg) for _ in range(lay.n_unique))   # prelude, shared block, coda
         if lay.injection == 'linear':
@@ -323,18 +288,19 @@ class LoopedLM(nn.Module):
             self.lane_beta = nn.Parameter(torch.empty(R, K))       # block output -> lanes
         self.norm_recur = RMSNorm(d, cfg.norm_eps)
         self.norm_final = RMSNorm(d, cfg.norm_eps)
-        self.lm_head = nn.Linear(d, cfg.vocab_size, bias=False)
         executed = lay.executed()
         self.schedule = [b for b, _ in executed]          # executed position -> unique block (swap_blocks edits it)
         self.iteration_of = [i for _, i in executed]      # executed position -> loop iteration (None outside)
-        self.n_blocks = lay.n_executed
-        self.init_weights()
+        if self.tok_emb.weight.device.type != 'meta': self.init_weights()
+
+    @property
+    def n_blocks(self) -> int: return self.layout.n_executed
 
     @torch.no_grad()
-    def init_weights(self, generator: Optional[torch.Generator] = None):
+    def init_weights(self, generator: Optional[torch.Generator] = None) -> 'LoopedLM':
         "The paper's initialisation (§1); pass a torch.Generator for a reproducible init."
         d, ffn = self.config.d_model, self.config.ffn_hidden
-        nn.init.normal_(self.wte.weight, 0.0, 1.0, generator=generator)
+        nn.init.normal_(self.tok_emb.weight, 0.0, 1.0, generator=generator)
         nn.init.normal_(self.lm_head.weight, 0.0, 1e-3, generator=generator)
         a, a_proj = 3 ** 0.5 * d ** -0.5, 3 ** 0.5 * ffn ** -0.5
         for blk in self.blocks:
@@ -351,34 +317,23 @@ class LoopedLM(nn.Module):
             self.lane_beta.fill_(1.0)
         for m in self.modules():
             if isinstance(m, RMSNorm): m.weight.fill_(1.0)
-
-    # ----- helpers
-    def _run(self, k, x, cos, sin, skip, cache, states):
-        "Executed layer k (the unique block the schedule names), or the identity when skipped."
-        out = x if k in skip else self.blocks[self.schedule[k]](x, cos, sin, cache, k)
-        if states is not None: states.append(out)
-        return out
-
-    def _check_index(self, k: int, n: int, what: str) -> int:
-        if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k < n:
-            raise ConfigError(f"{what} must be an integer in 0..{n - 1} (executed layers of this model), got {k!r}")
-        return k
-
-    def new_kv_cache(self) -> LoopedKVCache: return LoopedKVCache(self.n_blocks)
+        return self
 
     # ----- forward
     def forward(self, idx: torch.Tensor, skip: Collection[int] = (), return_states: bool = False,
-                kv_cache: Optional[LoopedKVCache] = None):
+                kv_cache: Optional[KVCache] = None):
         "idx [B, T] -> logits [B, T, V] (fp32), or (logits, states z_0..z_n_blocks) with return_states."
         lay, cfg = self.layout, self.config
-        skip = {self._check_index(k, self.n_blocks, 'skip index') for k in skip}
-        B, T = idx.shape
-        start = kv_cache.pos if kv_cache is not None else 0
-        if start + T > cfg.max_seq_len: raise ConfigError(f"sequence of {start + T} tokens exceeds max_seq_len={cfg.max_seq_len}")
-        cos, sin = rope_tables(start, T, cfg.head_dim, cfg.rope_theta, idx.device)   # [T, hd/2]
-        x = self.norm_emb(self.wte(idx))                                   # [B, T, d]
+        skip, ctx = self._begin(idx, skip, kv_cache)                       # checks idx, skip, max_seq_len
+        T = idx.shape[1]
+        cos, sin = rope_angles(cfg.head_dim, torch.arange(ctx.offset, ctx.offset + T, device=idx.device), cfg.rope_theta)
+        x = self.norm_emb(self.tok_emb(idx))                               # [B, T, d]
         states = [x] if return_states else None
-        run = lambda k, h: self._run(k, h, cos, sin, skip, kv_cache, states)
+
+        def run(k, h):                                                     # executed layer k, or the identity
+            if states is not None and k > 0: states.append(h)              # z_k: what executed layer k reads
+            return h if k in skip else self.blocks[self.schedule[k]](h, cos, sin, ctx.offset, kv_cache, k)
+
         k = 0
         for _ in range(lay.n_prelude): x = run(k, x); k += 1
         e = x                                                              # prelude output, injected every iteration
@@ -390,8 +345,7 @@ class LoopedLM(nn.Module):
                 for _ in range(lay.n_recur): u = run(k, u); k += 1
                 s_i = self.norm_recur(u)
                 lanes = torch.einsum('jk,kbtd->jbtd', self.lane_mixing[i], lanes) + self.lane_beta[i][:, None, None, None] * s_i
-                if i < detach_until: lanes = lanes.detach()                # never with hc (config forbids), kept for symmetry
-            h = lanes.sum(0)                                               # [B, T, d]
+            h = lanes.sum(0)                                               # [B, T, d] (full BPTT: the config forbids truncation)
         else:
             h = torch.zeros_like(e) if lay.injection == 'additive' else e
             for i in range(lay.recurrence):
@@ -403,14 +357,18 @@ class LoopedLM(nn.Module):
                 if i < detach_until: h = h.detach()                        # truncated BPTT (§2)
         x = h
         for _ in range(lay.n_coda): x = run(k, x); k += 1
-        if kv_cache is not None: kv_cache.pos += T
-        logits = self._logits(x)
-        return (logits, states) if return_states else logits
+        if states is not None: states.append(x)                            # z_L: what RMSNorm_final reads
+        return self._end(self._logits(x), states, return_states, kv_cache, T)
 
     def _logits(self, x):
         cap = self.config.logit_softcap
         z = self.lm_head(self.norm_final(x)).float()                       # [B, T, V] in fp32
         return cap * torch.tanh(z / cap)
+
+    def _check_index(self, k: int, n: int, what: str) -> int:
+        if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k < n:
+            raise ConfigError(f"{what} must be an integer in 0..{n - 1} (executed layers of this model), got {k!r}")
+        return k
 
     def readout(self, state_index: int, state: torch.Tensor) -> torch.Tensor:
         "Logit lens: RMSNorm_final, LM head and soft-cap applied to depth state `state_index` ([B, T, d])."

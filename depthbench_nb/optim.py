@@ -149,14 +149,14 @@ def hyperp_lrs(cfg, tokens: int, batch_tokens: int, recipe: HyperP = HyperP()) -
                 embedding=recipe.embedding_lr * batch * width, norms=recipe.norm_lr * width, lanes=recipe.lane_lr * width,
                 width_factor=width, batch_factor=batch, data_factor=data, d_ref_tokens=d_ref)
 
-# %% ../nbs/06a_optim.ipynb #55eb1489
+# %% ../nbs/06a_optim.ipynb #cdfc78ff
 def looped_param_groups(model: nn.Module, lrs: dict, recipe: HyperP = HyperP()) -> list[dict]:
     "The recipe's parameter groups for a looped model, with their peak LRs."
     names = dict(matrix=[], embedding=[], unembedding=[], norms=[], lanes=[])
     no_decay = model.no_weight_decay_names() if hasattr(model, 'no_weight_decay_names') else set()
     for n, p in model.named_parameters():
         if not p.requires_grad: continue
-        if n.endswith('wte.weight'): names['embedding'].append(p)
+        if n.endswith('tok_emb.weight'): names['embedding'].append(p)
         elif n.endswith('lm_head.weight'): names['unembedding'].append(p)
         elif n in no_decay or n.startswith('lane_'): names['lanes'].append(p)
         elif p.ndim == 2: names['matrix'].append(p)
