@@ -509,7 +509,7 @@ def diagnose_model(model, cfg: ModelConfig, x: Tensor, y: Tensor, metrics=None, 
         out['domain_nll'] = {name: completion_nll(model, pairs, max_len=cfg.max_seq_len) for name, pairs in domain_sets.items()}
     return out
 
-# %% ../nbs/08_diagnostics.ipynb #32b41fbe
+# %% ../nbs/08_diagnostics.ipynb #f4f36c86
 def per_layer_rows(res: dict) -> list[dict]:
     "One row per block with the per-layer figures of every metric that ran."
     rows = []
@@ -539,12 +539,13 @@ def summary(res: dict) -> dict:
     return s
 
 
-def _heatmap(M, title, path, **kw):
+def _heatmap(M, title, path, xlabel='', ylabel='', **kw):
     import matplotlib; matplotlib.use('Agg')
     import matplotlib.pyplot as plt, seaborn as sns
     fig, ax = plt.subplots(figsize=(5.5, 4.5))
     sns.heatmap(torch.tensor([[float('nan') if v is None else v for v in row] for row in M]).numpy(), ax=ax, cmap='viridis', square=True, **kw)
-    ax.set_title(title); fig.tight_layout(); fig.savefig(path, dpi=110); plt.close(fig)
+    ax.set_title(title); ax.set_xlabel(xlabel); ax.set_ylabel(ylabel)
+    fig.tight_layout(); fig.savefig(path, dpi=110); plt.close(fig)
 
 
 def write_diagnostics(res: dict, out_dir, figures: bool = True) -> list[Path]:
@@ -561,11 +562,11 @@ def write_diagnostics(res: dict, out_dir, figures: bool = True) -> list[Path]:
     import matplotlib.pyplot as plt
     tag = f"{res['arch']} L{res['n_layer']}"
     if 'angular' in res:
-        _heatmap(res['angular']['matrix'], f'angular distance ({tag})', out_dir / 'angular.png', vmin=0); written.append(out_dir / 'angular.png')
+        _heatmap(res['angular']['matrix'], f'angular distance ({tag})', out_dir / 'angular.png', 'depth state j', 'depth state i', vmin=0); written.append(out_dir / 'angular.png')
     if 'causal' in res:
-        _heatmap(res['causal']['matrix'], f'causal score C(s, l) ({tag})', out_dir / 'causal.png', vmin=0); written.append(out_dir / 'causal.png')
+        _heatmap(res['causal']['matrix'], f'causal score C(s, l) ({tag})', out_dir / 'causal.png', 'later block l', 'skipped block s', vmin=0); written.append(out_dir / 'causal.png')
     if 'permutation' in res:
-        _heatmap(res['permutation']['matrix'], f'permutation score P(i, j) ({tag})', out_dir / 'permutation.png', vmin=0); written.append(out_dir / 'permutation.png')
+        _heatmap(res['permutation']['matrix'], f'permutation score P(i, j) ({tag})', out_dir / 'permutation.png', 'block j', 'block i', vmin=0); written.append(out_dir / 'permutation.png')
     if 'logit_lens' in res:
         fig, ax = plt.subplots(figsize=(5.5, 3.5))
         ll = res['logit_lens']
