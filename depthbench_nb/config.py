@@ -420,7 +420,7 @@ class RunConfig(Config):
         tag = f"r{m.recurrence}-" if m.arch == 'looped' else ''
         return f"{m.arch}-{tag}L{m.n_layer}-d{m.d_model}-lr{t.lr:g}-s{t.seed}-{self.content_hash}"
 
-# %% ../nbs/00_config.ipynb #3157f25e
+# %% ../nbs/00_config.ipynb #7ffefcf1
 def package_dir() -> Path: return Path(__file__).resolve().parent
 
 
@@ -452,12 +452,18 @@ def cache_dir() -> Path:
     return Path(base).expanduser().resolve() / 'depthbench-nb'
 
 
+def _umask() -> int:
+    mask = os.umask(0); os.umask(mask)
+    return mask
+
+
 def atomic_write_bytes(path, data: bytes) -> Path:
     "Write bytes to `path` atomically (temporary file in the same folder, fsync, rename)."
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f'.{path.name}.', suffix='.tmp')
     try:
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600 files; give the usual permissions (shared caches)
         with os.fdopen(fd, 'wb') as f:
             f.write(data); f.flush(); os.fsync(f.fileno())
         os.replace(tmp, path)

@@ -462,7 +462,7 @@ def show_report(rep: Report, max_rows: int = 30):
         elif name.endswith('.csv'): display(Markdown(f'### {caption}')); display(pd.read_csv(path).head(max_rows))
     if rep.missing: display(Markdown('### Missing\n' + '\n'.join(f'- **{w}**: {why}' for w, why in rep.missing)))
 
-# %% ../nbs/09c_reports.ipynb #425ba664
+# %% ../nbs/09c_reports.ipynb #2294034a
 REPORT_NOTEBOOKS = {'depthbench': '20_depthbench_report', 'looped': '21_looped_report'}
 
 
@@ -547,12 +547,8 @@ def _domain_sets_for_demo() -> dict:
         from depthbench_nb.shapes import PRESETS
         p = PRESETS['tiny']
         td = D.TokenData(D.resolve_data(DataConfig(source=p.data_source, tokenizer=p.tokenizer), auto_prepare=True))
-        tok = td.tokenizer()
-        sets = D.domain_eval_sets(offline=True)
-        out = {}
-        for name, pairs in sets.items():
-            pairs = list(pairs)[:16]
-            out[name] = [(tok.encode(c).ids, tok.encode(x).ids) for c, x in ((getattr(q, 'context', q[0]), getattr(q, 'completion', q[1])) for q in pairs)]
+        sets = D.domain_eval_sets(offline=True, limit=16)
+        out = {name: D.encode_pairs(pairs, td.tokenizer()) for name, pairs in sets.items()}
         return {td.vocab_size: out}
     except Exception as e:  # the demo still runs without domain NLL, and the report says it is missing
         print(f'[demo] domain NLL sets unavailable: {e}')
