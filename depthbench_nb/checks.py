@@ -170,7 +170,7 @@ def _check_attnres_skip(model: AttnResTransformer, idx, l, s_states, atol) -> Ch
     return _ok('boundary mix after the skip is the identity on its newest source') if ok else \
         _fail(f'the boundary state after skipping block {l} is not the newest source (diff {err:.2e})')
 
-# %% ../nbs/05a_checks.ipynb #5a490982
+# %% ../nbs/05a_checks.ipynb #505658be
 def _generic_init(model: DepthModel) -> Optional[str]:
     std = model.config.init_std
     for name, m in model.named_modules():
@@ -226,8 +226,8 @@ def _multistream_init(model: MultiStreamTransformer, idx, atol: float) -> Option
                     if name.endswith('_hc.b'): p[2 * n:] = 0.0    # liger: the residual part of b
                     if name.endswith('_hc.b_res'): p.zero_()     # native
             M = moved.mixing_matrices(idx)
-            err = _doubly_stochastic_error(M)
-            if err > 1e-5: return f'mixing matrices not doubly stochastic with dynamic inputs (error {err:.1e})'
+            err, tol = _doubly_stochastic_error(M), (1e-5 if cfg.sinkhorn_iters >= 20 else 1e-3)  # 1e-5 is the 20-iteration claim
+            if err > tol: return f'mixing matrices not doubly stochastic with dynamic inputs (error {err:.1e} > {tol:g})'
             if torch.allclose(M, M[:, :1, :1]): return 'perturbed connectors still give input-independent mixes'
     return None
 

@@ -21,7 +21,8 @@ DESIGNS = ['preln', 'periln', 'lns', 'deepnorm', 'keel', 'moda', 'hc', 'mhc', 'a
 VARIANTS = [dict(arch='hc', hc_update='unmixed'), dict(arch='hc', hc_tanh=False), dict(arch='mhc', mhc_backend='native'),
             dict(arch='mhc', mhc_backend='static'), dict(arch='block_attnres', attnres_block_size=3),
             dict(arch='block_attnres', attnres_num_blocks=3), dict(arch='moda', moda_ffn_kv=False),
-            dict(arch='preln', n_kv_head=4), dict(arch='moda', n_kv_head=1), dict(arch='keel', n_layer=2)]
+            dict(arch='preln', n_kv_head=4), dict(arch='moda', n_kv_head=1), dict(arch='keel', n_layer=2),
+            dict(arch='hc', hc_streams=2), dict(arch='mhc', hc_streams=3), dict(arch='mhc', sinkhorn_iters=5)]
 ROOT = Path(__file__).resolve().parent.parent
 
 
