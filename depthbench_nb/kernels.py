@@ -908,7 +908,7 @@ def attnres_mix(sources, query: Tensor, key_weight: Tensor, out_weight: Tensor, 
         return _TRITON_IMPLS['attnres_mix'](sources, query, key_weight, out_weight, eps, bias, float(scale), return_all)
     return attnres_mix_ref(sources, query, key_weight, out_weight, eps, bias, scale, return_all)
 
-# %% ../nbs/03_kernels.ipynb #1c0d09b4
+# %% ../nbs/03_kernels.ipynb #ea5ba356
 REFERENCES = dict(rms_norm=rms_norm_ref, swiglu=swiglu_ref, relu_squared=relu_squared_ref, sinkhorn=sinkhorn_ref,
                   hc_read=hc_read_ref, hc_write=hc_write_ref, attnres_mix=attnres_mix_ref)
 KERNEL_NAMES = tuple(REFERENCES)
@@ -978,8 +978,11 @@ def compare_to_reference(name: str, args, kwargs=None, outputs: Optional[Sequenc
 
 def _self_check_error(name: str, device: torch.device) -> Optional[str]:
     "None when kernel `name` matches its reference on a small fp32 example on `device`, else what went wrong."
-    args, kwargs = kernel_example(name, device=device)
-    errs = compare_to_reference(name, args, kwargs)
+    # the first call may come from inside a model under autocast, no_grad or inference_mode: the check
+    # needs exact fp32 references and gradients whatever the caller's context
+    with torch.inference_mode(False), torch.enable_grad(), torch.autocast(device.type, enabled=False):
+        args, kwargs = kernel_example(name, device=device)
+        errs = compare_to_reference(name, args, kwargs)
     bad = {k: f'{v:.2e}' for k, v in errs.items() if not v <= SELF_CHECK_RTOL}   # NaN counts as bad
     return None if not bad else f"relative errors {bad} exceed {SELF_CHECK_RTOL:g}"
 

@@ -185,6 +185,21 @@ def test_self_check_falls_back_with_warning_or_raises(monkeypatch):
     assert K._self_check('swiglu', torch.device('cpu'), strict=True) is True
 
 
+@pytest.mark.parametrize('context', ['no_grad', 'inference_mode', 'autocast'])
+def test_self_check_is_independent_of_the_callers_context(monkeypatch, context):
+    # the first CUDA call of a kernel may happen inside eval (no_grad / inference_mode) or under bf16 autocast
+    # (where the references' einsums would run in bf16): the check must still compare fp32 with gradients
+    # a stand-in "kernel": the same sum written element-wise, which autocast leaves in fp32
+    def elementwise_hc_write(s, m, w, b):
+        return (m[..., :, :, None] * s[..., None, :, :]).sum(-2) + w[..., :, None] * b[..., None, :]
+    monkeypatch.setitem(K._TRITON_IMPLS, 'hc_write', elementwise_hc_write)
+    monkeypatch.setattr(K, '_SELF_CHECKS', {})
+    ctx = {'no_grad': torch.no_grad(), 'inference_mode': torch.inference_mode(),
+           'autocast': torch.autocast('cpu', dtype=torch.bfloat16)}[context]
+    with ctx:
+        assert K._self_check_error('hc_write', torch.device('cpu')) is None
+
+
 def test_forced_triton_on_cpu_without_interpreter_is_a_clear_error(monkeypatch):
     if K.TRITON_INTERPRETED: pytest.fail('this test process must not run the interpreter')
     monkeypatch.setenv(K.KERNELS_ENV, 'triton')
@@ -206,3 +221,12 @@ def test_mixed_precision_promotes_like_torch():
     out = K.hc_write(H, torch.eye(4), torch.ones(4), x16)
     assert out.dtype == torch.float32 and torch.equal(out, H + x16.float()[..., None, :])
     assert K.attnres_mix([x32, x16], torch.zeros(8), torch.ones(8), torch.ones(8), 1e-5).dtype == torch.float32
+
+
+def test_gpu_benchmark_refuses_without_cuda():
+    import subprocess, sys
+    from pathlib import Path
+    script = Path(__file__).resolve().parents[1] / 'benchmarks' / 'bench_kernels_gpu.py'
+    env = {k: v for k, v in __import__('os').environ.items() if k != 'TRITON_INTERPRET'}
+    p = subprocess.run([sys.executable, str(script), '--quick'], capture_output=True, text=True, env=env, timeout=120)
+    assert p.returncode == 2 and 'no CUDA GPU' in p.stderr and 'nothing measured' in p.stderr
