@@ -42,6 +42,12 @@ def test_flops_and_tokens_match_the_paper():
         assert flops_per_token(10, r) - flops_per_token(10, 1) == 6 * r * 2 * 640**2
 
 
+def test_table5_injection_tokens():
+    tokens = {i: tokens_for_budget(1e18, flops_per_token(10, 4, injection=i)) for i in ('linear', 'additive', 'passthrough', 'hc')}
+    assert {i: round(t / 1e6) for i, t in tokens.items()} == dict(linear=955, additive=973, passthrough=973, hc=973)
+    assert flops_per_token(10, 4, injection='hc') - flops_per_token(10, 4, injection='additive') == 6 * 4 * (4 + 4) * 640   # §3
+
+
 def test_truncated_bptt_flops_eq6():
     d, V, T, r = 640, 32064, 2048, 8
     n_b, n_i, r_bwd = 12 * d * d + 2 * d, 2 * d * d, 4
