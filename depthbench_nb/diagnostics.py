@@ -21,13 +21,13 @@ from torch import Tensor
 from .config import ConfigError, ModelConfig, atomic_write_json, atomic_write_text
 
 # %% auto #0
-__all__ = ['CAUSAL_THRESHOLD', 'PERMUTATION_THRESHOLD', 'USEFULNESS_RATIO', 'DEAD_ZONE_THRESHOLD', 'METRICS',
+__all__ = ['CAUSAL_THRESHOLD', 'PERMUTATION_THRESHOLD', 'USEFULNESS_RATIO', 'DEAD_ZONE_THRESHOLD', 'METRICS', 'NLL_METRICS',
            'last_three_quarters', 'angular_distance_matrix', 'contributions', 'causal_row', 'ScoreSummary',
            'summarize_causal', 'lm_loss', 'permutation_matrix', 'summarize_permutation', 'layer_pruning', 'usefulness',
            'spectrum_stats', 'token_collapse', 'logit_lens', 'effective_rank', 'forward_product', 'mixing_stats',
-           'dead_zone', 'completion_nll', 'measure_latency', 'applicable_metrics', 'check_metrics',
+           'dead_zone', 'completion_nll', 'nll_by_category', 'measure_latency', 'applicable_metrics', 'check_metrics',
            'sublayer_partial_mass', 'diagnose_model', 'per_layer_rows', 'summary', 'write_diagnostics',
-           'load_checkpointed_run', 'heldout_windows', 'run_diagnostics', 'cli_diagnose']
+           'load_checkpointed_run', 'heldout_windows', 'load_nll_sets', 'run_diagnostics', 'cli_diagnose']
 
 # %% ../nbs/08_diagnostics.ipynb #02f16891
 CAUSAL_THRESHOLD = 0.45
@@ -107,7 +107,7 @@ def summarize_causal(C: Tensor, threshold: float = CAUSAL_THRESHOLD) -> ScoreSum
     return ScoreSummary(_nan_to_none(C), float(vals.mean()), float(vals.max()), per_layer, frac, threshold,
                         _top_pairs(C), extra=dict(global_score_older=glob))
 
-# %% ../nbs/08_diagnostics.ipynb #8541d430
+# %% ../nbs/08_diagnostics.ipynb #258b91da
 def lm_loss(logits: Tensor, targets: Tensor, per_row: bool = False) -> Tensor:
     "Mean next-token CE over all positions (targets already shifted), or per row [B]."
     ce = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), reduction='none').view(targets.shape)
@@ -215,6 +215,9 @@ def permutation_matrix(model, x: Tensor, y: Tensor, method: str = 'auto', max_ro
     pairs = sorted(pairs) if pairs is not None else [(i, j) for i in range(L) for j in range(i + 1, L)]
     with torch.no_grad(): base = float(lm_loss(model(x), y))
     P = torch.full((L, L), float('nan'), dtype=torch.float64)
+    if method != 'naive' and len(model.blocks) != L:   # looped: executed positions share modules, nothing to replay per position
+        if method == 'shared': raise ConfigError('the shared-prefix permutation needs one module per executed block (not looped models); use naive')
+        method = 'naive'
     if method != 'naive':
         runner = _SharedSwapRunner(model, x)
         if method == 'auto':  # probe the first and the last pair (a replayed prefix only shows up when i > 0)
@@ -365,7 +368,7 @@ def dead_zone(partial_mass: Sequence[Optional[float]], threshold: float = DEAD_Z
     first = next((k for k, m in enumerate(partial_mass) if k >= 1 and m is not None and m >= threshold), len(partial_mass))
     return dict(dead_sublayers=first - 1, dead_layers=(first - 1) / 2, threshold=threshold)
 
-# %% ../nbs/08_diagnostics.ipynb #6901b43d
+# %% ../nbs/08_diagnostics.ipynb #03234489
 def completion_nll(model, pairs: Sequence[tuple[Sequence[int], Sequence[int]]], max_len: Optional[int] = None) -> dict:
     "Completion-only NLL over (context ids, completion ids) pairs; contexts are cut from the left to fit max_len."
     if not pairs: raise ConfigError('completion_nll needs at least one (context, completion) pair')
@@ -381,6 +384,17 @@ def completion_nll(model, pairs: Sequence[tuple[Sequence[int], Sequence[int]]], 
             k = min(len(comp), len(tok))
             nll += float(tok[-k:].sum()); n += k
     return dict(nll_sum=nll, tokens=n, nll_mean=nll / max(n, 1), perplexity=math.exp(nll / max(n, 1)))
+
+
+def nll_by_category(results: dict, categories: dict) -> dict:
+    "Token-weighted NLL per category from per-set completion_nll results."
+    out = {}
+    for name, r in results.items():
+        c = out.setdefault(categories.get(name, name), dict(nll_sum=0.0, tokens=0, sets=[]))
+        c['nll_sum'] += r['nll_sum']; c['tokens'] += r['tokens']; c['sets'].append(name)
+    for c in out.values():
+        c['nll_mean'] = c['nll_sum'] / max(c['tokens'], 1); c['perplexity'] = math.exp(c['nll_mean'])
+    return out
 
 
 def measure_latency(model, seq_len: int, vocab_size: int, n_repeat: int = 3, decode_tokens: int = 0) -> dict:
@@ -408,9 +422,10 @@ def measure_latency(model, seq_len: int, vocab_size: int, n_repeat: int = 3, dec
             sync(); out['decode_tokens_per_s'] = decode_tokens / (time.perf_counter() - t0)
     return out
 
-# %% ../nbs/08_diagnostics.ipynb #f4922d2c
+# %% ../nbs/08_diagnostics.ipynb #8f9f96a9
 METRICS = ('angular', 'causal', 'permutation', 'pruning', 'usefulness', 'collapse', 'logit_lens', 'mixing', 'dead_zone',
-           'latency', 'domain_nll')
+           'latency', 'domain_nll', 'downstream_nll')
+NLL_METRICS = {'domain_nll': 'domain', 'downstream_nll': 'downstream'}   # metric -> evaluation-set group of depthbench_nb.data
 _APPLIES = {'mixing': ('multistream',), 'dead_zone': ('block_attnres',), 'usefulness': ('residual', 'multistream')}
 
 
@@ -420,10 +435,10 @@ _WHY = {'mixing': ' (the effective rank of residual mixing needs several streams
 
 
 def applicable_metrics(cfg: ModelConfig) -> tuple[str, ...]:
-    "The default metric set of a design (domain_nll needs evaluation sets and is opt-in)."
+    "The default metric set of a design (the NLL metrics need evaluation sets and are opt-in)."
     out = []
     for m in METRICS:
-        if m == 'domain_nll': continue
+        if m in NLL_METRICS: continue
         if m in _APPLIES and cfg.family not in _APPLIES[m] and cfg.arch not in _APPLIES[m]: continue
         out.append(m)
     return tuple(out)
@@ -503,13 +518,16 @@ def diagnose_model(model, cfg: ModelConfig, x: Tensor, y: Tensor, metrics=None, 
     if 'latency' in metrics:
         progress('latency')
         out['latency'] = measure_latency(model, latency_seq_len or int(x.shape[1]), cfg.vocab_size, decode_tokens=8)
-    if 'domain_nll' in metrics:
-        if not domain_sets: raise ConfigError('metric domain_nll needs evaluation sets: {name: [(context ids, completion ids), ...]}')
-        progress('domain NLL')
-        out['domain_nll'] = {name: completion_nll(model, pairs, max_len=cfg.max_seq_len) for name, pairs in domain_sets.items()}
+    for m, group in NLL_METRICS.items():
+        if m not in metrics: continue
+        sets = (domain_sets or {}).get(group)
+        if not sets: raise ConfigError(f"metric {m} needs evaluation sets: domain_sets={{'{group}': {{name: (category, [(context ids, completion ids), ...])}}}}")
+        progress(f'{group} NLL')
+        per_set = {name: completion_nll(model, pairs, max_len=cfg.max_seq_len) | dict(category=cat) for name, (cat, pairs) in sets.items()}
+        out[m] = dict(sets=per_set, by_category=nll_by_category(per_set, {n: c for n, (c, _) in sets.items()}))
     return out
 
-# %% ../nbs/08_diagnostics.ipynb #f4f36c86
+# %% ../nbs/08_diagnostics.ipynb #796b538c
 def per_layer_rows(res: dict) -> list[dict]:
     "One row per block with the per-layer figures of every metric that ran."
     rows = []
@@ -535,7 +553,8 @@ def summary(res: dict) -> dict:
     if 'mixing' in res: s |= dict(mixing_erank=res['mixing']['mixing_erank'], mixing_distance_to_uniform=res['mixing']['distance_to_uniform'])
     if 'dead_zone' in res: s['dead_zone_layers'] = res['dead_zone']['dead_layers']
     if 'latency' in res: s |= dict(prefill_s=res['latency']['prefill_s'], decode_tokens_per_s=res['latency']['decode_tokens_per_s'])
-    if 'domain_nll' in res: s |= {f'nll_{k}': v['nll_mean'] for k, v in res['domain_nll'].items()}
+    for m in NLL_METRICS:
+        if m in res: s |= {f'nll_{k}': v['nll_mean'] for k, v in res[m]['by_category'].items()}
     return s
 
 
@@ -606,9 +625,21 @@ def heldout_windows(run, n_samples: int, seq_len: int, seed: int = 0) -> tuple[T
     return torch.as_tensor(x).long(), torch.as_tensor(y).long()
 
 
+def load_nll_sets(run, groups, limit: Optional[int] = 64) -> dict:
+    "Evaluation sets of `depthbench_nb.data` for the NLL metrics, tokenized with the run's tokenizer: {group: {name: (category, pairs)}}."
+    from depthbench_nb.data import TokenData, encode_pairs, eval_sets, resolve_data
+    tok = TokenData(resolve_data(run.data, auto_prepare=False)).tokenizer()
+    out = {}
+    for group in groups:
+        sets = eval_sets(group=group, limit=limit)
+        if not sets: raise ConfigError(f'no {group} evaluation set can be built here (offline?); see depthbench_nb.data.available_offline()')
+        out[group] = {name: (es.category, encode_pairs(es.pairs, tok)) for name, es in sets.items()}
+    return out
+
+
 def run_diagnostics(run_dir, metrics=None, n_samples: int = 16, seq_len: Optional[int] = 256, seed: int = 0,
                     figures: bool = True, permutation_method: str = 'auto', domain_sets: Optional[dict] = None,
-                    progress: bool = False) -> dict:
+                    eval_limit: Optional[int] = 64, progress: bool = False) -> dict:
     "Diagnose a run's last checkpoint on held-out windows; writes tables and figures into <run_dir>/diagnostics/."
     if n_samples < 1: raise ConfigError(f'n_samples must be >= 1, got {n_samples}')
     model, run = load_checkpointed_run(run_dir)
@@ -616,6 +647,8 @@ def run_diagnostics(run_dir, metrics=None, n_samples: int = 16, seq_len: Optiona
     metrics = check_metrics(metrics, cfg)
     T = min(seq_len or run.train.seq_len, run.train.seq_len, cfg.max_seq_len)
     x, y = heldout_windows(run, n_samples, T, seed)
+    if domain_sets is None and any(m in metrics for m in NLL_METRICS):
+        domain_sets = load_nll_sets(run, [NLL_METRICS[m] for m in metrics if m in NLL_METRICS], eval_limit)
     dev = next(model.parameters()).device
     say = (lambda m: print(f'[diagnose] {m}', flush=True)) if progress else (lambda m: None)
     res = diagnose_model(model, cfg, x.to(dev), y.to(dev), metrics, permutation_method=permutation_method,
@@ -624,7 +657,7 @@ def run_diagnostics(run_dir, metrics=None, n_samples: int = 16, seq_len: Optiona
     res['files'] = [str(p) for p in write_diagnostics(res, Path(run_dir) / 'diagnostics', figures=figures)]
     return res
 
-# %% ../nbs/08_diagnostics.ipynb #de0129ca
+# %% ../nbs/08_diagnostics.ipynb #667c8b1c
 def cli_diagnose(argv=None) -> int:
     "depthbench-nb diagnose RUN_DIR: layer diagnostics of a run's last checkpoint."
     from depthbench_nb.cli import emit
@@ -635,10 +668,11 @@ def cli_diagnose(argv=None) -> int:
     p.add_argument('--seq-len', type=int, default=256, help='window length (default 256, capped at the training length)')
     p.add_argument('--seed', type=int, default=0, help='seed of the held-out windows (default 0)')
     p.add_argument('--permutation-method', default='auto', help="auto | shared | naive (default auto)")
+    p.add_argument('--eval-limit', type=int, default=64, help='pairs per evaluation set for domain_nll / downstream_nll (default 64)')
     p.add_argument('--no-figures', action='store_true', help='write tables only')
     p.add_argument('--json', action='store_true', help='machine-readable JSON output')
     a = p.parse_args(argv)
     res = run_diagnostics(a.run_dir, a.metrics, a.n_samples, a.seq_len, a.seed, figures=not a.no_figures,
-                          permutation_method=a.permutation_method, progress=not a.json)
+                          permutation_method=a.permutation_method, eval_limit=a.eval_limit, progress=not a.json)
     out = summary(res) | dict(files=res['files'])
     return emit(out, a.json, title=f"diagnostics of {res['run_dir']}")

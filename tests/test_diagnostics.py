@@ -246,3 +246,32 @@ def test_run_diagnostics_writes_tables_and_figures(runs_dir):
     assert len(full['angular']['matrix']) == 5 and full['n_samples'] == 2 and full['seq_len'] == 16
     with pytest.raises(ConfigError, match='multistream'):
         run_diagnostics(folder.parent / folder.name, metrics=['dead_zone'])
+
+
+# ---- looped models and the NLL metrics ---------------------------------------------------------------------------------------
+def test_looped_model_through_the_interface(xy):
+    cfg = ModelConfig(arch='looped', n_layer=20, d_model=32, n_head=2, vocab_size=V, max_seq_len=64, recurrence=8)
+    model = build_model(cfg).eval()
+    with torch.no_grad(): model.lm_head.weight.mul_(1000)   # the paper's 1e-3 head init makes every loss ~log V
+    x, y = xy
+    assert model.schedule[2] == model.schedule[4] != model.schedule[3]   # r = 8: a 2-layer recurrent block
+    P, base, how = permutation_matrix(model, x, y, pairs=[(0, 5), (2, 4), (3, 12)])
+    assert how == 'naive' and int((~P.isnan()).sum()) == 3
+    # swapping two executions of the same shared layer changes nothing; swapping a prelude layer does
+    assert float(P[2, 4]) == 0 and float(P[0, 5]) > 1e-4
+    with pytest.raises(ConfigError, match='usefulness'): check_metrics(['usefulness'], cfg)
+    with pytest.raises(ConfigError, match='looped'): permutation_matrix(model, x, y, method='shared')
+
+
+def test_domain_and_downstream_nll_by_category(xy):
+    model, cfg = tiny()
+    x, y = xy
+    sets = {'domain': {'a': ('math', [([1, 2], [3, 4])]), 'b': ('math', [([5], [6, 7, 8])]), 'c': ('stem', [([9], [10])])},
+            'downstream': {'boolq': ('reading_comprehension', [([1], [2])])}}
+    res = diagnose_model(model, cfg, x, y, metrics=['domain_nll', 'downstream_nll'], domain_sets=sets)
+    per_set = res['domain_nll']['sets']
+    math_cat = res['domain_nll']['by_category']['math']
+    assert math_cat['tokens'] == 5 and math_cat['nll_mean'] == pytest.approx((per_set['a']['nll_sum'] + per_set['b']['nll_sum']) / 5)
+    assert per_set['a']['category'] == 'math' and per_set['a']['nll_sum'] == pytest.approx(completion_nll(model, [([1, 2], [3, 4])])['nll_sum'])
+    assert set(res['downstream_nll']['by_category']) == {'reading_comprehension'}
+    with pytest.raises(ConfigError, match='evaluation sets'): diagnose_model(model, cfg, x, y, metrics=['domain_nll'])
