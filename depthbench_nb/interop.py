@@ -35,7 +35,7 @@ __all__ = ['HC_SITES', 'CHECKPOINT_FORMAT', 'IMPORTED_STUDY', 'LLAMA_EXPORTABLE'
            'import_checkpoint', 'llama_state_dict', 'llama_config_dict', 'export_llama', 'generate',
            'decode_throughput', 'cli_import_checkpoint']
 
-# %% ../nbs/09b_interop.ipynb #8e2d5c93
+# %% ../nbs/09b_interop.ipynb #3764ae60
 class _LooseRecord:
     "Stand-in for storage records of other libraries in a DCP index (e.g. OLMo-core's `_StorageInfo`)."
     def __init__(self, *args, **kwargs): self.__dict__.update(kwargs)
@@ -49,7 +49,8 @@ class _DCPIndexUnpickler(pickle.Unpickler):
     _ALLOWED_PREFIXES = ('torch.distributed.checkpoint', 'torch.storage', 'torch._utils', 'torch')
     _SAFE_BUILTINS = {('collections', 'OrderedDict'), ('builtins', 'set'), ('builtins', 'frozenset'),
                       ('builtins', 'slice'), ('copyreg', '_reconstructor'), ('builtins', 'object'),
-                      ('torch', 'Size'), ('torch', 'device')}
+                      ('torch', 'Size'), ('torch', 'device'), ('pathlib', 'PosixPath'), ('pathlib', 'PurePosixPath'),
+                      ('pathlib', 'WindowsPath'), ('pathlib', 'PureWindowsPath')}  # torch's writer records the checkpoint path
 
     def find_class(self, module, name):
         if (module, name) in self._SAFE_BUILTINS or module.startswith(self._ALLOWED_PREFIXES):

@@ -1,0 +1,305 @@
+"""Interop: OLMo-core logits parity, DepthBench/OLMo-core checkpoint import (every design, the fork's names),
+safetensors save/load, LlamaForCausalLM export, and KV-cache greedy generation (cache == no cache)."""
+import json
+import logging
+import math
+import time
+
+import pytest
+import torch
+
+from depthbench_nb.config import ConfigError, ModelConfig
+from depthbench_nb.interop import (LLAMA_EXPORTABLE, canonical_fork_state_dict, check_fork_layout, cli_import_checkpoint,
+                                   decode_throughput, detect_arch, export_llama, fork_layout, generate, import_checkpoint,
+                                   infer_model_config, load_pretrained, model_from_fork_state_dict, name_map, ours_to_fork,
+                                   read_dcp_state_dict, read_state_dict, save_pretrained)
+from depthbench_nb.model import build_model
+from depthbench_nb.shapes import count_params
+from depthbench_nb.trainer import load_run
+
+pytestmark = pytest.mark.filterwarnings('ignore:torch.distributed is disabled')
+
+TINY = dict(n_layer=2, d_model=32, n_head=4, n_kv_head=2, vocab_size=64, max_seq_len=64)
+DESIGNS = {  # every DepthBench design (and backend) the importer maps
+    'preln': {}, 'periln': {}, 'lns': {}, 'deepnorm': {}, 'keel': {}, 'hc': {}, 'hc_unmixed': dict(hc_update='unmixed'),
+    'mhc': {}, 'mhc_native': dict(mhc_backend='native'), 'mhc_static': dict(mhc_backend='static'),
+    'attnres': {}, 'block_attnres': dict(attnres_block_size=2), 'moda': {},
+}
+
+
+def tiny(name: str, **kw) -> ModelConfig:
+    arch = name.split('_')[0] if name not in ('block_attnres',) else name
+    return ModelConfig(arch=arch, **(TINY | DESIGNS.get(name, {}) | kw))
+
+
+def random_fork_sd(cfg: ModelConfig, seed: int = 0, scale: float = 1.0) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    return {k: scale * torch.randn(s, generator=g) for k, s in fork_layout(cfg).items()}
+
+
+def refusal(fn, *args, **kw) -> str:
+    with pytest.raises(ConfigError) as e: fn(*args, **kw)
+    return str(e.value)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 1. Parity with OLMo-core (ai2-olmo-core, test-only dependency) for the block types it shares with us
+# ---------------------------------------------------------------------------------------------------------------
+OLMO_BLOCKS = {'preln': 'default', 'periln': 'peri_norm', 'lns': 'default_scaled'}
+
+
+def olmo_core_model(cfg: ModelConfig, seed: int = 0, fix_ln_scale: bool = True):
+    from olmo_core.nn.feed_forward import FeedForwardConfig
+    from olmo_core.nn.transformer import TransformerConfig
+    logging.getLogger('olmo_core').setLevel(logging.ERROR)
+    oc = TransformerConfig.llama_like(d_model=cfg.d_model, vocab_size=cfg.vocab_size, n_layers=cfg.n_layer, n_heads=cfg.n_head,
+                                      n_kv_heads=cfg.n_kv_head, rope_theta=int(cfg.rope_theta), layer_norm_eps=cfg.norm_eps,
+                                      block_name=OLMO_BLOCKS[cfg.arch],
+                                      feed_forward=FeedForwardConfig(hidden_size=cfg.ffn_hidden, bias=False))
+    model = oc.build(init_device='cpu')
+    model.init_weights(device=torch.device('cpu'))
+    if cfg.arch == 'lns' and fix_ln_scale:  # to_empty() in init_weights leaves this buffer uninitialized (OLMo-core PR #698)
+        for b, blk in model.blocks.items(): blk.ln_scale.fill_(1 / math.sqrt(int(b) + 1))
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():  # move every weight (norm gains included) away from init so a misplaced tensor shows
+        for p in model.parameters(): p.add_(0.05 * torch.randn(p.shape, generator=g))
+    return model.eval()
+
+
+@pytest.mark.parametrize('arch', list(OLMO_BLOCKS))
+def test_olmo_core_parity_through_importer(arch, tmp_path, runs_dir, capsys):
+    "OLMo-core writes its DCP checkpoint; the CLI imports it; the run folder's model gives OLMo-core's logits (fp32, 1e-5)."
+    from olmo_core.distributed.checkpoint import save_model_and_optim_state
+    cfg = tiny(arch, n_layer=3)
+    oc = olmo_core_model(cfg)
+    save_model_and_optim_state(str(tmp_path / 'ckpt' / 'step7' / 'model_and_optim'), oc)
+    rc = cli_import_checkpoint([str(tmp_path / 'ckpt' / 'step7'), '--arch', arch, '--L', '3', '--n-head', '4',
+                                '--max-seq-len', '64', '--json'])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0 and out['source_format'] == 'dcp' and out['arch'] == arch
+    model, run = load_run(out['run_dir'])
+    assert run.model == cfg
+    idx = torch.randint(0, cfg.vocab_size, (2, 16), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad(): ref, got = oc(idx), model(idx)
+    assert ((got - ref).abs().max() / ref.abs().max()).item() <= 1e-5
+    result = json.loads((runs_dir / 'imported' / run.run_id / 'result.json').read_text())
+    assert result['provenance']['origin'] == 'imported' and result['steps'] == 7 and result['status'] == 'completed'
+    assert result['params_total'] == count_params(cfg).total
+
+
+def test_olmo_core_state_dict_names_are_the_fork_layout():
+    "The fork layout of the shared blocks is exactly upstream OLMo-core's state dict (names and shapes), LNS buffer aside."
+    for arch in OLMO_BLOCKS:
+        cfg = tiny(arch)
+        sd = olmo_core_model(cfg).state_dict()
+        assert {k: tuple(v.shape) for k, v in canonical_fork_state_dict(sd).items()} == fork_layout(cfg)
+
+
+def test_olmo_core_lns_with_wrong_ln_scale_is_refused(tmp_path, runs_dir):
+    "An LNS checkpoint whose ln_scale buffer is not 1/sqrt(b+1) (what to_empty() does to upstream's buffer) is refused."
+    from olmo_core.distributed.checkpoint import save_model_and_optim_state
+    oc = olmo_core_model(tiny('lns'))
+    oc.blocks['1'].ln_scale.fill_(0.0)
+    save_model_and_optim_state(str(tmp_path / 'lns' / 'model_and_optim'), oc)
+    assert 'blocks.1.ln_scale' in refusal(import_checkpoint, str(tmp_path / 'lns'), 'lns', n_head=4)
+
+
+def test_plain_torch_dcp_is_read(tmp_path):
+    "A checkpoint written by torch's own DCP writer (not OLMo-core's) reads back exactly, optimizer state ignored."
+    import torch.distributed.checkpoint as dcp
+    sd = random_fork_sd(tiny('preln'))
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')
+        dcp.save({'model': {k: v.clone() for k, v in sd.items()}, 'optim': {'step': torch.tensor(3.0)}},
+                 checkpoint_id=str(tmp_path / 'dcp'))
+    got = read_dcp_state_dict(tmp_path / 'dcp')
+    assert got.keys() == sd.keys() and all(torch.equal(got[k], sd[k]) for k in sd)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 2. Importer: the fork's names and layouts for every design
+# ---------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize('name', list(DESIGNS))
+def test_fork_layout_round_trip(name):
+    "Fork-named tensors -> our model -> fork names is the identity; every parameter of ours is covered."
+    cfg = tiny(name)
+    sd = random_fork_sd(cfg)
+    model = model_from_fork_state_dict(sd, cfg)
+    back = ours_to_fork(model)
+    assert back.keys() == sd.keys() and all(torch.equal(back[k], sd[k]) for k in sd)
+    mapped = {r.ours for r in name_map(cfg)}
+    extra = {n for n, _ in model.named_parameters()} - mapped
+    assert extra == ({'blocks.0.attn_mix.query', 'blocks.0.attn_mix.key_weight'} if cfg.family == 'attnres' else set())
+
+
+@pytest.mark.parametrize('name', list(DESIGNS))
+def test_fork_layout_counts_match_closed_form(name):
+    "Parameter count of the fork layout = shapes.count_params (AttnRes: minus block 0's inert attention mixer, 2d)."
+    cfg = tiny(name, n_layer=3)
+    fork = sum(math.prod(s) for s in fork_layout(cfg).values())
+    assert fork == count_params(cfg).total - (2 * cfg.d_model if cfg.family == 'attnres' else 0)
+
+
+def _set_fork_init(sd: dict, cfg: ModelConfig) -> dict:
+    "The fork's own connector/mixer init values (hyper_connections.py reset_parameters, reset_attnres_parameters)."
+    n = cfg.hc_streams
+    for k in list(sd):
+        if k.endswith('static_alpha'):
+            site_k = 2 * int(k.split('.')[1]) + (k.split('.')[2].startswith('feed_forward'))
+            a = torch.zeros(n, n + 1); a[site_k % n, 0] = 1; a[:, 1:] = torch.eye(n); sd[k] = a
+        elif k.endswith(('dynamic_alpha_proj', 'dynamic_beta_proj')) or k.endswith('res_proj.weight'): sd[k] = torch.zeros_like(sd[k])
+        elif k.endswith(('dynamic_alpha_scale', 'dynamic_beta_scale')): sd[k] = torch.tensor(0.01)
+        elif k.endswith('static_beta'): sd[k] = torch.ones(n)
+    return sd
+
+
+def _preln_twin(sd: dict, cfg: ModelConfig):
+    "Pre-LN model holding the same core weights (the fork's Pre-LN names are a subset of every design's)."
+    pre = ModelConfig(arch='preln', **{k: getattr(cfg, k) for k in TINY})
+    return model_from_fork_state_dict({k: sd[k] for k in fork_layout(pre)}, pre)
+
+
+@pytest.mark.parametrize('update', ['mixed', 'unmixed'])
+def test_imported_hc_at_fork_init_is_n_times_preln(update):
+    "HC at the fork's init is Pre-LN on n equal streams; the sum readout gives n x the Pre-LN logits (§1.6)."
+    cfg = tiny('hc', hc_update=update)
+    sd = _set_fork_init(random_fork_sd(cfg, seed=3, scale=0.5), cfg)
+    idx = torch.randint(0, 64, (2, 10))
+    with torch.no_grad():
+        hc, pre = model_from_fork_state_dict(sd, cfg)(idx), _preln_twin(sd, cfg)(idx)
+    assert torch.allclose(hc, cfg.hc_streams * pre, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize('name', ['attnres', 'block_attnres'])
+def test_imported_attnres_with_zero_queries_is_preln(name):
+    "Zero pseudo-queries mix uniformly; RMSNorm of the mean = RMSNorm of the Pre-LN sum (up to eps) (§1.8)."
+    cfg = tiny(name)
+    sd = _set_fork_init(random_fork_sd(cfg, seed=4), cfg)  # unit-scale weights: eps (1e-5 vs 1e-6) is negligible
+    idx = torch.randint(0, 64, (2, 10))
+    with torch.no_grad():
+        ar, pre = model_from_fork_state_dict(sd, cfg)(idx), _preln_twin(sd, cfg)(idx)
+    assert ((ar - pre).abs().max() / pre.abs().max()).item() < 1e-3
+
+
+def test_fork_checkpoint_with_aliases_and_prefixes_imports(tmp_path, runs_dir):
+    "A fork mHC .pt state dict (DDP 'module.' prefix, connector branch aliases) imports; options are inferred."
+    cfg = tiny('mhc_native')
+    sd = random_fork_sd(cfg, seed=6)
+    raw = {'module.' + k: v for k, v in sd.items()}
+    for b in range(cfg.n_layer):
+        raw[f'module.blocks.{b}.feed_forward_hyper_connection.branch.norm.weight'] = sd[f'blocks.{b}.feed_forward_norm.weight']
+        raw[f'module.blocks.{b}.attention_hyper_connection.branch.attention.w_k.weight'] = sd[f'blocks.{b}.attention.w_k.weight']
+    torch.save(raw, tmp_path / 'mhc-lr1e-3.pt')
+    folder, result = import_checkpoint(str(tmp_path / 'mhc-lr1e-3.pt'), 'mhc', n_head=4, max_seq_len=64)
+    model, run = load_run(folder)
+    assert run.model == cfg and run.train.lr == 1e-3 and result['provenance']['source_format'] == 'torch'
+    idx = torch.randint(0, 64, (1, 8))
+    assert torch.equal(model(idx), model_from_fork_state_dict(sd, cfg)(idx))
+
+
+def test_mismatches_are_refused_naming_the_first_tensor(tmp_path, runs_dir):
+    cfg = tiny('hc')
+    sd = random_fork_sd(cfg)
+    torch.save(sd, tmp_path / 'hc.pt')
+    e = refusal(import_checkpoint, str(tmp_path / 'hc.pt'), 'mhc', n_head=4)          # wrong design
+    assert 'first mismatching tensor' in e and "look like arch 'hc'" in e
+    assert 'blocks.2.attention.w_q.weight is missing' in refusal(import_checkpoint, str(tmp_path / 'hc.pt'), 'hc', n_layer=3, n_head=4)
+    bad = dict(sd); bad['blocks.1.feed_forward.w2.weight'] = torch.zeros(32, 7)
+    assert 'blocks.1.feed_forward.w2.weight has shape [32, 7], expected [32, 96]' in refusal(check_fork_layout, bad, cfg)
+    alias = dict(sd); alias['blocks.0.attention_hyper_connection.branch.norm.weight'] = torch.zeros(32)
+    assert 'should alias blocks.0.attention_norm.weight' in refusal(canonical_fork_state_dict, alias)
+    assert 'option' in refusal(cli_import_checkpoint, [str(tmp_path / 'hc.pt'), '--arch', 'hc', '--option', 'hc_update'])
+
+
+def test_detect_arch_and_infer_config():
+    for name in ('preln', 'periln', 'keel', 'hc', 'mhc', 'mhc_static', 'attnres', 'moda'):
+        cfg = tiny(name)
+        sd = random_fork_sd(cfg)
+        assert detect_arch(sd) == cfg.arch
+        assert infer_model_config(cfg.arch, sd, n_head=4, max_seq_len=64) == cfg
+
+
+def test_hub_id_offline_fails_fast(monkeypatch, runs_dir):
+    monkeypatch.setenv('HF_HUB_OFFLINE', '1')
+    t0 = time.time()
+    e = refusal(import_checkpoint, 'someone/preln-lr2e-3-llama-400M-L24', 'preln')
+    assert time.time() - t0 < 2 and 'offline' in e and 'hf download someone/preln-lr2e-3-llama-400M-L24' in e
+
+
+def test_missing_local_path_is_a_clean_error():
+    with pytest.raises(FileNotFoundError): import_checkpoint('/nonexistent/ckpt', 'preln')
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 3. Save / load (safetensors + config JSON) and the LlamaForCausalLM export
+# ---------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize('name', ['preln', 'keel', 'hc', 'mhc_static', 'block_attnres', 'moda'])
+def test_save_load_pretrained(name, tmp_path):
+    cfg = tiny(name)
+    model = build_model(cfg, seed=7).eval()
+    loaded = load_pretrained(save_pretrained(model, tmp_path / name))
+    idx = torch.randint(0, 64, (2, 9))
+    assert loaded.config == cfg and torch.equal(loaded(idx), model(idx))
+
+
+def test_load_pretrained_refuses_a_file_that_does_not_fit(tmp_path):
+    save_pretrained(build_model(tiny('preln')), tmp_path / 'a')
+    meta = json.loads((tmp_path / 'a' / 'config.json').read_text())
+    meta['model']['d_model'] = 64
+    (tmp_path / 'a' / 'config.json').write_text(json.dumps(meta))
+    assert 'first mismatching tensor tok_emb.weight has shape [64, 32], expected [64, 64]' in refusal(load_pretrained, tmp_path / 'a')
+
+
+@pytest.mark.parametrize('arch', LLAMA_EXPORTABLE)
+def test_export_llama_logits_parity(arch, tmp_path):
+    from transformers import LlamaForCausalLM
+    cfg = tiny(arch, n_layer=3)
+    model = build_model(cfg, seed=8).eval()
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if n.endswith('norm.weight'): p.uniform_(0.5, 1.5)
+    hf = LlamaForCausalLM.from_pretrained(export_llama(model, tmp_path / 'hf'), torch_dtype=torch.float32).eval()
+    idx = torch.randint(0, 64, (2, 12))
+    with torch.no_grad(): ours, theirs = model(idx), hf(idx).logits
+    assert ((ours - theirs).abs().max() / ours.abs().max()).item() <= 1e-5
+    back, fmt = read_state_dict(tmp_path / 'hf')   # Hugging Face LLaMA names import back
+    if arch == 'preln':
+        assert torch.equal(model_from_fork_state_dict(canonical_fork_state_dict(back), cfg)(idx), ours)
+
+
+def test_export_refuses_other_designs(tmp_path):
+    assert 'LlamaForCausalLM' in refusal(export_llama, build_model(tiny('hc')), tmp_path / 'x')
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 4. Greedy generation with a KV cache
+# ---------------------------------------------------------------------------------------------------------------
+GEN_DESIGNS = list(DESIGNS) + ['looped']
+
+
+@pytest.mark.parametrize('name', GEN_DESIGNS)
+def test_generate_cache_equals_no_cache(name):
+    cfg = (ModelConfig(arch='looped', n_layer=20, d_model=32, n_head=4, vocab_size=64, max_seq_len=64, recurrence=4)
+           if name == 'looped' else tiny(name, n_layer=3))
+    model = build_model(cfg, seed=9)
+    prompt = torch.randint(0, 64, (2, 6), generator=torch.Generator().manual_seed(0))
+    with_cache, without = generate(model, prompt, 10, use_cache=True), generate(model, prompt, 10, use_cache=False)
+    assert with_cache.shape == (2, 16) and torch.equal(with_cache[:, :6], prompt)
+    assert torch.equal(with_cache, without)
+
+
+def test_generate_checks_its_input():
+    model = build_model(tiny('preln'))
+    assert 'max_seq_len' in refusal(generate, model, torch.zeros(1, 60, dtype=torch.long), 10)
+    assert 'max_new_tokens' in refusal(generate, model, torch.zeros(1, 3, dtype=torch.long), -1)
+    eos_stop = generate(model, torch.zeros(1, 3, dtype=torch.long), 5, eos_id=int(generate(model, torch.zeros(1, 3, dtype=torch.long), 1)[0, -1]))
+    assert eos_stop.shape == (1, 4)
+
+
+def test_decode_throughput_reports_cache_size():
+    cfg = tiny('preln')
+    t = decode_throughput(build_model(cfg), batch_size=2, prompt_len=8, new_tokens=4)
+    kv = cfg.n_kv_head * cfg.head_dim
+    assert t['decode_tokens_per_s'] > 0 and t['prefill_tokens_per_s'] > 0
+    assert t['kv_cache_bytes'] == cfg.n_layer * 2 * 2 * (8 + 4) * kv * 4   # layers x (K, V) x B x T x width x fp32
