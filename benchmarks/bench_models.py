@@ -25,7 +25,7 @@ from depthbench_nb.shapes import shape_for
 
 DESIGNS = ['preln', 'periln', 'lns', 'deepnorm', 'keel', 'moda', 'hc', 'mhc', 'attnres', 'block_attnres']
 SHAPES = {  # name: (model config kwargs, batch, seq_len)
-    'tiny': (dict(n_layer=4, d_model=64, n_head=4, vocab_size=256, max_seq_len=128), 4, 128),
+    'tiny': (dict(n_layer=8, d_model=64, n_head=4, vocab_size=256, max_seq_len=128), 4, 128),  # block_attnres: 8 groups of 2
     '400m': (None, 1, 2048),  # shape_for('400m', 24): d 1024, 16 heads, vocab 50,280
 }
 
