@@ -215,7 +215,13 @@ def bench_models(archs, grid, L, micro_batch, seq_len, dev, reps, smoke):
         for backend in ('torch', 'triton'):
             os.environ['DEPTHBENCH_KERNELS'] = backend
             if dev.type == 'cuda': torch.cuda.reset_peak_memory_stats(dev)
-            ms = time_ms(step, dev, reps, warmup=1 if smoke else 3)
+            try:
+                ms = time_ms(step, dev, reps, warmup=1 if smoke else 3)
+            except Exception as e:  # e.g. a kernel failing its self-check under DEPTHBENCH_KERNELS=triton: report, go on
+                print(f"  {arch:>8} {backend:>6}: failed: {type(e).__name__}: {str(e)[:200]}", flush=True)
+                rows.append(dict(arch=arch, backend=backend, error=f"{type(e).__name__}: {e}"))
+                opt.zero_grad(set_to_none=True)
+                continue
             peak = torch.cuda.max_memory_allocated(dev) if dev.type == 'cuda' else 0
             rows.append(dict(arch=arch, backend=backend, step_ms=ms, peak_mem_gib=peak / 2**30,
                              tokens_per_s=micro_batch * seq_len / (ms * 1e-3)))
@@ -223,9 +229,10 @@ def bench_models(archs, grid, L, micro_batch, seq_len, dev, reps, smoke):
         os.environ.pop('DEPTHBENCH_KERNELS', None)
         del model, opt
         if dev.type == 'cuda': torch.cuda.empty_cache()
-    base = {r['backend']: r['step_ms'] for r in rows if r['arch'] == archs[0]}
-    for r in rows: r['ratio_over_' + archs[0]] = r['step_ms'] / base[r['backend']]
-    return rows
+    base = {r['backend']: r['step_ms'] for r in rows if r['arch'] == archs[0] and 'error' not in r}
+    for r in rows:
+        if 'error' not in r: r['ratio_over_' + archs[0]] = r['step_ms'] / base[r['backend']] if r['backend'] in base else float('nan')
+    return [r for r in rows if 'error' not in r], [r for r in rows if 'error' in r]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -265,6 +272,15 @@ def main(argv=None) -> int:
     if a.cpu_smoke: print("# CPU SMOKE RUN in the Triton interpreter: timings are meaningless, only code paths are checked")
     print(f"# shapes: {env['shapes']}")
     result = dict(env=env)
+    t_start = time.perf_counter()
+
+    def save(res):
+        "Write what has been measured so far (a run cut short by a time limit still leaves its figures)."
+        res['elapsed_s'] = time.perf_counter() - t_start
+        if a.json:
+            from pathlib import Path
+            from depthbench_nb.config import atomic_write_json
+            atomic_write_json(Path(a.json), res)
 
     bw = copy_bandwidth_gbs(dev, copy_bytes, max(3, a.reps))
     result['copy_bandwidth_gbs'] = bw
@@ -279,6 +295,7 @@ def main(argv=None) -> int:
         r = acc[label]
         print(f"  {label:>20}: triton {r['triton']:.2e}  eager {r['eager']:.2e}  {'ok' if r['ok'] else 'FAIL'}", flush=True)
     result['bf16_accuracy'] = acc
+    save(result)
 
     print("\n## kernels (median ms; GB/s over the ideal traffic; % of copy bandwidth)")
     print(f"  {'kernel':>20} {'impl':>8} | {'fwd ms':>8} {'GB/s':>7} {'%copy':>6} | {'fwd+bwd ms':>10} {'GB/s':>7} {'%copy':>6} | {'fwd+bwd vs eager':>16}")
@@ -306,15 +323,16 @@ def main(argv=None) -> int:
             print(f"  {label:>20} {m['impl']:>8} | {m['fwd_ms']:8.3f} {m['fwd_gbs']:7.0f} {100 * m['fwd_frac_copy']:5.0f}% | "
                   f"{m['fwd_bwd_ms']:10.3f} {m['fwd_bwd_gbs']:7.0f} {100 * m['fwd_bwd_frac_copy']:5.0f}% | {m['fwd_bwd_speedup_vs_eager']:15.2f}x", flush=True)
     result['kernels'] = rows
+    save(result)
 
     if not a.skip_models:
         archs = [x.strip() for x in a.archs.split(',') if x.strip()]
         print(f"\n## per-step overhead ({grid} L={L}, {B}x{T} tokens, bf16 autocast, AdamW): ratio over {archs[0]} with the same backend")
         try:
-            mrows = bench_models(archs, grid, L, B, T, dev, a.step_reps, a.cpu_smoke)
+            mrows, mfail = bench_models(archs, grid, L, B, T, dev, a.step_reps, a.cpu_smoke)
         except ImportError as e:
             print(f"  depthbench_nb.model not available ({e}); per-step overhead not measured")
-            mrows = []
+            mrows, mfail = [], []
         for r in mrows:
             print(f"  {r['arch']:>8} {r['backend']:>6}: {r['step_ms']:9.2f} ms  x{r['ratio_over_' + archs[0]]:.3f} over {archs[0]} "
                   f"({100 * (r['ratio_over_' + archs[0]] - 1):+.1f}%)")
@@ -322,15 +340,13 @@ def main(argv=None) -> int:
             t = {r['backend']: r['step_ms'] for r in mrows if r['arch'] == arch}
             if len(t) == 2: print(f"  {arch:>8}: kernels speed the step up x{t['torch'] / t['triton']:.3f}")
         print("  anchor: mHC with fused kernels adds about 6.7% training time at n = 4 (DeepSeek's mHC report)")
-        result['models'] = mrows
+        result['models'], result['model_failures'] = mrows, mfail
+        save(result)
 
     bad = [k for k, v in acc.items() if not v['ok']]
     result['bf16_failures'] = bad
-    if a.json:
-        from pathlib import Path
-        from depthbench_nb.config import atomic_write_json
-        atomic_write_json(Path(a.json), result)
-        print(f"\nwrote {a.json}")
+    save(result)
+    if a.json: print(f"\nwrote {a.json} ({result['elapsed_s']:.0f} s in all)")
     if bad: print(f"\nbf16 accuracy FAILED for: {', '.join(bad)}")
     return 1 if bad else 0
 
