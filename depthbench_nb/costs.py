@@ -20,7 +20,7 @@ from .shapes import GRIDS, count_params, grid_shapes
 __all__ = ['backbone_matmul_params', 'lm_head_params', 'olmo_core_flops_per_token', 'attnres_block_starts',
            'attnres_sources_per_site', 'design_forward_flops_per_token', 'train_flops_per_token', 'prefill_flops',
            'kv_cache_bytes', 'MemoryEstimate', 'activation_bytes', 'memory_estimate', 'cost_row', 'measured_costs',
-           'cli_costs']
+           'latency_row', 'cli_costs']
 
 # %% ../nbs/08a_costs.ipynb #c13fd6ab
 def backbone_matmul_params(cfg: ModelConfig) -> int:
@@ -188,7 +188,20 @@ def measured_costs(run_dir) -> dict:
     return dict(steps=len(rows), peak_mem_bytes=max(mem) if mem else None,
                 tokens_per_s_median=statistics.median(tps) if tps else None)
 
-# %% ../nbs/08a_costs.ipynb #b9f458d2
+# %% ../nbs/08a_costs.ipynb #a1dae28c
+def latency_row(cfg: ModelConfig, seq_len: int, device: Optional[str] = None, decode_tokens: int = 16, n_repeat: int = 3) -> dict:
+    "Measured prefill seconds (batch 1), achieved prefill TFLOP/s and decode tokens/s of a freshly built model."
+    import torch
+    from depthbench_nb.diagnostics import measure_latency
+    from depthbench_nb.model import build_model
+    device = device or ('cuda' if torch.cuda.is_available() else 'cpu')
+    model = build_model(cfg.replace(max_seq_len=max(cfg.max_seq_len, seq_len)), device=device).eval()
+    lat = measure_latency(model, seq_len, cfg.vocab_size, n_repeat=n_repeat, decode_tokens=decode_tokens)
+    del model
+    return dict(device=device, prefill_s=lat['prefill_s'], prefill_tflops_per_s=prefill_flops(cfg, seq_len) / lat['prefill_s'] / 1e12,
+                decode_tokens_per_s=lat['decode_tokens_per_s'])
+
+# %% ../nbs/08a_costs.ipynb #62a02033
 def cli_costs(argv=None) -> int:
     "depthbench-nb costs: FLOPs, KV cache and memory per design and shape."
     from depthbench_nb.cli import emit
@@ -199,6 +212,8 @@ def cli_costs(argv=None) -> int:
     p.add_argument('--seq-len', type=int, default=4096, help='prompt length for prefill FLOPs and the KV cache (default 4096, the paper)')
     p.add_argument('--train-seq-len', type=int, default=2048, help='sequence length for training FLOPs and activations (default 2048)')
     p.add_argument('--depths', default=None, help='comma-separated depths (tiny grid: any; others: a subset)')
+    p.add_argument('--measure', action='store_true', help='also measure prefill time and decode tokens/s of each shape (builds the models)')
+    p.add_argument('--device', default=None, help='device for --measure (default: cuda when present, else cpu)')
     p.add_argument('--json', action='store_true', help='machine-readable JSON output')
     a = p.parse_args(argv)
     archs = [n for n, s in ARCHS.items() if s.family != 'looped'] if a.arch == 'all' else [resolve_arch(a.arch).name]
@@ -206,4 +221,7 @@ def cli_costs(argv=None) -> int:
         raise ConfigError("--arch looped: looped shapes are not on these grids; use depthbench_nb.costs with looped_config(s, r)")
     depths = tuple(int(x) for x in a.depths.split(',')) if a.depths else None
     rows = [cost_row(s.model_config(arch), a.seq_len, a.train_seq_len) for arch in archs for s in grid_shapes(a.grid, depths)]
+    if a.measure:
+        for r, (arch, s) in zip(rows, [(arch, s) for arch in archs for s in grid_shapes(a.grid, depths)]):
+            r.update(latency_row(s.model_config(arch), a.seq_len, a.device))
     return emit(rows, a.json, title=f'costs: grid {a.grid}, prefill at T={a.seq_len}, training at T={a.train_seq_len}')

@@ -368,7 +368,7 @@ def dead_zone(partial_mass: Sequence[Optional[float]], threshold: float = DEAD_Z
     first = next((k for k, m in enumerate(partial_mass) if k >= 1 and m is not None and m >= threshold), len(partial_mass))
     return dict(dead_sublayers=first - 1, dead_layers=(first - 1) / 2, threshold=threshold)
 
-# %% ../nbs/08_diagnostics.ipynb #03234489
+# %% ../nbs/08_diagnostics.ipynb #e45c39e4
 def completion_nll(model, pairs: Sequence[tuple[Sequence[int], Sequence[int]]], max_len: Optional[int] = None) -> dict:
     "Completion-only NLL over (context ids, completion ids) pairs; contexts are cut from the left to fit max_len."
     if not pairs: raise ConfigError('completion_nll needs at least one (context, completion) pair')
@@ -399,7 +399,8 @@ def nll_by_category(results: dict, categories: dict) -> dict:
 
 def measure_latency(model, seq_len: int, vocab_size: int, n_repeat: int = 3, decode_tokens: int = 0) -> dict:
     "Median prefill seconds per sequence (batch 1) and, when the model offers a KV cache, decode tokens/s."
-    x = torch.randint(0, vocab_size, (1, seq_len))
+    device = next(model.parameters()).device
+    x = torch.randint(0, vocab_size, (1, seq_len), device=device)
     sync = torch.cuda.synchronize if x.is_cuda else (lambda: None)
     times = []
     with torch.no_grad():

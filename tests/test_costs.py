@@ -115,3 +115,12 @@ def test_cli_json_rows():
     for r in rows:
         assert {'prefill_flops', 'train_flops_per_token', 'kv_cache_bytes', 'params_total'} <= set(r)
         assert r == json.loads(json.dumps(cost_row(shape_for('400m', r['n_layer']).model_config('hc'))))
+
+
+def test_cli_measure_adds_latency_columns():
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        cli_costs(['--grid', 'tiny', '--depths', '2', '--seq-len', '16', '--measure', '--device', 'cpu', '--json'])
+    row, = json.loads(buf.getvalue())
+    assert row['prefill_s'] > 0 and row['decode_tokens_per_s'] > 0
+    assert row['prefill_tflops_per_s'] == pytest.approx(row['prefill_flops'] / row['prefill_s'] / 1e12)
