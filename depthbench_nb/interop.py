@@ -439,7 +439,7 @@ def load_pretrained(folder) -> DepthModel:
     model.load_state_dict(sd, strict=True, assign=True)
     return model.eval()
 
-# %% ../nbs/09b_interop.ipynb #f2c61979
+# %% ../nbs/09b_interop.ipynb #7d293556
 IMPORTED_STUDY = 'imported'
 
 
@@ -472,8 +472,11 @@ def _find_keys(obj, keys, out=None) -> dict:
 
 
 def import_checkpoint(source: str, arch: str, n_layer: Optional[int] = None, n_head: Optional[int] = None,
-                      study: str = IMPORTED_STUDY, max_seq_len: int = 2048, **design_options) -> tuple[Path, dict]:
-    "Import SOURCE (local folder/file or hub id) as a run folder; returns (run folder, result)."
+                      study: str = IMPORTED_STUDY, max_seq_len: int = 2048, data: Optional[DataConfig] = None,
+                      **design_options) -> tuple[Path, dict]:
+    """Import SOURCE (local folder/file or hub id) as a run folder; returns (run folder, result).
+    `data` is the token data diagnostics will read: default FineWeb-Edu with the NeoX tokenizer for DepthBench's
+    vocabulary (50,280, §4), else the package's default data."""
     from depthbench_nb.runs import RECORD_FILES, provenance, run_dir, write_params, write_result
     from depthbench_nb.shapes import count_params
     spec = resolve_arch(arch)
@@ -489,7 +492,8 @@ def import_checkpoint(source: str, arch: str, n_layer: Optional[int] = None, n_h
     cfg = infer_model_config(spec.name, sd, n_layer=n_layer, n_head=n_head, max_seq_len=max_seq_len, **extra, **design_options)
     model = model_from_fork_state_dict(sd, cfg)
     seq_len = min(2048, max_seq_len)
-    run = RunConfig(model=cfg, data=DataConfig(source='fineweb-edu', tokenizer='neox'),
+    if data is None: data = DataConfig(source='fineweb-edu', tokenizer='neox') if cfg.vocab_size == 50280 else DataConfig()
+    run = RunConfig(model=cfg, data=data,
                     train=TrainConfig(lr=hints.get('lr', 2e-3), seq_len=seq_len, max_steps=hints.get('step') or 1),
                     study=study, preset='400m' if cfg.vocab_size == 50280 else 'tiny')
     folder = run_dir(run)
@@ -604,7 +608,7 @@ def decode_throughput(model: DepthModel, batch_size: int = 1, prompt_len: int = 
                 decode_tokens_per_s=batch_size * new_tokens / decode_s if new_tokens else float('nan'),
                 kv_cache_bytes=kv_bytes)
 
-# %% ../nbs/09b_interop.ipynb #f6fae907
+# %% ../nbs/09b_interop.ipynb #f75dd21e
 def _option_value(text: str):
     "A --option value: int, float, bool, None or string."
     low = text.strip().lower()
@@ -630,6 +634,9 @@ def cli_import_checkpoint(argv=None) -> int:
     p.add_argument('--max-seq-len', type=int, default=2048, help='context length of the imported model (default 2048)')
     p.add_argument('--study', default=IMPORTED_STUDY, help=f'study folder under the runs root (default {IMPORTED_STUDY!r})')
     p.add_argument('--option', action='append', default=[], metavar='KEY=VALUE', help='a design option, repeatable')
+    p.add_argument('--data-source', default=None, help="token data diagnostics will use (default: fineweb-edu for DepthBench's "
+                                                        "50,280 vocabulary, else the package default 'sample')")
+    p.add_argument('--tokenizer', default=None, help="tokenizer of that data (default: neox for 50,280, else bpe:4096)")
     p.add_argument('--json', action='store_true', help='machine-readable JSON output')
     a = p.parse_args(argv)
     options = {}
@@ -637,8 +644,12 @@ def cli_import_checkpoint(argv=None) -> int:
         key, sep, value = item.partition('=')
         if not sep: raise ConfigError(f"--option expects KEY=VALUE, got {item!r}")
         options[key.strip()] = _option_value(value)
+    data = None
+    if a.data_source or a.tokenizer:
+        default = DataConfig()
+        data = DataConfig(source=a.data_source or default.source, tokenizer=a.tokenizer or default.tokenizer)
     folder, result = import_checkpoint(a.source, a.arch, n_layer=a.n_layer, n_head=a.n_head, study=a.study,
-                                       max_seq_len=a.max_seq_len, **options)
+                                       max_seq_len=a.max_seq_len, data=data, **options)
     pv = result['provenance']
     return emit(dict(run_dir=str(folder), run_id=result['run_id'], arch=result['arch'], n_layer=result['n_layer'],
                      d_model=result['d_model'], params_total=result['params_total'], source_format=pv['source_format'],

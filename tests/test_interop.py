@@ -303,3 +303,20 @@ def test_decode_throughput_reports_cache_size():
     kv = cfg.n_kv_head * cfg.head_dim
     assert t['decode_tokens_per_s'] > 0 and t['prefill_tokens_per_s'] > 0
     assert t['kv_cache_bytes'] == cfg.n_layer * 2 * 2 * (8 + 4) * kv * 4   # layers x (K, V) x B x T x width x fp32
+
+
+def test_diagnose_runs_on_an_imported_checkpoint(tmp_path, runs_dir, capsys):
+    "An imported fork checkpoint is an ordinary run folder: `depthbench-nb diagnose` reads it and writes its tables."
+    from depthbench_nb.config import DataConfig
+    from depthbench_nb.data import prepare
+    from depthbench_nb.diagnostics import cli_diagnose
+    prepare(DataConfig(), progress=False)                      # the package's default offline data (bpe:4096)
+    cfg = tiny('attnres', vocab_size=4096, n_layer=3)
+    torch.save(random_fork_sd(cfg, seed=11, scale=0.1), tmp_path / 'attnres.pt')
+    assert cli_import_checkpoint([str(tmp_path / 'attnres.pt'), '--arch', 'attnres', '--n-head', '4', '--max-seq-len', '64',
+                                  '--data-source', 'sample', '--tokenizer', 'bpe:4096', '--json']) == 0
+    folder = json.loads(capsys.readouterr().out)['run_dir']
+    assert cli_diagnose([folder, '--metrics', 'angular,causal,permutation', '--n-samples', '2', '--seq-len', '16', '--json']) == 0
+    out = json.loads(capsys.readouterr().out)
+    full = json.loads((tmp_path / 'runs' / 'imported' / folder.split('/')[-1] / 'diagnostics' / 'diagnostics.json').read_text())
+    assert len(full['angular']['matrix']) == cfg.n_layer + 1 and 'files' in out
