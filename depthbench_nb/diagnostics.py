@@ -40,19 +40,19 @@ def last_three_quarters(n_layer: int) -> range:
     "0-based block indices in the last 3/4 of the network (1-based index > L/4)."
     return range(n_layer // 4, n_layer)
 
-# %% ../nbs/08_diagnostics.ipynb #60193777
+# %% ../nbs/08_diagnostics.ipynb #5261ce5f
 def angular_distance_matrix(states: Sequence[Tensor], chunk: int = 4096) -> Tensor:
     "[S, S] matrix of mean angular distances (in units of π) between depth states, each [B, T, D]."
     if len(states) < 2: raise ConfigError('angular distance needs at least two depth states')
-    Z = torch.stack([s.reshape(-1, s.shape[-1]) for s in states]).double()  # [S, N, D]
-    Z = Z / Z.norm(dim=-1, keepdim=True).clamp_min(1e-30)
-    S, N = Z.shape[:2]
-    total = torch.zeros(S, S, dtype=torch.float64)
-    for start in range(0, N, chunk):                                         # bounded memory: [n, S, S] per chunk
-        z = Z[:, start:start + chunk].transpose(0, 1)                        # [n, S, D]
+    flat = [s.reshape(-1, s.shape[-1]) for s in states]                     # S x [N, D]
+    S, N = len(flat), flat[0].shape[0]
+    total = torch.zeros(S, S, dtype=torch.float64, device=flat[0].device)
+    for start in range(0, N, chunk):                                         # bounded memory: [n, S, D] in float64 per chunk
+        z = torch.stack([f[start:start + chunk] for f in flat], 1).double()  # [n, S, D]
+        z = z / z.norm(dim=-1, keepdim=True).clamp_min(1e-30)
         cos = (z @ z.transpose(1, 2)).clamp(-1, 1)                           # [n, S, S]
         total += torch.arccos(cos).sum(0)
-    out = total / (N * math.pi)
+    out = total.cpu() / (N * math.pi)
     out.fill_diagonal_(0.0)
     return out
 
@@ -107,7 +107,7 @@ def summarize_causal(C: Tensor, threshold: float = CAUSAL_THRESHOLD) -> ScoreSum
     return ScoreSummary(_nan_to_none(C), float(vals.mean()), float(vals.max()), per_layer, frac, threshold,
                         _top_pairs(C), extra=dict(global_score_older=glob))
 
-# %% ../nbs/08_diagnostics.ipynb #258b91da
+# %% ../nbs/08_diagnostics.ipynb #5cf35b2c
 def lm_loss(logits: Tensor, targets: Tensor, per_row: bool = False) -> Tensor:
     "Mean next-token CE over all positions (targets already shifted), or per row [B]."
     ce = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), reduction='none').view(targets.shape)
@@ -206,9 +206,9 @@ def _assign_rows(out, sub, K, k):
         _assign_rows(o, s, K, k)
 
 
-def permutation_matrix(model, x: Tensor, y: Tensor, method: str = 'auto', max_rows: int = 4096,
+def permutation_matrix(model, x: Tensor, y: Tensor, method: str = 'auto', max_rows: Optional[int] = None,
                        pairs: Optional[Collection[tuple[int, int]]] = None) -> tuple[Tensor, float, str]:
-    "(P [L, L] with NaN outside the tested i < j, base loss, method used). method: 'auto' | 'shared' | 'naive'."
+    "(P [L, L] with NaN outside the tested i < j, base loss, method used). method: 'auto' | 'shared' | 'naive'; max_rows caps a batch (default: ~1 GiB of logits)."
     if method not in ('auto', 'shared', 'naive'): raise ConfigError(f"method must be 'auto', 'shared' or 'naive', got {method!r}")
     L = model.n_blocks
     if L < 2: raise ConfigError('the permutation score needs at least 2 blocks')
@@ -229,6 +229,8 @@ def permutation_matrix(model, x: Tensor, y: Tensor, method: str = 'auto', max_ro
     if method == 'shared':
         by_first: dict[int, list[int]] = {}
         for i, j in pairs: by_first.setdefault(i, []).append(j)
+        if max_rows is None:  # keep a batch's fp32 logits near 1 GiB: rows x T x V <= 2^28
+            max_rows = max(x.shape[0], 2 ** 28 // (x.shape[1] * runner.base_logits.shape[-1]))
         per_batch = max(1, max_rows // x.shape[0])
         for i, js in by_first.items():
             for c in range(0, len(js), per_batch):
@@ -256,7 +258,7 @@ def summarize_permutation(P: Tensor, threshold: float = PERMUTATION_THRESHOLD) -
     frac = sum(v > threshold for v in late_vals) / max(len(late_vals), 1)
     return ScoreSummary(_nan_to_none(P), float(vals.mean()), float(vals.max()), per_layer, frac, threshold, _top_pairs(P))
 
-# %% ../nbs/08_diagnostics.ipynb #7e9131c3
+# %% ../nbs/08_diagnostics.ipynb #e8b2eebf
 def layer_pruning(model, x: Tensor, y: Tensor) -> dict:
     "Base loss and Δ loss per skipped block."
     with torch.no_grad():
@@ -290,6 +292,10 @@ def usefulness(model, x: Tensor, y: Tensor, ratio_threshold: float = USEFULNESS_
         inp, out = seen.get('in'), seen.get('out')
         if not (isinstance(inp, Tensor) and isinstance(out, Tensor) and inp.shape == out.shape):
             raise ConfigError(f'usefulness does not apply to this design: block {l} is not a map from one state tensor to one of the same shape')
+        n_tok, dim = inp.shape[0] * inp.shape[1], inp[0, 0].numel()
+        if n_tok <= dim + 1:
+            raise ConfigError(f'usefulness fits a {dim + 1} x {dim} affine map in sample: it needs more than {dim + 1} tokens, '
+                              f'got {n_tok}; raise n_samples or seq_len')
         W, b = _affine_fit(inp, out)
         h = blk.register_forward_hook(lambda m, a, o, W=W, b=b: (a[0].flatten(2) @ W + b).view_as(o))
         try:
@@ -423,7 +429,7 @@ def measure_latency(model, seq_len: int, vocab_size: int, n_repeat: int = 3, dec
             sync(); out['decode_tokens_per_s'] = decode_tokens / (time.perf_counter() - t0)
     return out
 
-# %% ../nbs/08_diagnostics.ipynb #8f9f96a9
+# %% ../nbs/08_diagnostics.ipynb #df543180
 METRICS = ('angular', 'causal', 'permutation', 'pruning', 'usefulness', 'collapse', 'logit_lens', 'mixing', 'dead_zone',
            'latency', 'domain_nll', 'downstream_nll')
 NLL_METRICS = {'domain_nll': 'domain', 'downstream_nll': 'downstream'}   # metric -> evaluation-set group of depthbench_nb.data
@@ -481,6 +487,7 @@ def diagnose_model(model, cfg: ModelConfig, x: Tensor, y: Tensor, metrics=None, 
                    domain_sets: Optional[dict] = None, latency_seq_len: Optional[int] = None,
                    progress: Callable[[str], None] = lambda msg: None) -> dict:
     "Run the requested diagnostics on held-out windows x, y [B, T]; returns JSON-ready results."
+    explicit = metrics is not None
     metrics = check_metrics(metrics, cfg)
     model.eval()
     out: dict = dict(arch=cfg.arch, n_layer=cfg.n_layer, d_model=cfg.d_model, n_blocks=model.n_blocks,
@@ -505,7 +512,12 @@ def diagnose_model(model, cfg: ModelConfig, x: Tensor, y: Tensor, metrics=None, 
         progress('permutation score')
         P, base, how = permutation_matrix(model, x, y, method=permutation_method)
         out['permutation'] = asdict(summarize_permutation(P)) | dict(method=how)
-    if 'usefulness' in metrics: progress('usefulness'); out['usefulness'] = usefulness(model, x, y)
+    if 'usefulness' in metrics:
+        progress('usefulness')
+        try: out['usefulness'] = usefulness(model, x, y)
+        except ConfigError as e:
+            if explicit: raise
+            out['skipped'] = out.get('skipped', {}) | dict(usefulness=str(e))   # default set: say why, keep going
     if 'collapse' in metrics: progress('token collapse'); out['collapse'] = token_collapse(states)
     if 'logit_lens' in metrics: progress('logit lens'); out['logit_lens'] = logit_lens(model, states, y, logits)
     if 'mixing' in metrics:

@@ -275,3 +275,11 @@ def test_domain_and_downstream_nll_by_category(xy):
     assert per_set['a']['category'] == 'math' and per_set['a']['nll_sum'] == pytest.approx(completion_nll(model, [([1, 2], [3, 4])])['nll_sum'])
     assert set(res['downstream_nll']['by_category']) == {'reading_comprehension'}
     with pytest.raises(ConfigError, match='evaluation sets'): diagnose_model(model, cfg, x, y, metrics=['domain_nll'])
+
+
+def test_usefulness_needs_more_tokens_than_the_state_dimension():
+    model, cfg = tiny('hc')                                   # state n·d = 128
+    x = torch.randint(0, V, (2, 8)); y = torch.randint(0, V, (2, 8))
+    with pytest.raises(ConfigError, match='more than 129 tokens'): usefulness(model, x, y)
+    res = diagnose_model(model, cfg, x, y)                   # the default set says why and keeps going
+    assert 'usefulness' not in res and 'more than' in res['skipped']['usefulness'] and 'mixing' in res
