@@ -89,7 +89,10 @@ class KVCache:
 
     def __repr__(self) -> str: return f'KVCache(offset={self.offset}, layers={len(self.layers)})'
 
-# %% ../nbs/04_layers.ipynb #1fb5255b
+# %% ../nbs/04_layers.ipynb #93cefeb8
+_SDPA_HAS_GQA = tuple(int(p) for p in torch.__version__.split('+')[0].split('.')[:2]) >= (2, 5)  # enable_gqa appeared in 2.5
+
+
 def causal_mask(n_new: int, offset: int, device=None) -> torch.Tensor:
     "Boolean [n_new, offset+n_new]: query i (position offset+i) may see key j iff j <= offset+i."
     q_pos = offset + torch.arange(n_new, device=device)
@@ -124,10 +127,15 @@ class Attention(nn.Module):
         return self.wo(y), (k_raw, v_raw)
 
     def _sdpa(self, q, k, v, offset):
-        gqa = self.n_kv_head != self.n_head
-        if offset == 0: return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+        kw = {}
+        if self.n_kv_head != self.n_head:
+            if _SDPA_HAS_GQA: kw['enable_gqa'] = True                 # torch >= 2.5: no copies of the KV heads
+            else:
+                groups = self.n_head // self.n_kv_head
+                k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)  # [B, H, Tk, hd]
+        if offset == 0: return F.scaled_dot_product_attention(q, k, v, is_causal=True, **kw)
         mask = causal_mask(q.shape[2], offset, q.device)              # [T, offset+T]
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, **kw)
 
     def _depth_attention(self, q, k, v, offset, depth_k, depth_v):
         "One softmax over the causal sequence keys and the S same-token depth keys (MoDA, §1.9)."
