@@ -127,7 +127,7 @@ def kernel_backend() -> str:
         raise ConfigError(f"{KERNELS_ENV}={mode!r} is not a kernel backend; valid choices: {', '.join(KERNEL_BACKENDS)}")
     return mode
 
-# %% ../nbs/03_kernels.ipynb #2181a115
+# %% ../nbs/03_kernels.ipynb #b57bac5d
 try:
     import triton
     import triton.language as tl
@@ -160,16 +160,17 @@ def _triton_unavailable_reason(device: torch.device) -> Optional[str]:
 def _use_triton(name: str, *tensors: Optional[Tensor]) -> bool:
     "Decide, per call, whether kernel `name` runs its Triton implementation on these tensors."
     mode = kernel_backend()
-    if mode == 'torch' or name not in _TRITON_IMPLS: return False
+    if mode == 'torch': return False
     ts = [t for t in tensors if t is not None]
     dev = ts[0].device
     if any(t.dtype == torch.float64 for t in ts): return False   # fp64 is the reference's (gradcheck) domain
     reason = _triton_unavailable_reason(dev)
     if mode == 'auto':
-        if dev.type != 'cuda' or reason is not None: return False
+        if dev.type != 'cuda' or reason is not None or name not in _TRITON_IMPLS: return False
         return _self_check(name, dev, strict=False)
     if reason is not None:
         raise ConfigError(f"{KERNELS_ENV}=triton but {reason}; valid choices: {', '.join(KERNEL_BACKENDS)}")
+    if name not in _TRITON_IMPLS: raise ConfigError(f"{KERNELS_ENV}=triton but there is no Triton kernel for {name!r}")
     return _self_check(name, dev, strict=True) if dev.type == 'cuda' else True
 
 

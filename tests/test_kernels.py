@@ -230,3 +230,13 @@ def test_gpu_benchmark_refuses_without_cuda():
     env = {k: v for k, v in __import__('os').environ.items() if k != 'TRITON_INTERPRET'}
     p = subprocess.run([sys.executable, str(script), '--quick'], capture_output=True, text=True, env=env, timeout=120)
     assert p.returncode == 2 and 'no CUDA GPU' in p.stderr and 'nothing measured' in p.stderr
+
+
+def test_forced_triton_without_triton_installed_is_a_clear_error(monkeypatch):
+    monkeypatch.setattr(K, 'HAS_TRITON', False)
+    monkeypatch.setenv(K.KERNELS_ENV, 'triton')
+    with pytest.raises(ConfigError, match='triton is not installed'):
+        K.relu_squared(torch.randn(3))
+    monkeypatch.setenv(K.KERNELS_ENV, 'auto')
+    x = torch.randn(3)
+    assert torch.equal(K.relu_squared(x), K.relu_squared_ref(x))
