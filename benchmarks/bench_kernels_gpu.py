@@ -29,8 +29,6 @@ Without CUDA (and without --cpu-smoke) it refuses with exit status 2 and measure
 from __future__ import annotations
 
 import argparse
-import json
-import math
 import os
 import platform
 import statistics
