@@ -25,8 +25,8 @@ __all__ = ['CAUSAL_THRESHOLD', 'PERMUTATION_THRESHOLD', 'USEFULNESS_RATIO', 'DEA
            'last_three_quarters', 'angular_distance_matrix', 'contributions', 'causal_row', 'ScoreSummary',
            'summarize_causal', 'lm_loss', 'permutation_matrix', 'summarize_permutation', 'layer_pruning', 'usefulness',
            'spectrum_stats', 'token_collapse', 'logit_lens', 'effective_rank', 'forward_product', 'mixing_stats',
-           'dead_zone', 'completion_nll', 'nll_by_category', 'measure_latency', 'applicable_metrics', 'check_metrics',
-           'sublayer_partial_mass', 'diagnose_model', 'per_layer_rows', 'summary', 'write_diagnostics',
+           'dead_zone', 'sublayer_partial_mass', 'completion_nll', 'nll_by_category', 'measure_latency',
+           'applicable_metrics', 'check_metrics', 'diagnose_model', 'per_layer_rows', 'summary', 'write_diagnostics',
            'load_checkpointed_run', 'heldout_windows', 'load_nll_sets', 'run_diagnostics', 'cli_diagnose']
 
 # %% ../nbs/08_diagnostics.ipynb #02f16891
@@ -366,13 +366,32 @@ def mixing_stats(mix: Tensor) -> dict:
                 amax_forward=float(P.abs().sum(-1).amax(-1).mean()), amax_backward=float(P.abs().sum(-2).amax(-1).mean()),
                 n_streams=n, n_sites=mix.shape[0])
 
-# %% ../nbs/08_diagnostics.ipynb #ab096000
+# %% ../nbs/08_diagnostics.ipynb #68364682
 def dead_zone(partial_mass: Sequence[Optional[float]], threshold: float = DEAD_ZONE_THRESHOLD) -> dict:
     "Sublayers from 1 up to the first site whose partial-sum mass reaches `threshold` (mass[k] per sublayer k; None = no partial)."
     if all(m is None for m in partial_mass):  # one sublayer per block (Full AttnRes): there is no running partial sum
         return dict(dead_sublayers=None, dead_layers=None, threshold=threshold, note='no site has a running partial sum')
     first = next((k for k, m in enumerate(partial_mass) if k >= 1 and m is not None and m >= threshold), len(partial_mass))
     return dict(dead_sublayers=first - 1, dead_layers=(first - 1) / 2, threshold=threshold)
+
+
+def sublayer_partial_mass(weights: Sequence[Tensor], cfg: ModelConfig) -> list[Optional[float]]:
+    "Partial-sum mass per sublayer 0..2L-1 (None where the site has no partial) from `model.depth_mix_weights`."
+    from depthbench_nb.costs import attnres_block_starts, attnres_sources_per_site
+    sites, starts = attnres_sources_per_site(cfg), set(attnres_block_starts(cfg))
+    n_sub = cfg.n_sublayers
+    S = [int(w.shape[-1]) for w in weights]
+    for first in (0, 1):  # the list may start at sublayer 0 (which reads the embedding alone) or at sublayer 1
+        expected = sites[first:first + len(S)]
+        if len(expected) == len(S) and all(a == b or k + first == 0 for k, (a, b) in enumerate(zip(S, expected))):
+            break
+    else:
+        raise ConfigError(f'depth_mix_weights gave sites with {S} sources; {cfg.arch} at L={cfg.n_layer} expects {sites[1:]}')
+    mass: list[Optional[float]] = [None] * n_sub
+    for k, w in enumerate(weights):
+        sub = k + first
+        if 1 <= sub < n_sub and sub not in starts: mass[sub] = float(w[..., -1].mean())   # the partial is the last source
+    return mass
 
 # %% ../nbs/08_diagnostics.ipynb #e45c39e4
 def completion_nll(model, pairs: Sequence[tuple[Sequence[int], Sequence[int]]], max_len: Optional[int] = None) -> dict:
@@ -429,7 +448,7 @@ def measure_latency(model, seq_len: int, vocab_size: int, n_repeat: int = 3, dec
             sync(); out['decode_tokens_per_s'] = decode_tokens / (time.perf_counter() - t0)
     return out
 
-# %% ../nbs/08_diagnostics.ipynb #df543180
+# %% ../nbs/08_diagnostics.ipynb #c7f9bee2
 METRICS = ('angular', 'causal', 'permutation', 'pruning', 'usefulness', 'collapse', 'logit_lens', 'mixing', 'dead_zone',
            'latency', 'domain_nll', 'downstream_nll')
 NLL_METRICS = {'domain_nll': 'domain', 'downstream_nll': 'downstream'}   # metric -> evaluation-set group of depthbench_nb.data
@@ -462,25 +481,6 @@ def check_metrics(metrics, cfg: ModelConfig) -> tuple[str, ...]:
             raise ConfigError(f"metric {m!r} does not apply to arch {cfg.arch!r} (family {cfg.family}): "
                               f"it applies to {', '.join(_APPLIES[m])} only" + _WHY.get(m, ''))
     return tuple(dict.fromkeys(metrics))
-
-
-def sublayer_partial_mass(weights: Sequence[Tensor], cfg: ModelConfig) -> list[Optional[float]]:
-    "Partial-sum mass per sublayer 0..2L-1 (None where the site has no partial) from `model.depth_mix_weights`."
-    from depthbench_nb.costs import attnres_block_starts, attnres_sources_per_site
-    sites, starts = attnres_sources_per_site(cfg), set(attnres_block_starts(cfg))
-    n_sub = cfg.n_sublayers
-    S = [int(w.shape[-1]) for w in weights]
-    for first in (0, 1):  # the list may start at sublayer 0 (which reads the embedding alone) or at sublayer 1
-        expected = sites[first:first + len(S)]
-        if len(expected) == len(S) and all(a == b or k + first == 0 for k, (a, b) in enumerate(zip(S, expected))):
-            break
-    else:
-        raise ConfigError(f'depth_mix_weights gave sites with {S} sources; {cfg.arch} at L={cfg.n_layer} expects {sites[1:]}')
-    mass: list[Optional[float]] = [None] * n_sub
-    for k, w in enumerate(weights):
-        sub = k + first
-        if 1 <= sub < n_sub and sub not in starts: mass[sub] = float(w[..., -1].mean())   # the partial is the last source
-    return mass
 
 
 def diagnose_model(model, cfg: ModelConfig, x: Tensor, y: Tensor, metrics=None, permutation_method: str = 'auto',
@@ -540,7 +540,7 @@ def diagnose_model(model, cfg: ModelConfig, x: Tensor, y: Tensor, metrics=None, 
         out[m] = dict(sets=per_set, by_category=nll_by_category(per_set, {n: c for n, (c, _) in sets.items()}))
     return out
 
-# %% ../nbs/08_diagnostics.ipynb #796b538c
+# %% ../nbs/08_diagnostics.ipynb #4e88f8d0
 def per_layer_rows(res: dict) -> list[dict]:
     "One row per block with the per-layer figures of every metric that ran."
     rows = []
@@ -566,6 +566,8 @@ def summary(res: dict) -> dict:
     if 'mixing' in res: s |= dict(mixing_erank=res['mixing']['mixing_erank'], mixing_distance_to_uniform=res['mixing']['distance_to_uniform'])
     if 'dead_zone' in res: s['dead_zone_layers'] = res['dead_zone']['dead_layers']
     if 'latency' in res: s |= dict(prefill_s=res['latency']['prefill_s'], decode_tokens_per_s=res['latency']['decode_tokens_per_s'])
+    if res.get('costs'): s |= dict(prefill_flops_4096=res['costs']['prefill_flops'], kv_cache_bytes_4096=res['costs']['kv_cache_bytes'])
+    if res.get('measured'): s |= dict(train_peak_mem_bytes=res['measured']['peak_mem_bytes'], train_tokens_per_s=res['measured']['tokens_per_s_median'])
     for m in NLL_METRICS:
         if m in res: s |= {f'nll_{k}': v['nll_mean'] for k, v in res[m]['by_category'].items()}
     return s
@@ -667,6 +669,9 @@ def run_diagnostics(run_dir, metrics=None, n_samples: int = 16, seq_len: Optiona
     res = diagnose_model(model, cfg, x.to(dev), y.to(dev), metrics, permutation_method=permutation_method,
                          domain_sets=domain_sets, progress=say)
     res['run_dir'] = str(Path(run_dir).resolve()); res['seed'] = seed
+    from depthbench_nb.costs import cost_row, measured_costs
+    res['costs'] = cost_row(cfg, seq_len=4096, train_seq_len=run.train.seq_len) if cfg.family != 'looped' else None
+    if (Path(run_dir) / 'metrics.jsonl').exists(): res['measured'] = measured_costs(run_dir)   # what training measured
     res['files'] = [str(p) for p in write_diagnostics(res, Path(run_dir) / 'diagnostics', figures=figures)]
     return res
 
