@@ -131,6 +131,8 @@ INTERP_CASES = {
     **{f'model-{name}': dict(model=arch, options=opts) for name, arch, opts in [
         ('preln', 'preln', {}), ('hc', 'hc', {}), ('mhc', 'mhc', {}), ('mhc-static', 'mhc', dict(mhc_backend='static')),
         ('attnres', 'attnres', {}), ('block_attnres', 'block_attnres', dict(attnres_block_size=2))]},
+    # the looped model (squared-ReLU MLP, RMSNorms, QK-norm): 2 + 1x2 + 2 layers
+    'model-looped': dict(model='looped', n_layer=6, options=dict(recurrence=2)),
 }
 FP32_RTOL = 1e-5
 
