@@ -200,7 +200,7 @@ PRESETS: dict[str, Preset] = {p.name: p for p in [
     Preset('ladder-300m', 'ladder', 2048, 512, 2e-3, tokens_per_param=None, max_steps=5700, description='300M ladder, 5.7k steps'),
     Preset('ladder-500m', 'ladder', 2048, 512, 2e-3, tokens_per_param=None, max_steps=9500, description='500M ladder, 9.5k steps'),
     Preset('1.6b', '1.6b', 2048, 512, 2e-3, tokens_per_param=None, max_steps=30400, description='1.6B, 32B tokens (30.4k steps)'),
-    Preset('tiny', 'tiny', 128, 16, 2e-3, tokens_per_param=None, max_steps=150, eval_every=50, eval_batches=4,
+    Preset('tiny', 'tiny', 128, 8, 2e-3, tokens_per_param=None, max_steps=100, eval_every=25, eval_batches=2,
            data_source='sample', tokenizer='bpe:4096', description='CPU-sized: about a minute on 2 cores'),
 ]}
 
