@@ -218,7 +218,7 @@ def config_diff(a: Config | dict, b: Config | dict, prefix: str = '') -> list[tu
         elif va != vb: out.append((f"{prefix}{k}", va, vb))
     return out
 
-# %% ../nbs/00_config.ipynb #1ea5b0e5
+# %% ../nbs/00_config.ipynb #429f0198
 def ffn_hidden_default(d_model: int, rule: str = '8/3') -> int:
     "FFN hidden size: '8/3' = ceil(8d/3) rounded up to a multiple of 16 (DepthBench §0), '3d' (1.6B grid), '4d' (looped)."
     if rule == '8/3': return int(math.ceil(8 * d_model / 3 / 16) * 16)
@@ -284,7 +284,10 @@ class ModelConfig(Config):
             if opt == 'attnres_num_blocks' and self.attnres_block_size is not None:
                 if v is not None: raise ConfigError('set either attnres_block_size or attnres_num_blocks, not both')
                 continue  # an explicit block size replaces the default block count
-            if v is None and opt in spec.defaults: v = spec.defaults[opt]; set_(self, opt, v)
+            if v is None and opt in spec.defaults:
+                v = spec.defaults[opt]
+                if opt == 'attnres_num_blocks': v = min(v, 2 * self.n_layer)  # the default 8 blocks, capped at 2L sublayers
+                set_(self, opt, v)
             if v is not None and not check(v): raise ConfigError(f"{opt}={v!r} is invalid for {spec.name}: must be {rule}")
         self._validate_design(spec)
 
