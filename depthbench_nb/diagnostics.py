@@ -107,7 +107,7 @@ def summarize_causal(C: Tensor, threshold: float = CAUSAL_THRESHOLD) -> ScoreSum
     return ScoreSummary(_nan_to_none(C), float(vals.mean()), float(vals.max()), per_layer, frac, threshold,
                         _top_pairs(C), extra=dict(global_score_older=glob))
 
-# %% ../nbs/08_diagnostics.ipynb #5cf35b2c
+# %% ../nbs/08_diagnostics.ipynb #481da325
 def lm_loss(logits: Tensor, targets: Tensor, per_row: bool = False) -> Tensor:
     "Mean next-token CE over all positions (targets already shifted), or per row [B]."
     ce = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), reduction='none').view(targets.shape)
@@ -128,11 +128,17 @@ def _map_tensors(obj, fn):
 
 
 class _SharedSwapRunner:
-    "Evaluates the swaps (i, j), j > i, as one batch whose prefix is replayed from the unswapped forward."
+    """Evaluates the swaps (i, j), j > i, of one first block i as one batch of K = len(js) candidates.
+
+    Candidate k owns rows [k·B, (k+1)·B) of a batch of K·B rows. Blocks before i replay their output from the
+    unswapped forward (no compute). Block i runs once per candidate with the weights of its partner j. After that
+    every block runs once on all K·B rows with its own weights, except that at position j the rows of candidate
+    (i, j) are recomputed with block i's weights. Swaps go through `model.swap_blocks`, so each design's swap rule
+    (what travels with the weights) holds exactly as in the plain loop."""
 
     def __init__(self, model, x):
         self.model, self.x, self.B = model, x, x.shape[0]
-        self.cache: dict[int, object] = {}
+        self.cache: dict[int, object] = {}                                   # block -> its output in the unswapped forward
         hooks = [blk.register_forward_hook(self._recorder(b)) for b, blk in enumerate(model.blocks)]
         try:
             with torch.no_grad(): self.base_logits = model(x)
@@ -143,30 +149,31 @@ class _SharedSwapRunner:
         def hook(module, args, out): self.cache[b] = out
         return hook
 
-    def _rows(self, t: Tensor, K: int, k: int) -> Tensor:
-        # candidate k owns rows [k*R, (k+1)*R) of any tensor whose first dim is K*R (R = B, or B*n when streams are folded)
-        R = t.shape[0] // K
+    @staticmethod
+    def _rows(t: Tensor, K: int, k: int) -> Tensor:
+        R = t.shape[0] // K                                                  # rows per candidate
         return t[k * R:(k + 1) * R]
 
     def losses(self, i: int, js: list[int], y: Tensor) -> list[float]:
-        model, K = self.model, len(js)
-        blocks = model.blocks
+        "Mean loss of each swap (i, j) for j in js."
+        model, K, blocks = self.model, len(js), self.model.blocks
         tile = lambda t: torch.cat([t] * K) if isinstance(t, Tensor) else t
-        replay = {b: _map_tensors(self.cache[b], tile) for b in range(i)}
-        busy = [False]
+        busy = [False]                                                       # set while a hook runs a block itself
 
         def recompute(p, args, kwargs, out, pairs):
-            # pairs: [(k, partner)]: candidate k needs position p computed with the weights of block `partner`
+            # pairs [(k, partner)]: candidate k needs position p computed with the weights of block `partner`
             rows_total = _first_tensor(out).shape[0]
             if rows_total % K: raise RuntimeError('batched rows do not split into candidates')
+            pick = lambda k: (lambda t: self._rows(t, K, k) if t.shape[:1] == (rows_total,) else t)
             out = _map_tensors(out, lambda t: t.clone())
             for k, partner in pairs:
-                sub_args = _map_tensors(args, lambda t: self._rows(t, K, k) if t.shape[:1] == (rows_total,) else t)
-                sub_kw = _map_tensors(kwargs, lambda t: self._rows(t, K, k) if t.shape[:1] == (rows_total,) else t)
                 model.swap_blocks(p, partner)
                 busy[0] = True
-                try: sub = blocks[p](*sub_args, **sub_kw)
-                finally: busy[0] = False; model.swap_blocks(p, partner)
+                try:
+                    mod = blocks[p]
+                    sub = type(mod).forward(mod, *_map_tensors(args, pick(k)), **_map_tensors(kwargs, pick(k)))
+                finally:
+                    busy[0] = False; model.swap_blocks(p, partner)
                 _assign_rows(out, sub, K, k)
             return out
 
@@ -179,12 +186,13 @@ class _SharedSwapRunner:
             return hook
 
         handles = [blocks[p].register_forward_hook(make_hook(p), with_kwargs=True) for p in range(i, len(blocks))]
-        for b in range(i): blocks[b].forward = (lambda out: (lambda *a, **k: out))(replay[b])
+        for b in range(i): blocks[b].forward = (lambda out: (lambda *a, **kw: out))(_map_tensors(self.cache[b], tile))
+        blocks[i].forward = lambda *a, **kw: a[0]    # every row of position i is recomputed by its hook: skip the batched call
         try:
-            with torch.no_grad(): logits = model(self.x.repeat(K, 1))
+            with torch.no_grad(): logits = model(self.x.repeat(K, 1))       # [K*B, T, V]
         finally:
             for h in handles: h.remove()
-            for b in range(i): del blocks[b].forward
+            for b in range(i + 1): del blocks[b].forward
         per_row = lm_loss(logits, y.repeat(K, 1), per_row=True).view(K, self.B)
         return per_row.mean(1).tolist()
 
