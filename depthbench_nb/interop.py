@@ -29,13 +29,13 @@ from .model import DepthModel, build_model
 
 # %% auto #0
 __all__ = ['HC_SITES', 'CHECKPOINT_FORMAT', 'IMPORTED_STUDY', 'LLAMA_EXPORTABLE', 'read_dcp_state_dict', 'is_hub_id',
-           'resolve_source', 'read_state_dict', 'connector_kind', 'fork_layout', 'canonical_fork_state_dict',
-           'check_fork_layout', 'detect_arch', 'infer_model_config', 'NameMapping', 'name_map', 'fork_to_ours',
-           'ours_to_fork', 'model_from_fork_state_dict', 'save_pretrained', 'check_state_dict', 'load_pretrained',
-           'import_checkpoint', 'llama_state_dict', 'llama_config_dict', 'export_llama', 'generate',
-           'decode_throughput', 'cli_import_checkpoint']
+           'select_step', 'resolve_source', 'read_state_dict', 'connector_kind', 'fork_layout',
+           'canonical_fork_state_dict', 'check_fork_layout', 'detect_arch', 'infer_model_config', 'NameMapping',
+           'name_map', 'fork_to_ours', 'ours_to_fork', 'model_from_fork_state_dict', 'save_pretrained',
+           'check_state_dict', 'load_pretrained', 'import_checkpoint', 'llama_state_dict', 'llama_config_dict',
+           'export_llama', 'generate', 'decode_throughput', 'cli_import_checkpoint']
 
-# %% ../nbs/09b_interop.ipynb #3764ae60
+# %% ../nbs/09b_interop.ipynb #362f4ee6
 class _LooseRecord:
     "Stand-in for storage records of other libraries in a DCP index (e.g. OLMo-core's `_StorageInfo`)."
     def __init__(self, *args, **kwargs): self.__dict__.update(kwargs)
@@ -104,21 +104,50 @@ def is_hub_id(source: str) -> bool:
     return not Path(source).expanduser().exists() and re.fullmatch(r'[\w.\-]+/[\w.\-]+(@[\w.\-/]+)?', source) is not None
 
 
-def resolve_source(source: str) -> Path:
-    "A local path for SOURCE: the path itself, or a hub snapshot (online only; offline fails fast)."
+_STEP_DIR = re.compile(r'step[_-]?(\d+)$')
+
+
+def select_step(path: Path, step: Optional[int] = None) -> Path:
+    """A run folder holding `step<N>/` checkpoints (the DepthBench release layout: step0, step3000, …, step7600)
+    -> the folder of `step` (default: the latest); any other path is returned as is."""
+    path = Path(path)
+    if not path.is_dir(): return path
+    steps = {int(m.group(1)): c for c in path.iterdir() if c.is_dir() and (m := _STEP_DIR.search(c.name))}
+    if not steps:
+        if step is not None: raise ConfigError(f"--step {step} given, but {path} holds no step<N>/ checkpoint folders")
+        return path
+    if step is None: return steps[max(steps)]
+    if step not in steps: raise ConfigError(f"{path} has no checkpoint for step {step}; available steps: {sorted(steps)}")
+    return steps[step]
+
+
+def _hub_offline() -> bool:
+    return any(os.environ.get(k, '').lower() in ('1', 'true', 'yes', 'on') for k in ('HF_HUB_OFFLINE', 'TRANSFORMERS_OFFLINE'))
+
+
+def resolve_source(source: str, step: Optional[int] = None) -> Path:
+    """A local checkpoint folder/file for SOURCE: the path itself (its latest or requested `step<N>/` folder), or,
+    for a hub id, a download of just that step (the release repos hold every step, with optimizer state)."""
     p = Path(source).expanduser()
-    if p.exists(): return p.resolve()
+    if p.exists(): return select_step(p.resolve(), step)
     if not is_hub_id(source): raise FileNotFoundError(f"checkpoint {source!r} not found (neither a local path nor a hub id owner/name)")
     repo, _, rev = source.partition('@')
-    offline = any(os.environ.get(k, '').lower() in ('1', 'true', 'yes', 'on') for k in ('HF_HUB_OFFLINE', 'TRANSFORMERS_OFFLINE'))
     alternative = (f"download it where there is network, e.g. `hf download {repo} --local-dir ./{repo.split('/')[-1]}`"
                    f" (or huggingface_hub.snapshot_download), copy the folder here and pass that folder as SOURCE")
-    if offline: raise ConfigError(f"{source!r} is a hub id but the hub is offline (HF_HUB_OFFLINE is set); {alternative}")
-    from huggingface_hub import snapshot_download
+    if _hub_offline(): raise ConfigError(f"{source!r} is a hub id but the hub is offline (HF_HUB_OFFLINE is set); {alternative}")
+    from huggingface_hub import HfApi, snapshot_download
     try:
-        return Path(snapshot_download(repo_id=repo, revision=rev or None, etag_timeout=10))
+        files = HfApi().list_repo_files(repo, revision=rev or None)
+        steps = sorted({int(m.group(1)) for f in files if (m := re.match(r'step[_-]?(\d+)/', f))})
+        if steps and step is not None and step not in steps:
+            raise ConfigError(f"{repo} has no checkpoint for step {step}; available steps: {steps}")
+        chosen = step if step is not None else (steps[-1] if steps else None)
+        patterns = None if chosen is None else [f'step{chosen}/**', f'step_{chosen}/**', 'config.json', '*.md']
+        local = Path(snapshot_download(repo_id=repo, revision=rev or None, allow_patterns=patterns, etag_timeout=10))
+    except ConfigError: raise
     except Exception as e:  # no network, unknown repo, gated: say what to do instead
         raise ConfigError(f"could not download {source!r} from the hub ({type(e).__name__}: {e}); {alternative}") from e
+    return select_step(local, chosen)
 
 
 def read_state_dict(path) -> tuple[dict[str, torch.Tensor], str]:
@@ -439,7 +468,7 @@ def load_pretrained(folder) -> DepthModel:
     model.load_state_dict(sd, strict=True, assign=True)
     return model.eval()
 
-# %% ../nbs/09b_interop.ipynb #7d293556
+# %% ../nbs/09b_interop.ipynb #13d50610
 IMPORTED_STUDY = 'imported'
 
 
@@ -453,7 +482,9 @@ def _source_hints(source: str, path: Path) -> dict:
         if cfg_file.is_file():
             try: cfg = json.loads(cfg_file.read_text())
             except (OSError, json.JSONDecodeError): continue
-            found = _find_keys(cfg.get('model', cfg) if isinstance(cfg, dict) else cfg, ('n_heads', 'n_kv_heads', 'theta', 'eps', 'num_attention_heads', 'rms_norm_eps', 'rope_theta'))
+            found = _find_keys(cfg.get('model', cfg) if isinstance(cfg, dict) else cfg,
+                               ('n_heads', 'n_kv_heads', 'theta', 'eps', 'num_attention_heads', 'rms_norm_eps', 'rope_theta',
+                                'attnres_block_size'))
             hints.update({k: v for k, v in found.items() if isinstance(v, (int, float)) and not isinstance(v, bool)})
             break
     return hints
@@ -473,7 +504,7 @@ def _find_keys(obj, keys, out=None) -> dict:
 
 def import_checkpoint(source: str, arch: str, n_layer: Optional[int] = None, n_head: Optional[int] = None,
                       study: str = IMPORTED_STUDY, max_seq_len: int = 2048, data: Optional[DataConfig] = None,
-                      **design_options) -> tuple[Path, dict]:
+                      step: Optional[int] = None, **design_options) -> tuple[Path, dict]:
     """Import SOURCE (local folder/file or hub id) as a run folder; returns (run folder, result).
     `data` is the token data diagnostics will read: default FineWeb-Edu with the NeoX tokenizer for DepthBench's
     vocabulary (50,280, §4), else the package's default data."""
@@ -482,13 +513,24 @@ def import_checkpoint(source: str, arch: str, n_layer: Optional[int] = None, n_h
     spec = resolve_arch(arch)
     if spec.family == 'looped': raise ConfigError("import-checkpoint reads DepthBench designs; 'looped' has no OLMo-core checkpoint layout")
     t0 = time.time()
-    path = resolve_source(source)
+    path = resolve_source(source, step)
     raw, fmt = read_state_dict(path)
     sd = canonical_fork_state_dict(raw)
     hints = _source_hints(source, path)
     n_head = n_head or hints.get('n_heads') or hints.get('num_attention_heads')
     extra = {k: v for k, v in dict(rope_theta=hints.get('theta') or hints.get('rope_theta'),
                                      norm_eps=hints.get('eps') or hints.get('rms_norm_eps')).items() if v is not None}
+    notes = []  # assumptions the weights cannot settle, recorded in the result
+    S = hints.get('attnres_block_size')
+    if spec.name == 'attnres' and S not in (None, 1):
+        raise ConfigError(f"the checkpoint's config.json has attnres_block_size={S}: import it as --arch block_attnres")
+    if spec.name == 'block_attnres' and not {'attnres_block_size', 'attnres_num_blocks'} & set(design_options):
+        if S: design_options['attnres_block_size'] = int(S)
+        else: notes.append('block_attnres: the block size S is not in the checkpoint; the package default grouping was used '
+                           '(pass --option attnres_block_size=S)')
+    if spec.name == 'hc' and 'hc_update' not in design_options:
+        notes.append("hc: the fork's versions differ in the stream update (spec §1.6); 'mixed' assumed "
+                     "(pass --option hc_update=unmixed for the @5152cab rule)")
     cfg = infer_model_config(spec.name, sd, n_layer=n_layer, n_head=n_head, max_seq_len=max_seq_len, **extra, **design_options)
     model = model_from_fork_state_dict(sd, cfg)
     seq_len = min(2048, max_seq_len)
@@ -512,7 +554,7 @@ def import_checkpoint(source: str, arch: str, n_layer: Optional[int] = None, n_h
                   params_backbone=sum(t.numel() for k, t in tensors.items() if k.startswith('blocks.')),
                   params_closed_form=pc.total,
                   provenance=dict(provenance(), origin='imported', source=str(source), source_path=str(path), source_format=fmt,
-                                  source_tensors=len(raw)))
+                                  source_tensors=len(raw)), notes=notes)
     write_result(folder, result)
     return folder, result
 
@@ -608,7 +650,7 @@ def decode_throughput(model: DepthModel, batch_size: int = 1, prompt_len: int = 
                 decode_tokens_per_s=batch_size * new_tokens / decode_s if new_tokens else float('nan'),
                 kv_cache_bytes=kv_bytes)
 
-# %% ../nbs/09b_interop.ipynb #f75dd21e
+# %% ../nbs/09b_interop.ipynb #3db8caf1
 def _option_value(text: str):
     "A --option value: int, float, bool, None or string."
     low = text.strip().lower()
@@ -631,6 +673,7 @@ def cli_import_checkpoint(argv=None) -> int:
                                                  'keel, hc, mhc, attnres, block_attnres, moda)')
     p.add_argument('--L', type=int, default=None, dest='n_layer', help='declared number of blocks (checked against the checkpoint)')
     p.add_argument('--n-head', type=int, default=None, help='attention heads (default: OLMo-core config.json, else 16 as in DepthBench)')
+    p.add_argument('--step', type=int, default=None, help='which step<N>/ checkpoint of a run folder or release repo (default: the latest)')
     p.add_argument('--max-seq-len', type=int, default=2048, help='context length of the imported model (default 2048)')
     p.add_argument('--study', default=IMPORTED_STUDY, help=f'study folder under the runs root (default {IMPORTED_STUDY!r})')
     p.add_argument('--option', action='append', default=[], metavar='KEY=VALUE', help='a design option, repeatable')
@@ -649,8 +692,8 @@ def cli_import_checkpoint(argv=None) -> int:
         default = DataConfig()
         data = DataConfig(source=a.data_source or default.source, tokenizer=a.tokenizer or default.tokenizer)
     folder, result = import_checkpoint(a.source, a.arch, n_layer=a.n_layer, n_head=a.n_head, study=a.study,
-                                       max_seq_len=a.max_seq_len, data=data, **options)
+                                       max_seq_len=a.max_seq_len, data=data, step=a.step, **options)
     pv = result['provenance']
     return emit(dict(run_dir=str(folder), run_id=result['run_id'], arch=result['arch'], n_layer=result['n_layer'],
                      d_model=result['d_model'], params_total=result['params_total'], source_format=pv['source_format'],
-                     source=pv['source']), a.json, title='imported checkpoint')
+                     source=pv['source'], notes=result['notes']), a.json, title='imported checkpoint')

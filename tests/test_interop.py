@@ -523,3 +523,32 @@ def test_imported_model_matches_the_forks_forward(name, monkeypatch):
         assert rel_error() <= 1e-10
     else:
         assert rel_error() <= 1e-10
+
+
+def test_release_layout_latest_or_requested_step(tmp_path, runs_dir):
+    "A run folder with step<N>/ checkpoints (the release layout) imports its latest step, or the one asked for."
+    from olmo_core.distributed.checkpoint import save_model_and_optim_state
+    cfg = tiny('preln')
+    models = {s: olmo_core_model(cfg, seed=s) for s in (0, 3000)}
+    for s, m in models.items(): save_model_and_optim_state(str(tmp_path / 'run' / f'step{s}' / 'model_and_optim'), m)
+    idx = torch.randint(0, 64, (1, 8))
+    for step, want in ((None, 3000), (0, 0)):
+        folder, result = import_checkpoint(str(tmp_path / 'run'), 'preln', n_head=4, max_seq_len=64, step=step)
+        assert result['steps'] == want
+        with torch.no_grad(): assert torch.allclose(load_run(folder)[0](idx), models[want](idx), rtol=1e-5, atol=1e-5)
+    assert 'available steps: [0, 3000]' in refusal(import_checkpoint, str(tmp_path / 'run'), 'preln', n_head=4, step=7)
+
+
+def test_config_json_settles_block_size_and_heads(tmp_path, runs_dir):
+    "OLMo-core's config.json next to the checkpoint supplies n_heads and AttnRes's block size S (not in the weights)."
+    cfg = tiny('block_attnres', attnres_block_size=2)
+    (tmp_path / 'ck').mkdir()
+    torch.save(random_fork_sd(cfg), tmp_path / 'ck' / 'model.pt')
+    (tmp_path / 'ck' / 'config.json').write_text(json.dumps(
+        {'model': {'d_model': 32, 'block': {'attnres_block_size': 2, 'sequence_mixer': {'n_heads': 4, 'n_kv_heads': 2}}}}))
+    folder, result = import_checkpoint(str(tmp_path / 'ck'), 'block_attnres', max_seq_len=64)
+    assert load_run(folder)[1].model == cfg and result['notes'] == []
+    assert '--arch block_attnres' in refusal(import_checkpoint, str(tmp_path / 'ck'), 'attnres', max_seq_len=64)
+    (tmp_path / 'ck' / 'config.json').unlink()
+    _, result = import_checkpoint(str(tmp_path / 'ck'), 'block_attnres', n_head=4, max_seq_len=64, attnres_block_size=2)
+    assert result['notes'] == []
