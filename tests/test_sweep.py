@@ -1,0 +1,197 @@
+"""Studies and the sweep driver (issue 8): shipped studies plan, invalid studies are rejected before any run,
+a killed driver resumes with only the missing runs, two drivers never run the same run, Slurm script, collect
+(all statuses) and LR optima."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+from depthbench_nb.config import ConfigError
+from depthbench_nb.sweep import (RunLock, collect, expand_study, extend_lr_entries, load_study, lr_optima, plan_rows,
+                                 slurm_script, study_entries, study_names, study_status, write_slurm_script)
+
+DRIVER = [sys.executable, '-c', 'import sys; from depthbench_nb.cli import main; sys.exit(main())']
+PAPER_COUNTS = {'depthbench-400m': 210, 'depthbench-main': 70, 'backbone-300m': 60, 'ladder': 90, 'depthbench-1.6b': 30,
+                'looped-main': 116, 'looped-injection': 4, 'looped-lr': 16}
+
+
+def write_study(path: Path, name: str, data, lrs=(2e-3, 4e-3), depths=(2,), max_steps=2) -> Path:
+    path.write_text(yaml.safe_dump(dict(name=name, preset='tiny', data=str(data), max_attempts=2, groups=[
+        dict(name='g', archs=['preln'], depths=list(depths), lrs=list(lrs), max_steps=max_steps)])))
+    return path
+
+
+def executions(runs: Path, study: str) -> list[dict]:
+    p = runs / study / '.sweep' / 'executions.jsonl'
+    return [json.loads(x) for x in p.read_text().splitlines()] if p.exists() else []
+
+
+def test_shipped_studies_expand_and_plan():
+    names = study_names()
+    assert {'demo', 'looped-tbptt', 'looped-hc'} | set(PAPER_COUNTS) <= set(names)
+    for name, n in PAPER_COUNTS.items():
+        assert len(expand_study(load_study(name))) == n, name
+    grid = pd.DataFrame(plan_rows(expand_study(load_study('looped-main'))))
+    # the looped grid spends its budgets: training FLOPs within a few % of C (tokens round to whole steps)
+    assert ((grid.train_flops / grid.C - 1).abs() < 0.05).all()
+    assert sorted(grid.groupby('r').size()) == [29, 29, 29, 29]
+    demo = pd.DataFrame(plan_rows(expand_study(load_study('demo'))))
+    looped = demo[demo.arch == 'looped']
+    assert len(looped) == 12 and sorted(looped.r.unique()) == [1, 2, 4] and looped.C.nunique() == 2 and looped.s.nunique() == 2
+
+
+@pytest.mark.parametrize('group, message', [
+    (dict(name='bad-design', archs=['preln', 'resnet'], lrs=[2e-3]), "'resnet'"),
+    (dict(name='bad-shape', archs=['preln'], depths=[17], lrs=[2e-3]), 'bad-shape'),
+    (dict(name='bad-lr', archs=['preln'], depths=[16], lrs=[-1e-3]), 'learning rate'),
+    (dict(name='bad-lr-type', archs=['preln'], depths=[16], lrs=['fast']), 'lrs'),
+    (dict(name='bad-option', archs=['preln'], depths=[16], option_sets=[dict(hc_streams=4)]), 'bad-option'),
+])
+def test_invalid_study_rejected_before_any_run(tmp_path, runs_dir, capsys, group, message):
+    good = dict(name='ok', archs=['preln'], depths=[16, 20], lrs=[2e-3])
+    path = tmp_path / 'bad.yaml'
+    path.write_text(yaml.safe_dump(dict(name='bad', preset='400m', groups=[good, group])))
+    with pytest.raises(ConfigError, match=message):
+        expand_study(load_study(path))
+    from depthbench_nb.cli import main
+    assert main(['sweep', 'run', str(path), '--executor', 'python']) == 2
+    err = capsys.readouterr().err
+    assert group['name'] in err or message.strip("'") in err
+    assert not (runs_dir / 'bad').exists() or not any(p.name != '.sweep' for p in (runs_dir / 'bad').iterdir())
+
+
+def test_slurm_script_content(tmp_path, runs_dir, tiny_data):
+    study = write_study(tmp_path / 's.yaml', 'slurmy', tiny_data, lrs=(1e-3, 2e-3, 4e-3))
+    spec = load_study(study)
+    ids = [e.run_id for e in expand_study(spec)]
+    out = write_slurm_script(spec, study_ref=str(study), gpus=2, time_limit='02:00:00', partition='gpu', parallel=2,
+                             extra_sbatch=['--account=abc'])
+    text = Path(out['script']).read_text()
+    assert out['runs'] == 3 and not out['submitted'] and os.access(out['script'], os.X_OK)
+    assert text.startswith('#!/bin/bash\n') and '#SBATCH --array=0-2%2' in text and '#SBATCH --gres=gpu:2' in text
+    assert '#SBATCH --time=02:00:00' in text and '#SBATCH --partition=gpu' in text and '#SBATCH --account=abc' in text
+    assert f'export DEPTHBENCH_RUNS={runs_dir}' in text and 'RUN_IDS=(' + ' '.join(ids) + ')' in text
+    assert f'sweep run {study} --run-id "${{RUN_IDS[$SLURM_ARRAY_TASK_ID]}}" --executor papermill' in text
+    # the array task's command line is the driver's: bash parses it, and each id selects exactly one run
+    line = text.strip().splitlines()[-1]
+    assert subprocess.run(['bash', '-n', out['script']]).returncode == 0 and line.count('--run-id') == 1
+    from depthbench_nb.cli import main
+    if not __import__('shutil').which('sbatch'):
+        assert main(['sweep', 'run', str(study), '--launcher', 'slurm', '--submit']) == 2
+
+
+@pytest.fixture(scope='module')
+def killed_and_resumed(tmp_path_factory, tiny_data):
+    "A 2-run study: the driver is killed after its first run completes, then rerun to the end."
+    tmp = tmp_path_factory.mktemp('sweep-kill')
+    runs = tmp / 'runs'
+    env = dict(os.environ, DEPTHBENCH_RUNS=str(runs), OMP_NUM_THREADS='1')
+    study = write_study(tmp / 'k.yaml', 'killme', tiny_data, lrs=(2e-3, 4e-3), max_steps=2)
+    os.environ['DEPTHBENCH_RUNS'] = str(runs)
+    try: entries = expand_study(load_study(study))
+    finally: del os.environ['DEPTHBENCH_RUNS']
+    first = runs / 'killme' / entries[0].run_id / 'result.json'
+    drv = subprocess.Popen(DRIVER + ['sweep', 'run', str(study), '--executor', 'python', '--no-progress'], env=env,
+                           start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    while not executions(runs, 'killme') and time.time() < deadline and drv.poll() is None: time.sleep(0.2)
+    assert first.exists() and drv.poll() is None, 'the first run never completed'
+    time.sleep(3)                                            # run 2 is under way
+    os.killpg(drv.pid, signal.SIGKILL)                       # the driver and its child, mid-way through run 2
+    drv.wait()
+    stamp = first.stat().st_mtime_ns
+    before = executions(runs, 'killme')
+    res = subprocess.run(DRIVER + ['sweep', 'run', str(study), '--executor', 'python', '--json'], env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    return dict(runs=runs, study=study, entries=entries, first_stamp=stamp, first=first, before=before,
+                after=executions(runs, 'killme'), out=json.loads(res.stdout), env=env)
+
+
+def test_killed_driver_resumes_only_missing(killed_and_resumed):
+    k = killed_and_resumed
+    ids = [e.run_id for e in k['entries']]
+    assert [x['run_id'] for x in k['before']] == [ids[0]]                 # killed after exactly one run
+    new = [x['run_id'] for x in k['after'][len(k['before']):]]
+    assert new == [ids[1]]                                                 # the rerun ran only the missing run
+    assert k['first'].stat().st_mtime_ns == k['first_stamp']              # the completed run was not touched
+    actions = {o['run_id']: o['action'] for o in k['out']['outcomes']}
+    assert actions == {ids[0]: 'skipped', ids[1]: 'ran'}
+    assert k['out']['status']['completed'] == 2
+
+
+def test_collect_all_statuses_and_lr_optimum(killed_and_resumed, monkeypatch):
+    k = killed_and_resumed
+    monkeypatch.setenv('DEPTHBENCH_RUNS', str(k['runs']))
+    spec = load_study(k['study'])
+    # a third run recorded as diverged and a fourth as failed (records written as the trainer would)
+    from depthbench_nb.runs import run_dir, write_params
+    from depthbench_nb.trainer import make_run_config
+    for lr, status in ((8e-3, 'diverged'), (1.6e-2, 'failed')):
+        run = make_run_config('preln', L=2, preset='tiny', lr=lr, study='killme', data=str(k['entries'][0].run.data.path),
+                              max_steps=2, verbose=False)
+        folder = run_dir(run); folder.mkdir(parents=True)
+        write_params(folder, run)
+        (folder / 'result.json').write_text(json.dumps(dict(status=status, run_id=run.run_id, study='killme', arch='preln', lr=lr)))
+    df = collect(spec)
+    assert (k['runs'] / 'killme' / 'collect.parquet').exists() and (k['runs'] / 'killme' / 'collect.csv').exists()
+    assert len(df) == 4 and sorted(df.status) == ['completed', 'completed', 'diverged', 'failed']
+    assert {'model.arch', 'train.lr', 'data.source', 'final_val_loss'} <= set(df.columns)
+    back = pd.read_parquet(k['runs'] / 'killme' / 'collect.parquet')
+    assert len(back) == 4 and set(back.run_id) == set(df.run_id)
+    opt = lr_optima(df).iloc[0]
+    completed = df[df.status == 'completed']
+    assert opt.best_lr == completed.loc[completed.final_val_loss.idxmin(), 'lr'] and opt.n_lrs == 3 and opt.n_diverged == 1
+    # two completed LRs: the best is at an edge of the completed+diverged grid only if it is the smallest
+    assert opt.edge == (opt.best_lr == 2e-3)
+    status = study_status(spec)
+    assert status['counts']['completed'] == 2
+
+
+def test_two_drivers_never_run_the_same_run(tmp_path, tiny_data):
+    runs = tmp_path / 'runs'
+    env = dict(os.environ, DEPTHBENCH_RUNS=str(runs), OMP_NUM_THREADS='1')
+    study = write_study(tmp_path / 'c.yaml', 'twice', tiny_data, lrs=(1e-3, 2e-3, 4e-3), max_steps=2)
+    cmd = DRIVER + ['sweep', 'run', str(study), '--executor', 'python', '--json']
+    drivers = [subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outs = [json.loads(d.communicate(timeout=600)[0]) for d in drivers]
+    ran = [x['run_id'] for x in executions(runs, 'twice')]
+    assert len(ran) == 3 and len(set(ran)) == 3, executions(runs, 'twice')  # each run executed exactly once
+    by_driver = [{o['run_id'] for o in out['outcomes'] if o['action'] == 'ran'} for out in outs]
+    assert not (by_driver[0] & by_driver[1]) and len(by_driver[0] | by_driver[1]) == 3
+    status = json.loads(subprocess.run(DRIVER + ['sweep', 'status', str(study), '--json'], env=env, capture_output=True,
+                                       text=True, timeout=120).stdout)
+    assert status['counts']['completed'] == 3 and status['total'] == 3, status['counts']
+
+
+def test_run_lock_excludes_a_second_holder(runs_dir):
+    with RunLock('s', 'r1') as a:
+        assert a.acquired
+        with RunLock('s', 'r1') as b: assert not b.acquired
+    with RunLock('s', 'r1') as c: assert c.acquired                     # released on exit
+
+
+def test_lr_optimum_parabola_and_extension(tmp_path, runs_dir, tiny_data):
+    lrs = [5e-4, 1e-3, 2e-3, 4e-3]
+    loss = lambda lr: 3.0 + 0.04 * (np.log(lr) - np.log(1.3e-3)) ** 2
+    df = pd.DataFrame(dict(arch='preln', L=2, d_model=272, r=None, s=None, C=None, status='completed', lr=lrs,
+                           final_val_loss=[loss(x) for x in lrs]))
+    o = lr_optima(df).iloc[0]
+    assert np.isclose(o.parabola_lr, 1.3e-3) and np.isclose(o.parabola_loss, 3.0) and not o.edge
+    assert np.isclose(o.basin_factor, np.exp(np.sqrt(0.01 / 0.04)))
+    # best at the top of the grid: the driver proposes the next LR up, and keeps it in the study
+    study = write_study(tmp_path / 'e.yaml', 'ext', tiny_data, lrs=(1e-3, 2e-3))
+    spec = load_study(study)
+    d = pd.DataFrame(dict(arch='preln', L=2, d_model=272, r=None, s=None, C=None, status='completed', lr=[1e-3, 2e-3],
+                          final_val_loss=[3.2, 3.1]))
+    new = extend_lr_entries(spec, d)
+    assert [e.params['lr'] for e in new] == [4e-3]
+    assert len(study_entries(spec)) == 3 and extend_lr_entries(spec, d) == []
