@@ -19,18 +19,17 @@ from depthbench_nb.trainer import (build_adamw, init_model, list_checkpoints, lo
                                    run_dir, total_steps, train)
 
 REPO = Path(__file__).resolve().parents[1]
-DESIGNS = [a for a in ARCHS if a != 'looped']
+DESIGNS = list(ARCHS)                     # the ten residual designs and the looped model
 
 
 def tiny_run(arch='preln', data=None, steps=3, study='t', **kw) -> RunConfig:
-    "A CPU-sized run: L2, d32, 4 sequences of 32 tokens per step."
-    train_kw = {k: kw.pop(k) for k in list(kw) if k in ('seq_len', 'global_batch', 'eval_batches', 'keep_checkpoints', 'warmup_frac')}
-    run = make_run_config(arch, L=kw.pop('L', 2), d_model=kw.pop('d_model', None) if arch == 'looped' else kw.pop('d_model', 32),
-                          preset='tiny', max_steps=steps, study=study, data=str(data), eval_every=kw.pop('eval_every', 2),
-                          verbose=False, **kw) if arch != 'looped' else \
-        make_run_config('looped', preset='tiny', max_steps=steps, study=study, data=str(data), eval_every=2, verbose=False, **kw)
-    t = dict(seq_len=32, global_batch=4, eval_batches=1); t.update(train_kw)
-    return run.replace(train=run.train.replace(**t))
+    "A CPU-sized run: L2 d32 (looped: the tiny looped model, d128), 4 sequences of 32 tokens per step."
+    train_kw = dict(seq_len=32, global_batch=4, eval_batches=1)
+    train_kw.update({k: kw.pop(k) for k in list(kw) if k in ('seq_len', 'global_batch', 'eval_batches', 'warmup_frac')})
+    shape = {} if arch == 'looped' else dict(L=kw.pop('L', 2), d_model=kw.pop('d_model', 32))
+    kw.setdefault('eval_every', 2)
+    run = make_run_config(arch, preset='tiny', max_steps=steps, study=study, data=str(data), verbose=False, **shape, **kw)
+    return run.replace(train=run.train.replace(**train_kw))
 
 
 # ---------------------------------------------------------------------------------------------------- config
@@ -110,7 +109,7 @@ def test_train_refuses_a_non_config():
 # ---------------------------------------------------------------------------------------------------- training
 @pytest.mark.parametrize('arch', DESIGNS)
 def test_every_design_trains(arch, runs_dir, tiny_data):
-    run = tiny_run(arch, data=tiny_data, steps=2, L=4 if arch == 'block_attnres' else 2)   # 8 blocks need 2L >= 8 sublayers
+    run = tiny_run(arch, data=tiny_data, steps=2, **(dict(L=4) if arch == 'block_attnres' else {}))   # 8 blocks need 2L >= 8 sublayers
     res = train(run, progress=False)
     assert res['status'] == 'completed' and res['steps'] == 2 and res['tokens'] == 2 * 4 * 32
     assert res['params_total'] == count_params(run.model).total            # instantiated == closed form
@@ -121,6 +120,9 @@ def test_every_design_trains(arch, runs_dir, tiny_data):
     assert res['train_flops'] > 0 and set(res['provenance']) >= {'git_commit', 'torch', 'device', 'time'}
     assert (run_dir(run) / 'loss_curve.png').stat().st_size > 1000
     assert [s for s, _ in list_checkpoints(run_dir(run))] == [2]
+    if arch == 'looped':     # the looped recipe (specs/looped.md §4): MuonH, no warmup, linear decay, no clipping
+        assert (run.train.optimizer, run.train.grad_clip, run.train.warmup_frac) == ('muonh', None, 0.0)
+        assert rows[1]['lr'] / rows[0]['lr'] == pytest.approx(1 - 0.9 * 1 / 2)
 
 
 def test_completed_run_is_not_retrained_and_load_run_reproduces_val_loss(runs_dir, tiny_data):
