@@ -22,7 +22,7 @@ from .config import (ConfigError, RunConfig, atomic_write_json, atomic_write_tex
 # %% auto #0
 __all__ = ['RECORD_FILES', 'RESULT_STATUSES', 'RESULT_KEYS', 'run_dir', 'where_runs_go', 'ensure_writable', 'device_name',
            'provenance', 'format_diff', 'read_params', 'write_params', 'read_result', 'write_result', 'MetricsLog',
-           'read_jsonl', 'read_metrics', 'list_runs']
+           'read_jsonl', 'read_metrics', 'list_runs', 'papermill_output_path', 'record_executed_notebook']
 
 # %% ../nbs/07a_runs.ipynb #badf4e69
 RECORD_FILES = dict(params='params.json', metrics='metrics.jsonl', result='result.json', layer_stats='layer_stats.jsonl',
@@ -171,3 +171,44 @@ def list_runs(study: Optional[str] = None) -> list[dict]:
             res = read_result(folder)
             rows.append(dict(study=s.name, run_id=folder.name, status=res['status'] if res else 'unfinished', path=str(folder)))
     return rows
+
+# %% ../nbs/07a_runs.ipynb #87a393e9
+def papermill_output_path(pid: Optional[int] = None) -> Optional[Path]:
+    "The output notebook of the papermill process running this kernel (Linux /proc), or None."
+    pid = pid or os.getppid()
+    try:
+        argv = Path(f'/proc/{pid}/cmdline').read_bytes().split(b'\0')
+        cwd = Path(os.readlink(f'/proc/{pid}/cwd'))
+    except OSError:
+        return None
+    argv = [a.decode(errors='replace') for a in argv if a]
+    if not any('papermill' in Path(a).name for a in argv[:3]): return None
+    notebooks = [a for a in argv if a.endswith('.ipynb')]
+    if len(notebooks) < 2: return None                                   # output '-' (stdout) or a cloud path
+    out = Path(notebooks[1]).expanduser()
+    return out if out.is_absolute() else cwd / out
+
+
+_COPY_WHEN_DONE = """
+import os, shutil, sys, time
+pid, src, dst = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+for _ in range(7 * 24 * 3600):
+    if not os.path.exists(f'/proc/{pid}'): break
+    time.sleep(1)
+if os.path.exists(src):
+    tmp = dst + '.tmp'; shutil.copyfile(src, tmp); os.replace(tmp, dst)
+"""
+
+
+def record_executed_notebook(folder: Path) -> Optional[Path]:
+    "When papermill runs this kernel, copy its output notebook into `folder` once papermill exits; returns the target."
+    out = papermill_output_path()
+    target = Path(folder) / RECORD_FILES['notebook']
+    if out is None:
+        print('(not run by papermill to a file: the executed notebook is not copied into the run folder)')
+        return None
+    if out.resolve() == target.resolve(): return target                 # papermill writes into the run folder already
+    subprocess.Popen([sys.executable, '-c', _COPY_WHEN_DONE, str(os.getppid()), str(out), str(target)],
+                     start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    print(f"the executed notebook {out} will be copied to {target} when papermill finishes")
+    return target

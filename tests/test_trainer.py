@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -236,3 +237,8 @@ def test_papermill_template_end_to_end(runs_dir, tiny_data, tmp_path):
     assert len(runs) == 1 and read_result(runs[0])['status'] == 'completed'
     text = json.dumps(json.loads(out.read_text())['cells'])
     assert 'PRESET: tiny' in text and 'image/png' in text and 'final_val_loss' in text
+    copied = runs[0] / 'train.ipynb'                 # the executed notebook joins the record once papermill exits
+    for _ in range(30):
+        if copied.exists(): break
+        time.sleep(0.5)
+    assert copied.read_text() == out.read_text()
