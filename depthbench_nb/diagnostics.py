@@ -56,7 +56,7 @@ def angular_distance_matrix(states: Sequence[Tensor], chunk: int = 4096) -> Tens
     out.fill_diagonal_(0.0)
     return out
 
-# %% ../nbs/08_diagnostics.ipynb #ded4bea7
+# %% ../nbs/08_diagnostics.ipynb #a91ab320
 def contributions(states: Sequence[Tensor]) -> list[Tensor]:
     "u_l = z_{l+1} - z_l for l = 0..L-1."
     return [b - a for a, b in zip(states[:-1], states[1:])]
@@ -69,7 +69,7 @@ def causal_row(base_states: Sequence[Tensor], skipped_states: Sequence[Tensor], 
     row = torch.full((L,), float('nan'), dtype=torch.float64)
     for l in range(s + 1, L):
         num = (v[l] - u[l]).double().norm(dim=-1)                             # [B, T]
-        row[l] = (num / u[l].double().norm(dim=-1).clamp_min(1e-8)).mean()
+        row[l] = float((num / u[l].double().norm(dim=-1).clamp_min(1e-8)).mean())
     return row
 
 
@@ -266,7 +266,7 @@ def summarize_permutation(P: Tensor, threshold: float = PERMUTATION_THRESHOLD) -
     frac = sum(v > threshold for v in late_vals) / max(len(late_vals), 1)
     return ScoreSummary(_nan_to_none(P), float(vals.mean()), float(vals.max()), per_layer, frac, threshold, _top_pairs(P))
 
-# %% ../nbs/08_diagnostics.ipynb #e8b2eebf
+# %% ../nbs/08_diagnostics.ipynb #3f4eeb87
 def layer_pruning(model, x: Tensor, y: Tensor) -> dict:
     "Base loss and Δ loss per skipped block."
     with torch.no_grad():
@@ -278,8 +278,8 @@ def layer_pruning(model, x: Tensor, y: Tensor) -> dict:
 def _affine_fit(inp: Tensor, out: Tensor) -> tuple[Tensor, Tensor]:
     "Least-squares W, b with out ≈ inp @ W + b over tokens; a state is everything after [B, T] (HC: n·d)."
     X = inp.flatten(2).reshape(-1, inp[0, 0].numel()).double(); Y = out.flatten(2).reshape(-1, out[0, 0].numel()).double()
-    X1 = torch.cat([X, torch.ones(len(X), 1, dtype=X.dtype)], 1)             # [N, D+1]
-    W = torch.linalg.lstsq(X1, Y, driver='gelsd').solution                   # [D+1, D]
+    X1 = torch.cat([X, torch.ones(len(X), 1, dtype=X.dtype, device=X.device)], 1)  # [N, D+1]
+    W = torch.linalg.lstsq(X1.cpu(), Y.cpu(), driver='gelsd').solution.to(X.device)  # [D+1, D]; gelsd (rank-revealing) is CPU-only
     return W[:-1].to(inp.dtype), W[-1].to(inp.dtype)
 
 
@@ -347,7 +347,7 @@ def logit_lens(model, states: Sequence[Tensor], targets: Tensor, final_logits: T
             out.append(dict(state=l, ce=float(lm_loss(logits, targets)), kl_to_final=float(kl), top5_overlap=float(overlap)))
     return out
 
-# %% ../nbs/08_diagnostics.ipynb #6798a3aa
+# %% ../nbs/08_diagnostics.ipynb #249a755f
 def effective_rank(M: Tensor) -> Tensor:
     "exp(entropy of σ/Σσ) of [..., n, n] matrices -> [...]."
     s = torch.linalg.svdvals(M.double())
@@ -368,7 +368,7 @@ def mixing_stats(mix: Tensor) -> dict:
     P = forward_product(mix)                                                 # [..., n, n]
     n = P.shape[-1]
     er = effective_rank(P)
-    U = torch.full((n, n), 1.0 / n, dtype=P.dtype)
+    U = torch.full((n, n), 1.0 / n, dtype=P.dtype, device=P.device)
     return dict(mixing_erank=float(er.mean()), mixing_erank_std=float(er.std()) if er.numel() > 1 else 0.0,
                 distance_to_uniform=float((P - U).flatten(-2).norm(dim=-1).mean()),
                 amax_forward=float(P.abs().sum(-1).amax(-1).mean()), amax_backward=float(P.abs().sum(-2).amax(-1).mean()),
@@ -401,7 +401,7 @@ def sublayer_partial_mass(weights: Sequence[Tensor], cfg: ModelConfig) -> list[O
         if 1 <= sub < n_sub and sub not in starts: mass[sub] = float(w[..., -1].mean())   # the partial is the last source
     return mass
 
-# %% ../nbs/08_diagnostics.ipynb #e45c39e4
+# %% ../nbs/08_diagnostics.ipynb #64cf727a
 def completion_nll(model, pairs: Sequence[tuple[Sequence[int], Sequence[int]]], max_len: Optional[int] = None) -> dict:
     "Completion-only NLL over (context ids, completion ids) pairs; contexts are cut from the left to fit max_len."
     if not pairs: raise ConfigError('completion_nll needs at least one (context, completion) pair')
@@ -411,7 +411,8 @@ def completion_nll(model, pairs: Sequence[tuple[Sequence[int], Sequence[int]]], 
             if len(comp) == 0: continue
             ids = list(ctx) + list(comp)
             if max_len is not None and len(ids) > max_len + 1: ids = ids[-(max_len + 1):]
-            x = torch.tensor(ids[:-1]).unsqueeze(0); y = torch.tensor(ids[1:])
+            dev = next(model.parameters()).device
+            x = torch.tensor(ids[:-1], device=dev).unsqueeze(0); y = torch.tensor(ids[1:], device=dev)
             logp = F.log_softmax(model(x)[0].float(), -1)                     # [T, V]
             tok = -logp.gather(-1, y.unsqueeze(-1)).squeeze(-1)               # [T]
             k = min(len(comp), len(tok))
