@@ -34,7 +34,7 @@ __all__ = ['GPU_PEAK_FLOPS', 'DEFAULT_MFU', 'RUN_STATUSES', 'EXECUTORS', 'RESULT
            'studies_dir', 'study_names', 'load_study', 'RunEntry', 'expand_study', 'plan_rows', 'sweep_dir', 'RunLock',
            'is_running', 'attempts', 'entry_status', 'entry_progress', 'run_command', 'execute_entry',
            'entry_status_locked', 'run_study', 'study_status', 'slurm_script', 'write_slurm_script', 'flatten',
-           'collect', 'lr_optima', 'study_entries', 'extend_lr_entries', 'cli_sweep', 'cli_collect']
+           'collect', 'looped_fit_table', 'lr_optima', 'study_entries', 'extend_lr_entries', 'cli_sweep', 'cli_collect']
 
 # %% ../nbs/09a_sweep.ipynb #a94f1d9d
 @dataclass(frozen=True)
@@ -127,7 +127,7 @@ def load_study(name_or_path) -> StudySpec:
     try: return StudySpec.from_dict({**raw, 'groups': tuple(parsed)})
     except ConfigError as e: raise ConfigError(f"study file {p}: {e}") from e
 
-# %% ../nbs/09a_sweep.ipynb #c2ad0412
+# %% ../nbs/09a_sweep.ipynb #09d70960
 @dataclass
 class RunEntry:
     "One run of a study."
@@ -141,7 +141,8 @@ class RunEntry:
 
     def label(self) -> str:
         keys = ('arch', 'L', 'r', 's', 'C', 'lr', 'seed')
-        return ' '.join(f'{k}={self.params[k]}' for k in keys if self.params.get(k) is not None) + \
+        vals = dict(self.params, lr=self.run.train.lr)
+        return ' '.join(f'{k}={vals[k]:g}' if isinstance(vals[k], float) else f'{k}={vals[k]}' for k in keys if vals.get(k) is not None) + \
             ''.join(f' {k}={v}' for k, v in self.params.items() if k in DESIGN_OPTIONS)
 
 
@@ -296,7 +297,7 @@ def entry_progress(e: RunEntry) -> tuple[int, int]:
                 except (ValueError, KeyError, TypeError): continue
     return done, total_steps(e.run)
 
-# %% ../nbs/09a_sweep.ipynb #e38866dc
+# %% ../nbs/09a_sweep.ipynb #92661f5e
 EXECUTORS = ('papermill', 'python')
 
 
@@ -307,7 +308,9 @@ def run_command(e: RunEntry, executor: str = 'papermill') -> list[str]:
     if executor == 'papermill':
         from depthbench_nb.cli import template_path
         params = sd / 'params' / f'{e.run_id}.yaml'
-        atomic_write_text(params, yaml.safe_dump(e.params, sort_keys=True))
+        values = dict(e.params)
+        if values.get('arch') == 'looped': values.setdefault('L', None)     # the template's default L is a DepthBench depth
+        atomic_write_text(params, yaml.safe_dump(values, sort_keys=True))
         return [sys.executable, '-m', 'papermill', str(template_path('10')), str(run_dir(e.run) / RECORD_FILES['notebook']),
                 '-f', str(params), '--no-progress-bar', '--log-output']
     if executor == 'python':
@@ -475,7 +478,7 @@ def write_slurm_script(study, submit: bool = False, **kw) -> dict:
         out.update(submitted=True, sbatch=res.stdout.strip())
     return out
 
-# %% ../nbs/09a_sweep.ipynb #6ffe6a2f
+# %% ../nbs/09a_sweep.ipynb #3b5d2de7
 def flatten(d: dict, prefix: str = '') -> dict:
     "Nested dicts as dotted columns; lists and tuples as JSON strings."
     out = {}
@@ -523,7 +526,23 @@ def collect(study, write: bool = True) -> pd.DataFrame:
         import io
         buf = io.BytesIO(); df.to_parquet(buf, index=False); atomic_write_bytes(root / 'collect.parquet', buf.getvalue())
         atomic_write_text(root / 'collect.csv', df.to_csv(index=False))
+        fit = looped_fit_table(df, provenance='demo' if spec.name == 'demo' else 'real') if 'arch' in df else None
+        if fit is not None and len(fit): atomic_write_text(root / 'fit_looped.csv', fit.to_csv(index=False))
     return df
+
+# %% ../nbs/09a_sweep.ipynb #ce756b1f
+def looped_fit_table(df: pd.DataFrame, provenance: str = 'real') -> pd.DataFrame:
+    "The `fit --law looped` table of a collected study's completed looped runs (configs read from params.json)."
+    from depthbench_nb.looped import looped_params
+    from depthbench_nb.runs import read_params
+    done = df[(df.arch == 'looped') & (df.status == 'completed')]
+    rows = []
+    for _, row in done.iterrows():
+        cfg = read_params(runs_root() / row.study / row.run_id).model
+        p = looped_params(cfg)
+        rows.append(dict(run_id=row.run_id, C=row.C, s=row.s, r=cfg.recurrence, n_once=p.n_once, n_rec=p.n_rec,
+                         D=row.tokens, loss=row.final_val_loss, provenance=provenance))
+    return pd.DataFrame(rows, columns=['run_id', 'C', 's', 'r', 'n_once', 'n_rec', 'D', 'loss', 'provenance'])
 
 # %% ../nbs/09a_sweep.ipynb #59bb6cce
 SHAPE_KEYS = ('arch', 'L', 'd_model', 'r', 's', 'C')

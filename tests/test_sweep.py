@@ -195,3 +195,29 @@ def test_lr_optimum_parabola_and_extension(tmp_path, runs_dir, tiny_data):
     new = extend_lr_entries(spec, d)
     assert [e.params['lr'] for e in new] == [4e-3]
     assert len(study_entries(spec)) == 3 and extend_lr_entries(spec, d) == []
+
+
+def test_papermill_executor_and_looped_fit_table(tmp_path, monkeypatch, tiny_data):
+    "Both kinds of run through the papermill template (nbs/10_train.ipynb), then the looped fit table."
+    from depthbench_nb.looped import looped_params
+    from depthbench_nb.runs import read_params, read_result
+    from depthbench_nb.sweep import looped_fit_table, run_study
+    runs = tmp_path / 'runs'
+    monkeypatch.setenv('DEPTHBENCH_RUNS', str(runs))
+    path = tmp_path / 'pm.yaml'
+    path.write_text(yaml.safe_dump(dict(name='pm', preset='tiny', data=str(tiny_data), groups=[
+        dict(name='designs', archs=['preln'], depths=[2], max_steps=2), dict(name='loop', r=[2], s=[1], max_steps=2)])))
+    spec = load_study(path)
+    out = run_study(spec, executor='papermill', progress=False)
+    assert out['counts'] == {'ran': 2}
+    for e in expand_study(spec):
+        folder = runs / 'pm' / e.run_id
+        assert read_result(folder)['status'] == 'completed' and (folder / 'train.ipynb').exists()
+        nb = json.loads((folder / 'train.ipynb').read_text())
+        assert nb['metadata']['papermill']['parameters']['arch'] == e.params['arch']
+    df = collect(spec)
+    fit = looped_fit_table(df)
+    assert len(fit) == 1 and fit.r.iloc[0] == 2 and fit.provenance.iloc[0] == 'real'
+    p = looped_params(read_params(runs / 'pm' / fit.run_id.iloc[0]).model)
+    assert fit.n_once.iloc[0] == p.n_once and fit.n_rec.iloc[0] == p.n_rec and fit.D.iloc[0] == df[df.arch == 'looped'].tokens.iloc[0]
+    assert (runs / 'pm' / 'fit_looped.csv').exists()
