@@ -552,3 +552,12 @@ def test_config_json_settles_block_size_and_heads(tmp_path, runs_dir):
     (tmp_path / 'ck' / 'config.json').unlink()
     _, result = import_checkpoint(str(tmp_path / 'ck'), 'block_attnres', n_head=4, max_seq_len=64, attnres_block_size=2)
     assert result['notes'] == []
+
+
+def test_dcp_index_unpickler_refuses_code(tmp_path):
+    "The DCP index is a pickle: only checkpoint-metadata classes are accepted, never a callable like os.system."
+    import os
+    import pickle
+    (tmp_path / 'evil').mkdir()
+    (tmp_path / 'evil' / '.metadata').write_bytes(pickle.dumps(os.system))
+    with pytest.raises(pickle.UnpicklingError, match='refusing to unpickle'): read_dcp_state_dict(tmp_path / 'evil')
