@@ -549,7 +549,7 @@ def diagnose_model(model, cfg: ModelConfig, x: Tensor, y: Tensor, metrics=None, 
         out[m] = dict(sets=per_set, by_category=nll_by_category(per_set, {n: c for n, (c, _) in sets.items()}))
     return out
 
-# %% ../nbs/08_diagnostics.ipynb #4e88f8d0
+# %% ../nbs/08_diagnostics.ipynb #84167ea7
 def per_layer_rows(res: dict) -> list[dict]:
     "One row per block with the per-layer figures of every metric that ran."
     rows = []
@@ -620,7 +620,8 @@ def write_diagnostics(res: dict, out_dir, figures: bool = True) -> list[Path]:
     if 'dead_zone' in res:
         fig, ax = plt.subplots(figsize=(5.5, 3.5))
         m = res['dead_zone']['partial_mass']
-        ax.bar([k / 2 for k in range(len(m))], [0 if v is None else v for v in m], width=0.4)
+        sites = [(k / 2, v) for k, v in enumerate(m) if v is not None]      # sites without a partial (block starts) are left out
+        ax.bar([k for k, _ in sites], [v for _, v in sites], width=0.4)
         ax.axhline(res['dead_zone']['threshold'], color='r', ls='--'); ax.set_xlabel('layer (sublayer / 2)')
         ax.set_ylabel('mass on partial sum'); ax.set_title(f"dead zone {res['dead_zone']['dead_layers']} layers ({tag})")
         fig.tight_layout(); fig.savefig(out_dir / 'dead_zone.png', dpi=110); plt.close(fig); written.append(out_dir / 'dead_zone.png')
@@ -663,7 +664,7 @@ def load_nll_sets(run, groups, limit: Optional[int] = 64) -> dict:
 
 def run_diagnostics(run_dir, metrics=None, n_samples: int = 16, seq_len: Optional[int] = 256, seed: int = 0,
                     figures: bool = True, permutation_method: str = 'auto', domain_sets: Optional[dict] = None,
-                    eval_limit: Optional[int] = 64, progress: bool = False) -> dict:
+                    eval_limit: Optional[int] = 64, device: Optional[str] = None, progress: bool = False) -> dict:
     "Diagnose a run's last checkpoint on held-out windows; writes tables and figures into <run_dir>/diagnostics/."
     if n_samples < 1: raise ConfigError(f'n_samples must be >= 1, got {n_samples}')
     model, run = load_checkpointed_run(run_dir)
@@ -673,7 +674,8 @@ def run_diagnostics(run_dir, metrics=None, n_samples: int = 16, seq_len: Optiona
     x, y = heldout_windows(run, n_samples, T, seed)
     if domain_sets is None and any(m in metrics for m in NLL_METRICS):
         domain_sets = load_nll_sets(run, [NLL_METRICS[m] for m in metrics if m in NLL_METRICS], eval_limit)
-    dev = next(model.parameters()).device
+    dev = torch.device(device or ('cuda' if torch.cuda.is_available() else 'cpu'))
+    model = model.to(dev)
     say = (lambda m: print(f'[diagnose] {m}', flush=True)) if progress else (lambda m: None)
     res = diagnose_model(model, cfg, x.to(dev), y.to(dev), metrics, permutation_method=permutation_method,
                          domain_sets=domain_sets, progress=say)
@@ -684,7 +686,7 @@ def run_diagnostics(run_dir, metrics=None, n_samples: int = 16, seq_len: Optiona
     res['files'] = [str(p) for p in write_diagnostics(res, Path(run_dir) / 'diagnostics', figures=figures)]
     return res
 
-# %% ../nbs/08_diagnostics.ipynb #667c8b1c
+# %% ../nbs/08_diagnostics.ipynb #6e3f9d41
 def cli_diagnose(argv=None) -> int:
     "depthbench-nb diagnose RUN_DIR: layer diagnostics of a run's last checkpoint."
     from depthbench_nb.cli import emit
@@ -696,10 +698,11 @@ def cli_diagnose(argv=None) -> int:
     p.add_argument('--seed', type=int, default=0, help='seed of the held-out windows (default 0)')
     p.add_argument('--permutation-method', default='auto', help="auto | shared | naive (default auto)")
     p.add_argument('--eval-limit', type=int, default=64, help='pairs per evaluation set for domain_nll / downstream_nll (default 64)')
+    p.add_argument('--device', default=None, help='cpu | cuda | cuda:N (default: cuda when present)')
     p.add_argument('--no-figures', action='store_true', help='write tables only')
     p.add_argument('--json', action='store_true', help='machine-readable JSON output')
     a = p.parse_args(argv)
     res = run_diagnostics(a.run_dir, a.metrics, a.n_samples, a.seq_len, a.seed, figures=not a.no_figures,
-                          permutation_method=a.permutation_method, eval_limit=a.eval_limit, progress=not a.json)
+                          permutation_method=a.permutation_method, eval_limit=a.eval_limit, device=a.device, progress=not a.json)
     out = summary(res) | dict(files=res['files'])
     return emit(out, a.json, title=f"diagnostics of {res['run_dir']}")
