@@ -177,11 +177,11 @@ def lr_multiplier(step: int, total: int, schedule: str = 'cosine', warmup_frac: 
     if schedule == 'linear': return 1 - (1 - final_lr_frac) * progress
     raise _choice_error('schedule', schedule, ('cosine', 'linear'))
 
-# %% ../nbs/07_trainer.ipynb #86721e79
+# %% ../nbs/07_trainer.ipynb #67ee01c8
 def build_adamw(model: torch.nn.Module, t: TrainConfig) -> torch.optim.AdamW:
     "AdamW with weight decay on everything except model.no_weight_decay_names()."
     exempt = set(model.no_weight_decay_names()) if hasattr(model, 'no_weight_decay_names') else set()
-    named = dict(model.named_parameters())
+    named = {n.replace('_fsdp_wrapped_module.', ''): p for n, p in model.named_parameters()}   # FSDP wraps names
     missing = exempt - set(named)
     if missing: raise ConfigError(f"no_weight_decay_names() lists parameters the model does not have: {sorted(missing)[:5]}")
     decay = [p for n, p in named.items() if p.requires_grad and n not in exempt]
@@ -215,7 +215,7 @@ def autocast_context(precision: str, device: torch.device):
     if precision == 'bf16-mixed': return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
     return contextlib.nullcontext()
 
-# %% ../nbs/07_trainer.ipynb #93f3bdee
+# %% ../nbs/07_trainer.ipynb #96c8a8ac
 def checkpoints_dir(folder: Path) -> Path: return Path(folder) / RECORD_FILES['checkpoints']
 
 
@@ -242,16 +242,20 @@ def _content(run: RunConfig) -> dict:
 
 
 def save_checkpoint(folder: Path, step: int, run: RunConfig, model: torch.nn.Module, optimizers, schedulers,
-                    counters: dict, keep: Optional[int] = None) -> Path:
-    "Write checkpoint `step` atomically (temporary folder, then rename); keep the newest `keep`."
-    from safetensors.torch import save_model
+                    counters: dict, keep: Optional[int] = None, model_state: Optional[dict] = None) -> Path:
+    "Write checkpoint `step` atomically (temporary folder, then rename); keep the newest `keep`. FSDP: `model_state` only."
+    from safetensors.torch import save_file, save_model
     final = checkpoints_dir(folder) / f'step_{step:08d}'
     tmp = checkpoints_dir(folder) / f'.tmp-step_{step:08d}-{os.getpid()}'
     shutil.rmtree(tmp, ignore_errors=True); tmp.mkdir(parents=True)
-    save_model(model, str(tmp / 'model.safetensors'))
-    torch.save(dict(optimizers=[o.state_dict() for o in optimizers], schedulers=[s.state_dict() for s in schedulers],
-                    rng=_rng_state()), tmp / 'train_state.pt')
-    atomic_write_json(tmp / 'meta.json', dict(step=step, run_id=run.run_id, config=_content(run), **counters))
+    if model_state is None:
+        save_model(model, str(tmp / 'model.safetensors'))
+        torch.save(dict(optimizers=[o.state_dict() for o in optimizers], schedulers=[s.state_dict() for s in schedulers],
+                        rng=_rng_state()), tmp / 'train_state.pt')
+    else:   # FSDP: the gathered full weights only (enough for load_run; resuming is refused)
+        save_file({k: v.detach().contiguous().cpu() for k, v in model_state.items()}, str(tmp / 'model.safetensors'))
+    atomic_write_json(tmp / 'meta.json', dict(step=step, run_id=run.run_id, config=_content(run),
+                                              weights_only=model_state is not None, **counters))
     if final.exists(): shutil.rmtree(final)
     os.replace(tmp, final)
     if keep:
@@ -405,7 +409,7 @@ def plot_loss_curves(folder: Path, smooth: int = 10) -> Optional[Path]:
     fig.savefig(path)
     return path
 
-# %% ../nbs/07_trainer.ipynb #a829f2fd
+# %% ../nbs/07_trainer.ipynb #3af462cb
 PEAK_BF16_FLOPS = {'H200': 989e12, 'H100': 989e12, 'GH200': 989e12, 'B200': 2250e12, 'A100': 312e12, 'L40S': 362e12, 'A10G': 70e12}
 DEFAULT_CHECKPOINT_EVERY = 1000
 
@@ -485,9 +489,14 @@ def _train_here(run: RunConfig, folder: Path, progress: bool, preset_reason, sto
     model.to(dist.device)
     ckpts = list_checkpoints(folder)
     meta = check_checkpoint_config(ckpts[-1][1], run) if ckpts else None   # refuse a foreign checkpoint early
+    fsdp = dist.world > 1 and 'FSDP' in str(dist.accelerator.distributed_type)
+    if meta is not None and meta.get('weights_only'):
+        raise ConfigError(f"{ckpts[-1][1]} holds weights only (an FSDP run): resuming FSDP runs is not supported; delete the checkpoints to restart")
+    if fsdp and t.optimizer != 'adamw': raise ConfigError('FSDP supports the AdamW recipe only (MuonH needs whole matrices)')
+    n_params = (sum(p.numel() for p in model.parameters()), sum(p.numel() for p in model.blocks.parameters()))
     ddp_model = dist.accelerator.prepare_model(model) if dist.world > 1 else model
     raw = model
-    optimizers, lr_lambda = build_optimizers(raw, run, steps)
+    optimizers, lr_lambda = build_optimizers(ddp_model if fsdp else raw, run, steps)
     schedulers = [torch.optim.lr_scheduler.LambdaLR(o, lr_lambda) for o in optimizers]
     metrics = MetricsLog(folder / RECORD_FILES['metrics'], enabled=dist.main)
     counters = dict(best_val_loss=None, last_val_loss=None, wall_time_s=0.0, tokens=0)
@@ -502,29 +511,29 @@ def _train_here(run: RunConfig, folder: Path, progress: bool, preset_reason, sto
     if t.trackers: dist.accelerator.init_trackers(run.study, config=dict(run_id=run.run_id, **_flat(run.to_dict())))
     fpt = flops_per_token(run)
     peak = peak_flops(dist.device)
-    n_params = sum(p.numel() for p in raw.parameters())
     val_set = data.val_batches(t.eval_batches, t.global_batch, t.seq_len, seed=0)   # the same windows for any process count
     layer_stats = LayerStats(raw.blocks) if t.layer_stats_every else None
     ckpt_every = t.checkpoint_every or DEFAULT_CHECKPOINT_EVERY
     tokens_per_step = t.global_batch * t.seq_len
     status, diverged_step, error = 'completed', None, None
     bar = _progress_bar(steps, start, enabled=progress and dist.main and not os.environ.get('DEPTHBENCH_LAUNCHED'))
-    seg_start, step = time.time(), start
+    seg_start, step, steps_done = time.time(), start, start
     if dist.main:
         print(f"training {run.run_id}: {steps} steps × {t.global_batch} × {t.seq_len} tokens, {dist.world} process(es), "
-              f"micro-batch {micro}, precision {precision}, {n_params:,} parameters")
+              f"micro-batch {micro}, precision {precision}, {n_params[0]:,} parameters" + (' (FSDP)' if fsdp else ''))
     try:
         for step in range(start, steps):
             if stop_after is not None and step >= stop_after:
                 counters['wall_time_s'] += time.time() - seg_start
-                if dist.main: save_checkpoint(folder, step, run, raw, optimizers, schedulers, counters, t.keep_checkpoints)
+                state = dist.accelerator.get_state_dict(ddp_model) if fsdp else None   # every rank takes part
+                if dist.main: save_checkpoint(folder, step, run, raw, optimizers, schedulers, counters, t.keep_checkpoints, state)
                 bar.close(); return dict(status='stopped', step=step, run_id=run.run_id)
             ts = time.time()
             lr_now = optimizers[0].param_groups[0]['lr']
             track = layer_stats is not None and step % t.layer_stats_every == 0
             if track: layer_stats.attach()
-            x, y = data.train_batch(step, t.global_batch, t.seq_len, t.seed)            # [G, T] the global batch
-            x, y = x[dist.rank::dist.world], y[dist.rank::dist.world]                    # [G/world, T] this process's rows
+            x, y = data.train_batch(step, t.global_batch, t.seq_len, t.seed,              # [G/world, T]: rows rank::world
+                                    rank=dist.rank, world_size=dist.world)                #   of the step's global batch
             n_micro = per_rank // micro
             loss_sum = torch.zeros((), dtype=torch.float64, device=dist.device)
             for i in range(n_micro):
@@ -540,7 +549,8 @@ def _train_here(run: RunConfig, folder: Path, progress: bool, preset_reason, sto
             if track: layer_stats.detach()
             loss_val = (dist.sum_(loss_sum / n_micro) / dist.world).item()
             max_norm = t.grad_clip if t.grad_clip is not None else float('inf')
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(raw.parameters(), max_norm))
+            grad_norm = float(dist.accelerator.clip_grad_norm_(ddp_model.parameters(), max_norm) if fsdp
+                              else torch.nn.utils.clip_grad_norm_(raw.parameters(), max_norm))
             best = counters.get('best_train_loss')
             spike = t.divergence_factor is not None and best is not None and loss_val > t.divergence_factor * best
             if not math.isfinite(loss_val) or not math.isfinite(grad_norm) or spike:
@@ -553,6 +563,7 @@ def _train_here(run: RunConfig, folder: Path, progress: bool, preset_reason, sto
             for s in schedulers: s.step()
             for o in optimizers: o.zero_grad(set_to_none=True)
             counters['tokens'] += tokens_per_step
+            steps_done = step + 1
             dt = time.time() - ts
             row = dict(step=step, loss=loss_val, lr=lr_now, grad_norm=grad_norm, tokens=counters['tokens'],
                        tokens_per_s=tokens_per_step / dt, peak_mem_bytes=peak_memory_bytes(dist.device))
@@ -575,20 +586,20 @@ def _train_here(run: RunConfig, folder: Path, progress: bool, preset_reason, sto
                 bar.write(f"step {step + 1}/{steps}  loss {loss_val:.4f}  val {row['val_loss']:.4f}  "
                           f"{row['tokens_per_s']:,.0f} tok/s")
             if status == 'diverged': break
-            if ((step + 1) % ckpt_every == 0 or last) and dist.main:
+            if (step + 1) % ckpt_every == 0 or last:
+                state = dist.accelerator.get_state_dict(ddp_model) if fsdp else None   # every rank takes part
                 counters_now = dict(counters, wall_time_s=counters['wall_time_s'] + time.time() - seg_start)
-                save_checkpoint(folder, step + 1, run, raw, optimizers, schedulers, counters_now, t.keep_checkpoints)
+                if dist.main: save_checkpoint(folder, step + 1, run, raw, optimizers, schedulers, counters_now, t.keep_checkpoints, state)
     except BaseException as e:
         bar.close()
         if isinstance(e, Exception) and dist.main:
-            _write_final(folder, run, 'failed', step, counters, seg_start, raw, fpt, preset_reason, dist,
+            _write_final(folder, run, 'failed', step, counters, seg_start, n_params, fpt, preset_reason, dist,
                          error=f"{type(e).__name__}: {e}", traceback=traceback.format_exc()[-4000:])
         raise
     bar.close()
-    steps_done = step + 1 if status == 'completed' else step
-    digests = _gather(dist, _param_digest(raw))
-    result = _write_final(folder, run, status, steps_done, counters, seg_start, raw, fpt, preset_reason, dist,
-                          diverged_step=diverged_step, ranks_in_sync=len(set(digests)) == 1)
+    digests = None if fsdp else _gather(dist, _param_digest(raw))       # FSDP ranks hold different shards by design
+    result = _write_final(folder, run, status, steps_done, counters, seg_start, n_params, fpt, preset_reason, dist,
+                          diverged_step=diverged_step, ranks_in_sync=None if fsdp else len(set(digests)) == 1)
     if t.trackers: dist.accelerator.end_training()
     return result
 
@@ -608,14 +619,14 @@ def _flat(d: dict, prefix: str = '') -> dict:
     return out
 
 
-def _write_final(folder, run, status, steps_done, counters, seg_start, model, fpt, preset_reason, dist, **extra) -> dict:
+def _write_final(folder, run, status, steps_done, counters, seg_start, n_params, fpt, preset_reason, dist, **extra) -> dict:
     pc = count_params(run.model)
     result = dict(status=status, run_id=run.run_id, study=run.study, arch=run.model.arch, n_layer=run.model.n_layer,
                   d_model=run.model.d_model, preset=run.preset, lr=run.train.lr, seed=run.train.seed, steps=steps_done,
                   tokens=counters['tokens'], final_val_loss=counters.get('last_val_loss') if status == 'completed' else None,
                   best_val_loss=counters.get('best_val_loss'),
                   wall_time_s=counters['wall_time_s'] + time.time() - seg_start, train_flops=fpt * counters['tokens'] if fpt else None,
-                  params_total=sum(p.numel() for p in model.parameters()), params_backbone=sum(p.numel() for p in model.blocks.parameters()),
+                  params_total=n_params[0], params_backbone=n_params[1],
                   params_closed_form=pc.total, flops_per_token=fpt, world_size=dist.world, provenance=provenance())
     if preset_reason: result['preset_reason'] = preset_reason
     result.update({k: v for k, v in extra.items() if v is not None or k == 'diverged_step'})
@@ -631,7 +642,7 @@ def _progress_bar(total: int, initial: int, enabled: bool):
     from tqdm import tqdm
     return tqdm(total=total, initial=initial, disable=not enabled, desc='train', unit='step', mininterval=1.0, dynamic_ncols=True)
 
-# %% ../nbs/07_trainer.ipynb #23b23823
+# %% ../nbs/07_trainer.ipynb #3432c75c
 def launch_command(run: RunConfig, params_path: Path, fsdp: bool = False, launch_args: Sequence[str] = ()) -> list[str]:
     "The accelerate launch command line that trains `params_path` on run.num_processes processes."
     cmd = [sys.executable, '-m', 'accelerate.commands.launch', '--num_processes', str(run.num_processes),
@@ -644,6 +655,7 @@ def launch_command(run: RunConfig, params_path: Path, fsdp: bool = False, launch
 def launch(run: RunConfig, progress: bool = True, preset_reason: Optional[str] = None, fsdp: bool = False,
            launch_args: Sequence[str] = ()) -> dict:
     "Train on run.num_processes processes through accelerate launch, streaming logs; returns the result."
+    if fsdp and not torch.cuda.is_available(): raise ConfigError("FSDP needs GPUs (Accelerate's FSDP refuses CPU); use DDP, the default")
     folder = ensure_writable(run_dir(run))
     open_data(run, progress)                             # prepare / check the data once, before any process starts
     params = write_params(folder, run, **({'preset_reason': preset_reason} if preset_reason else {}))

@@ -136,6 +136,9 @@ def test_completed_run_is_not_retrained_and_load_run_reproduces_val_loss(runs_di
     (x, y), = TokenData(resolve_data(run.data)).val_batches(1, 4, 32, seed=0)
     with torch.no_grad(): loss = torch.nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten()).item()
     assert loss == pytest.approx(res['final_val_loss'], rel=1e-6)
+    (run_dir(run) / 'result.json').unlink()                   # the result lost after the final checkpoint landed
+    again = train(run, progress=False)                        # resumes at the end: nothing to train, same figures
+    assert (again['status'], again['steps'], again['final_val_loss']) == ('completed', 2, res['final_val_loss'])
 
 
 def test_resume_reproduces_the_uninterrupted_curve_exactly(tmp_path, monkeypatch, tiny_data):
