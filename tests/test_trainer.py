@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from depthbench_nb.config import ARCHS, ConfigError, RunConfig, runs_root
+from depthbench_nb.config import ARCHS, DESIGN_OPTIONS, ConfigError, RunConfig, runs_root
 from depthbench_nb.runs import read_metrics, read_result
 from depthbench_nb.shapes import count_params, shape_for
 from depthbench_nb.trainer import (build_adamw, init_model, list_checkpoints, load_run, lr_multiplier, make_run_config,
@@ -101,6 +101,11 @@ def test_unwritable_output_folder_fails_before_training(tmp_path, monkeypatch, t
     monkeypatch.setenv('DEPTHBENCH_RUNS', str(blocker / 'runs'))
     with pytest.raises(ConfigError, match='not writable'):
         train(tiny_run(data=tiny_data), progress=False)
+
+
+def test_unknown_or_missing_tracker_is_refused(runs_dir, tiny_data):
+    with pytest.raises(ConfigError, match='unknown tracker'):
+        train(tiny_run(data=tiny_data, trackers=['mlflow-x']), progress=False)
 
 
 def test_train_refuses_a_non_config():
@@ -227,7 +232,7 @@ def test_train_template_has_one_literal_parameters_cell():
         assert isinstance(stmt.value, ast.Constant), ast.dump(stmt)
     names = {s.targets[0].id for s in tree.body}
     assert {'arch', 'L', 'ratio', 'd_model', 'preset', 'lr', 'seed', 'study', 'data', 'num_processes', 'tokens',
-            'max_steps', 'r', 's', 'C', 'injection', 'truncated_bptt', 'attnres_block_size', 'mhc_backend'} <= names
+            'max_steps', 'r', 's', 'C', 'precision', 'init_seed', 'micro_batch', 'trackers'} | set(DESIGN_OPTIONS) - {'recurrence'} <= names
 
 
 def test_papermill_template_end_to_end(runs_dir, tiny_data, tmp_path):
