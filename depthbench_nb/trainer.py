@@ -684,7 +684,7 @@ def load_run(folder) -> tuple[torch.nn.Module, RunConfig]:
     load_checkpoint(ckpts[-1][1], run, model, restore_rng=False)
     return model.eval(), run
 
-# %% ../nbs/07_trainer.ipynb #644f06ad
+# %% ../nbs/07_trainer.ipynb #d3d6d7f0
 def _literal(s: str):
     "A command-line value: int, float, bool, None or string."
     low = s.lower()
@@ -700,7 +700,8 @@ def cli_train(argv=None) -> int:
     "depthbench-nb train: train one model and write its run record."
     from depthbench_nb.cli import emit
     p = argparse.ArgumentParser(prog='depthbench-nb train', description='Train one model and write its run record (resumes unfinished runs).')
-    p.add_argument('--arch', help='design name (depthbench-nb shapes lists grids; see config.ARCHS)')
+    from depthbench_nb.config import ARCHS
+    p.add_argument('--arch', help=f"design: {', '.join(ARCHS)}")
     p.add_argument('--L', '-L', type=int, help='depth (a depth of the preset grid, or any with --d-model)')
     p.add_argument('--ratio', type=float, help='pick the grid depth with d/L nearest this ratio')
     p.add_argument('--d-model', type=int)
@@ -714,6 +715,8 @@ def cli_train(argv=None) -> int:
     for opt, (_, rule) in DESIGN_OPTIONS.items():
         if opt != 'recurrence': p.add_argument('--' + opt.replace('_', '-'), type=_literal, help=rule)
     p.add_argument('--eval-every', type=int); p.add_argument('--checkpoint-every', type=int); p.add_argument('--layer-stats-every', type=int)
+    p.add_argument('--micro-batch', type=int, help='sequences per forward pass per process')
+    p.add_argument('--trackers', default='', help='comma-separated Accelerate trackers: tensorboard, wandb (off by default)')
     p.add_argument('--fsdp', action='store_true', help='N processes: FSDP instead of DDP')
     p.add_argument('--run-config', help='train the RunConfig in this params.json (used by accelerate launch)')
     p.add_argument('--no-progress', action='store_true'); p.add_argument('--json', action='store_true', help='machine-readable JSON output')
@@ -729,7 +732,8 @@ def cli_train(argv=None) -> int:
         run = make_run_config(a.arch, L=a.L, d_model=a.d_model, preset=a.preset, lr=a.lr, seed=a.seed, study=a.study, data=a.data,
                               num_processes=a.num_processes, tokens=a.tokens, max_steps=a.max_steps, ratio=a.ratio, r=a.r, s=a.s,
                               C=a.C, precision=a.precision, init_seed=init_seed, eval_every=a.eval_every,
-                              checkpoint_every=a.checkpoint_every, layer_stats_every=a.layer_stats_every, verbose=not a.json, **opts)
+                              checkpoint_every=a.checkpoint_every, layer_stats_every=a.layer_stats_every, micro_batch=a.micro_batch,
+                              trackers=[x for x in a.trackers.split(',') if x.strip()], verbose=not a.json, **opts)
         why = resolve_preset(a.preset)[1]
     with contextlib.redirect_stdout(sys.stderr) if a.json else contextlib.nullcontext():   # --json: stdout holds only the JSON
         result = train(run, progress=not (a.no_progress or a.json), preset_reason=why, fsdp=a.fsdp)
