@@ -183,6 +183,21 @@ def test_absurd_lr_diverges_without_crashing(runs_dir, tiny_data):
     assert last['step'] == res['diverged_step'] and not (math.isfinite(last['loss']) and math.isfinite(last['grad_norm']))
 
 
+def test_a_crash_leaves_a_failed_record_and_reraises(runs_dir, tiny_data, monkeypatch):
+    from depthbench_nb.data import TokenData
+    real = TokenData.train_batch
+    def flaky(self, step, *a, **k):
+        if step == 1: raise RuntimeError('disk vanished')
+        return real(self, step, *a, **k)
+    monkeypatch.setattr(TokenData, 'train_batch', flaky)
+    run = tiny_run('preln', data=tiny_data, steps=3)
+    with pytest.raises(RuntimeError, match='disk vanished'): train(run, progress=False)
+    res = read_result(run_dir(run))
+    assert res['status'] == 'failed' and 'disk vanished' in res['error'] and res['steps'] == 1
+    monkeypatch.setattr(TokenData, 'train_batch', real)
+    assert train(run, progress=False)['status'] == 'completed'     # a failed run is retried (from scratch: no checkpoint)
+
+
 def test_precisions_and_layer_stats(runs_dir, tiny_data):
     pure = tiny_run('preln', data=tiny_data, steps=2, precision='bf16-pure', layer_stats_every=1)
     assert train(pure, progress=False)['status'] == 'completed'
