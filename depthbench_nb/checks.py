@@ -170,7 +170,7 @@ def _check_attnres_skip(model: AttnResTransformer, idx, l, s_states, atol) -> Ch
     return _ok('boundary mix after the skip is the identity on its newest source') if ok else \
         _fail(f'the boundary state after skipping block {l} is not the newest source (diff {err:.2e})')
 
-# %% ../nbs/05a_checks.ipynb #505658be
+# %% ../nbs/05a_checks.ipynb #bed63f8e
 def _generic_init(model: DepthModel) -> Optional[str]:
     std = model.config.init_std
     for name, m in model.named_modules():
@@ -237,8 +237,29 @@ def _doubly_stochastic_error(M: torch.Tensor) -> float:
     return max((M.sum(-1) - ones).abs().max().item(), (M.sum(-2) - ones).abs().max().item(), (-M).clamp(min=0).max().item())
 
 
+def _looped_init(model: DepthModel) -> Optional[str]:
+    "The looped paper's init (specs/looped.md §1), not DepthBench's truncated normal: N(0, 1) embedding, N(0, 1e-3) head,\n    U(±√3/√d) matrices (the MLP output ±√3/√ffn), W_inj = [I | 0], norm gains 1."
+    cfg = model.config
+    d, ffn = cfg.d_model, cfg.ffn_hidden
+    if abs(model.tok_emb.weight.std().item() - 1) > 0.1: return f'embedding std {model.tok_emb.weight.std().item():.3f}, want 1'
+    if abs(model.lm_head.weight.std().item() / 1e-3 - 1) > 0.1: return f'lm_head std {model.lm_head.weight.std().item():.2e}, want 1e-3'
+    a, a_proj = (3 / d) ** 0.5, (3 / ffn) ** 0.5
+    for b, blk in enumerate(model.blocks):
+        for name, w, bound in [('attn.c_q', blk.attn.c_q.weight, a), ('attn.c_proj', blk.attn.c_proj.weight, a),
+                               ('mlp.c_fc', blk.mlp.c_fc.weight, a), ('mlp.c_proj', blk.mlp.c_proj.weight, a_proj)]:
+            m = w.abs().max().item()
+            if not 0.8 * bound < m <= bound + 1e-7: return f'block {b} {name}: max |w| {m:.4f}, want U(-{bound:.4f}, {bound:.4f})'
+    if hasattr(model, 'inject') and not torch.equal(model.inject.weight, torch.cat([torch.eye(d), torch.zeros(d, d)], 1)):
+        return 'W_inj is not [I | 0] at init'
+    if any(isinstance(m, RMSNorm) and not torch.all(m.weight == 1) for m in model.modules()): return 'a norm gain is not 1'
+    return None
+
+
 def check_init(model: DepthModel, idx: torch.Tensor, atol: float = 1e-5) -> CheckResult:
     cfg = model.config
+    if cfg.family == 'looped':  # the looped paper has its own init
+        err = _looped_init(model)
+        return _fail(err) if err else _ok('looped paper init')
     err = _generic_init(model)
     if err: return _fail(err)
     a, L = cfg.arch, cfg.n_layer

@@ -354,3 +354,17 @@ def test_shared_check_suite(opts):
     assert set(report) >= {'param_count', 'finite', 'causal', 'states', 'kv_cache', 'skip', 'swap'}
     bad = {k: v for k, v in failures(report).items() if k != 'init'}
     assert not bad, bad
+
+
+@pytest.mark.parametrize('opts', [dict(n_layer=4, recurrence=1), dict(n_layer=12, recurrence=4), dict(n_layer=12, recurrence=4, injection='hc')],
+                         ids=lambda o: '-'.join(f'{k}{v}' for k, v in o.items()))
+def test_shared_suite_checks_the_looped_paper_init(opts):
+    "At init the suite's 'init' check applies the looped paper's init (not DepthBench's); a model off its init fails it."
+    from depthbench_nb.checks import check_init
+    cfg = tiny_config('looped', **opts)
+    assert check_design(cfg)['init'].ok
+    x = torch.randint(0, cfg.vocab_size, (2, 8))
+    moved = make(cfg)  # off the paper's init
+    with torch.no_grad():
+        moved.blocks[0].attn.c_q.weight.mul_(2.0)
+    assert not check_init(moved, x).ok
