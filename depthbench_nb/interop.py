@@ -34,7 +34,7 @@ __all__ = ['HC_SITES', 'CHECKPOINT_FORMAT', 'IMPORTED_STUDY', 'LLAMA_EXPORTABLE'
            'check_state_dict', 'load_pretrained', 'import_checkpoint', 'llama_state_dict', 'llama_config_dict',
            'export_llama', 'generate', 'decode_throughput', 'cli_import_checkpoint']
 
-# %% ../nbs/09b_interop.ipynb #fbcd1575
+# %% ../nbs/09b_interop.ipynb #0b5eff66
 class _LooseRecord:
     "Stand-in for storage records of other libraries in a DCP index (e.g. OLMo-core's `_StorageInfo`)."
     def __init__(self, *args, **kwargs): self.__dict__.update(kwargs)
@@ -134,7 +134,8 @@ def resolve_source(source: str, step: Optional[int] = None) -> Path:
     if not is_hub_id(source): raise FileNotFoundError(f"checkpoint {source!r} not found (neither a local path nor a hub id owner/name)")
     repo, _, rev = source.partition('@')
     alternative = (f"download it where there is network, e.g. `hf download {repo} --local-dir ./{repo.split('/')[-1]}`"
-                   f" (or huggingface_hub.snapshot_download), copy the folder here and pass that folder as SOURCE")
+                   f" (DepthBench release repos hold every step with optimizer state: add --include 'step7600/*' for one"
+                   f" step), copy the folder here and pass that folder as SOURCE")
     if _hub_offline(): raise ConfigError(f"{source!r} is a hub id but the hub is offline (HF_HUB_OFFLINE is set); {alternative}")
     from huggingface_hub import HfApi, snapshot_download
     try:
