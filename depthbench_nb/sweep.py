@@ -220,7 +220,7 @@ def plan_rows(entries: list[RunEntry], gpu_peak_flops: float = GPU_PEAK_FLOPS, m
                          gpu_hours=flops / (gpu_peak_flops * mfu) / 3600))
     return rows
 
-# %% ../nbs/09a_sweep.ipynb #1a7e74bf
+# %% ../nbs/09a_sweep.ipynb #ec2010de
 RUN_STATUSES = ('completed', 'diverged', 'failed', 'running', 'unfinished', 'pending')
 
 
@@ -274,12 +274,14 @@ def _record_attempt(study: str, run_id: str, status: str, rc: int) -> None:
 
 
 def entry_status(e: RunEntry) -> str:
-    "completed | diverged | failed (from result.json), running (locked), unfinished (started), pending."
+    "completed | diverged | failed (result.json, or the driver saw it die), running (locked), unfinished (started), pending."
     from depthbench_nb.runs import RECORD_FILES, read_result, run_dir
     folder = run_dir(e.run)
     res = read_result(folder) if folder.exists() else None
     if res: return res['status']
     if is_running(e.run.study, e.run_id): return 'running'
+    att = _attempts_path(e.run.study, e.run_id)
+    if att.exists() and json.loads(att.read_text())['history'][-1]['status'] == 'failed': return 'failed'   # died without a record
     if (folder / RECORD_FILES['params']).exists(): return 'unfinished'
     return 'pending'
 
@@ -619,7 +621,7 @@ def extend_lr_entries(spec: StudySpec, df: pd.DataFrame, factor: float = 2.0, sa
         atomic_write_json(p, old + [e.params for e in new])
     return new
 
-# %% ../nbs/09a_sweep.ipynb #1134f670
+# %% ../nbs/09a_sweep.ipynb #9fbc344f
 def cli_sweep(argv=None) -> int:
     "depthbench-nb sweep plan | run | status STUDY."
     from depthbench_nb.cli import emit
@@ -683,9 +685,9 @@ def cli_sweep(argv=None) -> int:
                     run_ids=a.run_id, progress=not (a.no_progress or a.json))
     st = study_status(spec)
     summary = dict(study=spec.name, this_driver=out['counts'], status=st['counts'])
-    if a.json: return emit(dict(summary, outcomes=out['outcomes']), True)
-    emit(summary, False, title=f'sweep {spec.name}')
-    return 0 if not st['counts'].get('failed') else 1
+    if a.json: emit(dict(summary, outcomes=out['outcomes']), True)
+    else: emit(summary, False, title=f'sweep {spec.name}')
+    return 0 if not st['counts'].get('failed') else 1                # failed runs left: a non-zero exit for scripts
 
 
 def cli_collect(argv=None) -> int:

@@ -221,3 +221,22 @@ def test_papermill_executor_and_looped_fit_table(tmp_path, monkeypatch, tiny_dat
     p = looped_params(read_params(runs / 'pm' / fit.run_id.iloc[0]).model)
     assert fit.n_once.iloc[0] == p.n_once and fit.n_rec.iloc[0] == p.n_rec and fit.D.iloc[0] == df[df.arch == 'looped'].tokens.iloc[0]
     assert (runs / 'pm' / 'fit_looped.csv').exists()
+
+
+def test_failed_run_is_retried_up_to_the_limit(tmp_path):
+    "A run that cannot start (its data is not prepared) fails, is retried max_attempts times, then left alone."
+    runs = tmp_path / 'runs'
+    env = dict(os.environ, DEPTHBENCH_RUNS=str(runs), OMP_NUM_THREADS='1', XDG_CACHE_HOME=str(tmp_path / 'cache'),
+               DEPTHBENCH_CACHE=str(tmp_path / 'cache'))
+    path = tmp_path / 'f.yaml'
+    path.write_text(yaml.safe_dump(dict(name='failing', preset='400m', max_attempts=2, groups=[
+        dict(name='a', archs=['preln'], depths=[16], max_steps=1)])))
+    cmd = DRIVER + ['sweep', 'run', str(path), '--executor', 'python', '--json']
+    first = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    out = json.loads(first.stdout)
+    assert first.returncode == 1 and out['outcomes'][0]['action'] == 'ran' and out['status']['failed'] == 1
+    assert [x['status'] for x in executions(runs, 'failing')] == ['failed', 'failed']       # two attempts
+    second = json.loads(subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300).stdout)
+    assert second['outcomes'][0]['action'] == 'gave up' and len(executions(runs, 'failing')) == 2
+    more = json.loads(subprocess.run(cmd + ['--max-attempts', '3'], env=env, capture_output=True, text=True, timeout=300).stdout)
+    assert more['outcomes'][0]['action'] == 'ran' and len(executions(runs, 'failing')) == 3   # a higher limit retries
