@@ -34,7 +34,8 @@ __all__ = ['GPU_PEAK_FLOPS', 'DEFAULT_MFU', 'RUN_STATUSES', 'EXECUTORS', 'RESULT
            'studies_dir', 'study_names', 'load_study', 'RunEntry', 'expand_study', 'plan_rows', 'sweep_dir', 'RunLock',
            'is_running', 'attempts', 'entry_status', 'entry_progress', 'run_command', 'execute_entry',
            'entry_status_locked', 'run_study', 'study_status', 'slurm_script', 'write_slurm_script', 'flatten',
-           'collect', 'looped_fit_table', 'lr_optima', 'study_entries', 'extend_lr_entries', 'cli_sweep', 'cli_collect']
+           'collect', 'looped_fit_table', 'lr_optima', 'study_entries', 'add_extra_entries', 'extend_lr_entries',
+           'cli_sweep', 'cli_collect']
 
 # %% ../nbs/09a_sweep.ipynb #a94f1d9d
 @dataclass(frozen=True)
@@ -356,7 +357,7 @@ def entry_status_locked(e: RunEntry) -> str:
     if res: return res['status']
     return 'unfinished' if (folder / RECORD_FILES['params']).exists() else 'pending'
 
-# %% ../nbs/09a_sweep.ipynb #505a4f2b
+# %% ../nbs/09a_sweep.ipynb #72de0860
 def run_study(study, workers: int = 1, devices: list[str] | None = None, executor: str = 'papermill',
               max_attempts: int | None = None, run_ids: list[str] | None = None, extra: list[RunEntry] | None = None,
               progress: bool = True) -> dict:
@@ -364,7 +365,8 @@ def run_study(study, workers: int = 1, devices: list[str] | None = None, executo
     spec = study if isinstance(study, StudySpec) else load_study(study)
     if executor not in EXECUTORS: raise _choice_error('executor', executor, EXECUTORS)
     if workers < 1: raise ConfigError(f"workers must be >= 1, got {workers}")
-    entries = study_entries(spec) + list(extra or [])           # every entry checked before any run starts
+    if extra: add_extra_entries(spec, list(extra))
+    entries = study_entries(spec)                                 # every entry checked before any run starts
     if run_ids:
         known = {e.run_id for e in entries}
         bad = [r for r in run_ids if r not in known]
@@ -546,7 +548,7 @@ def looped_fit_table(df: pd.DataFrame, provenance: str = 'real') -> pd.DataFrame
                          D=row.tokens, loss=row.final_val_loss, provenance=provenance))
     return pd.DataFrame(rows, columns=['run_id', 'C', 's', 'r', 'n_once', 'n_rec', 'D', 'loss', 'provenance'])
 
-# %% ../nbs/09a_sweep.ipynb #59bb6cce
+# %% ../nbs/09a_sweep.ipynb #5f7cd847
 SHAPE_KEYS = ('arch', 'L', 'd_model', 'r', 's', 'C')
 
 
@@ -583,19 +585,32 @@ def _norm(v):
     return float(v) if isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool) else v
 
 
-def _extensions_path(study: str) -> Path: return sweep_dir(study) / 'lr_extensions.json'
+def _extras_path(study: str) -> Path: return sweep_dir(study) / 'extra_entries.json'
 
 
 def study_entries(spec: StudySpec) -> list[RunEntry]:
-    "The study's runs: its file's entries plus the LR extensions the driver added (kept in .sweep/)."
+    "The study's runs: its file's entries plus extra entries the driver was given or added (kept in .sweep/)."
     from depthbench_nb.trainer import make_run_config
     entries = expand_study(spec)
-    p = _extensions_path(spec.name)
+    p = _extras_path(spec.name)
     if p.exists():
-        for params in json.loads(p.read_text()):
-            with contextlib.redirect_stdout(None): run = make_run_config(**params, verbose=False)
-            if run.run_id not in {e.run_id for e in entries}: entries.append(RunEntry(len(entries), 'lr-extension', params, run))
+        known = {e.run_id for e in entries}
+        for item in json.loads(p.read_text()):
+            with contextlib.redirect_stdout(None): run = make_run_config(**item['params'], verbose=False)
+            if run.run_id not in known:
+                entries.append(RunEntry(len(entries), item['group'], item['params'], run)); known.add(run.run_id)
     return entries
+
+
+def add_extra_entries(spec: StudySpec, extra: list[RunEntry]) -> None:
+    "Remember runs outside the study file (LR extensions, a report's extra runs) so status and collect see them."
+    bad = [e.label() for e in extra if e.run.study != spec.name]
+    if bad: raise ConfigError(f"extra entries must belong to study {spec.name!r}: {bad}")
+    p = _extras_path(spec.name)
+    old = json.loads(p.read_text()) if p.exists() else []
+    have = {json.dumps(x['params'], sort_keys=True) for x in old}
+    new = [dict(group=e.group, params=e.params) for e in extra if json.dumps(e.params, sort_keys=True) not in have]
+    if new: atomic_write_json(p, old + new)
 
 
 def extend_lr_entries(spec: StudySpec, df: pd.DataFrame, factor: float = 2.0, save: bool = True) -> list[RunEntry]:
@@ -615,10 +630,7 @@ def extend_lr_entries(spec: StudySpec, df: pd.DataFrame, factor: float = 2.0, sa
         params = dict(base.params, lr=float(f'{lr:.6g}'))
         with contextlib.redirect_stdout(None): run = make_run_config(**params, verbose=False)
         if run.run_id not in planned: new.append(RunEntry(len(planned) + len(new), 'lr-extension', params, run))
-    if save and new:
-        p = _extensions_path(spec.name)
-        old = json.loads(p.read_text()) if p.exists() else []
-        atomic_write_json(p, old + [e.params for e in new])
+    if save and new: add_extra_entries(spec, new)
     return new
 
 # %% ../nbs/09a_sweep.ipynb #9fbc344f

@@ -195,6 +195,15 @@ def test_lr_optimum_parabola_and_extension(tmp_path, runs_dir, tiny_data):
     new = extend_lr_entries(spec, d)
     assert [e.params['lr'] for e in new] == [4e-3]
     assert len(study_entries(spec)) == 3 and extend_lr_entries(spec, d) == []
+    # other extra runs (e.g. a report's) are remembered with their group and parameters
+    from depthbench_nb.sweep import RunEntry, add_extra_entries
+    from depthbench_nb.trainer import make_run_config
+    params = dict(new[0].params, arch='looped', r=2, s=1, C=5e11); params.pop('L'); params.pop('lr')
+    add_extra_entries(spec, [RunEntry(0, 'looped-extra', params, make_run_config(**params, verbose=False))])
+    entries = study_entries(spec)
+    assert len(entries) == 4 and entries[-1].group == 'looped-extra' and entries[-1].params['C'] == 5e11
+    with pytest.raises(ConfigError, match='must belong to study'):
+        add_extra_entries(spec, [RunEntry(0, 'x', params, make_run_config(**dict(params, study='other'), verbose=False))])
 
 
 def test_papermill_executor_and_looped_fit_table(tmp_path, monkeypatch, tiny_data):
