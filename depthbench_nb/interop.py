@@ -338,10 +338,9 @@ def infer_model_config(arch: str, sd: dict[str, torch.Tensor], n_layer: int | No
         if heads_given: raise
         raise ConfigError(f"{e} (d_model read off the checkpoint; heads default to DepthBench's 16: pass --n-head)") from e
 
-# %% ../nbs/09b_interop.ipynb #104ab709
+# %% ../nbs/09b_interop.ipynb #4e0216fc
 _squeeze0 = (lambda t: t.reshape(-1), lambda t: t.reshape(1, -1))       # fork [1, d] <-> ours [d]
 _flatten = (lambda t: t.reshape(-1), lambda t: t.reshape(int(math.isqrt(t.numel())), -1))  # [n, n] <-> [n*n]
-_transpose = (lambda t: t.transpose(0, 1).contiguous(), lambda t: t.transpose(0, 1).contiguous())
 _same = (lambda t: t, lambda t: t)
 
 _CONNECTOR_NAMES = {  # fork connector parameter -> (our parameter, transform)
@@ -353,7 +352,7 @@ _CONNECTOR_NAMES = {  # fork connector parameter -> (our parameter, transform)
                'pre_dynamic_proj': ('phi_pre', _same), 'post_dynamic_proj': ('phi_post', _same),
                'residual_dynamic_proj': ('phi_res', _same), 'pre_gate': ('alpha_pre', _same),
                'post_gate': ('alpha_post', _same), 'residual_gate': ('alpha_res', _same)},
-    'static': {'H_res_logits': ('res_logits', _transpose), 'H_pre_logits': ('pre_logits', _same),
+    'static': {'H_res_logits': ('res_logits', _same), 'H_pre_logits': ('pre_logits', _same),
                'H_post_logits': ('post_logits', _same)},
 }
 

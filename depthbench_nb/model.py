@@ -245,7 +245,7 @@ class HCConnector(nn.Module):
         mix = A[..., 1:].transpose(-1, -2) if self.mixed else torch.eye(self.n, dtype=H.dtype, device=H.device)
         return A[..., 0], mix, beta
 
-# %% ../nbs/05_model.ipynb #3eafee60
+# %% ../nbs/05_model.ipynb #0c3a6e3e
 def _gap8_read_bias(n: int, k: int) -> torch.Tensor:
     "+8 on the stream this sublayer reads (k mod n), -8 elsewhere: a nearly one-hot read."
     b = torch.full((n,), -8.0); b[k % n] = 8.0
@@ -347,7 +347,8 @@ class MHCStaticConnector(nn.Module):
         lead = H.shape[:-2]
         read = torch.softmax(self.pre_logits, -1).expand(*lead, self.n)                 # [B, T, n]
         write = torch.softmax(self.post_logits, -1).expand(*lead, self.n)               # [B, T, n]
-        mix = sinkhorn(self.res_logits, self.iters).expand(*lead, self.n, self.n)        # [B, T, n, n]
+        # the fork's static backend: P = log-domain Sinkhorn of the logits, streams mixed with P^T (x'_t = Σ_s P[s,t] x_s)
+        mix = log_sinkhorn(self.res_logits, self.iters).transpose(-1, -2).expand(*lead, self.n, self.n)   # [B, T, n, n]
         return read, mix, write
 
 # %% ../nbs/05_model.ipynb #f48bace5

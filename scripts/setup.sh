@@ -13,6 +13,8 @@ if [ ! -x .venv/bin/python ]; then
 fi
 echo "[setup] installing pinned dependencies (requirements-dev.txt)"
 .venv/bin/python -m pip install --disable-pip-version-check -q -r requirements-dev.txt
+echo "[setup] installing the test-only OLMo-core parity dependency (requirements-interop.txt, without resolution: see its header)"
+.venv/bin/python -m pip install --disable-pip-version-check -q --no-deps -r requirements-interop.txt
 echo "[setup] installing depthbench-nb (editable)"
 .venv/bin/python -m pip install --disable-pip-version-check -q --no-deps --no-build-isolation -e .
 echo "[setup] registering the venv's interpreter as the Jupyter kernel 'python3'"
