@@ -370,17 +370,24 @@ def synthetic_looped_frame(truth: dict = PAPER_LOOPED, noise: float = 0.005, see
     rng = np.random.default_rng(seed)
     return df.assign(loss=clean + noise * rng.standard_normal(len(df)), loss_clean=clean, provenance='synthetic')
 
-# %% ../nbs/09_scaling.ipynb #06055623
+# %% ../nbs/09_scaling.ipynb #9a7e1290
 BOOT_PARAMS = ('E', 'A', 'B', 'alpha', 'beta', 'phi')
+
+
+def _refit(fit_fn: Callable, frame: pd.DataFrame, seed: int, extra) -> dict:
+    fit = fit_fn(frame, seed=seed, extra_starts=extra)
+    return dict(huber=fit.huber, **{p: getattr(fit, p) for p in BOOT_PARAMS})
 
 
 def block_bootstrap(fit_fn: Callable, data: pd.DataFrame, block_cols: Sequence[str] | None = ('C', 'r'),
                     n_resamples: int = 200, seed: int = 0, warm_start: FitResult | None = None,
-                    level: float = 0.95, progress: bool = False) -> dict:
+                    level: float = 0.95, progress: bool = False, workers: int = 1) -> dict:
     """Percentile CIs from refits of block resamples. `fit_fn(frame, seed=, extra_starts=)` -> FitResult
-    (e.g. `functools.partial(fit_frame, law='looped', restarts=200)`); `block_cols=None`: each row a block."""
+    (e.g. `functools.partial(fit_frame, law='looped', restarts=200)`); `block_cols=None`: each row a block.
+    `workers` > 1 refits in that many processes (same seeds, same result)."""
     if n_resamples < 2: raise ConfigError(f"n_resamples must be >= 2, got {n_resamples}")
     if not 0 < level < 1: raise ConfigError(f"level must be in (0, 1), got {level}")
+    if workers < 1: raise ConfigError(f"workers must be >= 1, got {workers}")
     if block_cols:
         missing = [c for c in block_cols if c not in data.columns]
         if missing: raise ConfigError(f"block columns {missing} not in the table (found: {', '.join(map(str, data.columns))})")
@@ -389,16 +396,20 @@ def block_bootstrap(fit_fn: Callable, data: pd.DataFrame, block_cols: Sequence[s
         blocks = [np.array([i]) for i in range(len(data))]
     rng = np.random.default_rng(seed)
     extra = [warm_start.theta] if warm_start is not None else None
-    samples = []
-    it = range(n_resamples)
-    if progress:
-        from tqdm.auto import tqdm
-        it = tqdm(it, desc='bootstrap')
-    for i in it:
-        pick = rng.integers(0, len(blocks), len(blocks))
-        frame = data.iloc[np.concatenate([blocks[j] for j in pick])]
-        fit = fit_fn(frame, seed=seed * 100_003 + i + 1, extra_starts=extra)
-        samples.append(dict(resample=i, huber=fit.huber, **{p: getattr(fit, p) for p in BOOT_PARAMS}))
+    # the resamples are drawn up front, so a resample's runs and its refit seed do not depend on `workers`
+    jobs = [(data.iloc[np.concatenate([blocks[j] for j in rng.integers(0, len(blocks), len(blocks))])],
+             seed * 100_003 + i + 1) for i in range(n_resamples)]
+    if workers == 1:
+        it = jobs
+        if progress:
+            from tqdm.auto import tqdm
+            it = tqdm(jobs, desc='bootstrap')
+        results = [_refit(fit_fn, frame, s, extra) for frame, s in it]
+    else:
+        from concurrent.futures import ProcessPoolExecutor
+        with ProcessPoolExecutor(workers) as pool:
+            results = list(pool.map(_refit, [fit_fn] * len(jobs), [f for f, _ in jobs], [s for _, s in jobs], [extra] * len(jobs)))
+    samples = [dict(resample=i, **r) for i, r in enumerate(results)]
     table = pd.DataFrame(samples)
     q = [(1 - level) / 2 * 100, (1 + level) / 2 * 100]
     ci = {p: [float(v) for v in np.percentile(table[p], q)] for p in BOOT_PARAMS if table[p].notna().all()}
@@ -453,7 +464,7 @@ def worked_example(phi: float = PAPER_LOOPED['phi'], n_r1: float = 1e9, r: int =
         eff_ratio=n_eff / one.n_unique, eff_ratio_paper=(4 + r ** phi * 4) / 20,
         flops_ratio=loop.flops_per_token / one.flops_per_token, r_phi=r ** phi).items()}
 
-# %% ../nbs/09_scaling.ipynb #0e675f0b
+# %% ../nbs/09_scaling.ipynb #f41b2dd2
 def _parse_phi(v: str) -> float | None:
     if v == 'free': return None
     try: return float(v)
@@ -475,6 +486,7 @@ def cli_fit(argv=None) -> int:
     p.add_argument('--seed', type=int, default=0, help='seed of the starts and resamples')
     p.add_argument('--provenance', default=None, choices=PROVENANCES,
                    help="data provenance (default: the CSV's provenance column, else 'real')")
+    p.add_argument('--workers', type=int, default=1, help='processes for the bootstrap refits (same result, faster)')
     p.add_argument('--per-r', action='store_true', help='looped CSVs: also one Chinchilla fit per r')
     p.add_argument('--json', action='store_true', help='machine-readable JSON output')
     a = p.parse_args(argv)
@@ -489,7 +501,8 @@ def cli_fit(argv=None) -> int:
         cols = a.block_cols.split(',') if a.block_cols else (['C', 'r'] if {'C', 'r'} <= set(df.columns) else None)
         from functools import partial
         boot = block_bootstrap(partial(fit_frame, law=a.law, phi=phi, restarts=a.boot_restarts, provenance=fit.provenance),
-                               df, cols, n_resamples=a.bootstrap, seed=a.seed, warm_start=fit, progress=not a.json)
+                               df, cols, n_resamples=a.bootstrap, seed=a.seed, warm_start=fit, progress=not a.json,
+                               workers=a.workers)
         out['ci'] = fit.ci = boot['ci']
         out['bootstrap'] = dict(n_resamples=boot['n_resamples'], n_blocks=boot['n_blocks'], block_cols=boot['block_cols'],
                                 level=boot['level'], restarts_per_refit=a.boot_restarts)

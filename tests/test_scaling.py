@@ -109,6 +109,10 @@ def test_bootstrap_ci_covers_truth(synthetic, synthetic_fit):
     again = block_bootstrap(partial(fit_frame, law='looped', restarts=4), synthetic, ('C', 'r'), n_resamples=3,
                             seed=0, warm_start=synthetic_fit)
     assert np.allclose(again['samples']['phi'], boot['samples']['phi'][:3])
+    # refits in 2 processes: the same resamples, seeds and results
+    parallel = block_bootstrap(partial(fit_frame, law='looped', restarts=4), synthetic, ('C', 'r'), n_resamples=3,
+                               seed=0, warm_start=synthetic_fit, workers=2)
+    assert np.allclose(parallel['samples']['phi'], again['samples']['phi'], rtol=1e-12, atol=0)
 
 
 def test_warm_start_matches_cold_refit(synthetic, synthetic_fit):
