@@ -20,8 +20,8 @@ from .config import ConfigError
 # %% auto #0
 __all__ = ['HUBER_DELTA', 'PARAM_NAMES', 'LOWER', 'UPPER', 'LAWS', 'PROVENANCES', 'PAPER_LOOPED', 'SCIPY_OPTIONS', 'LAW_COLUMNS',
            'V_PAD', 'SEQ_LEN', 'BOOT_PARAMS', 'theta_from_params', 'params_from_theta', 'LawData', 'chinchilla_data',
-           'looped_data', 'law_objective', 'predict_loss', 'naive_objective', 'minimise_law', 'FitResult',
-           'residual_stats', 'r_squared', 'fit_law', 'fit_chinchilla', 'fit_looped', 'frame_provenance',
+           'looped_data', 'law_objective', 'predict_loss', 'naive_objective', 'single_objective', 'minimise_law',
+           'FitResult', 'residual_stats', 'r_squared', 'fit_law', 'fit_chinchilla', 'fit_looped', 'frame_provenance',
            'law_data_from_frame', 'fit_frame', 'fit_per_r', 'LoopedAccounting', 'paper_accounting', 'paper_grid_frame',
            'synthetic_looped_frame', 'block_bootstrap', 'empirical_optima', 'law_optimum', 'worked_example', 'cli_fit']
 
@@ -155,8 +155,37 @@ def naive_objective(theta, data: LawData, delta: float = HUBER_DELTA) -> float:
     pred = logsumexp([a - alpha * log_neff, b - beta * data.log_d, np.full(data.n, e)], axis=0)
     return float(huber(delta, pred - np.log(data.loss)).sum())
 
-# %% ../nbs/09_scaling.ipynb #76472357
+# %% ../nbs/09_scaling.ipynb #a79bfbec
 SCIPY_OPTIONS = dict(maxiter=10_000, ftol=1e-15, gtol=1e-15)   # specs/looped.md §6: the defaults stop early
+
+
+def single_objective(data: LawData, phi: float | None = None, delta: float = HUBER_DELTA) -> Callable:
+    """`law_objective` for one θ, lean: J and ∇J over the free coordinates (a, α, b, β, e[, φ]).
+    With φ fixed (or Chinchilla data) log N_eff is computed once and φ is not a coordinate."""
+    log_d, log_loss = data.log_d, np.log(data.loss)
+    if phi is not None:
+        log_neff = np.logaddexp(data.log_n_once, phi * data.log_r + data.log_n_rec)      # [n], fixed
+    log_n_once, log_n_rec, log_r = data.log_n_once, data.log_n_rec, data.log_r
+
+    def fg(x):
+        if phi is None:
+            a, alpha, b, beta, e, ph = x
+            u = ph * log_r + log_n_rec                                                 # [n]
+            ln = np.logaddexp(log_n_once, u)
+        else:
+            a, alpha, b, beta, e = x
+            ln = log_neff
+        t1 = a - alpha * ln; t2 = b - beta * log_d                                     # [n] each
+        m = np.maximum(np.maximum(t1, t2), e)
+        x1 = np.exp(t1 - m); x2 = np.exp(t2 - m); x3 = np.exp(e - m)
+        s = x1 + x2 + x3
+        res = m + np.log(s) - log_loss
+        c = np.minimum(np.maximum(res, -delta), delta)                                 # Huber'(res)
+        h = c / s; g1 = h * x1; g2 = h * x2
+        grad = [g1.sum(), -(g1 @ ln), g2.sum(), -(g2 @ log_d), h @ x3]
+        if phi is None: grad.append(-alpha * (g1 @ (np.exp(u - ln) * log_r)))
+        return float(c @ (res - 0.5 * c)), np.array(grad)
+    return fg
 
 
 @dataclass
@@ -176,12 +205,7 @@ def minimise_law(data: LawData, phi: float | None = None, restarts: int = 500, s
     free = np.arange(6 if phi_free else 5)
     fixed = np.zeros(6); fixed[5] = 0.0 if phi is None else float(phi)
     lo, hi = LOWER[free], UPPER[free]
-    full = fixed.copy()
-
-    def fg(x):
-        full[free] = x
-        J, g = law_objective(full, data)
-        return float(J[0]), g[0, free]
+    fg = single_objective(data, None if phi_free else fixed[5])
 
     rng = np.random.default_rng(seed)
     starts = list(lo + (hi - lo) * rng.random((restarts, len(free))))

@@ -13,8 +13,8 @@ from depthbench_nb.config import ConfigError
 from depthbench_nb.scaling import (LOWER, PAPER_LOOPED, SCIPY_OPTIONS, UPPER, FitResult, block_bootstrap,
                                    chinchilla_data, empirical_optima, fit_chinchilla, fit_frame, fit_per_r,
                                    law_data_from_frame, law_objective, law_optimum, looped_data, minimise_law,
-                                   naive_objective, paper_accounting, paper_grid_frame, synthetic_looped_frame,
-                                   theta_from_params, worked_example)
+                                   naive_objective, paper_accounting, paper_grid_frame, single_objective,
+                                   synthetic_looped_frame, theta_from_params, worked_example)
 
 DATA = Path(__file__).parent / 'data' / 'chinchilla_fig4_epoch.csv'
 # Besiroglu et al. 2024 (arXiv:2404.10102), Epoch's refit of Hoffmann et al. Fig. 4: estimate, standard error
@@ -49,6 +49,13 @@ def test_objective_matches_naive_and_numeric_gradient():
     for t, g in zip(theta, G):
         num = [(naive_objective(t + eps * e, data) - naive_objective(t - eps * e, data)) / (2 * eps) for e in np.eye(6)]
         assert np.allclose(g, num, rtol=1e-5, atol=1e-9)
+    # the optimiser's lean single-θ path: same J and gradient (φ free, or fixed and dropped)
+    for t, j, g in zip(theta, J, G):
+        Js, gs = single_objective(data)(t)
+        assert np.isclose(Js, j, rtol=1e-12) and np.allclose(gs, g, rtol=1e-10, atol=1e-14)
+        t1 = t.copy(); t1[5] = 1.0
+        Js, gs = single_objective(data, phi=1.0)(t1[:5])
+        assert np.isclose(Js, naive_objective(t1, data), rtol=1e-12) and np.allclose(gs, law_objective(t1, data)[1][0, :5], rtol=1e-10, atol=1e-14)
 
 
 def test_chinchilla_replication_matches_besiroglu():
