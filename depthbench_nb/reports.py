@@ -22,12 +22,13 @@ from .config import ConfigError, atomic_write_text, package_dir, runs_root
 
 # %% auto #0
 __all__ = ['REFERENCE_FILES', 'ACCOUNTING_LABEL', 'PAPER_LABEL', 'PAPER_PRESETS', 'RUN_COLUMNS', 'DEPTHBENCH_ARTIFACTS',
-           'LOOPED_ARTIFACTS', 'FIT_COLUMNS', 'REPORT_NOTEBOOKS', 'DEMO_METRICS', 'reference_table', 'Scale',
-           'study_scale', 'markdown_table', 'Report', 'normalize_runs', 'scan_study', 'study_table', 'completed',
-           'run_folder', 'load_diagnostics', 'best_lr_rows', 'status_section', 'depthbench_loss_section',
-           'depthbench_diagnostics_section', 'depthbench_costs_section', 'build_depthbench_report', 'looped_variant',
-           'looped_frame', 'looped_fit_sections', 'looped_ablation_sections', 'build_looped_report', 'show_report',
-           'run_report_notebooks', 'cli_report', 'diagnose_study', 'demo', 'cli_demo']
+           'LOOPED_ARTIFACTS', 'FIT_COLUMNS', 'REPORT_NOTEBOOKS', 'DEMO_EXTRA_GROUPS', 'DEMO_METRICS',
+           'reference_table', 'Scale', 'study_scale', 'markdown_table', 'Report', 'normalize_runs', 'scan_study',
+           'study_table', 'completed', 'run_folder', 'load_diagnostics', 'best_lr_rows', 'status_section',
+           'depthbench_loss_section', 'depthbench_diagnostics_section', 'depthbench_costs_section',
+           'build_depthbench_report', 'looped_variant', 'looped_frame', 'looped_fit_sections',
+           'looped_ablation_sections', 'build_looped_report', 'show_report', 'run_report_notebooks', 'cli_report',
+           'demo_extra_entries', 'diagnose_study', 'demo', 'cli_demo']
 
 # %% ../nbs/09c_reports.ipynb #68cac690
 REFERENCE_FILES = {'depthbench': 'depthbench_paper.csv', 'looped': 'looped_paper.csv'}
@@ -434,7 +435,7 @@ def build_depthbench_report(study: str, df: Optional[pd.DataFrame] = None, out_d
     rep.write_index()
     return rep
 
-# %% ../nbs/09c_reports.ipynb #28227ff8
+# %% ../nbs/09c_reports.ipynb #436ea776
 LOOPED_ARTIFACTS = (
     'looped_run_status', 'looped_runs', 'looped_table1_per_r', 'looped_table2_joint', 'looped_frontier',
     'looped_runs_scatter', 'looped_empirical_optima', 'looped_stability', 'looped_table3_tbptt', 'looped_table3_hc',
@@ -474,9 +475,10 @@ def looped_frame(df: pd.DataFrame) -> pd.DataFrame:
                          C_realised=F * float(r['tokens']), C_planned=float(planned), variant=looped_variant(m),
                          injection=m.injection, lr=run.train.lr, vocab=m.vocab_size, seq_len=run.train.seq_len))
     out = pd.DataFrame(rows)
-    if len(out):
-        cells = _budget_cells(out['C_realised'].to_numpy())
-        out['C'] = np.where(out['C_planned'].notna(), out['C_planned'], cells)
+    if len(out):   # cells from the realised budgets; a cell is named by its planned budget where a run of it has one
+        out['C'] = _budget_cells(out['C_realised'].to_numpy())
+        named = out.dropna(subset=['C_planned']).groupby('C')['C_planned'].first()
+        out['C'] = [named.get(c, c) for c in out['C']]
     return out
 
 # %% ../nbs/09c_reports.ipynb #a5e4849e
@@ -695,7 +697,22 @@ def cli_report(argv=None) -> int:
     return emit(dict(study=a.study, report_dir=str(out), notebooks=[str(n) for n in nbs], files=rows) if a.json else rows,
                 a.json, title=f'report of {a.study}: {out}')
 
-# %% ../nbs/09c_reports.ipynb #39dcc5bb
+# %% ../nbs/09c_reports.ipynb #a3cf46cd
+DEMO_EXTRA_GROUPS = (
+    dict(name='looped-width3', r=[1, 2, 4], s=[3], C=[5.0e+11, 1.0e+12]),
+    dict(name='looped-variants', r=[2], s=[1], C=[5.0e+11], option_sets=[dict(truncated_bptt=True), dict(injection='hc'), dict(injection='additive')]),
+    dict(name='looped-lr', r=[2], s=[1], C=[5.0e+11], lrs=[7.0e-3]),
+)
+
+
+def demo_extra_entries(study: str = 'demo') -> list:
+    "The demo's extra looped runs as sweep entries of `study`."
+    from depthbench_nb import sweep
+    spec = sweep.load_study('demo')
+    extra = sweep.StudySpec.from_dict(dict(spec.to_dict(), name=study, groups=tuple(sweep.StudyGroup.from_dict(g) for g in DEMO_EXTRA_GROUPS)))
+    return sweep.expand_study(extra)
+
+# %% ../nbs/09c_reports.ipynb #ceb15e7f
 DEMO_METRICS = ('angular', 'causal', 'permutation', 'logit_lens', 'mixing', 'dead_zone', 'domain_nll')
 
 
@@ -753,7 +770,8 @@ def demo(workers: Optional[int] = None, executor: str = 'python', restarts: int 
     say(f'runs go to {runs_root() / study} ({workers} training worker(s), {os.environ["OMP_NUM_THREADS"]} thread(s) each)')
     p = PRESETS['tiny']
     stage('1/4 offline corpus', lambda: prepare(DataConfig(source=p.data_source, tokenizer=p.tokenizer), progress=progress))
-    res = stage('2/4 train the demo study', lambda: sweep.run_study(study, workers=workers, executor=executor, progress=progress))
+    res = stage('2/4 train the demo study', lambda: sweep.run_study(study, workers=workers, executor=executor, progress=progress,
+                                                                 extra=demo_extra_entries(study)))
     df = normalize_runs(sweep.collect(study))
     stage('3/4 diagnose the design runs', lambda: diagnose_study(study, df, progress=progress))
     stage('4/4 reports', lambda: run_report_notebooks(study, parameters=dict(restarts=restarts, n_bootstrap=n_bootstrap), progress=progress))
