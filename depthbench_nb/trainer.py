@@ -388,7 +388,7 @@ def default_micro_batch(run: RunConfig, device: torch.device) -> int:
     cap = 8 if run.model.arch in ('hc', 'mhc') else 16
     return max(m for m in range(1, min(per_rank, cap) + 1) if per_rank % m == 0)
 
-# %% ../nbs/07_trainer.ipynb #d7d1ed3c
+# %% ../nbs/07_trainer.ipynb #fc99bca9
 def plot_loss_curves(folder: Path, smooth: int = 10) -> Optional[Path]:
     "Draw train/val loss against tokens into folder/loss_curve.png; returns the path (None without metrics)."
     import pandas as pd, seaborn as sns
@@ -398,8 +398,8 @@ def plot_loss_curves(folder: Path, smooth: int = 10) -> Optional[Path]:
     df = pd.DataFrame(rows)
     fig = Figure(figsize=(6.4, 3.8), dpi=110); ax = fig.subplots()
     sns.lineplot(data=df, x='tokens', y='loss', ax=ax, alpha=0.3, color='C0', label='train (per step)')
-    df['smooth'] = df['loss'].rolling(smooth, min_periods=1).mean()
-    sns.lineplot(data=df, x='tokens', y='smooth', ax=ax, color='C0', label=f'train ({smooth}-step mean)')
+    df['smooth'] = df['loss'].rolling(smooth, min_periods=1, center=True).mean()   # centred: no lag behind the curve
+    sns.lineplot(data=df, x='tokens', y='smooth', ax=ax, color='C0', label=f'train ({smooth}-step centred mean)')
     if 'val_loss' in df and df['val_loss'].notna().any():
         sns.lineplot(data=df.dropna(subset=['val_loss']), x='tokens', y='val_loss', ax=ax, color='C3', marker='o', label='validation')
     params = json.loads((Path(folder) / RECORD_FILES['params']).read_text())
