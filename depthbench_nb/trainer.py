@@ -410,7 +410,7 @@ def plot_loss_curves(folder: Path, smooth: int = 10) -> Optional[Path]:
     fig.savefig(path)
     return path
 
-# %% ../nbs/07_trainer.ipynb #3af462cb
+# %% ../nbs/07_trainer.ipynb #683200ea
 PEAK_BF16_FLOPS = {'H200': 989e12, 'H100': 989e12, 'GH200': 989e12, 'B200': 2250e12, 'A100': 312e12, 'L40S': 362e12, 'A10G': 70e12}
 DEFAULT_CHECKPOINT_EVERY = 1000
 
@@ -598,9 +598,9 @@ def _train_here(run: RunConfig, folder: Path, progress: bool, preset_reason, sto
                          error=f"{type(e).__name__}: {e}", traceback=traceback.format_exc()[-4000:])
         raise
     bar.close()
-    digests = None if fsdp else _gather(dist, _param_digest(raw))       # FSDP ranks hold different shards by design
+    digests = None if fsdp or dist.world == 1 else _gather(dist, _param_digest(raw))   # FSDP ranks hold different shards
     result = _write_final(folder, run, status, steps_done, counters, seg_start, n_params, fpt, preset_reason, dist,
-                          diverged_step=diverged_step, ranks_in_sync=None if fsdp else len(set(digests)) == 1)
+                          diverged_step=diverged_step, ranks_in_sync=None if fsdp else (digests is None or len(set(digests)) == 1))
     if t.trackers: dist.accelerator.end_training()
     return result
 
