@@ -20,9 +20,9 @@ from .config import ConfigError
 # %% auto #0
 __all__ = ['SINKHORN_EPS', 'KERNELS_ENV', 'KERNEL_BACKENDS', 'TRITON_INTERPRETED', 'REFERENCES', 'KERNEL_NAMES',
            'SELF_CHECK_RTOL', 'DEFAULT_INTERPRETER_CASES', 'rms_norm_ref', 'swiglu_ref', 'relu_squared_ref',
-           'sinkhorn_ref', 'hc_read_ref', 'hc_write_ref', 'attnres_mix_ref', 'kernel_backend', 'rms_norm', 'swiglu',
-           'relu_squared', 'sinkhorn', 'hc_read', 'hc_write', 'attnres_mix', 'kernel_example', 'compare_to_reference',
-           'interpreter_report']
+           'sinkhorn_ref', 'hc_read_ref', 'hc_write_ref', 'attnres_mix_ref', 'attnres_mix_list_ref', 'kernel_backend',
+           'rms_norm', 'swiglu', 'relu_squared', 'sinkhorn', 'hc_read', 'hc_write', 'attnres_mix', 'kernel_example',
+           'compare_to_reference', 'interpreter_report']
 
 # %% ../nbs/03_kernels.ipynb #fbfd68e6
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -116,6 +116,25 @@ def attnres_mix_ref(sources: Tensor, query: Tensor, key_weight: Tensor, out_weig
     out = rms_norm_ref(raw, out_weight.to(ct), eps)
     if not return_all: return out.to(sources.dtype)
     return out.to(sources.dtype), raw.to(sources.dtype), p.to(sources.dtype)
+
+# %% ../nbs/03_kernels.ipynb #2e1a8ae7
+def attnres_mix_list_ref(sources: list, query: Tensor, key_weight: Tensor, out_weight: Tensor, eps: float,
+                         bias: Optional[Tensor] = None, scale: float | Tensor = 1.0, return_all: bool = False):
+    "The AttnRes mix of a list of S sources [B, T, d] without stacking them (same results as `attnres_mix_ref`)."
+    ct = _compute_dtype(sources[0])
+    u = (key_weight * query).to(ct)                                            # [d]: key gain folded into the query
+    vs = [v.to(ct) for v in sources]
+    d = vs[0].shape[-1]
+    logits = torch.stack([(v @ u) * torch.rsqrt(torch.linalg.vector_norm(v, dim=-1).square() / d + eps) for v in vs], -1)
+    logits = scale * logits                                                    # [B, T, S]
+    if bias is not None: logits = logits + bias.to(ct)
+    p = torch.softmax(logits, dim=-1)                                          # [B, T, S]
+    raw = vs[0] * p[..., :1]
+    for s in range(1, len(vs)): raw = torch.addcmul(raw, vs[s], p[..., s:s + 1])  # [B, T, d]
+    out = rms_norm_ref(raw, out_weight.to(ct), eps)
+    dt = sources[0].dtype
+    if not return_all: return out.to(dt)
+    return out.to(dt), raw.to(dt), p.to(dt)
 
 # %% ../nbs/03_kernels.ipynb #87e5360b
 KERNELS_ENV = 'DEPTHBENCH_KERNELS'
@@ -789,7 +808,7 @@ def _attnres_mix_triton(sources, query, key_weight, out_weight, eps, bias=None, 
     if not return_all: return out
     return out, raw.view(*lead, d), p.view(*lead, S)
 
-# %% ../nbs/03_kernels.ipynb #8dedb56b
+# %% ../nbs/03_kernels.ipynb #7dc04428
 def _need_eps(eps) -> float:
     if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps >= 0:
         raise ValueError(f"eps must be a non-negative float, got {eps!r}")
@@ -883,7 +902,8 @@ def hc_write(streams: Tensor, mix: Tensor, write_w: Tensor, branch: Tensor) -> T
 def attnres_mix(sources, query: Tensor, key_weight: Tensor, out_weight: Tensor, eps: float,
                 bias: Optional[Tensor] = None, scale: float | Tensor = 1.0, return_all: bool = False):
     "AttnRes depth mix of sources [S, B, T, d] (or a list of S [B, T, d]); out [B, T, d] or (out, raw, p [B, T, S])."
-    if isinstance(sources, (list, tuple)):
+    as_list = isinstance(sources, (list, tuple))
+    if as_list:
         if not sources: raise ValueError("sources must hold at least one source")
         for i, s in enumerate(sources): _need_tensor(f'sources[{i}]', s)
         if len({tuple(s.shape) for s in sources}) > 1:
@@ -891,24 +911,29 @@ def attnres_mix(sources, query: Tensor, key_weight: Tensor, out_weight: Tensor, 
         _same_device(**{f'sources[{i}]': s for i, s in enumerate(sources)})
         dt = sources[0].dtype
         for s_ in sources[1:]: dt = torch.promote_types(dt, s_.dtype)          # e.g. a fp32 embedding among bf16 outputs
-        sources = torch.stack([s_.to(dt) for s_ in sources])                    # [S, B, T, d]
-    _need_tensor('sources', sources)
-    if sources.ndim < 2 or sources.shape[0] < 1:
-        raise ValueError(f"sources must be [S, ..., d] with S >= 1, got {tuple(sources.shape)}")
-    S, d = sources.shape[0], sources.shape[-1]
+        sources = [s_.to(dt) for s_ in sources]
+        probe, S = sources[0], len(sources)
+    else:
+        _need_tensor('sources', sources)
+        if sources.ndim < 2 or sources.shape[0] < 1:
+            raise ValueError(f"sources must be [S, ..., d] with S >= 1, got {tuple(sources.shape)}")
+        probe, S = sources, sources.shape[0]
+    d = probe.shape[-1]
     eps = _need_eps(eps)
     for name, t in (('query', query), ('key_weight', key_weight), ('out_weight', out_weight)):
         if t is None: raise ValueError(f"{name} is required (a [d] vector)")
-        _need_vector(name, t, d, 'a vector over the model width', sources)
-    _need_vector('bias', bias, S, 'one logit bias per source', sources)
+        _need_vector(name, t, d, 'a vector over the model width', probe)
+    _need_vector('bias', bias, S, 'one logit bias per source', probe)
     if isinstance(scale, Tensor):
         _need_tensor('scale', scale)
         if scale.numel() != 1: raise ValueError(f"scale must be a scalar, got shape {tuple(scale.shape)}")
     elif isinstance(scale, bool) or not isinstance(scale, (int, float)):
         raise TypeError(f"scale must be a float or a scalar tensor, got {type(scale).__name__}")
     # a learned (tensor) scale is differentiated by the reference; the kernel takes a fixed float
-    if not isinstance(scale, Tensor) and _use_triton('attnres_mix', sources):
+    if not isinstance(scale, Tensor) and _use_triton('attnres_mix', probe):
+        if as_list: sources = torch.stack(sources)                              # [S, B, T, d]
         return _TRITON_IMPLS['attnres_mix'](sources, query, key_weight, out_weight, eps, bias, float(scale), return_all)
+    if as_list: return attnres_mix_list_ref(sources, query, key_weight, out_weight, eps, bias, scale, return_all)
     return attnres_mix_ref(sources, query, key_weight, out_weight, eps, bias, scale, return_all)
 
 # %% ../nbs/03_kernels.ipynb #ea5ba356

@@ -464,7 +464,7 @@ class AttnResBlock(nn.Module):
         self.attn_norm, self.ffn_norm = RMSNorm(d, cfg.norm_eps), RMSNorm(d, cfg.norm_eps)
         self.attn_mix, self.ffn_mix = AttnResMixer(d), AttnResMixer(d)
 
-# %% ../nbs/05_model.ipynb #5a5a35ba
+# %% ../nbs/05_model.ipynb #ce7f2fda
 class _DepthSources:
     "Committed sources, the running partial sum, and a pending skip."
     def __init__(self, embedding: torch.Tensor):
@@ -487,7 +487,7 @@ class _DepthSources:
             raw = srcs[-1]
             p = torch.zeros(*raw.shape[:-1], len(srcs), dtype=raw.dtype, device=raw.device); p[..., -1] = 1
             return rms_norm(raw, out_weight, ATTNRES_EPS), raw, p
-        return attnres_mix(torch.stack(srcs), mixer.query, mixer.key_weight, out_weight, ATTNRES_EPS, return_all=True)
+        return attnres_mix(srcs, mixer.query, mixer.key_weight, out_weight, ATTNRES_EPS, return_all=True)  # a list: no stack on CPU
 
 
 class AttnResTransformer(DepthModel):

@@ -242,3 +242,19 @@ def test_forced_triton_without_triton_installed_is_a_clear_error(monkeypatch):
     monkeypatch.setenv(K.KERNELS_ENV, 'auto')
     x = torch.randn(3)
     assert torch.equal(K.relu_squared(x), K.relu_squared_ref(x))
+
+
+def test_attnres_list_path_equals_the_stacked_reference():
+    "The model passes its sources as a list; the torch path mixes them without stacking: same values and gradients."
+    from depthbench_nb.kernels import attnres_mix, attnres_mix_ref
+    g = torch.Generator().manual_seed(0)
+    srcs = [torch.randn(2, 5, 7, dtype=torch.float64, generator=g, requires_grad=True) for _ in range(6)]
+    q, kw, ow = (torch.randn(7, dtype=torch.float64, generator=g, requires_grad=True) for _ in range(3))
+    bias = torch.randn(6, dtype=torch.float64, generator=g)
+    outs = attnres_mix(srcs, q, kw, ow, 1e-5, bias=bias, scale=0.5, return_all=True)
+    refs = attnres_mix_ref(torch.stack(srcs), q, kw, ow, 1e-5, bias=bias, scale=0.5, return_all=True)
+    for a, b in zip(outs, refs): assert torch.allclose(a, b, atol=1e-12)
+    params = [*srcs, q, kw, ow]
+    ga = torch.autograd.grad(outs[0].square().sum() + outs[1].sum(), params)
+    gb = torch.autograd.grad(refs[0].square().sum() + refs[1].sum(), params)
+    for a, b in zip(ga, gb): assert torch.allclose(a, b, atol=1e-10)
