@@ -218,7 +218,7 @@ def minimise_law(data: LawData, phi: float | None = None, restarts: int = 500, s
     theta = fixed.copy(); theta[free] = best.x
     return _Solution(theta, float(best.fun), np.array(finals), nit)
 
-# %% ../nbs/09_scaling.ipynb #70c15e89
+# %% ../nbs/09_scaling.ipynb #a01e4789
 @dataclass
 class FitResult:
     "One fitted law."
@@ -240,13 +240,15 @@ class FitResult:
     n_at_best: int                 # starts that ended within 1e-6 (relative) of the best J
     residuals: list = field(default_factory=list)   # per r: dict(r, n, mean, max_abs, rmse)
     ci: Optional[dict] = None      # {param: [low, high]} after a bootstrap
+    at_bounds: list = field(default_factory=list)   # fitted θ coordinates on the box's edge: the data do not pin them
 
     def to_dict(self) -> dict:
         "The `fit --json` record."
         d = dict(law=self.law, E=self.E, A=self.A, B=self.B, alpha=self.alpha, beta=self.beta)
         if self.law == 'looped': d['phi'] = self.phi; d['phi_fixed'] = self.phi_fixed
         d.update(huber=self.huber, r2=self.r2, n_points=self.n_points, provenance=self.provenance,
-                 restarts=self.restarts, seed=self.seed, n_at_best=self.n_at_best, residuals=self.residuals)
+                 restarts=self.restarts, seed=self.seed, n_at_best=self.n_at_best, at_bounds=self.at_bounds,
+                 residuals=self.residuals)
         if self.ci is not None: d['ci'] = self.ci
         return d
 
@@ -274,7 +276,8 @@ def residual_stats(data: LawData, theta) -> list[dict]:
 def r_squared(data: LawData, theta) -> float:
     "R² of the fit on raw loss (specs/looped.md §6)."
     pred = predict_loss(theta, data)
-    return float(1 - ((data.loss - pred) ** 2).sum() / ((data.loss - data.loss.mean()) ** 2).sum())
+    total = ((data.loss - data.loss.mean()) ** 2).sum()
+    return float(1 - ((data.loss - pred) ** 2).sum() / total) if total > 0 else float('nan')   # constant loss: undefined
 
 
 def fit_law(data: LawData, phi: float | None = None, restarts: int = 500, seed: int = 0,
@@ -290,7 +293,9 @@ def fit_law(data: LawData, phi: float | None = None, restarts: int = 500, seed: 
                      r2=r_squared(data, sol.theta), n_points=data.n, provenance=data.provenance,
                      theta=[float(t) for t in sol.theta], restarts=restarts, seed=seed,
                      n_at_best=int((sol.finals <= sol.J * (1 + 1e-6) + 1e-18).sum()),
-                     residuals=residual_stats(data, sol.theta))
+                     residuals=residual_stats(data, sol.theta),
+                     at_bounds=[PARAM_NAMES[i] for i in range(6 if looped and phi is None else 5)
+                                if min(sol.theta[i] - LOWER[i], UPPER[i] - sol.theta[i]) < 1e-6])
 
 
 def fit_chinchilla(N, D, loss, restarts: int = 500, seed: int = 0, provenance: str = 'real',

@@ -91,7 +91,11 @@ def test_synthetic_recovery_of_phi(synthetic, synthetic_fit):
     fit = synthetic_fit
     assert fit.provenance == 'synthetic' and fit.n_points == 116
     assert abs(fit.phi - PAPER_LOOPED['phi']) < 0.03 and abs(fit.beta - PAPER_LOOPED['beta']) < 0.03
-    assert fit.r2 > 0.995
+    assert fit.r2 > 0.995 and fit.at_bounds == []
+    # data from a law outside the box (phi = 3.5 > 3): the fit says phi sits on the box's edge
+    outside = synthetic_looped_frame(dict(PAPER_LOOPED, phi=3.5), noise=0.0, seed=0)
+    edge = fit_frame(outside, 'looped', restarts=5, seed=0)
+    assert edge.phi == pytest.approx(3.0) and 'phi' in edge.at_bounds
     # the fit is at least as good as the truth it was generated from
     truth = theta_from_params(**PAPER_LOOPED)
     assert fit.huber <= naive_objective(truth, law_data_from_frame(synthetic, 'looped')) + 1e-12
