@@ -68,7 +68,7 @@ def count_params(cfg: ModelConfig) -> ParamCount:
     return ParamCount(total=backbone + embeddings + d + outside, backbone=backbone, embeddings=embeddings,
                       design_extra=inside + outside)
 
-# %% ../nbs/01_shapes.ipynb #afee5a3d
+# %% ../nbs/01_shapes.ipynb #7fa00cdf
 @dataclass(frozen=True)
 class Shape:
     "One model shape of a grid."
@@ -141,6 +141,9 @@ TINY_DEFAULT_DEPTHS = (4, 8, 16, 32)
 
 
 def get_grid(name: str) -> GridSpec:
+    if name == 'looped':
+        raise ConfigError("the looped grid has no d_model rule: looped models take s, r and a budget C "
+                          "(depthbench_nb.looped.looped_grid_rows; `depthbench-nb shapes --grid looped`); preset 'looped' trains arch 'looped' only")
     if name not in GRIDS: raise _choice_error('grid', name, list(GRIDS) + ['looped'])
     return GRIDS[name]
 
@@ -174,7 +177,7 @@ def shape_for(grid: str, L: int) -> Shape:
         raise ConfigError(f"L={L} is not in grid {grid!r} (depths: {sorted(g.depths)}); pass d_model to train another shape")
     return grid_shapes(grid, depths=(L,))[0]
 
-# %% ../nbs/01_shapes.ipynb #c9aed432
+# %% ../nbs/01_shapes.ipynb #29fd60de
 @dataclass(frozen=True)
 class Preset:
     "A grid with its training budget and batch."
@@ -200,6 +203,8 @@ PRESETS: dict[str, Preset] = {p.name: p for p in [
     Preset('ladder-300m', 'ladder', 2048, 512, 2e-3, tokens_per_param=None, max_steps=5700, description='300M ladder, 5.7k steps'),
     Preset('ladder-500m', 'ladder', 2048, 512, 2e-3, tokens_per_param=None, max_steps=9500, description='500M ladder, 9.5k steps'),
     Preset('1.6b', '1.6b', 2048, 512, 2e-3, tokens_per_param=None, max_steps=30400, description='1.6B, 32B tokens (30.4k steps)'),
+    Preset('looped', 'looped', 2048, 128, 0.014, tokens_per_param=None, data_source='fineweb-edu-100b-shuffle',
+           tokenizer='meta-llama/Llama-2-7b-hf', description='looped paper: B = 2^18 tokens per step, budget set by C (arch looped only)'),
     Preset('tiny', 'tiny', 128, 8, 2e-3, tokens_per_param=None, max_steps=100, eval_every=25, eval_batches=2,
            data_source='sample', tokenizer='bpe:4096', description='CPU-sized: about a minute on 2 cores'),
 ]}
