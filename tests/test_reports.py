@@ -81,9 +81,13 @@ def fixture_study(tmp_path_factory, tiny_data):
         yield root
 
 
-def test_report_notebooks_build_every_artifact(fixture_study):
-    nbs = reports.run_report_notebooks(STUDY, parameters=dict(restarts=4, n_bootstrap=3), progress=False)
+def test_report_notebooks_build_every_artifact(fixture_study, capsys):
+    assert reports.cli_report([STUDY, '--restarts', '4', '--bootstrap', '3', '--json']) == 0   # `depthbench-nb report STUDY`
+    printed = json.loads(capsys.readouterr().out)
     out = fixture_study / STUDY / 'report'
+    assert printed['report_dir'] == str(out) and {f['file'] for f in printed['files']} >= {'depthbench_index.md', 'looped_index.md'}
+    nbs = [out / '20_depthbench_report.ipynb', out / '21_looped_report.ipynb']
+    assert [str(n) for n in nbs] == printed['notebooks']
     for nb_path in nbs:   # the executed notebooks are kept beside the artifacts, and no cell holds an error
         nb = nbformat.read(nb_path, as_version=4)
         errors = [o for c in nb.cells if c.cell_type == 'code' for o in c.get('outputs', []) if o.get('output_type') == 'error']
@@ -149,3 +153,22 @@ def test_study_with_only_failed_runs_and_missing_diagnostics(runs_dir, tmp_path,
     failed = pd.read_csv(tmp_path / 'depthbench_runs_not_completed.csv')
     assert list(failed.status) == ['failed'] and 'boom' in failed.error.iloc[0]
     assert {'depthbench_val_loss', 'depthbench_loss_vs_ratio'} <= rep.built()   # what the completed run allows is still built
+
+
+def test_demo_refuses_bad_workers():
+    with pytest.raises(ConfigError, match='--workers'):
+        reports.cli_demo(['--workers', '0'])
+
+
+def test_demo_extras_complete_the_looped_grid():
+    "The demo's extra looped runs give 6 points per r (Table 1) and one run per case study, without repeating a run."
+    from depthbench_nb.sweep import expand_study, load_study
+    planned = expand_study(load_study('demo'))
+    extra = reports.demo_extra_entries()
+    assert not {e.run_id for e in planned} & {e.run_id for e in extra}
+    looped = [e.run.model for e in planned + extra if e.run.model.arch == 'looped']
+    base = [m for m in looped if reports.looped_variant(m) == 'baseline']
+    assert all(sum(m.recurrence == r for m in base) >= 6 for r in (1, 2, 4))
+    assert {reports.looped_variant(m) for m in looped} == {'baseline', 'tbptt', 'hc', 'additive'}
+    designs = {e.run.model.arch for e in planned} - {'looped'}
+    assert {'preln', 'hc', 'mhc', 'attnres', 'block_attnres'} <= designs
