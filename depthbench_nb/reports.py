@@ -484,7 +484,7 @@ def looped_frame(df: pd.DataFrame) -> pd.DataFrame:
         out['C'] = [named.get(c, c) for c in out['C']]
     return out
 
-# %% ../nbs/09c_reports.ipynb #a5e4849e
+# %% ../nbs/09c_reports.ipynb #2f23a191
 FIT_COLUMNS = ('E', 'A', 'B', 'alpha', 'beta', 'phi', 'huber', 'r2', 'n_points', 'provenance')
 
 
@@ -501,7 +501,8 @@ def _fit_rows(fits: dict, paper: pd.DataFrame, table: str, form_of: Callable = l
         d = f.to_dict()
         form, r = form_of(key)
         pk = _paper_fit(paper, table, form, r)
-        rows.append(dict(fit=str(key), **{k: d.get(k) for k in FIT_COLUMNS},
+        bounds = d.get('at_bounds') or []   # θ on the fitter's box edge: the data do not pin these parameters
+        rows.append(dict(fit=str(key), **{k: d.get(k) for k in FIT_COLUMNS}, at_bounds=', '.join(map(str, bounds)) or 'none',
                          **{f'paper_{q}': pk.get(f'paper_{q}', np.nan) for q in ('E', 'alpha', 'beta', 'phi', 'r2')}))
     return pd.DataFrame(rows)
 
