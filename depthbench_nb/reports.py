@@ -43,7 +43,7 @@ def reference_table(name: str) -> pd.DataFrame:
 # %% ../nbs/09c_reports.ipynb #7cbe616b
 ACCOUNTING_LABEL = 'Accounting from closed forms at the paper shapes: comparable at any scale (no training data involved).'
 PAPER_LABEL = "The paper's numbers (reference only), each with its source."
-PAPER_PRESETS = ('400m', '400m-main', '300m-backbone', 'ladder-200m', 'ladder-300m', 'ladder-500m', '1.6b', 'looped-paper')
+PAPER_PRESETS = ('400m', '400m-main', '300m-backbone', 'ladder-200m', 'ladder-300m', 'ladder-500m', '1.6b', 'looped')
 
 
 @dataclass
