@@ -216,10 +216,10 @@ def test_completion_nll_scores_only_the_completion():
 
 
 # ---- a run folder in, diagnostics out ---------------------------------------------------------------------------------------
-def _checkpointed_run(arch='preln'):
+def _checkpointed_run(arch='preln', data=None):
     from depthbench_nb.runs import write_params
     from depthbench_nb.trainer import make_run_config, run_dir, save_checkpoint
-    run = make_run_config(arch, L=4, d_model=32, preset='tiny', max_steps=1, verbose=False)
+    run = make_run_config(arch, L=4, d_model=32, preset='tiny', max_steps=1, verbose=False, data=data)
     folder = run_dir(run)
     write_params(folder, run)
     model = build_model(run.model)
@@ -232,8 +232,8 @@ def test_run_folder_without_checkpoint_is_a_clear_error(runs_dir):
     with pytest.raises(ConfigError, match='does not exist'): run_diagnostics(runs_dir / 'nowhere')
 
 
-def test_run_diagnostics_writes_tables_and_figures(runs_dir):
-    run, folder, model, save_checkpoint = _checkpointed_run('hc')
+def test_run_diagnostics_writes_tables_and_figures(runs_dir, tiny_data):
+    run, folder, model, save_checkpoint = _checkpointed_run('hc', data=str(tiny_data))
     save_checkpoint(folder, 1, run, model, [], [], {})
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
