@@ -694,7 +694,7 @@ def cli_data(argv=None) -> int:
     emit(s, a.json, title=f'prepared data {a.dir}')
     return 1 if s['checksums'] == 'MISMATCH' else 0
 
-# %% ../nbs/02_data.ipynb #a3f8f11f
+# %% ../nbs/02_data.ipynb #2a07f075
 from collections.abc import Sequence
 
 
@@ -826,7 +826,11 @@ def load_eval_set(name: str, offline: Optional[bool] = None, limit: Optional[int
         _require_hub(f"evaluation set {name!r}", f"one of {', '.join(available_offline())}")
         from datasets import load_dataset
         path, config, split = t.hub
-        rows, source, note = load_dataset(path, config, split=split), f"hub:{path}" + (f"/{config}" if config else '') + f":{split}", ''
+        try: rows = load_dataset(path, config, split=split)
+        except (ConnectionError, OSError) as e:  # no network: say what works offline instead of a library traceback
+            raise ConfigError(f"evaluation set {name!r}: the Hugging Face hub is unreachable ({e}); set HF_HUB_OFFLINE=1 "
+                              f"to use the offline sets: {', '.join(available_offline())}") from e
+        source, note = f"hub:{path}" + (f"/{config}" if config else '') + f":{split}", ''
     pairs = []
     for r in rows:
         if limit is not None and len(pairs) >= limit: break

@@ -40,7 +40,7 @@ def reference_table(name: str) -> pd.DataFrame:
     if name not in REFERENCE_FILES: raise ConfigError(f"unknown reference table {name!r}; valid: {', '.join(REFERENCE_FILES)}")
     return pd.read_csv(package_dir() / 'resources' / 'reference' / REFERENCE_FILES[name])
 
-# %% ../nbs/09c_reports.ipynb #7cbe616b
+# %% ../nbs/09c_reports.ipynb #169f98d4
 ACCOUNTING_LABEL = 'Accounting from closed forms at the paper shapes: comparable at any scale (no training data involved).'
 PAPER_LABEL = "The paper's numbers (reference only), each with its source."
 PAPER_PRESETS = ('400m', '400m-main', '300m-backbone', 'ladder-200m', 'ladder-300m', 'ladder-500m', '1.6b', 'looped')
@@ -716,7 +716,7 @@ def demo_extra_entries(study: str = 'demo') -> list:
     extra = sweep.StudySpec.from_dict(dict(spec.to_dict(), name=study, groups=tuple(sweep.StudyGroup.from_dict(g) for g in DEMO_EXTRA_GROUPS)))
     return sweep.expand_study(extra)
 
-# %% ../nbs/09c_reports.ipynb #ceb15e7f
+# %% ../nbs/09c_reports.ipynb #315e05f3
 DEMO_METRICS = ('angular', 'causal', 'permutation', 'logit_lens', 'mixing', 'dead_zone', 'domain_nll')
 
 
@@ -760,6 +760,8 @@ def demo(workers: Optional[int] = None, executor: str = 'python', restarts: int 
     cores = os.cpu_count() or 1
     workers = workers or max(1, min(2, cores))
     os.environ.setdefault('OMP_NUM_THREADS', str(max(1, cores // workers)))   # the training children share the cores
+    # the demo is offline by design (sample corpus, local BPE, the packaged evaluation sets): never wait on the hub
+    os.environ['HF_HUB_OFFLINE'] = '1'
     say = (lambda m: print(f'[demo] {m}', flush=True)) if progress else (lambda m: None)
     stages, t0, c0 = {}, time.time(), _cpu_s()
 

@@ -389,3 +389,15 @@ def test_encode_pairs_round_trip(td):
     assert len(ids) == 20
     for (c, a), (ci, ai) in zip(pairs, ids):
         assert ci and ai and td.decode(ci) == c and td.decode(ai) == a and max(ci + ai) < td.vocab_size
+
+
+def test_unreachable_hub_for_an_eval_set_is_a_clear_error(monkeypatch):
+    "Online mode with no network: a ConfigError naming HF_HUB_OFFLINE and the offline sets, not a library traceback."
+    import datasets
+    from depthbench_nb.config import ConfigError
+    from depthbench_nb.data import load_eval_set
+    monkeypatch.delenv('HF_HUB_OFFLINE', raising=False)
+    def unreachable(*a, **k): raise ConnectionError("Couldn't reach 'google-research-datasets/mbpp' on the Hub")
+    monkeypatch.setattr(datasets, 'load_dataset', unreachable)
+    with pytest.raises(ConfigError, match='HF_HUB_OFFLINE=1.*humaneval'):
+        load_eval_set('mbpp', offline=False)
