@@ -15,9 +15,10 @@ from pathlib import Path
 from .config import ConfigError, package_dir, repo_root
 
 # %% auto #0
-__all__ = ['COMMANDS', 'format_table', 'emit', 'main', 'notebooks_dir', 'template_notebooks', 'template_path', 'cli_notebooks']
+__all__ = ['COMMANDS', 'format_table', 'parse_literal', 'emit', 'main', 'notebooks_dir', 'template_notebooks', 'template_path',
+           'cli_notebooks']
 
-# %% ../nbs/00a_cli.ipynb #48d84871
+# %% ../nbs/00a_cli.ipynb #1ec7e9ec
 def format_table(rows: list[dict], columns=None) -> str:
     "Rows as an aligned text table."
     if not rows: return '(no rows)'
@@ -30,6 +31,17 @@ def format_table(rows: list[dict], columns=None) -> str:
     widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
     line = lambda vals: '  '.join(v.rjust(w) for v, w in zip(vals, widths))
     return '\n'.join([line(columns), line(['-' * w for w in widths])] + [line(r) for r in cells])
+
+
+def parse_literal(text: str):
+    "A command-line value as int, float, bool, None or (otherwise) the string itself."
+    low = text.strip().lower()
+    if low in ('true', 'false'): return low == 'true'
+    if low in ('none', 'null'): return None
+    for cast in (int, float):
+        try: return cast(text)
+        except ValueError: pass
+    return text
 
 
 def emit(data, as_json: bool, title: str | None = None, columns=None, file=None) -> int:

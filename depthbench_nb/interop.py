@@ -656,21 +656,10 @@ def decode_throughput(model: DepthModel, batch_size: int = 1, prompt_len: int = 
                 decode_tokens_per_s=batch_size * new_tokens / decode_s if new_tokens else float('nan'),
                 kv_cache_bytes=kv_bytes)
 
-# %% ../nbs/09b_interop.ipynb #3db8caf1
-def _option_value(text: str):
-    "A --option value: int, float, bool, None or string."
-    low = text.strip().lower()
-    if low in ('true', 'false'): return low == 'true'
-    if low in ('none', 'null'): return None
-    for cast in (int, float):
-        try: return cast(text)
-        except ValueError: pass
-    return text
-
-
+# %% ../nbs/09b_interop.ipynb #d2d19ea9
 def cli_import_checkpoint(argv=None) -> int:
     "depthbench-nb import-checkpoint SOURCE --arch A [--L L]: an OLMo-core / DepthBench checkpoint as a run folder."
-    from depthbench_nb.cli import emit
+    from depthbench_nb.cli import emit, parse_literal
     p = argparse.ArgumentParser(prog='depthbench-nb import-checkpoint',
                                 description='Import an OLMo-core / DepthBench checkpoint (DCP folder, safetensors, .pt, '
                                             'Hugging Face LLaMA folder, or a hub id when online) as a run folder.')
@@ -692,7 +681,7 @@ def cli_import_checkpoint(argv=None) -> int:
     for item in a.option:
         key, sep, value = item.partition('=')
         if not sep: raise ConfigError(f"--option expects KEY=VALUE, got {item!r}")
-        options[key.strip()] = _option_value(value)
+        options[key.strip()] = parse_literal(value)
     data = None
     if a.data_source or a.tokenizer:
         default = DataConfig()

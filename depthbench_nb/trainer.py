@@ -685,21 +685,10 @@ def load_run(folder) -> tuple[torch.nn.Module, RunConfig]:
     load_checkpoint(ckpts[-1][1], run, model, restore_rng=False)
     return model.eval(), run
 
-# %% ../nbs/07_trainer.ipynb #45541238
-def _literal(s: str):
-    "A command-line value: int, float, bool, None or string."
-    low = s.lower()
-    if low in ('true', 'false'): return low == 'true'
-    if low in ('none', 'null'): return None
-    for conv in (int, float):
-        try: return conv(s)
-        except ValueError: pass
-    return s
-
-
+# %% ../nbs/07_trainer.ipynb #e1eb3e1f
 def cli_train(argv=None) -> int:
     "depthbench-nb train: train one model and write its run record."
-    from depthbench_nb.cli import emit
+    from depthbench_nb.cli import emit, parse_literal
     p = argparse.ArgumentParser(prog='depthbench-nb train', description='Train one model and write its run record (resumes unfinished runs).')
     from depthbench_nb.config import ARCHS
     p.add_argument('--arch', help=f"design: {', '.join(ARCHS)}")
@@ -714,7 +703,7 @@ def cli_train(argv=None) -> int:
     p.add_argument('--r', type=int, help='looped: recurrences'); p.add_argument('--s', type=int, help='looped: width scale (d = 64 s)')
     p.add_argument('--C', type=float, help='looped: FLOP budget')
     for opt, (_, rule) in DESIGN_OPTIONS.items():
-        if opt != 'recurrence': p.add_argument('--' + opt.replace('_', '-'), type=_literal, help=rule)
+        if opt != 'recurrence': p.add_argument('--' + opt.replace('_', '-'), type=parse_literal, help=rule)
     p.add_argument('--eval-every', type=int); p.add_argument('--checkpoint-every', type=int); p.add_argument('--layer-stats-every', type=int)
     p.add_argument('--micro-batch', type=int, help='sequences per forward pass per process')
     p.add_argument('--trackers', default='', help='comma-separated Accelerate trackers: tensorboard, wandb (off by default)')
@@ -730,7 +719,7 @@ def cli_train(argv=None) -> int:
             RunConfig.from_dict({k: v for k, v in json.loads(Path(a.run_config).read_text()).items() if k != 'run_id'})
     else:
         if not a.arch: raise ConfigError('--arch is required (or --run-config)')
-        init_seed = a.init_seed if a.init_seed in ('official', 'tied') else _literal(a.init_seed)
+        init_seed = a.init_seed if a.init_seed in ('official', 'tied') else parse_literal(a.init_seed)
         opts = {o: getattr(a, o) for o in DESIGN_OPTIONS if o != 'recurrence' and getattr(a, o) is not None}
         run = make_run_config(a.arch, L=a.L, d_model=a.d_model, preset=a.preset, lr=a.lr, seed=a.seed, study=a.study, data=a.data,
                               num_processes=a.num_processes, tokens=a.tokens, max_steps=a.max_steps, ratio=a.ratio, r=a.r, s=a.s,
