@@ -13,9 +13,9 @@ from typing import Callable, Optional
 from .config import ARCHS, ConfigError, ModelConfig, _choice_error, ffn_hidden_default, resolve_arch
 
 # %% auto #0
-__all__ = ['GRIDS', 'TINY_DEFAULT_DEPTHS', 'PRESETS', 'SHAPE_COLUMNS', 'ParamCount', 'preln_block_params', 'design_extra_params',
-           'count_params', 'Shape', 'GridSpec', 'solve_d_model', 'get_grid', 'grid_shapes', 'shape_for', 'Preset',
-           'cuda_available', 'resolve_preset', 'shape_rows', 'cli_shapes']
+__all__ = ['GRIDS', 'TINY_DEFAULT_DEPTHS', 'OFFICIAL_STEPS', 'PRESETS', 'SHAPE_COLUMNS', 'ParamCount', 'preln_block_params',
+           'design_extra_params', 'count_params', 'Shape', 'GridSpec', 'solve_d_model', 'get_grid', 'grid_shapes',
+           'shape_for', 'Preset', 'cuda_available', 'resolve_preset', 'shape_rows', 'cli_shapes']
 
 # %% ../nbs/01_shapes.ipynb #0f16156b
 @dataclass(frozen=True)
@@ -195,14 +195,21 @@ class Preset:
     description: str = ''
 
 
+# the official step count of each DepthBench tier (configs/README.md "Training budgets"; pretrain_400m.sh --max-steps=7600)
+OFFICIAL_STEPS = {'400m': 7600, '400m-main': 7600, '300m-backbone': 7600, 'ladder-200m': 3800, 'ladder-300m': 5700,
+                  'ladder-500m': 9500, '1.6b': 30400}
+
 PRESETS: dict[str, Preset] = {p.name: p for p in [
-    Preset('400m', '400m', 2048, 512, 2e-3, description='paper main benchmark: 20 tokens/param (~8B tokens)'),
-    Preset('400m-main', '400m-main', 2048, 512, 2e-3, description="the code's main sweep"),
-    Preset('300m-backbone', '300m-backbone', 2048, 512, 2e-3, description='fixed-backbone control'),
-    Preset('ladder-200m', 'ladder', 2048, 512, 2e-3, tokens_per_param=None, max_steps=3800, description='200M ladder, 3.8k steps'),
-    Preset('ladder-300m', 'ladder', 2048, 512, 2e-3, tokens_per_param=None, max_steps=5700, description='300M ladder, 5.7k steps'),
-    Preset('ladder-500m', 'ladder', 2048, 512, 2e-3, tokens_per_param=None, max_steps=9500, description='500M ladder, 9.5k steps'),
-    Preset('1.6b', '1.6b', 2048, 512, 2e-3, tokens_per_param=None, max_steps=30400, description='1.6B, 32B tokens (30.4k steps)'),
+    Preset('400m', '400m', 2048, 512, 2e-3, tokens_per_param=None, max_steps=OFFICIAL_STEPS['400m'],
+           description='paper main benchmark: 7.6k steps x 512 x 2048 (~8B tokens) for every shape, as the official runs'),
+    Preset('400m-main', '400m-main', 2048, 512, 2e-3, tokens_per_param=None, max_steps=OFFICIAL_STEPS['400m-main'],
+           description="the official code's main sweep (L16-L32 incl. L26/L30), 7.6k steps"),
+    Preset('300m-backbone', '300m-backbone', 2048, 512, 2e-3, tokens_per_param=None, max_steps=OFFICIAL_STEPS['300m-backbone'],
+           description='fixed-backbone control, 7.6k steps (the 400M tier budget)'),
+    Preset('ladder-200m', 'ladder', 2048, 512, 2e-3, tokens_per_param=None, max_steps=OFFICIAL_STEPS['ladder-200m'], description='200M ladder, 3.8k steps'),
+    Preset('ladder-300m', 'ladder', 2048, 512, 2e-3, tokens_per_param=None, max_steps=OFFICIAL_STEPS['ladder-300m'], description='300M ladder, 5.7k steps'),
+    Preset('ladder-500m', 'ladder', 2048, 512, 2e-3, tokens_per_param=None, max_steps=OFFICIAL_STEPS['ladder-500m'], description='500M ladder, 9.5k steps'),
+    Preset('1.6b', '1.6b', 2048, 512, 2e-3, tokens_per_param=None, max_steps=OFFICIAL_STEPS['1.6b'], description='1.6B, 32B tokens (30.4k steps)'),
     Preset('looped', 'looped', 2048, 128, 0.014, tokens_per_param=None, data_source='fineweb-edu-100b-shuffle',
            tokenizer='meta-llama/Llama-2-7b-hf', description='looped paper: B = 2^18 tokens per step, budget set by C (arch looped only)'),
     Preset('tiny', 'tiny', 128, 8, 2e-3, tokens_per_param=None, max_steps=100, eval_every=25, eval_batches=2,
