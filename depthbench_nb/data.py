@@ -35,8 +35,8 @@ __all__ = ['PACKAGE_FILES', 'VAL_FRACTION', 'HUB_SOURCES', 'HUB_ALIASES', 'DEFAU
            'resolve_source', 'LoadedTokenizer', 'parse_tokenizer', 'check_neox', 'train_bpe', 'source_key',
            'load_tokenizer', 'token_dtype', 'encode_documents', 'pack_split', 'default_data_dir', 'data_dir',
            'read_manifest', 'prepare_command', 'prepare', 'TokenData', 'resolve_data', 'cli_data', 'EvalSet',
-           'EvalTask', 'available_offline', 'load_eval_set', 'eval_sets', 'encode_pairs', 'domain_eval_sets',
-           'downstream_eval_sets']
+           'gpqa_shuffle_seed', 'EvalTask', 'available_offline', 'load_eval_set', 'eval_sets', 'encode_pairs',
+           'domain_eval_sets', 'downstream_eval_sets']
 
 # %% ../nbs/02_data.ipynb #478e4f17
 @dataclass(frozen=True)
@@ -713,31 +713,49 @@ class EvalSet(Sequence):
     def __repr__(self): return f"EvalSet({self.name!r}, {self.category}, {len(self)} pairs, from {self.source})"
 
 
+def _lead(context: str, completion: str) -> str:
+    "A space between context and completion when neither side has whitespace there (the official `_ensure_leading_separator`)."
+    if completion and context and not context[-1].isspace() and not completion[0].isspace(): return ' ' + completion
+    return completion
+
+
 def _mbpp(r):
-    tests = '\n'.join(r['test_list'][:3])
-    return (f"You are an expert Python programmer, and here is your task: {r['text']} Your code should pass these tests:\n\n{tests}\n[BEGIN]\n",
-            f"{r['code']}\n[DONE]")
+    tests = list(r.get('test_list') or [])[:3]
+    tests += [''] * (3 - len(tests))                                         # the official prompt always has three test lines
+    code = str(r['code'])
+    return (f"You are an expert Python programmer, and here is your task: {r['text']} Your code should pass these tests:\n\n"
+            f"{tests[0]}\n{tests[1]}\n{tests[2]}\n[BEGIN]\n", code if code.endswith('\n') else code + '\n')
 
 def _humaneval(r): return r['prompt'], r['canonical_solution']
 
 def _sciq(r):
-    support = (r.get('support') or '').strip()
-    return f"Question: {r['question']}\nAnswer:", f" {r['correct_answer']}" + (f"\nExplanation: {support}" if support else '')
+    ctx = f"Question: {r['question']}\nAnswer:"
+    return ctx, _lead(ctx, f"{r['correct_answer']}\nExplanation: {r['support']}")   # as the official script, even when support is empty
+
+
+def gpqa_shuffle_seed(r) -> int:
+    "The official seed of a GPQA record's choice order: the first 8 bytes (big-endian) of sha256 of its Record ID (else its question)."
+    record_id = str(r.get('Record ID') or r['Question'])
+    return int.from_bytes(hashlib.sha256(record_id.encode()).digest()[:8], 'big')
+
 
 def _gpqa(r):
     import random
-    choices = [r['Correct Answer'], r['Incorrect Answer 1'], r['Incorrect Answer 2'], r['Incorrect Answer 3']]
-    choices = [c.strip() for c in choices]; correct = choices[0]
-    seed = int(hashlib.sha256(json.dumps({k: r[k] for k in sorted(r) if isinstance(r[k], str)}, sort_keys=True).encode()).hexdigest()[:16], 16)
-    random.Random(seed).shuffle(choices)
-    letter = 'ABCD'[choices.index(correct)]
-    listing = '\n'.join(f"({'ABCD'[i]}) {c}" for i, c in enumerate(choices))
-    expl = (r.get('Explanation') or '').strip()
-    return (f"Question: {r['Question'].strip()}\nChoices:\n{listing}\nAnswer:",
-            f" ({letter}) {correct}" + (f"\nExplanation: {expl}" if expl else ''))
+    choices = [str(r[k]).strip() for k in ('Correct Answer', 'Incorrect Answer 1', 'Incorrect Answer 2', 'Incorrect Answer 3')]
+    correct = choices[0]
+    random.Random(gpqa_shuffle_seed(r)).shuffle(choices)
+    listing = '\n'.join(f"{'ABCD'[i]}. {c}" for i, c in enumerate(choices))
+    ctx = f"Question: {str(r['Question']).strip()}\nChoices:\n{listing}\nAnswer:"
+    expl = str(r.get('Explanation') or '').strip()
+    return ctx, _lead(ctx, correct + (f"\nExplanation: {expl}" if expl else ''))   # the answer text, not its letter
 
-def _gsm8k(r): return f"Question: {r['question']}\nAnswer:", f" {r['answer']}"
-def _math500(r): return f"Problem: {r['problem']}\nSolution:", f" {r['solution']}"
+def _gsm8k(r):
+    ctx = f"Question: {r['question']}\nAnswer:"
+    return ctx, _lead(ctx, str(r['answer']))
+
+def _math500(r):
+    ctx = f"Problem:\n{r['problem']}\n\nSolution:"
+    return ctx, _lead(ctx, str(r.get('solution') or r.get('answer')))
 def _trivia(r): return f"Question: {r['question']}\nAnswer:", f" {r['answer']['value']}"
 def _nq(r): return f"Question: {r['question']}\nAnswer:", f" {r['answer'][0]}"
 def _boolq(r): return f"{r['passage']}\nQuestion: {r['question']}?\nAnswer:", ' yes' if r['answer'] else ' no'
@@ -847,12 +865,26 @@ def eval_sets(names=None, offline: Optional[bool] = None, limit: Optional[int] =
 
 
 def encode_pairs(pairs: Iterable[tuple[str, str]], tokenizer) -> list[tuple[list[int], list[int]]]:
-    "Token ids of (context, completion) pairs for completion-only NLL: each side encoded on its own, no special tokens."
+    """Token ids of (context, completion) pairs for completion-only NLL, split as lm-eval's `TemplateLM._encode_pair`
+    does: trailing whitespace of the context moves to the completion, context + completion is encoded **jointly**,
+    the context is encoded alone, and the completion is what the joint encoding has after the context's length.
+    An empty context is the end-of-text token (lm-eval's prefix token). No special tokens otherwise."""
     tok = getattr(tokenizer, 'tokenizer', tokenizer)   # a LoadedTokenizer or a tokenizers.Tokenizer (TokenData.tokenizer())
-    pairs = list(pairs)
-    ctx = tok.encode_batch([c for c, _ in pairs], add_special_tokens=False)
-    comp = tok.encode_batch([a for _, a in pairs], add_special_tokens=False)
-    return [(c.ids, a.ids) for c, a in zip(ctx, comp)]
+    split = []
+    for c, a in pairs:
+        n_ws = len(c) - len(c.rstrip())
+        split.append((c[:len(c) - n_ws], c[len(c) - n_ws:] + a) if n_ws else (c, a))
+    whole = tok.encode_batch([c + a for c, a in split], add_special_tokens=False)
+    ctx = tok.encode_batch([c for c, _ in split], add_special_tokens=False)
+    comp = tok.encode_batch([a for _, a in split], add_special_tokens=False)
+    eos = next((i for i in (tok.token_to_id(t) for t in EOS_CANDIDATES) if i is not None), None)
+    out = []
+    for (c, _), w, ce, ae in zip(split, whole, ctx, comp):
+        if not c:   # lm-eval: an empty context is the prefix (end-of-text) token, the completion encoded alone
+            if eos is None: raise ConfigError('an empty context needs an end-of-text token; the tokenizer has none of ' + ', '.join(EOS_CANDIDATES))
+            out.append(([eos], list(ae.ids)))
+        else: out.append((list(ce.ids), list(w.ids[len(ce.ids):])))
+    return out
 
 
 def domain_eval_sets(names=None, offline: Optional[bool] = None, limit: Optional[int] = None) -> dict[str, EvalSet]:

