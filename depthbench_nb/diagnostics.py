@@ -21,19 +21,22 @@ from torch import Tensor
 from .config import ConfigError, ModelConfig, atomic_write_json, atomic_write_text
 
 # %% auto #0
-__all__ = ['CAUSAL_THRESHOLD', 'PERMUTATION_THRESHOLD', 'USEFULNESS_RATIO', 'DEAD_ZONE_THRESHOLD', 'METRICS', 'NLL_METRICS',
-           'last_three_quarters', 'angular_distance_matrix', 'contributions', 'causal_row', 'ScoreSummary',
-           'summarize_causal', 'lm_loss', 'permutation_matrix', 'summarize_permutation', 'layer_pruning', 'usefulness',
-           'spectrum_stats', 'token_collapse', 'logit_lens', 'effective_rank', 'forward_product', 'mixing_stats',
-           'dead_zone', 'sublayer_partial_mass', 'completion_nll', 'nll_by_category', 'measure_latency',
-           'applicable_metrics', 'check_metrics', 'diagnose_model', 'per_layer_rows', 'summary', 'write_diagnostics',
-           'load_checkpointed_run', 'heldout_windows', 'load_nll_sets', 'run_diagnostics', 'cli_diagnose']
+__all__ = ['CAUSAL_THRESHOLD', 'PERMUTATION_THRESHOLD', 'USEFULNESS_RATIO', 'DEAD_ZONE_THRESHOLD', 'DEAD_ZONE_THRESHOLD_SOURCE',
+           'ERANK_CONVENTIONS', 'METRICS', 'NLL_METRICS', 'last_three_quarters', 'angular_distance_matrix',
+           'contributions', 'causal_row', 'ScoreSummary', 'late_pair_fraction', 'summarize_causal', 'lm_loss',
+           'permutation_matrix', 'summarize_permutation', 'layer_pruning', 'usefulness', 'spectrum_stats',
+           'token_collapse', 'readout_states', 'logit_lens', 'effective_rank', 'forward_product', 'direction_overlap',
+           'mixing_stats', 'residual_path_weights', 'dead_zone', 'site_weights', 'sublayer_partial_mass',
+           'completion_nll', 'nll_by_category', 'measure_latency', 'applicable_metrics', 'check_metrics',
+           'diagnose_model', 'per_layer_rows', 'summary', 'write_diagnostics', 'load_checkpointed_run',
+           'heldout_windows', 'load_nll_sets', 'run_diagnostics', 'cli_diagnose']
 
 # %% ../nbs/08_diagnostics.ipynb #02f16891
 CAUSAL_THRESHOLD = 0.45
 PERMUTATION_THRESHOLD = 0.15
 USEFULNESS_RATIO = 1.1
-DEAD_ZONE_THRESHOLD = 0.05
+DEAD_ZONE_THRESHOLD = 0.05   # ours: the paper gives no number for "almost no weight" on the running sum
+DEAD_ZONE_THRESHOLD_SOURCE = 'ours (the paper gives no number)'
 
 
 def last_three_quarters(n_layer: int) -> range:
@@ -96,16 +99,26 @@ def _top_pairs(M: Tensor, k: int = 10) -> list:
     return [(i, j, float(M[i, j])) for i, j in idx[:k]]
 
 
+def late_pair_fraction(M: Tensor, threshold: float) -> tuple[float, int, int]:
+    "(fraction, count above, pairs) over the pairs (i, j), i < j, both in the last 3/4, where M[i, j] is defined."
+    late = last_three_quarters(M.shape[0])
+    vals = [float(M[i, j]) for i in late for j in late if i < j and not math.isnan(M[i, j])]
+    above = sum(v > threshold for v in vals)
+    return above / max(len(vals), 1), above, len(vals)
+
+
 def summarize_causal(C: Tensor, threshold: float = CAUSAL_THRESHOLD) -> ScoreSummary:
-    "Summaries of a causal matrix C[s, l] (NaN outside s < l)."
+    "Summaries of a causal matrix C[s, l] (NaN outside s < l); `frac_above` counts late pairs (s, l) above the threshold."
     L = C.shape[0]
     vals = C[~C.isnan()]
     per_layer = [float(C[s, s + 1:].mean()) if s < L - 1 else float('nan') for s in range(L)]
-    scored = [s for s in last_three_quarters(L) if s < L - 1]                # the last block has no later layer
-    frac = sum(per_layer[s] > threshold for s in scored) / max(len(scored), 1)
+    frac, above, n_pairs = late_pair_fraction(C, threshold)                  # the paper's summary: pairs (s, l)
+    scored = [s for s in last_three_quarters(L) if s < L - 1]                # not the paper's: layers by their mean
+    frac_layers = sum(per_layer[s] > threshold for s in scored) / max(len(scored), 1)
     glob = sum(per_layer[s] for s in range(L - 1)) / (L * math.sqrt(L)) if L > 1 else float('nan')
     return ScoreSummary(_nan_to_none(C), float(vals.mean()), float(vals.max()), per_layer, frac, threshold,
-                        _top_pairs(C), extra=dict(global_score_older=glob))
+                        _top_pairs(C), extra=dict(global_score_older=glob, late_pairs=n_pairs, late_pairs_above=above,
+                                              frac_layers_mean_above=frac_layers))
 
 # %% ../nbs/08_diagnostics.ipynb #481da325
 def lm_loss(logits: Tensor, targets: Tensor, per_row: bool = False) -> Tensor:
@@ -332,6 +345,37 @@ def token_collapse(states: Sequence[Tensor]) -> list[dict]:
     return out
 
 # %% ../nbs/08_diagnostics.ipynb #6f5ec253
+@contextlib.contextmanager
+def _capture_depth_mixes(queries: dict, mixes: dict):
+    "While active, the raw (pre-output-norm) AttnRes mix of every site whose pseudo-query id is a key of `queries` lands in mixes[queries[id]]."
+    import depthbench_nb.model as model_module
+    original = model_module.attnres_mix
+
+    def recording(sources, query, *args, **kwargs):
+        out = original(sources, query, *args, **kwargs)
+        state = queries.get(id(query))
+        if state is not None: mixes[state] = out[1]                          # (normalized, raw, weights): the raw mix
+        return out
+
+    model_module.attnres_mix = recording
+    try: yield
+    finally: model_module.attnres_mix = original
+
+
+def readout_states(model, x: Tensor) -> tuple[Tensor, list[Tensor]]:
+    "(logits, states the logit lens decodes): AttnRes designs give the mix each state's next consumer reads; others their depth states."
+    if getattr(model, 'family', None) != 'attnres':
+        return model(x, return_states=True)
+    queries = {id(blk.attn_mix.query): b for b, blk in enumerate(model.blocks) if b > 0 and hasattr(blk, 'attn_mix')}
+    queries[id(model.final_mix.query)] = model.n_blocks
+    mixes: dict = {}
+    with _capture_depth_mixes(queries, mixes):
+        logits, states = model(x, return_states=True)
+    missing = sorted(set(queries.values()) - set(mixes))
+    if missing: raise ConfigError(f'readout_states: no depth mix was recorded for states {missing}')
+    return logits, [mixes.get(l, s) for l, s in enumerate(states)]
+
+
 def logit_lens(model, states: Sequence[Tensor], targets: Tensor, final_logits: Tensor) -> list[dict]:
     "Early-exit CE, KL to the final distribution and top-5 overlap for every depth state."
     logp_final = F.log_softmax(final_logits.float(), -1)
@@ -348,9 +392,15 @@ def logit_lens(model, states: Sequence[Tensor], targets: Tensor, final_logits: T
     return out
 
 # %% ../nbs/08_diagnostics.ipynb #249a755f
-def effective_rank(M: Tensor) -> Tensor:
-    "exp(entropy of σ/Σσ) of [..., n, n] matrices -> [...]."
+ERANK_CONVENTIONS = {'sv': 'exp(entropy of sigma / sum sigma) (Roy & Vetterli)',
+                     'sv2': 'exp(entropy of sigma^2 / sum sigma^2) (as the official token-collapse script)'}
+
+
+def effective_rank(M: Tensor, convention: str = 'sv') -> Tensor:
+    "exp(entropy of p) of [..., n, n] matrices -> [...], p = σ/Σσ ('sv') or σ²/Σσ² ('sv2')."
+    if convention not in ERANK_CONVENTIONS: raise ConfigError(f"convention must be one of {', '.join(ERANK_CONVENTIONS)}, got {convention!r}")
     s = torch.linalg.svdvals(M.double())
+    if convention == 'sv2': s = s.pow(2)
     p = s / s.sum(-1, keepdim=True).clamp_min(1e-300)
     ent = -(p * torch.where(p > 0, p.log(), torch.zeros_like(p))).sum(-1)
     return ent.exp()
@@ -363,24 +413,116 @@ def forward_product(mix: Tensor) -> Tensor:
     return P
 
 
-def mixing_stats(mix: Tensor) -> dict:
-    "mixing_erank (mean over tokens), distance of the product to uniform, Amax gains."
-    P = forward_product(mix)                                                 # [..., n, n]
+def direction_overlap(P: Tensor) -> Tensor:
+    "Mean |cos| between the rows of [..., n, n] matrices -> [...] (1: every row points the same way)."
+    R = P / P.norm(dim=-1, keepdim=True).clamp_min(1e-300)
+    cos = (R @ R.transpose(-1, -2)).abs()                                    # [..., n, n]
     n = P.shape[-1]
-    er = effective_rank(P)
+    return (cos.sum((-1, -2)) - cos.diagonal(dim1=-2, dim2=-1).sum(-1)) / (n * (n - 1))
+
+
+def mixing_stats(mix: Tensor) -> dict:
+    "Both eranks of the forward product (mean over tokens), their curves over composed depth, direction overlap, spectrum, distance to uniform, Amax."
+    n = mix.shape[-1]
+    P = mix[0].double()
+    curves = dict(erank_sv=[], erank_sv2=[], overlap=[])
+    for k in range(mix.shape[0]):                                            # P_k = H_k ⋯ H_1, k = 1..2L
+        if k: P = mix[k].double() @ P
+        curves['erank_sv'].append(float(effective_rank(P, 'sv').mean()))
+        curves['erank_sv2'].append(float(effective_rank(P, 'sv2').mean()))
+        curves['overlap'].append(float(direction_overlap(P).mean()))
+    er, er2 = effective_rank(P, 'sv'), effective_rank(P, 'sv2')
+    s = torch.linalg.svdvals(P)
     U = torch.full((n, n), 1.0 / n, dtype=P.dtype, device=P.device)
+    flat = lambda t: t.reshape(-1, *t.shape[-1:]) if t.ndim > 1 else t.reshape(1, -1)
     return dict(mixing_erank=float(er.mean()), mixing_erank_std=float(er.std()) if er.numel() > 1 else 0.0,
+                mixing_erank_sv2=float(er2.mean()), erank_conventions=dict(ERANK_CONVENTIONS),
+                direction_overlap=curves['overlap'][-1],
+                spectrum=(flat(s) / flat(s)[:, :1].clamp_min(1e-300)).mean(0).tolist(),
+                by_depth=curves,
                 distance_to_uniform=float((P - U).flatten(-2).norm(dim=-1).mean()),
                 amax_forward=float(P.abs().sum(-1).amax(-1).mean()), amax_backward=float(P.abs().sum(-2).amax(-1).mean()),
                 n_streams=n, n_sites=mix.shape[0])
 
+# %% ../nbs/08_diagnostics.ipynb #8d9197d8
+def _plain_sum_weights(n_sub: int) -> Tensor:
+    W = torch.full((n_sub + 1, n_sub + 1), float('nan'), dtype=torch.float64)
+    for l in range(n_sub + 1): W[l, :l + 1] = 1.0
+    return W
+
+
+def _stream_transport_weights(model, x: Tensor) -> Tensor:
+    "HC/mHC: W[l, j] from the (read, mix, write) of every connector, per token, then averaged."
+    sites, hooks = [], []
+    connectors = [c for blk in model.blocks for c in (blk.attn_hc, blk.ffn_hc)]   # forward order
+    for c in connectors: hooks.append(c.register_forward_hook(lambda m, a, out: sites.append(tuple(t.detach().double() for t in out))))
+    try:
+        with torch.no_grad(): model(x)
+    finally:
+        for h in hooks: h.remove()
+    n_sub, n = len(sites), model.n_streams
+    lead = sites[0][1].shape[:-2]
+    vecs = [torch.ones(*lead, n, dtype=torch.float64, device=x.device)]   # per source: its coefficient vector over the streams
+    W = torch.full((n_sub + 1, n_sub + 1), float('nan'), dtype=torch.float64)
+    for l in range(n_sub + 1):
+        if l < n_sub: read = sites[l][0].expand(*lead, n)
+        else: read = torch.full((*lead, n), 1.0 if model.collapse == 'sum' else 1.0 / n, dtype=torch.float64, device=x.device)
+        for j, v in enumerate(vecs): W[l, j] = float((read * v).sum(-1).mean())
+        if l < n_sub:
+            _, mix, write = sites[l]
+            mix = mix.expand(*lead, n, n)
+            vecs = [(mix @ v.unsqueeze(-1)).squeeze(-1) for v in vecs] + [write.expand(*lead, n)]
+    return W
+
+
+def _depth_softmax_weights(model, x: Tensor) -> Tensor:
+    "AttnRes: W[l, j] = the mean softmax weight of the source that holds source j at site l."
+    weights = [w.double() for w in model.depth_mix_weights(x)]
+    n_sub = model.config.n_sublayers
+    if len(weights) == n_sub:   # no entry for sublayer 0 (which reads the embedding alone)
+        weights = [torch.ones(*weights[0].shape[:-1], 1, dtype=torch.float64, device=x.device)] + weights
+    if len(weights) != n_sub + 1: raise ConfigError(f'depth_mix_weights gave {len(weights)} sites; expected {n_sub + 1} (2L sublayers + the output)')
+    group = [g for g, size in enumerate(model.group_sizes) for _ in range(size)]   # group of each sublayer
+    W = torch.full((n_sub + 1, n_sub + 1), float('nan'), dtype=torch.float64)
+    for l, p in enumerate(weights):
+        p = p.reshape(-1, p.shape[-1]).mean(0)                               # [S] mean over tokens
+        W[l, 0] = p[0]                                                       # the embedding, always source 0
+        for i in range(l if l < n_sub else n_sub):
+            src = 1 + group[i]                                               # committed groups 1.., then the partial
+            if src >= len(p): raise ConfigError(f'site {l} has {len(p)} sources; sublayer {i} would be source {src}')
+            W[l, 1 + i] = p[src]
+    return W
+
+
+def residual_path_weights(model, x: Tensor) -> dict:
+    "W [2L+1, 2L+1]: weight of the embedding (col 0) and of each sublayer output f_i (col i+1) in each sublayer input (row l; row 2L: the output)."
+    family = getattr(model, 'family', 'residual')
+    n_sub = 2 * model.n_blocks
+    if family == 'residual':
+        if any(getattr(b, 'alpha', 1.0) != 1.0 for b in model.blocks):
+            raise ConfigError(f'residual-path weights need a stream that is a plain sum of sublayer outputs; {model.config.arch} '
+                              'scales and renormalises its stream after every sublayer (post-norm), so no fixed weights exist')
+        W, kind = _plain_sum_weights(n_sub), 'plain sum: every earlier output with weight 1'
+    elif family == 'multistream': W, kind = _stream_transport_weights(model, x), 'stream transport a_l^T M ... M b_i, mean over tokens'
+    elif family == 'attnres': W, kind = _depth_softmax_weights(model, x), 'depth-softmax weight of the source holding f_i, mean over tokens'
+    else: raise ConfigError(f'residual-path weights apply to the residual, multistream and attnres families, not {family!r}')
+    return dict(matrix=_nan_to_none(W), kind=kind, rows='sublayer inputs 0..2L-1, then the output',
+                cols='the embedding, then sublayer outputs f_0..f_{2L-1}')
+
 # %% ../nbs/08_diagnostics.ipynb #68364682
 def dead_zone(partial_mass: Sequence[Optional[float]], threshold: float = DEAD_ZONE_THRESHOLD) -> dict:
     "Sublayers from 1 up to the first site whose partial-sum mass reaches `threshold` (mass[k] per sublayer k; None = no partial)."
+    source = DEAD_ZONE_THRESHOLD_SOURCE if threshold == DEAD_ZONE_THRESHOLD else 'ours (set by the caller)'
     if all(m is None for m in partial_mass):  # one sublayer per block (Full AttnRes): there is no running partial sum
-        return dict(dead_sublayers=None, dead_layers=None, threshold=threshold, note='no site has a running partial sum')
+        return dict(dead_sublayers=None, dead_layers=None, threshold=threshold, threshold_source=source,
+                    note='no site has a running partial sum')
     first = next((k for k, m in enumerate(partial_mass) if k >= 1 and m is not None and m >= threshold), len(partial_mass))
-    return dict(dead_sublayers=first - 1, dead_layers=(first - 1) / 2, threshold=threshold)
+    return dict(dead_sublayers=first - 1, dead_layers=(first - 1) / 2, threshold=threshold, threshold_source=source)
+
+
+def site_weights(weights: Sequence[Tensor]) -> list[list[float]]:
+    "Mean depth-softmax weights over the sources of every site (sources in order: embedding, committed blocks, partial)."
+    return [w.reshape(-1, w.shape[-1]).double().mean(0).tolist() for w in weights]
 
 
 def sublayer_partial_mass(weights: Sequence[Tensor], cfg: ModelConfig) -> list[Optional[float]]:
@@ -402,22 +544,37 @@ def sublayer_partial_mass(weights: Sequence[Tensor], cfg: ModelConfig) -> list[O
     return mass
 
 # %% ../nbs/08_diagnostics.ipynb #64cf727a
-def completion_nll(model, pairs: Sequence[tuple[Sequence[int], Sequence[int]]], max_len: Optional[int] = None) -> dict:
-    "Completion-only NLL over (context ids, completion ids) pairs; contexts are cut from the left to fit max_len."
+def completion_nll(model, pairs: Sequence[tuple[Sequence[int], Sequence[int]]], max_len: Optional[int] = None,
+                   batch_size: int = 8) -> dict:
+    "Completion-only NLL over (context ids, completion ids) pairs, scored as lm-eval does (left-cut to max_len + 1 tokens), in batches."
     if not pairs: raise ConfigError('completion_nll needs at least one (context, completion) pair')
+    if batch_size < 1: raise ConfigError(f'batch_size must be >= 1, got {batch_size}')
+    items, truncated, cut = [], 0, 0
+    for ctx, comp in pairs:
+        if len(comp) == 0: continue
+        ids = list(ctx) + list(comp)
+        if max_len is not None and len(ids) > max_len + 1:
+            ids = ids[-(max_len + 1):]; truncated += 1
+        k = min(len(comp), len(ids) - 1)                                     # completion tokens inside the window
+        cut += k < len(comp)
+        items.append((ids, k))
+    dev = next(model.parameters()).device
     nll, n = 0.0, 0
+    order = sorted(range(len(items)), key=lambda i: len(items[i][0]))       # similar lengths share a batch
     with torch.no_grad():
-        for ctx, comp in pairs:
-            if len(comp) == 0: continue
-            ids = list(ctx) + list(comp)
-            if max_len is not None and len(ids) > max_len + 1: ids = ids[-(max_len + 1):]
-            dev = next(model.parameters()).device
-            x = torch.tensor(ids[:-1], device=dev).unsqueeze(0); y = torch.tensor(ids[1:], device=dev)
-            logp = F.log_softmax(model(x)[0].float(), -1)                     # [T, V]
-            tok = -logp.gather(-1, y.unsqueeze(-1)).squeeze(-1)               # [T]
-            k = min(len(comp), len(tok))
-            nll += float(tok[-k:].sum()); n += k
-    return dict(nll_sum=nll, tokens=n, nll_mean=nll / max(n, 1), perplexity=math.exp(nll / max(n, 1)))
+        for start in range(0, len(order), batch_size):
+            batch = [items[i] for i in order[start:start + batch_size]]
+            T = max(len(ids) - 1 for ids, _ in batch)
+            x = torch.zeros(len(batch), T, dtype=torch.long, device=dev)    # right padding: causal models ignore it
+            for r, (ids, _) in enumerate(batch): x[r, :len(ids) - 1] = torch.tensor(ids[:-1], device=dev)
+            logits = model(x).float()                                        # [B, T, V]
+            for r, (ids, k) in enumerate(batch):
+                t = len(ids) - 1
+                lg = logits[r, t - k:t]                                      # [k, V]: the positions predicting the completion
+                tgt = torch.tensor(ids[-k:], device=dev).unsqueeze(-1)
+                nll += float((torch.logsumexp(lg, -1) - lg.gather(-1, tgt).squeeze(-1)).sum()); n += k
+    return dict(nll_sum=nll, tokens=n, nll_mean=nll / max(n, 1), perplexity=math.exp(nll / max(n, 1)),
+                examples=len(pairs), examples_truncated=truncated, completions_cut=cut)
 
 
 def nll_by_category(results: dict, categories: dict) -> dict:
@@ -459,14 +616,16 @@ def measure_latency(model, seq_len: int, vocab_size: int, n_repeat: int = 3, dec
 
 # %% ../nbs/08_diagnostics.ipynb #c7f9bee2
 METRICS = ('angular', 'causal', 'permutation', 'pruning', 'usefulness', 'collapse', 'logit_lens', 'mixing', 'dead_zone',
-           'latency', 'domain_nll', 'downstream_nll')
+           'residual_path', 'latency', 'domain_nll', 'downstream_nll')
 NLL_METRICS = {'domain_nll': 'domain', 'downstream_nll': 'downstream'}   # metric -> evaluation-set group of depthbench_nb.data
-_APPLIES = {'mixing': ('multistream',), 'dead_zone': ('block_attnres',), 'usefulness': ('residual', 'multistream')}
+_APPLIES = {'mixing': ('multistream',), 'dead_zone': ('block_attnres',), 'usefulness': ('residual', 'multistream'),
+            'residual_path': ('residual', 'multistream', 'attnres')}
 
 
 _WHY = {'mixing': ' (the effective rank of residual mixing needs several streams)',
         'dead_zone': ' (the partial-sum dead zone needs block-grouped depth sources)',
-        'usefulness': ' (the affine replacement needs blocks that map one state tensor to the next; AttnRes blocks read depth sources and looped blocks are reused)'}
+        'usefulness': ' (the affine replacement needs blocks that map one state tensor to the next; AttnRes blocks read depth sources and looped blocks are reused)',
+        'residual_path': ' (the weights of sublayer outputs in later inputs; looped models reuse their sublayers)'}
 
 
 def applicable_metrics(cfg: ModelConfig) -> tuple[str, ...]:
@@ -528,7 +687,11 @@ def diagnose_model(model, cfg: ModelConfig, x: Tensor, y: Tensor, metrics=None, 
             if explicit: raise
             out['skipped'] = out.get('skipped', {}) | dict(usefulness=str(e))   # default set: say why, keep going
     if 'collapse' in metrics: progress('token collapse'); out['collapse'] = token_collapse(states)
-    if 'logit_lens' in metrics: progress('logit lens'); out['logit_lens'] = logit_lens(model, states, y, logits)
+    if 'logit_lens' in metrics:   # AttnRes designs decode what each state's next consumer reads (the official readout states)
+        progress('logit lens')
+        with torch.no_grad(): _, readable = readout_states(model, x)
+        out['logit_lens'] = logit_lens(model, readable, y, logits)
+        out['logit_lens_readout'] = 'next consumer depth mix' if getattr(model, 'family', None) == 'attnres' else 'depth state'
     if 'mixing' in metrics:
         progress('residual mixing')
         with torch.no_grad(): out['mixing'] = mixing_stats(model.mixing_matrices(x))
@@ -536,17 +699,25 @@ def diagnose_model(model, cfg: ModelConfig, x: Tensor, y: Tensor, metrics=None, 
         progress('dead zone')
         with torch.no_grad(): weights = model.depth_mix_weights(x)
         mass = sublayer_partial_mass(weights, cfg)
-        out['dead_zone'] = dead_zone(mass) | dict(partial_mass=mass)
+        out['dead_zone'] = dead_zone(mass) | dict(partial_mass=mass, site_weights=site_weights(weights))
+    if 'residual_path' in metrics:
+        progress('residual-path weights')
+        try: out['residual_path'] = residual_path_weights(model, x)
+        except ConfigError as e:
+            if explicit: raise
+            out['skipped'] = out.get('skipped', {}) | dict(residual_path=str(e))   # post-norm designs: no fixed weights
     if 'latency' in metrics:
         progress('latency')
         out['latency'] = measure_latency(model, latency_seq_len or int(x.shape[1]), cfg.vocab_size, decode_tokens=8)
     for m, group in NLL_METRICS.items():
         if m not in metrics: continue
         sets = (domain_sets or {}).get(group)
-        if not sets: raise ConfigError(f"metric {m} needs evaluation sets: domain_sets={{'{group}': {{name: (category, [(context ids, completion ids), ...])}}}}")
+        if not sets: raise ConfigError(f"metric {m} needs evaluation sets: domain_sets={{'{group}': {{name: (category, [(context ids, completion ids), ...][, meta])}}}}")
         progress(f'{group} NLL')
-        per_set = {name: completion_nll(model, pairs, max_len=cfg.max_seq_len) | dict(category=cat) for name, (cat, pairs) in sets.items()}
-        out[m] = dict(sets=per_set, by_category=nll_by_category(per_set, {n: c for n, (c, _) in sets.items()}))
+        per_set = {}
+        for name, (cat, pairs, *meta) in sets.items():   # meta (optional): where the rows came from, stand-ins, limits
+            per_set[name] = completion_nll(model, pairs, max_len=cfg.max_seq_len) | dict(category=cat) | (meta[0] if meta else {})
+        out[m] = dict(sets=per_set, by_category=nll_by_category(per_set, {n: v[0] for n, v in sets.items()}))
     return out
 
 # %% ../nbs/08_diagnostics.ipynb #84167ea7
@@ -572,7 +743,8 @@ def summary(res: dict) -> dict:
     if 'causal' in res: s |= dict(causal_mean=res['causal']['mean'], causal_max=res['causal']['max'], causal_frac_late_above=res['causal']['frac_above'])
     if 'permutation' in res: s |= dict(permutation_mean=res['permutation']['mean'], permutation_frac_late_above=res['permutation']['frac_above'])
     if 'usefulness' in res: s['usefulness_global'] = res['usefulness']['global_score']
-    if 'mixing' in res: s |= dict(mixing_erank=res['mixing']['mixing_erank'], mixing_distance_to_uniform=res['mixing']['distance_to_uniform'])
+    if 'mixing' in res: s |= dict(mixing_erank=res['mixing']['mixing_erank'], mixing_erank_sv2=res['mixing'].get('mixing_erank_sv2'),
+                                  mixing_distance_to_uniform=res['mixing']['distance_to_uniform'])
     if 'dead_zone' in res: s['dead_zone_layers'] = res['dead_zone']['dead_layers']
     if 'latency' in res: s |= dict(prefill_s=res['latency']['prefill_s'], decode_tokens_per_s=res['latency']['decode_tokens_per_s'])
     if res.get('costs'): s |= dict(prefill_flops_4096=res['costs']['prefill_flops'], kv_cache_bytes_4096=res['costs']['kv_cache_bytes'])
@@ -650,21 +822,23 @@ def heldout_windows(run, n_samples: int, seq_len: int, seed: int = 0) -> tuple[T
     return torch.as_tensor(x).long(), torch.as_tensor(y).long()
 
 
-def load_nll_sets(run, groups, limit: Optional[int] = 64) -> dict:
-    "Evaluation sets of `depthbench_nb.data` for the NLL metrics, tokenized with the run's tokenizer: {group: {name: (category, pairs)}}."
+def load_nll_sets(run, groups, limit: Optional[int] = None) -> dict:
+    "Evaluation sets of `depthbench_nb.data` for the NLL metrics, tokenized with the run's tokenizer: {group: {name: (category, pairs, meta)}}."
     from depthbench_nb.data import TokenData, encode_pairs, eval_sets, resolve_data
     tok = TokenData(resolve_data(run.data, auto_prepare=False)).tokenizer()
     out = {}
     for group in groups:
         sets = eval_sets(group=group, limit=limit)
         if not sets: raise ConfigError(f'no {group} evaluation set can be built here (offline?); see depthbench_nb.data.available_offline()')
-        out[group] = {name: (es.category, encode_pairs(es.pairs, tok)) for name, es in sets.items()}
+        out[group] = {name: (es.category, encode_pairs(es.pairs, tok),
+                             dict(source=es.source, note=es.note, limit=limit, full_set=limit is None or len(es) < limit))
+                      for name, es in sets.items()}
     return out
 
 
 def run_diagnostics(run_dir, metrics=None, n_samples: int = 16, seq_len: Optional[int] = 256, seed: int = 0,
                     figures: bool = True, permutation_method: str = 'auto', domain_sets: Optional[dict] = None,
-                    eval_limit: Optional[int] = 64, device: Optional[str] = None, progress: bool = False) -> dict:
+                    eval_limit: Optional[int] = None, device: Optional[str] = None, progress: bool = False) -> dict:
     "Diagnose a run's last checkpoint on held-out windows; writes tables and figures into <run_dir>/diagnostics/."
     if n_samples < 1: raise ConfigError(f'n_samples must be >= 1, got {n_samples}')
     model, run = load_checkpointed_run(run_dir)
@@ -697,7 +871,7 @@ def cli_diagnose(argv=None) -> int:
     p.add_argument('--seq-len', type=int, default=256, help='window length (default 256, capped at the training length)')
     p.add_argument('--seed', type=int, default=0, help='seed of the held-out windows (default 0)')
     p.add_argument('--permutation-method', default='auto', help="auto | shared | naive (default auto)")
-    p.add_argument('--eval-limit', type=int, default=64, help='pairs per evaluation set for domain_nll / downstream_nll (default 64)')
+    p.add_argument('--eval-limit', type=int, default=None, help='pairs per evaluation set for domain_nll / downstream_nll (default: the full sets, as the official script)')
     p.add_argument('--device', default=None, help='cpu | cuda | cuda:N (default: cuda when present)')
     p.add_argument('--no-figures', action='store_true', help='write tables only')
     p.add_argument('--json', action='store_true', help='machine-readable JSON output')

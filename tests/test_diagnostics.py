@@ -86,8 +86,14 @@ def test_summaries_and_thresholds():
     for s in range(L - 1): C[s, s + 1:] = 0.5 if s >= 4 else 0.1
     sc = summarize_causal(C)
     assert list(last_three_quarters(L)) == [2, 3, 4, 5, 6, 7]
-    # late layers with a successor: 2..6; above 0.45: 4, 5, 6 -> 3/5
-    assert sc.frac_above == pytest.approx(3 / 5) and sc.per_layer[4] == 0.5 and math.isnan(sc.per_layer[7])
+    # the paper counts late pairs (s, l), s < l, both in 2..7: C(6, 2) = 15; above 0.45 those with s >= 4: 3 + 2 + 1 = 6
+    assert sc.frac_above == pytest.approx(6 / 15) and (sc.extra['late_pairs'], sc.extra['late_pairs_above']) == (15, 6)
+    assert sc.per_layer[4] == 0.5 and math.isnan(sc.per_layer[7])
+    # by per-layer means (not the paper's summary, kept under its own name): late layers with a successor 2..6, above: 4, 5, 6
+    assert sc.extra['frac_layers_mean_above'] == pytest.approx(3 / 5)
+    # a single late pair above the threshold among 15 moves the fraction by exactly 1/15; one outside the late blocks not at all
+    C2 = C.clone(); C2[2, 3] = 0.9; C2[0, 1] = 0.9
+    assert summarize_causal(C2).frac_above == pytest.approx(7 / 15)
     P = torch.full((L, L), float('nan'), dtype=torch.float64)
     for i in range(L):
         for j in range(i + 1, L): P[i, j] = 0.2 if j == 7 else 0.0
