@@ -19,8 +19,8 @@ from .shapes import GRIDS, count_params, grid_shapes
 # %% auto #0
 __all__ = ['backbone_matmul_params', 'lm_head_params', 'olmo_core_flops_per_token', 'attnres_block_starts',
            'attnres_sources_per_site', 'design_forward_flops_per_token', 'train_flops_per_token', 'prefill_flops',
-           'kv_cache_bytes', 'MemoryEstimate', 'activation_bytes', 'memory_estimate', 'cost_row', 'measured_costs',
-           'latency_row', 'cli_costs']
+           'kv_cache_bytes', 'depth_cache_bytes', 'MemoryEstimate', 'activation_bytes', 'memory_estimate', 'cost_row',
+           'measured_costs', 'latency_row', 'cli_costs']
 
 # %% ../nbs/08a_costs.ipynb #c13fd6ab
 def backbone_matmul_params(cfg: ModelConfig) -> int:
@@ -128,12 +128,17 @@ def prefill_flops(cfg: ModelConfig, seq_len: int) -> float:
 
 # %% ../nbs/08a_costs.ipynb #545361ac
 def kv_cache_bytes(cfg: ModelConfig, seq_len: int, bytes_per_elem: int = 2) -> int:
-    "KV-cache bytes for one T-token sequence (MoDA: plus its depth cache; looped: every executed layer)."
+    "KV-cache bytes for one T-token sequence, as the paper defines it (the same for every design at a shape; looped: every executed layer)."
     _check_seq_len(seq_len)
     kv = cfg.n_kv_head * cfg.head_dim
-    out = 2 * cfg.n_layer * seq_len * kv * bytes_per_elem     # n_layer = executed layers for looped models too
-    if cfg.arch == 'moda': out += 2 * seq_len * cfg.n_sublayers * kv * bytes_per_elem
-    return int(out)
+    return int(2 * cfg.n_layer * seq_len * kv * bytes_per_elem)     # n_layer = executed layers for looped models too
+
+
+def depth_cache_bytes(cfg: ModelConfig, seq_len: int, bytes_per_elem: int = 2) -> int:
+    "MoDA's depth cache for one T-token sequence (K, V of [T, 2L, n_kv, d_h]); 0 for every other design."
+    _check_seq_len(seq_len)
+    if cfg.arch != 'moda': return 0
+    return int(2 * seq_len * cfg.n_sublayers * cfg.n_kv_head * cfg.head_dim * bytes_per_elem)
 
 
 @dataclass(frozen=True)
@@ -175,6 +180,7 @@ def cost_row(cfg: ModelConfig, seq_len: int = 4096, train_seq_len: int = 2048) -
                 train_flops_per_token=train_flops_per_token(cfg, train_seq_len),
                 olmo_core_flops_per_token=(None if cfg.family == 'looped' else olmo_core_flops_per_token(cfg, train_seq_len)),
                 prefill_flops=prefill_flops(cfg, seq_len), kv_cache_bytes=kv_cache_bytes(cfg, seq_len),
+                depth_cache_bytes=depth_cache_bytes(cfg, seq_len),
                 param_bytes=mem.params, optimizer_bytes=mem.optimizer, activation_bytes=mem.activations_per_sequence)
 
 

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
 from depthbench_nb.config import ConfigError, ModelConfig
-from depthbench_nb.costs import (attnres_sources_per_site, cli_costs, cost_row, design_forward_flops_per_token,
+from depthbench_nb.costs import (attnres_sources_per_site, cli_costs, cost_row, depth_cache_bytes, design_forward_flops_per_token,
                                  kv_cache_bytes, olmo_core_flops_per_token, prefill_flops, train_flops_per_token)
 from depthbench_nb.shapes import shape_for
 
@@ -86,9 +86,13 @@ def test_attnres_sources_match_the_model():
         assert [w.shape[-1] for w in weights][1:] == expected[1:]   # sublayer 0 reads the embedding alone
 
 
-def test_moda_kv_cache_includes_the_depth_cache():
-    cfg = ModelConfig(arch='moda', **TINY)
-    assert kv_cache_bytes(cfg, 4) == kv_cache_bytes(ModelConfig(arch='preln', **TINY), 4) + 2 * 4 * 4 * 8 * 2
+def test_moda_depth_cache_is_its_own_column():
+    "The paper's KV cache is the same for every design at a shape; MoDA's depth cache is a separate, labelled number."
+    moda, preln = ModelConfig(arch='moda', **TINY), ModelConfig(arch='preln', **TINY)
+    assert kv_cache_bytes(moda, 4) == kv_cache_bytes(preln, 4) == 2 * 2 * 4 * 8 * 2
+    assert depth_cache_bytes(moda, 4) == 2 * 4 * 4 * 8 * 2 and depth_cache_bytes(preln, 4) == 0   # K, V x T x 2L slots x width x bf16
+    row = cost_row(moda, seq_len=4)
+    assert row['kv_cache_bytes'] == kv_cache_bytes(preln, 4) and row['depth_cache_bytes'] == depth_cache_bytes(moda, 4)
 
 
 def test_looped_flops_match_the_paper_closed_form():
