@@ -619,13 +619,14 @@ METRICS = ('angular', 'causal', 'permutation', 'pruning', 'usefulness', 'collaps
            'residual_path', 'latency', 'domain_nll', 'downstream_nll')
 NLL_METRICS = {'domain_nll': 'domain', 'downstream_nll': 'downstream'}   # metric -> evaluation-set group of depthbench_nb.data
 _APPLIES = {'mixing': ('multistream',), 'dead_zone': ('block_attnres',), 'usefulness': ('residual', 'multistream'),
-            'residual_path': ('residual', 'multistream', 'attnres')}
+            'residual_path': ('preln', 'periln', 'lns', 'moda', 'multistream', 'attnres')}   # plain-sum streams; not post-norm (deepnorm, keel)
 
 
 _WHY = {'mixing': ' (the effective rank of residual mixing needs several streams)',
         'dead_zone': ' (the partial-sum dead zone needs block-grouped depth sources)',
         'usefulness': ' (the affine replacement needs blocks that map one state tensor to the next; AttnRes blocks read depth sources and looped blocks are reused)',
-        'residual_path': ' (the weights of sublayer outputs in later inputs; looped models reuse their sublayers)'}
+        'residual_path': (' (fixed weights of sublayer outputs in later inputs exist only where the stream is a plain sum of them or a '
+                          'linear transport; post-norm designs renormalise it, looped models reuse their sublayers)')}
 
 
 def applicable_metrics(cfg: ModelConfig) -> tuple[str, ...]:
@@ -702,10 +703,7 @@ def diagnose_model(model, cfg: ModelConfig, x: Tensor, y: Tensor, metrics=None, 
         out['dead_zone'] = dead_zone(mass) | dict(partial_mass=mass, site_weights=site_weights(weights))
     if 'residual_path' in metrics:
         progress('residual-path weights')
-        try: out['residual_path'] = residual_path_weights(model, x)
-        except ConfigError as e:
-            if explicit: raise
-            out['skipped'] = out.get('skipped', {}) | dict(residual_path=str(e))   # post-norm designs: no fixed weights
+        out['residual_path'] = residual_path_weights(model, x)
     if 'latency' in metrics:
         progress('latency')
         out['latency'] = measure_latency(model, latency_seq_len or int(x.shape[1]), cfg.vocab_size, decode_tokens=8)

@@ -23,10 +23,15 @@ from .config import ConfigError, atomic_write_text, package_dir, runs_root
 
 # %% auto #0
 __all__ = ['REFERENCE_FILES', 'ACCOUNTING_LABEL', 'PAPER_LABEL', 'PAPER_PRESETS', 'RUN_COLUMNS', 'DEPTHBENCH_ARTIFACTS',
-           'LOOPED_ARTIFACTS', 'FIT_COLUMNS', 'REPORT_NOTEBOOKS', 'DEMO_EXTRA_GROUPS', 'DEMO_METRICS',
-           'reference_table', 'Scale', 'study_scale', 'markdown_table', 'Report', 'normalize_runs', 'scan_study',
-           'study_table', 'completed', 'run_folder', 'load_diagnostics', 'best_lr_rows', 'status_section',
-           'depthbench_loss_section', 'depthbench_diagnostics_section', 'depthbench_costs_section',
+           'PAPER_SOURCE', 'SCALE_PRESETS', 'ESTIMATE_LABEL', 'DEPTHBENCH_PAPER_ITEMS', 'LOOPED_ARTIFACTS',
+           'FIT_COLUMNS', 'REPORT_NOTEBOOKS', 'DEMO_EXTRA_GROUPS', 'DEMO_METRICS', 'reference_table', 'Scale',
+           'study_scale', 'markdown_table', 'Report', 'normalize_runs', 'scan_study', 'study_table', 'completed',
+           'run_folder', 'load_diagnostics', 'best_lr_rows', 'status_section', 'PaperPlan', 'planned_steps',
+           'planned_tokens', 'run_comparability', 'RunScale', 'depthbench_paper_plan', 'with_comparability',
+           'depthbench_loss_section', 'depthbench_scales_section', 'depthbench_heatmap_section',
+           'depthbench_threshold_section', 'depthbench_mixing_section', 'depthbench_residual_path_section',
+           'depthbench_pruning_lens_section', 'depthbench_dead_zone_section', 'depthbench_domain_nll_section',
+           'depthbench_diagnostics_section', 'depthbench_costs_section', 'depthbench_paper_index',
            'build_depthbench_report', 'looped_variant', 'looped_frame', 'looped_fit_sections',
            'looped_ablation_sections', 'build_looped_report', 'show_report', 'run_report_notebooks', 'cli_report',
            'demo_extra_entries', 'diagnose_study', 'demo', 'cli_demo']
@@ -107,9 +112,13 @@ class Report:
     def figure(self, fig, name: str, caption: str):
         import matplotlib.pyplot as plt
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        fig.suptitle(f'{caption}\n{self.scale.label}', fontsize=7)
-        with warnings.catch_warnings():   # leave room for the two-line title above the panels
-            warnings.simplefilter('ignore'); fig.tight_layout(rect=(0, 0, 1, 0.93))
+        import textwrap   # long captions (what a figure rebuilds and what differs) wrap to the figure's width
+        width = max(60, int(fig.get_figwidth() * 17))
+        lines = textwrap.wrap(caption, width) + textwrap.wrap(self.scale.label, width)
+        fig.suptitle('\n'.join(lines), fontsize=7)
+        top = max(0.5, 1 - (0.11 * len(lines) + 0.05) / fig.get_figheight())   # about 0.11 inch per 7-point line
+        with warnings.catch_warnings():   # leave room for the title above the panels
+            warnings.simplefilter('ignore'); fig.tight_layout(rect=(0, 0, 1, top))
         for ext in ('png', 'svg'):
             tmp = self.out_dir / f'.{name}.tmp.{ext}'
             fig.savefig(tmp, dpi=110, bbox_inches='tight', format=ext)
@@ -231,12 +240,103 @@ def status_section(rep: Report, df: pd.DataFrame, family_mask) -> pd.DataFrame:
         rep.note_missing('every result section', f'none of the {len(sub)} runs completed (statuses: {", ".join(counts.status)})')
     return sub
 
+# %% ../nbs/09c_reports.ipynb #0283ec9b
+@dataclass(frozen=True)
+class PaperPlan:
+    "What the paper trained for the cell its number belongs to: shape, planned tokens, completed steps."
+    label: str                      # e.g. '400M main benchmark, L32: Table 3 shape, 7,600 steps x 512 x 2048 tokens'
+    shape: dict                     # run fields that must match exactly, e.g. {'n_layer': 32, 'd_model': 896}
+    tokens: Optional[float] = None  # planned training tokens
+    steps: Optional[int] = None     # optimizer steps the run must have completed
+    tokens_rel_tol: float = 0.005   # planned tokens within 0.5%
+
+
+def _num(v) -> Optional[float]:
+    try: v = float(v)
+    except (TypeError, ValueError): return None
+    return None if math.isnan(v) else v
+
+
+def _record_value(record, key: str):
+    "A field of a run record under its plain, `model.` or `train.` name (n_layer also as L)."
+    for k in (key, f'model.{key}', f'train.{key}') + (('L',) if key == 'n_layer' else ()):
+        v = record.get(k) if hasattr(record, 'get') else None
+        if v is not None and not (isinstance(v, float) and math.isnan(v)): return v
+    return None
+
+
+def planned_steps(record) -> Optional[int]:
+    "Optimizer steps a run record planned, as the trainer computes them (max_steps, else tokens, else tokens_per_param x Pre-LN params)."
+    if _num(record.get('planned_steps')) is not None: return int(_num(record['planned_steps']))
+    if _num(record.get('train.max_steps')) is not None: return int(_num(record['train.max_steps']))
+    gb, T = _num(record.get('train.global_batch')), _num(record.get('train.seq_len'))
+    if gb is None or T is None: return None
+    if _num(record.get('train.tokens')) is not None: return max(1, round(_num(record['train.tokens']) / (gb * T)))
+    tpp = _num(record.get('train.tokens_per_param'))
+    fields = {k: _num(_record_value(record, k)) for k in ('n_layer', 'd_model', 'n_head', 'n_kv_head', 'ffn_hidden', 'vocab_size')}
+    if tpp is None or any(v is None for v in fields.values()): return None
+    from depthbench_nb.config import ModelConfig
+    from depthbench_nb.shapes import count_params
+    n = count_params(ModelConfig(arch='preln', **{k: int(v) for k, v in fields.items()})).total
+    return max(1, round(tpp * n / (gb * T)))
+
+
+def planned_tokens(record) -> Optional[float]:
+    "Training tokens a run record planned: planned steps x global batch x sequence length."
+    if _num(record.get('planned_tokens')) is not None: return _num(record['planned_tokens'])
+    steps, gb, T = planned_steps(record), _num(record.get('train.global_batch')), _num(record.get('train.seq_len'))
+    return None if steps is None or gb is None or T is None else float(steps * gb * T)
+
+
+def run_comparability(record, plan: Optional[PaperPlan]) -> tuple[bool, list[str]]:
+    "(comparable, what differs): the run completed, with the paper's shape, planned tokens and completed steps for the cell of `plan`."
+    if plan is None: return False, ['the paper reports no number at this setting']
+    diffs = []
+    status = record.get('status')
+    if status is not None and status != 'completed': diffs.append(f'status {status}')
+    for key, want in plan.shape.items():
+        have = _record_value(record, key)
+        same = (_num(have) == _num(want)) if _num(want) is not None else have == want
+        if have is None: diffs.append(f'{key} not recorded (the paper: {want})')
+        elif not same: diffs.append(f'{key} {have if _num(have) is None else int(_num(have)) if _num(have).is_integer() else _num(have)} (the paper: {want})')
+    if plan.tokens is not None:
+        toks = planned_tokens(record)
+        if toks is None: diffs.append(f'planned tokens not recorded (the paper: {plan.tokens:.4g})')
+        elif abs(toks / plan.tokens - 1) > plan.tokens_rel_tol: diffs.append(f'planned tokens {toks:.4g} (the paper: {plan.tokens:.4g})')
+    if plan.steps is not None:
+        done = _num(record.get('steps'))
+        if done is None: diffs.append(f'completed steps not recorded (the paper: {plan.steps:,})')
+        elif int(done) != plan.steps: diffs.append(f'{int(done):,} steps completed (the paper: {plan.steps:,})')
+    return not diffs, diffs
+
+
+@dataclass
+class RunScale(Scale):
+    "The scale of a report whose runs are judged one by one against the paper's cells (`run_comparability`)."
+    n_runs: int = 0
+    n_comparable: int = 0
+
+    @property
+    def label(self) -> str:
+        what = f"{', '.join(self.presets) if self.presets else 'no runs'}; provenance: {self.provenance}"
+        if self.n_runs and self.n_comparable == self.n_runs:
+            return f"Scale: all {self.n_runs} completed runs match the paper's setting of their cell (shape, planned tokens, completed steps); presets {what}."
+        if self.n_comparable:
+            return (f"Scale: {self.n_comparable} of {self.n_runs} completed runs match the paper's setting of their cell (shape, planned "
+                    f"tokens, completed steps); every other row is NOT comparable and says what differs; presets {what}.")
+        return (f"Scale: {what} - no run matches the paper's setting (shape, planned tokens, completed steps): a different "
+                "scale from the paper, NOT comparable; paper numbers are shown beside ours for reference only.")
+
 # %% ../nbs/09c_reports.ipynb #9d54d629
 DEPTHBENCH_ARTIFACTS = (
-    'depthbench_run_status', 'depthbench_val_loss', 'depthbench_loss_vs_ratio', 'depthbench_lr_sensitivity',
-    'depthbench_angular', 'depthbench_causal', 'depthbench_permutation', 'depthbench_threshold_fractions',
-    'depthbench_mixing_erank', 'depthbench_dead_zone', 'depthbench_domain_nll', 'depthbench_costs_400m',
-    'depthbench_costs_measured', 'depthbench_verdicts')
+    'depthbench_run_status', 'depthbench_val_loss', 'depthbench_paper_val_loss', 'depthbench_loss_vs_ratio',
+    'depthbench_loss_across_scales', 'depthbench_lr_sensitivity', 'depthbench_angular', 'depthbench_causal',
+    'depthbench_permutation', 'depthbench_threshold_fractions', 'depthbench_mixing_erank', 'depthbench_mixing',
+    'depthbench_residual_path', 'depthbench_pruning_logit_lens', 'depthbench_dead_zone', 'depthbench_domain_nll',
+    'depthbench_table3_shapes', 'depthbench_architectures', 'depthbench_costs_400m', 'depthbench_gpu_hours_est',
+    'depthbench_costs_figure', 'depthbench_costs_measured', 'depthbench_paper_index', 'depthbench_verdicts')
+PAPER_SOURCE = "DepthBench (arXiv 2609.32534), as on the authors' project page keyu-wang-2002/DepthBench-Website"
+SCALE_PRESETS = ('ladder-200m', 'ladder-300m', '400m', '400m-main', 'ladder-500m', '1.6b')   # the paper's scales, smallest first
 
 
 def _sns():
@@ -258,43 +358,147 @@ def _r_palette(rs) -> dict:
     return {str(r): colours[min(int(math.log2(int(r))), 3)] for r in rs}
 
 
-def depthbench_loss_section(rep: Report, df: pd.DataFrame) -> pd.DataFrame:
-    "Validation loss at the best LR beside the paper, loss vs width/depth ratio, LR sensitivity."
-    best = best_lr_rows(df[_not_looped(df)] if len(df) else df)
-    ref = reference_table('depthbench').query("quantity == 'val_loss'")[['arch', 'n_layer', 'value', 'scale', 'source']]
-    ref = ref.rename(columns={'value': 'paper_val_loss', 'scale': 'paper_scale', 'source': 'paper_source'})
-    if not len(best):
-        rep.note_missing('validation-loss table, loss-vs-ratio and LR figures', f'no completed DepthBench runs in study {rep.study!r}')
-        rep.table(ref, 'depthbench_paper_val_loss', 'Paper: validation loss (400M, 8B tokens) - reference only', label=PAPER_LABEL)
-        return best
-    tab = best[['arch', 'n_layer', 'd_model', 'ratio', 'lr', 'n_lrs', 'final_val_loss', 'preset']].rename(
-        columns={'lr': 'best_lr', 'final_val_loss': 'val_loss'})
-    same = ref.set_index(['arch', 'n_layer'])['paper_val_loss']   # the paper's number at the same design and depth
-    tab['paper_val_loss_same_L'] = [same.get((a, L), np.nan) for a, L in zip(tab.arch, tab.n_layer)]
-    tab['paper_val_loss_400m'] = [', '.join(f'L{int(L)}: {v:.3f}' for L, v in zip(g.n_layer, g.paper_val_loss))
-                                  for g in (ref[ref.arch == a] for a in tab.arch)]
-    tab['comparable'] = 'yes' if rep.scale.comparable else 'no: different scale'
-    tab['paper_source'] = 'specs/papers.md §1 Main benchmark table (400M, 8B tokens)'
-    rep.table(tab.sort_values(['arch', 'n_layer']), 'depthbench_val_loss',
-              'Validation loss at the best LR per design x shape, beside the paper (400M, 8B tokens)')
+def _arch_palette(archs) -> dict:
+    "One colour per design, the same in every DepthBench figure."
+    import seaborn as sns
+    from depthbench_nb.config import ARCHS
+    order = [a for a in ARCHS if ARCHS[a].family != 'looped']
+    colours = sns.color_palette('tab10', len(order))
+    return {a: colours[order.index(a) % len(colours)] if a in order else (0.4, 0.4, 0.4) for a in archs}
+
+
+def _log_ratio_axis(ax):
+    "A log x axis of d_model / n_layer with plain tick labels (1, 2, 5 x 10^k)."
+    from matplotlib.ticker import FixedLocator, NullFormatter, ScalarFormatter
+    ax.set_xscale('log')
+    ax.xaxis.set_major_locator(FixedLocator([m * 10 ** k for k in range(-1, 4) for m in (1, 2, 5)]))
+    ax.xaxis.set_major_formatter(ScalarFormatter()); ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.set_xlabel('d_model / n_layer (log)')
+
+
+def depthbench_paper_plan(n_layer) -> Optional[PaperPlan]:
+    "The paper's 400M cell at depth L (Table 3 shape, 7,600 steps x 512 x 2048 tokens); None where the paper has no 400M shape."
+    from depthbench_nb.shapes import GRIDS, OFFICIAL_STEPS, PRESETS, shape_for
+    L = _num(n_layer)
+    if L is None or int(L) not in GRIDS['400m'].depths: return None
+    s, p, steps = shape_for('400m', int(L)), PRESETS['400m'], OFFICIAL_STEPS['400m']
+    return PaperPlan(f'400M main benchmark, L{s.n_layer}: d_model {s.d_model}, {steps:,} steps x {p.global_batch} x {p.seq_len} tokens',
+                     dict(n_layer=s.n_layer, d_model=s.d_model, vocab_size=s.vocab_size), tokens=float(steps * p.global_batch * p.seq_len),
+                     steps=steps)
+
+
+def _no_paper_cell(r) -> str:
+    from depthbench_nb.shapes import GRIDS
+    L = _num(r.get('n_layer'))
+    return (f"the paper has no 400M shape at L{int(L) if L is not None else '?'} "
+            f"(its shapes: L{', L'.join(str(x) for x in GRIDS['400m'].depths)}), so no number to compare with")
+
+
+def with_comparability(rows: pd.DataFrame, plan_for: Callable = lambda r: depthbench_paper_plan(r.get('n_layer')),
+                       no_plan: Callable = _no_paper_cell) -> pd.DataFrame:
+    "`rows` plus comparable (bool), what_differs and paper_cell, each from `run_comparability` against the row's paper cell."
+    out = rows.copy()
+    res = []
+    for r in (out.iloc[i].to_dict() for i in range(len(out))):
+        plan = plan_for(r)
+        ok, why = run_comparability(r, plan)
+        res.append((plan, ok, why if plan is not None else [no_plan(r)]))
+    out['comparable'] = [ok for _, ok, _ in res]
+    out['what_differs'] = ['; '.join(why) for _, _, why in res]
+    out['paper_cell'] = [p.label if p else '' for p, _, _ in res]
+    out['paper_shape'] = [bool(p) and not any(w.split(' ')[0] in p.shape for w in why) for p, _, why in res]
+    return out
+
+
+def _scale_note(rows: pd.DataFrame) -> str:
+    "A difference note for a caption: how many of the rows behind a figure match the paper's setting."
+    if not len(rows) or 'comparable' not in rows: return ''
+    n, k = len(rows), int(rows['comparable'].sum())
+    if k == n: return ''
+    return f"{n - k} of {n} runs are not at the paper's setting ({rows.loc[~rows['comparable'], 'what_differs'].iloc[0]}{', ...' if n - k > 1 else ''})"
+
+
+def _caption(paper: str, what: str, diffs: list) -> str:
+    diffs = [d for d in diffs if d]
+    return f"{what}. Rebuilds the paper's {paper}" + (f"; differs: {'; '.join(diffs)}" if diffs else '; as the paper computes it')
+
+
+def _ratio_panels(rep: Report, data: pd.DataFrame, panels: list, fname: str, caption: str, paper_panel: Optional[pd.DataFrame] = None):
+    "One log-ratio panel per (title, rows) of `panels` (+ the paper's values), one line per design: presets never share a panel."
     plt, sns = _sns()
-    fig, ax = plt.subplots(figsize=(6.5, 4))
-    sns.lineplot(data=best, x='ratio', y='final_val_loss', hue='arch', style='arch', markers=True, dashes=False, ax=ax)
-    ax.set_xscale('log'); ax.set_xlabel('width/depth ratio d_model / n_layer (log)'); ax.set_ylabel('validation loss (nats)')
-    rep.figure(fig, 'depthbench_loss_vs_ratio', 'Validation loss vs width/depth ratio at the best LR, per design')
+    n = len(panels) + (paper_panel is not None)
+    fig, axes = plt.subplots(1, n, figsize=(4.2 * n, 3.6), squeeze=False, sharey=False)
+    pal = _arch_palette(sorted(set(data['arch']) | (set(paper_panel['arch']) if paper_panel is not None else set())))
+    items = list(panels) + ([("the paper (Figure 2 values, 400M)", paper_panel)] if paper_panel is not None else [])
+    for ax, (title, rows) in zip(axes[0], items):
+        for arch, g in rows.sort_values('ratio').groupby('arch'):
+            ax.plot(g['ratio'], g['loss'], marker='o', ms=3, lw=1.2, color=pal[arch], label=arch)
+        _log_ratio_axis(ax); ax.set_title(title, fontsize=8)
+        ax.set_ylabel('validation loss (nats)'); ax.legend(fontsize=6)
+    rep.figure(fig, fname, caption)
+
+
+def depthbench_loss_section(rep: Report, df: pd.DataFrame, notes: Optional[dict] = None) -> pd.DataFrame:
+    "Validation loss at the best LR per design x shape x preset beside the paper (Figure 2), loss vs ratio per preset, LR sensitivity."
+    notes = {} if notes is None else notes
+    best = best_lr_rows(df[_not_looped(df)] if len(df) else df, keys=('arch', 'preset', 'n_layer', 'd_model'))
+    ref = reference_table('depthbench').query("quantity == 'val_loss'")
+    paper = ref[['arch', 'n_layer', 'value', 'source']].rename(columns={'value': 'paper_val_loss', 'source': 'paper_source'})
+    rep.table(paper.assign(d_model=[depthbench_paper_plan(L).shape['d_model'] for L in paper.n_layer],
+                           ratio=lambda d: d.d_model / d.n_layer), 'depthbench_paper_val_loss',
+              "The paper's validation loss per design x shape (Figure 2, 400M, 7.6k steps): reference only", label=PAPER_LABEL)
+    if not len(best):
+        rep.note_missing('validation-loss table, loss-vs-ratio and LR figures (Figure 2)', f'no completed DepthBench runs in study {rep.study!r}')
+        return best
+    best = with_comparability(best)
+    same = paper.set_index(['arch', 'n_layer'])['paper_val_loss']
+    tab = best[['arch', 'preset', 'n_layer', 'd_model', 'ratio', 'lr', 'n_lrs', 'final_val_loss', 'steps', 'comparable',
+                'what_differs', 'paper_cell']].rename(columns={'lr': 'best_lr', 'final_val_loss': 'val_loss', 'steps': 'steps_completed'})
+    tab['planned_tokens'] = [planned_tokens(r) for r in (best.iloc[i].to_dict() for i in range(len(best)))]
+    # the paper's number only where the run has the paper's shape (a 1.6B or tiny row is never compared with a 400M number)
+    tab['paper_val_loss'] = [same.get((a, int(L)), np.nan) if ps else np.nan for a, L, ps in zip(best.arch, best.n_layer, best.paper_shape)]
+    tab['paper_source'] = [PAPER_SOURCE + ', Figure 2' if not math.isnan(v) else '' for v in tab['paper_val_loss']]
+    rep.table(tab.sort_values(['preset', 'arch', 'n_layer']), 'depthbench_val_loss',
+              "Validation loss at the best LR per design x shape x preset; the paper's Figure 2 number where the run has the paper's shape")
+    order = [p for p in SCALE_PRESETS + ('300m-backbone',) if p in set(best.preset)] + sorted(set(best.preset) - set(SCALE_PRESETS) - {'300m-backbone'})
+    lrs = sorted(set(best['lr'].round(8)))
+    diffs = [_scale_note(best), f"learning rate: best of {', '.join(f'{x:g}' for x in lrs)} per shape (the paper sweeps LRs per design; its grid is not published)"]
+    notes['Figure 2'] = diffs
+    data = best.rename(columns={'final_val_loss': 'loss'})
+    panels = [(f'preset {p}' + (' (fixed backbone)' if p == '300m-backbone' else ''), data[data.preset == p]) for p in order]
+    ppanel = paper.assign(ratio=[depthbench_paper_plan(L).shape['d_model'] / L for L in paper.n_layer]).rename(columns={'paper_val_loss': 'loss'})
+    _ratio_panels(rep, data, panels, 'depthbench_loss_vs_ratio',
+                  _caption('Figure 2', 'Validation loss vs width/depth ratio at the best LR, one panel per preset, the paper beside', diffs), ppanel)
     done = completed(df[_not_looped(df)]).dropna(subset=['final_val_loss'])
-    multi = done.groupby(['arch', 'n_layer'])['lr'].transform('nunique') > 1
+    multi = done.groupby(['arch', 'preset', 'n_layer'])['lr'].transform('nunique') > 1
     if multi.any():
-        sub = done[multi].assign(shape=lambda d: d['arch'] + ' L' + d['n_layer'].astype(int).astype(str))
+        plt, sns = _sns()
+        sub = done[multi].assign(shape=lambda d: d['arch'] + ' L' + d['n_layer'].astype(int).astype(str) + ' (' + d['preset'] + ')')
         fig, ax = plt.subplots(figsize=(6, 4))
-        sns.lineplot(data=sub, x='lr', y='final_val_loss', hue='shape', marker='o', ax=ax)
+        sns.lineplot(data=sub, x='lr', y='final_val_loss', hue='shape', marker='o', ax=ax, estimator=None)
         ax.set_xscale('log'); ax.set_xlabel('peak learning rate (log)'); ax.set_ylabel('validation loss (nats)')
-        rep.figure(fig, 'depthbench_lr_sensitivity', 'LR sensitivity: validation loss vs peak LR per design x shape')
+        rep.figure(fig, 'depthbench_lr_sensitivity', 'LR sensitivity: validation loss vs peak LR per design x shape x preset (the paper reports the best LR only)')
     else:
         rep.note_missing('LR sensitivity figure', 'no design x shape was trained at more than one learning rate')
     return best
 
 
+def depthbench_scales_section(rep: Report, best: pd.DataFrame, notes: Optional[dict] = None):
+    "The paper's Figure 3: loss vs ratio at each scale (the ladder presets, 400M, 1.6B), one panel per scale."
+    notes = {} if notes is None else notes
+    scales = [p for p in SCALE_PRESETS if len(best) and p in set(best.preset)]
+    if len(scales) < 2:
+        have = ', '.join(sorted(set(best.preset))) if len(best) else 'none'
+        rep.note_missing('loss across scales (Figure 3)', f"needs completed runs at two or more of the paper's scales ({', '.join(SCALE_PRESETS)}; "
+                         f"`depthbench-nb sweep run ladder`); this study's presets: {have}")
+        return
+    data = best[best.preset.isin(scales)].rename(columns={'final_val_loss': 'loss'})
+    diffs = [_scale_note(data), 'the paper shows Pre-LN, Full AttnRes and HC; every design of the study is drawn here']
+    notes['Figure 3'] = diffs
+    _ratio_panels(rep, data, [(f'{p}', data[data.preset == p]) for p in scales], 'depthbench_loss_across_scales',
+                  _caption('Figure 3', 'Validation loss vs width/depth ratio at each scale (one panel per preset)', diffs))
+
+# %% ../nbs/09c_reports.ipynb #48a1cdf7
 def _matrix(m) -> np.ndarray:
     return np.array([[np.nan if v is None else v for v in row] for row in m], float)
 
@@ -305,137 +509,417 @@ def _ref_value(ref: pd.DataFrame, quantity: str, arch: str, n_layer=None) -> flo
     return float(m.value.iloc[0]) if len(m) else np.nan
 
 
-def depthbench_diagnostics_section(rep: Report, best: pd.DataFrame):
-    "Heatmaps, threshold fractions, mixing rank, dead zone and domain NLL from the best-LR runs' diagnostics."
-    rows = [(r, load_diagnostics(r)) for _, r in best.iterrows()] if len(best) else []
-    diag = [(r, d) for r, d in rows if d is not None]
-    if not diag:
-        rep.note_missing('angular, causal, permutation, mixing-rank, dead-zone and domain-NLL sections',
-                         'no diagnosed runs: run `depthbench-nb diagnose RUN_DIR` (or nbs/11_diagnose.ipynb) on the runs')
-        return
-    undiagnosed = [f"{r['arch']} L{int(r['n_layer'])}" for r, d in rows if d is None]
-    if undiagnosed: rep.note_missing('diagnostics of ' + ', '.join(undiagnosed), 'these runs have no diagnostics/ folder')
+def _deepest(diag: list, key: str, archs=None) -> list:
+    "Per design, the deepest diagnosed run with `key` in its diagnostics (paper order of designs)."
+    from depthbench_nb.config import ARCHS
+    best = {}
+    for r, d in diag:
+        if key not in d or (archs and r['arch'] not in archs): continue
+        if r['arch'] not in best or r['n_layer'] > best[r['arch']][0]['n_layer']: best[r['arch']] = (r, d)
+    return [best[a] for a in ARCHS if a in best]
+
+
+def _tag(r) -> str: return f"{r['arch']} L{int(r['n_layer'])} ({r['preset']})"
+
+
+def _diag_rows(diag: list) -> pd.DataFrame:
+    return pd.DataFrame([r for r, _ in diag])
+
+
+def _comparability_of(diag: list) -> pd.DataFrame:
+    "arch, preset, n_layer (int), comparable, what_differs of the runs behind `diag` (pairs of run row and anything)."
+    c = with_comparability(_diag_rows(diag))
+    return c.assign(n_layer=c['n_layer'].astype(int))[['arch', 'preset', 'n_layer', 'comparable', 'what_differs']]
+
+
+def _samples_note(diag: list) -> str:
+    n = sorted({(d.get('n_samples'), d.get('seq_len')) for _, d in diag})
+    return 'held-out windows ' + ', '.join(f'{a} x {b}' for a, b in n)
+
+
+def depthbench_heatmap_section(rep: Report, diag: list, notes: dict):
+    "The paper's Figure 5 (angular distance) and Figure 6's score maps (causal, permutation), deepest diagnosed shape per design."
     plt, sns = _sns()
-    deepest = {}
-    for r, d in diag:  # one heatmap per design: its deepest diagnosed shape
-        if r['arch'] not in deepest or r['n_layer'] > deepest[r['arch']][0]['n_layer']: deepest[r['arch']] = (r, d)
-    for key, title, fname, axes_names in (
-            ('angular', 'Angular distance between depth states', 'depthbench_angular', ('state j', 'state i')),
-            ('causal', 'Causal score C(s, l)', 'depthbench_causal', ('later block l', 'skipped block s')),
-            ('permutation', 'Permutation score P(i, j)', 'depthbench_permutation', ('block j', 'block i'))):
-        have = [(r, d) for r, d in deepest.values() if key in d]
-        if not have: rep.note_missing(title, 'no run was diagnosed with this metric'); continue
+    for key, title, fname, axes_names, paper, official in (
+            ('angular', 'Angular distance between depth states', 'depthbench_angular', ('state j', 'state i'), 'Figure 5', '128 x 512'),
+            ('causal', 'Causal score C(s, l)', 'depthbench_causal', ('later block l', 'skipped block s'), 'Figure 6 (causal maps)', '16 x 256'),
+            ('permutation', 'Permutation score P(i, j)', 'depthbench_permutation', ('block j', 'block i'), 'Figure 6 (permutation maps)', '12 x 256')):
+        have = _deepest(diag, key)
+        if not have: rep.note_missing(f'{title} ({paper})', 'no run was diagnosed with this metric'); continue
         fig, axes = plt.subplots(1, len(have), figsize=(3.6 * len(have), 3.0), squeeze=False)
         for ax, (r, d) in zip(axes[0], have):
             sns.heatmap(_matrix(d[key]['matrix']), ax=ax, cmap='viridis', square=True, cbar=True, vmin=0)
-            ax.set_title(f"{r['arch']} L{int(r['n_layer'])}", fontsize=8)
-            ax.set_xlabel(axes_names[0], fontsize=7); ax.set_ylabel(axes_names[1], fontsize=7)
-        fig.tight_layout()
-        rep.figure(fig, fname, title + ' per design (deepest diagnosed shape)')
+            ax.set_title(_tag(r), fontsize=8); ax.set_xlabel(axes_names[0], fontsize=7); ax.set_ylabel(axes_names[1], fontsize=7)
+        diffs = [_scale_note(_diag_rows(have)), f"the paper shows L = 32 models; here the deepest diagnosed shape of each design",
+                 f"{_samples_note(have)} (the official script's default: {official})"]
+        item = paper.split(' (')[0]
+        notes[item] = list(dict.fromkeys(notes.get(item, []) + diffs))
+        rep.figure(fig, fname, _caption(paper, title + ' per design', diffs))
+
+
+def depthbench_threshold_section(rep: Report, diag: list, notes: dict):
+    "The paper's threshold table: late-layer pairs with causal score > 0.45 and permutation score > 0.15 (its L = 32 models)."
     ref = reference_table('depthbench')
-    thr = []
-    for r, d in diag:   # the paper's summaries on the last 3/4 of the layers; the paper's column is its L = 32 number
-        row = dict(arch=r['arch'], n_layer=int(r['n_layer']))
-        row['causal_frac_045'] = d['causal']['frac_above'] if 'causal' in d else np.nan
-        row['perm_frac_015'] = d['permutation']['frac_above'] if 'permutation' in d else np.nan
-        for q in ('causal_frac_045', 'perm_frac_015'): row[f'paper_{q}_L32'] = _ref_value(ref, q, r['arch'])
-        thr.append(row)
-    t = pd.DataFrame(thr)
-    if t[['causal_frac_045', 'perm_frac_015']].notna().any().any():
-        rep.table(t, 'depthbench_threshold_fractions',
-                  'Fraction of last-3/4 layers with causal score > 0.45 and with permutation score > 0.15 (paper: L=32, 400M)')
-    else: rep.note_missing('threshold fractions', 'no run was diagnosed with the causal or permutation metric')
-    mix = [dict(arch=r['arch'], n_layer=int(r['n_layer']), mixing_erank=d['mixing']['mixing_erank'],
-                distance_to_uniform=d['mixing'].get('distance_to_uniform'),
-                paper_low=_ref_value(ref, 'mixing_erank_low', r['arch']), paper_high=_ref_value(ref, 'mixing_erank_high', r['arch']))
-           for r, d in diag if 'mixing' in d]
-    if mix:
-        t = pd.DataFrame(mix)
-        rep.table(t, 'depthbench_mixing_erank', 'Effective rank of the forward residual product (HC vs mHC; paper range at 400M)')
-        fig, ax = plt.subplots(figsize=(5, 3.5))
-        sns.barplot(data=t, x='n_layer', y='mixing_erank', hue='arch', ax=ax)
-        ax.set_ylabel('effective rank exp(H(sigma / sum sigma))'); ax.set_xlabel('n_layer')
-        rep.figure(fig, 'depthbench_mixing_erank', 'HC vs mHC: effective rank of the forward residual product')
-    else:
-        rep.note_missing('HC vs mHC effective rank', 'no diagnosed hc/mhc run')
+    rows = []
+    for r, d in diag:
+        if 'causal' not in d and 'permutation' not in d: continue
+        c, p = d.get('causal') or {}, d.get('permutation') or {}
+        row = dict(arch=r['arch'], preset=r['preset'], n_layer=int(r['n_layer']),
+                   causal_frac_pairs_045=c.get('frac_above', np.nan), causal_late_pairs=(c.get('extra') or {}).get('late_pairs'),
+                   causal_late_pairs_above=(c.get('extra') or {}).get('late_pairs_above'),
+                   perm_frac_pairs_015=p.get('frac_above', np.nan),
+                   causal_frac_layers_by_mean_not_paper=(c.get('extra') or {}).get('frac_layers_mean_above', np.nan))
+        for q, col in (('causal_frac_045', 'paper_causal_frac_L32'), ('perm_frac_015', 'paper_perm_frac_L32')): row[col] = _ref_value(ref, q, r['arch'])
+        ok, why = run_comparability(r, depthbench_paper_plan(32))   # the paper's table is for its 400M L32 models
+        row.update(comparable=ok, what_differs='; '.join(why))
+        rows.append(row)
+    if not rows: rep.note_missing('threshold table (late-layer pair fractions of Figure 6)', 'no run was diagnosed with the causal or permutation metric'); return
+    t = pd.DataFrame(rows)
+    rep.table(t, 'depthbench_threshold_fractions',
+              "Fraction of late-layer pairs (both in the last 3/4) with causal score > 0.45 and permutation score > 0.15; "
+              "the paper's L = 32 values beside (its table 'Late-layer pairs above threshold')")
+    plt, sns = _sns()
+    long = pd.concat([t.assign(score='causal > 0.45', ours=t.causal_frac_pairs_045, paper=t.paper_causal_frac_L32),
+                      t.assign(score='permutation > 0.15', ours=t.perm_frac_pairs_015, paper=t.paper_perm_frac_L32)])
+    long['run'] = long['arch'] + ' L' + long['n_layer'].astype(str)
+    fig, axes = plt.subplots(1, 2, figsize=(8.5, 3.4), squeeze=False)
+    for ax, (score, g) in zip(axes[0], long.groupby('score')):
+        x = np.arange(len(g))
+        ax.bar(x - 0.2, g['ours'], 0.4, label='ours'); ax.bar(x + 0.2, g['paper'].fillna(0), 0.4, label="paper (400M L32)", alpha=0.6)
+        ax.set_xticks(x); ax.set_xticklabels(g['run'], rotation=30, fontsize=6); ax.set_title(score, fontsize=8)
+        ax.set_ylabel('fraction of late-layer pairs'); ax.legend(fontsize=6)
+    diffs = [_scale_note(t), "the paper's fractions are of its 400M L = 32 models"]
+    for item in ('threshold table', 'Figure 6'): notes[item] = list(dict.fromkeys(notes.get(item, []) + diffs))
+    rep.figure(fig, 'depthbench_threshold_fractions', _caption('Figure 6 (fractions) and its threshold table', 'Late-layer pairs above the thresholds, ours beside the paper', diffs))
+
+
+def depthbench_mixing_section(rep: Report, diag: list, notes: dict):
+    "HC vs mHC (the paper's Figure 10): both effective-rank conventions, direction overlap and singular spectrum of the residual transport."
+    ref = reference_table('depthbench')
+    mix = [(r, d) for r, d in diag if 'mixing' in d]
+    if not mix: rep.note_missing('HC vs mHC effective rank (Figure 10)', 'no diagnosed hc/mhc run'); return
+    t = pd.DataFrame([dict(arch=r['arch'], preset=r['preset'], n_layer=int(r['n_layer']),
+                           erank_sv=m['mixing_erank'], erank_sv2=m.get('mixing_erank_sv2', np.nan),
+                           direction_overlap=m.get('direction_overlap', np.nan), distance_to_uniform=m.get('distance_to_uniform'),
+                           paper_low_convention_not_stated=_ref_value(ref, 'mixing_erank_low', r['arch']),
+                           paper_high_convention_not_stated=_ref_value(ref, 'mixing_erank_high', r['arch']))
+                      for r, m in ((r, d['mixing']) for r, d in mix)])
+    t = t.merge(_comparability_of(mix), on=['arch', 'preset', 'n_layer'])
+    rep.table(t, 'depthbench_mixing_erank',
+              'Effective rank of the forward residual product, both conventions: erank_sv = exp H(sigma / sum sigma), '
+              'erank_sv2 = exp H(sigma^2 / sum sigma^2) (the paper does not state its convention); the paper: HC 2.53-2.81, mHC 1.44-1.65')
+    plt, sns = _sns()
+    pal = _arch_palette(t.arch)
+    fig, axes = plt.subplots(1, 3, figsize=(12, 3.5))
+    for r, d in mix:
+        m, c = d['mixing'], pal[r['arch']]
+        by = m.get('by_depth') or {}
+        if by:
+            k = np.arange(1, len(by['erank_sv']) + 1)
+            axes[0].plot(k, by['erank_sv'], color=c, label=f"{_tag(r)} sigma"); axes[0].plot(k, by['erank_sv2'], color=c, ls='--', label=f"{_tag(r)} sigma^2")
+            axes[1].plot(k, by['overlap'], color=c, label=_tag(r))
+        if m.get('spectrum'): axes[2].plot(np.arange(1, len(m['spectrum']) + 1), m['spectrum'], marker='o', color=c, label=_tag(r))
+    for arch, ls in (('hc', ':'), ('mhc', '-.')):
+        lo, hi = _ref_value(ref, 'mixing_erank_low', arch), _ref_value(ref, 'mixing_erank_high', arch)
+        axes[0].axhspan(lo, hi, color=pal.get(arch, (0.5, 0.5, 0.5)), alpha=0.12, label=f'paper {arch} {lo}-{hi}')
+    axes[0].set_xlabel('composed sublayers k (P_k = H_k ... H_1)'); axes[0].set_ylabel('effective rank (solid sigma, dashed sigma^2)')
+    axes[1].set_xlabel('composed sublayers k'); axes[1].set_ylabel('direction overlap (mean |cos| of rows)')
+    axes[2].set_xlabel('singular value index'); axes[2].set_ylabel('sigma / sigma_max of the full product')
+    for ax in axes: ax.legend(fontsize=5)
+    diffs = [_scale_note(t), "the paper's effective-rank convention is not stated: both are drawn (solid sigma, dashed sigma^2)",
+             'direction overlap = mean |cos| between the rows of the composed product (our reading)']
+    notes['Figure 10'] = diffs
+    rep.figure(fig, 'depthbench_mixing', _caption('Figure 10', 'HC vs mHC residual transport: effective rank, direction overlap, singular spectrum', diffs))
+
+
+def depthbench_residual_path_section(rep: Report, diag: list, notes: dict):
+    "The paper's Figure 7: weight of each sublayer output in each later sublayer input (Pre-LN, Full AttnRes, HC first)."
+    paper_three = ('preln', 'attnres', 'hc')
+    have = _deepest(diag, 'residual_path', paper_three) or _deepest(diag, 'residual_path')
+    if not have: rep.note_missing('residual-path weights (Figure 7)', 'no run was diagnosed with the residual_path metric (`depthbench-nb diagnose RUN --metrics residual_path`)'); return
+    plt, sns = _sns()
+    fig, axes = plt.subplots(1, len(have), figsize=(3.8 * len(have), 3.3), squeeze=False)
+    for ax, (r, d) in zip(axes[0], have):
+        sns.heatmap(_matrix(d['residual_path']['matrix']), ax=ax, cmap='viridis', square=True, cbar=True, robust=True)   # an HC sum readout row (n x) does not wash out the rest
+        ax.set_title(_tag(r), fontsize=8); ax.set_xlabel('source: embedding, then f_i (col i+1)', fontsize=7)
+        ax.set_ylabel('input of sublayer l (last row: output)', fontsize=7)
+    missing = [a for a in paper_three if a not in {r['arch'] for r, _ in have}]
+    diffs = [_scale_note(_diag_rows(have)), 'dynamic weights averaged over the tokens of the held-out windows',
+             f"the paper shows Pre-LN, Full AttnRes and HC; not diagnosed here: {', '.join(missing)}" if missing else '']
+    notes['Figure 7'] = diffs
+    rep.figure(fig, 'depthbench_residual_path', _caption('Figure 7', 'Residual-path weights: mixing weight of each sublayer output in each later input', diffs))
+
+
+def depthbench_pruning_lens_section(rep: Report, diag: list, notes: dict):
+    "The paper's Figure 8: loss increase when one layer is removed, and KL(final || layer l) of the logit lens, per depth."
+    have = [(r, d) for r, d in _deepest(diag, 'pruning') + _deepest(diag, 'logit_lens')]
+    have = list({(r['arch'], r['n_layer']): (r, d) for r, d in have}.values())
+    if not have: rep.note_missing('layer pruning and logit-lens KL (Figure 8)', 'no run was diagnosed with the pruning or logit_lens metric'); return
+    rows = []
+    for r, d in have:
+        L = int(r['n_layer'])
+        for l, v in enumerate((d.get('pruning') or {}).get('delta_loss') or []):
+            rows.append(dict(arch=r['arch'], preset=r['preset'], n_layer=L, what='pruning: delta loss', index=l, depth=(l + 1) / L, value=v))
+        for e in d.get('logit_lens') or []:
+            rows.append(dict(arch=r['arch'], preset=r['preset'], n_layer=L, what='logit lens: KL(final || state)', index=e['state'], depth=e['state'] / L,
+                             value=e['kl_to_final'], readout=d.get('logit_lens_readout', 'depth state')))
+    t = pd.DataFrame(rows)
+    rep.table(t, 'depthbench_pruning_logit_lens', 'Per depth: loss increase when the layer is skipped, and KL of the logit lens to the final prediction')
+    plt, sns = _sns()
+    pal = _arch_palette(t.arch)
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.5))
+    for ax, (what, g) in zip(axes, t.groupby('what', sort=False)):
+        for (arch, L, preset), h in g.groupby(['arch', 'n_layer', 'preset']):
+            ax.plot(h['depth'], h['value'], marker='o', ms=3, color=pal[arch], label=f'{arch} L{L} ({preset})')
+        ax.set_xlabel('relative depth l / L'); ax.set_ylabel(what); ax.legend(fontsize=6)
+    diffs = [_scale_note(_diag_rows(have)), 'pruning measures the increase of held-out LM loss (the official compute_layer_pruning '
+             'default; its zero-shot variant is not run)', 'AttnRes states are decoded from the mix their next consumer reads, as the official code']
+    notes['Figure 8'] = diffs
+    rep.figure(fig, 'depthbench_pruning_logit_lens', _caption('Figure 8', 'Layer pruning and logit-lens KL per depth', diffs))
+
+
+def depthbench_dead_zone_section(rep: Report, diag: list, notes: dict):
+    "Block AttnRes dead zone (the paper's Figure 9): the threshold is ours and every artifact says so."
+    from depthbench_nb.diagnostics import DEAD_ZONE_THRESHOLD_SOURCE
+    ref = reference_table('depthbench')
     dz = [(r, d['dead_zone']) for r, d in diag if 'dead_zone' in d]
-    if dz:
-        pz = ref[ref.quantity == 'dead_zone_layers']
-        t = pd.DataFrame([dict(arch=r['arch'], n_layer=int(r['n_layer']), dead_zone_layers=z['dead_layers'], threshold=z['threshold'],
-                               note=z.get('note', ''), paper_dead_zone_layers=_ref_value(pz, 'dead_zone_layers', 'block_attnres', r['n_layer']))
-                          for r, z in dz])
-        rep.table(t, 'depthbench_dead_zone', 'Block AttnRes dead zone: leading layers whose mass on the running partial sum stays below the threshold')
-        with_mass = [(r, z) for r, z in dz if z.get('partial_mass') and any(m is not None for m in z['partial_mass'])]
-        if with_mass:
-            fig, ax = plt.subplots(figsize=(6, 3.5))
-            for r, z in with_mass:
-                m = z['partial_mass']
-                ax.plot([k / 2 for k in range(len(m)) if m[k] is not None], [v for v in m if v is not None], marker='o', label=f"L{int(r['n_layer'])}")
-            ax.axhline(dz[0][1]['threshold'], color='r', ls='--', label='threshold')
-            ax.set_xlabel('layer (sublayer / 2)'); ax.set_ylabel('mass on the partial sum'); ax.legend(fontsize=7)
-            rep.figure(fig, 'depthbench_dead_zone', 'Block AttnRes: softmax mass on the running partial sum per sublayer')
-    else:
-        rep.note_missing('Block AttnRes dead zone', 'no diagnosed block_attnres run')
-    nll = [dict(arch=r['arch'], n_layer=int(r['n_layer']), set=name, category=v.get('category', name), nll_mean=v['nll_mean'], tokens=v.get('tokens'))
-           for r, d in diag for name, v in (d.get('domain_nll') or {}).get('sets', {}).items()]
-    if nll:
-        t = pd.DataFrame(nll)
-        rep.table(t, 'depthbench_domain_nll', 'Teacher-forced completion-only NLL per evaluation set (nats per target token)')
-        t = t.assign(design=t['arch'] + ' L' + t['n_layer'].astype(str))
-        fig, ax = plt.subplots(figsize=(7, 3.8))
-        sns.barplot(data=t, x='set', y='nll_mean', hue='design', ax=ax)
-        ax.set_ylabel('completion NLL (nats / token)'); ax.tick_params(axis='x', labelrotation=30, labelsize=7); ax.legend(fontsize=6)
-        rep.figure(fig, 'depthbench_domain_nll', 'Domain NLL per evaluation set and design')
-    else:
-        rep.note_missing('domain NLL', 'no run was diagnosed with the domain_nll metric (`depthbench-nb diagnose RUN --metrics domain_nll`)')
+    if not dz: rep.note_missing('Block AttnRes dead zone (Figure 9)', 'no diagnosed block_attnres run'); return
+    pz = ref[ref.quantity == 'dead_zone_layers']
+    t = pd.DataFrame([dict(arch=r['arch'], preset=r['preset'], n_layer=int(r['n_layer']), dead_zone_layers=z['dead_layers'],
+                           threshold=z['threshold'], threshold_source=z.get('threshold_source', DEAD_ZONE_THRESHOLD_SOURCE), note=z.get('note', ''),
+                           paper_dead_zone_layers=_ref_value(pz, 'dead_zone_layers', 'block_attnres', r['n_layer']))
+                      for r, z in dz])
+    t = t.merge(_comparability_of(dz), on=['arch', 'preset', 'n_layer'])
+    thr = dz[0][1]['threshold']
+    rep.table(t, 'depthbench_dead_zone', f'Block AttnRes dead zone: leading layers whose depth-softmax mass on the running partial sum stays '
+              f'below {thr:g} (a threshold of ours: the paper gives no number)')
+    plt, sns = _sns()
+    deepest = max(dz, key=lambda x: x[0]['n_layer'])
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    for r, z in dz:
+        m = z.get('partial_mass') or []
+        axes[0].plot([k / 2 for k in range(len(m)) if m[k] is not None], [v for v in m if v is not None], marker='o', ms=3, label=_tag(r))
+    axes[0].axhline(thr, color='r', ls='--', label=f'threshold {thr:g} (ours, not the paper\'s)')
+    axes[0].set_xlabel('layer (sublayer / 2)'); axes[0].set_ylabel('mass on the running partial sum'); axes[0].legend(fontsize=6)
+    sw = deepest[1].get('site_weights')
+    if sw:
+        S = max(len(w) for w in sw)
+        M = np.full((len(sw), S), np.nan)
+        for k, w in enumerate(sw): M[k, :len(w)] = w
+        sns.heatmap(M, ax=axes[1], cmap='viridis', cbar=True)
+        axes[1].set_xlabel('source (embedding, committed blocks, partial last)'); axes[1].set_ylabel('mixing site (sublayer; last: output)')
+        axes[1].set_title(f'depth-mixing weights, {_tag(deepest[0])}', fontsize=8)
+    else: axes[1].set_axis_off()
+    diffs = [_scale_note(t), f'dead-zone threshold {thr:g} is ours (the paper gives no number for "almost no weight")',
+             'the paper shows L = 16, 24, 32; here every diagnosed Block AttnRes shape']
+    notes['Figure 9'] = diffs
+    rep.figure(fig, 'depthbench_dead_zone', _caption('Figure 9', 'Block AttnRes: softmax mass on the running partial sum per sublayer, and the depth-mixing weights', diffs))
 
 
-def depthbench_costs_section(rep: Report, df: pd.DataFrame):
-    "Accounting at the paper shapes (with verdicts) and what this study's runs measured."
+def _set_status(v: dict) -> str:
+    "How an evaluation set differs from the official full set, in words."
+    note, limit, n = v.get('note') or '', v.get('limit'), v.get('examples')
+    if 'stand-in' in note: return note
+    if v.get('full_set') is False or (limit is not None and n is not None and n >= limit): return f'first {n} examples only (the official script scores the full set)'
+    if v.get('full_set') is None and 'source' not in v: return 'set size and source not recorded'
+    return 'full set' + (f' ({note})' if note else '')
+
+
+def depthbench_domain_nll_section(rep: Report, diag: list, notes: dict):
+    "Domain NLL (the paper's Figure 4): per set with where it came from, and NLL vs ratio per category and design."
+    rows = [dict(arch=r['arch'], preset=r['preset'], n_layer=int(r['n_layer']), d_model=int(r['d_model']), ratio=r['d_model'] / r['n_layer'],
+                 set=name, category=v.get('category', name), nll_mean=v['nll_mean'], nll_sum=v.get('nll_sum'), tokens=v.get('tokens'),
+                 examples=v.get('examples'), source=v.get('source', ''), set_status=_set_status(v))
+            for r, d in diag for name, v in (d.get('domain_nll') or {}).get('sets', {}).items()]
+    if not rows:
+        rep.note_missing('domain NLL (Figure 4)', 'no run was diagnosed with the domain_nll metric (`depthbench-nb diagnose RUN --metrics domain_nll`)'); return
+    t = pd.DataFrame(rows)
+    rep.table(t, 'depthbench_domain_nll', 'Teacher-forced completion-only NLL per evaluation set (nats per target token); '
+              'set_status says where a set is a stand-in or a subset of the official one')
+    cat = t.groupby(['arch', 'preset', 'n_layer', 'ratio', 'category'], as_index=False)[['nll_sum', 'tokens']].sum()
+    cat['nll_mean'] = cat['nll_sum'] / cat['tokens']
+    plt, sns = _sns()
+    cats = [c for c in ('coding', 'stem', 'math') if c in set(cat.category)] + sorted(set(cat.category) - {'coding', 'stem', 'math'})
+    pal = _arch_palette(cat.arch)
+    fig, axes = plt.subplots(1, len(cats), figsize=(4 * len(cats), 3.4), squeeze=False)
+    for ax, c in zip(axes[0], cats):
+        for (arch, preset), g in cat[cat.category == c].sort_values('ratio').groupby(['arch', 'preset']):
+            ax.plot(g['ratio'], g['nll_mean'], marker='o', ms=3, color=pal[arch], label=f'{arch} ({preset})')
+        _log_ratio_axis(ax); ax.set_title(c, fontsize=8); ax.set_ylabel('completion NLL (nats / token)')
+        ax.legend(fontsize=6)
+    status = sorted({f"{s}: {st}" for s, st in zip(t['set'], t['set_status']) if st != 'full set'})
+    absent = sorted({'mbpp', 'humaneval', 'sciq', 'gpqa_diamond', 'gsm8k', 'math500'} - set(t['set']))
+    diffs = [_scale_note(pd.DataFrame([r for r, _ in diag])), '; '.join(status),
+             f"sets not evaluated (not reachable here): {', '.join(absent)}" if absent else '']
+    notes['Figure 4'] = diffs
+    rep.figure(fig, 'depthbench_domain_nll', _caption('Figure 4', 'Domain NLL vs width/depth ratio per category and design', diffs))
+
+
+def depthbench_diagnostics_section(rep: Report, best: pd.DataFrame, notes: Optional[dict] = None):
+    "Every diagnostics-based paper figure from the best-LR runs' diagnostics (Figures 4-10 and the threshold table)."
+    notes = {} if notes is None else notes
+    rows = [(r, load_diagnostics(r)) for _, r in best.iterrows()] if len(best) else []
+    diag = [(r, d) for r, d in rows if d is not None]
+    if not diag:
+        for item in ('Figure 4 (domain NLL)', 'Figure 5 (angular distance)', 'Figure 6 (causal and permutation scores)', 'threshold table',
+                     'Figure 7 (residual-path weights)', 'Figure 8 (pruning, logit lens)', 'Figure 9 (dead zone)', 'Figure 10 (HC vs mHC mixing)'):
+            rep.note_missing(item, 'no diagnosed runs: run `depthbench-nb diagnose RUN_DIR` (or nbs/11_diagnose.ipynb) on the runs')
+        return
+    undiagnosed = [f"{r['arch']} L{int(r['n_layer'])}" for r, d in rows if d is None]
+    if undiagnosed: rep.note_missing('diagnostics of ' + ', '.join(undiagnosed), 'these runs have no diagnostics/ folder')
+    for section in (depthbench_heatmap_section, depthbench_threshold_section, depthbench_residual_path_section, depthbench_pruning_lens_section,
+                    depthbench_mixing_section, depthbench_dead_zone_section, depthbench_domain_nll_section):
+        section(rep, diag, notes)
+
+# %% ../nbs/09c_reports.ipynb #e4390b5f
+ESTIMATE_LABEL = ('An estimate from the FLOP count under a stated assumption (H100 bf16 dense peak at 40% MFU): not measured, '
+                  "NOT comparable with the paper's measured GPU-hours (A100).")
+
+
+def depthbench_costs_section(rep: Report, df: pd.DataFrame, notes: Optional[dict] = None):
+    "Table 3 and the architecture table (accounting), Figure 11's costs at the paper shapes (with verdicts), GPU-hour estimates, what the runs measured."
     from depthbench_nb.config import ARCHS
     from depthbench_nb.costs import cost_row, measured_costs
-    from depthbench_nb.shapes import grid_shapes
+    from depthbench_nb.shapes import count_params, grid_shapes, shape_for
     from depthbench_nb.sweep import DEFAULT_MFU, GPU_PEAK_FLOPS
+    notes = {} if notes is None else notes
+    ref = reference_table('depthbench')
+    # Table 3: the 400M shapes, from the shape rule, beside the paper's (rounded) numbers
+    t3 = []
+    for s in grid_shapes('400m'):
+        pc = count_params(s.model_config('preln'))
+        paper = {q: _ref_value(ref, f'table3_{q}', 'all', s.n_layer) for q in ('d_model', 'ffn', 'backbone_m', 'total_m')}
+        t3.append(dict(n_layer=s.n_layer, d_model=s.d_model, ffn_hidden=s.ffn_hidden, head_dim=s.head_dim, ratio=round(s.ratio, 2),
+                       backbone_m=pc.backbone / 1e6, total_m=pc.total / 1e6, paper_d_model=paper['d_model'], paper_ffn=paper['ffn'],
+                       paper_backbone_m=paper['backbone_m'], paper_total_m=paper['total_m']))
+        rep.verdict(f'Table 3 total parameters, 400m L{s.n_layer} (M)', pc.total / 1e6, paper['total_m'], 0.005,
+                    f"{PAPER_SOURCE}, Table 3 (rounded to 1M); shape d={s.d_model}, ffn={s.ffn_hidden}")
+    rep.table(pd.DataFrame(t3), 'depthbench_table3_shapes', "Table 3: the 400M shapes from the shape rule, beside the paper's", label=ACCOUNTING_LABEL)
+    s24 = shape_for('400m', 24)
+    archs = [a for a in ARCHS if ARCHS[a].family != 'looped']
+    rep.table(pd.DataFrame([dict(arch=a, family=ARCHS[a].family, residual_update=ARCHS[a].summary,
+                                 extra_params_at_400m_L24=count_params(s24.model_config(a)).design_extra) for a in archs]),
+              'depthbench_architectures', "The ten designs on one backbone (the paper's architecture table) and what each adds at 400m L24",
+              label=ACCOUNTING_LABEL)
     ends = {s.n_layer: s for s in grid_shapes('400m')}
     pre16, pre70 = (cost_row(ends[L].model_config('preln'), seq_len=4096) for L in (16, 70))
-    rep.verdict('prefill TFLOPs, 400m L16, seq 4096', pre16['prefill_flops'] / 1e12, 3.0, 0.1, 'specs/papers.md §1 Costs of depth ("about 3.0")')
-    rep.verdict('prefill TFLOPs, 400m L70, seq 4096', pre70['prefill_flops'] / 1e12, 4.4, 0.1, 'specs/papers.md §1 Costs of depth ("about 4.4")')
+    rep.verdict('prefill TFLOPs, 400m L16, seq 4096', pre16['prefill_flops'] / 1e12, 3.0, 0.1, f'{PAPER_SOURCE}, Figure 11 ("3.0 -> 4.4")')
+    rep.verdict('prefill TFLOPs, 400m L70, seq 4096', pre70['prefill_flops'] / 1e12, 4.4, 0.1, f'{PAPER_SOURCE}, Figure 11 ("3.0 -> 4.4")')
     kv_ratio = pre70['kv_cache_bytes'] / pre16['kv_cache_bytes']
     rep.verdicts.append(dict(quantity='KV cache L70 / L16', ours=kv_ratio, paper=2.0, tolerance='must exceed 2',
-                             verdict='reproduced' if kv_ratio > 2 else 'NOT reproduced', note='specs/papers.md §1: "more than doubles"'))
-    rows = []
-    for s in grid_shapes('400m'):
-        for a in [a for a in ARCHS if ARCHS[a].family != 'looped']:
-            row = cost_row(s.model_config(a), seq_len=4096)
-            row['gpu_hours_8B_tokens_est'] = row['train_flops_per_token'] * 8e9 / (GPU_PEAK_FLOPS * DEFAULT_MFU) / 3600
-            rows.append(row)
-    rep.table(pd.DataFrame(rows), 'depthbench_costs_400m',
-              'Accounting at the paper shapes (400m grid, prefill at seq 4096): params, FLOPs, KV cache, memory, '
-              'GPU-hours for 8B tokens (estimate: H100 bf16 peak at 40% MFU)', label=ACCOUNTING_LABEL)
+                             verdict='reproduced' if kv_ratio > 2 else 'NOT reproduced', note=f'{PAPER_SOURCE}: "> 2x, identical across architectures"'))
+    rows = [cost_row(s.model_config(a), seq_len=4096) for s in grid_shapes('400m') for a in archs]
+    kv = pd.DataFrame(rows).groupby(['n_layer'])['kv_cache_bytes'].nunique()
+    rep.verdicts.append(dict(quantity='KV cache identical across the designs at every 400m shape', ours=float((kv == 1).all()), paper=1.0,
+                             tolerance='exact', verdict='reproduced' if (kv == 1).all() else 'NOT reproduced',
+                             note=f'{PAPER_SOURCE}; MoDA\'s depth cache is the separate depth_cache_bytes column'))
+    costs = pd.DataFrame(rows)
+    costs['ratio'] = costs['d_model'] / costs['n_layer']
+    rep.table(costs, 'depthbench_costs_400m',
+              'Accounting at the paper shapes (400m grid, prefill at seq 4096): params, FLOPs, KV cache as the paper defines it '
+              '(every design the same), MoDA\'s depth cache as its own column, memory', label=ACCOUNTING_LABEL)
+    gpu = costs[['arch', 'n_layer', 'd_model', 'train_flops_per_token']].copy()
+    from depthbench_nb.shapes import OFFICIAL_STEPS, PRESETS
+    tokens = OFFICIAL_STEPS['400m'] * PRESETS['400m'].global_batch * PRESETS['400m'].seq_len
+    gpu['tokens'] = tokens
+    gpu['gpu_hours_est'] = gpu['train_flops_per_token'] * tokens / (GPU_PEAK_FLOPS * DEFAULT_MFU) / 3600
+    rep.table(gpu, 'depthbench_gpu_hours_est', f'GPU-hours to train each 400m shape ({OFFICIAL_STEPS["400m"]:,} steps, {tokens:.3g} tokens): an estimate',
+              label=ESTIMATE_LABEL)
+    plt, sns = _sns()
+    pal = _arch_palette(costs.arch)
+    costs = costs.merge(gpu[['arch', 'n_layer', 'gpu_hours_est']], on=['arch', 'n_layer'])
+    fig, axes = plt.subplots(1, 4, figsize=(15, 3.4))
+    for arch, g in costs.sort_values('ratio').groupby('arch'):
+        c = pal[arch]
+        axes[0].plot(g.ratio, g.prefill_flops / 1e12, marker='o', ms=3, color=c, label=arch)
+        axes[1].plot(g.ratio, g.kv_cache_bytes / 2**30, marker='o', ms=3, color=c, label=arch)
+        if (g.depth_cache_bytes > 0).any(): axes[1].plot(g.ratio, g.depth_cache_bytes / 2**30, ls='--', color=c, label=f'{arch} depth cache (separate)')
+        axes[2].plot(g.ratio, (g.param_bytes * 2 + g.optimizer_bytes + g.activation_bytes) / 2**30, marker='o', ms=3, color=c, label=arch)
+        axes[3].plot(g.ratio, g.gpu_hours_est, marker='o', ms=3, color=c, label=arch)
+    for ax, y in zip(axes, ('prefill TFLOPs (seq 4096)', 'KV cache GiB (seq 4096, bf16)', 'training memory GiB (estimate, 1 sequence)',
+                            'GPU-hours (estimate)')):
+        _log_ratio_axis(ax); ax.set_ylabel(y, fontsize=7)
+    axes[0].legend(fontsize=5); axes[1].legend(fontsize=5)
+    diffs = ['closed-form accounting at the paper shapes, not measurements on an A100: peak memory and GPU-hours are estimates '
+             '(bf16 parameters, gradients and AdamW states plus one sequence of activations; H100 bf16 peak at 40% MFU)',
+             "MoDA's depth cache is drawn apart from the KV cache (the paper's KV cache is identical across designs)"]
+    notes['Figure 11'] = diffs
+    rep.figure(fig, 'depthbench_costs_figure', _caption('Figure 11', 'Costs of depth at the 400m shapes: prefill FLOPs, KV cache, memory, GPU-hours', diffs))
     done = completed(df[_not_looped(df)]) if len(df) else df
     meas = []
     for _, r in done.iterrows():
         try: m = measured_costs(run_folder(r))
         except ConfigError: continue
-        meas.append(dict(arch=r['arch'], n_layer=r['n_layer'], d_model=r['d_model'], steps=r.get('steps'), tokens=r.get('tokens'),
-                         wall_time_s=r.get('wall_time_s'), device_hours=(r.get('wall_time_s') or np.nan) / 3600,
+        meas.append(dict(arch=r['arch'], preset=r.get('preset'), n_layer=r['n_layer'], d_model=r['d_model'], steps=r.get('steps'),
+                         tokens=r.get('tokens'), wall_time_s=r.get('wall_time_s'), device_hours=(r.get('wall_time_s') or np.nan) / 3600,
                          train_flops=r.get('train_flops'), peak_mem_bytes=m['peak_mem_bytes'], tokens_per_s_median=m['tokens_per_s_median']))
     if meas:
         rep.table(pd.DataFrame(meas), 'depthbench_costs_measured', "Measured on this study's runs: peak memory, tokens/s, wall time, device-hours")
     else:
         rep.note_missing('measured costs', 'no completed run with metrics.jsonl')
 
+# %% ../nbs/09c_reports.ipynb #c02fd37b
+DEPTHBENCH_PAPER_ITEMS = (   # (paper item, what it shows, artifacts that rebuild it)
+    ('Table 3', 'the 400M shapes (L, d, FFN, head_dim, d/L, backbone, total)', ('depthbench_table3_shapes',)),
+    ('architecture table', 'ten designs on one backbone: residual update, weights, what each reads', ('depthbench_architectures',)),
+    ('Figure 1', 'overview figure', ()),
+    ('Figure 2', 'validation loss vs d/L at 400M per design (fixed total; fixed backbone)', ('depthbench_val_loss', 'depthbench_loss_vs_ratio')),
+    ('Figure 3', 'validation loss vs d/L across scales (200M-500M, 1.6B)', ('depthbench_loss_across_scales',)),
+    ('Figure 4', 'NLL on coding, STEM and math vs d/L', ('depthbench_domain_nll',)),
+    ('Figure 5', 'angular distance between layers, L = 32', ('depthbench_angular',)),
+    ('Figure 6', 'causal and permutation scores: pair maps and late-pair fractions', ('depthbench_causal', 'depthbench_permutation', 'depthbench_threshold_fractions')),
+    ('threshold table', 'late-layer pairs above causal 0.45 / permutation 0.15, L = 32', ('depthbench_threshold_fractions',)),
+    ('Figure 7', 'explicit residual-path weights: Pre-LN, Full AttnRes, HC', ('depthbench_residual_path',)),
+    ('Figure 8', 'layer pruning and logit-lens KL per depth', ('depthbench_pruning_logit_lens',)),
+    ('Figure 9', 'Block AttnRes depth-mixing weights and the dead segment', ('depthbench_dead_zone',)),
+    ('Figure 10', 'HC vs mHC: effective rank, direction overlap, singular spectrum', ('depthbench_mixing_erank', 'depthbench_mixing')),
+    ('Figure 11', 'prefill FLOPs, KV cache, peak memory and GPU-hours vs d/L', ('depthbench_costs_400m', 'depthbench_costs_figure')),
+)
+_NOT_REBUILT = {'Figure 1': "the project page shows Figure 1 without a caption or data; its message (Pre-LN worse, HC and Full AttnRes "
+                            "better with depth at ~400M) is Figure 2's, rebuilt here"}
+_SCALE_FREE = ('Table 3', 'architecture table', 'Figure 11')   # accounting: comparable at any scale
+
+
+def depthbench_paper_index(rep: Report, notes: dict) -> pd.DataFrame:
+    "One row per paper table and figure: rebuilt, rebuilt with a stated difference, or missing and why."
+    built, rows = rep.built(), []
+    for item, what, stems in DEPTHBENCH_PAPER_ITEMS:
+        have = [s for s in stems if s in built]
+        if not stems or not have:
+            key = item.split(' (')[0]
+            why = _NOT_REBUILT.get(item) or '; '.join(f'{w}: {y}' for w, y in rep.missing if key in w) or 'not built (see Missing)'
+            rows.append(dict(paper=item, what=what, status='missing', detail=why, artifacts=''))
+            continue
+        diffs = [d for d in notes.get(item, []) if d]
+        if item not in _SCALE_FREE and not rep.scale.comparable and not any("paper's setting" in d for d in diffs):
+            diffs.insert(0, 'runs not at the paper\'s setting (see the scale label)')
+        rows.append(dict(paper=item, what=what, status='rebuilt with a stated difference' if diffs else 'rebuilt',
+                         detail='; '.join(diffs), artifacts=', '.join(have)))
+    return pd.DataFrame(rows)
+
 
 def build_depthbench_report(study: str, df: Optional[pd.DataFrame] = None, out_dir=None) -> Report:
-    "All DepthBench tables and figures of a study into papermill_runs/<study>/report/."
+    "All DepthBench tables and figures of a study into papermill_runs/<study>/report/, comparability decided run by run."
     df = normalize_runs(study_table(study) if df is None else df)
-    rep = Report(study, 'depthbench', study_scale(df[_not_looped(df)] if len(df) else df, study),
-                 Path(out_dir) if out_dir else runs_root() / study / 'report', expected=DEPTHBENCH_ARTIFACTS)
+    if len(df): df = df.assign(preset=df['preset'].fillna('unknown'))
+    mine = df[_not_looped(df)] if len(df) else df
+    base = study_scale(mine, study)
+    done = with_comparability(completed(mine)) if len(completed(mine)) else None
+    n_ok = int(done['comparable'].sum()) if done is not None else 0
+    n = len(done) if done is not None else 0
+    scale = RunScale(base.presets, bool(n) and n_ok == n and base.provenance != 'demo', base.provenance, n_runs=n, n_comparable=n_ok)
+    rep = Report(study, 'depthbench', scale, Path(out_dir) if out_dir else runs_root() / study / 'report', expected=DEPTHBENCH_ARTIFACTS)
+    notes: dict = {}
     status_section(rep, df, _not_looped)
-    best = depthbench_loss_section(rep, df)
-    depthbench_diagnostics_section(rep, best)
-    depthbench_costs_section(rep, df)
-    rep.write_index()
+    best = depthbench_loss_section(rep, df, notes)
+    depthbench_scales_section(rep, best, notes)
+    depthbench_diagnostics_section(rep, best, notes)
+    depthbench_costs_section(rep, df, notes)
+    index = depthbench_paper_index(rep, notes)
+    rep.table(index, 'depthbench_paper_index', "Every paper table and figure: rebuilt, rebuilt with a stated difference, or missing and why")
+    path = rep.write_index()
+    lines = ['', "## The paper's tables and figures", '', markdown_table(index[['paper', 'status', 'detail', 'artifacts']]), '']
+    atomic_write_text(path, path.read_text() + '\n'.join(lines))
     return rep
 
 # %% ../nbs/09c_reports.ipynb #436ea776
@@ -717,7 +1201,7 @@ def demo_extra_entries(study: str = 'demo') -> list:
     return sweep.expand_study(extra)
 
 # %% ../nbs/09c_reports.ipynb #315e05f3
-DEMO_METRICS = ('angular', 'causal', 'permutation', 'logit_lens', 'mixing', 'dead_zone', 'domain_nll')
+DEMO_METRICS = ('angular', 'causal', 'permutation', 'pruning', 'logit_lens', 'mixing', 'dead_zone', 'residual_path', 'domain_nll')
 
 
 def _cpu_s() -> float:

