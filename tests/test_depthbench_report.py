@@ -57,8 +57,8 @@ def diagnosed_record(arch, loss, **options):
     write_diagnostics(res, folder / 'diagnostics', figures=False)
 
 
-@pytest.fixture(scope='module')
-def report(tmp_path_factory):
+def build_report(tmp_path_factory):
+    "The fixture study's records, and its report (built once: one test holds every check on it)."
     with pytest.MonkeyPatch.context() as mp:
         root = tmp_path_factory.mktemp('depthbench-report-runs')
         mp.setenv('DEPTHBENCH_RUNS', str(root))
@@ -73,7 +73,7 @@ def report(tmp_path_factory):
             diagnosed_record(arch, 8.0, **opts)
         out = tmp_path_factory.mktemp('depthbench-report')
         rep = reports.build_depthbench_report(STUDY, out_dir=out)
-        yield rep, out
+    return rep, out
 
 
 def test_budgets_are_the_official_step_counts():
@@ -90,8 +90,16 @@ def test_budgets_are_the_official_step_counts():
     assert total_steps(make_run_config('moda', L=20, preset='400m', verbose=False)) == 7600
 
 
-def test_comparability_is_decided_from_each_run(report):
-    rep, out = report
+def test_the_report_on_records_made_here(tmp_path_factory):
+    rep, out = build_report(tmp_path_factory)
+    check_comparability(rep, out)
+    check_presets_kept_apart(rep, out)
+    check_every_paper_figure(rep, out)
+    check_tables(rep, out)
+
+
+def check_comparability(rep, out):
+    "Comparability is decided from each run: shape, planned tokens and completed steps against the paper's cell."
     val = pd.read_csv(out / 'depthbench_val_loss.csv').set_index(['arch', 'preset', 'n_layer'])
     ok = val.loc[('preln', '400m', 32)]
     assert ok.comparable and pd.isna(ok.what_differs) and ok.paper_val_loss == 2.782 and ok.planned_tokens == 7600 * 512 * 2048
@@ -112,9 +120,8 @@ def test_comparability_is_decided_from_each_run(report):
     assert reports.run_comparability({**rec, 'steps': 7000, 'status': 'diverged'}, plan)[1] == ['status diverged', '7,000 steps completed (the paper: 7,600)']
 
 
-def test_presets_are_kept_apart(report):
+def check_presets_kept_apart(rep, out):
     "200M L18 and 300M L21 share d/L = 42.67: two rows and two panels, never one averaged point."
-    rep, out = report
     val = pd.read_csv(out / 'depthbench_val_loss.csv')
     same = val[(val.ratio - 768 / 18).abs() < 1e-9]
     assert sorted(same.preset) == ['ladder-200m', 'ladder-300m'] and sorted(same.val_loss) == pytest.approx([2.91, 3.01])
@@ -123,8 +130,8 @@ def test_presets_are_kept_apart(report):
     assert 'one panel per preset' in captions['depthbench_loss_vs_ratio.png']
 
 
-def test_every_paper_figure_is_built_and_indexed(report):
-    rep, out = report
+def check_every_paper_figure(rep, out):
+    "Every artifact, each figure's caption naming its paper figure, and the index of the paper's tables and figures."
     for stem in reports.DEPTHBENCH_ARTIFACTS:
         assert (out / f'{stem}.csv').exists() or (out / f'{stem}.png').exists(), stem
     captions = dict(rep.artifacts)
@@ -140,8 +147,8 @@ def test_every_paper_figure_is_built_and_indexed(report):
     assert "## The paper's tables and figures" in (out / 'depthbench_index.md').read_text()
 
 
-def test_tables_say_what_they_are(report):
-    rep, out = report
+def check_tables(rep, out):
+    "Tables say what they are: our dead-zone threshold, late-pair counts, stand-in sets, the paper's KV cache, estimates."
     dz = pd.read_csv(out / 'depthbench_dead_zone.csv')
     assert list(dz.arch) == ['block_attnres'] and dz.threshold_source.str.startswith('ours').all()
     thr = pd.read_csv(out / 'depthbench_threshold_fractions.csv').set_index('arch')
