@@ -406,7 +406,9 @@ def with_comparability(rows: pd.DataFrame, plan_for: Callable = lambda r: depthb
     out['comparable'] = [ok for _, ok, _ in res]
     out['what_differs'] = ['; '.join(why) for _, _, why in res]
     out['paper_cell'] = [p.label if p else '' for p, _, _ in res]
-    out['paper_shape'] = [bool(p) and not any(w.split(' ')[0] in p.shape for w in why) for p, _, why in res]
+    rows_ = [out.iloc[i].to_dict() for i in range(len(out))]
+    out['paper_shape'] = [p is not None and all(_num(_record_value(r, k)) == _num(v) for k, v in p.shape.items())
+                          for (p, _, _), r in zip(res, rows_)]   # the paper's shape, whatever the budget
     return out
 
 
@@ -563,12 +565,16 @@ def depthbench_threshold_section(rep: Report, diag: list, notes: dict):
     rows = []
     for r, d in diag:
         if 'causal' not in d and 'permutation' not in d: continue
+        from depthbench_nb.diagnostics import CAUSAL_THRESHOLD, PERMUTATION_THRESHOLD, late_pair_fraction
         c, p = d.get('causal') or {}, d.get('permutation') or {}
-        row = dict(arch=r['arch'], preset=r['preset'], n_layer=int(r['n_layer']),
-                   causal_frac_pairs_045=c.get('frac_above', np.nan), causal_late_pairs=(c.get('extra') or {}).get('late_pairs'),
-                   causal_late_pairs_above=(c.get('extra') or {}).get('late_pairs_above'),
-                   perm_frac_pairs_015=p.get('frac_above', np.nan),
-                   causal_frac_layers_by_mean_not_paper=(c.get('extra') or {}).get('frac_layers_mean_above', np.nan))
+        # counted again from the stored matrices: a record diagnosed before the pair count holds a per-layer fraction
+        cf, ca, cn = late_pair_fraction(_matrix(c['matrix']), CAUSAL_THRESHOLD) if c else (np.nan, None, None)
+        pf = late_pair_fraction(_matrix(p['matrix']), PERMUTATION_THRESHOLD)[0] if p else np.nan
+        per_layer = [v for v in (c.get('per_layer') or []) if v is not None]
+        late = [v for k, v in enumerate(c.get('per_layer') or []) if k >= int(r['n_layer']) // 4 and v is not None and not math.isnan(v)]
+        row = dict(arch=r['arch'], preset=r['preset'], n_layer=int(r['n_layer']), causal_frac_pairs_045=cf, causal_late_pairs=cn,
+                   causal_late_pairs_above=ca, perm_frac_pairs_015=pf,
+                   causal_frac_layers_by_mean_not_paper=(sum(v > CAUSAL_THRESHOLD for v in late) / len(late)) if late and per_layer else np.nan)
         for q, col in (('causal_frac_045', 'paper_causal_frac_L32'), ('perm_frac_015', 'paper_perm_frac_L32')): row[col] = _ref_value(ref, q, r['arch'])
         ok, why = run_comparability(r, depthbench_paper_plan(32))   # the paper's table is for its 400M L32 models
         row.update(comparable=ok, what_differs='; '.join(why))
@@ -674,6 +680,8 @@ def depthbench_pruning_lens_section(rep: Report, diag: list, notes: dict):
         ax.set_xlabel('relative depth l / L'); ax.set_ylabel(what); ax.legend(fontsize=6)
     diffs = [_scale_note(_diag_rows(have)), 'pruning measures the increase of held-out LM loss (the official compute_layer_pruning '
              'default; its zero-shot variant is not run)', 'AttnRes states are decoded from the mix their next consumer reads, as the official code']
+    stale = [_tag(r) for r, d in have if r['arch'] == 'block_attnres' and 'logit_lens' in d and 'logit_lens_readout' not in d]
+    if stale: diffs.append(f"diagnosed before the lens decoded the next block's depth mix, so it decodes partial sums: {', '.join(stale)} (re-run diagnose)")
     notes['Figure 8'] = diffs
     rep.figure(fig, 'depthbench_pruning_logit_lens', _caption('Figure 8', 'Layer pruning and logit-lens KL per depth', diffs))
 
@@ -796,7 +804,11 @@ def depthbench_costs_section(rep: Report, df: pd.DataFrame, notes: Optional[dict
                     f"{PAPER_SOURCE}, Table 3 (rounded to 1M); shape d={s.d_model}, ffn={s.ffn_hidden}")
     rep.table(pd.DataFrame(t3), 'depthbench_table3_shapes', "Table 3: the 400M shapes from the shape rule, beside the paper's", label=ACCOUNTING_LABEL)
     s24 = shape_for('400m', 24)
-    archs = [a for a in ARCHS if ARCHS[a].family != 'looped']
+
+    def counted(a):   # a design registered at run time without a closed-form count (a notebook's example) has no row
+        try: count_params(s24.model_config(a)); return True
+        except ConfigError: return False
+    archs = [a for a in ARCHS if ARCHS[a].family != 'looped' and counted(a)]
     rep.table(pd.DataFrame([dict(arch=a, family=ARCHS[a].family, residual_update=ARCHS[a].summary,
                                  extra_params_at_400m_L24=count_params(s24.model_config(a)).design_extra) for a in archs]),
               'depthbench_architectures', "The ten designs on one backbone (the paper's architecture table) and what each adds at 400m L24",
