@@ -221,6 +221,7 @@ class RunFolderLock:
             if old is not None and not old.get('released') and holder_alive(old) in (True, None): return False
             if self.holder() == old:                                  # stale: remove it and try again
                 with contextlib.suppress(FileNotFoundError): self.path.unlink()
+                self.took_over = old
             return None
         finally: tmp.unlink(missing_ok=True)
 
@@ -252,9 +253,9 @@ class RunFolderLock:
                               f"wait for it (depthbench-nb train --wait) or stop that process{hint}")
             if not said: self.say(f"waiting for {describe_holder(holder)}, which is writing {self.folder}"); said = True
             time.sleep(self.poll_s)
-        if previous and not previous.get('released') and previous.get('pid') != os.getpid():
-            self.took_over = previous
-            self.say(f"took over the lock of {describe_holder(previous)}, which no longer runs")
+        if self.took_over is None and previous and not previous.get('released') and previous.get('pid') != os.getpid():
+            self.took_over = previous                                   # flock: the kernel dropped a dead holder's lock
+        if self.took_over: self.say(f"took over the lock of {describe_holder(self.took_over)}, which no longer runs")
         if self.mode == 'flock':
             os.ftruncate(self.fd, 0); os.pwrite(self.fd, json.dumps(self._record()).encode(), 0); os.fsync(self.fd)
         return self

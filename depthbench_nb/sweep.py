@@ -261,7 +261,9 @@ def is_running(study: str, run_id: str) -> bool:
     from depthbench_nb.runs import run_folder_holder
     if run_folder_holder(runs_root() / study / run_id) is not None: return True
     if not (sweep_dir(study) / 'locks' / f'{run_id}.lock').exists(): return False
-    with RunLock(study, run_id) as lk: return not lk.acquired
+    try:
+        with RunLock(study, run_id) as lk: return not lk.acquired
+    except OSError: return False           # an unusable lock path: nobody can hold it (the driver reports the run)
 
 
 def _attempts_path(study: str, run_id: str) -> Path: return sweep_dir(study) / 'attempts' / f'{run_id}.json'
@@ -555,7 +557,8 @@ def collect(study, write: bool = True) -> pd.DataFrame:
     root = runs_root() / spec.name
     for folder in sorted(p for p in root.glob('*') if p.is_dir() and p.name not in planned and (p / 'params.json').exists()):
         try: run = read_params(folder)
-        except (ConfigError, ValueError, KeyError): continue
+        except (ConfigError, ValueError, KeyError) as e:       # not a run of this package (or damaged): said, skipped
+            print(f"collect: skipped {folder}: {e}", file=sys.stderr); continue
         res = read_result(folder)
         rows.append(_record_row(spec.name, None, res['status'] if res else 'unfinished', run, {}, res))
     df = pd.DataFrame(rows)
