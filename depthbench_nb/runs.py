@@ -277,12 +277,13 @@ def run_folder_holder(folder) -> Optional[dict]:
     "The record of the live process writing a run folder, or None. A look only: it takes no lock and writes nothing."
     rec = RunFolderLock(folder).holder()
     if not rec or rec.get('released'): return None
-    alive = holder_alive(rec)
-    if alive is not None: return rec if alive else None
-    try: fd = os.open(Path(folder) / LOCK_FILE, os.O_RDONLY)           # another host: ask the lock itself
+    if holder_alive(rec): return rec
+    # another host, or a holder that died while a process it launched (accelerate's launcher) keeps the lock: ask it
+    try: fd = os.open(Path(folder) / LOCK_FILE, os.O_RDONLY)
     except FileNotFoundError: return None
     try: fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB); return None
-    except OSError: return rec                                          # held, or no flock here (the record stands)
+    except BlockingIOError: return rec                                  # held
+    except OSError: return rec if holder_alive(rec) is None else None   # no flock here: the record is the lock
     finally: os.close(fd)
 
 # %% ../nbs/07a_runs.ipynb #1204bbe6

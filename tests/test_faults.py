@@ -275,8 +275,10 @@ def test_lock_where_the_filesystem_has_no_flock(tmp_path, monkeypatch):
     assert not (folder / '.lock').exists()                          # released: the record is gone
     dead = subprocess.Popen(['true']); dead.wait()
     (folder / '.lock').write_text(json.dumps(dict(pid=dead.pid, host=socket.gethostname(), released=False, since='then')))
+    assert run_folder_holder(folder) is None                        # its process is gone: nobody writes the run
     with RunFolderLock(folder, say=lambda m: None) as b: assert b.took_over['pid'] == dead.pid   # stale: taken over
     (folder / '.lock').write_text(json.dumps(dict(pid=1, host='other-node', released=False, since='then')))
+    assert run_folder_holder(folder)['host'] == 'other-node'        # another host: cannot tell, so it counts as held
     with pytest.raises(RunBusy, match=r'other-node.*delete .*\.lock'): RunFolderLock(folder).acquire()
 
 
