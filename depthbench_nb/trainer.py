@@ -830,7 +830,7 @@ def cli_train(argv=None) -> int:
     why = None
     if a.run_config:
         run = read_params(Path(a.run_config).parent) if Path(a.run_config).name == RECORD_FILES['params'] else \
-            RunConfig.from_dict({k: v for k, v in json.loads(Path(a.run_config).read_text()).items() if k != 'run_id'})
+            RunConfig.from_dict({k: v for k, v in read_json(a.run_config).items() if k != 'run_id'})
     else:
         if not a.arch: raise ConfigError('--arch is required (or --run-config)')
         init_seed = a.init_seed if a.init_seed in ('official', 'tied') else parse_literal(a.init_seed)

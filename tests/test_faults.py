@@ -315,6 +315,9 @@ def test_load_run_skips_a_damaged_checkpoint(stopped_run, capsys):
     w = list_checkpoints(folder)[-1][1] / 'model.safetensors'; w.write_bytes(w.read_bytes()[:-16])
     model, _ = load_run(folder)                                                  # reads, never moves anything
     assert 'step_00000008 is damaged' in capsys.readouterr().err and [s for s, _ in list_checkpoints(folder)] == [6, 8]
+    from depthbench_nb.costs import measured_costs                               # diagnose's reading of the metrics
+    with open(folder / 'metrics.jsonl', 'a') as f: f.write('{"step": 8, "loss": 3.')   # a writer killed mid-line
+    assert measured_costs(folder)['steps'] == 8
 
 
 def _to_format_1(ckpt: Path) -> None:
