@@ -298,6 +298,7 @@ def verify_checkpoint(path: Path, need_state: bool = True) -> Optional[str]:
         why = verify_checksums(path, required=['model.safetensors', 'meta.json'])
         if why: return why
         meta = read_json(path / 'meta.json')
+        if not isinstance(meta, dict) or not isinstance(meta.get('step'), int): return 'meta.json holds no checkpoint record'
         if need_state and not meta.get('weights_only') and 'train_state.pt' not in (path / CHECKSUMS_FILE).read_text():
             return f"{CHECKSUMS_FILE} does not list train_state.pt"
         return None
@@ -346,6 +347,8 @@ def remove_stale_temporaries(folder: Path) -> list[str]:
 def check_checkpoint_config(path: Path, run: RunConfig) -> dict:
     "The checkpoint's meta.json, or ConfigError with the config difference when another config wrote it."
     meta = read_json(Path(path) / 'meta.json', f'{Path(path).name}/meta.json')
+    if not isinstance(meta, dict) or not isinstance(meta.get('config'), dict):
+        raise CorruptFile(f"{Path(path).name}/meta.json holds no checkpoint record (no config)")
     diff = config_diff(meta['config'], _content(run))
     if diff: raise ConfigError(f"checkpoint {path} was written by a different config; refusing to resume ({format_diff(diff)})")
     return meta
