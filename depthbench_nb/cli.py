@@ -6,17 +6,19 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
 import shutil
 import sys
+import traceback
 from pathlib import Path
 
 from .config import ConfigError, package_dir, repo_root
 
 # %% auto #0
-__all__ = ['COMMANDS', 'format_table', 'parse_literal', 'emit', 'main', 'notebooks_dir', 'template_notebooks', 'template_path',
-           'cli_notebooks']
+__all__ = ['COMMANDS', 'format_table', 'parse_literal', 'emit', 'UsageError', 'error_kind', 'main', 'notebooks_dir',
+           'template_notebooks', 'template_path', 'cli_notebooks']
 
 # %% ../nbs/00a_cli.ipynb #1ec7e9ec
 def format_table(rows: list[dict], columns=None) -> str:
@@ -44,9 +46,12 @@ def parse_literal(text: str):
     return text
 
 
+_JSON_STDOUT = None   # the real stdout while `main` runs a --json command (anything else printed goes to stderr)
+
+
 def emit(data, as_json: bool, title: str | None = None, columns=None, file=None) -> int:
     "Print `data` (rows or an object) as JSON or as a table; returns exit code 0."
-    file = file or sys.stdout
+    file = file or (_JSON_STDOUT if as_json and _JSON_STDOUT is not None else sys.stdout)
     if as_json:
         print(json.dumps(data, indent=2, default=str), file=file)
     else:
@@ -95,8 +100,42 @@ def _load(target: str):
     return getattr(module, fn)
 
 
+class UsageError(ConfigError):
+    "Bad command-line options (argparse's message and the usage line)."
+    kind = 'usage'
+
+
+def error_kind(e: BaseException) -> str:
+    "The `kind` of an error in `--json` output: config, usage, corrupt, unsafe, busy, not_found, io or internal."
+    if isinstance(e, ConfigError): return e.kind
+    if isinstance(e, FileNotFoundError): return 'not_found'
+    if isinstance(e, OSError): return 'io'
+    return 'internal'
+
+
+@contextlib.contextmanager
+def _usage_errors_raise():
+    "argparse reports a bad option by printing the usage and exiting 2; under --json it raises UsageError instead."
+    original = argparse.ArgumentParser.error
+    def error(self, message): raise UsageError(f"{message} ({self.format_usage().strip()})")
+    argparse.ArgumentParser.error = error
+    try: yield
+    finally: argparse.ArgumentParser.error = original
+
+
+def _fail(cmd: str, e: BaseException, as_json: bool, out) -> int:
+    kind = error_kind(e)
+    msg = str(e) if kind != 'internal' else f"{type(e).__name__}: {e}"
+    if as_json: print(json.dumps(dict(error=msg, kind=kind)), file=out)
+    else: print(f"{' '.join(('depthbench-nb', cmd)).strip()}: error: {msg}", file=sys.stderr)
+    return 2
+
+
 def main(argv=None) -> int:
-    "Entry point of the `depthbench-nb` console script."
+    """Entry point of the `depthbench-nb` console script. Bad input, a damaged or unsafe file, a busy run folder
+    and OS errors end with one clear line and exit 2, never a traceback. With `--json`, stdout holds only JSON:
+    the result, or `{"error": ..., "kind": ...}` for any error (exit 2); everything else goes to stderr."""
+    global _JSON_STDOUT
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ('-h', '--help', 'help'):
         print(_usage()); return 0
@@ -104,17 +143,22 @@ def main(argv=None) -> int:
         from depthbench_nb import __version__
         print(f'depthbench-nb {__version__}'); return 0
     cmd, rest = argv[0], argv[1:]
+    as_json, out = '--json' in rest, sys.stdout
     if cmd not in COMMANDS:
-        print(f"depthbench-nb: unknown subcommand {cmd!r}; valid subcommands: {', '.join(COMMANDS)}", file=sys.stderr)
-        return 2
+        return _fail('', UsageError(f"unknown subcommand {cmd!r}; valid subcommands: {', '.join(COMMANDS)}"), as_json, out)
     try:
-        return int(_load(COMMANDS[cmd][0])(rest) or 0)
-    except ConfigError as e:  # bad input: a clear message, no traceback
-        print(f'depthbench-nb {cmd}: error: {e}', file=sys.stderr)
-        return 2
-    except FileNotFoundError as e:
-        print(f'depthbench-nb {cmd}: error: {e}', file=sys.stderr)
-        return 2
+        if not as_json: return int(_load(COMMANDS[cmd][0])(rest) or 0)
+        _JSON_STDOUT = out
+        with contextlib.redirect_stdout(sys.stderr), _usage_errors_raise():
+            return int(_load(COMMANDS[cmd][0])(rest) or 0)
+    except (ConfigError, OSError) as e:      # bad input, damaged files, a busy run, the disk: a clear message
+        return _fail(cmd, e, as_json, out)
+    except Exception as e:                   # a bug: the traceback (stderr) and, under --json, still a JSON error
+        if not as_json: raise
+        traceback.print_exc(file=sys.stderr)
+        return _fail(cmd, e, as_json, out)
+    finally:
+        _JSON_STDOUT = None
 
 # %% ../nbs/00a_cli.ipynb #1e2f03d4
 def notebooks_dir() -> Path:

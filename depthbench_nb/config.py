@@ -18,14 +18,31 @@ from pathlib import Path
 from typing import Any, Optional
 
 # %% auto #0
-__all__ = ['ARCHS', 'FAMILIES', 'DESIGN_OPTIONS', 'OPTIMIZERS', 'SCHEDULES', 'PRECISIONS', 'ConfigError', 'ArchSpec',
-           'register_arch', 'arch_names', 'resolve_arch', 'Config', 'config_hash', 'config_diff', 'ffn_hidden_default',
-           'ModelConfig', 'DataConfig', 'TrainConfig', 'RunConfig', 'package_dir', 'repo_root', 'runs_root',
-           'runs_root_reason', 'cache_dir', 'atomic_write_bytes', 'atomic_write_text', 'atomic_write_json']
+__all__ = ['ARCHS', 'FAMILIES', 'DESIGN_OPTIONS', 'OPTIMIZERS', 'SCHEDULES', 'PRECISIONS', 'ConfigError', 'CorruptFile',
+           'UnsafeFile', 'RunBusy', 'ArchSpec', 'register_arch', 'arch_names', 'resolve_arch', 'Config', 'config_hash',
+           'config_diff', 'ffn_hidden_default', 'ModelConfig', 'DataConfig', 'TrainConfig', 'RunConfig', 'package_dir',
+           'repo_root', 'runs_root', 'runs_root_reason', 'cache_dir', 'atomic_write_bytes', 'atomic_write_text',
+           'atomic_write_json']
 
 # %% ../nbs/00_config.ipynb #535214f5
 class ConfigError(ValueError):
     "Invalid configuration: the message names the violated rule (and the valid choices for names)."
+    kind = 'config'
+
+
+class CorruptFile(ConfigError):
+    "A file is truncated, in another format than its name says, or fails its checksum (the message names it)."
+    kind = 'corrupt'
+
+
+class UnsafeFile(ConfigError):
+    "A file would execute code to be loaded (a pickle naming a function or class); it was refused, nothing ran."
+    kind = 'unsafe'
+
+
+class RunBusy(ConfigError):
+    "Another live process holds the run folder's lock (the message names it)."
+    kind = 'busy'
 
 
 def _choice_error(kind: str, value, valid) -> ConfigError:

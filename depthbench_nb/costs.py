@@ -188,7 +188,8 @@ def measured_costs(run_dir) -> dict:
     "Peak memory and throughput a run measured (from metrics.jsonl); ConfigError when the run has none."
     path = Path(run_dir) / 'metrics.jsonl'
     if not path.exists(): raise ConfigError(f'no metrics.jsonl in {run_dir}: measured costs need a (started) training run')
-    rows = [json.loads(l) for l in path.read_text().splitlines() if l.strip()]
+    from depthbench_nb.runs import read_jsonl
+    rows = read_jsonl(path)                     # skips a partial last line (a run killed mid-write)
     mem = [r['peak_mem_bytes'] for r in rows if r.get('peak_mem_bytes') is not None]
     tps = [r['tokens_per_s'] for r in rows if r.get('tokens_per_s')]
     return dict(steps=len(rows), peak_mem_bytes=max(mem) if mem else None,

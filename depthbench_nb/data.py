@@ -484,13 +484,14 @@ def read_manifest(path) -> Optional[dict]:
     m = Path(path) / 'manifest.json'
     try: man = json.loads(m.read_text())
     except (OSError, ValueError): return None
-    return man if man.get('complete') is True and man.get('format_version') == FORMAT_VERSION else None
+    ok = isinstance(man, dict) and man.get('complete') is True and man.get('format_version') == FORMAT_VERSION
+    return man if ok else None
 
 
 def _is_old_format(path: Path) -> bool:
     try: man = json.loads((path / 'manifest.json').read_text())
     except (OSError, ValueError): return False
-    return man.get('format') == 'depthbench-nb tokens' and man.get('format_version') != FORMAT_VERSION
+    return isinstance(man, dict) and man.get('format') == 'depthbench-nb tokens' and man.get('format_version') != FORMAT_VERSION
 
 
 def prepare_command(cfg: DataConfig, out=None) -> str:

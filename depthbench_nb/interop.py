@@ -21,8 +21,8 @@ import torch
 from safetensors.torch import load_file as load_safetensors
 from safetensors.torch import save as _save_safetensors_bytes
 
-from .config import (ConfigError, DataConfig, ModelConfig, RunConfig, TrainConfig, atomic_write_bytes,
-                                  atomic_write_json, resolve_arch)
+from .config import (ConfigError, CorruptFile, DataConfig, ModelConfig, RunConfig, TrainConfig, UnsafeFile,
+                                  atomic_write_bytes, atomic_write_json, resolve_arch)
 from .layers import KVCache
 from .model import DepthModel, build_model
 
@@ -69,19 +69,32 @@ def _dcp_dir(path: Path) -> Path | None:
 
 def read_dcp_state_dict(path, prefix: str = 'model.') -> dict[str, torch.Tensor]:
     "Model tensors of a torch distributed checkpoint (OLMo-core or plain torch writer), without torch.distributed."
+    from depthbench_nb.runs import safe_torch_load
     path = Path(path)
-    with open(path / '.metadata', 'rb') as f: meta = _DCPIndexUnpickler(f).load()
-    out: dict[str, torch.Tensor] = {}
-    for fqn, md in meta.state_dict_metadata.items():
-        if not fqn.startswith(prefix) or not hasattr(md, 'chunks'): continue  # optimizer state, bytes entries
-        out[fqn[len(prefix):]] = torch.empty(tuple(md.size), dtype=md.properties.dtype)
+    index_file = path / '.metadata'
+    try:
+        with open(index_file, 'rb') as f: meta = _DCPIndexUnpickler(f).load()
+        out: dict[str, torch.Tensor] = {}
+        for fqn, md in meta.state_dict_metadata.items():
+            if not fqn.startswith(prefix) or not hasattr(md, 'chunks'): continue  # optimizer state, bytes entries
+            out[fqn[len(prefix):]] = torch.empty(tuple(md.size), dtype=md.properties.dtype)
+        storage = list(meta.storage_data.items())
+    except pickle.UnpicklingError as e:
+        if 'refusing to unpickle' not in str(e): raise CorruptFile(f"{index_file} is not a readable DCP index ({e})") from None
+        raise UnsafeFile(f"{index_file}: {e} (it would run code to be loaded); refused, nothing was executed") from None
+    except (ConfigError, OSError): raise
+    except Exception as e:               # random or truncated bytes make the unpickler fail in many ways
+        raise CorruptFile(f"{index_file} is not a readable DCP index ({type(e).__name__}: {str(e)[:160]})") from None
     handles: dict[str, object] = {}
     try:
-        for index, info in meta.storage_data.items():
+        for index, info in storage:
             if not index.fqn.startswith(prefix) or index.fqn[len(prefix):] not in out: continue
-            f = handles.get(info.relative_path) or handles.setdefault(info.relative_path, open(path / info.relative_path, 'rb'))
+            data_file = (path / info.relative_path).resolve()
+            if not data_file.is_relative_to(path.resolve()):
+                raise UnsafeFile(f"{index_file} points outside its folder ({info.relative_path!r}); refused")
+            f = handles.get(info.relative_path) or handles.setdefault(info.relative_path, open(data_file, 'rb'))
             f.seek(info.offset)
-            shard = torch.load(io.BytesIO(f.read(info.length)), map_location='cpu', weights_only=True)
+            shard = safe_torch_load(io.BytesIO(f.read(info.length)), f"{path / info.relative_path} (tensor {index.fqn})")
             full = out[index.fqn[len(prefix):]]
             offsets = tuple(index.offset) if index.offset is not None else (0,) * full.dim()
             region = full[tuple(slice(o, o + s) for o, s in zip(offsets, shard.shape))] if full.dim() else full
@@ -152,20 +165,30 @@ def resolve_source(source: str, step: Optional[int] = None) -> Path:
     return select_step(local, chosen)
 
 
+def _read_safetensors(path) -> dict[str, torch.Tensor]:
+    "A safetensors file's tensors; a file that is not one (truncated, random, a renamed pickle) is CorruptFile."
+    from safetensors import SafetensorError
+    try: return load_safetensors(str(path))
+    except SafetensorError as e: raise CorruptFile(f"{path} is not a readable safetensors file ({e})") from None
+
+
 def read_state_dict(path) -> tuple[dict[str, torch.Tensor], str]:
-    "(tensors, format) of a local checkpoint: OLMo-core/torch DCP, safetensors (single or sharded), .pt/.bin."
+    """(tensors, format) of a local checkpoint: OLMo-core/torch DCP, safetensors (single or sharded), .pt/.bin.
+    Nothing is unpickled beyond tensors and plain values: `.pt`/`.bin` through `torch.load(weights_only=True)`,
+    a DCP index through an unpickler of its own classes only; a file that would run code is `UnsafeFile`, a
+    damaged one `CorruptFile`."""
+    from depthbench_nb.runs import safe_torch_load
     path = Path(path)
     dcp = _dcp_dir(path) if path.is_dir() else None
     if dcp is not None: return read_dcp_state_dict(dcp), 'dcp'
     if path.is_dir():
         st = sorted(path.glob('*.safetensors'))
-        if st: return {k: v for f in st for k, v in load_safetensors(str(f)).items()}, 'safetensors'
+        if st: return {k: v for f in st for k, v in _read_safetensors(f).items()}, 'safetensors'
         pts = sorted(list(path.glob('*.pt')) + list(path.glob('*.bin')))
         if len(pts) == 1: path = pts[0]
         else: raise ConfigError(f"{path}: no checkpoint found (looked for a DCP .metadata, *.safetensors, one *.pt/*.bin)")
-    if path.suffix == '.safetensors': return load_safetensors(str(path)), 'safetensors'
-    if path.suffix in ('.pt', '.bin', '.pth'):
-        return _unwrap_state_dict(torch.load(path, map_location='cpu', weights_only=True)), 'torch'
+    if path.suffix == '.safetensors': return _read_safetensors(path), 'safetensors'
+    if path.suffix in ('.pt', '.bin', '.pth'): return _unwrap_state_dict(safe_torch_load(path)), 'torch'
     raise ConfigError(f"{path}: unknown checkpoint format (valid: DCP folder, .safetensors, .pt, .bin)")
 
 # %% ../nbs/09b_interop.ipynb #76ba3a09
@@ -464,11 +487,12 @@ def load_pretrained(folder) -> DepthModel:
             from depthbench_nb.trainer import load_run
             return load_run(folder)[0]
         raise ConfigError(f"{folder} holds neither config.json (save_pretrained) nor params.json (a run folder)")
-    meta = json.loads((folder / 'config.json').read_text())
-    if meta.get('format') != CHECKPOINT_FORMAT:
-        raise ConfigError(f"{folder}/config.json has format {meta.get('format')!r}, expected {CHECKPOINT_FORMAT!r}")
+    from depthbench_nb.runs import read_json
+    meta = read_json(folder / 'config.json')
+    if not isinstance(meta, dict) or meta.get('format') != CHECKPOINT_FORMAT:
+        raise ConfigError(f"{folder}/config.json has format {(meta or {}).get('format') if isinstance(meta, dict) else None!r}, expected {CHECKPOINT_FORMAT!r}")
     cfg = ModelConfig.from_dict(meta['model'])
-    sd = load_safetensors(str(folder / 'model.safetensors'))
+    sd = _read_safetensors(folder / 'model.safetensors')
     model = build_model(cfg, device='meta')
     check_state_dict(model, sd, f"{folder}/model.safetensors")
     model.load_state_dict(sd, strict=True, assign=True)
@@ -514,7 +538,7 @@ def import_checkpoint(source: str, arch: str, n_layer: Optional[int] = None, n_h
     """Import SOURCE (local folder/file or hub id) as a run folder; returns (run folder, result).
     `data` is the token data diagnostics will read: default FineWeb-Edu with the NeoX tokenizer for DepthBench's
     vocabulary (50,280, §4), else the package's default data."""
-    from depthbench_nb.runs import RECORD_FILES, provenance, run_dir, write_params, write_result
+    from depthbench_nb.runs import provenance, run_dir, write_result, writing_run_folder
     from depthbench_nb.shapes import count_params
     spec = resolve_arch(arch)
     if spec.family == 'looped': raise ConfigError("import-checkpoint reads DepthBench designs; 'looped' has no OLMo-core checkpoint layout")
@@ -546,23 +570,37 @@ def import_checkpoint(source: str, arch: str, n_layer: Optional[int] = None, n_h
                     study=study, preset='400m' if cfg.vocab_size == 50280 else 'tiny')
     folder = run_dir(run)
     step = hints.get('step', 0)
-    write_params(folder, run, imported_from=str(source))
-    ckpt = folder / RECORD_FILES['checkpoints'] / f'step_{step:08d}'
     tensors = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
-    atomic_write_bytes(ckpt / 'model.safetensors', _save_safetensors_bytes(tensors))
-    atomic_write_json(ckpt / 'meta.json', dict(step=step, run_id=run.run_id, tokens=None, imported_from=str(source),
-                                               config=dict(model=cfg.to_dict(), data=run.data.to_dict(), train=run.train.to_dict())))
-    pc = count_params(cfg)
-    result = dict(status='completed', run_id=run.run_id, study=study, arch=cfg.arch, n_layer=cfg.n_layer, d_model=cfg.d_model,
-                  preset=run.preset, lr=run.train.lr, seed=run.train.seed, steps=hints.get('step'), tokens=None,
-                  final_val_loss=None, best_val_loss=None, wall_time_s=time.time() - t0, train_flops=None,
-                  params_total=sum(t.numel() for t in tensors.values()),
-                  params_backbone=sum(t.numel() for k, t in tensors.items() if k.startswith('blocks.')),
-                  params_closed_form=pc.total,
-                  provenance=dict(provenance(), origin='imported', source=str(source), source_path=str(path), source_format=fmt,
-                                  source_tensors=len(raw)), notes=notes)
-    write_result(folder, result)
+    with writing_run_folder(folder):       # one writer; a failed import leaves no empty run folder
+        _write_imported(folder, run, step, tensors, source)
+        pc = count_params(cfg)
+        result = dict(status='completed', run_id=run.run_id, study=study, arch=cfg.arch, n_layer=cfg.n_layer, d_model=cfg.d_model,
+                      preset=run.preset, lr=run.train.lr, seed=run.train.seed, steps=hints.get('step'), tokens=None,
+                      final_val_loss=None, best_val_loss=None, wall_time_s=time.time() - t0, train_flops=None,
+                      params_total=sum(t.numel() for t in tensors.values()),
+                      params_backbone=sum(t.numel() for k, t in tensors.items() if k.startswith('blocks.')),
+                      params_closed_form=pc.total,
+                      provenance=dict(provenance(), origin='imported', source=str(source), source_path=str(path), source_format=fmt,
+                                      source_tensors=len(raw)), notes=notes)
+        write_result(folder, result)
     return folder, result
+
+
+def _write_imported(folder: Path, run: RunConfig, step: int, tensors: dict, source) -> None:
+    "params.json and one weights-only checkpoint in the trainer's format (checksummed, written aside then renamed)."
+    import shutil
+    from depthbench_nb.runs import RECORD_FILES, write_checksums, write_params
+    from depthbench_nb.trainer import CHECKPOINT_FORMAT_VERSION, _content, checkpoints_dir
+    write_params(folder, run, imported_from=str(source))
+    final = checkpoints_dir(folder) / f'step_{step:08d}'
+    tmp = checkpoints_dir(folder) / f'.tmp-step_{step:08d}-{os.getpid()}'
+    shutil.rmtree(tmp, ignore_errors=True)
+    atomic_write_bytes(tmp / 'model.safetensors', _save_safetensors_bytes(tensors))
+    atomic_write_json(tmp / 'meta.json', dict(step=step, run_id=run.run_id, tokens=None, imported_from=str(source),
+                                              format=CHECKPOINT_FORMAT_VERSION, weights_only=True, config=_content(run)))
+    write_checksums(tmp, ['model.safetensors', 'meta.json'])
+    if final.exists(): shutil.rmtree(final)
+    os.replace(tmp, final)
 
 # %% ../nbs/09b_interop.ipynb #ebb4f397
 LLAMA_EXPORTABLE = ('preln', 'lns')

@@ -5,24 +5,34 @@
 # %% ../nbs/07a_runs.ipynb #24df809d
 from __future__ import annotations
 
+import contextlib
 import datetime
+import errno
+import fcntl
+import hashlib
 import json
 import os
 import platform
+import re
+import shutil
 import socket
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
-from typing import Iterable, Optional
+from typing import Callable, Iterable, Optional
 
-from .config import (ConfigError, RunConfig, atomic_write_json, atomic_write_text, config_diff, repo_root,
-                                  runs_root, runs_root_reason)
+from .config import (ConfigError, CorruptFile, RunBusy, RunConfig, UnsafeFile, atomic_write_json,
+                                  atomic_write_text, config_diff, repo_root, runs_root, runs_root_reason)
 
 # %% auto #0
-__all__ = ['RECORD_FILES', 'RESULT_STATUSES', 'RESULT_KEYS', 'run_dir', 'where_runs_go', 'ensure_writable', 'device_name',
-           'provenance', 'format_diff', 'read_params', 'write_params', 'read_result', 'write_result', 'MetricsLog',
-           'read_jsonl', 'read_metrics', 'list_runs', 'papermill_output_path', 'record_executed_notebook']
+__all__ = ['RECORD_FILES', 'CHECKSUMS_FILE', 'LOCK_FILE', 'RECORD_EVIDENCE', 'RESULT_STATUSES', 'RESULT_KEYS', 'run_dir',
+           'where_runs_go', 'ensure_writable', 'read_json', 'safe_torch_load', 'file_sha256', 'write_checksums',
+           'verify_checksums', 'holder_alive', 'describe_holder', 'RunFolderLock', 'run_folder_holder', 'has_record',
+           'writing_run_folder', 'device_name', 'provenance', 'format_diff', 'read_params', 'write_params',
+           'read_result', 'write_result', 'MetricsLog', 'read_jsonl', 'read_metrics', 'list_runs',
+           'papermill_output_path', 'record_executed_notebook']
 
 # %% ../nbs/07a_runs.ipynb #badf4e69
 RECORD_FILES = dict(params='params.json', metrics='metrics.jsonl', result='result.json', layer_stats='layer_stats.jsonl',
@@ -50,6 +60,266 @@ def ensure_writable(folder: Path) -> Path:
         raise ConfigError(f"output folder {folder} is not writable ({e.strerror or e}); "
                           f"set DEPTHBENCH_RUNS to a writable folder") from e
     return folder
+
+# %% ../nbs/07a_runs.ipynb #2447f18a
+def read_json(path, what: Optional[str] = None):
+    "A JSON file's content; a file that is not JSON (truncated, binary, a planted pickle) is `CorruptFile` naming it."
+    path = Path(path)
+    data = path.read_bytes()                                            # FileNotFoundError stays what it is
+    try: return json.loads(data.decode('utf-8'))
+    except (UnicodeDecodeError, ValueError) as e:
+        raise CorruptFile(f"{what or path} is not valid JSON ({len(data)} bytes; truncated or not written by "
+                          f"depthbench-nb): {str(e)[:120]}") from None
+
+
+def safe_torch_load(source, what: Optional[str] = None, legacy_numpy: bool = False):
+    """`torch.load(weights_only=True)`: tensors, numbers, strings and containers, nothing that runs code.
+    A pickle that names a function or class is `UnsafeFile` (refused before anything ran); a file torch cannot
+    read is `CorruptFile`. `legacy_numpy` also admits numpy arrays (the RNG state of checkpoints written
+    before checkpoint format 2), by the three numpy names torch's documentation gives for that."""
+    import pickle, warnings, zipfile
+    import numpy as np
+    import torch
+    name = what or str(source)
+    allowed = []
+    if legacy_numpy:
+        core = getattr(np, '_core', None) or np.core
+        rec = core.multiarray._reconstruct
+        allowed = [rec, (rec, 'numpy.core.multiarray._reconstruct'), np.ndarray, np.dtype, type(np.dtype(np.uint32))]
+    try:
+        with warnings.catch_warnings(), _allowing(allowed):
+            warnings.simplefilter('ignore')                            # torch's notes on unusual pickle protocols
+            return torch.load(source, map_location='cpu', weights_only=True)
+    except FileNotFoundError: raise
+    except pickle.UnpicklingError as e:
+        found = re.search(r'GLOBAL ([\w.]+)', str(e))
+        if found:
+            raise UnsafeFile(f"{name} would run code to be loaded (it names {found.group(1)}); refused, nothing was "
+                             f"executed. depthbench-nb writes tensors and plain values only: this file was not written "
+                             f"by it (do not load it with weights_only=False unless you trust its source)") from None
+        raise CorruptFile(f"{name} is not a readable PyTorch file ({_first_line(e)})") from None
+    except (RuntimeError, EOFError, ValueError, OSError, zipfile.BadZipFile, AttributeError, TypeError) as e:
+        raise CorruptFile(f"{name} is not a readable PyTorch file (truncated or another format: {_first_line(e)})") from None
+
+
+def _allowing(allowed: list):
+    "torch's safe_globals context (torch >= 2.5), falling back to names torch can take where it cannot."
+    import torch
+    if not allowed: return contextlib.nullcontext()
+    try: return torch.serialization.safe_globals(allowed)
+    except (AttributeError, TypeError):
+        torch.serialization.add_safe_globals([a for a in allowed if not isinstance(a, tuple)])
+        return contextlib.nullcontext()
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0][:160]}" if text else type(e).__name__
+
+# %% ../nbs/07a_runs.ipynb #be92c44f
+CHECKSUMS_FILE = 'SHA256SUMS'
+
+
+def file_sha256(path, chunk: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with open(path, 'rb') as f:
+        while block := f.read(chunk): h.update(block)
+    return h.hexdigest()
+
+
+def write_checksums(folder, names: Iterable[str]) -> Path:
+    "`SHA256SUMS` of files in `folder`, in the format `sha256sum -c SHA256SUMS` checks."
+    folder = Path(folder)
+    return atomic_write_text(folder / CHECKSUMS_FILE, ''.join(f"{file_sha256(folder / n)}  {n}\n" for n in names))
+
+
+def verify_checksums(folder, required: Iterable[str] = ()) -> Optional[str]:
+    "None when every file listed in `SHA256SUMS` (and each `required` one) is there with its checksum; else why not."
+    folder = Path(folder)
+    try: text = (folder / CHECKSUMS_FILE).read_text()
+    except FileNotFoundError: return f"{CHECKSUMS_FILE} is missing"
+    except (OSError, UnicodeDecodeError) as e: return f"{CHECKSUMS_FILE} is unreadable ({_first_line(e)})"
+    listed = {}
+    for line in text.splitlines():
+        digest, sep, name = line.partition('  ')
+        if not sep or len(digest) != 64 or not name or '/' in name: return f"{CHECKSUMS_FILE} is damaged (line {line[:60]!r})"
+        listed[name] = digest
+    for name in required:
+        if name not in listed: return f"{CHECKSUMS_FILE} does not list {name}"
+    for name, digest in listed.items():
+        p = folder / name
+        if not p.is_file(): return f"{name} is missing"
+        if file_sha256(p) != digest: return f"{name} fails its checksum ({p.stat().st_size} bytes; truncated or changed)"
+    return None
+
+# %% ../nbs/07a_runs.ipynb #26b5cbc5
+LOCK_FILE = '.lock'
+_NO_FLOCK = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL, errno.EBADF)   # filesystems without flock
+
+
+def _process_start(pid: int) -> Optional[str]:
+    "A process's start time (Linux: field 22 of /proc/PID/stat, clock ticks since boot), None when unknown."
+    try: return Path(f'/proc/{pid}/stat').read_text().rsplit(')', 1)[1].split()[19]
+    except (OSError, IndexError): return None
+
+
+def holder_alive(holder: dict) -> Optional[bool]:
+    "Whether the process of a lock record still runs: True / False, or None when it cannot be told (another host)."
+    if holder.get('host') != socket.gethostname(): return None
+    pid = holder.get('pid')
+    if not isinstance(pid, int) or pid <= 0: return False
+    try: os.kill(pid, 0)
+    except ProcessLookupError: return False
+    except PermissionError: pass                                     # alive, another user's process
+    start = _process_start(pid)
+    return start is None or holder.get('start') in (None, start)      # a different start time: the pid was reused
+
+
+def describe_holder(holder: Optional[dict]) -> str:
+    if not holder: return 'a process that has not written its name yet'
+    cmd = ' '.join(holder.get('command') or [])[:160]
+    return f"pid {holder.get('pid')} on {holder.get('host')} since {holder.get('since')}" + (f" ({cmd})" if cmd else '')
+
+
+class RunFolderLock:
+    """One writer per run folder: an exclusive lock on `<folder>/.lock` held while the run is written.
+
+    The lock is a `flock` on the file, which the kernel releases when its process dies (kill -9, a lost node
+    process), so a lock left by a dead process is simply taken over; the file also holds the holder's
+    record (pid, host, start, command) for the messages. On filesystems without `flock` (some NFS and Lustre
+    mounts) the record itself is the lock, created atomically with a hard link; there a record of a process
+    that no longer runs on this host is stale and taken over, and one from another host is reported with the
+    path to delete. `wait=False` refuses a held lock (`RunBusy`, naming the holder); `wait=True` waits for it,
+    a number waits at most that many seconds."""
+
+    def __init__(self, folder, wait: bool | float = False, poll_s: float = 0.5, say: Callable[[str], None] = print):
+        self.folder, self.wait, self.poll_s, self.say = Path(folder), wait, poll_s, say
+        self.path = self.folder / LOCK_FILE
+        self.fd, self.mode, self.took_over = None, 'flock', None
+
+    # -- the two mechanisms: each returns True (held), False (someone else holds it) or None (try again now)
+    def _try_flock(self) -> Optional[bool]:
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try: fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError: os.close(fd); return False
+        except OSError as e:
+            os.close(fd)
+            if e.errno in _NO_FLOCK: self.mode = 'link'; return None
+            raise
+        try: same = os.fstat(fd).st_ino == os.stat(self.path).st_ino
+        except FileNotFoundError: same = False
+        if not same: os.close(fd); return None                     # the folder was removed and made again meanwhile
+        self.fd = fd
+        return True
+
+    def _try_link(self) -> Optional[bool]:
+        tmp = self.path.with_name(f'{LOCK_FILE}.{socket.gethostname()}.{os.getpid()}')
+        tmp.write_text(json.dumps(self._record()))
+        try: os.link(tmp, self.path); return True                    # atomic, also on NFS
+        except FileExistsError:
+            old = self.holder()
+            if old is not None and not old.get('released') and holder_alive(old) in (True, None): return False
+            if self.holder() == old:                                  # stale: remove it and try again
+                with contextlib.suppress(FileNotFoundError): self.path.unlink()
+                self.took_over = old
+            return None
+        finally: tmp.unlink(missing_ok=True)
+
+    def _record(self) -> dict:
+        return dict(pid=os.getpid(), host=socket.gethostname(), start=_process_start(os.getpid()), command=sys.argv[:8],
+                    since=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'), released=False)
+
+    def holder(self) -> Optional[dict]:
+        "The record in the lock file (the holder, or the last holder), None when absent or unreadable."
+        try: rec = json.loads(self.path.read_text() or 'null')
+        except (OSError, ValueError): return None
+        return rec if isinstance(rec, dict) else None
+
+    def acquire(self) -> 'RunFolderLock':
+        deadline = None if self.wait is True else time.monotonic() + (0 if self.wait is False else float(self.wait))
+        said, tries = False, 0
+        while True:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            previous = self.holder()
+            got = self._try_flock() if self.mode == 'flock' else self._try_link()
+            if got: break
+            if got is None: continue
+            tries += 1
+            if tries < 10: time.sleep(0.05); continue                   # a look by another process holds it an instant
+            holder = self.holder()
+            if deadline is not None and time.monotonic() >= deadline:
+                hint = f"; if that process is gone, delete {self.path}" if self.mode == 'link' and holder_alive(holder or {}) is None else ''
+                raise RunBusy(f"run folder {self.folder} is being written by {describe_holder(holder)}; "
+                              f"wait for it (depthbench-nb train --wait) or stop that process{hint}")
+            if not said: self.say(f"waiting for {describe_holder(holder)}, which is writing {self.folder}"); said = True
+            time.sleep(self.poll_s)
+        if self.took_over is None and previous and not previous.get('released') and previous.get('pid') != os.getpid():
+            self.took_over = previous                                   # flock: the kernel dropped a dead holder's lock
+        if self.took_over: self.say(f"took over the lock of {describe_holder(self.took_over)}, which no longer runs")
+        if self.mode == 'flock':
+            os.ftruncate(self.fd, 0); os.pwrite(self.fd, json.dumps(self._record()).encode(), 0); os.fsync(self.fd)
+        return self
+
+    def release(self) -> None:
+        if self.mode == 'flock' and self.fd is not None:
+            with contextlib.suppress(OSError):
+                os.ftruncate(self.fd, 0); os.pwrite(self.fd, json.dumps(dict(self._record(), released=True)).encode(), 0)
+            os.close(self.fd)                                           # closing the descriptor releases the flock
+            self.fd = None
+        elif self.mode == 'link' and (self.holder() or {}).get('pid') == os.getpid():
+            self.path.unlink(missing_ok=True)
+
+    def __enter__(self): return self.acquire()
+    def __exit__(self, *exc): self.release()
+
+
+def run_folder_holder(folder) -> Optional[dict]:
+    "The record of the live process writing a run folder, or None. A look only: it takes no lock and writes nothing."
+    rec = RunFolderLock(folder).holder()
+    if not rec or rec.get('released'): return None
+    if holder_alive(rec): return rec
+    # another host, or a holder that died while a process it launched (accelerate's launcher) keeps the lock: ask it
+    try: fd = os.open(Path(folder) / LOCK_FILE, os.O_RDONLY)
+    except FileNotFoundError: return None
+    try: fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB); return None
+    except BlockingIOError: return rec                                  # held
+    except OSError: return rec if holder_alive(rec) is None else None   # no flock here: the record is the lock
+    finally: os.close(fd)
+
+# %% ../nbs/07a_runs.ipynb #1204bbe6
+RECORD_EVIDENCE = ('metrics', 'result', 'checkpoints', 'layer_stats', 'notebook', 'figure')
+
+
+def has_record(folder) -> bool:
+    "True when a run folder holds something of a run (metrics, a result, checkpoints, ...), not just params.json or its lock."
+    folder = Path(folder)
+    for key in RECORD_EVIDENCE:
+        p = folder / RECORD_FILES[key]
+        if p.is_dir() and any(p.iterdir()): return True
+        if p.is_file() and p.stat().st_size > 0: return True
+    return False
+
+
+@contextlib.contextmanager
+def writing_run_folder(folder, wait: bool | float = False, say: Callable[[str], None] = print):
+    """Create (`ensure_writable`) and lock a run folder for the body; when the body fails and this call made the
+    folder, and it holds no record yet, the folder (and a study folder made with it, left empty) is removed,
+    under the lock, so an error leaves no empty run folder behind."""
+    folder = Path(folder)
+    made = [p for p in (folder.parent, folder) if not p.exists()]
+    ensure_writable(folder)
+    lock = RunFolderLock(folder, wait=wait, say=say).acquire()   # refused: the folder is the holder's, left alone
+    try: yield lock
+    except BaseException:
+        _discard(folder, made); raise
+    finally: lock.release()
+
+
+def _discard(folder: Path, made: list) -> None:
+    if folder not in made or has_record(folder): return
+    shutil.rmtree(folder, ignore_errors=True)
+    if folder.parent in made:
+        with contextlib.suppress(OSError): folder.parent.rmdir()       # only when empty
 
 # %% ../nbs/07a_runs.ipynb #502365d2
 def _git_commit() -> Optional[str]:
@@ -96,7 +366,8 @@ def format_diff(diff: list) -> str:
 
 def read_params(folder: Path) -> RunConfig:
     "The RunConfig stored in a run folder's params.json."
-    d = json.loads((Path(folder) / RECORD_FILES['params']).read_text())
+    d = read_json(Path(folder) / RECORD_FILES['params'])
+    if not isinstance(d, dict): raise CorruptFile(f"{Path(folder) / RECORD_FILES['params']} does not hold a run's parameters")
     return RunConfig.from_dict({k: v for k, v in d.items() if k in RunConfig.__dataclass_fields__})
 
 
@@ -110,9 +381,13 @@ def write_params(folder: Path, run: RunConfig, **notes) -> Path:
 
 
 def read_result(folder: Path) -> Optional[dict]:
-    "The result of a run folder, or None while the run is unfinished."
+    "The result of a run folder, or None while the run is unfinished (`CorruptFile` when it is not a result)."
     path = Path(folder) / RECORD_FILES['result']
-    return json.loads(path.read_text()) if path.exists() else None
+    if not path.exists(): return None
+    res = read_json(path)
+    if not isinstance(res, dict) or res.get('status') not in RESULT_STATUSES:
+        raise CorruptFile(f"{path} is not a run result (no status among {', '.join(RESULT_STATUSES)})")
+    return res
 
 
 def write_result(folder: Path, result: dict) -> Path:
@@ -149,10 +424,11 @@ def read_jsonl(path: Path) -> list[dict]:
     path = Path(path)
     if not path.exists(): return []
     rows = []
-    for line in path.read_text().splitlines():
+    for line in path.read_bytes().decode('utf-8', errors='replace').splitlines():
         if not line.strip(): continue
-        try: rows.append(json.loads(line))
-        except json.JSONDecodeError: pass
+        try: row = json.loads(line)
+        except json.JSONDecodeError: continue
+        if isinstance(row, dict): rows.append(row)
     return rows
 
 

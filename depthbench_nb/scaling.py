@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import argparse
+import io
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -15,7 +16,7 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import minimize, minimize_scalar
 
-from .config import ConfigError
+from .config import ConfigError, CorruptFile
 
 # %% auto #0
 __all__ = ['HUBER_DELTA', 'PARAM_NAMES', 'LOWER', 'UPPER', 'LAWS', 'PROVENANCES', 'PAPER_LOOPED', 'SCIPY_OPTIONS', 'LAW_COLUMNS',
@@ -23,7 +24,8 @@ __all__ = ['HUBER_DELTA', 'PARAM_NAMES', 'LOWER', 'UPPER', 'LAWS', 'PROVENANCES'
            'looped_data', 'law_objective', 'predict_loss', 'naive_objective', 'single_objective', 'minimise_law',
            'FitResult', 'residual_stats', 'r_squared', 'fit_law', 'fit_chinchilla', 'fit_looped', 'frame_provenance',
            'law_data_from_frame', 'fit_frame', 'fit_per_r', 'LoopedAccounting', 'paper_accounting', 'paper_grid_frame',
-           'synthetic_looped_frame', 'block_bootstrap', 'empirical_optima', 'law_optimum', 'worked_example', 'cli_fit']
+           'synthetic_looped_frame', 'block_bootstrap', 'empirical_optima', 'law_optimum', 'worked_example',
+           'read_runs_csv', 'cli_fit']
 
 # %% ../nbs/09_scaling.ipynb #34c6ab26
 HUBER_DELTA = 1e-3
@@ -73,7 +75,12 @@ def _check_provenance(p: str) -> str:
 
 
 def _column(name: str, values, n: int | None = None) -> np.ndarray:
-    x = np.asarray(values, dtype=float).reshape(-1)
+    try: x = np.asarray(values, dtype=float).reshape(-1)
+    except (TypeError, ValueError):              # text in a number column: name the first offending row
+        for i, v in enumerate(np.asarray(values, dtype=object).reshape(-1)):
+            try: float(v)
+            except (TypeError, ValueError): raise ConfigError(f"column {name!r} must hold numbers; row {i} holds {v!r}") from None
+        raise
     if n is not None and len(x) != n:
         raise ConfigError(f"column {name!r} has {len(x)} values, expected {n} (all columns must have equal length)")
     bad = np.flatnonzero(~np.isfinite(x))
@@ -500,6 +507,24 @@ def _parse_phi(v: str) -> float | None:
     except ValueError: raise ConfigError(f"--phi must be 'free' or a number (0 or 1 for the restricted laws), got {v!r}")
 
 
+def read_runs_csv(path) -> pd.DataFrame:
+    "A runs table from a CSV file; a missing, empty, binary or unparsable file is a clear error naming it."
+    path = Path(path)
+    if not path.is_file(): raise FileNotFoundError(f"no such CSV: {path}")
+    data = path.read_bytes()
+    if not data.strip(): raise ConfigError(f"{path} is empty: the fit needs a CSV with a header row and one row per run")
+    try:
+        if b'\x00' in data: raise UnicodeDecodeError('utf-8', data, data.index(b'\x00'), data.index(b'\x00') + 1, 'NUL byte')
+        data.decode('utf-8')
+    except UnicodeDecodeError:
+        raise CorruptFile(f"{path} is not a text CSV ({len(data)} bytes of binary data)") from None
+    try: df = pd.read_csv(io.BytesIO(data))
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, ValueError) as e:
+        raise ConfigError(f"{path} is not a readable CSV ({str(e).strip().splitlines()[0][:160]})") from None
+    if df.empty: raise ConfigError(f"{path} has a header but no rows")
+    return df
+
+
 def cli_fit(argv=None) -> int:
     "depthbench-nb fit: fit a scaling law to a CSV of runs."
     from depthbench_nb.cli import emit
@@ -520,8 +545,7 @@ def cli_fit(argv=None) -> int:
     p.add_argument('--json', action='store_true', help='machine-readable JSON output')
     a = p.parse_args(argv)
     path = Path(a.csv)
-    if not path.is_file(): raise FileNotFoundError(f"no such CSV: {path}")
-    df = pd.read_csv(path)
+    df = read_runs_csv(path)
     phi = _parse_phi(a.phi)
     if a.law == 'chinchilla' and phi is not None: raise ConfigError("--phi applies to --law looped only")
     fit = fit_frame(df, a.law, phi=phi, restarts=a.restarts, seed=a.seed, provenance=a.provenance)

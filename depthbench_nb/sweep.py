@@ -26,16 +26,16 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from .config import (ARCHS, DESIGN_OPTIONS, Config, ConfigError, RunConfig, _choice_error, atomic_write_json,
-                                  atomic_write_text, package_dir, runs_root)
+from .config import (ARCHS, DESIGN_OPTIONS, Config, ConfigError, CorruptFile, RunConfig, _choice_error,
+                                  atomic_write_json, atomic_write_text, package_dir, runs_root)
 
 # %% auto #0
 __all__ = ['GPU_PEAK_FLOPS', 'DEFAULT_MFU', 'RUN_STATUSES', 'EXECUTORS', 'RESULT_FIELDS', 'SHAPE_KEYS', 'StudyGroup', 'StudySpec',
            'studies_dir', 'study_names', 'load_study', 'RunEntry', 'expand_study', 'plan_rows', 'sweep_dir', 'RunLock',
            'is_running', 'attempts', 'entry_status', 'entry_progress', 'run_command', 'execute_entry',
-           'entry_status_locked', 'run_study', 'study_status', 'slurm_script', 'write_slurm_script', 'flatten',
-           'collect', 'looped_fit_table', 'lr_optima', 'study_entries', 'add_extra_entries', 'extend_lr_entries',
-           'cli_sweep', 'cli_collect']
+           'entry_status_locked', 'run_study', 'unfinished_runs', 'study_status', 'slurm_script', 'write_slurm_script',
+           'flatten', 'collect', 'looped_fit_table', 'lr_optima', 'study_entries', 'add_extra_entries',
+           'extend_lr_entries', 'cli_sweep', 'cli_collect']
 
 # %% ../nbs/09a_sweep.ipynb #a94f1d9d
 @dataclass(frozen=True)
@@ -115,8 +115,13 @@ def load_study(name_or_path) -> StudySpec:
     elif p.suffix.lower() not in ('.yaml', '.yml', '.json'):
         raise _choice_error('study', name_or_path, study_names() + ['a .yaml/.json path'])
     if not p.is_file(): raise ConfigError(f"study file {p} does not exist")
-    try: raw = yaml.load(p.read_text(), Loader=_StudyLoader)
-    except yaml.YAMLError as e: raise ConfigError(f"study file {p} is not valid YAML: {e}") from e
+    data = p.read_bytes()
+    try: text = data.decode('utf-8')
+    except UnicodeDecodeError:
+        raise CorruptFile(f"study file {p} is not text ({len(data)} bytes of binary data); a study is a YAML file "
+                          f"with name and groups (see the shipped ones: {studies_dir()})") from None
+    try: raw = yaml.load(text, Loader=_StudyLoader)          # a safe loader: no Python objects
+    except (yaml.YAMLError, ValueError) as e: raise ConfigError(f"study file {p} is not valid YAML: {e}") from None
     if not isinstance(raw, dict): raise ConfigError(f"study file {p} must hold a mapping with name, groups, ...")
     groups = raw.get('groups') or []
     if not isinstance(groups, list): raise ConfigError(f"study file {p}: 'groups' must be a list")
@@ -252,23 +257,34 @@ class RunLock:
 
 
 def is_running(study: str, run_id: str) -> bool:
-    "True when some process holds the run's lock."
+    "True when some process holds the run's driver lock, or writes its run folder (a `train` started by hand)."
+    from depthbench_nb.runs import run_folder_holder
+    if run_folder_holder(runs_root() / study / run_id) is not None: return True
     if not (sweep_dir(study) / 'locks' / f'{run_id}.lock').exists(): return False
-    with RunLock(study, run_id) as lk: return not lk.acquired
+    try:
+        with RunLock(study, run_id) as lk: return not lk.acquired
+    except OSError: return False           # an unusable lock path: nobody can hold it (the driver reports the run)
 
 
 def _attempts_path(study: str, run_id: str) -> Path: return sweep_dir(study) / 'attempts' / f'{run_id}.json'
 
 
+def _read_state(path: Path):
+    "A JSON file of the driver's state (attempts, extra entries); a damaged one is CorruptFile naming it and the fix."
+    from depthbench_nb.runs import read_json
+    try: return read_json(path)
+    except CorruptFile as e: raise CorruptFile(f"{e}; it is the sweep driver's own state: delete it to reset") from None
+
+
 def attempts(study: str, run_id: str) -> int:
     "How many times the driver has started this run without it completing or diverging."
     p = _attempts_path(study, run_id)
-    return json.loads(p.read_text())['attempts'] if p.exists() else 0
+    return _read_state(p)['attempts'] if p.exists() else 0
 
 
 def _record_attempt(study: str, run_id: str, status: str, rc: int) -> None:
     p = _attempts_path(study, run_id)
-    old = json.loads(p.read_text()) if p.exists() else dict(attempts=0, history=[])
+    old = _read_state(p) if p.exists() else dict(attempts=0, history=[])
     ok = status in ('completed', 'diverged')
     atomic_write_json(p, dict(attempts=old['attempts'] + (0 if ok else 1),
                               history=old['history'] + [dict(status=status, rc=rc, time=time.time(), pid=os.getpid())]))
@@ -282,7 +298,7 @@ def entry_status(e: RunEntry) -> str:
     if res: return res['status']
     if is_running(e.run.study, e.run_id): return 'running'
     att = _attempts_path(e.run.study, e.run_id)
-    if att.exists() and json.loads(att.read_text())['history'][-1]['status'] == 'failed': return 'failed'   # died without a record
+    if att.exists() and _read_state(att)['history'][-1]['status'] == 'failed': return 'failed'   # died without a record
     if (folder / RECORD_FILES['params']).exists(): return 'unfinished'
     return 'pending'
 
@@ -329,7 +345,9 @@ _CHILDREN: set = set()
 def execute_entry(e: RunEntry, lock: RunLock, executor: str = 'papermill', device: str | None = None) -> tuple[str, int]:
     "Run one entry under its (held) lock; returns (status after the run, return code)."
     from depthbench_nb.runs import run_dir
-    run_dir(e.run).mkdir(parents=True, exist_ok=True)
+    folder = run_dir(e.run)
+    made = not folder.exists()
+    if executor == 'papermill': folder.mkdir(parents=True, exist_ok=True)   # papermill writes its notebook into it
     cmd = run_command(e, executor)
     env = dict(os.environ)
     if device is not None: env['CUDA_VISIBLE_DEVICES'] = str(device)
@@ -341,6 +359,8 @@ def execute_entry(e: RunEntry, lock: RunLock, executor: str = 'papermill', devic
         _CHILDREN.add(proc)
         try: rc = proc.wait()
         finally: _CHILDREN.discard(proc)
+    if made:
+        with contextlib.suppress(OSError): folder.rmdir()                 # a child that failed at once: no empty folder
     status = entry_status_locked(e)
     if status in ('unfinished', 'pending'): status = 'failed'      # the child died without a result
     _record_attempt(e.run.study, e.run_id, status, rc)
@@ -372,6 +392,9 @@ def run_study(study, workers: int = 1, devices: list[str] | None = None, executo
         bad = [r for r in run_ids if r not in known]
         if bad: raise ConfigError(f"run ids not in study {spec.name!r}: {bad}")
         entries = [e for e in entries if e.run_id in set(run_ids)]
+    from depthbench_nb.runs import ensure_writable, run_dir, run_folder_holder
+    try: ensure_writable(sweep_dir(spec.name))
+    except ConfigError as e: raise ConfigError(f"{e}; none of the {len(entries)} runs of study {spec.name!r} started") from None
     limit = max_attempts or spec.max_attempts
     todo = iter(entries); take = threading.Lock()
     outcomes, out_lock = [], threading.Lock()
@@ -380,28 +403,33 @@ def run_study(study, workers: int = 1, devices: list[str] | None = None, executo
         from tqdm.auto import tqdm
         bar = tqdm(total=len(entries), desc=f'sweep {spec.name}', unit='run')
 
-    def note(e, what, status=None):
+    def note(e, what, status=None, error=None):
         with out_lock:
-            outcomes.append(dict(run_id=e.run_id, label=e.label(), action=what, status=status))
+            outcomes.append(dict(run_id=e.run_id, label=e.label(), action=what, status=status, **({'error': error} if error else {})))
             if bar is not None: bar.update(1); bar.set_postfix_str(f'{what}: {e.label()}'[:60])
+
+    def one(e, device):
+        st = entry_status(e)
+        if st in ('completed', 'diverged'): return note(e, 'skipped', st)
+        if st == 'running': return note(e, 'busy', st)
+        if attempts(spec.name, e.run_id) >= limit: return note(e, 'gave up', st)
+        with RunLock(spec.name, e.run_id) as lk:
+            if not lk.acquired or run_folder_holder(run_dir(e.run)) is not None: return note(e, 'busy', 'running')
+            st = entry_status_locked(e)
+            if st in ('completed', 'diverged'): return note(e, 'skipped', st)
+            while True:
+                st, rc = execute_entry(e, lk, executor, device)
+                if st in ('completed', 'diverged') or attempts(spec.name, e.run_id) >= limit: break
+            note(e, 'ran', st)
 
     def worker(i: int):
         device = devices[i % len(devices)] if devices else None
         while True:
             with take: e = next(todo, None)
             if e is None: return
-            st = entry_status(e)
-            if st in ('completed', 'diverged'): note(e, 'skipped', st); continue
-            if st == 'running': note(e, 'busy', st); continue
-            if attempts(spec.name, e.run_id) >= limit: note(e, 'gave up', st); continue
-            with RunLock(spec.name, e.run_id) as lk:
-                if not lk.acquired: note(e, 'busy', 'running'); continue
-                st = entry_status_locked(e)
-                if st in ('completed', 'diverged'): note(e, 'skipped', st); continue
-                while True:
-                    st, rc = execute_entry(e, lk, executor, device)
-                    if st in ('completed', 'diverged') or attempts(spec.name, e.run_id) >= limit: break
-                note(e, 'ran', st)
+            try: one(e, device)
+            except Exception as exc:      # this run's trouble (a folder in the way, a full disk): noted, the others go on
+                note(e, 'error', 'failed', error=f"{type(exc).__name__}: {exc}")
 
     threads = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(workers)]
     try:
@@ -414,7 +442,15 @@ def run_study(study, workers: int = 1, devices: list[str] | None = None, executo
         if bar is not None: bar.close()
     counts = {}
     for o in outcomes: counts[o['action']] = counts.get(o['action'], 0) + 1
-    return dict(study=spec.name, runs=len(entries), counts=counts, outcomes=outcomes)
+    return dict(study=spec.name, runs=len(entries), counts=counts, outcomes=outcomes, run_ids=[e.run_id for e in entries])
+
+
+def unfinished_runs(study, outcome: dict) -> list[dict]:
+    "The runs a driver was given that are not completed or diverged now (failed, never started, running elsewhere), with the driver's error."
+    errors = {o['run_id']: o['error'] for o in outcome['outcomes'] if o.get('error')}
+    wanted = set(outcome['run_ids'])
+    return [dict(run_id=r['run_id'], label=r['label'], status=r['status'], **({'error': errors[r['run_id']]} if r['run_id'] in errors else {}))
+            for r in study_status(study)['runs'] if r['run_id'] in wanted and r['status'] not in ('completed', 'diverged')]
 
 # %% ../nbs/09a_sweep.ipynb #398962ec
 def study_status(study) -> dict:
@@ -521,7 +557,8 @@ def collect(study, write: bool = True) -> pd.DataFrame:
     root = runs_root() / spec.name
     for folder in sorted(p for p in root.glob('*') if p.is_dir() and p.name not in planned and (p / 'params.json').exists()):
         try: run = read_params(folder)
-        except (ConfigError, ValueError, KeyError): continue
+        except (ConfigError, ValueError, KeyError) as e:       # not a run of this package (or damaged): said, skipped
+            print(f"collect: skipped {folder}: {e}", file=sys.stderr); continue
         res = read_result(folder)
         rows.append(_record_row(spec.name, None, res['status'] if res else 'unfinished', run, {}, res))
     df = pd.DataFrame(rows)
@@ -595,7 +632,7 @@ def study_entries(spec: StudySpec) -> list[RunEntry]:
     p = _extras_path(spec.name)
     if p.exists():
         known = {e.run_id for e in entries}
-        for item in json.loads(p.read_text()):
+        for item in _read_state(p):
             with contextlib.redirect_stdout(None): run = make_run_config(**item['params'], verbose=False)
             if run.run_id not in known:
                 entries.append(RunEntry(len(entries), item['group'], item['params'], run)); known.add(run.run_id)
@@ -607,7 +644,7 @@ def add_extra_entries(spec: StudySpec, extra: list[RunEntry]) -> None:
     bad = [e.label() for e in extra if e.run.study != spec.name]
     if bad: raise ConfigError(f"extra entries must belong to study {spec.name!r}: {bad}")
     p = _extras_path(spec.name)
-    old = json.loads(p.read_text()) if p.exists() else []
+    old = _read_state(p) if p.exists() else []
     have = {json.dumps(x['params'], sort_keys=True) for x in old}
     new = [dict(group=e.group, params=e.params) for e in extra if json.dumps(e.params, sort_keys=True) not in have]
     if new: atomic_write_json(p, old + new)
@@ -696,10 +733,13 @@ def cli_sweep(argv=None) -> int:
     out = run_study(spec, workers=a.workers, devices=devices, executor=a.executor, max_attempts=a.max_attempts,
                     run_ids=a.run_id, progress=not (a.no_progress or a.json))
     st = study_status(spec)
+    left = unfinished_runs(spec, out)
     summary = dict(study=spec.name, this_driver=out['counts'], status=st['counts'])
-    if a.json: emit(dict(summary, outcomes=out['outcomes']), True)
-    else: emit(summary, False, title=f'sweep {spec.name}')
-    return 0 if not st['counts'].get('failed') else 1                # failed runs left: a non-zero exit for scripts
+    if a.json: emit(dict(summary, outcomes=out['outcomes'], not_done=left), True)
+    else:
+        emit(summary, False, title=f'sweep {spec.name}')
+        if left: print(); emit(left, False, title=f'{len(left)} run(s) not completed or diverged (exit code 1):')
+    return 1 if left or st['counts'].get('failed') else 0         # anything failed or not started: non-zero for scripts
 
 
 def cli_collect(argv=None) -> int:

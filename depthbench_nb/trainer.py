@@ -12,6 +12,7 @@ import json
 import math
 import os
 import random
+import re
 import resource
 import shlex
 import shutil
@@ -27,21 +28,25 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .config import (DESIGN_OPTIONS, ConfigError, DataConfig, ModelConfig, RunConfig, TrainConfig,
+from .config import (DESIGN_OPTIONS, ConfigError, CorruptFile, DataConfig, ModelConfig, RunConfig, TrainConfig,
                                   _choice_error, atomic_write_json, config_diff, ffn_hidden_default, resolve_arch)
 from . import runs as _runs
-from .runs import (RECORD_FILES, MetricsLog, ensure_writable, format_diff, provenance, read_jsonl,
-                                read_metrics, read_params, read_result, where_runs_go, write_params, write_result)
+from .runs import (CHECKSUMS_FILE, RECORD_FILES, MetricsLog, ensure_writable, format_diff, provenance,
+                                read_json, read_jsonl, read_metrics, read_params, read_result, safe_torch_load,
+                                verify_checksums, where_runs_go, write_checksums, write_params, write_result,
+                                writing_run_folder)
 from .shapes import (GRIDS, PRESETS, TINY_DEFAULT_DEPTHS, Shape, count_params, get_grid, grid_shapes,
                                   resolve_preset, shape_for)
 
 # %% auto #0
-__all__ = ['LOOPED_RECIPE', 'LOOPED_TINY', 'INIT_SEEDS', 'PEAK_BF16_FLOPS', 'DEFAULT_CHECKPOINT_EVERY', 'run_dir',
-           'make_run_config', 'total_steps', 'lr_multiplier', 'build_adamw', 'build_optimizers', 'resolve_precision',
-           'autocast_context', 'checkpoints_dir', 'list_checkpoints', 'save_checkpoint', 'check_checkpoint_config',
-           'load_checkpoint', 'LayerStats', 'Dist', 'in_launched_process', 'make_dist', 'check_trackers', 'open_data',
-           'init_model', 'default_micro_batch', 'plot_loss_curves', 'peak_flops', 'peak_memory_bytes',
-           'flops_per_token', 'evaluate', 'train', 'launch_command', 'launch', 'load_run', 'cli_train']
+__all__ = ['LOOPED_RECIPE', 'LOOPED_TINY', 'INIT_SEEDS', 'CHECKPOINT_FORMAT_VERSION', 'PEAK_BF16_FLOPS',
+           'DEFAULT_CHECKPOINT_EVERY', 'run_dir', 'make_run_config', 'total_steps', 'lr_multiplier', 'build_adamw',
+           'build_optimizers', 'resolve_precision', 'autocast_context', 'checkpoints_dir', 'list_checkpoints',
+           'save_checkpoint', 'verify_checkpoint', 'newest_intact_checkpoint', 'remove_stale_temporaries',
+           'check_checkpoint_config', 'load_checkpoint', 'LayerStats', 'Dist', 'in_launched_process', 'make_dist',
+           'check_trackers', 'open_data', 'init_model', 'default_micro_batch', 'plot_loss_curves', 'peak_flops',
+           'peak_memory_bytes', 'flops_per_token', 'evaluate', 'train', 'launch_command', 'launch', 'load_run',
+           'cli_train']
 
 # %% ../nbs/07_trainer.ipynb #895e7da2
 def run_dir(run: RunConfig) -> Path:
@@ -217,24 +222,40 @@ def autocast_context(precision: str, device: torch.device):
     return contextlib.nullcontext()
 
 # %% ../nbs/07_trainer.ipynb #96c8a8ac
+CHECKPOINT_FORMAT_VERSION = 2      # 2: SHA256SUMS, RNG states as tensors and numbers (weights_only loads); 1: before
+_STEP_DIR = re.compile(r'step_(\d+)$')
+
+
 def checkpoints_dir(folder: Path) -> Path: return Path(folder) / RECORD_FILES['checkpoints']
 
 
 def list_checkpoints(folder: Path) -> list[tuple[int, Path]]:
-    "Complete checkpoints of a run folder as (step, path), oldest first."
+    "Complete checkpoints of a run folder as (step, path), oldest first (complete: renamed into place; see verify_checkpoint)."
     d = checkpoints_dir(folder)
-    out = [(int(p.name.split('_')[1]), p) for p in d.glob('step_*') if p.is_dir() and (p / 'meta.json').exists()] if d.exists() else []
+    if not d.exists(): return []
+    out = [(int(m.group(1)), p) for p in d.iterdir() if (m := _STEP_DIR.fullmatch(p.name)) and p.is_dir() and (p / 'meta.json').exists()]
     return sorted(out)
 
 
 def _rng_state() -> dict:
-    st = dict(torch=torch.get_rng_state(), numpy=np.random.get_state(), python=random.getstate())
+    "The RNG states of torch, numpy, Python (and CUDA) as tensors and plain numbers, so weights_only loads them."
+    npst, (version, internal, gauss_next) = np.random.get_state(legacy=False), random.getstate()
+    st = dict(torch=torch.get_rng_state(),
+              numpy=dict(key=torch.from_numpy(npst['state']['key'].astype(np.int64)), pos=int(npst['state']['pos']),
+                         has_gauss=int(npst['has_gauss']), gauss=float(npst['gauss'])),
+              python=dict(version=version, state=torch.tensor(internal, dtype=torch.int64), gauss_next=gauss_next))
     if torch.cuda.is_available(): st['cuda'] = torch.cuda.get_rng_state_all()
     return st
 
 
 def _set_rng_state(st: dict) -> None:
-    torch.set_rng_state(st['torch']); np.random.set_state(st['numpy']); random.setstate(st['python'])
+    torch.set_rng_state(st['torch'])
+    n, p = st['numpy'], st['python']
+    if isinstance(n, dict):
+        np.random.set_state(dict(bit_generator='MT19937', state=dict(key=n['key'].numpy().astype(np.uint32), pos=n['pos']),
+                                 has_gauss=n['has_gauss'], gauss=n['gauss']))
+    else: np.random.set_state(n)                                  # format 1: numpy's own tuple
+    random.setstate((p['version'], tuple(p['state'].tolist()), p['gauss_next']) if isinstance(p, dict) else p)
     if 'cuda' in st and torch.cuda.is_available(): torch.cuda.set_rng_state_all(st['cuda'])
 
 
@@ -244,19 +265,23 @@ def _content(run: RunConfig) -> dict:
 
 def save_checkpoint(folder: Path, step: int, run: RunConfig, model: torch.nn.Module, optimizers, schedulers,
                     counters: dict, keep: Optional[int] = None, model_state: Optional[dict] = None) -> Path:
-    "Write checkpoint `step` atomically (temporary folder, then rename); keep the newest `keep`. FSDP: `model_state` only."
+    """Write checkpoint `step` atomically (temporary folder, SHA256SUMS last, then rename); keep the newest `keep`.
+    FSDP: `model_state` only."""
     from safetensors.torch import save_file, save_model
     final = checkpoints_dir(folder) / f'step_{step:08d}'
     tmp = checkpoints_dir(folder) / f'.tmp-step_{step:08d}-{os.getpid()}'
     shutil.rmtree(tmp, ignore_errors=True); tmp.mkdir(parents=True)
+    files = ['model.safetensors', 'meta.json']
     if model_state is None:
         save_model(model, str(tmp / 'model.safetensors'))
         torch.save(dict(optimizers=[o.state_dict() for o in optimizers], schedulers=[s.state_dict() for s in schedulers],
                         rng=_rng_state()), tmp / 'train_state.pt')
+        files.append('train_state.pt')
     else:   # FSDP: the gathered full weights only (enough for load_run; resuming is refused)
         save_file({k: v.detach().contiguous().cpu() for k, v in model_state.items()}, str(tmp / 'model.safetensors'))
-    atomic_write_json(tmp / 'meta.json', dict(step=step, run_id=run.run_id, config=_content(run),
+    atomic_write_json(tmp / 'meta.json', dict(step=step, run_id=run.run_id, config=_content(run), format=CHECKPOINT_FORMAT_VERSION,
                                               weights_only=model_state is not None, **counters))
+    write_checksums(tmp, files)
     if final.exists(): shutil.rmtree(final)
     os.replace(tmp, final)
     if keep:
@@ -264,21 +289,83 @@ def save_checkpoint(folder: Path, step: int, run: RunConfig, model: torch.nn.Mod
     return final
 
 
+def verify_checkpoint(path: Path, need_state: bool = True) -> Optional[str]:
+    """None when a checkpoint is intact, else why not. Format 2: every file against SHA256SUMS. Format 1 (written
+    before checksums): meta.json parses, the safetensors header covers the file, train_state.pt's zip members
+    pass their CRCs. `need_state`: the optimizer/RNG state must be there too (resuming; not for load_run)."""
+    path = Path(path)
+    if (path / CHECKSUMS_FILE).exists():
+        why = verify_checksums(path, required=['model.safetensors', 'meta.json'])
+        if why: return why
+        meta = read_json(path / 'meta.json')
+        if not isinstance(meta, dict) or not isinstance(meta.get('step'), int): return 'meta.json holds no checkpoint record'
+        if need_state and not meta.get('weights_only') and 'train_state.pt' not in (path / CHECKSUMS_FILE).read_text():
+            return f"{CHECKSUMS_FILE} does not list train_state.pt"
+        return None
+    try: meta = read_json(path / 'meta.json', f'{path.name}/meta.json')
+    except (CorruptFile, OSError) as e: return str(e)
+    if not isinstance(meta, dict) or not isinstance(meta.get('step'), int): return 'meta.json has no step'
+    if meta.get('format', 1) >= 2: return f'{CHECKSUMS_FILE} is missing'
+    try:
+        from safetensors import safe_open
+        with safe_open(str(path / 'model.safetensors'), 'pt'): pass
+    except Exception as e: return f"model.safetensors: {str(e)[:160]}"
+    if need_state and not meta.get('weights_only'):
+        import zipfile
+        try:
+            with zipfile.ZipFile(path / 'train_state.pt') as z: bad = z.testzip()
+        except (OSError, zipfile.BadZipFile) as e: return f"train_state.pt: {str(e)[:160]}"
+        if bad is not None: return f"train_state.pt: member {bad} fails its CRC"
+    return None
+
+
+def newest_intact_checkpoint(folder: Path, need_state: bool = True, quarantine: bool = False,
+                             say: Callable[[str], None] = print) -> Optional[tuple[int, Path]]:
+    """(step, path) of the newest checkpoint that verifies, saying which newer ones were skipped and why; None when
+    none does. `quarantine` (the resuming writer, under the run's lock) moves a damaged one to `corrupt-step_<N>`,
+    out of the way of resumes and of `keep_checkpoints`, and kept for inspection."""
+    for step, path in reversed(list_checkpoints(folder)):
+        why = verify_checkpoint(path, need_state)
+        if why is None: return step, path
+        if quarantine:
+            dest = path.with_name(f'corrupt-{path.name}')
+            while dest.exists(): dest = dest.with_name(dest.name + '-x')
+            os.replace(path, dest)
+            say(f"checkpoint {path.name} is damaged ({why}): moved to {dest} (delete it when you no longer need it)")
+        else: say(f"checkpoint {path.name} is damaged ({why}): skipped")
+    return None
+
+
+def remove_stale_temporaries(folder: Path) -> list[str]:
+    "Delete `.tmp-step_*` folders left by a checkpoint write that was killed (call under the run's lock)."
+    d, gone = checkpoints_dir(folder), []
+    for tmp in (d.glob('.tmp-step_*') if d.exists() else ()):
+        shutil.rmtree(tmp, ignore_errors=True); gone.append(tmp.name)
+    return gone
+
+
 def check_checkpoint_config(path: Path, run: RunConfig) -> dict:
     "The checkpoint's meta.json, or ConfigError with the config difference when another config wrote it."
-    meta = json.loads((Path(path) / 'meta.json').read_text())
+    meta = read_json(Path(path) / 'meta.json', f'{Path(path).name}/meta.json')
+    if not isinstance(meta, dict) or not isinstance(meta.get('config'), dict):
+        raise CorruptFile(f"{Path(path).name}/meta.json holds no checkpoint record (no config)")
     diff = config_diff(meta['config'], _content(run))
     if diff: raise ConfigError(f"checkpoint {path} was written by a different config; refusing to resume ({format_diff(diff)})")
     return meta
 
 
 def load_checkpoint(path: Path, run: RunConfig, model: torch.nn.Module, optimizers=(), schedulers=(), restore_rng: bool = True) -> dict:
-    "Load weights (and optimizer, scheduler and RNG states when given) from a checkpoint of the same config."
+    """Load weights (and optimizer, scheduler and RNG states when given) from a checkpoint of the same config.
+    Nothing is unpickled beyond tensors and plain values (safetensors, and torch.load with weights_only=True)."""
+    from safetensors import SafetensorError
     from safetensors.torch import load_model
+    path = Path(path)
     meta = check_checkpoint_config(path, run)
-    load_model(model, str(Path(path) / 'model.safetensors'), device=str(next(model.parameters()).device))
+    try: load_model(model, str(path / 'model.safetensors'), device=str(next(model.parameters()).device))
+    except SafetensorError as e:
+        raise CorruptFile(f"{path.name}/model.safetensors is not a readable safetensors file ({str(e)[:160]})") from None
     if optimizers or schedulers or restore_rng:
-        st = torch.load(Path(path) / 'train_state.pt', map_location='cpu', weights_only=False)
+        st = safe_torch_load(path / 'train_state.pt', f'{path.name}/train_state.pt', legacy_numpy=meta.get('format', 1) < 2)
         for o, s in zip(optimizers, st['optimizers']): o.load_state_dict(s)
         for o, s in zip(schedulers, st['schedulers']): o.load_state_dict(s)
         if restore_rng: _set_rng_state(st['rng'])
@@ -457,19 +544,30 @@ def evaluate(model, batches, dist: Dist, precision: str, micro: int) -> float:
 
 
 def train(run: RunConfig, progress: bool = True, preset_reason: Optional[str] = None, stop_after: Optional[int] = None,
-          fsdp: bool = False, launch_args: Sequence[str] = ()) -> dict:
-    "Train (resuming when a checkpoint exists) and return result.json's content; N processes go through accelerate launch."
+          fsdp: bool = False, launch_args: Sequence[str] = (), wait: bool | float = False) -> dict:
+    """Train (resuming when a checkpoint exists) and return result.json's content; N processes go through accelerate launch.
+    One writer per run folder: when another live process trains this run, `RunBusy` names it (`wait=True`: wait
+    for it, then return its result)."""
     if not isinstance(run, RunConfig): raise ConfigError(f"train expects a RunConfig (see make_run_config), got {type(run).__name__}")
     folder = run_dir(run)
-    if (not in_launched_process()) or int(os.environ.get('RANK', '0')) == 0: ensure_writable(folder)
-    done = read_result(folder)
-    if done and done['status'] in ('completed', 'diverged'):
-        print(f"{folder}: already {done['status']}; not retraining (delete result.json to train again)")
-        return done
-    if run.train.trackers: check_trackers(run.train.trackers)
-    if run.num_processes > 1 and not in_launched_process():
-        return launch(run, progress=progress, preset_reason=preset_reason, fsdp=fsdp, launch_args=launch_args)
-    return _train_here(run, folder, progress, preset_reason, stop_after)
+    launched_rank = in_launched_process() and (os.environ.get('DEPTHBENCH_LAUNCHED') or int(os.environ.get('RANK', '0')) != 0)
+    with contextlib.nullcontext() if launched_rank else writing_run_folder(folder, wait=wait) as lock:   # `launch` holds it
+        done = _finished_result(folder)
+        if done is not None:
+            print(f"{folder}: already {done['status']}; not retraining (delete result.json to train again)")
+            return done
+        if run.train.trackers: check_trackers(run.train.trackers)
+        if run.num_processes > 1 and not in_launched_process():
+            return launch(run, progress=progress, preset_reason=preset_reason, fsdp=fsdp, launch_args=launch_args, lock=lock)
+        return _train_here(run, folder, progress, preset_reason, stop_after)
+
+
+def _finished_result(folder: Path) -> Optional[dict]:
+    "result.json of a completed or diverged run; a damaged result.json is said and ignored (the run rewrites it)."
+    try: done = read_result(folder)
+    except CorruptFile as e:
+        print(f"{e}: ignored, the run resumes from its checkpoints and writes it again"); return None
+    return done if done and done['status'] in ('completed', 'diverged') else None
 
 
 def _train_here(run: RunConfig, folder: Path, progress: bool, preset_reason, stop_after) -> dict:
@@ -488,6 +586,8 @@ def _train_here(run: RunConfig, folder: Path, progress: bool, preset_reason, sto
     model = init_model(run)
     if precision == 'bf16-pure': model = model.to(torch.bfloat16)
     model.to(dist.device)
+    if dist.main: _prepare_resume(folder)            # verify checkpoints newest first; set damaged ones aside
+    if dist.world > 1: dist.accelerator.wait_for_everyone()
     ckpts = list_checkpoints(folder)
     meta = check_checkpoint_config(ckpts[-1][1], run) if ckpts else None   # refuse a foreign checkpoint early
     fsdp = dist.world > 1 and 'FSDP' in str(dist.accelerator.distributed_type)
@@ -605,6 +705,16 @@ def _train_here(run: RunConfig, folder: Path, progress: bool, preset_reason, sto
     return result
 
 
+def _prepare_resume(folder: Path) -> None:
+    "Remove temporaries of a killed checkpoint write and move damaged checkpoints aside, saying so (under the lock)."
+    gone = remove_stale_temporaries(folder)
+    if gone: print(f"removed {len(gone)} temporary checkpoint folder(s) of an interrupted write: {', '.join(gone)}")
+    before = list_checkpoints(folder)
+    found = newest_intact_checkpoint(folder, quarantine=True)
+    if before and found is None: print('no intact checkpoint is left: training from step 0')
+    elif found is not None and found[1] != before[-1][1]: print(f"resuming from the newest intact checkpoint instead, {found[1].name}")
+
+
 def _gather(dist: Dist, obj) -> list:
     if dist.world == 1: return [obj]
     out = [None] * dist.world
@@ -654,8 +764,10 @@ def launch_command(run: RunConfig, params_path: Path, fsdp: bool = False, launch
 
 
 def launch(run: RunConfig, progress: bool = True, preset_reason: Optional[str] = None, fsdp: bool = False,
-           launch_args: Sequence[str] = ()) -> dict:
-    "Train on run.num_processes processes through accelerate launch, streaming logs; returns the result."
+           launch_args: Sequence[str] = (), lock=None) -> dict:
+    """Train on run.num_processes processes through accelerate launch, streaming logs; returns the result.
+    `lock` (the run folder's, held by `train`) is shared with the launcher, so it stays held while the launched
+    processes write even if this process is killed."""
     if fsdp and not torch.cuda.is_available(): raise ConfigError("FSDP needs GPUs (Accelerate's FSDP refuses CPU); use DDP, the default")
     folder = ensure_writable(run_dir(run))
     open_data(run, progress)                             # prepare / check the data once, before any process starts
@@ -664,7 +776,8 @@ def launch(run: RunConfig, progress: bool = True, preset_reason: Optional[str] =
     print('launching:', ' '.join(cmd[1:]))
     env = dict(os.environ, DEPTHBENCH_LAUNCHED='1', PYTHONUNBUFFERED='1')
     env.setdefault('OMP_NUM_THREADS', '1')
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1, env=env)
+    keep = (lock.fd,) if lock is not None and getattr(lock, 'fd', None) is not None else ()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1, env=env, pass_fds=keep)
     for line in proc.stdout: print(line, end='', flush=True)
     rc = proc.wait()
     result = read_result(folder)
@@ -674,15 +787,17 @@ def launch(run: RunConfig, progress: bool = True, preset_reason: Optional[str] =
 
 # %% ../nbs/07_trainer.ipynb #d823a59a
 def load_run(folder) -> tuple[torch.nn.Module, RunConfig]:
-    "(model in eval mode, RunConfig) from the newest complete checkpoint of a run folder."
+    """(model in eval mode, RunConfig) from the newest intact checkpoint of a run folder (a damaged newer one is
+    skipped, said on stderr). Reads JSON and safetensors only."""
     from depthbench_nb.model import build_model
     folder = Path(folder)
     if not (folder / RECORD_FILES['params']).exists(): raise ConfigError(f"{folder} is not a run folder (no params.json)")
     run = read_params(folder)
-    ckpts = list_checkpoints(folder)
-    if not ckpts: raise ConfigError(f"{folder} has no complete checkpoint yet")
+    if not list_checkpoints(folder): raise ConfigError(f"{folder} has no complete checkpoint yet")
+    found = newest_intact_checkpoint(folder, need_state=False, say=lambda m: print(m, file=sys.stderr))
+    if found is None: raise CorruptFile(f"{folder}: every checkpoint is damaged (see the lines above)")
     model = build_model(run.model)
-    load_checkpoint(ckpts[-1][1], run, model, restore_rng=False)
+    load_checkpoint(found[1], run, model, restore_rng=False)
     return model.eval(), run
 
 # %% ../nbs/07_trainer.ipynb #e1eb3e1f
@@ -711,12 +826,14 @@ def cli_train(argv=None) -> int:
     p.add_argument('--launch-args', default='', help="extra accelerate launch arguments for N processes, e.g. multi-node: "
                    "'--num_machines 2 --machine_rank 0 --main_process_ip 10.0.0.1 --main_process_port 29500'")
     p.add_argument('--run-config', help='train the RunConfig in this params.json (used by accelerate launch)')
+    p.add_argument('--wait', action='store_true', help='when another process is training this run, wait for it (then report '
+                   'its result) instead of refusing')
     p.add_argument('--no-progress', action='store_true'); p.add_argument('--json', action='store_true', help='machine-readable JSON output')
     a = p.parse_args(argv)
     why = None
     if a.run_config:
         run = read_params(Path(a.run_config).parent) if Path(a.run_config).name == RECORD_FILES['params'] else \
-            RunConfig.from_dict({k: v for k, v in json.loads(Path(a.run_config).read_text()).items() if k != 'run_id'})
+            RunConfig.from_dict({k: v for k, v in read_json(a.run_config).items() if k != 'run_id'})
     else:
         if not a.arch: raise ConfigError('--arch is required (or --run-config)')
         init_seed = a.init_seed if a.init_seed in ('official', 'tied') else parse_literal(a.init_seed)
@@ -729,7 +846,7 @@ def cli_train(argv=None) -> int:
         why = resolve_preset(a.preset)[1]
     with contextlib.redirect_stdout(sys.stderr) if a.json else contextlib.nullcontext():   # --json: stdout holds only the JSON
         result = train(run, progress=not (a.no_progress or a.json), preset_reason=why, fsdp=a.fsdp,
-                       launch_args=shlex.split(a.launch_args))
+                       launch_args=shlex.split(a.launch_args), wait=a.wait)
     if in_launched_process() and int(os.environ.get('RANK', '0')) != 0: return 0
     shown = {k: v for k, v in result.items() if k not in ('provenance', 'traceback')}
     emit(shown, a.json, title=f"run {result['run_id']}: {result['status']} ({run_dir(run)})")

@@ -27,3 +27,31 @@ def tiny_data(tmp_path_factory):
     from depthbench_nb.data import prepare
     folder = tmp_path_factory.getbasetemp().parent / 'depthbench-data' / 'sample-bpe4096'
     return prepare(DataConfig(source='sample', tokenizer='bpe:4096', path=str(folder)), progress=False)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The fault suite's one-line summary (tests/test_faults.py): each fault test appends what it injected to a ledger
+# file; the controlling process (xdist's, or the only one) adds it up at the end of the session.
+def pytest_configure(config):
+    if not hasattr(config, 'workerinput'):                       # the controller; xdist workers inherit the variable
+        import tempfile
+        from pathlib import Path
+        fd, path = tempfile.mkstemp(prefix='depthbench-faults-', suffix='.jsonl')
+        os.close(fd)
+        os.environ['DEPTHBENCH_FAULT_LEDGER'] = path
+        config._fault_ledger = Path(path)
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    import json
+    ledger = getattr(config, '_fault_ledger', None)
+    rows = [json.loads(line) for line in ledger.read_text().splitlines() if line.strip()] if ledger and ledger.exists() else []
+    if not rows: return
+    total = {k: sum(r.get(k, 0) for r in rows) for k in ('faults', 'runs', 'survived', 'lost')}
+    terminalreporter.write_line(f"fault suite: faults injected {total['faults']}, runs survived {total['survived']} of "
+                                f"{total['runs']}, records lost {total['lost']}")
+
+
+def pytest_unconfigure(config):
+    ledger = getattr(config, '_fault_ledger', None)
+    if ledger is not None: ledger.unlink(missing_ok=True)

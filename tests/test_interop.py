@@ -552,4 +552,5 @@ def test_dcp_index_unpickler_refuses_code(tmp_path):
     import pickle
     (tmp_path / 'evil').mkdir()
     (tmp_path / 'evil' / '.metadata').write_bytes(pickle.dumps(os.system))
-    with pytest.raises(pickle.UnpicklingError, match='refusing to unpickle'): read_dcp_state_dict(tmp_path / 'evil')
+    from depthbench_nb.config import UnsafeFile           # a clear error (kind 'unsafe'), not a raw UnpicklingError
+    with pytest.raises(UnsafeFile, match='refusing to unpickle'): read_dcp_state_dict(tmp_path / 'evil')
