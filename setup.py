@@ -25,6 +25,8 @@ min_python = cfg['min_python']
 requirements = cfg.get('requirements', '').split()
 if cfg.get('pip_requirements'): requirements += cfg.get('pip_requirements', '').split()
 dev_requirements = (cfg.get('dev_requirements') or '').split()
+extras = {name: (cfg.get(f'{name}_requirements') or '').split() for name in ('hf', 'eval', 'tensorboard', 'wandb')}
+extras['trackers'] = extras['tensorboard'] + extras['wandb']
 console_scripts = cfg.get('console_scripts', '').split()
 
 
@@ -72,7 +74,7 @@ setuptools.setup(
     include_package_data=True,
     package_data={cfg['lib_name']: ['resources/*', 'resources/**/*']},
     install_requires=requirements,
-    extras_require={'dev': dev_requirements},
+    extras_require={'dev': dev_requirements, **extras},
     python_requires='>=' + min_python,
     long_description=(here / 'README.md').read_text(encoding='utf-8'),
     long_description_content_type='text/markdown',
