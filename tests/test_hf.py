@@ -82,6 +82,11 @@ def test_generate_uses_our_cache_and_stops_at_eos(exported):
     eos = int(nxt)
     gen = model.generate(idx, max_new_tokens=NEW_TOKENS, do_sample=False, eos_token_id=eos, pad_token_id=eos)
     assert gen.shape[1] == idx.shape[1] + 1 and int(gen[0, -1]) == eos
+    # a cache passed in by the caller fills as generate() runs, and a second call continues from it
+    ours, cache = model.model, GenerationCache()
+    first = model.generate(idx, max_new_tokens=3, do_sample=False, cache=cache, eos_token_id=None, pad_token_id=0)
+    more = model.generate(first, max_new_tokens=3, do_sample=False, cache=cache, eos_token_id=None, pad_token_id=0)
+    assert torch.equal(more, our_generate(ours, idx, 6)) and cache.get_seq_length() == idx.shape[1] + 5
     beams = model.generate(idx, max_new_tokens=4, do_sample=False, num_beams=2, eos_token_id=None, pad_token_id=0)
     assert beams.shape == (1, idx.shape[1] + 4)                            # beam search reorders our cache
 
