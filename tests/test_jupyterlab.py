@@ -86,8 +86,9 @@ def _chromium(profile: Path):
     return webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=opts)
 
 
-def test_train_template_runs_in_jupyterlab_in_chromium(tmp_path, tiny_data):
+def test_train_template_runs_in_jupyterlab_in_chromium(tmp_path, tiny_data, monkeypatch):
     _browser_or_skip()
+    monkeypatch.setenv('SE_OFFLINE', 'true')       # Selenium must not look for drivers on the network: both are given
     from selenium.webdriver.common.action_chains import ActionChains
     from selenium.webdriver.common.by import By
     from selenium.webdriver.common.keys import Keys
