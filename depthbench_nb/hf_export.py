@@ -184,7 +184,12 @@ def export_hf(run_dir, out, fmt: str = 'depthbench', tokenizer=None, force: bool
     if dtype not in ('float32', 'bfloat16'): raise ConfigError(f"unknown dtype {dtype!r}; valid dtypes: float32, bfloat16")
     run_dir, out = Path(run_dir).expanduser(), Path(out).expanduser()
     if not run_dir.is_dir(): raise ConfigError(f"{run_dir} is not a folder: pass a run folder <runs root>/<study>/<run_id>")
-    model, run = load_run(run_dir)                     # not a run folder / no complete checkpoint: a ConfigError that says so
+    if not (run_dir / 'params.json').is_file():
+        raise ConfigError(f"{run_dir} is not a run folder (no params.json): pass <runs root>/<study>/<run_id>")
+    if not list_checkpoints(run_dir):
+        raise ConfigError(f"{run_dir} has no complete checkpoint to export yet: train it first (rerunning the same "
+                          f"train command resumes an unfinished run)")
+    model, run = load_run(run_dir)                     # the trainer's own loader: the newest complete checkpoint
     cfg = run.model
     if fmt == 'llama':
         from depthbench_nb.interop import LLAMA_EXPORTABLE

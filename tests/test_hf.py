@@ -183,7 +183,7 @@ def test_bad_input_is_a_clear_error(trained_run, tmp_path, capsys):
     empty = tmp_path / 'runs' / 'hf' / 'unfinished'
     from depthbench_nb.runs import read_params
     write_params(empty, read_params(run))
-    cases.append(([str(empty), str(tmp_path / 'o')], 'has no complete checkpoint'))
+    cases.append(([str(empty), str(tmp_path / 'o')], 'has no complete checkpoint to export yet'))
     hc = trained_run('hc')
     cases.append(([str(hc), str(tmp_path / 'o'), '--format', 'llama'], 'exports preln, lns only'))
     (tmp_path / 'full').mkdir(); (tmp_path / 'full' / 'keep.txt').write_text('mine')
