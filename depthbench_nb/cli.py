@@ -78,6 +78,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     'demo':              ('depthbench_nb.reports:cli_demo', 'the embedded default: CPU demo study end to end'),
     'notebooks':         ('depthbench_nb.cli:cli_notebooks', 'copy the papermill templates and report notebooks to a folder'),
     'import-checkpoint': ('depthbench_nb.interop:cli_import_checkpoint', 'import an OLMo-core / DepthBench checkpoint as a run'),
+    'export-hf':         ('depthbench_nb.hf_export:cli_export_hf', 'export a run as a Hugging Face folder (weights, tokenizer, model card)'),
+    'domain-nll':        ('depthbench_nb.hf_export:cli_domain_nll', 'domain NLL of a run through our scorer and through lm-eval'),
 }
 
 

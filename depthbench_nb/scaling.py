@@ -33,7 +33,7 @@ PARAM_NAMES = ('a', 'alpha', 'b', 'beta', 'e', 'phi')          # the order of θ
 LOWER = np.array([-5.0, 0.0, -5.0, 0.0, -3.0, -3.0])           # specs/looped.md §6 box
 UPPER = np.array([35.0, 2.5, 35.0, 2.5, 2.0, 3.0])
 LAWS = ('chinchilla', 'looped')
-PROVENANCES = ('real', 'demo', 'synthetic')
+PROVENANCES = ('real', 'demo', 'synthetic', 'unspecified')
 # the looped paper's project-page coefficients (specs/looped.md §7): used to generate synthetic checks only
 PAPER_LOOPED = dict(A=28.027, alpha=0.19924, B=915.82, beta=0.36863, E=1.56773, phi=0.459)
 
@@ -539,7 +539,7 @@ def cli_fit(argv=None) -> int:
     p.add_argument('--block-cols', default=None, help="bootstrap block columns (default 'C,r' when present, else rows)")
     p.add_argument('--seed', type=int, default=0, help='seed of the starts and resamples')
     p.add_argument('--provenance', default=None, choices=PROVENANCES,
-                   help="data provenance (default: the CSV's provenance column, else 'real')")
+                   help="data provenance (default: the CSV's provenance column, else 'unspecified')")
     p.add_argument('--workers', type=int, default=1, help='processes for the bootstrap refits (same result, faster)')
     p.add_argument('--per-r', action='store_true', help='looped CSVs: also one Chinchilla fit per r')
     p.add_argument('--json', action='store_true', help='machine-readable JSON output')
@@ -548,7 +548,8 @@ def cli_fit(argv=None) -> int:
     df = read_runs_csv(path)
     phi = _parse_phi(a.phi)
     if a.law == 'chinchilla' and phi is not None: raise ConfigError("--phi applies to --law looped only")
-    fit = fit_frame(df, a.law, phi=phi, restarts=a.restarts, seed=a.seed, provenance=a.provenance)
+    provenance = a.provenance or frame_provenance(df, default='unspecified')   # a bare CSV is not assumed to be real runs
+    fit = fit_frame(df, a.law, phi=phi, restarts=a.restarts, seed=a.seed, provenance=provenance)
     out = fit.to_dict()
     if a.bootstrap:
         cols = a.block_cols.split(',') if a.block_cols else (['C', 'r'] if {'C', 'r'} <= set(df.columns) else None)
@@ -561,5 +562,5 @@ def cli_fit(argv=None) -> int:
                                 level=boot['level'], restarts_per_refit=a.boot_restarts)
     if a.per_r:
         if a.law != 'looped': raise ConfigError("--per-r needs --law looped (the per-r fits split a looped table by r)")
-        out['per_r'] = {str(r): f.to_dict() for r, f in fit_per_r(df, restarts=a.restarts, seed=a.seed, provenance=a.provenance).items()}
+        out['per_r'] = {str(r): f.to_dict() for r, f in fit_per_r(df, restarts=a.restarts, seed=a.seed, provenance=provenance).items()}
     return emit(out, a.json, title=f'{a.law} fit of {path} ({fit.provenance} data, {fit.n_points} runs)')

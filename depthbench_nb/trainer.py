@@ -44,9 +44,9 @@ __all__ = ['LOOPED_RECIPE', 'LOOPED_TINY', 'INIT_SEEDS', 'CHECKPOINT_FORMAT_VERS
            'build_optimizers', 'resolve_precision', 'autocast_context', 'checkpoints_dir', 'list_checkpoints',
            'save_checkpoint', 'verify_checkpoint', 'newest_intact_checkpoint', 'remove_stale_temporaries',
            'check_checkpoint_config', 'load_checkpoint', 'LayerStats', 'Dist', 'in_launched_process', 'make_dist',
-           'check_trackers', 'open_data', 'init_model', 'default_micro_batch', 'plot_loss_curves', 'peak_flops',
-           'peak_memory_bytes', 'flops_per_token', 'evaluate', 'train', 'launch_command', 'launch', 'load_run',
-           'cli_train']
+           'tracker_init_kwargs', 'check_trackers', 'open_data', 'init_model', 'default_micro_batch',
+           'plot_loss_curves', 'peak_flops', 'peak_memory_bytes', 'flops_per_token', 'evaluate', 'train',
+           'launch_command', 'launch', 'load_run', 'cli_train']
 
 # %% ../nbs/07_trainer.ipynb #895e7da2
 def run_dir(run: RunConfig) -> Path:
@@ -439,13 +439,18 @@ def make_dist(run: RunConfig, folder: Path) -> Dist:
     return Dist(acc, acc.process_index, acc.num_processes, acc.device)
 
 
+def tracker_init_kwargs(run: RunConfig, folder: Path) -> dict:
+    "Per-tracker start options: W&B writes its run into the run folder (not the working directory), named by the run id."
+    return dict(wandb=dict(dir=str(folder / 'trackers'), name=run.run_id))
+
+
 def check_trackers(trackers: Sequence[str]) -> None:
     "Refuse a tracker whose package is not installed (before training)."
     from accelerate.utils import is_tensorboard_available, is_wandb_available
     ok = dict(tensorboard=is_tensorboard_available, wandb=is_wandb_available)
     for t in trackers:
         if t not in ok: raise _choice_error('tracker', t, list(ok))
-        if not ok[t](): raise ConfigError(f"tracker {t!r} needs its package: pip install {t}")
+        if not ok[t](): raise ConfigError(f"tracker {t!r} needs its package: pip install 'depthbench-nb[{t}]'")
 
 # %% ../nbs/07_trainer.ipynb #040e5f48
 def open_data(run: RunConfig, progress: bool = True):
@@ -609,7 +614,8 @@ def _train_here(run: RunConfig, folder: Path, progress: bool, preset_reason, sto
         metrics.truncate_after(start)
         if dist.main: print(f"resuming from checkpoint step {start} ({ckpts[-1][1].name})")
     elif dist.main: metrics.truncate_after(0)
-    if t.trackers: dist.accelerator.init_trackers(run.study, config=dict(run_id=run.run_id, **_flat(run.to_dict())))
+    if t.trackers: dist.accelerator.init_trackers(run.study, config=dict(run_id=run.run_id, **_flat(run.to_dict())),
+                                                    init_kwargs=tracker_init_kwargs(run, folder))
     fpt = flops_per_token(run)
     peak = peak_flops(dist.device)
     val_set = data.val_batches(t.eval_batches, t.global_batch, t.seq_len, seed=0)   # the same windows for any process count

@@ -55,3 +55,28 @@ def pytest_terminal_summary(terminalreporter, config):
 def pytest_unconfigure(config):
     ledger = getattr(config, '_fault_ledger', None)
     if ledger is not None: ledger.unlink(missing_ok=True)
+
+@pytest.fixture(scope='session')
+def trained_run(tiny_data, tmp_path_factory):
+    """Factory: a real run folder of a design, trained for two steps by the trainer (L2 d32; looped: the tiny looped
+    model), once per design and test session; returns the run folder."""
+    from depthbench_nb.trainer import make_run_config, run_dir, train
+    root, done = tmp_path_factory.mktemp('trained-runs'), {}
+
+    def make(arch: str, **options):
+        key = (arch, tuple(sorted(options.items())))
+        if key not in done:
+            shape = {} if arch == 'looped' else dict(L=4 if arch == 'block_attnres' else 2, d_model=32)
+            run = make_run_config(arch, preset='tiny', max_steps=2, eval_every=2, study='hf', data=str(tiny_data), verbose=False,
+                                  **shape, **options)
+            run = run.replace(train=run.train.replace(seq_len=32, global_batch=4, eval_batches=1))
+            old = os.environ.get('DEPTHBENCH_RUNS')
+            os.environ['DEPTHBENCH_RUNS'] = str(root)
+            try:
+                assert train(run, progress=False)['status'] == 'completed'
+                done[key] = run_dir(run)
+            finally:
+                if old is None: os.environ.pop('DEPTHBENCH_RUNS', None)
+                else: os.environ['DEPTHBENCH_RUNS'] = old
+        return done[key]
+    return make

@@ -164,3 +164,8 @@ def test_wheel_builds_installs_and_ships_templates(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     assert str(site) in r.stdout.splitlines()[0] and r.stdout.splitlines()[1] == '7'
     assert sorted(x.name for x in (work / 'nbs_out').glob('*.ipynb')) == templates
+    # the startup hook ships at the wheel's root: a fresh interpreter of that venv watches for Transformers and lm-eval
+    assert 'depthbench_nb-hooks.pth' in names and (site / 'depthbench_nb-hooks.pth').is_file()
+    r = subprocess.run([str(py), '-c', 'import sys; print("depthbench_nb._hooks" in sys.modules)'], cwd=work, capture_output=True,
+                       text=True, timeout=300)
+    assert r.stdout.strip() == 'True', r.stderr[-2000:]

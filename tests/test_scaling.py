@@ -185,7 +185,10 @@ def test_cli_chinchilla_and_bootstrap(tmp_path, capsys):
     assert main(['fit', '--csv', str(csv), '--law', 'chinchilla', '--restarts', '20', '--json']) == 0
     out = json.loads(capsys.readouterr().out)
     assert {'E', 'A', 'B', 'alpha', 'beta', 'huber', 'r2', 'n_points', 'provenance'} <= set(out) and 'phi' not in out
-    assert out['n_points'] == 240 and abs(out['E'] - 1.8172) < 0.01 and out['provenance'] == 'real'
+    assert out['n_points'] == 240 and abs(out['E'] - 1.8172) < 0.01
+    assert out['provenance'] == 'unspecified'          # a CSV without a provenance column is not assumed to be real runs
+    assert main(['fit', '--csv', str(csv), '--law', 'chinchilla', '--restarts', '2', '--provenance', 'real', '--json']) == 0
+    assert json.loads(capsys.readouterr().out)['provenance'] == 'real'
     syn = tmp_path / 'syn.csv'
     synthetic_looped_frame(noise=0.005, seed=3).to_csv(syn, index=False)
     assert main(['fit', '--csv', str(syn), '--restarts', '3', '--bootstrap', '3', '--boot-restarts', '1', '--json']) == 0
