@@ -21,8 +21,8 @@ from .config import (ConfigError, RunConfig, atomic_write_json, atomic_write_tex
 
 # %% auto #0
 __all__ = ['RECORD_FILES', 'RESULT_STATUSES', 'RESULT_KEYS', 'run_dir', 'where_runs_go', 'ensure_writable', 'device_name',
-           'provenance', 'format_diff', 'read_params', 'write_params', 'read_result', 'write_result', 'MetricsLog',
-           'read_jsonl', 'read_metrics', 'list_runs', 'papermill_output_path', 'record_executed_notebook']
+           'slurm_job_info', 'provenance', 'format_diff', 'read_params', 'write_params', 'read_result', 'write_result',
+           'MetricsLog', 'read_jsonl', 'read_metrics', 'list_runs', 'papermill_output_path', 'record_executed_notebook']
 
 # %% ../nbs/07a_runs.ipynb #badf4e69
 RECORD_FILES = dict(params='params.json', metrics='metrics.jsonl', result='result.json', layer_stats='layer_stats.jsonl',
@@ -71,8 +71,20 @@ def device_name() -> str:
     return f"cpu ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"
 
 
+_SLURM_VARS = dict(job_id='SLURM_JOB_ID', array_job_id='SLURM_ARRAY_JOB_ID', array_task_id='SLURM_ARRAY_TASK_ID',
+                   nodes='SLURM_JOB_NODELIST', nnodes='SLURM_NNODES', partition='SLURM_JOB_PARTITION',
+                   cluster='SLURM_CLUSTER_NAME')
+
+
+def slurm_job_info(env=None) -> Optional[dict]:
+    "The Slurm job this process runs in (job, array job and task ids, nodes, partition), or None outside Slurm."
+    env = os.environ if env is None else env
+    if 'SLURM_JOB_ID' not in env: return None
+    return {k: env[v] for k, v in _SLURM_VARS.items() if v in env}
+
+
 def provenance() -> dict:
-    "Package version, git commit, library versions, device, host, Python and UTC time."
+    "Package version, git commit, library versions, device, host, Python, UTC time and the Slurm job (if any)."
     import torch
     import depthbench_nb
     try:
@@ -80,7 +92,7 @@ def provenance() -> dict:
     except Exception: triton_version = None
     return dict(package_version=depthbench_nb.__version__, git_commit=_git_commit(), torch=torch.__version__,
                 triton=triton_version, cuda=torch.version.cuda, device=device_name(), hostname=socket.gethostname(),
-                python=platform.python_version(),
+                python=platform.python_version(), slurm=slurm_job_info(),
                 time=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'))
 
 # %% ../nbs/07a_runs.ipynb #6100462c
