@@ -25,8 +25,8 @@ __all__ = ['SLURM_TOOLS', 'SINFO_FORMAT', 'DEFAULT_CPUS_PER_TASK', 'DEFAULT_TIME
            'RUNNING_STATES', 'parse_time_minutes', 'format_minutes', 'parse_mem_mb', 'SlurmNode', 'SlurmPartition',
            'parse_gres_gpus', 'parse_sinfo', 'SlurmProbe', 'controller_status', 'probe_slurm', 'SlurmRequest',
            'fit_request', 'sbatch_options', 'array_script', 'submit_script', 'parse_squeue', 'queue_tasks',
-           'accounting_tasks', 'head_node', 'node_address', 'main_port', 'node_launch_args', 'srun_command',
-           'node_launch', 'cli_slurm']
+           'accounting_tasks', 'head_node', 'node_address', 'main_port', 'node_launch_args', 'require_allocation',
+           'srun_command', 'node_launch', 'cli_slurm']
 
 # %% ../nbs/09d_slurm.ipynb #7e07d427
 _TIME_RE = re.compile(r'^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$')
@@ -140,9 +140,10 @@ def controller_status(scontrol: str) -> tuple[bool, str]:
     "(answers, message) from `scontrol ping`: instant where a dead controller makes sinfo retry for seconds."
     try: r = _call([scontrol, 'ping'], timeout=30)
     except subprocess.TimeoutExpired: return False, '`scontrol ping` timed out'
-    if ' is UP' in r.stdout: return True, r.stdout.strip().splitlines()[0]
-    text = [x for x in (r.stdout + '\n' + r.stderr).splitlines() if x.strip()]
-    return False, f"`scontrol ping`: {text[-1].strip() if text else f'exit code {r.returncode}'}"
+    lines = [x.strip() for x in (r.stdout + '\n' + r.stderr).splitlines() if x.strip() and not x.strip().startswith('*')]
+    state = [x for x in lines if re.search(r' is (UP|DOWN)', x)]       # 'Slurmctld(primary) at HOST is UP'
+    if any(' is UP' in x for x in state): return True, next(x for x in state if ' is UP' in x)
+    return False, f"`scontrol ping`: {(state or lines or [f'exit code {r.returncode}'])[-1]}"
 
 
 def probe_slurm(read_partitions: bool = True) -> SlurmProbe:
@@ -387,12 +388,21 @@ def node_launch_args(env=None, first_host=None) -> list[str]:
             '--main_process_ip', host, '--main_process_port', str(main_port(env))]
 
 
+def require_allocation(nodes: int, env=None) -> str:
+    "The srun to start one launcher per node with; ConfigError outside a Slurm allocation or without srun."
+    env = os.environ if env is None else env
+    if 'SLURM_JOB_ID' not in env:
+        raise ConfigError(f"--nodes {nodes} runs inside a Slurm allocation of {nodes} nodes: use --launcher slurm (the array "
+                          "tasks pass --nodes on)")
+    srun = shutil.which('srun', path=env.get('PATH'))
+    if not srun: raise ConfigError("a multi-node run needs Slurm's srun on PATH (it runs inside the array task's allocation)")
+    return srun
+
+
 def srun_command(nodes: int, command: list[str], env=None) -> list[str]:
     "srun with one task per node running `command` (the step inherits the job's CPUs per task explicitly)."
     env = os.environ if env is None else env
-    srun = shutil.which('srun', path=env.get('PATH'))
-    if not srun: raise ConfigError("a multi-node run needs Slurm's srun on PATH (it runs inside the array task's allocation)")
-    if 'SLURM_JOB_ID' not in env: raise ConfigError(f"--nodes {nodes} runs inside a Slurm allocation: use --launcher slurm")
+    srun = require_allocation(nodes, env)
     cmd = [srun, f'--nodes={nodes}', f'--ntasks={nodes}', '--ntasks-per-node=1', '--kill-on-bad-exit=1']
     if env.get('SLURM_CPUS_PER_TASK'): cmd.append(f"--cpus-per-task={env['SLURM_CPUS_PER_TASK']}")
     return cmd + list(command)
@@ -420,7 +430,8 @@ def cli_slurm(argv=None) -> int:
     p = argparse.ArgumentParser(prog='depthbench-nb slurm', description="The Slurm cluster as the sweep driver sees it.")
     sub = p.add_subparsers(dest='action', required=True)
     pi = sub.add_parser('info', help="partitions and limits (sinfo), and the defaults an array task would get")
-    pi.add_argument('--partition', default=None); pi.add_argument('--gpus', type=int, default=1, help='GPUs per node asked')
+    pi.add_argument('--partition', default=None)
+    pi.add_argument('--gpus', type=int, default=None, help='GPUs per node asked (default: 1 where the partition has GPUs, else 0)')
     pi.add_argument('--json', action='store_true', help='machine-readable JSON output')
     pn = sub.add_parser('node-launch', help='(run by srun on each node of a multi-node array task) start accelerate launch')
     pn.add_argument('--run-config', required=True, help='the RunConfig JSON the sweep driver wrote')
@@ -432,7 +443,9 @@ def cli_slurm(argv=None) -> int:
                  cpus=max(x.cpus for x in q.nodes), memory_mb=max(x.memory_mb for x in q.nodes),
                  gpus=max(x.gpus for x in q.nodes), time_limit=q.max_time,
                  features=','.join(sorted({f for x in q.nodes for f in x.features}))) for n, q in probe.partitions.items()]
-    fit, notes = fit_request(SlurmRequest(partition=a.partition, gpus=a.gpus), probe.partitions)
+    part = probe.partitions.get(a.partition) if a.partition else next((q for q in probe.partitions.values() if q.default), None)
+    gpus = a.gpus if a.gpus is not None else int(part is not None and any(x.gpus for x in part.nodes))
+    fit, notes = fit_request(SlurmRequest(partition=a.partition, gpus=gpus), probe.partitions)
     out = dict(controller=probe.message, partitions=rows, defaults=fit.to_dict(), notes=notes)
     if a.json: return emit(out, True)
     emit(rows, False, title=f'Slurm: {probe.message}')

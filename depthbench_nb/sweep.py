@@ -29,7 +29,8 @@ import yaml
 from .config import (ARCHS, DESIGN_OPTIONS, Config, ConfigError, RunConfig, _choice_error, atomic_write_json,
                                   atomic_write_text, package_dir, runs_root)
 from .slurm import (QUEUED_STATES, RUNNING_STATES, SlurmProbe, SlurmRequest, accounting_tasks, array_script,
-                                 fit_request, probe_slurm, queue_tasks, sbatch_options, srun_command, submit_script)
+                                 fit_request, probe_slurm, queue_tasks, require_allocation, sbatch_options, srun_command,
+                                 submit_script)
 
 # %% auto #0
 __all__ = ['GPU_PEAK_FLOPS', 'DEFAULT_MFU', 'RUN_STATUSES', 'EXECUTORS', 'RESULT_FIELDS', 'SHAPE_KEYS', 'StudyGroup', 'StudySpec',
@@ -380,6 +381,7 @@ def run_study(study, workers: int = 1, devices: list[str] | None = None, executo
     if workers < 1: raise ConfigError(f"workers must be >= 1, got {workers}")
     if nodes < 1 or procs_per_node < 1: raise ConfigError(f"nodes and procs_per_node must be >= 1, got {nodes} and {procs_per_node}")
     if nodes > 1 and executor == 'papermill': raise ConfigError(f'--nodes {nodes}: multi-node runs use --executor python')
+    if nodes > 1: require_allocation(nodes)                       # inside a Slurm allocation, with srun: before any run
     if extra: add_extra_entries(spec, list(extra))
     entries = study_entries(spec)                                 # every entry checked before any run starts
     if run_ids:
