@@ -128,7 +128,7 @@ def three_runs(cluster, tiny_data, tmp_path_factory):
             obs = (row['status'], row.get('slurm_state'), row.get('slurm_reason'))
             if not seen[row['run_id']] or seen[row['run_id']][-1] != obs: seen[row['run_id']].append(obs)
         return st['counts']['completed'] + st['counts']['failed'] == 3
-    wait_for(watch, 600, 'the three array tasks to finish', every=0.3)
+    wait_for(watch, 600, 'the three array tasks to finish', every=1.0)
     wait_for(lambda: job_done(out['job_id']), 120, 'the last task to leave the queue')
     final = cli('sweep', 'status', study, '--json')
     return dict(study=study, spec=spec, out=out, job=out['job_id'], seen=seen, status=json.loads(final.stdout),
@@ -200,8 +200,11 @@ def test_status_without_accounting_reads_the_queue_and_the_records(three_runs, c
 
 
 # ------------------------------------------------------------------------------------------------ 3: scancel, resume
-def test_cancelled_task_resumes_from_its_checkpoint(cluster, tiny_data, tmp_path):
-    study = write_study(tmp_path / 'resume.yaml', 'resume', tiny_data, ['preln'], 40, checkpoint_every=4)
+STEPS = 32                            # checkpoints every 4 steps; the task is cancelled after its first one
+def test_cancelled_task_resumes_from_its_checkpoint(cluster, tiny_data, tmp_path, capsys):
+    from depthbench_nb.cli import main
+    study = write_study(tmp_path / 'resume.yaml', 'resume', tiny_data, ['preln'], STEPS, checkpoint_every=4)
+    submit = ['sweep', 'run', str(study), '--launcher', 'slurm', '--submit', '--slurm-gpus', '0', '--executor', 'python', '--json']
     (entry,) = expand_study(load_study(study))
     folder = cluster.runs / 'resume' / entry.run_id
     # the uninterrupted reference: the same run in another runs folder, trained meanwhile
@@ -209,9 +212,8 @@ def test_cancelled_task_resumes_from_its_checkpoint(cluster, tiny_data, tmp_path
     reference = subprocess.Popen(DRIVER + ['sweep', 'run', str(study), '--executor', 'python', '--json'], env=ref_env,
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        res = cli('sweep', 'run', study, '--launcher', 'slurm', '--submit', '--slurm-gpus', '0', '--executor', 'python', '--json')
-        assert res.returncode == 0, res.stderr[-2000:]
-        job = json.loads(res.stdout)['job_id']
+        assert main(submit) == 0
+        job = json.loads(capsys.readouterr().out)['job_id']
 
         def past_a_checkpoint():
             ckpts = sorted((folder / 'checkpoints').glob('step_*'))
@@ -223,13 +225,12 @@ def test_cancelled_task_resumes_from_its_checkpoint(cluster, tiny_data, tmp_path
         assert read_result(folder) is None, 'the run finished before the cancel landed (make it longer)'
         steps = sorted(int(p.name.split('_')[1]) for p in (folder / 'checkpoints').glob('step_*'))
         k, before = steps[-1], read_metrics(folder)
-        assert 0 < k < 40 and before[-1]['step'] >= k - 1
+        assert 0 < k < STEPS and before[-1]['step'] >= k - 1
         row = next(r for r in study_status(load_study(study))['runs'])
         assert row['status'] == 'unfinished' and row['slurm_state'] == 'CANCELLED'    # the queue's word, the record's status
 
-        res = cli('sweep', 'run', study, '--launcher', 'slurm', '--submit', '--slurm-gpus', '0', '--executor', 'python', '--json')
-        assert res.returncode == 0, res.stderr[-2000:]
-        again = json.loads(res.stdout)['job_id']
+        assert main(submit) == 0
+        again = json.loads(capsys.readouterr().out)['job_id']
         assert again != job
         wait_for(lambda: job_done(again), 300, 'the resubmitted task to finish')
         assert reference.wait(timeout=600) == 0, reference.stderr.read()[-2000:]
@@ -241,7 +242,7 @@ def test_cancelled_task_resumes_from_its_checkpoint(cluster, tiny_data, tmp_path
     assert f'resuming from checkpoint step {k}' in log                               # resumed, not started over
     assert got[:k] == before[:k]                        # the rows before the checkpoint were kept as they were, timings included
     want = read_metrics(tmp_path / 'reference' / 'resume' / entry.run_id)
-    assert [r['step'] for r in got] == list(range(40))
+    assert [r['step'] for r in got] == list(range(STEPS))
     for key in ('loss', 'grad_norm', 'lr', 'tokens'):
         assert [r[key] for r in got] == [r[key] for r in want], key                 # identical to the uninterrupted run
     assert result['final_val_loss'] == read_result(tmp_path / 'reference' / 'resume' / entry.run_id)['final_val_loss']
