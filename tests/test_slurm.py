@@ -4,9 +4,9 @@ from its checkpoint with the metrics of an uninterrupted run; `sweep status` fol
 requests are checked against sinfo before anything is submitted and every option reaches the script; a two-node
 run, simulated on the one node, trains to the loss of a single process.
 
-All tests here share one cluster and run on one pytest-xdist worker (the `slurm` group; `--dist loadgroup` is in
-pyproject.toml). Outside CI a machine without Slurm (or not root) skips the cluster tests with the reason; with
-CI=true that is a failure, so CI cannot pass without having run them.
+Each test stands alone (no trained run is shared between tests), so pytest-xdist may send them to any worker; a worker
+starts its own cluster (in under a second) for the tests it gets. Outside CI a machine without Slurm (or not root)
+skips the cluster tests with the reason; with CI=true that is a failure, so CI cannot pass without having run them.
 """
 import json
 import os
@@ -28,7 +28,7 @@ from depthbench_nb.sweep import expand_study, load_study, study_status, write_sl
 sys.path.insert(0, str(Path(__file__).parent))
 from slurm_cluster import SlurmCluster, free_port, node_line, why_not_available  # noqa: E402
 
-pytestmark = [pytest.mark.slurm, pytest.mark.xdist_group('slurm')]
+pytestmark = pytest.mark.slurm
 
 IN_CI = os.environ.get('CI', '').strip().lower() in ('1', 'true', 'yes')
 DRIVER = [sys.executable, '-c', 'import sys; from depthbench_nb.cli import main; sys.exit(main())']
@@ -110,16 +110,17 @@ def dead_conf(cluster) -> Path:
 
 
 # ------------------------------------------------------------------------------------------------ 1, 2, 4: a study
-@pytest.fixture(scope='module')
-def three_runs(cluster, tiny_data, tmp_path_factory):
-    """A three-design tiny study (10 steps each) submitted as the issue says, one task at a time (--slurm-parallel 1,
-    so that queued tasks are seen on any machine), watched with `sweep status` until every run is completed."""
-    tmp = tmp_path_factory.mktemp('three')
-    study = write_study(tmp / 'tiny3.yaml', 'tiny3', tiny_data, ['preln', 'periln', 'attnres'], 10)
+# One test, so that the expensive part (three trained runs) is never repeated whatever worker runs it.
+def test_three_run_study_as_a_job_array(cluster, tiny_data, tmp_path):
+    """A three-design tiny study (10 steps each) submitted as the issue says (one task at a time, --slurm-parallel 1,
+    so that queued tasks are seen on any machine) and watched with `sweep status` until every run is completed;
+    then submitted again."""
+    study = write_study(tmp_path / 'tiny3.yaml', 'tiny3', tiny_data, ['preln', 'periln', 'attnres'], 10)
     spec = load_study(study)
     res = cli('sweep', 'run', study, '--launcher', 'slurm', '--submit', '--slurm-gpus', '0', '--slurm-parallel', '1', '--json')
     assert res.returncode == 0, res.stderr[-3000:]
     out = json.loads(res.stdout)
+    job, runs = out['job_id'], cluster.runs / 'tiny3'
     seen: dict[str, list] = {e.run_id: [] for e in expand_study(spec)}
 
     def watch():
@@ -129,74 +130,56 @@ def three_runs(cluster, tiny_data, tmp_path_factory):
             if not seen[row['run_id']] or seen[row['run_id']][-1] != obs: seen[row['run_id']].append(obs)
         return st['counts']['completed'] + st['counts']['failed'] == 3
     wait_for(watch, 600, 'the three array tasks to finish', every=1.0)
-    wait_for(lambda: job_done(out['job_id']), 120, 'the last task to leave the queue')
-    final = cli('sweep', 'status', study, '--json')
-    return dict(study=study, spec=spec, out=out, job=out['job_id'], seen=seen, status=json.loads(final.stdout),
-                runs=cluster.runs / 'tiny3', array=json.loads(next((cluster.runs / 'tiny3' / '.sweep' / 'slurm' / 'arrays').glob('*.json')).read_text()))
+    wait_for(lambda: job_done(job), 120, 'the last task to leave the queue')
 
-
-def test_three_run_study_completes_as_a_job_array(three_runs, cluster):
-    t = three_runs
+    # 1. a job array whose defaults fit the node: 8 CPUs capped at its CPUs, their share of its memory, 24 h capped
     cpus, mem = int(cluster.node['CPUs']), int(cluster.node['RealMemory'])
-    assert t['out']['submitted'] and t['out']['job_id'].isdigit() and t['out']['to_submit'] == 3
-    # the defaults fit the node: 8 CPUs capped at its CPUs, their share of its memory, 24 h capped at the partition's
-    want_cpus = min(8, cpus)
-    assert t['out']['request'] == f'--cpus-per-task={want_cpus} --mem={mem * want_cpus // cpus}M --time=04:00:00'
-    script = Path(t['out']['script']).read_text()
+    assert out['submitted'] and job.isdigit() and out['to_submit'] == 3
+    want = min(8, cpus)
+    assert out['request'] == f'--cpus-per-task={want} --mem={mem * want // cpus}M --time=04:00:00'
+    script = Path(out['script']).read_text()
     assert '--gres' not in script and '#SBATCH --array=0-2%1' in script
-    run_ids = t['array']['run_ids']
-    assert sorted(run_ids) == sorted(e.run_id for e in expand_study(t['spec']))
-    for i, run_id in enumerate(run_ids):
-        res = read_result(t['runs'] / run_id)
+    (array,) = [json.loads(p.read_text()) for p in (runs / '.sweep' / 'slurm' / 'arrays').glob('*.json')]
+    assert sorted(array['run_ids']) == sorted(seen)
+    for i, run_id in enumerate(array['run_ids']):
+        res = read_result(runs / run_id)
         assert res['status'] == 'completed' and res['steps'] == 10, res
-        assert (t['runs'] / run_id / 'train.ipynb').exists()                     # the papermill template ran
+        assert (runs / run_id / 'train.ipynb').exists()                          # the papermill template ran
         slurm = res['provenance']['slurm']                                        # the job and task in the run record
-        assert slurm['array_job_id'] == t['job'] and slurm['array_task_id'] == str(i) and slurm['partition'] == 'debug'
-        log = t['runs'] / 'logs' / f"slurm-{t['job']}_{i}.out"                   # the logs in the study's logs/
+        assert slurm['array_job_id'] == job and slurm['array_task_id'] == str(i) and slurm['partition'] == 'debug'
+        log = runs / 'logs' / f'slurm-{job}_{i}.out'                              # the logs in the study's logs/
         assert log.exists() and f'run {run_id}' in log.read_text()
-    st = t['status']
-    assert st['counts']['completed'] == 3 and st['total'] == 3
-    assert all(r['status'] == 'completed' for r in st['runs']) and 'slurm' in st and ' is UP' in st['slurm']['controller']
+    st = json.loads(cli('sweep', 'status', study, '--json').stdout)
+    assert st['counts']['completed'] == 3 and st['total'] == 3 and ' is UP' in st['slurm']['controller']
+    assert all(r['status'] == 'completed' and r['slurm_state'] == 'COMPLETED' for r in st['runs']), st['runs']
 
-
-def test_status_follows_queued_running_completed(three_runs):
-    "`sweep status` while the array ran: each run went queued -> running -> completed, with its Slurm task and state."
+    # 4. while it ran, `sweep status` showed each run queued -> running -> completed, with its Slurm task and state
     order = {'queued': 0, 'running': 1, 'completed': 2}
-    for run_id, obs in three_runs['seen'].items():
-        statuses = [s for s, _, _ in obs]
-        assert statuses[-1] == 'completed' and all(s in order for s in statuses), (run_id, obs)
-        assert [order[s] for s in statuses] == sorted(order[s] for s in statuses), (run_id, obs)   # never backwards
-        assert all(state == 'PENDING' and reason for s, state, reason in obs if s == 'queued'), obs
-        assert all(state in ('RUNNING', 'COMPLETING') for s, state, _ in obs if s == 'running'), obs
-    last = three_runs['array']['run_ids'][-1]                                    # the third task waited for the first two
-    assert [s for s, _, _ in three_runs['seen'][last]][:1] == ['queued'] and 'running' in [s for s, _, _ in three_runs['seen'][last]]
-    assert any(reason == 'JobArrayTaskLimit' for _, _, reason in three_runs['seen'][last])
+    for run_id, obs in seen.items():
+        statuses = [o[0] for o in obs]
+        assert statuses[-1] == 'completed' and all(x in order for x in statuses), (run_id, obs)
+        assert [order[x] for x in statuses] == sorted(order[x] for x in statuses), (run_id, obs)   # never backwards
+        assert all(state == 'PENDING' and reason for x, state, reason in obs if x == 'queued'), obs
+        assert all(state in ('RUNNING', 'COMPLETING') for x, state, _ in obs if x == 'running'), obs
+    last = seen[array['run_ids'][-1]]                                             # the third task waited for the others
+    assert last[0][0] == 'queued' and 'running' in [o[0] for o in last] and any(o[2] == 'JobArrayTaskLimit' for o in last)
+    # no slurmdbd here: sacct says accounting is off, and status says so for a job the controller has forgotten
+    from depthbench_nb.slurm import accounting_tasks, probe_slurm
+    rows, note = accounting_tasks([job], probe_slurm(read_partitions=False))
+    assert rows is None and 'not configured' in note
+    subs = runs / '.sweep' / 'slurm' / 'submissions.jsonl'
+    saved = subs.read_text()
+    subs.write_text(saved + json.dumps(dict(job_id='999999', array_id=array['array_id'])) + '\n')
+    st = study_status(spec)
+    subs.write_text(saved)
+    assert any('sacct' in n and 'not configured' in n for n in st['slurm']['notes']) and st['counts']['completed'] == 3
 
-
-def test_resubmitting_a_completed_study_queues_nothing(three_runs):
-    t = three_runs
-    before = [r[:3] for r in study_jobs('tiny3')]
-    stamp = Path(t['out']['script']).stat().st_mtime_ns
-    res = cli('sweep', 'run', t['study'], '--launcher', 'slurm', '--submit', '--slurm-gpus', '0')
+    # 2. submitting again trains nothing: a clear message, exit 0, no job queued, no script rewritten
+    before, stamp = [r[:3] for r in study_jobs('tiny3')], Path(out['script']).stat().st_mtime_ns
+    res = cli('sweep', 'run', study, '--launcher', 'slurm', '--submit', '--slurm-gpus', '0')
     assert res.returncode == 0, res.stderr[-2000:]
     assert 'nothing to submit' in res.stdout and 'all 3 runs' in res.stdout and 'no job queued' in res.stdout
-    assert [r[:3] for r in study_jobs('tiny3')] == before                         # no job queued
-    assert Path(t['out']['script']).stat().st_mtime_ns == stamp                   # and no script rewritten
-
-
-def test_status_without_accounting_reads_the_queue_and_the_records(three_runs, cluster):
-    "No slurmdbd on this cluster: sacct says so, status says so, and the run records still give every status."
-    from depthbench_nb.slurm import accounting_tasks, probe_slurm
-    rows, note = accounting_tasks([three_runs['job']], probe_slurm(read_partitions=False))
-    assert rows is None and 'not configured' in note
-    subs = three_runs['runs'] / '.sweep' / 'slurm' / 'submissions.jsonl'
-    saved = subs.read_text()
-    try:                                   # a submission the controller no longer remembers: sacct is asked about it
-        subs.write_text(saved + json.dumps(dict(job_id='999999', array_id=three_runs['array']['array_id'])) + '\n')
-        st = study_status(three_runs['spec'])
-    finally:
-        subs.write_text(saved)
-    assert any('sacct' in n and 'not configured' in n for n in st['slurm']['notes']) and st['counts']['completed'] == 3
+    assert [r[:3] for r in study_jobs('tiny3')] == before and Path(out['script']).stat().st_mtime_ns == stamp
 
 
 # ------------------------------------------------------------------------------------------------ 3: scancel, resume
@@ -268,6 +251,11 @@ def test_requests_are_checked_against_sinfo_before_submission(cluster, tiny_data
         assert limit in err, (args, err)
         assert not script.exists()                        # refused before anything was written, let alone submitted
     assert study_jobs('checks') == []
+    assert main(['slurm', 'info', '--json']) == 0                                # what the user can look up first
+    info = json.loads(capsys.readouterr().out)
+    assert info['partitions'] == [dict(partition='debug*', state='up', nodes=1, cpus=cpus, memory_mb=mem, gpus=0,
+                                       time_limit=limit_shown, features='cpu,depthbench')]
+    assert info['defaults']['gpus'] == 0 and info['defaults']['cpus_per_task'] == min(8, cpus)
     # every option users need reaches the script, and a real sbatch accepts it (--test-only: checked, not queued)
     venv = Path(sys.executable).parent.parent
     assert main(base[:-1] + ['--slurm-gpus', '0', '--slurm-partition', 'debug', '--slurm-account', 'depthbench-lab',
@@ -321,14 +309,16 @@ exec REAL_SRUN "${opts[@]}" bash -c 'export SLURM_NNODES='"$n"' SLURM_NODEID=$SL
 '''
 
 
-def test_two_node_run_matches_one_process(three_runs, cluster, dead_conf, tiny_data, tmp_path, capsys):
+def test_two_node_run_matches_one_process(cluster, dead_conf, tiny_data, tmp_path, capsys):
     """`--nodes 2`: the script asks for two nodes and its task runs one launcher per node through srun; on the one-node
     cluster the two nodes are two CPU processes given the environment two nodes would see. Loss = one process's."""
     from depthbench_nb.cli import main
-    study = write_study(tmp_path / 'twonode.yaml', 'twonode', tiny_data, ['preln'], 10)   # the same run as tiny3's preln
+    study = write_study(tmp_path / 'twonode.yaml', 'twonode', tiny_data, ['preln'], 10)
     (entry,) = expand_study(load_study(study))
-    single = three_runs['runs'] / entry.run_id
-    assert read_result(single)['world_size'] == 1
+    # the single-process reference: the same run in another runs folder, trained meanwhile
+    reference = subprocess.Popen(DRIVER + ['sweep', 'run', str(study), '--executor', 'python', '--json'], stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True, env=dict(os.environ, DEPTHBENCH_RUNS=str(tmp_path / 'one')))
+    single = tmp_path / 'one' / 'twonode' / entry.run_id
     cmd = ['sweep', 'run', str(study), '--launcher', 'slurm', '--nodes', '2', '--slurm-gpus', '0']
     assert main(cmd) == 2 and '1 node(s) can take a task' in capsys.readouterr().err   # this cluster has one node
     os.environ['SLURM_CONF'] = str(dead_conf)               # written as on a login node that cannot reach the controller
@@ -352,8 +342,13 @@ def test_two_node_run_matches_one_process(three_runs, cluster, dead_conf, tiny_d
     folder = cluster.runs / 'twonode' / entry.run_id
     logs = lambda: '\n'.join(p.read_text()[-3000:] for p in sorted((cluster.runs / 'twonode').rglob('*.log')) +
                               sorted((cluster.runs / 'twonode' / 'logs').glob('*.out')))
-    try: wait_for(lambda: job_done(job), 300, 'the two-node task to finish')
+    try:
+        wait_for(lambda: job_done(job), 300, 'the two-node task to finish')
+        assert reference.wait(timeout=600) == 0, reference.stderr.read()[-2000:]
     except AssertionError as e: raise AssertionError(f'{e}\n{logs()}') from None
+    finally:
+        if reference.poll() is None: reference.kill(); reference.wait()
+    assert read_result(single)['world_size'] == 1
     res = read_result(folder)
     log = (cluster.runs / 'twonode' / '.sweep' / 'logs' / f'{entry.run_id}.log').read_text()
     assert res is not None and res['status'] == 'completed', log[-3000:]
@@ -373,7 +368,7 @@ def test_two_node_run_matches_one_process(three_runs, cluster, dead_conf, tiny_d
 
 
 # ------------------------------------------------------------------------------------------------ without a cluster
-def test_script_without_a_reachable_cluster(tiny_data, tmp_path, runs_dir, monkeypatch):
+def test_script_without_a_reachable_cluster(tiny_data, tmp_path, runs_dir, monkeypatch, capsys):
     "No Slurm reachable (a laptop, a login node with the controller down): the script is written with unchecked defaults."
     bash = shutil.which('bash')
     monkeypatch.setenv('PATH', str(Path(sys.executable).parent))                  # no Slurm programs
@@ -401,3 +396,8 @@ def test_script_without_a_reachable_cluster(tiny_data, tmp_path, runs_dir, monke
     from depthbench_nb.cli import main
     monkeypatch.delenv('SLURM_JOB_ID', raising=False)
     assert main(['sweep', 'run', str(study), '--nodes', '2', '--run-id', ids[0]]) == 2      # many nodes need an allocation
+    cfg = tmp_path / 'run.json'
+    cfg.write_text(json.dumps(expand_study(spec)[0].run.to_dict()))
+    for k in ('SLURM_NNODES', 'SLURM_NODEID', 'SLURM_JOB_NODELIST', 'SLURM_NODELIST'): monkeypatch.delenv(k, raising=False)
+    assert main(['slurm', 'node-launch', '--run-config', str(cfg)]) == 2                  # a launcher outside a job step
+    assert 'runs inside a Slurm job step (srun); missing SLURM_NNODES, SLURM_NODEID, SLURM_JOB_ID' in capsys.readouterr().err
