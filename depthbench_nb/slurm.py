@@ -324,7 +324,8 @@ def parse_squeue(text: str) -> list[dict]:
 def queue_tasks(comment_prefix: str, probe: SlurmProbe) -> Optional[list[dict]]:
     "This user's array tasks whose job comment starts with the prefix (None: squeue unavailable)."
     if probe.missing('squeue') or not probe.controller: return None
-    r = _call([probe.tools['squeue'], '-h', '-r', '--me', '--states=all', '-o', SQUEUE_FORMAT])
+    import getpass                                      # --user rather than --me (Slurm 20.11+): older clusters too
+    r = _call([probe.tools['squeue'], '-h', '-r', f'--user={getpass.getuser()}', '--states=all', '-o', SQUEUE_FORMAT])
     if r.returncode: return None
     return [row for row in parse_squeue(r.stdout) if row['comment'].startswith(comment_prefix)]
 
