@@ -209,7 +209,9 @@ def test_cancelled_task_resumes_from_its_checkpoint(cluster, tiny_data, tmp_path
         steps = sorted(int(p.name.split('_')[1]) for p in (folder / 'checkpoints').glob('step_*'))
         k, before = steps[-1], read_metrics(folder)
         assert 0 < k < STEPS and before[-1]['step'] >= k - 1
-        row = next(r for r in study_status(load_study(study))['runs'])
+        # the queue says CANCELLED at once; the run is 'running' until Slurm's signals have ended its processes
+        row = wait_for(lambda: next((r for r in study_status(load_study(study))['runs'] if r['status'] != 'running'), None), 60,
+                       "the cancelled task's processes to end (the run's lock released)")
         assert row['status'] == 'unfinished' and row['slurm_state'] == 'CANCELLED'    # the queue's word, the record's status
 
         assert main(submit) == 0
