@@ -72,6 +72,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     'train':             ('depthbench_nb.trainer:cli_train', 'train one model and write its run record'),
     'sweep':             ('depthbench_nb.sweep:cli_sweep', 'plan, run and monitor a study (sweep plan | run | status)'),
     'collect':           ('depthbench_nb.sweep:cli_collect', "gather a study's run records into one table"),
+    'slurm':             ('depthbench_nb.slurm:cli_slurm', 'the Slurm cluster as the sweep sees it (slurm info | node-launch)'),
     'fit':               ('depthbench_nb.scaling:cli_fit', 'fit Chinchilla or looped (phi) scaling laws with bootstrap CIs'),
     'diagnose':          ('depthbench_nb.diagnostics:cli_diagnose', 'layer diagnostics of a run or checkpoint'),
     'report':            ('depthbench_nb.reports:cli_report', "rebuild a study's tables and figures"),

@@ -30,8 +30,8 @@ from .config import (ConfigError, CorruptFile, RunBusy, RunConfig, UnsafeFile, a
 __all__ = ['RECORD_FILES', 'CHECKSUMS_FILE', 'LOCK_FILE', 'RECORD_EVIDENCE', 'RESULT_STATUSES', 'RESULT_KEYS', 'run_dir',
            'where_runs_go', 'ensure_writable', 'read_json', 'safe_torch_load', 'file_sha256', 'write_checksums',
            'verify_checksums', 'holder_alive', 'describe_holder', 'RunFolderLock', 'run_folder_holder', 'has_record',
-           'writing_run_folder', 'device_name', 'provenance', 'format_diff', 'read_params', 'write_params',
-           'read_result', 'write_result', 'MetricsLog', 'read_jsonl', 'read_metrics', 'list_runs',
+           'writing_run_folder', 'device_name', 'slurm_job_info', 'provenance', 'format_diff', 'read_params',
+           'write_params', 'read_result', 'write_result', 'MetricsLog', 'read_jsonl', 'read_metrics', 'list_runs',
            'papermill_output_path', 'record_executed_notebook']
 
 # %% ../nbs/07a_runs.ipynb #badf4e69
@@ -341,8 +341,20 @@ def device_name() -> str:
     return f"cpu ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"
 
 
+_SLURM_VARS = dict(job_id='SLURM_JOB_ID', array_job_id='SLURM_ARRAY_JOB_ID', array_task_id='SLURM_ARRAY_TASK_ID',
+                   nodes='SLURM_JOB_NODELIST', nnodes='SLURM_NNODES', partition='SLURM_JOB_PARTITION',
+                   cluster='SLURM_CLUSTER_NAME')
+
+
+def slurm_job_info(env=None) -> Optional[dict]:
+    "The Slurm job this process runs in (job, array job and task ids, nodes, partition), or None outside Slurm."
+    env = os.environ if env is None else env
+    if 'SLURM_JOB_ID' not in env: return None
+    return {k: env[v] for k, v in _SLURM_VARS.items() if v in env}
+
+
 def provenance() -> dict:
-    "Package version, git commit, library versions, device, host, Python and UTC time."
+    "Package version, git commit, library versions, device, host, Python, UTC time and the Slurm job (if any)."
     import torch
     import depthbench_nb
     try:
@@ -350,7 +362,7 @@ def provenance() -> dict:
     except Exception: triton_version = None
     return dict(package_version=depthbench_nb.__version__, git_commit=_git_commit(), torch=torch.__version__,
                 triton=triton_version, cuda=torch.version.cuda, device=device_name(), hostname=socket.gethostname(),
-                python=platform.python_version(),
+                python=platform.python_version(), slurm=slurm_job_info(),
                 time=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'))
 
 # %% ../nbs/07a_runs.ipynb #6100462c

@@ -28,14 +28,17 @@ import yaml
 
 from .config import (ARCHS, DESIGN_OPTIONS, Config, ConfigError, CorruptFile, RunConfig, _choice_error,
                                   atomic_write_json, atomic_write_text, package_dir, runs_root)
+from .slurm import (QUEUED_STATES, RUNNING_STATES, SlurmProbe, SlurmRequest, accounting_tasks, array_script,
+                                 fit_request, probe_slurm, queue_tasks, require_allocation, sbatch_options, srun_command,
+                                 submit_script)
 
 # %% auto #0
 __all__ = ['GPU_PEAK_FLOPS', 'DEFAULT_MFU', 'RUN_STATUSES', 'EXECUTORS', 'RESULT_FIELDS', 'SHAPE_KEYS', 'StudyGroup', 'StudySpec',
            'studies_dir', 'study_names', 'load_study', 'RunEntry', 'expand_study', 'plan_rows', 'sweep_dir', 'RunLock',
            'is_running', 'attempts', 'entry_status', 'entry_progress', 'run_command', 'execute_entry',
-           'entry_status_locked', 'run_study', 'unfinished_runs', 'study_status', 'slurm_script', 'write_slurm_script',
-           'flatten', 'collect', 'looped_fit_table', 'lr_optima', 'study_entries', 'add_extra_entries',
-           'extend_lr_entries', 'cli_sweep', 'cli_collect']
+           'entry_status_locked', 'run_study', 'unfinished_runs', 'study_status', 'slurm_tasks', 'slurm_script',
+           'write_slurm_script', 'flatten', 'collect', 'looped_fit_table', 'lr_optima', 'study_entries',
+           'add_extra_entries', 'extend_lr_entries', 'cli_sweep', 'cli_collect']
 
 # %% ../nbs/09a_sweep.ipynb #a94f1d9d
 @dataclass(frozen=True)
@@ -49,6 +52,8 @@ class StudyGroup(Config):
     seeds: tuple[int, ...] = (42,)
     max_steps: Optional[int] = None
     tokens: Optional[int] = None
+    checkpoint_every: Optional[int] = None   # steps between checkpoints (None: the trainer's default); a cancelled,
+                                             #   preempted or timed-out Slurm task resumes from the last one
     option_sets: tuple[dict, ...] = ({},)    # design options, one run per set (e.g. the injection ablation)
     r: tuple[int, ...] = ()                  # looped: recurrences
     s: tuple[int, ...] = ()                  # looped: width scales (d = 64 s)
@@ -58,6 +63,8 @@ class StudyGroup(Config):
 
     def validate(self):
         if not self.name: raise ConfigError("StudyGroup.name must be a non-empty string")
+        if self.checkpoint_every is not None and self.checkpoint_every < 1:
+            raise ConfigError(f"group {self.name!r}: checkpoint_every must be >= 1, got {self.checkpoint_every}")
         for a in self.archs:
             if a not in ARCHS: raise _choice_error('design', a, list(ARCHS))
         for lr in self.lrs:
@@ -160,6 +167,7 @@ def _group_params(spec: StudySpec, g: StudyGroup) -> list[dict]:
     if spec.data is not None: base['data'] = spec.data
     if g.max_steps is not None: base['max_steps'] = g.max_steps
     if g.tokens is not None: base['tokens'] = g.tokens
+    if g.checkpoint_every is not None: base['checkpoint_every'] = g.checkpoint_every
     lrs, seeds, opts = (g.lrs or (None,)), g.seeds, g.option_sets or ({},)
     out = []
     if g.looped_grid is not None:
@@ -227,7 +235,7 @@ def plan_rows(entries: list[RunEntry], gpu_peak_flops: float = GPU_PEAK_FLOPS, m
     return rows
 
 # %% ../nbs/09a_sweep.ipynb #ec2010de
-RUN_STATUSES = ('completed', 'diverged', 'failed', 'running', 'unfinished', 'pending')
+RUN_STATUSES = ('completed', 'diverged', 'failed', 'running', 'queued', 'unfinished', 'pending')   # queued: waiting in Slurm
 
 
 def sweep_dir(study: str) -> Path:
@@ -320,21 +328,26 @@ def entry_progress(e: RunEntry) -> tuple[int, int]:
 EXECUTORS = ('papermill', 'python')
 
 
-def run_command(e: RunEntry, executor: str = 'papermill') -> list[str]:
-    "The command that trains one entry."
+def run_command(e: RunEntry, executor: str = 'papermill', nodes: int = 1, procs_per_node: int = 1) -> list[str]:
+    "The command that trains one entry on nodes × procs_per_node processes (nodes > 1: srun, inside a Slurm allocation)."
     from depthbench_nb.runs import RECORD_FILES, run_dir
     sd = sweep_dir(e.run.study)
+    world = nodes * procs_per_node                                     # not in the run id: the same run on any count
     if executor == 'papermill':
         from depthbench_nb.cli import template_path
+        if nodes > 1: raise ConfigError(f'--nodes {nodes}: multi-node runs go through the trainer module (--executor python)')
         params = sd / 'params' / f'{e.run_id}.yaml'
         values = dict(e.params)
         if values.get('arch') == 'looped': values.setdefault('L', None)     # the template's default L is a DepthBench depth
+        if world > 1: values['num_processes'] = world
         atomic_write_text(params, yaml.safe_dump(values, sort_keys=True))
         return [sys.executable, '-m', 'papermill', str(template_path('10')), str(run_dir(e.run) / RECORD_FILES['notebook']),
                 '-f', str(params), '--no-progress-bar', '--log-output']
     if executor == 'python':
         cfg = sd / 'params' / f'{e.run_id}.json'
-        atomic_write_json(cfg, e.run.to_dict())
+        atomic_write_json(cfg, (e.run.replace(num_processes=world) if world > 1 else e.run).to_dict())
+        if nodes > 1:                                                  # one accelerate launcher per node
+            return srun_command(nodes, [sys.executable, '-m', 'depthbench_nb.slurm', 'node-launch', '--run-config', str(cfg)])
         return [sys.executable, '-m', 'depthbench_nb.trainer', '--run-config', str(cfg), '--no-progress']
     raise _choice_error('executor', executor, EXECUTORS)
 
@@ -342,13 +355,14 @@ def run_command(e: RunEntry, executor: str = 'papermill') -> list[str]:
 _CHILDREN: set = set()
 
 
-def execute_entry(e: RunEntry, lock: RunLock, executor: str = 'papermill', device: str | None = None) -> tuple[str, int]:
+def execute_entry(e: RunEntry, lock: RunLock, executor: str = 'papermill', device: str | None = None,
+                  nodes: int = 1, procs_per_node: int = 1) -> tuple[str, int]:
     "Run one entry under its (held) lock; returns (status after the run, return code)."
     from depthbench_nb.runs import run_dir
     folder = run_dir(e.run)
     made = not folder.exists()
     if executor == 'papermill': folder.mkdir(parents=True, exist_ok=True)   # papermill writes its notebook into it
-    cmd = run_command(e, executor)
+    cmd = run_command(e, executor, nodes, procs_per_node)
     env = dict(os.environ)
     if device is not None: env['CUDA_VISIBLE_DEVICES'] = str(device)
     log = sweep_dir(e.run.study) / 'logs' / f'{e.run_id}.log'
@@ -380,11 +394,14 @@ def entry_status_locked(e: RunEntry) -> str:
 # %% ../nbs/09a_sweep.ipynb #72de0860
 def run_study(study, workers: int = 1, devices: list[str] | None = None, executor: str = 'papermill',
               max_attempts: int | None = None, run_ids: list[str] | None = None, extra: list[RunEntry] | None = None,
-              progress: bool = True) -> dict:
+              progress: bool = True, nodes: int = 1, procs_per_node: int = 1) -> dict:
     "Run every missing run of a study (see above); returns counts and the per-run outcomes of this driver."
     spec = study if isinstance(study, StudySpec) else load_study(study)
     if executor not in EXECUTORS: raise _choice_error('executor', executor, EXECUTORS)
     if workers < 1: raise ConfigError(f"workers must be >= 1, got {workers}")
+    if nodes < 1 or procs_per_node < 1: raise ConfigError(f"nodes and procs_per_node must be >= 1, got {nodes} and {procs_per_node}")
+    if nodes > 1 and executor == 'papermill': raise ConfigError(f'--nodes {nodes}: multi-node runs use --executor python')
+    if nodes > 1: require_allocation(nodes)                       # inside a Slurm allocation, with srun: before any run
     if extra: add_extra_entries(spec, list(extra))
     entries = study_entries(spec)                                 # every entry checked before any run starts
     if run_ids:
@@ -418,7 +435,7 @@ def run_study(study, workers: int = 1, devices: list[str] | None = None, executo
             st = entry_status_locked(e)
             if st in ('completed', 'diverged'): return note(e, 'skipped', st)
             while True:
-                st, rc = execute_entry(e, lk, executor, device)
+                st, rc = execute_entry(e, lk, executor, device, nodes, procs_per_node)
                 if st in ('completed', 'diverged') or attempts(spec.name, e.run_id) >= limit: break
             note(e, 'ran', st)
 
@@ -453,18 +470,30 @@ def unfinished_runs(study, outcome: dict) -> list[dict]:
             for r in study_status(study)['runs'] if r['run_id'] in wanted and r['status'] not in ('completed', 'diverged')]
 
 # %% ../nbs/09a_sweep.ipynb #398962ec
-def study_status(study) -> dict:
-    "Counts per status and the progress of started runs."
+def study_status(study, slurm: bool | None = None) -> dict:
+    "Counts per status and the progress of started runs; joined with the Slurm queue when the study was sent there."
     spec = study if isinstance(study, StudySpec) else load_study(study)
-    rows, counts = [], {s: 0 for s in RUN_STATUSES}
-    for e in study_entries(spec):
-        st = entry_status(e); counts[st] = counts.get(st, 0) + 1
-        row = dict(run_id=e.run_id, group=e.group, label=e.label(), status=st)
-        if st in ('running', 'unfinished'):
-            done, total = entry_progress(e)
+    entries = study_entries(spec)
+    rows = [dict(run_id=e.run_id, group=e.group, label=e.label(), status=entry_status(e)) for e in entries]
+    extra = {}
+    if slurm or (slurm is None and _slurm_arrays(spec.name)):
+        q = slurm_tasks(spec)
+        extra['slurm'] = dict(controller=q['controller'], notes=q['notes'])
+        for row in rows:
+            t = q['runs'].get(row['run_id'])
+            if t is None: continue
+            row.update(slurm_job=f"{t['array_job_id']}_{t['array_task_id']}", slurm_state=t['state'])
+            if t['state'] in QUEUED_STATES: row['slurm_reason'] = t.get('reason')
+            if row['status'] in ('completed', 'diverged'): continue      # the run record wins over the queue
+            if t['state'] in QUEUED_STATES: row['status'] = 'queued'
+            elif t['state'] in RUNNING_STATES: row['status'] = 'running'
+    counts, by_id = {s: 0 for s in RUN_STATUSES}, {e.run_id: e for e in entries}
+    for row in rows:
+        counts[row['status']] = counts.get(row['status'], 0) + 1
+        if row['status'] in ('running', 'unfinished'):
+            done, total = entry_progress(by_id[row['run_id']])
             row.update(steps_done=done, steps_total=total, progress=_bar(done / max(total, 1)))
-        rows.append(row)
-    return dict(study=spec.name, total=len(rows), counts=counts, runs=rows)
+    return dict(study=spec.name, total=len(rows), counts=counts, runs=rows, **extra)
 
 
 def _bar(frac: float, width: int = 20) -> str:
@@ -473,50 +502,130 @@ def _bar(frac: float, width: int = 20) -> str:
 
 # %% ../nbs/09a_sweep.ipynb #8547590c
 def _cli_prefix() -> str:
-    "How a compute node calls this package's CLI (the console script when installed, else this Python)."
-    exe = shutil.which('depthbench-nb')
-    return shlex.quote(exe) if exe else f"{shlex.quote(sys.executable)} -c 'import sys; from depthbench_nb.cli import main; sys.exit(main())'"
+    "How a compute node calls this package's CLI: this environment's console script by absolute path, else this Python."
+    exe = Path(sys.executable).parent / 'depthbench-nb'
+    if exe.is_file() and os.access(exe, os.X_OK): return shlex.quote(str(exe.absolute()))
+    found = shutil.which('depthbench-nb')
+    if found: return shlex.quote(str(Path(found).absolute()))
+    return f"{shlex.quote(sys.executable)} -c 'import sys; from depthbench_nb.cli import main; sys.exit(main())'"
 
 
-def slurm_script(study, study_ref: str | None = None, executor: str = 'papermill', gpus: int = 1, time_limit: str = '24:00:00',
-                 partition: str | None = None, parallel: int | None = None, extra_sbatch: list[str] = (),
-                 cpus_per_task: int = 8) -> tuple[str, list[str]]:
-    "The job-array script for the study's runs that are not completed/diverged, and their run ids."
+def _slurm_dir(study: str) -> Path: return sweep_dir(study) / 'slurm'
+
+
+def _slurm_tag(study: str) -> str:
+    "The job-comment prefix of a study's arrays (the study name with anything but letters, digits, '._-' as '_')."
+    return 'depthbench-nb:' + ''.join(c if c.isalnum() or c in '._-' else '_' for c in study) + ':'
+
+
+def _slurm_arrays(study: str) -> dict:
+    "The job arrays written for a study: array id -> its record (run ids in task order, script, time)."
+    d = _slurm_dir(study) / 'arrays'
+    return {q.stem: json.loads(q.read_text()) for q in sorted(d.glob('*.json'))} if d.is_dir() else {}
+
+
+def _slurm_submissions(study: str) -> list[dict]:
+    p = _slurm_dir(study) / 'submissions.jsonl'
+    return [json.loads(x) for x in p.read_text().splitlines() if x.strip()] if p.exists() else []
+
+
+def slurm_tasks(spec: StudySpec, probe: SlurmProbe | None = None) -> dict:
+    "The latest Slurm task of each run sent to Slurm: squeue (every state it remembers), then sacct for the rest."
+    probe = probe or probe_slurm(read_partitions=False)
+    arrays, tag, notes, tasks = _slurm_arrays(spec.name), _slurm_tag(spec.name), [], []
+    rows = queue_tasks(tag, probe)
+    if rows is None: notes.append(f"the Slurm queue was not read ({probe.message}): statuses come from the run records")
+    tasks += [dict(r, array_id=r['comment'][len(tag):]) for r in rows or []]
+    seen = {r['array_job_id'] for r in rows or []}
+    unseen = {s['job_id']: s['array_id'] for s in _slurm_submissions(spec.name) if s['job_id'] not in seen}
+    if unseen and probe.controller:                      # finished jobs the controller forgot: accounting, if kept
+        acct, note = accounting_tasks(list(unseen), probe)
+        if note: notes.append(note)
+        tasks += [dict(r, array_id=unseen.get(r['array_job_id'])) for r in acct or []]
+    runs = {}
+    for t in sorted(tasks, key=lambda t: int(t['array_job_id']) if str(t['array_job_id']).isdigit() else 0):
+        ids, i = arrays.get(t['array_id'], {}).get('run_ids', []), t['array_task_id']
+        if i is not None and i < len(ids): runs[ids[i]] = t                 # a later submission wins
+    return dict(controller=probe.message, notes=notes, runs=runs)
+
+
+def _study_ref(study, spec: StudySpec, study_ref) -> str:
+    "How an array task names the study: a shipped name as is, a study file by its absolute path."
+    ref = study_ref if study_ref is not None else (None if isinstance(study, StudySpec) else study)
+    if ref is None:
+        if spec.name in study_names(): return spec.name
+        raise ConfigError(f"study {spec.name!r} is not shipped: pass study_ref, the path of its file, for the array tasks")
+    ref = str(ref)
+    return ref if ref in study_names() else str(Path(ref).expanduser().resolve())
+
+
+def slurm_script(study, run_ids: list[str], request: SlurmRequest, study_ref: str | None = None, executor: str = 'papermill',
+                 notes: list[str] = ()) -> tuple[str, str]:
+    "The job-array script that runs `run_ids` of the study (one task each) with `request`, and the array's id."
+    import hashlib
     spec = study if isinstance(study, StudySpec) else load_study(study)
-    ref = study_ref or (study if isinstance(study, (str, Path)) else spec.name)
-    ids = [e.run_id for e in study_entries(spec) if entry_status(e) not in ('completed', 'diverged')]
-    sd = sweep_dir(spec.name)
-    lines = ['#!/bin/bash', f'#SBATCH --job-name=depthbench-{spec.name}',
-             f'#SBATCH --array=0-{max(len(ids) - 1, 0)}' + (f'%{parallel}' if parallel else ''),
-             f'#SBATCH --gres=gpu:{gpus}', f'#SBATCH --cpus-per-task={cpus_per_task}', f'#SBATCH --time={time_limit}',
-             f'#SBATCH --output={sd}/logs/slurm-%A_%a.out']
-    if partition: lines.append(f'#SBATCH --partition={partition}')
-    lines += [f'#SBATCH {x}' for x in extra_sbatch]
-    lines += ['', f'# {len(ids)} runs of study {spec.name!r} not completed when this script was written;',
-              '# each array task runs one of them through `depthbench-nb sweep run` (lock, skip and retry included).',
-              'set -euo pipefail', f'export DEPTHBENCH_RUNS={shlex.quote(str(runs_root()))}',
-              'RUN_IDS=(' + ' '.join(ids) + ')',
-              f'{_cli_prefix()} sweep run {shlex.quote(str(ref))} --run-id "${{RUN_IDS[$SLURM_ARRAY_TASK_ID]}}" '
-              f'--executor {executor} --no-progress']
-    return '\n'.join(lines) + '\n', ids
+    ref = _study_ref(study, spec, study_ref)
+    array_id = hashlib.sha256('\n'.join(run_ids).encode()).hexdigest()[:10]
+    task = f'{_cli_prefix()} sweep run {shlex.quote(ref)} --run-id "$RUN_ID" --executor {executor} --no-progress'
+    if request.nodes > 1 or request.procs_per_node > 1:
+        task += f' --nodes {request.nodes} --procs-per-node {request.procs_per_node}'
+    exports = dict(DEPTHBENCH_RUNS=str(runs_root()))
+    if os.environ.get('DEPTHBENCH_CACHE'): exports['DEPTHBENCH_CACHE'] = str(Path(os.environ['DEPTHBENCH_CACHE']).resolve())
+    root = runs_root() / spec.name
+    header = [f"{len(run_ids)} runs of study {spec.name!r} not completed when this script was written ({time.strftime('%Y-%m-%d %H:%M')});",
+              'each array task runs one through `depthbench-nb sweep run` (lock, skip, retry and resume included);',
+              f"training logs: {sweep_dir(spec.name) / 'logs'}/<run_id>.log; the queue: depthbench-nb sweep status {ref}"]
+    text = array_script(f"depthbench-{_slurm_tag(spec.name).split(':')[1]}", run_ids, task, request,
+                        output=str(root / 'logs' / 'slurm-%A_%a.out'), workdir=str(Path.cwd()),
+                        comment=_slurm_tag(spec.name) + array_id, exports=exports, header=header + list(notes))
+    return text, array_id
 
 
-def write_slurm_script(study, submit: bool = False, **kw) -> dict:
-    "Write (and with submit, sbatch) the job-array script; returns its path, run count and sbatch output."
+def write_slurm_script(study, submit: bool = False, request: SlurmRequest | None = None, study_ref: str | None = None,
+                       executor: str | None = None, run_ids: list[str] | None = None) -> dict:
+    "Write (and with submit, sbatch) the job array of the study's runs still to do; returns what was done."
     spec = study if isinstance(study, StudySpec) else load_study(study)
-    text, ids = slurm_script(study, **kw)
-    path = sweep_dir(spec.name) / f'slurm_{spec.name}.sh'
-    (sweep_dir(spec.name) / 'logs').mkdir(parents=True, exist_ok=True)
+    req = request or SlurmRequest()
+    executor = executor or ('python' if req.nodes > 1 else 'papermill')
+    if executor not in EXECUTORS: raise _choice_error('executor', executor, EXECUTORS)
+    if req.nodes > 1 and executor == 'papermill': raise ConfigError(f'--nodes {req.nodes}: multi-node runs use --executor python')
+    entries = study_entries(spec)
+    if run_ids:
+        bad = [r for r in run_ids if r not in {e.run_id for e in entries}]
+        if bad: raise ConfigError(f"run ids not in study {spec.name!r}: {bad}")
+        entries = [e for e in entries if e.run_id in set(run_ids)]
+    todo = [e.run_id for e in entries if entry_status(e) not in ('completed', 'diverged')]
+    probe = probe_slurm()
+    busy = {}
+    if todo and _slurm_arrays(spec.name) and probe.controller:       # never queue a run twice
+        live = slurm_tasks(spec, probe)['runs']
+        busy = {r: live[r] for r in todo if r in live and live[r]['state'] in QUEUED_STATES | RUNNING_STATES}
+    ids = [r for r in todo if r not in busy]
+    out = dict(study=spec.name, runs=len(entries), completed=len(entries) - len(todo), to_submit=len(ids), script=None,
+               submitted=False)
+    if busy: out['in_slurm'] = {r: f"{t['array_job_id']}_{t['array_task_id']} {t['state']}" for r, t in busy.items()}
+    if not ids:
+        why = (f"all {len(entries)} runs of study {spec.name!r} are completed or diverged" if not busy else
+               f"{len(entries) - len(todo)} runs of study {spec.name!r} are completed and {len(busy)} queued or running in Slurm")
+        out['message'] = f"nothing to submit: {why}; no script written, no job queued"
+        return out
+    fit, notes = fit_request(req, probe.partitions if probe.reachable else None)   # a request no node meets: error here
+    if not probe.reachable: notes.append(f"Slurm: {probe.message}")
+    text, array_id = slurm_script(study, ids, fit, study_ref=study_ref, executor=executor, notes=notes)
+    path, logs = sweep_dir(spec.name) / f'slurm_{spec.name}.sh', runs_root() / spec.name / 'logs'
+    logs.mkdir(parents=True, exist_ok=True)                # Slurm does not create the log folder: a task would die silently
     atomic_write_text(path, text); path.chmod(0o755)
-    out = dict(script=str(path), runs=len(ids), submitted=False)
+    atomic_write_json(_slurm_dir(spec.name) / 'arrays' / f'{array_id}.json',
+                      dict(array_id=array_id, run_ids=ids, script=str(path), written=time.time()))
+    out.update(script=str(path), request=' '.join(sbatch_options(fit)), logs=str(logs / 'slurm-<job>_<task>.out'), notes=notes)
     if submit:
-        if not ids: raise ConfigError(f"study {spec.name!r}: nothing to submit, every run is completed or diverged")
-        sbatch = shutil.which('sbatch')
-        if sbatch is None: raise ConfigError("--submit needs Slurm's sbatch on PATH; submit the script by hand with: sbatch " + str(path))
-        res = subprocess.run([sbatch, str(path)], capture_output=True, text=True)
-        if res.returncode: raise ConfigError(f"sbatch failed ({res.returncode}): {res.stderr.strip()}")
-        out.update(submitted=True, sbatch=res.stdout.strip())
+        job = submit_script(path, probe)                   # missing sbatch / controller down: an error naming it, script kept
+        _slurm_dir(spec.name).mkdir(parents=True, exist_ok=True)
+        with open(_slurm_dir(spec.name) / 'submissions.jsonl', 'a') as f:
+            f.write(json.dumps(dict(job_id=job, array_id=array_id, script=str(path), runs=len(ids), time=time.time())) + '\n')
+        out.update(submitted=True, job_id=job, logs=str(logs / f'slurm-{job}_<task>.out'))
     return out
+
 
 # %% ../nbs/09a_sweep.ipynb #3b5d2de7
 def flatten(d: dict, prefix: str = '') -> dict:
@@ -686,15 +795,29 @@ def cli_sweep(argv=None) -> int:
     pr.add_argument('study')
     pr.add_argument('--workers', type=int, default=1, help='runs in parallel on this machine')
     pr.add_argument('--devices', default=None, help='comma-separated device ids; worker i gets device i mod n (CUDA_VISIBLE_DEVICES)')
-    pr.add_argument('--executor', default='papermill', choices=EXECUTORS, help='papermill (nbs/10_train.ipynb) or python (trainer module)')
+    pr.add_argument('--executor', default=None, choices=EXECUTORS,
+                    help='papermill (nbs/10_train.ipynb; the default) or python (trainer module; the default with --nodes > 1)')
     pr.add_argument('--max-attempts', type=int, default=None, help="retry limit for failed runs (default: the study's)")
     pr.add_argument('--run-id', action='append', default=None, help='only this run (repeatable); used by Slurm array tasks')
     pr.add_argument('--extend-lr', action='store_true', help='first add one LR beyond the grid where the collected optimum is at its edge')
     pr.add_argument('--launcher', default='local', choices=('local', 'slurm'), help='local: run here; slurm: write a job-array script')
     pr.add_argument('--submit', action='store_true', help='with --launcher slurm: submit the script with sbatch')
-    pr.add_argument('--slurm-gpus', type=int, default=1); pr.add_argument('--slurm-time', default='24:00:00')
-    pr.add_argument('--slurm-partition', default=None); pr.add_argument('--slurm-parallel', type=int, default=None)
-    pr.add_argument('--slurm-extra', action='append', default=[], help="extra '#SBATCH' option, e.g. --slurm-extra=--account=abc")
+    pr.add_argument('--nodes', type=int, default=1, help='nodes per run; > 1 with --launcher slurm: one accelerate launcher per node (srun)')
+    pr.add_argument('--procs-per-node', type=int, default=None,
+                    help='training processes per node (default 1; with --launcher slurm one per GPU, set by --slurm-gpus)')
+    sg = pr.add_argument_group('Slurm (--launcher slurm)', 'what each array task asks for; the defaults fit the partition '
+                               '(checked against sinfo when the controller answers: a request no node can meet is an error)')
+    sg.add_argument('--slurm-gpus', type=int, default=1, help='GPUs per node (--gres=gpu:N); 0 for CPU nodes (no --gres line)')
+    sg.add_argument('--slurm-cpus', type=int, default=None, help='CPUs per task (default 8, capped at the largest node)')
+    sg.add_argument('--slurm-mem', default=None, help="memory per node, e.g. 64G (default: the CPUs' share of a node's memory)")
+    sg.add_argument('--slurm-time', default=None, help="time limit per task, e.g. 12:00:00 (default 24:00:00, capped at the partition's)")
+    sg.add_argument('--slurm-partition', default=None, help="partition (default: the cluster's default partition)")
+    sg.add_argument('--slurm-account', default=None, help='account to charge'); sg.add_argument('--slurm-qos', default=None, help='quality of service')
+    sg.add_argument('--slurm-constraint', default=None, help='node feature(s), e.g. a100')
+    sg.add_argument('--slurm-parallel', type=int, default=None, help='at most this many tasks at once (--array=...%%N)')
+    sg.add_argument('--slurm-setup', action='append', default=[], help="environment set-up line run first in each task "
+                    "(repeatable), e.g. 'module load cuda/12.4' or 'source /path/to/.venv/bin/activate'")
+    sg.add_argument('--slurm-extra', action='append', default=[], help="another sbatch option (repeatable), e.g. --slurm-extra=--mail-type=END")
     pr.add_argument('--no-progress', action='store_true')
     ps = sub.add_parser('status', help='completed / diverged / failed / running / unfinished / pending, with progress')
     ps.add_argument('study')
@@ -717,21 +840,33 @@ def cli_sweep(argv=None) -> int:
         st = study_status(a.study)
         if a.json: return emit(st, True)
         emit(st['runs'], False, title=f"study {st['study']}: {st['total']} runs; " + ', '.join(f'{k} {v}' for k, v in st['counts'].items() if v))
+        if 'slurm' in st: print('\n'.join([f"\nSlurm: {st['slurm']['controller']}"] + [f'  {n}' for n in st['slurm']['notes']]))
         return 0
     spec = load_study(a.study)
     if a.launcher == 'slurm':
         if a.workers != 1 or a.devices: raise ConfigError('--workers/--devices apply to --launcher local; Slurm tasks run one run each')
-        out = write_slurm_script(spec, submit=a.submit, study_ref=a.study, executor=a.executor, gpus=a.slurm_gpus,
-                                 time_limit=a.slurm_time, partition=a.slurm_partition, parallel=a.slurm_parallel,
-                                 extra_sbatch=a.slurm_extra)
-        return emit(out, a.json, title=f'slurm job array for study {spec.name}')
+        if a.procs_per_node: raise ConfigError('with --launcher slurm the processes per node follow --slurm-gpus (one per GPU)')
+        req = SlurmRequest(partition=a.slurm_partition, account=a.slurm_account, qos=a.slurm_qos, constraint=a.slurm_constraint,
+                           time=a.slurm_time, cpus_per_task=a.slurm_cpus, mem=a.slurm_mem, gpus=a.slurm_gpus, nodes=a.nodes,
+                           parallel=a.slurm_parallel, setup=tuple(a.slurm_setup), extra=tuple(a.slurm_extra))
+        out = write_slurm_script(spec, submit=a.submit, request=req, study_ref=a.study, executor=a.executor, run_ids=a.run_id)
+        if a.json: return emit(out, True)
+        if out['script'] is None: print(out['message']); return 0
+        print(f"slurm job array for study {spec.name}: {out['to_submit']} of {out['runs']} runs ({out['completed']} completed)\n"
+              f"  script     {out['script']}\n  requests   {out['request']}\n  logs       {out['logs']}")
+        for n in out['notes']: print(f'  note       {n}')
+        if out.get('in_slurm'): print(f"  in Slurm   {len(out['in_slurm'])} runs already queued or running: not submitted again")
+        print(f"  submitted  job {out['job_id']}; follow it with: depthbench-nb sweep status {a.study}" if out['submitted'] else
+              f"  submit it  sbatch {out['script']}")
+        return 0
     if a.submit: raise ConfigError('--submit needs --launcher slurm')
     if a.extend_lr:
         new = extend_lr_entries(spec, collect(spec, write=False))
         print(f'LR extensions added: {len(new)}' + ''.join(f'\n  {e.label()}' for e in new), file=sys.stderr)
     devices = a.devices.split(',') if a.devices else None
-    out = run_study(spec, workers=a.workers, devices=devices, executor=a.executor, max_attempts=a.max_attempts,
-                    run_ids=a.run_id, progress=not (a.no_progress or a.json))
+    executor = a.executor or ('python' if a.nodes > 1 else 'papermill')
+    out = run_study(spec, workers=a.workers, devices=devices, executor=executor, max_attempts=a.max_attempts,
+                    run_ids=a.run_id, progress=not (a.no_progress or a.json), nodes=a.nodes, procs_per_node=a.procs_per_node or 1)
     st = study_status(spec)
     left = unfinished_runs(spec, out)
     summary = dict(study=spec.name, this_driver=out['counts'], status=st['counts'])

@@ -1,6 +1,6 @@
 """Studies and the sweep driver (issue 8): shipped studies plan, invalid studies are rejected before any run,
-a killed driver resumes with only the missing runs, two drivers never run the same run, Slurm script, collect
-(all statuses) and LR optima."""
+a killed driver resumes with only the missing runs, two drivers never run the same run, collect (all statuses)
+and LR optima. The Slurm route is tested against a real Slurm in tests/test_slurm.py."""
 import json
 import os
 import signal
@@ -16,7 +16,7 @@ import yaml
 
 from depthbench_nb.config import ConfigError
 from depthbench_nb.sweep import (RunLock, collect, expand_study, extend_lr_entries, load_study, lr_optima, plan_rows,
-                                 slurm_script, study_entries, study_names, study_status, write_slurm_script)
+                                 study_entries, study_names, study_status)
 
 DRIVER = [sys.executable, '-c', 'import sys; from depthbench_nb.cli import main; sys.exit(main())']
 PAPER_COUNTS = {'depthbench-400m': 210, 'depthbench-main': 70, 'backbone-300m': 60, 'ladder': 90, 'depthbench-1.6b': 30,
@@ -66,26 +66,6 @@ def test_invalid_study_rejected_before_any_run(tmp_path, runs_dir, capsys, group
     err = capsys.readouterr().err
     assert group['name'] in err or message.strip("'") in err
     assert not (runs_dir / 'bad').exists() or not any(p.name != '.sweep' for p in (runs_dir / 'bad').iterdir())
-
-
-def test_slurm_script_content(tmp_path, runs_dir, tiny_data):
-    study = write_study(tmp_path / 's.yaml', 'slurmy', tiny_data, lrs=(1e-3, 2e-3, 4e-3))
-    spec = load_study(study)
-    ids = [e.run_id for e in expand_study(spec)]
-    out = write_slurm_script(spec, study_ref=str(study), gpus=2, time_limit='02:00:00', partition='gpu', parallel=2,
-                             extra_sbatch=['--account=abc'])
-    text = Path(out['script']).read_text()
-    assert out['runs'] == 3 and not out['submitted'] and os.access(out['script'], os.X_OK)
-    assert text.startswith('#!/bin/bash\n') and '#SBATCH --array=0-2%2' in text and '#SBATCH --gres=gpu:2' in text
-    assert '#SBATCH --time=02:00:00' in text and '#SBATCH --partition=gpu' in text and '#SBATCH --account=abc' in text
-    assert f'export DEPTHBENCH_RUNS={runs_dir}' in text and 'RUN_IDS=(' + ' '.join(ids) + ')' in text
-    assert f'sweep run {study} --run-id "${{RUN_IDS[$SLURM_ARRAY_TASK_ID]}}" --executor papermill' in text
-    # the array task's command line is the driver's: bash parses it, and each id selects exactly one run
-    line = text.strip().splitlines()[-1]
-    assert subprocess.run(['bash', '-n', out['script']]).returncode == 0 and line.count('--run-id') == 1
-    from depthbench_nb.cli import main
-    if not __import__('shutil').which('sbatch'):
-        assert main(['sweep', 'run', str(study), '--launcher', 'slurm', '--submit']) == 2
 
 
 @pytest.fixture(scope='module')
