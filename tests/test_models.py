@@ -363,9 +363,9 @@ def test_swap_rules():
     ar.swap_blocks(1, 3)  # block 1's right boundary = block 2's attention mixer; block 3's = the final mixer
     q = lambda m: m.query[0].item()
     assert [q(b.attn_mix) for b in ar.blocks[1:]] == [1, 99, 3] and q(ar.final_mix) == 2
+    assert [q(b.ffn_mix) for b in ar.blocks] == [10, 13, 12, 11]
     ar.swap_blocks(0, 2)  # block 0 has no input mixer (block.py): its core and its right boundary (block 1's mixer) move
     assert [q(b.attn_mix) for b in ar.blocks[1:]] == [3, 99, 1] and not hasattr(ar.blocks[0], 'attn_mix')
-    assert [q(b.ffn_mix) for b in ar.blocks] == [10, 13, 12, 11]
 
 
 def test_hc_swap_moves_connectors():
