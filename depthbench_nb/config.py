@@ -385,12 +385,16 @@ class TrainConfig(Config):
     eval_set: Optional[str] = None    # None = 'windows' (eval_batches seeded windows); 'rows' (looped); 'documents' (DepthBench)
     eval_rows: Optional[int] = None   # rows / documents of the final evaluation (None: the whole held-out split)
     eval_rows_fast: Optional[int] = None  # of the evaluations before the last step (None: the same set as the final one)
+    ortho_dtype: Optional[str] = None # MuonH orthogonalisation: None = bfloat16 (the paper); 'float32' for exact comparisons
 
-    _OMIT_WHEN_NONE = frozenset({'eval_set', 'eval_rows', 'eval_rows_fast'})
+    _OMIT_WHEN_NONE = frozenset({'eval_set', 'eval_rows', 'eval_rows_fast', 'ortho_dtype'})
 
     def validate(self):
         if self.optimizer not in OPTIMIZERS: raise _choice_error('optimizer', self.optimizer, OPTIMIZERS)
         if self.eval_set is not None and self.eval_set not in EVAL_SETS: raise _choice_error('eval_set', self.eval_set, EVAL_SETS)
+        if self.ortho_dtype is not None:
+            if self.ortho_dtype not in ('bfloat16', 'float32'): raise _choice_error('ortho_dtype', self.ortho_dtype, ('bfloat16', 'float32'))
+            if self.optimizer != 'muonh': raise ConfigError("ortho_dtype applies to optimizer 'muonh' (the looped recipe)")
         for n in ('eval_rows', 'eval_rows_fast'):
             v = getattr(self, n)
             if v is not None and v < 1: raise ConfigError(f"{n} must be >= 1 or None, got {v}")

@@ -186,7 +186,8 @@ def build_looped_optimizer(model: nn.Module, train_cfg: TrainConfig, tokens: int
     if cfg is None or getattr(cfg, 'arch', None) != 'looped':
         raise ConfigError("the MuonH recipe (optimizer='muonh') is for looped models (arch='looped'); use optimizer='adamw' for the others")
     recipe = recipe or HyperP()
-    recipe = replace(recipe, matrix_lr=train_cfg.lr, final_lr_frac=train_cfg.final_lr_frac)
+    recipe = replace(recipe, matrix_lr=train_cfg.lr, final_lr_frac=train_cfg.final_lr_frac,
+                     ortho_dtype=getattr(train_cfg, 'ortho_dtype', None) or recipe.ortho_dtype)
     batch_tokens = batch_tokens or train_cfg.global_batch * train_cfg.seq_len
     if tokens < 1: raise ConfigError(f"tokens must be >= 1, got {tokens}")
     lrs = hyperp_lrs(cfg, tokens, batch_tokens, recipe)

@@ -104,7 +104,7 @@ def make_run_config(arch: str, L: Optional[int] = None, d_model: Optional[int] =
                     layer_stats_every: Optional[int] = None, divergence_factor: Optional[float] = None,
                     trackers: Sequence[str] = (), verbose: bool = True, compile: Optional[bool] = None, fsdp: bool = False,
                     eval_set: Optional[str] = None, eval_rows: Optional[int] = None, eval_rows_fast: Optional[int] = None,
-                    **design_options) -> RunConfig:
+                    ortho_dtype: Optional[str] = None, **design_options) -> RunConfig:
     "Resolve preset, shape, design options, data and recipe into a validated RunConfig (bad input: ConfigError)."
     _need('arch', arch, (str,), 'a design name')
     spec = resolve_arch(arch)
@@ -115,7 +115,8 @@ def make_run_config(arch: str, L: Optional[int] = None, d_model: Optional[int] =
         _need(name, v, (int,), 'an integer')
     for name, v in (('lr', lr), ('ratio', ratio), ('C', C), ('divergence_factor', divergence_factor)):
         _need(name, v, (int, float), 'a number')
-    for name, v in (('preset', preset), ('study', study), ('precision', precision), ('eval_set', eval_set)): _need(name, v, (str,), 'a string')
+    for name, v in (('preset', preset), ('study', study), ('precision', precision), ('eval_set', eval_set),
+                    ('ortho_dtype', ortho_dtype)): _need(name, v, (str,), 'a string')
     _need('compile', compile, (bool,), 'True, False or None (None: on with CUDA)'); _need('fsdp', fsdp, (bool,), 'a bool')
     unknown = sorted(set(design_options) - set(DESIGN_OPTIONS))
     if unknown: raise ConfigError(f"unknown option(s) {unknown}; design options: {', '.join(DESIGN_OPTIONS)}; looped: r, s, C")
@@ -139,7 +140,7 @@ def make_run_config(arch: str, L: Optional[int] = None, d_model: Optional[int] =
         model = _shape_from(p.grid, L, d_model, ratio).model_config(spec.name, **design_options)
     if tokens is not None: train_kw.update(tokens=tokens, max_steps=None)
     if max_steps is not None: train_kw.update(max_steps=max_steps)
-    for k, v in dict(lr=lr, precision=precision, micro_batch=micro_batch, eval_every=eval_every,
+    for k, v in dict(lr=lr, precision=precision, micro_batch=micro_batch, eval_every=eval_every, ortho_dtype=ortho_dtype,
                      checkpoint_every=checkpoint_every, layer_stats_every=layer_stats_every,
                      divergence_factor=divergence_factor).items():
         if v is not None: train_kw[k] = v
@@ -807,6 +808,7 @@ def cli_train(argv=None) -> int:
     p.add_argument('--eval-set', help="held-out set: windows | rows | documents (default: the preset's)")
     p.add_argument('--eval-rows', type=int, help='rows / documents of the final evaluation (default: the preset\'s; all)')
     p.add_argument('--eval-rows-fast', type=int, help='rows / documents of the evaluations before the last step')
+    p.add_argument('--ortho-dtype', help="looped MuonH orthogonalisation: bfloat16 (the paper, default) | float32 (exact comparisons)")
     p.add_argument('--launch-args', default='', help="extra accelerate launch arguments for N processes, e.g. multi-node: "
                    "'--num_machines 2 --machine_rank 0 --main_process_ip 10.0.0.1 --main_process_port 29500'")
     p.add_argument('--run-config', help='train the RunConfig in this params.json (used by accelerate launch)')
@@ -825,7 +827,8 @@ def cli_train(argv=None) -> int:
                               C=a.C, precision=a.precision, init_seed=init_seed, eval_every=a.eval_every,
                               checkpoint_every=a.checkpoint_every, layer_stats_every=a.layer_stats_every, micro_batch=a.micro_batch,
                               trackers=[x for x in a.trackers.split(',') if x.strip()], verbose=not a.json, compile=a.compile,
-                              fsdp=a.fsdp, eval_set=a.eval_set, eval_rows=a.eval_rows, eval_rows_fast=a.eval_rows_fast, **opts)
+                              fsdp=a.fsdp, eval_set=a.eval_set, eval_rows=a.eval_rows, eval_rows_fast=a.eval_rows_fast,
+                              ortho_dtype=a.ortho_dtype, **opts)
         why = resolve_preset(a.preset)[1]
     with contextlib.redirect_stdout(sys.stderr) if a.json else contextlib.nullcontext():   # --json: stdout holds only the JSON
         result = train(run, progress=not (a.no_progress or a.json), preset_reason=why, launch_args=shlex.split(a.launch_args))
