@@ -740,8 +740,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch_command(run: RunConfig, params_path: Path, launch_args: Sequence[str] = ()) -> list[str]:
+def launch_command(run: RunConfig, params_path: Path, fsdp: bool = False, launch_args: Sequence[str] = ()) -> list[str]:
     "The accelerate launch command line that trains `params_path` on run.num_processes processes (FSDP: run.fsdp, applied inside)."
+    del fsdp                                             # kept for callers: FSDP2 is applied in the processes, from run.fsdp
     cmd = [sys.executable, '-m', 'accelerate.commands.launch', '--num_processes', str(run.num_processes),
            '--num_machines', '1', '--mixed_precision', 'no', '--dynamo_backend', 'no', '--multi_gpu']
     if not any(a.split('=')[0] in ('--main_process_port', '--num_machines', '--config_file') for a in launch_args):
@@ -750,12 +751,14 @@ def launch_command(run: RunConfig, params_path: Path, launch_args: Sequence[str]
     return cmd + ['-m', 'depthbench_nb.trainer', '--run-config', str(params_path)]
 
 
-def launch(run: RunConfig, progress: bool = True, preset_reason: Optional[str] = None, launch_args: Sequence[str] = ()) -> dict:
+def launch(run: RunConfig, progress: bool = True, preset_reason: Optional[str] = None, fsdp: bool = False,
+           launch_args: Sequence[str] = ()) -> dict:
     "Train on run.num_processes processes through accelerate launch, streaming logs; returns the result."
+    if fsdp and not run.fsdp: run = run.replace(fsdp=True)
     folder = ensure_writable(run_dir(run))
     open_data(run, progress)                             # prepare / check the data once, before any process starts
     params = write_params(folder, run, **({'preset_reason': preset_reason} if preset_reason else {}))
-    cmd = launch_command(run, params, launch_args)
+    cmd = launch_command(run, params, launch_args=launch_args)
     print('launching:', ' '.join(cmd[1:]))
     env = dict(os.environ, DEPTHBENCH_LAUNCHED='1', PYTHONUNBUFFERED='1')
     env.setdefault('OMP_NUM_THREADS', '1')

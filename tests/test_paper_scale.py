@@ -261,7 +261,7 @@ def test_launch_picks_a_free_port_unless_told():
     cmd = launch_command(run, Path('p.json'))
     port = int(cmd[cmd.index('--main_process_port') + 1])
     assert 1024 <= port < 65536 and '--use_fsdp' not in cmd and '--multi_gpu' in cmd
-    cmd = launch_command(run, Path('p.json'), ['--num_machines', '2', '--main_process_port', '29500'])
+    cmd = launch_command(run, Path('p.json'), launch_args=['--num_machines', '2', '--main_process_port', '29500'])
     assert cmd.count('--main_process_port') == 1 and cmd[cmd.index('--main_process_port') + 1] == '29500'
 
 
