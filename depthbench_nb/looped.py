@@ -294,6 +294,10 @@ class LoopedLM(DepthModel):
             self.lane_beta = nn.Parameter(torch.empty(R, K))       # block output -> lanes
         self.norm_recur = RMSNorm(d, cfg.norm_eps)
         self.norm_final = RMSNorm(d, cfg.norm_eps)
+        # the code's RoPE tables: computed once in fp32, kept in bf16 (buffers, not recomputed in a compiled graph)
+        cos, sin = rope_angles(cfg.head_dim, torch.arange(cfg.max_seq_len), cfg.rope_theta)   # [T_max, head_dim]
+        self.register_buffer('rope_cos', cos.to(torch.bfloat16), persistent=False)
+        self.register_buffer('rope_sin', sin.to(torch.bfloat16), persistent=False)
         executed = lay.executed()
         self.schedule = [b for b, _ in executed]          # executed position -> unique block (swap_blocks edits it)
         self.iteration_of = [i for _, i in executed]      # executed position -> loop iteration (None outside)
@@ -332,7 +336,7 @@ class LoopedLM(DepthModel):
         lay, cfg = self.layout, self.config
         skip, ctx = self._begin(idx, skip, kv_cache)                       # checks idx, skip, max_seq_len
         T = idx.shape[1]
-        cos, sin = rope_angles(cfg.head_dim, torch.arange(ctx.offset, ctx.offset + T, device=idx.device), cfg.rope_theta)
+        cos, sin = self.rope_cos[ctx.offset:ctx.offset + T], self.rope_sin[ctx.offset:ctx.offset + T]   # [T, hd] bf16
         e = self.tok_emb(idx)                                              # [B, T, d] (bf16 on CUDA: prepare_for_device)
         x = self.norm_emb(e.to(self.norm_emb.weight.dtype))                # an fp32 gain makes an fp32 stream
         states = [x] if return_states else None

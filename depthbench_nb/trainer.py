@@ -40,9 +40,10 @@ __all__ = ['LOOPED_RECIPE', 'LOOPED_TINY', 'INIT_SEEDS', 'PEAK_BF16_FLOPS', 'DEF
            'make_run_config', 'total_steps', 'lr_multiplier', 'build_adamw', 'build_optimizers', 'resolve_precision',
            'autocast_context', 'resolve_compile', 'compile_unavailable', 'check_compile', 'checkpoints_dir',
            'list_checkpoints', 'save_checkpoint', 'check_checkpoint_config', 'load_checkpoint', 'LayerStats', 'Dist',
-           'in_launched_process', 'make_dist', 'shard_model', 'full_state_dict', 'clip_grad_norm', 'check_trackers',
-           'open_data', 'init_model', 'default_micro_batch', 'plot_loss_curves', 'peak_flops', 'peak_memory_bytes',
-           'flops_per_token', 'evaluate', 'train', 'free_port', 'launch_command', 'launch', 'load_run', 'cli_train']
+           'in_launched_process', 'make_dist', 'shard_model', 'average_replicated_grads', 'full_state_dict',
+           'clip_grad_norm', 'check_trackers', 'open_data', 'init_model', 'default_micro_batch', 'plot_loss_curves',
+           'peak_flops', 'peak_memory_bytes', 'flops_per_token', 'evaluate', 'train', 'free_port', 'launch_command',
+           'launch', 'load_run', 'cli_train']
 
 # %% ../nbs/07_trainer.ipynb #895e7da2
 def run_dir(run: RunConfig) -> Path:
@@ -394,14 +395,26 @@ def make_dist(run: RunConfig, folder: Path) -> Dist:
     return Dist(acc, acc.process_index, acc.num_processes, acc.device)
 
 
-def shard_model(model: torch.nn.Module, dist: Dist) -> torch.nn.Module:
-    "FSDP2: fully_shard every unit of model.fsdp_units(), then the root, over all processes (in place; returns the model)."
+def shard_model(model: torch.nn.Module, dist: Dist) -> list[torch.nn.Parameter]:
+    """FSDP2 in place: fully_shard every unit of model.fsdp_units(), then the root, over all processes. Returns the
+    parameters left replicated — the 0-d ones (HC's gate scales, mHC's alphas), since fully_shard shards along dim 0 —
+    whose gradients the caller averages (`average_replicated_grads`)."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     mesh = init_device_mesh(dist.device.type, (dist.world,))
+    scalars = [p for p in model.parameters() if p.ndim == 0]
     units = model.fsdp_units() if hasattr(model, 'fsdp_units') else list(getattr(model, 'blocks', []))
-    for unit in units: fully_shard(unit, mesh=mesh)
-    return fully_shard(model, mesh=mesh)
+    for unit in units: fully_shard(unit, mesh=mesh, ignored_params=set(scalars))
+    fully_shard(model, mesh=mesh, ignored_params=set(scalars))
+    return scalars
+
+
+def average_replicated_grads(params: Sequence[torch.nn.Parameter], dist: Dist) -> None:
+    "Average the gradients of parameters FSDP does not manage over the processes (one all-reduce)."
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads or dist.world == 1: return
+    flat = dist.sum_(torch.cat([g.reshape(-1) for g in grads])) / dist.world
+    for g, v in zip(grads, flat.split([g.numel() for g in grads])): g.copy_(v.view_as(g))
 
 
 def full_state_dict(model: torch.nn.Module) -> dict:
@@ -411,9 +424,18 @@ def full_state_dict(model: torch.nn.Module) -> dict:
 
 
 def clip_grad_norm(params, max_norm: float) -> float:
-    "Clip to max_norm (inf: only measure); the total norm as a float (FSDP2's DTensor norm gathered)."
-    norm = torch.nn.utils.clip_grad_norm_(list(params), max_norm)
-    return float(norm.full_tensor() if hasattr(norm, 'full_tensor') else norm)
+    "Clip to max_norm (inf: only measure); returns the total norm. FSDP2: sharded (DTensor) and replicated gradients together."
+    params = [p for p in params if p.grad is not None]
+    sharded = [p.grad for p in params if hasattr(p.grad, 'full_tensor')]
+    if not sharded: return float(torch.nn.utils.clip_grad_norm_(params, max_norm))      # DDP, one process
+    plain = [p.grad for p in params if not hasattr(p.grad, 'full_tensor')]
+    sq = torch.nn.utils.get_total_norm(sharded).full_tensor().double() ** 2
+    if plain: sq = sq + torch.nn.utils.get_total_norm(plain).double() ** 2
+    total = float(sq.sqrt())
+    coef = max_norm / (total + 1e-6)
+    if coef < 1:
+        for p in params: p.grad.mul_(coef)
+    return total
 
 
 def check_trackers(trackers: Sequence[str]) -> None:
@@ -570,7 +592,8 @@ def _train_here(run: RunConfig, folder: Path, progress: bool, preset_reason, sto
         raise ConfigError(f"{ckpts[-1][1]} holds weights only (an FSDP run): resuming FSDP runs is not supported; delete the checkpoints to restart")
     if fsdp and t.optimizer != 'adamw': raise ConfigError('FSDP supports the AdamW recipe only (MuonH needs whole matrices)')
     n_params = (sum(p.numel() for p in model.parameters()), sum(p.numel() for p in model.blocks.parameters()))
-    if fsdp: ddp_model = shard_model(model, dist)    # FSDP2 in place: `raw` is the sharded model itself
+    replicated = []                                   # FSDP2: 0-d parameters it leaves alone (their grads averaged by us)
+    if fsdp: replicated = shard_model(model, dist); ddp_model = model   # in place: `raw` is the sharded model itself
     else: ddp_model = dist.accelerator.prepare_model(model) if dist.world > 1 else model
     raw = model
     if use_compile: ddp_model = torch.compile(ddp_model)   # the wrapped model (DDP's optimizer splits the graph at buckets)
@@ -637,6 +660,7 @@ def _train_here(run: RunConfig, folder: Path, progress: bool, preset_reason, sto
                 loss_sum += loss.detach().double()
             if track: layer_stats.detach()
             loss_val = (dist.sum_(loss_sum / n_micro) / dist.world).item()
+            if fsdp: average_replicated_grads(replicated, dist)
             max_norm = t.grad_clip if t.grad_clip is not None else float('inf')
             grad_norm = clip_grad_norm(raw.parameters(), max_norm)
             best = counters.get('best_train_loss')
