@@ -228,12 +228,13 @@ def _train(runs_dir, arch, data, study, *extra):
     return res, [r['loss'] for r in read_metrics(runs_dir / study / res['run_id'])]
 
 
-@pytest.mark.parametrize('arch', subset(FAMILIES, ('attnres', 'looped')))
+@pytest.mark.parametrize('arch', subset(FAMILIES, ('attnres', 'hc', 'looped')))
 def test_two_ranks_match_one_process(arch, runs_dir, tiny_data):
     """2 gloo ranks through `depthbench-nb train --num-processes 2` (accelerate launch): the per-step loss and the final
     validation loss equal a single process with the same global batch within 1e-5 (fp32). DDP keeps Accelerate's
     find_unused_parameters=False, so a parameter without a gradient (the old AttnRes) fails here at the second step.
-    The designs also train with FSDP2 (fully_shard) and match DDP within 1e-5. The looped model uses fp32
+    The designs also train with FSDP2 (fully_shard; HC's and mHC's 0-d gates stay replicated) and match DDP within
+    1e-5. CI runs AttnRes (the old defect), HC (the replicated gates) and the looped model (MuonH). The looped model uses fp32
     orthogonalisation here: bf16 MuonH turns 1e-7 reduction-order differences into 1e-4 after three steps."""
     one, one_losses = _train(runs_dir, arch, tiny_data, 'one')
     ddp, ddp_losses = _train(runs_dir, arch, tiny_data, 'ddp', '--num-processes', '2')
@@ -307,6 +308,12 @@ def test_compile_without_a_compiler_names_what_is_missing(runs_dir, tiny_data, m
     err = capsys.readouterr().err
     assert rc == 2 and 'C++ compiler' in err and '/nonexistent/g++' in err and '--no-compile' in err
     assert not list(runs_dir.glob('*/*/result.json'))                          # refused before any training
+
+
+def test_compile_on_a_torch_without_it(monkeypatch):
+    from depthbench_nb.trainer import check_compile
+    monkeypatch.delattr(torch, 'compile')
+    with pytest.raises(ConfigError, match=r'has no torch.compile \(it needs torch >= 2.0\)'): check_compile(torch.device('cpu'))
 
 
 # ================================================================================================ bf16
