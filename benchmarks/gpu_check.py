@@ -11,7 +11,8 @@ What it measures, in one process (every ratio is against a baseline measured in 
    bandwidth, speed-up over torch;
 3. one training step (forward, cross-entropy, backward, fused AdamW; bf16 autocast, fp32 master weights) of every
    DepthBench design at the 400m L24 shape, eager and torch.compile'd: median step time, tokens/s, peak memory,
-   each as a ratio over Pre-LN in the same mode;
+   each as a ratio over Pre-LN in the same mode (a design that runs out of memory is measured at half the
+   micro-batch, recorded, and its time ratio is per token);
 4. the MFU of compiled Pre-LN 400m L24 in bf16: train FLOPs per token (depthbench_nb.costs) x tokens/s / the
    GPU's dense bf16 peak.
 
@@ -125,7 +126,20 @@ def build(arch, shape, a, dev):
 
 
 def measure(arch, mode, model, opt, idx, a, dev) -> dict:
-    "Median step time, tokens/s and peak memory of one design in one mode (eager | compiled)."
+    "measure_at the full micro-batch; on a CUDA out-of-memory error, at half of it (recorded), down to one sequence."
+    import torch
+    micro = a.micro_batch
+    while True:
+        try: return measure_at(arch, mode, model, opt, idx[:micro], a, dev)
+        except torch.cuda.OutOfMemoryError:
+            opt.zero_grad(set_to_none=True); torch._dynamo.reset(); torch.cuda.empty_cache()
+            if micro == 1: raise
+            micro //= 2
+            print(f"  {arch} {mode}: out of memory, retrying with {micro} sequences per step", flush=True)
+
+
+def measure_at(arch, mode, model, opt, idx, a, dev) -> dict:
+    "Median step time, tokens/s and peak memory of one design in one mode (eager | compiled) on the batch idx [m, T+1]."
     import torch
     fwd = torch.compile(model, backend=a.compile_backend) if mode == 'compiled' else model
     step = step_fn(fwd, opt, idx[:, :-1], idx[:, 1:], dev)
@@ -144,8 +158,9 @@ def measure(arch, mode, model, opt, idx, a, dev) -> dict:
     sec = statistics.median(times)
     peak = torch.cuda.max_memory_allocated(dev) / 2**30 if dev.type == 'cuda' else None
     if mode == 'compiled': torch._dynamo.reset()
-    return dict(arch=arch, mode=mode, step_ms=1e3 * sec, tokens_per_s=a.micro_batch * a.seq_len / sec, peak_mem_gib=peak,
-                warmup_s=warm_s, params=sum(p.numel() for p in model.parameters()))
+    tokens = idx.shape[0] * a.seq_len
+    return dict(arch=arch, mode=mode, micro_batch=idx.shape[0], step_ms=1e3 * sec, tokens_per_s=tokens / sec,
+                ms_per_ktoken=1e6 * sec / tokens, peak_mem_gib=peak, warmup_s=warm_s, params=sum(p.numel() for p in model.parameters()))
 
 
 def add_ratios(rows: list[dict]) -> None:
@@ -154,7 +169,7 @@ def add_ratios(rows: list[dict]) -> None:
     for r in rows:
         b = base.get(r['mode'])
         if b is None or 'step_ms' not in r: continue
-        r['step_ratio_vs_preln'] = r['step_ms'] / b['step_ms']
+        r['step_ratio_vs_preln'] = r['ms_per_ktoken'] / b['ms_per_ktoken']   # per token: a smaller micro-batch after an OOM stays comparable
         r['tokens_per_s_ratio_vs_preln'] = r['tokens_per_s'] / b['tokens_per_s']
         if r['peak_mem_gib'] is not None and b['peak_mem_gib']: r['mem_ratio_vs_preln'] = r['peak_mem_gib'] / b['peak_mem_gib']
 
@@ -204,11 +219,12 @@ def markdown(res: dict) -> str:
     lines += ['', f"MFU row: Pre-LN {res['shape']}, compiled, {m['precision']}: {_f(m['tokens_per_s'], ',.0f')} tokens/s × "
               f"{m['flops_per_token']:.3e} FLOPs/token / peak {_f(m['peak_flops'], '.3e')} FLOP/s = **{_f(m['mfu'], '.1%')}**.", '',
               f"## Designs at {res['shape']} ({res['tokens_per_step']:,} tokens per step; ratios over Pre-LN in the same mode)", '',
-              '| design | mode | step ms | × Pre-LN | tokens/s | × Pre-LN | peak GiB | × Pre-LN |', '|---|---|---|---|---|---|---|---|']
+              '| design | mode | seqs/step | step ms | × Pre-LN (per token) | tokens/s | × Pre-LN | peak GiB | × Pre-LN |',
+              '|---|---|---|---|---|---|---|---|---|']
     for r in res['designs']:
         if 'step_ms' not in r:
-            lines.append(f"| {r['arch']} | {r['mode']} | {r.get('skipped') or r.get('error')} | | | | | |"); continue
-        lines.append(f"| {r['arch']} | {r['mode']} | {r['step_ms']:.1f} | {_f(r.get('step_ratio_vs_preln'), '.3f')} | "
+            lines.append(f"| {r['arch']} | {r['mode']} | | {r.get('skipped') or r.get('error')} | | | | | |"); continue
+        lines.append(f"| {r['arch']} | {r['mode']} | {r['micro_batch']} | {r['step_ms']:.1f} | {_f(r.get('step_ratio_vs_preln'), '.3f')} | "
                      f"{r['tokens_per_s']:,.0f} | {_f(r.get('tokens_per_s_ratio_vs_preln'), '.3f')} | {_f(r['peak_mem_gib'], '.2f')} | "
                      f"{_f(r.get('mem_ratio_vs_preln'), '.3f')} |")
     lines += ['', f"## Kernels (forward + backward, {res['kernel_shape']})", '',

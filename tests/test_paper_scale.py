@@ -447,7 +447,7 @@ def test_gpu_check_smoke_runs_on_cpu(tmp_path):
     assert all(r['fwd_bwd_ms'] > 0 and r['pct_of_copy'] >= 0 for r in res['kernels'])
     assert [t['met'] for t in res['targets']] == [None] * 4                   # a smoke run judges no GPU target
     md = out.with_suffix('.md').read_text()
-    assert '| design | mode | step ms |' in md and 'SMOKE RUN' in md and '| kernel | impl |' in md
+    assert '| design | mode | seqs/step | step ms |' in md and 'SMOKE RUN' in md and '| kernel | impl |' in md
     none = subprocess.run([sys.executable, str(REPO / 'benchmarks' / 'gpu_check.py'), '--out', str(tmp_path / 'x')],
                           capture_output=True, text=True, timeout=300)
     assert none.returncode == 2 and 'no CUDA GPU' in none.stderr and not (tmp_path / 'x.json').exists()
