@@ -16,14 +16,14 @@ import torch.nn.functional as F
 
 from .config import ConfigError, ModelConfig
 from .layers import KVCache, LayerNorm, RMSNorm
-from .model import (AttnResTransformer, DepthModel, MultiStreamTransformer, ResidualTransformer, build_model,
-                                 n_params)
+from .model import (AttnResMixer, AttnResTransformer, DepthModel, MultiStreamTransformer, ResidualTransformer,
+                                 build_model, n_params)
 from .shapes import count_params
 
 # %% auto #0
-__all__ = ['CHECKS', 'CheckResult', 'tiny_config', 'check_param_count', 'check_finite', 'check_causal', 'check_states',
-           'check_kv_cache', 'check_swap', 'IdentityBlock', 'check_skip', 'check_init', 'check_design', 'failures',
-           'assert_design_ok']
+__all__ = ['CHECKS', 'CheckResult', 'tiny_config', 'check_param_count', 'check_finite', 'check_gradients', 'check_causal',
+           'check_states', 'check_kv_cache', 'check_swap', 'IdentityBlock', 'check_skip', 'check_init', 'check_design',
+           'failures', 'assert_design_ok']
 
 # %% ../nbs/05a_checks.ipynb #cfae3bb7
 @dataclass
@@ -72,9 +72,20 @@ def check_finite(model: DepthModel, idx: torch.Tensor) -> CheckResult:
     for name in ('tok_emb.weight', 'lm_head.weight'):
         p = dict(model.named_parameters()).get(name)
         if p is not None and (p.grad is None or p.grad.abs().sum() == 0): return _fail(f'no gradient reaches {name}')
-    no_grad = [n for n, p in model.named_parameters() if p.grad is None]
     model.zero_grad(set_to_none=True)
-    return _ok(f'loss {loss.item():.4f}' + (f'; unused parameters: {no_grad}' if no_grad else ''))
+    return _ok(f'loss {loss.item():.4f}')
+
+
+def check_gradients(model: DepthModel, idx: torch.Tensor) -> CheckResult:
+    "One backward pass reaches every trainable parameter (what DDP without find_unused_parameters and FSDP need)."
+    model.zero_grad(set_to_none=True)
+    _loss(model, idx).backward()
+    unused = [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None]
+    model.zero_grad(set_to_none=True)
+    if unused:
+        return _fail(f'no gradient reaches {len(unused)} parameter(s) {unused[:5]}: DDP (find_unused_parameters=False) '
+                     'stops at the second step; build them only where the forward uses them')
+    return _ok(f'{sum(1 for _ in model.parameters())} parameters, all reached')
 
 
 def check_causal(model: DepthModel, idx: torch.Tensor, atol: float = 1e-5) -> CheckResult:
@@ -174,6 +185,7 @@ def _check_attnres_skip(model: AttnResTransformer, idx, l, s_states, atol) -> Ch
 def _generic_init(model: DepthModel) -> Optional[str]:
     std = model.config.init_std
     for name, m in model.named_modules():
+        if name.endswith('depth_kv'): continue    # MoDA's W_kv keeps nn.Linear's default init (checked in check_init)
         if isinstance(m, (nn.Linear, nn.Embedding)) and m.weight.abs().max() > 3 * std + 1e-7:
             return f'{name}.weight exceeds 3 sigma'
         if isinstance(m, (RMSNorm, LayerNorm)) and not torch.all(m.weight == 1): return f'{name} gain is not 1'
@@ -278,8 +290,10 @@ def check_init(model: DepthModel, idx: torch.Tensor, atol: float = 1e-5) -> Chec
     if a == 'deepnorm':
         alpha, beta = (2 * L) ** 0.25, (8 * L) ** -0.25
         if any(abs(blk.alpha - alpha) > 1e-12 for blk in model.blocks): return _fail('DeepNorm alpha != (2L)^1/4')
-        if not all(isinstance(m, LayerNorm) for m in model.modules() if isinstance(m, (RMSNorm, LayerNorm))):
-            return _fail('DeepNorm norms must be LayerNorm')
+        if not all(isinstance(m, LayerNorm) for m in model.blocks.modules() if isinstance(m, (RMSNorm, LayerNorm))):
+            return _fail('DeepNorm block norms must be LayerNorm')
+        if not isinstance(model.final_norm, RMSNorm) or model.final_norm.eps != cfg.norm_eps:
+            return _fail('DeepNorm final norm must be RMSNorm with the backbone eps (only the block norm config is switched)')
         for blk in model.blocks:
             ref = blk.attn.wq.weight.std()
             for lin in (blk.attn.wv, blk.attn.wo, blk.ffn.w1, blk.ffn.w2, blk.ffn.w3):
@@ -291,18 +305,23 @@ def check_init(model: DepthModel, idx: torch.Tensor, atol: float = 1e-5) -> Chec
     if a == 'moda':
         has = [hasattr(blk, 'depth_kv') for blk in model.blocks]
         if has != [bool(cfg.moda_ffn_kv)] * (L - 1) + [False]: return _fail(f'MoDA depth K/V projections in blocks {has}')
+        for blk in model.blocks:
+            if hasattr(blk, 'depth_kv'):
+                w, bound = blk.depth_kv.weight, blk.depth_kv.in_features ** -0.5
+                if not 0.8 * bound < w.abs().max() <= bound: return _fail(f'MoDA W_kv max |w| {w.abs().max():.4f}, want U(±{bound:.4f})')
     if isinstance(model, MultiStreamTransformer):
         err = _multistream_init(model, idx, 1e-4)
         if err: return _fail(err)
     if isinstance(model, AttnResTransformer):
-        if any(m.query.abs().sum() != 0 for m in [*(b.attn_mix for b in model.blocks), *(b.ffn_mix for b in model.blocks), model.final_mix]):
+        if hasattr(model.blocks[0], 'attn_mix'): return _fail("block 0's attention reads N_a(embedding): it has no mixer")
+        if any(m.query.abs().sum() != 0 for m in model.modules() if isinstance(m, AttnResMixer)):
             return _fail('AttnRes pseudo-queries are not zero at init')
         for k, w in enumerate(model.depth_mix_weights(idx)):
             if not torch.allclose(w, torch.full_like(w, 1 / w.shape[-1]), atol=1e-6): return _fail(f'mix {k} is not uniform at init')
     return _ok()
 
 # %% ../nbs/05a_checks.ipynb #9d1b84c1
-CHECKS = ('param_count', 'finite', 'causal', 'states', 'kv_cache', 'skip', 'swap', 'init')
+CHECKS = ('param_count', 'finite', 'gradients', 'causal', 'states', 'kv_cache', 'skip', 'swap', 'init')
 
 
 def check_design(cfg: ModelConfig | str, seed: int = 0, expected_params: Optional[int] = None,
@@ -315,6 +334,7 @@ def check_design(cfg: ModelConfig | str, seed: int = 0, expected_params: Optiona
     idx = torch.randint(0, cfg.vocab_size, (batch, seq_len), generator=torch.Generator().manual_seed(seed))
     runs = dict(param_count=lambda: check_param_count(model, cfg, expected_params),
                 init=lambda: check_init(model, idx), finite=lambda: check_finite(model, idx),
+                gradients=lambda: check_gradients(model, idx),
                 causal=lambda: check_causal(model, idx), states=lambda: check_states(model, idx),
                 kv_cache=lambda: check_kv_cache(model, idx), skip=lambda: check_skip(model, idx),
                 swap=lambda: check_swap(model, idx))

@@ -18,11 +18,11 @@ from pathlib import Path
 from typing import Any, Optional
 
 # %% auto #0
-__all__ = ['ARCHS', 'FAMILIES', 'DESIGN_OPTIONS', 'OPTIMIZERS', 'SCHEDULES', 'PRECISIONS', 'ConfigError', 'CorruptFile',
-           'UnsafeFile', 'RunBusy', 'ArchSpec', 'register_arch', 'arch_names', 'resolve_arch', 'Config', 'config_hash',
-           'config_diff', 'ffn_hidden_default', 'ModelConfig', 'DataConfig', 'TrainConfig', 'RunConfig', 'package_dir',
-           'repo_root', 'runs_root', 'runs_root_reason', 'cache_dir', 'atomic_write_bytes', 'atomic_write_text',
-           'atomic_write_json']
+__all__ = ['ARCHS', 'FAMILIES', 'DESIGN_OPTIONS', 'OPTIMIZERS', 'SCHEDULES', 'PRECISIONS', 'EVAL_SETS', 'ConfigError',
+           'CorruptFile', 'UnsafeFile', 'RunBusy', 'ArchSpec', 'register_arch', 'arch_names', 'resolve_arch', 'Config',
+           'config_hash', 'config_diff', 'ffn_hidden_default', 'ModelConfig', 'DataConfig', 'TrainConfig', 'RunConfig',
+           'package_dir', 'repo_root', 'runs_root', 'runs_root_reason', 'cache_dir', 'atomic_write_bytes',
+           'atomic_write_text', 'atomic_write_json']
 
 # %% ../nbs/00_config.ipynb #535214f5
 class ConfigError(ValueError):
@@ -109,6 +109,7 @@ DESIGN_OPTIONS: dict[str, tuple] = {
     'truncated_bptt':     (lambda v: isinstance(v, bool), 'a bool (gradients through the last ceil(r/2) iterations only)'),
     'hc_lanes':           (_pos_int, 'a positive integer K (loop hyper-connection lanes)'),
     'logit_softcap':      (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0, 'a positive number'),
+    'real_vocab_size':    (_pos_int, "a positive integer <= vocab_size (the tokenizer's vocabulary; the LM head is padded to vocab_size)"),
 }
 
 # %% ../nbs/00_config.ipynb #22b9abe7
@@ -131,7 +132,7 @@ register_arch(ArchSpec('block_attnres', 'attnres', 'Block Attention Residuals: s
 register_arch(ArchSpec('moda', _R, 'Mixture-of-Depths Attention: depth KV of earlier sublayers under one softmax (+2d^2 per block)',
                        options=('moda_ffn_kv',), defaults=dict(moda_ffn_kv=True)))
 register_arch(ArchSpec('looped', 'looped', 'Looped LM: prelude -> shared recurrent block x r -> coda (effective depth 20)',
-                       options=('recurrence', 'injection', 'truncated_bptt', 'hc_lanes', 'logit_softcap'),
+                       options=('recurrence', 'injection', 'truncated_bptt', 'hc_lanes', 'logit_softcap', 'real_vocab_size'),
                        defaults=dict(recurrence=4, injection='linear', truncated_bptt=False, logit_softcap=15.0),
                        impl='depthbench_nb.looped:build_looped'))
 
@@ -188,10 +189,13 @@ class Config:
 
     def validate(self): pass
 
+    _OMIT_WHEN_NONE: frozenset = frozenset()   # later fields: absent from to_dict (and the hash) while None
+
     def to_dict(self) -> dict:
         out = {}
         for f in fields(self):
             v = getattr(self, f.name)
+            if v is None and f.name in self._OMIT_WHEN_NONE: continue
             out[f.name] = v.to_dict() if isinstance(v, Config) else (list(v) if isinstance(v, tuple) else v)
         return out
 
@@ -272,6 +276,9 @@ class ModelConfig(Config):
     truncated_bptt: Optional[bool] = None
     hc_lanes: Optional[int] = None
     logit_softcap: Optional[float] = None
+    real_vocab_size: Optional[int] = None   # looped: logits sliced to the tokenizer's vocabulary (None: vocab_size)
+
+    _OMIT_WHEN_NONE = frozenset({'real_vocab_size'})
 
     def validate(self):
         spec = resolve_arch(self.arch)
@@ -324,6 +331,9 @@ class ModelConfig(Config):
                     raise ConfigError("truncated_bptt cannot be combined with injection='hc': loop hyper-connections need full BPTT (specs/looped.md §3)")
             elif self.hc_lanes is not None:
                 raise ConfigError(f"hc_lanes applies only to injection='hc', not {self.injection!r}")
+            if self.real_vocab_size is not None and self.real_vocab_size > self.vocab_size:
+                raise ConfigError(f"real_vocab_size ({self.real_vocab_size}) cannot exceed vocab_size ({self.vocab_size}), "
+                                  "the padded rows of the embedding and the LM head")
 
     @property
     def head_dim(self) -> int: return self.d_model // self.n_head
@@ -358,6 +368,7 @@ class DataConfig(Config):
 OPTIMIZERS = ('adamw', 'muonh')
 SCHEDULES = ('cosine', 'linear')
 PRECISIONS = ('auto', 'fp32', 'bf16-mixed', 'bf16-pure')
+EVAL_SETS = ('windows', 'rows', 'documents')   # see depthbench_nb.data.held_out_set
 
 
 @dataclass(frozen=True)
@@ -388,9 +399,24 @@ class TrainConfig(Config):
     divergence_factor: Optional[float] = None  # stop when loss > factor * best-so-far (None: only non-finite)
     layer_stats_every: Optional[int] = None
     trackers: tuple[str, ...] = ()
+    eval_set: Optional[str] = None    # None = 'windows' (eval_batches seeded windows); 'rows' (looped); 'documents' (DepthBench)
+    eval_rows: Optional[int] = None   # rows / documents of the final evaluation (None: the whole held-out split)
+    eval_rows_fast: Optional[int] = None  # of the evaluations before the last step (None: the same set as the final one)
+    ortho_dtype: Optional[str] = None # MuonH orthogonalisation: None = bfloat16 (the paper); 'float32' for exact comparisons
+
+    _OMIT_WHEN_NONE = frozenset({'eval_set', 'eval_rows', 'eval_rows_fast', 'ortho_dtype'})
 
     def validate(self):
         if self.optimizer not in OPTIMIZERS: raise _choice_error('optimizer', self.optimizer, OPTIMIZERS)
+        if self.eval_set is not None and self.eval_set not in EVAL_SETS: raise _choice_error('eval_set', self.eval_set, EVAL_SETS)
+        if self.ortho_dtype is not None:
+            if self.ortho_dtype not in ('bfloat16', 'float32'): raise _choice_error('ortho_dtype', self.ortho_dtype, ('bfloat16', 'float32'))
+            if self.optimizer != 'muonh': raise ConfigError("ortho_dtype applies to optimizer 'muonh' (the looped recipe)")
+        for n in ('eval_rows', 'eval_rows_fast'):
+            v = getattr(self, n)
+            if v is not None and v < 1: raise ConfigError(f"{n} must be >= 1 or None, got {v}")
+            if v is not None and self.eval_set in (None, 'windows'):
+                raise ConfigError(f"{n} applies to eval_set 'rows' or 'documents' (the windows set is eval_batches x global_batch)")
         if self.schedule not in SCHEDULES: raise _choice_error('schedule', self.schedule, SCHEDULES)
         if self.precision not in PRECISIONS: raise _choice_error('precision', self.precision, PRECISIONS)
         if not (self.lr > 0 and math.isfinite(self.lr)): raise ConfigError(f"lr must be a finite positive number, got {self.lr}")
@@ -421,17 +447,23 @@ class RunConfig(Config):
     study: str = 'default'
     preset: str = 'tiny'
     num_processes: int = 1
+    compile: Optional[bool] = None    # torch.compile the model; None = on with CUDA, off on CPU
+    fsdp: bool = False                # N processes: FSDP2 (fully_shard) instead of DDP
 
     def validate(self):
         if not self.study or any(c in self.study for c in '/\\') or self.study.startswith('.'):
             raise ConfigError(f"study must be a plain folder name, got {self.study!r}")
         if self.num_processes < 1: raise ConfigError(f"num_processes must be >= 1, got {self.num_processes}")
+        if self.fsdp and self.num_processes < 2:
+            raise ConfigError('fsdp shards the model over processes: set num_processes >= 2 (one process trains unsharded)')
+        if self.fsdp and self.train.optimizer != 'adamw':
+            raise ConfigError('FSDP supports the AdamW recipe only (MuonH needs whole matrices: a sharded matrix has no polar factor)')
         if self.train.seq_len > self.model.max_seq_len:
             raise ConfigError(f"train.seq_len ({self.train.seq_len}) exceeds model.max_seq_len ({self.model.max_seq_len})")
 
     @property
     def content_hash(self) -> str:
-        "Hash of everything that changes the result (model, data, train); not the study or process count."
+        "Hash of everything that changes the result (model, data, train); not the study, process count, compile or FSDP."
         return config_hash(dict(model=self.model.to_dict(), data=self.data.to_dict(), train=self.train.to_dict()))
 
     @property

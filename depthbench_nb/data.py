@@ -34,9 +34,9 @@ __all__ = ['PACKAGE_FILES', 'VAL_FRACTION', 'HUB_SOURCES', 'HUB_ALIASES', 'DEFAU
            'PackageFile', 'sha256_file', 'file_lock', 'package_file', 'hub_offline', 'is_heldout', 'Source',
            'resolve_source', 'LoadedTokenizer', 'parse_tokenizer', 'check_neox', 'train_bpe', 'source_key',
            'load_tokenizer', 'token_dtype', 'encode_documents', 'pack_split', 'default_data_dir', 'data_dir',
-           'read_manifest', 'prepare_command', 'prepare', 'TokenData', 'resolve_data', 'cli_data', 'EvalSet',
-           'gpqa_shuffle_seed', 'EvalTask', 'available_offline', 'load_eval_set', 'eval_sets', 'encode_pairs',
-           'domain_eval_sets', 'downstream_eval_sets']
+           'read_manifest', 'prepare_command', 'prepare', 'TokenData', 'resolve_data', 'HeldOutSet', 'held_out_set',
+           'cli_data', 'EvalSet', 'gpqa_shuffle_seed', 'EvalTask', 'available_offline', 'load_eval_set', 'eval_sets',
+           'encode_pairs', 'domain_eval_sets', 'downstream_eval_sets']
 
 # %% ../nbs/02_data.ipynb #478e4f17
 @dataclass(frozen=True)
@@ -139,7 +139,8 @@ HUB_SOURCES = {
     'fineweb-edu-100b-shuffle': ('karpathy/fineweb-edu-100b-shuffle', '', 2),                                        # looped §5a
 }
 HUB_ALIASES = {'fineweb-edu': 'fineweb-edu:sample-100BT'}
-DEFAULT_VAL_TOKENS = {'hub': 20_000_000}  # cap on held-out tokens when DataConfig.val_tokens is None
+DEFAULT_VAL_TOKENS: dict = {}  # cap on held-out tokens by source kind when DataConfig.val_tokens is None: none, the
+                               # papers evaluate their whole held-out files (see "The held-out set" below)
 TEXT_SUFFIXES = ('.txt', '.jsonl', '.jsonl.gz', '.parquet')
 NAMED_SOURCES = ('sample', *HUB_ALIASES, *HUB_SOURCES)
 
@@ -462,8 +463,11 @@ def pack_split(docs: Iterable[str], tok: LoadedTokenizer, folder: Path, split: s
 # %% ../nbs/02_data.ipynb #95087c32
 def _inputs(cfg: DataConfig, source: Source) -> dict:
     "What determines a prepared folder's contents (compared on reuse)."
-    return dict(format_version=FORMAT_VERSION, source=source.describe(), tokenizer=cfg.tokenizer,
-                max_tokens=cfg.max_tokens, val_tokens=cfg.val_tokens)
+    out = dict(format_version=FORMAT_VERSION, source=source.describe(), tokenizer=cfg.tokenizer,
+               max_tokens=cfg.max_tokens, val_tokens=cfg.val_tokens)
+    # hub folders prepared before the held-out files were kept whole (a 20M-token cap) are not reused for them
+    if source.kind == 'hub' and cfg.val_tokens is None: out['val_split'] = 'whole held-out files'
+    return out
 
 
 def default_data_dir(cfg: DataConfig) -> Path:
@@ -661,6 +665,79 @@ def resolve_data(cfg: DataConfig, auto_prepare: bool = False, progress: bool = T
     if man is not None and man['inputs'] == json.loads(json.dumps(_inputs(cfg, resolve_source(cfg.source)))): return out
     if auto_prepare: return prepare(cfg, progress=progress)
     raise ConfigError(f"no prepared data for source {cfg.source!r} / tokenizer {cfg.tokenizer!r} at {out}; run: {prepare_command(cfg)}")
+
+# %% ../nbs/02_data.ipynb #fcf2d0d6
+@dataclass
+class HeldOutSet:
+    "Fixed held-out instances: token spans [start, start + length) of the val split; each predicts its length − 1 next tokens."
+    data: 'TokenData'
+    kind: str                   # windows | rows | documents
+    starts: np.ndarray          # [N] int64
+    lengths: np.ndarray         # [N] int64, in 2..seq_len + 1
+    seq_len: int
+    batch_size: int             # instances per global batch: the unit the processes split
+
+    def __len__(self) -> int: return len(self.starts)
+
+    @property
+    def n_tokens(self) -> int: return int((self.lengths - 1).sum())
+
+    @property
+    def n_documents(self) -> int:
+        "Held-out documents the instances read from (a window or row can span several)."
+        docs = self.data.documents('val')                                      # sorted start offsets
+        if not len(self): return 0
+        first = np.searchsorted(docs, self.starts, side='right') - 1
+        last = np.searchsorted(docs, self.starts + self.lengths - 1, side='right') - 1
+        cover = np.zeros(len(docs) + 1, np.int64)
+        np.add.at(cover, first, 1); np.add.at(cover, last + 1, -1)              # difference array of the ranges
+        return int((np.cumsum(cover)[:-1] > 0).sum())
+
+    def describe(self) -> dict:
+        return dict(eval_set=self.kind, eval_instances=len(self), eval_tokens=self.n_tokens, eval_documents=self.n_documents)
+
+    def batches(self, rank: int = 0, world: int = 1) -> Iterator[tuple]:
+        "(x, y) int64 [ceil(batch_size / world), T] per global batch: rows rank::world, padded (x 0, y -100)."
+        import torch
+        T, rows = self.seq_len, -(-self.batch_size // world)
+        for b in range(0, len(self), self.batch_size):
+            mine = np.arange(b, min(b + self.batch_size, len(self)))[rank::world]
+            x = np.zeros((rows, T), np.int64); y = np.full((rows, T), -100, np.int64)
+            for r, i in enumerate(mine):
+                n = int(self.lengths[i])
+                span = self.data.tokens('val', int(self.starts[i]), n)              # [n]
+                x[r, :n - 1], y[r, :n - 1] = span[:-1], span[1:]
+            yield torch.from_numpy(x), torch.from_numpy(y)
+
+
+def held_out_set(data: 'TokenData', kind: str = 'windows', seq_len: int = 2048, batch_size: int = 8,
+                 n: Optional[int] = None, n_batches: int = 1, seed: int = 0) -> HeldOutSet:
+    "The held-out instances of `kind` (windows: n_batches x batch_size seeded windows; rows, documents: the first n, None = all)."
+    from depthbench_nb.config import EVAL_SETS, _choice_error
+    if kind not in EVAL_SETS: raise _choice_error('eval_set', kind, EVAL_SETS)
+    total = data.n_val_tokens
+    if kind == 'windows':
+        n_starts = data._check_len('val', seq_len)
+        starts = np.random.default_rng([int(seed), 0x5EED]).integers(0, n_starts, size=(n_batches, batch_size)).ravel()
+        lengths = np.full(len(starts), seq_len + 1, np.int64)               # the windows of val_batches, in its order
+    elif kind == 'rows':
+        have = total // (seq_len + 1)
+        if n is not None and n > have:
+            raise ConfigError(f"the held-out split of {data.path} holds {have:,} rows of {seq_len + 1} tokens ({total:,} tokens); "
+                              f"{n:,} rows were asked for: prepare the held-out files whole (no --val-tokens cap)")
+        starts = np.arange(have if n is None else n, dtype=np.int64) * (seq_len + 1)
+        lengths = np.full(len(starts), seq_len + 1, np.int64)
+    else:
+        docs = data.documents('val')
+        ends = np.append(docs[1:], total)
+        lengths = np.minimum(ends - docs, seq_len)                          # OLMo-core: the first min(n, T) tokens
+        keep = lengths >= 2                                                  # a 1-token document predicts nothing
+        starts, lengths = docs[keep], lengths[keep]
+        if n is not None:
+            if n > len(starts): raise ConfigError(f"the held-out split of {data.path} holds {len(starts):,} documents, {n:,} were asked for")
+            starts, lengths = starts[:n], lengths[:n]
+    if not len(starts): raise ConfigError(f"empty held-out set ({kind}) in {data.path}")
+    return HeldOutSet(data, kind, starts.astype(np.int64), lengths.astype(np.int64), seq_len, batch_size)
 
 # %% ../nbs/02_data.ipynb #618f1e7d
 def cli_data(argv=None) -> int:

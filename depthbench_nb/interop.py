@@ -424,18 +424,10 @@ def name_map(cfg: ModelConfig) -> list[NameMapping]:
     return rows
 
 
-def _ours_only(cfg: ModelConfig, d: int) -> dict[str, torch.Tensor]:
-    "Our tensors the fork does not have, at the value that makes them inert (AttnRes block 0's attention mixer)."
-    if cfg.arch in ('attnres', 'block_attnres'):
-        return {'blocks.0.attn_mix.query': torch.zeros(d), 'blocks.0.attn_mix.key_weight': torch.ones(d)}
-    return {}
-
-
 def fork_to_ours(fork_sd: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
     "A checked, canonical fork state dict under our names and layouts (fp32, as our models compute)."
     check_fork_layout(fork_sd, cfg)
-    out = {r.ours: r.to_ours(fork_sd[r.fork]).to(torch.float32).contiguous() for r in name_map(cfg)}
-    return out | _ours_only(cfg, cfg.d_model)
+    return {r.ours: r.to_ours(fork_sd[r.fork]).to(torch.float32).contiguous() for r in name_map(cfg)}
 
 
 def ours_to_fork(model: DepthModel) -> dict[str, torch.Tensor]:

@@ -157,6 +157,12 @@ except ImportError:  # e.g. macOS wheels of torch come without triton: the refer
     triton = tl = None
     HAS_TRITON = False
 
+def _compiling() -> bool:
+    "True while torch.compile traces (torch >= 2.3; False on older versions)."
+    f = getattr(getattr(torch, 'compiler', None), 'is_compiling', None)
+    return bool(f()) if f is not None else False
+
+
 #: whether this module's kernels run in Triton's interpreter (TRITON_INTERPRET=1 at import time)
 TRITON_INTERPRETED = HAS_TRITON and os.environ.get('TRITON_INTERPRET', '0') == '1'
 
@@ -180,6 +186,7 @@ def _triton_unavailable_reason(device: torch.device) -> Optional[str]:
 
 def _use_triton(name: str, *tensors: Optional[Tensor]) -> bool:
     "Decide, per call, whether kernel `name` runs its Triton implementation on these tensors."
+    if _compiling(): return False            # torch.compile traces the reference and generates its own kernels
     mode = kernel_backend()
     if mode == 'torch': return False
     ts = [t for t in tensors if t is not None]

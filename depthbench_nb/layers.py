@@ -60,11 +60,12 @@ def rope_angles(head_dim: int, positions: torch.Tensor, theta: float = 1e4) -> t
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    "Rotate x [B, T, H, head_dim] by the angles cos/sin [T, head_dim]."
-    x1, x2 = x.chunk(2, dim=-1)
+    "Rotate x [B, T, H, head_dim] by the angles cos/sin [T, head_dim], in fp32 (OLMo-core's full_precision); same dtype out."
+    xf = x.float()                                                       # [B, T, H, head_dim]
+    x1, x2 = xf.chunk(2, dim=-1)
     rotated = torch.cat([-x2, x1], dim=-1)
-    cos, sin = cos[None, :, None, :].to(x.dtype), sin[None, :, None, :].to(x.dtype)  # [1, T, 1, head_dim]
-    return x * cos + rotated * sin
+    cos, sin = cos[None, :, None, :].float(), sin[None, :, None, :].float()  # [1, T, 1, head_dim]
+    return (xf * cos + rotated * sin).to(x.dtype)
 
 # %% ../nbs/04_layers.ipynb #065b982a
 class KVCache:

@@ -18,16 +18,17 @@ from .config import ConfigError, ModelConfig, _choice_error
 from .shapes import ParamCount
 
 # %% auto #0
-__all__ = ['PAPER_DEPTH', 'PAPER_VOCAB', 'PAPER_SEQ_LEN', 'PAPER_BATCH_TOKENS', 'PAPER_HEAD_DIM', 'N_PRELUDE', 'N_CODA',
-           'INJECTIONS', 'BASELINE_WIDTHS', 'TBPTT_WIDTHS', 'HC_WIDTHS', 'CASE_STUDY_BUDGETS', 'GRID_VARIANTS',
-           'GRID_COLUMNS', 'LoopLayout', 'backward_window', 'loop_layout', 'looped_config', 'looped_block_params',
-           'injection_params', 'LoopedParams', 'looped_params', 'count_looped_params', 'flops_per_token',
-           'steps_for_budget', 'tokens_for_budget', 'looped_grid_row', 'looped_grid_rows', 'looped_rope',
-           'LoopedAttention', 'LoopedMLP', 'LoopedBlock', 'LoopedLM', 'build_looped']
+__all__ = ['PAPER_DEPTH', 'PAPER_VOCAB', 'PAPER_REAL_VOCAB', 'PAPER_SEQ_LEN', 'PAPER_BATCH_TOKENS', 'PAPER_HEAD_DIM', 'N_PRELUDE',
+           'N_CODA', 'INJECTIONS', 'BASELINE_WIDTHS', 'TBPTT_WIDTHS', 'HC_WIDTHS', 'CASE_STUDY_BUDGETS',
+           'GRID_VARIANTS', 'GRID_COLUMNS', 'LoopLayout', 'backward_window', 'loop_layout', 'looped_config',
+           'looped_block_params', 'injection_params', 'LoopedParams', 'looped_params', 'count_looped_params',
+           'flops_per_token', 'steps_for_budget', 'tokens_for_budget', 'looped_grid_row', 'looped_grid_rows',
+           'looped_rope', 'LoopedAttention', 'LoopedMLP', 'LoopedBlock', 'LoopedLM', 'build_looped']
 
 # %% ../nbs/06_looped.ipynb #e8104e29
 PAPER_DEPTH = 20          # effective depth of every model in the paper
-PAPER_VOCAB = 32064       # Llama-2 32,001 tokens padded to a multiple of 64 (§1)
+PAPER_VOCAB = 32064       # Llama-2 32,001 tokens padded to a multiple of 64 (§1): the embedding and LM head rows
+PAPER_REAL_VOCAB = 32001  # the tokenizer's vocabulary: the logits are sliced to it before the soft-cap (gpt.py _predict)
 PAPER_SEQ_LEN = 2048
 PAPER_BATCH_TOKENS = 2**18   # B = 262,144 tokens per step for every grid run (§4)
 PAPER_HEAD_DIM = 128
@@ -94,6 +95,7 @@ def looped_config(s: int, r: int, vocab_size: int = PAPER_VOCAB, injection: Opti
     if not isinstance(s, int) or isinstance(s, bool) or s < 1: raise ConfigError(f"width scale s must be a positive integer, got {s!r}")
     d = math.ceil(64 * s / head_dim) * head_dim
     if injection is None: injection = 'linear' if r > 1 else 'passthrough'
+    if vocab_size == PAPER_VOCAB: kw.setdefault('real_vocab_size', PAPER_REAL_VOCAB)   # the padded Llama-2 head
     cfg = ModelConfig(arch='looped', n_layer=n_layer, d_model=d, n_head=d // head_dim, vocab_size=vocab_size,
                       max_seq_len=kw.pop('max_seq_len', PAPER_SEQ_LEN), recurrence=r, injection=injection,
                       truncated_bptt=truncated_bptt, **kw)
@@ -217,8 +219,12 @@ from .model import DepthModel
 
 
 def looped_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    "RoPE with the released code's sign: y1 = x1 cos + x2 sin, y2 = x2 cos − x1 sin (x [B, T, H, hd])."
-    return apply_rope(x, cos, -sin)
+    "RoPE as the released code: bf16 tables, y1 = x1 cos + x2 sin, y2 = x2 cos − x1 sin, in x's dtype promoted with bf16."
+    h = x.shape[-1] // 2
+    x1, x2 = x[..., :h], x[..., h:]                                      # [B, T, H, hd/2]
+    c = cos[None, :, None, :h].to(torch.bfloat16)                        # [1, T, 1, hd/2]: the code's bf16 table
+    s = sin[None, :, None, :h].to(torch.bfloat16)
+    return torch.cat([x1 * c + x2 * s, x1 * (-s) + x2 * c], dim=-1)
 
 
 class LoopedAttention(nn.Module):
@@ -288,6 +294,10 @@ class LoopedLM(DepthModel):
             self.lane_beta = nn.Parameter(torch.empty(R, K))       # block output -> lanes
         self.norm_recur = RMSNorm(d, cfg.norm_eps)
         self.norm_final = RMSNorm(d, cfg.norm_eps)
+        # the code's RoPE tables: computed once in fp32, kept in bf16 (buffers, not recomputed in a compiled graph)
+        cos, sin = rope_angles(cfg.head_dim, torch.arange(cfg.max_seq_len), cfg.rope_theta)   # [T_max, head_dim]
+        self.register_buffer('rope_cos', cos.to(torch.bfloat16), persistent=False)
+        self.register_buffer('rope_sin', sin.to(torch.bfloat16), persistent=False)
         executed = lay.executed()
         self.schedule = [b for b, _ in executed]          # executed position -> unique block (swap_blocks edits it)
         self.iteration_of = [i for _, i in executed]      # executed position -> loop iteration (None outside)
@@ -326,8 +336,9 @@ class LoopedLM(DepthModel):
         lay, cfg = self.layout, self.config
         skip, ctx = self._begin(idx, skip, kv_cache)                       # checks idx, skip, max_seq_len
         T = idx.shape[1]
-        cos, sin = rope_angles(cfg.head_dim, torch.arange(ctx.offset, ctx.offset + T, device=idx.device), cfg.rope_theta)
-        x = self.norm_emb(self.tok_emb(idx))                               # [B, T, d]
+        cos, sin = self.rope_cos[ctx.offset:ctx.offset + T], self.rope_sin[ctx.offset:ctx.offset + T]   # [T, hd] bf16
+        e = self.tok_emb(idx)                                              # [B, T, d] (bf16 on CUDA: prepare_for_device)
+        x = self.norm_emb(e.to(self.norm_emb.weight.dtype))                # an fp32 gain makes an fp32 stream
         states = [x] if return_states else None
 
         def run(k, h):                                                     # executed layer k, or the identity
@@ -361,9 +372,15 @@ class LoopedLM(DepthModel):
         return self._end(self._logits(x), states, return_states, kv_cache, T)
 
     def _logits(self, x):
-        cap = self.config.logit_softcap
-        z = self.lm_head(self.norm_final(x)).float()                       # [B, T, V] in fp32
+        cap, real = self.config.logit_softcap, self.config.real_vocab_size
+        z = self.lm_head(self.norm_final(x))                               # [B, T, V_padded]
+        if real is not None: z = z[..., :real]                             # the tokenizer's tokens only (gpt.py _predict)
+        z = z.float()                                                      # [B, T, V] in fp32
         return cap * torch.tanh(z / cap)
+
+    def prepare_for_device(self, device) -> None:
+        "On CUDA the embedding table is stored in bf16, as the released GPT.init_weights does (the paper's Table 4)."
+        if torch.device(device).type == 'cuda': self.tok_emb.to(torch.bfloat16)
 
     def _check_index(self, k: int, n: int, what: str) -> int:
         if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k < n:

@@ -56,10 +56,19 @@ class DepthModel(nn.Module):
             if isinstance(m, (nn.Linear, nn.Embedding)): trunc_normal_(m.weight, self.config.init_std, generator)
             elif isinstance(m, (RMSNorm, LayerNorm)): m.weight.fill_(1.0)
             if hasattr(m, 'reset_design_parameters'): m.reset_design_parameters()
-        self._design_init()
+        self._design_init(generator)
         return self
 
-    def _design_init(self) -> None: pass
+    def _design_init(self, generator: Optional[torch.Generator] = None) -> None: pass
+
+    # ---- training-time hooks --------------------------------------------------------------------
+    def fsdp_units(self) -> list[nn.Module]:
+        """Submodules FSDP shards one by one (the trainer's `fully_shard`); everything else stays with the root unit.
+        A unit must be *called* as a module in the forward pass (FSDP gathers its weights in a pre-forward hook)."""
+        return list(self.blocks)
+
+    def prepare_for_device(self, device) -> None:
+        "Dtype choices a design makes for its training device, applied by the trainer after the move (none here)."
 
     # ---- forward helpers ----------------------------------------------------------------------
     def _begin(self, idx: torch.Tensor, skip: Collection[int], kv_cache: Optional[KVCache]) -> tuple[frozenset, ForwardContext]:
@@ -130,7 +139,7 @@ def _block_index(k, what: str) -> int:
 
 
 def _norm_cls(cfg: ModelConfig):
-    "RMSNorm everywhere except DeepNorm, whose launcher switches the shared norm config to LayerNorm (§1.4)."
+    "Block norms: RMSNorm everywhere except DeepNorm, whose launcher switches the block norm config to LayerNorm (§1.4)."
     return LayerNorm if cfg.arch == 'deepnorm' else RMSNorm
 
 # %% ../nbs/05_model.ipynb #379243bf
@@ -148,7 +157,7 @@ class ResidualBlock(nn.Module):
         self.ln_scale = 1 / math.sqrt(index + 1) if design == 'lns' else 1.0
         if design == 'moda' and cfg.moda_ffn_kv and index < L - 1:
             self.depth_kv = nn.Linear(d, 2 * cfg.n_kv_head * cfg.head_dim, bias=False)  # FFN depth K/V
-        self._kv_shape, self.ffn_kv = (cfg.n_kv_head, cfg.head_dim), bool(cfg.moda_ffn_kv)
+        self._kv_shape = (cfg.n_kv_head, cfg.head_dim)
 
     def forward(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         "x [B, T, d] -> y [B, T, d]"
@@ -163,7 +172,7 @@ class ResidualBlock(nn.Module):
         # pre-norm designs: preln, periln, lns, moda
         depth = {}
         if self.design == 'moda' and b > 0:
-            depth = _read_depth(ctx, b, self.ffn_kv, x.new_zeros(*x.shape[:-1], *self._kv_shape))
+            depth = _read_depth(ctx, b, x.new_zeros(*x.shape[:-1], *self._kv_shape))
         a, (k_raw, v_raw) = attend(self.attn_norm(x) * self.ln_scale, **depth)
         if self.design == 'moda': ctx.depth[2 * b] = (k_raw, v_raw)
         h = x + (self.attn_out_norm(a) if self.design == 'periln' else a)
@@ -175,10 +184,10 @@ class ResidualBlock(nn.Module):
         return h + (self.ffn_out_norm(m) if self.design == 'periln' else m)
 
 
-def _read_depth(ctx: ForwardContext, b: int, with_ffn: bool, like: torch.Tensor) -> dict:
-    "MoDA depth keys/values of block b: slots 0..2b-1 (attention slots only without FFN K/V), zeros where unwritten."
-    slots = ctx.depth[:2 * b] if with_ffn else ctx.depth[0:2 * b:2]
-    zeros = torch.zeros_like(like)                                   # [B, T, H_kv, hd]: a skipped block's slot
+def _read_depth(ctx: ForwardContext, b: int, like: torch.Tensor) -> dict:
+    "MoDA depth keys/values of block b: all slots 0..2b-1, zeros where unwritten (skipped blocks; FFN slots without W_kv)."
+    slots = ctx.depth[:2 * b]
+    zeros = torch.zeros_like(like)                                   # [B, T, H_kv, hd]: an unwritten slot
     ks = [s[0] if s is not None else zeros for s in slots]
     vs = [s[1] if s is not None else zeros for s in slots]
     return dict(depth_k=torch.stack(ks, dim=2), depth_v=torch.stack(vs, dim=2))  # [B, T, S, H_kv, hd]
@@ -191,7 +200,7 @@ class ResidualTransformer(DepthModel):
     def __init__(self, cfg: ModelConfig, block_cls: type = ResidualBlock):
         super().__init__(cfg)
         self.blocks = nn.ModuleList([block_cls(cfg, b) for b in range(cfg.n_layer)])
-        self.final_norm = _norm_cls(cfg)(cfg.d_model, cfg.norm_eps)
+        self.final_norm = RMSNorm(cfg.d_model, cfg.norm_eps)     # the LM head's norm: RMSNorm for every design (DeepNorm too)
 
     def forward(self, idx, skip: Collection[int] = (), return_states: bool = False, kv_cache: Optional[KVCache] = None):
         skip, ctx = self._begin(idx, skip, kv_cache)
@@ -204,12 +213,16 @@ class ResidualTransformer(DepthModel):
         logits = self.lm_head(self.final_norm(x))                 # [B, T, V]
         return self._end(logits, states, return_states, kv_cache, idx.shape[1])
 
-    def _design_init(self):
+    def _design_init(self, generator: Optional[torch.Generator] = None):
         cfg = self.config
         if cfg.arch == 'deepnorm':  # β = (8L)^-1/4 on W_v, W_o and the three SwiGLU matrices (§1.4)
             beta = (8 * cfg.n_layer) ** -0.25
             for blk in self.blocks:
                 for lin in (blk.attn.wv, blk.attn.wo, blk.ffn.w1, blk.ffn.w2, blk.ffn.w3): lin.weight.mul_(beta)
+        for blk in self.blocks:     # MoDA's W_kv: nn.Linear's default U(±1/sqrt(d)) (the official init never touches it)
+            if hasattr(blk, 'depth_kv'):
+                bound = blk.depth_kv.in_features ** -0.5
+                blk.depth_kv.weight.uniform_(-bound, bound, generator=generator)
 
     def _swap_attributes(self): return ('ln_scale',) if self.config.arch == 'lns' else ()
 
@@ -390,7 +403,7 @@ class MultiStreamTransformer(DepthModel):
         self.n_streams = cfg.hc_streams
         self.blocks = nn.ModuleList([MultiStreamBlock(cfg, b) for b in range(cfg.n_layer)])
         self.final_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
-        self.collapse = 'mean' if cfg.arch == 'mhc' and cfg.mhc_backend in ('liger', 'static') else 'sum'
+        self.collapse = 'mean' if cfg.arch == 'mhc' and cfg.mhc_backend == 'liger' else 'sum'   # reduce_mode (config.py)
 
     def forward(self, idx, skip: Collection[int] = (), return_states: bool = False, kv_cache: Optional[KVCache] = None,
                 _mixes: Optional[list] = None):
@@ -406,7 +419,7 @@ class MultiStreamTransformer(DepthModel):
         else: h = self.final_norm(H.mean(-2))                              # N_f(mean_i H_i)
         return self._end(self.lm_head(h), states, return_states, kv_cache, idx.shape[1])
 
-    def _design_init(self):
+    def _design_init(self, generator: Optional[torch.Generator] = None):
         for blk in self.blocks:  # scale_output_init_by_sqrt_n (§1.6, §1.7)
             blk.attn.wo.weight.div_(math.sqrt(self.n_streams)); blk.ffn.w2.weight.div_(math.sqrt(self.n_streams))
 
@@ -462,7 +475,8 @@ class AttnResBlock(nn.Module):
         self.index = index
         self.attn, self.ffn = Attention(cfg), SwiGLU(d, cfg.ffn_hidden)
         self.attn_norm, self.ffn_norm = RMSNorm(d, cfg.norm_eps), RMSNorm(d, cfg.norm_eps)
-        self.attn_mix, self.ffn_mix = AttnResMixer(d), AttnResMixer(d)
+        if index > 0: self.attn_mix = AttnResMixer(d)   # block 0's attention reads N_a(embedding): no mixer (block.py)
+        self.ffn_mix = AttnResMixer(d)
 
 # %% ../nbs/05_model.ipynb #ce7f2fda
 class _DepthSources:
@@ -535,6 +549,10 @@ class AttnResTransformer(DepthModel):
     def readout(self, state_index: int, state: torch.Tensor) -> torch.Tensor:
         "Logit lens (§3): the final gain with the mixer's ε, then the LM head (exact for boundary states)."
         return self.lm_head(rms_norm(state, self.final_norm.weight, ATTNRES_EPS))
+
+    def fsdp_units(self) -> list[nn.Module]:
+        "The forward calls each block's attention and FFN, not the block: those are the FSDP units (mixers stay with the root)."
+        return [m for blk in self.blocks for m in (blk.attn, blk.ffn)]
 
     def _swap_unit(self, i: int) -> dict[str, nn.Parameter]:
         "Core weights of block i plus the mixer of its right boundary; its own input (attention) mixer stays."

@@ -76,19 +76,20 @@ class MuonH(torch.optim.Optimizer):
         return loss
 
     def _muonh(self, group):
-        mu, lr = group['momentum'], group['lr']
         for p in group['params']:
             if p.grad is None: continue
             st = self.state[p]
             if not st:
                 st['momentum_buffer'] = torch.zeros_like(p)
-                st['sphere_norm'] = p.norm()                               # c_W = ||W_0||_F, fixed for the run
-            m, c_w = st['momentum_buffer'], st['sphere_norm']
-            m.lerp_(p.grad, 1 - mu)                                        # m = mu m + (1 - mu) g
-            u = p.grad.lerp(m, mu)                                         # (1 - mu) g + mu m
-            X = polar_express(u, group['ns_steps'], getattr(torch, group['ortho_dtype'])).to(p.dtype)
-            p.sub_(X * (lr * c_w / X.norm().clamp_min(1e-10)))             # ||update||_F = lr c_W
-            p.mul_(c_w / p.norm().clamp_min(1e-10))                        # back onto the sphere
+                st['sphere_norm'] = p.norm(dim=(-2, -1), keepdim=True)    # c_W = ||W_0||_F, fixed for the run
+            m, c_w, g = st['momentum_buffer'], st['sphere_norm'], p.grad
+            mu = torch.tensor(group['momentum'], dtype=g.dtype, device=g.device)   # the code's 0-d tensor, in g's dtype
+            m.lerp_(g, 1 - mu)                                             # m = mu m + (1 - mu) g
+            u = g.lerp(m, mu)                                              # (1 - mu) g + mu m
+            X = polar_express(u, group['ns_steps'], getattr(torch, group['ortho_dtype']))   # ortho dtype (bf16)
+            X = X * (c_w.to(X.dtype) / X.norm(dim=(-2, -1), keepdim=True).clamp_min(1e-10))   # ||U||_F = c_W, in X's dtype
+            p.sub_(torch.tensor(group['lr'], dtype=X.dtype, device=X.device) * X)            # eta U in X's dtype
+            p.mul_(c_w.to(p.dtype) / p.norm(dim=(-2, -1), keepdim=True).clamp_min(1e-10))  # back onto the sphere
 
     def _adamw(self, group):
         (b1, b2), eps, lr, wd = group['betas'], group['eps'], group['lr'], group['weight_decay']
@@ -185,7 +186,8 @@ def build_looped_optimizer(model: nn.Module, train_cfg: TrainConfig, tokens: int
     if cfg is None or getattr(cfg, 'arch', None) != 'looped':
         raise ConfigError("the MuonH recipe (optimizer='muonh') is for looped models (arch='looped'); use optimizer='adamw' for the others")
     recipe = recipe or HyperP()
-    recipe = replace(recipe, matrix_lr=train_cfg.lr, final_lr_frac=train_cfg.final_lr_frac)
+    recipe = replace(recipe, matrix_lr=train_cfg.lr, final_lr_frac=train_cfg.final_lr_frac,
+                     ortho_dtype=getattr(train_cfg, 'ortho_dtype', None) or recipe.ortho_dtype)
     batch_tokens = batch_tokens or train_cfg.global_batch * train_cfg.seq_len
     if tokens < 1: raise ConfigError(f"tokens must be >= 1, got {tokens}")
     lrs = hyperp_lrs(cfg, tokens, batch_tokens, recipe)

@@ -49,7 +49,7 @@ def design_extra_params(cfg: ModelConfig) -> tuple[int, int]:
         n = cfg.hc_streams
         if cfg.mhc_backend == 'static': return n_sub * (n * n + 2 * n), 0
         return n_sub * (n * d * (n * n + 2 * n) + (n * n + 2 * n) + 3), 0
-    if a in ('attnres', 'block_attnres'): return n_sub * 2 * d, 2 * d
+    if a in ('attnres', 'block_attnres'): return (n_sub - 1) * 2 * d, 2 * d   # no mixer before block 0's attention
     if a == 'moda':
         kv = 2 * d * cfg.n_kv_head * cfg.head_dim if cfg.moda_ffn_kv else 0
         return kv * (L - 1), 0
@@ -193,6 +193,9 @@ class Preset:
     data_source: str = 'fineweb-edu'
     tokenizer: str = 'neox'
     description: str = ''
+    eval_set: str = 'documents'             # the held-out set: windows | rows | documents (depthbench_nb.data)
+    eval_rows: Optional[int] = None         # rows / documents of the final evaluation (None: all)
+    eval_rows_fast: Optional[int] = None    # of the evaluations before the last step (None: the final set)
 
 
 # the official step count of each DepthBench tier (configs/README.md "Training budgets"; pretrain_400m.sh --max-steps=7600)
@@ -211,9 +214,10 @@ PRESETS: dict[str, Preset] = {p.name: p for p in [
     Preset('ladder-500m', 'ladder', 2048, 512, 2e-3, tokens_per_param=None, max_steps=OFFICIAL_STEPS['ladder-500m'], description='500M ladder, 9.5k steps'),
     Preset('1.6b', '1.6b', 2048, 512, 2e-3, tokens_per_param=None, max_steps=OFFICIAL_STEPS['1.6b'], description='1.6B, 32B tokens (30.4k steps)'),
     Preset('looped', 'looped', 2048, 128, 0.014, tokens_per_param=None, data_source='fineweb-edu-100b-shuffle',
-           tokenizer='meta-llama/Llama-2-7b-hf', description='looped paper: B = 2^18 tokens per step, budget set by C (arch looped only)'),
+           tokenizer='meta-llama/Llama-2-7b-hf', description='looped paper: B = 2^18 tokens per step, budget set by C (arch looped only)',
+           eval_set='rows', eval_rows=34560, eval_rows_fast=4992),
     Preset('tiny', 'tiny', 128, 8, 2e-3, tokens_per_param=None, max_steps=100, eval_every=25, eval_batches=2,
-           data_source='sample', tokenizer='bpe:4096', description='CPU-sized: about a minute on 2 cores'),
+           data_source='sample', tokenizer='bpe:4096', description='CPU-sized: about a minute on 2 cores', eval_set='windows'),
 ]}
 
 

@@ -41,12 +41,13 @@ from .shapes import (GRIDS, PRESETS, TINY_DEFAULT_DEPTHS, Shape, count_params, g
 # %% auto #0
 __all__ = ['LOOPED_RECIPE', 'LOOPED_TINY', 'INIT_SEEDS', 'CHECKPOINT_FORMAT_VERSION', 'PEAK_BF16_FLOPS',
            'DEFAULT_CHECKPOINT_EVERY', 'run_dir', 'make_run_config', 'total_steps', 'lr_multiplier', 'build_adamw',
-           'build_optimizers', 'resolve_precision', 'autocast_context', 'checkpoints_dir', 'list_checkpoints',
-           'save_checkpoint', 'verify_checkpoint', 'newest_intact_checkpoint', 'remove_stale_temporaries',
-           'check_checkpoint_config', 'load_checkpoint', 'LayerStats', 'Dist', 'in_launched_process', 'make_dist',
-           'tracker_init_kwargs', 'check_trackers', 'open_data', 'init_model', 'default_micro_batch',
-           'plot_loss_curves', 'peak_flops', 'peak_memory_bytes', 'flops_per_token', 'evaluate', 'train',
-           'launch_command', 'launch', 'load_run', 'cli_train']
+           'build_optimizers', 'resolve_precision', 'autocast_context', 'resolve_compile', 'compile_unavailable',
+           'check_compile', 'checkpoints_dir', 'list_checkpoints', 'save_checkpoint', 'verify_checkpoint',
+           'newest_intact_checkpoint', 'remove_stale_temporaries', 'check_checkpoint_config', 'load_checkpoint',
+           'LayerStats', 'Dist', 'in_launched_process', 'make_dist', 'tracker_init_kwargs', 'shard_model',
+           'average_replicated_grads', 'full_state_dict', 'clip_grad_norm', 'check_trackers', 'open_data', 'init_model',
+           'default_micro_batch', 'plot_loss_curves', 'peak_flops', 'peak_memory_bytes', 'flops_per_token', 'evaluate',
+           'train', 'free_port', 'launch_command', 'launch', 'load_run', 'cli_train']
 
 # %% ../nbs/07_trainer.ipynb #895e7da2
 def run_dir(run: RunConfig) -> Path:
@@ -106,17 +107,22 @@ def make_run_config(arch: str, L: Optional[int] = None, d_model: Optional[int] =
                     precision: Optional[str] = None, init_seed='official', micro_batch: Optional[int] = None,
                     eval_every: Optional[int] = None, checkpoint_every: Optional[int] = None,
                     layer_stats_every: Optional[int] = None, divergence_factor: Optional[float] = None,
-                    trackers: Sequence[str] = (), verbose: bool = True, **design_options) -> RunConfig:
+                    trackers: Sequence[str] = (), verbose: bool = True, compile: Optional[bool] = None, fsdp: bool = False,
+                    eval_set: Optional[str] = None, eval_rows: Optional[int] = None, eval_rows_fast: Optional[int] = None,
+                    ortho_dtype: Optional[str] = None, **design_options) -> RunConfig:
     "Resolve preset, shape, design options, data and recipe into a validated RunConfig (bad input: ConfigError)."
     _need('arch', arch, (str,), 'a design name')
     spec = resolve_arch(arch)
     for name, v in (('L', L), ('d_model', d_model), ('seed', seed), ('num_processes', num_processes), ('tokens', tokens),
                     ('max_steps', max_steps), ('r', r), ('s', s), ('micro_batch', micro_batch), ('eval_every', eval_every),
-                    ('checkpoint_every', checkpoint_every), ('layer_stats_every', layer_stats_every)):
+                    ('checkpoint_every', checkpoint_every), ('layer_stats_every', layer_stats_every), ('eval_rows', eval_rows),
+                    ('eval_rows_fast', eval_rows_fast)):
         _need(name, v, (int,), 'an integer')
     for name, v in (('lr', lr), ('ratio', ratio), ('C', C), ('divergence_factor', divergence_factor)):
         _need(name, v, (int, float), 'a number')
-    for name, v in (('preset', preset), ('study', study), ('precision', precision)): _need(name, v, (str,), 'a string')
+    for name, v in (('preset', preset), ('study', study), ('precision', precision), ('eval_set', eval_set),
+                    ('ortho_dtype', ortho_dtype)): _need(name, v, (str,), 'a string')
+    _need('compile', compile, (bool,), 'True, False or None (None: on with CUDA)'); _need('fsdp', fsdp, (bool,), 'a bool')
     unknown = sorted(set(design_options) - set(DESIGN_OPTIONS))
     if unknown: raise ConfigError(f"unknown option(s) {unknown}; design options: {', '.join(DESIGN_OPTIONS)}; looped: r, s, C")
     if isinstance(init_seed, str):
@@ -127,6 +133,9 @@ def make_run_config(arch: str, L: Optional[int] = None, d_model: Optional[int] =
     if verbose: print(f"*** PRESET: {p.name}  ({why}) ***")
     train_kw = dict(lr=p.lr, seq_len=p.seq_len, global_batch=p.global_batch, max_steps=p.max_steps, tokens=None,
                     tokens_per_param=p.tokens_per_param, eval_every=p.eval_every, eval_batches=p.eval_batches)
+    kind = eval_set or p.eval_set                       # the preset's held-out set, its row counts unless another set is asked for
+    rows = (eval_rows, eval_rows_fast) if eval_set not in (None, p.eval_set) else (eval_rows or p.eval_rows, eval_rows_fast or p.eval_rows_fast)
+    train_kw.update(eval_set=None if kind == 'windows' else kind, eval_rows=rows[0], eval_rows_fast=rows[1])
     if spec.family == 'looped':
         model, looped_tokens = _looped_model(p, L, d_model, ratio, r, s, C, design_options)
         train_kw.update(LOOPED_RECIPE)
@@ -136,13 +145,13 @@ def make_run_config(arch: str, L: Optional[int] = None, d_model: Optional[int] =
         model = _shape_from(p.grid, L, d_model, ratio).model_config(spec.name, **design_options)
     if tokens is not None: train_kw.update(tokens=tokens, max_steps=None)
     if max_steps is not None: train_kw.update(max_steps=max_steps)
-    for k, v in dict(lr=lr, precision=precision, micro_batch=micro_batch, eval_every=eval_every,
+    for k, v in dict(lr=lr, precision=precision, micro_batch=micro_batch, eval_every=eval_every, ortho_dtype=ortho_dtype,
                      checkpoint_every=checkpoint_every, layer_stats_every=layer_stats_every,
                      divergence_factor=divergence_factor).items():
         if v is not None: train_kw[k] = v
     train = TrainConfig(seed=seed, init_seed=init_seed_value, trackers=tuple(trackers), **train_kw)
     return RunConfig(model=model, data=_data_config(data, p), train=train, study=study, preset=p.name,
-                     num_processes=num_processes)
+                     num_processes=num_processes, compile=compile, fsdp=fsdp)
 
 
 def _looped_model(p, L, d_model, ratio, r, s, C, opts) -> tuple[ModelConfig, Optional[int]]:
@@ -220,6 +229,39 @@ def autocast_context(precision: str, device: torch.device):
     "The forward-pass context for a precision: autocast to bf16 for bf16-mixed, nothing otherwise."
     if precision == 'bf16-mixed': return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
     return contextlib.nullcontext()
+
+
+def resolve_compile(compile: Optional[bool], device: torch.device) -> bool:
+    "None -> torch.compile on with CUDA, off elsewhere."
+    return device.type == 'cuda' if compile is None else bool(compile)
+
+
+def compile_unavailable(device: torch.device) -> Optional[str]:
+    "What torch.compile lacks to build kernels for `device` here, in words (None: nothing)."
+    if not hasattr(torch, 'compile'): return f"torch {torch.__version__} has no torch.compile (it needs torch >= 2.0)"
+    if device.type == 'cuda':
+        try: from torch.utils._triton import has_triton
+        except ImportError: return "inductor's CUDA backend needs Triton (pip install triton)"
+        return None if has_triton() else "inductor's CUDA backend needs a working Triton (pip install triton)"
+    import torch._inductor.config as inductor_config
+    cxx = inductor_config.cpp.cxx
+    names = [c for c in (cxx if isinstance(cxx, (list, tuple)) else (cxx,)) if c]
+    if not any(shutil.which(c) for c in names):
+        return (f"inductor's CPU backend needs a C++ compiler, and none of {names} is on PATH "
+                "(install one, e.g. apt-get install g++, or point the CXX environment variable at it)")
+    return None
+
+
+def _compile_probe(x: torch.Tensor) -> torch.Tensor: return torch.sin(x) * 2 + 1
+
+
+def check_compile(device: torch.device) -> None:
+    "Refuse compile=True where torch.compile cannot work: the missing piece named, or the error of a test compile."
+    why = compile_unavailable(device)
+    if why is None:
+        try: torch.compile(_compile_probe)(torch.linspace(0, 1, 8, device=device))   # a real build catches a broken toolchain
+        except Exception as e: why = f"a test compile failed ({type(e).__name__}: {str(e).strip().splitlines()[0][:300]})"
+    if why: raise ConfigError(f"compile=True, but torch.compile cannot work here: {why}. Train without it (--no-compile, compile=False)")
 
 # %% ../nbs/07_trainer.ipynb #96c8a8ac
 CHECKPOINT_FORMAT_VERSION = 2      # 2: SHA256SUMS, RNG states as tensors and numbers (weights_only loads); 1: before
@@ -444,6 +486,49 @@ def tracker_init_kwargs(run: RunConfig, folder: Path) -> dict:
     return dict(wandb=dict(dir=str(folder / 'trackers'), name=run.run_id))
 
 
+def shard_model(model: torch.nn.Module, dist: Dist) -> list[torch.nn.Parameter]:
+    """FSDP2 in place: fully_shard every unit of model.fsdp_units(), then the root, over all processes. Returns the
+    parameters left replicated — the 0-d ones (HC's gate scales, mHC's alphas), since fully_shard shards along dim 0 —
+    whose gradients the caller averages (`average_replicated_grads`)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    mesh = init_device_mesh(dist.device.type, (dist.world,))
+    scalars = [p for p in model.parameters() if p.ndim == 0]
+    units = model.fsdp_units() if hasattr(model, 'fsdp_units') else list(getattr(model, 'blocks', []))
+    for unit in units: fully_shard(unit, mesh=mesh, ignored_params=set(scalars))
+    fully_shard(model, mesh=mesh, ignored_params=set(scalars))
+    return scalars
+
+
+def average_replicated_grads(params: Sequence[torch.nn.Parameter], dist: Dist) -> None:
+    "Average the gradients of parameters FSDP does not manage over the processes (one all-reduce)."
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads or dist.world == 1: return
+    flat = dist.sum_(torch.cat([g.reshape(-1) for g in grads])) / dist.world
+    for g, v in zip(grads, flat.split([g.numel() for g in grads])): g.copy_(v.view_as(g))
+
+
+def full_state_dict(model: torch.nn.Module) -> dict:
+    "The gathered full weights of an FSDP2 model on CPU (rank 0 gets them; every rank must call this)."
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def clip_grad_norm(params, max_norm: float) -> float:
+    "Clip to max_norm (inf: only measure); returns the total norm. FSDP2: sharded (DTensor) and replicated gradients together."
+    params = [p for p in params if p.grad is not None]
+    sharded = [p.grad for p in params if hasattr(p.grad, 'full_tensor')]
+    if not sharded: return float(torch.nn.utils.clip_grad_norm_(params, max_norm))      # DDP, one process
+    plain = [p.grad for p in params if not hasattr(p.grad, 'full_tensor')]
+    sq = torch.nn.utils.get_total_norm(sharded).full_tensor().double() ** 2
+    if plain: sq = sq + torch.nn.utils.get_total_norm(plain).double() ** 2
+    total = float(sq.sqrt())
+    coef = max_norm / (total + 1e-6)
+    if coef < 1:
+        for p in params: p.grad.mul_(coef)
+    return total
+
+
 def check_trackers(trackers: Sequence[str]) -> None:
     "Refuse a tracker whose package is not installed (before training)."
     from accelerate.utils import is_tensorboard_available, is_wandb_available
@@ -459,6 +544,10 @@ def open_data(run: RunConfig, progress: bool = True):
     td = TokenData(resolve_data(run.data, auto_prepare=(run.preset == 'tiny'), progress=progress))
     if td.vocab_size > run.model.vocab_size:
         raise ConfigError(f"the data's vocabulary ({td.vocab_size}, {td.tokenizer_id}) does not fit the model's vocab_size ({run.model.vocab_size})")
+    real = getattr(run.model, 'real_vocab_size', None)
+    if real is not None and td.vocab_size > real:
+        raise ConfigError(f"the data's vocabulary ({td.vocab_size}, {td.tokenizer_id}) does not fit the model's logits "
+                          f"(real_vocab_size {real}: the padded head's rows past it are never scored)")
     return td
 
 
@@ -532,18 +621,19 @@ def _param_digest(model: torch.nn.Module) -> str:
 
 
 @torch.no_grad()
-def evaluate(model, batches, dist: Dist, precision: str, micro: int) -> float:
-    "Mean held-out cross-entropy (nats per token) over fixed global batches; each process takes rows rank::world."
+def evaluate(model, held_out, dist: Dist, precision: str, micro: int) -> float:
+    "Mean held-out cross-entropy (nats per predicted token) over a HeldOutSet (or global batches (x, y)); rows rank::world each."
     was = model.training; model.eval()
     tot = torch.zeros(2, dtype=torch.float64, device=dist.device)
-    for x, y in batches:                                                                  # [G, T] held-out windows
-        x, y = x[dist.rank::dist.world], y[dist.rank::dist.world]
+    batches = (held_out.batches(dist.rank, dist.world) if hasattr(held_out, 'batches')
+               else ((x[dist.rank::dist.world], y[dist.rank::dist.world]) for x, y in held_out))
+    for x, y in batches:                                                                  # [G/world, T]; y = -100: no target
         for i in range(0, len(x), micro):
             xb, yb = x[i:i + micro].to(dist.device), y[i:i + micro].to(dist.device)    # [m, T]
             with autocast_context(precision, dist.device):
                 logits = model(xb)                                                        # [m, T, V]
-            tot[0] += F.cross_entropy(logits.float().flatten(0, 1), yb.flatten(), reduction='sum').double()
-            tot[1] += yb.numel()
+            tot[0] += F.cross_entropy(logits.float().flatten(0, 1), yb.flatten(), reduction='sum', ignore_index=-100).double()
+            tot[1] += (yb != -100).sum()
     dist.sum_(tot); model.train(was)
     return (tot[0] / tot[1]).item()
 
@@ -555,6 +645,7 @@ def train(run: RunConfig, progress: bool = True, preset_reason: Optional[str] = 
     for it, then return its result)."""
     if not isinstance(run, RunConfig): raise ConfigError(f"train expects a RunConfig (see make_run_config), got {type(run).__name__}")
     folder = run_dir(run)
+    if fsdp and not run.fsdp: run = run.replace(fsdp=True)   # the flag of older call sites; validated by RunConfig
     launched_rank = in_launched_process() and (os.environ.get('DEPTHBENCH_LAUNCHED') or int(os.environ.get('RANK', '0')) != 0)
     with contextlib.nullcontext() if launched_rank else writing_run_folder(folder, wait=wait) as lock:   # `launch` holds it
         done = _finished_result(folder)
@@ -563,7 +654,9 @@ def train(run: RunConfig, progress: bool = True, preset_reason: Optional[str] = 
             return done
         if run.train.trackers: check_trackers(run.train.trackers)
         if run.num_processes > 1 and not in_launched_process():
-            return launch(run, progress=progress, preset_reason=preset_reason, fsdp=fsdp, launch_args=launch_args, lock=lock)
+            device = torch.device('cuda' if torch.cuda.is_available() else 'cpu')
+            if resolve_compile(run.compile, device): check_compile(device)   # before any process starts
+            return launch(run, progress=progress, preset_reason=preset_reason, launch_args=launch_args, lock=lock)
         return _train_here(run, folder, progress, preset_reason, stop_after)
 
 
@@ -588,21 +681,27 @@ def _train_here(run: RunConfig, folder: Path, progress: bool, preset_reason, sto
     per_rank = t.global_batch // dist.world
     if t.global_batch % dist.world or per_rank % micro:
         raise ConfigError(f"global_batch ({t.global_batch}) must split into {dist.world} processes × micro-batches of {micro}")
+    use_compile = resolve_compile(run.compile, dist.device)
+    if use_compile: check_compile(dist.device)        # a missing compiler is a clear error before any step
     model = init_model(run)
     if precision == 'bf16-pure': model = model.to(torch.bfloat16)
     model.to(dist.device)
+    if hasattr(model, 'prepare_for_device'): model.prepare_for_device(dist.device)   # e.g. the looped bf16 embedding on CUDA
     if dist.main: _prepare_resume(folder)            # verify checkpoints newest first; set damaged ones aside
     if dist.world > 1: dist.accelerator.wait_for_everyone()
     ckpts = list_checkpoints(folder)
     meta = check_checkpoint_config(ckpts[-1][1], run) if ckpts else None   # refuse a foreign checkpoint early
-    fsdp = dist.world > 1 and 'FSDP' in str(dist.accelerator.distributed_type)
+    fsdp = run.fsdp and dist.world > 1
     if meta is not None and meta.get('weights_only'):
         raise ConfigError(f"{ckpts[-1][1]} holds weights only (an FSDP run): resuming FSDP runs is not supported; delete the checkpoints to restart")
     if fsdp and t.optimizer != 'adamw': raise ConfigError('FSDP supports the AdamW recipe only (MuonH needs whole matrices)')
     n_params = (sum(p.numel() for p in model.parameters()), sum(p.numel() for p in model.blocks.parameters()))
-    ddp_model = dist.accelerator.prepare_model(model) if dist.world > 1 else model
+    replicated = []                                   # FSDP2: 0-d parameters it leaves alone (their grads averaged by us)
+    if fsdp: replicated = shard_model(model, dist); ddp_model = model   # in place: `raw` is the sharded model itself
+    else: ddp_model = dist.accelerator.prepare_model(model) if dist.world > 1 else model
     raw = model
-    optimizers, lr_lambda = build_optimizers(ddp_model if fsdp else raw, run, steps)
+    if use_compile: ddp_model = torch.compile(ddp_model)   # the wrapped model (DDP's optimizer splits the graph at buckets)
+    optimizers, lr_lambda = build_optimizers(raw, run, steps)
     schedulers = [torch.optim.lr_scheduler.LambdaLR(o, lr_lambda) for o in optimizers]
     metrics = MetricsLog(folder / RECORD_FILES['metrics'], enabled=dist.main)
     counters = dict(best_val_loss=None, last_val_loss=None, wall_time_s=0.0, tokens=0)
@@ -618,7 +717,12 @@ def _train_here(run: RunConfig, folder: Path, progress: bool, preset_reason, sto
                                                     init_kwargs=tracker_init_kwargs(run, folder))
     fpt = flops_per_token(run)
     peak = peak_flops(dist.device)
-    val_set = data.val_batches(t.eval_batches, t.global_batch, t.seq_len, seed=0)   # the same windows for any process count
+    from depthbench_nb.data import held_out_set
+    def _held_out(n):                                 # the same instances for any process count
+        return held_out_set(data, t.eval_set or 'windows', t.seq_len, t.global_batch, n=n, n_batches=t.eval_batches, seed=0)
+    val_final = _held_out(t.eval_rows)
+    val_fast = val_final if t.eval_rows_fast is None else _held_out(t.eval_rows_fast)
+    eval_record = val_final.describe()
     layer_stats = LayerStats(raw.blocks) if t.layer_stats_every else None
     ckpt_every = t.checkpoint_every or DEFAULT_CHECKPOINT_EVERY
     tokens_per_step = t.global_batch * t.seq_len
@@ -627,12 +731,16 @@ def _train_here(run: RunConfig, folder: Path, progress: bool, preset_reason, sto
     seg_start, step, steps_done = time.time(), start, start
     if dist.main:
         print(f"training {run.run_id}: {steps} steps × {t.global_batch} × {t.seq_len} tokens, {dist.world} process(es), "
-              f"micro-batch {micro}, precision {precision}, {n_params[0]:,} parameters" + (' (FSDP)' if fsdp else ''))
+              f"micro-batch {micro}, precision {precision}, {n_params[0]:,} parameters" + (' (FSDP)' if fsdp else '')
+              + (' (compiled)' if use_compile else ''))
+        print(f"held-out set: {eval_record['eval_set']}, {eval_record['eval_instances']:,} instances, "
+              f"{eval_record['eval_tokens']:,} predicted tokens from {eval_record['eval_documents']:,} documents"
+              + (f" ({len(val_fast):,} instances before the last step)" if val_fast is not val_final else ''))
     try:
         for step in range(start, steps):
             if stop_after is not None and step >= stop_after:
                 counters['wall_time_s'] += time.time() - seg_start
-                state = dist.accelerator.get_state_dict(ddp_model) if fsdp else None   # every rank takes part
+                state = full_state_dict(raw) if fsdp else None   # every rank takes part
                 if dist.main: save_checkpoint(folder, step, run, raw, optimizers, schedulers, counters, t.keep_checkpoints, state)
                 bar.close(); return dict(status='stopped', step=step, run_id=run.run_id)
             ts = time.time()
@@ -646,7 +754,9 @@ def _train_here(run: RunConfig, folder: Path, progress: bool, preset_reason, sto
             for i in range(n_micro):
                 xb = x[i * micro:(i + 1) * micro].to(dist.device)                          # [m, T]
                 yb = y[i * micro:(i + 1) * micro].to(dist.device)
-                sync = contextlib.nullcontext() if (i == n_micro - 1 or dist.world == 1) else ddp_model.no_sync()
+                last_micro = i == n_micro - 1
+                if fsdp: raw.set_requires_gradient_sync(last_micro); sync = contextlib.nullcontext()
+                else: sync = contextlib.nullcontext() if (last_micro or dist.world == 1) else ddp_model.no_sync()
                 with sync:
                     with autocast_context(precision, dist.device):
                         logits = ddp_model(xb)                                              # [m, T, V]
@@ -655,9 +765,9 @@ def _train_here(run: RunConfig, folder: Path, progress: bool, preset_reason, sto
                 loss_sum += loss.detach().double()
             if track: layer_stats.detach()
             loss_val = (dist.sum_(loss_sum / n_micro) / dist.world).item()
+            if fsdp: average_replicated_grads(replicated, dist)
             max_norm = t.grad_clip if t.grad_clip is not None else float('inf')
-            grad_norm = float(dist.accelerator.clip_grad_norm_(ddp_model.parameters(), max_norm) if fsdp
-                              else torch.nn.utils.clip_grad_norm_(raw.parameters(), max_norm))
+            grad_norm = clip_grad_norm(raw.parameters(), max_norm)
             best = counters.get('best_train_loss')
             spike = t.divergence_factor is not None and best is not None and loss_val > t.divergence_factor * best
             if not math.isfinite(loss_val) or not math.isfinite(grad_norm) or spike:
@@ -677,7 +787,7 @@ def _train_here(run: RunConfig, folder: Path, progress: bool, preset_reason, sto
             if peak: row['mfu'] = fpt * row['tokens_per_s'] / (peak * dist.world)
             last = step + 1 == steps
             if (step + 1) % t.eval_every == 0 or last:
-                v = evaluate(ddp_model, val_set, dist, precision, micro)
+                v = evaluate(ddp_model, val_final if last else val_fast, dist, precision, micro)
                 row['val_loss'] = v; counters['last_val_loss'] = v
                 counters['best_val_loss'] = v if counters['best_val_loss'] is None else min(counters['best_val_loss'], v)
                 if not math.isfinite(v):
@@ -694,7 +804,7 @@ def _train_here(run: RunConfig, folder: Path, progress: bool, preset_reason, sto
                           f"{row['tokens_per_s']:,.0f} tok/s")
             if status == 'diverged': break
             if (step + 1) % ckpt_every == 0 or last:
-                state = dist.accelerator.get_state_dict(ddp_model) if fsdp else None   # every rank takes part
+                state = full_state_dict(raw) if fsdp else None   # every rank takes part
                 counters_now = dict(counters, wall_time_s=counters['wall_time_s'] + time.time() - seg_start)
                 if dist.main: save_checkpoint(folder, step + 1, run, raw, optimizers, schedulers, counters_now, t.keep_checkpoints, state)
     except BaseException as e:
@@ -706,7 +816,8 @@ def _train_here(run: RunConfig, folder: Path, progress: bool, preset_reason, sto
     bar.close()
     digests = None if fsdp or dist.world == 1 else _gather(dist, _param_digest(raw))   # FSDP ranks hold different shards
     result = _write_final(folder, run, status, steps_done, counters, seg_start, n_params, fpt, preset_reason, dist,
-                          diverged_step=diverged_step, ranks_in_sync=None if fsdp else (digests is None or len(set(digests)) == 1))
+                          diverged_step=diverged_step, ranks_in_sync=None if fsdp else (digests is None or len(set(digests)) == 1),
+                          compiled=use_compile, fsdp=fsdp, **eval_record)
     if t.trackers: dist.accelerator.end_training()
     return result
 
@@ -760,11 +871,21 @@ def _progress_bar(total: int, initial: int, enabled: bool):
     return tqdm(total=total, initial=initial, disable=not enabled, desc='train', unit='step', mininterval=1.0, dynamic_ncols=True)
 
 # %% ../nbs/07_trainer.ipynb #3432c75c
+def free_port() -> int:
+    "A TCP port nobody listens on now (the OS picks it): the rendezvous of one single-machine launch."
+    import socket
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        return s.getsockname()[1]
+
+
 def launch_command(run: RunConfig, params_path: Path, fsdp: bool = False, launch_args: Sequence[str] = ()) -> list[str]:
-    "The accelerate launch command line that trains `params_path` on run.num_processes processes."
+    "The accelerate launch command line that trains `params_path` on run.num_processes processes (FSDP: run.fsdp, applied inside)."
+    del fsdp                                             # kept for callers: FSDP2 is applied in the processes, from run.fsdp
     cmd = [sys.executable, '-m', 'accelerate.commands.launch', '--num_processes', str(run.num_processes),
-           '--num_machines', '1', '--mixed_precision', 'no', '--dynamo_backend', 'no']
-    cmd += ['--use_fsdp'] if fsdp else ['--multi_gpu']
+           '--num_machines', '1', '--mixed_precision', 'no', '--dynamo_backend', 'no', '--multi_gpu']
+    if not any(a.split('=')[0] in ('--main_process_port', '--num_machines', '--config_file') for a in launch_args):
+        cmd += ['--main_process_port', str(free_port())]   # not the fixed 29500: launches can share a machine
     cmd += list(launch_args)
     return cmd + ['-m', 'depthbench_nb.trainer', '--run-config', str(params_path)]
 
@@ -774,11 +895,11 @@ def launch(run: RunConfig, progress: bool = True, preset_reason: Optional[str] =
     """Train on run.num_processes processes through accelerate launch, streaming logs; returns the result.
     `lock` (the run folder's, held by `train`) is shared with the launcher, so it stays held while the launched
     processes write even if this process is killed."""
-    if fsdp and not torch.cuda.is_available(): raise ConfigError("FSDP needs GPUs (Accelerate's FSDP refuses CPU); use DDP, the default")
+    if fsdp and not run.fsdp: run = run.replace(fsdp=True)
     folder = ensure_writable(run_dir(run))
     open_data(run, progress)                             # prepare / check the data once, before any process starts
     params = write_params(folder, run, **({'preset_reason': preset_reason} if preset_reason else {}))
-    cmd = launch_command(run, params, fsdp, launch_args)
+    cmd = launch_command(run, params, launch_args=launch_args)
     print('launching:', ' '.join(cmd[1:]))
     env = dict(os.environ, DEPTHBENCH_LAUNCHED='1', PYTHONUNBUFFERED='1')
     env.setdefault('OMP_NUM_THREADS', '1')
@@ -828,7 +949,13 @@ def cli_train(argv=None) -> int:
     p.add_argument('--eval-every', type=int); p.add_argument('--checkpoint-every', type=int); p.add_argument('--layer-stats-every', type=int)
     p.add_argument('--micro-batch', type=int, help='sequences per forward pass per process')
     p.add_argument('--trackers', default='', help='comma-separated Accelerate trackers: tensorboard, wandb (off by default)')
-    p.add_argument('--fsdp', action='store_true', help='N processes: FSDP instead of DDP (GPUs only)')
+    p.add_argument('--fsdp', action='store_true', help='N processes: FSDP2 (fully_shard) instead of DDP; AdamW recipe only')
+    p.add_argument('--compile', action=argparse.BooleanOptionalAction, default=None,
+                   help='torch.compile the model (default: on with a CUDA GPU, off on CPU)')
+    p.add_argument('--eval-set', help="held-out set: windows | rows | documents (default: the preset's)")
+    p.add_argument('--eval-rows', type=int, help='rows / documents of the final evaluation (default: the preset\'s; all)')
+    p.add_argument('--eval-rows-fast', type=int, help='rows / documents of the evaluations before the last step')
+    p.add_argument('--ortho-dtype', help="looped MuonH orthogonalisation: bfloat16 (the paper, default) | float32 (exact comparisons)")
     p.add_argument('--launch-args', default='', help="extra accelerate launch arguments for N processes, e.g. multi-node: "
                    "'--num_machines 2 --machine_rank 0 --main_process_ip 10.0.0.1 --main_process_port 29500'")
     p.add_argument('--run-config', help='train the RunConfig in this params.json (used by accelerate launch)')
@@ -848,10 +975,12 @@ def cli_train(argv=None) -> int:
                               num_processes=a.num_processes, tokens=a.tokens, max_steps=a.max_steps, ratio=a.ratio, r=a.r, s=a.s,
                               C=a.C, precision=a.precision, init_seed=init_seed, eval_every=a.eval_every,
                               checkpoint_every=a.checkpoint_every, layer_stats_every=a.layer_stats_every, micro_batch=a.micro_batch,
-                              trackers=[x for x in a.trackers.split(',') if x.strip()], verbose=not a.json, **opts)
+                              trackers=[x for x in a.trackers.split(',') if x.strip()], verbose=not a.json, compile=a.compile,
+                              fsdp=a.fsdp, eval_set=a.eval_set, eval_rows=a.eval_rows, eval_rows_fast=a.eval_rows_fast,
+                              ortho_dtype=a.ortho_dtype, **opts)
         why = resolve_preset(a.preset)[1]
     with contextlib.redirect_stdout(sys.stderr) if a.json else contextlib.nullcontext():   # --json: stdout holds only the JSON
-        result = train(run, progress=not (a.no_progress or a.json), preset_reason=why, fsdp=a.fsdp,
+        result = train(run, progress=not (a.no_progress or a.json), preset_reason=why,
                        launch_args=shlex.split(a.launch_args), wait=a.wait)
     if in_launched_process() and int(os.environ.get('RANK', '0')) != 0: return 0
     shown = {k: v for k, v in result.items() if k not in ('provenance', 'traceback')}

@@ -24,7 +24,7 @@ TINY = dict(n_layer=2, d_model=32, n_head=4, n_kv_head=2, vocab_size=64, max_seq
 DESIGNS = {  # every DepthBench design (and backend) the importer maps
     'preln': {}, 'periln': {}, 'lns': {}, 'deepnorm': {}, 'keel': {}, 'hc': {}, 'hc_unmixed': dict(hc_update='unmixed'),
     'mhc': {}, 'mhc_native': dict(mhc_backend='native'), 'mhc_static': dict(mhc_backend='static'),
-    'attnres': {}, 'block_attnres': dict(attnres_block_size=2), 'moda': {},
+    'attnres': {}, 'block_attnres': dict(attnres_block_size=2), 'moda': {}, 'moda_nokv': dict(moda_ffn_kv=False),
 }
 
 
@@ -131,15 +131,15 @@ def test_fork_layout_round_trip(name):
     assert back.keys() == sd.keys() and all(torch.equal(back[k], sd[k]) for k in sd)
     mapped = {r.ours for r in name_map(cfg)}
     extra = {n for n, _ in model.named_parameters()} - mapped
-    assert extra == ({'blocks.0.attn_mix.query', 'blocks.0.attn_mix.key_weight'} if cfg.family == 'attnres' else set())
+    assert extra == set()                                   # AttnRes too: neither side has a block-0 attention mixer
 
 
 @pytest.mark.parametrize('name', list(DESIGNS))
 def test_fork_layout_counts_match_closed_form(name):
-    "Parameter count of the fork layout = shapes.count_params (AttnRes: minus block 0's inert attention mixer, 2d)."
+    "Parameter count of the fork layout = shapes.count_params, every design (AttnRes: 4Ld mixer parameters on both sides)."
     cfg = tiny(name, n_layer=3)
     fork = sum(math.prod(s) for s in fork_layout(cfg).values())
-    assert fork == count_params(cfg).total - (2 * cfg.d_model if cfg.family == 'attnres' else 0)
+    assert fork == count_params(cfg).total
 
 
 def _set_fork_init(sd: dict, cfg: ModelConfig) -> dict:
@@ -426,7 +426,7 @@ def fork_reference_logits(sd: dict, cfg: ModelConfig, idx: torch.Tensor) -> torc
             H = _fork_connector(sd, p + 'feed_forward_hyper_connection.', H,
                                 lambda u: _fork_ffn(sd, p + 'feed_forward.', _rms(u, sd[p + 'feed_forward_norm.weight'], eps)), cfg)
         w = sd['lm_head.norm.weight']
-        mean_collapse = cfg.arch == 'mhc' and cfg.mhc_backend in ('liger', 'static')  # static: ours' choice (not in the fork's docs)
+        mean_collapse = cfg.arch == 'mhc' and cfg.mhc_backend == 'liger'   # config.py reduce_mode: mean for liger_mhc only
         h = _rms(H.mean(-2), w, eps) if mean_collapse else _rms(H, w, eps).sum(-2)
         return h @ sd['lm_head.w_out.weight'].T
     if fam == 'attnres':
@@ -474,11 +474,13 @@ def fork_reference_logits(sd: dict, cfg: ModelConfig, idx: torch.Tensor) -> torc
         if p + 'feed_forward.kv_proj.weight' in sd:                          # slot 2b+1: rows K heads then V heads
             kv = (u @ sd[p + 'feed_forward.kv_proj.weight'].T).view(B, T, 2, Hk, hd)
             depth_k.append(kv[:, :, 0]); depth_v.append(kv[:, :, 1])
+        else:                                                                # never written: a zero slot, still attended
+            depth_k.append(torch.zeros_like(k)); depth_v.append(torch.zeros_like(v))
         x = h + _fork_ffn(sd, p + 'feed_forward.feed_forward.', u)
     return _rms(x, sd['lm_head.norm.weight'], eps) @ sd['lm_head.w_out.weight'].T
 
 
-FORK_ONLY = ['hc', 'hc_unmixed', 'mhc', 'mhc_native', 'mhc_static', 'attnres', 'block_attnres', 'moda']
+FORK_ONLY = ['hc', 'hc_unmixed', 'mhc', 'mhc_native', 'mhc_static', 'attnres', 'block_attnres', 'moda', 'moda_nokv']
 
 
 def _fork_like_weights(cfg, seed):

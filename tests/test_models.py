@@ -304,7 +304,7 @@ def _naive_attnres(model, idx):
     e = model.tok_emb(idx)
     sources, partial = [], e
     for b, blk in enumerate(model.blocks):
-        for k, (mixer, norm, f) in enumerate(((blk.attn_mix, blk.attn_norm, lambda u: _attn(blk, u)), (blk.ffn_mix, blk.ffn_norm, blk.ffn))):
+        for k, (mixer, norm, f) in enumerate(((getattr(blk, 'attn_mix', None), blk.attn_norm, lambda u: _attn(blk, u)), (blk.ffn_mix, blk.ffn_norm, blk.ffn))):
             sub = 2 * b + k
             if sub in starts and partial is not None: sources.append(partial); partial = None
             u = norm(e) if sub == 0 else mix(sources + ([partial] if partial is not None else []), mixer, norm.weight)
@@ -357,12 +357,15 @@ def test_swap_rules():
     assert torch.equal(moda.blocks[1].depth_kv.weight, w) and not hasattr(moda.blocks[3], 'depth_kv')
     ar = build_model(tiny_config('attnres'))
     with torch.no_grad():
-        for i, blk in enumerate(ar.blocks): blk.attn_mix.query.fill_(i); blk.ffn_mix.query.fill_(10 + i)
+        for i, blk in enumerate(ar.blocks[1:], 1): blk.attn_mix.query.fill_(i)
+        for i, blk in enumerate(ar.blocks): blk.ffn_mix.query.fill_(10 + i)
         ar.final_mix.query.fill_(99)
     ar.swap_blocks(1, 3)  # block 1's right boundary = block 2's attention mixer; block 3's = the final mixer
     q = lambda m: m.query[0].item()
-    assert [q(b.attn_mix) for b in ar.blocks] == [0, 1, 99, 3] and q(ar.final_mix) == 2
+    assert [q(b.attn_mix) for b in ar.blocks[1:]] == [1, 99, 3] and q(ar.final_mix) == 2
     assert [q(b.ffn_mix) for b in ar.blocks] == [10, 13, 12, 11]
+    ar.swap_blocks(0, 2)  # block 0 has no input mixer (block.py): its core and its right boundary (block 1's mixer) move
+    assert [q(b.attn_mix) for b in ar.blocks[1:]] == [3, 99, 1] and not hasattr(ar.blocks[0], 'attn_mix')
 
 
 def test_hc_swap_moves_connectors():
