@@ -55,6 +55,13 @@ class DepthBenchForCausalLM(PreTrainedModel, GenerationMixin):
 
     def _init_weights(self, module): pass                                    # build_model initialises (the paper's init)
 
+    @classmethod
+    def from_pretrained(cls, *args, **kwargs):
+        "Transformers' loader; then the derived buffers (not in the weights file) are computed on the loaded weights' device."
+        loaded = super().from_pretrained(*args, **kwargs)
+        if hasattr(loaded.model, 'init_buffers'): loaded.model.init_buffers()
+        return loaded
+
     def get_input_embeddings(self): return self.model.tok_emb
     def get_output_embeddings(self): return self.model.lm_head
 

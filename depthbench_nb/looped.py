@@ -294,14 +294,21 @@ class LoopedLM(DepthModel):
             self.lane_beta = nn.Parameter(torch.empty(R, K))       # block output -> lanes
         self.norm_recur = RMSNorm(d, cfg.norm_eps)
         self.norm_final = RMSNorm(d, cfg.norm_eps)
-        # the code's RoPE tables: computed once in fp32, kept in bf16 (buffers, not recomputed in a compiled graph)
-        cos, sin = rope_angles(cfg.head_dim, torch.arange(cfg.max_seq_len), cfg.rope_theta)   # [T_max, head_dim]
-        self.register_buffer('rope_cos', cos.to(torch.bfloat16), persistent=False)
-        self.register_buffer('rope_sin', sin.to(torch.bfloat16), persistent=False)
+        self.init_buffers()
         executed = lay.executed()
         self.schedule = [b for b, _ in executed]          # executed position -> unique block (swap_blocks edits it)
         self.iteration_of = [i for _, i in executed]      # executed position -> loop iteration (None outside)
         if self.tok_emb.weight.device.type != 'meta': self.init_weights()
+
+    def init_buffers(self) -> None:
+        """The code's RoPE tables: computed once in fp32, kept in bf16 (buffers, not recomputed in a compiled graph).
+        Derived, not saved with the weights: a model built on the meta device and then loaded (Transformers'
+        `from_pretrained`) calls this again to compute them on the weights' device."""
+        cfg, device = self.config, self.tok_emb.weight.device
+        where = 'meta' if device.type == 'meta' else 'cpu'          # computed on the CPU (the same tables on any device)
+        cos, sin = rope_angles(cfg.head_dim, torch.arange(cfg.max_seq_len, device=where), cfg.rope_theta)   # [T_max, head_dim]
+        self.register_buffer('rope_cos', cos.to(device=device, dtype=torch.bfloat16), persistent=False)
+        self.register_buffer('rope_sin', sin.to(device=device, dtype=torch.bfloat16), persistent=False)
 
     @property
     def n_blocks(self) -> int: return self.layout.n_executed

@@ -61,6 +61,9 @@ class DepthModel(nn.Module):
 
     def _design_init(self, generator: Optional[torch.Generator] = None) -> None: pass
 
+    def init_buffers(self) -> None:
+        "Recompute derived buffers that are not saved with the weights (none here; the looped model's RoPE tables)."
+
     # ---- training-time hooks --------------------------------------------------------------------
     def fsdp_units(self) -> list[nn.Module]:
         """Submodules FSDP shards one by one (the trainer's `fully_shard`); everything else stays with the root unit.
