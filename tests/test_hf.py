@@ -165,6 +165,7 @@ def test_model_card_and_record(exported):
 @pytest.mark.parametrize('arch', ['preln', 'lns'])
 def test_llama_export_stays_for_preln_and_lns(arch, trained_run, tmp_path, capsys):
     run = trained_run(arch)
+    capsys.readouterr()                                             # the fixture's training log, when it trains here
     assert main(['export-hf', str(run), str(tmp_path / 'llama'), '--format', 'llama', '--json']) == 0
     assert json.loads(capsys.readouterr().out)['format'] == 'llama'
     model = AutoModelForCausalLM.from_pretrained(tmp_path / 'llama')

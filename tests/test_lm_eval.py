@@ -116,8 +116,9 @@ def test_domain_nll_through_lm_eval_agrees_with_our_scorer(trained_run):
     for r in rows.values():
         assert r['max_rel_diff_same_ids'] < 1e-5                    # the same token ids: the scorers agree
         assert r['max_rel_diff_alike_docs'] < 1e-5                  # the same documents tokenized alike: the routes agree
-    assert rows['sciq']['docs_tokenized_alike'] == 8                # prompts end in ':'; HumanEval's end in an indent, which
-    assert rows['humaneval']['docs_tokenized_alike'] < 8            # lm-eval moves into the target before encoding
+    # our scorer splits (context, completion) as lm-eval's _encode_pair does: every document is tokenized alike, HumanEval's
+    # prompts that end in an indent (moved into the target before encoding) included
+    assert rows['sciq']['docs_tokenized_alike'] == 8 and rows['humaneval']['docs_tokenized_alike'] == 8
     official = domain_nll(run, 'lm-eval', limit=8)
     assert set(official['by_category']) == {'coding', 'stem'}
     assert official['sets']['sciq']['nll_mean'] == pytest.approx(rows['sciq']['nll_mean_lm_eval'])
