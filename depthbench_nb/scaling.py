@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Optional, Sequence
@@ -326,25 +327,59 @@ def _active(z, g, fixed):
     return fixed | ((z <= 0.0) & (g > 0)) | ((z >= 1.0) & (g < 0))
 
 
+def _gn_terms(z, rows: dict, phi_free: bool, want_gn: bool = True, delta: float = HUBER_DELTA):
+    """J, and ∇J and the IRLS Gauss-Newton matrix with respect to the unit-box coordinates z [B, 6]: the
+    descent's inner loop, `batch_objective`'s 'gn' written lean (√ω folded into ∂pred, one matrix product each)."""
+    theta = LOWER + z * _SPAN
+    a, alpha, b, beta, e, phi = (theta[:, i:i + 1] for i in range(6))
+    if phi_free:
+        e_rec = np.exp(phi * rows['l_r'] + rows['l_rec'])
+        n_eff = rows['n_once'] + e_rec
+        l_n = np.log(n_eff)
+    else:
+        l_n = rows['l_n']
+    x1 = np.exp(a - alpha * l_n)
+    x2 = np.exp(b - beta * rows['l_d'])
+    x3 = np.exp(e)
+    s = x1 + x2 + x3
+    res = np.log(s) - rows['y']
+    c = np.clip(res, -delta, delta)
+    J = (rows['wt'] * c * (res - 0.5 * c)).sum(-1)
+    if not want_gn: return J, None, None
+    root = np.sqrt(delta / np.maximum(np.abs(res), delta))      # √(ψ(res)/res)
+    q = rows['sw'] * root / s                                    # √ω / s   (sw = √weight)
+    Mt = np.empty((len(z), 6, res.shape[1]))                     # √ω·∂pred/∂z, [B, 6, m]
+    p1, p2 = x1 * q, x2 * q
+    Mt[:, 0] = p1 * _SPAN[0]
+    Mt[:, 1] = p1 * l_n * -_SPAN[1]
+    Mt[:, 2] = p2 * _SPAN[2]
+    Mt[:, 3] = p2 * rows['l_d'] * -_SPAN[3]
+    Mt[:, 4] = (x3 * _SPAN[4]) * q
+    if phi_free: Mt[:, 5] = p1 * (e_rec / n_eff * rows['l_r']) * (-_SPAN[5] * alpha)
+    else: Mt[:, 5] = 0.0
+    v = c * rows['sw'] / root                                    # ψ·w / √ω
+    return J, (Mt @ v[..., None])[..., 0], Mt @ Mt.transpose(0, 2, 1)
+
+
 def _start_state(theta0, project, rows, phi_free):
     "Unit-box coordinates, J, ∇J and the Gauss-Newton matrix of new starts (random ones first projected, if that lowers J)."
     theta = theta0.copy()
     if project.any():
-        Jp = batch_objective(theta, rows, phi_free, 'J')[0]
         proj = _project_linear(theta, rows, phi_free)
-        take = project & (batch_objective(proj, rows, phi_free, 'J')[0] < Jp)
+        take = project & (batch_objective(proj, rows, phi_free, 'J')[0] < batch_objective(theta, rows, phi_free, 'J')[0])
         theta[take] = proj[take]
     z = np.clip((theta - LOWER) / _SPAN, 0.0, 1.0)
-    J, g, G = batch_objective(LOWER + z * _SPAN, rows, phi_free, 'gn')
-    return z, J, g * _SPAN, G * _SPAN[:, None] * _SPAN[None, :]
+    return (z,) + _gn_terms(z, rows, phi_free)
 
 
 def _descend(rows_pm: dict, pid, theta0, project, fixed, phi_free: bool, batch: int = BATCH_STARTS,
              ftol: float = DESCENT_FTOL, maxiter: int = 5000, on_done: Callable | None = None):
     """Phase 1: every start descends J by Levenberg-Marquardt steps on the IRLS Gauss-Newton model, `batch`
-    starts at a time (a finished start's place goes to the next waiting one). Returns θ [S, 6], J [S], iterations [S]."""
+    starts at a time; finished starts leave the batch and waiting ones join it in bulk.
+    Returns θ [S, 6], J [S], iterations [S]."""
     S = len(pid)
     theta_out, J_out, nit_out = np.empty((S, 6)), np.empty(S), np.zeros(S, int)
+    rows_pm = dict(rows_pm, sw=np.sqrt(rows_pm['wt']))
     queue = 0
     eye = np.eye(6)
 
@@ -354,49 +389,54 @@ def _descend(rows_pm: dict, pid, theta0, project, fixed, phi_free: bool, batch: 
         rows = {key: v[pid[sel]] for key, v in rows_pm.items()}
         z, J, g, G = _start_state(theta0[sel], project[sel], rows, phi_free)
         mu = 1e-3 * np.einsum('kii->ki', G).max(-1) + 1e-300            # Nielsen's initial damping
-        return [sel, rows, z, J, g, G, mu, np.full(len(sel), 2.0), np.zeros(len(sel), int)]
+        return dict(sel=sel, rows=rows, z=z, J=J, g=g, G=G, mu=mu, nu=np.full(len(sel), 2.0),
+                    nit=np.zeros(len(sel), int), live=np.ones(len(sel), bool))
 
-    state = take(batch)
-    while len(state[0]):
-        sel, rows, z, J, g, G, mu, nu, nit = state
+    def merge(a, b):
+        return {k: merge(a[k], b[k]) if isinstance(a[k], dict) else np.concatenate([a[k], b[k]]) for k in a}
+
+    def subset(st, keep):
+        return {k: subset(v, keep) if isinstance(v, dict) else v[keep] for k, v in st.items()}
+
+    st = take(batch)
+    while len(st['sel']):
+        z, J, g, G, mu, nu, live = st['z'], st['J'], st['g'], st['G'], st['mu'], st['nu'], st['live']
         A = _active(z, g, fixed)
-        gf = np.where(A, 0.0, g)                                        # projected gradient
-        Gf = np.where(A[:, :, None] | A[:, None, :], 0.0, G)
+        free = ~A
+        gf = g * free                                                   # projected gradient
+        Gf = G * (free[:, :, None] & free[:, None, :])
         diag = np.einsum('kii->ki', Gf)
         scale = np.maximum(diag, 1e-12 * diag.max(-1, keepdims=True) + 1e-300)   # Marquardt's scaling
         step = -np.linalg.solve(Gf + eye * (mu[:, None] * scale + A)[:, None, :], gf[..., None])[..., 0]
         zt = np.clip(z + step, 0.0, 1.0)
         step = zt - z
-        predicted = -((gf * step).sum(-1) + 0.5 * (step * (Gf @ step[..., None])[..., 0]).sum(-1))
-        Jt, gt, Gt = batch_objective(LOWER + zt * _SPAN, rows, phi_free, 'gn')
+        predicted = -(gf * step).sum(-1) - 0.5 * (step * (Gf @ step[..., None])[..., 0]).sum(-1)
+        Jt, gt, Gt = _gn_terms(zt, st['rows'], phi_free)
         gain = J - Jt
-        ok = gain > 0
+        ok = (gain > 0) & live
         rho = np.clip(gain / np.where(predicted > 0, predicted, np.inf), 0.0, 1.0)
-        tiny = ok & (gain <= ftol * J)
-        z = np.where(ok[:, None], zt, z); J = np.where(ok, Jt, J)
-        g = np.where(ok[:, None], gt * _SPAN, g)
-        G = np.where(ok[:, None, None], Gt * _SPAN[:, None] * _SPAN[None, :], G)
-        mu = np.where(ok, mu * np.maximum(1 / 3, 1 - (2 * rho - 1) ** 3), mu * nu)   # Nielsen's update
-        nu = np.where(ok, 2.0, 2.0 * nu)
-        nit = nit + 1
+        z[ok], J[ok], g[ok], G[ok] = zt[ok], Jt[ok], gt[ok], Gt[ok]
+        st['mu'] = np.where(ok, mu * np.maximum(1 / 3, 1 - (2 * rho - 1) ** 3), mu * nu)   # Nielsen's update
+        st['nu'] = nu = np.where(ok, 2.0, 2.0 * nu)
+        st['nit'] += live
         A = _active(z, g, fixed)
-        done = (nu > 2.0 ** 40) | (nit >= maxiter) | (np.where(A, 0.0, g) == 0).all(-1)
-        if tiny.any():   # a tiny gain ends the descent only if the undamped Gauss-Newton step promises no more (not a plateau)
-            k = np.flatnonzero(tiny)
-            gk = np.where(A[k], 0.0, g[k])
-            Gk = np.where(A[k][:, :, None] | A[k][:, None, :], 0.0, G[k]) + eye * (A[k] + 1e-300)[:, None, :]
-            done[k] |= (gk * np.linalg.solve(Gk, gk[..., None])[..., 0]).sum(-1) <= 2 * ftol * J[k]
-        state = [sel, rows, z, J, g, G, mu, nu, nit]
+        done = live & ((nu > 2.0 ** 40) | (st['nit'] >= maxiter) | ((g * ~A) == 0).all(-1))
+        tiny = np.flatnonzero(ok & (gain <= ftol * J) & ~done)
+        if len(tiny):   # a tiny gain ends the descent only if the undamped Gauss-Newton step promises no more (not a plateau)
+            fr = ~A[tiny]
+            gk = g[tiny] * fr
+            Gk = G[tiny] * (fr[:, :, None] & fr[:, None, :]) + eye * (A[tiny] + 1e-300)[:, None, :]
+            done[tiny] |= (gk * np.linalg.solve(Gk, gk[..., None])[..., 0]).sum(-1) <= 2 * ftol * J[tiny]
         if done.any():
             f = np.flatnonzero(done)
-            theta_out[sel[f]] = LOWER + z[f] * _SPAN; J_out[sel[f]] = J[f]; nit_out[sel[f]] = nit[f]
+            sel = st['sel'][f]
+            theta_out[sel] = LOWER + z[f] * _SPAN; J_out[sel] = J[f]; nit_out[sel] = st['nit'][f]
+            live[f] = False
             if on_done is not None: on_done(len(f))
-            keep = ~done
-            state = [v[keep] if not isinstance(v, dict) else {key: a[keep] for key, a in v.items()} for v in state]
-        if len(state[0]) < 0.75 * batch and queue < S:                  # refill in bulk: one set-up call for many starts
-            new = take(batch - len(state[0]))
-            state = [np.concatenate([a, b]) if not isinstance(a, dict) else {key: np.concatenate([a[key], b[key]]) for key in a}
-                     for a, b in zip(state, new)]
+        n_live = int(live.sum())
+        if n_live < 0.75 * len(live) or (n_live < len(live) and queue >= S):   # compact, then refill in bulk
+            st = subset(st, live)
+            if queue < S: st = merge(st, take(batch - n_live))
     return theta_out, J_out, nit_out
 
 
@@ -463,16 +503,16 @@ class _Solution:
 
 
 def default_workers() -> int:
-    "Threads the batched fitter uses by default: min(2, CPU cores)."
+    "Processes a bootstrap uses by default: min(2, CPU cores)."
     return max(1, min(2, os.cpu_count() or 1))
 
 
 def _solve_batched(problems: list, starts: list, n_random: list, phi_free: bool, phi_value: float = 0.0,
-                   workers: int | None = None, on_done: Callable | None = None) -> list[_Solution]:
+                   workers: int | None = 1, on_done: Callable | None = None) -> list[_Solution]:
     """Minimise several objectives at once. Problem p starts from `starts[p]` [S_p, 6]; its first `n_random[p]`
     (random) starts are projected first, the others (warm starts) start as given. Phase 1 runs every start,
     split over `workers` threads; phase 2 polishes one start per distinct endpoint of each problem."""
-    workers = workers or default_workers()
+    workers = 1 if workers is None else workers
     if workers < 1: raise ConfigError(f"workers must be >= 1, got {workers}")
     rows_pm = _stack_rows(problems)
     pid = np.concatenate([np.full(len(s), p) for p, s in enumerate(starts)])
@@ -517,9 +557,10 @@ def _check_method(method: str) -> str:
 
 
 def minimise_law(data: LawData, phi: float | None = None, restarts: int = 500, seed: int = 0,
-                 extra_starts: Sequence | None = None, method: str = 'batched', workers: int | None = None) -> _Solution:
+                 extra_starts: Sequence | None = None, method: str = 'batched', workers: int | None = 1) -> _Solution:
     """Best-of-restarts minimum of J. phi=None frees φ (looped data only); a number fixes it. `method`: 'batched'
-    (all starts together, two phases) or 'scipy' (§6's L-BFGS-B loop, one start after another: the reference)."""
+    (all starts together, two phases; `workers` threads) or 'scipy' (the paper's L-BFGS-B loop, one start after
+    another: the reference)."""
     if restarts < 0 or (restarts == 0 and not extra_starts):
         raise ConfigError(f"restarts must be >= 1 (or extra starts given), got {restarts}")
     _check_method(method)
@@ -541,6 +582,11 @@ def minimise_law(data: LawData, phi: float | None = None, restarts: int = 500, s
         if best is None or r.fun < best.fun: best = r
     theta = np.zeros(6); theta[5] = phi_value; theta[free] = best.x
     return _Solution(theta, float(best.fun), np.array(finals), nit)
+
+
+def _solve_chunk(args) -> list[_Solution]:
+    "One chunk of a bootstrap's resamples (module level: worker processes import it)."
+    return _solve_batched(*args)
 
 # %% ../nbs/09_scaling.ipynb #a01e4789
 @dataclass
@@ -778,7 +824,8 @@ def law_bootstrap(data: LawData, blocks: list, phi: float | None = None, n_resam
                   progress: bool = False) -> pd.DataFrame:
     """Refits of `n_resamples` block resamples of `data` (each draws len(blocks) blocks with replacement; a drawn
     block's runs count once per draw). Each refit: `restarts` seeded random starts (seed·100003 + resample + 1)
-    plus, with `warm_start` (a FitResult or θ), one start there; the lowest J wins. One row per resample."""
+    plus, with `warm_start` (a FitResult or θ), one start there; the lowest J wins. Chunks of `BOOT_CHUNK` resamples
+    are minimised together, in `workers` processes (default min(2, CPU cores)). One row per resample."""
     if len(blocks) < 2:
         raise ConfigError(f"a block bootstrap needs at least 2 blocks, the data have {len(blocks)}: resampling a single block "
                           "only repeats the same runs. Add runs of another block (another (C, r) cell), or bootstrap runs "
@@ -799,17 +846,27 @@ def law_bootstrap(data: LawData, blocks: list, phi: float | None = None, n_resam
     seeds = [seed * 100_003 + i + 1 for i in range(n_resamples)]
     from tqdm.auto import tqdm
     bar = tqdm(total=n_resamples, desc=f'bootstrap ({restarts} + {len(warm)} starts per refit)', disable=not progress)
+    chunks = [range(c0, min(n_resamples, c0 + BOOT_CHUNK)) for c0 in range(0, n_resamples, BOOT_CHUNK)]
     sols = []
-    for c0 in range(0, n_resamples, BOOT_CHUNK):
-        chunk = range(c0, min(n_resamples, c0 + BOOT_CHUNK))
-        if method == 'batched':
-            sols += _solve_batched([_objective_rows(data, weights[i], phi) for i in chunk],
-                                   [np.vstack([_random_starts(restarts, n_free, seeds[i]), warm]) for i in chunk],
-                                   [restarts] * len(chunk), phi_free, phi_value, workers)
-        else:   # the reference: each resample's runs concatenated (duplicates kept) and refitted by the scipy loop
+    if method == 'batched':
+        jobs = [([_objective_rows(data, weights[i], phi) for i in ch],
+                 [np.vstack([_random_starts(restarts, n_free, seeds[i]), warm]) for i in ch], [restarts] * len(ch),
+                 phi_free, phi_value) for ch in chunks]
+        workers = default_workers() if workers is None else workers
+        if workers < 1: raise ConfigError(f"workers must be >= 1, got {workers}")
+        if workers > 1 and len(jobs) > 1:   # chunks in worker processes (whole cores; the result does not change)
+            import multiprocessing
+            from concurrent.futures import ProcessPoolExecutor
+            ctx = multiprocessing.get_context('fork') if sys.platform.startswith('linux') else None
+            with ProcessPoolExecutor(min(workers, len(jobs)), mp_context=ctx) as pool:
+                for ch, out in zip(chunks, pool.map(_solve_chunk, jobs)): sols += out; bar.update(len(ch))
+        else:
+            for ch, job in zip(chunks, jobs): sols += _solve_chunk(job); bar.update(len(ch))
+    else:   # the reference: each resample's runs concatenated (duplicates kept) and refitted by the scipy loop
+        for ch in chunks:
             sols += [minimise_law(_repeat_runs(data, weights[i]), phi=phi, restarts=restarts, seed=seeds[i],
-                                  extra_starts=list(warm), method='scipy') for i in chunk]
-        bar.update(len(chunk))
+                                  extra_starts=list(warm), method='scipy') for i in ch]
+            bar.update(len(ch))
     bar.close()
     rows = []
     for i, sol in enumerate(sols):

@@ -15,4 +15,5 @@ $BIN/python scripts/check_sync.py clean
 echo "== 3/4 nbdev_test (the tests inside the library notebooks)"
 $BIN/nbdev_test --n_workers 2 --timing --skip_file_re '^[12][0-9]_' 2>&1 | tail -n 40
 echo "== 4/4 pytest"
-$BIN/python -m pytest -n 2 --durations=15 -q "$@"
+# `-m "not paper_effort"`: the fitter's longer checks against the scipy loop run with `pytest -m paper_effort`
+$BIN/python -m pytest -n 2 --durations=15 -q -m "not paper_effort" "$@"
