@@ -346,19 +346,27 @@ def _gn_terms(z, rows: dict, phi_free: bool, want_gn: bool = True, delta: float 
     c = np.clip(res, -delta, delta)
     J = (rows['wt'] * c * (res - 0.5 * c)).sum(-1)
     if not want_gn: return J, None, None
-    root = np.sqrt(delta / np.maximum(np.abs(res), delta))      # √(ψ(res)/res)
-    q = rows['sw'] * root / s                                    # √ω / s   (sw = √weight)
-    Mt = np.empty((len(z), 6, res.shape[1]))                     # √ω·∂pred/∂z, [B, 6, m]
-    p1, p2 = x1 * q, x2 * q
-    Mt[:, 0] = p1 * _SPAN[0]
-    Mt[:, 1] = p1 * l_n * -_SPAN[1]
-    Mt[:, 2] = p2 * _SPAN[2]
-    Mt[:, 3] = p2 * rows['l_d'] * -_SPAN[3]
-    Mt[:, 4] = (x3 * _SPAN[4]) * q
-    if phi_free: Mt[:, 5] = p1 * (e_rec / n_eff * rows['l_r']) * (-_SPAN[5] * alpha)
+    # the model's matrix and gradient in float32: they only shape the step (J, which accepts or rejects it, is float64)
+    f = np.float32
+    root = np.sqrt(f(delta) / np.maximum(np.abs(res.astype(f)), f(delta)))          # √(ψ(res)/res)
+    q = rows['sw'].astype(f) * root / s.astype(f)                                    # √ω / s   (sw = √weight)
+    Mt = np.empty((len(z), 6, res.shape[1]), f)                                      # √ω·∂pred/∂z, [B, 6, m]
+    p1, p2 = x1.astype(f) * q, x2.astype(f) * q
+    Mt[:, 0] = p1 * f(_SPAN[0])
+    Mt[:, 1] = p1 * l_n.astype(f) * f(-_SPAN[1])
+    Mt[:, 2] = p2 * f(_SPAN[2])
+    Mt[:, 3] = p2 * rows['l_d'].astype(f) * f(-_SPAN[3])
+    Mt[:, 4] = (x3 * _SPAN[4]).astype(f) * q
+    if phi_free: Mt[:, 5] = p1 * (e_rec / n_eff * rows['l_r']).astype(f) * (-_SPAN[5] * alpha).astype(f)
     else: Mt[:, 5] = 0.0
-    v = c * rows['sw'] / root                                    # ψ·w / √ω
-    return J, (Mt @ v[..., None])[..., 0], Mt @ Mt.transpose(0, 2, 1)
+    v = (c * rows['sw']).astype(f) / root                                            # ψ·w / √ω
+    return J, (Mt @ v[..., None])[..., 0].astype(float), (Mt @ Mt.transpose(0, 2, 1)).astype(float)
+
+
+def _solve(M, b):
+    "x with M x = b for a batch of 6 x 6 systems; a singular one (a term switched off exactly) by the pseudo-inverse."
+    try: return np.linalg.solve(M, b[..., None])[..., 0]
+    except np.linalg.LinAlgError: return (np.linalg.pinv(M) @ b[..., None])[..., 0]
 
 
 def _start_state(theta0, project, rows, phi_free):
@@ -407,7 +415,7 @@ def _descend(rows_pm: dict, pid, theta0, project, fixed, phi_free: bool, batch: 
         Gf = G * (free[:, :, None] & free[:, None, :])
         diag = np.einsum('kii->ki', Gf)
         scale = np.maximum(diag, 1e-12 * diag.max(-1, keepdims=True) + 1e-300)   # Marquardt's scaling
-        step = -np.linalg.solve(Gf + eye * (mu[:, None] * scale + A)[:, None, :], gf[..., None])[..., 0]
+        step = -_solve(Gf + eye * (mu[:, None] * scale + A)[:, None, :], gf)
         zt = np.clip(z + step, 0.0, 1.0)
         step = zt - z
         predicted = -(gf * step).sum(-1) - 0.5 * (step * (Gf @ step[..., None])[..., 0]).sum(-1)
@@ -416,7 +424,7 @@ def _descend(rows_pm: dict, pid, theta0, project, fixed, phi_free: bool, batch: 
         ok = (gain > 0) & live
         rho = np.clip(gain / np.where(predicted > 0, predicted, np.inf), 0.0, 1.0)
         z[ok], J[ok], g[ok], G[ok] = zt[ok], Jt[ok], gt[ok], Gt[ok]
-        st['mu'] = np.where(ok, mu * np.maximum(1 / 3, 1 - (2 * rho - 1) ** 3), mu * nu)   # Nielsen's update
+        st['mu'] = np.clip(np.where(ok, mu * np.maximum(1 / 3, 1 - (2 * rho - 1) ** 3), mu * nu), 1e-20, 1e20)   # Nielsen's update
         st['nu'] = nu = np.where(ok, 2.0, 2.0 * nu)
         st['nit'] += live
         A = _active(z, g, fixed)
@@ -426,7 +434,7 @@ def _descend(rows_pm: dict, pid, theta0, project, fixed, phi_free: bool, batch: 
             fr = ~A[tiny]
             gk = g[tiny] * fr
             Gk = G[tiny] * (fr[:, :, None] & fr[:, None, :]) + eye * (A[tiny] + 1e-300)[:, None, :]
-            done[tiny] |= (gk * np.linalg.solve(Gk, gk[..., None])[..., 0]).sum(-1) <= 2 * ftol * J[tiny]
+            done[tiny] |= (gk * _solve(Gk, gk)).sum(-1) <= 2 * ftol * J[tiny]
         if done.any():
             f = np.flatnonzero(done)
             sel = st['sel'][f]
