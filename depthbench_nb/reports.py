@@ -1135,8 +1135,8 @@ def diagnose_study(study: str, df: pd.DataFrame, metrics=DEMO_METRICS, n_samples
     return out
 
 
-def demo(workers: Optional[int] = None, executor: str = 'python', restarts: int = 40, n_bootstrap: int = 20,
-         progress: bool = True, study: str = 'demo') -> dict:
+def demo(workers: Optional[int] = None, executor: str = 'python', restarts: int = 500, n_bootstrap: int = 200,
+         bootstrap_restarts: int = 500, progress: bool = True, study: str = 'demo') -> dict:
     "The embedded default: prepare the offline corpus, run the demo study, diagnose its design runs, build both reports."
     from depthbench_nb import sweep
     from depthbench_nb.data import prepare
@@ -1165,7 +1165,8 @@ def demo(workers: Optional[int] = None, executor: str = 'python', restarts: int 
                                                                  extra=demo_extra_entries(study)))
     df = normalize_runs(sweep.collect(study))
     stage('3/4 diagnose the design runs', lambda: diagnose_study(study, df, progress=progress))
-    stage('4/4 reports', lambda: run_report_notebooks(study, parameters=dict(restarts=restarts, n_bootstrap=n_bootstrap), progress=progress))
+    stage('4/4 reports', lambda: run_report_notebooks(study, parameters=dict(restarts=restarts, n_bootstrap=n_bootstrap,
+                                                                            bootstrap_restarts=bootstrap_restarts), progress=progress))
     counts = df['status'].value_counts().to_dict()
     out = dict(report_dir=str(runs_root() / study / 'report'), runs=counts, sweep=res['counts'], stages=stages,
                total_wall_s=round(time.time() - t0, 1), total_cpu_s=round(_cpu_s() - c0, 1))
@@ -1183,10 +1184,12 @@ def cli_demo(argv=None) -> int:
     p.add_argument('--workers', type=int, default=None, help='parallel training runs (default: min(2, CPU cores))')
     p.add_argument('--executor', choices=EXECUTORS, default='python',
                    help='how each run is trained: python (fast) or papermill (keeps an executed train.ipynb per run)')
-    p.add_argument('--restarts', type=int, default=40, help='L-BFGS-B restarts per law fit in the looped report')
-    p.add_argument('--bootstrap', type=int, default=20, help='block-bootstrap resamples for the phi CI')
+    p.add_argument('--restarts', type=int, default=500, help='random starts of every law fit in the looped report (default 500, the paper)')
+    p.add_argument('--bootstrap', type=int, default=200, help='block-bootstrap resamples for the phi CI (default 200, the paper)')
+    p.add_argument('--boot-restarts', type=int, default=500, help='random starts of every bootstrap refit, plus a warm start (default 500)')
     p.add_argument('--json', action='store_true', help='machine-readable JSON output')
     a = p.parse_args(argv)
     if a.workers is not None and a.workers < 1: raise ConfigError(f'--workers must be >= 1, got {a.workers}')
-    t = demo(workers=a.workers, executor=a.executor, restarts=a.restarts, n_bootstrap=a.bootstrap, progress=not a.json)
+    t = demo(workers=a.workers, executor=a.executor, restarts=a.restarts, n_bootstrap=a.bootstrap, bootstrap_restarts=a.boot_restarts,
+             progress=not a.json)
     return emit(t, a.json, title='demo finished')

@@ -21,13 +21,14 @@ from .config import ConfigError
 
 # %% auto #0
 __all__ = ['HUBER_DELTA', 'PARAM_NAMES', 'LOWER', 'UPPER', 'LAWS', 'PROVENANCES', 'PAPER_LOOPED', 'SCIPY_OPTIONS', 'FIT_METHODS',
-           'BATCH_STARTS', 'DESCENT_FTOL', 'BASIN_GRID', 'LAW_COLUMNS', 'V_PAD', 'SEQ_LEN', 'BOOT_PARAMS', 'BOOT_CHUNK',
-           'theta_from_params', 'params_from_theta', 'LawData', 'chinchilla_data', 'looped_data', 'law_objective',
-           'predict_loss', 'naive_objective', 'single_objective', 'batch_objective', 'default_workers', 'minimise_law',
-           'FitResult', 'residual_stats', 'r_squared', 'fit_law', 'fit_chinchilla', 'fit_looped', 'frame_provenance',
-           'law_data_from_frame', 'fit_frame', 'fit_per_r', 'LoopedAccounting', 'paper_accounting', 'paper_grid_frame',
-           'synthetic_looped_frame', 'table_blocks', 'law_bootstrap', 'block_bootstrap', 'attach_bootstrap',
-           'effort_label', 'empirical_optima', 'law_optimum', 'worked_example', 'cli_fit']
+           'BATCH_STARTS', 'BATCH_ELEMENTS', 'DESCENT_FTOL', 'BASIN_GRID', 'LAW_COLUMNS', 'V_PAD', 'SEQ_LEN',
+           'BOOT_PARAMS', 'BOOT_CHUNK', 'theta_from_params', 'params_from_theta', 'LawData', 'chinchilla_data',
+           'looped_data', 'law_objective', 'predict_loss', 'naive_objective', 'single_objective', 'batch_objective',
+           'default_workers', 'minimise_law', 'FitResult', 'residual_stats', 'r_squared', 'fit_law', 'fit_chinchilla',
+           'fit_looped', 'frame_provenance', 'law_data_from_frame', 'fit_frame', 'fit_per_r', 'LoopedAccounting',
+           'paper_accounting', 'paper_grid_frame', 'synthetic_looped_frame', 'table_blocks', 'law_bootstrap',
+           'block_bootstrap', 'attach_bootstrap', 'effort_label', 'empirical_optima', 'law_optimum', 'worked_example',
+           'cli_fit']
 
 # %% ../nbs/09_scaling.ipynb #34c6ab26
 HUBER_DELTA = 1e-3
@@ -193,7 +194,8 @@ def single_objective(data: LawData, phi: float | None = None, delta: float = HUB
 
 # %% ../nbs/09_scaling.ipynb #acaf116b
 FIT_METHODS = ('batched', 'scipy')
-BATCH_STARTS = 64      # starts advanced together: one kernel call sees arrays of 64 × runs, small enough for the cache
+BATCH_STARTS = 64      # starts advanced together (at least): one kernel call sees arrays of starts × runs ...
+BATCH_ELEMENTS = 8192  # ... of about this many elements, small enough for the cache (few runs: more starts per call)
 DESCENT_FTOL = 1e-10   # phase 1 ends when a step gains less than this (relative) and the undamped step promises no more
 BASIN_GRID = 1e-4      # endpoints in one cell of this grid on the unit box [0, 1]^6 are one basin (polished once)
 _SPAN = UPPER - LOWER  # θ = LOWER + z·_SPAN: the optimiser works in the unit box z ∈ [0, 1]^6
@@ -380,7 +382,7 @@ def _start_state(theta0, project, rows, phi_free):
     return (z,) + _gn_terms(z, rows, phi_free)
 
 
-def _descend(rows_pm: dict, pid, theta0, project, fixed, phi_free: bool, batch: int = BATCH_STARTS,
+def _descend(rows_pm: dict, pid, theta0, project, fixed, phi_free: bool, batch: int | None = None,
              ftol: float = DESCENT_FTOL, maxiter: int = 5000, on_done: Callable | None = None):
     """Phase 1: every start descends J by Levenberg-Marquardt steps on the IRLS Gauss-Newton model, `batch`
     starts at a time; finished starts leave the batch and waiting ones join it in bulk.
@@ -388,6 +390,7 @@ def _descend(rows_pm: dict, pid, theta0, project, fixed, phi_free: bool, batch: 
     S = len(pid)
     theta_out, J_out, nit_out = np.empty((S, 6)), np.empty(S), np.zeros(S, int)
     rows_pm = dict(rows_pm, sw=np.sqrt(rows_pm['wt']))
+    batch = batch or int(np.clip(BATCH_ELEMENTS // rows_pm['y'].shape[1], BATCH_STARTS, 1024))   # few runs: more starts per call
     queue = 0
     eye = np.eye(6)
 
@@ -424,7 +427,8 @@ def _descend(rows_pm: dict, pid, theta0, project, fixed, phi_free: bool, batch: 
         ok = (gain > 0) & live
         rho = np.clip(gain / np.where(predicted > 0, predicted, np.inf), 0.0, 1.0)
         z[ok], J[ok], g[ok], G[ok] = zt[ok], Jt[ok], gt[ok], Gt[ok]
-        st['mu'] = np.clip(np.where(ok, mu * np.maximum(1 / 3, 1 - (2 * rho - 1) ** 3), mu * nu), 1e-20, 1e20)   # Nielsen's update
+        with np.errstate(over='ignore'):   # Nielsen's update, the damping kept in [1e-20, 1e20]
+            st['mu'] = np.clip(np.where(ok, mu * np.maximum(1 / 3, 1 - (2 * rho - 1) ** 3), mu * nu), 1e-20, 1e20)
         st['nu'] = nu = np.where(ok, 2.0, 2.0 * nu)
         st['nit'] += live
         A = _active(z, g, fixed)
@@ -519,7 +523,8 @@ def _solve_batched(problems: list, starts: list, n_random: list, phi_free: bool,
                    workers: int | None = 1, on_done: Callable | None = None) -> list[_Solution]:
     """Minimise several objectives at once. Problem p starts from `starts[p]` [S_p, 6]; its first `n_random[p]`
     (random) starts are projected first, the others (warm starts) start as given. Phase 1 runs every start,
-    split over `workers` threads; phase 2 polishes one start per distinct endpoint of each problem."""
+    split over `workers` threads; phase 2 polishes one start per distinct endpoint (basin) of each problem that can
+    hold its best."""
     workers = 1 if workers is None else workers
     if workers < 1: raise ConfigError(f"workers must be >= 1, got {workers}")
     rows_pm = _stack_rows(problems)
@@ -534,14 +539,21 @@ def _solve_batched(problems: list, starts: list, n_random: list, phi_free: bool,
     else:
         from concurrent.futures import ThreadPoolExecutor     # numpy releases the GIL inside its array loops
         with ThreadPoolExecutor(len(parts)) as pool: results = list(pool.map(run, parts))
-    theta = np.concatenate([r[0] for r in results]); nit = np.concatenate([r[2] for r in results])
-    # one basin per grid cell of the unit box (per problem): polish one start each (its lowest J)
+    theta = np.concatenate([r[0] for r in results]); J = np.concatenate([r[1] for r in results])
+    nit = np.concatenate([r[2] for r in results])
+    # one basin per grid cell of the unit box (per problem), represented by its lowest endpoint
     cells = np.round((theta - LOWER) / _SPAN / BASIN_GRID).astype(np.int64)
-    order = np.lexsort((np.concatenate([r[1] for r in results]), pid))
+    order = np.lexsort((J, pid))
     _, first, inverse = np.unique(np.column_stack([pid, cells])[order], axis=0, return_index=True, return_inverse=True)
     reps = order[first]
     basin = np.empty(len(pid), int); basin[order] = inverse.reshape(-1)
-    th_p, J_p, nit_p = _polish({k: v[pid[reps]] for k, v in rows_pm.items()}, theta[reps], fixed, phi_free)
+    # polish every basin that can hold the problem's best: phase 1 stopped where the Gauss-Newton step promised
+    # < 1e-10·J more, so a basin more than 1e-6 above the best endpoint cannot overtake it (it keeps its phase-1 J)
+    best = np.full(len(problems), np.inf); np.minimum.at(best, pid, J)
+    near = reps[J[reps] <= best[pid[reps]] * (1 + 1e-6) + 1e-300]
+    th_p, J_p, nit_p = theta[reps].copy(), J[reps].copy(), np.zeros(len(reps), int)
+    k = np.flatnonzero(np.isin(reps, near))
+    th_p[k], J_p[k], nit_p[k] = _polish({key: v[pid[near]] for key, v in rows_pm.items()}, theta[near], fixed, phi_free)
     out = []
     for p in range(len(problems)):
         mine = np.flatnonzero(pid == p)
