@@ -24,7 +24,10 @@ Times: wall-clock and CPU seconds (this process and its worker processes; ours r
 neighbours' load inflates both; the ratios of ours to scipy, measured in the same run, are the robust figures.
 
 Run:  OMP_NUM_THREADS=1 python benchmarks/bench_fit.py                      (about 2-4 minutes)
-      OMP_NUM_THREADS=1 python benchmarks/bench_fit.py --check-all --scipy-workers 2 --json out.json
+      OMP_NUM_THREADS=1 python benchmarks/bench_fit.py --check-all --scipy-workers 2 --scipy-cache scipy.json --json out.json
+
+`--scipy-cache FILE` keeps each scipy refit (its optimum and CPU seconds) as it finishes, keyed by the resample, its seed
+and the data: an interrupted check resumes, and a later run compares a changed fitter with the same scipy optima.
 """
 import argparse
 import json
@@ -81,6 +84,7 @@ def main():
     p.add_argument('--scipy-workers', type=int, default=1, help='processes for the scipy refits (wall time only; CPU is summed)')
     p.add_argument('--noise', type=float, default=0.005)
     p.add_argument('--seed', type=int, default=0)
+    p.add_argument('--scipy-cache', default=None, help='JSON file keeping the scipy refits (resumable; reused across runs)')
     p.add_argument('--json', default=None, help='also write the numbers to this JSON file')
     a = p.parse_args()
 
@@ -124,15 +128,28 @@ def main():
     weights = resample_weights(data, blocks, a.resamples, a.seed)
     todo = list(range(a.resamples)) if a.check_all else list(range(min(a.scipy_resamples, a.resamples)))
     jobs = [(data, weights[i], a.restarts, int(boot.seed[i]), np.array(full.theta)) for i in todo]
+    key = lambda i: f'{i}/{int(boot.seed[i])}/{a.restarts}/{a.noise}/{a.seed}'    # the resample, its starts and the data
+    cache = json.loads(open(a.scipy_cache).read()) if a.scipy_cache and os.path.exists(a.scipy_cache) else {}
+    results = {i: (np.array(cache[key(i)]['theta']), cache[key(i)]['cpu_s']) for i in todo if key(i) in cache}
+    missing = [(i, job) for i, job in zip(todo, jobs) if i not in results]
+    if results: print(f'  scipy: {len(results)} of {len(todo)} refits read from {a.scipy_cache}', flush=True)
+
+    def keep(i, res):
+        results[i] = res
+        if a.scipy_cache:
+            cache[key(i)] = dict(theta=[float(x) for x in res[0]], cpu_s=res[1])
+            tmp = a.scipy_cache + '.tmp'
+            with open(tmp, 'w') as f: json.dump(cache, f)
+            os.replace(tmp, a.scipy_cache)
+        if a.check_all and len(results) % 10 == 0: print(f'  scipy: {len(results)}/{len(todo)} resamples', flush=True)
     w0 = time.perf_counter()
-    if a.scipy_workers > 1:
+    if a.scipy_workers > 1 and missing:
         from concurrent.futures import ProcessPoolExecutor
-        with ProcessPoolExecutor(a.scipy_workers) as pool: results = list(pool.map(scipy_refit, jobs))
+        with ProcessPoolExecutor(a.scipy_workers) as pool:
+            for (i, _), res in zip(missing, pool.map(scipy_refit, [job for _, job in missing])): keep(i, res)
     else:
-        results = []
-        for k, job in enumerate(jobs):
-            results.append(scipy_refit(job))
-            if a.check_all and (k + 1) % 10 == 0: print(f'  scipy: {k + 1}/{len(jobs)} resamples', flush=True)
+        for i, job in missing: keep(i, scipy_refit(job))
+    results = [results[i] for i in todo]
     w_sb = time.perf_counter() - w0
     c_sb = sum(c for _, c in results)
     rel, dphi = [], []
