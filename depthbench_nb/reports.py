@@ -813,9 +813,11 @@ def looped_fit_sections(rep: Report, lf: pd.DataFrame, paper: pd.DataFrame, prov
         fig, axes = plt.subplots(1, len(per_r), figsize=(3.2 * len(per_r), 3.0), squeeze=False)
         for ax, (r, (f, g)) in zip(axes[0], per_r.items()):
             res = _residual_frame(f, g)                 # a per-r law: N_eff = n_once + n_rec
-            sns.scatterplot(data=res.assign(C=res.C.map('{:.3g}'.format)), x='D', y='residual', hue='C', ax=ax, s=30, legend=r == min(per_r))
+            sns.scatterplot(data=res.assign(C=res.C.map('{:.3g}'.format)), x='D', y='residual', hue='C', ax=ax, s=30, legend=r == max(per_r))
             ax.axhline(0, color='k', lw=0.6); ax.set_xscale('log'); ax.set_title(f'r = {r}: RMSE {np.sqrt((res.residual ** 2).mean()):.4f}', fontsize=8)
             ax.set_xlabel('tokens D (log)'); ax.set_ylabel('actual − predicted (nats)')
+            ax.tick_params(axis='x', which='minor', labelbottom=False)
+            if r == max(per_r): sns.move_legend(ax, 'upper left', bbox_to_anchor=(1, 1), title='C', fontsize=7)
         rep.figure(fig, 'looped_fig9_per_r_residuals', "Residuals of the per-r laws (Table 1's fits; the appendix's residual figures, Fig. 9 as we read it)")
         fr = per_r_frontier({r: f for r, (f, _) in per_r.items()}, base)
         gaps = paper[paper.table == 'fig3']
@@ -874,6 +876,7 @@ def looped_fit_sections(rep: Report, lf: pd.DataFrame, paper: pd.DataFrame, prov
                       palette=_r_palette(jr.r.unique()), dodge=True, size=4)
         axes[1].axhline(0, color='k', lw=0.6); axes[1].set_ylabel('actual − predicted (nats)'); axes[1].set_xlabel('budget C (FLOPs)')
         axes[1].tick_params(axis='x', labelsize=7)
+        sns.move_legend(axes[1], 'upper left', bbox_to_anchor=(1, 1), title='r', fontsize=7)
         rep.figure(fig, 'looped_fig8_joint_residuals', 'Fit quality of the joint law (phi free): actual vs predicted and residuals per budget '
                    "and r (the appendix's residual figures, Fig. 8 as we read it; Table 7 has the per-r statistics)")
     cells = sorted(base['C'].unique())
@@ -928,7 +931,7 @@ def looped_case_study_sections(rep: Report, lf: pd.DataFrame, paper: pd.DataFram
               'delta_phi against the baseline refitted on the same budgets')
     plt, sns = _sns()
     case = {k: v for k, v in fits.items()}
-    fig, axes = plt.subplots(1, len(case), figsize=(4.5 * len(case), 3.4), squeeze=False)
+    fig, axes = plt.subplots(1, len(case), figsize=(5 * len(case), 3.4), squeeze=False)
     f10 = paper[paper.table == 'fig10']
     for ax, (key, (f, frame)) in zip(axes[0], case.items()):
         res = _residual_frame(f, frame)
@@ -939,6 +942,7 @@ def looped_case_study_sections(rep: Report, lf: pd.DataFrame, paper: pd.DataFram
         ref = (f" (paper: {float(p[p.quantity == 'rmse'].value.iloc[0]):g}, {float(p[p.quantity == 'max_abs'].value.iloc[0]):g})"
                if len(p) and '_without' not in key else '')
         ax.set_title(f'{key}: RMSE {np.sqrt((res.residual ** 2).mean()):.4f}, max {res.residual.abs().max():.4f}{ref}', fontsize=8)
+        sns.move_legend(ax, 'upper left', bbox_to_anchor=(1, 1), title='r', fontsize=7)
     rep.figure(fig, 'looped_fig10_case_study_residuals', 'Residuals of the case-study fits, runs + r = 1 anchors (Fig. 10)')
 
 # %% ../nbs/09c_reports.ipynb #ebfd00c8
