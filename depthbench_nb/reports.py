@@ -648,6 +648,7 @@ def looped_frame(df: pd.DataFrame) -> pd.DataFrame:
 def _best_per_cell(frame: pd.DataFrame) -> pd.DataFrame:
     "One point per (variant, r, s, C) cell: its lowest loss over learning rates (the paper fits each cell at its tuned LR)."
     if not len(frame): return frame
+    frame = frame.reset_index(drop=True)
     return frame.loc[frame.groupby(['variant', 'r', 's', 'C'])['loss'].idxmin()].sort_values(['r', 'C', 's'])
 
 
