@@ -850,7 +850,7 @@ def law_bootstrap(data: LawData, blocks: list, phi: float | None = None, n_resam
         raise ConfigError(f"a block bootstrap needs at least 2 blocks, the data have {len(blocks)}: resampling a single block "
                           "only repeats the same runs. Add runs of another block (another (C, r) cell), or bootstrap runs "
                           "(block_cols=None)")
-    if n_resamples < 2: raise ConfigError(f"n_resamples must be >= 2, got {n_resamples}")
+    if n_resamples < 1: raise ConfigError(f"n_resamples must be >= 1, got {n_resamples}")
     _check_method(method)
     rng = np.random.default_rng(seed)
     weights = []
@@ -914,6 +914,7 @@ def block_bootstrap(data: pd.DataFrame, law: str = 'looped', phi: float | None =
     """Percentile CIs of a law's parameters from refits of block resamples of a table (§6: blocks are (C, r) cells;
     `block_cols=None`: each run a block). Returns the CIs, what they came from, and the refits (`samples`)."""
     if not 0 < level < 1: raise ConfigError(f"level must be in (0, 1), got {level}")
+    if n_resamples < 2: raise ConfigError(f"a percentile interval needs n_resamples >= 2, got {n_resamples}")
     blocks = table_blocks(data.reset_index(drop=True), block_cols)
     samples = law_bootstrap(law_data_from_frame(data, law, provenance), blocks, phi=phi, n_resamples=n_resamples,
                             restarts=restarts, seed=seed, warm_start=warm_start, method=method, workers=workers,
@@ -1018,7 +1019,7 @@ def cli_fit(argv=None) -> int:
                    help="data provenance (default: the CSV's provenance column, else 'real')")
     p.add_argument('--method', default='batched', choices=FIT_METHODS,
                    help="batched (all starts at once; default) or scipy (the paper's L-BFGS-B loop, start by start: slow)")
-    p.add_argument('--workers', type=int, default=None, help='threads of the batched fitter (default: min(2, CPU cores))')
+    p.add_argument('--workers', type=int, default=None, help='processes for the bootstrap refits (default: min(2, CPU cores))')
     p.add_argument('--per-r', action='store_true', help='looped CSVs: also one Chinchilla fit per r')
     p.add_argument('--json', action='store_true', help='machine-readable JSON output')
     a = p.parse_args(argv)
@@ -1032,8 +1033,7 @@ def cli_fit(argv=None) -> int:
     if a.law == 'chinchilla' and phi is not None: raise ConfigError("--phi applies to --law looped only")
     n_boot = a.bootstrap if a.bootstrap is not None else (200 if a.law == 'looped' and phi is None else 0)
     if n_boot < 0: raise ConfigError(f'--bootstrap must be >= 0, got {n_boot}')
-    fit = fit_frame(df, a.law, phi=phi, restarts=a.restarts, seed=a.seed, provenance=a.provenance, method=a.method,
-                    workers=a.workers)
+    fit = fit_frame(df, a.law, phi=phi, restarts=a.restarts, seed=a.seed, provenance=a.provenance, method=a.method)
     if n_boot:
         cols = a.block_cols.split(',') if a.block_cols else (['C', 'r'] if {'C', 'r'} <= set(df.columns) else None)
         attach_bootstrap(fit, block_bootstrap(df, a.law, phi=phi, block_cols=cols, n_resamples=n_boot, restarts=a.boot_restarts,
@@ -1044,5 +1044,5 @@ def cli_fit(argv=None) -> int:
     if a.per_r:
         if a.law != 'looped': raise ConfigError("--per-r needs --law looped (the per-r fits split a looped table by r)")
         out['per_r'] = {str(r): f.to_dict() for r, f in fit_per_r(df, restarts=a.restarts, seed=a.seed, provenance=a.provenance,
-                                                                 method=a.method, workers=a.workers).items()}
+                                                                 method=a.method).items()}
     return emit(out, a.json, title=f'{a.law} fit of {path} ({fit.provenance} data, {fit.n_points} runs)')
