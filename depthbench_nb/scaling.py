@@ -351,13 +351,13 @@ def _gn_terms(z, rows: dict, phi_free: bool, want_gn: bool = True, delta: float 
     # the model's matrix and gradient in float32: they only shape the step (J, which accepts or rejects it, is float64)
     f = np.float32
     root = np.sqrt(f(delta) / np.maximum(np.abs(res.astype(f)), f(delta)))          # √(ψ(res)/res)
-    q = rows['sw'].astype(f) * root / s.astype(f)                                    # √ω / s   (sw = √weight)
+    q = rows['sw32'] * root / s.astype(f)                                            # √ω / s   (sw = √weight)
     Mt = np.empty((len(z), 6, res.shape[1]), f)                                      # √ω·∂pred/∂z, [B, 6, m]
     p1, p2 = x1.astype(f) * q, x2.astype(f) * q
     Mt[:, 0] = p1 * f(_SPAN[0])
     Mt[:, 1] = p1 * l_n.astype(f) * f(-_SPAN[1])
     Mt[:, 2] = p2 * f(_SPAN[2])
-    Mt[:, 3] = p2 * rows['l_d'].astype(f) * f(-_SPAN[3])
+    Mt[:, 3] = p2 * rows['l_d32']                                                    # l_d32 = −log D·span(β)
     Mt[:, 4] = (x3 * _SPAN[4]).astype(f) * q
     if phi_free: Mt[:, 5] = p1 * (e_rec / n_eff * rows['l_r']).astype(f) * (-_SPAN[5] * alpha).astype(f)
     else: Mt[:, 5] = 0.0
@@ -389,7 +389,8 @@ def _descend(rows_pm: dict, pid, theta0, project, fixed, phi_free: bool, batch: 
     Returns θ [S, 6], J [S], iterations [S]."""
     S = len(pid)
     theta_out, J_out, nit_out = np.empty((S, 6)), np.empty(S), np.zeros(S, int)
-    rows_pm = dict(rows_pm, sw=np.sqrt(rows_pm['wt']))
+    rows_pm = dict(rows_pm, sw=np.sqrt(rows_pm['wt']), sw32=np.sqrt(rows_pm['wt']).astype(np.float32),
+                   l_d32=(rows_pm['l_d'] * -_SPAN[3]).astype(np.float32))          # the float32 model's row constants
     batch = batch or int(np.clip(BATCH_ELEMENTS // rows_pm['y'].shape[1], BATCH_STARTS, 1024))   # few runs: more starts per call
     queue = 0
     eye = np.eye(6)
@@ -401,7 +402,7 @@ def _descend(rows_pm: dict, pid, theta0, project, fixed, phi_free: bool, batch: 
         z, J, g, G = _start_state(theta0[sel], project[sel], rows, phi_free)
         mu = 1e-3 * np.einsum('kii->ki', G).max(-1) + 1e-300            # Nielsen's initial damping
         return dict(sel=sel, rows=rows, z=z, J=J, g=g, G=G, mu=mu, nu=np.full(len(sel), 2.0),
-                    nit=np.zeros(len(sel), int), live=np.ones(len(sel), bool))
+                    nit=np.zeros(len(sel), int), live=np.ones(len(sel), bool), A=_active(z, g, fixed))
 
     def merge(a, b):
         return {k: merge(a[k], b[k]) if isinstance(a[k], dict) else np.concatenate([a[k], b[k]]) for k in a}
@@ -411,8 +412,7 @@ def _descend(rows_pm: dict, pid, theta0, project, fixed, phi_free: bool, batch: 
 
     st = take(batch)
     while len(st['sel']):
-        z, J, g, G, mu, nu, live = st['z'], st['J'], st['g'], st['G'], st['mu'], st['nu'], st['live']
-        A = _active(z, g, fixed)
+        z, J, g, G, mu, nu, live, A = st['z'], st['J'], st['g'], st['G'], st['mu'], st['nu'], st['live'], st['A']
         free = ~A
         gf = g * free                                                   # projected gradient
         Gf = G * (free[:, :, None] & free[:, None, :])
@@ -431,7 +431,7 @@ def _descend(rows_pm: dict, pid, theta0, project, fixed, phi_free: bool, batch: 
             st['mu'] = np.clip(np.where(ok, mu * np.maximum(1 / 3, 1 - (2 * rho - 1) ** 3), mu * nu), 1e-20, 1e20)
         st['nu'] = nu = np.where(ok, 2.0, 2.0 * nu)
         st['nit'] += live
-        A = _active(z, g, fixed)
+        st['A'] = A = _active(z, g, fixed)
         done = live & ((nu > 2.0 ** 40) | (st['nit'] >= maxiter) | ((g * ~A) == 0).all(-1))
         tiny = np.flatnonzero(ok & (gain <= ftol * J) & ~done)
         if len(tiny):   # a tiny gain ends the descent only if the undamped Gauss-Newton step promises no more (not a plateau)
