@@ -33,11 +33,11 @@ __all__ = ['HUBER_DELTA', 'PARAM_NAMES', 'LOWER', 'UPPER', 'LAWS', 'PROVENANCES'
 # %% ../nbs/09_scaling.ipynb #34c6ab26
 HUBER_DELTA = 1e-3
 PARAM_NAMES = ('a', 'alpha', 'b', 'beta', 'e', 'phi')          # the order of θ everywhere
-LOWER = np.array([-5.0, 0.0, -5.0, 0.0, -3.0, -3.0])           # specs/looped.md §6 box
+LOWER = np.array([-5.0, 0.0, -5.0, 0.0, -3.0, -3.0])           # the box of the fits (arXiv 2604.21106 §4.2)
 UPPER = np.array([35.0, 2.5, 35.0, 2.5, 2.0, 3.0])
 LAWS = ('chinchilla', 'looped')
 PROVENANCES = ('real', 'demo', 'synthetic')
-# the looped paper's project-page coefficients (specs/looped.md §7): used to generate synthetic checks only
+# the law on the looped paper's project page (kschwethelm.github.io/looped-lm-scaling): synthetic checks only
 PAPER_LOOPED = dict(A=28.027, alpha=0.19924, B=915.82, beta=0.36863, E=1.56773, phi=0.459)
 
 
@@ -698,7 +698,7 @@ def residual_stats(data: LawData, theta) -> list[dict]:
 
 
 def r_squared(data: LawData, theta) -> float:
-    "R² of the fit on raw loss (specs/looped.md §6)."
+    "R² of the fit on raw loss (arXiv 2604.21106 Table 2)."
     pred = predict_loss(theta, data)
     total = ((data.loss - data.loss.mean()) ** 2).sum()
     return float(1 - ((data.loss - pred) ** 2).sum() / total) if total > 0 else float('nan')   # constant loss: undefined
@@ -727,7 +727,7 @@ def fit_law(data: LawData, phi: float | None = None, restarts: int = 500, seed: 
 
 def fit_chinchilla(N, D, loss, restarts: int = 500, seed: int = 0, provenance: str = 'real', extra_starts=None,
                    **kw) -> FitResult:
-    "Chinchilla fit L = E + A·N^−α + B·D^−β (specs/looped.md §6 objective); `kw`: method, workers."
+    "Chinchilla fit L = E + A·N^−α + B·D^−β (the looped paper's objective, arXiv 2604.21106 §4.2); `kw`: method, workers."
     return fit_law(chinchilla_data(N, D, loss, provenance), restarts=restarts, seed=seed, extra_starts=extra_starts, **kw)
 
 
@@ -803,7 +803,7 @@ class LoopedAccounting:
 
 
 def paper_accounting(d: float, r: int, vocab: int = V_PAD, seq_len: int = SEQ_LEN) -> LoopedAccounting:
-    "specs/looped.md §5 closed forms at any width d (continuous d allowed, for law optima)."
+    "The closed forms of arXiv 2604.21106 §3.2 (Eq. 1) at any width d (continuous d allowed, for law optima)."
     n_b, n_i = 12 * d * d + 2 * d, 2 * d * d
     if r == 1: n_once, n_rec, executed = 0.0, 20 * n_b, 20 * n_b             # no loop, no injection
     else: n_once, n_rec = 4 * n_b, 16 / r * n_b + n_i; executed = n_once + r * n_rec

@@ -22,7 +22,7 @@ from depthbench_nb.runs import provenance, run_dir, write_params, write_result
 from depthbench_nb.trainer import make_run_config, train
 
 STUDY = 'report-fixture'
-PAPER_LAW = dict(E=1.57, A=28.027, B=915.82, alpha=0.199, beta=0.369, phi=0.459)   # specs/looped.md §7 Table 2
+PAPER_LAW = dict(E=1.57, A=28.027, B=915.82, alpha=0.199, beta=0.369, phi=0.459)   # arXiv 2604.21106 Table 2
 
 
 def small(run, steps=2):
