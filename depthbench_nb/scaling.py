@@ -21,14 +21,14 @@ from .config import ConfigError
 
 # %% auto #0
 __all__ = ['HUBER_DELTA', 'PARAM_NAMES', 'LOWER', 'UPPER', 'LAWS', 'PROVENANCES', 'PAPER_LOOPED', 'SCIPY_OPTIONS', 'FIT_METHODS',
-           'BATCH_STARTS', 'BATCH_ELEMENTS', 'DESCENT_FTOL', 'BASIN_GRID', 'LAW_COLUMNS', 'V_PAD', 'SEQ_LEN',
-           'BOOT_PARAMS', 'BOOT_CHUNK', 'theta_from_params', 'params_from_theta', 'LawData', 'chinchilla_data',
-           'looped_data', 'law_objective', 'predict_loss', 'naive_objective', 'single_objective', 'batch_objective',
-           'default_workers', 'minimise_law', 'FitResult', 'residual_stats', 'r_squared', 'fit_law', 'fit_chinchilla',
-           'fit_looped', 'frame_provenance', 'law_data_from_frame', 'fit_frame', 'fit_per_r', 'LoopedAccounting',
-           'paper_accounting', 'paper_grid_frame', 'synthetic_looped_frame', 'table_blocks', 'law_bootstrap',
-           'block_bootstrap', 'attach_bootstrap', 'effort_label', 'empirical_optima', 'law_optimum', 'worked_example',
-           'cli_fit']
+           'BATCH_STARTS', 'BATCH_ELEMENTS', 'DESCENT_FTOL', 'BASIN_GRID', 'PARALLEL_MIN_ELEMENTS', 'LAW_COLUMNS',
+           'V_PAD', 'SEQ_LEN', 'BOOT_PARAMS', 'BOOT_CHUNK', 'theta_from_params', 'params_from_theta', 'LawData',
+           'chinchilla_data', 'looped_data', 'law_objective', 'predict_loss', 'naive_objective', 'single_objective',
+           'batch_objective', 'default_workers', 'minimise_law', 'FitResult', 'residual_stats', 'r_squared', 'fit_law',
+           'fit_chinchilla', 'fit_looped', 'frame_provenance', 'law_data_from_frame', 'fit_frame', 'fit_per_r',
+           'LoopedAccounting', 'paper_accounting', 'paper_grid_frame', 'synthetic_looped_frame', 'table_blocks',
+           'law_bootstrap', 'block_bootstrap', 'attach_bootstrap', 'effort_label', 'empirical_optima', 'law_optimum',
+           'worked_example', 'cli_fit']
 
 # %% ../nbs/09_scaling.ipynb #34c6ab26
 HUBER_DELTA = 1e-3
@@ -383,7 +383,7 @@ def _start_state(theta0, project, rows, phi_free):
 
 
 def _descend(rows_pm: dict, pid, theta0, project, fixed, phi_free: bool, batch: int | None = None,
-             ftol: float = DESCENT_FTOL, maxiter: int = 5000, on_done: Callable | None = None):
+             ftol: float = DESCENT_FTOL, maxiter: int = 5000):
     """Phase 1: every start descends J by Levenberg-Marquardt steps on the IRLS Gauss-Newton model, `batch`
     starts at a time; finished starts leave the batch and waiting ones join it in bulk.
     Returns θ [S, 6], J [S], iterations [S]."""
@@ -444,7 +444,6 @@ def _descend(rows_pm: dict, pid, theta0, project, fixed, phi_free: bool, batch: 
             sel = st['sel'][f]
             theta_out[sel] = LOWER + z[f] * _SPAN; J_out[sel] = J[f]; nit_out[sel] = st['nit'][f]
             live[f] = False
-            if on_done is not None: on_done(len(f))
         n_live = int(live.sum())
         if n_live < 0.75 * len(live) or (n_live < len(live) and queue >= S):   # compact, then refill in bulk
             st = subset(st, live)
@@ -515,16 +514,41 @@ class _Solution:
 
 
 def default_workers() -> int:
-    "Processes a bootstrap uses by default: min(2, CPU cores)."
+    "Processes the fitter uses by default: min(2, CPU cores)."
     return max(1, min(2, os.cpu_count() or 1))
 
 
+PARALLEL_MIN_ELEMENTS = 20_000   # a fit of fewer starts × runs stays in one process (a worker costs ~30 ms to start)
+
+
+def _in_processes(fn, jobs: list, workers: int, on_result: Callable | None = None) -> list:
+    """[fn(job) for job in jobs], in `workers` processes (forked on Linux), or in this process when there is one
+    worker or one job; `on_result(i)` is called as result i arrives (in order: a progress bar)."""
+    out = []
+    if workers <= 1 or len(jobs) <= 1:
+        for i, j in enumerate(jobs):
+            out.append(fn(j))
+            if on_result: on_result(i)
+        return out
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+    ctx = multiprocessing.get_context('fork') if sys.platform.startswith('linux') else None
+    with ProcessPoolExecutor(min(workers, len(jobs)), mp_context=ctx) as pool:
+        for i, res in enumerate(pool.map(fn, jobs)):
+            out.append(res)
+            if on_result: on_result(i)
+    return out
+
+
+def _descend_part(args): return _descend(*args)
+
+
 def _solve_batched(problems: list, starts: list, n_random: list, phi_free: bool, phi_value: float = 0.0,
-                   workers: int | None = 1, on_done: Callable | None = None) -> list[_Solution]:
+                   workers: int | None = 1) -> list[_Solution]:
     """Minimise several objectives at once. Problem p starts from `starts[p]` [S_p, 6]; its first `n_random[p]`
-    (random) starts are projected first, the others (warm starts) start as given. Phase 1 runs every start,
-    split over `workers` threads; phase 2 polishes one start per distinct endpoint (basin) of each problem that can
-    hold its best."""
+    (random) starts are projected first, the others (warm starts) start as given. Phase 1 runs every start, split
+    over `workers` processes (each start's arithmetic does not depend on the others, so neither does the result);
+    phase 2 polishes one start per distinct endpoint (basin) of each problem that can hold its best."""
     workers = 1 if workers is None else workers
     if workers < 1: raise ConfigError(f"workers must be >= 1, got {workers}")
     rows_pm = _stack_rows(problems)
@@ -534,11 +558,7 @@ def _solve_batched(problems: list, starts: list, n_random: list, phi_free: bool,
     fixed = np.zeros(6, bool)
     if not phi_free: fixed[5] = True; theta0[:, 5] = phi_value
     parts = [p for p in np.array_split(np.arange(len(pid)), workers) if len(p)]
-    run = lambda ix: _descend(rows_pm, pid[ix], theta0[ix], project[ix], fixed, phi_free, on_done=on_done)
-    if len(parts) == 1: results = [run(parts[0])]
-    else:
-        from concurrent.futures import ThreadPoolExecutor     # numpy releases the GIL inside its array loops
-        with ThreadPoolExecutor(len(parts)) as pool: results = list(pool.map(run, parts))
+    results = _in_processes(_descend_part, [(rows_pm, pid[ix], theta0[ix], project[ix], fixed, phi_free) for ix in parts], workers)
     theta = np.concatenate([r[0] for r in results]); J = np.concatenate([r[1] for r in results])
     nit = np.concatenate([r[2] for r in results])
     # one basin per grid cell of the unit box (per problem), represented by its lowest endpoint
@@ -577,10 +597,11 @@ def _check_method(method: str) -> str:
 
 
 def minimise_law(data: LawData, phi: float | None = None, restarts: int = 500, seed: int = 0,
-                 extra_starts: Sequence | None = None, method: str = 'batched', workers: int | None = 1) -> _Solution:
+                 extra_starts: Sequence | None = None, method: str = 'batched', workers: int | None = None) -> _Solution:
     """Best-of-restarts minimum of J. phi=None frees φ (looped data only); a number fixes it. `method`: 'batched'
-    (all starts together, two phases; `workers` threads) or 'scipy' (the paper's L-BFGS-B loop, one start after
-    another: the reference)."""
+    (all starts together, two phases, in `workers` processes: default min(2, CPU cores) for a fit of at least
+    PARALLEL_MIN_ELEMENTS starts × runs, else 1) or 'scipy' (the paper's L-BFGS-B loop, one start after another:
+    the reference)."""
     if restarts < 0 or (restarts == 0 and not extra_starts):
         raise ConfigError(f"restarts must be >= 1 (or extra starts given), got {restarts}")
     _check_method(method)
@@ -590,6 +611,7 @@ def minimise_law(data: LawData, phi: float | None = None, restarts: int = 500, s
     starts = _random_starts(restarts, n_free, seed)
     extra = np.array([np.clip(np.asarray(s, float), LOWER, UPPER) for s in (extra_starts or ())]).reshape(-1, 6)
     if method == 'batched':
+        if workers is None: workers = default_workers() if (restarts + len(extra)) * data.n >= PARALLEL_MIN_ELEMENTS else 1
         return _solve_batched([_objective_rows(data, None, phi)], [np.vstack([starts, extra])], [restarts], phi_free,
                               phi_value, workers)[0]
     free = np.arange(n_free)
@@ -605,8 +627,8 @@ def minimise_law(data: LawData, phi: float | None = None, restarts: int = 500, s
 
 
 def _solve_chunk(args) -> list[_Solution]:
-    "One chunk of a bootstrap's resamples (module level: worker processes import it)."
-    return _solve_batched(*args)
+    "One chunk of a bootstrap's resamples, in one process (module level: worker processes import it)."
+    return _solve_batched(*args, workers=1)
 
 # %% ../nbs/09_scaling.ipynb #a01e4789
 @dataclass
@@ -874,14 +896,7 @@ def law_bootstrap(data: LawData, blocks: list, phi: float | None = None, n_resam
                  phi_free, phi_value) for ch in chunks]
         workers = default_workers() if workers is None else workers
         if workers < 1: raise ConfigError(f"workers must be >= 1, got {workers}")
-        if workers > 1 and len(jobs) > 1:   # chunks in worker processes (whole cores; the result does not change)
-            import multiprocessing
-            from concurrent.futures import ProcessPoolExecutor
-            ctx = multiprocessing.get_context('fork') if sys.platform.startswith('linux') else None
-            with ProcessPoolExecutor(min(workers, len(jobs)), mp_context=ctx) as pool:
-                for ch, out in zip(chunks, pool.map(_solve_chunk, jobs)): sols += out; bar.update(len(ch))
-        else:
-            for ch, job in zip(chunks, jobs): sols += _solve_chunk(job); bar.update(len(ch))
+        for out in _in_processes(_solve_chunk, jobs, workers, lambda i: bar.update(len(chunks[i]))): sols += out
     else:   # the reference: each resample's runs concatenated (duplicates kept) and refitted by the scipy loop
         for ch in chunks:
             sols += [minimise_law(_repeat_runs(data, weights[i]), phi=phi, restarts=restarts, seed=seeds[i],
