@@ -22,8 +22,8 @@ __all__ = ['PAPER_DEPTH', 'PAPER_VOCAB', 'PAPER_REAL_VOCAB', 'PAPER_SEQ_LEN', 'P
            'N_CODA', 'INJECTIONS', 'BASELINE_WIDTHS', 'TBPTT_WIDTHS', 'HC_WIDTHS', 'CASE_STUDY_BUDGETS',
            'GRID_VARIANTS', 'GRID_COLUMNS', 'LoopLayout', 'backward_window', 'loop_layout', 'looped_config',
            'looped_block_params', 'injection_params', 'LoopedParams', 'looped_params', 'count_looped_params',
-           'flops_per_token', 'steps_for_budget', 'tokens_for_budget', 'looped_grid_row', 'looped_grid_rows',
-           'looped_rope', 'LoopedAttention', 'LoopedMLP', 'LoopedBlock', 'LoopedLM', 'build_looped']
+           'flops_per_token', 'steps_for_budget', 'tokens_for_budget', 'tokens_for_param_ratio', 'looped_grid_row',
+           'looped_grid_rows', 'looped_rope', 'LoopedAttention', 'LoopedMLP', 'LoopedBlock', 'LoopedLM', 'build_looped']
 
 # %% ../nbs/06_looped.ipynb #e8104e29
 PAPER_DEPTH = 20          # effective depth of every model in the paper
@@ -172,6 +172,13 @@ def steps_for_budget(C: float, flops: float, batch_tokens: int = PAPER_BATCH_TOK
 def tokens_for_budget(C: float, flops: float, batch_tokens: int = PAPER_BATCH_TOKENS) -> int:
     "Training tokens D = round(C/(F·B))·B (§5)."
     return steps_for_budget(C, flops, batch_tokens) * batch_tokens
+
+
+def tokens_for_param_ratio(cfg: ModelConfig, ratio: float, batch_tokens: int = PAPER_BATCH_TOKENS) -> int:
+    """Training tokens at `ratio` tokens per effective parameter, as the released `scripts/base_train.py` sets a
+    horizon by `--target-param-data-ratio` (the LR sweep of App. D: ratio 10): int(ratio·N_eff) // B whole steps,
+    N_eff = the non-embedding parameters with the loop counted r times (`LoopedParams.effective`)."""
+    return int(ratio * looped_params(cfg).effective(cfg.recurrence)) // batch_tokens * batch_tokens
 
 # %% ../nbs/06_looped.ipynb #f466a933
 BASELINE_WIDTHS: dict[float, tuple[int, ...]] = {

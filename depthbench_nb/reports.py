@@ -24,17 +24,19 @@ from .config import ConfigError, atomic_write_text, package_dir, runs_root
 # %% auto #0
 __all__ = ['REFERENCE_FILES', 'ACCOUNTING_LABEL', 'PAPER_LABEL', 'PAPER_PRESETS', 'RUN_COLUMNS', 'DEPTHBENCH_ARTIFACTS',
            'PAPER_SOURCE', 'SCALE_PRESETS', 'ESTIMATE_LABEL', 'DEPTHBENCH_PAPER_ITEMS', 'LOOPED_ARTIFACTS',
-           'FIT_COLUMNS', 'REPORT_NOTEBOOKS', 'DEMO_EXTRA_GROUPS', 'DEMO_METRICS', 'reference_table', 'Scale',
-           'study_scale', 'markdown_table', 'Report', 'normalize_runs', 'scan_study', 'study_table', 'completed',
-           'run_folder', 'load_diagnostics', 'best_lr_rows', 'status_section', 'PaperPlan', 'planned_steps',
-           'planned_tokens', 'run_comparability', 'RunScale', 'depthbench_paper_plan', 'with_comparability',
-           'depthbench_loss_section', 'depthbench_scales_section', 'depthbench_heatmap_section',
-           'depthbench_threshold_section', 'depthbench_mixing_section', 'depthbench_residual_path_section',
-           'depthbench_pruning_lens_section', 'depthbench_dead_zone_section', 'depthbench_domain_nll_section',
-           'depthbench_diagnostics_section', 'depthbench_costs_section', 'depthbench_paper_index',
-           'build_depthbench_report', 'looped_variant', 'looped_frame', 'looped_fit_sections',
-           'looped_ablation_sections', 'build_looped_report', 'show_report', 'run_report_notebooks', 'cli_report',
-           'demo_extra_entries', 'diagnose_study', 'demo', 'cli_demo']
+           'PAPER_EXTRAPOLATION', 'FIT_COLUMNS', 'REPORT_NOTEBOOKS', 'LOOPED_PARAMETERS', 'DEMO_EXTRA_GROUPS',
+           'DEMO_METRICS', 'reference_table', 'Scale', 'study_scale', 'markdown_table', 'Report', 'normalize_runs',
+           'scan_study', 'study_table', 'completed', 'run_folder', 'load_diagnostics', 'best_lr_rows', 'status_section',
+           'PaperPlan', 'record_field', 'planned_steps', 'planned_tokens', 'run_comparability', 'scale_label',
+           'RunScale', 'depthbench_paper_plan', 'with_comparability', 'depthbench_loss_section',
+           'depthbench_scales_section', 'depthbench_heatmap_section', 'depthbench_threshold_section',
+           'depthbench_mixing_section', 'depthbench_residual_path_section', 'depthbench_pruning_lens_section',
+           'depthbench_dead_zone_section', 'depthbench_domain_nll_section', 'depthbench_diagnostics_section',
+           'depthbench_costs_section', 'depthbench_paper_index', 'build_depthbench_report', 'looped_variant',
+           'looped_paper_plan', 'looped_frame', 'case_study_frame', 'baseline_refit_frame', 'FitEffort',
+           'per_r_frontier', 'frontier_exponents', 'table2_rows', 'looped_fit_sections', 'looped_case_study_sections',
+           'looped_ablation_sections', 'related_studies', 'build_looped_report', 'show_report', 'run_report_notebooks',
+           'cli_report', 'demo_extra_entries', 'diagnose_study', 'demo', 'cli_demo']
 
 # %% ../nbs/09c_reports.ipynb #68cac690
 REFERENCE_FILES = {'depthbench': 'depthbench_paper.csv', 'looped': 'looped_paper.csv'}
@@ -240,74 +242,89 @@ def status_section(rep: Report, df: pd.DataFrame, family_mask) -> pd.DataFrame:
         rep.note_missing('every result section', f'none of the {len(sub)} runs completed (statuses: {", ".join(counts.status)})')
     return sub
 
-# %% ../nbs/09c_reports.ipynb #0283ec9b
+# %% ../nbs/09c_reports.ipynb #b4615ec3
 @dataclass(frozen=True)
 class PaperPlan:
-    "What the paper trained for the cell its number belongs to: shape, planned tokens, completed steps."
-    label: str                      # e.g. '400M main benchmark, L32: Table 3 shape, 7,600 steps x 512 x 2048 tokens'
-    shape: dict                     # run fields that must match exactly, e.g. {'n_layer': 32, 'd_model': 896}
+    "What the paper trained for the cell one of its numbers belongs to: the run's shape, planned tokens, completed steps."
+    label: str                      # e.g. 'looped grid: C=1e+18, s=10, r=4 (3,621 steps x 262,144 tokens)'
+    shape: dict                     # run fields that must match exactly, e.g. {'d_model': 640, 'recurrence': 4}
     tokens: Optional[float] = None  # planned training tokens
-    steps: Optional[int] = None     # optimizer steps the run must have completed
-    tokens_rel_tol: float = 0.005   # planned tokens within 0.5%
+    steps: Optional[int] = None     # optimizer steps a run of the paper's completed
+    tokens_rel_tol: float = 0.005   # planned tokens agree within 0.5 %
 
 
 def _num(v) -> Optional[float]:
+    "A number from a record's field (None when absent, NaN or not a number)."
     try: v = float(v)
     except (TypeError, ValueError): return None
     return None if math.isnan(v) else v
 
 
-def _record_value(record, key: str):
-    "A field of a run record under its plain, `model.` or `train.` name (n_layer also as L)."
+def _present(v) -> bool:
+    return v is not None and not (isinstance(v, float) and math.isnan(v))
+
+
+def record_field(record, key: str):
+    "A run record's field under its plain, `model.` or `train.` name (collected tables flatten the configs); None if absent."
     for k in (key, f'model.{key}', f'train.{key}') + (('L',) if key == 'n_layer' else ()):
         v = record.get(k) if hasattr(record, 'get') else None
-        if v is not None and not (isinstance(v, float) and math.isnan(v)): return v
+        if _present(v): return v
     return None
 
 
 def planned_steps(record) -> Optional[int]:
-    "Optimizer steps a run record planned, as the trainer computes them (max_steps, else tokens, else tokens_per_param x Pre-LN params)."
-    if _num(record.get('planned_steps')) is not None: return int(_num(record['planned_steps']))
-    if _num(record.get('train.max_steps')) is not None: return int(_num(record['train.max_steps']))
-    gb, T = _num(record.get('train.global_batch')), _num(record.get('train.seq_len'))
+    """The optimizer steps a run planned, as the trainer computes them: `planned_steps` if the record has it, else
+    train.max_steps, else train.tokens / (global batch × sequence length), else tokens per parameter × Pre-LN params."""
+    for k in ('planned_steps', 'train.max_steps'):
+        if _present(record.get(k)): return int(record[k])
+    gb, T = record_field(record, 'global_batch'), record_field(record, 'seq_len')
     if gb is None or T is None: return None
-    if _num(record.get('train.tokens')) is not None: return max(1, round(_num(record['train.tokens']) / (gb * T)))
-    tpp = _num(record.get('train.tokens_per_param'))
-    fields = {k: _num(_record_value(record, k)) for k in ('n_layer', 'd_model', 'n_head', 'n_kv_head', 'ffn_hidden', 'vocab_size')}
-    if tpp is None or any(v is None for v in fields.values()): return None
+    if _present(record.get('train.tokens')): return max(1, round(float(record['train.tokens']) / (gb * T)))
+    tpp = record.get('train.tokens_per_param')
+    shape = {k: record_field(record, k) for k in ('n_layer', 'd_model', 'n_head', 'n_kv_head', 'ffn_hidden', 'vocab_size')}
+    if not _present(tpp) or any(v is None for v in shape.values()): return None
     from depthbench_nb.config import ModelConfig
     from depthbench_nb.shapes import count_params
-    n = count_params(ModelConfig(arch='preln', **{k: int(v) for k, v in fields.items()})).total
-    return max(1, round(tpp * n / (gb * T)))
+    return max(1, round(float(tpp) * count_params(ModelConfig(arch='preln', **{k: int(v) for k, v in shape.items()})).total / (gb * T)))
 
 
 def planned_tokens(record) -> Optional[float]:
-    "Training tokens a run record planned: planned steps x global batch x sequence length."
-    if _num(record.get('planned_tokens')) is not None: return _num(record['planned_tokens'])
-    steps, gb, T = planned_steps(record), _num(record.get('train.global_batch')), _num(record.get('train.seq_len'))
+    "The training tokens a run planned: planned steps × global batch × sequence length."
+    if _present(record.get('planned_tokens')): return float(record['planned_tokens'])
+    steps, gb, T = planned_steps(record), record_field(record, 'global_batch'), record_field(record, 'seq_len')
     return None if steps is None or gb is None or T is None else float(steps * gb * T)
 
 
+def _show(v):
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer, np.floating)): return str(v)
+    return f'{int(v):,}' if float(v).is_integer() else f'{float(v):g}'
+
+
 def run_comparability(record, plan: Optional[PaperPlan]) -> tuple[bool, list[str]]:
-    "(comparable, what differs): the run completed, with the paper's shape, planned tokens and completed steps for the cell of `plan`."
-    if plan is None: return False, ['the paper reports no number at this setting']
+    """(comparable, what differs): a run is comparable with a paper number only when it completed, with the paper's
+    shape, planned tokens and completed steps for that number's cell (`plan`; None: the paper has no such run)."""
+    if plan is None: return False, ['the paper has no run at this setting']
     diffs = []
-    status = record.get('status')
-    if status is not None and status != 'completed': diffs.append(f'status {status}')
+    if _present(record.get('status')) and record.get('status') != 'completed': diffs.append(f"status {record.get('status')}")
     for key, want in plan.shape.items():
-        have = _record_value(record, key)
-        same = (_num(have) == _num(want)) if _num(want) is not None else have == want
-        if have is None: diffs.append(f'{key} not recorded (the paper: {want})')
-        elif not same: diffs.append(f'{key} {have if _num(have) is None else int(_num(have)) if _num(have).is_integer() else _num(have)} (the paper: {want})')
+        have = record_field(record, key)
+        if have is None: diffs.append(f'{key} not recorded (the paper: {_show(want)})'); continue
+        same = (float(have) == float(want)) if isinstance(want, (int, float)) and not isinstance(want, bool) else (have == want)
+        if not same: diffs.append(f'{key} {_show(have)} (the paper: {_show(want)})')
     if plan.tokens is not None:
         toks = planned_tokens(record)
         if toks is None: diffs.append(f'planned tokens not recorded (the paper: {plan.tokens:.4g})')
         elif abs(toks / plan.tokens - 1) > plan.tokens_rel_tol: diffs.append(f'planned tokens {toks:.4g} (the paper: {plan.tokens:.4g})')
     if plan.steps is not None:
-        done = _num(record.get('steps'))
-        if done is None: diffs.append(f'completed steps not recorded (the paper: {plan.steps:,})')
+        done = record.get('steps')
+        if not _present(done): diffs.append(f'completed steps not recorded (the paper: {plan.steps:,})')
         elif int(done) != plan.steps: diffs.append(f'{int(done):,} steps completed (the paper: {plan.steps:,})')
     return not diffs, diffs
+
+
+def scale_label(comparable: bool, diffs: list) -> str:
+    "The words a table row carries: 'paper scale', or 'reduced scale: ' and what differs from the paper's run."
+    return 'paper scale' if comparable else 'reduced scale: ' + '; '.join(diffs)
 
 
 @dataclass
@@ -318,14 +335,15 @@ class RunScale(Scale):
 
     @property
     def label(self) -> str:
-        what = f"{', '.join(self.presets) if self.presets else 'no runs'}; provenance: {self.provenance}"
+        what = f"presets {', '.join(self.presets) if self.presets else 'none'}; provenance: {self.provenance}"
         if self.n_runs and self.n_comparable == self.n_runs:
-            return f"Scale: all {self.n_runs} completed runs match the paper's setting of their cell (shape, planned tokens, completed steps); presets {what}."
+            return (f"Scale: all {self.n_runs} completed runs are paper scale (the paper's shape, planned tokens and completed "
+                    f"steps for their cell); {what}.")
         if self.n_comparable:
-            return (f"Scale: {self.n_comparable} of {self.n_runs} completed runs match the paper's setting of their cell (shape, planned "
-                    f"tokens, completed steps); every other row is NOT comparable and says what differs; presets {what}.")
-        return (f"Scale: {what} - no run matches the paper's setting (shape, planned tokens, completed steps): a different "
-                "scale from the paper, NOT comparable; paper numbers are shown beside ours for reference only.")
+            return (f"Scale: {self.n_comparable} of {self.n_runs} completed runs are paper scale; the others are reduced scale, "
+                    f"NOT comparable (each row says what differs); {what}.")
+        return (f"Scale: reduced scale ({what}) - no run matches the paper's shape, planned tokens and completed steps: "
+                'NOT comparable; paper numbers are shown beside ours for reference only.')
 
 # %% ../nbs/09c_reports.ipynb #9d54d629
 DEPTHBENCH_ARTIFACTS = (
@@ -407,7 +425,7 @@ def with_comparability(rows: pd.DataFrame, plan_for: Callable = lambda r: depthb
     out['what_differs'] = ['; '.join(why) for _, _, why in res]
     out['paper_cell'] = [p.label if p else '' for p, _, _ in res]
     rows_ = [out.iloc[i].to_dict() for i in range(len(out))]
-    out['paper_shape'] = [p is not None and all(_num(_record_value(r, k)) == _num(v) for k, v in p.shape.items())
+    out['paper_shape'] = [p is not None and all(_num(record_field(r, k)) == _num(v) for k, v in p.shape.items())
                           for (p, _, _), r in zip(res, rows_)]   # the paper's shape, whatever the budget
     return out
 
@@ -936,9 +954,12 @@ def build_depthbench_report(study: str, df: Optional[pd.DataFrame] = None, out_d
 
 # %% ../nbs/09c_reports.ipynb #436ea776
 LOOPED_ARTIFACTS = (
-    'looped_run_status', 'looped_runs', 'looped_table1_per_r', 'looped_table2_joint', 'looped_frontier',
-    'looped_runs_scatter', 'looped_empirical_optima', 'looped_stability', 'looped_table3_tbptt', 'looped_table3_hc',
-    'looped_table5_injection', 'looped_lr_sweep', 'looped_worked_example', 'looped_paper_numbers', 'looped_verdicts')
+    'looped_run_status', 'looped_runs', 'looped_table1_per_r', 'looped_table2_joint', 'looped_table7_residuals',
+    'looped_fig8_joint_residuals', 'looped_fig9_per_r_residuals', 'looped_frontier', 'looped_frontier_exponents',
+    'looped_runs_scatter', 'looped_empirical_optima', 'looped_stability', 'looped_table3_case_studies',
+    'looped_fig10_case_study_residuals', 'looped_table5_injection', 'looped_lr_sweep', 'looped_worked_example',
+    'looped_paper_numbers', 'looped_verdicts')
+PAPER_EXTRAPOLATION = dict(s=34, steps=89_645, batch_tokens=524_288)   # Table 10: the flagship runs (r = 1 and 4)
 
 
 def _budget_cells(C: np.ndarray, tol: float = 1.3) -> np.ndarray:
@@ -958,21 +979,79 @@ def looped_variant(m) -> str:
     return m.injection
 
 
+def _same(a: float, b: float) -> bool: return abs(a / b - 1) < 1e-6
+
+
+def looped_paper_plan(record) -> Optional[PaperPlan]:
+    """The paper's run for a looped run's cell (None: the paper has none), decided from the run: the 116-run grid and
+    the case-study grids (budget C, width s, recurrence r), the injection ablation (Table 5), the LR sweep (App. D:
+    s ∈ {8, 10, 14}, 10, 20 or 40 tokens per effective parameter) and the extrapolation runs (Table 10). A run
+    without a recorded budget is matched by its planned tokens."""
+    from depthbench_nb import looped as L
+    from depthbench_nb.trainer import LOOPED_RECIPE
+    r, d = record_field(record, 'recurrence'), record_field(record, 'd_model')
+    if r is None or d is None or int(d) % 64: return None
+    r, s = int(r), int(d) // 64
+    inj, tb = record_field(record, 'injection'), bool(record_field(record, 'truncated_bptt') or False)
+    variant = 'tbptt' if tb else 'hc' if inj == 'hc' else 'baseline' if (r == 1 or inj == 'linear') else inj
+    try: cfg = L.looped_config(s, r, **(dict(truncated_bptt=True) if tb else dict(injection=inj) if variant != 'baseline' else {}))
+    except ConfigError: return None
+    shape = dict(n_layer=L.PAPER_DEPTH, d_model=cfg.d_model, recurrence=r, injection=cfg.injection, truncated_bptt=tb,
+                 vocab_size=L.PAPER_VOCAB, seq_len=L.PAPER_SEQ_LEN, global_batch=L.PAPER_BATCH_TOKENS // L.PAPER_SEQ_LEN)
+    F = L.flops_per_token(cfg)
+    C = float(record['C']) if _present(record.get('C')) else None
+    if C is None:   # a run without a recorded budget: the paper budget whose token count it was set from (train.tokens)
+        toks = [float(t) for t in (record.get('train.tokens'), planned_tokens(record)) if _present(t)]
+        C = next((b for b in L.BASELINE_WIDTHS if any(L.tokens_for_budget(b, F) == t for t in toks)), None)
+    if C is not None:
+        Cp = next((b for b in L.BASELINE_WIDTHS if _same(C, b)), None)
+        if Cp is None: return None
+        widths = {'baseline': L.BASELINE_WIDTHS, 'tbptt': L.TBPTT_WIDTHS, 'hc': L.HC_WIDTHS}.get(variant)
+        steps = L.steps_for_budget(Cp, F)
+        if widths is not None and (variant == 'baseline' or Cp in L.CASE_STUDY_BUDGETS) and s in widths[Cp]:
+            what = 'the 116-run grid (Table 6)' if variant == 'baseline' else f'the {variant} case-study grid (App. G.1)'
+            return PaperPlan(f'{what}: C={Cp:g}, s={s}, r={r} ({steps:,} steps)', dict(shape, lr=LOOPED_RECIPE['lr']),
+                             tokens=steps * L.PAPER_BATCH_TOKENS, steps=steps)
+        if (s, r) == (10, 4) and _same(Cp, 1e18):
+            return PaperPlan(f'injection ablation (Table 5): s=10, r=4, C=1e18, {cfg.injection}', dict(shape, lr=LOOPED_RECIPE['lr']),
+                             tokens=steps * L.PAPER_BATCH_TOKENS, steps=steps)
+        return None
+    if variant != 'baseline' or r not in (1, 4): return None
+    if s == PAPER_EXTRAPOLATION['s']:
+        e = PAPER_EXTRAPOLATION
+        return PaperPlan(f"extrapolation (Table 10): s=34, r={r}, {e['steps']:,} steps x {e['batch_tokens']:,} tokens",
+                         dict(shape, global_batch=e['batch_tokens'] // L.PAPER_SEQ_LEN), tokens=e['steps'] * e['batch_tokens'], steps=e['steps'])
+    if s in (8, 10, 14):
+        toks = planned_tokens(record)
+        ratio = next((q for q in (10, 20, 40) if toks is not None and L.tokens_for_param_ratio(cfg, q) == toks), 10)
+        t = L.tokens_for_param_ratio(cfg, ratio)
+        return PaperPlan(f'LR sweep (App. D): s={s}, r={r}, {ratio} tokens per effective parameter', shape, tokens=t,
+                         steps=t // L.PAPER_BATCH_TOKENS)
+    return None
+
+
 def looped_frame(df: pd.DataFrame) -> pd.DataFrame:
-    "Completed looped runs as the fitter's table: n_once, n_rec, r, D, loss, C (budget cell), s, variant, lr."
+    """Completed looped runs as the fitter's table: n_once, n_rec, r, D, loss, C (budget cell), s, variant, lr, and
+    each run's scale: `paper_scale` and `scale` ('paper scale' or 'reduced scale: ' and what differs, `looped_paper_plan`)."""
     from depthbench_nb.looped import flops_per_token, looped_params
     from depthbench_nb.runs import read_params
+    from depthbench_nb.sweep import flatten
+    from depthbench_nb.trainer import total_steps
     done = completed(df[df['arch'] == 'looped']).dropna(subset=['final_val_loss']) if len(df) else df.iloc[0:0]
     rows = []
     for _, r in done.iterrows():
         run = read_params(run_folder(r))
         m, p = run.model, looped_params(run.model)
         F = flops_per_token(m, seq_len=run.train.seq_len)
-        planned = r.get('C') if 'C' in r and r.get('C') is not None and not pd.isna(r.get('C')) else np.nan
-        rows.append(dict(run_id=r['run_id'], r=m.recurrence, d_model=m.d_model, s=max(1, round(m.d_model / 64)), n_once=p.n_once,
-                         n_rec=p.n_rec, D=float(r['tokens']), loss=float(r['final_val_loss']), flops_per_token=F,
-                         C_realised=F * float(r['tokens']), C_planned=float(planned), variant=looped_variant(m),
-                         injection=m.injection, lr=run.train.lr, vocab=m.vocab_size, seq_len=run.train.seq_len))
+        planned = float(r['C']) if 'C' in r and _present(r.get('C')) else np.nan
+        record = {**flatten(run.to_dict()), 'status': r['status'], 'steps': r.get('steps'), 'C': planned,
+                  'lr': run.train.lr, 'planned_steps': total_steps(run)}
+        ok, diffs = run_comparability(record, looped_paper_plan(record))
+        rows.append(dict(study=r['study'], run_id=r['run_id'], r=m.recurrence, d_model=m.d_model, s=max(1, round(m.d_model / 64)),
+                         n_once=p.n_once, n_rec=p.n_rec, D=float(r['tokens']), loss=float(r['final_val_loss']), flops_per_token=F,
+                         C_realised=F * float(r['tokens']), C_planned=planned, variant=looped_variant(m), injection=m.injection,
+                         lr=run.train.lr, vocab=m.vocab_size, seq_len=run.train.seq_len, preset=run.preset,
+                         steps=r.get('steps'), planned_steps=record['planned_steps'], paper_scale=ok, scale=scale_label(ok, diffs)))
     out = pd.DataFrame(rows)
     if len(out):   # cells from the realised budgets; a cell is named by its planned budget where a run of it has one
         out['C'] = _budget_cells(out['C_realised'].to_numpy())
@@ -980,8 +1059,51 @@ def looped_frame(df: pd.DataFrame) -> pd.DataFrame:
         out['C'] = [named.get(c, c) for c in out['C']]
     return out
 
+
+def _best_per_cell(frame: pd.DataFrame) -> pd.DataFrame:
+    "One point per (variant, r, s, C) cell: its lowest loss over learning rates (the paper fits each cell at its tuned LR)."
+    if not len(frame): return frame
+    frame = frame.reset_index(drop=True)
+    return frame.loc[frame.groupby(['variant', 'r', 's', 'C'])['loss'].idxmin()].sort_values(['r', 'C', 's'])
+
+
+def _budgets(values) -> str: return ', '.join(f'{c:.3g}' for c in sorted(set(values)))
+
+
+def case_study_frame(lf: pd.DataFrame, variant: str, drop_r=()) -> pd.DataFrame:
+    """The runs of a case-study fit, as the paper builds Table 3 (arXiv 2604.21106 §5, App. G): the variant's looped
+    runs plus the r = 1 (baseline) runs of the same budgets, which the case studies reuse (on the paper's grids:
+    HC 63 + 20 = 83 runs, truncated BPTT 69 + 20). `drop_r` leaves recurrences out (Table 3's TBPTT fit without r = 2)."""
+    runs = lf[(lf.variant == variant) & (lf.r > 1) & ~lf.r.isin(list(drop_r))] if len(lf) else lf
+    if not len(runs):
+        raise ConfigError(f"case study {variant!r}: no completed {variant} runs with r > 1" + (f' other than r = {list(drop_r)}' if drop_r else ''))
+    budgets = sorted(runs.C.unique())
+    anchors = lf[(lf.variant == 'baseline') & (lf.r == 1) & lf.C.isin(budgets)]
+    if not len(anchors):
+        raise ConfigError(f"case study {variant!r} has no r = 1 runs at its budgets C = {_budgets(budgets)}: the paper fits a case "
+                          "study's runs together with the r = 1 baseline runs of the same budgets. Train them (the `looped-main` "
+                          "study; a case-study study that `reuses` it finds them by run id) or add them to this study")
+    return _best_per_cell(pd.concat([anchors, runs]))
+
+
+def baseline_refit_frame(lf: pd.DataFrame, budgets) -> pd.DataFrame:
+    "The baseline runs (every r) of the case studies' budgets: the refit their Δφ is measured against (Table 3's first row)."
+    base = lf[(lf.variant == 'baseline') & lf.C.isin(list(budgets))] if len(lf) else lf
+    if not len(base): raise ConfigError(f'no baseline runs at the case-study budgets C = {_budgets(budgets)}')
+    return _best_per_cell(base)
+
 # %% ../nbs/09c_reports.ipynb #2f23a191
 FIT_COLUMNS = ('E', 'A', 'B', 'alpha', 'beta', 'phi', 'huber', 'r2', 'n_points', 'provenance')
+
+
+@dataclass(frozen=True)
+class FitEffort:
+    "How hard every fit of a report works (the paper's protocol by default: arXiv 2604.21106 §4.2, App. F.2)."
+    restarts: int = 500              # random starts of every fit
+    n_bootstrap: int = 200           # block resamples for the phi CI of the joint law (0: none)
+    bootstrap_restarts: int = 500    # random starts of every bootstrap refit (plus a warm start at the full fit)
+    seed: int = 0
+    workers: Optional[int] = None    # bootstrap processes (None: min(2, CPU cores))
 
 
 def _paper_fit(paper: pd.DataFrame, table: str, form: str, r=None) -> dict:
@@ -990,17 +1112,38 @@ def _paper_fit(paper: pd.DataFrame, table: str, form: str, r=None) -> dict:
     return {f'paper_{q}': float(v) for q, v in zip(sel.quantity, sel.value)}
 
 
+def _frame_scale(frame: pd.DataFrame) -> str:
+    "A fit's scale from its runs: 'paper scale' when every run is, else how many are not and what differs for one."
+    if 'paper_scale' not in frame or not len(frame): return 'not from run records (a table given directly)'
+    bad = frame[~frame.paper_scale.astype(bool)]
+    if not len(bad): return 'paper scale'
+    return f'reduced scale: {len(bad)} of {len(frame)} runs are not paper scale (e.g. {bad.scale.iloc[0][len("reduced scale: "):]})'
+
+
 def _fit_rows(fits: dict, paper: pd.DataFrame, table: str, form_of: Callable = lambda key: (str(key), None)) -> pd.DataFrame:
-    "One row per fit: our parameters, then the paper's for the same (table, form, r)."
+    """One row per fit (`fits`: key -> (FitResult, the runs it fitted)): our parameters, how the fit was computed (restarts,
+    resamples, warm-start wins), its scale, a plain-words note when the runs do not identify the law, then the paper's."""
+    from depthbench_nb.scaling import effort_label
     rows = []
-    for key, f in fits.items():
+    for key, (f, frame) in fits.items():
         d = f.to_dict()
         form, r = form_of(key)
         pk = _paper_fit(paper, table, form, r)
-        bounds = d.get('at_bounds') or []   # θ on the fitter's box edge: the data do not pin these parameters
-        rows.append(dict(fit=str(key), **{k: d.get(k) for k in FIT_COLUMNS}, at_bounds=', '.join(map(str, bounds)) or 'none',
+        b = f.bootstrap or {}
+        rows.append(dict(fit=str(key), **{k: d.get(k) for k in FIT_COLUMNS},
+                         n_r1=int((frame.r == 1).sum()) if 'r' in frame else np.nan, scale=_frame_scale(frame),
+                         restarts=f.restarts, bootstrap_resamples=b.get('n_resamples', 0), bootstrap_restarts=b.get('restarts', 0),
+                         best_from_warm_start=b.get('best_from_warm_start', np.nan), effort=effort_label(f),
+                         identified=f.identified, note=f.identification_note() or '',
+                         at_bounds=', '.join(map(str, d.get('at_bounds') or [])) or 'none',
                          **{f'paper_{q}': pk.get(f'paper_{q}', np.nan) for q in ('E', 'alpha', 'beta', 'phi', 'r2')}))
     return pd.DataFrame(rows)
+
+
+def _residual_frame(fit, frame: pd.DataFrame) -> pd.DataFrame:
+    "The fitted runs with the law's prediction and the residual (actual − predicted, nats)."
+    pred = fit.predict(fit.n_eff(frame.n_once, frame.n_rec, frame.r), frame.D)
+    return frame.assign(predicted=pred, residual=frame.loss - pred)
 
 # %% ../nbs/09c_reports.ipynb #fbaf7025
 def _guard(rep: Report, what: str, fn: Callable):
@@ -1008,91 +1151,223 @@ def _guard(rep: Report, what: str, fn: Callable):
     except ConfigError as e: rep.note_missing(what, str(e)); return None
 
 
-def looped_fit_sections(rep: Report, lf: pd.DataFrame, paper: pd.DataFrame, prov: str, restarts: int, n_bootstrap: int,
-                        bootstrap_restarts: int, seed: int):
-    "Tables 1-3, Fig. 3 (frontiers), empirical optima and stability refits from the looped table `lf`."
+_FIT_COLS = ['n_once', 'n_rec', 'r', 'D', 'loss', 'C', 'provenance']
+
+
+def _fit(frame: pd.DataFrame, effort: FitEffort, law: str = 'looped', **kw):
     from depthbench_nb import scaling
-    fit_cols = ['n_once', 'n_rec', 'r', 'D', 'loss', 'C', 'provenance']
-    base = lf[lf.variant == 'baseline'].assign(provenance=prov)
-    base = base.loc[base.groupby(['r', 's', 'C'])['loss'].idxmin()] if len(base) else base   # one point per cell: its best LR
+    return scaling.fit_frame(frame, law, restarts=effort.restarts, seed=effort.seed, **kw)
+
+
+def per_r_frontier(per_r: dict, base: pd.DataFrame, n_budgets: int = 12) -> pd.DataFrame:
+    """Compute-optimal frontiers from the per-r laws (Table 1), as the paper draws Fig. 3: for each r and budget C the
+    width minimising the r-law's loss at D = C/F(d, r) (the paper's FLOP accounting at the runs' vocabulary and
+    sequence length). Budgets span the fitted range; a budget outside an r's own runs is flagged `extrapolated`."""
+    from depthbench_nb import scaling
+    acc = functools.partial(scaling.paper_accounting, vocab=int(base['vocab'].iloc[0]), seq_len=int(base['seq_len'].iloc[0]))
+    Cs = np.geomspace(base['C'].min(), base['C'].max(), n_budgets)
+    rows = []
+    for r, fit in sorted(per_r.items()):
+        lo, hi = base[base.r == r].C.min(), base[base.r == r].C.max()
+        for C in Cs:
+            o = scaling.law_optimum(fit, C, r, d_range=(8.0, 65536.0), accounting=acc)
+            rows.append(dict(o, extrapolated=bool(C < lo * (1 - 1e-9) or C > hi * (1 + 1e-9))))
+    fr = pd.DataFrame(rows)
+    ref1 = fr[fr.r == 1].set_index('C')['loss'] if (fr.r == 1).any() else pd.Series(dtype=float)
+    fr['gap_to_r1'] = [l - ref1.get(C, np.nan) for C, l in zip(fr.C, fr.loss)]
+    return fr
+
+
+def frontier_exponents(fr: pd.DataFrame, paper: pd.DataFrame) -> pd.DataFrame:
+    "N* ∝ C^a and D* ∝ C^b per r: least-squares slopes in log-log over each r's fitted budgets, beside the paper's (Fig. 3)."
+    rows = []
+    for r, g in fr[~fr.extrapolated].groupby('r'):
+        row = dict(r=int(r), n_budgets=len(g), a_N_star=np.nan, b_D_star=np.nan)
+        if len(g) >= 2:
+            x = np.log(g.C.to_numpy(float))
+            row.update(a_N_star=float(np.polyfit(x, np.log(g.N.to_numpy(float)), 1)[0]),
+                       b_D_star=float(np.polyfit(x, np.log(g.D.to_numpy(float)), 1)[0]))
+        pk = _paper_fit(paper, 'fig3', 'exponents', r)
+        rows.append(dict(row, a_plus_b=row['a_N_star'] + row['b_D_star'], paper_a_N_star=pk.get('paper_n_star_exponent', np.nan),
+                         paper_b_D_star=pk.get('paper_d_star_exponent', np.nan)))
+    return pd.DataFrame(rows)
+
+
+def table2_rows(fits: dict, paper: pd.DataFrame) -> pd.DataFrame:
+    """Table 2: the joint law (`fits['phi_free']`, with its bootstrap) and the restricted laws. The phi CI is printed as
+    an interval only when the runs identify the law; otherwise the cell holds the plain-words note instead."""
+    t2 = _fit_rows(fits, paper, 'table2')
+    joint = fits['phi_free'][0]
+    lo, hi = (joint.ci or {}).get('phi', [np.nan, np.nan])
+    ok = joint.ci is not None and not joint.identification_note()
+    first = lambda v, rest: [v] + [rest] * (len(t2) - 1)
+    t2.insert(t2.columns.get_loc('phi') + 1, 'phi_ci', first(f'[{lo:.3f}, {hi:.3f}]' if ok else joint.identification_note() if joint.ci
+                                                             else 'no bootstrap', ''))
+    t2['phi_ci_low'], t2['phi_ci_high'] = first(lo if ok else np.nan, np.nan), first(hi if ok else np.nan, np.nan)
+    t2['paper_phi_ci'] = first('[0.41, 0.53]', '')
+    return t2
+
+
+def looped_fit_sections(rep: Report, lf: pd.DataFrame, paper: pd.DataFrame, prov: str, effort: FitEffort = FitEffort()):
+    """Table 1 (per-r laws), Table 2 (joint law, bootstrap CI, restricted laws), Table 7 and Figs. 8-9 (residuals), Fig. 3
+    (frontiers of the per-r laws and their exponents), empirical optima and the stability refits, from the baseline runs."""
+    from depthbench_nb import scaling
+    base = _best_per_cell(lf[lf.variant == 'baseline']).assign(provenance=prov) if len(lf) else lf
+    if not len(base):
+        rep.note_missing('Tables 1, 2 and 7, Figs. 3, 8 and 9, stability refits', 'no completed baseline looped runs in this study'
+                         + (' (its report fits the case studies only; the study it reuses has its own report)' if len(lf) else ''))
+        return
+    plt, sns = _sns()
     per_r = {}
     for r, g in base.groupby('r'):
-        f = _guard(rep, f'per-r Chinchilla fit r={r} (Table 1)', lambda g=g: scaling.fit_frame(
-            pd.DataFrame(dict(N=g.n_once + g.n_rec, D=g.D, loss=g.loss, provenance=prov)), 'chinchilla', restarts=restarts, seed=seed))
-        if f is not None: per_r[int(r)] = f
-    if per_r: rep.table(_fit_rows(per_r, paper, 'table1', lambda r: ('chinchilla', r)).rename(columns={'fit': 'r'}),
-                        'looped_table1_per_r', 'Per-r Chinchilla fits on N = n_once + n_rec (Table 1)')
-    joint = _guard(rep, 'joint phi fit (Table 2)', lambda: scaling.fit_frame(base[fit_cols], 'looped', restarts=restarts, seed=seed))
-    plt, sns = _sns()
-    if len(base):
-        fig, ax = plt.subplots(figsize=(5.5, 4))
-        sns.scatterplot(data=base.assign(C=base.C.map('{:.3g}'.format), r=base.r.astype(str)), x='D', y='loss', hue='r', style='C', ax=ax,
-                        palette=_r_palette(base.r.unique()), s=50)
-        ax.set_xscale('log'); ax.set_xlabel('training tokens D (log)'); ax.set_ylabel('validation loss (nats)')
-        rep.figure(fig, 'looped_runs_scatter', 'Looped baseline runs: loss vs tokens per recurrence r and budget C')
-        emp = _guard(rep, 'empirical optima per (C, r) cell', lambda: scaling.empirical_optima(base.assign(N=base.n_once + base.n_rec)))
-        if emp is not None and len(emp): rep.table(emp, 'looped_empirical_optima', 'Empirical compute-optimal size per (C, r) cell (parabola in log N; edge = optimum not bracketed)')
-    if joint is not None:
-        fits = {'phi_free': joint}
-        for phi in (0.0, 1.0):
-            f = _guard(rep, f'restricted law phi={phi:g}', lambda phi=phi: scaling.fit_frame(base[fit_cols], 'looped', phi=phi, restarts=restarts, seed=seed))
-            if f is not None: fits[f'phi_{phi:g}'] = f
-        boot = None
-        if n_bootstrap >= 2:
-            boot = _guard(rep, 'phi bootstrap CI', lambda: scaling.block_bootstrap(
-                functools.partial(scaling.fit_frame, law='looped', restarts=bootstrap_restarts), base[fit_cols], ('C', 'r'),
-                n_resamples=n_bootstrap, seed=seed, warm_start=joint))
-        else: rep.note_missing('phi bootstrap CI', f'n_bootstrap={n_bootstrap} (needs >= 2 resamples)')
-        t2 = _fit_rows(fits, paper, 'table2')
-        lo, hi = boot['ci'].get('phi', [np.nan, np.nan]) if boot else (np.nan, np.nan)
-        first = lambda v, fill: [v] + [fill] * (len(t2) - 1)
-        t2['phi_ci_low'], t2['phi_ci_high'] = first(lo, np.nan), first(hi, np.nan)
-        t2['bootstrap'] = first(f"{boot['n_resamples']} resamples of {boot['n_blocks']} (C, r) blocks" if boot else 'not run', '')
-        t2['paper_phi_ci'] = first('[0.41, 0.53]', '')
-        rep.table(t2, 'looped_table2_joint', 'Joint law: phi free (block-bootstrap 95% CI) and the restricted laws phi = 0 / 1 (Table 2)')
-        # compute-optimal frontiers from the fitted law at this study's vocabulary and sequence length (Fig. 3)
-        acc = functools.partial(scaling.paper_accounting, vocab=int(base['vocab'].iloc[0]), seq_len=int(base['seq_len'].iloc[0]))
-        Cs = np.geomspace(base['C'].min(), base['C'].max() * 10, 8)
-        rs = sorted(set(base['r'].astype(int)) | {1})
-        fr = pd.DataFrame([scaling.law_optimum(joint, C, r, d_range=(8.0, 65536.0), accounting=acc) for C in Cs for r in rs])
-        ref1 = fr[fr.r == 1].set_index('C')['loss']
-        fr['gap_to_r1'] = [l - ref1.get(C, np.nan) for C, l in zip(fr.C, fr.loss)]
+        f = _guard(rep, f'per-r Chinchilla fit r={r} (Table 1)', lambda g=g: _fit(
+            pd.DataFrame(dict(N=g.n_once + g.n_rec, D=g.D, loss=g.loss, provenance=prov)), effort, 'chinchilla'))
+        if f is not None: per_r[int(r)] = (f, g)
+    if per_r:
+        rep.table(_fit_rows(per_r, paper, 'table1', lambda r: ('chinchilla', r)).rename(columns={'fit': 'r'}).drop(columns='n_r1'), 'looped_table1_per_r',
+                  'Per-r Chinchilla fits on N = n_once + n_rec (Table 1)')
+        fig, axes = plt.subplots(1, len(per_r), figsize=(3.2 * len(per_r), 3.0), squeeze=False)
+        for ax, (r, (f, g)) in zip(axes[0], per_r.items()):
+            res = _residual_frame(f, g)                 # a per-r law: N_eff = n_once + n_rec
+            sns.scatterplot(data=res.assign(C=res.C.map('{:.3g}'.format)), x='D', y='residual', hue='C', ax=ax, s=30, legend=r == max(per_r))
+            ax.axhline(0, color='k', lw=0.6); ax.set_xscale('log'); ax.set_title(f'r = {r}: RMSE {np.sqrt((res.residual ** 2).mean()):.4f}', fontsize=8)
+            ax.set_xlabel('tokens D (log)'); ax.set_ylabel('actual − predicted (nats)')
+            ax.tick_params(axis='x', which='minor', labelbottom=False)
+            if r == max(per_r): sns.move_legend(ax, 'upper left', bbox_to_anchor=(1, 1), title='C', fontsize=7)
+        rep.figure(fig, 'looped_fig9_per_r_residuals', "Residuals of the per-r laws (Table 1's fits; the appendix's residual figures, Fig. 9 as we read it)")
+        fr = per_r_frontier({r: f for r, (f, _) in per_r.items()}, base)
         gaps = paper[paper.table == 'fig3']
-        fr['paper_gap_range'] = [(f"{gaps[(gaps.quantity == 'gap_low') & (pd.to_numeric(gaps.r) == r)].value.iloc[0]:g}-"
-                                  f"{gaps[(gaps.quantity == 'gap_high') & (pd.to_numeric(gaps.r) == r)].value.iloc[0]:g}")
-                                 if ((pd.to_numeric(gaps.r) == r) & (gaps.quantity == 'gap_low')).any() else '' for r in fr.r]
-        rep.table(fr, 'looped_frontier', 'Compute-optimal frontier of the fitted joint law (Fig. 3) and the gap to r = 1 (paper: 400M-class budgets)')
+        def gap_range(r):
+            lo, hi = (gaps[(gaps.quantity == q) & (pd.to_numeric(gaps.r, errors='coerce') == r)].value for q in ('gap_low', 'gap_high'))
+            return f'{float(lo.iloc[0]):g}-{float(hi.iloc[0]):g}' if len(lo) and len(hi) else ''
+        fr['paper_gap_range'] = [gap_range(r) for r in fr.r]
+        rep.table(fr, 'looped_frontier', f'Compute-optimal frontiers of the per-r laws (Table 1) over the fitted budgets '
+                  f'{_budgets(base.C)} FLOPs and the gap to r = 1 (Fig. 3; extrapolated = outside that r\'s own runs)')
+        rep.table(frontier_exponents(fr, paper), 'looped_frontier_exponents',
+                  "Compute-optimal exponents of the per-r laws: N* ∝ C^a, D* ∝ C^b over the fitted budgets, beside the paper's (Fig. 3)")
         fig, axes = plt.subplots(1, 2, figsize=(9, 3.5))
-        frs = fr.assign(r=fr.r.astype(str))
-        sns.lineplot(data=frs, x='C', y='loss', hue='r', marker='o', ax=axes[0], palette=_r_palette(fr.r.unique()))
-        axes[0].set_xscale('log'); axes[0].set_ylabel('compute-optimal loss (law)'); axes[0].set_xlabel('budget C (FLOPs)')
-        if (fr.r != 1).any():
-            sns.lineplot(data=frs[fr.r != 1], x='C', y='gap_to_r1', hue='r', marker='o', ax=axes[1], palette=_r_palette(fr.r.unique()))
-        axes[1].set_xscale('log'); axes[1].set_ylabel('frontier gap to r = 1 (nats)'); axes[1].set_xlabel('budget C (FLOPs)')
-        fig.tight_layout()
-        rep.figure(fig, 'looped_frontier', 'Compute-optimal frontiers and the gap to r = 1 (fitted law)')
-    cells = sorted(base['C'].unique()) if len(base) else []
-    if len(cells) >= 2:   # the paper splits its 6 budgets 3 / 3; a study with 2 cells refits each on its own
+        pal = _r_palette(fr.r.unique())
+        for r, g in fr.groupby('r'):
+            for part, ls in ((g[~g.extrapolated], '-'), (g[g.extrapolated], '--')):
+                if len(part):
+                    axes[0].plot(part.C, part.loss, ls, marker='o', ms=3, color=pal[str(r)], label=f'r = {r}' + (' (extrapolated)' if ls == '--' else ''))
+                    if r != 1: axes[1].plot(part.C, part.gap_to_r1, ls, marker='o', ms=3, color=pal[str(r)], label=f'r = {r}')
+        for ax, lab in ((axes[0], 'compute-optimal loss L*(C)'), (axes[1], 'frontier gap to r = 1 (nats)')):
+            ax.set_xscale('log'); ax.set_xlabel('budget C (FLOPs)'); ax.set_ylabel(lab); ax.legend(fontsize=7)
+        rep.figure(fig, 'looped_frontier', 'Compute-optimal frontiers of the per-r laws (Fig. 3): L*(C) per r and the gap to r = 1, '
+                   f'over the fitted budgets {_budgets(base.C)} FLOPs (dashed: extrapolated)')
+    fig, ax = plt.subplots(figsize=(5.5, 4))
+    sns.scatterplot(data=base.assign(C=base.C.map('{:.3g}'.format), r=base.r.astype(str)), x='D', y='loss', hue='r', style='C', ax=ax,
+                    palette=_r_palette(base.r.unique()), s=50)
+    ax.set_xscale('log'); ax.set_xlabel('training tokens D (log)'); ax.set_ylabel('validation loss (nats)')
+    rep.figure(fig, 'looped_runs_scatter', 'Looped baseline runs: loss vs tokens per recurrence r and budget C')
+    emp = _guard(rep, 'empirical optima per (C, r) cell', lambda: scaling.empirical_optima(base.assign(N=base.n_once + base.n_rec)))
+    if emp is not None and len(emp): rep.table(emp, 'looped_empirical_optima', 'Empirical compute-optimal size per (C, r) cell (parabola in log N; edge = optimum not bracketed)')
+    joint = _guard(rep, 'joint phi fit (Table 2)', lambda: _fit(base[_FIT_COLS], effort))
+    if joint is not None:
+        if effort.n_bootstrap >= 2:
+            boot = _guard(rep, 'phi bootstrap CI', lambda: scaling.block_bootstrap(
+                base[_FIT_COLS], 'looped', block_cols=('C', 'r'), n_resamples=effort.n_bootstrap, restarts=effort.bootstrap_restarts,
+                seed=effort.seed, warm_start=joint, workers=effort.workers))
+            if boot is not None: scaling.attach_bootstrap(joint, boot)
+        else: rep.note_missing('phi bootstrap CI', f'n_bootstrap={effort.n_bootstrap} (needs >= 2 resamples; the paper: 200)')
+        fits = {'phi_free': (joint, base)}
+        for phi in (0.0, 1.0):   # the restricted laws (the paper does not bootstrap them)
+            f = _guard(rep, f'restricted law phi={phi:g}', lambda phi=phi: _fit(base[_FIT_COLS], effort, phi=phi))
+            if f is not None: fits[f'phi_{phi:g}'] = (f, base)
+        rep.table(table2_rows(fits, paper), 'looped_table2_joint', 'Joint law: phi free (block-bootstrap 95% CI) and the restricted laws phi = 0 / 1 (Table 2)')
+        res = pd.DataFrame(joint.residuals)
+        p7 = paper[paper.table == 'table7']
+        def paper7(q, r):   # Table 7's per-r rows, and the pooled residuals of the joint law for r = 'all'
+            sel = p7[(p7.quantity == q) & ((p7.form == 'pooled') if r == 'all' else (pd.to_numeric(p7.r, errors='coerce') == float(r)))]
+            return float(sel.value.iloc[0]) if len(sel) else np.nan
+        for q in ('mean', 'max_abs', 'rmse'): res[f'paper_{q}'] = [paper7(q, r) for r in res.r]
+        rep.table(res, 'looped_table7_residuals', 'Residuals of the joint law per r, actual − predicted in nats (Table 7)')
+        jr = _residual_frame(joint, base)
+        fig, axes = plt.subplots(1, 2, figsize=(9, 3.5))
+        sns.scatterplot(data=jr.assign(r=jr.r.astype(str)), x='predicted', y='loss', hue='r', ax=axes[0], palette=_r_palette(jr.r.unique()), s=25)
+        lim = [jr[['predicted', 'loss']].min().min(), jr[['predicted', 'loss']].max().max()]
+        axes[0].plot(lim, lim, 'k-', lw=0.6); axes[0].set_xlabel('predicted loss (joint law)'); axes[0].set_ylabel('actual loss')
+        sns.stripplot(data=jr.assign(r=jr.r.astype(str), C=jr.C.map('{:.3g}'.format)), x='C', y='residual', hue='r', ax=axes[1],
+                      palette=_r_palette(jr.r.unique()), dodge=True, size=4)
+        axes[1].axhline(0, color='k', lw=0.6); axes[1].set_ylabel('actual − predicted (nats)'); axes[1].set_xlabel('budget C (FLOPs)')
+        axes[1].tick_params(axis='x', labelsize=7)
+        sns.move_legend(axes[1], 'upper left', bbox_to_anchor=(1, 1), title='r', fontsize=7)
+        rep.figure(fig, 'looped_fig8_joint_residuals', 'Fit quality of the joint law (phi free): actual vs predicted and residuals per budget '
+                   "and r (the appendix's residual figures, Fig. 8 as we read it; Table 7 has the per-r statistics)")
+    cells = sorted(base['C'].unique())
+    if len(cells) >= 2:   # App. F.3: refits on the low and the high budgets (the paper: C <= 2.15e18 and C >= 4.64e18)
         half = len(cells) // 2
-        stab = {k: _guard(rep, f'stability refit ({k})', lambda part=part: scaling.fit_frame(base[base.C.isin(part)][fit_cols], 'looped', restarts=restarts, seed=seed))
-                for k, part in (('low_budgets', cells[:half]), ('high_budgets', cells[half:]))}
-        stab = {k: v for k, v in stab.items() if v is not None}
-        if stab: rep.table(_fit_rows(stab, paper, 'stability'), 'looped_stability', 'Stability refits on the low and high half of the budgets (paper: phi 0.44 / 0.49)')
+        stab = {}
+        for k, part in (('low_budgets', cells[:half]), ('high_budgets', cells[half:])):
+            frame = base[base.C.isin(part)]
+            f = _guard(rep, f'stability refit ({k})', lambda frame=frame: _fit(frame[_FIT_COLS], effort))
+            if f is not None: stab[k] = (f, frame)
+        if stab: rep.table(_fit_rows(stab, paper, 'stability'), 'looped_stability', 'Stability refits on the low and high half of the budgets (App. F.3; paper: phi 0.44 / 0.49)')
     else:
         rep.note_missing('stability refits', f'need >= 2 budget cells (a low and a high half), the study has {len(cells)}')
-    for variant in ('tbptt', 'hc'):   # case studies (Table 3): each variant's runs plus the r = 1 baseline runs
-        sub = lf[lf.variant == variant]
-        if not len(sub): rep.note_missing(f'case study {variant} (Table 3)', f'no completed {variant} runs'); continue
-        frame = pd.concat([base[base.r == 1], sub.assign(provenance=prov)])[fit_cols]
-        f = _guard(rep, f'case study {variant} (Table 3)', lambda frame=frame: scaling.fit_frame(frame, 'looped', restarts=restarts, seed=seed))
-        if f is not None: rep.table(_fit_rows({variant: f}, paper, 'table3'), f'looped_table3_{variant}', f'Case study {variant}: joint law on its runs + the r = 1 runs (Table 3)')
 
 
+def looped_case_study_sections(rep: Report, lf: pd.DataFrame, paper: pd.DataFrame, prov: str, effort: FitEffort = FitEffort()):
+    """Table 3 as the paper computes it: each case study fitted on its runs plus the r = 1 runs of its budgets
+    (`case_study_frame`), truncated BPTT also without r = 2, and the baseline refitted on the same budgets (Δφ is
+    measured against it); Fig. 10, the case-study fits' residuals."""
+    variants = [v for v in ('tbptt', 'hc') if len(lf) and (lf.variant == v).any()]
+    if not variants:
+        rep.note_missing('case studies (Table 3, Fig. 10)', 'no completed truncated-BPTT or hyper-connection runs (the looped-tbptt '
+                         'and looped-hc studies; their reports, and looped-main\'s, fit them with the r = 1 runs of their budgets)')
+        return
+    fits = {}
+    for v in variants:
+        for key, drop in ((v, ()),) + (((f'{v}_without_r2', (2,)),) if v == 'tbptt' else ()):
+            if drop and not (lf[(lf.variant == v)].r == 2).any(): continue
+            frame = _guard(rep, f'case study {key} (Table 3)', lambda v=v, drop=drop: case_study_frame(lf, v, drop).assign(provenance=prov))
+            f = frame is not None and _guard(rep, f'case study {key} (Table 3)', lambda frame=frame: _fit(frame[_FIT_COLS], effort))
+            if f: fits[key] = (f, frame)
+    if not fits: return
+    refits = {}
+    for key, (f, frame) in list(fits.items()):   # the baseline on the same budgets as each case study (the paper: its 4 lowest)
+        budgets = tuple(sorted(frame.C.unique()))
+        if budgets not in refits:
+            bf = _guard(rep, f'baseline refit on C = {_budgets(budgets)} (Table 3)', lambda b=budgets: baseline_refit_frame(lf, b).assign(provenance=prov))
+            refits[budgets] = (bf, bf is not None and _guard(rep, 'baseline refit (Table 3)', lambda bf=bf: _fit(bf[_FIT_COLS], effort)))
+    rows = {}
+    for i, (budgets, (bf, f)) in enumerate(refits.items()):
+        if f: rows['baseline_refit' if len(refits) == 1 else f'baseline_refit_{i + 1}'] = (f, bf)
+    rows.update(fits)
+    form = lambda k: ('baseline_low4' if k.startswith('baseline_refit') else k, None)
+    t3 = _fit_rows(rows, paper, 'table3', form)
+    base_phi = {b: f.phi for b, (_, f) in refits.items() if f}
+    t3.insert(1, 'budgets', [_budgets(frame.C) for _, frame in rows.values()])
+    t3.insert(2, 'recurrences', [', '.join(map(str, sorted(frame.r.unique()))) for _, frame in rows.values()])
+    t3['delta_phi'] = [f.phi - base_phi.get(tuple(sorted(frame.C.unique())), np.nan) if not k.startswith('baseline_refit') else 0.0
+                       for k, (f, frame) in rows.items()]
+    t3['paper_delta_phi'] = [t3.paper_phi[i] - _paper_fit(paper, 'table3', 'baseline_low4').get('paper_phi', np.nan) for i in range(len(t3))]
+    rep.table(t3, 'looped_table3_case_studies', "Case studies (Table 3): each fitted on its runs plus the r = 1 runs of its budgets; "
+              'delta_phi against the baseline refitted on the same budgets')
+    plt, sns = _sns()
+    case = {k: v for k, v in fits.items()}
+    fig, axes = plt.subplots(1, len(case), figsize=(5 * len(case), 3.4), squeeze=False)
+    f10 = paper[paper.table == 'fig10']
+    for ax, (key, (f, frame)) in zip(axes[0], case.items()):
+        res = _residual_frame(f, frame)
+        sns.stripplot(data=res.assign(r=res.r.astype(str), C=res.C.map('{:.3g}'.format)), x='C', y='residual', hue='r', ax=ax,
+                      palette=_r_palette(res.r.unique()), dodge=True, size=4)
+        ax.axhline(0, color='k', lw=0.6); ax.set_ylabel('actual − predicted (nats)'); ax.set_xlabel('budget C (FLOPs)'); ax.tick_params(axis='x', labelsize=7)
+        p = f10[f10.form == key.split('_without')[0]]
+        ref = (f" (paper: {float(p[p.quantity == 'rmse'].value.iloc[0]):g}, {float(p[p.quantity == 'max_abs'].value.iloc[0]):g})"
+               if len(p) and '_without' not in key else '')
+        ax.set_title(f'{key}: RMSE {np.sqrt((res.residual ** 2).mean()):.4f}, max {res.residual.abs().max():.4f}{ref}', fontsize=8)
+        sns.move_legend(ax, 'upper left', bbox_to_anchor=(1, 1), title='r', fontsize=7)
+    rep.figure(fig, 'looped_fig10_case_study_residuals', 'Residuals of the case-study fits, runs + r = 1 anchors (Fig. 10)')
+
+# %% ../nbs/09c_reports.ipynb #ebfd00c8
 def looped_ablation_sections(rep: Report, lf: pd.DataFrame, paper: pd.DataFrame):
-    "Injection ablation (Table 5), LR sweep, extrapolation (Table 10)."
+    "Injection ablation (Table 5), LR sweep (App. D), extrapolation (Table 10), each row with its scale."
     looped_runs = lf[lf.r > 1] if len(lf) else lf
-    inj = looped_runs.groupby(['injection', 'r', 's', 'C'], as_index=False)['loss'].min() if len(looped_runs) else looped_runs
-    if len(inj) and inj['injection'].nunique() > 1:
+    shown = lambda cols: [c for c in cols if c in lf]       # a table given directly may lack the run columns
+    if len(looped_runs) and looped_runs['injection'].nunique() > 1:
+        inj = looped_runs.loc[looped_runs.groupby(['injection', 'r', 's', 'C'])['loss'].idxmin()][shown(['injection', 'r', 's', 'C', 'D', 'loss', 'scale'])]
         p5 = paper[paper.table == 'table5'][['form', 'value']].rename(columns={'form': 'injection', 'value': 'paper_val_loss_s10_r4_C1e18'})
         rep.table(inj.merge(p5, on='injection', how='left'), 'looped_table5_injection', 'Injection ablation: best loss per injection (Table 5)')
     else: rep.note_missing('injection ablation (Table 5)', 'the study trained a single injection variant of the loop')
@@ -1104,44 +1379,68 @@ def looped_ablation_sections(rep: Report, lf: pd.DataFrame, paper: pd.DataFrame)
         fig, ax = plt.subplots(figsize=(5.5, 3.5))
         sns.lineplot(data=sub, x='lr', y='loss', hue='shape', marker='o', ax=ax)
         ax.set_xscale('log'); ax.set_xlabel('matrix learning rate (log)'); ax.set_ylabel('validation loss (nats)')
-        rep.figure(fig, 'looped_lr_sweep', 'Looped LR sweep: loss vs matrix LR per shape')
+        rep.figure(fig, 'looped_lr_sweep', 'Looped LR sweep: loss vs matrix LR per shape (App. D; the paper: optimum about 0.014 for r = 1 and 4)')
     else: rep.note_missing('looped LR sweep', 'the study trained a single LR per looped shape')
-    big = lf[(lf.s >= 34)] if len(lf) else lf
+    big = lf[(lf.s >= PAPER_EXTRAPOLATION['s'])] if len(lf) else lf
     if len(big):
-        t10 = big[['r', 's', 'D', 'loss']].merge(paper[paper.table == 'table10'][['r', 'value']].assign(r=lambda d: pd.to_numeric(d.r)).rename(
+        t10 = big[shown(['r', 's', 'D', 'loss', 'scale'])].merge(paper[paper.table == 'table10'][['r', 'value']].assign(r=lambda d: pd.to_numeric(d.r)).rename(
             columns={'value': 'paper_val_loss'}), on='r', how='left')
         rep.table(t10, 'looped_table10_extrapolation', 'Extrapolation runs (s=34, about 4e20 FLOPs) beside the paper (Table 10)')
     else: rep.note_missing('extrapolation comparison (Table 10)', 'needs the s=34, 47B-token runs (paper scale); the paper numbers are in looped_paper_numbers')
 
 
-def build_looped_report(study: str, df: Optional[pd.DataFrame] = None, out_dir=None, restarts: int = 100,
-                        n_bootstrap: int = 50, bootstrap_restarts: int = 20, seed: int = 0, lf: Optional[pd.DataFrame] = None,
-                        provenance: Optional[str] = None) -> Report:
-    "All looped-LM tables and figures of a study into papermill_runs/<study>/report/ (`lf`: a ready looped table instead of runs)."
+def related_studies(study: str) -> list[str]:
+    """Studies whose runs a study's looped report also reads: the one it `reuses` (a case study's r = 1 anchors) and the
+    shipped studies that reuse it (so `looped-main`'s report fits the case studies too), when they have run folders."""
+    from depthbench_nb import sweep
+    names = sweep.study_names()
+    out = []
+    if study in names and sweep.load_study(study).reuses: out.append(sweep.load_study(study).reuses)
+    out += [n for n in names if n != study and sweep.load_study(n).reuses == study]
+    return [s for s in dict.fromkeys(out) if (runs_root() / s).is_dir()]
+
+
+def build_looped_report(study: str, df: Optional[pd.DataFrame] = None, out_dir=None, restarts: int = 500,
+                        n_bootstrap: int = 200, bootstrap_restarts: int = 500, seed: int = 0, lf: Optional[pd.DataFrame] = None,
+                        provenance: Optional[str] = None, workers: Optional[int] = None, related: Optional[list] = None) -> Report:
+    """All looped-LM tables and figures of a study into papermill_runs/<study>/report/, at the paper's fitting effort by
+    default (`lf`: a ready looped table instead of runs). Runs of `related` studies (default `related_studies`) join by
+    run id: the case studies' r = 1 anchors; Tables 1, 2, 7 and Figs. 3, 8, 9 use this study's own baseline runs."""
     from depthbench_nb import scaling
+    effort = FitEffort(restarts, n_bootstrap, bootstrap_restarts, seed, workers)
     df = normalize_runs(study_table(study) if df is None else df)
-    is_looped = lambda d: d['arch'] == 'looped'
-    rep = Report(study, 'looped', study_scale(df[is_looped(df)] if len(df) else df, study),
-                 Path(out_dir) if out_dir else runs_root() / study / 'report', expected=LOOPED_ARTIFACTS)
+    out = Path(out_dir) if out_dir else runs_root() / study / 'report'
     paper = reference_table('looped')
-    prov = provenance or ('real' if rep.scale.comparable else 'demo')
-    # the worked example is accounting (closed forms of specs/looped.md §5): comparable at any scale
+    is_looped = lambda d: d['arch'] == 'looped'
+    from_runs = lf is None
+    if from_runs:
+        related = related_studies(study) if related is None else related
+        others = [normalize_runs(study_table(s)) for s in related]
+        both = pd.concat([df] + others, ignore_index=True) if others else df
+        both = both.drop_duplicates('run_id', keep='first') if len(both) else both    # a run shared by id counts once
+        lf = looped_frame(both)
+    presets = tuple(sorted(set(lf['preset']))) if 'preset' in lf and len(lf) else ()
+    n_ok = int(lf['paper_scale'].sum()) if 'paper_scale' in lf and len(lf) else 0
+    rep = Report(study, 'looped', RunScale(presets, bool(len(lf)) and n_ok == len(lf),
+                                           provenance or ('demo' if study == 'demo' else 'runs'), len(lf), n_ok), out, expected=LOOPED_ARTIFACTS)
+    prov = provenance or ('real' if len(lf) and n_ok == len(lf) and study != 'demo' else 'demo')
+    # the worked example is accounting (the closed forms of §3.2): comparable at any scale
     we = scaling.worked_example()
-    rep.verdict('worked example: unique params r=4 / r=1 at equal width', we['unique_ratio'], 0.41, 0.02, 'specs/looped.md §6 ((8+1/6)/20)')
-    rep.verdict('worked example: effective params r=4 / r=1 (phi=0.459)', we['eff_ratio'], 0.58, 0.03, 'specs/looped.md §6 ((4+4^0.46*4)/20)')
-    rep.verdict('worked example: FLOPs r=4 / r=1', we['flops_ratio'], 1.0, 0.03, 'specs/looped.md §6 (equal up to the injection overhead)')
-    rep.table(pd.DataFrame([we]), 'looped_worked_example', 'Worked example (specs/looped.md §6): r=4 at the width of a 1B r=1 model',
-              label=ACCOUNTING_LABEL)
+    rep.verdict('worked example: unique params r=4 / r=1 at equal width', we['unique_ratio'], 0.41, 0.02, 'arXiv 2604.21106 App. F.4 ((8+1/6)/20)')
+    rep.verdict('worked example: effective params r=4 / r=1 (phi=0.459)', we['eff_ratio'], 0.58, 0.03, 'arXiv 2604.21106 App. F.4 ((4+4^0.46*4)/20)')
+    rep.verdict('worked example: FLOPs r=4 / r=1', we['flops_ratio'], 1.0, 0.03, 'arXiv 2604.21106 App. F.4 (equal up to the injection overhead)')
+    rep.table(pd.DataFrame([we]), 'looped_worked_example', 'Worked example (App. F.4): r=4 at the width of a 1B r=1 model', label=ACCOUNTING_LABEL)
     rep.table(paper, 'looped_paper_numbers', 'Paper numbers (reference only; each row cites its source)', label=PAPER_LABEL)
-    if lf is None:
-        status_section(rep, df, is_looped)
-        lf = looped_frame(df)
+    if from_runs: status_section(rep, df, is_looped)
     if not len(lf):
         rep.note_missing('all looped fits and figures', f'no completed looped runs in study {rep.study!r}')
         rep.write_index(); return rep
-    rep.table(lf, 'looped_runs', f'Completed looped runs as fitted (n_once, n_rec, r, D, loss; C = budget cell; provenance {prov})')
-    looped_fit_sections(rep, lf, paper, prov, restarts, n_bootstrap, bootstrap_restarts, seed)
-    looped_ablation_sections(rep, lf, paper)
+    own = lf[lf.study == study] if 'study' in lf else lf
+    rep.table(lf, 'looped_runs', f'Completed looped runs as fitted (n_once, n_rec, r, D, loss; C = budget cell; scale per run; provenance {prov})'
+              + ('' if len(own) == len(lf) else f'; {len(lf) - len(own)} of them from {", ".join(sorted(set(lf.study) - {study}))}, reused by run id'))
+    looped_fit_sections(rep, own, paper, prov, effort)
+    looped_case_study_sections(rep, lf, paper, prov, effort)
+    looped_ablation_sections(rep, own, paper)
     rep.write_index()
     return rep
 
@@ -1158,6 +1457,7 @@ def show_report(rep: Report, max_rows: int = 30):
 
 # %% ../nbs/09c_reports.ipynb #18284cca
 REPORT_NOTEBOOKS = {'depthbench': '20_depthbench_report', 'looped': '21_looped_report'}
+LOOPED_PARAMETERS = ('restarts', 'n_bootstrap', 'bootstrap_restarts', 'seed', 'workers')   # notebook 21's fitting effort
 
 
 def run_report_notebooks(study: str, which=('depthbench', 'looped'), parameters: Optional[dict] = None, progress: bool = True) -> list[Path]:
@@ -1171,7 +1471,7 @@ def run_report_notebooks(study: str, which=('depthbench', 'looped'), parameters:
         if w not in REPORT_NOTEBOOKS: raise ConfigError(f"unknown report {w!r}; valid: {', '.join(REPORT_NOTEBOOKS)}")
         src = template_path(REPORT_NOTEBOOKS[w])
         out = out_dir / src.name
-        params = dict(study=study, **{k: v for k, v in (parameters or {}).items() if w == 'looped' or k not in ('restarts', 'n_bootstrap')})
+        params = dict(study=study, **{k: v for k, v in (parameters or {}).items() if w == 'looped' or k not in LOOPED_PARAMETERS})
         if progress: print(f'[report] executing {src.name} -> {out}', flush=True)
         pm.execute_notebook(str(src), str(out), parameters=params, kernel_name='python3', progress_bar=False, cwd=str(out_dir))
         done.append(out)
@@ -1184,14 +1484,22 @@ def cli_report(argv=None) -> int:
     p = argparse.ArgumentParser(prog='depthbench-nb report', description="Rebuild a study's tables and figures (papermill_runs/STUDY/report/).")
     p.add_argument('study', help='study name (a folder under the runs root)')
     p.add_argument('--only', choices=list(REPORT_NOTEBOOKS), help='build one report only')
-    p.add_argument('--restarts', type=int, default=100, help='L-BFGS-B restarts per law fit (paper: 500)')
-    p.add_argument('--bootstrap', type=int, default=50, help='block-bootstrap resamples for the phi CI (paper-style: 200)')
+    p.add_argument('--restarts', type=int, default=500, help='random starts of every law fit (default 500, the paper)')
+    p.add_argument('--bootstrap', type=int, default=200, help='block-bootstrap resamples for the phi CI (default 200, the paper; 0: none)')
+    p.add_argument('--boot-restarts', type=int, default=500, help='random starts of every bootstrap refit, plus a warm start (default 500)')
+    p.add_argument('--seed', type=int, default=0, help='seed of the fits and resamples')
+    p.add_argument('--workers', type=int, default=None, help='bootstrap processes (default: min(2, CPU cores))')
     p.add_argument('--json', action='store_true', help='machine-readable JSON output')
     a = p.parse_args(argv)
     if not (runs_root() / a.study).is_dir():
         raise ConfigError(f"no study {a.study!r} under {runs_root()}: run `depthbench-nb sweep run {a.study}` first")
+    for name in ('restarts', 'boot_restarts'):
+        if getattr(a, name) < 1: raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(a, name)}")
+    if a.bootstrap < 0 or a.bootstrap == 1: raise ConfigError(f'--bootstrap must be 0 (none) or >= 2 resamples, got {a.bootstrap}')
+    if a.workers is not None and a.workers < 1: raise ConfigError(f'--workers must be >= 1, got {a.workers}')
     which = (a.only,) if a.only else tuple(REPORT_NOTEBOOKS)
-    nbs = run_report_notebooks(a.study, which, dict(restarts=a.restarts, n_bootstrap=a.bootstrap), progress=not a.json)
+    nbs = run_report_notebooks(a.study, which, dict(restarts=a.restarts, n_bootstrap=a.bootstrap, bootstrap_restarts=a.boot_restarts,
+                                                    seed=a.seed, workers=a.workers), progress=not a.json)
     out = runs_root() / a.study / 'report'
     rows = [dict(file=str(f.relative_to(out)), bytes=f.stat().st_size) for f in sorted(out.iterdir()) if f.is_file() and not f.name.startswith('.')]
     return emit(dict(study=a.study, report_dir=str(out), notebooks=[str(n) for n in nbs], files=rows) if a.json else rows,
@@ -1200,7 +1508,8 @@ def cli_report(argv=None) -> int:
 # %% ../nbs/09c_reports.ipynb #a3cf46cd
 DEMO_EXTRA_GROUPS = (
     dict(name='looped-width3', r=[1, 2, 4], s=[3], C=[5.0e+11, 1.0e+12]),
-    dict(name='looped-variants', r=[2], s=[1], C=[5.0e+11], option_sets=[dict(truncated_bptt=True), dict(injection='hc'), dict(injection='additive')]),
+    dict(name='looped-variants', r=[2, 4], s=[1, 2], C=[5.0e+11], option_sets=[dict(truncated_bptt=True), dict(injection='hc')]),
+    dict(name='looped-additive', r=[2], s=[1], C=[5.0e+11], option_sets=[dict(injection='additive')]),
     dict(name='looped-lr', r=[2], s=[1], C=[5.0e+11], lrs=[7.0e-3]),
 )
 
@@ -1246,8 +1555,8 @@ def diagnose_study(study: str, df: pd.DataFrame, metrics=DEMO_METRICS, n_samples
     return out
 
 
-def demo(workers: Optional[int] = None, executor: str = 'python', restarts: int = 40, n_bootstrap: int = 20,
-         progress: bool = True, study: str = 'demo') -> dict:
+def demo(workers: Optional[int] = None, executor: str = 'python', restarts: int = 500, n_bootstrap: int = 200,
+         bootstrap_restarts: int = 500, progress: bool = True, study: str = 'demo') -> dict:
     "The embedded default: prepare the offline corpus, run the demo study, diagnose its design runs, build both reports."
     from depthbench_nb import sweep
     from depthbench_nb.data import prepare
@@ -1276,7 +1585,8 @@ def demo(workers: Optional[int] = None, executor: str = 'python', restarts: int 
                                                                  extra=demo_extra_entries(study)))
     df = normalize_runs(sweep.collect(study))
     stage('3/4 diagnose the design runs', lambda: diagnose_study(study, df, progress=progress))
-    stage('4/4 reports', lambda: run_report_notebooks(study, parameters=dict(restarts=restarts, n_bootstrap=n_bootstrap), progress=progress))
+    stage('4/4 reports', lambda: run_report_notebooks(study, parameters=dict(restarts=restarts, n_bootstrap=n_bootstrap,
+                                                                            bootstrap_restarts=bootstrap_restarts), progress=progress))
     counts = df['status'].value_counts().to_dict()
     out = dict(report_dir=str(runs_root() / study / 'report'), runs=counts, sweep=res['counts'], stages=stages,
                total_wall_s=round(time.time() - t0, 1), total_cpu_s=round(_cpu_s() - c0, 1))
@@ -1294,10 +1604,12 @@ def cli_demo(argv=None) -> int:
     p.add_argument('--workers', type=int, default=None, help='parallel training runs (default: min(2, CPU cores))')
     p.add_argument('--executor', choices=EXECUTORS, default='python',
                    help='how each run is trained: python (fast) or papermill (keeps an executed train.ipynb per run)')
-    p.add_argument('--restarts', type=int, default=40, help='L-BFGS-B restarts per law fit in the looped report')
-    p.add_argument('--bootstrap', type=int, default=20, help='block-bootstrap resamples for the phi CI')
+    p.add_argument('--restarts', type=int, default=500, help='random starts of every law fit in the looped report (default 500, the paper)')
+    p.add_argument('--bootstrap', type=int, default=200, help='block-bootstrap resamples for the phi CI (default 200, the paper)')
+    p.add_argument('--boot-restarts', type=int, default=500, help='random starts of every bootstrap refit, plus a warm start (default 500)')
     p.add_argument('--json', action='store_true', help='machine-readable JSON output')
     a = p.parse_args(argv)
     if a.workers is not None and a.workers < 1: raise ConfigError(f'--workers must be >= 1, got {a.workers}')
-    t = demo(workers=a.workers, executor=a.executor, restarts=a.restarts, n_bootstrap=a.bootstrap, progress=not a.json)
+    t = demo(workers=a.workers, executor=a.executor, restarts=a.restarts, n_bootstrap=a.bootstrap, bootstrap_restarts=a.boot_restarts,
+             progress=not a.json)
     return emit(t, a.json, title='demo finished')

@@ -60,6 +60,7 @@ class StudyGroup(Config):
     C: tuple[float, ...] = ()                # looped: FLOP budgets (tokens = C / FLOPs per token)
     looped_grid: Optional[str] = None        # 'baseline' | 'tbptt' | 'hc': the rows of the paper's grid
     include_reused: bool = False             # looped_grid: also the r = 1 rows reused from the baseline grid
+    param_data_ratio: Optional[float] = None # looped: tokens = ratio x effective params (the LR sweep's rule, App. D)
 
     def validate(self):
         if not self.name: raise ConfigError("StudyGroup.name must be a non-empty string")
@@ -76,6 +77,11 @@ class StudyGroup(Config):
         if not looped and not self.archs: raise ConfigError(f"group {self.name!r}: set archs (valid: {', '.join(ARCHS)})")
         if self.looped_grid is not None and (self.r or self.s or self.C):
             raise ConfigError(f"group {self.name!r}: looped_grid gives r, s and C; do not set them too")
+        if self.param_data_ratio is not None:
+            if not looped or self.looped_grid is not None or self.C or self.tokens is not None or self.max_steps is not None:
+                raise ConfigError(f"group {self.name!r}: param_data_ratio sets a looped group's tokens; it cannot be combined with "
+                                  "looped_grid, C, tokens or max_steps, nor used outside looped groups")
+            if not self.param_data_ratio > 0: raise ConfigError(f"group {self.name!r}: param_data_ratio must be > 0")
 
 
 @dataclass(frozen=True)
@@ -87,6 +93,7 @@ class StudySpec(Config):
     data: Optional[str] = None               # a data source or prepared folder (None: the preset's)
     max_attempts: int = 2                    # a failed run is retried until it has failed this many times
     groups: tuple[StudyGroup, ...] = ()
+    reuses: Optional[str] = None             # a study whose runs this one reuses by run id (a case study's r = 1 anchors)
 
     def validate(self):
         if not self.name or '/' in self.name: raise ConfigError(f"study name must be a non-empty folder name, got {self.name!r}")
@@ -95,6 +102,8 @@ class StudySpec(Config):
         names = [g.name for g in self.groups]
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup: raise ConfigError(f"study {self.name!r}: duplicate group names {dup}")
+        if self.reuses is not None and (not self.reuses or '/' in self.reuses or self.reuses == self.name):
+            raise ConfigError(f"study {self.name!r}: reuses must name another study, got {self.reuses!r}")
 
 # %% ../nbs/09a_sweep.ipynb #b02f183e
 def studies_dir() -> Path:
@@ -180,6 +189,12 @@ def _group_params(spec: StudySpec, g: StudyGroup) -> list[dict]:
     elif g.r or g.s or g.C:
         for r, s, C, lr, seed, o in itertools.product(g.r or (None,), g.s or (None,), g.C or (None,), lrs, seeds, opts):
             out.append(dict(base, arch='looped', r=r, s=s, C=C, lr=lr, seed=seed, **o))
+        if g.param_data_ratio is not None:   # the horizon of the released code's --target-param-data-ratio, per run
+            from depthbench_nb.looped import tokens_for_param_ratio
+            from depthbench_nb.trainer import make_run_config
+            for d in out:
+                with contextlib.redirect_stdout(None): run = make_run_config(**{k: v for k, v in d.items() if v is not None}, tokens=1, verbose=False)   # the shape
+                d['tokens'] = tokens_for_param_ratio(run.model, g.param_data_ratio, run.train.global_batch * run.train.seq_len)
     else:
         p, _ = resolve_preset(preset)
         depths = g.depths or get_grid(p.grid).depths

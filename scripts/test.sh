@@ -14,5 +14,7 @@ echo "== 2/4 notebooks are clean (nbdev_clean changes nothing)"
 $BIN/python scripts/check_sync.py clean
 echo "== 3/4 nbdev_test (the tests inside the library notebooks)"
 $BIN/nbdev_test --n_workers 2 --timing --skip_file_re '^[12][0-9]_' 2>&1 | tail -n 40
-echo "== 4/4 pytest (without the 'exhaustive' rest of the per-family sweeps: pytest -m exhaustive runs them)"
-$BIN/python -m pytest -n 2 --durations=15 -q -m "not exhaustive" "$@"
+echo "== 4/4 pytest (without the markers 'exhaustive' and 'paper_effort': see README, Testing)"
+# `exhaustive`: the rest of the per-family sweeps (2-rank training, compile of every family): pytest -m exhaustive
+# `paper_effort`: the fitter's longer checks against the scipy loop: pytest -m paper_effort
+$BIN/python -m pytest -n 2 --durations=15 -q -m "not exhaustive and not paper_effort" "$@"

@@ -107,7 +107,7 @@ def check_comparability(rep, out):
     assert not capped.comparable and capped.paper_val_loss == 2.699
     assert '100 steps completed (the paper: 7,600)' in capped.what_differs and 'planned tokens 1.049e+08' in capped.what_differs
     big = val.loc[('preln', '1.6b', 28)]
-    assert not big.comparable and math.isnan(big.paper_val_loss) and 'd_model 2048 (the paper: 960)' in big.what_differs
+    assert not big.comparable and math.isnan(big.paper_val_loss) and 'd_model 2,048 (the paper: 960)' in big.what_differs
     assert int(val.comparable.sum()) == 2      # best-LR rows: Pre-LN L16 and L32 at 400m
     # the label counts every completed run: those two and the second-LR run at L16 match, the other 11 do not
     assert (rep.scale.n_runs, rep.scale.n_comparable) == (14, 3) and not rep.scale.comparable

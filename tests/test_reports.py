@@ -22,7 +22,7 @@ from depthbench_nb.runs import provenance, run_dir, write_params, write_result
 from depthbench_nb.trainer import make_run_config, train
 
 STUDY = 'report-fixture'
-PAPER_LAW = dict(E=1.57, A=28.027, B=915.82, alpha=0.199, beta=0.369, phi=0.459)   # specs/looped.md §7 Table 2
+PAPER_LAW = dict(E=1.57, A=28.027, B=915.82, alpha=0.199, beta=0.369, phi=0.459)   # arXiv 2604.21106 Table 2
 
 
 def small(run, steps=2):
@@ -51,7 +51,8 @@ def write_looped_record(run, loss: float):
 
 
 def looped_records(data, seed=0):
-    "Looped records: r in {1,2,4} x s in {1,2,3} x 2 budgets (6 per r), a tbptt, an hc, an additive and a second-LR run."
+    """Looped records: r in {1,2,4} x s in {1,2,3} x 2 budgets (6 per r); truncated-BPTT and HC runs at r in {2, 4},
+    s in {1, 2} of the first budget (with its 3 r = 1 runs: 7 points per case-study fit); an additive and a second-LR run."""
     rng = np.random.default_rng(seed)
     def loss(run, offset=0.0):
         p, r = looped_params(run.model), run.model.recurrence
@@ -63,7 +64,11 @@ def looped_records(data, seed=0):
         for s in (1, 2, 3):
             for C in (5e11, 1e12):
                 run = mk(r=r, s=s, C=C); write_looped_record(run, loss(run))
-    for kw, off in ((dict(truncated_bptt=True), 0.02), (dict(injection='hc'), -0.01), (dict(injection='additive'), 0.005), (dict(lr=7e-3), 0.03)):
+    for kw, off in ((dict(truncated_bptt=True), 0.02), (dict(injection='hc'), -0.01)):
+        for r in (2, 4):
+            for s in (1, 2):
+                run = mk(r=r, s=s, C=5e11, **kw); write_looped_record(run, loss(run, off))
+    for kw, off in ((dict(injection='additive'), 0.005), (dict(lr=7e-3), 0.03)):
         run = mk(r=2, s=1, C=5e11, **kw); write_looped_record(run, loss(run, off))
 
 
@@ -82,7 +87,7 @@ def fixture_study(tmp_path_factory, tiny_data):
 
 
 def test_report_notebooks_build_every_artifact(fixture_study, capsys):
-    assert reports.cli_report([STUDY, '--restarts', '4', '--bootstrap', '3', '--json']) == 0   # `depthbench-nb report STUDY`
+    assert reports.cli_report([STUDY, '--restarts', '4', '--bootstrap', '3', '--boot-restarts', '2', '--json']) == 0   # `depthbench-nb report STUDY`
     printed = json.loads(capsys.readouterr().out)
     out = fixture_study / STUDY / 'report'
     assert printed['report_dir'] == str(out) and {f['file'] for f in printed['files']} >= {'depthbench_index.md', 'looped_index.md'}
@@ -120,9 +125,15 @@ def test_report_notebooks_build_every_artifact(fixture_study, capsys):
     assert sorted(t1.r) == [1, 2, 4] and (t1.n_points == 6).all() and (t1.provenance == 'demo').all()
     t2 = pd.read_csv(out / 'looped_table2_joint.csv').set_index('fit')
     assert t2.loc['phi_free', 'n_points'] == 18 and t2.loc['phi_0', 'phi'] == 0 and t2.loc['phi_1', 'phi'] == 1
-    assert t2.loc['phi_free', 'paper_phi'] == 0.459 and t2.loc['phi_free', 'bootstrap'].startswith('3 resamples')
-    t3 = pd.read_csv(out / 'looped_table3_tbptt.csv')
-    assert t3.n_points.iloc[0] == 7   # the 6 r = 1 runs + the tbptt run
+    assert t2.loc['phi_free', 'paper_phi'] == 0.459 and t2.loc['phi_free', 'restarts'] == 4
+    assert t2.loc['phi_free', 'bootstrap_resamples'] == 3 and t2.loc['phi_free', 'bootstrap_restarts'] == 2   # the effort, stated
+    assert 'warm start' in t2.loc['phi_free', 'effort'] and t2.loc['phi_free', 'scale'].startswith('reduced scale: 18 of 18 runs')
+    t3 = pd.read_csv(out / 'looped_table3_case_studies.csv').set_index('fit')
+    assert t3.loc['tbptt', 'n_points'] == 7 and t3.loc['tbptt', 'n_r1'] == 3   # its 4 runs + the 3 r = 1 runs of its budget
+    assert t3.loc['hc', 'n_points'] == 7 and t3.loc['baseline_refit', 'n_points'] == 9 and t3.loc['baseline_refit', 'delta_phi'] == 0
+    assert 'case study tbptt_without_r2' in looped_index     # 2 runs + 3 anchors: too few points for the law, said so
+    runs = pd.read_csv(out / 'looped_runs.csv')
+    assert runs.scale.str.startswith('reduced scale: the paper has no run').all() and not runs.paper_scale.any()
     inj = pd.read_csv(out / 'looped_table5_injection.csv')
     assert {'linear', 'additive', 'hc'} <= set(inj.injection)
     assert (pd.read_csv(out / 'looped_verdicts.csv').verdict == 'reproduced').all()
@@ -174,5 +185,7 @@ def test_demo_extras_complete_the_looped_grid():
     base = [m for m in looped if reports.looped_variant(m) == 'baseline']
     assert all(sum(m.recurrence == r for m in base) >= 6 for r in (1, 2, 4))
     assert {reports.looped_variant(m) for m in looped} == {'baseline', 'tbptt', 'hc', 'additive'}
+    for v in ('tbptt', 'hc'):   # each case study: r in {2, 4} x s in {1, 2} at the first budget, + 3 r = 1 runs there: 7 points
+        assert sorted((m.recurrence, m.d_model) for m in looped if reports.looped_variant(m) == v) == [(2, 64), (2, 128), (4, 64), (4, 128)]
     designs = {e.run.model.arch for e in planned} - {'looped'}
     assert {'preln', 'hc', 'mhc', 'attnres', 'block_attnres'} <= designs

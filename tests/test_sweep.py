@@ -15,8 +15,8 @@ import pytest
 import yaml
 
 from depthbench_nb.config import ConfigError
-from depthbench_nb.sweep import (RunLock, collect, expand_study, extend_lr_entries, load_study, lr_optima, plan_rows,
-                                 study_entries, study_names, study_status)
+from depthbench_nb.sweep import (RunLock, StudyGroup, StudySpec, collect, expand_study, extend_lr_entries, load_study, lr_optima,
+                                 plan_rows, study_entries, study_names, study_status)
 
 DRIVER = [sys.executable, '-c', 'import sys; from depthbench_nb.cli import main; sys.exit(main())']
 PAPER_COUNTS = {'depthbench-400m': 210, 'depthbench-main': 70, 'backbone-300m': 60, 'ladder': 90, 'depthbench-1.6b': 30,
@@ -46,6 +46,29 @@ def test_shipped_studies_expand_and_plan():
     demo = pd.DataFrame(plan_rows(expand_study(load_study('demo'))))
     looped = demo[demo.arch == 'looped']
     assert len(looped) == 12 and sorted(looped.r.unique()) == [1, 2, 4] and looped.C.nunique() == 2 and looped.s.nunique() == 2
+
+
+def test_looped_lr_sweep_tokens_follow_the_reference_rule():
+    "App. D / shells/ablations/sweep_lr.sh: 10 tokens per effective parameter (the loop counted r times), whole steps."
+    from depthbench_nb.looped import looped_config, looped_params
+    runs = expand_study(load_study('looped-lr'))
+    assert len(runs) == 16
+    for e in runs:
+        m, t = e.run.model, e.run.train
+        eff = looped_params(looped_config(10, m.recurrence)).effective(m.recurrence)   # independent: the closed form
+        assert t.tokens == int(10 * eff) // 2 ** 18 * 2 ** 18 and t.global_batch * t.seq_len == 2 ** 18
+    steps = {e.run.model.recurrence: e.run.train.tokens // 2 ** 18 for e in runs}
+    assert steps == {1: 3751, 4: 3876}                       # r = 4 trains 3.3% longer, as the reference does
+    with pytest.raises(ConfigError, match='param_data_ratio'):
+        StudyGroup(name='g', r=(1,), s=(10,), C=(1e18,), param_data_ratio=10.0)
+
+
+def test_case_study_studies_reuse_looped_main():
+    for name in ('looped-hc', 'looped-tbptt'):
+        spec = load_study(name)
+        assert spec.reuses == 'looped-main' and not any(e.run.model.recurrence == 1 for e in expand_study(spec))
+    with pytest.raises(ConfigError, match='reuses'):
+        StudySpec(name='x', groups=(StudyGroup(name='g', r=(1,), s=(10,), C=(1e18,)),), reuses='x')
 
 
 @pytest.mark.parametrize('group, message', [
