@@ -111,7 +111,7 @@ def check_comparability(rep, out):
     assert int(val.comparable.sum()) == 2      # best-LR rows: Pre-LN L16 and L32 at 400m
     # the label counts every completed run: those two and the second-LR run at L16 match, the other 11 do not
     assert (rep.scale.n_runs, rep.scale.n_comparable) == (14, 3) and not rep.scale.comparable
-    assert '3 of 14 completed runs match' in rep.scale.label and 'NOT comparable' in rep.scale.label
+    assert '3 of 14 completed runs are paper scale' in rep.scale.label and 'NOT comparable' in rep.scale.label
     # the rule itself: the preset's name plays no part, the record's shape, planned tokens and completed steps do
     plan = reports.depthbench_paper_plan(32)
     rec = {'status': 'completed', 'n_layer': 32, 'd_model': 896, 'vocab_size': 50280, 'steps': 7600, 'train.max_steps': 7600,
