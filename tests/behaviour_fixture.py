@@ -9,8 +9,13 @@ the short runs, the looped report on the 116 runs of `looped-main` with losses f
     .venv/bin/python tests/behaviour_fixture.py --record     # writes tests/data/behaviour_fixture.json
 
 `tests/test_behaviour_fixture.py` recomputes it and compares value by value: integers and strings exactly, floats
-bit for bit when the CPU's vector capability is the one it was recorded on (`torch.backends.cpu.get_cpu_capability`),
-else within 1e-6 relative (another CPU's kernels may round differently; nothing else may differ).
+within 1e-6 relative (another CPU's kernels may round differently: two AVX512 machines with the same torch gave
+differences of ~1e-7). Bit for bit needs the same numerics: `numerics_probe()` hashes a battery of plain torch
+fp32 operations (no project code), and a machine whose probe has its own recording,
+`tests/data/behaviour_fixture.<probe>.json`, is compared with it bit for bit. Such a recording is made only from
+code before the redesign (commit f5501bb, the commit that recorded the main fixture):
+
+    .venv/bin/python tests/behaviour_fixture.py --record-environment   # writes tests/data/behaviour_fixture.<probe>.json
 """
 from __future__ import annotations
 
@@ -166,6 +171,36 @@ def compute() -> dict:
     return _clean(out)
 
 
+def numerics_probe() -> str:
+    "A hash of how this machine's torch rounds fp32 work like the fixture's (matmuls, softmax, norms, an AdamW step)."
+    import hashlib
+    import torch
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 64, 96, generator=g)                          # [B, T, d]
+    w = torch.randn(96, 288, generator=g) / 96 ** 0.5
+    q, k, v = (x @ w).split(96, dim=-1)                              # [B, T, d] each
+    outs = [x @ w, torch.softmax(q @ k.transpose(1, 2) / 96 ** 0.5, dim=-1) @ v,
+            torch.nn.functional.scaled_dot_product_attention(q[:, None], k[:, None], v[:, None], is_causal=True),
+            x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6), torch.nn.functional.layer_norm(x, (96,)),
+            torch.nn.functional.silu(q) * k, torch.logsumexp(q, dim=-1), x.cumsum(1), torch.einsum('btd,bsd->bts', q, k)]
+    lin = torch.nn.Linear(96, 32)
+    with torch.no_grad():
+        lin.weight.copy_(torch.randn(32, 96, generator=g) / 96 ** 0.5); lin.bias.zero_()
+    opt = torch.optim.AdamW(lin.parameters(), lr=1e-3, weight_decay=0.1)
+    for _ in range(2):
+        loss = torch.nn.functional.cross_entropy(lin(x).flatten(0, 1), torch.arange(128) % 32)
+        opt.zero_grad(); loss.backward(); opt.step()
+    outs += [loss.detach(), lin.weight.detach()]
+    h = hashlib.sha256(f'{torch.__version__} {torch.backends.cpu.get_cpu_capability()}'.encode())
+    for o in outs: h.update(o.contiguous().numpy().tobytes())
+    return h.hexdigest()[:12]
+
+
+def environment_fixture() -> Path:
+    "Where this machine's bit-for-bit recording lives (it may not exist)."
+    return FIXTURE.with_name(f'behaviour_fixture.{numerics_probe()}.json')
+
+
 def differences(recorded, now, exact: bool, path: str = '') -> list[str]:
     "Where `now` differs from `recorded`: exact for everything but floats, floats bit for bit or to 1e-6 relative."
     if isinstance(recorded, dict) and isinstance(now, dict):
@@ -187,12 +222,15 @@ def differences(recorded, now, exact: bool, path: str = '') -> list[str]:
 if __name__ == '__main__':
     ap = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     ap.add_argument('--record', action='store_true', help=f'write {FIXTURE.relative_to(Path.cwd()) if FIXTURE.is_relative_to(Path.cwd()) else FIXTURE}')
+    ap.add_argument('--record-environment', action='store_true',
+                    help="write this machine's bit-for-bit recording (only from code before the redesign)")
     a = ap.parse_args()
     os.environ.setdefault('HF_HUB_OFFLINE', '1'); os.environ.setdefault('OMP_NUM_THREADS', '1')
     result = compute()
-    if a.record:
-        FIXTURE.write_text(json.dumps(result, indent=1, sort_keys=True) + '\n')
-        print(f'recorded {FIXTURE} ({FIXTURE.stat().st_size:,} bytes)')
+    if a.record or a.record_environment:
+        target = environment_fixture() if a.record_environment else FIXTURE
+        target.write_text(json.dumps(result, indent=1, sort_keys=True) + '\n')
+        print(f'recorded {target} ({target.stat().st_size:,} bytes)')
     else:
         diffs = differences(json.loads(FIXTURE.read_text()), result, exact=False)
         print('\n'.join(diffs[:50]) or 'no differences'); sys.exit(1 if diffs else 0)
