@@ -9,8 +9,9 @@ the short runs, the looped report on the 116 runs of `looped-main` with losses f
     .venv/bin/python tests/behaviour_fixture.py --record     # writes tests/data/behaviour_fixture.json
 
 `tests/test_behaviour_fixture.py` recomputes it and compares value by value: integers and strings exactly, floats
-within 1e-6 relative (another CPU's kernels may round differently: two AVX512 machines with the same torch gave
-differences of ~1e-7). Bit for bit needs the same numerics: `numerics_probe()` hashes a battery of plain torch
+within `CROSS_MACHINE_RTOL` (another CPU's kernels round differently: two AVX512 machines with torch 2.13.0 gave
+1e-7 on the design runs' losses, 2e-6 on the looped runs' losses and 1.2e-4 on their gradient norms, which the bf16
+Polar Express step of MuonH amplifies). Bit for bit needs the same numerics: `numerics_probe()` hashes a battery of plain torch
 fp32 operations (no project code), and a machine whose probe has its own recording,
 `tests/data/behaviour_fixture.<probe>.json`, is compared with it bit for bit. Such a recording is made only from
 code before the redesign (commit f5501bb, the commit that recorded the main fixture):
@@ -171,6 +172,10 @@ def compute() -> dict:
     return _clean(out)
 
 
+# relative tolerance across machines: gradient norms / everything else (about 10x the differences measured)
+CROSS_MACHINE_RTOL = dict(grad_norm=1e-3, other=1e-5)
+
+
 def numerics_probe() -> str:
     "A hash of how this machine's torch rounds fp32 work like the fixture's (matmuls, softmax, norms, an AdamW step)."
     import hashlib
@@ -202,7 +207,7 @@ def environment_fixture() -> Path:
 
 
 def differences(recorded, now, exact: bool, path: str = '') -> list[str]:
-    "Where `now` differs from `recorded`: exact for everything but floats, floats bit for bit or to 1e-6 relative."
+    "Where `now` differs from `recorded`: exact for everything but floats, floats bit for bit or to `CROSS_MACHINE_RTOL`."
     if isinstance(recorded, dict) and isinstance(now, dict):
         out = [f'{path}/{k}: missing now' for k in recorded if k not in now]
         out += [f'{path}/{k}: new' for k in now if k not in recorded]
@@ -214,7 +219,8 @@ def differences(recorded, now, exact: bool, path: str = '') -> list[str]:
     if isinstance(recorded, float) or isinstance(now, float):
         if isinstance(recorded, bool) or isinstance(now, bool) or not isinstance(recorded, (int, float)) or not isinstance(now, (int, float)):
             return [f'{path}: {recorded!r} recorded, {now!r} now']
-        same = recorded == now if exact else math.isclose(recorded, now, rel_tol=1e-6, abs_tol=1e-12)
+        rtol = CROSS_MACHINE_RTOL['grad_norm' if '/grad_norm' in path else 'other']
+        same = recorded == now if exact else math.isclose(recorded, now, rel_tol=rtol, abs_tol=1e-12)
         return [] if same else [f'{path}: {recorded!r} recorded, {now!r} now']
     return [] if recorded == now else [f'{path}: {recorded!r} recorded, {now!r} now']
 
