@@ -34,7 +34,7 @@ __all__ = ['REFERENCE_FILES', 'ACCOUNTING_LABEL', 'PAPER_LABEL', 'PAPER_PRESETS'
            'build_depthbench_report', 'looped_variant', 'looped_paper_plan', 'looped_frame', 'case_study_frame',
            'baseline_refit_frame', 'FitEffort', 'per_r_frontier', 'frontier_exponents', 'table2_rows',
            'looped_fit_sections', 'looped_case_study_sections', 'looped_ablation_sections', 'related_studies',
-           'build_looped_report', 'show_report', 'run_report_notebooks', 'cli_report']
+           'build_looped_report', 'show_report', 'show_artifact', 'show_missing', 'run_report_notebooks', 'cli_report']
 
 # %% ../nbs/09c_reports.ipynb #68cac690
 REFERENCE_FILES = {'depthbench': 'depthbench_paper.csv', 'looped': 'looped_paper.csv'}
@@ -1452,6 +1452,27 @@ def show_report(rep: Report, max_rows: int = 30):
         if name.endswith('.png'): display(Markdown(f'### {caption}')); display(Image(filename=str(path)))
         elif name.endswith('.csv'): display(Markdown(f'### {caption}')); display(pd.read_csv(path).head(max_rows))
     if rep.missing: display(Markdown('### Missing\n' + '\n'.join(f'- **{w}**: {why}' for w, why in rep.missing)))
+
+def show_artifact(rep: Report, *stems: str, max_rows: int = 30):
+    "Display the named artifacts of a report inline, each table then its figure under its caption; say so when one was not built."
+    from IPython.display import Image, Markdown, display
+    captions = dict(rep.artifacts)
+    for stem in stems:
+        found = [f'{stem}.{ext}' for ext in ('csv', 'png') if f'{stem}.{ext}' in captions]
+        if not found:
+            display(Markdown(f'`{stem}` was not built for this study: the reasons are under *What is missing* at the end.'))
+        for name in found:
+            display(Markdown(f'**{captions[name]}**'))
+            if name.endswith('.csv'): display(pd.read_csv(rep.out_dir / name).head(max_rows))
+            else: display(Image(filename=str(rep.out_dir / name)))
+
+
+def show_missing(rep: Report):
+    "Display what a report could not build and why (or that nothing is missing)."
+    from IPython.display import Markdown, display
+    absent = [e for e in rep.expected if e not in rep.built()]
+    lines = [f'- **{w}**: {why}' for w, why in rep.missing] + ([f"- not built: {', '.join(f'`{a}`' for a in absent)}"] if absent else [])
+    display(Markdown('\n'.join(lines) if lines else 'Nothing is missing: every table and figure of this report was built.'))
 
 # %% ../nbs/09c_reports.ipynb #18284cca
 REPORT_NOTEBOOKS = {'depthbench': '20_depthbench_report', 'looped': '21_looped_report'}
