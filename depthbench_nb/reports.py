@@ -18,7 +18,10 @@ from typing import Callable, Optional
 import numpy as np
 import pandas as pd
 
-from .config import ConfigError, atomic_write_text, package_dir, runs_root
+from .config import ARCHS, ConfigError, ModelConfig, atomic_write_text, package_dir, runs_root
+from .costs import cost_row, measured_costs
+from .runs import list_runs, read_params, read_result
+from .shapes import GRIDS, OFFICIAL_STEPS, PRESETS, count_params, grid_shapes, shape_for
 
 # %% auto #0
 __all__ = ['REFERENCE_FILES', 'ACCOUNTING_LABEL', 'PAPER_LABEL', 'PAPER_PRESETS', 'RUN_COLUMNS', 'DEPTHBENCH_ARTIFACTS',
@@ -172,7 +175,6 @@ def normalize_runs(df: pd.DataFrame) -> pd.DataFrame:
 
 def scan_study(study: str) -> pd.DataFrame:
     "One row per run folder of a study (any status), read from params.json and result.json."
-    from depthbench_nb.runs import list_runs, read_params, read_result
     from depthbench_nb.sweep import flatten
     rows = []
     for r in list_runs(study):
@@ -281,8 +283,6 @@ def planned_steps(record) -> Optional[int]:
     tpp = record.get('train.tokens_per_param')
     shape = {k: record_field(record, k) for k in ('n_layer', 'd_model', 'n_head', 'n_kv_head', 'ffn_hidden', 'vocab_size')}
     if not _present(tpp) or any(v is None for v in shape.values()): return None
-    from depthbench_nb.config import ModelConfig
-    from depthbench_nb.shapes import count_params
     return max(1, round(float(tpp) * count_params(ModelConfig(arch='preln', **{k: int(v) for k, v in shape.items()})).total / (gb * T)))
 
 
@@ -377,7 +377,6 @@ def _r_palette(rs) -> dict:
 def _arch_palette(archs) -> dict:
     "One colour per design, the same in every DepthBench figure."
     import seaborn as sns
-    from depthbench_nb.config import ARCHS
     order = [a for a in ARCHS if ARCHS[a].family != 'looped']
     colours = sns.color_palette('tab10', len(order))
     return {a: colours[order.index(a) % len(colours)] if a in order else (0.4, 0.4, 0.4) for a in archs}
@@ -394,7 +393,6 @@ def _log_ratio_axis(ax):
 
 def depthbench_paper_plan(n_layer) -> Optional[PaperPlan]:
     "The paper's 400M cell at depth L (Table 3 shape, 7,600 steps x 512 x 2048 tokens); None where the paper has no 400M shape."
-    from depthbench_nb.shapes import GRIDS, OFFICIAL_STEPS, PRESETS, shape_for
     L = _num(n_layer)
     if L is None or int(L) not in GRIDS['400m'].depths: return None
     s, p, steps = shape_for('400m', int(L)), PRESETS['400m'], OFFICIAL_STEPS['400m']
@@ -404,7 +402,6 @@ def depthbench_paper_plan(n_layer) -> Optional[PaperPlan]:
 
 
 def _no_paper_cell(r) -> str:
-    from depthbench_nb.shapes import GRIDS
     L = _num(r.get('n_layer'))
     return (f"the paper has no 400M shape at L{int(L) if L is not None else '?'} "
             f"(its shapes: L{', L'.join(str(x) for x in GRIDS['400m'].depths)}), so no number to compare with")
@@ -529,7 +526,6 @@ def _ref_value(ref: pd.DataFrame, quantity: str, arch: str, n_layer=None) -> flo
 
 def _deepest(diag: list, key: str, archs=None) -> list:
     "Per design, the deepest diagnosed run with `key` in its diagnostics (paper order of designs)."
-    from depthbench_nb.config import ARCHS
     best = {}
     for r, d in diag:
         if key not in d or (archs and r['arch'] not in archs): continue
@@ -802,9 +798,6 @@ ESTIMATE_LABEL = ('An estimate from the FLOP count under a stated assumption (H1
 
 def depthbench_costs_section(rep: Report, df: pd.DataFrame, notes: Optional[dict] = None):
     "Table 3 and the architecture table (accounting), Figure 11's costs at the paper shapes (with verdicts), GPU-hour estimates, what the runs measured."
-    from depthbench_nb.config import ARCHS
-    from depthbench_nb.costs import cost_row, measured_costs
-    from depthbench_nb.shapes import count_params, grid_shapes, shape_for
     from depthbench_nb.sweep import DEFAULT_MFU, GPU_PEAK_FLOPS
     notes = {} if notes is None else notes
     ref = reference_table('depthbench')
@@ -847,7 +840,6 @@ def depthbench_costs_section(rep: Report, df: pd.DataFrame, notes: Optional[dict
               'Accounting at the paper shapes (400m grid, prefill at seq 4096): params, FLOPs, KV cache as the paper defines it '
               '(every design the same), MoDA\'s depth cache as its own column, memory', label=ACCOUNTING_LABEL)
     gpu = costs[['arch', 'n_layer', 'd_model', 'train_flops_per_token']].copy()
-    from depthbench_nb.shapes import OFFICIAL_STEPS, PRESETS
     tokens = OFFICIAL_STEPS['400m'] * PRESETS['400m'].global_batch * PRESETS['400m'].seq_len
     gpu['tokens'] = tokens
     gpu['gpu_hours_est'] = gpu['train_flops_per_token'] * tokens / (GPU_PEAK_FLOPS * DEFAULT_MFU) / 3600
@@ -1032,7 +1024,6 @@ def looped_frame(df: pd.DataFrame) -> pd.DataFrame:
     """Completed looped runs as the fitter's table: n_once, n_rec, r, D, loss, C (budget cell), s, variant, lr, and
     each run's scale: `paper_scale` and `scale` ('paper scale' or 'reduced scale: ' and what differs, `looped_paper_plan`)."""
     from depthbench_nb.looped import flops_per_token, looped_params
-    from depthbench_nb.runs import read_params
     from depthbench_nb.sweep import flatten
     from depthbench_nb.trainer import total_steps
     done = completed(df[df['arch'] == 'looped']).dropna(subset=['final_val_loss']) if len(df) else df.iloc[0:0]
