@@ -1,5 +1,11 @@
 """Imports flow one way through the package, and an import that can sit at the top of a module sits there.
 
+Two rules, checked on every depthbench_nb/*.py (imports inside functions included):
+1. a module imports only modules EARLIER in `FLOW` (never a later one, not even inside a function);
+2. an import of an earlier package module sits at the top of the module, unless it pulls in a heavy library
+   (`HEAVY`) that the importing module does not load already. Once rule 1 holds, an import of an earlier module
+   can never close a cycle, so "needed to break a cycle" is no reason left for a function-level import.
+Script entry points (`if __name__ == '__main__':`) are not imports of the module and are not checked.
 Read from the source with `ast` (nothing is imported), so the test reports every violation at once."""
 import ast
 from pathlib import Path
