@@ -1,4 +1,4 @@
-"""Packing throughput and memory of depthbench_nb.data (issue 3).
+"""Packing throughput and memory of depthbench_nb.data.
 
 1. Throughput: tokenize + pack (EOS, dtype cast, shard writes, sha256, document index) of the sample corpus's
    training documents, as a ratio to raw `tokenizers` `encode_batch` on the same text, with the same batches,

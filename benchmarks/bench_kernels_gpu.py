@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""GPU benchmark of depthbench_nb.kernels (issue 6): one prepared script, run as a whole on a CUDA machine.
+"""GPU benchmark of depthbench_nb.kernels: one prepared script, run as a whole on a CUDA machine.
 
 What it measures, all in one run (ratios are against baselines measured in the same run):
 

@@ -1,4 +1,4 @@
-"""What the Slurm tests (tests/test_slurm.py, issue 21) cost, measured so that a busy shared machine does not distort it.
+"""What the Slurm tests (tests/test_slurm.py) cost, measured so that a busy shared machine does not distort it.
 
 Wall time on a machine where other work runs says little; CPU time does not depend on the load. Each test runs in its
 own pytest process under a child subreaper (prctl PR_SET_CHILD_SUBREAPER): the Slurm daemons' job processes

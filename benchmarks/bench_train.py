@@ -1,4 +1,4 @@
-"""Training throughput of every design relative to Pre-LN, measured in one run (issue 7).
+"""Training throughput of every design relative to Pre-LN, measured in one run.
 
 CPU (default): the tiny preset's shape at depth L, its batch (global_batch x seq_len tokens per step), fp32:
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""One GPU check of the paper-scale path (issue 15): run it whole on one CUDA GPU; it writes one JSON and one Markdown file.
+"""One GPU check of the paper-scale path: run it whole on one CUDA GPU; it writes one JSON and one Markdown file.
 
 What it measures, in one process (every ratio is against a baseline measured in the same run):
 

@@ -76,7 +76,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     'fit':               ('depthbench_nb.scaling:cli_fit', 'fit Chinchilla or looped (phi) scaling laws with bootstrap CIs'),
     'diagnose':          ('depthbench_nb.diagnostics:cli_diagnose', 'layer diagnostics of a run or checkpoint'),
     'report':            ('depthbench_nb.reports:cli_report', "rebuild a study's tables and figures"),
-    'demo':              ('depthbench_nb.reports:cli_demo', 'the embedded default: CPU demo study end to end'),
+    'demo':              ('depthbench_nb.demo:cli_demo', 'the embedded default: CPU demo study end to end'),
     'notebooks':         ('depthbench_nb.cli:cli_notebooks', 'copy the papermill templates and report notebooks to a folder'),
     'import-checkpoint': ('depthbench_nb.interop:cli_import_checkpoint', 'import an OLMo-core / DepthBench checkpoint as a run'),
     'export-hf':         ('depthbench_nb.hf_export:cli_export_hf', 'export a run as a Hugging Face folder (weights, tokenizer, model card)'),

@@ -802,10 +802,7 @@ def load_checkpointed_run(run_dir):
     "(model, RunConfig) of a run folder; ConfigError when the folder or its checkpoint is missing."
     run_dir = Path(run_dir)
     if not run_dir.is_dir(): raise ConfigError(f'run folder {run_dir} does not exist')
-    try:
-        from depthbench_nb.trainer import load_run
-    except ImportError as e:
-        raise ConfigError('diagnosing a run needs depthbench_nb.trainer (issue 7), which is not installed') from e
+    from depthbench_nb.trainer import load_run
     try:
         return load_run(run_dir)
     except FileNotFoundError as e:

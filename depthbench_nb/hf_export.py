@@ -17,6 +17,7 @@ from typing import Optional
 
 from .config import (DESIGN_OPTIONS, ConfigError, ModelConfig, RunConfig, atomic_write_json, atomic_write_text,
                                   package_dir, resolve_arch)
+from .runs import read_result
 
 # %% auto #0
 __all__ = ['HF_CODE_ENTRIES', 'AUTO_MAP', 'PAPERS', 'EXPORT_FORMATS', 'RECORD_NAME', 'vendored_source', 'builder_of',
@@ -178,7 +179,6 @@ def export_hf(run_dir, out, fmt: str = 'depthbench', tokenizer=None, force: bool
     "Write a Hugging Face folder of a run's newest complete checkpoint (atomic); returns a summary."
     import torch
     from transformers import PreTrainedTokenizerFast
-    from depthbench_nb.runs import read_result
     from depthbench_nb.trainer import list_checkpoints, load_run
     if fmt not in EXPORT_FORMATS: raise ConfigError(f"unknown export format {fmt!r}; valid formats: {', '.join(EXPORT_FORMATS)}")
     if dtype not in ('float32', 'bfloat16'): raise ConfigError(f"unknown dtype {dtype!r}; valid dtypes: float32, bfloat16")

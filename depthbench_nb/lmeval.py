@@ -23,6 +23,7 @@ except ImportError as e:
     raise ImportError("depthbench_nb.lmeval needs lm-eval: pip install 'depthbench-nb[eval]'") from e
 
 from .config import ConfigError
+from .diagnostics import completion_nll, nll_by_category
 from .hf_export import load_for_eval
 from .layers import KVCache
 
@@ -212,7 +213,6 @@ def lm_eval_nll(lm: DepthBenchLM, pairs) -> dict:
 def native_nll(lm: DepthBenchLM, pairs) -> dict:
     "Our scorer (diagnostics.completion_nll) on our tokenization (data.encode_pairs), one document at a time."
     from depthbench_nb.data import encode_pairs
-    from depthbench_nb.diagnostics import completion_nll
     docs = []
     for ids in encode_pairs(pairs, lm.tokenizer):
         r = completion_nll(lm.model, [ids], max_len=lm.max_length)
@@ -229,7 +229,6 @@ def domain_nll(pretrained, route: str = 'native', names=None, limit: Optional[in
                device: Optional[str] = None, lm: Optional[DepthBenchLM] = None) -> dict:
     "Completion-only NLL of a run or export on the domain sets, through `route`: per set and per category."
     from depthbench_nb.data import domain_eval_sets
-    from depthbench_nb.diagnostics import nll_by_category
     if route not in NLL_ROUTES: raise ConfigError(f"unknown route {route!r}; valid routes: {', '.join(NLL_ROUTES)}")
     lm = lm or DepthBenchLM(str(pretrained), batch_size=batch_size, device=device)
     sets = domain_eval_sets(names, limit=limit)
@@ -241,7 +240,6 @@ def domain_nll(pretrained, route: str = 'native', names=None, limit: Optional[in
 def compare_nll_routes(pretrained, names=None, limit: Optional[int] = 64, batch_size: int = 8, device: Optional[str] = None) -> list[dict]:
     "Both routes on the same documents, per set: NLLs, documents tokenized alike, and the largest per-document differences."
     from depthbench_nb.data import domain_eval_sets, encode_pairs
-    from depthbench_nb.diagnostics import completion_nll
     lm = DepthBenchLM(str(pretrained), batch_size=batch_size, device=device)
     rows = []
     for name, es in domain_eval_sets(names, limit=limit).items():

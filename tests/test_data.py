@@ -1,4 +1,4 @@
-"""Data: tokenizers, sources, packing, TokenData, CLI and domain eval sets (issue 3), all offline."""
+"""Data: tokenizers, sources, packing, TokenData, CLI and domain eval sets, all offline."""
 import hashlib
 import json
 import os
@@ -364,7 +364,7 @@ def test_downstream_categories_offline():
 
 
 def test_hub_sources_hold_out_whole_files(monkeypatch):
-    "The split rule of the hub sources, with the hub replaced by a fake listing (§4: 013_00008 held out; looped §5a: last 2)."
+    "The split rule of the hub sources, with the hub replaced by a fake listing (DepthBench holds out shard 013_00008; the looped code, the last 2 shards)."
     import datasets, huggingface_hub
     listing = {'HuggingFaceFW/fineweb-edu': [f'sample/100BT/{i:03d}_{j:05d}.parquet' for i in range(14) for j in range(10)]
                + [f'sample/10BT/{i:03d}_00000.parquet' for i in range(14)] + ['README.md'],

@@ -1,4 +1,4 @@
-"""The fault suite (issue 16): faults lose nothing and run nothing.
+"""The fault suite: faults lose nothing and run nothing.
 
 kill -9 anywhere in a run (between checkpoints, at one, in the middle of writing one, before the result) resumes
 to the record of an uninterrupted run; a sweep whose driver is killed twice finishes every run exactly once; one
@@ -31,8 +31,6 @@ import yaml
 from depthbench_nb.cli import main
 from depthbench_nb.runs import read_metrics, read_result
 from depthbench_nb.trainer import list_checkpoints, load_run, make_run_config, run_dir, train
-# (names added by issue 16 are imported inside the tests that need them, so that run against the code before it,
-#  each defect's test fails at its own assertion rather than at an import)
 
 pytestmark = pytest.mark.faults
 

@@ -41,7 +41,7 @@ def test_400m_grid_matches_the_paper():
 def test_shapes_cli_counts_the_given_arch():
     pre = json.loads(run_cli('shapes', '--grid', '400m-main', '--arch', 'preln', '--json').stdout)
     hc = json.loads(run_cli('shapes', '--grid', '400m-main', '--arch', 'hc', '--json').stdout)
-    for a, b in zip(pre, hc):  # spec §1.6: 6d + 26 per sublayer
+    for a, b in zip(pre, hc):  # the official HC block (pretrain/OLMo-core/src/olmo_core/nn/hyper_connections.py): 6d + 26 per sublayer
         assert b['params_total'] - a['params_total'] == 2 * a['n_layer'] * (6 * a['d_model'] + 26)
     assert 'n_layer' in run_cli('shapes', '--grid', '300m-backbone').stdout
 

@@ -163,7 +163,7 @@ def _preln_twin(sd: dict, cfg: ModelConfig):
 
 @pytest.mark.parametrize('update', ['mixed', 'unmixed'])
 def test_imported_hc_at_fork_init_is_n_times_preln(update):
-    "HC at the fork's init is Pre-LN on n equal streams; the sum readout gives n x the Pre-LN logits (§1.6)."
+    "HC at the fork's init is Pre-LN on n equal streams; the sum readout gives n x the Pre-LN logits (official nn/hyper_connections.py)."
     cfg = tiny('hc', hc_update=update)
     sd = _set_fork_init(random_fork_sd(cfg, seed=3, scale=0.5), cfg)
     idx = torch.randint(0, 64, (2, 10))
@@ -174,7 +174,7 @@ def test_imported_hc_at_fork_init_is_n_times_preln(update):
 
 @pytest.mark.parametrize('name', ['attnres', 'block_attnres'])
 def test_imported_attnres_with_zero_queries_is_preln(name):
-    "Zero pseudo-queries mix uniformly; RMSNorm of the mean = RMSNorm of the Pre-LN sum (up to eps) (§1.8)."
+    "Zero pseudo-queries mix uniformly; RMSNorm of the mean = RMSNorm of the Pre-LN sum (up to eps) (official AttnResTransformerBlock)."
     cfg = tiny(name)
     sd = _set_fork_init(random_fork_sd(cfg, seed=4), cfg)  # unit-scale weights: eps (1e-5 vs 1e-6) is negligible
     idx = torch.randint(0, 64, (2, 10))
@@ -327,12 +327,12 @@ def test_diagnose_runs_on_an_imported_checkpoint(tmp_path, runs_dir, capsys):
 # ---------------------------------------------------------------------------------------------------------------
 # The fork's forward, restated from its equations and applied to fork-named tensors directly (no name map, none of
 # our modules): an independent reference for the designs upstream OLMo-core lacks. Files: nn/hyper_connections.py
-# (HC both update rules, native and static mHC), specs §1.7a (Liger mHC), block.py AttnResTransformerBlock and
+# (HC both update rules, native and static mHC), the official Liger mHC kernel, block.py AttnResTransformerBlock and
 # model.py final mix, nn/moda.py (MoDA). Backbone pieces (RoPE, RMSNorm, SwiGLU) are the ones OLMo-core parity pins.
 # ---------------------------------------------------------------------------------------------------------------
 import torch.nn.functional as F  # noqa: E402
 
-from depthbench_nb.kernels import sinkhorn as liger_sinkhorn  # noqa: E402  (the INTERFACES op the Liger kernel defines)
+from depthbench_nb.kernels import sinkhorn as liger_sinkhorn  # noqa: E402  (the op the Liger kernel defines)
 from depthbench_nb.layers import apply_rope, rope_angles  # noqa: E402
 
 
@@ -383,7 +383,7 @@ def _fork_connector(sd, c, H, branch, cfg):
         beta = sd[c + 'static_beta'] + sd[c + 'dynamic_beta_scale'] * torch.tanh(Hn @ sd[c + 'dynamic_beta_proj'])
         base = C[..., 1:, :] if cfg.hc_update == 'mixed' else H             # @f61f873 mixed, @5152cab unmixed
         return base + beta.unsqueeze(-1) * out.unsqueeze(-2)
-    if kind == 'liger':                                                       # specs §1.7a
+    if kind == 'liger':                                                       # the official Liger mHC kernel
         x = H.flatten(-2)
         m = (x @ sd[c + 'phi']) * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
         b = sd[c + 'b']

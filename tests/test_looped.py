@@ -1,4 +1,4 @@
-"""Looped LMs (specs/looped.md): accounting against the paper's numbers, the model, truncated BPTT, bad input."""
+"""Looped LMs (arXiv 2604.21106; code: kschwethelm/looped-lm-scaling): accounting against the paper's numbers, the model, truncated BPTT, bad input."""
 import json
 import math
 import statistics
@@ -16,7 +16,7 @@ from depthbench_nb.shapes import count_params
 ROOT = Path(__file__).resolve().parent.parent
 
 
-# ---------------------------------------------------------------- accounting (§5)
+# ---------------------------------------------------------------- accounting (arXiv 2604.21106 §3.2, Eq. 1)
 @pytest.mark.parametrize('r, k', [(1, 240), (2, 146), (4, 98), (8, 74)])
 def test_unique_params_closed_form(r, k):
     for s in (6, 10, 34):
@@ -45,7 +45,7 @@ def test_flops_and_tokens_match_the_paper():
 def test_table5_injection_tokens():
     tokens = {i: tokens_for_budget(1e18, flops_per_token(10, 4, injection=i)) for i in ('linear', 'additive', 'passthrough', 'hc')}
     assert {i: round(t / 1e6) for i, t in tokens.items()} == dict(linear=955, additive=973, passthrough=973, hc=973)
-    assert flops_per_token(10, 4, injection='hc') - flops_per_token(10, 4, injection='additive') == 6 * 4 * (4 + 4) * 640   # §3
+    assert flops_per_token(10, 4, injection='hc') - flops_per_token(10, 4, injection='additive') == 6 * 4 * (4 + 4) * 640   # §5.2, Eq. 7
 
 
 def test_truncated_bptt_flops_eq6():
@@ -65,7 +65,7 @@ def test_grids():
     assert {x['r_bwd'] for x in tb if x['r'] == 8} == {4}
     ratio = [t['tokens'] / next(b['tokens'] for b in base if (b['C'], b['s'], b['r']) == (t['C'], t['s'], t['r']))
              for t in looped_grid_rows('tbptt') if t['r'] > 1 and t['s'] in {b['s'] for b in base if b['C'] == t['C']}]
-    assert 1.28 < statistics.median(ratio) < 1.35                          # "~30% more tokens" (§2)
+    assert 1.28 < statistics.median(ratio) < 1.35                          # "~30% more tokens" (§5.1)
     with pytest.raises(ConfigError, match='baseline'): looped_grid_rows('nope')
 
 
@@ -95,7 +95,7 @@ def test_bad_layouts():
     with pytest.raises(ConfigError, match='n_layer'): loop_layout(ModelConfig(arch='looped', n_layer=9, d_model=128, n_head=2, recurrence=2))
 
 
-# ---------------------------------------------------------------- the model (§1-3)
+# ---------------------------------------------------------------- the model (§3.1, §5.1, §5.2, App. C)
 import importlib
 
 import torch
@@ -187,7 +187,7 @@ def test_truncated_bptt_gradients(r, n_layer):
 
 
 def test_hc_lanes_by_hand():
-    "The loop hyper-connection recurrence, recomputed by hand from the model's own pieces (§3, Eq. 7)."
+    "The loop hyper-connection recurrence, recomputed by hand from the model's own pieces (§5.2, Eq. 7)."
     m = make(tiny(2, 8, injection='hc'))
     x = torch.randint(0, 97, (1, 6))
     logits, states = m(x, return_states=True)
@@ -227,14 +227,14 @@ def test_swap_and_skip_over_executed_layers():
     with pytest.raises(ConfigError, match='swap index'): m.swap_blocks(0, 99)
 
 
-# ---------------------------------------------------------------- MuonH and the HyperP recipe (§4)
+# ---------------------------------------------------------------- MuonH and the HyperP recipe (§4.1, App. D)
 from depthbench_nb.config import TrainConfig
 from depthbench_nb.optim import (POLAR_EXPRESS_COEFFS, HyperP, MuonH, build_looped_optimizer, build_optimizer, hyperp_lrs,
                                  reference_tokens)
 
 
 def naive_muonh(W, grads, lr, mu=0.95):
-    "MuonH written out from specs/looped.md §4 in float64, one matrix, no tricks."
+    "MuonH written out from arXiv 2604.21106 §4.1 and App. D in float64, one matrix, no tricks."
     W = W.double().clone(); c = W.norm(); m = torch.zeros_like(W); out = []
     for g in grads:
         g = g.double()

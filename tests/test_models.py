@@ -42,7 +42,7 @@ def test_acceptance_counts_at_400m_L24():
     for a in DESIGNS: assert got[a] == count_params(s.model_config(a)).total, a
     d, n_sub = 1024, 48
     assert round(got['preln'] / 1e6) == 405
-    assert abs(got['moda'] / 1e6 - 454) < 1          # spec §1.9: 405M -> 454M, +48.2M
+    assert abs(got['moda'] / 1e6 - 454) < 1          # official MoDA (pretrain/OLMo-core/src/olmo_core/nn/moda.py): 405M -> 454M, +48.2M
     assert abs((got['moda'] - got['preln']) / 1e6 - 48.2) < 0.1
     assert got['mhc'] - got['preln'] == n_sub * (96 * d + 27)
     assert got['hc'] - got['preln'] == n_sub * (6 * d + 26)
@@ -57,7 +57,7 @@ def test_closed_form_equals_instantiated_on_paper_grids(grid):
             assert n_params(build_model(cfg, device='meta')) == count_params(cfg).total, (s.n_layer, kw)
 
 
-def test_moda_extra_at_L16_and_L70():  # spec §1.9: +44.4M at L16, +56.5M at L70
+def test_moda_extra_at_L16_and_L70():  # official MoDA (nn/moda.py): +44.4M at L16, +56.5M at L70
     for L, want in ((16, 44.4), (70, 56.5)):
         s = shape_for('400m', L)
         extra = n_params(build_model(s.model_config('moda'), device='meta')) - n_params(build_model(s.model_config('preln'), device='meta'))
@@ -163,7 +163,7 @@ def test_block_equations(arch):
         assert torch.allclose(y, want, atol=1e-5), (arch, b)
 
 
-def test_deepnorm_values_of_the_spec():  # §1.4 table
+def test_deepnorm_values_of_the_spec():  # DeepNormTransformerBlock, pretrain/OLMo-core/src/olmo_core/nn/transformer/block.py
     for L, a, b in ((16, 2.378, 0.297), (24, 2.632, 0.269), (70, 3.440, 0.206)):
         m = build_model(ModelConfig(arch='deepnorm', n_layer=L, d_model=32, n_head=4, vocab_size=64), device='meta')
         assert abs(m.blocks[0].alpha - a) < 1e-3 and abs((8 * L) ** -0.25 - b) < 1e-3
@@ -266,14 +266,14 @@ def test_hc_readout_is_per_stream_norm_then_sum():
         logits, states = model(idx, return_states=True)
         H = states[-1].unflatten(-1, (4, -1))
         assert torch.allclose(logits, model.lm_head(model.final_norm(H).sum(-2)), atol=1e-5)
-        # the logit lens follows the analysis code instead: N_f(Σ H_i) (§3, INF)
+        # the logit lens follows the analysis code instead: N_f(Σ H_i) (the official analysis/depth_probes.py)
         assert torch.allclose(model.readout(model.n_blocks, states[-1]), model.lm_head(model.final_norm(H.sum(-2))), atol=1e-5)
 
 
 def test_mhc_gap8_values_and_static_quarter_write():
     m = build_model(tiny_config('mhc'))
     M = m.mixing_matrices(torch.randint(0, 64, (1, 3)))[0, 0, 0]
-    assert abs(M[0, 0].item() - 0.998995) < 1e-5 and abs(M[0, 1].item() - 0.000335) < 1e-5  # §1.7 (the +1e-6 of each normalization shifts the 6th digit)
+    assert abs(M[0, 0].item() - 0.998995) < 1e-5 and abs(M[0, 1].item() - 0.000335) < 1e-5  # official mHC init, nn/hyper_connections.py (the +1e-6 of each normalization shifts the 6th digit)
     s = build_model(tiny_config('mhc', mhc_backend='static'))
     read, mix, write = s.blocks[0].attn_hc(torch.zeros(1, 1, 4, 32))
     assert torch.allclose(write, torch.full_like(write, 0.25)) and read.argmax().item() == 0
@@ -291,7 +291,7 @@ def test_hc_weight_decay_exclusions():
 
 # ---- AttnRes ------------------------------------------------------------------------------------------------------------
 def _naive_attnres(model, idx):
-    "Full/Block AttnRes written from §1.8 with explicit source lists."
+    "Full/Block AttnRes written from the official AttnResTransformerBlock (nn/transformer/block.py, kernels/attnres.py) with explicit source lists."
     eps = 1e-5
     nrm = lambda x, w: x / torch.sqrt((x * x).mean(-1, keepdim=True) + eps) * w
     def mix(srcs, mixer, w):

@@ -1,4 +1,4 @@
-"""Paper scale, made safe (issue 15): every design as the official code builds it (each defect of the review with a
+"""Paper scale, made safe: every design as the official code builds it (each defect of the review with a
 test that fails on the old behaviour), 2-rank DDP and FSDP2 training through the project's launcher, compiled =
 eager, bf16 autocast steps, the papers' held-out sets, and the GPU check's CPU smoke mode.
 

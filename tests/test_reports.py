@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from depthbench_nb import reports
+from depthbench_nb import demo, reports
 from depthbench_nb.config import ConfigError
 from depthbench_nb.looped import looped_params
 from depthbench_nb.runs import provenance, run_dir, write_params, write_result
@@ -80,7 +80,7 @@ def fixture_study(tmp_path_factory, tiny_data):
         runs = design_runs(tiny_data)
         for run in runs: assert train(run, progress=False)['status'] == 'completed'
         df = reports.study_table(STUDY)
-        done = reports.diagnose_study(STUDY, df, n_samples=2, seq_len=16, eval_limit=2, progress=False)
+        done = demo.diagnose_study(STUDY, df, n_samples=2, seq_len=16, eval_limit=2, progress=False)
         assert len(done) == len(runs)
         looped_records(tiny_data)
         yield root
@@ -172,14 +172,14 @@ def test_study_with_only_failed_runs_and_missing_diagnostics(runs_dir, tmp_path,
 
 def test_demo_refuses_bad_workers():
     with pytest.raises(ConfigError, match='--workers'):
-        reports.cli_demo(['--workers', '0'])
+        demo.cli_demo(['--workers', '0'])
 
 
 def test_demo_extras_complete_the_looped_grid():
     "The demo's extra looped runs give 6 points per r (Table 1) and one run per case study, without repeating a run."
     from depthbench_nb.sweep import expand_study, load_study
     planned = expand_study(load_study('demo'))
-    extra = reports.demo_extra_entries()
+    extra = demo.demo_extra_entries()
     assert not {e.run_id for e in planned} & {e.run_id for e in extra}
     looped = [e.run.model for e in planned + extra if e.run.model.arch == 'looped']
     base = [m for m in looped if reports.looped_variant(m) == 'baseline']

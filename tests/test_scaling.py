@@ -75,7 +75,7 @@ def test_chinchilla_replication_matches_besiroglu():
 
 
 def test_tight_tolerances_beat_scipy_defaults():
-    "§6: the default L-BFGS-B tolerances stop early on this objective; the tight ones reach a lower J."
+    "arXiv 2604.21106 §4.2, App. F (docs/scaling_fit.md): the default L-BFGS-B tolerances stop early on this objective; the tight ones reach a lower J."
     from scipy.optimize import minimize
     df = chinchilla_frame()
     data = chinchilla_data(df.N, df.D, df.loss)

@@ -1,4 +1,4 @@
-"""Studies on a real Slurm (issue 21), on a one-node cluster started from Debian's packages (tests/slurm_cluster.py):
+"""Studies on a real Slurm, on a one-node cluster started from Debian's packages (tests/slurm_cluster.py):
 a three-run study completes as a job array; submitting it again queues nothing; a task cancelled mid-run resumes
 from its checkpoint with the metrics of an uninterrupted run; `sweep status` follows queued / running / completed;
 requests are checked against sinfo before anything is submitted and every option reaches the script; a two-node

@@ -1,4 +1,4 @@
-"""The trainer (issue 7): every design trains, exact resume, divergence, bad input before training, 2-rank DDP,
+"""The trainer: every design trains, exact resume, divergence, bad input before training, 2-rank DDP,
 the CLI and the papermill template. Shapes are tiny (L2, d32, 4 x 32 tokens) so the file stays fast on 2 cores."""
 import ast
 import json
@@ -39,7 +39,7 @@ def test_auto_preset_is_tiny_on_cpu_and_said(capsys):
     assert not torch.cuda.is_available() and run.preset == 'tiny'
     assert 'PRESET: tiny' in capsys.readouterr().out
     assert (run.model.n_layer, run.model.d_model) == (32, shape_for('tiny', 32).d_model)
-    assert run.train.init_seed == 0                   # the official fixed init seed (specs §0)
+    assert run.train.init_seed == 0                   # the official fixed init seed (keyu-wang-2002/DepthBench examples/pretrain_llama_base.py)
 
 
 @pytest.mark.parametrize('kw, rule', [
@@ -126,7 +126,7 @@ def test_every_design_trains(arch, runs_dir, tiny_data):
     assert res['train_flops'] > 0 and set(res['provenance']) >= {'git_commit', 'torch', 'device', 'time'}
     assert (run_dir(run) / 'loss_curve.png').stat().st_size > 1000
     assert [s for s, _ in list_checkpoints(run_dir(run))] == [2]
-    if arch == 'looped':     # the looped recipe (specs/looped.md §4): MuonH, no warmup, linear decay, no clipping
+    if arch == 'looped':     # the looped recipe (arXiv 2604.21106 §4.1, App. D): MuonH, no warmup, linear decay, no clipping
         assert (run.train.optimizer, run.train.grad_clip, run.train.warmup_frac) == ('muonh', None, 0.0)
         assert rows[1]['lr'] / rows[0]['lr'] == pytest.approx(1 - 0.9 * 1 / 2)
 
