@@ -24,7 +24,7 @@ from safetensors.torch import save as _save_safetensors_bytes
 from .config import (ConfigError, CorruptFile, DataConfig, ModelConfig, RunConfig, TrainConfig, UnsafeFile,
                                   atomic_write_bytes, atomic_write_json, resolve_arch)
 from .layers import KVCache
-from .model import DepthModel, build_model
+from .model import IMPORTABLE, DepthModel, build_model
 
 # %% auto #0
 __all__ = ['HC_SITES', 'CHECKPOINT_FORMAT', 'IMPORTED_STUDY', 'LLAMA_EXPORTABLE', 'read_dcp_state_dict', 'is_hub_id',
@@ -533,7 +533,7 @@ def import_checkpoint(source: str, arch: str, n_layer: Optional[int] = None, n_h
     from depthbench_nb.runs import provenance, run_dir, write_result, writing_run_folder
     from depthbench_nb.shapes import count_params
     spec = resolve_arch(arch)
-    if spec.family == 'looped': raise ConfigError("import-checkpoint reads DepthBench designs; 'looped' has no OLMo-core checkpoint layout")
+    if spec.importer != IMPORTABLE: raise ConfigError(f"import-checkpoint cannot read {spec.name!r} checkpoints: {spec.importer}")
     t0 = time.time()
     path = resolve_source(source, step)
     raw, fmt = read_state_dict(path)
@@ -608,7 +608,7 @@ def llama_state_dict(model: DepthModel) -> dict[str, torch.Tensor]:
            'lm_head.weight': sd['lm_head.weight']}
     for b, blk in enumerate(model.blocks):
         p, q = f'blocks.{b}.', f'model.layers.{b}.'
-        s = blk.ln_scale  # 1 for Pre-LN; LNS: N(x)/sqrt(b+1) == RMSNorm with gain g/sqrt(b+1)
+        s = getattr(blk, 'ln_scale', 1.0)  # 1 for Pre-LN; LNS: N(x)/sqrt(b+1) == RMSNorm with gain g/sqrt(b+1)
         out.update({q + 'self_attn.q_proj.weight': sd[p + 'attn.wq.weight'], q + 'self_attn.k_proj.weight': sd[p + 'attn.wk.weight'],
                     q + 'self_attn.v_proj.weight': sd[p + 'attn.wv.weight'], q + 'self_attn.o_proj.weight': sd[p + 'attn.wo.weight'],
                     q + 'mlp.gate_proj.weight': sd[p + 'ffn.w1.weight'], q + 'mlp.up_proj.weight': sd[p + 'ffn.w3.weight'],

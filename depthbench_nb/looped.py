@@ -14,7 +14,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .config import ConfigError, ModelConfig, _choice_error
+from .config import ConfigError, Design, ModelConfig, _choice_error, register_design, resolve_arch
 from .shapes import ParamCount
 
 # %% auto #0
@@ -68,22 +68,35 @@ def backward_window(r: int, truncated_bptt: bool) -> int:
     return math.ceil(r / 2) if truncated_bptt else r
 
 
+def _looped_options(cfg: ModelConfig) -> dict:
+    "The looped design's option rules (run by ModelConfig): r divides 16, loop hyper-connections need a loop and full BPTT."
+    if 16 % cfg.recurrence:
+        raise ConfigError(f"recurrence r={cfg.recurrence} must divide 16 (the recurrent block has 16/r layers: r in 1, 2, 4, 8, 16)")
+    fill = {}
+    if cfg.injection == 'hc':
+        if cfg.recurrence == 1:
+            raise ConfigError("injection='hc' needs a loop (recurrence r >= 2): hyper-connections live at the loop boundary")
+        if cfg.truncated_bptt:
+            raise ConfigError("truncated_bptt cannot be combined with injection='hc': loop hyper-connections need full BPTT "
+                              "(Looped LMs, arXiv 2604.21106 §3)")
+        if cfg.hc_lanes is None: fill['hc_lanes'] = 2
+    elif cfg.hc_lanes is not None:
+        raise ConfigError(f"hc_lanes applies only to injection='hc', not {cfg.injection!r}")
+    if cfg.real_vocab_size is not None and cfg.real_vocab_size > cfg.vocab_size:
+        raise ConfigError(f"real_vocab_size ({cfg.real_vocab_size}) cannot exceed vocab_size ({cfg.vocab_size}), "
+                          "the padded rows of the embedding and the LM head")
+    return fill
+
+
 def loop_layout(cfg: ModelConfig) -> LoopLayout:
-    "The layout of a looped `ModelConfig` (raises ConfigError when the depth cannot be split)."
-    if cfg.arch != 'looped': raise ConfigError(f"loop_layout needs arch='looped', got {cfg.arch!r}")
+    "The layout of a looped `ModelConfig` (its options were checked by `_looped_options`; raises when the depth cannot be split)."
+    if cfg.family != 'looped': raise ConfigError(f"loop_layout needs a looped config, got arch {cfg.arch!r}")
     r, L = cfg.recurrence, cfg.n_layer
-    if cfg.injection not in INJECTIONS: raise _choice_error('injection', cfg.injection, INJECTIONS)
-    if r == 1:
-        if cfg.injection == 'hc':
-            raise ConfigError("injection='hc' needs a loop (recurrence r >= 2): hyper-connections live at the loop boundary (specs/looped.md §3)")
-        return LoopLayout(0, L, 0, 1, 'none', 1)
-    if cfg.injection == 'hc' and cfg.truncated_bptt:
-        raise ConfigError("truncated_bptt cannot be combined with injection='hc': loop hyper-connections need full BPTT (specs/looped.md §3)")
-    if 16 % r: raise ConfigError(f"recurrence r={r} must divide 16 (valid: 1, 2, 4, 8, 16)")
+    if r == 1: return LoopLayout(0, L, 0, 1, 'none', 1)
     if L <= N_PRELUDE + N_CODA or (L - N_PRELUDE - N_CODA) % r:
         raise ConfigError(f"n_layer={L} cannot be split as 2 + (n_layer-4)/r * r + 2 with r={r}: n_layer - 4 must be a positive multiple of r (the paper uses n_layer=20)")
     return LoopLayout(N_PRELUDE, (L - N_PRELUDE - N_CODA) // r, N_CODA, r, cfg.injection,
-                      backward_window(r, bool(cfg.truncated_bptt)), (cfg.hc_lanes or 2) if cfg.injection == 'hc' else 0)
+                      backward_window(r, bool(cfg.truncated_bptt)), cfg.hc_lanes if cfg.injection == 'hc' else 0)
 
 
 INJECTIONS = ('linear', 'additive', 'passthrough', 'hc')
@@ -417,5 +430,42 @@ class LoopedLM(DepthModel):
 
 
 def build_looped(cfg: ModelConfig) -> LoopedLM:
-    "Registry builder for arch 'looped'."
+    "The looped design's builder."
     return LoopedLM(cfg)
+
+# %% ../nbs/06_looped.ipynb #a40663e1
+def _looped_prefill(cfg: ModelConfig, seq_len: int) -> float:
+    "Forward FLOPs of a T-token prefill: a third of the full-BPTT training count less its (non-causal) attention, then the causal term."
+    T, d, head = seq_len, cfg.d_model, cfg.vocab_size * cfg.d_model
+    full = float(flops_per_token(cfg.replace(truncated_bptt=False), seq_len=T)) / 3.0
+    matmul = full - 4.0 * cfg.n_layer * d * T - 2.0 * head
+    return matmul * T + 2.0 * cfg.n_layer * T * T * d + 2.0 * head
+
+
+def _looped_init(model: LoopedLM, idx: torch.Tensor, atol: float) -> Optional[str]:
+    "The looped paper's init (§4)."
+    cfg = model.config
+    d, ffn = cfg.d_model, cfg.ffn_hidden
+    if abs(model.tok_emb.weight.std().item() - 1) > 0.1: return f'embedding std {model.tok_emb.weight.std().item():.3f}, want 1'
+    if abs(model.lm_head.weight.std().item() / 1e-3 - 1) > 0.1: return f'lm_head std {model.lm_head.weight.std().item():.2e}, want 1e-3'
+    a, a_proj = (3 / d) ** 0.5, (3 / ffn) ** 0.5
+    for b, blk in enumerate(model.blocks):
+        for name, w, bound in [('attn.c_q', blk.attn.c_q.weight, a), ('attn.c_proj', blk.attn.c_proj.weight, a),
+                               ('mlp.c_fc', blk.mlp.c_fc.weight, a), ('mlp.c_proj', blk.mlp.c_proj.weight, a_proj)]:
+            m = w.abs().max().item()
+            if not 0.8 * bound < m <= bound + 1e-7: return f'block {b} {name}: max |w| {m:.4f}, want U(-{bound:.4f}, {bound:.4f})'
+    if hasattr(model, 'inject') and not torch.equal(model.inject.weight, torch.cat([torch.eye(d), torch.zeros(d, d)], 1)):
+        return 'W_inj is not [I | 0] at init'
+    if any(isinstance(m, RMSNorm) and not torch.all(m.weight == 1) for m in model.modules()): return 'a norm gain is not 1'
+    return None
+
+
+register_design(Design('looped', 'looped', 'Looped LM: prelude -> shared recurrent block x r -> coda (effective depth 20)',
+                       build=build_looped, count_params=count_looped_params,
+                       train_flops=lambda cfg, seq_len: flops_per_token(cfg, seq_len=seq_len), prefill_flops=_looped_prefill,
+                       check_init=_looped_init, shared_init=False, metrics=(),
+                       importer="the looped paper's checkpoints have no OLMo-core fork layout to import",
+                       options=('recurrence', 'injection', 'truncated_bptt', 'hc_lanes', 'logit_softcap', 'real_vocab_size'),
+                       defaults=dict(recurrence=4, injection='linear', truncated_bptt=False, logit_softcap=15.0),
+                       validate=_looped_options, ffn_rule='4d', run_tag=lambda cfg: f"r{cfg.recurrence}-",
+                       grids={'looped': looped_grid_rows}))

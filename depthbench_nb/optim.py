@@ -13,7 +13,7 @@ import torch
 import torch.nn as nn
 
 from .config import ConfigError, TrainConfig
-from .looped import looped_config, looped_params
+from .looped import PAPER_BATCH_TOKENS, looped_config, looped_params
 
 # %% auto #0
 __all__ = ['POLAR_EXPRESS_COEFFS', 'MUON_CLASSIC_COEFFS', 'build_optimizer', 'polar_express', 'MuonH', 'HyperP',
@@ -122,7 +122,7 @@ class HyperP:
     ortho_dtype: str = 'bfloat16'    # the paper orthogonalises in bf16
     ref_size: int = 10               # reference width scale s (d_ref = 640)
     ref_data_ratio: float = 10.0     # D_ref = 10 x reference effective params
-    batch_ref: int = 2**18
+    batch_ref: int = PAPER_BATCH_TOKENS          # B = 2^18 tokens per step, the looped paper's reference batch
     batch_exponent: float = 0.558
     data_exponent: float = -0.32
     d_ref_quirk: bool = True         # the released code's D_ref(r); False: the reference's own r
@@ -183,7 +183,7 @@ def build_looped_optimizer(model: nn.Module, train_cfg: TrainConfig, tokens: int
                            total_steps: Optional[int] = None, recipe: Optional[HyperP] = None) -> tuple[MuonH, Callable[[int], float]]:
     "MuonH + AdamW groups with the HyperP LRs, and the linear-decay LR multiplier (specs/looped.md §4)."
     cfg = getattr(model, 'config', None)
-    if cfg is None or getattr(cfg, 'arch', None) != 'looped':
+    if cfg is None or getattr(cfg, 'family', None) != 'looped':
         raise ConfigError("the MuonH recipe (optimizer='muonh') is for looped models (arch='looped'); use optimizer='adamw' for the others")
     recipe = recipe or HyperP()
     recipe = replace(recipe, matrix_lr=train_cfg.lr, final_lr_frac=train_cfg.final_lr_frac,
