@@ -527,8 +527,9 @@ def site_weights(weights: Sequence[Tensor]) -> list[list[float]]:
 
 def sublayer_partial_mass(weights: Sequence[Tensor], cfg: ModelConfig) -> list[Optional[float]]:
     "Partial-sum mass per sublayer 0..2L-1 (None where the site has no partial) from `model.depth_mix_weights`."
-    from depthbench_nb.costs import attnres_block_starts, attnres_sources_per_site
-    sites, starts = attnres_sources_per_site(cfg), set(attnres_block_starts(cfg))
+    from depthbench_nb.model import attnres_sources_per_site, build_model
+    sizes = build_model(cfg, device='meta').group_sizes                       # the design's grouping rule, as its model uses it
+    sites, starts = attnres_sources_per_site(sizes), {sum(sizes[:g]) for g in range(1, len(sizes))}
     n_sub = cfg.n_sublayers
     S = [int(w.shape[-1]) for w in weights]
     for first in (0, 1):  # the list may start at sublayer 0 (which reads the embedding alone) or at sublayer 1
@@ -649,7 +650,7 @@ def check_metrics(metrics, cfg: ModelConfig) -> tuple[str, ...]:
     for m in metrics:
         if not _applies(m, cfg):
             raise ConfigError(f"metric {m!r} does not apply to arch {cfg.arch!r} (family {cfg.family}): "
-                              f"it applies to {', '.join(a for a, d in ARCHS.items() if m in d.metrics)} only" + _WHY.get(m, ''))
+                              f"it applies to {', '.join(f'{a} ({d.family})' for a, d in ARCHS.items() if m in d.metrics)} only" + _WHY.get(m, ''))
     return tuple(dict.fromkeys(metrics))
 
 

@@ -30,7 +30,7 @@ AUTO_MAP = {'AutoConfig': 'configuration_depthbench.DepthBenchConfig',
             'AutoModelForCausalLM': 'modeling_depthbench.DepthBenchForCausalLM'}
 
 _FROM_PACKAGE = re.compile(r'^(\s*)from depthbench_nb((?:\.\w+)*) import', re.M)   # from depthbench_nb.x import y
-_PACKAGE_STRING = re.compile(r"""(['"])depthbench_nb\.""")                      # 'depthbench_nb.model:build_transformer'
+_PACKAGE_STRING = re.compile(r"""(['"])depthbench_nb\.""")                      # 'depthbench_nb.model' in a string
 _RELATIVE = re.compile(r'^\s*from\s+\.(\w+)\s+import', re.M)                   # what Transformers' loader follows
 
 

@@ -56,7 +56,7 @@ class DepthModel(nn.Module):
     # ---- init ---------------------------------------------------------------------------------
     @torch.no_grad()
     def init_weights(self, generator: Optional[torch.Generator] = None) -> 'DepthModel':
-        "Truncated-normal linear layers and embedding, unit norm gains, then the design's own init (§0)."
+        "Truncated-normal linear layers and embedding, unit norm gains, then the design's own init (the official `init_weights`)."
         for m in self.modules():
             if isinstance(m, (nn.Linear, nn.Embedding)): trunc_normal_(m.weight, self.config.init_std, generator)
             elif isinstance(m, (RMSNorm, LayerNorm)): m.weight.fill_(1.0)
@@ -101,11 +101,11 @@ class DepthModel(nn.Module):
 
     # ---- analysis interface -------------------------------------------------------------------
     def readout(self, state_index: int, state: torch.Tensor) -> torch.Tensor:
-        "Logit lens (§3): the final norm and the LM head applied to a depth state."
+        "Logit lens (as the official analysis scripts): the final norm and the LM head applied to a depth state."
         return self.lm_head(self.final_norm(state))
 
     def no_weight_decay_names(self) -> set[str]:
-        "Parameters exempt from weight decay: only the HC/mHC static routing tensors (§1.7, §2)."
+        "Parameters exempt from weight decay: only the HC/mHC static routing tensors (official `nn/hyper_connections.py` and launcher)."
         return set()
 
     def _swap_unit(self, i: int) -> dict[str, nn.Parameter]:
@@ -400,7 +400,7 @@ register_design(Design('keel', 'residual', 'KEEL: Post-LN highway alpha = 2L wit
 
 # %% ../nbs/05_model.ipynb #8be14b83
 class HCConnector(nn.Module):
-    "Dynamic hyper-connection of one sublayer (§1.6)."
+    "Dynamic hyper-connection of one sublayer (HC)."
     STATIC = ('static_alpha', 'static_beta')  # no weight decay
 
     def __init__(self, d: int, n: int, k: int, use_tanh: bool = True, mixed: bool = True):
@@ -443,7 +443,7 @@ def _gap8_res_bias(n: int) -> torch.Tensor:
 
 
 class MHCConnector(nn.Module):
-    "Manifold-constrained hyper-connection, Liger backend (§1.7a)."
+    "Manifold-constrained hyper-connection, Liger backend."
     STATIC = ('b', 'alpha_pre', 'alpha_post', 'alpha_res')
 
     def __init__(self, d: int, n: int, k: int, sinkhorn_iters: int = 20):
@@ -484,7 +484,7 @@ def log_sinkhorn(logits: torch.Tensor, n_iter: int = 20) -> torch.Tensor:
 
 
 class MHCNativeConnector(nn.Module):
-    "mHC native PyTorch backend (§1.7b)."
+    "mHC native PyTorch backend."
     STATIC = ('b_pre', 'b_post', 'b_res')
 
     def __init__(self, d: int, n: int, k: int, sinkhorn_iters: int = 20):
@@ -513,7 +513,7 @@ class MHCNativeConnector(nn.Module):
 
 
 class MHCStaticConnector(nn.Module):
-    "The input-independent mhc_static ablation (§1.7c)."
+    "The input-independent mhc_static ablation."
     STATIC = ('res_logits', 'pre_logits', 'post_logits')
 
     def __init__(self, d: int, n: int, k: int, sinkhorn_iters: int = 20):
@@ -831,7 +831,7 @@ class AttnResTransformer(DepthModel):
         return self._end(self.lm_head(out), states, return_states, kv_cache, idx.shape[1])
 
     def readout(self, state_index: int, state: torch.Tensor) -> torch.Tensor:
-        "Logit lens (§3): the final gain with the mixer's ε, then the LM head (exact for boundary states)."
+        "Logit lens: the final gain with the mixer's ε, then the LM head (exact for boundary states)."
         return self.lm_head(rms_norm(state, self.final_norm.weight, ATTNRES_EPS))
 
     def fsdp_units(self) -> list[nn.Module]:
