@@ -94,7 +94,7 @@ def check_causal(model: DepthModel, idx: torch.Tensor, atol: float = 1e-5) -> Ch
 
 
 def _exact_readout(model: DepthModel) -> bool:
-    "Families whose logit lens of the last state is the forward's output (not sum-collapse HC, §3 INF)."
+    "Families whose logit lens of the last state is the forward's output (not sum-collapse HC, the official analysis scripts INF)."
     return not (isinstance(model, MultiStreamTransformer) and model.collapse == 'sum')
 
 

@@ -260,7 +260,7 @@ def config_diff(a: Config | dict, b: Config | dict, prefix: str = '') -> list[tu
 
 # %% ../nbs/00_config.ipynb #429f0198
 def ffn_hidden_default(d_model: int, rule: str = '8/3') -> int:
-    "FFN hidden size: '8/3' = ceil(8d/3) rounded up to a multiple of 16 (DepthBench §0), '3d' (1.6B grid), '4d' (looped)."
+    "FFN hidden size: '8/3' = ceil(8d/3) rounded up to a multiple of 16 (DepthBench the official configs), '3d' (1.6B grid), '4d' (looped)."
     if rule == '8/3': return int(math.ceil(8 * d_model / 3 / 16) * 16)
     if rule == '3d': return 3 * d_model
     if rule == '4d': return 4 * d_model

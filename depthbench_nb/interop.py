@@ -343,7 +343,7 @@ def infer_model_config(arch: str, sd: dict[str, torch.Tensor], n_layer: int | No
     wk = next((sd[k] for k in ('blocks.0.attention.w_k.weight', 'blocks.0.attention.attention.w_k.weight') if k in sd), None)
     n_head = n_head or overrides.pop('n_head', None)
     heads_given = n_head is not None
-    n_head = n_head or 16  # DepthBench: 16 heads at every shape (§0)
+    n_head = n_head or 16  # DepthBench: 16 heads at every shape (the official configs)
     kw = dict(arch=spec.name, n_layer=L, d_model=int(d), n_head=n_head, vocab_size=int(V))
     if w1 is not None: kw['ffn_hidden'] = int(w1.shape[0])
     if wk is not None and d % n_head == 0: kw['n_kv_head'] = max(1, int(wk.shape[0]) // (d // n_head))
@@ -551,7 +551,7 @@ def import_checkpoint(source: str, arch: str, n_layer: Optional[int] = None, n_h
         else: notes.append('block_attnres: the block size S is not in the checkpoint; the package default grouping was used '
                            '(pass --option attnres_block_size=S)')
     if spec.name == 'hc' and 'hc_update' not in design_options:
-        notes.append("hc: the fork's versions differ in the stream update (spec §1.6); 'mixed' assumed "
+        notes.append("hc: the fork's versions differ in the stream update (HC, `hyper_connections.py`); 'mixed' assumed "
                      "(pass --option hc_update=unmixed for the @5152cab rule)")
     cfg = infer_model_config(spec.name, sd, n_layer=n_layer, n_head=n_head, max_seq_len=max_seq_len, **extra, **design_options)
     model = model_from_fork_state_dict(sd, cfg)

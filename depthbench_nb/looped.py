@@ -27,10 +27,10 @@ __all__ = ['PAPER_DEPTH', 'PAPER_VOCAB', 'PAPER_REAL_VOCAB', 'PAPER_SEQ_LEN', 'P
 
 # %% ../nbs/06_looped.ipynb #e8104e29
 PAPER_DEPTH = 20          # effective depth of every model in the paper
-PAPER_VOCAB = 32064       # Llama-2 32,001 tokens padded to a multiple of 64 (§1): the embedding and LM head rows
+PAPER_VOCAB = 32064       # Llama-2 32,001 tokens padded to a multiple of 64 (§3.1): the embedding and LM head rows
 PAPER_REAL_VOCAB = 32001  # the tokenizer's vocabulary: the logits are sliced to it before the soft-cap (gpt.py _predict)
 PAPER_SEQ_LEN = 2048
-PAPER_BATCH_TOKENS = 2**18   # B = 262,144 tokens per step for every grid run (§4)
+PAPER_BATCH_TOKENS = 2**18   # B = 262,144 tokens per step for every grid run (§4.1)
 PAPER_HEAD_DIM = 128
 N_PRELUDE = N_CODA = 2
 
@@ -64,7 +64,7 @@ class LoopLayout:
 
 
 def backward_window(r: int, truncated_bptt: bool) -> int:
-    "Iterations that carry gradients: ⌈r/2⌉ under truncated BPTT (§2, following Parcae), else all r."
+    "Iterations that carry gradients: ⌈r/2⌉ under truncated BPTT (§5.1, following Parcae), else all r."
     return math.ceil(r / 2) if truncated_bptt else r
 
 
@@ -150,7 +150,7 @@ class LoopedParams:
 
 
 def looped_params(cfg: ModelConfig) -> LoopedParams:
-    "N_once, N_rec, norms and embeddings of a looped config (closed form, §5)."
+    "N_once, N_rec, norms and embeddings of a looped config (closed form, §3.2)."
     lay, n_b = loop_layout(cfg), looped_block_params(cfg)
     return LoopedParams(n_once=(lay.n_prelude + lay.n_coda) * n_b, n_rec=lay.n_recur * n_b + injection_params(cfg),
                         norms=3 * cfg.d_model, embeddings=2 * cfg.vocab_size * cfg.d_model)
@@ -163,7 +163,7 @@ def count_looped_params(cfg: ModelConfig) -> ParamCount:
 
 # %% ../nbs/06_looped.ipynb #5630bbe5
 def flops_per_token(cfg_or_s: Union[ModelConfig, int], r: Optional[int] = None, seq_len: int = PAPER_SEQ_LEN, **config_kw) -> float:
-    "Training FLOPs per token (§5; Eq. 6 under truncated BPTT). Pass a looped ModelConfig, or (s, r, **looped_config options)."
+    "Training FLOPs per token (§3.2; Eq. 6 under truncated BPTT). Pass a looped ModelConfig, or (s, r, **looped_config options)."
     cfg = cfg_or_s if isinstance(cfg_or_s, ModelConfig) else looped_config(cfg_or_s, r, **config_kw)
     if isinstance(cfg_or_s, ModelConfig) and (r is not None or config_kw):
         raise ConfigError('flops_per_token(cfg) takes no r or options: they are in the config')
@@ -183,7 +183,7 @@ def steps_for_budget(C: float, flops: float, batch_tokens: int = PAPER_BATCH_TOK
 
 
 def tokens_for_budget(C: float, flops: float, batch_tokens: int = PAPER_BATCH_TOKENS) -> int:
-    "Training tokens D = round(C/(F·B))·B (§5)."
+    "Training tokens D = round(C/(F·B))·B (§3.2)."
     return steps_for_budget(C, flops, batch_tokens) * batch_tokens
 
 
@@ -197,10 +197,10 @@ def tokens_for_param_ratio(cfg: ModelConfig, ratio: float, batch_tokens: int = P
 BASELINE_WIDTHS: dict[float, tuple[int, ...]] = {
     4.64e17: (6, 8, 10, 12), 1e18: (6, 8, 10, 12, 14), 2.15e18: (8, 10, 12, 14, 16),
     4.64e18: (10, 12, 14, 16, 18, 20), 1e19: (12, 16, 18, 20, 24), 2.15e19: (18, 24, 28, 34)}
-TBPTT_WIDTHS: dict[float, tuple[int, ...]] = {   # one extra, wider width from 1e18 up (§2)
+TBPTT_WIDTHS: dict[float, tuple[int, ...]] = {   # one extra, wider width from 1e18 up (§5.1)
     4.64e17: (6, 8, 10, 12), 1e18: (6, 8, 10, 12, 14, 16), 2.15e18: (8, 10, 12, 14, 16, 18),
     4.64e18: (10, 12, 14, 16, 18, 20, 22), 1e19: (12, 16, 18, 20, 24, 28), 2.15e19: (18, 24, 28, 34, 40)}
-HC_WIDTHS: dict[float, tuple[int, ...]] = {**BASELINE_WIDTHS, 2.15e18: (8, 10, 12, 14, 16, 18)}   # §3
+HC_WIDTHS: dict[float, tuple[int, ...]] = {**BASELINE_WIDTHS, 2.15e18: (8, 10, 12, 14, 16, 18)}   # §5.2
 CASE_STUDY_BUDGETS = (4.64e17, 1e18, 2.15e18, 4.64e18)
 GRID_VARIANTS = ('baseline', 'tbptt', 'hc')
 GRID_COLUMNS = ('variant', 'C', 's', 'r', 'd_model', 'n_once', 'n_rec', 'flops_per_token', 'steps', 'tokens', 'r_bwd', 'injection', 'reused')
@@ -216,7 +216,7 @@ def looped_grid_row(C: float, s: int, r: int, variant: str = 'baseline', reused:
 
 
 def looped_grid_rows(variant: str = 'baseline', budgets: Union[str, Collection[float], None] = None) -> list[dict]:
-    "The runs of a grid: 'baseline' (116 runs, §5a), 'tbptt' (§2) or 'hc' (§3; r = 1 rows are the reused baseline runs)."
+    "The runs of a grid: 'baseline' (116 runs, §4, Table 6), 'tbptt' (§5.1) or 'hc' (§5.2; r = 1 rows are the reused baseline runs)."
     if variant not in GRID_VARIANTS: raise _choice_error('looped grid variant', variant, GRID_VARIANTS)
     widths = dict(baseline=BASELINE_WIDTHS, tbptt=TBPTT_WIDTHS, hc=HC_WIDTHS)[variant]
     if budgets is None: budgets = list(widths) if variant == 'baseline' else CASE_STUDY_BUDGETS
@@ -296,7 +296,7 @@ class LoopedBlock(nn.Module):
 
 # %% ../nbs/06_looped.ipynb #6bd4bf63
 class LoopedLM(DepthModel):
-    "Looped language model (specs/looped.md §1-3) with the DepthModel interface over executed layers."
+    "Looped language model (Looped LMs, arXiv 2604.21106 §3.1, §5) with the DepthModel interface over executed layers."
     family = 'looped'
 
     def __init__(self, cfg: ModelConfig):
@@ -335,7 +335,7 @@ class LoopedLM(DepthModel):
 
     @torch.no_grad()
     def init_weights(self, generator: Optional[torch.Generator] = None) -> 'LoopedLM':
-        "The paper's initialisation (§1); pass a torch.Generator for a reproducible init."
+        "The paper's initialisation (§3.1); pass a torch.Generator for a reproducible init."
         d, ffn = self.config.d_model, self.config.ffn_hidden
         nn.init.normal_(self.tok_emb.weight, 0.0, 1.0, generator=generator)
         nn.init.normal_(self.lm_head.weight, 0.0, 1e-3, generator=generator)
@@ -392,7 +392,7 @@ class LoopedLM(DepthModel):
                 else: u = h                                                # passthrough, and r = 1 ('none')
                 for _ in range(lay.n_recur): u = run(k, u); k += 1
                 h = self.norm_recur(u)
-                if i < detach_until: h = h.detach()                        # truncated BPTT (§2)
+                if i < detach_until: h = h.detach()                        # truncated BPTT (§5.1)
         x = h
         for _ in range(lay.n_coda): x = run(k, x); k += 1
         if states is not None: states.append(x)                            # z_L: what RMSNorm_final reads
@@ -425,7 +425,7 @@ class LoopedLM(DepthModel):
         self.schedule[i], self.schedule[j] = self.schedule[j], self.schedule[i]
 
     def no_weight_decay_names(self) -> set[str]:
-        "Loop hyper-connection scalars (AdamW without weight decay, §3); nothing else is special."
+        "Loop hyper-connection scalars (AdamW without weight decay, §5.2); nothing else is special."
         return {n for n, _ in self.named_parameters() if n.startswith('lane_')}
 
 
@@ -443,7 +443,7 @@ def _looped_prefill(cfg: ModelConfig, seq_len: int) -> float:
 
 
 def _looped_init(model: LoopedLM, idx: torch.Tensor, atol: float) -> Optional[str]:
-    "The looped paper's init (§4)."
+    "The looped paper's init (App. C)."
     cfg = model.config
     d, ffn = cfg.d_model, cfg.ffn_hidden
     if abs(model.tok_emb.weight.std().item() - 1) > 0.1: return f'embedding std {model.tok_emb.weight.std().item():.3f}, want 1'

@@ -55,7 +55,7 @@ def test_against_torch_flop_counter_on_the_backbone():
 
 def test_paper_prefill_and_kv_cache():
     s16, s70 = (shape_for('400m', L).model_config('preln') for L in (16, 70))
-    # specs/papers.md §1: prefill about 3.0 -> 4.4 TFLOPs per 4096-token sequence; the KV cache more than doubles
+    # the DepthBench paper (arXiv 2609.32534): prefill about 3.0 -> 4.4 TFLOPs per 4096-token sequence; the KV cache more than doubles
     assert prefill_flops(s16, 4096) == pytest.approx(3.0e12, rel=0.02)
     assert prefill_flops(s70, 4096) == pytest.approx(4.4e12, rel=0.02)
     assert kv_cache_bytes(s70, 4096) > 2 * kv_cache_bytes(s16, 4096)
@@ -99,7 +99,7 @@ def test_moda_depth_cache_is_its_own_column():
 
 def test_looped_flops_match_the_paper_closed_form():
     from depthbench_nb.looped import looped_config
-    # specs/looped.md §5: s = 6, r = 1 gives 4.7505e8 FLOPs per token
+    # Looped LMs, arXiv 2604.21106 §3.2: s = 6, r = 1 gives 4.7505e8 FLOPs per token
     assert train_flops_per_token(looped_config(6, 1), 2048) == pytest.approx(4.7505e8, rel=1e-4)
     # recurrence executes layers: the r = 4 model costs more per token than its unique parameters suggest
     assert train_flops_per_token(looped_config(6, 4), 2048) > train_flops_per_token(looped_config(6, 1), 2048)

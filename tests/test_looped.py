@@ -1,4 +1,4 @@
-"""Looped LMs (specs/looped.md): accounting against the paper's numbers, the model, truncated BPTT, bad input."""
+"""Looped LMs (Looped LMs, arXiv 2604.21106): accounting against the paper's numbers, the model, truncated BPTT, bad input."""
 import json
 import math
 import statistics
@@ -233,7 +233,7 @@ from depthbench_nb.optim import (POLAR_EXPRESS_COEFFS, HyperP, MuonH, build_loop
 
 
 def naive_muonh(W, grads, lr, mu=0.95):
-    "MuonH written out from specs/looped.md §4 in float64, one matrix, no tricks."
+    "MuonH written out from Looped LMs, arXiv 2604.21106 §4.1 in float64, one matrix, no tricks."
     W = W.double().clone(); c = W.norm(); m = torch.zeros_like(W); out = []
     for g in grads:
         g = g.double()
