@@ -178,8 +178,9 @@ def _check_attnres_skip(model: AttnResTransformer, idx, l, s_states, atol) -> Ch
 # %% ../nbs/05a_checks.ipynb #bed63f8e
 def _generic_init(model: DepthModel) -> Optional[str]:
     std = model.config.init_std
+    exempt = {f'blocks.{b}.{n}' for b, blk in enumerate(model.blocks) for n in getattr(blk, 'default_init_modules', ())}
     for name, m in model.named_modules():
-        if name.endswith('depth_kv'): continue    # MoDA's W_kv keeps nn.Linear's default init (checked in check_init)
+        if name in exempt: continue               # a design's module that keeps PyTorch's default init (its check_init checks it)
         if isinstance(m, (nn.Linear, nn.Embedding)) and m.weight.abs().max() > 3 * std + 1e-7:
             return f'{name}.weight exceeds 3 sigma'
         if isinstance(m, (RMSNorm, LayerNorm)) and not torch.all(m.weight == 1): return f'{name} gain is not 1'

@@ -927,6 +927,7 @@ register_design(Design('block_attnres', 'attnres', 'Block Attention Residuals: s
 class MoDABlock(Block):
     "Pre-LN whose attention also reads the depth slots of earlier sublayers; writes its own (and an FFN pair via W_kv)."
     uses_depth_slots = True
+    default_init_modules = ('depth_kv',)   # W_kv keeps nn.Linear's default init: exempt from the shared ±3σ rule
 
     def __init__(self, cfg: ModelConfig, index: int):
         super().__init__(cfg, index)
