@@ -19,10 +19,10 @@ from typing import Any, Callable, Optional
 
 # %% auto #0
 __all__ = ['ARCHS', 'FAMILIES', 'DESIGN_OPTIONS', 'OPTIMIZERS', 'SCHEDULES', 'PRECISIONS', 'EVAL_SETS', 'ConfigError',
-           'CorruptFile', 'UnsafeFile', 'RunBusy', 'Design', 'register_design', 'unregister_design', 'arch_names',
-           'resolve_arch', 'Config', 'config_hash', 'config_diff', 'ffn_hidden_default', 'ModelConfig', 'DataConfig',
-           'TrainConfig', 'RunConfig', 'package_dir', 'repo_root', 'runs_root', 'runs_root_reason', 'cache_dir',
-           'atomic_write_bytes', 'atomic_write_text', 'atomic_write_json']
+           'CorruptFile', 'UnsafeFile', 'RunBusy', 'ForkNames', 'Design', 'register_design', 'unregister_design',
+           'arch_names', 'resolve_arch', 'Config', 'config_hash', 'config_diff', 'ffn_hidden_default', 'ModelConfig',
+           'DataConfig', 'TrainConfig', 'RunConfig', 'package_dir', 'repo_root', 'runs_root', 'runs_root_reason',
+           'cache_dir', 'atomic_write_bytes', 'atomic_write_text', 'atomic_write_json']
 
 # %% ../nbs/00_config.ipynb #535214f5
 class ConfigError(ValueError):
@@ -55,6 +55,17 @@ def _no_extra(cfg, *args) -> int:
 
 
 @dataclass(frozen=True)
+class ForkNames:
+    "How the official OLMo-core fork names a design's own tensors beyond the shared backbone (depthbench_nb.interop reads it)."
+    block: Optional[Callable] = None    # (cfg, b) -> {fork name in block b: (shape, our name in block b, (to ours, to fork))}
+    top: Optional[Callable] = None      # cfg -> the same for the design's tensors outside the blocks
+    nested: bool = False                # the core weights sit one module down (MoDA: attention.attention.w_q)
+    detect: Optional[Callable] = None   # set of fork names -> whether they look like this design's checkpoint
+    infer: Optional[Callable] = None    # canonical fork state dict -> the design options its tensors settle
+    prepare: Optional[Callable] = None  # (the checkpoint's config hints, options) -> notes; may fill or refuse options
+
+
+@dataclass(frozen=True)
 class Design:
     "One residual design: everything that differs between designs, in one registry entry (one notebook section)."
     name: str
@@ -66,7 +77,7 @@ class Design:
     forward_flops: Optional[Callable] = None  # cfg -> forward FLOPs per token of the design's own operations
     check_init: Optional[Callable] = None     # (model, idx, atol) -> None, or what is wrong with the init
     metrics: Optional[tuple] = None           # the design-restricted diagnostics that apply (() says: none)
-    importer: Any = None                      # the fork checkpoint name map, or a str saying why there is none
+    importer: Any = None                      # its ForkNames (the fork checkpoints' layout), or a str: why none
     # ---- optional -----------------------------------------------------------------------------------------
     options: tuple = ()                       # ModelConfig design-option fields this design accepts
     defaults: dict = field(default_factory=dict)   # default values of those options

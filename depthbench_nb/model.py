@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
+import re
 import operator
 from dataclasses import dataclass
 from typing import Callable, Collection, Optional
@@ -15,20 +16,22 @@ from typing import Callable, Collection, Optional
 import torch
 import torch.nn as nn
 
-from .config import ConfigError, Design, ModelConfig, register_design, resolve_arch
+from .config import ConfigError, Design, ForkNames, ModelConfig, register_design, resolve_arch
 from .layers import (Attention, KVCache, LayerNorm, RMSNorm, SwiGLU, attnres_mix, hc_read, hc_write,
                                   rms_norm, sinkhorn, trunc_normal_)
 from .shapes import count_params
 
 # %% auto #0
-__all__ = ['IMPORTABLE', 'MHC_BACKENDS', 'ATTNRES_EPS', 'ForwardContext', 'DepthModel', 'no_extra_flops', 'no_extra_params',
-           'no_init_invariants', 'n_params', 'build_model', 'Block', 'ResidualTransformer', 'PreLNBlock', 'build_preln',
-           'PeriLNBlock', 'build_periln', 'LNSBlock', 'build_lns', 'DeepNormBlock', 'build_deepnorm', 'KEELBlock',
-           'build_keel', 'HCConnector', 'MHCConnector', 'log_sinkhorn', 'MHCNativeConnector', 'MHCStaticConnector',
-           'MultiStreamBlock', 'MultiStreamTransformer', 'multistream_init', 'hc_connector', 'build_hc',
-           'mhc_connector', 'build_mhc', 'attnres_sources_per_site', 'AttnResMixer', 'AttnResBlock',
-           'AttnResTransformer', 'attnres_flops', 'attnres_activations', 'full_attnres_groups', 'build_attnres',
-           'block_attnres_groups', 'build_block_attnres', 'MoDABlock', 'build_moda']
+__all__ = ['SAME', 'SQUEEZE0', 'FLATTEN', 'PLAIN_FORK', 'PERILN_FORK', 'KEEL_FORK', 'HC_FORK_TABLE', 'HC_FORK', 'MHC_BACKENDS',
+           'MHC_FORK_TABLES', 'MHC_FORK', 'ATTNRES_EPS', 'MODA_FORK', 'ForwardContext', 'DepthModel', 'no_extra_flops',
+           'no_extra_params', 'no_init_invariants', 'plain_fork_names', 'n_params', 'build_model', 'Block',
+           'ResidualTransformer', 'PreLNBlock', 'build_preln', 'PeriLNBlock', 'build_periln', 'LNSBlock', 'build_lns',
+           'DeepNormBlock', 'build_deepnorm', 'KEELBlock', 'build_keel', 'HCConnector', 'MHCConnector', 'log_sinkhorn',
+           'MHCNativeConnector', 'MHCStaticConnector', 'MultiStreamBlock', 'MultiStreamTransformer', 'multistream_init',
+           'connector_fork_names', 'hc_connector', 'build_hc', 'mhc_connector', 'build_mhc', 'attnres_sources_per_site',
+           'AttnResMixer', 'AttnResBlock', 'AttnResTransformer', 'attnres_flops', 'attnres_activations',
+           'attnres_fork_names', 'attnres_fork', 'full_attnres_groups', 'build_attnres', 'block_attnres_groups',
+           'build_block_attnres', 'MoDABlock', 'build_moda']
 
 # %% ../nbs/05_model.ipynb #b4af3bf2
 @dataclass
@@ -178,7 +181,21 @@ def no_init_invariants(model: nn.Module, idx: torch.Tensor, atol: float) -> Opti
     return None
 
 
-IMPORTABLE = 'olmo-core'   # Design.importer of the ten designs: the fork's checkpoint layout (depthbench_nb.interop)
+# the official fork's checkpoints (depthbench_nb.interop): a design's own tensors change layout on the way in and out
+SAME = (lambda t: t, lambda t: t)                                                       # (to ours, to the fork)
+SQUEEZE0 = (lambda t: t.reshape(-1), lambda t: t.reshape(1, -1))                        # fork [1, d] <-> ours [d]
+FLATTEN = (lambda t: t.reshape(-1), lambda t: t.reshape(int(math.isqrt(t.numel())), -1))  # fork [n, n] <-> ours [n*n]
+
+
+def _has(names, pattern: str) -> bool: return any(re.search(pattern, n) for n in names)
+
+
+def plain_fork_names(names) -> bool:
+    "The plain Pre-LN tensor names (LNS and DeepNorm hold the same tensors: only the block rule differs)."
+    return _has(names, r'attention\.w_q\.weight$')
+
+
+PLAIN_FORK = ForkNames(detect=plain_fork_names)   # the importer of the designs without tensors of their own
 
 # %% ../nbs/05_model.ipynb #b1d259ab
 def n_params(model: nn.Module) -> int:
@@ -263,7 +280,7 @@ def build_preln(cfg: ModelConfig) -> ResidualTransformer: return ResidualTransfo
 
 register_design(Design('preln', 'residual', 'Pre-LN baseline: h = x + A(N(x))', build=build_preln,
                        extra_params=no_extra_params, forward_flops=no_extra_flops, check_init=no_init_invariants,
-                       metrics=('usefulness', 'residual_path'), importer=IMPORTABLE))
+                       metrics=('usefulness', 'residual_path'), importer=PLAIN_FORK))
 
 # %% ../nbs/05_model.ipynb #d813461d
 class PeriLNBlock(Block):
@@ -281,10 +298,18 @@ class PeriLNBlock(Block):
 def build_periln(cfg: ModelConfig) -> ResidualTransformer: return ResidualTransformer(cfg, PeriLNBlock)
 
 
+def _periln_fork(cfg: ModelConfig, b: int) -> dict:
+    d = cfg.d_model
+    return {'post_attention_norm.weight': ((d,), 'attn_out_norm.weight', SAME), 'post_feed_forward_norm.weight': ((d,), 'ffn_out_norm.weight', SAME)}
+
+
+PERILN_FORK = ForkNames(block=_periln_fork, detect=lambda names: 'blocks.0.post_attention_norm.weight' in names)
+
+
 register_design(Design('periln', 'residual', 'Peri-LN / Sandwich-LN: h = x + N_out(A(N_in(x))), no embedding norm',
                        build=build_periln, extra_params=lambda cfg: (2 * cfg.d_model * cfg.n_layer, 0),
                        forward_flops=no_extra_flops, check_init=no_init_invariants,
-                       metrics=('usefulness', 'residual_path'), importer=IMPORTABLE, aliases=('sandwich',)))
+                       metrics=('usefulness', 'residual_path'), importer=PERILN_FORK, aliases=('sandwich',)))
 
 # %% ../nbs/05_model.ipynb #0a12e3de
 class LNSBlock(Block):
@@ -322,7 +347,7 @@ def _lns_init(model: ResidualTransformer, idx: torch.Tensor, atol: float) -> Opt
 
 register_design(Design('lns', 'residual', 'LayerNorm Scaling: pre-norm output scaled by 1/sqrt(block index, 1-based)',
                        build=build_lns, extra_params=no_extra_params, forward_flops=no_extra_flops, check_init=_lns_init,
-                       metrics=('usefulness', 'residual_path'), importer=IMPORTABLE))
+                       metrics=('usefulness', 'residual_path'), importer=PLAIN_FORK))
 
 # %% ../nbs/05_model.ipynb #d9a498ef
 class DeepNormBlock(Block):
@@ -365,7 +390,7 @@ def _deepnorm_init(model: ResidualTransformer, idx: torch.Tensor, atol: float) -
 
 register_design(Design('deepnorm', 'residual', 'DeepNorm: Post-LN (LayerNorm) with alpha=(2L)^1/4 shortcut, beta=(8L)^-1/4 init',
                        build=build_deepnorm, extra_params=no_extra_params, forward_flops=no_extra_flops,
-                       check_init=_deepnorm_init, metrics=('usefulness',), importer=IMPORTABLE))
+                       check_init=_deepnorm_init, metrics=('usefulness',), importer=PLAIN_FORK))
 
 # %% ../nbs/05_model.ipynb #e1ece184
 class KEELBlock(Block):
@@ -394,9 +419,19 @@ def _keel_init(model: ResidualTransformer, idx: torch.Tensor, atol: float) -> Op
     return None
 
 
+def _keel_fork(cfg: ModelConfig, b: int) -> dict:
+    d, out = cfg.d_model, {}
+    if b > 0: out['post_attention_norm.weight'] = ((d,), 'attn_out_norm.weight', SAME)
+    return out | {'post_feed_forward_norm.weight': ((d,), 'ffn_out_norm.weight', SAME)}
+
+
+KEEL_FORK = ForkNames(block=_keel_fork, detect=lambda names: 'blocks.0.post_attention_norm.weight' not in names
+                      and _has(names, r'post_feed_forward_norm'))
+
+
 register_design(Design('keel', 'residual', 'KEEL: Post-LN highway alpha = 2L with inner norm; block 0 special',
                        build=build_keel, extra_params=lambda cfg: (2 * cfg.d_model * cfg.n_layer - cfg.d_model, 0),
-                       forward_flops=no_extra_flops, check_init=_keel_init, metrics=('usefulness',), importer=IMPORTABLE))
+                       forward_flops=no_extra_flops, check_init=_keel_init, metrics=('usefulness',), importer=KEEL_FORK))
 
 # %% ../nbs/05_model.ipynb #8be14b83
 class HCConnector(nn.Module):
@@ -632,6 +667,15 @@ def multistream_init(model: MultiStreamTransformer, idx: torch.Tensor, atol: flo
     return None
 
 
+def connector_fork_names(table: dict) -> Callable:
+    "Block tensors of a connector design: `table` maps the fork's connector parameter to (our name, shape of (n, d), layout)."
+    def block(cfg: ModelConfig, b: int) -> dict:
+        n, d = cfg.hc_streams, cfg.d_model
+        return {f'{site}_hyper_connection.{fork}': (shape(n, d), f'{ours_site}_hc.{ours}', tf)
+                for site, ours_site in (('attention', 'attn'), ('feed_forward', 'ffn')) for fork, (ours, shape, tf) in table.items()}
+    return block
+
+
 def _multistream_activations(cfg: ModelConfig, bytes_per_elem: int) -> int:
     "The n streams saved at every sublayer's read and write, per token."
     return cfg.n_sublayers * 2 * cfg.hc_streams * cfg.d_model * bytes_per_elem
@@ -658,9 +702,31 @@ def _hc_init(model: MultiStreamTransformer, idx: torch.Tensor, atol: float) -> O
     return multistream_init(model, idx, 1e-4)
 
 
+HC_FORK_TABLE = {'static_alpha': ('static_alpha', lambda n, d: (n, n + 1), SAME),
+                 'dynamic_alpha_proj': ('dynamic_alpha_fn', lambda n, d: (d, n + 1), SAME),
+                 'dynamic_alpha_scale': ('dynamic_alpha_scale', lambda n, d: (), SAME),
+                 'static_beta': ('static_beta', lambda n, d: (n,), SAME), 'dynamic_beta_proj': ('dynamic_beta_fn', lambda n, d: (d,), SAME),
+                 'dynamic_beta_scale': ('dynamic_beta_scale', lambda n, d: (), SAME)}
+
+
+def _hc_infer(sd: dict) -> dict:
+    beta = sd.get('blocks.0.attention_hyper_connection.static_beta')
+    return {} if beta is None else dict(hc_streams=int(beta.shape[0]))
+
+
+def _hc_prepare(hints: dict, options: dict) -> list[str]:
+    if 'hc_update' in options: return []
+    return ["hc: the fork's versions differ in the stream update (HC, `hyper_connections.py`); 'mixed' assumed "
+            "(pass --option hc_update=unmixed for the @5152cab rule)"]
+
+
+HC_FORK = ForkNames(block=connector_fork_names(HC_FORK_TABLE), detect=lambda names: _has(names, r'hyper_connection\.static_alpha$'),
+                    infer=_hc_infer, prepare=_hc_prepare)
+
+
 register_design(Design('hc', 'multistream', 'Hyper-Connections: n=4 dynamic (tanh) streams, per-stream final norm then sum',
                        build=build_hc, extra_params=_hc_params, forward_flops=_hc_flops, check_init=_hc_init,
-                       metrics=('mixing', 'usefulness', 'residual_path'), importer=IMPORTABLE,
+                       metrics=('mixing', 'usefulness', 'residual_path'), importer=HC_FORK,
                        options=('hc_streams', 'hc_update', 'hc_tanh'), defaults=dict(hc_streams=4, hc_update='mixed', hc_tanh=True),
                        activation_bytes=_multistream_activations, micro_batch_cap=8))
 
@@ -716,9 +782,37 @@ def _mhc_init(model: MultiStreamTransformer, idx: torch.Tensor, atol: float) -> 
     return None
 
 
+MHC_FORK_TABLES = {   # per backend: the fork's connector parameter -> (ours, shape of (n, d), layout)
+    'liger': {'phi': ('phi', lambda n, d: (n * d, n * n + 2 * n), SAME), 'b': ('b', lambda n, d: (n * n + 2 * n,), SAME),
+              **{a: (a, lambda n, d: (), SAME) for a in ('alpha_pre', 'alpha_post', 'alpha_res')}},
+    'native': {'pre_bias': ('b_pre', lambda n, d: (n,), SAME), 'post_bias': ('b_post', lambda n, d: (n,), SAME),
+               'residual_bias': ('b_res', lambda n, d: (n, n), FLATTEN), 'pre_dynamic_proj': ('phi_pre', lambda n, d: (n * d, n), SAME),
+               'post_dynamic_proj': ('phi_post', lambda n, d: (n * d, n), SAME),
+               'residual_dynamic_proj': ('phi_res', lambda n, d: (n * d, n * n), SAME),
+               'pre_gate': ('alpha_pre', lambda n, d: (), SAME), 'post_gate': ('alpha_post', lambda n, d: (), SAME),
+               'residual_gate': ('alpha_res', lambda n, d: (), SAME)},
+    'static': {'H_res_logits': ('res_logits', lambda n, d: (n, n), SAME), 'H_pre_logits': ('pre_logits', lambda n, d: (n,), SAME),
+               'H_post_logits': ('post_logits', lambda n, d: (n,), SAME)}}
+
+
+def _mhc_fork(cfg: ModelConfig, b: int) -> dict: return connector_fork_names(MHC_FORK_TABLES[cfg.mhc_backend])(cfg, b)
+
+
+def _mhc_infer(sd: dict) -> dict:
+    "The backend from the connector's parameter names, the stream count from their shapes."
+    pre = 'blocks.0.attention_hyper_connection.'
+    if pre + 'b' in sd: return dict(mhc_backend='liger', hc_streams=int(round(math.sqrt(sd[pre + 'b'].shape[0] + 1) - 1)))
+    if pre + 'pre_bias' in sd: return dict(mhc_backend='native', hc_streams=int(sd[pre + 'pre_bias'].shape[0]))
+    if pre + 'H_pre_logits' in sd: return dict(mhc_backend='static', hc_streams=int(sd[pre + 'H_pre_logits'].shape[0]))
+    return {}
+
+
+MHC_FORK = ForkNames(block=_mhc_fork, detect=lambda names: _has(names, r'hyper_connection\.(phi|pre_bias|H_res_logits)$'), infer=_mhc_infer)
+
+
 register_design(Design('mhc', 'multistream', 'Manifold-constrained HC: n=4, Sinkhorn (20 it.) doubly stochastic mixing, gap-8 init, mean collapse',
                        build=build_mhc, extra_params=_mhc_params, forward_flops=_mhc_flops, check_init=_mhc_init,
-                       metrics=('mixing', 'usefulness', 'residual_path'), importer=IMPORTABLE,
+                       metrics=('mixing', 'usefulness', 'residual_path'), importer=MHC_FORK,
                        options=('hc_streams', 'mhc_backend', 'sinkhorn_iters'),
                        defaults=dict(hc_streams=4, mhc_backend='liger', sinkhorn_iters=20),
                        activation_bytes=_multistream_activations, micro_batch_cap=8))
@@ -867,6 +961,26 @@ def attnres_activations(group_sizes: list[int], d: int) -> int:
     return sum(attnres_sources_per_site(group_sizes)) * d * 4
 
 
+def _attnres_fork(cfg: ModelConfig, b: int) -> dict:
+    "Mixers of block b: no attention-side mixer in block 0."
+    d, out = cfg.d_model, {}
+    if b > 0: out |= {'attn_res_proj.weight': ((1, d), 'attn_mix.query', SQUEEZE0), 'attn_res_norm.weight': ((d,), 'attn_mix.key_weight', SAME)}
+    return out | {'mlp_res_proj.weight': ((1, d), 'ffn_mix.query', SQUEEZE0), 'mlp_res_norm.weight': ((d,), 'ffn_mix.key_weight', SAME)}
+
+
+def _attnres_fork_top(cfg: ModelConfig) -> dict:
+    d = cfg.d_model
+    return {'res_proj.weight': ((1, d), 'final_mix.query', SQUEEZE0), 'res_norm.weight': ((d,), 'final_mix.key_weight', SAME)}
+
+
+def attnres_fork_names(names) -> bool: return _has(names, r'(^|\.)res_proj\.weight$')
+
+
+def attnres_fork(prepare: Optional[Callable] = None) -> ForkNames:
+    "The AttnRes designs' fork tensors (the same names for Full and Block AttnRes: the block size is in the config)."
+    return ForkNames(block=_attnres_fork, top=_attnres_fork_top, detect=attnres_fork_names, prepare=prepare)
+
+
 def _attnres_init(model: AttnResTransformer, idx: torch.Tensor, atol: float) -> Optional[str]:
     "No mixer before block 0's attention, zero pseudo-queries, uniform mixes."
     if hasattr(model.blocks[0], 'attn_mix'): return "block 0's attention reads N_a(embedding): it has no mixer"
@@ -883,11 +997,17 @@ def full_attnres_groups(cfg: ModelConfig) -> list[int]: return [1] * cfg.n_subla
 def build_attnres(cfg: ModelConfig) -> AttnResTransformer: return AttnResTransformer(cfg, full_attnres_groups(cfg))
 
 
+def _full_attnres_prepare(hints: dict, options: dict) -> list[str]:
+    S = hints.get('attnres_block_size')
+    if S not in (None, 1): raise ConfigError(f"the checkpoint's config.json has attnres_block_size={S}: import it as --arch block_attnres")
+    return []
+
+
 register_design(Design('attnres', 'attnres', 'Full Attention Residuals: every sublayer output a depth source',
                        build=build_attnres, extra_params=_attnres_params,
                        forward_flops=lambda cfg: attnres_flops(full_attnres_groups(cfg), cfg.d_model),
                        activation_bytes=lambda cfg, bytes_per_elem: attnres_activations(full_attnres_groups(cfg), cfg.d_model),
-                       check_init=_attnres_init, metrics=('residual_path',), importer=IMPORTABLE))
+                       check_init=_attnres_init, metrics=('residual_path',), importer=attnres_fork(_full_attnres_prepare)))
 
 # %% ../nbs/05_model.ipynb #9748f4a3
 def block_attnres_groups(cfg: ModelConfig) -> list[int]:
@@ -913,6 +1033,14 @@ def _block_attnres_options(cfg: ModelConfig) -> dict:
     return dict(attnres_num_blocks=n)
 
 
+def _block_attnres_prepare(hints: dict, options: dict) -> list[str]:
+    "The block size from the checkpoint's config.json, when the options do not set the grouping."
+    if {'attnres_block_size', 'attnres_num_blocks'} & set(options): return []
+    if hints.get('attnres_block_size'): options['attnres_block_size'] = int(hints['attnres_block_size']); return []
+    return ['block_attnres: the block size S is not in the checkpoint; the package default grouping was used '
+            '(pass --option attnres_block_size=S)']
+
+
 def build_block_attnres(cfg: ModelConfig) -> AttnResTransformer: return AttnResTransformer(cfg, block_attnres_groups(cfg))
 
 
@@ -920,7 +1048,7 @@ register_design(Design('block_attnres', 'attnres', 'Block Attention Residuals: s
                        build=build_block_attnres, extra_params=_attnres_params,
                        forward_flops=lambda cfg: attnres_flops(block_attnres_groups(cfg), cfg.d_model),
                        activation_bytes=lambda cfg, bytes_per_elem: attnres_activations(block_attnres_groups(cfg), cfg.d_model),
-                       check_init=_attnres_init, metrics=('dead_zone', 'residual_path'), importer=IMPORTABLE,
+                       check_init=_attnres_init, metrics=('dead_zone', 'residual_path'), importer=attnres_fork(_block_attnres_prepare),
                        options=('attnres_block_size', 'attnres_num_blocks'), validate=_block_attnres_options))
 
 # %% ../nbs/05_model.ipynb #450676f8
@@ -986,10 +1114,20 @@ def _moda_init(model: ResidualTransformer, idx: torch.Tensor, atol: float) -> Op
     return None
 
 
+def _moda_fork(cfg: ModelConfig, b: int) -> dict:
+    "The FFN depth K/V projection (rows: K heads, then V heads), in blocks 0..L-2."
+    if not cfg.moda_ffn_kv or b == cfg.n_layer - 1: return {}
+    return {'feed_forward.kv_proj.weight': ((2 * _moda_kv_width(cfg), cfg.d_model), 'depth_kv.weight', SAME)}
+
+
+MODA_FORK = ForkNames(block=_moda_fork, nested=True, detect=lambda names: _has(names, r'attention\.attention\.w_q\.weight$'),
+                      infer=lambda sd: dict(moda_ffn_kv=any(k.endswith('feed_forward.kv_proj.weight') for k in sd)))
+
+
 register_design(Design('moda', 'residual', 'Mixture-of-Depths Attention: depth KV of earlier sublayers under one softmax (+2d^2 per block)',
                        build=build_moda, extra_params=lambda cfg: (_moda_matmul(cfg), 0),
                        forward_flops=lambda cfg: 4.0 * cfg.d_model * cfg.n_layer * (cfg.n_layer - 1),
                        matmul_params=_moda_matmul, check_init=_moda_init, metrics=('usefulness', 'residual_path'),
-                       importer=IMPORTABLE, options=('moda_ffn_kv',), defaults=dict(moda_ffn_kv=True),
+                       importer=MODA_FORK, options=('moda_ffn_kv',), defaults=dict(moda_ffn_kv=True),
                        activation_bytes=lambda cfg, bytes_per_elem: 2 * cfg.n_sublayers * _moda_kv_width(cfg) * bytes_per_elem,
                        depth_cache_bytes=lambda cfg, bytes_per_elem: 2 * cfg.n_sublayers * _moda_kv_width(cfg) * bytes_per_elem))
