@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 import copy
-import math
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
@@ -14,9 +13,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .config import ConfigError, ModelConfig
+from .config import ARCHS, ConfigError, ModelConfig, resolve_arch
 from .layers import KVCache, LayerNorm, RMSNorm
-from .model import (AttnResMixer, AttnResTransformer, DepthModel, MultiStreamTransformer, ResidualTransformer,
+from .model import (AttnResTransformer, DepthModel, MultiStreamTransformer, ResidualTransformer, _close,
                                  build_model, n_params)
 from .shapes import count_params
 
@@ -38,11 +37,6 @@ def _ok(detail: str = '') -> CheckResult: return CheckResult(True, detail)
 
 
 def _fail(detail: str) -> CheckResult: return CheckResult(False, detail)
-
-
-def _close(a: torch.Tensor, b: torch.Tensor, atol: float) -> tuple[bool, float]:
-    err = (a - b).abs().max().item() if a.numel() else 0.0
-    return err <= atol, err
 
 
 def tiny_config(arch: str, **options) -> ModelConfig:
@@ -100,7 +94,7 @@ def check_causal(model: DepthModel, idx: torch.Tensor, atol: float = 1e-5) -> Ch
 
 
 def _exact_readout(model: DepthModel) -> bool:
-    "Families whose logit lens of the last state is the forward's output (not sum-collapse HC, §3 INF)."
+    "Families whose logit lens of the last state is the forward's output (not sum-collapse HC, the official analysis scripts INF)."
     return not (isinstance(model, MultiStreamTransformer) and model.collapse == 'sum')
 
 
@@ -170,7 +164,7 @@ def check_skip(model: DepthModel, idx: torch.Tensor, atol: float = 1e-5) -> Chec
 
 def _check_attnres_skip(model: AttnResTransformer, idx, l, s_states, atol) -> CheckResult:
     if 2 * (l + 1) not in model.boundaries and l + 1 < model.n_blocks: return _ok('next consumer is inside a group')
-    if model.config.arch != 'attnres': return _ok()
+    if any(size != 1 for size in model.group_sizes): return _ok()   # only single-sublayer groups: the boundary is the next sublayer
     captured = {}
     src_block = model.blocks[l - 1].ffn if l > 0 else model.tok_emb  # the newest source: the previous FFN output
     h = src_block.register_forward_hook(lambda m, i, o: captured.__setitem__('v', o))
@@ -184,141 +178,24 @@ def _check_attnres_skip(model: AttnResTransformer, idx, l, s_states, atol) -> Ch
 # %% ../nbs/05a_checks.ipynb #bed63f8e
 def _generic_init(model: DepthModel) -> Optional[str]:
     std = model.config.init_std
+    exempt = {f'blocks.{b}.{n}' for b, blk in enumerate(model.blocks) for n in getattr(blk, 'default_init_modules', ())}
     for name, m in model.named_modules():
-        if name.endswith('depth_kv'): continue    # MoDA's W_kv keeps nn.Linear's default init (checked in check_init)
+        if name in exempt: continue               # a design's module that keeps PyTorch's default init (its check_init checks it)
         if isinstance(m, (nn.Linear, nn.Embedding)) and m.weight.abs().max() > 3 * std + 1e-7:
             return f'{name}.weight exceeds 3 sigma'
         if isinstance(m, (RMSNorm, LayerNorm)) and not torch.all(m.weight == 1): return f'{name} gain is not 1'
     return None
 
 
-def _capture(modules: list[nn.Module], run: Callable) -> list[torch.Tensor]:
-    "Outputs of `modules`, in call order, during `run()`."
-    out, hooks = [], [m.register_forward_hook(lambda m, i, o: out.append(o.detach())) for m in modules]
-    try:
-        with torch.no_grad(): run()
-    finally:
-        for h in hooks: h.remove()
-    return out
-
-
-def _preln_twin(model: MultiStreamTransformer, write: float) -> ResidualTransformer:
-    "A Pre-LN model with the core weights of `model`, W_o and w2 scaled by the initial write weight."
-    twin = ResidualTransformer(model.config.replace(arch='preln', hc_streams=None, hc_update=None, hc_tanh=None,
-                                                    mhc_backend=None, sinkhorn_iters=None))
-    core = {k: v for k, v in model.state_dict().items() if '_hc.' not in k}
-    twin.load_state_dict(core)
-    with torch.no_grad():
-        for blk in twin.blocks: blk.attn.wo.weight.mul_(write); blk.ffn.w2.weight.mul_(write)
-    return twin
-
-
-def _multistream_init(model: MultiStreamTransformer, idx, atol: float) -> Optional[str]:
-    cfg, n = model.config, model.n_streams
-    with torch.no_grad(): _, states = model(idx, return_states=True)
-    for k, s in enumerate(states):
-        H = s.unflatten(-1, (n, -1))
-        if not torch.allclose(H, H[..., :1, :].expand_as(H), atol=atol): return f'streams differ at init in state {k}'
-    write = 1 / n if cfg.arch == 'mhc' and cfg.mhc_backend == 'static' else 1.0
-    twin = _preln_twin(model, write)
-    norms = lambda m: [x for blk in m.blocks for x in (blk.attn_norm, blk.ffn_norm)]
-    got, want = _capture(norms(model), lambda: model(idx)), _capture(norms(twin), lambda: twin(idx))
-    for k, (g, w) in enumerate(zip(got, want)):
-        ok, err = _close(g, w, atol)
-        if not ok: return f'branch input of sublayer {k} differs from Pre-LN by {err:.2e}'
-    if cfg.arch == 'mhc':
-        err = _doubly_stochastic_error(model.mixing_matrices(idx))
-        if err > 1e-5: return f'mixing matrices not doubly stochastic at init (error {err:.1e})'
-        if cfg.mhc_backend != 'static':  # dynamic inputs: random projections, unit gates, no gap on the residual logits
-            moved = copy.deepcopy(model)
-            with torch.no_grad():
-                for name, p in moved.named_parameters():
-                    if '_hc.phi' in name: p.normal_(0, 0.03)      # residual logits with std ~0.3
-                    if '_hc.alpha' in name: p.fill_(1.0)
-                    if name.endswith('_hc.b'): p[2 * n:] = 0.0    # liger: the residual part of b
-                    if name.endswith('_hc.b_res'): p.zero_()     # native
-            M = moved.mixing_matrices(idx)
-            err, tol = _doubly_stochastic_error(M), (1e-5 if cfg.sinkhorn_iters >= 20 else 1e-3)  # 1e-5 is the 20-iteration claim
-            if err > tol: return f'mixing matrices not doubly stochastic with dynamic inputs (error {err:.1e} > {tol:g})'
-            if torch.allclose(M, M[:, :1, :1]): return 'perturbed connectors still give input-independent mixes'
-    return None
-
-
-def _doubly_stochastic_error(M: torch.Tensor) -> float:
-    ones = torch.ones((), dtype=M.dtype)
-    return max((M.sum(-1) - ones).abs().max().item(), (M.sum(-2) - ones).abs().max().item(), (-M).clamp(min=0).max().item())
-
-
-def _looped_init(model: DepthModel) -> Optional[str]:
-    "The looped paper's init (specs/looped.md §1), not DepthBench's truncated normal: N(0, 1) embedding, N(0, 1e-3) head,\n    U(±√3/√d) matrices (the MLP output ±√3/√ffn), W_inj = [I | 0], norm gains 1."
-    cfg = model.config
-    d, ffn = cfg.d_model, cfg.ffn_hidden
-    if abs(model.tok_emb.weight.std().item() - 1) > 0.1: return f'embedding std {model.tok_emb.weight.std().item():.3f}, want 1'
-    if abs(model.lm_head.weight.std().item() / 1e-3 - 1) > 0.1: return f'lm_head std {model.lm_head.weight.std().item():.2e}, want 1e-3'
-    a, a_proj = (3 / d) ** 0.5, (3 / ffn) ** 0.5
-    for b, blk in enumerate(model.blocks):
-        for name, w, bound in [('attn.c_q', blk.attn.c_q.weight, a), ('attn.c_proj', blk.attn.c_proj.weight, a),
-                               ('mlp.c_fc', blk.mlp.c_fc.weight, a), ('mlp.c_proj', blk.mlp.c_proj.weight, a_proj)]:
-            m = w.abs().max().item()
-            if not 0.8 * bound < m <= bound + 1e-7: return f'block {b} {name}: max |w| {m:.4f}, want U(-{bound:.4f}, {bound:.4f})'
-    if hasattr(model, 'inject') and not torch.equal(model.inject.weight, torch.cat([torch.eye(d), torch.zeros(d, d)], 1)):
-        return 'W_inj is not [I | 0] at init'
-    if any(isinstance(m, RMSNorm) and not torch.all(m.weight == 1) for m in model.modules()): return 'a norm gain is not 1'
-    return None
-
-
 def check_init(model: DepthModel, idx: torch.Tensor, atol: float = 1e-5) -> CheckResult:
-    cfg = model.config
-    if cfg.family == 'looped':  # the looped paper has its own init
-        err = _looped_init(model)
-        return _fail(err) if err else _ok('looped paper init')
-    err = _generic_init(model)
-    if err: return _fail(err)
-    a, L = cfg.arch, cfg.n_layer
-    if a == 'lns':
-        want = [1 / math.sqrt(b + 1) for b in range(L)]
-        if [blk.ln_scale for blk in model.blocks] != want: return _fail('LNS factors are not 1/sqrt(b+1)')
-        b = L - 1
-        normed = _capture([model.blocks[b].attn_norm], lambda: model(idx))[0]
-        seen = []
-        h = model.blocks[b].attn.register_forward_pre_hook(lambda m, args: seen.append(args[0].detach()))
-        try:
-            with torch.no_grad(): model(idx)
-        finally: h.remove()
-        ok, e = _close(seen[0], normed * want[b], atol)
-        if not ok: return _fail(f'block {b} attention input is not N_a(x)/sqrt({b + 1}) (diff {e:.2e})')
-    if a == 'deepnorm':
-        alpha, beta = (2 * L) ** 0.25, (8 * L) ** -0.25
-        if any(abs(blk.alpha - alpha) > 1e-12 for blk in model.blocks): return _fail('DeepNorm alpha != (2L)^1/4')
-        if not all(isinstance(m, LayerNorm) for m in model.blocks.modules() if isinstance(m, (RMSNorm, LayerNorm))):
-            return _fail('DeepNorm block norms must be LayerNorm')
-        if not isinstance(model.final_norm, RMSNorm) or model.final_norm.eps != cfg.norm_eps:
-            return _fail('DeepNorm final norm must be RMSNorm with the backbone eps (only the block norm config is switched)')
-        for blk in model.blocks:
-            ref = blk.attn.wq.weight.std()
-            for lin in (blk.attn.wv, blk.attn.wo, blk.ffn.w1, blk.ffn.w2, blk.ffn.w3):
-                r = (lin.weight.std() / ref).item()
-                if abs(r / beta - 1) > 0.2: return _fail(f'DeepNorm beta: std ratio {r:.3f}, want {beta:.3f}')
-    if a == 'keel':
-        if [blk.alpha for blk in model.blocks] != [1.0] + [float(2 * L)] * (L - 1): return _fail('KEEL alpha != 2L (block 0: 1)')
-        if hasattr(model.blocks[0], 'attn_out_norm'): return _fail('KEEL block 0 must have no N_pa')
-    if a == 'moda':
-        has = [hasattr(blk, 'depth_kv') for blk in model.blocks]
-        if has != [bool(cfg.moda_ffn_kv)] * (L - 1) + [False]: return _fail(f'MoDA depth K/V projections in blocks {has}')
-        for blk in model.blocks:
-            if hasattr(blk, 'depth_kv'):
-                w, bound = blk.depth_kv.weight, blk.depth_kv.in_features ** -0.5
-                if not 0.8 * bound < w.abs().max() <= bound: return _fail(f'MoDA W_kv max |w| {w.abs().max():.4f}, want U(±{bound:.4f})')
-    if isinstance(model, MultiStreamTransformer):
-        err = _multistream_init(model, idx, 1e-4)
+    "The shared init rule (unless the design has its own), then the invariants the design's registry entry states."
+    design = resolve_arch(model.config.arch)
+    if design.shared_init:
+        err = _generic_init(model)
         if err: return _fail(err)
-    if isinstance(model, AttnResTransformer):
-        if hasattr(model.blocks[0], 'attn_mix'): return _fail("block 0's attention reads N_a(embedding): it has no mixer")
-        if any(m.query.abs().sum() != 0 for m in model.modules() if isinstance(m, AttnResMixer)):
-            return _fail('AttnRes pseudo-queries are not zero at init')
-        for k, w in enumerate(model.depth_mix_weights(idx)):
-            if not torch.allclose(w, torch.full_like(w, 1 / w.shape[-1]), atol=1e-6): return _fail(f'mix {k} is not uniform at init')
-    return _ok()
+    err = design.check_init(model, idx, atol)
+    return _fail(err) if err else _ok('' if design.shared_init else f'{design.name}: its own init')
+
 
 # %% ../nbs/05a_checks.ipynb #9d1b84c1
 CHECKS = ('param_count', 'finite', 'gradients', 'causal', 'states', 'kv_cache', 'skip', 'swap', 'init')

@@ -15,14 +15,14 @@ import types
 import typing
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 # %% auto #0
 __all__ = ['ARCHS', 'FAMILIES', 'DESIGN_OPTIONS', 'OPTIMIZERS', 'SCHEDULES', 'PRECISIONS', 'EVAL_SETS', 'ConfigError',
-           'CorruptFile', 'UnsafeFile', 'RunBusy', 'ArchSpec', 'register_arch', 'arch_names', 'resolve_arch', 'Config',
-           'config_hash', 'config_diff', 'ffn_hidden_default', 'ModelConfig', 'DataConfig', 'TrainConfig', 'RunConfig',
-           'package_dir', 'repo_root', 'runs_root', 'runs_root_reason', 'cache_dir', 'atomic_write_bytes',
-           'atomic_write_text', 'atomic_write_json']
+           'CorruptFile', 'UnsafeFile', 'RunBusy', 'ForkNames', 'Design', 'register_design', 'unregister_design',
+           'arch_names', 'resolve_arch', 'Config', 'config_hash', 'config_diff', 'ffn_hidden_default', 'ModelConfig',
+           'DataConfig', 'TrainConfig', 'RunConfig', 'package_dir', 'repo_root', 'runs_root', 'runs_root_reason',
+           'cache_dir', 'atomic_write_bytes', 'atomic_write_text', 'atomic_write_json']
 
 # %% ../nbs/00_config.ipynb #535214f5
 class ConfigError(ValueError):
@@ -49,33 +49,86 @@ def _choice_error(kind: str, value, valid) -> ConfigError:
     return ConfigError(f"unknown {kind} {value!r}; valid {kind}s: {', '.join(map(str, valid))}")
 
 # %% ../nbs/00_config.ipynb #1abb22e4
+def _no_extra(cfg, *args) -> int:
+    "The explicit zero of an optional cost piece (memory, caches, extra matmul weights): the design adds none."
+    return 0
+
+
 @dataclass(frozen=True)
-class ArchSpec:
-    "One registered architecture."
+class ForkNames:
+    "How the official OLMo-core fork names a design's own tensors beyond the shared backbone (depthbench_nb.interop reads it)."
+    block: Optional[Callable] = None    # (cfg, b) -> {fork name in block b: (shape, our name in block b, (to ours, to fork))}
+    top: Optional[Callable] = None      # cfg -> the same for the design's tensors outside the blocks
+    nested: bool = False                # the core weights sit one module down (MoDA: attention.attention.w_q)
+    detect: Optional[Callable] = None   # set of fork names -> whether they look like this design's checkpoint
+    infer: Optional[Callable] = None    # canonical fork state dict -> the design options its tensors settle
+    prepare: Optional[Callable] = None  # (the checkpoint's config hints, options) -> notes; may fill or refuse options
+
+
+@dataclass(frozen=True)
+class Design:
+    "One residual design: everything that differs between designs, in one registry entry (one notebook section)."
     name: str
-    family: str                      # residual | multistream | attnres | looped
+    family: str                          # residual | multistream | attnres | looped: how diagnostics read states
     summary: str
-    options: tuple = ()              # ModelConfig design-option fields this design accepts
-    defaults: dict = field(default_factory=dict)  # default values of those options
-    impl: str = 'depthbench_nb.model:build_transformer'  # 'module:callable(cfg) -> nn.Module'
+    # ---- required: a design that leaves one out fails `register_design` ----------------------------------
+    build: Optional[Callable] = None          # cfg -> the uninitialized model (a DepthModel)
+    extra_params: Optional[Callable] = None   # cfg -> (inside blocks, outside them): parameters added to Pre-LN
+    forward_flops: Optional[Callable] = None  # cfg -> forward FLOPs per token of the design's own operations
+    check_init: Optional[Callable] = None     # (model, idx, atol) -> None, or what is wrong with the init
+    metrics: Optional[tuple] = None           # the design-restricted diagnostics that apply (() says: none)
+    importer: Any = None                      # its ForkNames (the fork checkpoints' layout), or a str: why none
+    # ---- optional -----------------------------------------------------------------------------------------
+    options: tuple = ()                       # ModelConfig design-option fields this design accepts
+    defaults: dict = field(default_factory=dict)   # default values of those options
     aliases: tuple = ()
+    validate: Optional[Callable] = None       # cfg -> {option: filled value} or None; raises ConfigError
+    count_params: Optional[Callable] = None   # cfg -> ParamCount, replacing Pre-LN + extra_params (looped)
+    train_flops: Optional[Callable] = None    # (cfg, seq_len) -> training FLOPs per token, replacing the 6N rule
+    prefill_flops: Optional[Callable] = None  # (cfg, seq_len) -> prefill FLOPs, replacing the 2N rule
+    matmul_params: Callable = _no_extra       # cfg -> extra matmul weights a token passes (OLMo-core's 6N counts them)
+    activation_bytes: Callable = _no_extra    # (cfg, bytes_per_elem) -> extra activation bytes per token
+    depth_cache_bytes: Callable = _no_extra   # (cfg, bytes_per_elem) -> depth-cache bytes per token (besides KV)
+    ffn_rule: str = '8/3'                     # the FFN width when ffn_hidden is None
+    micro_batch_cap: int = 16                 # sequences per forward pass on a GPU (the official launchers)
+    shared_init: bool = True                  # DepthBench's truncated-normal init (False: check_init covers it all)
+    run_tag: Optional[Callable] = None        # cfg -> a run id tag such as 'r4-'
+    grids: dict = field(default_factory=dict) # named grids the design brings: name -> callable(variant) -> rows
+
+    def missing(self) -> list[str]:
+        "The required pieces this entry leaves out."
+        need = {'build': self.build, 'extra_params (or count_params)': self.extra_params or self.count_params,
+                'forward_flops (or train_flops and prefill_flops)': self.forward_flops or (self.train_flops and self.prefill_flops),
+                'check_init': self.check_init, 'metrics': self.metrics, 'importer': self.importer}
+        return [k for k, v in need.items() if v is None]
 
 
-ARCHS: dict[str, ArchSpec] = {}
+ARCHS: dict[str, Design] = {}
 _ALIASES: dict[str, str] = {}
 FAMILIES = ('residual', 'multistream', 'attnres', 'looped')
 
 
-def register_arch(spec: ArchSpec, overwrite: bool = False) -> ArchSpec:
-    "Add a design to the registry (see the 'add your own residual design' section of the model notebook)."
-    if spec.family not in FAMILIES: raise _choice_error('family', spec.family, FAMILIES)
-    if not overwrite and (spec.name in ARCHS or spec.name in _ALIASES):
-        raise ConfigError(f"architecture {spec.name!r} is already registered")
-    unknown = set(spec.options) - set(DESIGN_OPTIONS)
-    if unknown: raise ConfigError(f"{spec.name}: unknown design options {sorted(unknown)}; valid: {sorted(DESIGN_OPTIONS)}")
-    ARCHS[spec.name] = spec
-    for a in spec.aliases: _ALIASES[a] = spec.name
-    return spec
+def register_design(design: Design, overwrite: bool = False) -> Design:
+    "Add a design to the registry; an entry that leaves out a required piece is refused, naming what is missing."
+    if not isinstance(design, Design): raise ConfigError(f"register_design expects a Design, got {type(design).__name__}")
+    if design.family not in FAMILIES: raise _choice_error('family', design.family, FAMILIES)
+    if not overwrite and (design.name in ARCHS or design.name in _ALIASES):
+        raise ConfigError(f"architecture {design.name!r} is already registered")
+    missing = design.missing()
+    if missing: raise ConfigError(f"design {design.name!r} is incomplete: it needs {', '.join(missing)}")
+    unknown = set(design.options) - set(DESIGN_OPTIONS)
+    if unknown: raise ConfigError(f"{design.name}: unknown design options {sorted(unknown)}; valid: {sorted(DESIGN_OPTIONS)}")
+    if not isinstance(design.metrics, tuple): raise ConfigError(f"{design.name}: metrics must be a tuple of metric names")
+    ARCHS[design.name] = design
+    for a in design.aliases: _ALIASES[a] = design.name
+    return design
+
+
+def unregister_design(name: str) -> None:
+    "Remove a design (and its aliases) from the registry."
+    design = resolve_arch(name)
+    del ARCHS[design.name]
+    for a in design.aliases: _ALIASES.pop(a, None)
 
 
 def arch_names(include_aliases: bool = False) -> list[str]:
@@ -83,13 +136,14 @@ def arch_names(include_aliases: bool = False) -> list[str]:
     return list(ARCHS) + (list(_ALIASES) if include_aliases else [])
 
 
-def resolve_arch(name: str) -> ArchSpec:
+def resolve_arch(name: str) -> Design:
     "The registry entry for `name` (aliases allowed); an unknown name lists the valid ones."
     if not isinstance(name, str): raise ConfigError(f"arch must be a string, got {type(name).__name__}")
     key = name.strip().lower().replace('-', '_')
     key = _ALIASES.get(key, key)
     if key not in ARCHS: raise _choice_error('architecture', name, arch_names(include_aliases=True))
     return ARCHS[key]
+
 
 # %% ../nbs/00_config.ipynb #f32c7fae
 def _pos_int(v): return isinstance(v, int) and not isinstance(v, bool) and v >= 1
@@ -111,30 +165,6 @@ DESIGN_OPTIONS: dict[str, tuple] = {
     'logit_softcap':      (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0, 'a positive number'),
     'real_vocab_size':    (_pos_int, "a positive integer <= vocab_size (the tokenizer's vocabulary; the LM head is padded to vocab_size)"),
 }
-
-# %% ../nbs/00_config.ipynb #22b9abe7
-_R = 'residual'
-register_arch(ArchSpec('preln', _R, 'Pre-LN baseline: h = x + A(N(x))'))
-register_arch(ArchSpec('periln', _R, 'Peri-LN / Sandwich-LN: h = x + N_out(A(N_in(x))), no embedding norm', aliases=('sandwich',)))
-register_arch(ArchSpec('lns', _R, 'LayerNorm Scaling: pre-norm output scaled by 1/sqrt(block index, 1-based)'))
-register_arch(ArchSpec('deepnorm', _R, 'DeepNorm: Post-LN (LayerNorm) with alpha=(2L)^1/4 shortcut, beta=(8L)^-1/4 init'))
-register_arch(ArchSpec('keel', _R, 'KEEL: Post-LN highway alpha = 2L with inner norm; block 0 special'))
-register_arch(ArchSpec('hc', 'multistream', 'Hyper-Connections: n=4 dynamic (tanh) streams, per-stream final norm then sum',
-                       options=('hc_streams', 'hc_update', 'hc_tanh'),
-                       defaults=dict(hc_streams=4, hc_update='mixed', hc_tanh=True)))
-register_arch(ArchSpec('mhc', 'multistream', 'Manifold-constrained HC: n=4, Sinkhorn (20 it.) doubly stochastic mixing, gap-8 init, mean collapse',
-                       options=('hc_streams', 'mhc_backend', 'sinkhorn_iters'),
-                       defaults=dict(hc_streams=4, mhc_backend='liger', sinkhorn_iters=20)))
-register_arch(ArchSpec('attnres', 'attnres', 'Full Attention Residuals: every sublayer output a depth source'))
-register_arch(ArchSpec('block_attnres', 'attnres', 'Block Attention Residuals: sources are block sums (8 blocks over 2L sublayers by default)',
-                       options=('attnres_block_size', 'attnres_num_blocks'),
-                       defaults=dict(attnres_num_blocks=8)))
-register_arch(ArchSpec('moda', _R, 'Mixture-of-Depths Attention: depth KV of earlier sublayers under one softmax (+2d^2 per block)',
-                       options=('moda_ffn_kv',), defaults=dict(moda_ffn_kv=True)))
-register_arch(ArchSpec('looped', 'looped', 'Looped LM: prelude -> shared recurrent block x r -> coda (effective depth 20)',
-                       options=('recurrence', 'injection', 'truncated_bptt', 'hc_lanes', 'logit_softcap', 'real_vocab_size'),
-                       defaults=dict(recurrence=4, injection='linear', truncated_bptt=False, logit_softcap=15.0),
-                       impl='depthbench_nb.looped:build_looped'))
 
 # %% ../nbs/00_config.ipynb #2bff4ade
 def _type_ok(value, tp) -> tuple[bool, Any]:
@@ -241,7 +271,7 @@ def config_diff(a: Config | dict, b: Config | dict, prefix: str = '') -> list[tu
 
 # %% ../nbs/00_config.ipynb #429f0198
 def ffn_hidden_default(d_model: int, rule: str = '8/3') -> int:
-    "FFN hidden size: '8/3' = ceil(8d/3) rounded up to a multiple of 16 (DepthBench §0), '3d' (1.6B grid), '4d' (looped)."
+    "FFN hidden size: '8/3' = ceil(8d/3) rounded up to a multiple of 16 (DepthBench the official configs), '3d' (1.6B grid), '4d' (looped)."
     if rule == '8/3': return int(math.ceil(8 * d_model / 3 / 16) * 16)
     if rule == '3d': return 3 * d_model
     if rule == '4d': return 4 * d_model
@@ -287,7 +317,7 @@ class ModelConfig(Config):
         for name in ('n_layer', 'd_model', 'n_head', 'vocab_size', 'max_seq_len'):
             if getattr(self, name) < 1: raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.n_kv_head is None: set_(self, 'n_kv_head', self.n_head)
-        if self.ffn_hidden is None: set_(self, 'ffn_hidden', ffn_hidden_default(self.d_model, '4d' if spec.family == 'looped' else '8/3'))
+        if self.ffn_hidden is None: set_(self, 'ffn_hidden', ffn_hidden_default(self.d_model, spec.ffn_rule))
         if self.d_model % self.n_head:
             raise ConfigError(f"d_model ({self.d_model}) must be divisible by n_head ({self.n_head})")
         if self.head_dim % 2:
@@ -305,35 +335,11 @@ class ModelConfig(Config):
                     takers = [a for a, s in ARCHS.items() if opt in s.options]
                     raise ConfigError(f"option {opt}={v!r} does not apply to arch {spec.name!r} (it applies to: {', '.join(takers)})")
                 continue
-            if opt == 'attnres_num_blocks' and self.attnres_block_size is not None:
-                if v is not None: raise ConfigError('set either attnres_block_size or attnres_num_blocks, not both')
-                continue  # an explicit block size replaces the default block count
             if v is None and opt in spec.defaults:
                 v = spec.defaults[opt]
-                if opt == 'attnres_num_blocks': v = min(v, 2 * self.n_layer)  # the default 8 blocks, capped at 2L sublayers
                 set_(self, opt, v)
             if v is not None and not check(v): raise ConfigError(f"{opt}={v!r} is invalid for {spec.name}: must be {rule}")
-        self._validate_design(spec)
-
-    def _validate_design(self, spec: ArchSpec):
-        if spec.name == 'block_attnres':
-            n_sub = 2 * self.n_layer
-            if self.attnres_num_blocks is not None and self.attnres_num_blocks > n_sub:
-                raise ConfigError(f"attnres_num_blocks ({self.attnres_num_blocks}) cannot exceed the number of sublayers 2L = {n_sub}")
-            if self.attnres_block_size is not None and self.attnres_block_size > n_sub:
-                raise ConfigError(f"attnres_block_size ({self.attnres_block_size}) cannot exceed the number of sublayers 2L = {n_sub}")
-        if spec.name == 'looped':
-            if 16 % self.recurrence:
-                raise ConfigError(f"recurrence r={self.recurrence} must divide 16 (the recurrent block has 16/r layers: r in 1, 2, 4, 8, 16)")
-            if self.injection == 'hc':
-                if self.hc_lanes is None: object.__setattr__(self, 'hc_lanes', 2)
-                if self.truncated_bptt:
-                    raise ConfigError("truncated_bptt cannot be combined with injection='hc': loop hyper-connections need full BPTT (specs/looped.md §3)")
-            elif self.hc_lanes is not None:
-                raise ConfigError(f"hc_lanes applies only to injection='hc', not {self.injection!r}")
-            if self.real_vocab_size is not None and self.real_vocab_size > self.vocab_size:
-                raise ConfigError(f"real_vocab_size ({self.real_vocab_size}) cannot exceed vocab_size ({self.vocab_size}), "
-                                  "the padded rows of the embedding and the LM head")
+        for opt, v in ((spec.validate(self) if spec.validate else None) or {}).items(): set_(self, opt, v)  # the design's own rules
 
     @property
     def head_dim(self) -> int: return self.d_model // self.n_head
@@ -469,7 +475,7 @@ class RunConfig(Config):
     @property
     def run_id(self) -> str:
         m, t = self.model, self.train
-        tag = f"r{m.recurrence}-" if m.arch == 'looped' else ''
+        tag = ARCHS[m.arch].run_tag(m) if ARCHS[m.arch].run_tag else ''
         return f"{m.arch}-{tag}L{m.n_layer}-d{m.d_model}-lr{t.lr:g}-s{t.seed}-{self.content_hash}"
 
 # %% ../nbs/00_config.ipynb #7ffefcf1

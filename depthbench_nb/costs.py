@@ -17,18 +17,16 @@ from .config import ConfigError, ModelConfig, resolve_arch
 from .shapes import GRIDS, count_params, grid_shapes
 
 # %% auto #0
-__all__ = ['backbone_matmul_params', 'lm_head_params', 'olmo_core_flops_per_token', 'attnres_block_starts',
-           'attnres_sources_per_site', 'design_forward_flops_per_token', 'train_flops_per_token', 'prefill_flops',
-           'kv_cache_bytes', 'depth_cache_bytes', 'MemoryEstimate', 'activation_bytes', 'memory_estimate', 'cost_row',
-           'measured_costs', 'latency_row', 'cli_costs']
+__all__ = ['backbone_matmul_params', 'lm_head_params', 'olmo_core_flops_per_token', 'design_forward_flops_per_token',
+           'train_flops_per_token', 'prefill_flops', 'kv_cache_bytes', 'depth_cache_bytes', 'MemoryEstimate',
+           'activation_bytes', 'memory_estimate', 'cost_row', 'measured_costs', 'latency_row', 'cli_costs']
 
 # %% ../nbs/08a_costs.ipynb #c13fd6ab
 def backbone_matmul_params(cfg: ModelConfig) -> int:
-    "Weights of the matmuls one token passes through in the blocks (attention, FFN, MoDA's W_kv); no norms, no connectors."
+    "Weights of the matmuls one token passes through in the blocks (attention, FFN, a design's own such as MoDA's W_kv); no norms, no connectors."
     d, L, kv = cfg.d_model, cfg.n_layer, cfg.n_kv_head * cfg.head_dim
     per_block = 2 * d * d + 2 * d * kv + 3 * d * cfg.ffn_hidden   # W_q, W_o, W_k, W_v, SwiGLU
-    extra = 2 * d * kv * (L - 1) if cfg.arch == 'moda' and cfg.moda_ffn_kv else 0  # FFN depth K/V, not in the last block
-    return L * per_block + extra
+    return L * per_block + resolve_arch(cfg.arch).matmul_params(cfg)
 
 
 def lm_head_params(cfg: ModelConfig) -> int: return cfg.vocab_size * cfg.d_model
@@ -37,7 +35,7 @@ def lm_head_params(cfg: ModelConfig) -> int: return cfg.vocab_size * cfg.d_model
 def olmo_core_flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
     "What OLMo-core's `num_flops_per_token` reports: 6 × matmul params (LM head included) + 12·L·d·T."
     _check_seq_len(seq_len)
-    if cfg.family == 'looped': raise ConfigError('OLMo-core has no looped models; use train_flops_per_token')
+    if resolve_arch(cfg.arch).train_flops is not None: raise ConfigError(f'OLMo-core has no {cfg.arch} models; use train_flops_per_token')
     return 6.0 * (backbone_matmul_params(cfg) + lm_head_params(cfg)) + 12.0 * cfg.n_layer * cfg.d_model * seq_len
 
 
@@ -46,71 +44,16 @@ def _check_seq_len(seq_len):
         raise ConfigError(f'seq_len must be an integer >= 1, got {seq_len!r}')
 
 # %% ../nbs/08a_costs.ipynb #42187b8f
-def attnres_block_starts(cfg: ModelConfig) -> list[int]:
-    "Sublayer indices (>= 1) where a new AttnRes block starts (the partial sum is committed there)."
-    n_sub = cfg.n_sublayers
-    if cfg.arch == 'attnres': return list(range(1, n_sub))
-    if cfg.arch != 'block_attnres': raise ConfigError(f'attnres_block_starts applies to attnres, block_attnres, not {cfg.arch!r}')
-    if cfg.attnres_block_size is not None:
-        return list(range(cfg.attnres_block_size, n_sub, cfg.attnres_block_size))
-    n_blocks = cfg.attnres_num_blocks
-    base, extra = divmod(n_sub, n_blocks)  # the first (2L mod N) blocks get one extra sublayer (specs/architectures.md §8.2)
-    sizes = [base + (i < extra) for i in range(n_blocks)]
-    starts, pos = [], 0
-    for s in sizes[:-1]:
-        pos += s; starts.append(pos)
-    return [s for s in starts if 0 < s < n_sub]
-
-
-def attnres_sources_per_site(cfg: ModelConfig) -> list[int]:
-    "Number of depth sources each AttnRes mixing site sees: sublayers 0..2L-1, then the output mix (sublayer 0 reads the embedding directly: 0)."
-    starts = set(attnres_block_starts(cfg))
-    out, completed = [0], 0
-    for k in range(1, cfg.n_sublayers):
-        if k in starts: completed += 1
-        out.append(1 + completed + (0 if k in starts else 1))  # embedding + committed blocks + running partial
-    out.append(1 + completed + 1)                               # output mix: everything, the last partial included
-    return out
-
-
 def design_forward_flops_per_token(cfg: ModelConfig) -> float:
-    "Forward FLOPs per token of the design-specific operations (0 for the norm-placement designs)."
-    d, L, n_sub = cfg.d_model, cfg.n_layer, cfg.n_sublayers
-    if cfg.arch == 'hc':
-        n = cfg.hc_streams
-        return n_sub * n * d * (4 * n + 11)
-    if cfg.arch == 'mhc':
-        n = cfg.hc_streams
-        mix = 2 * n * n * d + 4 * n * d                                   # H_res mix, read, write
-        if cfg.mhc_backend == 'static': return float(n_sub * mix)
-        sinkhorn = 3 * n * n + 2 * n * n * cfg.sinkhorn_iters
-        return float(n_sub * (2 * n * d + 2 * n * d * (n * n + 2 * n) + sinkhorn + mix))
-    if cfg.arch in ('attnres', 'block_attnres'):
-        sites = attnres_sources_per_site(cfg)
-        return float(sum(8 * d * s + 3 * s + 4 * d for s in sites if s) + n_sub * d)
-    if cfg.arch == 'moda':
-        return 4.0 * d * L * (L - 1)
-    return 0.0
+    "Forward FLOPs per token of the design-specific operations (from the design's registry entry)."
+    return resolve_arch(cfg.arch).forward_flops(cfg)
 
 # %% ../nbs/08a_costs.ipynb #86fcce48
-def _looped_flops(cfg: ModelConfig, seq_len: int) -> float:
-    try:
-        from depthbench_nb.looped import flops_per_token
-    except ImportError as e:
-        raise ConfigError('looped FLOPs need depthbench_nb.looped (issue 5), which is not installed') from e
-    return float(flops_per_token(cfg, seq_len=seq_len)) if _takes_seq_len(flops_per_token) else float(flops_per_token(cfg))
-
-
-def _takes_seq_len(fn) -> bool:
-    import inspect
-    try: return 'seq_len' in inspect.signature(fn).parameters
-    except (TypeError, ValueError): return False
-
-
 def train_flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
     "Training FLOPs per token: 6 × matmul params + 12·L·d·T (attention) + 3 × the design's forward extras."
     _check_seq_len(seq_len)
-    if cfg.family == 'looped': return _looped_flops(cfg, seq_len)
+    design = resolve_arch(cfg.arch)
+    if design.train_flops is not None: return float(design.train_flops(cfg, seq_len))   # a design with its own count (looped)
     return olmo_core_flops_per_token(cfg, seq_len) + 3.0 * design_forward_flops_per_token(cfg)
 
 
@@ -118,11 +61,8 @@ def prefill_flops(cfg: ModelConfig, seq_len: int) -> float:
     "Forward FLOPs of a T-token prefill (batch 1): matmuls 2·N·T, causal attention 2·L·T²·d, design extras, LM head at the last position."
     _check_seq_len(seq_len)
     T, d = seq_len, cfg.d_model
-    if cfg.family == 'looped':
-        # forward = a third of the full-BPTT training count, less its (non-causal) attention; then the causal term
-        full = _looped_flops(cfg.replace(truncated_bptt=False), T) / 3.0
-        matmul = full - 4.0 * cfg.n_layer * d * T - 2.0 * lm_head_params(cfg)
-        return matmul * T + 2.0 * cfg.n_layer * T * T * d + 2.0 * lm_head_params(cfg)
+    design = resolve_arch(cfg.arch)
+    if design.prefill_flops is not None: return float(design.prefill_flops(cfg, seq_len))
     return (2.0 * backbone_matmul_params(cfg) * T + 2.0 * cfg.n_layer * T * T * d
             + design_forward_flops_per_token(cfg) * T + 2.0 * lm_head_params(cfg))
 
@@ -135,10 +75,9 @@ def kv_cache_bytes(cfg: ModelConfig, seq_len: int, bytes_per_elem: int = 2) -> i
 
 
 def depth_cache_bytes(cfg: ModelConfig, seq_len: int, bytes_per_elem: int = 2) -> int:
-    "MoDA's depth cache for one T-token sequence (K, V of [T, 2L, n_kv, d_h]); 0 for every other design."
+    "A design's depth cache for one T-token sequence besides the KV cache (MoDA: K, V of [T, 2L, n_kv, d_h]; else 0)."
     _check_seq_len(seq_len)
-    if cfg.arch != 'moda': return 0
-    return int(2 * seq_len * cfg.n_sublayers * cfg.n_kv_head * cfg.head_dim * bytes_per_elem)
+    return int(seq_len * resolve_arch(cfg.arch).depth_cache_bytes(cfg, bytes_per_elem))
 
 
 @dataclass(frozen=True)
@@ -157,9 +96,7 @@ def activation_bytes(cfg: ModelConfig, seq_len: int, bytes_per_elem: int = 2) ->
     "Estimated activation memory saved for backward, one sequence (see the list above)."
     T, d, kv = seq_len, cfg.d_model, cfg.n_kv_head * cfg.head_dim
     per_token = cfg.n_layer * (7 * d + 2 * kv + 4 * cfg.ffn_hidden) * bytes_per_elem
-    if cfg.family == 'multistream': per_token += cfg.n_sublayers * 2 * cfg.hc_streams * d * bytes_per_elem
-    if cfg.family == 'attnres': per_token += sum(attnres_sources_per_site(cfg)) * d * 4
-    if cfg.arch == 'moda': per_token += 2 * cfg.n_sublayers * kv * bytes_per_elem
+    per_token += resolve_arch(cfg.arch).activation_bytes(cfg, bytes_per_elem)   # streams, depth sources, depth slots
     per_token += cfg.vocab_size * 4
     return int(per_token * T)
 
@@ -178,7 +115,7 @@ def cost_row(cfg: ModelConfig, seq_len: int = 4096, train_seq_len: int = 2048) -
     return dict(arch=cfg.arch, n_layer=cfg.n_layer, d_model=cfg.d_model, seq_len=seq_len,
                 params_total=pc.total, params_backbone=pc.backbone,
                 train_flops_per_token=train_flops_per_token(cfg, train_seq_len),
-                olmo_core_flops_per_token=(None if cfg.family == 'looped' else olmo_core_flops_per_token(cfg, train_seq_len)),
+                olmo_core_flops_per_token=(None if resolve_arch(cfg.arch).train_flops else olmo_core_flops_per_token(cfg, train_seq_len)),
                 prefill_flops=prefill_flops(cfg, seq_len), kv_cache_bytes=kv_cache_bytes(cfg, seq_len),
                 depth_cache_bytes=depth_cache_bytes(cfg, seq_len),
                 param_bytes=mem.params, optimizer_bytes=mem.optimizer, activation_bytes=mem.activations_per_sequence)
@@ -223,9 +160,10 @@ def cli_costs(argv=None) -> int:
     p.add_argument('--device', default=None, help='device for --measure (default: cuda when present, else cpu)')
     p.add_argument('--json', action='store_true', help='machine-readable JSON output')
     a = p.parse_args(argv)
-    archs = [n for n, s in ARCHS.items() if s.family != 'looped'] if a.arch == 'all' else [resolve_arch(a.arch).name]
-    if any(ARCHS[x].family == 'looped' for x in archs):
-        raise ConfigError("--arch looped: looped shapes are not on these grids; use depthbench_nb.costs with looped_config(s, r)")
+    archs = [n for n, s in ARCHS.items() if not s.grids] if a.arch == 'all' else [resolve_arch(a.arch).name]
+    if any(ARCHS[x].grids for x in archs):
+        raise ConfigError(f"--arch {a.arch}: its shapes are not on these grids (it brings its own: {', '.join(ARCHS[archs[0]].grids)}); "
+                          "use depthbench_nb.costs on its configs")
     depths = tuple(int(x) for x in a.depths.split(',')) if a.depths else None
     rows = [cost_row(s.model_config(arch), a.seq_len, a.train_seq_len) for arch in archs for s in grid_shapes(a.grid, depths)]
     if a.measure:

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .config import ConfigError, ModelConfig, atomic_write_json, atomic_write_text
+from .config import ARCHS, ConfigError, ModelConfig, atomic_write_json, atomic_write_text
 
 # %% auto #0
 __all__ = ['CAUSAL_THRESHOLD', 'PERMUTATION_THRESHOLD', 'USEFULNESS_RATIO', 'DEAD_ZONE_THRESHOLD', 'DEAD_ZONE_THRESHOLD_SOURCE',
@@ -527,8 +527,9 @@ def site_weights(weights: Sequence[Tensor]) -> list[list[float]]:
 
 def sublayer_partial_mass(weights: Sequence[Tensor], cfg: ModelConfig) -> list[Optional[float]]:
     "Partial-sum mass per sublayer 0..2L-1 (None where the site has no partial) from `model.depth_mix_weights`."
-    from depthbench_nb.costs import attnres_block_starts, attnres_sources_per_site
-    sites, starts = attnres_sources_per_site(cfg), set(attnres_block_starts(cfg))
+    from depthbench_nb.model import attnres_sources_per_site, build_model
+    sizes = build_model(cfg, device='meta').group_sizes                       # the design's grouping rule, as its model uses it
+    sites, starts = attnres_sources_per_site(sizes), {sum(sizes[:g]) for g in range(1, len(sizes))}
     n_sub = cfg.n_sublayers
     S = [int(w.shape[-1]) for w in weights]
     for first in (0, 1):  # the list may start at sublayer 0 (which reads the embedding alone) or at sublayer 1
@@ -618,8 +619,9 @@ def measure_latency(model, seq_len: int, vocab_size: int, n_repeat: int = 3, dec
 METRICS = ('angular', 'causal', 'permutation', 'pruning', 'usefulness', 'collapse', 'logit_lens', 'mixing', 'dead_zone',
            'residual_path', 'latency', 'domain_nll', 'downstream_nll')
 NLL_METRICS = {'domain_nll': 'domain', 'downstream_nll': 'downstream'}   # metric -> evaluation-set group of depthbench_nb.data
-_APPLIES = {'mixing': ('multistream',), 'dead_zone': ('block_attnres',), 'usefulness': ('residual', 'multistream'),
-            'residual_path': ('preln', 'periln', 'lns', 'moda', 'multistream', 'attnres')}   # plain-sum streams; not post-norm (deepnorm, keel)
+def _applies(m: str, cfg: ModelConfig) -> bool:
+    "A design-restricted metric (one with a reason in _WHY) applies where the design's registry entry lists it."
+    return m not in _WHY or m in ARCHS[cfg.arch].metrics
 
 
 _WHY = {'mixing': ' (the effective rank of residual mixing needs several streams)',
@@ -634,7 +636,7 @@ def applicable_metrics(cfg: ModelConfig) -> tuple[str, ...]:
     out = []
     for m in METRICS:
         if m in NLL_METRICS: continue
-        if m in _APPLIES and cfg.family not in _APPLIES[m] and cfg.arch not in _APPLIES[m]: continue
+        if not _applies(m, cfg): continue
         out.append(m)
     return tuple(out)
 
@@ -646,9 +648,9 @@ def check_metrics(metrics, cfg: ModelConfig) -> tuple[str, ...]:
     bad = [m for m in metrics if m not in METRICS]
     if bad: raise ConfigError(f"unknown metric(s) {bad}; valid metrics: {', '.join(METRICS)}")
     for m in metrics:
-        if m in _APPLIES and cfg.family not in _APPLIES[m] and cfg.arch not in _APPLIES[m]:
+        if not _applies(m, cfg):
             raise ConfigError(f"metric {m!r} does not apply to arch {cfg.arch!r} (family {cfg.family}): "
-                              f"it applies to {', '.join(_APPLIES[m])} only" + _WHY.get(m, ''))
+                              f"it applies to {', '.join(f'{a} ({d.family})' for a, d in ARCHS.items() if m in d.metrics)} only" + _WHY.get(m, ''))
     return tuple(dict.fromkeys(metrics))
 
 

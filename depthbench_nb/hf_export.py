@@ -12,6 +12,7 @@ import json
 import os
 import re
 import shutil
+import sys
 from pathlib import Path
 from typing import Optional
 
@@ -30,7 +31,7 @@ AUTO_MAP = {'AutoConfig': 'configuration_depthbench.DepthBenchConfig',
             'AutoModelForCausalLM': 'modeling_depthbench.DepthBenchForCausalLM'}
 
 _FROM_PACKAGE = re.compile(r'^(\s*)from depthbench_nb((?:\.\w+)*) import', re.M)   # from depthbench_nb.x import y
-_PACKAGE_STRING = re.compile(r"""(['"])depthbench_nb\.""")                      # 'depthbench_nb.model:build_transformer'
+_PACKAGE_STRING = re.compile(r"""(['"])depthbench_nb\.""")                      # 'depthbench_nb.model' in a string
 _RELATIVE = re.compile(r'^\s*from\s+\.(\w+)\s+import', re.M)                   # what Transformers' loader follows
 
 
@@ -48,11 +49,11 @@ def vendored_source(module: str) -> str:
 
 
 def builder_of(arch: str) -> tuple[str, str]:
-    "(module inside depthbench_nb, callable) that the design registry names as `arch`'s builder."
-    impl = resolve_arch(arch).impl
-    mod, _, fn = impl.partition(':') if isinstance(impl, str) else ('', '', '')
-    if not mod.startswith('depthbench_nb.') or mod.count('.') != 1 or not fn:
-        raise ConfigError(f"design {arch!r} is built by {impl!r}, outside depthbench-nb: its code cannot travel with the export "
+    "(module inside depthbench_nb, function) of `arch`'s builder in the design registry."
+    build = resolve_arch(arch).build
+    mod, fn = getattr(build, '__module__', '') or '', getattr(build, '__name__', '')
+    if not mod.startswith('depthbench_nb.') or mod.count('.') != 1 or getattr(sys.modules.get(mod), fn, None) is not build:
+        raise ConfigError(f"design {arch!r} is built by {mod}.{fn}, outside depthbench-nb: its code cannot travel with the export "
                           f"(load the export with that code installed, without trust_remote_code)")
     return mod.split('.', 1)[1], fn
 

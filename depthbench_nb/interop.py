@@ -21,18 +21,18 @@ import torch
 from safetensors.torch import load_file as load_safetensors
 from safetensors.torch import save as _save_safetensors_bytes
 
-from .config import (ConfigError, CorruptFile, DataConfig, ModelConfig, RunConfig, TrainConfig, UnsafeFile,
+from .config import (ARCHS, ConfigError, ForkNames, CorruptFile, DataConfig, ModelConfig, RunConfig, TrainConfig, UnsafeFile,
                                   atomic_write_bytes, atomic_write_json, resolve_arch)
 from .layers import KVCache
-from .model import DepthModel, build_model
+from .model import SAME, DepthModel, build_model
 
 # %% auto #0
-__all__ = ['HC_SITES', 'CHECKPOINT_FORMAT', 'IMPORTED_STUDY', 'LLAMA_EXPORTABLE', 'read_dcp_state_dict', 'is_hub_id',
-           'select_step', 'resolve_source', 'read_state_dict', 'connector_kind', 'fork_layout',
-           'canonical_fork_state_dict', 'check_fork_layout', 'detect_arch', 'infer_model_config', 'NameMapping',
-           'name_map', 'fork_to_ours', 'ours_to_fork', 'model_from_fork_state_dict', 'save_pretrained',
-           'check_state_dict', 'load_pretrained', 'import_checkpoint', 'llama_state_dict', 'llama_config_dict',
-           'export_llama', 'generate', 'decode_throughput', 'cli_import_checkpoint']
+__all__ = ['CHECKPOINT_FORMAT', 'IMPORTED_STUDY', 'LLAMA_EXPORTABLE', 'read_dcp_state_dict', 'is_hub_id', 'select_step',
+           'resolve_source', 'read_state_dict', 'fork_layout', 'canonical_fork_state_dict', 'check_fork_layout',
+           'detect_arch', 'infer_model_config', 'NameMapping', 'name_map', 'fork_to_ours', 'ours_to_fork',
+           'model_from_fork_state_dict', 'save_pretrained', 'check_state_dict', 'load_pretrained', 'import_checkpoint',
+           'llama_state_dict', 'llama_config_dict', 'export_llama', 'generate', 'decode_throughput',
+           'cli_import_checkpoint']
 
 # %% ../nbs/09b_interop.ipynb #0b5eff66
 class _LooseRecord:
@@ -192,49 +192,39 @@ def read_state_dict(path) -> tuple[dict[str, torch.Tensor], str]:
     raise ConfigError(f"{path}: unknown checkpoint format (valid: DCP folder, .safetensors, .pt, .bin)")
 
 # %% ../nbs/09b_interop.ipynb #76ba3a09
-_HC_PARAMS = {  # fork connector parameter -> shape, as a function of (n, d)
-    'hc':     lambda n, d: {'static_alpha': (n, n + 1), 'dynamic_alpha_proj': (d, n + 1), 'dynamic_alpha_scale': (),
-                            'static_beta': (n,), 'dynamic_beta_proj': (d,), 'dynamic_beta_scale': ()},
-    'liger':  lambda n, d: {'phi': (n * d, n * n + 2 * n), 'b': (n * n + 2 * n,), 'alpha_pre': (), 'alpha_post': (), 'alpha_res': ()},
-    'native': lambda n, d: {'pre_bias': (n,), 'post_bias': (n,), 'residual_bias': (n, n), 'pre_dynamic_proj': (n * d, n),
-                            'post_dynamic_proj': (n * d, n), 'residual_dynamic_proj': (n * d, n * n),
-                            'pre_gate': (), 'post_gate': (), 'residual_gate': ()},
-    'static': lambda n, d: {'H_res_logits': (n, n), 'H_pre_logits': (n,), 'H_post_logits': (n,)},
-}
-HC_SITES = ('attention', 'feed_forward')  # one connector per sublayer: k = 2b (attention), 2b + 1 (FFN)
+def _fork_names(cfg: ModelConfig) -> ForkNames:
+    "The design's entry for the fork's checkpoints (a design without one says why)."
+    names = resolve_arch(cfg.arch).importer
+    if not isinstance(names, ForkNames): raise ConfigError(f"no OLMo-core fork layout for arch {cfg.arch!r}: {names}")
+    return names
 
 
-def connector_kind(cfg: ModelConfig) -> str | None:
-    "Which fork connector a design uses: 'hc', 'liger', 'native', 'static', or None."
-    return 'hc' if cfg.arch == 'hc' else (cfg.mhc_backend if cfg.arch == 'mhc' else None)
+def _fork_tensors(cfg: ModelConfig) -> dict[str, tuple]:
+    "Every tensor of the fork's model, name -> (shape, our name or None for the backbone, layout change), in module order."
+    names = _fork_names(cfg)
+    d, L, V, ffn = cfg.d_model, cfg.n_layer, cfg.vocab_size, cfg.ffn_hidden
+    kv = cfg.n_kv_head * cfg.head_dim
+    att, ff = ('attention.attention.', 'feed_forward.feed_forward.') if names.nested else ('attention.', 'feed_forward.')
+    backbone = lambda shape: (shape, None, None)
+    out = {'embeddings.weight': backbone((V, d))}
+    for b in range(L):
+        p = f'blocks.{b}.'
+        own = {p + k: (shape, p + ours, tf) for k, (shape, ours, tf) in (names.block(cfg, b) if names.block else {}).items()}
+        out.update({p + att + 'w_q.weight': backbone((d, d)), p + att + 'w_k.weight': backbone((kv, d)),
+                    p + att + 'w_v.weight': backbone((kv, d)), p + att + 'w_out.weight': backbone((d, d)),
+                    p + 'attention_norm.weight': backbone((d,)), p + ff + 'w1.weight': backbone((ffn, d)),
+                    p + ff + 'w2.weight': backbone((d, ffn)), p + ff + 'w3.weight': backbone((ffn, d))})
+        out.update({k: v for k, v in own.items() if k.startswith(p + 'feed_forward.')})   # the FFN module's own tensors precede its norm
+        out[p + 'feed_forward_norm.weight'] = backbone((d,))
+        out.update({k: v for k, v in own.items() if not k.startswith(p + 'feed_forward.')})
+    if names.top: out.update(names.top(cfg))
+    out.update({'lm_head.norm.weight': backbone((d,)), 'lm_head.w_out.weight': backbone((V, d))})
+    return out
 
 
 def fork_layout(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     "Every tensor of the fork's model for `cfg`, name -> shape, in module order."
-    d, L, V, ffn, a = cfg.d_model, cfg.n_layer, cfg.vocab_size, cfg.ffn_hidden, cfg.arch
-    kv = cfg.n_kv_head * cfg.head_dim
-    moda = a == 'moda'
-    att, ff = ('attention.attention.', 'feed_forward.feed_forward.') if moda else ('attention.', 'feed_forward.')
-    kind = connector_kind(cfg)
-    out: dict[str, tuple[int, ...]] = {'embeddings.weight': (V, d)}
-    for b in range(L):
-        p = f'blocks.{b}.'
-        out.update({p + att + 'w_q.weight': (d, d), p + att + 'w_k.weight': (kv, d), p + att + 'w_v.weight': (kv, d),
-                    p + att + 'w_out.weight': (d, d), p + 'attention_norm.weight': (d,),
-                    p + ff + 'w1.weight': (ffn, d), p + ff + 'w2.weight': (d, ffn), p + ff + 'w3.weight': (ffn, d)})
-        if moda and b < L - 1 and cfg.moda_ffn_kv: out[p + 'feed_forward.kv_proj.weight'] = (2 * kv, d)
-        out[p + 'feed_forward_norm.weight'] = (d,)
-        if a == 'periln' or (a == 'keel' and b > 0): out[p + 'post_attention_norm.weight'] = (d,)
-        if a in ('periln', 'keel'): out[p + 'post_feed_forward_norm.weight'] = (d,)
-        if kind:
-            for site in HC_SITES:
-                out.update({f'{p}{site}_hyper_connection.{k}': s for k, s in _HC_PARAMS[kind](cfg.hc_streams, d).items()})
-        if a in ('attnres', 'block_attnres'):
-            if b > 0: out.update({p + 'attn_res_proj.weight': (1, d), p + 'attn_res_norm.weight': (d,)})
-            out.update({p + 'mlp_res_proj.weight': (1, d), p + 'mlp_res_norm.weight': (d,)})
-    if a in ('attnres', 'block_attnres'): out.update({'res_proj.weight': (1, d), 'res_norm.weight': (d,)})
-    out.update({'lm_head.norm.weight': (d,), 'lm_head.w_out.weight': (V, d)})
-    return out
+    return {k: v[0] for k, v in _fork_tensors(cfg).items()}
 
 # %% ../nbs/09b_interop.ipynb #7cd44615
 _HF_LLAMA = [  # Hugging Face LlamaForCausalLM name -> OLMo-core name (regex, replacement)
@@ -310,23 +300,16 @@ def check_fork_layout(sd: dict[str, torch.Tensor], cfg: ModelConfig) -> None:
 
 
 def detect_arch(names) -> str | None:
-    "The design a set of fork tensor names belongs to (None if not recognised); MoDA/AttnRes/HC by their own tensors."
+    "The design a set of fork tensor names belongs to (None if not recognised): the designs with tensors of their own first."
     names = set(names)
-    has = lambda pat: any(re.search(pat, n) for n in names)
-    if has(r'hyper_connection\.static_alpha$'): return 'hc'
-    if has(r'hyper_connection\.(phi|pre_bias|H_res_logits)$'): return 'mhc'
-    if has(r'(^|\.)res_proj\.weight$'): return 'attnres'
-    if has(r'attention\.attention\.w_q\.weight$'): return 'moda'
-    if has(r'post_attention_norm') or has(r'post_feed_forward_norm'):
-        return 'keel' if 'blocks.0.post_attention_norm.weight' not in names and has(r'post_feed_forward_norm') else 'periln'
-    if has(r'attention\.w_q\.weight$'): return 'preln'  # also lns / deepnorm: same names, the block rule differs
-    return None
+    entries = [d for d in ARCHS.values() if isinstance(d.importer, ForkNames) and d.importer.detect]
+    own = [d for d in entries if d.importer.block or d.importer.top]
+    return next((d.name for d in own + [d for d in entries if d not in own] if d.importer.detect(names)), None)
 
 
 def _arch_hint(sd, cfg) -> str:
     guess = detect_arch(sd)
-    if guess is None or guess == cfg.arch or (guess == 'attnres' and cfg.arch == 'block_attnres'): return ''
-    if guess == 'preln' and cfg.arch in ('lns', 'deepnorm'): return ''
+    if guess is None or ARCHS[guess].importer.detect is _fork_names(cfg).detect: return ''   # the same names (LNS, Pre-LN)
     return f"; its tensor names look like arch {guess!r}"
 
 
@@ -343,18 +326,12 @@ def infer_model_config(arch: str, sd: dict[str, torch.Tensor], n_layer: int | No
     wk = next((sd[k] for k in ('blocks.0.attention.w_k.weight', 'blocks.0.attention.attention.w_k.weight') if k in sd), None)
     n_head = n_head or overrides.pop('n_head', None)
     heads_given = n_head is not None
-    n_head = n_head or 16  # DepthBench: 16 heads at every shape (§0)
+    n_head = n_head or 16  # DepthBench: 16 heads at every shape (the official configs)
     kw = dict(arch=spec.name, n_layer=L, d_model=int(d), n_head=n_head, vocab_size=int(V))
     if w1 is not None: kw['ffn_hidden'] = int(w1.shape[0])
     if wk is not None and d % n_head == 0: kw['n_kv_head'] = max(1, int(wk.shape[0]) // (d // n_head))
-    if spec.name == 'hc' and 'blocks.0.attention_hyper_connection.static_beta' in sd:
-        kw['hc_streams'] = int(sd['blocks.0.attention_hyper_connection.static_beta'].shape[0])
-    if spec.name == 'mhc':
-        pre = 'blocks.0.attention_hyper_connection.'
-        if pre + 'b' in sd: kw.update(mhc_backend='liger', hc_streams=int(round(math.sqrt(sd[pre + 'b'].shape[0] + 1) - 1)))
-        elif pre + 'pre_bias' in sd: kw.update(mhc_backend='native', hc_streams=int(sd[pre + 'pre_bias'].shape[0]))
-        elif pre + 'H_pre_logits' in sd: kw.update(mhc_backend='static', hc_streams=int(sd[pre + 'H_pre_logits'].shape[0]))
-    if spec.name == 'moda': kw['moda_ffn_kv'] = any(k.endswith('feed_forward.kv_proj.weight') for k in sd)
+    names = spec.importer if isinstance(spec.importer, ForkNames) else ForkNames()
+    if names.infer: kw.update(names.infer(sd))
     kw.update({k: v for k, v in overrides.items() if v is not None})
     try: return ModelConfig(**kw)
     except ConfigError as e:
@@ -362,41 +339,15 @@ def infer_model_config(arch: str, sd: dict[str, torch.Tensor], n_layer: int | No
         raise ConfigError(f"{e} (d_model read off the checkpoint; heads default to DepthBench's 16: pass --n-head)") from e
 
 # %% ../nbs/09b_interop.ipynb #4e0216fc
-_squeeze0 = (lambda t: t.reshape(-1), lambda t: t.reshape(1, -1))       # fork [1, d] <-> ours [d]
-_flatten = (lambda t: t.reshape(-1), lambda t: t.reshape(int(math.isqrt(t.numel())), -1))  # [n, n] <-> [n*n]
-_same = (lambda t: t, lambda t: t)
-
-_CONNECTOR_NAMES = {  # fork connector parameter -> (our parameter, transform)
-    'hc': {'static_alpha': ('static_alpha', _same), 'static_beta': ('static_beta', _same),
-           'dynamic_alpha_proj': ('dynamic_alpha_fn', _same), 'dynamic_beta_proj': ('dynamic_beta_fn', _same),
-           'dynamic_alpha_scale': ('dynamic_alpha_scale', _same), 'dynamic_beta_scale': ('dynamic_beta_scale', _same)},
-    'liger': {k: (k, _same) for k in ('phi', 'b', 'alpha_pre', 'alpha_post', 'alpha_res')},
-    'native': {'pre_bias': ('b_pre', _same), 'post_bias': ('b_post', _same), 'residual_bias': ('b_res', _flatten),
-               'pre_dynamic_proj': ('phi_pre', _same), 'post_dynamic_proj': ('phi_post', _same),
-               'residual_dynamic_proj': ('phi_res', _same), 'pre_gate': ('alpha_pre', _same),
-               'post_gate': ('alpha_post', _same), 'residual_gate': ('alpha_res', _same)},
-    'static': {'H_res_logits': ('res_logits', _same), 'H_pre_logits': ('pre_logits', _same),
-               'H_post_logits': ('post_logits', _same)},
-}
-
-_RENAMES = [  # (fork regex, our template, transform): the backbone and the single-stream designs
-    (r'embeddings\.weight', 'tok_emb.weight', _same),
-    (r'lm_head\.w_out\.weight', 'lm_head.weight', _same),
-    (r'lm_head\.norm\.weight', 'final_norm.weight', _same),
-    (r'blocks\.(\d+)\.attention\.(?:attention\.)?w_([qkv])\.weight', r'blocks.\1.attn.w\2.weight', _same),
-    (r'blocks\.(\d+)\.attention\.(?:attention\.)?w_out\.weight', r'blocks.\1.attn.wo.weight', _same),
-    (r'blocks\.(\d+)\.feed_forward\.(?:feed_forward\.)?w([123])\.weight', r'blocks.\1.ffn.w\2.weight', _same),
-    (r'blocks\.(\d+)\.attention_norm\.weight', r'blocks.\1.attn_norm.weight', _same),
-    (r'blocks\.(\d+)\.feed_forward_norm\.weight', r'blocks.\1.ffn_norm.weight', _same),
-    (r'blocks\.(\d+)\.post_attention_norm\.weight', r'blocks.\1.attn_out_norm.weight', _same),
-    (r'blocks\.(\d+)\.post_feed_forward_norm\.weight', r'blocks.\1.ffn_out_norm.weight', _same),
-    (r'blocks\.(\d+)\.feed_forward\.kv_proj\.weight', r'blocks.\1.depth_kv.weight', _same),  # rows: K heads, then V heads
-    (r'blocks\.(\d+)\.attn_res_proj\.weight', r'blocks.\1.attn_mix.query', _squeeze0),
-    (r'blocks\.(\d+)\.attn_res_norm\.weight', r'blocks.\1.attn_mix.key_weight', _same),
-    (r'blocks\.(\d+)\.mlp_res_proj\.weight', r'blocks.\1.ffn_mix.query', _squeeze0),
-    (r'blocks\.(\d+)\.mlp_res_norm\.weight', r'blocks.\1.ffn_mix.key_weight', _same),
-    (r'res_proj\.weight', 'final_mix.query', _squeeze0),
-    (r'res_norm\.weight', 'final_mix.key_weight', _same),
+_RENAMES = [  # (fork regex, our template, transform): the shared backbone (each design names its own tensors)
+    (r'embeddings\.weight', 'tok_emb.weight', SAME),
+    (r'lm_head\.w_out\.weight', 'lm_head.weight', SAME),
+    (r'lm_head\.norm\.weight', 'final_norm.weight', SAME),
+    (r'blocks\.(\d+)\.attention\.(?:attention\.)?w_([qkv])\.weight', r'blocks.\1.attn.w\2.weight', SAME),
+    (r'blocks\.(\d+)\.attention\.(?:attention\.)?w_out\.weight', r'blocks.\1.attn.wo.weight', SAME),
+    (r'blocks\.(\d+)\.feed_forward\.(?:feed_forward\.)?w([123])\.weight', r'blocks.\1.ffn.w\2.weight', SAME),
+    (r'blocks\.(\d+)\.attention_norm\.weight', r'blocks.\1.attn_norm.weight', SAME),
+    (r'blocks\.(\d+)\.feed_forward_norm\.weight', r'blocks.\1.ffn_norm.weight', SAME),
 ]
 
 
@@ -411,13 +362,9 @@ class NameMapping:
 
 def name_map(cfg: ModelConfig) -> list[NameMapping]:
     "Fork tensor -> our tensor for every tensor of `cfg`'s fork layout (in fork module order)."
-    kind, rows = connector_kind(cfg), []
-    for fork in fork_layout(cfg):
-        m = re.fullmatch(r'blocks\.(\d+)\.(attention|feed_forward)_hyper_connection\.(\w+)', fork)
-        if m and kind:
-            ours, tf = _CONNECTOR_NAMES[kind][m.group(3)]
-            rows.append(NameMapping(fork, f"blocks.{m.group(1)}.{'attn' if m.group(2) == 'attention' else 'ffn'}_hc.{ours}", *tf))
-            continue
+    rows = []
+    for fork, (shape, ours, tf) in _fork_tensors(cfg).items():
+        if ours is not None: rows.append(NameMapping(fork, ours, *tf)); continue   # the design's own tensor
         for pat, rep, tf in _RENAMES:
             if re.fullmatch(pat, fork): rows.append(NameMapping(fork, re.sub(pat, rep, fork), *tf)); break
         else: raise ConfigError(f"no mapping for fork tensor {fork} (arch {cfg.arch})")
@@ -533,7 +480,7 @@ def import_checkpoint(source: str, arch: str, n_layer: Optional[int] = None, n_h
     from depthbench_nb.runs import provenance, run_dir, write_result, writing_run_folder
     from depthbench_nb.shapes import count_params
     spec = resolve_arch(arch)
-    if spec.family == 'looped': raise ConfigError("import-checkpoint reads DepthBench designs; 'looped' has no OLMo-core checkpoint layout")
+    if not isinstance(spec.importer, ForkNames): raise ConfigError(f"import-checkpoint cannot read {spec.name!r} checkpoints: {spec.importer}")
     t0 = time.time()
     path = resolve_source(source, step)
     raw, fmt = read_state_dict(path)
@@ -543,16 +490,7 @@ def import_checkpoint(source: str, arch: str, n_layer: Optional[int] = None, n_h
     extra = {k: v for k, v in dict(rope_theta=hints.get('theta') or hints.get('rope_theta'),
                                      norm_eps=hints.get('eps') or hints.get('rms_norm_eps')).items() if v is not None}
     notes = []  # assumptions the weights cannot settle, recorded in the result
-    S = hints.get('attnres_block_size')
-    if spec.name == 'attnres' and S not in (None, 1):
-        raise ConfigError(f"the checkpoint's config.json has attnres_block_size={S}: import it as --arch block_attnres")
-    if spec.name == 'block_attnres' and not {'attnres_block_size', 'attnres_num_blocks'} & set(design_options):
-        if S: design_options['attnres_block_size'] = int(S)
-        else: notes.append('block_attnres: the block size S is not in the checkpoint; the package default grouping was used '
-                           '(pass --option attnres_block_size=S)')
-    if spec.name == 'hc' and 'hc_update' not in design_options:
-        notes.append("hc: the fork's versions differ in the stream update (spec §1.6); 'mixed' assumed "
-                     "(pass --option hc_update=unmixed for the @5152cab rule)")
+    if spec.importer.prepare: notes += spec.importer.prepare(hints, design_options)   # what the config.json settles, or a note
     cfg = infer_model_config(spec.name, sd, n_layer=n_layer, n_head=n_head, max_seq_len=max_seq_len, **extra, **design_options)
     model = model_from_fork_state_dict(sd, cfg)
     seq_len = min(2048, max_seq_len)
@@ -608,7 +546,7 @@ def llama_state_dict(model: DepthModel) -> dict[str, torch.Tensor]:
            'lm_head.weight': sd['lm_head.weight']}
     for b, blk in enumerate(model.blocks):
         p, q = f'blocks.{b}.', f'model.layers.{b}.'
-        s = blk.ln_scale  # 1 for Pre-LN; LNS: N(x)/sqrt(b+1) == RMSNorm with gain g/sqrt(b+1)
+        s = getattr(blk, 'ln_scale', 1.0)  # 1 for Pre-LN; LNS: N(x)/sqrt(b+1) == RMSNorm with gain g/sqrt(b+1)
         out.update({q + 'self_attn.q_proj.weight': sd[p + 'attn.wq.weight'], q + 'self_attn.k_proj.weight': sd[p + 'attn.wk.weight'],
                     q + 'self_attn.v_proj.weight': sd[p + 'attn.wv.weight'], q + 'self_attn.o_proj.weight': sd[p + 'attn.wo.weight'],
                     q + 'mlp.gate_proj.weight': sd[p + 'ffn.w1.weight'], q + 'mlp.up_proj.weight': sd[p + 'ffn.w3.weight'],

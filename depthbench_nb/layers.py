@@ -27,7 +27,7 @@ def trunc_normal_(weight: torch.Tensor, std: float, generator: Optional[torch.Ge
 
 # %% ../nbs/04_layers.ipynb #91eb9529
 class RMSNorm(nn.Module):
-    "y = x / rms(x) * weight (ε = 1e-6 by default, §0)."
+    "y = x / rms(x) * weight (ε = 1e-6 by default, the official configs)."
     def __init__(self, d: int, eps: float = 1e-6):
         super().__init__()
         self.eps = eps
@@ -39,7 +39,7 @@ class RMSNorm(nn.Module):
 
 
 class LayerNorm(nn.Module):
-    "Mean-centred LayerNorm with a gain and no bias (DeepNorm, §1.4)."
+    "Mean-centred LayerNorm with a gain and no bias (DeepNorm, `DeepNormTransformerBlock`)."
     def __init__(self, d: int, eps: float = 1e-6):
         super().__init__()
         self.eps = eps
@@ -139,7 +139,7 @@ class Attention(nn.Module):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, **kw)
 
     def _depth_attention(self, q, k, v, offset, depth_k, depth_v):
-        "One softmax over the causal sequence keys and the S same-token depth keys (MoDA, §1.9)."
+        "One softmax over the causal sequence keys and the S same-token depth keys (MoDA, MoDA, `moda.py`)."
         groups = self.n_head // self.n_kv_head
         k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)  # [B, H, Tk, hd]
         dk = depth_k.repeat_interleave(groups, dim=3).permute(0, 3, 1, 2, 4)  # [B, H, T, S, hd]

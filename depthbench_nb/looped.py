@@ -14,7 +14,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .config import ConfigError, ModelConfig, _choice_error
+from .config import ConfigError, Design, ModelConfig, _choice_error, register_design, resolve_arch
 from .shapes import ParamCount
 
 # %% auto #0
@@ -27,10 +27,10 @@ __all__ = ['PAPER_DEPTH', 'PAPER_VOCAB', 'PAPER_REAL_VOCAB', 'PAPER_SEQ_LEN', 'P
 
 # %% ../nbs/06_looped.ipynb #e8104e29
 PAPER_DEPTH = 20          # effective depth of every model in the paper
-PAPER_VOCAB = 32064       # Llama-2 32,001 tokens padded to a multiple of 64 (§1): the embedding and LM head rows
+PAPER_VOCAB = 32064       # Llama-2 32,001 tokens padded to a multiple of 64 (§3.1): the embedding and LM head rows
 PAPER_REAL_VOCAB = 32001  # the tokenizer's vocabulary: the logits are sliced to it before the soft-cap (gpt.py _predict)
 PAPER_SEQ_LEN = 2048
-PAPER_BATCH_TOKENS = 2**18   # B = 262,144 tokens per step for every grid run (§4)
+PAPER_BATCH_TOKENS = 2**18   # B = 262,144 tokens per step for every grid run (§4.1)
 PAPER_HEAD_DIM = 128
 N_PRELUDE = N_CODA = 2
 
@@ -64,26 +64,39 @@ class LoopLayout:
 
 
 def backward_window(r: int, truncated_bptt: bool) -> int:
-    "Iterations that carry gradients: ⌈r/2⌉ under truncated BPTT (§2, following Parcae), else all r."
+    "Iterations that carry gradients: ⌈r/2⌉ under truncated BPTT (§5.1, following Parcae), else all r."
     return math.ceil(r / 2) if truncated_bptt else r
 
 
+def _looped_options(cfg: ModelConfig) -> dict:
+    "The looped design's option rules (run by ModelConfig): r divides 16, loop hyper-connections need a loop and full BPTT."
+    if 16 % cfg.recurrence:
+        raise ConfigError(f"recurrence r={cfg.recurrence} must divide 16 (the recurrent block has 16/r layers: r in 1, 2, 4, 8, 16)")
+    fill = {}
+    if cfg.injection == 'hc':
+        if cfg.recurrence == 1:
+            raise ConfigError("injection='hc' needs a loop (recurrence r >= 2): hyper-connections live at the loop boundary")
+        if cfg.truncated_bptt:
+            raise ConfigError("truncated_bptt cannot be combined with injection='hc': loop hyper-connections need full BPTT "
+                              "(Looped LMs, arXiv 2604.21106 §3)")
+        if cfg.hc_lanes is None: fill['hc_lanes'] = 2
+    elif cfg.hc_lanes is not None:
+        raise ConfigError(f"hc_lanes applies only to injection='hc', not {cfg.injection!r}")
+    if cfg.real_vocab_size is not None and cfg.real_vocab_size > cfg.vocab_size:
+        raise ConfigError(f"real_vocab_size ({cfg.real_vocab_size}) cannot exceed vocab_size ({cfg.vocab_size}), "
+                          "the padded rows of the embedding and the LM head")
+    return fill
+
+
 def loop_layout(cfg: ModelConfig) -> LoopLayout:
-    "The layout of a looped `ModelConfig` (raises ConfigError when the depth cannot be split)."
-    if cfg.arch != 'looped': raise ConfigError(f"loop_layout needs arch='looped', got {cfg.arch!r}")
+    "The layout of a looped `ModelConfig` (its options were checked by `_looped_options`; raises when the depth cannot be split)."
+    if cfg.family != 'looped': raise ConfigError(f"loop_layout needs a looped config, got arch {cfg.arch!r}")
     r, L = cfg.recurrence, cfg.n_layer
-    if cfg.injection not in INJECTIONS: raise _choice_error('injection', cfg.injection, INJECTIONS)
-    if r == 1:
-        if cfg.injection == 'hc':
-            raise ConfigError("injection='hc' needs a loop (recurrence r >= 2): hyper-connections live at the loop boundary (specs/looped.md §3)")
-        return LoopLayout(0, L, 0, 1, 'none', 1)
-    if cfg.injection == 'hc' and cfg.truncated_bptt:
-        raise ConfigError("truncated_bptt cannot be combined with injection='hc': loop hyper-connections need full BPTT (specs/looped.md §3)")
-    if 16 % r: raise ConfigError(f"recurrence r={r} must divide 16 (valid: 1, 2, 4, 8, 16)")
+    if r == 1: return LoopLayout(0, L, 0, 1, 'none', 1)
     if L <= N_PRELUDE + N_CODA or (L - N_PRELUDE - N_CODA) % r:
         raise ConfigError(f"n_layer={L} cannot be split as 2 + (n_layer-4)/r * r + 2 with r={r}: n_layer - 4 must be a positive multiple of r (the paper uses n_layer=20)")
     return LoopLayout(N_PRELUDE, (L - N_PRELUDE - N_CODA) // r, N_CODA, r, cfg.injection,
-                      backward_window(r, bool(cfg.truncated_bptt)), (cfg.hc_lanes or 2) if cfg.injection == 'hc' else 0)
+                      backward_window(r, bool(cfg.truncated_bptt)), cfg.hc_lanes if cfg.injection == 'hc' else 0)
 
 
 INJECTIONS = ('linear', 'additive', 'passthrough', 'hc')
@@ -137,7 +150,7 @@ class LoopedParams:
 
 
 def looped_params(cfg: ModelConfig) -> LoopedParams:
-    "N_once, N_rec, norms and embeddings of a looped config (closed form, §5)."
+    "N_once, N_rec, norms and embeddings of a looped config (closed form, §3.2)."
     lay, n_b = loop_layout(cfg), looped_block_params(cfg)
     return LoopedParams(n_once=(lay.n_prelude + lay.n_coda) * n_b, n_rec=lay.n_recur * n_b + injection_params(cfg),
                         norms=3 * cfg.d_model, embeddings=2 * cfg.vocab_size * cfg.d_model)
@@ -150,7 +163,7 @@ def count_looped_params(cfg: ModelConfig) -> ParamCount:
 
 # %% ../nbs/06_looped.ipynb #5630bbe5
 def flops_per_token(cfg_or_s: Union[ModelConfig, int], r: Optional[int] = None, seq_len: int = PAPER_SEQ_LEN, **config_kw) -> float:
-    "Training FLOPs per token (§5; Eq. 6 under truncated BPTT). Pass a looped ModelConfig, or (s, r, **looped_config options)."
+    "Training FLOPs per token (§3.2; Eq. 6 under truncated BPTT). Pass a looped ModelConfig, or (s, r, **looped_config options)."
     cfg = cfg_or_s if isinstance(cfg_or_s, ModelConfig) else looped_config(cfg_or_s, r, **config_kw)
     if isinstance(cfg_or_s, ModelConfig) and (r is not None or config_kw):
         raise ConfigError('flops_per_token(cfg) takes no r or options: they are in the config')
@@ -170,7 +183,7 @@ def steps_for_budget(C: float, flops: float, batch_tokens: int = PAPER_BATCH_TOK
 
 
 def tokens_for_budget(C: float, flops: float, batch_tokens: int = PAPER_BATCH_TOKENS) -> int:
-    "Training tokens D = round(C/(F·B))·B (§5)."
+    "Training tokens D = round(C/(F·B))·B (§3.2)."
     return steps_for_budget(C, flops, batch_tokens) * batch_tokens
 
 
@@ -184,10 +197,10 @@ def tokens_for_param_ratio(cfg: ModelConfig, ratio: float, batch_tokens: int = P
 BASELINE_WIDTHS: dict[float, tuple[int, ...]] = {
     4.64e17: (6, 8, 10, 12), 1e18: (6, 8, 10, 12, 14), 2.15e18: (8, 10, 12, 14, 16),
     4.64e18: (10, 12, 14, 16, 18, 20), 1e19: (12, 16, 18, 20, 24), 2.15e19: (18, 24, 28, 34)}
-TBPTT_WIDTHS: dict[float, tuple[int, ...]] = {   # one extra, wider width from 1e18 up (§2)
+TBPTT_WIDTHS: dict[float, tuple[int, ...]] = {   # one extra, wider width from 1e18 up (§5.1)
     4.64e17: (6, 8, 10, 12), 1e18: (6, 8, 10, 12, 14, 16), 2.15e18: (8, 10, 12, 14, 16, 18),
     4.64e18: (10, 12, 14, 16, 18, 20, 22), 1e19: (12, 16, 18, 20, 24, 28), 2.15e19: (18, 24, 28, 34, 40)}
-HC_WIDTHS: dict[float, tuple[int, ...]] = {**BASELINE_WIDTHS, 2.15e18: (8, 10, 12, 14, 16, 18)}   # §3
+HC_WIDTHS: dict[float, tuple[int, ...]] = {**BASELINE_WIDTHS, 2.15e18: (8, 10, 12, 14, 16, 18)}   # §5.2
 CASE_STUDY_BUDGETS = (4.64e17, 1e18, 2.15e18, 4.64e18)
 GRID_VARIANTS = ('baseline', 'tbptt', 'hc')
 GRID_COLUMNS = ('variant', 'C', 's', 'r', 'd_model', 'n_once', 'n_rec', 'flops_per_token', 'steps', 'tokens', 'r_bwd', 'injection', 'reused')
@@ -203,7 +216,7 @@ def looped_grid_row(C: float, s: int, r: int, variant: str = 'baseline', reused:
 
 
 def looped_grid_rows(variant: str = 'baseline', budgets: Union[str, Collection[float], None] = None) -> list[dict]:
-    "The runs of a grid: 'baseline' (116 runs, §5a), 'tbptt' (§2) or 'hc' (§3; r = 1 rows are the reused baseline runs)."
+    "The runs of a grid: 'baseline' (116 runs, §4, Table 6), 'tbptt' (§5.1) or 'hc' (§5.2; r = 1 rows are the reused baseline runs)."
     if variant not in GRID_VARIANTS: raise _choice_error('looped grid variant', variant, GRID_VARIANTS)
     widths = dict(baseline=BASELINE_WIDTHS, tbptt=TBPTT_WIDTHS, hc=HC_WIDTHS)[variant]
     if budgets is None: budgets = list(widths) if variant == 'baseline' else CASE_STUDY_BUDGETS
@@ -283,7 +296,7 @@ class LoopedBlock(nn.Module):
 
 # %% ../nbs/06_looped.ipynb #6bd4bf63
 class LoopedLM(DepthModel):
-    "Looped language model (specs/looped.md §1-3) with the DepthModel interface over executed layers."
+    "Looped language model (Looped LMs, arXiv 2604.21106 §3.1, §5) with the DepthModel interface over executed layers."
     family = 'looped'
 
     def __init__(self, cfg: ModelConfig):
@@ -322,7 +335,7 @@ class LoopedLM(DepthModel):
 
     @torch.no_grad()
     def init_weights(self, generator: Optional[torch.Generator] = None) -> 'LoopedLM':
-        "The paper's initialisation (§1); pass a torch.Generator for a reproducible init."
+        "The paper's initialisation (§3.1); pass a torch.Generator for a reproducible init."
         d, ffn = self.config.d_model, self.config.ffn_hidden
         nn.init.normal_(self.tok_emb.weight, 0.0, 1.0, generator=generator)
         nn.init.normal_(self.lm_head.weight, 0.0, 1e-3, generator=generator)
@@ -379,7 +392,7 @@ class LoopedLM(DepthModel):
                 else: u = h                                                # passthrough, and r = 1 ('none')
                 for _ in range(lay.n_recur): u = run(k, u); k += 1
                 h = self.norm_recur(u)
-                if i < detach_until: h = h.detach()                        # truncated BPTT (§2)
+                if i < detach_until: h = h.detach()                        # truncated BPTT (§5.1)
         x = h
         for _ in range(lay.n_coda): x = run(k, x); k += 1
         if states is not None: states.append(x)                            # z_L: what RMSNorm_final reads
@@ -412,10 +425,47 @@ class LoopedLM(DepthModel):
         self.schedule[i], self.schedule[j] = self.schedule[j], self.schedule[i]
 
     def no_weight_decay_names(self) -> set[str]:
-        "Loop hyper-connection scalars (AdamW without weight decay, §3); nothing else is special."
+        "Loop hyper-connection scalars (AdamW without weight decay, §5.2); nothing else is special."
         return {n for n, _ in self.named_parameters() if n.startswith('lane_')}
 
 
 def build_looped(cfg: ModelConfig) -> LoopedLM:
-    "Registry builder for arch 'looped'."
+    "The looped design's builder."
     return LoopedLM(cfg)
+
+# %% ../nbs/06_looped.ipynb #a40663e1
+def _looped_prefill(cfg: ModelConfig, seq_len: int) -> float:
+    "Forward FLOPs of a T-token prefill: a third of the full-BPTT training count less its (non-causal) attention, then the causal term."
+    T, d, head = seq_len, cfg.d_model, cfg.vocab_size * cfg.d_model
+    full = float(flops_per_token(cfg.replace(truncated_bptt=False), seq_len=T)) / 3.0
+    matmul = full - 4.0 * cfg.n_layer * d * T - 2.0 * head
+    return matmul * T + 2.0 * cfg.n_layer * T * T * d + 2.0 * head
+
+
+def _looped_init(model: LoopedLM, idx: torch.Tensor, atol: float) -> Optional[str]:
+    "The looped paper's init (App. C)."
+    cfg = model.config
+    d, ffn = cfg.d_model, cfg.ffn_hidden
+    if abs(model.tok_emb.weight.std().item() - 1) > 0.1: return f'embedding std {model.tok_emb.weight.std().item():.3f}, want 1'
+    if abs(model.lm_head.weight.std().item() / 1e-3 - 1) > 0.1: return f'lm_head std {model.lm_head.weight.std().item():.2e}, want 1e-3'
+    a, a_proj = (3 / d) ** 0.5, (3 / ffn) ** 0.5
+    for b, blk in enumerate(model.blocks):
+        for name, w, bound in [('attn.c_q', blk.attn.c_q.weight, a), ('attn.c_proj', blk.attn.c_proj.weight, a),
+                               ('mlp.c_fc', blk.mlp.c_fc.weight, a), ('mlp.c_proj', blk.mlp.c_proj.weight, a_proj)]:
+            m = w.abs().max().item()
+            if not 0.8 * bound < m <= bound + 1e-7: return f'block {b} {name}: max |w| {m:.4f}, want U(-{bound:.4f}, {bound:.4f})'
+    if hasattr(model, 'inject') and not torch.equal(model.inject.weight, torch.cat([torch.eye(d), torch.zeros(d, d)], 1)):
+        return 'W_inj is not [I | 0] at init'
+    if any(isinstance(m, RMSNorm) and not torch.all(m.weight == 1) for m in model.modules()): return 'a norm gain is not 1'
+    return None
+
+
+register_design(Design('looped', 'looped', 'Looped LM: prelude -> shared recurrent block x r -> coda (effective depth 20)',
+                       build=build_looped, count_params=count_looped_params,
+                       train_flops=lambda cfg, seq_len: flops_per_token(cfg, seq_len=seq_len), prefill_flops=_looped_prefill,
+                       check_init=_looped_init, shared_init=False, metrics=(),
+                       importer="the looped paper's checkpoints have no OLMo-core fork layout to import",
+                       options=('recurrence', 'injection', 'truncated_bptt', 'hc_lanes', 'logit_softcap', 'real_vocab_size'),
+                       defaults=dict(recurrence=4, injection='linear', truncated_bptt=False, logit_softcap=15.0),
+                       validate=_looped_options, ffn_rule='4d', run_tag=lambda cfg: f"r{cfg.recurrence}-",
+                       grids={'looped': looped_grid_rows}))

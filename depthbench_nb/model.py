@@ -5,9 +5,10 @@
 # %% ../nbs/05_model.ipynb #d0590dd8
 from __future__ import annotations
 
+import contextlib
 import copy
-import importlib
 import math
+import re
 import operator
 from dataclasses import dataclass
 from typing import Callable, Collection, Optional
@@ -15,15 +16,22 @@ from typing import Callable, Collection, Optional
 import torch
 import torch.nn as nn
 
-from .config import ARCHS, ConfigError, ModelConfig, resolve_arch
+from .config import ConfigError, Design, ForkNames, ModelConfig, register_design, resolve_arch
 from .layers import (Attention, KVCache, LayerNorm, RMSNorm, SwiGLU, attnres_mix, hc_read, hc_write,
                                   rms_norm, sinkhorn, trunc_normal_)
+from .shapes import count_params
 
 # %% auto #0
-__all__ = ['ATTNRES_EPS', 'ForwardContext', 'DepthModel', 'ResidualBlock', 'ResidualTransformer', 'HCConnector', 'MHCConnector',
-           'log_sinkhorn', 'MHCNativeConnector', 'MHCStaticConnector', 'MultiStreamBlock', 'MultiStreamTransformer',
-           'attnres_group_sizes', 'AttnResMixer', 'AttnResBlock', 'AttnResTransformer', 'build_transformer',
-           'build_model', 'n_params']
+__all__ = ['SAME', 'SQUEEZE0', 'FLATTEN', 'PLAIN_FORK', 'PERILN_FORK', 'KEEL_FORK', 'HC_FORK_TABLE', 'HC_FORK', 'MHC_BACKENDS',
+           'MHC_FORK_TABLES', 'MHC_FORK', 'ATTNRES_EPS', 'MODA_FORK', 'ForwardContext', 'DepthModel', 'no_extra_flops',
+           'no_extra_params', 'no_init_invariants', 'plain_fork_names', 'n_params', 'build_model', 'Block',
+           'ResidualTransformer', 'PreLNBlock', 'build_preln', 'PeriLNBlock', 'build_periln', 'LNSBlock', 'build_lns',
+           'DeepNormBlock', 'build_deepnorm', 'KEELBlock', 'build_keel', 'HCConnector', 'MHCConnector', 'log_sinkhorn',
+           'MHCNativeConnector', 'MHCStaticConnector', 'MultiStreamBlock', 'MultiStreamTransformer', 'multistream_init',
+           'connector_fork_names', 'hc_connector', 'build_hc', 'mhc_connector', 'build_mhc', 'attnres_sources_per_site',
+           'AttnResMixer', 'AttnResBlock', 'AttnResTransformer', 'attnres_flops', 'attnres_activations',
+           'attnres_fork_names', 'attnres_fork', 'full_attnres_groups', 'build_attnres', 'block_attnres_groups',
+           'build_block_attnres', 'MoDABlock', 'build_moda']
 
 # %% ../nbs/05_model.ipynb #b4af3bf2
 @dataclass
@@ -51,7 +59,7 @@ class DepthModel(nn.Module):
     # ---- init ---------------------------------------------------------------------------------
     @torch.no_grad()
     def init_weights(self, generator: Optional[torch.Generator] = None) -> 'DepthModel':
-        "Truncated-normal linear layers and embedding, unit norm gains, then the design's own init (§0)."
+        "Truncated-normal linear layers and embedding, unit norm gains, then the design's own init (the official `init_weights`)."
         for m in self.modules():
             if isinstance(m, (nn.Linear, nn.Embedding)): trunc_normal_(m.weight, self.config.init_std, generator)
             elif isinstance(m, (RMSNorm, LayerNorm)): m.weight.fill_(1.0)
@@ -96,11 +104,11 @@ class DepthModel(nn.Module):
 
     # ---- analysis interface -------------------------------------------------------------------
     def readout(self, state_index: int, state: torch.Tensor) -> torch.Tensor:
-        "Logit lens (§3): the final norm and the LM head applied to a depth state."
+        "Logit lens (as the official analysis scripts): the final norm and the LM head applied to a depth state."
         return self.lm_head(self.final_norm(state))
 
     def no_weight_decay_names(self) -> set[str]:
-        "Parameters exempt from weight decay: only the HC/mHC static routing tensors (§1.7, §2)."
+        "Parameters exempt from weight decay: only the HC/mHC static routing tensors (official `nn/hyper_connections.py` and launcher)."
         return set()
 
     def _swap_unit(self, i: int) -> dict[str, nn.Parameter]:
@@ -141,73 +149,110 @@ def _block_index(k, what: str) -> int:
     except TypeError: raise ConfigError(f"{what}: block indices must be integers, got {k!r}") from None
 
 
-def _norm_cls(cfg: ModelConfig):
-    "Block norms: RMSNorm everywhere except DeepNorm, whose launcher switches the block norm config to LayerNorm (§1.4)."
-    return LayerNorm if cfg.arch == 'deepnorm' else RMSNorm
+# %% ../nbs/05_model.ipynb #5b4f2042
+def _close(a: torch.Tensor, b: torch.Tensor, atol: float) -> tuple[bool, float]:
+    "(max |a - b| <= atol, max |a - b|)"
+    err = (a - b).abs().max().item() if a.numel() else 0.0
+    return err <= atol, err
+
+
+def _capture(modules: list[nn.Module], run: Callable) -> list[torch.Tensor]:
+    "Outputs of `modules`, in call order, during `run()`."
+    out, hooks = [], [m.register_forward_hook(lambda m, i, o: out.append(o.detach())) for m in modules]
+    try:
+        with torch.no_grad(): run()
+    finally:
+        for h in hooks: h.remove()
+    return out
+
+
+def no_extra_flops(cfg: ModelConfig) -> float:
+    "The forward FLOPs a norm-placement design adds: none (said explicitly, so a missing count is never a silent 0)."
+    return 0.0
+
+
+def no_extra_params(cfg: ModelConfig) -> tuple[int, int]:
+    "A design with exactly Pre-LN's parameters: nothing inside the blocks, nothing outside."
+    return 0, 0
+
+
+def no_init_invariants(model: nn.Module, idx: torch.Tensor, atol: float) -> Optional[str]:
+    "A design whose init is the shared truncated normal and nothing else."
+    return None
+
+
+# the official fork's checkpoints (depthbench_nb.interop): a design's own tensors change layout on the way in and out
+SAME = (lambda t: t, lambda t: t)                                                       # (to ours, to the fork)
+SQUEEZE0 = (lambda t: t.reshape(-1), lambda t: t.reshape(1, -1))                        # fork [1, d] <-> ours [d]
+FLATTEN = (lambda t: t.reshape(-1), lambda t: t.reshape(int(math.isqrt(t.numel())), -1))  # fork [n, n] <-> ours [n*n]
+
+
+def _has(names, pattern: str) -> bool: return any(re.search(pattern, n) for n in names)
+
+
+def plain_fork_names(names) -> bool:
+    "The plain Pre-LN tensor names (LNS and DeepNorm hold the same tensors: only the block rule differs)."
+    return _has(names, r'attention\.w_q\.weight$')
+
+
+PLAIN_FORK = ForkNames(detect=plain_fork_names)   # the importer of the designs without tensors of their own
+
+# %% ../nbs/05_model.ipynb #b1d259ab
+def n_params(model: nn.Module) -> int:
+    "Instantiated parameter count."
+    return sum(p.numel() for p in model.parameters())
+
+
+def build_model(cfg: ModelConfig, seed: Optional[int] = 0, device=None) -> DepthModel:
+    "Build and initialize the model of `cfg` (init from a generator seeded with `seed`; device='meta': no init)."
+    if not isinstance(cfg, ModelConfig): raise ConfigError(f"build_model expects a ModelConfig, got {type(cfg).__name__}")
+    design = resolve_arch(cfg.arch)
+    meta = device is not None and torch.device(device).type == 'meta'
+    with torch.device('meta') if meta else contextlib.nullcontext(): model = design.build(cfg)
+    got, want = n_params(model), count_params(cfg).total
+    if got != want:
+        raise ConfigError(f"design {design.name!r} builds {got:,} parameters but its closed form counts {want:,} "
+                          f"(diff {got - want:+,}): fix its extra_params")
+    if meta: return model
+    gen = torch.Generator().manual_seed(seed) if seed is not None else None
+    if hasattr(model, 'init_weights'): model.init_weights(gen)
+    return model.to(device) if device is not None else model
 
 # %% ../nbs/05_model.ipynb #379243bf
-class ResidualBlock(nn.Module):
-    "One block of a single-stream design (preln, periln, lns, deepnorm, keel, moda)."
+class Block(nn.Module):
+    "The shared core of a single-stream block: attention, SwiGLU FFN and their two norms (of the design's `Norm`)."
+    Norm: type = RMSNorm
+    swap_attributes: tuple = ()        # Python constants that travel with the weights on a swap
+    uses_depth_slots: bool = False     # the model hands the block MoDA's depth slots
+
     def __init__(self, cfg: ModelConfig, index: int):
         super().__init__()
-        d, L, Norm, design = cfg.d_model, cfg.n_layer, _norm_cls(cfg), cfg.arch
-        self.index, self.design = index, design
+        d = cfg.d_model
+        self.index = index
         self.attn, self.ffn = Attention(cfg), SwiGLU(d, cfg.ffn_hidden)
-        self.attn_norm, self.ffn_norm = Norm(d, cfg.norm_eps), Norm(d, cfg.norm_eps)
-        if design == 'periln' or (design == 'keel' and index > 0): self.attn_out_norm = Norm(d, cfg.norm_eps)
-        if design in ('periln', 'keel'): self.ffn_out_norm = Norm(d, cfg.norm_eps)
-        self.alpha = {'deepnorm': (2 * L) ** 0.25, 'keel': float(2 * L) if index > 0 else 1.0}.get(design, 1.0)
-        self.ln_scale = 1 / math.sqrt(index + 1) if design == 'lns' else 1.0
-        if design == 'moda' and cfg.moda_ffn_kv and index < L - 1:
-            self.depth_kv = nn.Linear(d, 2 * cfg.n_kv_head * cfg.head_dim, bias=False)  # FFN depth K/V
-        self._kv_shape = (cfg.n_kv_head, cfg.head_dim)
+        self.attn_norm, self.ffn_norm = self.Norm(d, cfg.norm_eps), self.Norm(d, cfg.norm_eps)
 
-    def forward(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
-        "x [B, T, d] -> y [B, T, d]"
-        b, attend = self.index, (lambda u, **kw: self.attn(u, ctx.offset, ctx.cache, b, **kw))
-        if self.design == 'deepnorm':
-            h = self.attn_norm(self.alpha * x + attend(x)[0])
-            return self.ffn_norm(self.alpha * h + self.ffn(h))
-        if self.design == 'keel':
-            a = attend(self.attn_norm(x))[0]
-            h = x + a if b == 0 else self.attn_out_norm(self.alpha * x + a)
-            return self.ffn_out_norm(self.alpha * h + self.ffn(self.ffn_norm(h)))
-        # pre-norm designs: preln, periln, lns, moda
-        depth = {}
-        if self.design == 'moda' and b > 0:
-            depth = _read_depth(ctx, b, x.new_zeros(*x.shape[:-1], *self._kv_shape))
-        a, (k_raw, v_raw) = attend(self.attn_norm(x) * self.ln_scale, **depth)
-        if self.design == 'moda': ctx.depth[2 * b] = (k_raw, v_raw)
-        h = x + (self.attn_out_norm(a) if self.design == 'periln' else a)
-        u = self.ffn_norm(h) * self.ln_scale
-        if hasattr(self, 'depth_kv'):
-            kv = self.depth_kv(u).unflatten(-1, (2, *self._kv_shape))  # [B, T, 2, H_kv, hd]
-            ctx.depth[2 * b + 1] = (kv[:, :, 0], kv[:, :, 1])
-        m = self.ffn(u)
-        return h + (self.ffn_out_norm(m) if self.design == 'periln' else m)
+    def attend(self, u: torch.Tensor, ctx: ForwardContext, **depth):
+        "Attention of this block's position in the cache: (output [B, T, d], (k before RoPE, v))."
+        return self.attn(u, ctx.offset, ctx.cache, self.index, **depth)
 
-
-def _read_depth(ctx: ForwardContext, b: int, like: torch.Tensor) -> dict:
-    "MoDA depth keys/values of block b: all slots 0..2b-1, zeros where unwritten (skipped blocks; FFN slots without W_kv)."
-    slots = ctx.depth[:2 * b]
-    zeros = torch.zeros_like(like)                                   # [B, T, H_kv, hd]: an unwritten slot
-    ks = [s[0] if s is not None else zeros for s in slots]
-    vs = [s[1] if s is not None else zeros for s in slots]
-    return dict(depth_k=torch.stack(ks, dim=2), depth_v=torch.stack(vs, dim=2))  # [B, T, S, H_kv, hd]
+    def init_design(self, generator: Optional[torch.Generator] = None) -> None:
+        "The design's init after the shared truncated normal (none here)."
 
 # %% ../nbs/05_model.ipynb #c33181a5
 class ResidualTransformer(DepthModel):
-    "Single-stream designs: Pre-LN, Peri-LN, LNS, DeepNorm, KEEL, MoDA."
+    "Single-stream designs: the embedding, L blocks of one design's class, the final RMSNorm and the LM head."
     family = 'residual'
 
-    def __init__(self, cfg: ModelConfig, block_cls: type = ResidualBlock):
+    def __init__(self, cfg: ModelConfig, block_cls: type):
         super().__init__(cfg)
+        self.block_cls = block_cls
         self.blocks = nn.ModuleList([block_cls(cfg, b) for b in range(cfg.n_layer)])
         self.final_norm = RMSNorm(cfg.d_model, cfg.norm_eps)     # the LM head's norm: RMSNorm for every design (DeepNorm too)
 
     def forward(self, idx, skip: Collection[int] = (), return_states: bool = False, kv_cache: Optional[KVCache] = None):
         skip, ctx = self._begin(idx, skip, kv_cache)
-        if self.config.arch == 'moda': ctx.depth = [None] * (2 * self.n_blocks)
+        if self.block_cls.uses_depth_slots: ctx.depth = [None] * (2 * self.n_blocks)
         x = self.tok_emb(idx)                                     # [B, T, d]
         states = [x]
         for b, block in enumerate(self.blocks):
@@ -217,21 +262,180 @@ class ResidualTransformer(DepthModel):
         return self._end(logits, states, return_states, kv_cache, idx.shape[1])
 
     def _design_init(self, generator: Optional[torch.Generator] = None):
-        cfg = self.config
-        if cfg.arch == 'deepnorm':  # β = (8L)^-1/4 on W_v, W_o and the three SwiGLU matrices (§1.4)
-            beta = (8 * cfg.n_layer) ** -0.25
-            for blk in self.blocks:
-                for lin in (blk.attn.wv, blk.attn.wo, blk.ffn.w1, blk.ffn.w2, blk.ffn.w3): lin.weight.mul_(beta)
-        for blk in self.blocks:     # MoDA's W_kv: nn.Linear's default U(±1/sqrt(d)) (the official init never touches it)
-            if hasattr(blk, 'depth_kv'):
-                bound = blk.depth_kv.in_features ** -0.5
-                blk.depth_kv.weight.uniform_(-bound, bound, generator=generator)
+        for blk in self.blocks: blk.init_design(generator)
 
-    def _swap_attributes(self): return ('ln_scale',) if self.config.arch == 'lns' else ()
+    def _swap_attributes(self): return self.block_cls.swap_attributes
+
+# %% ../nbs/05_model.ipynb #e5ad1cc1
+class PreLNBlock(Block):
+    "h = x + A(N_a(x)); y = h + M(N_m(h))"
+    def forward(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        "x [B, T, d] -> y [B, T, d]"
+        h = x + self.attend(self.attn_norm(x), ctx)[0]
+        return h + self.ffn(self.ffn_norm(h))
+
+
+def build_preln(cfg: ModelConfig) -> ResidualTransformer: return ResidualTransformer(cfg, PreLNBlock)
+
+
+register_design(Design('preln', 'residual', 'Pre-LN baseline: h = x + A(N(x))', build=build_preln,
+                       extra_params=no_extra_params, forward_flops=no_extra_flops, check_init=no_init_invariants,
+                       metrics=('usefulness', 'residual_path'), importer=PLAIN_FORK))
+
+# %% ../nbs/05_model.ipynb #d813461d
+class PeriLNBlock(Block):
+    "h = x + N_pa(A(N_a(x))); y = h + N_pm(M(N_m(h)))"
+    def __init__(self, cfg: ModelConfig, index: int):
+        super().__init__(cfg, index)
+        self.attn_out_norm, self.ffn_out_norm = self.Norm(cfg.d_model, cfg.norm_eps), self.Norm(cfg.d_model, cfg.norm_eps)
+
+    def forward(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        "x [B, T, d] -> y [B, T, d]"
+        h = x + self.attn_out_norm(self.attend(self.attn_norm(x), ctx)[0])
+        return h + self.ffn_out_norm(self.ffn(self.ffn_norm(h)))
+
+
+def build_periln(cfg: ModelConfig) -> ResidualTransformer: return ResidualTransformer(cfg, PeriLNBlock)
+
+
+def _periln_fork(cfg: ModelConfig, b: int) -> dict:
+    d = cfg.d_model
+    return {'post_attention_norm.weight': ((d,), 'attn_out_norm.weight', SAME), 'post_feed_forward_norm.weight': ((d,), 'ffn_out_norm.weight', SAME)}
+
+
+PERILN_FORK = ForkNames(block=_periln_fork, detect=lambda names: 'blocks.0.post_attention_norm.weight' in names)
+
+
+register_design(Design('periln', 'residual', 'Peri-LN / Sandwich-LN: h = x + N_out(A(N_in(x))), no embedding norm',
+                       build=build_periln, extra_params=lambda cfg: (2 * cfg.d_model * cfg.n_layer, 0),
+                       forward_flops=no_extra_flops, check_init=no_init_invariants,
+                       metrics=('usefulness', 'residual_path'), importer=PERILN_FORK, aliases=('sandwich',)))
+
+# %% ../nbs/05_model.ipynb #0a12e3de
+class LNSBlock(Block):
+    "h = x + A(N_a(x)/sqrt(b+1)); y = h + M(N_m(h)/sqrt(b+1))"
+    swap_attributes = ('ln_scale',)
+
+    def __init__(self, cfg: ModelConfig, index: int):
+        super().__init__(cfg, index)
+        self.ln_scale = 1 / math.sqrt(index + 1)
+
+    def forward(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        "x [B, T, d] -> y [B, T, d]"
+        h = x + self.attend(self.attn_norm(x) * self.ln_scale, ctx)[0]
+        return h + self.ffn(self.ffn_norm(h) * self.ln_scale)
+
+
+def build_lns(cfg: ModelConfig) -> ResidualTransformer: return ResidualTransformer(cfg, LNSBlock)
+
+
+def _lns_init(model: ResidualTransformer, idx: torch.Tensor, atol: float) -> Optional[str]:
+    "Factors 1/sqrt(b+1), applied to the normalized attention input of the last block."
+    L = model.config.n_layer
+    want = [1 / math.sqrt(b + 1) for b in range(L)]
+    if [blk.ln_scale for blk in model.blocks] != want: return 'LNS factors are not 1/sqrt(b+1)'
+    b = L - 1
+    normed = _capture([model.blocks[b].attn_norm], lambda: model(idx))[0]
+    seen = []
+    h = model.blocks[b].attn.register_forward_pre_hook(lambda m, args: seen.append(args[0].detach()))
+    try:
+        with torch.no_grad(): model(idx)
+    finally: h.remove()
+    ok, e = _close(seen[0], normed * want[b], atol)
+    return None if ok else f'block {b} attention input is not N_a(x)/sqrt({b + 1}) (diff {e:.2e})'
+
+
+register_design(Design('lns', 'residual', 'LayerNorm Scaling: pre-norm output scaled by 1/sqrt(block index, 1-based)',
+                       build=build_lns, extra_params=no_extra_params, forward_flops=no_extra_flops, check_init=_lns_init,
+                       metrics=('usefulness', 'residual_path'), importer=PLAIN_FORK))
+
+# %% ../nbs/05_model.ipynb #d9a498ef
+class DeepNormBlock(Block):
+    "h = N_a(alpha x + A(x)); y = N_m(alpha h + M(h)), alpha = (2L)^1/4, LayerNorm block norms"
+    Norm = LayerNorm
+
+    def __init__(self, cfg: ModelConfig, index: int):
+        super().__init__(cfg, index)
+        self.alpha, self.beta = (2 * cfg.n_layer) ** 0.25, (8 * cfg.n_layer) ** -0.25
+
+    def forward(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        "x [B, T, d] -> y [B, T, d]"
+        h = self.attn_norm(self.alpha * x + self.attend(x, ctx)[0])
+        return self.ffn_norm(self.alpha * h + self.ffn(h))
+
+    @torch.no_grad()
+    def init_design(self, generator: Optional[torch.Generator] = None):
+        for lin in (self.attn.wv, self.attn.wo, self.ffn.w1, self.ffn.w2, self.ffn.w3): lin.weight.mul_(self.beta)  # beta = (8L)^-1/4
+
+
+def build_deepnorm(cfg: ModelConfig) -> ResidualTransformer: return ResidualTransformer(cfg, DeepNormBlock)
+
+
+def _deepnorm_init(model: ResidualTransformer, idx: torch.Tensor, atol: float) -> Optional[str]:
+    "alpha = (2L)^1/4, LayerNorm block norms, an RMSNorm final norm, beta-scaled value/output/FFN matrices."
+    cfg, L = model.config, model.config.n_layer
+    alpha, beta = (2 * L) ** 0.25, (8 * L) ** -0.25
+    if any(abs(blk.alpha - alpha) > 1e-12 for blk in model.blocks): return 'DeepNorm alpha != (2L)^1/4'
+    if not all(isinstance(m, LayerNorm) for m in model.blocks.modules() if isinstance(m, (RMSNorm, LayerNorm))):
+        return 'DeepNorm block norms must be LayerNorm'
+    if not isinstance(model.final_norm, RMSNorm) or model.final_norm.eps != cfg.norm_eps:
+        return 'DeepNorm final norm must be RMSNorm with the backbone eps (only the block norm config is switched)'
+    for blk in model.blocks:
+        ref = blk.attn.wq.weight.std()
+        for lin in (blk.attn.wv, blk.attn.wo, blk.ffn.w1, blk.ffn.w2, blk.ffn.w3):
+            r = (lin.weight.std() / ref).item()
+            if abs(r / beta - 1) > 0.2: return f'DeepNorm beta: std ratio {r:.3f}, want {beta:.3f}'
+    return None
+
+
+register_design(Design('deepnorm', 'residual', 'DeepNorm: Post-LN (LayerNorm) with alpha=(2L)^1/4 shortcut, beta=(8L)^-1/4 init',
+                       build=build_deepnorm, extra_params=no_extra_params, forward_flops=no_extra_flops,
+                       check_init=_deepnorm_init, metrics=('usefulness',), importer=PLAIN_FORK))
+
+# %% ../nbs/05_model.ipynb #e1ece184
+class KEELBlock(Block):
+    "b >= 1: h = N_pa(alpha x + A(N_a(x))), y = N_pm(alpha h + M(N_m(h))), alpha = 2L; block 0: h = x + A(N_a(x)), alpha 1"
+    def __init__(self, cfg: ModelConfig, index: int):
+        super().__init__(cfg, index)
+        d = cfg.d_model
+        if index > 0: self.attn_out_norm = self.Norm(d, cfg.norm_eps)
+        self.ffn_out_norm = self.Norm(d, cfg.norm_eps)
+        self.alpha = float(2 * cfg.n_layer) if index > 0 else 1.0
+
+    def forward(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        "x [B, T, d] -> y [B, T, d]"
+        a = self.attend(self.attn_norm(x), ctx)[0]
+        h = x + a if self.index == 0 else self.attn_out_norm(self.alpha * x + a)
+        return self.ffn_out_norm(self.alpha * h + self.ffn(self.ffn_norm(h)))
+
+
+def build_keel(cfg: ModelConfig) -> ResidualTransformer: return ResidualTransformer(cfg, KEELBlock)
+
+
+def _keel_init(model: ResidualTransformer, idx: torch.Tensor, atol: float) -> Optional[str]:
+    L = model.config.n_layer
+    if [blk.alpha for blk in model.blocks] != [1.0] + [float(2 * L)] * (L - 1): return 'KEEL alpha != 2L (block 0: 1)'
+    if hasattr(model.blocks[0], 'attn_out_norm'): return 'KEEL block 0 must have no N_pa'
+    return None
+
+
+def _keel_fork(cfg: ModelConfig, b: int) -> dict:
+    d, out = cfg.d_model, {}
+    if b > 0: out['post_attention_norm.weight'] = ((d,), 'attn_out_norm.weight', SAME)
+    return out | {'post_feed_forward_norm.weight': ((d,), 'ffn_out_norm.weight', SAME)}
+
+
+KEEL_FORK = ForkNames(block=_keel_fork, detect=lambda names: 'blocks.0.post_attention_norm.weight' not in names
+                      and _has(names, r'post_feed_forward_norm'))
+
+
+register_design(Design('keel', 'residual', 'KEEL: Post-LN highway alpha = 2L with inner norm; block 0 special',
+                       build=build_keel, extra_params=lambda cfg: (2 * cfg.d_model * cfg.n_layer - cfg.d_model, 0),
+                       forward_flops=no_extra_flops, check_init=_keel_init, metrics=('usefulness',), importer=KEEL_FORK))
 
 # %% ../nbs/05_model.ipynb #8be14b83
 class HCConnector(nn.Module):
-    "Dynamic hyper-connection of one sublayer (§1.6)."
+    "Dynamic hyper-connection of one sublayer (HC)."
     STATIC = ('static_alpha', 'static_beta')  # no weight decay
 
     def __init__(self, d: int, n: int, k: int, use_tanh: bool = True, mixed: bool = True):
@@ -274,7 +478,7 @@ def _gap8_res_bias(n: int) -> torch.Tensor:
 
 
 class MHCConnector(nn.Module):
-    "Manifold-constrained hyper-connection, Liger backend (§1.7a)."
+    "Manifold-constrained hyper-connection, Liger backend."
     STATIC = ('b', 'alpha_pre', 'alpha_post', 'alpha_res')
 
     def __init__(self, d: int, n: int, k: int, sinkhorn_iters: int = 20):
@@ -315,7 +519,7 @@ def log_sinkhorn(logits: torch.Tensor, n_iter: int = 20) -> torch.Tensor:
 
 
 class MHCNativeConnector(nn.Module):
-    "mHC native PyTorch backend (§1.7b)."
+    "mHC native PyTorch backend."
     STATIC = ('b_pre', 'b_post', 'b_res')
 
     def __init__(self, d: int, n: int, k: int, sinkhorn_iters: int = 20):
@@ -344,7 +548,7 @@ class MHCNativeConnector(nn.Module):
 
 
 class MHCStaticConnector(nn.Module):
-    "The input-independent mhc_static ablation (§1.7c)."
+    "The input-independent mhc_static ablation."
     STATIC = ('res_logits', 'pre_logits', 'post_logits')
 
     def __init__(self, d: int, n: int, k: int, sinkhorn_iters: int = 20):
@@ -368,22 +572,15 @@ class MHCStaticConnector(nn.Module):
         return read, mix, write
 
 # %% ../nbs/05_model.ipynb #f48bace5
-def _connector(cfg: ModelConfig, k: int) -> nn.Module:
-    n, d = cfg.hc_streams, cfg.d_model
-    if cfg.arch == 'hc': return HCConnector(d, n, k, use_tanh=cfg.hc_tanh, mixed=cfg.hc_update == 'mixed')
-    cls = {'liger': MHCConnector, 'native': MHCNativeConnector, 'static': MHCStaticConnector}[cfg.mhc_backend]
-    return cls(d, n, k, cfg.sinkhorn_iters)
-
-
 class MultiStreamBlock(nn.Module):
-    "A Pre-LN block whose two sublayers read from and write to n streams through connectors."
-    def __init__(self, cfg: ModelConfig, index: int):
+    "A Pre-LN block whose two sublayers read from and write to n streams through the design's connectors."
+    def __init__(self, cfg: ModelConfig, index: int, connector: Callable[[ModelConfig, int], nn.Module]):
         super().__init__()
         d = cfg.d_model
         self.index = index
         self.attn, self.ffn = Attention(cfg), SwiGLU(d, cfg.ffn_hidden)
         self.attn_norm, self.ffn_norm = RMSNorm(d, cfg.norm_eps), RMSNorm(d, cfg.norm_eps)
-        self.attn_hc, self.ffn_hc = _connector(cfg, 2 * index), _connector(cfg, 2 * index + 1)
+        self.attn_hc, self.ffn_hc = connector(cfg, 2 * index), connector(cfg, 2 * index + 1)
 
     def forward(self, H: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         "H [B, T, n, d] -> [B, T, n, d]"
@@ -398,15 +595,15 @@ class MultiStreamBlock(nn.Module):
 
 
 class MultiStreamTransformer(DepthModel):
-    "HC and mHC: n residual streams, per-sublayer connectors."
+    "HC and mHC: n residual streams, per-sublayer connectors, a sum or mean collapse before the LM head."
     family = 'multistream'
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, connector: Callable[[ModelConfig, int], nn.Module], collapse: str = 'sum'):
         super().__init__(cfg)
         self.n_streams = cfg.hc_streams
-        self.blocks = nn.ModuleList([MultiStreamBlock(cfg, b) for b in range(cfg.n_layer)])
+        self.blocks = nn.ModuleList([MultiStreamBlock(cfg, b, connector) for b in range(cfg.n_layer)])
         self.final_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
-        self.collapse = 'mean' if cfg.arch == 'mhc' and cfg.mhc_backend == 'liger' else 'sum'   # reduce_mode (config.py)
+        self.collapse = collapse                                           # 'sum': Σ_i N_f(H_i); 'mean': N_f(mean_i H_i)
 
     def forward(self, idx, skip: Collection[int] = (), return_states: bool = False, kv_cache: Optional[KVCache] = None,
                 _mixes: Optional[list] = None):
@@ -423,12 +620,12 @@ class MultiStreamTransformer(DepthModel):
         return self._end(self.lm_head(h), states, return_states, kv_cache, idx.shape[1])
 
     def _design_init(self, generator: Optional[torch.Generator] = None):
-        for blk in self.blocks:  # scale_output_init_by_sqrt_n (§1.6, §1.7)
+        for blk in self.blocks:  # scale_output_init_by_sqrt_n
             blk.attn.wo.weight.div_(math.sqrt(self.n_streams)); blk.ffn.w2.weight.div_(math.sqrt(self.n_streams))
 
     def readout(self, state_index: int, state: torch.Tensor) -> torch.Tensor:
-        """Logit lens (§3): the model's stream reduction (sum or mean), then the final norm. For sum-collapse HC this is
-        N_f(Σ H_i), not the forward's Σ N_f(H_i) (the analysis code's choice, marked INF in the spec)."""
+        """Logit lens: the model's stream reduction (sum or mean), then the final norm. For sum-collapse HC this is
+        N_f(Σ H_i), not the forward's Σ N_f(H_i) (the official analysis code's choice)."""
         H = state.unflatten(-1, (self.n_streams, -1))                     # [B, T, n, d]
         return self.lm_head(self.final_norm(H.sum(-2) if self.collapse == 'sum' else H.mean(-2)))
 
@@ -443,19 +640,197 @@ class MultiStreamTransformer(DepthModel):
         self.forward(idx, _mixes=mixes)
         return torch.stack(mixes)
 
+# %% ../nbs/05_model.ipynb #edbccc36
+def _preln_twin(model: MultiStreamTransformer, write: float) -> ResidualTransformer:
+    "A Pre-LN model with the core weights of `model`, W_o and w2 scaled by the initial write weight."
+    twin = ResidualTransformer(model.config.replace(arch='preln', hc_streams=None, hc_update=None, hc_tanh=None,
+                                                    mhc_backend=None, sinkhorn_iters=None), PreLNBlock)
+    twin.load_state_dict({k: v for k, v in model.state_dict().items() if '_hc.' not in k})
+    with torch.no_grad():
+        for blk in twin.blocks: blk.attn.wo.weight.mul_(write); blk.ffn.w2.weight.mul_(write)
+    return twin
+
+
+def multistream_init(model: MultiStreamTransformer, idx: torch.Tensor, atol: float, write: float = 1.0) -> Optional[str]:
+    "Equal streams at init, and the branch inputs of the Pre-LN twin (`write`: the initial write weight)."
+    n = model.n_streams
+    with torch.no_grad(): _, states = model(idx, return_states=True)
+    for k, s in enumerate(states):
+        H = s.unflatten(-1, (n, -1))
+        if not torch.allclose(H, H[..., :1, :].expand_as(H), atol=atol): return f'streams differ at init in state {k}'
+    twin = _preln_twin(model, write)
+    norms = lambda m: [x for blk in m.blocks for x in (blk.attn_norm, blk.ffn_norm)]
+    got, want = _capture(norms(model), lambda: model(idx)), _capture(norms(twin), lambda: twin(idx))
+    for k, (g, w) in enumerate(zip(got, want)):
+        ok, err = _close(g, w, atol)
+        if not ok: return f'branch input of sublayer {k} differs from Pre-LN by {err:.2e}'
+    return None
+
+
+def connector_fork_names(table: dict) -> Callable:
+    "Block tensors of a connector design: `table` maps the fork's connector parameter to (our name, shape of (n, d), layout)."
+    def block(cfg: ModelConfig, b: int) -> dict:
+        n, d = cfg.hc_streams, cfg.d_model
+        return {f'{site}_hyper_connection.{fork}': (shape(n, d), f'{ours_site}_hc.{ours}', tf)
+                for site, ours_site in (('attention', 'attn'), ('feed_forward', 'ffn')) for fork, (ours, shape, tf) in table.items()}
+    return block
+
+
+def _multistream_activations(cfg: ModelConfig, bytes_per_elem: int) -> int:
+    "The n streams saved at every sublayer's read and write, per token."
+    return cfg.n_sublayers * 2 * cfg.hc_streams * cfg.d_model * bytes_per_elem
+
+# %% ../nbs/05_model.ipynb #a45fbb12
+def hc_connector(cfg: ModelConfig, k: int) -> HCConnector:
+    return HCConnector(cfg.d_model, cfg.hc_streams, k, use_tanh=cfg.hc_tanh, mixed=cfg.hc_update == 'mixed')
+
+
+def build_hc(cfg: ModelConfig) -> MultiStreamTransformer: return MultiStreamTransformer(cfg, hc_connector, collapse='sum')
+
+
+def _hc_params(cfg: ModelConfig) -> tuple[int, int]:
+    n, d = cfg.hc_streams, cfg.d_model
+    return cfg.n_sublayers * ((n + 2) * d + n * (n + 2) + 2), 0
+
+
+def _hc_flops(cfg: ModelConfig) -> float:
+    n = cfg.hc_streams
+    return cfg.n_sublayers * n * cfg.d_model * (4 * n + 11)
+
+
+def _hc_init(model: MultiStreamTransformer, idx: torch.Tensor, atol: float) -> Optional[str]:
+    return multistream_init(model, idx, 1e-4)
+
+
+HC_FORK_TABLE = {'static_alpha': ('static_alpha', lambda n, d: (n, n + 1), SAME),
+                 'dynamic_alpha_proj': ('dynamic_alpha_fn', lambda n, d: (d, n + 1), SAME),
+                 'dynamic_alpha_scale': ('dynamic_alpha_scale', lambda n, d: (), SAME),
+                 'static_beta': ('static_beta', lambda n, d: (n,), SAME), 'dynamic_beta_proj': ('dynamic_beta_fn', lambda n, d: (d,), SAME),
+                 'dynamic_beta_scale': ('dynamic_beta_scale', lambda n, d: (), SAME)}
+
+
+def _hc_infer(sd: dict) -> dict:
+    beta = sd.get('blocks.0.attention_hyper_connection.static_beta')
+    return {} if beta is None else dict(hc_streams=int(beta.shape[0]))
+
+
+def _hc_prepare(hints: dict, options: dict) -> list[str]:
+    if 'hc_update' in options: return []
+    return ["hc: the fork's versions differ in the stream update (HC, `hyper_connections.py`); 'mixed' assumed "
+            "(pass --option hc_update=unmixed for the @5152cab rule)"]
+
+
+HC_FORK = ForkNames(block=connector_fork_names(HC_FORK_TABLE), detect=lambda names: _has(names, r'hyper_connection\.static_alpha$'),
+                    infer=_hc_infer, prepare=_hc_prepare)
+
+
+register_design(Design('hc', 'multistream', 'Hyper-Connections: n=4 dynamic (tanh) streams, per-stream final norm then sum',
+                       build=build_hc, extra_params=_hc_params, forward_flops=_hc_flops, check_init=_hc_init,
+                       metrics=('mixing', 'usefulness', 'residual_path'), importer=HC_FORK,
+                       options=('hc_streams', 'hc_update', 'hc_tanh'), defaults=dict(hc_streams=4, hc_update='mixed', hc_tanh=True),
+                       activation_bytes=_multistream_activations, micro_batch_cap=8))
+
+# %% ../nbs/05_model.ipynb #5b971efb
+MHC_BACKENDS = {'liger': MHCConnector, 'native': MHCNativeConnector, 'static': MHCStaticConnector}
+
+
+def mhc_connector(cfg: ModelConfig, k: int) -> nn.Module:
+    return MHC_BACKENDS[cfg.mhc_backend](cfg.d_model, cfg.hc_streams, k, cfg.sinkhorn_iters)
+
+
+def build_mhc(cfg: ModelConfig) -> MultiStreamTransformer:
+    return MultiStreamTransformer(cfg, mhc_connector, collapse='mean' if cfg.mhc_backend == 'liger' else 'sum')  # reduce_mode
+
+
+def _mhc_params(cfg: ModelConfig) -> tuple[int, int]:
+    n, d = cfg.hc_streams, cfg.d_model
+    if cfg.mhc_backend == 'static': return cfg.n_sublayers * (n * n + 2 * n), 0
+    return cfg.n_sublayers * (n * d * (n * n + 2 * n) + (n * n + 2 * n) + 3), 0
+
+
+def _mhc_flops(cfg: ModelConfig) -> float:
+    n, d = cfg.hc_streams, cfg.d_model
+    mix = 2 * n * n * d + 4 * n * d                                   # H_res mix, read, write
+    if cfg.mhc_backend == 'static': return float(cfg.n_sublayers * mix)
+    sinkhorn = 3 * n * n + 2 * n * n * cfg.sinkhorn_iters
+    return float(cfg.n_sublayers * (2 * n * d + 2 * n * d * (n * n + 2 * n) + sinkhorn + mix))
+
+
+def _doubly_stochastic_error(M: torch.Tensor) -> float:
+    ones = torch.ones((), dtype=M.dtype)
+    return max((M.sum(-1) - ones).abs().max().item(), (M.sum(-2) - ones).abs().max().item(), (-M).clamp(min=0).max().item())
+
+
+def _mhc_init(model: MultiStreamTransformer, idx: torch.Tensor, atol: float) -> Optional[str]:
+    cfg, n = model.config, model.n_streams
+    err = multistream_init(model, idx, 1e-4, write=1 / n if cfg.mhc_backend == 'static' else 1.0)
+    if err: return err
+    err = _doubly_stochastic_error(model.mixing_matrices(idx))
+    if err > 1e-5: return f'mixing matrices not doubly stochastic at init (error {err:.1e})'
+    if cfg.mhc_backend == 'static': return None
+    moved = copy.deepcopy(model)   # dynamic inputs: random projections, unit gates, no gap on the residual logits
+    with torch.no_grad():
+        for name, p in moved.named_parameters():
+            if '_hc.phi' in name: p.normal_(0, 0.03)      # residual logits with std ~0.3
+            if '_hc.alpha' in name: p.fill_(1.0)
+            if name.endswith('_hc.b'): p[2 * n:] = 0.0    # liger: the residual part of b
+            if name.endswith('_hc.b_res'): p.zero_()     # native
+    M = moved.mixing_matrices(idx)
+    err, tol = _doubly_stochastic_error(M), (1e-5 if cfg.sinkhorn_iters >= 20 else 1e-3)  # 1e-5 is the 20-iteration claim
+    if err > tol: return f'mixing matrices not doubly stochastic with dynamic inputs (error {err:.1e} > {tol:g})'
+    if torch.allclose(M, M[:, :1, :1]): return 'perturbed connectors still give input-independent mixes'
+    return None
+
+
+MHC_FORK_TABLES = {   # per backend: the fork's connector parameter -> (ours, shape of (n, d), layout)
+    'liger': {'phi': ('phi', lambda n, d: (n * d, n * n + 2 * n), SAME), 'b': ('b', lambda n, d: (n * n + 2 * n,), SAME),
+              **{a: (a, lambda n, d: (), SAME) for a in ('alpha_pre', 'alpha_post', 'alpha_res')}},
+    'native': {'pre_bias': ('b_pre', lambda n, d: (n,), SAME), 'post_bias': ('b_post', lambda n, d: (n,), SAME),
+               'residual_bias': ('b_res', lambda n, d: (n, n), FLATTEN), 'pre_dynamic_proj': ('phi_pre', lambda n, d: (n * d, n), SAME),
+               'post_dynamic_proj': ('phi_post', lambda n, d: (n * d, n), SAME),
+               'residual_dynamic_proj': ('phi_res', lambda n, d: (n * d, n * n), SAME),
+               'pre_gate': ('alpha_pre', lambda n, d: (), SAME), 'post_gate': ('alpha_post', lambda n, d: (), SAME),
+               'residual_gate': ('alpha_res', lambda n, d: (), SAME)},
+    'static': {'H_res_logits': ('res_logits', lambda n, d: (n, n), SAME), 'H_pre_logits': ('pre_logits', lambda n, d: (n,), SAME),
+               'H_post_logits': ('post_logits', lambda n, d: (n,), SAME)}}
+
+
+def _mhc_fork(cfg: ModelConfig, b: int) -> dict: return connector_fork_names(MHC_FORK_TABLES[cfg.mhc_backend])(cfg, b)
+
+
+def _mhc_infer(sd: dict) -> dict:
+    "The backend from the connector's parameter names, the stream count from their shapes."
+    pre = 'blocks.0.attention_hyper_connection.'
+    if pre + 'b' in sd: return dict(mhc_backend='liger', hc_streams=int(round(math.sqrt(sd[pre + 'b'].shape[0] + 1) - 1)))
+    if pre + 'pre_bias' in sd: return dict(mhc_backend='native', hc_streams=int(sd[pre + 'pre_bias'].shape[0]))
+    if pre + 'H_pre_logits' in sd: return dict(mhc_backend='static', hc_streams=int(sd[pre + 'H_pre_logits'].shape[0]))
+    return {}
+
+
+MHC_FORK = ForkNames(block=_mhc_fork, detect=lambda names: _has(names, r'hyper_connection\.(phi|pre_bias|H_res_logits)$'), infer=_mhc_infer)
+
+
+register_design(Design('mhc', 'multistream', 'Manifold-constrained HC: n=4, Sinkhorn (20 it.) doubly stochastic mixing, gap-8 init, mean collapse',
+                       build=build_mhc, extra_params=_mhc_params, forward_flops=_mhc_flops, check_init=_mhc_init,
+                       metrics=('mixing', 'usefulness', 'residual_path'), importer=MHC_FORK,
+                       options=('hc_streams', 'mhc_backend', 'sinkhorn_iters'),
+                       defaults=dict(hc_streams=4, mhc_backend='liger', sinkhorn_iters=20),
+                       activation_bytes=_multistream_activations, micro_batch_cap=8))
+
 # %% ../nbs/05_model.ipynb #74f18d29
 ATTNRES_EPS = 1e-5
 
 
-def attnres_group_sizes(cfg: ModelConfig) -> list[int]:
-    "Sublayers per source group over the 2L sublayers (Full: all ones)."
-    n_sub = 2 * cfg.n_layer
-    if cfg.arch == 'attnres': return [1] * n_sub
-    if cfg.attnres_block_size is not None:
-        S = cfg.attnres_block_size
-        return [S] * (n_sub // S) + ([n_sub % S] if n_sub % S else [])
-    q, r = divmod(n_sub, cfg.attnres_num_blocks)
-    return [q + 1] * r + [q] * (cfg.attnres_num_blocks - r)  # sizes differ by at most one, larger first
+def attnres_sources_per_site(group_sizes: list[int]) -> list[int]:
+    "Depth sources each mixing site sees: sublayers 0..2L-1, then the output mix (sublayer 0 reads the embedding directly: 0)."
+    n_sub = sum(group_sizes)
+    starts = {sum(group_sizes[:g]) for g in range(1, len(group_sizes))}   # sublayers that start a new group
+    out, completed = [0], 0
+    for k in range(1, n_sub):
+        if k in starts: completed += 1
+        out.append(1 + completed + (0 if k in starts else 1))  # embedding + committed groups + running partial
+    out.append(1 + completed + 1)                               # output mix: everything, the last partial included
+    return out
 
 
 class AttnResMixer(nn.Module):
@@ -508,16 +883,16 @@ class _DepthSources:
 
 
 class AttnResTransformer(DepthModel):
-    "Full and Block Attention Residuals."
+    "Attention Residuals over sublayer groups (the design gives the group sizes: Full, Block)."
     family = 'attnres'
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, group_sizes: list[int]):
         super().__init__(cfg)
+        if sum(group_sizes) != cfg.n_sublayers: raise ConfigError(f"AttnRes groups {group_sizes} do not cover the 2L = {cfg.n_sublayers} sublayers")
         self.blocks = nn.ModuleList([AttnResBlock(cfg, b) for b in range(cfg.n_layer)])
         self.final_mix = AttnResMixer(cfg.d_model)
         self.final_norm = RMSNorm(cfg.d_model, ATTNRES_EPS)  # only its gain is used: w_o of the final mix
-        sizes = attnres_group_sizes(cfg)
-        self.group_sizes = sizes
+        sizes = self.group_sizes = list(group_sizes)
         self.boundaries = frozenset(sum(sizes[:g]) for g in range(len(sizes)))  # sublayers that start a group
 
     def forward(self, idx, skip: Collection[int] = (), return_states: bool = False, kv_cache: Optional[KVCache] = None,
@@ -550,7 +925,7 @@ class AttnResTransformer(DepthModel):
         return self._end(self.lm_head(out), states, return_states, kv_cache, idx.shape[1])
 
     def readout(self, state_index: int, state: torch.Tensor) -> torch.Tensor:
-        "Logit lens (§3): the final gain with the mixer's ε, then the LM head (exact for boundary states)."
+        "Logit lens: the final gain with the mixer's ε, then the LM head (exact for boundary states)."
         return self.lm_head(rms_norm(state, self.final_norm.weight, ATTNRES_EPS))
 
     def fsdp_units(self) -> list[nn.Module]:
@@ -570,38 +945,189 @@ class AttnResTransformer(DepthModel):
         self.forward(idx, _weights=weights)
         return weights
 
-# %% ../nbs/05_model.ipynb #b1d259ab
-_FAMILY_CLASSES = {'residual': ResidualTransformer, 'multistream': MultiStreamTransformer, 'attnres': AttnResTransformer}
+# %% ../nbs/05_model.ipynb #b4dbf36b
+def _attnres_params(cfg: ModelConfig) -> tuple[int, int]:
+    return (cfg.n_sublayers - 1) * 2 * cfg.d_model, 2 * cfg.d_model   # no mixer before block 0's attention; the final mixer
 
 
-def build_transformer(cfg: ModelConfig) -> DepthModel:
-    "The registry builder of the ten designs (uninitialized; `build_model` initializes)."
-    spec = resolve_arch(cfg.arch)
-    if spec.family not in _FAMILY_CLASSES:
-        raise ConfigError(f"build_transformer builds the families {sorted(_FAMILY_CLASSES)}, not {spec.family!r} ({cfg.arch})")
-    return _FAMILY_CLASSES[spec.family](cfg)
+def attnres_flops(group_sizes: list[int], d: int) -> float:
+    "Forward FLOPs per token of the depth mixes over these groups."
+    sites = attnres_sources_per_site(group_sizes)
+    return float(sum(8 * d * s + 3 * s + 4 * d for s in sites if s) + sum(group_sizes) * d)
 
 
-def _resolve_impl(impl) -> Callable:
-    if callable(impl): return impl
-    mod, _, fn = str(impl).partition(':')
-    try: return getattr(importlib.import_module(mod), fn)
-    except (ImportError, AttributeError) as e:
-        raise ConfigError(f"cannot load architecture implementation {impl!r} ('module:callable'): {e}") from e
+def attnres_activations(group_sizes: list[int], d: int) -> int:
+    "Activation bytes per token of the sources every mixing site saves (fp32)."
+    return sum(attnres_sources_per_site(group_sizes)) * d * 4
 
 
-def build_model(cfg: ModelConfig, seed: Optional[int] = 0, device=None) -> DepthModel:
-    "Build and initialize the model of `cfg` (init from a generator seeded with `seed`; device='meta': no init)."
-    if not isinstance(cfg, ModelConfig): raise ConfigError(f"build_model expects a ModelConfig, got {type(cfg).__name__}")
-    builder = _resolve_impl(resolve_arch(cfg.arch).impl)
-    if device is not None and torch.device(device).type == 'meta':
-        with torch.device('meta'): return builder(cfg)
-    model = builder(cfg)
-    gen = torch.Generator().manual_seed(seed) if seed is not None else None
-    if hasattr(model, 'init_weights'): model.init_weights(gen)
-    return model.to(device) if device is not None else model
+def _attnres_fork(cfg: ModelConfig, b: int) -> dict:
+    "Mixers of block b: no attention-side mixer in block 0."
+    d, out = cfg.d_model, {}
+    if b > 0: out |= {'attn_res_proj.weight': ((1, d), 'attn_mix.query', SQUEEZE0), 'attn_res_norm.weight': ((d,), 'attn_mix.key_weight', SAME)}
+    return out | {'mlp_res_proj.weight': ((1, d), 'ffn_mix.query', SQUEEZE0), 'mlp_res_norm.weight': ((d,), 'ffn_mix.key_weight', SAME)}
 
 
-def n_params(model: nn.Module) -> int:
-    "Instantiated parameter count."
-    return sum(p.numel() for p in model.parameters())
+def _attnres_fork_top(cfg: ModelConfig) -> dict:
+    d = cfg.d_model
+    return {'res_proj.weight': ((1, d), 'final_mix.query', SQUEEZE0), 'res_norm.weight': ((d,), 'final_mix.key_weight', SAME)}
+
+
+def attnres_fork_names(names) -> bool: return _has(names, r'(^|\.)res_proj\.weight$')
+
+
+def attnres_fork(prepare: Optional[Callable] = None) -> ForkNames:
+    "The AttnRes designs' fork tensors (the same names for Full and Block AttnRes: the block size is in the config)."
+    return ForkNames(block=_attnres_fork, top=_attnres_fork_top, detect=attnres_fork_names, prepare=prepare)
+
+
+def _attnres_init(model: AttnResTransformer, idx: torch.Tensor, atol: float) -> Optional[str]:
+    "No mixer before block 0's attention, zero pseudo-queries, uniform mixes."
+    if hasattr(model.blocks[0], 'attn_mix'): return "block 0's attention reads N_a(embedding): it has no mixer"
+    if any(m.query.abs().sum() != 0 for m in model.modules() if isinstance(m, AttnResMixer)):
+        return 'AttnRes pseudo-queries are not zero at init'
+    for k, w in enumerate(model.depth_mix_weights(idx)):
+        if not torch.allclose(w, torch.full_like(w, 1 / w.shape[-1]), atol=1e-6): return f'mix {k} is not uniform at init'
+    return None
+
+# %% ../nbs/05_model.ipynb #154e1b6a
+def full_attnres_groups(cfg: ModelConfig) -> list[int]: return [1] * cfg.n_sublayers
+
+
+def build_attnres(cfg: ModelConfig) -> AttnResTransformer: return AttnResTransformer(cfg, full_attnres_groups(cfg))
+
+
+def _full_attnres_prepare(hints: dict, options: dict) -> list[str]:
+    S = hints.get('attnres_block_size')
+    if S not in (None, 1): raise ConfigError(f"the checkpoint's config.json has attnres_block_size={S}: import it as --arch block_attnres")
+    return []
+
+
+register_design(Design('attnres', 'attnres', 'Full Attention Residuals: every sublayer output a depth source',
+                       build=build_attnres, extra_params=_attnres_params,
+                       forward_flops=lambda cfg: attnres_flops(full_attnres_groups(cfg), cfg.d_model),
+                       activation_bytes=lambda cfg, bytes_per_elem: attnres_activations(full_attnres_groups(cfg), cfg.d_model),
+                       check_init=_attnres_init, metrics=('residual_path',), importer=attnres_fork(_full_attnres_prepare)))
+
+# %% ../nbs/05_model.ipynb #9748f4a3
+def block_attnres_groups(cfg: ModelConfig) -> list[int]:
+    "Sublayers per group over the 2L sublayers: S each (the last one short), or N groups differing by at most one."
+    n_sub = cfg.n_sublayers
+    if cfg.attnres_block_size is not None:
+        S = cfg.attnres_block_size
+        return [S] * (n_sub // S) + ([n_sub % S] if n_sub % S else [])
+    q, r = divmod(n_sub, cfg.attnres_num_blocks)
+    return [q + 1] * r + [q] * (cfg.attnres_num_blocks - r)  # larger first
+
+
+def _block_attnres_options(cfg: ModelConfig) -> dict:
+    "Either a block size or a block count (default: 8 blocks, at most one per sublayer), neither beyond 2L sublayers."
+    n_sub = cfg.n_sublayers
+    if cfg.attnres_block_size is not None:
+        if cfg.attnres_num_blocks is not None: raise ConfigError('set either attnres_block_size or attnres_num_blocks, not both')
+        if cfg.attnres_block_size > n_sub:
+            raise ConfigError(f"attnres_block_size ({cfg.attnres_block_size}) cannot exceed the number of sublayers 2L = {n_sub}")
+        return {}
+    n = cfg.attnres_num_blocks if cfg.attnres_num_blocks is not None else min(8, n_sub)
+    if n > n_sub: raise ConfigError(f"attnres_num_blocks ({n}) cannot exceed the number of sublayers 2L = {n_sub}")
+    return dict(attnres_num_blocks=n)
+
+
+def _block_attnres_prepare(hints: dict, options: dict) -> list[str]:
+    "The block size from the checkpoint's config.json, when the options do not set the grouping."
+    if {'attnres_block_size', 'attnres_num_blocks'} & set(options): return []
+    if hints.get('attnres_block_size'): options['attnres_block_size'] = int(hints['attnres_block_size']); return []
+    return ['block_attnres: the block size S is not in the checkpoint; the package default grouping was used '
+            '(pass --option attnres_block_size=S)']
+
+
+def build_block_attnres(cfg: ModelConfig) -> AttnResTransformer: return AttnResTransformer(cfg, block_attnres_groups(cfg))
+
+
+register_design(Design('block_attnres', 'attnres', 'Block Attention Residuals: sources are block sums (8 blocks over 2L sublayers by default)',
+                       build=build_block_attnres, extra_params=_attnres_params,
+                       forward_flops=lambda cfg: attnres_flops(block_attnres_groups(cfg), cfg.d_model),
+                       activation_bytes=lambda cfg, bytes_per_elem: attnres_activations(block_attnres_groups(cfg), cfg.d_model),
+                       check_init=_attnres_init, metrics=('dead_zone', 'residual_path'), importer=attnres_fork(_block_attnres_prepare),
+                       options=('attnres_block_size', 'attnres_num_blocks'), validate=_block_attnres_options))
+
+# %% ../nbs/05_model.ipynb #450676f8
+class MoDABlock(Block):
+    "Pre-LN whose attention also reads the depth slots of earlier sublayers; writes its own (and an FFN pair via W_kv)."
+    uses_depth_slots = True
+    default_init_modules = ('depth_kv',)   # W_kv keeps nn.Linear's default init: exempt from the shared ±3σ rule
+
+    def __init__(self, cfg: ModelConfig, index: int):
+        super().__init__(cfg, index)
+        if cfg.moda_ffn_kv and index < cfg.n_layer - 1:
+            self.depth_kv = nn.Linear(cfg.d_model, 2 * cfg.n_kv_head * cfg.head_dim, bias=False)  # FFN depth K/V
+        self._kv_shape = (cfg.n_kv_head, cfg.head_dim)
+
+    def forward(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        "x [B, T, d] -> y [B, T, d]; writes depth slots 2b (and 2b + 1)"
+        b = self.index
+        depth = _read_depth(ctx, b, x.new_zeros(*x.shape[:-1], *self._kv_shape)) if b > 0 else {}
+        a, (k_raw, v_raw) = self.attend(self.attn_norm(x), ctx, **depth)
+        ctx.depth[2 * b] = (k_raw, v_raw)
+        h = x + a
+        u = self.ffn_norm(h)
+        if hasattr(self, 'depth_kv'):
+            kv = self.depth_kv(u).unflatten(-1, (2, *self._kv_shape))  # [B, T, 2, H_kv, hd]
+            ctx.depth[2 * b + 1] = (kv[:, :, 0], kv[:, :, 1])
+        return h + self.ffn(u)
+
+    @torch.no_grad()
+    def init_design(self, generator: Optional[torch.Generator] = None):
+        if hasattr(self, 'depth_kv'):  # nn.Linear's default U(±1/sqrt(d)): the official init never touches W_kv
+            bound = self.depth_kv.in_features ** -0.5
+            self.depth_kv.weight.uniform_(-bound, bound, generator=generator)
+
+
+def _read_depth(ctx: ForwardContext, b: int, like: torch.Tensor) -> dict:
+    "MoDA depth keys/values of block b: all slots 0..2b-1, zeros where unwritten (skipped blocks; FFN slots without W_kv)."
+    slots = ctx.depth[:2 * b]
+    zeros = torch.zeros_like(like)                                   # [B, T, H_kv, hd]: an unwritten slot
+    ks = [s[0] if s is not None else zeros for s in slots]
+    vs = [s[1] if s is not None else zeros for s in slots]
+    return dict(depth_k=torch.stack(ks, dim=2), depth_v=torch.stack(vs, dim=2))  # [B, T, S, H_kv, hd]
+
+
+def build_moda(cfg: ModelConfig) -> ResidualTransformer: return ResidualTransformer(cfg, MoDABlock)
+
+
+def _moda_kv_width(cfg: ModelConfig) -> int: return cfg.n_kv_head * cfg.head_dim
+
+
+def _moda_matmul(cfg: ModelConfig) -> int:
+    "W_kv of blocks 0..L-2 (the last block has none)."
+    return 2 * cfg.d_model * _moda_kv_width(cfg) * (cfg.n_layer - 1) if cfg.moda_ffn_kv else 0
+
+
+def _moda_init(model: ResidualTransformer, idx: torch.Tensor, atol: float) -> Optional[str]:
+    cfg, L = model.config, model.config.n_layer
+    has = [hasattr(blk, 'depth_kv') for blk in model.blocks]
+    if has != [bool(cfg.moda_ffn_kv)] * (L - 1) + [False]: return f'MoDA depth K/V projections in blocks {has}'
+    for blk in model.blocks:
+        if hasattr(blk, 'depth_kv'):
+            w, bound = blk.depth_kv.weight, blk.depth_kv.in_features ** -0.5
+            if not 0.8 * bound < w.abs().max() <= bound: return f'MoDA W_kv max |w| {w.abs().max():.4f}, want U(±{bound:.4f})'
+    return None
+
+
+def _moda_fork(cfg: ModelConfig, b: int) -> dict:
+    "The FFN depth K/V projection (rows: K heads, then V heads), in blocks 0..L-2."
+    if not cfg.moda_ffn_kv or b == cfg.n_layer - 1: return {}
+    return {'feed_forward.kv_proj.weight': ((2 * _moda_kv_width(cfg), cfg.d_model), 'depth_kv.weight', SAME)}
+
+
+MODA_FORK = ForkNames(block=_moda_fork, nested=True, detect=lambda names: _has(names, r'attention\.attention\.w_q\.weight$'),
+                      infer=lambda sd: dict(moda_ffn_kv=any(k.endswith('feed_forward.kv_proj.weight') for k in sd)))
+
+
+register_design(Design('moda', 'residual', 'Mixture-of-Depths Attention: depth KV of earlier sublayers under one softmax (+2d^2 per block)',
+                       build=build_moda, extra_params=lambda cfg: (_moda_matmul(cfg), 0),
+                       forward_flops=lambda cfg: 4.0 * cfg.d_model * cfg.n_layer * (cfg.n_layer - 1),
+                       matmul_params=_moda_matmul, check_init=_moda_init, metrics=('usefulness', 'residual_path'),
+                       importer=MODA_FORK, options=('moda_ffn_kv',), defaults=dict(moda_ffn_kv=True),
+                       activation_bytes=lambda cfg, bytes_per_elem: 2 * cfg.n_sublayers * _moda_kv_width(cfg) * bytes_per_elem,
+                       depth_cache_bytes=lambda cfg, bytes_per_elem: 2 * cfg.n_sublayers * _moda_kv_width(cfg) * bytes_per_elem))

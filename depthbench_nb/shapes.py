@@ -14,8 +14,8 @@ from .config import ARCHS, ConfigError, ModelConfig, _choice_error, ffn_hidden_d
 
 # %% auto #0
 __all__ = ['GRIDS', 'TINY_DEFAULT_DEPTHS', 'OFFICIAL_STEPS', 'PRESETS', 'SHAPE_COLUMNS', 'ParamCount', 'preln_block_params',
-           'design_extra_params', 'count_params', 'Shape', 'GridSpec', 'solve_d_model', 'get_grid', 'grid_shapes',
-           'shape_for', 'Preset', 'cuda_available', 'resolve_preset', 'shape_rows', 'cli_shapes']
+           'count_params', 'Shape', 'GridSpec', 'solve_d_model', 'design_grids', 'get_grid', 'grid_shapes', 'shape_for',
+           'Preset', 'cuda_available', 'resolve_preset', 'shape_rows', 'cli_shapes']
 
 # %% ../nbs/01_shapes.ipynb #0f16156b
 @dataclass(frozen=True)
@@ -35,38 +35,17 @@ def preln_block_params(d: int, ffn: int, n_head: int, n_kv_head: int) -> int:
     return 2 * d * d + 2 * d * n_kv_head * hd + 3 * d * ffn + 2 * d
 
 
-def design_extra_params(cfg: ModelConfig) -> tuple[int, int]:
-    "(extra inside the blocks, extra outside them) that `cfg.arch` adds to the Pre-LN count."
-    d, L, a = cfg.d_model, cfg.n_layer, cfg.arch
-    n_sub = 2 * L
-    if a in ('preln', 'lns', 'deepnorm'): return 0, 0
-    if a == 'periln': return 2 * d * L, 0
-    if a == 'keel': return 2 * d * L - d, 0
-    if a == 'hc':
-        n = cfg.hc_streams
-        return n_sub * ((n + 2) * d + n * (n + 2) + 2), 0
-    if a == 'mhc':
-        n = cfg.hc_streams
-        if cfg.mhc_backend == 'static': return n_sub * (n * n + 2 * n), 0
-        return n_sub * (n * d * (n * n + 2 * n) + (n * n + 2 * n) + 3), 0
-    if a in ('attnres', 'block_attnres'): return (n_sub - 1) * 2 * d, 2 * d   # no mixer before block 0's attention
-    if a == 'moda':
-        kv = 2 * d * cfg.n_kv_head * cfg.head_dim if cfg.moda_ffn_kv else 0
-        return kv * (L - 1), 0
-    raise ConfigError(f"no closed-form parameter count for arch {a!r}; add one to design_extra_params")
-
-
 def count_params(cfg: ModelConfig) -> ParamCount:
-    "Closed-form parameter counts for any registered design (looped models: `depthbench_nb.looped`)."
-    if cfg.family == 'looped':
-        from depthbench_nb.looped import count_looped_params
-        return count_looped_params(cfg)
+    "Closed-form parameter counts of any registered design: Pre-LN blocks plus what the design's entry adds."
+    design = resolve_arch(cfg.arch)
+    if design.count_params is not None: return design.count_params(cfg)   # a design with its own layout (looped)
     d, L, V = cfg.d_model, cfg.n_layer, cfg.vocab_size
-    inside, outside = design_extra_params(cfg)
+    inside, outside = design.extra_params(cfg)
     backbone = L * preln_block_params(d, cfg.ffn_hidden, cfg.n_head, cfg.n_kv_head) + inside
     embeddings = 2 * V * d
     return ParamCount(total=backbone + embeddings + d + outside, backbone=backbone, embeddings=embeddings,
                       design_extra=inside + outside)
+
 
 # %% ../nbs/01_shapes.ipynb #7fa00cdf
 @dataclass(frozen=True)
@@ -140,11 +119,16 @@ GRIDS: dict[str, GridSpec] = {g.name: g for g in [
 TINY_DEFAULT_DEPTHS = (4, 8, 16, 32)
 
 
+def design_grids() -> dict[str, Callable]:
+    "Grids a design brings with its registry entry (the looped grids): name -> rows(variant)."
+    return {g: rows for design in ARCHS.values() for g, rows in design.grids.items()}
+
+
 def get_grid(name: str) -> GridSpec:
-    if name == 'looped':
-        raise ConfigError("the looped grid has no d_model rule: looped models take s, r and a budget C "
-                          "(depthbench_nb.looped.looped_grid_rows; `depthbench-nb shapes --grid looped`); preset 'looped' trains arch 'looped' only")
-    if name not in GRIDS: raise _choice_error('grid', name, list(GRIDS) + ['looped'])
+    if name in design_grids():
+        raise ConfigError(f"the {name} grid has no d_model rule: its models take the design's own shape parameters "
+                          f"(`depthbench-nb shapes --grid {name}` lists its runs); preset {name!r} trains arch {name!r} only")
+    if name not in GRIDS: raise _choice_error('grid', name, list(GRIDS) + list(design_grids()))
     return GRIDS[name]
 
 
@@ -258,17 +242,16 @@ def cli_shapes(argv=None) -> int:
     "depthbench-nb shapes: list a grid's shapes with parameter counts."
     from depthbench_nb.cli import emit
     p = argparse.ArgumentParser(prog='depthbench-nb shapes', description='List the shapes of a grid with their parameter counts.')
-    p.add_argument('--grid', default='400m', help=f"one of: {', '.join(list(GRIDS) + ['looped'])} (default 400m)")
+    p.add_argument('--grid', default='400m', help=f"one of: {', '.join(list(GRIDS) + list(design_grids()))} (default 400m)")
     p.add_argument('--arch', default='preln', help='design whose parameters are counted (default preln)')
     p.add_argument('--depths', default=None, help='comma-separated depths (tiny grid: any; others: a subset)')
     p.add_argument('--variant', default='baseline', help='looped grid only: baseline | tbptt | hc')
     p.add_argument('--json', action='store_true', help='machine-readable JSON output')
     a = p.parse_args(argv)
-    if a.grid == 'looped':
-        from depthbench_nb.looped import looped_grid_rows
-        rows = looped_grid_rows(a.variant)
-        return emit(rows, a.json, title=f'looped grid ({a.variant}): {len(rows)} runs')
-    if a.variant != 'baseline': raise ConfigError('--variant applies only to --grid looped')
+    if a.grid in design_grids():
+        rows = design_grids()[a.grid](a.variant)
+        return emit(rows, a.json, title=f'{a.grid} grid ({a.variant}): {len(rows)} runs')
+    if a.variant != 'baseline': raise ConfigError(f"--variant applies only to the grids {', '.join(design_grids())}")
     depths = tuple(int(x) for x in a.depths.split(',')) if a.depths else None
     rows = shape_rows(a.grid, a.arch, depths)
     return emit(rows, a.json, title=f"grid {a.grid} ({GRIDS[a.grid].description}), arch {rows[0]['arch'] if rows else a.arch}")

@@ -156,7 +156,7 @@ def make_run_config(arch: str, L: Optional[int] = None, d_model: Optional[int] =
 
 def _looped_model(p, L, d_model, ratio, r, s, C, opts) -> tuple[ModelConfig, Optional[int]]:
     "Looped shape: width scale s (d = 64·s), recurrence r, effective depth 20; a FLOP budget C sets the tokens."
-    from depthbench_nb.looped import flops_per_token, looped_config, tokens_for_budget
+    from depthbench_nb.looped import PAPER_VOCAB, flops_per_token, looped_config, tokens_for_budget
     if d_model is not None or ratio is not None: raise ConfigError("looped models take the width scale s (d = 64·s), not d_model or ratio")
     if L is not None and L != 20: raise ConfigError(f"looped models have effective depth 20 (specs/looped.md §1); got L={L}")
     tiny = p.name == 'tiny'
@@ -165,7 +165,7 @@ def _looped_model(p, L, d_model, ratio, r, s, C, opts) -> tuple[ModelConfig, Opt
     if s is None or r is None: raise ConfigError("looped models need s (width scale) and r (recurrences) outside the tiny preset")
     kw = dict(head_dim=LOOPED_TINY['head_dim']) if tiny else {}
     opts = {k: v for k, v in opts.items() if k != 'recurrence'}
-    cfg = looped_config(s, r, vocab_size=GRIDS[p.grid].vocab_size if tiny else 32064, **kw, **opts)
+    cfg = looped_config(s, r, vocab_size=GRIDS[p.grid].vocab_size if tiny else PAPER_VOCAB, **kw, **opts)
     if C is None: return cfg, None
     return cfg, tokens_for_budget(C, flops_per_token(cfg, seq_len=p.seq_len), p.seq_len * p.global_batch)
 
@@ -566,7 +566,7 @@ def default_micro_batch(run: RunConfig, device: torch.device) -> int:
     per_rank = run.train.global_batch // run.num_processes
     if run.train.micro_batch is not None: return run.train.micro_batch
     if device.type != 'cuda': return per_rank
-    cap = 8 if run.model.arch in ('hc', 'mhc') else 16
+    cap = resolve_arch(run.model.arch).micro_batch_cap   # the official launchers: 16 (HC/mHC: 8)
     return max(m for m in range(1, min(per_rank, cap) + 1) if per_rank % m == 0)
 
 # %% ../nbs/07_trainer.ipynb #fc99bca9

@@ -9,8 +9,9 @@ import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
 from depthbench_nb.config import ConfigError, ModelConfig
-from depthbench_nb.costs import (attnres_sources_per_site, cli_costs, cost_row, depth_cache_bytes, design_forward_flops_per_token,
+from depthbench_nb.costs import (cli_costs, cost_row, depth_cache_bytes, design_forward_flops_per_token,
                                  kv_cache_bytes, olmo_core_flops_per_token, prefill_flops, train_flops_per_token)
+from depthbench_nb.model import attnres_sources_per_site
 from depthbench_nb.shapes import shape_for
 
 TINY = dict(n_layer=2, d_model=8, n_head=2, ffn_hidden=16, vocab_size=32, max_seq_len=64)
@@ -81,8 +82,9 @@ def test_attnres_sources_match_the_model():
     from depthbench_nb.model import build_model
     for arch, L in (('attnres', 3), ('block_attnres', 6)):
         cfg = ModelConfig(arch=arch, n_layer=L, d_model=16, n_head=2, vocab_size=32)
-        weights = build_model(cfg).depth_mix_weights(torch.randint(0, 32, (1, 5)))
-        expected = attnres_sources_per_site(cfg)
+        model = build_model(cfg)
+        weights = model.depth_mix_weights(torch.randint(0, 32, (1, 5)))
+        expected = attnres_sources_per_site(model.group_sizes)   # the one grouping rule, as the costs count it
         assert [w.shape[-1] for w in weights][1:] == expected[1:]   # sublayer 0 reads the embedding alone
 
 
@@ -128,3 +130,12 @@ def test_cli_measure_adds_latency_columns():
     row, = json.loads(buf.getvalue())
     assert row['prefill_s'] > 0 and row['decode_tokens_per_s'] > 0
     assert row['prefill_tflops_per_s'] == pytest.approx(row['prefill_flops'] / row['prefill_s'] / 1e12)
+
+
+def test_every_design_states_its_costs():
+    "No silent zero: every registered design gives its FLOPs (the norm-placement designs an explicit 0.0)."
+    from depthbench_nb.config import ARCHS
+    for arch, design in ARCHS.items():
+        assert design.forward_flops is not None or design.train_flops is not None, arch
+        cfg = ModelConfig(arch=arch, **TINY) if design.family != 'looped' else None
+        if cfg is not None: assert train_flops_per_token(cfg, 4) > 0 and cost_row(cfg, 4, 4)['train_flops_per_token'] > 0

@@ -8,6 +8,7 @@ import torch
 
 from depthbench_nb.config import ConfigError
 from depthbench_nb import kernels as K
+from kernel_harness import interpreter_report
 
 
 def _g(seed=0):
@@ -140,7 +141,7 @@ FP32_RTOL = 1e-5
 @pytest.fixture(scope='module')
 def interp():
     names = list(INTERP_CASES)
-    report = K.interpreter_report([INTERP_CASES[n] for n in names], timeout=240)
+    report = interpreter_report([INTERP_CASES[n] for n in names], timeout=240)
     return dict(zip(names, report))
 
 

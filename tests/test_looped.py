@@ -125,8 +125,7 @@ CONFIGS = [tiny(1), tiny(2), tiny(4, 12), tiny(4, 12, injection='additive'), tin
 
 def test_registry_builds_the_looped_model():
     from depthbench_nb.model import build_model, n_params
-    mod, fn = resolve_arch('looped').impl.split(':')
-    assert getattr(importlib.import_module(mod), fn) is build_looped
+    assert resolve_arch('looped').build is build_looped
     a, b = build_model(tiny(), seed=3), build_model(tiny(), seed=3)
     assert isinstance(a, LoopedLM) and all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters()))
     assert abs(a.tok_emb.weight.std().item() - 1) < 0.05                 # the paper's init, not the DepthBench one

@@ -12,12 +12,13 @@ import torch
 import torch.nn.functional as F
 
 from depthbench_nb.checks import check_design, failures, tiny_config
-from depthbench_nb.config import ConfigError, ModelConfig
+from depthbench_nb.config import ARCHS, ConfigError, Design, ModelConfig, register_design, unregister_design
 from depthbench_nb.layers import KVCache
-from depthbench_nb.model import attnres_group_sizes, build_model, n_params
+from depthbench_nb.model import (PreLNBlock, ResidualTransformer, block_attnres_groups, build_model, n_params, no_extra_flops,
+                                 no_extra_params, no_init_invariants)
 from depthbench_nb.shapes import count_params, grid_shapes, shape_for
 
-DESIGNS = ['preln', 'periln', 'lns', 'deepnorm', 'keel', 'moda', 'hc', 'mhc', 'attnres', 'block_attnres']
+DESIGNS = [a for a, d in ARCHS.items() if d.family != 'looped']   # every registered design: registering one tests it
 VARIANTS = [dict(arch='hc', hc_update='unmixed'), dict(arch='hc', hc_tanh=False), dict(arch='mhc', mhc_backend='native'),
             dict(arch='mhc', mhc_backend='static'), dict(arch='block_attnres', attnres_block_size=3),
             dict(arch='block_attnres', attnres_num_blocks=3), dict(arch='moda', moda_ffn_kv=False),
@@ -299,7 +300,7 @@ def _naive_attnres(model, idx):
         logit = (nrm(V, mixer.key_weight) * mixer.query).sum(-1)
         p = torch.softmax(logit, 0)
         return nrm((p[..., None] * V).sum(0), w)
-    sizes = attnres_group_sizes(model.config)
+    sizes = model.group_sizes
     starts = {sum(sizes[:g]) for g in range(len(sizes))}
     e = model.tok_emb(idx)
     sources, partial = [], e
@@ -326,9 +327,9 @@ def test_attnres_matches_naive(kw):
 
 def test_block_attnres_group_sizes_of_the_paper():
     for L, size in ((16, 4), (20, 5), (24, 6), (28, 7), (32, 8)):
-        assert attnres_group_sizes(ModelConfig(arch='block_attnres', n_layer=L)) == [size] * 8
-    assert attnres_group_sizes(ModelConfig(arch='block_attnres', n_layer=30)) == [8, 8, 8, 8, 7, 7, 7, 7]
-    assert attnres_group_sizes(ModelConfig(arch='block_attnres', n_layer=24, attnres_block_size=5)) == [5] * 9 + [3]
+        assert block_attnres_groups(ModelConfig(arch='block_attnres', n_layer=L)) == [size] * 8
+    assert block_attnres_groups(ModelConfig(arch='block_attnres', n_layer=30)) == [8, 8, 8, 8, 7, 7, 7, 7]
+    assert block_attnres_groups(ModelConfig(arch='block_attnres', n_layer=24, attnres_block_size=5)) == [5] * 9 + [3]
 
 
 def test_attnres_states_and_readout():
@@ -428,3 +429,27 @@ def test_bf16_pure_and_autocast(kw):
         full = model(idx)
         step = torch.cat([model(idx[:, :5], kv_cache=cache), model(idx[:, 5:], kv_cache=cache)], 1)
     assert full.dtype == torch.bfloat16 and torch.isfinite(full).all() and (full.float() - step.float()).abs().max() < 0.1
+
+
+# ---- the registry ------------------------------------------------------------------------------------------------------
+def test_the_registry_holds_the_ten_designs_and_refuses_incomplete_ones():
+    assert DESIGNS == ['preln', 'periln', 'lns', 'deepnorm', 'keel', 'hc', 'mhc', 'attnres', 'block_attnres', 'moda']
+    with pytest.raises(ConfigError, match=r"design 'half' is incomplete: it needs extra_params \(or count_params\), forward_flops"):
+        register_design(Design('half', 'residual', 'a block and nothing else', build=ARCHS['preln'].build))
+    with pytest.raises(ConfigError, match='already registered'): register_design(ARCHS['preln'])
+    assert 'half' not in ARCHS
+
+
+def test_a_miscounted_design_fails_at_build_before_training():
+    class Extra(PreLNBlock):
+        def __init__(self, cfg, index):
+            super().__init__(cfg, index)
+            self.gate = torch.nn.Parameter(torch.ones(()))
+    def build_extra(cfg): return ResidualTransformer(cfg, Extra)
+    register_design(Design('extra', 'residual', 'Pre-LN with an uncounted gate', build=build_extra, extra_params=no_extra_params,
+                           forward_flops=no_extra_flops, check_init=no_init_invariants, metrics=(), importer='a test'))
+    try:
+        with pytest.raises(ConfigError, match=r"'extra' builds .* but its closed form counts"): build_model(tiny_config('extra'))
+        with pytest.raises(ConfigError, match='closed form'): build_model(tiny_config('extra'), device='meta')
+    finally: unregister_design('extra')
+    assert 'extra' not in ARCHS
