@@ -742,7 +742,7 @@ def held_out_set(data: 'TokenData', kind: str = 'windows', seq_len: int = 2048, 
 # %% ../nbs/02_data.ipynb #618f1e7d
 def cli_data(argv=None) -> int:
     "depthbench-nb data: prepare or inspect tokenized data."
-    from depthbench_nb.cli import emit
+    from depthbench_nb.console import emit
     p = argparse.ArgumentParser(prog='depthbench-nb data', description='Prepare or inspect tokenized data (specs/depthbench_official.md §4).')
     sub = p.add_subparsers(dest='action', required=True)
     pp = sub.add_parser('prepare', help='tokenize and pack a source into token shards + manifest')

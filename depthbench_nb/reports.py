@@ -1463,7 +1463,7 @@ LOOPED_PARAMETERS = ('restarts', 'n_bootstrap', 'bootstrap_restarts', 'seed', 'w
 def run_report_notebooks(study: str, which=('depthbench', 'looped'), parameters: Optional[dict] = None, progress: bool = True) -> list[Path]:
     "Execute the report notebooks for a study into papermill_runs/<study>/report/; returns the executed notebooks' paths."
     import papermill as pm
-    from depthbench_nb.cli import template_path
+    from depthbench_nb.console import template_path
     out_dir = runs_root() / study / 'report'
     out_dir.mkdir(parents=True, exist_ok=True)
     done = []
@@ -1480,7 +1480,7 @@ def run_report_notebooks(study: str, which=('depthbench', 'looped'), parameters:
 
 def cli_report(argv=None) -> int:
     "depthbench-nb report STUDY: rebuild a study's tables and figures."
-    from depthbench_nb.cli import emit
+    from depthbench_nb.console import emit
     p = argparse.ArgumentParser(prog='depthbench-nb report', description="Rebuild a study's tables and figures (papermill_runs/STUDY/report/).")
     p.add_argument('study', help='study name (a folder under the runs root)')
     p.add_argument('--only', choices=list(REPORT_NOTEBOOKS), help='build one report only')
@@ -1596,7 +1596,7 @@ def demo(workers: Optional[int] = None, executor: str = 'python', restarts: int 
 
 def cli_demo(argv=None) -> int:
     "depthbench-nb demo: the CPU demo study end to end."
-    from depthbench_nb.cli import emit
+    from depthbench_nb.console import emit
     from depthbench_nb.sweep import EXECUTORS
     p = argparse.ArgumentParser(prog='depthbench-nb demo',
                                 description='The embedded default: offline corpus -> tiny models of every family -> diagnostics -> '

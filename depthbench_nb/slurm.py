@@ -427,7 +427,7 @@ def node_launch(run_config: str) -> int:
 # %% ../nbs/09d_slurm.ipynb #a1a89345
 def cli_slurm(argv=None) -> int:
     "depthbench-nb slurm info | node-launch."
-    from depthbench_nb.cli import emit
+    from depthbench_nb.console import emit
     p = argparse.ArgumentParser(prog='depthbench-nb slurm', description="The Slurm cluster as the sweep driver sees it.")
     sub = p.add_subparsers(dest='action', required=True)
     pi = sub.add_parser('info', help="partitions and limits (sinfo), and the defaults an array task would get")

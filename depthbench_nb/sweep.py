@@ -28,6 +28,7 @@ import yaml
 
 from .config import (ARCHS, DESIGN_OPTIONS, Config, ConfigError, CorruptFile, RunConfig, _choice_error,
                                   atomic_write_json, atomic_write_text, package_dir, runs_root)
+from .runs import PEAK_BF16_FLOPS
 from .slurm import (QUEUED_STATES, RUNNING_STATES, SlurmProbe, SlurmRequest, accounting_tasks, array_script,
                                  fit_request, probe_slurm, queue_tasks, require_allocation, sbatch_options, srun_command,
                                  submit_script)
@@ -227,7 +228,7 @@ def expand_study(spec: StudySpec) -> list[RunEntry]:
     return entries
 
 # %% ../nbs/09a_sweep.ipynb #07a2351e
-GPU_PEAK_FLOPS = 989e12     # H100 SXM dense bf16
+GPU_PEAK_FLOPS = PEAK_BF16_FLOPS['H100']   # the planning GPU: H100 SXM dense bf16 (depthbench_nb.runs)
 DEFAULT_MFU = 0.40
 
 
@@ -349,7 +350,7 @@ def run_command(e: RunEntry, executor: str = 'papermill', nodes: int = 1, procs_
     sd = sweep_dir(e.run.study)
     world = nodes * procs_per_node                                     # not in the run id: the same run on any count
     if executor == 'papermill':
-        from depthbench_nb.cli import template_path
+        from depthbench_nb.console import template_path
         if nodes > 1: raise ConfigError(f'--nodes {nodes}: multi-node runs go through the trainer module (--executor python)')
         params = sd / 'params' / f'{e.run_id}.yaml'
         values = dict(e.params)
@@ -797,7 +798,7 @@ def extend_lr_entries(spec: StudySpec, df: pd.DataFrame, factor: float = 2.0, sa
 # %% ../nbs/09a_sweep.ipynb #9fbc344f
 def cli_sweep(argv=None) -> int:
     "depthbench-nb sweep plan | run | status STUDY."
-    from depthbench_nb.cli import emit
+    from depthbench_nb.console import emit
     p = argparse.ArgumentParser(prog='depthbench-nb sweep', description='Plan, run and monitor a study (a YAML file '
                                 'of runs; shipped studies: ' + ', '.join(study_names()) + ').')
     sub = p.add_subparsers(dest='action', required=True)
@@ -894,7 +895,7 @@ def cli_sweep(argv=None) -> int:
 
 def cli_collect(argv=None) -> int:
     "depthbench-nb collect STUDY: one tidy table of the study's run records, and the LR optima."
-    from depthbench_nb.cli import emit
+    from depthbench_nb.console import emit
     p = argparse.ArgumentParser(prog='depthbench-nb collect', description="Gather a study's run records (all statuses) "
                                 'into <runs>/<study>/collect.parquet and collect.csv, and report LR optima per (design, shape).')
     p.add_argument('study', help='study name or YAML path')

@@ -29,8 +29,8 @@ import torch
 import yaml
 
 from depthbench_nb.cli import main
-from depthbench_nb.runs import read_metrics, read_result
-from depthbench_nb.trainer import list_checkpoints, load_run, make_run_config, run_dir, train
+from depthbench_nb.runs import list_checkpoints, load_run, read_metrics, read_result, run_dir
+from depthbench_nb.trainer import make_run_config, train
 # (names added by issue 16 are imported inside the tests that need them, so that run against the code before it,
 #  each defect's test fails at its own assertion rather than at an import)
 
@@ -142,12 +142,12 @@ elif point == 'in-write':          # in the middle of writing checkpoint `step`:
             data = open(f, 'rb').read(); open(f, 'wb').write(data[:len(data) // 2]); die()
     torch.save = hook
 elif point == 'before-rename':     # checkpoint `step` complete with its checksums, not yet renamed into place
-    sums = T.write_checksums
+    sums = R.write_checksums
     def hook(folder, names):
         out = sums(folder, names)
         if f'.tmp-step_{step:08d}' in str(folder): die()
         return out
-    T.write_checksums = hook
+    R.write_checksums = hook
 elif point == 'at-checkpoint':     # right after checkpoint `step` landed
     save_ckpt = T.save_checkpoint
     def hook(folder, s, *a, **k):

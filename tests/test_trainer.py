@@ -14,10 +14,9 @@ import pytest
 import torch
 
 from depthbench_nb.config import ARCHS, DESIGN_OPTIONS, ConfigError, RunConfig, runs_root
-from depthbench_nb.runs import read_metrics, read_result
+from depthbench_nb.runs import list_checkpoints, load_run, read_metrics, read_result, run_dir
 from depthbench_nb.shapes import count_params, shape_for
-from depthbench_nb.trainer import (build_adamw, init_model, list_checkpoints, load_run, lr_multiplier, make_run_config,
-                                   run_dir, total_steps, train)
+from depthbench_nb.trainer import build_adamw, init_model, lr_multiplier, make_run_config, total_steps, train
 
 REPO = Path(__file__).resolve().parents[1]
 DESIGNS = list(ARCHS)                     # the ten residual designs and the looped model
