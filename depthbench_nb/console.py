@@ -5,14 +5,18 @@
 # %% ../nbs/00b_console.ipynb #5e5b1582
 from __future__ import annotations
 
+import argparse
 import contextlib
+import dataclasses
 import json
 import sys
+import typing
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Iterable, Iterator, Optional
 
 # %% auto #0
-__all__ = ['format_table', 'parse_literal', 'json_stdout', 'emit', 'notebooks_dir', 'template_notebooks', 'template_path']
+__all__ = ['format_table', 'parse_literal', 'json_stdout', 'emit', 'add_dataclass_options', 'dataclass_values', 'notebooks_dir',
+           'template_notebooks', 'template_path']
 
 # %% ../nbs/00b_console.ipynb #1ec7e9ec
 def format_table(rows: list[dict], columns=None) -> str:
@@ -67,6 +71,35 @@ def emit(data, as_json: bool, title: str | None = None, columns=None, file=None)
                 print(f'{str(k).ljust(w)}  {json.dumps(v, default=str) if isinstance(v, (dict, list)) else v}', file=file)
         else: print(data, file=file)
     return 0
+
+# %% ../nbs/00b_console.ipynb #8034e103
+def _flag(name: str) -> str: return '--' + name.replace('_', '-')
+
+
+def add_dataclass_options(parser: argparse.ArgumentParser, cls, skip: Iterable[str] = ()) -> None:
+    """One option per field of dataclass `cls` that has a `help` in its metadata: `--field-name` (or the field's
+    `flags`), typed from the annotation (int, float, str; bool: a switch; Optional[bool]: --x / --no-x), parsed by
+    the field's `parse` where given, defaulting to the field's default. `dataclass_values` reads them back."""
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if f.name in skip or 'help' not in f.metadata: continue
+        flags, kw = f.metadata.get('flags') or (_flag(f.name),), dict(dest=f.name, help=f.metadata['help'], default=f.default)
+        t = hints[f.name]
+        args = [a for a in typing.get_args(t) if a is not type(None)]
+        base = args[0] if typing.get_origin(t) is typing.Union and len(args) == 1 else t
+        if 'parse' in f.metadata: kw['type'] = f.metadata['parse']
+        elif base is bool and t is bool: kw['action'] = 'store_true'
+        elif base is bool: kw['action'] = argparse.BooleanOptionalAction
+        elif base in (int, float, str): kw['type'] = base
+        else: kw['type'] = str
+        if f.default is not None and f.default != '' and 'action' not in kw: kw['help'] += f' (default: {f.default})'
+        parser.add_argument(*flags, **kw)
+
+
+def dataclass_values(cls, ns: argparse.Namespace) -> dict:
+    "The values `add_dataclass_options` parsed, by field name."
+    return {f.name: getattr(ns, f.name) for f in dataclasses.fields(cls) if hasattr(ns, f.name)}
+
 
 # %% ../nbs/00b_console.ipynb #d0eb53d0
 def _package_dir() -> Path: return Path(__file__).resolve().parent

@@ -156,7 +156,7 @@ class RunEntry:
     "One run of a study."
     index: int
     group: str
-    params: dict           # make_run_config keyword arguments == the papermill template's parameters
+    params: dict           # RunParams by name (design options too): make_run_config keyword arguments
     run: RunConfig
 
     @property
@@ -353,8 +353,8 @@ def run_command(e: RunEntry, executor: str = 'papermill', nodes: int = 1, procs_
         from depthbench_nb.console import template_path
         if nodes > 1: raise ConfigError(f'--nodes {nodes}: multi-node runs go through the trainer module (--executor python)')
         params = sd / 'params' / f'{e.run_id}.yaml'
-        values = dict(e.params)
-        if values.get('arch') == 'looped': values.setdefault('L', None)     # the template's default L is a DepthBench depth
+        from depthbench_nb.trainer import RunParams
+        values = RunParams.of(**e.params).notebook_values()                 # every parameter: no template default leaks in
         if world > 1: values['num_processes'] = world
         atomic_write_text(params, yaml.safe_dump(values, sort_keys=True))
         return [sys.executable, '-m', 'papermill', str(template_path('10')), str(run_dir(e.run) / RECORD_FILES['notebook']),

@@ -19,16 +19,17 @@ import subprocess
 import sys
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .config import (DESIGN_OPTIONS, ConfigError, CorruptFile, DataConfig, ModelConfig, RunConfig, TrainConfig,
+from .config import (ARCHS, DESIGN_OPTIONS, ConfigError, CorruptFile, DataConfig, ModelConfig, RunConfig, TrainConfig,
                                   _choice_error, ffn_hidden_default, resolve_arch)
+from .console import add_dataclass_options, dataclass_values, emit, parse_literal
 from .optim import build_looped_optimizer
 from .runs import (RECORD_FILES, MetricsLog, check_checkpoint_config, ensure_writable, gpu_peak_flops,
                                 list_checkpoints, load_checkpoint, metrics_header, newest_intact_checkpoint, provenance,
@@ -38,15 +39,15 @@ from .shapes import (GRIDS, PRESETS, TINY_DEFAULT_DEPTHS, Shape, count_params, g
                                   resolve_preset, shape_for)
 
 # %% auto #0
-__all__ = ['LOOPED_RECIPE', 'LOOPED_TINY', 'INIT_SEEDS', 'DEFAULT_CHECKPOINT_EVERY', 'make_run_config', 'total_steps',
-           'lr_multiplier', 'build_adamw', 'build_optimizers', 'resolve_precision', 'autocast_context',
+__all__ = ['LOOPED_RECIPE', 'LOOPED_TINY', 'INIT_SEEDS', 'DEFAULT_CHECKPOINT_EVERY', 'RunParams', 'make_run_config',
+           'total_steps', 'lr_multiplier', 'build_adamw', 'build_optimizers', 'resolve_precision', 'autocast_context',
            'resolve_compile', 'compile_unavailable', 'check_compile', 'LayerStats', 'Dist', 'in_launched_process',
            'make_dist', 'tracker_init_kwargs', 'shard_model', 'average_replicated_grads', 'full_state_dict',
            'clip_grad_norm', 'check_trackers', 'open_data', 'init_model', 'default_micro_batch', 'plot_loss_curves',
            'peak_flops', 'peak_memory_bytes', 'flops_per_token', 'evaluate', 'TrainState', 'Callback', 'save_state',
            'StopAfter', 'DivergenceGuard', 'SpeedMeter', 'Evaluator', 'MetricsWriter', 'LayerStatsRecorder', 'Trackers',
            'ProgressBar', 'Checkpointer', 'default_callbacks', 'train', 'fit', 'free_port', 'launch_command', 'launch',
-           'cli_train']
+           'train_parser', 'cli_train']
 
 # %% ../nbs/07_trainer.ipynb #895e7da2
 LOOPED_RECIPE = dict(optimizer='muonh', schedule='linear', warmup_frac=0.0, final_lr_frac=0.1, grad_clip=None,
@@ -55,12 +56,153 @@ LOOPED_TINY = dict(s=2, r=4, head_dim=32)   # CPU-sized looped model: d = 128, 4
 INIT_SEEDS = ('official', 'tied')
 
 
+def _param(help: str, default=None, **cli) -> Any:
+    "A RunParams field: its default and its one-line help (the train command's --help, the notebook's comment)."
+    return field(default=default, metadata=dict(help=help, **cli))
+
+
+def _init_seed_arg(text: str):
+    "--init-seed: 'official', 'tied' or an integer."
+    return text if text in INIT_SEEDS else parse_literal(text)
+
+
+@dataclass
+class RunParams:
+    """What a user chooses for one run. The one list of a run's parameters: `make_run_config` takes them, the
+    `train` command's options and the parameters cell of `nbs/10_train.ipynb` are generated from them, and the
+    sweep's entries are sets of them. `resolve` turns them into a RunConfig against the preset; design options
+    (`config.DESIGN_OPTIONS`) go in `options`."""
+    arch: Optional[str] = _param(f"design: {', '.join(ARCHS)}")
+    L: Optional[int] = _param("depth: a depth of the preset's grid (any depth with d_model, or on the tiny grid)", flags=('--L', '-L'))
+    d_model: Optional[int] = _param('explicit width (off-grid shapes)')
+    preset: str = _param("auto | tiny | 400m | ... (auto: 400m with a CUDA GPU, tiny otherwise)", 'auto')
+    lr: Optional[float] = _param("peak LR (None: the preset's, 2e-3; looped: the 0.014 matrix LR)")
+    seed: int = _param('data order and training RNG', 42)
+    study: str = _param('folder under the runs root', 'default')
+    data: Optional[str] = _param("None: the preset's data; or a source (sample, fineweb-edu[:sample-10BT], a text path) or a prepared folder")
+    num_processes: int = _param('> 1: accelerate launch (DDP, or FSDP2 with fsdp)', 1)
+    tokens: Optional[int] = _param('token budget override')
+    max_steps: Optional[int] = _param('step budget override (wins over tokens)')
+    ratio: Optional[float] = _param("instead of L: the grid depth whose d_model / L is nearest this ratio")
+    r: Optional[int] = _param('looped: recurrences (1, 2, 4, 8)')
+    s: Optional[int] = _param('looped: width scale (d_model = 64 s)')
+    C: Optional[float] = _param('looped: FLOP budget (sets the tokens)')
+    precision: Optional[str] = _param('None (auto: bf16-mixed on CUDA, fp32 elsewhere) | fp32 | bf16-mixed | bf16-pure (the official setting)')
+    init_seed: Any = _param("'official' (fixed 0, as DepthBench) | 'tied' (the training seed) | an integer", 'official', parse=_init_seed_arg)
+    micro_batch: Optional[int] = _param('sequences per forward pass per process (None: the whole batch on CPU, 16 on GPUs, 8 for HC/mHC)')
+    eval_every: Optional[int] = _param("steps between evaluations (None: the preset's)")
+    checkpoint_every: Optional[int] = _param('steps between checkpoints (None: 1000, and always at the end)')
+    layer_stats_every: Optional[int] = _param('per-layer forward/backward statistics every N steps (None: off)')
+    divergence_factor: Optional[float] = _param('also stop as diverged when the loss exceeds this factor x the best loss so far')
+    trackers: Any = _param('comma-separated Accelerate trackers: tensorboard, wandb (off by default)', '')
+    compile: Optional[bool] = _param('torch.compile the model (None: on with a CUDA GPU, off on CPU)')
+    fsdp: bool = _param('num_processes > 1: FSDP2 (fully_shard) instead of DDP (AdamW recipe only)', False)
+    eval_set: Optional[str] = _param("held-out set (None: the preset's): windows | rows (looped paper) | documents (DepthBench)")
+    eval_rows: Optional[int] = _param("rows / documents of the final evaluation (None: the preset's; all)")
+    eval_rows_fast: Optional[int] = _param("rows / documents of the evaluations before the last step (None: the preset's)")
+    ortho_dtype: Optional[str] = _param("looped MuonH orthogonalisation: None = bfloat16 (the paper) | float32 (exact comparisons)")
+    options: dict = field(default_factory=dict)      # design options: config.DESIGN_OPTIONS (looped: r is `recurrence`)
+
+    @classmethod
+    def names(cls) -> list[str]:
+        "The parameter names (design options not included)."
+        return [f.name for f in fields(cls) if f.name != 'options']
+
+    @classmethod
+    def of(cls, *args, **kw) -> 'RunParams':
+        "Parameters from make_run_config's arguments: the fields by position or name; any other name is a design option."
+        if len(args) > len(cls.names()): raise ConfigError(f"too many positional parameters ({len(args)})")
+        named = dict(zip(cls.names(), args))
+        clash = sorted(set(named) & set(kw))
+        if clash: raise ConfigError(f"parameter(s) {clash} given twice")
+        kw = named | kw
+        opts = {k: kw.pop(k) for k in list(kw) if k not in cls.names() and k != 'options'}
+        return cls(**kw, options=dict(kw.pop('options', None) or {}, **opts))
+
+    @classmethod
+    def from_namespace(cls, ns: dict) -> 'RunParams':
+        "Parameters from a namespace holding every name (the parameters cell's globals); design options left at None are dropped."
+        return cls(**{k: ns[k] for k in cls.names()}, options={k: ns[k] for k in DESIGN_OPTIONS if ns.get(k) is not None})
+
+    def notebook_values(self) -> dict:
+        "Every parameter as papermill's -p/-f values for nbs/10_train.ipynb (unset design options as None)."
+        out = {k: getattr(self, k) for k in self.names()}
+        out['trackers'] = ','.join(_tracker_list(self.trackers))
+        return out | {k: self.options.get(k) for k in DESIGN_OPTIONS if k != 'recurrence'}
+
+    @classmethod
+    def parameters_cell(cls, **values) -> str:
+        "The source of 10_train's parameters cell: every parameter and design option with its default (or `values`) and help."
+        rows = [(f.name, values.get(f.name, f.default), f.metadata['help']) for f in fields(cls) if f.name != 'options']
+        rows += [(k, values.get(k), rule) for k, (_, rule) in DESIGN_OPTIONS.items() if k != 'recurrence']
+        w = max(len(f'{k} = {v!r}') for k, v, _ in rows)
+        return '\n'.join(f'{f"{k} = {v!r}".ljust(w)}  # {h}' for k, v, h in rows)
+
+    def resolve(self, verbose: bool = True) -> RunConfig:
+        "The validated RunConfig: preset, shape, design options, data and recipe resolved (bad input: ConfigError)."
+        return _resolve(self, verbose)
+
+
+def make_run_config(*args, verbose: bool = True, **kw) -> RunConfig:
+    """Resolve preset, shape, design options, data and recipe into a validated RunConfig (bad input: ConfigError).
+    Takes the `RunParams` (`arch`, `L`, `d_model`, `preset`, `lr`, `seed`, `study`, `data`, `num_processes`, `tokens`,
+    `max_steps` also by position) and any design option by name."""
+    return RunParams.of(*args, **kw).resolve(verbose)
+
+
+def _tracker_list(trackers) -> list[str]:
+    "Trackers as given: a comma-separated string (command line, papermill) or a sequence."
+    return [t.strip() for t in trackers.split(',') if t.strip()] if isinstance(trackers, str) else list(trackers)
+
+
 def _need(name: str, value, types: tuple, rule: str):
-    "Type check of one make_run_config argument (bool is not an int here)."
+    "Type check of one parameter (bool is not an int here)."
     if value is None: return value
     if isinstance(value, bool) and bool not in types: raise ConfigError(f"{name} must be {rule}, got {value!r} (bool)")
     if not isinstance(value, types): raise ConfigError(f"{name} must be {rule}, got {value!r} ({type(value).__name__})")
     return value
+
+
+def _resolve(p: RunParams, verbose: bool) -> RunConfig:
+    if p.arch is None: raise ConfigError(f"arch is required: one of {', '.join(ARCHS)}")
+    _need('arch', p.arch, (str,), 'a design name')
+    spec = resolve_arch(p.arch)
+    for name in ('L', 'd_model', 'seed', 'num_processes', 'tokens', 'max_steps', 'r', 's', 'micro_batch', 'eval_every',
+                 'checkpoint_every', 'layer_stats_every', 'eval_rows', 'eval_rows_fast'):
+        _need(name, getattr(p, name), (int,), 'an integer')
+    for name in ('lr', 'ratio', 'C', 'divergence_factor'): _need(name, getattr(p, name), (int, float), 'a number')
+    for name in ('preset', 'study', 'precision', 'eval_set', 'ortho_dtype'): _need(name, getattr(p, name), (str,), 'a string')
+    _need('compile', p.compile, (bool,), 'True, False or None (None: on with CUDA)'); _need('fsdp', p.fsdp, (bool,), 'a bool')
+    design_options = dict(p.options)
+    unknown = sorted(set(design_options) - set(DESIGN_OPTIONS))
+    if unknown: raise ConfigError(f"unknown option(s) {unknown}; design options: {', '.join(DESIGN_OPTIONS)}; looped: r, s, C")
+    if isinstance(p.init_seed, str):
+        if p.init_seed not in INIT_SEEDS: raise _choice_error('init_seed', p.init_seed, INIT_SEEDS + ('an integer',))
+        init_seed_value = 0 if p.init_seed == 'official' else None
+    else: init_seed_value = _need('init_seed', p.init_seed, (int,), "'official', 'tied' or an integer")
+    pre, why = resolve_preset(p.preset)
+    if verbose: print(f"*** PRESET: {pre.name}  ({why}) ***")
+    train_kw = dict(lr=pre.lr, seq_len=pre.seq_len, global_batch=pre.global_batch, max_steps=pre.max_steps, tokens=None,
+                    tokens_per_param=pre.tokens_per_param, eval_every=pre.eval_every, eval_batches=pre.eval_batches)
+    kind = p.eval_set or pre.eval_set                   # the preset's held-out set, its row counts unless another set is asked for
+    rows = ((p.eval_rows, p.eval_rows_fast) if p.eval_set not in (None, pre.eval_set)
+            else (p.eval_rows or pre.eval_rows, p.eval_rows_fast or pre.eval_rows_fast))
+    train_kw.update(eval_set=None if kind == 'windows' else kind, eval_rows=rows[0], eval_rows_fast=rows[1])
+    if spec.family == 'looped':
+        model, looped_tokens = _looped_model(pre, p.L, p.d_model, p.ratio, p.r, p.s, p.C, design_options)
+        train_kw.update(LOOPED_RECIPE)
+        if looped_tokens is not None: train_kw.update(tokens=looped_tokens, max_steps=None)
+    else:
+        if p.r is not None or p.s is not None or p.C is not None: raise ConfigError(f"r, s and C apply only to arch 'looped', not {spec.name!r}")
+        model = _shape_from(pre.grid, p.L, p.d_model, p.ratio).model_config(spec.name, **design_options)
+    if p.tokens is not None: train_kw.update(tokens=p.tokens, max_steps=None)
+    if p.max_steps is not None: train_kw.update(max_steps=p.max_steps)
+    for k in ('lr', 'precision', 'micro_batch', 'eval_every', 'ortho_dtype', 'checkpoint_every', 'layer_stats_every', 'divergence_factor'):
+        if getattr(p, k) is not None: train_kw[k] = getattr(p, k)
+    train = TrainConfig(seed=p.seed, init_seed=init_seed_value, trackers=tuple(_tracker_list(p.trackers)), **train_kw)
+    return RunConfig(model=model, data=_data_config(p.data, pre), train=train, study=p.study, preset=pre.name,
+                     num_processes=p.num_processes, compile=p.compile, fsdp=p.fsdp)
+
 
 
 def _shape_from(grid: str, L, d_model, ratio) -> Shape:
@@ -92,60 +234,6 @@ def _data_config(data, preset) -> DataConfig:
                               max_tokens=inp.get('max_tokens'), val_tokens=inp.get('val_tokens'))
         return DataConfig(source=data, tokenizer=preset.tokenizer)
     raise ConfigError(f"data must be None, a source name, a prepared folder, a dict or a DataConfig, got {type(data).__name__}")
-
-
-def make_run_config(arch: str, L: Optional[int] = None, d_model: Optional[int] = None, preset: str = 'auto',
-                    lr: Optional[float] = None, seed: int = 42, study: str = 'default', data=None, num_processes: int = 1,
-                    tokens: Optional[int] = None, max_steps: Optional[int] = None, *, ratio: Optional[float] = None,
-                    r: Optional[int] = None, s: Optional[int] = None, C: Optional[float] = None,
-                    precision: Optional[str] = None, init_seed='official', micro_batch: Optional[int] = None,
-                    eval_every: Optional[int] = None, checkpoint_every: Optional[int] = None,
-                    layer_stats_every: Optional[int] = None, divergence_factor: Optional[float] = None,
-                    trackers: Sequence[str] = (), verbose: bool = True, compile: Optional[bool] = None, fsdp: bool = False,
-                    eval_set: Optional[str] = None, eval_rows: Optional[int] = None, eval_rows_fast: Optional[int] = None,
-                    ortho_dtype: Optional[str] = None, **design_options) -> RunConfig:
-    "Resolve preset, shape, design options, data and recipe into a validated RunConfig (bad input: ConfigError)."
-    _need('arch', arch, (str,), 'a design name')
-    spec = resolve_arch(arch)
-    for name, v in (('L', L), ('d_model', d_model), ('seed', seed), ('num_processes', num_processes), ('tokens', tokens),
-                    ('max_steps', max_steps), ('r', r), ('s', s), ('micro_batch', micro_batch), ('eval_every', eval_every),
-                    ('checkpoint_every', checkpoint_every), ('layer_stats_every', layer_stats_every), ('eval_rows', eval_rows),
-                    ('eval_rows_fast', eval_rows_fast)):
-        _need(name, v, (int,), 'an integer')
-    for name, v in (('lr', lr), ('ratio', ratio), ('C', C), ('divergence_factor', divergence_factor)):
-        _need(name, v, (int, float), 'a number')
-    for name, v in (('preset', preset), ('study', study), ('precision', precision), ('eval_set', eval_set),
-                    ('ortho_dtype', ortho_dtype)): _need(name, v, (str,), 'a string')
-    _need('compile', compile, (bool,), 'True, False or None (None: on with CUDA)'); _need('fsdp', fsdp, (bool,), 'a bool')
-    unknown = sorted(set(design_options) - set(DESIGN_OPTIONS))
-    if unknown: raise ConfigError(f"unknown option(s) {unknown}; design options: {', '.join(DESIGN_OPTIONS)}; looped: r, s, C")
-    if isinstance(init_seed, str):
-        if init_seed not in INIT_SEEDS: raise _choice_error('init_seed', init_seed, INIT_SEEDS + ('an integer',))
-        init_seed_value = 0 if init_seed == 'official' else None
-    else: init_seed_value = _need('init_seed', init_seed, (int,), "'official', 'tied' or an integer")
-    p, why = resolve_preset(preset)
-    if verbose: print(f"*** PRESET: {p.name}  ({why}) ***")
-    train_kw = dict(lr=p.lr, seq_len=p.seq_len, global_batch=p.global_batch, max_steps=p.max_steps, tokens=None,
-                    tokens_per_param=p.tokens_per_param, eval_every=p.eval_every, eval_batches=p.eval_batches)
-    kind = eval_set or p.eval_set                       # the preset's held-out set, its row counts unless another set is asked for
-    rows = (eval_rows, eval_rows_fast) if eval_set not in (None, p.eval_set) else (eval_rows or p.eval_rows, eval_rows_fast or p.eval_rows_fast)
-    train_kw.update(eval_set=None if kind == 'windows' else kind, eval_rows=rows[0], eval_rows_fast=rows[1])
-    if spec.family == 'looped':
-        model, looped_tokens = _looped_model(p, L, d_model, ratio, r, s, C, design_options)
-        train_kw.update(LOOPED_RECIPE)
-        if looped_tokens is not None: train_kw.update(tokens=looped_tokens, max_steps=None)
-    else:
-        if r is not None or s is not None or C is not None: raise ConfigError(f"r, s and C apply only to arch 'looped', not {spec.name!r}")
-        model = _shape_from(p.grid, L, d_model, ratio).model_config(spec.name, **design_options)
-    if tokens is not None: train_kw.update(tokens=tokens, max_steps=None)
-    if max_steps is not None: train_kw.update(max_steps=max_steps)
-    for k, v in dict(lr=lr, precision=precision, micro_batch=micro_batch, eval_every=eval_every, ortho_dtype=ortho_dtype,
-                     checkpoint_every=checkpoint_every, layer_stats_every=layer_stats_every,
-                     divergence_factor=divergence_factor).items():
-        if v is not None: train_kw[k] = v
-    train = TrainConfig(seed=seed, init_seed=init_seed_value, trackers=tuple(trackers), **train_kw)
-    return RunConfig(model=model, data=_data_config(data, p), train=train, study=study, preset=p.name,
-                     num_processes=num_processes, compile=compile, fsdp=fsdp)
 
 
 def _looped_model(p, L, d_model, ratio, r, s, C, opts) -> tuple[ModelConfig, Optional[int]]:
@@ -915,56 +1003,33 @@ def launch(run: RunConfig, progress: bool = True, preset_reason: Optional[str] =
     return result
 
 # %% ../nbs/07_trainer.ipynb #e1eb3e1f
-def cli_train(argv=None) -> int:
-    "depthbench-nb train: train one model and write its run record."
-    from depthbench_nb.console import emit, parse_literal
+def train_parser() -> argparse.ArgumentParser:
+    "The parser of `depthbench-nb train`: every RunParams field and design option, then how to run it."
     p = argparse.ArgumentParser(prog='depthbench-nb train', description='Train one model and write its run record (resumes unfinished runs).')
-    from depthbench_nb.config import ARCHS
-    p.add_argument('--arch', help=f"design: {', '.join(ARCHS)}")
-    p.add_argument('--L', '-L', type=int, help='depth (a depth of the preset grid, or any with --d-model)')
-    p.add_argument('--ratio', type=float, help='pick the grid depth with d/L nearest this ratio')
-    p.add_argument('--d-model', type=int)
-    p.add_argument('--preset', default='auto', help="auto | tiny | 400m | ... (auto: 400m with a CUDA GPU, tiny otherwise)")
-    p.add_argument('--lr', type=float); p.add_argument('--seed', type=int, default=42); p.add_argument('--study', default='default')
-    p.add_argument('--data', help="data source (sample, fineweb-edu[:sample-10BT], a text path) or a prepared folder")
-    p.add_argument('--num-processes', type=int, default=1); p.add_argument('--tokens', type=int); p.add_argument('--max-steps', type=int)
-    p.add_argument('--precision', help='auto | fp32 | bf16-mixed | bf16-pure'); p.add_argument('--init-seed', default='official', help="official (0) | tied | an integer")
-    p.add_argument('--r', type=int, help='looped: recurrences'); p.add_argument('--s', type=int, help='looped: width scale (d = 64 s)')
-    p.add_argument('--C', type=float, help='looped: FLOP budget')
+    add_dataclass_options(p, RunParams)
+    g = p.add_argument_group('design options', 'passed to the design (config.DESIGN_OPTIONS); a design refuses the ones it does not take')
     for opt, (_, rule) in DESIGN_OPTIONS.items():
-        if opt != 'recurrence': p.add_argument('--' + opt.replace('_', '-'), type=parse_literal, help=rule)
-    p.add_argument('--eval-every', type=int); p.add_argument('--checkpoint-every', type=int); p.add_argument('--layer-stats-every', type=int)
-    p.add_argument('--micro-batch', type=int, help='sequences per forward pass per process')
-    p.add_argument('--trackers', default='', help='comma-separated Accelerate trackers: tensorboard, wandb (off by default)')
-    p.add_argument('--fsdp', action='store_true', help='N processes: FSDP2 (fully_shard) instead of DDP; AdamW recipe only')
-    p.add_argument('--compile', action=argparse.BooleanOptionalAction, default=None,
-                   help='torch.compile the model (default: on with a CUDA GPU, off on CPU)')
-    p.add_argument('--eval-set', help="held-out set: windows | rows | documents (default: the preset's)")
-    p.add_argument('--eval-rows', type=int, help='rows / documents of the final evaluation (default: the preset\'s; all)')
-    p.add_argument('--eval-rows-fast', type=int, help='rows / documents of the evaluations before the last step')
-    p.add_argument('--ortho-dtype', help="looped MuonH orthogonalisation: bfloat16 (the paper, default) | float32 (exact comparisons)")
+        if opt != 'recurrence': g.add_argument('--' + opt.replace('_', '-'), dest=opt, type=parse_literal, help=rule)
     p.add_argument('--launch-args', default='', help="extra accelerate launch arguments for N processes, e.g. multi-node: "
                    "'--num_machines 2 --machine_rank 0 --main_process_ip 10.0.0.1 --main_process_port 29500'")
     p.add_argument('--run-config', help='train the RunConfig in this params.json (used by accelerate launch)')
     p.add_argument('--wait', action='store_true', help='when another process is training this run, wait for it (then report '
                    'its result) instead of refusing')
     p.add_argument('--no-progress', action='store_true'); p.add_argument('--json', action='store_true', help='machine-readable JSON output')
-    a = p.parse_args(argv)
+    return p
+
+
+def cli_train(argv=None) -> int:
+    "depthbench-nb train: train one model and write its run record."
+    a = train_parser().parse_args(argv)
     why = None
     if a.run_config:
         run = read_params(Path(a.run_config).parent) if Path(a.run_config).name == RECORD_FILES['params'] else \
             RunConfig.from_dict({k: v for k, v in read_json(a.run_config).items() if k != 'run_id'})
     else:
         if not a.arch: raise ConfigError('--arch is required (or --run-config)')
-        init_seed = a.init_seed if a.init_seed in ('official', 'tied') else parse_literal(a.init_seed)
         opts = {o: getattr(a, o) for o in DESIGN_OPTIONS if o != 'recurrence' and getattr(a, o) is not None}
-        run = make_run_config(a.arch, L=a.L, d_model=a.d_model, preset=a.preset, lr=a.lr, seed=a.seed, study=a.study, data=a.data,
-                              num_processes=a.num_processes, tokens=a.tokens, max_steps=a.max_steps, ratio=a.ratio, r=a.r, s=a.s,
-                              C=a.C, precision=a.precision, init_seed=init_seed, eval_every=a.eval_every,
-                              checkpoint_every=a.checkpoint_every, layer_stats_every=a.layer_stats_every, micro_batch=a.micro_batch,
-                              trackers=[x for x in a.trackers.split(',') if x.strip()], verbose=not a.json, compile=a.compile,
-                              fsdp=a.fsdp, eval_set=a.eval_set, eval_rows=a.eval_rows, eval_rows_fast=a.eval_rows_fast,
-                              ortho_dtype=a.ortho_dtype, **opts)
+        run = RunParams(**dataclass_values(RunParams, a), options=opts).resolve(verbose=not a.json)
         why = resolve_preset(a.preset)[1]
     with contextlib.redirect_stdout(sys.stderr) if a.json else contextlib.nullcontext():   # --json: stdout holds only the JSON
         result = train(run, progress=not (a.no_progress or a.json), preset_reason=why,
