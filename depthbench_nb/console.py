@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import importlib.util
 import json
 import sys
 import typing
@@ -102,7 +103,9 @@ def dataclass_values(cls, ns: argparse.Namespace) -> dict:
 
 
 # %% ../nbs/00b_console.ipynb #d0eb53d0
-def _package_dir() -> Path: return Path(__file__).resolve().parent
+def _package_dir() -> Path:
+    "The installed package's folder (found without importing it)."
+    return Path(importlib.util.find_spec('depthbench_nb').origin).resolve().parent
 
 
 def notebooks_dir() -> Path:

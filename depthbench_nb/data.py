@@ -743,7 +743,7 @@ def held_out_set(data: 'TokenData', kind: str = 'windows', seq_len: int = 2048, 
 def cli_data(argv=None) -> int:
     "depthbench-nb data: prepare or inspect tokenized data."
     from depthbench_nb.console import emit
-    p = argparse.ArgumentParser(prog='depthbench-nb data', description='Prepare or inspect tokenized data (specs/depthbench_official.md §4).')
+    p = argparse.ArgumentParser(prog='depthbench-nb data', description='Prepare or inspect tokenized data (DepthBench data: keyu-wang-2002/DepthBench, data_utils/tokenize_from_pretrain_datasets.py).')
     sub = p.add_subparsers(dest='action', required=True)
     pp = sub.add_parser('prepare', help='tokenize and pack a source into token shards + manifest')
     pp.add_argument('--source', default='sample', help=f"{', '.join(NAMED_SOURCES)}, or a .txt/.jsonl/.parquet file or folder (default sample)")

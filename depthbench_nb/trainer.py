@@ -240,7 +240,7 @@ def _looped_model(p, L, d_model, ratio, r, s, C, opts) -> tuple[ModelConfig, Opt
     "Looped shape: width scale s (d = 64·s), recurrence r, effective depth 20; a FLOP budget C sets the tokens."
     from depthbench_nb.looped import flops_per_token, looped_config, tokens_for_budget
     if d_model is not None or ratio is not None: raise ConfigError("looped models take the width scale s (d = 64·s), not d_model or ratio")
-    if L is not None and L != 20: raise ConfigError(f"looped models have effective depth 20 (specs/looped.md §1); got L={L}")
+    if L is not None and L != 20: raise ConfigError(f"looped models have effective depth 20 (arXiv 2604.21106 §3.1); got L={L}")
     tiny = p.name == 'tiny'
     s = s if s is not None else (LOOPED_TINY['s'] if tiny else None)
     r = r if r is not None else opts.pop('recurrence', LOOPED_TINY['r'] if tiny else None)
