@@ -35,8 +35,8 @@ __all__ = ['RECORD_FILES', 'CHECKSUMS_FILE', 'LOCK_FILE', 'RECORD_EVIDENCE', 'PE
            'provenance', 'gpu_peak_flops', 'format_diff', 'read_params', 'write_params', 'read_result', 'write_result',
            'metrics_header', 'MetricsLog', 'read_jsonl', 'read_metrics', 'read_metrics_headers', 'checkpoints_dir',
            'list_checkpoints', 'checkpoint_content', 'save_checkpoint', 'verify_checkpoint', 'newest_intact_checkpoint',
-           'remove_stale_temporaries', 'check_checkpoint_config', 'load_checkpoint', 'load_run', 'list_runs',
-           'papermill_output_path', 'record_executed_notebook']
+           'remove_stale_temporaries', 'check_checkpoint_config', 'load_checkpoint', 'load_run', 'run_status',
+           'list_runs', 'papermill_output_path', 'record_executed_notebook']
 
 # %% ../nbs/07a_runs.ipynb #badf4e69
 RECORD_FILES = dict(params='params.json', metrics='metrics.jsonl', result='result.json', layer_stats='layer_stats.jsonl',
@@ -655,6 +655,14 @@ def load_run(folder) -> tuple[torch.nn.Module, RunConfig]:
     return model.eval(), run
 
 # %% ../nbs/07a_runs.ipynb #17c93493
+def run_status(folder: Path) -> str:
+    "What a run folder's record says: completed | diverged | failed (result.json), unfinished (params.json only), pending (nothing)."
+    folder = Path(folder)
+    res = read_result(folder) if folder.exists() else None
+    if res: return res['status']
+    return 'unfinished' if (folder / RECORD_FILES['params']).exists() else 'pending'
+
+
 def list_runs(study: Optional[str] = None) -> list[dict]:
     "One row per run folder under runs_root() (optionally one study): study, run_id, status, path."
     root = runs_root()
@@ -662,8 +670,7 @@ def list_runs(study: Optional[str] = None) -> list[dict]:
     rows = []
     for s in studies:
         for folder in sorted(p for p in s.glob('*') if (p / RECORD_FILES['params']).exists()):
-            res = read_result(folder)
-            rows.append(dict(study=s.name, run_id=folder.name, status=res['status'] if res else 'unfinished', path=str(folder)))
+            rows.append(dict(study=s.name, run_id=folder.name, status=run_status(folder), path=str(folder)))
     return rows
 
 # %% ../nbs/07a_runs.ipynb #87a393e9

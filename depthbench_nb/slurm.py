@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from .config import Config, ConfigError, _choice_error
+from .config import Config, ConfigError, RunConfig, _choice_error
+from .console import emit
 
 # %% auto #0
 __all__ = ['SLURM_TOOLS', 'SINFO_FORMAT', 'DEFAULT_CPUS_PER_TASK', 'DEFAULT_TIME', 'SQUEUE_FORMAT', 'QUEUED_STATES',
@@ -411,7 +412,6 @@ def srun_command(nodes: int, command: list[str], env=None) -> list[str]:
 
 def node_launch(run_config: str) -> int:
     "Start this node's `accelerate launch` for the run in `run_config` (a RunConfig JSON); returns its exit code."
-    from depthbench_nb.config import RunConfig
     from depthbench_nb.trainer import launch_command
     path = Path(run_config)
     if not path.is_file(): raise ConfigError(f"run config {path} does not exist")
@@ -427,7 +427,6 @@ def node_launch(run_config: str) -> int:
 # %% ../nbs/09i_slurm.ipynb #a1a89345
 def cli_slurm(argv=None) -> int:
     "depthbench-nb slurm info | node-launch."
-    from depthbench_nb.console import emit
     p = argparse.ArgumentParser(prog='depthbench-nb slurm', description="The Slurm cluster as the sweep driver sees it.")
     sub = p.add_subparsers(dest='action', required=True)
     pi = sub.add_parser('info', help="partitions and limits (sinfo), and the defaults an array task would get")

@@ -37,6 +37,8 @@ from .runs import (RECORD_FILES, MetricsLog, check_checkpoint_config, ensure_wri
                                 save_checkpoint, where_runs_go, write_params, write_result, writing_run_folder)
 from .shapes import (GRIDS, PRESETS, TINY_DEFAULT_DEPTHS, Shape, count_params, get_grid, grid_shapes,
                                   resolve_preset, shape_for)
+from .data import TokenData, held_out_set, read_manifest, resolve_data
+from .model import build_model
 
 # %% auto #0
 __all__ = ['LOOPED_RECIPE', 'LOOPED_TINY', 'INIT_SEEDS', 'DEFAULT_CHECKPOINT_EVERY', 'RunParams', 'make_run_config',
@@ -226,7 +228,6 @@ def _data_config(data, preset) -> DataConfig:
     if isinstance(data, str):
         p = Path(data).expanduser()
         if p.is_dir() and (p / 'manifest.json').exists():   # a prepared folder: its own source and tokenizer
-            from depthbench_nb.data import read_manifest
             man = read_manifest(p)
             if man is None: raise ConfigError(f"data folder {p} is not a complete prepared folder; prepare it with: depthbench-nb data prepare --out {p}")
             inp = man['inputs']
@@ -468,7 +469,6 @@ def check_trackers(trackers: Sequence[str]) -> None:
 # %% ../nbs/07_trainer.ipynb #040e5f48
 def open_data(run: RunConfig, progress: bool = True):
     "The run's TokenData (tiny preset: prepared automatically), with the vocabulary checked against the model."
-    from depthbench_nb.data import TokenData, resolve_data
     td = TokenData(resolve_data(run.data, auto_prepare=(run.preset == 'tiny'), progress=progress))
     if td.vocab_size > run.model.vocab_size:
         raise ConfigError(f"the data's vocabulary ({td.vocab_size}, {td.tokenizer_id}) does not fit the model's vocab_size ({run.model.vocab_size})")
@@ -481,7 +481,6 @@ def open_data(run: RunConfig, progress: bool = True):
 
 def init_model(run: RunConfig) -> torch.nn.Module:
     "Build the run's model from the init seed (fixed 0 = official, or tied to the training seed)."
-    from depthbench_nb.model import build_model
     t = run.train
     torch.manual_seed(t.init_seed if t.init_seed is not None else t.seed)
     model = build_model(run.model, seed=t.init_seed if t.init_seed is not None else t.seed)
@@ -669,7 +668,6 @@ class Evaluator(Callback):
     process count), its fast subset before the last step. A non-finite held-out loss ends the run as `diverged`."""
     order = 20
     def on_train_start(self, state):
-        from depthbench_nb.data import held_out_set
         t = state.run.train
         held_out = lambda n: held_out_set(state.data, t.eval_set or 'windows', t.seq_len, t.global_batch, n=n,
                                           n_batches=t.eval_batches, seed=0)
