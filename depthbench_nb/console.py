@@ -74,33 +74,38 @@ def emit(data, as_json: bool, title: str | None = None, columns=None, file=None)
     return 0
 
 # %% ../nbs/00b_console.ipynb #8034e103
-def _flag(name: str) -> str: return '--' + name.replace('_', '-')
-
-
-def add_dataclass_options(parser: argparse.ArgumentParser, cls, skip: Iterable[str] = ()) -> None:
-    """One option per field of dataclass `cls` that has a `help` in its metadata: `--field-name` (or the field's
-    `flags`), typed from the annotation (int, float, str; bool: a switch; Optional[bool]: --x / --no-x), parsed by
-    the field's `parse` where given, defaulting to the field's default. `dataclass_values` reads them back."""
+def add_dataclass_options(parser, cls, prefix: str = '', skip: Iterable[str] = ()) -> None:
+    """One option per field of dataclass `cls` that has a `help` in its metadata: `--<prefix><field-name>` (the
+    metadata's `flags` replace it, its `flag` replaces the field name), typed from the annotation (int, float, str;
+    bool: a switch; Optional[bool]: --x / --no-x), parsed by the metadata's `parse` where given, repeatable where its
+    `repeat` says so, defaulting to the field's default. `dataclass_values` reads them back."""
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         if f.name in skip or 'help' not in f.metadata: continue
-        flags, kw = f.metadata.get('flags') or (_flag(f.name),), dict(dest=f.name, help=f.metadata['help'], default=f.default)
+        md = f.metadata
+        flags = md.get('flags') or ('--' + (prefix + (md.get('flag') or f.name)).replace('_', '-'),)
+        kw = dict(dest=prefix + f.name, help=md['help'], default=f.default)
         t = hints[f.name]
         args = [a for a in typing.get_args(t) if a is not type(None)]
         base = args[0] if typing.get_origin(t) is typing.Union and len(args) == 1 else t
-        if 'parse' in f.metadata: kw['type'] = f.metadata['parse']
+        if md.get('repeat'): kw.update(action='append', default=list(f.default))
+        elif 'parse' in md: kw['type'] = md['parse']
         elif base is bool and t is bool: kw['action'] = 'store_true'
         elif base is bool: kw['action'] = argparse.BooleanOptionalAction
         elif base in (int, float, str): kw['type'] = base
         else: kw['type'] = str
-        if f.default is not None and f.default != '' and 'action' not in kw: kw['help'] += f' (default: {f.default})'
+        if f.default not in (None, '', ()) and 'action' not in kw: kw['help'] += f' (default: {f.default})'
         parser.add_argument(*flags, **kw)
 
 
-def dataclass_values(cls, ns: argparse.Namespace) -> dict:
-    "The values `add_dataclass_options` parsed, by field name."
-    return {f.name: getattr(ns, f.name) for f in dataclasses.fields(cls) if hasattr(ns, f.name)}
-
+def dataclass_values(cls, ns: argparse.Namespace, prefix: str = '') -> dict:
+    "The values `add_dataclass_options` parsed, by field name (repeatable ones as tuples)."
+    out = {}
+    for f in dataclasses.fields(cls):
+        if not hasattr(ns, prefix + f.name): continue
+        v = getattr(ns, prefix + f.name)
+        out[f.name] = tuple(v) if f.metadata.get('repeat') else v
+    return out
 
 # %% ../nbs/00b_console.ipynb #d0eb53d0
 def _package_dir() -> Path:

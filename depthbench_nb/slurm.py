@@ -164,21 +164,28 @@ DEFAULT_CPUS_PER_TASK = 8
 DEFAULT_TIME = '24:00:00'
 
 
+def _opt(help: str, default=None, flag: Optional[str] = None):
+    "A SlurmRequest field with its command-line option `--slurm-<flag>` (repeatable for tuples)."
+    return field(default=default, metadata=dict(help=help, flag=flag, repeat=isinstance(default, tuple)))
+
+
 @dataclass(frozen=True)
 class SlurmRequest(Config):
     "What each array task asks Slurm for (None: a default that fits the partition, see fit_request)."
-    partition: Optional[str] = None
-    account: Optional[str] = None
-    qos: Optional[str] = None
-    constraint: Optional[str] = None     # --constraint: a node feature (or an expression, left to Slurm)
-    time: Optional[str] = None           # Slurm time syntax; None: 24:00:00 capped at the partition's limit
-    cpus_per_task: Optional[int] = None  # per task (per node for multi-node runs); None: 8 capped at the largest node
-    mem: Optional[str] = None            # per node, e.g. 32G; None: the CPUs' share of a node's memory
-    gpus: int = 1                        # GPUs per node (--gres=gpu:N); 0: a CPU cluster, no --gres line
-    nodes: int = 1                       # nodes per run (> 1: one launcher per node through srun)
-    parallel: Optional[int] = None       # array throttle: at most this many tasks at once (--array=...%N)
-    setup: tuple[str, ...] = ()          # environment set-up lines, e.g. 'module load cuda/12.4'
-    extra: tuple[str, ...] = ()          # further sbatch options, e.g. '--mail-type=END'
+    # the help and flags are the sweep command's options (`depthbench-nb sweep run --launcher slurm --slurm-...`)
+    partition: Optional[str] = _opt("partition (default: the cluster's default partition)")
+    account: Optional[str] = _opt('account to charge')
+    qos: Optional[str] = _opt('quality of service')
+    constraint: Optional[str] = _opt('node feature(s) (--constraint, or an expression left to Slurm), e.g. a100')
+    time: Optional[str] = _opt("time limit per task, e.g. 12:00:00 (default 24:00:00, capped at the partition's)")
+    cpus_per_task: Optional[int] = _opt('CPUs per task (per node for multi-node runs; default 8, capped at the largest node)', flag='cpus')
+    mem: Optional[str] = _opt("memory per node, e.g. 64G (default: the CPUs' share of a node's memory)")
+    gpus: int = _opt('GPUs per node (--gres=gpu:N); 0 for CPU nodes (no --gres line)', 1)
+    nodes: int = 1                       # nodes per run (> 1: one launcher per node through srun); the sweep's --nodes
+    parallel: Optional[int] = _opt('at most this many tasks at once (--array=...%%N)')
+    setup: tuple[str, ...] = _opt("environment set-up line run first in each task (repeatable), e.g. 'module load cuda/12.4' "
+                                  "or 'source /path/to/.venv/bin/activate'", ())
+    extra: tuple[str, ...] = _opt('another sbatch option (repeatable), e.g. --slurm-extra=--mail-type=END', ())
 
     def validate(self):
         for name in ('cpus_per_task', 'nodes', 'parallel'):

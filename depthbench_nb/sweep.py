@@ -35,7 +35,7 @@ from .slurm import (QUEUED_STATES, RUNNING_STATES, SlurmProbe, SlurmRequest, acc
                                  submit_script)
 from .shapes import count_params, get_grid, resolve_preset
 from .costs import train_flops_per_token
-from .console import emit, template_path
+from .console import add_dataclass_options, dataclass_values, emit, template_path
 
 # %% auto #0
 __all__ = ['GPU_PEAK_FLOPS', 'DEFAULT_MFU', 'RUN_STATUSES', 'EXECUTORS', 'RESULT_FIELDS', 'SHAPE_KEYS', 'StudyGroup', 'StudySpec',
@@ -806,17 +806,7 @@ def cli_sweep(argv=None) -> int:
                     help='training processes per node (default 1; with --launcher slurm one per GPU, set by --slurm-gpus)')
     sg = pr.add_argument_group('Slurm (--launcher slurm)', 'what each array task asks for; the defaults fit the partition '
                                '(checked against sinfo when the controller answers: a request no node can meet is an error)')
-    sg.add_argument('--slurm-gpus', type=int, default=1, help='GPUs per node (--gres=gpu:N); 0 for CPU nodes (no --gres line)')
-    sg.add_argument('--slurm-cpus', type=int, default=None, help='CPUs per task (default 8, capped at the largest node)')
-    sg.add_argument('--slurm-mem', default=None, help="memory per node, e.g. 64G (default: the CPUs' share of a node's memory)")
-    sg.add_argument('--slurm-time', default=None, help="time limit per task, e.g. 12:00:00 (default 24:00:00, capped at the partition's)")
-    sg.add_argument('--slurm-partition', default=None, help="partition (default: the cluster's default partition)")
-    sg.add_argument('--slurm-account', default=None, help='account to charge'); sg.add_argument('--slurm-qos', default=None, help='quality of service')
-    sg.add_argument('--slurm-constraint', default=None, help='node feature(s), e.g. a100')
-    sg.add_argument('--slurm-parallel', type=int, default=None, help='at most this many tasks at once (--array=...%%N)')
-    sg.add_argument('--slurm-setup', action='append', default=[], help="environment set-up line run first in each task "
-                    "(repeatable), e.g. 'module load cuda/12.4' or 'source /path/to/.venv/bin/activate'")
-    sg.add_argument('--slurm-extra', action='append', default=[], help="another sbatch option (repeatable), e.g. --slurm-extra=--mail-type=END")
+    add_dataclass_options(sg, SlurmRequest, prefix='slurm_')   # --slurm-gpus, --slurm-cpus, ... from the request's fields
     pr.add_argument('--no-progress', action='store_true')
     ps = sub.add_parser('status', help='completed / diverged / failed / running / unfinished / pending, with progress')
     ps.add_argument('study')
@@ -845,9 +835,7 @@ def cli_sweep(argv=None) -> int:
     if a.launcher == 'slurm':
         if a.workers != 1 or a.devices: raise ConfigError('--workers/--devices apply to --launcher local; Slurm tasks run one run each')
         if a.procs_per_node: raise ConfigError('with --launcher slurm the processes per node follow --slurm-gpus (one per GPU)')
-        req = SlurmRequest(partition=a.slurm_partition, account=a.slurm_account, qos=a.slurm_qos, constraint=a.slurm_constraint,
-                           time=a.slurm_time, cpus_per_task=a.slurm_cpus, mem=a.slurm_mem, gpus=a.slurm_gpus, nodes=a.nodes,
-                           parallel=a.slurm_parallel, setup=tuple(a.slurm_setup), extra=tuple(a.slurm_extra))
+        req = SlurmRequest(**dataclass_values(SlurmRequest, a, prefix='slurm_'), nodes=a.nodes)
         out = write_slurm_script(spec, submit=a.submit, request=req, study_ref=a.study, executor=a.executor, run_ids=a.run_id)
         if a.json: return emit(out, True)
         if out['script'] is None: print(out['message']); return 0
