@@ -489,11 +489,11 @@ def init_model(run: RunConfig) -> torch.nn.Module:
 
 
 def default_micro_batch(run: RunConfig, device: torch.device) -> int:
-    "Sequences per forward pass per process: the whole per-process batch on CPU; on GPUs the official 16 (HC/mHC: 8)."
+    "Sequences per forward pass per process: the whole per-process batch on CPU; on GPUs the official 16 (multi-stream designs: 8)."
     per_rank = run.train.global_batch // run.num_processes
     if run.train.micro_batch is not None: return run.train.micro_batch
     if device.type != 'cuda': return per_rank
-    cap = 8 if run.model.arch in ('hc', 'mhc') else 16
+    cap = 8 if run.model.family == 'multistream' else 16   # n residual streams: n times the activations (the official launchers)
     return max(m for m in range(1, min(per_rank, cap) + 1) if per_rank % m == 0)
 
 # %% ../nbs/07_trainer.ipynb #fc99bca9
