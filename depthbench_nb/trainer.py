@@ -839,8 +839,8 @@ def _setup(run: RunConfig, folder: Path, progress: bool, preset_reason: Optional
         state.start = meta['step']
         state.counters.update({k: meta[k] for k in state.counters if k in meta})
         if dist.main: print(f"resuming from checkpoint step {state.start} ({ckpts[-1][1].name})")
-    header = metrics_header(run, **({'resumed_at_step': state.start} if state.start else {}))
-    state.metrics.start(header, state.start)          # before step 0: what produced the rows below
+    if dist.main:                                     # before step 0: what produced the rows below
+        state.metrics.start(metrics_header(run, **({'resumed_at_step': state.start} if state.start else {})), state.start)
     state.flops_per_token = flops_per_token(run)
     state.step = state.steps_done = state.start
     return state
