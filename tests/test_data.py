@@ -1,4 +1,4 @@
-"""Data: tokenizers, sources, packing, TokenData, CLI and domain eval sets (issue 3), all offline."""
+"""Data: tokenizers, sources, packing, TokenData, CLI and domain eval sets, all offline."""
 import hashlib
 import json
 import os

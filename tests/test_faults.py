@@ -1,4 +1,4 @@
-"""The fault suite (issue 16): faults lose nothing and run nothing.
+"""The fault suite: faults lose nothing and run nothing.
 
 kill -9 anywhere in a run (between checkpoints, at one, in the middle of writing one, before the result) resumes
 to the record of an uninterrupted run; a sweep whose driver is killed twice finishes every run exactly once; one
@@ -31,8 +31,6 @@ import yaml
 from depthbench_nb.cli import main
 from depthbench_nb.runs import list_checkpoints, load_run, read_metrics, read_result, run_dir
 from depthbench_nb.trainer import make_run_config, train
-# (names added by issue 16 are imported inside the tests that need them, so that run against the code before it,
-#  each defect's test fails at its own assertion rather than at an import)
 
 pytestmark = pytest.mark.faults
 
@@ -227,10 +225,10 @@ def test_kill_minus_9_anywhere_resumes_to_the_uninterrupted_record(reference, tm
 
 # --------------------------------------------------------------------------------- 1. one writer per run folder
 def test_two_identical_train_commands_have_one_writer(tiny_data, runs_dir, tmp_path, capsys, monkeypatch):
-    """The issue's reproduction: the same `train` twice at once. One trains; the other is refused naming it (or, with
+    """Two writers of one run: the same `train` twice at once. One trains; the other is refused naming it (or, with
     --wait, waits and reports the finished run); metrics.jsonl holds every step once."""
     args = ['train', '--arch', 'preln', '--L', '2', '--preset', 'tiny', '--max-steps', '12', '--checkpoint-every', '4',
-            '--data', str(tiny_data), '--json']     # the issue's command, 12 steps instead of 30 (the same race, less CPU)
+            '--data', str(tiny_data), '--json']     # 12 steps (the same race, less CPU)
     env = dict(os.environ, OMP_NUM_THREADS='1')
     procs = [subprocess.Popen(CLI + args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
     folders = lambda: [p for p in (runs_dir / 'default').glob('preln-*') if p.is_dir()]

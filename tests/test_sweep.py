@@ -1,4 +1,4 @@
-"""Studies and the sweep driver (issue 8): shipped studies plan, invalid studies are rejected before any run,
+"""Studies and the sweep driver: shipped studies plan, invalid studies are rejected before any run,
 a killed driver resumes with only the missing runs, two drivers never run the same run, collect (all statuses)
 and LR optima. The Slurm route is tested against a real Slurm in tests/test_slurm.py."""
 import json

@@ -1,4 +1,4 @@
-"""The trainer (issue 7): every design trains, exact resume, divergence, bad input before training, 2-rank DDP,
+"""The trainer: every design trains, exact resume, divergence, bad input before training, 2-rank DDP,
 the CLI and the papermill template. Shapes are tiny (L2, d32, 4 x 32 tokens) so the file stays fast on 2 cores."""
 import ast
 import json
