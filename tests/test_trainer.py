@@ -161,6 +161,8 @@ def test_resume_reproduces_the_uninterrupted_curve_exactly(tmp_path, monkeypatch
     for key in ('loss', 'grad_norm', 'lr'):
         assert [r[key] for r in got] == [r[key] for r in want], key
     assert got_res['final_val_loss'] == full['final_val_loss']
+    from depthbench_nb.runs import read_metrics_headers
+    assert [h.get('resumed_at_step') for h in read_metrics_headers(folder)] == [None, 4]   # the first run's, the resume's
 
 
 def test_checkpoint_of_another_config_is_refused(runs_dir, tiny_data):
