@@ -14,55 +14,11 @@ import sys
 import traceback
 from pathlib import Path
 
-from .config import ConfigError, package_dir, repo_root
+from .config import ConfigError
+from .console import emit, json_stdout, notebooks_dir, template_notebooks
 
 # %% auto #0
-__all__ = ['COMMANDS', 'format_table', 'parse_literal', 'emit', 'UsageError', 'error_kind', 'main', 'notebooks_dir',
-           'template_notebooks', 'template_path', 'cli_notebooks']
-
-# %% ../nbs/00a_cli.ipynb #1ec7e9ec
-def format_table(rows: list[dict], columns=None) -> str:
-    "Rows as an aligned text table."
-    if not rows: return '(no rows)'
-    columns = list(columns or dict.fromkeys(k for r in rows for k in r))
-    def fmt(v):
-        if isinstance(v, float): return f'{v:.4g}' if abs(v) < 1e5 else f'{v:.4e}'
-        if isinstance(v, int) and not isinstance(v, bool) and abs(v) >= 10_000: return f'{v:,}'
-        return '' if v is None else str(v)
-    cells = [[fmt(r.get(c)) for c in columns] for r in rows]
-    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
-    line = lambda vals: '  '.join(v.rjust(w) for v, w in zip(vals, widths))
-    return '\n'.join([line(columns), line(['-' * w for w in widths])] + [line(r) for r in cells])
-
-
-def parse_literal(text: str):
-    "A command-line value as int, float, bool, None or (otherwise) the string itself."
-    low = text.strip().lower()
-    if low in ('true', 'false'): return low == 'true'
-    if low in ('none', 'null'): return None
-    for cast in (int, float):
-        try: return cast(text)
-        except ValueError: pass
-    return text
-
-
-_JSON_STDOUT = None   # the real stdout while `main` runs a --json command (anything else printed goes to stderr)
-
-
-def emit(data, as_json: bool, title: str | None = None, columns=None, file=None) -> int:
-    "Print `data` (rows or an object) as JSON or as a table; returns exit code 0."
-    file = file or (_JSON_STDOUT if as_json and _JSON_STDOUT is not None else sys.stdout)
-    if as_json:
-        print(json.dumps(data, indent=2, default=str), file=file)
-    else:
-        if title: print(title, file=file)
-        if isinstance(data, list): print(format_table(data, columns), file=file)
-        elif isinstance(data, dict):
-            w = max((len(str(k)) for k in data), default=0)
-            for k, v in data.items():
-                print(f'{str(k).ljust(w)}  {json.dumps(v, default=str) if isinstance(v, (dict, list)) else v}', file=file)
-        else: print(data, file=file)
-    return 0
+__all__ = ['COMMANDS', 'UsageError', 'error_kind', 'main', 'cli_notebooks']
 
 # %% ../nbs/00a_cli.ipynb #d2636155
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -138,7 +94,6 @@ def main(argv=None) -> int:
     """Entry point of the `depthbench-nb` console script. Bad input, a damaged or unsafe file, a busy run folder
     and OS errors end with one clear line and exit 2, never a traceback. With `--json`, stdout holds only JSON:
     the result, or `{"error": ..., "kind": ...}` for any error (exit 2); everything else goes to stderr."""
-    global _JSON_STDOUT
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ('-h', '--help', 'help'):
         print(_usage()); return 0
@@ -151,8 +106,7 @@ def main(argv=None) -> int:
         return _fail('', UsageError(f"unknown subcommand {cmd!r}; valid subcommands: {', '.join(COMMANDS)}"), as_json, out)
     try:
         if not as_json: return int(_load(COMMANDS[cmd][0])(rest) or 0)
-        _JSON_STDOUT = out
-        with contextlib.redirect_stdout(sys.stderr), _usage_errors_raise():
+        with json_stdout(out), _usage_errors_raise():
             return int(_load(COMMANDS[cmd][0])(rest) or 0)
     except (ConfigError, OSError) as e:      # bad input, damaged files, a busy run, the disk: a clear message
         return _fail(cmd, e, as_json, out)
@@ -160,31 +114,8 @@ def main(argv=None) -> int:
         if not as_json: raise
         traceback.print_exc(file=sys.stderr)
         return _fail(cmd, e, as_json, out)
-    finally:
-        _JSON_STDOUT = None
 
 # %% ../nbs/00a_cli.ipynb #1e2f03d4
-def notebooks_dir() -> Path:
-    "Folder holding the papermill templates and report notebooks (package data, or the checkout's nbs/)."
-    shipped = package_dir() / 'notebooks'
-    if shipped.is_dir() and any(shipped.glob('*.ipynb')): return shipped
-    root = repo_root()
-    if root is not None: return root / 'nbs'
-    raise FileNotFoundError('no notebooks found: this install ships none and there is no checkout')
-
-
-def template_notebooks() -> list[Path]:
-    "The papermill templates (10-19) and reports (20-29), in order."
-    return sorted(p for p in notebooks_dir().glob('[12][0-9]_*.ipynb'))
-
-
-def template_path(name: str) -> Path:
-    "Path of a template by number or name, e.g. '10' or '10_train'."
-    for p in template_notebooks():
-        if p.stem == name or p.stem.split('_')[0] == name or p.name == name: return p
-    raise ConfigError(f"unknown notebook {name!r}; available: {', '.join(p.stem for p in template_notebooks())}")
-
-
 def cli_notebooks(argv=None) -> int:
     "depthbench-nb notebooks DIR: copy the templates and reports out of the package."
     p = argparse.ArgumentParser(prog='depthbench-nb notebooks',

@@ -9,6 +9,7 @@ import argparse
 import json
 import math
 import statistics
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional
@@ -19,7 +20,8 @@ from .shapes import GRIDS, count_params, grid_shapes
 # %% auto #0
 __all__ = ['backbone_matmul_params', 'lm_head_params', 'olmo_core_flops_per_token', 'design_forward_flops_per_token',
            'train_flops_per_token', 'prefill_flops', 'kv_cache_bytes', 'depth_cache_bytes', 'MemoryEstimate',
-           'activation_bytes', 'memory_estimate', 'cost_row', 'measured_costs', 'latency_row', 'cli_costs']
+           'activation_bytes', 'memory_estimate', 'cost_row', 'measured_costs', 'measure_latency', 'latency_row',
+           'cli_costs']
 
 # %% ../nbs/08a_costs.ipynb #c13fd6ab
 def backbone_matmul_params(cfg: ModelConfig) -> int:
@@ -125,18 +127,42 @@ def measured_costs(run_dir) -> dict:
     "Peak memory and throughput a run measured (from metrics.jsonl); ConfigError when the run has none."
     path = Path(run_dir) / 'metrics.jsonl'
     if not path.exists(): raise ConfigError(f'no metrics.jsonl in {run_dir}: measured costs need a (started) training run')
-    from depthbench_nb.runs import read_jsonl
-    rows = read_jsonl(path)                     # skips a partial last line (a run killed mid-write)
+    from depthbench_nb.runs import read_metrics
+    rows = read_metrics(run_dir)                # step rows only; skips a partial last line (a run killed mid-write)
     mem = [r['peak_mem_bytes'] for r in rows if r.get('peak_mem_bytes') is not None]
     tps = [r['tokens_per_s'] for r in rows if r.get('tokens_per_s')]
     return dict(steps=len(rows), peak_mem_bytes=max(mem) if mem else None,
                 tokens_per_s_median=statistics.median(tps) if tps else None)
 
 # %% ../nbs/08a_costs.ipynb #a1dae28c
+def measure_latency(model, seq_len: int, vocab_size: int, n_repeat: int = 3, decode_tokens: int = 0) -> dict:
+    "Median prefill seconds per sequence (batch 1) and, when the model offers a KV cache, decode tokens/s."
+    import torch
+    from depthbench_nb.model import DepthModel, KVCache
+    device = next(model.parameters()).device
+    x = torch.randint(0, vocab_size, (1, seq_len), device=device)
+    sync = torch.cuda.synchronize if x.is_cuda else (lambda: None)
+    times = []
+    with torch.no_grad():
+        model(x)                                                             # warm-up
+        for _ in range(n_repeat):
+            sync(); t0 = time.perf_counter(); model(x); sync(); times.append(time.perf_counter() - t0)
+    out = dict(seq_len=seq_len, prefill_s=sorted(times)[len(times) // 2], decode_tokens_per_s=None)
+    if decode_tokens:
+        if not isinstance(model, DepthModel): return out                     # no generation path
+        with torch.no_grad():
+            cache = KVCache()
+            try: nxt = model(x[:, :max(1, seq_len - decode_tokens)], kv_cache=cache)[:, -1:].argmax(-1)
+            except ConfigError: return out                                   # e.g. MoDA: no inference KV cache
+            sync(); t0 = time.perf_counter()
+            for _ in range(decode_tokens): nxt = model(nxt, kv_cache=cache)[:, -1:].argmax(-1)
+            sync(); out['decode_tokens_per_s'] = decode_tokens / (time.perf_counter() - t0)
+    return out
+
+
 def latency_row(cfg: ModelConfig, seq_len: int, device: Optional[str] = None, decode_tokens: int = 16, n_repeat: int = 3) -> dict:
     "Measured prefill seconds (batch 1), achieved prefill TFLOP/s and decode tokens/s of a freshly built model."
     import torch
-    from depthbench_nb.diagnostics import measure_latency
     from depthbench_nb.model import build_model
     device = device or ('cuda' if torch.cuda.is_available() else 'cpu')
     model = build_model(cfg.replace(max_seq_len=max(cfg.max_seq_len, seq_len)), device=device).eval()
@@ -148,7 +174,7 @@ def latency_row(cfg: ModelConfig, seq_len: int, device: Optional[str] = None, de
 # %% ../nbs/08a_costs.ipynb #62a02033
 def cli_costs(argv=None) -> int:
     "depthbench-nb costs: FLOPs, KV cache and memory per design and shape."
-    from depthbench_nb.cli import emit
+    from depthbench_nb.console import emit
     from depthbench_nb.config import ARCHS
     p = argparse.ArgumentParser(prog='depthbench-nb costs', description='FLOPs, KV cache and memory per design and shape of a grid.')
     p.add_argument('--grid', default='400m', help=f"one of: {', '.join(GRIDS)} (default 400m)")

@@ -25,7 +25,9 @@ from typing import Callable, Iterable, Iterator, Optional
 
 import numpy as np
 
-from .config import ConfigError, DataConfig, atomic_write_bytes, atomic_write_json, cache_dir
+from .config import (ConfigError, DataConfig, EVAL_SETS, _choice_error, atomic_write_bytes,
+                                  atomic_write_json, cache_dir)
+from .console import emit
 
 # %% auto #0
 __all__ = ['PACKAGE_FILES', 'VAL_FRACTION', 'HUB_SOURCES', 'HUB_ALIASES', 'DEFAULT_VAL_TOKENS', 'TEXT_SUFFIXES', 'NAMED_SOURCES',
@@ -134,9 +136,9 @@ def package_file(name: str) -> Path:
 VAL_FRACTION = 0.05       # share of documents held out by the hash rule
 # hub sources: name -> (dataset repo, file prefix, held-out files: a tuple of names or the number of last files)
 HUB_SOURCES = {
-    'fineweb-edu:sample-100BT': ('HuggingFaceFW/fineweb-edu', 'sample/100BT/', ('sample/100BT/013_00008.parquet',)),  # §4
+    'fineweb-edu:sample-100BT': ('HuggingFaceFW/fineweb-edu', 'sample/100BT/', ('sample/100BT/013_00008.parquet',)),  # the official held-out shard
     'fineweb-edu:sample-10BT': ('HuggingFaceFW/fineweb-edu', 'sample/10BT/', 1),
-    'fineweb-edu-100b-shuffle': ('karpathy/fineweb-edu-100b-shuffle', '', 2),                                        # looped §5a
+    'fineweb-edu-100b-shuffle': ('karpathy/fineweb-edu-100b-shuffle', '', 2),                                        # the looped paper's data
 }
 HUB_ALIASES = {'fineweb-edu': 'fineweb-edu:sample-100BT'}
 DEFAULT_VAL_TOKENS: dict = {}  # cap on held-out tokens by source kind when DataConfig.val_tokens is None: none, the
@@ -302,7 +304,7 @@ def _find_eos(tok, spec) -> int:
 
 
 def check_neox(tok) -> None:
-    "The checks that make a file the DepthBench tokenizer (§4)."
+    "The checks that make a file the DepthBench tokenizer (as the official tokenizer script loads it)."
     got = (tok.get_vocab_size(), tok.token_to_id('<|endoftext|>'), tok.token_to_id('<|padding|>'), tok.encode(NEOX_KNOWN[0]).ids)
     want = (NEOX_VOCAB, NEOX_EOS, NEOX_PAD, NEOX_KNOWN[1])
     if got != want: raise ConfigError(f"neox tokenizer check failed: (vocab, eos, pad, encode('Hello world')) = {got}, expected {want}")
@@ -713,7 +715,6 @@ class HeldOutSet:
 def held_out_set(data: 'TokenData', kind: str = 'windows', seq_len: int = 2048, batch_size: int = 8,
                  n: Optional[int] = None, n_batches: int = 1, seed: int = 0) -> HeldOutSet:
     "The held-out instances of `kind` (windows: n_batches x batch_size seeded windows; rows, documents: the first n, None = all)."
-    from depthbench_nb.config import EVAL_SETS, _choice_error
     if kind not in EVAL_SETS: raise _choice_error('eval_set', kind, EVAL_SETS)
     total = data.n_val_tokens
     if kind == 'windows':
@@ -742,8 +743,7 @@ def held_out_set(data: 'TokenData', kind: str = 'windows', seq_len: int = 2048, 
 # %% ../nbs/02_data.ipynb #618f1e7d
 def cli_data(argv=None) -> int:
     "depthbench-nb data: prepare or inspect tokenized data."
-    from depthbench_nb.cli import emit
-    p = argparse.ArgumentParser(prog='depthbench-nb data', description='Prepare or inspect tokenized data (specs/depthbench_official.md §4).')
+    p = argparse.ArgumentParser(prog='depthbench-nb data', description='Prepare or inspect tokenized data (DepthBench data: keyu-wang-2002/DepthBench, data_utils/tokenize_from_pretrain_datasets.py).')
     sub = p.add_subparsers(dest='action', required=True)
     pp = sub.add_parser('prepare', help='tokenize and pack a source into token shards + manifest')
     pp.add_argument('--source', default='sample', help=f"{', '.join(NAMED_SOURCES)}, or a .txt/.jsonl/.parquet file or folder (default sample)")
@@ -966,7 +966,7 @@ def encode_pairs(pairs: Iterable[tuple[str, str]], tokenizer) -> list[tuple[list
 
 
 def domain_eval_sets(names=None, offline: Optional[bool] = None, limit: Optional[int] = None) -> dict[str, EvalSet]:
-    "The coding / STEM / math sets of §5 (offline: HumanEval and the SciQ stand-in)."
+    "The coding / STEM / math sets of the official domain NLL evaluation (offline: HumanEval and the SciQ stand-in)."
     return eval_sets(names, offline, limit, group='domain')
 
 

@@ -108,7 +108,7 @@ def demo(workers: Optional[int] = None, executor: str = 'python', restarts: int 
 
 def cli_demo(argv=None) -> int:
     "depthbench-nb demo: the CPU demo study end to end."
-    from depthbench_nb.cli import emit
+    from depthbench_nb.console import emit
     p = argparse.ArgumentParser(prog='depthbench-nb demo',
                                 description='The embedded default: offline corpus -> tiny models of every family -> diagnostics -> '
                                             'both reports (about 15 min on 2 cores). Resumable: finished runs are skipped.')

@@ -27,9 +27,9 @@ __all__ = ['CAUSAL_THRESHOLD', 'PERMUTATION_THRESHOLD', 'USEFULNESS_RATIO', 'DEA
            'permutation_matrix', 'summarize_permutation', 'layer_pruning', 'usefulness', 'spectrum_stats',
            'token_collapse', 'readout_states', 'logit_lens', 'effective_rank', 'forward_product', 'direction_overlap',
            'mixing_stats', 'residual_path_weights', 'dead_zone', 'site_weights', 'sublayer_partial_mass',
-           'completion_nll', 'nll_by_category', 'measure_latency', 'applicable_metrics', 'check_metrics',
-           'diagnose_model', 'per_layer_rows', 'summary', 'write_diagnostics', 'load_checkpointed_run',
-           'heldout_windows', 'load_nll_sets', 'run_diagnostics', 'cli_diagnose']
+           'completion_nll', 'nll_by_category', 'applicable_metrics', 'check_metrics', 'diagnose_model',
+           'per_layer_rows', 'summary', 'write_diagnostics', 'load_checkpointed_run', 'heldout_windows',
+           'load_nll_sets', 'run_diagnostics', 'cli_diagnose']
 
 # %% ../nbs/08_diagnostics.ipynb #02f16891
 CAUSAL_THRESHOLD = 0.45
@@ -588,33 +588,6 @@ def nll_by_category(results: dict, categories: dict) -> dict:
         c['nll_mean'] = c['nll_sum'] / max(c['tokens'], 1); c['perplexity'] = math.exp(c['nll_mean'])
     return out
 
-
-def measure_latency(model, seq_len: int, vocab_size: int, n_repeat: int = 3, decode_tokens: int = 0) -> dict:
-    "Median prefill seconds per sequence (batch 1) and, when the model offers a KV cache, decode tokens/s."
-    device = next(model.parameters()).device
-    x = torch.randint(0, vocab_size, (1, seq_len), device=device)
-    sync = torch.cuda.synchronize if x.is_cuda else (lambda: None)
-    times = []
-    with torch.no_grad():
-        model(x)                                                             # warm-up
-        for _ in range(n_repeat):
-            sync(); t0 = time.perf_counter(); model(x); sync(); times.append(time.perf_counter() - t0)
-    out = dict(seq_len=seq_len, prefill_s=sorted(times)[len(times) // 2], decode_tokens_per_s=None)
-    if decode_tokens:
-        try:
-            from depthbench_nb.model import DepthModel, KVCache
-        except ImportError:
-            return out
-        if not isinstance(model, DepthModel): return out                     # no generation path
-        with torch.no_grad():
-            cache = KVCache()
-            try: nxt = model(x[:, :max(1, seq_len - decode_tokens)], kv_cache=cache)[:, -1:].argmax(-1)
-            except ConfigError: return out                                   # e.g. MoDA: no inference KV cache
-            sync(); t0 = time.perf_counter()
-            for _ in range(decode_tokens): nxt = model(nxt, kv_cache=cache)[:, -1:].argmax(-1)
-            sync(); out['decode_tokens_per_s'] = decode_tokens / (time.perf_counter() - t0)
-    return out
-
 # %% ../nbs/08_diagnostics.ipynb #c7f9bee2
 METRICS = ('angular', 'causal', 'permutation', 'pruning', 'usefulness', 'collapse', 'logit_lens', 'mixing', 'dead_zone',
            'residual_path', 'latency', 'domain_nll', 'downstream_nll')
@@ -708,6 +681,7 @@ def diagnose_model(model, cfg: ModelConfig, x: Tensor, y: Tensor, metrics=None, 
         out['residual_path'] = residual_path_weights(model, x)
     if 'latency' in metrics:
         progress('latency')
+        from depthbench_nb.costs import measure_latency
         out['latency'] = measure_latency(model, latency_seq_len or int(x.shape[1]), cfg.vocab_size, decode_tokens=8)
     for m, group in NLL_METRICS.items():
         if m not in metrics: continue
@@ -804,7 +778,7 @@ def load_checkpointed_run(run_dir):
     "(model, RunConfig) of a run folder; ConfigError when the folder or its checkpoint is missing."
     run_dir = Path(run_dir)
     if not run_dir.is_dir(): raise ConfigError(f'run folder {run_dir} does not exist')
-    from depthbench_nb.trainer import load_run
+    from depthbench_nb.runs import load_run
     try:
         return load_run(run_dir)
     except FileNotFoundError as e:
@@ -860,7 +834,7 @@ def run_diagnostics(run_dir, metrics=None, n_samples: int = 16, seq_len: Optiona
 # %% ../nbs/08_diagnostics.ipynb #6e3f9d41
 def cli_diagnose(argv=None) -> int:
     "depthbench-nb diagnose RUN_DIR: layer diagnostics of a run's last checkpoint."
-    from depthbench_nb.cli import emit
+    from depthbench_nb.console import emit
     p = argparse.ArgumentParser(prog='depthbench-nb diagnose', description="Layer diagnostics of a run's last checkpoint; writes tables and figures into RUN_DIR/diagnostics/.")
     p.add_argument('run_dir', help='a run folder (papermill_runs/<study>/<run_id>) with a checkpoint')
     p.add_argument('--metrics', default=None, help=f"comma-separated subset of: {', '.join(METRICS)} (default: all that apply to the design)")

@@ -180,7 +180,8 @@ def export_hf(run_dir, out, fmt: str = 'depthbench', tokenizer=None, force: bool
     "Write a Hugging Face folder of a run's newest complete checkpoint (atomic); returns a summary."
     import torch
     from transformers import PreTrainedTokenizerFast
-    from depthbench_nb.trainer import list_checkpoints, load_run
+    from depthbench_nb.runs import read_result
+    from depthbench_nb.runs import list_checkpoints, load_run
     if fmt not in EXPORT_FORMATS: raise ConfigError(f"unknown export format {fmt!r}; valid formats: {', '.join(EXPORT_FORMATS)}")
     if dtype not in ('float32', 'bfloat16'): raise ConfigError(f"unknown dtype {dtype!r}; valid dtypes: float32, bfloat16")
     run_dir, out = Path(run_dir).expanduser(), Path(out).expanduser()
@@ -241,7 +242,7 @@ def load_for_eval(path, tokenizer=None) -> dict:
         raise ConfigError(f"{path} is not a folder: pass a run folder (<runs root>/<study>/<run_id>) or a folder written by "
                           f"depthbench-nb export-hf")
     if (p / 'params.json').is_file():
-        from depthbench_nb.trainer import load_run
+        from depthbench_nb.runs import load_run
         model, run = load_run(p)
         tok = run_tokenizer(run, tokenizer)
         return dict(model=model.eval(), tokenizer=tok['tokenizer'], eos_id=tok['eos_id'], pad_id=tok['pad_id'], kind='run',
@@ -262,7 +263,7 @@ def load_for_eval(path, tokenizer=None) -> dict:
 # %% ../nbs/09f_hf_export.ipynb #2bb04dfd
 def cli_export_hf(argv=None) -> int:
     "depthbench-nb export-hf RUN_DIR OUT: a run as a Hugging Face folder (config, safetensors, tokenizer, model card)."
-    from depthbench_nb.cli import emit
+    from depthbench_nb.console import emit
     p = argparse.ArgumentParser(prog='depthbench-nb export-hf',
                                 description="Export a run's newest complete checkpoint as a Hugging Face folder: config.json, "
                                             "model.safetensors, the tokenizer, a model card and the run record. Load it with "

@@ -423,7 +423,7 @@ def load_pretrained(folder) -> DepthModel:
     folder = Path(folder)
     if not (folder / 'config.json').exists():
         if (folder / 'params.json').exists():
-            from depthbench_nb.trainer import load_run
+            from depthbench_nb.runs import load_run
             return load_run(folder)[0]
         raise ConfigError(f"{folder} holds neither config.json (save_pretrained) nor params.json (a run folder)")
     from depthbench_nb.runs import read_json
@@ -520,14 +520,14 @@ def _write_imported(folder: Path, run: RunConfig, step: int, tensors: dict, sour
     "params.json and one weights-only checkpoint in the trainer's format (checksummed, written aside then renamed)."
     import shutil
     from depthbench_nb.runs import RECORD_FILES, write_checksums, write_params
-    from depthbench_nb.trainer import CHECKPOINT_FORMAT_VERSION, _content, checkpoints_dir
+    from depthbench_nb.runs import CHECKPOINT_FORMAT_VERSION, checkpoint_content, checkpoints_dir
     write_params(folder, run, imported_from=str(source))
     final = checkpoints_dir(folder) / f'step_{step:08d}'
     tmp = checkpoints_dir(folder) / f'.tmp-step_{step:08d}-{os.getpid()}'
     shutil.rmtree(tmp, ignore_errors=True)
     atomic_write_bytes(tmp / 'model.safetensors', _save_safetensors_bytes(tensors))
     atomic_write_json(tmp / 'meta.json', dict(step=step, run_id=run.run_id, tokens=None, imported_from=str(source),
-                                              format=CHECKPOINT_FORMAT_VERSION, weights_only=True, config=_content(run)))
+                                              format=CHECKPOINT_FORMAT_VERSION, weights_only=True, config=checkpoint_content(run)))
     write_checksums(tmp, ['model.safetensors', 'meta.json'])
     if final.exists(): shutil.rmtree(final)
     os.replace(tmp, final)
@@ -627,7 +627,7 @@ def decode_throughput(model: DepthModel, batch_size: int = 1, prompt_len: int = 
 # %% ../nbs/09b_interop.ipynb #d2d19ea9
 def cli_import_checkpoint(argv=None) -> int:
     "depthbench-nb import-checkpoint SOURCE --arch A [--L L]: an OLMo-core / DepthBench checkpoint as a run folder."
-    from depthbench_nb.cli import emit, parse_literal
+    from depthbench_nb.console import emit, parse_literal
     p = argparse.ArgumentParser(prog='depthbench-nb import-checkpoint',
                                 description='Import an OLMo-core / DepthBench checkpoint (DCP folder, safetensors, .pt, '
                                             'Hugging Face LLaMA folder, or a hub id when online) as a run folder.')

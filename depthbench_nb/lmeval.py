@@ -259,7 +259,7 @@ def compare_nll_routes(pretrained, names=None, limit: Optional[int] = 64, batch_
 # %% ../nbs/09g_lm_eval.ipynb #63b1577b
 def cli_domain_nll(argv=None) -> int:
     "depthbench-nb domain-nll PATH: the domain NLL of a run or export, through our scorer and/or lm-eval's loglikelihood."
-    from depthbench_nb.cli import emit
+    from depthbench_nb.console import emit
     p = argparse.ArgumentParser(prog='depthbench-nb domain-nll',
                                 description="Completion-only NLL on the DepthBench domain sets (coding, STEM, math) of a run folder or "
                                             "an export, through our scorer (native), lm-eval's loglikelihood as the official code "

@@ -29,15 +29,16 @@ __all__ = ['REFERENCE_FILES', 'ACCOUNTING_LABEL', 'PAPER_LABEL', 'PAPER_PRESETS'
            'PAPER_EXTRAPOLATION', 'FIT_COLUMNS', 'REPORT_NOTEBOOKS', 'LOOPED_PARAMETERS', 'reference_table', 'Scale',
            'study_scale', 'markdown_table', 'Report', 'normalize_runs', 'scan_study', 'study_table', 'completed',
            'run_folder', 'load_diagnostics', 'best_lr_rows', 'status_section', 'PaperPlan', 'record_field',
-           'planned_steps', 'planned_tokens', 'run_comparability', 'scale_label', 'RunScale', 'depthbench_paper_plan',
-           'with_comparability', 'depthbench_loss_section', 'depthbench_scales_section', 'depthbench_heatmap_section',
-           'depthbench_threshold_section', 'depthbench_mixing_section', 'depthbench_residual_path_section',
-           'depthbench_pruning_lens_section', 'depthbench_dead_zone_section', 'depthbench_domain_nll_section',
-           'depthbench_diagnostics_section', 'depthbench_costs_section', 'depthbench_paper_index',
-           'build_depthbench_report', 'looped_variant', 'looped_paper_plan', 'looped_frame', 'case_study_frame',
-           'baseline_refit_frame', 'FitEffort', 'per_r_frontier', 'frontier_exponents', 'table2_rows',
-           'looped_fit_sections', 'looped_case_study_sections', 'looped_ablation_sections', 'related_studies',
-           'build_looped_report', 'show_report', 'show_artifact', 'show_missing', 'run_report_notebooks', 'cli_report']
+           'planned_steps', 'planned_tokens', 'run_comparability', 'scale_label', 'RunScale', 'lr_sensitivity_figure',
+           'depthbench_paper_plan', 'with_comparability', 'depthbench_loss_section', 'depthbench_scales_section',
+           'depthbench_heatmap_section', 'depthbench_threshold_section', 'depthbench_mixing_section',
+           'depthbench_residual_path_section', 'depthbench_pruning_lens_section', 'depthbench_dead_zone_section',
+           'depthbench_domain_nll_section', 'depthbench_diagnostics_section', 'depthbench_costs_section',
+           'depthbench_paper_index', 'build_depthbench_report', 'looped_variant', 'looped_paper_plan', 'looped_frame',
+           'case_study_frame', 'baseline_refit_frame', 'FitEffort', 'per_r_frontier', 'frontier_exponents',
+           'table2_rows', 'looped_fit_sections', 'looped_case_study_sections', 'looped_ablation_sections',
+           'related_studies', 'build_looped_report', 'show_report', 'show_artifact', 'show_missing',
+           'run_report_notebooks', 'cli_report']
 
 # %% ../nbs/09c_reports.ipynb #68cac690
 REFERENCE_FILES = {'depthbench': 'depthbench_paper.csv', 'looped': 'looped_paper.csv'}
@@ -364,6 +365,16 @@ def _sns():
     return plt, sns
 
 
+def lr_sensitivity_figure(rep: 'Report', data: pd.DataFrame, loss_col: str, name: str, caption: str, xlabel: str,
+                          figsize=(6, 4), **line_kw) -> None:
+    "Validation loss against learning rate (log axis), one line per `shape` (the LR sensitivity of a sweep), into `rep`."
+    plt, sns = _sns()
+    fig, ax = plt.subplots(figsize=figsize)
+    sns.lineplot(data=data, x='lr', y=loss_col, hue='shape', marker='o', ax=ax, **line_kw)
+    ax.set_xscale('log'); ax.set_xlabel(xlabel); ax.set_ylabel('validation loss (nats)')
+    rep.figure(fig, name, caption)
+
+
 def _not_looped(df): return df['arch'] != 'looped'
 
 
@@ -487,12 +498,10 @@ def depthbench_loss_section(rep: Report, df: pd.DataFrame, notes: Optional[dict]
     done = completed(df[_not_looped(df)]).dropna(subset=['final_val_loss'])
     multi = done.groupby(['arch', 'preset', 'n_layer'])['lr'].transform('nunique') > 1
     if multi.any():
-        plt, sns = _sns()
         sub = done[multi].assign(shape=lambda d: d['arch'] + ' L' + d['n_layer'].astype(int).astype(str) + ' (' + d['preset'] + ')')
-        fig, ax = plt.subplots(figsize=(6, 4))
-        sns.lineplot(data=sub, x='lr', y='final_val_loss', hue='shape', marker='o', ax=ax, estimator=None)
-        ax.set_xscale('log'); ax.set_xlabel('peak learning rate (log)'); ax.set_ylabel('validation loss (nats)')
-        rep.figure(fig, 'depthbench_lr_sensitivity', 'LR sensitivity: validation loss vs peak LR per design x shape x preset (the paper reports the best LR only)')
+        lr_sensitivity_figure(rep, sub, 'final_val_loss', 'depthbench_lr_sensitivity',
+                              'LR sensitivity: validation loss vs peak LR per design x shape x preset (the paper reports the best LR only)',
+                              'peak learning rate (log)', figsize=(6, 4), estimator=None)
     else:
         rep.note_missing('LR sensitivity figure', 'no design x shape was trained at more than one learning rate')
     return best
@@ -1363,12 +1372,10 @@ def looped_ablation_sections(rep: Report, lf: pd.DataFrame, paper: pd.DataFrame)
     keys = ['r', 's', 'C', 'variant']
     multi = lf.groupby(keys)['lr'].transform('nunique') > 1 if len(lf) else pd.Series(dtype=bool)
     if multi.any():
-        plt, sns = _sns()
         sub = lf[multi].assign(shape=lambda d: 'r=' + d.r.astype(str) + ' s=' + d.s.astype(str) + ' ' + d.variant)
-        fig, ax = plt.subplots(figsize=(5.5, 3.5))
-        sns.lineplot(data=sub, x='lr', y='loss', hue='shape', marker='o', ax=ax)
-        ax.set_xscale('log'); ax.set_xlabel('matrix learning rate (log)'); ax.set_ylabel('validation loss (nats)')
-        rep.figure(fig, 'looped_lr_sweep', 'Looped LR sweep: loss vs matrix LR per shape (App. D; the paper: optimum about 0.014 for r = 1 and 4)')
+        lr_sensitivity_figure(rep, sub, 'loss', 'looped_lr_sweep',
+                              'Looped LR sweep: loss vs matrix LR per shape (App. D; the paper: optimum about 0.014 for r = 1 and 4)',
+                              'matrix learning rate (log)', figsize=(5.5, 3.5))
     else: rep.note_missing('looped LR sweep', 'the study trained a single LR per looped shape')
     big = lf[(lf.s >= PAPER_EXTRAPOLATION['s'])] if len(lf) else lf
     if len(big):
@@ -1473,7 +1480,7 @@ LOOPED_PARAMETERS = ('restarts', 'n_bootstrap', 'bootstrap_restarts', 'seed', 'w
 def run_report_notebooks(study: str, which=('depthbench', 'looped'), parameters: Optional[dict] = None, progress: bool = True) -> list[Path]:
     "Execute the report notebooks for a study into papermill_runs/<study>/report/; returns the executed notebooks' paths."
     import papermill as pm
-    from depthbench_nb.cli import template_path
+    from depthbench_nb.console import template_path
     out_dir = runs_root() / study / 'report'
     out_dir.mkdir(parents=True, exist_ok=True)
     done = []
@@ -1490,7 +1497,7 @@ def run_report_notebooks(study: str, which=('depthbench', 'looped'), parameters:
 
 def cli_report(argv=None) -> int:
     "depthbench-nb report STUDY: rebuild a study's tables and figures."
-    from depthbench_nb.cli import emit
+    from depthbench_nb.console import emit
     p = argparse.ArgumentParser(prog='depthbench-nb report', description="Rebuild a study's tables and figures (papermill_runs/STUDY/report/).")
     p.add_argument('study', help='study name (a folder under the runs root)')
     p.add_argument('--only', choices=list(REPORT_NOTEBOOKS), help='build one report only')

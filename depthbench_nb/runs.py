@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import platform
+import random
 import re
 import shutil
 import socket
@@ -27,12 +28,15 @@ from .config import (ConfigError, CorruptFile, RunBusy, RunConfig, UnsafeFile, a
                                   atomic_write_text, config_diff, repo_root, runs_root, runs_root_reason)
 
 # %% auto #0
-__all__ = ['RECORD_FILES', 'CHECKSUMS_FILE', 'LOCK_FILE', 'RECORD_EVIDENCE', 'RESULT_STATUSES', 'RESULT_KEYS', 'run_dir',
-           'where_runs_go', 'ensure_writable', 'read_json', 'safe_torch_load', 'file_sha256', 'write_checksums',
-           'verify_checksums', 'holder_alive', 'describe_holder', 'RunFolderLock', 'run_folder_holder', 'has_record',
-           'writing_run_folder', 'device_name', 'slurm_job_info', 'provenance', 'format_diff', 'read_params',
-           'write_params', 'read_result', 'write_result', 'MetricsLog', 'read_jsonl', 'read_metrics', 'list_runs',
-           'papermill_output_path', 'record_executed_notebook']
+__all__ = ['RECORD_FILES', 'CHECKSUMS_FILE', 'LOCK_FILE', 'RECORD_EVIDENCE', 'PEAK_BF16_FLOPS', 'RESULT_STATUSES', 'RESULT_KEYS',
+           'CHECKPOINT_FORMAT_VERSION', 'run_dir', 'where_runs_go', 'ensure_writable', 'read_json', 'safe_torch_load',
+           'file_sha256', 'write_checksums', 'verify_checksums', 'holder_alive', 'describe_holder', 'RunFolderLock',
+           'run_folder_holder', 'has_record', 'writing_run_folder', 'git_state', 'device_name', 'slurm_job_info',
+           'provenance', 'gpu_peak_flops', 'format_diff', 'read_params', 'write_params', 'read_result', 'write_result',
+           'metrics_header', 'MetricsLog', 'read_jsonl', 'read_metrics', 'read_metrics_headers', 'checkpoints_dir',
+           'list_checkpoints', 'checkpoint_content', 'save_checkpoint', 'verify_checkpoint', 'newest_intact_checkpoint',
+           'remove_stale_temporaries', 'check_checkpoint_config', 'load_checkpoint', 'load_run', 'run_status',
+           'list_runs', 'papermill_output_path', 'record_executed_notebook']
 
 # %% ../nbs/07a_runs.ipynb #badf4e69
 RECORD_FILES = dict(params='params.json', metrics='metrics.jsonl', result='result.json', layer_stats='layer_stats.jsonl',
@@ -322,16 +326,26 @@ def _discard(folder: Path, made: list) -> None:
         with contextlib.suppress(OSError): folder.parent.rmdir()       # only when empty
 
 # %% ../nbs/07a_runs.ipynb #502365d2
-def _git_commit() -> Optional[str]:
+def git_state() -> dict:
+    """The checkout's commit, whether tracked files differ from it, and the SHA-256 of that difference (`git diff
+    HEAD`), so a result from uncommitted code can be matched to the exact code; all None outside a git checkout."""
+    none = dict(commit=None, dirty=None, diff_sha256=None)
     root = repo_root()
-    if root is None or not (root / '.git').exists(): return None
+    if root is None or not (root / '.git').exists(): return none
+    git = lambda *a: subprocess.run(['git', *a], cwd=root, capture_output=True, timeout=10)
     try:
-        sha = subprocess.run(['git', 'rev-parse', 'HEAD'], cwd=root, capture_output=True, text=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(['git', 'status', '--porcelain', '--untracked-files=no'], cwd=root, capture_output=True,
-                               text=True, timeout=10).stdout.strip()
-        return (sha + ('+dirty' if dirty else '')) or None
+        sha = git('rev-parse', 'HEAD').stdout.decode().strip()
+        if not sha: return none
+        diff = git('diff', 'HEAD', '--binary').stdout          # tracked files only, as `git status --untracked-files=no`
+        return dict(commit=sha, dirty=bool(diff), diff_sha256=hashlib.sha256(diff).hexdigest() if diff else None)
     except (OSError, subprocess.SubprocessError):
-        return None
+        return none
+
+
+def _git_commit(state: Optional[dict] = None) -> Optional[str]:
+    "The commit with a `+dirty` mark when tracked files differ from it (provenance's `git_commit`)."
+    st = git_state() if state is None else state
+    return None if st['commit'] is None else st['commit'] + ('+dirty' if st['dirty'] else '')
 
 
 def device_name() -> str:
@@ -354,16 +368,29 @@ def slurm_job_info(env=None) -> Optional[dict]:
 
 
 def provenance() -> dict:
-    "Package version, git commit, library versions, device, host, Python, UTC time and the Slurm job (if any)."
-    import torch
+    """Package version, git commit (dirty flag and diff hash), library versions, device, host, Python, UTC time and
+    the Slurm job (if any)."""
+    import numpy, torch
     import depthbench_nb
     try:
         import triton; triton_version = triton.__version__
     except Exception: triton_version = None
-    return dict(package_version=depthbench_nb.__version__, git_commit=_git_commit(), torch=torch.__version__,
+    git = git_state()
+    return dict(package_version=depthbench_nb.__version__, git_commit=_git_commit(git), git_dirty=git['dirty'],
+                git_diff_sha256=git['diff_sha256'], torch=torch.__version__, numpy=numpy.__version__,
                 triton=triton_version, cuda=torch.version.cuda, device=device_name(), hostname=socket.gethostname(),
                 python=platform.python_version(), slurm=slurm_job_info(),
                 time=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'))
+
+# %% ../nbs/07a_runs.ipynb #4b288094
+# dense bf16 peak FLOP/s (NVIDIA datasheets; H100/H200: SXM). MFU divides model FLOP/s by these; the sweep's
+# GPU-hour estimate plans for an H100.
+PEAK_BF16_FLOPS = {'H200': 989e12, 'H100': 989e12, 'GH200': 989e12, 'B200': 2250e12, 'A100': 312e12, 'L40S': 362e12, 'A10G': 70e12}
+
+
+def gpu_peak_flops(name: str) -> Optional[float]:
+    "Dense bf16 peak FLOP/s of a GPU by its device name (e.g. 'NVIDIA H100 80GB HBM3'), None when not in the table."
+    return next((v for k, v in PEAK_BF16_FLOPS.items() if k in name), None)
 
 # %% ../nbs/07a_runs.ipynb #6100462c
 RESULT_STATUSES = ('completed', 'diverged', 'failed')
@@ -384,11 +411,12 @@ def read_params(folder: Path) -> RunConfig:
 
 
 def write_params(folder: Path, run: RunConfig, **notes) -> Path:
-    "Write params.json; refuse a folder that already holds a different run."
+    "Write params.json (the config, the run id, provenance and `notes`); refuse a folder that already holds a different run."
     path = Path(folder) / RECORD_FILES['params']
     if path.exists():
         diff = config_diff(read_params(folder).replace(study=run.study, num_processes=run.num_processes), run)
         if diff: raise ConfigError(f"{folder} already holds a different run ({format_diff(diff)})")
+    notes.setdefault('provenance', provenance())
     return atomic_write_json(path, dict(run.to_dict(), run_id=run.run_id, **notes))
 
 
@@ -411,24 +439,28 @@ def write_result(folder: Path, result: dict) -> Path:
     return atomic_write_json(Path(folder) / RECORD_FILES['result'], result)
 
 # %% ../nbs/07a_runs.ipynb #3efcadc3
+def metrics_header(run: RunConfig, **extra) -> dict:
+    "The header line of metrics.jsonl: what produced the rows below it (provenance and the full config)."
+    return dict(kind='header', run_id=run.run_id, provenance=provenance(), config=run.to_dict(), **extra)
+
+
 class MetricsLog:
-    "Append-only JSON-lines log of per-step metrics."
+    "Append-only JSON-lines log of per-step metrics, after a header line."
 
     def __init__(self, path: Path, enabled: bool = True):
         self.path, self.enabled = Path(path), enabled
+
+    def start(self, header: dict, step: int = 0) -> None:
+        "Begin the log at `step`: a fresh log (step 0) is the header alone; a resumed one keeps rows before `step`, then the header."
+        if not self.enabled: return
+        keep = [r for r in read_jsonl(self.path) if r.get('step', -1) < step] if step else []
+        atomic_write_text(self.path, ''.join(json.dumps(r, allow_nan=True) + '\n' for r in keep + [header]))
 
     def append(self, row: dict) -> None:
         if not self.enabled: return
         line = json.dumps(row, default=float, allow_nan=True) + '\n'
         with open(self.path, 'a') as f:
             f.write(line); f.flush()
-
-    def truncate_after(self, step: int) -> int:
-        "Keep only rows with row['step'] < step (resuming at `step`); returns the number kept."
-        if not self.enabled or not self.path.exists(): return 0
-        keep = [r for r in read_jsonl(self.path) if r.get('step', -1) < step]
-        atomic_write_text(self.path, ''.join(json.dumps(r, allow_nan=True) + '\n' for r in keep))
-        return len(keep)
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -445,10 +477,192 @@ def read_jsonl(path: Path) -> list[dict]:
 
 
 def read_metrics(folder: Path) -> list[dict]:
-    "The per-step metrics of a run folder."
-    return read_jsonl(Path(folder) / RECORD_FILES['metrics'])
+    "The per-step rows of a run folder's metrics.jsonl (header lines skipped)."
+    return [r for r in read_jsonl(Path(folder) / RECORD_FILES['metrics']) if r.get('kind') != 'header']
+
+
+def read_metrics_headers(folder: Path) -> list[dict]:
+    "The header lines of a run folder's metrics.jsonl: the first run's, then one per resume."
+    return [r for r in read_jsonl(Path(folder) / RECORD_FILES['metrics']) if r.get('kind') == 'header']
+
+# %% ../nbs/07a_runs.ipynb #96c8a8ac
+CHECKPOINT_FORMAT_VERSION = 2      # 2: SHA256SUMS, RNG states as tensors and numbers (weights_only loads); 1: before
+_STEP_DIR = re.compile(r'step_(\d+)$')
+
+
+def checkpoints_dir(folder: Path) -> Path: return Path(folder) / RECORD_FILES['checkpoints']
+
+
+def list_checkpoints(folder: Path) -> list[tuple[int, Path]]:
+    "Complete checkpoints of a run folder as (step, path), oldest first (complete: renamed into place; see verify_checkpoint)."
+    d = checkpoints_dir(folder)
+    if not d.exists(): return []
+    out = [(int(m.group(1)), p) for p in d.iterdir() if (m := _STEP_DIR.fullmatch(p.name)) and p.is_dir() and (p / 'meta.json').exists()]
+    return sorted(out)
+
+
+def _rng_state() -> dict:
+    "The RNG states of torch, numpy, Python (and CUDA) as tensors and plain numbers, so weights_only loads them."
+    import numpy as np, torch
+    npst, (version, internal, gauss_next) = np.random.get_state(legacy=False), random.getstate()
+    st = dict(torch=torch.get_rng_state(),
+              numpy=dict(key=torch.from_numpy(npst['state']['key'].astype(np.int64)), pos=int(npst['state']['pos']),
+                         has_gauss=int(npst['has_gauss']), gauss=float(npst['gauss'])),
+              python=dict(version=version, state=torch.tensor(internal, dtype=torch.int64), gauss_next=gauss_next))
+    if torch.cuda.is_available(): st['cuda'] = torch.cuda.get_rng_state_all()
+    return st
+
+
+def _set_rng_state(st: dict) -> None:
+    import numpy as np, torch
+    torch.set_rng_state(st['torch'])
+    n, p = st['numpy'], st['python']
+    if isinstance(n, dict):
+        np.random.set_state(dict(bit_generator='MT19937', state=dict(key=n['key'].numpy().astype(np.uint32), pos=n['pos']),
+                                 has_gauss=n['has_gauss'], gauss=n['gauss']))
+    else: np.random.set_state(n)                                  # format 1: numpy's own tuple
+    random.setstate((p['version'], tuple(p['state'].tolist()), p['gauss_next']) if isinstance(p, dict) else p)
+    if 'cuda' in st and torch.cuda.is_available(): torch.cuda.set_rng_state_all(st['cuda'])
+
+
+def checkpoint_content(run: RunConfig) -> dict:
+    "What a checkpoint must match to be resumed: the model, data and training config (not the study name or process count)."
+    return dict(model=run.model.to_dict(), data=run.data.to_dict(), train=run.train.to_dict())
+
+
+def save_checkpoint(folder: Path, step: int, run: RunConfig, model: torch.nn.Module, optimizers, schedulers,
+                    counters: dict, keep: Optional[int] = None, model_state: Optional[dict] = None) -> Path:
+    """Write checkpoint `step` atomically (temporary folder, SHA256SUMS last, then rename); keep the newest `keep`.
+    FSDP: `model_state` only."""
+    import torch
+    from safetensors.torch import save_file, save_model
+    final = checkpoints_dir(folder) / f'step_{step:08d}'
+    tmp = checkpoints_dir(folder) / f'.tmp-step_{step:08d}-{os.getpid()}'
+    shutil.rmtree(tmp, ignore_errors=True); tmp.mkdir(parents=True)
+    files = ['model.safetensors', 'meta.json']
+    if model_state is None:
+        save_model(model, str(tmp / 'model.safetensors'))
+        torch.save(dict(optimizers=[o.state_dict() for o in optimizers], schedulers=[s.state_dict() for s in schedulers],
+                        rng=_rng_state()), tmp / 'train_state.pt')
+        files.append('train_state.pt')
+    else:   # FSDP: the gathered full weights only (enough for load_run; resuming is refused)
+        save_file({k: v.detach().contiguous().cpu() for k, v in model_state.items()}, str(tmp / 'model.safetensors'))
+    atomic_write_json(tmp / 'meta.json', dict(step=step, run_id=run.run_id, config=checkpoint_content(run), format=CHECKPOINT_FORMAT_VERSION,
+                                              weights_only=model_state is not None, **counters))
+    write_checksums(tmp, files)
+    if final.exists(): shutil.rmtree(final)
+    os.replace(tmp, final)
+    if keep:
+        for _, old in list_checkpoints(folder)[:-keep]: shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def verify_checkpoint(path: Path, need_state: bool = True) -> Optional[str]:
+    """None when a checkpoint is intact, else why not. Format 2: every file against SHA256SUMS. Format 1 (written
+    before checksums): meta.json parses, the safetensors header covers the file, train_state.pt's zip members
+    pass their CRCs. `need_state`: the optimizer/RNG state must be there too (resuming; not for load_run)."""
+    path = Path(path)
+    if (path / CHECKSUMS_FILE).exists():
+        why = verify_checksums(path, required=['model.safetensors', 'meta.json'])
+        if why: return why
+        meta = read_json(path / 'meta.json')
+        if not isinstance(meta, dict) or not isinstance(meta.get('step'), int): return 'meta.json holds no checkpoint record'
+        if need_state and not meta.get('weights_only') and 'train_state.pt' not in (path / CHECKSUMS_FILE).read_text():
+            return f"{CHECKSUMS_FILE} does not list train_state.pt"
+        return None
+    try: meta = read_json(path / 'meta.json', f'{path.name}/meta.json')
+    except (CorruptFile, OSError) as e: return str(e)
+    if not isinstance(meta, dict) or not isinstance(meta.get('step'), int): return 'meta.json has no step'
+    if meta.get('format', 1) >= 2: return f'{CHECKSUMS_FILE} is missing'
+    try:
+        from safetensors import safe_open
+        with safe_open(str(path / 'model.safetensors'), 'pt'): pass
+    except Exception as e: return f"model.safetensors: {str(e)[:160]}"
+    if need_state and not meta.get('weights_only'):
+        import zipfile
+        try:
+            with zipfile.ZipFile(path / 'train_state.pt') as z: bad = z.testzip()
+        except (OSError, zipfile.BadZipFile) as e: return f"train_state.pt: {str(e)[:160]}"
+        if bad is not None: return f"train_state.pt: member {bad} fails its CRC"
+    return None
+
+
+def newest_intact_checkpoint(folder: Path, need_state: bool = True, quarantine: bool = False,
+                             say: Callable[[str], None] = print) -> Optional[tuple[int, Path]]:
+    """(step, path) of the newest checkpoint that verifies, saying which newer ones were skipped and why; None when
+    none does. `quarantine` (the resuming writer, under the run's lock) moves a damaged one to `corrupt-step_<N>`,
+    out of the way of resumes and of `keep_checkpoints`, and kept for inspection."""
+    for step, path in reversed(list_checkpoints(folder)):
+        why = verify_checkpoint(path, need_state)
+        if why is None: return step, path
+        if quarantine:
+            dest = path.with_name(f'corrupt-{path.name}')
+            while dest.exists(): dest = dest.with_name(dest.name + '-x')
+            os.replace(path, dest)
+            say(f"checkpoint {path.name} is damaged ({why}): moved to {dest} (delete it when you no longer need it)")
+        else: say(f"checkpoint {path.name} is damaged ({why}): skipped")
+    return None
+
+
+def remove_stale_temporaries(folder: Path) -> list[str]:
+    "Delete `.tmp-step_*` folders left by a checkpoint write that was killed (call under the run's lock)."
+    d, gone = checkpoints_dir(folder), []
+    for tmp in (d.glob('.tmp-step_*') if d.exists() else ()):
+        shutil.rmtree(tmp, ignore_errors=True); gone.append(tmp.name)
+    return gone
+
+
+def check_checkpoint_config(path: Path, run: RunConfig) -> dict:
+    "The checkpoint's meta.json, or ConfigError with the config difference when another config wrote it."
+    meta = read_json(Path(path) / 'meta.json', f'{Path(path).name}/meta.json')
+    if not isinstance(meta, dict) or not isinstance(meta.get('config'), dict):
+        raise CorruptFile(f"{Path(path).name}/meta.json holds no checkpoint record (no config)")
+    diff = config_diff(meta['config'], checkpoint_content(run))
+    if diff: raise ConfigError(f"checkpoint {path} was written by a different config; refusing to resume ({format_diff(diff)})")
+    return meta
+
+
+def load_checkpoint(path: Path, run: RunConfig, model: torch.nn.Module, optimizers=(), schedulers=(), restore_rng: bool = True) -> dict:
+    """Load weights (and optimizer, scheduler and RNG states when given) from a checkpoint of the same config.
+    Nothing is unpickled beyond tensors and plain values (safetensors, and torch.load with weights_only=True)."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_model
+    path = Path(path)
+    meta = check_checkpoint_config(path, run)
+    try: load_model(model, str(path / 'model.safetensors'), device=str(next(model.parameters()).device))
+    except SafetensorError as e:
+        raise CorruptFile(f"{path.name}/model.safetensors is not a readable safetensors file ({str(e)[:160]})") from None
+    if optimizers or schedulers or restore_rng:
+        st = safe_torch_load(path / 'train_state.pt', f'{path.name}/train_state.pt', legacy_numpy=meta.get('format', 1) < 2)
+        for o, s in zip(optimizers, st['optimizers']): o.load_state_dict(s)
+        for o, s in zip(schedulers, st['schedulers']): o.load_state_dict(s)
+        if restore_rng: _set_rng_state(st['rng'])
+    return meta
+
+# %% ../nbs/07a_runs.ipynb #d823a59a
+def load_run(folder) -> tuple[torch.nn.Module, RunConfig]:
+    """(model in eval mode, RunConfig) from the newest intact checkpoint of a run folder (a damaged newer one is
+    skipped, said on stderr). Reads JSON and safetensors only."""
+    from depthbench_nb.model import build_model
+    folder = Path(folder)
+    if not (folder / RECORD_FILES['params']).exists(): raise ConfigError(f"{folder} is not a run folder (no params.json)")
+    run = read_params(folder)
+    if not list_checkpoints(folder): raise ConfigError(f"{folder} has no complete checkpoint yet")
+    found = newest_intact_checkpoint(folder, need_state=False, say=lambda m: print(m, file=sys.stderr))
+    if found is None: raise CorruptFile(f"{folder}: every checkpoint is damaged (see the lines above)")
+    model = build_model(run.model)
+    load_checkpoint(found[1], run, model, restore_rng=False)
+    return model.eval(), run
 
 # %% ../nbs/07a_runs.ipynb #17c93493
+def run_status(folder: Path) -> str:
+    "What a run folder's record says: completed | diverged | failed (result.json), unfinished (params.json only), pending (nothing)."
+    folder = Path(folder)
+    res = read_result(folder) if folder.exists() else None
+    if res: return res['status']
+    return 'unfinished' if (folder / RECORD_FILES['params']).exists() else 'pending'
+
+
 def list_runs(study: Optional[str] = None) -> list[dict]:
     "One row per run folder under runs_root() (optionally one study): study, run_id, status, path."
     root = runs_root()
@@ -456,8 +670,7 @@ def list_runs(study: Optional[str] = None) -> list[dict]:
     rows = []
     for s in studies:
         for folder in sorted(p for p in s.glob('*') if (p / RECORD_FILES['params']).exists()):
-            res = read_result(folder)
-            rows.append(dict(study=s.name, run_id=folder.name, status=res['status'] if res else 'unfinished', path=str(folder)))
+            rows.append(dict(study=s.name, run_id=folder.name, status=run_status(folder), path=str(folder)))
     return rows
 
 # %% ../nbs/07a_runs.ipynb #87a393e9

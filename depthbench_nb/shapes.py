@@ -240,7 +240,7 @@ def shape_rows(grid: str, arch: str = 'preln', depths=None, **options) -> list[d
 
 def cli_shapes(argv=None) -> int:
     "depthbench-nb shapes: list a grid's shapes with parameter counts."
-    from depthbench_nb.cli import emit
+    from depthbench_nb.console import emit
     p = argparse.ArgumentParser(prog='depthbench-nb shapes', description='List the shapes of a grid with their parameter counts.')
     p.add_argument('--grid', default='400m', help=f"one of: {', '.join(list(GRIDS) + list(design_grids()))} (default 400m)")
     p.add_argument('--arch', default='preln', help='design whose parameters are counted (default preln)')

@@ -26,11 +26,16 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from .config import (ARCHS, DESIGN_OPTIONS, Config, ConfigError, CorruptFile, RunConfig, _choice_error,
-                                  atomic_write_json, atomic_write_text, package_dir, runs_root)
+from .config import (ARCHS, Config, ConfigError, CorruptFile, DESIGN_OPTIONS, RunConfig, _choice_error,
+                                  atomic_write_bytes, atomic_write_json, atomic_write_text, package_dir, runs_root)
+from .runs import (PEAK_BF16_FLOPS, RECORD_FILES, ensure_writable, read_json, read_params, read_result,
+                                run_dir, run_folder_holder, run_status)
 from .slurm import (QUEUED_STATES, RUNNING_STATES, SlurmProbe, SlurmRequest, accounting_tasks, array_script,
                                  fit_request, probe_slurm, queue_tasks, require_allocation, sbatch_options, srun_command,
                                  submit_script)
+from .shapes import count_params, get_grid, resolve_preset
+from .costs import train_flops_per_token
+from .console import add_dataclass_options, dataclass_values, emit, template_path
 
 # %% auto #0
 __all__ = ['GPU_PEAK_FLOPS', 'DEFAULT_MFU', 'RUN_STATUSES', 'EXECUTORS', 'RESULT_FIELDS', 'SHAPE_KEYS', 'StudyGroup', 'StudySpec',
@@ -155,7 +160,7 @@ class RunEntry:
     "One run of a study."
     index: int
     group: str
-    params: dict           # make_run_config keyword arguments == the papermill template's parameters
+    params: dict           # RunParams by name (design options too): make_run_config keyword arguments
     run: RunConfig
 
     @property
@@ -170,7 +175,6 @@ class RunEntry:
 
 def _group_params(spec: StudySpec, g: StudyGroup) -> list[dict]:
     "The make_run_config keyword arguments of every run of a group."
-    from depthbench_nb.shapes import get_grid, resolve_preset
     preset = g.preset or spec.preset
     base = dict(preset=preset, study=spec.name)
     if spec.data is not None: base['data'] = spec.data
@@ -227,14 +231,12 @@ def expand_study(spec: StudySpec) -> list[RunEntry]:
     return entries
 
 # %% ../nbs/09a_sweep.ipynb #07a2351e
-GPU_PEAK_FLOPS = 989e12     # H100 SXM dense bf16
+GPU_PEAK_FLOPS = PEAK_BF16_FLOPS['H100']   # the planning GPU: H100 SXM dense bf16 (depthbench_nb.runs)
 DEFAULT_MFU = 0.40
 
 
 def plan_rows(entries: list[RunEntry], gpu_peak_flops: float = GPU_PEAK_FLOPS, mfu: float = DEFAULT_MFU) -> list[dict]:
     "One row per run: id, settings, params, tokens, estimated FLOPs and GPU-hours."
-    from depthbench_nb.costs import train_flops_per_token
-    from depthbench_nb.shapes import count_params
     from depthbench_nb.trainer import total_steps
     rows = []
     for e in entries:
@@ -281,7 +283,6 @@ class RunLock:
 
 def is_running(study: str, run_id: str) -> bool:
     "True when some process holds the run's driver lock, or writes its run folder (a `train` started by hand)."
-    from depthbench_nb.runs import run_folder_holder
     if run_folder_holder(runs_root() / study / run_id) is not None: return True
     if not (sweep_dir(study) / 'locks' / f'{run_id}.lock').exists(): return False
     try:
@@ -294,7 +295,6 @@ def _attempts_path(study: str, run_id: str) -> Path: return sweep_dir(study) / '
 
 def _read_state(path: Path):
     "A JSON file of the driver's state (attempts, extra entries); a damaged one is CorruptFile naming it and the fix."
-    from depthbench_nb.runs import read_json
     try: return read_json(path)
     except CorruptFile as e: raise CorruptFile(f"{e}; it is the sweep driver's own state: delete it to reset") from None
 
@@ -315,20 +315,16 @@ def _record_attempt(study: str, run_id: str, status: str, rc: int) -> None:
 
 def entry_status(e: RunEntry) -> str:
     "completed | diverged | failed (result.json, or the driver saw it die), running (locked), unfinished (started), pending."
-    from depthbench_nb.runs import RECORD_FILES, read_result, run_dir
-    folder = run_dir(e.run)
-    res = read_result(folder) if folder.exists() else None
-    if res: return res['status']
+    status = run_status(run_dir(e.run))
+    if status not in ('unfinished', 'pending'): return status
     if is_running(e.run.study, e.run_id): return 'running'
     att = _attempts_path(e.run.study, e.run_id)
     if att.exists() and _read_state(att)['history'][-1]['status'] == 'failed': return 'failed'   # died without a record
-    if (folder / RECORD_FILES['params']).exists(): return 'unfinished'
-    return 'pending'
+    return status
 
 
 def entry_progress(e: RunEntry) -> tuple[int, int]:
     "(steps done, total steps) from the run's metrics log."
-    from depthbench_nb.runs import RECORD_FILES, run_dir
     from depthbench_nb.trainer import total_steps
     path, done = run_dir(e.run) / RECORD_FILES['metrics'], 0
     if path.exists():
@@ -345,15 +341,13 @@ EXECUTORS = ('papermill', 'python')
 
 def run_command(e: RunEntry, executor: str = 'papermill', nodes: int = 1, procs_per_node: int = 1) -> list[str]:
     "The command that trains one entry on nodes × procs_per_node processes (nodes > 1: srun, inside a Slurm allocation)."
-    from depthbench_nb.runs import RECORD_FILES, run_dir
     sd = sweep_dir(e.run.study)
     world = nodes * procs_per_node                                     # not in the run id: the same run on any count
     if executor == 'papermill':
-        from depthbench_nb.cli import template_path
         if nodes > 1: raise ConfigError(f'--nodes {nodes}: multi-node runs go through the trainer module (--executor python)')
         params = sd / 'params' / f'{e.run_id}.yaml'
-        values = dict(e.params)
-        if values.get('arch') == 'looped': values.setdefault('L', None)     # the template's default L is a DepthBench depth
+        from depthbench_nb.trainer import RunParams
+        values = RunParams.of(**e.params).notebook_values()                 # every parameter: no template default leaks in
         if world > 1: values['num_processes'] = world
         atomic_write_text(params, yaml.safe_dump(values, sort_keys=True))
         return [sys.executable, '-m', 'papermill', str(template_path('10')), str(run_dir(e.run) / RECORD_FILES['notebook']),
@@ -373,7 +367,6 @@ _CHILDREN: set = set()
 def execute_entry(e: RunEntry, lock: RunLock, executor: str = 'papermill', device: str | None = None,
                   nodes: int = 1, procs_per_node: int = 1) -> tuple[str, int]:
     "Run one entry under its (held) lock; returns (status after the run, return code)."
-    from depthbench_nb.runs import run_dir
     folder = run_dir(e.run)
     made = not folder.exists()
     if executor == 'papermill': folder.mkdir(parents=True, exist_ok=True)   # papermill writes its notebook into it
@@ -400,11 +393,7 @@ def execute_entry(e: RunEntry, lock: RunLock, executor: str = 'papermill', devic
 
 def entry_status_locked(e: RunEntry) -> str:
     "entry_status for a run whose lock this process holds (so 'running' cannot mean someone else)."
-    from depthbench_nb.runs import RECORD_FILES, read_result, run_dir
-    folder = run_dir(e.run)
-    res = read_result(folder) if folder.exists() else None
-    if res: return res['status']
-    return 'unfinished' if (folder / RECORD_FILES['params']).exists() else 'pending'
+    return run_status(run_dir(e.run))
 
 # %% ../nbs/09a_sweep.ipynb #72de0860
 def run_study(study, workers: int = 1, devices: list[str] | None = None, executor: str = 'papermill',
@@ -424,7 +413,6 @@ def run_study(study, workers: int = 1, devices: list[str] | None = None, executo
         bad = [r for r in run_ids if r not in known]
         if bad: raise ConfigError(f"run ids not in study {spec.name!r}: {bad}")
         entries = [e for e in entries if e.run_id in set(run_ids)]
-    from depthbench_nb.runs import ensure_writable, run_dir, run_folder_holder
     try: ensure_writable(sweep_dir(spec.name))
     except ConfigError as e: raise ConfigError(f"{e}; none of the {len(entries)} runs of study {spec.name!r} started") from None
     limit = max_attempts or spec.max_attempts
@@ -671,7 +659,6 @@ def _record_row(study: str, group, status: str, run: RunConfig, params: dict, re
 
 def collect(study, write: bool = True) -> pd.DataFrame:
     "All run records of a study as one table (and collect.parquet / collect.csv in the study folder)."
-    from depthbench_nb.runs import read_params, read_result, run_dir
     spec = study if isinstance(study, StudySpec) else load_study(study)
     rows, planned = [], set()
     for e in study_entries(spec):
@@ -687,7 +674,6 @@ def collect(study, write: bool = True) -> pd.DataFrame:
         rows.append(_record_row(spec.name, None, res['status'] if res else 'unfinished', run, {}, res))
     df = pd.DataFrame(rows)
     if write:
-        from depthbench_nb.config import atomic_write_bytes
         import io
         buf = io.BytesIO(); df.to_parquet(buf, index=False); atomic_write_bytes(root / 'collect.parquet', buf.getvalue())
         atomic_write_text(root / 'collect.csv', df.to_csv(index=False))
@@ -699,7 +685,6 @@ def collect(study, write: bool = True) -> pd.DataFrame:
 def looped_fit_table(df: pd.DataFrame, provenance: str = 'real') -> pd.DataFrame:
     "The `fit --law looped` table of a collected study's completed looped runs (configs read from params.json)."
     from depthbench_nb.looped import looped_params
-    from depthbench_nb.runs import read_params
     done = df[(df.arch == 'looped') & (df.status == 'completed')]
     rows = []
     for _, row in done.iterrows():
@@ -797,7 +782,6 @@ def extend_lr_entries(spec: StudySpec, df: pd.DataFrame, factor: float = 2.0, sa
 # %% ../nbs/09a_sweep.ipynb #9fbc344f
 def cli_sweep(argv=None) -> int:
     "depthbench-nb sweep plan | run | status STUDY."
-    from depthbench_nb.cli import emit
     p = argparse.ArgumentParser(prog='depthbench-nb sweep', description='Plan, run and monitor a study (a YAML file '
                                 'of runs; shipped studies: ' + ', '.join(study_names()) + ').')
     sub = p.add_subparsers(dest='action', required=True)
@@ -822,17 +806,7 @@ def cli_sweep(argv=None) -> int:
                     help='training processes per node (default 1; with --launcher slurm one per GPU, set by --slurm-gpus)')
     sg = pr.add_argument_group('Slurm (--launcher slurm)', 'what each array task asks for; the defaults fit the partition '
                                '(checked against sinfo when the controller answers: a request no node can meet is an error)')
-    sg.add_argument('--slurm-gpus', type=int, default=1, help='GPUs per node (--gres=gpu:N); 0 for CPU nodes (no --gres line)')
-    sg.add_argument('--slurm-cpus', type=int, default=None, help='CPUs per task (default 8, capped at the largest node)')
-    sg.add_argument('--slurm-mem', default=None, help="memory per node, e.g. 64G (default: the CPUs' share of a node's memory)")
-    sg.add_argument('--slurm-time', default=None, help="time limit per task, e.g. 12:00:00 (default 24:00:00, capped at the partition's)")
-    sg.add_argument('--slurm-partition', default=None, help="partition (default: the cluster's default partition)")
-    sg.add_argument('--slurm-account', default=None, help='account to charge'); sg.add_argument('--slurm-qos', default=None, help='quality of service')
-    sg.add_argument('--slurm-constraint', default=None, help='node feature(s), e.g. a100')
-    sg.add_argument('--slurm-parallel', type=int, default=None, help='at most this many tasks at once (--array=...%%N)')
-    sg.add_argument('--slurm-setup', action='append', default=[], help="environment set-up line run first in each task "
-                    "(repeatable), e.g. 'module load cuda/12.4' or 'source /path/to/.venv/bin/activate'")
-    sg.add_argument('--slurm-extra', action='append', default=[], help="another sbatch option (repeatable), e.g. --slurm-extra=--mail-type=END")
+    add_dataclass_options(sg, SlurmRequest, prefix='slurm_')   # --slurm-gpus, --slurm-cpus, ... from the request's fields
     pr.add_argument('--no-progress', action='store_true')
     ps = sub.add_parser('status', help='completed / diverged / failed / running / unfinished / pending, with progress')
     ps.add_argument('study')
@@ -861,9 +835,7 @@ def cli_sweep(argv=None) -> int:
     if a.launcher == 'slurm':
         if a.workers != 1 or a.devices: raise ConfigError('--workers/--devices apply to --launcher local; Slurm tasks run one run each')
         if a.procs_per_node: raise ConfigError('with --launcher slurm the processes per node follow --slurm-gpus (one per GPU)')
-        req = SlurmRequest(partition=a.slurm_partition, account=a.slurm_account, qos=a.slurm_qos, constraint=a.slurm_constraint,
-                           time=a.slurm_time, cpus_per_task=a.slurm_cpus, mem=a.slurm_mem, gpus=a.slurm_gpus, nodes=a.nodes,
-                           parallel=a.slurm_parallel, setup=tuple(a.slurm_setup), extra=tuple(a.slurm_extra))
+        req = SlurmRequest(**dataclass_values(SlurmRequest, a, prefix='slurm_'), nodes=a.nodes)
         out = write_slurm_script(spec, submit=a.submit, request=req, study_ref=a.study, executor=a.executor, run_ids=a.run_id)
         if a.json: return emit(out, True)
         if out['script'] is None: print(out['message']); return 0
@@ -894,7 +866,6 @@ def cli_sweep(argv=None) -> int:
 
 def cli_collect(argv=None) -> int:
     "depthbench-nb collect STUDY: one tidy table of the study's run records, and the LR optima."
-    from depthbench_nb.cli import emit
     p = argparse.ArgumentParser(prog='depthbench-nb collect', description="Gather a study's run records (all statuses) "
                                 'into <runs>/<study>/collect.parquet and collect.csv, and report LR optima per (design, shape).')
     p.add_argument('study', help='study name or YAML path')

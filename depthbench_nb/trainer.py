@@ -12,7 +12,6 @@ import json
 import math
 import os
 import random
-import re
 import resource
 import shlex
 import shutil
@@ -20,53 +19,192 @@ import subprocess
 import sys
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .config import (DESIGN_OPTIONS, ConfigError, CorruptFile, DataConfig, ModelConfig, RunConfig, TrainConfig,
-                                  _choice_error, atomic_write_json, config_diff, ffn_hidden_default, resolve_arch)
-from . import runs as _runs
-from .runs import (CHECKSUMS_FILE, RECORD_FILES, MetricsLog, ensure_writable, format_diff, provenance,
-                                read_json, read_jsonl, read_metrics, read_params, read_result, safe_torch_load,
-                                verify_checksums, where_runs_go, write_checksums, write_params, write_result,
-                                writing_run_folder)
+from .config import (ARCHS, DESIGN_OPTIONS, ConfigError, CorruptFile, DataConfig, ModelConfig, RunConfig, TrainConfig,
+                                  _choice_error, ffn_hidden_default, resolve_arch)
+from .console import add_dataclass_options, dataclass_values, emit, parse_literal
+from .optim import build_looped_optimizer
+from .runs import (RECORD_FILES, MetricsLog, check_checkpoint_config, ensure_writable, gpu_peak_flops,
+                                list_checkpoints, load_checkpoint, metrics_header, newest_intact_checkpoint, provenance,
+                                read_json, read_metrics, read_params, read_result, remove_stale_temporaries, run_dir,
+                                save_checkpoint, where_runs_go, write_params, write_result, writing_run_folder)
 from .shapes import (GRIDS, PRESETS, TINY_DEFAULT_DEPTHS, Shape, count_params, get_grid, grid_shapes,
                                   resolve_preset, shape_for)
+from .data import TokenData, held_out_set, read_manifest, resolve_data
+from .model import build_model
 
 # %% auto #0
-__all__ = ['LOOPED_RECIPE', 'LOOPED_TINY', 'INIT_SEEDS', 'CHECKPOINT_FORMAT_VERSION', 'PEAK_BF16_FLOPS',
-           'DEFAULT_CHECKPOINT_EVERY', 'run_dir', 'make_run_config', 'total_steps', 'lr_multiplier', 'build_adamw',
-           'build_optimizers', 'resolve_precision', 'autocast_context', 'resolve_compile', 'compile_unavailable',
-           'check_compile', 'checkpoints_dir', 'list_checkpoints', 'save_checkpoint', 'verify_checkpoint',
-           'newest_intact_checkpoint', 'remove_stale_temporaries', 'check_checkpoint_config', 'load_checkpoint',
-           'LayerStats', 'Dist', 'in_launched_process', 'make_dist', 'tracker_init_kwargs', 'shard_model',
-           'average_replicated_grads', 'full_state_dict', 'clip_grad_norm', 'check_trackers', 'open_data', 'init_model',
-           'default_micro_batch', 'plot_loss_curves', 'peak_flops', 'peak_memory_bytes', 'flops_per_token', 'evaluate',
-           'train', 'free_port', 'launch_command', 'launch', 'load_run', 'cli_train']
+__all__ = ['LOOPED_RECIPE', 'LOOPED_TINY', 'INIT_SEEDS', 'DEFAULT_CHECKPOINT_EVERY', 'RunParams', 'make_run_config',
+           'total_steps', 'lr_multiplier', 'build_adamw', 'build_optimizers', 'resolve_precision', 'autocast_context',
+           'resolve_compile', 'compile_unavailable', 'check_compile', 'LayerStats', 'Dist', 'in_launched_process',
+           'make_dist', 'tracker_init_kwargs', 'shard_model', 'average_replicated_grads', 'full_state_dict',
+           'clip_grad_norm', 'check_trackers', 'open_data', 'init_model', 'default_micro_batch', 'plot_loss_curves',
+           'peak_flops', 'peak_memory_bytes', 'flops_per_token', 'evaluate', 'TrainState', 'Callback', 'save_state',
+           'StopAfter', 'DivergenceGuard', 'SpeedMeter', 'Evaluator', 'MetricsWriter', 'LayerStatsRecorder', 'Trackers',
+           'ProgressBar', 'Checkpointer', 'default_callbacks', 'train', 'fit', 'free_port', 'launch_command', 'launch',
+           'train_parser', 'cli_train']
 
 # %% ../nbs/07_trainer.ipynb #895e7da2
-def run_dir(run: RunConfig) -> Path:
-    "The run's folder: runs_root()/study/run_id (`depthbench_nb.runs`; independent of the working directory)."
-    return _runs.run_dir(run)
-
-
 LOOPED_RECIPE = dict(optimizer='muonh', schedule='linear', warmup_frac=0.0, final_lr_frac=0.1, grad_clip=None,
                      weight_decay=0.0, betas=(0.8, 0.95), eps=1e-10, lr=0.014, tokens_per_param=None)
 LOOPED_TINY = dict(s=2, r=4, head_dim=32)   # CPU-sized looped model: d = 128, 4 heads of 32
 INIT_SEEDS = ('official', 'tied')
 
 
+def _param(help: str, default=None, **cli) -> Any:
+    "A RunParams field: its default and its one-line help (the train command's --help, the notebook's comment)."
+    return field(default=default, metadata=dict(help=help, **cli))
+
+
+def _init_seed_arg(text: str):
+    "--init-seed: 'official', 'tied' or an integer."
+    return text if text in INIT_SEEDS else parse_literal(text)
+
+
+@dataclass
+class RunParams:
+    """What a user chooses for one run. The one list of a run's parameters: `make_run_config` takes them, the
+    `train` command's options and the parameters cell of `nbs/10_train.ipynb` are generated from them, and the
+    sweep's entries are sets of them. `resolve` turns them into a RunConfig against the preset; design options
+    (`config.DESIGN_OPTIONS`) go in `options`."""
+    arch: Optional[str] = _param(f"design: {', '.join(ARCHS)}")
+    L: Optional[int] = _param("depth: a depth of the preset's grid (any depth with d_model, or on the tiny grid)", flags=('--L', '-L'))
+    d_model: Optional[int] = _param('explicit width (off-grid shapes)')
+    preset: str = _param("auto | tiny | 400m | ... (auto: 400m with a CUDA GPU, tiny otherwise)", 'auto')
+    lr: Optional[float] = _param("peak LR (None: the preset's, 2e-3; looped: the 0.014 matrix LR)")
+    seed: int = _param('data order and training RNG', 42)
+    study: str = _param('folder under the runs root', 'default')
+    data: Optional[str] = _param("None: the preset's data; or a source (sample, fineweb-edu[:sample-10BT], a text path) or a prepared folder")
+    num_processes: int = _param('> 1: accelerate launch (DDP, or FSDP2 with fsdp)', 1)
+    tokens: Optional[int] = _param('token budget override')
+    max_steps: Optional[int] = _param('step budget override (wins over tokens)')
+    ratio: Optional[float] = _param("instead of L: the grid depth whose d_model / L is nearest this ratio")
+    r: Optional[int] = _param('looped: recurrences (1, 2, 4, 8)')
+    s: Optional[int] = _param('looped: width scale (d_model = 64 s)')
+    C: Optional[float] = _param('looped: FLOP budget (sets the tokens)')
+    precision: Optional[str] = _param('None (auto: bf16-mixed on CUDA, fp32 elsewhere) | fp32 | bf16-mixed | bf16-pure (the official setting)')
+    init_seed: Any = _param("'official' (fixed 0, as DepthBench) | 'tied' (the training seed) | an integer", 'official', parse=_init_seed_arg)
+    micro_batch: Optional[int] = _param('sequences per forward pass per process (None: the whole batch on CPU, 16 on GPUs, 8 for HC/mHC)')
+    eval_every: Optional[int] = _param("steps between evaluations (None: the preset's)")
+    checkpoint_every: Optional[int] = _param('steps between checkpoints (None: 1000, and always at the end)')
+    layer_stats_every: Optional[int] = _param('per-layer forward/backward statistics every N steps (None: off)')
+    divergence_factor: Optional[float] = _param('also stop as diverged when the loss exceeds this factor x the best loss so far')
+    trackers: Any = _param('comma-separated Accelerate trackers: tensorboard, wandb (off by default)', '')
+    compile: Optional[bool] = _param('torch.compile the model (None: on with a CUDA GPU, off on CPU)')
+    fsdp: bool = _param('num_processes > 1: FSDP2 (fully_shard) instead of DDP (AdamW recipe only)', False)
+    eval_set: Optional[str] = _param("held-out set (None: the preset's): windows | rows (looped paper) | documents (DepthBench)")
+    eval_rows: Optional[int] = _param("rows / documents of the final evaluation (None: the preset's; all)")
+    eval_rows_fast: Optional[int] = _param("rows / documents of the evaluations before the last step (None: the preset's)")
+    ortho_dtype: Optional[str] = _param("looped MuonH orthogonalisation: None = bfloat16 (the paper) | float32 (exact comparisons)")
+    options: dict = field(default_factory=dict)      # design options: config.DESIGN_OPTIONS (looped: r is `recurrence`)
+
+    @classmethod
+    def names(cls) -> list[str]:
+        "The parameter names (design options not included)."
+        return [f.name for f in fields(cls) if f.name != 'options']
+
+    @classmethod
+    def of(cls, *args, **kw) -> 'RunParams':
+        "Parameters from make_run_config's arguments: the fields by position or name; any other name is a design option."
+        if len(args) > len(cls.names()): raise ConfigError(f"too many positional parameters ({len(args)})")
+        named = dict(zip(cls.names(), args))
+        clash = sorted(set(named) & set(kw))
+        if clash: raise ConfigError(f"parameter(s) {clash} given twice")
+        kw = named | kw
+        opts = {k: kw.pop(k) for k in list(kw) if k not in cls.names() and k != 'options'}
+        return cls(**kw, options=dict(kw.pop('options', None) or {}, **opts))
+
+    @classmethod
+    def from_namespace(cls, ns: dict) -> 'RunParams':
+        "Parameters from a namespace holding every name (the parameters cell's globals); design options left at None are dropped."
+        return cls(**{k: ns[k] for k in cls.names()}, options={k: ns[k] for k in DESIGN_OPTIONS if ns.get(k) is not None})
+
+    def notebook_values(self) -> dict:
+        "Every parameter as papermill's -p/-f values for nbs/10_train.ipynb (unset design options as None)."
+        out = {k: getattr(self, k) for k in self.names()}
+        out['trackers'] = ','.join(_tracker_list(self.trackers))
+        return out | {k: self.options.get(k) for k in DESIGN_OPTIONS if k != 'recurrence'}
+
+    @classmethod
+    def parameters_cell(cls, **values) -> str:
+        "The source of 10_train's parameters cell: every parameter and design option with its default (or `values`) and help."
+        rows = [(f.name, values.get(f.name, f.default), f.metadata['help']) for f in fields(cls) if f.name != 'options']
+        rows += [(k, values.get(k), rule) for k, (_, rule) in DESIGN_OPTIONS.items() if k != 'recurrence']
+        w = max(len(f'{k} = {v!r}') for k, v, _ in rows)
+        return '\n'.join(f'{f"{k} = {v!r}".ljust(w)}  # {h}' for k, v, h in rows)
+
+    def resolve(self, verbose: bool = True) -> RunConfig:
+        "The validated RunConfig: preset, shape, design options, data and recipe resolved (bad input: ConfigError)."
+        return _resolve(self, verbose)
+
+
+def make_run_config(*args, verbose: bool = True, **kw) -> RunConfig:
+    """Resolve preset, shape, design options, data and recipe into a validated RunConfig (bad input: ConfigError).
+    Takes the `RunParams` (`arch`, `L`, `d_model`, `preset`, `lr`, `seed`, `study`, `data`, `num_processes`, `tokens`,
+    `max_steps` also by position) and any design option by name."""
+    return RunParams.of(*args, **kw).resolve(verbose)
+
+
+def _tracker_list(trackers) -> list[str]:
+    "Trackers as given: a comma-separated string (command line, papermill) or a sequence."
+    return [t.strip() for t in trackers.split(',') if t.strip()] if isinstance(trackers, str) else list(trackers)
+
+
 def _need(name: str, value, types: tuple, rule: str):
-    "Type check of one make_run_config argument (bool is not an int here)."
+    "Type check of one parameter (bool is not an int here)."
     if value is None: return value
     if isinstance(value, bool) and bool not in types: raise ConfigError(f"{name} must be {rule}, got {value!r} (bool)")
     if not isinstance(value, types): raise ConfigError(f"{name} must be {rule}, got {value!r} ({type(value).__name__})")
     return value
+
+
+def _resolve(p: RunParams, verbose: bool) -> RunConfig:
+    if p.arch is None: raise ConfigError(f"arch is required: one of {', '.join(ARCHS)}")
+    _need('arch', p.arch, (str,), 'a design name')
+    spec = resolve_arch(p.arch)
+    for name in ('L', 'd_model', 'seed', 'num_processes', 'tokens', 'max_steps', 'r', 's', 'micro_batch', 'eval_every',
+                 'checkpoint_every', 'layer_stats_every', 'eval_rows', 'eval_rows_fast'):
+        _need(name, getattr(p, name), (int,), 'an integer')
+    for name in ('lr', 'ratio', 'C', 'divergence_factor'): _need(name, getattr(p, name), (int, float), 'a number')
+    for name in ('preset', 'study', 'precision', 'eval_set', 'ortho_dtype'): _need(name, getattr(p, name), (str,), 'a string')
+    _need('compile', p.compile, (bool,), 'True, False or None (None: on with CUDA)'); _need('fsdp', p.fsdp, (bool,), 'a bool')
+    design_options = dict(p.options)
+    unknown = sorted(set(design_options) - set(DESIGN_OPTIONS))
+    if unknown: raise ConfigError(f"unknown option(s) {unknown}; design options: {', '.join(DESIGN_OPTIONS)}; looped: r, s, C")
+    if isinstance(p.init_seed, str):
+        if p.init_seed not in INIT_SEEDS: raise _choice_error('init_seed', p.init_seed, INIT_SEEDS + ('an integer',))
+        init_seed_value = 0 if p.init_seed == 'official' else None
+    else: init_seed_value = _need('init_seed', p.init_seed, (int,), "'official', 'tied' or an integer")
+    pre, why = resolve_preset(p.preset)
+    if verbose: print(f"*** PRESET: {pre.name}  ({why}) ***")
+    train_kw = dict(lr=pre.lr, seq_len=pre.seq_len, global_batch=pre.global_batch, max_steps=pre.max_steps, tokens=None,
+                    tokens_per_param=pre.tokens_per_param, eval_every=pre.eval_every, eval_batches=pre.eval_batches)
+    kind = p.eval_set or pre.eval_set                   # the preset's held-out set, its row counts unless another set is asked for
+    rows = ((p.eval_rows, p.eval_rows_fast) if p.eval_set not in (None, pre.eval_set)
+            else (p.eval_rows or pre.eval_rows, p.eval_rows_fast or pre.eval_rows_fast))
+    train_kw.update(eval_set=None if kind == 'windows' else kind, eval_rows=rows[0], eval_rows_fast=rows[1])
+    if spec.family == 'looped':
+        model, looped_tokens = _looped_model(pre, p.L, p.d_model, p.ratio, p.r, p.s, p.C, design_options)
+        train_kw.update(LOOPED_RECIPE)
+        if looped_tokens is not None: train_kw.update(tokens=looped_tokens, max_steps=None)
+    else:
+        if p.r is not None or p.s is not None or p.C is not None: raise ConfigError(f"r, s and C apply only to arch 'looped', not {spec.name!r}")
+        model = _shape_from(pre.grid, p.L, p.d_model, p.ratio).model_config(spec.name, **design_options)
+    if p.tokens is not None: train_kw.update(tokens=p.tokens, max_steps=None)
+    if p.max_steps is not None: train_kw.update(max_steps=p.max_steps)
+    for k in ('lr', 'precision', 'micro_batch', 'eval_every', 'ortho_dtype', 'checkpoint_every', 'layer_stats_every', 'divergence_factor'):
+        if getattr(p, k) is not None: train_kw[k] = getattr(p, k)
+    train = TrainConfig(seed=p.seed, init_seed=init_seed_value, trackers=tuple(_tracker_list(p.trackers)), **train_kw)
+    return RunConfig(model=model, data=_data_config(p.data, pre), train=train, study=p.study, preset=pre.name,
+                     num_processes=p.num_processes, compile=p.compile, fsdp=p.fsdp)
+
 
 
 def _shape_from(grid: str, L, d_model, ratio) -> Shape:
@@ -90,7 +228,6 @@ def _data_config(data, preset) -> DataConfig:
     if isinstance(data, str):
         p = Path(data).expanduser()
         if p.is_dir() and (p / 'manifest.json').exists():   # a prepared folder: its own source and tokenizer
-            from depthbench_nb.data import read_manifest
             man = read_manifest(p)
             if man is None: raise ConfigError(f"data folder {p} is not a complete prepared folder; prepare it with: depthbench-nb data prepare --out {p}")
             inp = man['inputs']
@@ -100,65 +237,11 @@ def _data_config(data, preset) -> DataConfig:
     raise ConfigError(f"data must be None, a source name, a prepared folder, a dict or a DataConfig, got {type(data).__name__}")
 
 
-def make_run_config(arch: str, L: Optional[int] = None, d_model: Optional[int] = None, preset: str = 'auto',
-                    lr: Optional[float] = None, seed: int = 42, study: str = 'default', data=None, num_processes: int = 1,
-                    tokens: Optional[int] = None, max_steps: Optional[int] = None, *, ratio: Optional[float] = None,
-                    r: Optional[int] = None, s: Optional[int] = None, C: Optional[float] = None,
-                    precision: Optional[str] = None, init_seed='official', micro_batch: Optional[int] = None,
-                    eval_every: Optional[int] = None, checkpoint_every: Optional[int] = None,
-                    layer_stats_every: Optional[int] = None, divergence_factor: Optional[float] = None,
-                    trackers: Sequence[str] = (), verbose: bool = True, compile: Optional[bool] = None, fsdp: bool = False,
-                    eval_set: Optional[str] = None, eval_rows: Optional[int] = None, eval_rows_fast: Optional[int] = None,
-                    ortho_dtype: Optional[str] = None, **design_options) -> RunConfig:
-    "Resolve preset, shape, design options, data and recipe into a validated RunConfig (bad input: ConfigError)."
-    _need('arch', arch, (str,), 'a design name')
-    spec = resolve_arch(arch)
-    for name, v in (('L', L), ('d_model', d_model), ('seed', seed), ('num_processes', num_processes), ('tokens', tokens),
-                    ('max_steps', max_steps), ('r', r), ('s', s), ('micro_batch', micro_batch), ('eval_every', eval_every),
-                    ('checkpoint_every', checkpoint_every), ('layer_stats_every', layer_stats_every), ('eval_rows', eval_rows),
-                    ('eval_rows_fast', eval_rows_fast)):
-        _need(name, v, (int,), 'an integer')
-    for name, v in (('lr', lr), ('ratio', ratio), ('C', C), ('divergence_factor', divergence_factor)):
-        _need(name, v, (int, float), 'a number')
-    for name, v in (('preset', preset), ('study', study), ('precision', precision), ('eval_set', eval_set),
-                    ('ortho_dtype', ortho_dtype)): _need(name, v, (str,), 'a string')
-    _need('compile', compile, (bool,), 'True, False or None (None: on with CUDA)'); _need('fsdp', fsdp, (bool,), 'a bool')
-    unknown = sorted(set(design_options) - set(DESIGN_OPTIONS))
-    if unknown: raise ConfigError(f"unknown option(s) {unknown}; design options: {', '.join(DESIGN_OPTIONS)}; looped: r, s, C")
-    if isinstance(init_seed, str):
-        if init_seed not in INIT_SEEDS: raise _choice_error('init_seed', init_seed, INIT_SEEDS + ('an integer',))
-        init_seed_value = 0 if init_seed == 'official' else None
-    else: init_seed_value = _need('init_seed', init_seed, (int,), "'official', 'tied' or an integer")
-    p, why = resolve_preset(preset)
-    if verbose: print(f"*** PRESET: {p.name}  ({why}) ***")
-    train_kw = dict(lr=p.lr, seq_len=p.seq_len, global_batch=p.global_batch, max_steps=p.max_steps, tokens=None,
-                    tokens_per_param=p.tokens_per_param, eval_every=p.eval_every, eval_batches=p.eval_batches)
-    kind = eval_set or p.eval_set                       # the preset's held-out set, its row counts unless another set is asked for
-    rows = (eval_rows, eval_rows_fast) if eval_set not in (None, p.eval_set) else (eval_rows or p.eval_rows, eval_rows_fast or p.eval_rows_fast)
-    train_kw.update(eval_set=None if kind == 'windows' else kind, eval_rows=rows[0], eval_rows_fast=rows[1])
-    if spec.family == 'looped':
-        model, looped_tokens = _looped_model(p, L, d_model, ratio, r, s, C, design_options)
-        train_kw.update(LOOPED_RECIPE)
-        if looped_tokens is not None: train_kw.update(tokens=looped_tokens, max_steps=None)
-    else:
-        if r is not None or s is not None or C is not None: raise ConfigError(f"r, s and C apply only to arch 'looped', not {spec.name!r}")
-        model = _shape_from(p.grid, L, d_model, ratio).model_config(spec.name, **design_options)
-    if tokens is not None: train_kw.update(tokens=tokens, max_steps=None)
-    if max_steps is not None: train_kw.update(max_steps=max_steps)
-    for k, v in dict(lr=lr, precision=precision, micro_batch=micro_batch, eval_every=eval_every, ortho_dtype=ortho_dtype,
-                     checkpoint_every=checkpoint_every, layer_stats_every=layer_stats_every,
-                     divergence_factor=divergence_factor).items():
-        if v is not None: train_kw[k] = v
-    train = TrainConfig(seed=seed, init_seed=init_seed_value, trackers=tuple(trackers), **train_kw)
-    return RunConfig(model=model, data=_data_config(data, p), train=train, study=study, preset=p.name,
-                     num_processes=num_processes, compile=compile, fsdp=fsdp)
-
-
 def _looped_model(p, L, d_model, ratio, r, s, C, opts) -> tuple[ModelConfig, Optional[int]]:
     "Looped shape: width scale s (d = 64·s), recurrence r, effective depth 20; a FLOP budget C sets the tokens."
     from depthbench_nb.looped import PAPER_VOCAB, flops_per_token, looped_config, tokens_for_budget
     if d_model is not None or ratio is not None: raise ConfigError("looped models take the width scale s (d = 64·s), not d_model or ratio")
-    if L is not None and L != 20: raise ConfigError(f"looped models have effective depth 20 (specs/looped.md §1); got L={L}")
+    if L is not None and L != 20: raise ConfigError(f"looped models have effective depth 20 (arXiv 2604.21106 §3.1); got L={L}")
     tiny = p.name == 'tiny'
     s = s if s is not None else (LOOPED_TINY['s'] if tiny else None)
     r = r if r is not None else opts.pop('recurrence', LOOPED_TINY['r'] if tiny else None)
@@ -210,12 +293,8 @@ def build_optimizers(model: torch.nn.Module, run: RunConfig, steps: int) -> tupl
     "The run's optimizer(s) and its LR multiplier (AdamW recipe, or the looped MuonH recipe)."
     t = run.train
     if t.optimizer == 'muonh':
-        from depthbench_nb import optim as looped_optim
-        build = getattr(looped_optim, 'build_optimizer', None) or getattr(looped_optim, 'build_looped_optimizer')
-        opts, lr_lambda = build(model, t, steps * t.global_batch * t.seq_len)
-        opts = list(opts) if isinstance(opts, (list, tuple)) else [opts]
-        if lr_lambda is None: lr_lambda = lambda s: lr_multiplier(s, steps, t.schedule, t.warmup_frac, t.final_lr_frac)
-        return opts, lr_lambda
+        opt, lr_lambda = build_looped_optimizer(model, t, steps * t.global_batch * t.seq_len)
+        return [opt], lr_lambda
     return [build_adamw(model, t)], lambda s: lr_multiplier(s, steps, t.schedule, t.warmup_frac, t.final_lr_frac)
 
 # %% ../nbs/07_trainer.ipynb #ac161e2f
@@ -262,156 +341,6 @@ def check_compile(device: torch.device) -> None:
         try: torch.compile(_compile_probe)(torch.linspace(0, 1, 8, device=device))   # a real build catches a broken toolchain
         except Exception as e: why = f"a test compile failed ({type(e).__name__}: {str(e).strip().splitlines()[0][:300]})"
     if why: raise ConfigError(f"compile=True, but torch.compile cannot work here: {why}. Train without it (--no-compile, compile=False)")
-
-# %% ../nbs/07_trainer.ipynb #96c8a8ac
-CHECKPOINT_FORMAT_VERSION = 2      # 2: SHA256SUMS, RNG states as tensors and numbers (weights_only loads); 1: before
-_STEP_DIR = re.compile(r'step_(\d+)$')
-
-
-def checkpoints_dir(folder: Path) -> Path: return Path(folder) / RECORD_FILES['checkpoints']
-
-
-def list_checkpoints(folder: Path) -> list[tuple[int, Path]]:
-    "Complete checkpoints of a run folder as (step, path), oldest first (complete: renamed into place; see verify_checkpoint)."
-    d = checkpoints_dir(folder)
-    if not d.exists(): return []
-    out = [(int(m.group(1)), p) for p in d.iterdir() if (m := _STEP_DIR.fullmatch(p.name)) and p.is_dir() and (p / 'meta.json').exists()]
-    return sorted(out)
-
-
-def _rng_state() -> dict:
-    "The RNG states of torch, numpy, Python (and CUDA) as tensors and plain numbers, so weights_only loads them."
-    npst, (version, internal, gauss_next) = np.random.get_state(legacy=False), random.getstate()
-    st = dict(torch=torch.get_rng_state(),
-              numpy=dict(key=torch.from_numpy(npst['state']['key'].astype(np.int64)), pos=int(npst['state']['pos']),
-                         has_gauss=int(npst['has_gauss']), gauss=float(npst['gauss'])),
-              python=dict(version=version, state=torch.tensor(internal, dtype=torch.int64), gauss_next=gauss_next))
-    if torch.cuda.is_available(): st['cuda'] = torch.cuda.get_rng_state_all()
-    return st
-
-
-def _set_rng_state(st: dict) -> None:
-    torch.set_rng_state(st['torch'])
-    n, p = st['numpy'], st['python']
-    if isinstance(n, dict):
-        np.random.set_state(dict(bit_generator='MT19937', state=dict(key=n['key'].numpy().astype(np.uint32), pos=n['pos']),
-                                 has_gauss=n['has_gauss'], gauss=n['gauss']))
-    else: np.random.set_state(n)                                  # format 1: numpy's own tuple
-    random.setstate((p['version'], tuple(p['state'].tolist()), p['gauss_next']) if isinstance(p, dict) else p)
-    if 'cuda' in st and torch.cuda.is_available(): torch.cuda.set_rng_state_all(st['cuda'])
-
-
-def _content(run: RunConfig) -> dict:
-    return dict(model=run.model.to_dict(), data=run.data.to_dict(), train=run.train.to_dict())
-
-
-def save_checkpoint(folder: Path, step: int, run: RunConfig, model: torch.nn.Module, optimizers, schedulers,
-                    counters: dict, keep: Optional[int] = None, model_state: Optional[dict] = None) -> Path:
-    """Write checkpoint `step` atomically (temporary folder, SHA256SUMS last, then rename); keep the newest `keep`.
-    FSDP: `model_state` only."""
-    from safetensors.torch import save_file, save_model
-    final = checkpoints_dir(folder) / f'step_{step:08d}'
-    tmp = checkpoints_dir(folder) / f'.tmp-step_{step:08d}-{os.getpid()}'
-    shutil.rmtree(tmp, ignore_errors=True); tmp.mkdir(parents=True)
-    files = ['model.safetensors', 'meta.json']
-    if model_state is None:
-        save_model(model, str(tmp / 'model.safetensors'))
-        torch.save(dict(optimizers=[o.state_dict() for o in optimizers], schedulers=[s.state_dict() for s in schedulers],
-                        rng=_rng_state()), tmp / 'train_state.pt')
-        files.append('train_state.pt')
-    else:   # FSDP: the gathered full weights only (enough for load_run; resuming is refused)
-        save_file({k: v.detach().contiguous().cpu() for k, v in model_state.items()}, str(tmp / 'model.safetensors'))
-    atomic_write_json(tmp / 'meta.json', dict(step=step, run_id=run.run_id, config=_content(run), format=CHECKPOINT_FORMAT_VERSION,
-                                              weights_only=model_state is not None, **counters))
-    write_checksums(tmp, files)
-    if final.exists(): shutil.rmtree(final)
-    os.replace(tmp, final)
-    if keep:
-        for _, old in list_checkpoints(folder)[:-keep]: shutil.rmtree(old, ignore_errors=True)
-    return final
-
-
-def verify_checkpoint(path: Path, need_state: bool = True) -> Optional[str]:
-    """None when a checkpoint is intact, else why not. Format 2: every file against SHA256SUMS. Format 1 (written
-    before checksums): meta.json parses, the safetensors header covers the file, train_state.pt's zip members
-    pass their CRCs. `need_state`: the optimizer/RNG state must be there too (resuming; not for load_run)."""
-    path = Path(path)
-    if (path / CHECKSUMS_FILE).exists():
-        why = verify_checksums(path, required=['model.safetensors', 'meta.json'])
-        if why: return why
-        meta = read_json(path / 'meta.json')
-        if not isinstance(meta, dict) or not isinstance(meta.get('step'), int): return 'meta.json holds no checkpoint record'
-        if need_state and not meta.get('weights_only') and 'train_state.pt' not in (path / CHECKSUMS_FILE).read_text():
-            return f"{CHECKSUMS_FILE} does not list train_state.pt"
-        return None
-    try: meta = read_json(path / 'meta.json', f'{path.name}/meta.json')
-    except (CorruptFile, OSError) as e: return str(e)
-    if not isinstance(meta, dict) or not isinstance(meta.get('step'), int): return 'meta.json has no step'
-    if meta.get('format', 1) >= 2: return f'{CHECKSUMS_FILE} is missing'
-    try:
-        from safetensors import safe_open
-        with safe_open(str(path / 'model.safetensors'), 'pt'): pass
-    except Exception as e: return f"model.safetensors: {str(e)[:160]}"
-    if need_state and not meta.get('weights_only'):
-        import zipfile
-        try:
-            with zipfile.ZipFile(path / 'train_state.pt') as z: bad = z.testzip()
-        except (OSError, zipfile.BadZipFile) as e: return f"train_state.pt: {str(e)[:160]}"
-        if bad is not None: return f"train_state.pt: member {bad} fails its CRC"
-    return None
-
-
-def newest_intact_checkpoint(folder: Path, need_state: bool = True, quarantine: bool = False,
-                             say: Callable[[str], None] = print) -> Optional[tuple[int, Path]]:
-    """(step, path) of the newest checkpoint that verifies, saying which newer ones were skipped and why; None when
-    none does. `quarantine` (the resuming writer, under the run's lock) moves a damaged one to `corrupt-step_<N>`,
-    out of the way of resumes and of `keep_checkpoints`, and kept for inspection."""
-    for step, path in reversed(list_checkpoints(folder)):
-        why = verify_checkpoint(path, need_state)
-        if why is None: return step, path
-        if quarantine:
-            dest = path.with_name(f'corrupt-{path.name}')
-            while dest.exists(): dest = dest.with_name(dest.name + '-x')
-            os.replace(path, dest)
-            say(f"checkpoint {path.name} is damaged ({why}): moved to {dest} (delete it when you no longer need it)")
-        else: say(f"checkpoint {path.name} is damaged ({why}): skipped")
-    return None
-
-
-def remove_stale_temporaries(folder: Path) -> list[str]:
-    "Delete `.tmp-step_*` folders left by a checkpoint write that was killed (call under the run's lock)."
-    d, gone = checkpoints_dir(folder), []
-    for tmp in (d.glob('.tmp-step_*') if d.exists() else ()):
-        shutil.rmtree(tmp, ignore_errors=True); gone.append(tmp.name)
-    return gone
-
-
-def check_checkpoint_config(path: Path, run: RunConfig) -> dict:
-    "The checkpoint's meta.json, or ConfigError with the config difference when another config wrote it."
-    meta = read_json(Path(path) / 'meta.json', f'{Path(path).name}/meta.json')
-    if not isinstance(meta, dict) or not isinstance(meta.get('config'), dict):
-        raise CorruptFile(f"{Path(path).name}/meta.json holds no checkpoint record (no config)")
-    diff = config_diff(meta['config'], _content(run))
-    if diff: raise ConfigError(f"checkpoint {path} was written by a different config; refusing to resume ({format_diff(diff)})")
-    return meta
-
-
-def load_checkpoint(path: Path, run: RunConfig, model: torch.nn.Module, optimizers=(), schedulers=(), restore_rng: bool = True) -> dict:
-    """Load weights (and optimizer, scheduler and RNG states when given) from a checkpoint of the same config.
-    Nothing is unpickled beyond tensors and plain values (safetensors, and torch.load with weights_only=True)."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_model
-    path = Path(path)
-    meta = check_checkpoint_config(path, run)
-    try: load_model(model, str(path / 'model.safetensors'), device=str(next(model.parameters()).device))
-    except SafetensorError as e:
-        raise CorruptFile(f"{path.name}/model.safetensors is not a readable safetensors file ({str(e)[:160]})") from None
-    if optimizers or schedulers or restore_rng:
-        st = safe_torch_load(path / 'train_state.pt', f'{path.name}/train_state.pt', legacy_numpy=meta.get('format', 1) < 2)
-        for o, s in zip(optimizers, st['optimizers']): o.load_state_dict(s)
-        for o, s in zip(schedulers, st['schedulers']): o.load_state_dict(s)
-        if restore_rng: _set_rng_state(st['rng'])
-    return meta
 
 # %% ../nbs/07_trainer.ipynb #384ee52b
 class LayerStats:
@@ -540,7 +469,6 @@ def check_trackers(trackers: Sequence[str]) -> None:
 # %% ../nbs/07_trainer.ipynb #040e5f48
 def open_data(run: RunConfig, progress: bool = True):
     "The run's TokenData (tiny preset: prepared automatically), with the vocabulary checked against the model."
-    from depthbench_nb.data import TokenData, resolve_data
     td = TokenData(resolve_data(run.data, auto_prepare=(run.preset == 'tiny'), progress=progress))
     if td.vocab_size > run.model.vocab_size:
         raise ConfigError(f"the data's vocabulary ({td.vocab_size}, {td.tokenizer_id}) does not fit the model's vocab_size ({run.model.vocab_size})")
@@ -553,7 +481,6 @@ def open_data(run: RunConfig, progress: bool = True):
 
 def init_model(run: RunConfig) -> torch.nn.Module:
     "Build the run's model from the init seed (fixed 0 = official, or tied to the training seed)."
-    from depthbench_nb.model import build_model
     t = run.train
     torch.manual_seed(t.init_seed if t.init_seed is not None else t.seed)
     model = build_model(run.model, seed=t.init_seed if t.init_seed is not None else t.seed)
@@ -562,7 +489,7 @@ def init_model(run: RunConfig) -> torch.nn.Module:
 
 
 def default_micro_batch(run: RunConfig, device: torch.device) -> int:
-    "Sequences per forward pass per process: the whole per-process batch on CPU; on GPUs the official 16 (HC/mHC: 8)."
+    "Sequences per forward pass per process: the whole per-process batch on CPU; on GPUs the official 16 (multi-stream designs: 8)."
     per_rank = run.train.global_batch // run.num_processes
     if run.train.micro_batch is not None: return run.train.micro_batch
     if device.type != 'cuda': return per_rank
@@ -592,15 +519,13 @@ def plot_loss_curves(folder: Path, smooth: int = 10) -> Optional[Path]:
     return path
 
 # %% ../nbs/07_trainer.ipynb #683200ea
-PEAK_BF16_FLOPS = {'H200': 989e12, 'H100': 989e12, 'GH200': 989e12, 'B200': 2250e12, 'A100': 312e12, 'L40S': 362e12, 'A10G': 70e12}
 DEFAULT_CHECKPOINT_EVERY = 1000
 
 
 def peak_flops(device: torch.device) -> Optional[float]:
-    "Dense bf16 peak FLOP/s of the GPU (for MFU), None when unknown or on CPU."
+    "Dense bf16 peak FLOP/s of the GPU (for MFU; `depthbench_nb.runs.PEAK_BF16_FLOPS`), None when unknown or on CPU."
     if device.type != 'cuda': return None
-    name = torch.cuda.get_device_name(device)
-    return next((v for k, v in PEAK_BF16_FLOPS.items() if k in name), None)
+    return gpu_peak_flops(torch.cuda.get_device_name(device))
 
 
 def peak_memory_bytes(device: torch.device) -> int:
@@ -638,14 +563,214 @@ def evaluate(model, held_out, dist: Dist, precision: str, micro: int) -> float:
     return (tot[0] / tot[1]).item()
 
 
+# %% ../nbs/07_trainer.ipynb #9e1f088d
+@dataclass
+class TrainState:
+    """What the loop and its callbacks share. The loop owns `step`, `row` and the counters; callbacks read them,
+    add columns to `row`, and end the run by setting `status` and `should_stop`."""
+    run: RunConfig
+    folder: Path
+    dist: Dist
+    data: object                                      # TokenData: the step's batch is a function of (seed, step)
+    steps: int                                        # optimizer steps of the whole run
+    precision: str
+    micro: int                                        # sequences per forward pass per process
+    model: torch.nn.Module                            # what runs forward: DDP / FSDP / compiled wrapper of `raw`
+    raw: torch.nn.Module                              # the model itself: its weights are the checkpoint's
+    optimizers: list
+    schedulers: list
+    metrics: MetricsLog
+    fsdp: bool = False
+    compiled: bool = False
+    flops_per_token: Optional[float] = None
+    n_params: tuple[int, int] = (0, 0)                # (all parameters, the blocks')
+    start: int = 0                                    # the step this segment resumed at
+    step: int = 0                                     # the step being trained
+    steps_done: int = 0
+    counters: dict = field(default_factory=lambda: dict(best_val_loss=None, last_val_loss=None, wall_time_s=0.0, tokens=0))
+    seg_start: float = 0.0                            # wall clock at this segment's first step
+    row: dict = field(default_factory=dict)           # this step's metrics.jsonl row
+    status: str = 'completed'
+    diverged_step: Optional[int] = None
+    should_stop: bool = False
+    record: dict = field(default_factory=dict)        # extra result.json keys (the held-out set's description)
+    replicated: list = field(default_factory=list)    # FSDP2: 0-d parameters it leaves alone (their grads averaged by us)
+    preset_reason: Optional[str] = None
+
+    @property
+    def last(self) -> bool: return self.step + 1 == self.steps
+
+    def wall_time(self) -> float: return self.counters['wall_time_s'] + time.time() - self.seg_start
+
+
+class Callback:
+    """A piece of the training loop with hooks at fixed points of a step; `order` sorts callbacks (lower first).
+    Every process runs every callback (collectives such as evaluation must run on all); write files on `dist.main`."""
+    order = 50
+    def on_train_start(self, state: TrainState) -> None: pass
+    def on_step_start(self, state: TrainState) -> None: pass           # may stop the run before the step
+    def on_backward_end(self, state: TrainState) -> None: pass         # gradients of the step are there
+    def on_before_optimizer_step(self, state: TrainState) -> None: pass   # row has loss, lr, grad_norm; may stop the run
+    def on_step_end(self, state: TrainState) -> None: pass             # after the update: add to / read `state.row`
+    def on_train_end(self, state: TrainState) -> None: pass            # the result is written (status known)
+    def on_exception(self, state: TrainState, error: BaseException) -> None: pass
+
+
+# %% ../nbs/07_trainer.ipynb #51a5c5d1
+def save_state(state: TrainState, step: int, counters: dict) -> None:
+    "Checkpoint the run at `step` (every process takes part: FSDP gathers the full weights first)."
+    full = full_state_dict(state.raw) if state.fsdp else None
+    if state.dist.main:
+        save_checkpoint(state.folder, step, state.run, state.raw, state.optimizers, state.schedulers, counters,
+                        state.run.train.keep_checkpoints, full)
+
+
+class StopAfter(Callback):
+    "End the run before step `n` with a checkpoint there, as a killed job would have left it (tests, time-limited jobs)."
+    order = 0
+    def __init__(self, n: int): self.n = n
+    def on_step_start(self, state):
+        if state.step < self.n: return
+        state.counters['wall_time_s'] += time.time() - state.seg_start
+        save_state(state, state.step, state.counters)
+        state.status, state.should_stop = 'stopped', True
+
+
+class DivergenceGuard(Callback):
+    """Before the update: a non-finite loss or gradient norm, or (with `divergence_factor`) a loss above factor × the
+    best loss so far, ends the run as `diverged` at this step without applying the update."""
+    order = 10
+    def on_before_optimizer_step(self, state):
+        loss, gn, best, factor = state.row['loss'], state.row['grad_norm'], state.counters.get('best_train_loss'), state.run.train.divergence_factor
+        spike = factor is not None and best is not None and loss > factor * best
+        if not math.isfinite(loss) or not math.isfinite(gn) or spike:
+            state.status, state.diverged_step, state.should_stop = 'diverged', state.step, True
+            state.metrics.append(dict(state.row, tokens=state.counters['tokens']))
+            if state.dist.main: print(f"DIVERGED at step {state.step}: loss {loss}, grad norm {gn}" + (' (loss spike)' if spike else ''))
+            return
+        state.counters['best_train_loss'] = loss if best is None else min(best, loss)
+
+
+class SpeedMeter(Callback):
+    "Tokens per second of each step, peak memory, and MFU (model FLOPs / the GPU's dense bf16 peak) where the GPU is known."
+    order = 10
+    def on_train_start(self, state): self.peak = peak_flops(state.dist.device)
+    def on_step_start(self, state): self.t0 = time.time()
+    def on_step_end(self, state):
+        t = state.run.train
+        state.row['tokens_per_s'] = t.global_batch * t.seq_len / (time.time() - self.t0)
+        state.row['peak_mem_bytes'] = peak_memory_bytes(state.dist.device)
+        if self.peak: state.row['mfu'] = state.flops_per_token * state.row['tokens_per_s'] / (self.peak * state.dist.world)
+
+
+class Evaluator(Callback):
+    """Held-out loss every `eval_every` steps and after the last: the run's held-out set (the same instances for any
+    process count), its fast subset before the last step. A non-finite held-out loss ends the run as `diverged`."""
+    order = 20
+    def on_train_start(self, state):
+        t = state.run.train
+        held_out = lambda n: held_out_set(state.data, t.eval_set or 'windows', t.seq_len, t.global_batch, n=n,
+                                          n_batches=t.eval_batches, seed=0)
+        self.final = held_out(t.eval_rows)
+        self.fast = self.final if t.eval_rows_fast is None else held_out(t.eval_rows_fast)
+        state.record.update(self.final.describe())
+        if state.dist.main:
+            d = state.record
+            print(f"held-out set: {d['eval_set']}, {d['eval_instances']:,} instances, {d['eval_tokens']:,} predicted tokens "
+                  f"from {d['eval_documents']:,} documents"
+                  + (f" ({len(self.fast):,} instances before the last step)" if self.fast is not self.final else ''))
+
+    def on_step_end(self, state):
+        if (state.step + 1) % state.run.train.eval_every and not state.last: return
+        v = evaluate(state.model, self.final if state.last else self.fast, state.dist, state.precision, state.micro)
+        c = state.counters
+        state.row['val_loss'] = c['last_val_loss'] = v
+        c['best_val_loss'] = v if c['best_val_loss'] is None else min(c['best_val_loss'], v)
+        if not math.isfinite(v): state.status, state.diverged_step, state.should_stop = 'diverged', state.step, True
+
+
+class MetricsWriter(Callback):
+    "Append the step's row to metrics.jsonl (before the step's checkpoint, so a resume never loses a row)."
+    order = 30
+    def on_step_end(self, state): state.metrics.append(state.row)
+
+
+class LayerStatsRecorder(Callback):
+    "Every `layer_stats_every` steps: forward/backward statistics of each block's output, to layer_stats.jsonl."
+    order = 40
+    def __init__(self, every: int): self.every, self.stats, self.tracking = every, None, False
+    def on_train_start(self, state): self.stats = LayerStats(state.raw.blocks)
+    def on_step_start(self, state):
+        self.tracking = state.step % self.every == 0
+        if self.tracking: self.stats.attach()
+    def on_backward_end(self, state):
+        if self.tracking: self.stats.detach()        # evaluation forwards are not the step's
+    def on_step_end(self, state):
+        if not self.tracking: return
+        st = self.stats.collect(state.dist.sum_)      # every process: a sum over processes
+        if state.dist.main:
+            with open(state.folder / RECORD_FILES['layer_stats'], 'a') as f: f.write(json.dumps(dict(step=state.step, layers=st)) + '\n')
+
+
+class Trackers(Callback):
+    "The Accelerate trackers of the run (TensorBoard, W&B): the config at the start, each row, the end."
+    order = 50
+    def on_train_start(self, state):
+        run = state.run
+        state.dist.accelerator.init_trackers(run.study, config=dict(run_id=run.run_id, **_flat(run.to_dict())),
+                                             init_kwargs=tracker_init_kwargs(run, state.folder))
+    def on_step_end(self, state):
+        state.dist.accelerator.log({k: v for k, v in state.row.items() if k != 'step'}, step=state.step)
+    def on_train_end(self, state):
+        if state.status != 'stopped': state.dist.accelerator.end_training()
+
+
+class ProgressBar(Callback):
+    "A tqdm bar of the steps (main process, not under accelerate launch) and a line per evaluation."
+    order = 60
+    def __init__(self, enabled: bool = True): self.enabled, self.bar = enabled, None
+    def on_train_start(self, state):
+        from tqdm import tqdm
+        on = self.enabled and state.dist.main and not os.environ.get('DEPTHBENCH_LAUNCHED')
+        self.bar = tqdm(total=state.steps, initial=state.start, disable=not on, desc='train', unit='step', mininterval=1.0,
+                        dynamic_ncols=True)
+    def on_step_end(self, state):
+        r = state.row
+        self.bar.update(1); self.bar.set_postfix(loss=f"{r['loss']:.3f}", lr=f"{r['lr']:.2e}")
+        if 'val_loss' in r and state.dist.main:
+            self.bar.write(f"step {state.step + 1}/{state.steps}  loss {r['loss']:.4f}  val {r['val_loss']:.4f}  "
+                           f"{r['tokens_per_s']:,.0f} tok/s")
+    def on_train_end(self, state): self.bar.close()
+    def on_exception(self, state, error): self.bar.close()
+
+
+class Checkpointer(Callback):
+    "A checkpoint every `checkpoint_every` steps (default 1000) and after the last, keeping the newest `keep_checkpoints`."
+    order = 70
+    def on_step_end(self, state):
+        every = state.run.train.checkpoint_every or DEFAULT_CHECKPOINT_EVERY
+        if state.status == 'diverged' or ((state.step + 1) % every and not state.last): return
+        save_state(state, state.step + 1, dict(state.counters, wall_time_s=state.wall_time()))
+
+
+def default_callbacks(run: RunConfig, progress: bool = True, stop_after: Optional[int] = None) -> list[Callback]:
+    "The callbacks every run has; `train(callbacks=...)` adds to them."
+    t = run.train
+    cbs = [DivergenceGuard(), SpeedMeter(), Evaluator(), MetricsWriter(), ProgressBar(progress), Checkpointer()]
+    if stop_after is not None: cbs.append(StopAfter(stop_after))
+    if t.layer_stats_every: cbs.append(LayerStatsRecorder(t.layer_stats_every))
+    if t.trackers: cbs.append(Trackers())
+    return cbs
+
+
+# %% ../nbs/07_trainer.ipynb #02f1fd69
 def train(run: RunConfig, progress: bool = True, preset_reason: Optional[str] = None, stop_after: Optional[int] = None,
-          fsdp: bool = False, launch_args: Sequence[str] = (), wait: bool | float = False) -> dict:
+          launch_args: Sequence[str] = (), wait: bool | float = False, callbacks: Sequence[Callback] = ()) -> dict:
     """Train (resuming when a checkpoint exists) and return result.json's content; N processes go through accelerate launch.
     One writer per run folder: when another live process trains this run, `RunBusy` names it (`wait=True`: wait
-    for it, then return its result)."""
+    for it, then return its result). `callbacks` join the default ones (`default_callbacks`) in this process."""
     if not isinstance(run, RunConfig): raise ConfigError(f"train expects a RunConfig (see make_run_config), got {type(run).__name__}")
     folder = run_dir(run)
-    if fsdp and not run.fsdp: run = run.replace(fsdp=True)   # the flag of older call sites; validated by RunConfig
     launched_rank = in_launched_process() and (os.environ.get('DEPTHBENCH_LAUNCHED') or int(os.environ.get('RANK', '0')) != 0)
     with contextlib.nullcontext() if launched_rank else writing_run_folder(folder, wait=wait) as lock:   # `launch` holds it
         done = _finished_result(folder)
@@ -654,10 +779,13 @@ def train(run: RunConfig, progress: bool = True, preset_reason: Optional[str] = 
             return done
         if run.train.trackers: check_trackers(run.train.trackers)
         if run.num_processes > 1 and not in_launched_process():
+            if callbacks: raise ConfigError('callbacks run in the calling process; with num_processes > 1 the launched processes train')
             device = torch.device('cuda' if torch.cuda.is_available() else 'cpu')
             if resolve_compile(run.compile, device): check_compile(device)   # before any process starts
             return launch(run, progress=progress, preset_reason=preset_reason, launch_args=launch_args, lock=lock)
-        return _train_here(run, folder, progress, preset_reason, stop_after)
+        state = _setup(run, folder, progress, preset_reason)
+        cbs = sorted([*default_callbacks(run, progress, stop_after), *callbacks], key=lambda c: c.order)
+        return fit(state, cbs)
 
 
 def _finished_result(folder: Path) -> Optional[dict]:
@@ -668,9 +796,10 @@ def _finished_result(folder: Path) -> Optional[dict]:
     return done if done and done['status'] in ('completed', 'diverged') else None
 
 
-def _train_here(run: RunConfig, folder: Path, progress: bool, preset_reason, stop_after) -> dict:
-    t0 = time.time()
-    data = open_data(run, progress)               # bad or missing data: ConfigError before any training
+def _setup(run: RunConfig, folder: Path, progress: bool, preset_reason: Optional[str]) -> TrainState:
+    """Everything before step 0: data (bad data fails here, before any training), processes, params.json, the model on
+    its device (sharded / wrapped / compiled), optimizers, and the newest intact checkpoint when resuming."""
+    data = open_data(run, progress)
     dist = make_dist(run, folder)
     t, steps = run.train, total_steps(run)
     if dist.main:
@@ -678,8 +807,7 @@ def _train_here(run: RunConfig, folder: Path, progress: bool, preset_reason, sto
         write_params(folder, run, **({'preset_reason': preset_reason} if preset_reason else {}))
     precision = resolve_precision(t.precision, dist.device)
     micro = default_micro_batch(run, dist.device)
-    per_rank = t.global_batch // dist.world
-    if t.global_batch % dist.world or per_rank % micro:
+    if t.global_batch % dist.world or (t.global_batch // dist.world) % micro:
         raise ConfigError(f"global_batch ({t.global_batch}) must split into {dist.world} processes × micro-batches of {micro}")
     use_compile = resolve_compile(run.compile, dist.device)
     if use_compile: check_compile(dist.device)        # a missing compiler is a clear error before any step
@@ -696,130 +824,95 @@ def _train_here(run: RunConfig, folder: Path, progress: bool, preset_reason, sto
         raise ConfigError(f"{ckpts[-1][1]} holds weights only (an FSDP run): resuming FSDP runs is not supported; delete the checkpoints to restart")
     if fsdp and t.optimizer != 'adamw': raise ConfigError('FSDP supports the AdamW recipe only (MuonH needs whole matrices)')
     n_params = (sum(p.numel() for p in model.parameters()), sum(p.numel() for p in model.blocks.parameters()))
-    replicated = []                                   # FSDP2: 0-d parameters it leaves alone (their grads averaged by us)
-    if fsdp: replicated = shard_model(model, dist); ddp_model = model   # in place: `raw` is the sharded model itself
-    else: ddp_model = dist.accelerator.prepare_model(model) if dist.world > 1 else model
-    raw = model
-    if use_compile: ddp_model = torch.compile(ddp_model)   # the wrapped model (DDP's optimizer splits the graph at buckets)
-    optimizers, lr_lambda = build_optimizers(raw, run, steps)
+    replicated = []
+    if fsdp: replicated = shard_model(model, dist); wrapped = model   # in place: the sharded model is the model itself
+    else: wrapped = dist.accelerator.prepare_model(model) if dist.world > 1 else model
+    if use_compile: wrapped = torch.compile(wrapped)  # the wrapped model (DDP's optimizer splits the graph at buckets)
+    optimizers, lr_lambda = build_optimizers(model, run, steps)
     schedulers = [torch.optim.lr_scheduler.LambdaLR(o, lr_lambda) for o in optimizers]
-    metrics = MetricsLog(folder / RECORD_FILES['metrics'], enabled=dist.main)
-    counters = dict(best_val_loss=None, last_val_loss=None, wall_time_s=0.0, tokens=0)
-    start = 0
+    state = TrainState(run=run, folder=folder, dist=dist, data=data, steps=steps, precision=precision, micro=micro, model=wrapped,
+                       raw=model, optimizers=optimizers, schedulers=schedulers, fsdp=fsdp, compiled=use_compile,
+                       metrics=MetricsLog(folder / RECORD_FILES['metrics'], enabled=dist.main), n_params=n_params,
+                       replicated=replicated, preset_reason=preset_reason)
     if meta is not None:
-        meta = load_checkpoint(ckpts[-1][1], run, raw, optimizers, schedulers)
-        start = meta['step']
-        counters.update({k: meta[k] for k in counters if k in meta})
-        metrics.truncate_after(start)
-        if dist.main: print(f"resuming from checkpoint step {start} ({ckpts[-1][1].name})")
-    elif dist.main: metrics.truncate_after(0)
-    if t.trackers: dist.accelerator.init_trackers(run.study, config=dict(run_id=run.run_id, **_flat(run.to_dict())),
-                                                    init_kwargs=tracker_init_kwargs(run, folder))
-    fpt = flops_per_token(run)
-    peak = peak_flops(dist.device)
-    from depthbench_nb.data import held_out_set
-    def _held_out(n):                                 # the same instances for any process count
-        return held_out_set(data, t.eval_set or 'windows', t.seq_len, t.global_batch, n=n, n_batches=t.eval_batches, seed=0)
-    val_final = _held_out(t.eval_rows)
-    val_fast = val_final if t.eval_rows_fast is None else _held_out(t.eval_rows_fast)
-    eval_record = val_final.describe()
-    layer_stats = LayerStats(raw.blocks) if t.layer_stats_every else None
-    ckpt_every = t.checkpoint_every or DEFAULT_CHECKPOINT_EVERY
-    tokens_per_step = t.global_batch * t.seq_len
-    status, diverged_step, error = 'completed', None, None
-    bar = _progress_bar(steps, start, enabled=progress and dist.main and not os.environ.get('DEPTHBENCH_LAUNCHED'))
-    seg_start, step, steps_done = time.time(), start, start
+        meta = load_checkpoint(ckpts[-1][1], run, model, optimizers, schedulers)
+        state.start = meta['step']
+        state.counters.update({k: meta[k] for k in state.counters if k in meta})
+        if dist.main: print(f"resuming from checkpoint step {state.start} ({ckpts[-1][1].name})")
+    if dist.main:                                     # before step 0: what produced the rows below
+        state.metrics.start(metrics_header(run, **({'resumed_at_step': state.start} if state.start else {})), state.start)
+    state.flops_per_token = flops_per_token(run)
+    state.step = state.steps_done = state.start
+    return state
+
+
+def fit(state: TrainState, callbacks: Sequence[Callback]) -> dict:
+    "The training loop: one optimizer step per iteration, the callbacks at its hooks; returns result.json's content."
+    run, dist, t = state.run, state.dist, state.run.train
+    call = lambda hook, *a: [getattr(cb, hook)(state, *a) for cb in callbacks]
     if dist.main:
-        print(f"training {run.run_id}: {steps} steps × {t.global_batch} × {t.seq_len} tokens, {dist.world} process(es), "
-              f"micro-batch {micro}, precision {precision}, {n_params[0]:,} parameters" + (' (FSDP)' if fsdp else '')
-              + (' (compiled)' if use_compile else ''))
-        print(f"held-out set: {eval_record['eval_set']}, {eval_record['eval_instances']:,} instances, "
-              f"{eval_record['eval_tokens']:,} predicted tokens from {eval_record['eval_documents']:,} documents"
-              + (f" ({len(val_fast):,} instances before the last step)" if val_fast is not val_final else ''))
+        print(f"training {run.run_id}: {state.steps} steps × {t.global_batch} × {t.seq_len} tokens, {dist.world} process(es), "
+              f"micro-batch {state.micro}, precision {state.precision}, {state.n_params[0]:,} parameters"
+              + (' (FSDP)' if state.fsdp else '') + (' (compiled)' if state.compiled else ''))
+    call('on_train_start')
+    state.seg_start = time.time()
     try:
-        for step in range(start, steps):
-            if stop_after is not None and step >= stop_after:
-                counters['wall_time_s'] += time.time() - seg_start
-                state = full_state_dict(raw) if fsdp else None   # every rank takes part
-                if dist.main: save_checkpoint(folder, step, run, raw, optimizers, schedulers, counters, t.keep_checkpoints, state)
-                bar.close(); return dict(status='stopped', step=step, run_id=run.run_id)
-            ts = time.time()
-            lr_now = optimizers[0].param_groups[0]['lr']
-            track = layer_stats is not None and step % t.layer_stats_every == 0
-            if track: layer_stats.attach()
-            x, y = data.train_batch(step, t.global_batch, t.seq_len, t.seed,              # [G/world, T]: rows rank::world
-                                    rank=dist.rank, world_size=dist.world)                #   of the step's global batch
-            n_micro = per_rank // micro
-            loss_sum = torch.zeros((), dtype=torch.float64, device=dist.device)
-            for i in range(n_micro):
-                xb = x[i * micro:(i + 1) * micro].to(dist.device)                          # [m, T]
-                yb = y[i * micro:(i + 1) * micro].to(dist.device)
-                last_micro = i == n_micro - 1
-                if fsdp: raw.set_requires_gradient_sync(last_micro); sync = contextlib.nullcontext()
-                else: sync = contextlib.nullcontext() if (last_micro or dist.world == 1) else ddp_model.no_sync()
-                with sync:
-                    with autocast_context(precision, dist.device):
-                        logits = ddp_model(xb)                                              # [m, T, V]
-                    loss = F.cross_entropy(logits.float().flatten(0, 1), yb.flatten())
-                    (loss / n_micro).backward()
-                loss_sum += loss.detach().double()
-            if track: layer_stats.detach()
-            loss_val = (dist.sum_(loss_sum / n_micro) / dist.world).item()
-            if fsdp: average_replicated_grads(replicated, dist)
-            max_norm = t.grad_clip if t.grad_clip is not None else float('inf')
-            grad_norm = clip_grad_norm(raw.parameters(), max_norm)
-            best = counters.get('best_train_loss')
-            spike = t.divergence_factor is not None and best is not None and loss_val > t.divergence_factor * best
-            if not math.isfinite(loss_val) or not math.isfinite(grad_norm) or spike:
-                status, diverged_step = 'diverged', step
-                metrics.append(dict(step=step, loss=loss_val, lr=lr_now, grad_norm=grad_norm, tokens=counters['tokens']))
-                if dist.main: print(f"DIVERGED at step {step}: loss {loss_val}, grad norm {grad_norm}" + (' (loss spike)' if spike else ''))
-                break
-            counters['best_train_loss'] = loss_val if best is None else min(best, loss_val)
-            for o in optimizers: o.step()
-            for s in schedulers: s.step()
-            for o in optimizers: o.zero_grad(set_to_none=True)
-            counters['tokens'] += tokens_per_step
-            steps_done = step + 1
-            dt = time.time() - ts
-            row = dict(step=step, loss=loss_val, lr=lr_now, grad_norm=grad_norm, tokens=counters['tokens'],
-                       tokens_per_s=tokens_per_step / dt, peak_mem_bytes=peak_memory_bytes(dist.device))
-            if peak: row['mfu'] = fpt * row['tokens_per_s'] / (peak * dist.world)
-            last = step + 1 == steps
-            if (step + 1) % t.eval_every == 0 or last:
-                v = evaluate(ddp_model, val_final if last else val_fast, dist, precision, micro)
-                row['val_loss'] = v; counters['last_val_loss'] = v
-                counters['best_val_loss'] = v if counters['best_val_loss'] is None else min(counters['best_val_loss'], v)
-                if not math.isfinite(v):
-                    status, diverged_step = 'diverged', step
-            metrics.append(row)
-            if track:
-                st = layer_stats.collect(dist.sum_)
-                if dist.main:
-                    with open(folder / RECORD_FILES['layer_stats'], 'a') as f: f.write(json.dumps(dict(step=step, layers=st)) + '\n')
-            if t.trackers: dist.accelerator.log({k: v for k, v in row.items() if k != 'step'}, step=step)
-            bar.update(1); bar.set_postfix(loss=f'{loss_val:.3f}', lr=f'{lr_now:.2e}')
-            if 'val_loss' in row and dist.main:
-                bar.write(f"step {step + 1}/{steps}  loss {loss_val:.4f}  val {row['val_loss']:.4f}  "
-                          f"{row['tokens_per_s']:,.0f} tok/s")
-            if status == 'diverged': break
-            if (step + 1) % ckpt_every == 0 or last:
-                state = full_state_dict(raw) if fsdp else None   # every rank takes part
-                counters_now = dict(counters, wall_time_s=counters['wall_time_s'] + time.time() - seg_start)
-                if dist.main: save_checkpoint(folder, step + 1, run, raw, optimizers, schedulers, counters_now, t.keep_checkpoints, state)
+        for step in range(state.start, state.steps):
+            state.step, state.row = step, {}
+            call('on_step_start')
+            if state.should_stop: break
+            lr_now = state.optimizers[0].param_groups[0]['lr']
+            loss_val = _forward_backward(state)
+            call('on_backward_end')
+            if state.fsdp: average_replicated_grads(state.replicated, dist)
+            grad_norm = clip_grad_norm(state.raw.parameters(), t.grad_clip if t.grad_clip is not None else float('inf'))
+            state.row = dict(step=step, loss=loss_val, lr=lr_now, grad_norm=grad_norm)
+            call('on_before_optimizer_step')
+            if state.should_stop: break
+            for o in state.optimizers: o.step()
+            for s in state.schedulers: s.step()
+            for o in state.optimizers: o.zero_grad(set_to_none=True)
+            state.counters['tokens'] += t.global_batch * t.seq_len
+            state.steps_done = step + 1
+            state.row['tokens'] = state.counters['tokens']
+            call('on_step_end')
+            if state.should_stop: break
     except BaseException as e:
-        bar.close()
+        call('on_exception', e)
         if isinstance(e, Exception) and dist.main:
-            _write_final(folder, run, 'failed', step, counters, seg_start, n_params, fpt, preset_reason, dist,
-                         error=f"{type(e).__name__}: {e}", traceback=traceback.format_exc()[-4000:])
+            _write_final(state, 'failed', state.step, error=f"{type(e).__name__}: {e}", traceback=traceback.format_exc()[-4000:])
         raise
-    bar.close()
-    digests = None if fsdp or dist.world == 1 else _gather(dist, _param_digest(raw))   # FSDP ranks hold different shards
-    result = _write_final(folder, run, status, steps_done, counters, seg_start, n_params, fpt, preset_reason, dist,
-                          diverged_step=diverged_step, ranks_in_sync=None if fsdp else (digests is None or len(set(digests)) == 1),
-                          compiled=use_compile, fsdp=fsdp, **eval_record)
-    if t.trackers: dist.accelerator.end_training()
+    if state.status == 'stopped':
+        call('on_train_end')
+        return dict(status='stopped', step=state.step, run_id=run.run_id)
+    digests = None if state.fsdp or dist.world == 1 else _gather(dist, _param_digest(state.raw))   # FSDP ranks hold different shards
+    result = _write_final(state, state.status, state.steps_done, diverged_step=state.diverged_step,
+                          ranks_in_sync=None if state.fsdp else (digests is None or len(set(digests)) == 1),
+                          compiled=state.compiled, fsdp=state.fsdp, **state.record)
+    call('on_train_end')
     return result
+
+
+def _forward_backward(state: TrainState) -> float:
+    "Forward and backward of the step's global batch in micro-batches (gradients accumulate); the mean loss over processes."
+    dist, t, micro = state.dist, state.run.train, state.micro
+    x, y = state.data.train_batch(state.step, t.global_batch, t.seq_len, t.seed,   # [G/world, T]: rows rank::world
+                                  rank=dist.rank, world_size=dist.world)          #   of the step's global batch
+    n_micro = (t.global_batch // dist.world) // micro
+    loss_sum = torch.zeros((), dtype=torch.float64, device=dist.device)
+    for i in range(n_micro):
+        xb = x[i * micro:(i + 1) * micro].to(dist.device)                          # [m, T]
+        yb = y[i * micro:(i + 1) * micro].to(dist.device)
+        last_micro = i == n_micro - 1
+        if state.fsdp: state.raw.set_requires_gradient_sync(last_micro); sync = contextlib.nullcontext()
+        else: sync = contextlib.nullcontext() if (last_micro or dist.world == 1) else state.model.no_sync()
+        with sync:
+            with autocast_context(state.precision, dist.device):
+                logits = state.model(xb)                                            # [m, T, V]
+            loss = F.cross_entropy(logits.float().flatten(0, 1), yb.flatten())
+            (loss / n_micro).backward()                                             # the global-batch mean over micro-batches
+        loss_sum += loss.detach().double()
+    return (dist.sum_(loss_sum / n_micro) / dist.world).item()
 
 
 def _prepare_resume(folder: Path) -> None:
@@ -847,28 +940,25 @@ def _flat(d: dict, prefix: str = '') -> dict:
     return out
 
 
-def _write_final(folder, run, status, steps_done, counters, seg_start, n_params, fpt, preset_reason, dist, **extra) -> dict:
+def _write_final(state: TrainState, status: str, steps_done: int, **extra) -> dict:
+    "Write result.json (main process) and the loss-curve figure; returns the result."
+    run, c, fpt, dist = state.run, state.counters, state.flops_per_token, state.dist
     pc = count_params(run.model)
     result = dict(status=status, run_id=run.run_id, study=run.study, arch=run.model.arch, n_layer=run.model.n_layer,
                   d_model=run.model.d_model, preset=run.preset, lr=run.train.lr, seed=run.train.seed, steps=steps_done,
-                  tokens=counters['tokens'], final_val_loss=counters.get('last_val_loss') if status == 'completed' else None,
-                  best_val_loss=counters.get('best_val_loss'),
-                  wall_time_s=counters['wall_time_s'] + time.time() - seg_start, train_flops=fpt * counters['tokens'] if fpt else None,
-                  params_total=n_params[0], params_backbone=n_params[1],
+                  tokens=c['tokens'], final_val_loss=c.get('last_val_loss') if status == 'completed' else None,
+                  best_val_loss=c.get('best_val_loss'), wall_time_s=state.wall_time(),
+                  train_flops=fpt * c['tokens'] if fpt else None, params_total=state.n_params[0], params_backbone=state.n_params[1],
                   params_closed_form=pc.total, flops_per_token=fpt, world_size=dist.world, provenance=provenance())
-    if preset_reason: result['preset_reason'] = preset_reason
+    if state.preset_reason: result['preset_reason'] = state.preset_reason
     result.update({k: v for k, v in extra.items() if v is not None or k == 'diverged_step'})
     if status != 'diverged': result.pop('diverged_step', None)
     if dist.main:
-        write_result(folder, result)
-        try: plot_loss_curves(folder)
+        write_result(state.folder, result)
+        try: plot_loss_curves(state.folder)
         except Exception as e: print(f"(loss-curve figure not drawn: {e})")
     return result
 
-
-def _progress_bar(total: int, initial: int, enabled: bool):
-    from tqdm import tqdm
-    return tqdm(total=total, initial=initial, disable=not enabled, desc='train', unit='step', mininterval=1.0, dynamic_ncols=True)
 
 # %% ../nbs/07_trainer.ipynb #3432c75c
 def free_port() -> int:
@@ -879,9 +969,8 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch_command(run: RunConfig, params_path: Path, fsdp: bool = False, launch_args: Sequence[str] = ()) -> list[str]:
+def launch_command(run: RunConfig, params_path: Path, launch_args: Sequence[str] = ()) -> list[str]:
     "The accelerate launch command line that trains `params_path` on run.num_processes processes (FSDP: run.fsdp, applied inside)."
-    del fsdp                                             # kept for callers: FSDP2 is applied in the processes, from run.fsdp
     cmd = [sys.executable, '-m', 'accelerate.commands.launch', '--num_processes', str(run.num_processes),
            '--num_machines', '1', '--mixed_precision', 'no', '--dynamo_backend', 'no', '--multi_gpu']
     if not any(a.split('=')[0] in ('--main_process_port', '--num_machines', '--config_file') for a in launch_args):
@@ -890,12 +979,11 @@ def launch_command(run: RunConfig, params_path: Path, fsdp: bool = False, launch
     return cmd + ['-m', 'depthbench_nb.trainer', '--run-config', str(params_path)]
 
 
-def launch(run: RunConfig, progress: bool = True, preset_reason: Optional[str] = None, fsdp: bool = False,
-           launch_args: Sequence[str] = (), lock=None) -> dict:
+def launch(run: RunConfig, progress: bool = True, preset_reason: Optional[str] = None, launch_args: Sequence[str] = (),
+           lock=None) -> dict:
     """Train on run.num_processes processes through accelerate launch, streaming logs; returns the result.
     `lock` (the run folder's, held by `train`) is shared with the launcher, so it stays held while the launched
     processes write even if this process is killed."""
-    if fsdp and not run.fsdp: run = run.replace(fsdp=True)
     folder = ensure_writable(run_dir(run))
     open_data(run, progress)                             # prepare / check the data once, before any process starts
     params = write_params(folder, run, **({'preset_reason': preset_reason} if preset_reason else {}))
@@ -912,72 +1000,34 @@ def launch(run: RunConfig, progress: bool = True, preset_reason: Optional[str] =
         raise RuntimeError(f"accelerate launch exited with code {rc}; see the log above (result: {result and result.get('status')})")
     return result
 
-# %% ../nbs/07_trainer.ipynb #d823a59a
-def load_run(folder) -> tuple[torch.nn.Module, RunConfig]:
-    """(model in eval mode, RunConfig) from the newest intact checkpoint of a run folder (a damaged newer one is
-    skipped, said on stderr). Reads JSON and safetensors only."""
-    from depthbench_nb.model import build_model
-    folder = Path(folder)
-    if not (folder / RECORD_FILES['params']).exists(): raise ConfigError(f"{folder} is not a run folder (no params.json)")
-    run = read_params(folder)
-    if not list_checkpoints(folder): raise ConfigError(f"{folder} has no complete checkpoint yet")
-    found = newest_intact_checkpoint(folder, need_state=False, say=lambda m: print(m, file=sys.stderr))
-    if found is None: raise CorruptFile(f"{folder}: every checkpoint is damaged (see the lines above)")
-    model = build_model(run.model)
-    load_checkpoint(found[1], run, model, restore_rng=False)
-    return model.eval(), run
-
 # %% ../nbs/07_trainer.ipynb #e1eb3e1f
-def cli_train(argv=None) -> int:
-    "depthbench-nb train: train one model and write its run record."
-    from depthbench_nb.cli import emit, parse_literal
+def train_parser() -> argparse.ArgumentParser:
+    "The parser of `depthbench-nb train`: every RunParams field and design option, then how to run it."
     p = argparse.ArgumentParser(prog='depthbench-nb train', description='Train one model and write its run record (resumes unfinished runs).')
-    from depthbench_nb.config import ARCHS
-    p.add_argument('--arch', help=f"design: {', '.join(ARCHS)}")
-    p.add_argument('--L', '-L', type=int, help='depth (a depth of the preset grid, or any with --d-model)')
-    p.add_argument('--ratio', type=float, help='pick the grid depth with d/L nearest this ratio')
-    p.add_argument('--d-model', type=int)
-    p.add_argument('--preset', default='auto', help="auto | tiny | 400m | ... (auto: 400m with a CUDA GPU, tiny otherwise)")
-    p.add_argument('--lr', type=float); p.add_argument('--seed', type=int, default=42); p.add_argument('--study', default='default')
-    p.add_argument('--data', help="data source (sample, fineweb-edu[:sample-10BT], a text path) or a prepared folder")
-    p.add_argument('--num-processes', type=int, default=1); p.add_argument('--tokens', type=int); p.add_argument('--max-steps', type=int)
-    p.add_argument('--precision', help='auto | fp32 | bf16-mixed | bf16-pure'); p.add_argument('--init-seed', default='official', help="official (0) | tied | an integer")
-    p.add_argument('--r', type=int, help='looped: recurrences'); p.add_argument('--s', type=int, help='looped: width scale (d = 64 s)')
-    p.add_argument('--C', type=float, help='looped: FLOP budget')
+    add_dataclass_options(p, RunParams)
+    g = p.add_argument_group('design options', 'passed to the design (config.DESIGN_OPTIONS); a design refuses the ones it does not take')
     for opt, (_, rule) in DESIGN_OPTIONS.items():
-        if opt != 'recurrence': p.add_argument('--' + opt.replace('_', '-'), type=parse_literal, help=rule)
-    p.add_argument('--eval-every', type=int); p.add_argument('--checkpoint-every', type=int); p.add_argument('--layer-stats-every', type=int)
-    p.add_argument('--micro-batch', type=int, help='sequences per forward pass per process')
-    p.add_argument('--trackers', default='', help='comma-separated Accelerate trackers: tensorboard, wandb (off by default)')
-    p.add_argument('--fsdp', action='store_true', help='N processes: FSDP2 (fully_shard) instead of DDP; AdamW recipe only')
-    p.add_argument('--compile', action=argparse.BooleanOptionalAction, default=None,
-                   help='torch.compile the model (default: on with a CUDA GPU, off on CPU)')
-    p.add_argument('--eval-set', help="held-out set: windows | rows | documents (default: the preset's)")
-    p.add_argument('--eval-rows', type=int, help='rows / documents of the final evaluation (default: the preset\'s; all)')
-    p.add_argument('--eval-rows-fast', type=int, help='rows / documents of the evaluations before the last step')
-    p.add_argument('--ortho-dtype', help="looped MuonH orthogonalisation: bfloat16 (the paper, default) | float32 (exact comparisons)")
+        if opt != 'recurrence': g.add_argument('--' + opt.replace('_', '-'), dest=opt, type=parse_literal, help=rule)
     p.add_argument('--launch-args', default='', help="extra accelerate launch arguments for N processes, e.g. multi-node: "
                    "'--num_machines 2 --machine_rank 0 --main_process_ip 10.0.0.1 --main_process_port 29500'")
     p.add_argument('--run-config', help='train the RunConfig in this params.json (used by accelerate launch)')
     p.add_argument('--wait', action='store_true', help='when another process is training this run, wait for it (then report '
                    'its result) instead of refusing')
     p.add_argument('--no-progress', action='store_true'); p.add_argument('--json', action='store_true', help='machine-readable JSON output')
-    a = p.parse_args(argv)
+    return p
+
+
+def cli_train(argv=None) -> int:
+    "depthbench-nb train: train one model and write its run record."
+    a = train_parser().parse_args(argv)
     why = None
     if a.run_config:
         run = read_params(Path(a.run_config).parent) if Path(a.run_config).name == RECORD_FILES['params'] else \
             RunConfig.from_dict({k: v for k, v in read_json(a.run_config).items() if k != 'run_id'})
     else:
         if not a.arch: raise ConfigError('--arch is required (or --run-config)')
-        init_seed = a.init_seed if a.init_seed in ('official', 'tied') else parse_literal(a.init_seed)
         opts = {o: getattr(a, o) for o in DESIGN_OPTIONS if o != 'recurrence' and getattr(a, o) is not None}
-        run = make_run_config(a.arch, L=a.L, d_model=a.d_model, preset=a.preset, lr=a.lr, seed=a.seed, study=a.study, data=a.data,
-                              num_processes=a.num_processes, tokens=a.tokens, max_steps=a.max_steps, ratio=a.ratio, r=a.r, s=a.s,
-                              C=a.C, precision=a.precision, init_seed=init_seed, eval_every=a.eval_every,
-                              checkpoint_every=a.checkpoint_every, layer_stats_every=a.layer_stats_every, micro_batch=a.micro_batch,
-                              trackers=[x for x in a.trackers.split(',') if x.strip()], verbose=not a.json, compile=a.compile,
-                              fsdp=a.fsdp, eval_set=a.eval_set, eval_rows=a.eval_rows, eval_rows_fast=a.eval_rows_fast,
-                              ortho_dtype=a.ortho_dtype, **opts)
+        run = RunParams(**dataclass_values(RunParams, a), options=opts).resolve(verbose=not a.json)
         why = resolve_preset(a.preset)[1]
     with contextlib.redirect_stdout(sys.stderr) if a.json else contextlib.nullcontext():   # --json: stdout holds only the JSON
         result = train(run, progress=not (a.no_progress or a.json), preset_reason=why,

@@ -29,8 +29,8 @@ import torch
 import yaml
 
 from depthbench_nb.cli import main
-from depthbench_nb.runs import read_metrics, read_result
-from depthbench_nb.trainer import list_checkpoints, load_run, make_run_config, run_dir, train
+from depthbench_nb.runs import list_checkpoints, load_run, read_metrics, read_result, run_dir
+from depthbench_nb.trainer import make_run_config, train
 
 pytestmark = pytest.mark.faults
 
@@ -140,12 +140,12 @@ elif point == 'in-write':          # in the middle of writing checkpoint `step`:
             data = open(f, 'rb').read(); open(f, 'wb').write(data[:len(data) // 2]); die()
     torch.save = hook
 elif point == 'before-rename':     # checkpoint `step` complete with its checksums, not yet renamed into place
-    sums = T.write_checksums
+    sums = R.write_checksums
     def hook(folder, names):
         out = sums(folder, names)
         if f'.tmp-step_{step:08d}' in str(folder): die()
         return out
-    T.write_checksums = hook
+    R.write_checksums = hook
 elif point == 'at-checkpoint':     # right after checkpoint `step` landed
     save_ckpt = T.save_checkpoint
     def hook(folder, s, *a, **k):
@@ -225,10 +225,10 @@ def test_kill_minus_9_anywhere_resumes_to_the_uninterrupted_record(reference, tm
 
 # --------------------------------------------------------------------------------- 1. one writer per run folder
 def test_two_identical_train_commands_have_one_writer(tiny_data, runs_dir, tmp_path, capsys, monkeypatch):
-    """The issue's reproduction: the same `train` twice at once. One trains; the other is refused naming it (or, with
+    """Two writers of one run: the same `train` twice at once. One trains; the other is refused naming it (or, with
     --wait, waits and reports the finished run); metrics.jsonl holds every step once."""
     args = ['train', '--arch', 'preln', '--L', '2', '--preset', 'tiny', '--max-steps', '12', '--checkpoint-every', '4',
-            '--data', str(tiny_data), '--json']     # the issue's command, 12 steps instead of 30 (the same race, less CPU)
+            '--data', str(tiny_data), '--json']     # 12 steps (the same race, less CPU)
     env = dict(os.environ, OMP_NUM_THREADS='1')
     procs = [subprocess.Popen(CLI + args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
     folders = lambda: [p for p in (runs_dir / 'default').glob('preln-*') if p.is_dir()]

@@ -19,7 +19,7 @@ from depthbench_nb.hf_config import DepthBenchConfig
 from depthbench_nb.hf_export import PAPERS, RECORD_NAME, export_hf, load_for_eval
 from depthbench_nb.interop import generate as our_generate
 from depthbench_nb.runs import write_params
-from depthbench_nb.trainer import load_run
+from depthbench_nb.runs import load_run
 
 ROOT = Path(__file__).resolve().parent.parent
 DESIGNS = list(ARCHS)                    # the ten DepthBench designs and the looped model

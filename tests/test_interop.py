@@ -16,7 +16,7 @@ from depthbench_nb.interop import (LLAMA_EXPORTABLE, canonical_fork_state_dict, 
                                    read_dcp_state_dict, read_state_dict, save_pretrained)
 from depthbench_nb.model import build_model
 from depthbench_nb.shapes import count_params
-from depthbench_nb.trainer import load_run
+from depthbench_nb.runs import load_run
 
 pytestmark = pytest.mark.filterwarnings('ignore:torch.distributed is disabled')
 

@@ -251,7 +251,7 @@ def test_two_ranks_match_one_process(arch, runs_dir, tiny_data):
     assert fsdp['status'] == 'completed' and fsdp['fsdp'] is True and fsdp['world_size'] == 2
     assert max(abs(a - b) for a, b in zip(ddp_losses, fsdp_losses)) <= 1e-5
     assert abs(ddp['final_val_loss'] - fsdp['final_val_loss']) <= 1e-5
-    from depthbench_nb.trainer import load_run                                  # the gathered full weights load back
+    from depthbench_nb.runs import load_run                                     # the gathered full weights load back
     model, _ = load_run(runs_dir / 'fsdp' / fsdp['run_id'])
     assert n_params(model) == fsdp['params_total']
 
@@ -386,7 +386,8 @@ def test_documents_set_and_its_record(runs_dir, tiny_data):
     """eval_set='documents': every held-out document once, cut at T, padding masked; the validation loss equals a
     per-document computation with no padding, and result.json records the set's tokens and documents."""
     from depthbench_nb.data import TokenData, held_out_set
-    from depthbench_nb.trainer import load_run, make_run_config, run_dir, train
+    from depthbench_nb.runs import load_run
+    from depthbench_nb.trainer import make_run_config, run_dir, train
     run = make_run_config('preln', L=2, d_model=32, preset='tiny', max_steps=2, eval_every=2, data=str(tiny_data),
                           eval_set='documents', verbose=False)
     run = run.replace(train=run.train.replace(seq_len=64, global_batch=4))

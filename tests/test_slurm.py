@@ -112,7 +112,7 @@ def dead_conf(cluster) -> Path:
 # ------------------------------------------------------------------------------------------------ 1, 2, 4: a study
 # One test, so that the expensive part (three trained runs) is never repeated whatever worker runs it.
 def test_three_run_study_as_a_job_array(cluster, tiny_data, tmp_path):
-    """A three-design tiny study (10 steps each) submitted as the issue says (one task at a time, --slurm-parallel 1,
+    """A three-design tiny study (10 steps each) submitted one task at a time (--slurm-parallel 1,
     so that queued tasks are seen on any machine) and watched with `sweep status` until every run is completed;
     then submitted again."""
     study = write_study(tmp_path / 'tiny3.yaml', 'tiny3', tiny_data, ['preln', 'periln', 'attnres'], 10)

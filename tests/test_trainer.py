@@ -14,10 +14,9 @@ import pytest
 import torch
 
 from depthbench_nb.config import ARCHS, DESIGN_OPTIONS, ConfigError, RunConfig, runs_root
-from depthbench_nb.runs import read_metrics, read_result
+from depthbench_nb.runs import list_checkpoints, load_run, read_metrics, read_result, run_dir
 from depthbench_nb.shapes import count_params, shape_for
-from depthbench_nb.trainer import (build_adamw, init_model, list_checkpoints, load_run, lr_multiplier, make_run_config,
-                                   run_dir, total_steps, train)
+from depthbench_nb.trainer import build_adamw, init_model, lr_multiplier, make_run_config, total_steps, train
 
 REPO = Path(__file__).resolve().parents[1]
 DESIGNS = list(ARCHS)                     # the ten residual designs and the looped model
@@ -162,6 +161,8 @@ def test_resume_reproduces_the_uninterrupted_curve_exactly(tmp_path, monkeypatch
     for key in ('loss', 'grad_norm', 'lr'):
         assert [r[key] for r in got] == [r[key] for r in want], key
     assert got_res['final_val_loss'] == full['final_val_loss']
+    from depthbench_nb.runs import read_metrics_headers
+    assert [h.get('resumed_at_step') for h in read_metrics_headers(folder)] == [None, 4]   # the first run's, the resume's
 
 
 def test_checkpoint_of_another_config_is_refused(runs_dir, tiny_data):
@@ -268,3 +269,69 @@ def test_papermill_template_end_to_end(runs_dir, tiny_data, tmp_path):
         if copied.exists(): break
         time.sleep(0.5)
     assert copied.read_text() == out.read_text()
+
+
+# ------------------------------------------------------------------------------ one definition of a run's parameters
+def test_the_parameters_cell_is_generated_from_run_params():
+    from depthbench_nb.trainer import RunParams
+    nb = json.loads((REPO / 'nbs' / '10_train.ipynb').read_text())
+    (cell,) = [c for c in nb['cells'] if 'parameters' in c.get('metadata', {}).get('tags', [])]
+    assert ''.join(cell['source']) == RunParams.parameters_cell(arch='attnres', L=32), \
+        "regenerate the cell: print(RunParams.parameters_cell(arch='attnres', L=32))"
+
+
+def test_train_options_are_the_run_params():
+    from dataclasses import fields
+    from depthbench_nb.trainer import RunParams, train_parser
+    p = train_parser()
+    dests = {a.dest: a for a in p._actions}
+    for f in fields(RunParams):
+        if f.name == 'options': continue
+        assert f.name in dests, f.name
+        assert dests[f.name].default == f.default, (f.name, dests[f.name].default, f.default)
+    assert set(DESIGN_OPTIONS) - {'recurrence'} <= set(dests)
+    a = p.parse_args(['--arch', 'hc', '-L', '4', '--init-seed', '7', '--hc-streams', '2', '--no-compile', '--trackers', 'tensorboard'])
+    assert (a.arch, a.L, a.init_seed, a.hc_streams, a.compile, a.trackers) == ('hc', 4, 7, 2, False, 'tensorboard')
+
+
+def test_make_run_config_takes_run_params_by_position_and_name():
+    from depthbench_nb.trainer import RunParams
+    a = make_run_config('hc', 4, 32, 'tiny', verbose=False, hc_streams=2)
+    b = RunParams(arch='hc', L=4, d_model=32, preset='tiny', options=dict(hc_streams=2)).resolve(verbose=False)
+    assert a == b and a.model.hc_streams == 2
+    with pytest.raises(ConfigError, match='given twice'): make_run_config('hc', arch='preln')
+    with pytest.raises(ConfigError, match='arch is required'): make_run_config(L=4, verbose=False)
+
+
+# ------------------------------------------------------------------------------------------ callbacks and provenance
+def test_a_user_callback_adds_a_column_and_sees_every_hook(runs_dir, tiny_data):
+    from depthbench_nb.trainer import Callback
+    from depthbench_nb.runs import read_metrics_headers
+    seen = []
+    class GradNormSquared(Callback):
+        order = 25                                                   # after the evaluator, before the metrics writer
+        def on_train_start(self, state): seen.append('start')
+        def on_step_end(self, state): state.row['grad_norm_sq'] = state.row['grad_norm'] ** 2; seen.append(state.step)
+        def on_train_end(self, state): seen.append(state.status)
+    run = tiny_run(data=tiny_data, steps=3)
+    res = train(run, progress=False, callbacks=[GradNormSquared()])
+    rows = read_metrics(run_dir(run))
+    assert res['status'] == 'completed' and seen == ['start', 0, 1, 2, 'completed']
+    assert all(r['grad_norm_sq'] == pytest.approx(r['grad_norm'] ** 2) for r in rows)
+    (header,) = read_metrics_headers(run_dir(run))                   # the first line names what produced the rows
+    assert header['run_id'] == run.run_id and header['config'] == run.to_dict() and 'git_dirty' in header['provenance']
+    params = json.loads((run_dir(run) / 'params.json').read_text())
+    assert {'git_commit', 'git_dirty', 'git_diff_sha256', 'torch', 'device'} <= set(params['provenance'])
+
+
+def test_params_json_is_written_before_step_0(runs_dir, tiny_data):
+    from depthbench_nb.trainer import Callback
+    class Peek(Callback):
+        def on_train_start(self, state):
+            self.params = json.loads((state.folder / 'params.json').read_text())
+            self.lines = (state.folder / 'metrics.jsonl').read_text().splitlines()
+    peek = Peek()
+    run = tiny_run(data=tiny_data, steps=1)
+    train(run, progress=False, callbacks=[peek])
+    assert peek.params['run_id'] == run.run_id and 'provenance' in peek.params
+    assert len(peek.lines) == 1 and json.loads(peek.lines[0])['kind'] == 'header'
