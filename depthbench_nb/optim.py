@@ -16,8 +16,8 @@ from .config import ConfigError, TrainConfig
 from .looped import PAPER_BATCH_TOKENS, looped_config, looped_params
 
 # %% auto #0
-__all__ = ['POLAR_EXPRESS_COEFFS', 'MUON_CLASSIC_COEFFS', 'build_optimizer', 'polar_express', 'MuonH', 'HyperP',
-           'reference_tokens', 'hyperp_lrs', 'looped_param_groups', 'linear_decay', 'build_looped_optimizer']
+__all__ = ['POLAR_EXPRESS_COEFFS', 'MUON_CLASSIC_COEFFS', 'polar_express', 'MuonH', 'HyperP', 'reference_tokens', 'hyperp_lrs',
+           'looped_param_groups', 'linear_decay', 'build_looped_optimizer']
 
 # %% ../nbs/06a_optim.ipynb #6bf8d420
 POLAR_EXPRESS_COEFFS: tuple[tuple[float, float, float], ...] = (
@@ -197,4 +197,3 @@ def build_looped_optimizer(model: nn.Module, train_cfg: TrainConfig, tokens: int
     return opt, linear_decay(steps, recipe.final_lr_frac)
 
 
-build_optimizer = build_looped_optimizer   # the name in INTERFACES.md

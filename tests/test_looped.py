@@ -228,7 +228,7 @@ def test_swap_and_skip_over_executed_layers():
 
 # ---------------------------------------------------------------- MuonH and the HyperP recipe (§4.1, App. D)
 from depthbench_nb.config import TrainConfig
-from depthbench_nb.optim import (POLAR_EXPRESS_COEFFS, HyperP, MuonH, build_looped_optimizer, build_optimizer, hyperp_lrs,
+from depthbench_nb.optim import (POLAR_EXPRESS_COEFFS, HyperP, MuonH, build_looped_optimizer, hyperp_lrs,
                                  reference_tokens)
 
 
@@ -314,7 +314,7 @@ def test_hyperp_rules():
 def test_build_looped_optimizer_for_the_trainer():
     m = make(tiny(4, 12, injection='hc'))
     t = TrainConfig(optimizer='muonh', lr=0.014, global_batch=4, seq_len=16, final_lr_frac=0.1)
-    opt, lr_lambda = build_optimizer(m, t, 64 * 50)                     # the trainer's 3-argument call
+    opt, lr_lambda = build_looped_optimizer(m, t, 64 * 50)                   # the trainer's 3-argument call
     kinds = {g['group']: g['kind'] for g in opt.param_groups}
     assert kinds == dict(matrix='muonh', unembedding='adamw', embedding='adamw', norms='adamw', lanes='adamw')
     lanes = next(g for g in opt.param_groups if g['group'] == 'lanes')

@@ -14,18 +14,6 @@ TEXT_SUFFIXES = {'.ipynb', '.py', '.md', '.yaml', '.yml', '.json', '.txt', '.cfg
 FORBIDDEN = re.compile(r"specs/|(?<![\w/])(?:DESIGN|papers|architectures|looped|depthbench_official)\.md\b"
                        r"|(?-i:\bINTERFACES\b)|\bissues? #?\d+|\bwork items?\b", re.IGNORECASE)
 
-# Files still allowed to violate while the notebooks of the other parts of the redesign are converted.
-# THIS LIST MUST BE EMPTY: it is emptied when those parts are merged, and nothing may be added to it.
-EXEMPT = {
-    'nbs/00_config.ipynb', 'nbs/01_shapes.ipynb', 'nbs/02_data.ipynb', 'nbs/03_kernels.ipynb', 'nbs/04_layers.ipynb',
-    'nbs/05_model.ipynb', 'nbs/05a_checks.ipynb', 'nbs/06_looped.ipynb', 'nbs/06a_optim.ipynb', 'nbs/07_trainer.ipynb',
-    'nbs/07a_runs.ipynb', 'nbs/08a_costs.ipynb', 'nbs/09a_sweep.ipynb', 'nbs/09b_interop.ipynb', 'nbs/10_train.ipynb',
-    'nbs/11_diagnose.ipynb',
-    'depthbench_nb/config.py', 'depthbench_nb/checks.py', 'depthbench_nb/costs.py', 'depthbench_nb/data.py',
-    'depthbench_nb/looped.py', 'depthbench_nb/optim.py', 'depthbench_nb/trainer.py',
-}
-
-
 def scanned_files():
     me = Path(__file__).resolve()
     for entry in SCANNED:
@@ -52,15 +40,6 @@ def test_the_pattern_finds_what_it_should():
 
 
 def test_no_file_cites_notes_a_user_does_not_have():
-    found, clean_but_exempt = {}, []
-    for f in scanned_files():
-        rel = f.relative_to(ROOT).as_posix()
-        v = violations(f)
-        if rel in EXEMPT:
-            if not v: clean_but_exempt.append(rel)
-        elif v: found[rel] = v
-    missing = sorted(e for e in EXEMPT if not (ROOT / e).exists())
+    found = {f.relative_to(ROOT).as_posix(): violations(f) for f in scanned_files()}
     msg = [f"{rel}:{line}" for rel, vs in sorted(found.items()) for line in vs]
-    msg += [f"{rel}: clean now, remove it from EXEMPT" for rel in clean_but_exempt]
-    msg += [f"{rel}: in EXEMPT but does not exist" for rel in missing]
     assert not msg, f"{len(msg)} problem(s):\n" + '\n'.join(msg)
