@@ -18,7 +18,7 @@ from .config import ConfigError
 from .console import emit, json_stdout, notebooks_dir, template_notebooks
 
 # %% auto #0
-__all__ = ['COMMANDS', 'UsageError', 'error_kind', 'main', 'cli_notebooks']
+__all__ = ['COMMANDS', 'OPTIONAL_DEPENDENCIES', 'UsageError', 'error_kind', 'main', 'cli_notebooks']
 
 # %% ../nbs/00a_cli.ipynb #d2636155
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -36,7 +36,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     'notebooks':         ('depthbench_nb.cli:cli_notebooks', 'copy the papermill templates and report notebooks to a folder'),
     'import-checkpoint': ('depthbench_nb.interop:cli_import_checkpoint', 'import an OLMo-core / DepthBench checkpoint as a run'),
     'export-hf':         ('depthbench_nb.hf_export:cli_export_hf', 'export a run as a Hugging Face folder (weights, tokenizer, model card)'),
-    'domain-nll':        ('depthbench_nb.hf_export:cli_domain_nll', 'domain NLL of a run through our scorer and through lm-eval'),
+    'domain-nll':        ('depthbench_nb.lmeval:cli_domain_nll', 'domain NLL of a run through our scorer and through lm-eval'),
 }
 
 
@@ -50,11 +50,20 @@ def _usage() -> str:
     return '\n'.join(lines)
 
 
+# optional dependencies and the extra that installs each (settings.ini)
+OPTIONAL_DEPENDENCIES = {'lm_eval': 'eval', 'transformers': 'hf', 'tensorboard': 'tensorboard', 'wandb': 'wandb'}
+
+
 def _load(target: str):
+    "The function behind a subcommand; a module that needs a missing optional dependency is a clear error."
     mod, fn = target.split(':')
     try: module = importlib.import_module(mod)
-    except ModuleNotFoundError as e:
-        if e.name == mod: raise ConfigError(f"subcommand not available: module {mod} is missing from this install") from e
+    except ImportError as e:
+        if getattr(e, 'name', None) == mod: raise ConfigError(f"subcommand not available: module {mod} is missing from this install") from e
+        missing = e if isinstance(e, ModuleNotFoundError) else e.__cause__
+        top = (getattr(missing, 'name', None) or '').split('.')[0]
+        if top in OPTIONAL_DEPENDENCIES:
+            raise ConfigError(f"this subcommand needs {top}: pip install 'depthbench-nb[{OPTIONAL_DEPENDENCIES[top]}]' ({e})") from e
         raise
     return getattr(module, fn)
 

@@ -14,8 +14,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional
 
-from .config import ConfigError, ModelConfig, resolve_arch
+from .config import ARCHS, ConfigError, ModelConfig, resolve_arch
 from .shapes import GRIDS, count_params, grid_shapes
+from .runs import read_metrics
+from .console import emit
 
 # %% auto #0
 __all__ = ['backbone_matmul_params', 'lm_head_params', 'olmo_core_flops_per_token', 'design_forward_flops_per_token',
@@ -127,7 +129,6 @@ def measured_costs(run_dir) -> dict:
     "Peak memory and throughput a run measured (from metrics.jsonl); ConfigError when the run has none."
     path = Path(run_dir) / 'metrics.jsonl'
     if not path.exists(): raise ConfigError(f'no metrics.jsonl in {run_dir}: measured costs need a (started) training run')
-    from depthbench_nb.runs import read_metrics
     rows = read_metrics(run_dir)                # step rows only; skips a partial last line (a run killed mid-write)
     mem = [r['peak_mem_bytes'] for r in rows if r.get('peak_mem_bytes') is not None]
     tps = [r['tokens_per_s'] for r in rows if r.get('tokens_per_s')]
@@ -174,8 +175,6 @@ def latency_row(cfg: ModelConfig, seq_len: int, device: Optional[str] = None, de
 # %% ../nbs/08a_costs.ipynb #62a02033
 def cli_costs(argv=None) -> int:
     "depthbench-nb costs: FLOPs, KV cache and memory per design and shape."
-    from depthbench_nb.console import emit
-    from depthbench_nb.config import ARCHS
     p = argparse.ArgumentParser(prog='depthbench-nb costs', description='FLOPs, KV cache and memory per design and shape of a grid.')
     p.add_argument('--grid', default='400m', help=f"one of: {', '.join(GRIDS)} (default 400m)")
     p.add_argument('--arch', default='preln', help="a design name, or 'all' for every non-looped design (default preln)")

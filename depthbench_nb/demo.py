@@ -20,6 +20,7 @@ from .diagnostics import applicable_metrics, run_diagnostics
 from .reports import completed, normalize_runs, run_folder, run_report_notebooks
 from .runs import read_params
 from .shapes import PRESETS
+from .console import emit
 
 # %% auto #0
 __all__ = ['DEMO_EXTRA_GROUPS', 'DEMO_METRICS', 'demo_extra_entries', 'diagnose_study', 'demo', 'cli_demo']
@@ -108,7 +109,6 @@ def demo(workers: Optional[int] = None, executor: str = 'python', restarts: int 
 
 def cli_demo(argv=None) -> int:
     "depthbench-nb demo: the CPU demo study end to end."
-    from depthbench_nb.console import emit
     p = argparse.ArgumentParser(prog='depthbench-nb demo',
                                 description='The embedded default: offline corpus -> tiny models of every family -> diagnostics -> '
                                             'both reports (about 15 min on 2 cores). Resumable: finished runs are skipped.')

@@ -19,6 +19,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .config import ARCHS, ConfigError, ModelConfig, atomic_write_json, atomic_write_text
+from .costs import cost_row, measure_latency, measured_costs
+from .runs import load_run
+from .console import emit
 
 # %% auto #0
 __all__ = ['CAUSAL_THRESHOLD', 'PERMUTATION_THRESHOLD', 'USEFULNESS_RATIO', 'DEAD_ZONE_THRESHOLD', 'DEAD_ZONE_THRESHOLD_SOURCE',
@@ -681,7 +684,6 @@ def diagnose_model(model, cfg: ModelConfig, x: Tensor, y: Tensor, metrics=None, 
         out['residual_path'] = residual_path_weights(model, x)
     if 'latency' in metrics:
         progress('latency')
-        from depthbench_nb.costs import measure_latency
         out['latency'] = measure_latency(model, latency_seq_len or int(x.shape[1]), cfg.vocab_size, decode_tokens=8)
     for m, group in NLL_METRICS.items():
         if m not in metrics: continue
@@ -778,7 +780,6 @@ def load_checkpointed_run(run_dir):
     "(model, RunConfig) of a run folder; ConfigError when the folder or its checkpoint is missing."
     run_dir = Path(run_dir)
     if not run_dir.is_dir(): raise ConfigError(f'run folder {run_dir} does not exist')
-    from depthbench_nb.runs import load_run
     try:
         return load_run(run_dir)
     except FileNotFoundError as e:
@@ -825,7 +826,6 @@ def run_diagnostics(run_dir, metrics=None, n_samples: int = 16, seq_len: Optiona
     res = diagnose_model(model, cfg, x.to(dev), y.to(dev), metrics, permutation_method=permutation_method,
                          domain_sets=domain_sets, progress=say)
     res['run_dir'] = str(Path(run_dir).resolve()); res['seed'] = seed
-    from depthbench_nb.costs import cost_row, measured_costs
     res['costs'] = cost_row(cfg, seq_len=4096, train_seq_len=run.train.seq_len) if cfg.family != 'looped' else None
     if (Path(run_dir) / 'metrics.jsonl').exists(): res['measured'] = measured_costs(run_dir)   # what training measured
     res['files'] = [str(p) for p in write_diagnostics(res, Path(run_dir) / 'diagnostics', figures=figures)]
@@ -834,7 +834,6 @@ def run_diagnostics(run_dir, metrics=None, n_samples: int = 16, seq_len: Optiona
 # %% ../nbs/08_diagnostics.ipynb #6e3f9d41
 def cli_diagnose(argv=None) -> int:
     "depthbench-nb diagnose RUN_DIR: layer diagnostics of a run's last checkpoint."
-    from depthbench_nb.console import emit
     p = argparse.ArgumentParser(prog='depthbench-nb diagnose', description="Layer diagnostics of a run's last checkpoint; writes tables and figures into RUN_DIR/diagnostics/.")
     p.add_argument('run_dir', help='a run folder (papermill_runs/<study>/<run_id>) with a checkpoint')
     p.add_argument('--metrics', default=None, help=f"comma-separated subset of: {', '.join(METRICS)} (default: all that apply to the design)")

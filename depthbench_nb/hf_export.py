@@ -18,12 +18,13 @@ from typing import Optional
 
 from .config import (DESIGN_OPTIONS, ConfigError, ModelConfig, RunConfig, atomic_write_json, atomic_write_text,
                                   package_dir, resolve_arch)
-from .runs import read_result
+from .runs import list_checkpoints, load_run, read_result
+from .console import emit
 
 # %% auto #0
 __all__ = ['HF_CODE_ENTRIES', 'AUTO_MAP', 'PAPERS', 'EXPORT_FORMATS', 'RECORD_NAME', 'vendored_source', 'builder_of',
            'vendored_code', 'run_tokenizer', 'paper_of', 'public_record', 'model_card', 'export_hf', 'load_for_eval',
-           'cli_export_hf', 'cli_domain_nll']
+           'cli_export_hf']
 
 # %% ../nbs/09f_hf_export.ipynb #472b9568
 HF_CODE_ENTRIES = ('hf_config', 'hf')       # the modules that define the Transformers classes
@@ -180,8 +181,6 @@ def export_hf(run_dir, out, fmt: str = 'depthbench', tokenizer=None, force: bool
     "Write a Hugging Face folder of a run's newest complete checkpoint (atomic); returns a summary."
     import torch
     from transformers import PreTrainedTokenizerFast
-    from depthbench_nb.runs import read_result
-    from depthbench_nb.runs import list_checkpoints, load_run
     if fmt not in EXPORT_FORMATS: raise ConfigError(f"unknown export format {fmt!r}; valid formats: {', '.join(EXPORT_FORMATS)}")
     if dtype not in ('float32', 'bfloat16'): raise ConfigError(f"unknown dtype {dtype!r}; valid dtypes: float32, bfloat16")
     run_dir, out = Path(run_dir).expanduser(), Path(out).expanduser()
@@ -242,7 +241,6 @@ def load_for_eval(path, tokenizer=None) -> dict:
         raise ConfigError(f"{path} is not a folder: pass a run folder (<runs root>/<study>/<run_id>) or a folder written by "
                           f"depthbench-nb export-hf")
     if (p / 'params.json').is_file():
-        from depthbench_nb.runs import load_run
         model, run = load_run(p)
         tok = run_tokenizer(run, tokenizer)
         return dict(model=model.eval(), tokenizer=tok['tokenizer'], eos_id=tok['eos_id'], pad_id=tok['pad_id'], kind='run',
@@ -263,7 +261,6 @@ def load_for_eval(path, tokenizer=None) -> dict:
 # %% ../nbs/09f_hf_export.ipynb #2bb04dfd
 def cli_export_hf(argv=None) -> int:
     "depthbench-nb export-hf RUN_DIR OUT: a run as a Hugging Face folder (config, safetensors, tokenizer, model card)."
-    from depthbench_nb.console import emit
     p = argparse.ArgumentParser(prog='depthbench-nb export-hf',
                                 description="Export a run's newest complete checkpoint as a Hugging Face folder: config.json, "
                                             "model.safetensors, the tokenizer, a model card and the run record. Load it with "
@@ -279,10 +276,3 @@ def cli_export_hf(argv=None) -> int:
     a = p.parse_args(argv)
     res = export_hf(a.run_dir, a.out, fmt=a.format, tokenizer=a.tokenizer, force=a.force, dtype=a.dtype)
     return emit(res, a.json, title=f"exported {res['run_id']} to {res['out']}")
-
-
-def cli_domain_nll(argv=None) -> int:
-    "depthbench-nb domain-nll PATH: the DepthBench domain NLL, through our scorer and/or lm-eval's loglikelihood."
-    try: from depthbench_nb.lmeval import NLL_ROUTES, cli_domain_nll as run
-    except ImportError as e: raise ConfigError(f"domain-nll needs lm-eval: pip install 'depthbench-nb[eval]' ({e})") from e
-    return run(argv)

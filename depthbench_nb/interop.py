@@ -25,6 +25,9 @@ from .config import (ARCHS, ConfigError, ForkNames, CorruptFile, DataConfig, Mod
                                   atomic_write_bytes, atomic_write_json, resolve_arch)
 from .layers import KVCache
 from .model import SAME, DepthModel, build_model
+from .runs import CHECKPOINT_FORMAT_VERSION, RECORD_FILES, checkpoint_content, checkpoints_dir, load_run, provenance, read_json, run_dir, safe_torch_load, write_checksums, write_params, write_result, writing_run_folder
+from .shapes import count_params
+from .console import emit, parse_literal
 
 # %% auto #0
 __all__ = ['CHECKPOINT_FORMAT', 'IMPORTED_STUDY', 'LLAMA_EXPORTABLE', 'read_dcp_state_dict', 'is_hub_id', 'select_step',
@@ -69,7 +72,6 @@ def _dcp_dir(path: Path) -> Path | None:
 
 def read_dcp_state_dict(path, prefix: str = 'model.') -> dict[str, torch.Tensor]:
     "Model tensors of a torch distributed checkpoint (OLMo-core or plain torch writer), without torch.distributed."
-    from depthbench_nb.runs import safe_torch_load
     path = Path(path)
     index_file = path / '.metadata'
     try:
@@ -177,7 +179,6 @@ def read_state_dict(path) -> tuple[dict[str, torch.Tensor], str]:
     Nothing is unpickled beyond tensors and plain values: `.pt`/`.bin` through `torch.load(weights_only=True)`,
     a DCP index through an unpickler of its own classes only; a file that would run code is `UnsafeFile`, a
     damaged one `CorruptFile`."""
-    from depthbench_nb.runs import safe_torch_load
     path = Path(path)
     dcp = _dcp_dir(path) if path.is_dir() else None
     if dcp is not None: return read_dcp_state_dict(dcp), 'dcp'
@@ -423,10 +424,8 @@ def load_pretrained(folder) -> DepthModel:
     folder = Path(folder)
     if not (folder / 'config.json').exists():
         if (folder / 'params.json').exists():
-            from depthbench_nb.runs import load_run
             return load_run(folder)[0]
         raise ConfigError(f"{folder} holds neither config.json (save_pretrained) nor params.json (a run folder)")
-    from depthbench_nb.runs import read_json
     meta = read_json(folder / 'config.json')
     if not isinstance(meta, dict) or meta.get('format') != CHECKPOINT_FORMAT:
         raise ConfigError(f"{folder}/config.json has format {(meta or {}).get('format') if isinstance(meta, dict) else None!r}, expected {CHECKPOINT_FORMAT!r}")
@@ -477,8 +476,6 @@ def import_checkpoint(source: str, arch: str, n_layer: Optional[int] = None, n_h
     """Import SOURCE (local folder/file or hub id) as a run folder; returns (run folder, result).
     `data` is the token data diagnostics will read: default FineWeb-Edu with the NeoX tokenizer for DepthBench's
     vocabulary (50,280, §4), else the package's default data."""
-    from depthbench_nb.runs import provenance, run_dir, write_result, writing_run_folder
-    from depthbench_nb.shapes import count_params
     spec = resolve_arch(arch)
     if not isinstance(spec.importer, ForkNames): raise ConfigError(f"import-checkpoint cannot read {spec.name!r} checkpoints: {spec.importer}")
     t0 = time.time()
@@ -519,8 +516,6 @@ def import_checkpoint(source: str, arch: str, n_layer: Optional[int] = None, n_h
 def _write_imported(folder: Path, run: RunConfig, step: int, tensors: dict, source) -> None:
     "params.json and one weights-only checkpoint in the trainer's format (checksummed, written aside then renamed)."
     import shutil
-    from depthbench_nb.runs import RECORD_FILES, write_checksums, write_params
-    from depthbench_nb.runs import CHECKPOINT_FORMAT_VERSION, checkpoint_content, checkpoints_dir
     write_params(folder, run, imported_from=str(source))
     final = checkpoints_dir(folder) / f'step_{step:08d}'
     tmp = checkpoints_dir(folder) / f'.tmp-step_{step:08d}-{os.getpid()}'
@@ -627,7 +622,6 @@ def decode_throughput(model: DepthModel, batch_size: int = 1, prompt_len: int = 
 # %% ../nbs/09b_interop.ipynb #d2d19ea9
 def cli_import_checkpoint(argv=None) -> int:
     "depthbench-nb import-checkpoint SOURCE --arch A [--L L]: an OLMo-core / DepthBench checkpoint as a run folder."
-    from depthbench_nb.console import emit, parse_literal
     p = argparse.ArgumentParser(prog='depthbench-nb import-checkpoint',
                                 description='Import an OLMo-core / DepthBench checkpoint (DCP folder, safetensors, .pt, '
                                             'Hugging Face LLaMA folder, or a hub id when online) as a run folder.')

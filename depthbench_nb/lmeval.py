@@ -26,6 +26,7 @@ from .config import ConfigError
 from .diagnostics import completion_nll, nll_by_category
 from .hf_export import load_for_eval
 from .layers import KVCache
+from .console import emit
 
 # %% auto #0
 __all__ = ['GEN_OPTIONS', 'DTYPES', 'NLL_ROUTES', 'DepthBenchLM', 'lm_eval_nll', 'native_nll', 'domain_nll', 'compare_nll_routes',
@@ -259,7 +260,6 @@ def compare_nll_routes(pretrained, names=None, limit: Optional[int] = 64, batch_
 # %% ../nbs/09g_lm_eval.ipynb #63b1577b
 def cli_domain_nll(argv=None) -> int:
     "depthbench-nb domain-nll PATH: the domain NLL of a run or export, through our scorer and/or lm-eval's loglikelihood."
-    from depthbench_nb.console import emit
     p = argparse.ArgumentParser(prog='depthbench-nb domain-nll',
                                 description="Completion-only NLL on the DepthBench domain sets (coding, STEM, math) of a run folder or "
                                             "an export, through our scorer (native), lm-eval's loglikelihood as the official code "

@@ -22,6 +22,7 @@ from .config import ARCHS, ConfigError, ModelConfig, atomic_write_text, package_
 from .costs import cost_row, measured_costs
 from .runs import list_runs, read_params, read_result
 from .shapes import GRIDS, OFFICIAL_STEPS, PRESETS, count_params, grid_shapes, shape_for
+from .console import emit, template_path
 
 # %% auto #0
 __all__ = ['REFERENCE_FILES', 'ACCOUNTING_LABEL', 'PAPER_LABEL', 'PAPER_PRESETS', 'RUN_COLUMNS', 'DEPTHBENCH_ARTIFACTS',
@@ -1480,7 +1481,6 @@ LOOPED_PARAMETERS = ('restarts', 'n_bootstrap', 'bootstrap_restarts', 'seed', 'w
 def run_report_notebooks(study: str, which=('depthbench', 'looped'), parameters: Optional[dict] = None, progress: bool = True) -> list[Path]:
     "Execute the report notebooks for a study into papermill_runs/<study>/report/; returns the executed notebooks' paths."
     import papermill as pm
-    from depthbench_nb.console import template_path
     out_dir = runs_root() / study / 'report'
     out_dir.mkdir(parents=True, exist_ok=True)
     done = []
@@ -1497,7 +1497,6 @@ def run_report_notebooks(study: str, which=('depthbench', 'looped'), parameters:
 
 def cli_report(argv=None) -> int:
     "depthbench-nb report STUDY: rebuild a study's tables and figures."
-    from depthbench_nb.console import emit
     p = argparse.ArgumentParser(prog='depthbench-nb report', description="Rebuild a study's tables and figures (papermill_runs/STUDY/report/).")
     p.add_argument('study', help='study name (a folder under the runs root)')
     p.add_argument('--only', choices=list(REPORT_NOTEBOOKS), help='build one report only')

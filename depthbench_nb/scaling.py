@@ -19,6 +19,7 @@ import pandas as pd
 from scipy.optimize import minimize, minimize_scalar
 
 from .config import ConfigError, CorruptFile
+from .console import emit
 
 # %% auto #0
 __all__ = ['HUBER_DELTA', 'PARAM_NAMES', 'LOWER', 'UPPER', 'LAWS', 'PROVENANCES', 'PAPER_LOOPED', 'SCIPY_OPTIONS', 'FIT_METHODS',
@@ -1040,7 +1041,6 @@ def read_runs_csv(path) -> pd.DataFrame:
 
 def cli_fit(argv=None) -> int:
     "depthbench-nb fit: fit a scaling law to a CSV of runs."
-    from depthbench_nb.console import emit
     p = argparse.ArgumentParser(prog='depthbench-nb fit', description='Fit the Chinchilla or the looped (phi) '
                                 "scaling law to a CSV of runs, with block-bootstrap CIs; defaults are the looped paper's "
                                 'protocol (arXiv 2604.21106 §4.2, App. F): 500 restarts; 200 resamples, each refit from 500 '

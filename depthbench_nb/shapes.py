@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 from .config import ARCHS, ConfigError, ModelConfig, _choice_error, ffn_hidden_default, resolve_arch
+from .console import emit
 
 # %% auto #0
 __all__ = ['GRIDS', 'TINY_DEFAULT_DEPTHS', 'OFFICIAL_STEPS', 'PRESETS', 'SHAPE_COLUMNS', 'ParamCount', 'preln_block_params',
@@ -240,7 +241,6 @@ def shape_rows(grid: str, arch: str = 'preln', depths=None, **options) -> list[d
 
 def cli_shapes(argv=None) -> int:
     "depthbench-nb shapes: list a grid's shapes with parameter counts."
-    from depthbench_nb.console import emit
     p = argparse.ArgumentParser(prog='depthbench-nb shapes', description='List the shapes of a grid with their parameter counts.')
     p.add_argument('--grid', default='400m', help=f"one of: {', '.join(list(GRIDS) + list(design_grids()))} (default 400m)")
     p.add_argument('--arch', default='preln', help='design whose parameters are counted (default preln)')

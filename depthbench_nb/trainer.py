@@ -39,6 +39,9 @@ from .shapes import (GRIDS, PRESETS, TINY_DEFAULT_DEPTHS, Shape, count_params, g
                                   resolve_preset, shape_for)
 from .data import TokenData, held_out_set, read_manifest, resolve_data
 from .model import build_model
+from .costs import train_flops_per_token
+from .looped import PAPER_VOCAB, looped_config, tokens_for_budget
+from .looped import flops_per_token as looped_flops_per_token   # the trainer's own flops_per_token reads a run
 
 # %% auto #0
 __all__ = ['LOOPED_RECIPE', 'LOOPED_TINY', 'INIT_SEEDS', 'DEFAULT_CHECKPOINT_EVERY', 'RunParams', 'make_run_config',
@@ -239,7 +242,6 @@ def _data_config(data, preset) -> DataConfig:
 
 def _looped_model(p, L, d_model, ratio, r, s, C, opts) -> tuple[ModelConfig, Optional[int]]:
     "Looped shape: width scale s (d = 64·s), recurrence r, effective depth 20; a FLOP budget C sets the tokens."
-    from depthbench_nb.looped import PAPER_VOCAB, flops_per_token, looped_config, tokens_for_budget
     if d_model is not None or ratio is not None: raise ConfigError("looped models take the width scale s (d = 64·s), not d_model or ratio")
     if L is not None and L != 20: raise ConfigError(f"looped models have effective depth 20 (arXiv 2604.21106 §3.1); got L={L}")
     tiny = p.name == 'tiny'
@@ -250,7 +252,7 @@ def _looped_model(p, L, d_model, ratio, r, s, C, opts) -> tuple[ModelConfig, Opt
     opts = {k: v for k, v in opts.items() if k != 'recurrence'}
     cfg = looped_config(s, r, vocab_size=GRIDS[p.grid].vocab_size if tiny else PAPER_VOCAB, **kw, **opts)
     if C is None: return cfg, None
-    return cfg, tokens_for_budget(C, flops_per_token(cfg, seq_len=p.seq_len), p.seq_len * p.global_batch)
+    return cfg, tokens_for_budget(C, looped_flops_per_token(cfg, seq_len=p.seq_len), p.seq_len * p.global_batch)
 
 # %% ../nbs/07_trainer.ipynb #1aaf25a2
 def total_steps(run: RunConfig) -> int:
@@ -535,7 +537,6 @@ def peak_memory_bytes(device: torch.device) -> int:
 
 def flops_per_token(run: RunConfig) -> float:
     "Training FLOPs per token of the run's model (depthbench_nb.costs)."
-    from depthbench_nb.costs import train_flops_per_token
     return float(train_flops_per_token(run.model, run.train.seq_len))
 
 

@@ -16,14 +16,17 @@ PKG = ROOT / 'depthbench_nb'
 # The flow, earliest first. A module may import only modules EARLIER in this list (never itself-later ones).
 #   console      a leaf: output helpers (emit, ...) that import nothing from the package
 #   config       dataclasses, errors, atomic writes
-#   runs, data   run records (and checkpoint I/O) and token data need only the config
-#   shapes -> kernels -> layers -> model -> looped -> checks (the init/invariant checks read every model family)
+#   data         token data needs only the config
+#   shapes -> kernels -> layers -> model -> looped
+#   runs         run records and checkpoint I/O (loading a run builds its model)
+#   checks       the init/invariant checks read every model family
+#   costs        closed-form FLOPs, caches and memory, and measured latency: the trainer's MFU meter reads its FLOPs
 #   optim -> trainer
 #   interop, hf_config, hf, hf_export, _hooks: interoperability with other code bases, after the trainer
-#   costs -> diagnostics -> lmeval (scores with the diagnostics' NLL) -> scaling (fits what the diagnostics measure)
+#   diagnostics -> lmeval (scores with the diagnostics' NLL) -> scaling (fits what the diagnostics measure)
 #   slurm -> sweep -> reports -> demo (drives a whole study into both reports) -> cli (dispatches to all)
-FLOW = ['console', 'config', 'runs', 'data', 'shapes', 'kernels', 'layers', 'model', 'looped', 'checks', 'optim',
-        'trainer', 'interop', 'hf_config', 'hf', 'hf_export', '_hooks', 'costs', 'diagnostics', 'lmeval', 'scaling',
+FLOW = ['console', 'config', 'data', 'shapes', 'kernels', 'layers', 'model', 'looped', 'runs', 'checks', 'costs', 'optim',
+        'trainer', 'interop', 'hf_config', 'hf', 'hf_export', '_hooks', 'diagnostics', 'lmeval', 'scaling',
         'slurm', 'sweep', 'reports', 'demo', 'cli']
 NOT_IN_FLOW = {'__init__', '_modidx'}   # the package root (version, hook install) and nbdev's index
 
