@@ -69,7 +69,9 @@ def vendored_code(arch: str) -> dict[str, str]:
         if f'{module}.py' in files: continue
         files[f'{module}.py'] = source = vendored_source(module)
         todo += [m for m in _RELATIVE.findall(source) if (package_dir() / f'{m}.py').is_file()]
+    # the builder's module registers the design: the configuration validates its arch against the registry
     files['configuration_depthbench.py'] = ('"Transformers remote code of a depthbench-nb export: the configuration."\n'
+                                            f'from .{builder_module} import {builder}  # noqa: F401  (registers {arch!r})\n'
                                             'from .hf_config import DepthBenchConfig  # noqa: F401\n')
     files['modeling_depthbench.py'] = ('"Transformers remote code of a depthbench-nb export: the model."\n'
                                        'from .hf import DepthBenchForCausalLM  # noqa: F401\n'
