@@ -94,6 +94,8 @@ class Design:
     shared_init: bool = True                  # DepthBench's truncated-normal init (False: check_init covers it all)
     run_tag: Optional[Callable] = None        # cfg -> a run id tag such as 'r4-'
     grids: dict = field(default_factory=dict) # named grids the design brings: name -> callable(variant) -> rows
+    llama_norm_gain: Optional[Callable] = None   # block -> factor folded into its norm gains for a LlamaForCausalLM export
+                                                 # (None: the block is not a LLaMA block and does not export as one)
 
     def missing(self) -> list[str]:
         "The required pieces this entry leaves out."

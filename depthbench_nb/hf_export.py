@@ -195,9 +195,9 @@ def export_hf(run_dir, out, fmt: str = 'depthbench', tokenizer=None, force: bool
     model, run = load_run(run_dir)                     # the trainer's own loader: the newest complete checkpoint
     cfg = run.model
     if fmt == 'llama':
-        from depthbench_nb.interop import LLAMA_EXPORTABLE
-        if cfg.arch not in LLAMA_EXPORTABLE:
-            raise ConfigError(f"--format llama exports {', '.join(LLAMA_EXPORTABLE)} only (arch {cfg.arch!r} changes the block); "
+        from depthbench_nb.interop import llama_exportable
+        if cfg.arch not in llama_exportable():
+            raise ConfigError(f"--format llama exports {', '.join(llama_exportable())} only (arch {cfg.arch!r} changes the block); "
                               f"use the default --format depthbench")
     tok = run_tokenizer(run, tokenizer)
     n_tok = tok['tokenizer'].get_vocab_size(with_added_tokens=True)

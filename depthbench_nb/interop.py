@@ -30,11 +30,11 @@ from .shapes import count_params
 from .console import emit, parse_literal
 
 # %% auto #0
-__all__ = ['CHECKPOINT_FORMAT', 'IMPORTED_STUDY', 'LLAMA_EXPORTABLE', 'read_dcp_state_dict', 'is_hub_id', 'select_step',
-           'resolve_source', 'read_state_dict', 'fork_layout', 'canonical_fork_state_dict', 'check_fork_layout',
-           'detect_arch', 'infer_model_config', 'NameMapping', 'name_map', 'fork_to_ours', 'ours_to_fork',
+__all__ = ['CHECKPOINT_FORMAT', 'IMPORTED_STUDY', 'read_dcp_state_dict', 'is_hub_id', 'select_step', 'resolve_source',
+           'read_state_dict', 'fork_layout', 'canonical_fork_state_dict', 'check_fork_layout', 'detect_arch',
+           'infer_model_config', 'NameMapping', 'name_map', 'fork_to_ours', 'ours_to_fork',
            'model_from_fork_state_dict', 'save_pretrained', 'check_state_dict', 'load_pretrained', 'import_checkpoint',
-           'llama_state_dict', 'llama_config_dict', 'export_llama', 'generate', 'decode_throughput',
+           'llama_exportable', 'llama_state_dict', 'llama_config_dict', 'export_llama', 'generate', 'decode_throughput',
            'cli_import_checkpoint']
 
 # %% ../nbs/09b_interop.ipynb #0b5eff66
@@ -528,20 +528,23 @@ def _write_imported(folder: Path, run: RunConfig, step: int, tensors: dict, sour
     os.replace(tmp, final)
 
 # %% ../nbs/09b_interop.ipynb #ebb4f397
-LLAMA_EXPORTABLE = ('preln', 'lns')
+def llama_exportable() -> tuple[str, ...]:
+    "The designs whose blocks are LLaMA blocks (their registry entry says how their norm gains fold)."
+    return tuple(name for name, design in ARCHS.items() if design.llama_norm_gain is not None)
 
 
 def llama_state_dict(model: DepthModel) -> dict[str, torch.Tensor]:
     "Our Pre-LN (or LNS, folded) tensors under Hugging Face LLaMA names."
     cfg = model.config
-    if cfg.arch not in LLAMA_EXPORTABLE:
-        raise ConfigError(f"only {', '.join(LLAMA_EXPORTABLE)} export to LlamaForCausalLM (arch {cfg.arch!r} changes the block)")
+    gain = resolve_arch(cfg.arch).llama_norm_gain
+    if gain is None:
+        raise ConfigError(f"only {', '.join(llama_exportable())} export to LlamaForCausalLM (arch {cfg.arch!r} changes the block)")
     sd = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
     out = {'model.embed_tokens.weight': sd['tok_emb.weight'], 'model.norm.weight': sd['final_norm.weight'],
            'lm_head.weight': sd['lm_head.weight']}
     for b, blk in enumerate(model.blocks):
         p, q = f'blocks.{b}.', f'model.layers.{b}.'
-        s = getattr(blk, 'ln_scale', 1.0)  # 1 for Pre-LN; LNS: N(x)/sqrt(b+1) == RMSNorm with gain g/sqrt(b+1)
+        s = gain(blk)                      # folded into both norm gains (1 for Pre-LN)
         out.update({q + 'self_attn.q_proj.weight': sd[p + 'attn.wq.weight'], q + 'self_attn.k_proj.weight': sd[p + 'attn.wk.weight'],
                     q + 'self_attn.v_proj.weight': sd[p + 'attn.wv.weight'], q + 'self_attn.o_proj.weight': sd[p + 'attn.wo.weight'],
                     q + 'mlp.gate_proj.weight': sd[p + 'ffn.w1.weight'], q + 'mlp.up_proj.weight': sd[p + 'ffn.w3.weight'],

@@ -25,13 +25,14 @@ from .shapes import count_params
 __all__ = ['SAME', 'SQUEEZE0', 'FLATTEN', 'PLAIN_FORK', 'PERILN_FORK', 'KEEL_FORK', 'HC_FORK_TABLE', 'HC_FORK', 'MHC_BACKENDS',
            'MHC_FORK_TABLES', 'MHC_FORK', 'ATTNRES_EPS', 'MODA_FORK', 'ForwardContext', 'DepthModel', 'no_extra_flops',
            'no_extra_params', 'no_init_invariants', 'plain_fork_names', 'n_params', 'build_model', 'Block',
-           'ResidualTransformer', 'PreLNBlock', 'build_preln', 'PeriLNBlock', 'build_periln', 'LNSBlock', 'build_lns',
-           'DeepNormBlock', 'build_deepnorm', 'KEELBlock', 'build_keel', 'HCConnector', 'MHCConnector', 'log_sinkhorn',
-           'MHCNativeConnector', 'MHCStaticConnector', 'MultiStreamBlock', 'MultiStreamTransformer', 'multistream_init',
-           'connector_fork_names', 'hc_connector', 'build_hc', 'mhc_connector', 'build_mhc', 'attnres_sources_per_site',
-           'AttnResMixer', 'AttnResBlock', 'AttnResTransformer', 'attnres_flops', 'attnres_activations',
-           'attnres_fork_names', 'attnres_fork', 'full_attnres_groups', 'build_attnres', 'block_attnres_groups',
-           'build_block_attnres', 'MoDABlock', 'build_moda']
+           'ResidualTransformer', 'PreLNBlock', 'build_preln', 'unit_norm_gain', 'PeriLNBlock', 'build_periln',
+           'LNSBlock', 'build_lns', 'lns_norm_gain', 'DeepNormBlock', 'build_deepnorm', 'KEELBlock', 'build_keel',
+           'HCConnector', 'MHCConnector', 'log_sinkhorn', 'MHCNativeConnector', 'MHCStaticConnector',
+           'MultiStreamBlock', 'MultiStreamTransformer', 'multistream_init', 'connector_fork_names', 'hc_connector',
+           'build_hc', 'mhc_connector', 'build_mhc', 'attnres_sources_per_site', 'AttnResMixer', 'AttnResBlock',
+           'AttnResTransformer', 'attnres_flops', 'attnres_activations', 'attnres_fork_names', 'attnres_fork',
+           'full_attnres_groups', 'build_attnres', 'block_attnres_groups', 'build_block_attnres', 'MoDABlock',
+           'build_moda']
 
 # %% ../nbs/05_model.ipynb #b4af3bf2
 @dataclass
@@ -278,9 +279,13 @@ class PreLNBlock(Block):
 def build_preln(cfg: ModelConfig) -> ResidualTransformer: return ResidualTransformer(cfg, PreLNBlock)
 
 
+def unit_norm_gain(block: nn.Module) -> float: return 1.0   # a Pre-LN block is a LLaMA block as it is
+
+
 register_design(Design('preln', 'residual', 'Pre-LN baseline: h = x + A(N(x))', build=build_preln,
                        extra_params=no_extra_params, forward_flops=no_extra_flops, check_init=no_init_invariants,
-                       metrics=('usefulness', 'residual_path'), importer=PLAIN_FORK))
+                       metrics=('usefulness', 'residual_path'), importer=PLAIN_FORK,
+                       llama_norm_gain=unit_norm_gain))
 
 # %% ../nbs/05_model.ipynb #d813461d
 class PeriLNBlock(Block):
@@ -345,9 +350,15 @@ def _lns_init(model: ResidualTransformer, idx: torch.Tensor, atol: float) -> Opt
     return None if ok else f'block {b} attention input is not N_a(x)/sqrt({b + 1}) (diff {e:.2e})'
 
 
+def lns_norm_gain(block: nn.Module) -> float:
+    "N(x)/sqrt(b+1) is RMSNorm with gain g/sqrt(b+1): LNS exports as LLaMA with the factor folded into both gains."
+    return block.ln_scale
+
+
 register_design(Design('lns', 'residual', 'LayerNorm Scaling: pre-norm output scaled by 1/sqrt(block index, 1-based)',
                        build=build_lns, extra_params=no_extra_params, forward_flops=no_extra_flops, check_init=_lns_init,
-                       metrics=('usefulness', 'residual_path'), importer=PLAIN_FORK))
+                       metrics=('usefulness', 'residual_path'), importer=PLAIN_FORK,
+                       llama_norm_gain=lns_norm_gain))
 
 # %% ../nbs/05_model.ipynb #d9a498ef
 class DeepNormBlock(Block):

@@ -20,17 +20,18 @@ from scipy.optimize import minimize, minimize_scalar
 
 from .config import ConfigError, CorruptFile
 from .console import emit
+from .looped import PAPER_SEQ_LEN, PAPER_VOCAB, looped_grid_rows   # the paper's padded vocabulary and context
 
 # %% auto #0
 __all__ = ['HUBER_DELTA', 'PARAM_NAMES', 'LOWER', 'UPPER', 'LAWS', 'PROVENANCES', 'PAPER_LOOPED', 'SCIPY_OPTIONS', 'FIT_METHODS',
            'BATCH_STARTS', 'BATCH_ELEMENTS', 'DESCENT_FTOL', 'BASIN_GRID', 'PARALLEL_MIN_ELEMENTS', 'LAW_COLUMNS',
-           'V_PAD', 'SEQ_LEN', 'BOOT_PARAMS', 'BOOT_CHUNK', 'theta_from_params', 'params_from_theta', 'LawData',
-           'chinchilla_data', 'looped_data', 'law_objective', 'predict_loss', 'naive_objective', 'single_objective',
-           'batch_objective', 'default_workers', 'minimise_law', 'FitResult', 'residual_stats', 'r_squared', 'fit_law',
-           'fit_chinchilla', 'fit_looped', 'frame_provenance', 'law_data_from_frame', 'fit_frame', 'fit_per_r',
-           'LoopedAccounting', 'paper_accounting', 'paper_grid_frame', 'synthetic_looped_frame', 'table_blocks',
-           'law_bootstrap', 'block_bootstrap', 'attach_bootstrap', 'effort_label', 'empirical_optima', 'law_optimum',
-           'worked_example', 'read_runs_csv', 'cli_fit']
+           'BOOT_PARAMS', 'BOOT_CHUNK', 'theta_from_params', 'params_from_theta', 'LawData', 'chinchilla_data',
+           'looped_data', 'law_objective', 'predict_loss', 'naive_objective', 'single_objective', 'batch_objective',
+           'default_workers', 'minimise_law', 'FitResult', 'residual_stats', 'r_squared', 'fit_law', 'fit_chinchilla',
+           'fit_looped', 'frame_provenance', 'law_data_from_frame', 'fit_frame', 'fit_per_r', 'LoopedAccounting',
+           'paper_accounting', 'paper_grid_frame', 'synthetic_looped_frame', 'table_blocks', 'law_bootstrap',
+           'block_bootstrap', 'attach_bootstrap', 'effort_label', 'empirical_optima', 'law_optimum', 'worked_example',
+           'read_runs_csv', 'cli_fit']
 
 # %% ../nbs/09_scaling.ipynb #34c6ab26
 HUBER_DELTA = 1e-3
@@ -815,9 +816,6 @@ def fit_per_r(df: pd.DataFrame, restarts: int = 500, seed: int = 0, provenance: 
     return out
 
 # %% ../nbs/09_scaling.ipynb #613c339c
-V_PAD, SEQ_LEN = 32064, 2048
-
-
 @dataclass(frozen=True)
 class LoopedAccounting:
     "Unique non-embedding params run once / in the loop, and training FLOPs per token, of one (d, r)."
@@ -831,7 +829,7 @@ class LoopedAccounting:
     def n_unique(self) -> float: return self.n_once + self.n_rec
 
 
-def paper_accounting(d: float, r: int, vocab: int = V_PAD, seq_len: int = SEQ_LEN) -> LoopedAccounting:
+def paper_accounting(d: float, r: int, vocab: int = PAPER_VOCAB, seq_len: int = PAPER_SEQ_LEN) -> LoopedAccounting:
     "The closed forms of arXiv 2604.21106 §3.2 (Eq. 1) at any width d (continuous d allowed, for law optima)."
     n_b, n_i = 12 * d * d + 2 * d, 2 * d * d
     if r == 1: n_once, n_rec, executed = 0.0, 20 * n_b, 20 * n_b             # no loop, no injection
@@ -842,7 +840,6 @@ def paper_accounting(d: float, r: int, vocab: int = V_PAD, seq_len: int = SEQ_LE
 
 def paper_grid_frame(variant: str = 'baseline') -> pd.DataFrame:
     "The paper's grid (116 runs for 'baseline') as a table: C, s, r, d_model, n_once, n_rec, flops_per_token, D."
-    from depthbench_nb.looped import looped_grid_rows
     return pd.DataFrame(looped_grid_rows(variant)).rename(columns={'tokens': 'D'})
 
 

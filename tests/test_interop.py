@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from depthbench_nb.config import ConfigError, ModelConfig
-from depthbench_nb.interop import (LLAMA_EXPORTABLE, canonical_fork_state_dict, check_fork_layout, cli_import_checkpoint,
+from depthbench_nb.interop import (llama_exportable, canonical_fork_state_dict, check_fork_layout, cli_import_checkpoint,
                                    decode_throughput, detect_arch, export_llama, fork_layout, generate, import_checkpoint,
                                    infer_model_config, load_pretrained, model_from_fork_state_dict, name_map, ours_to_fork,
                                    read_dcp_state_dict, read_state_dict, save_pretrained)
@@ -253,7 +253,7 @@ def test_load_pretrained_refuses_a_file_that_does_not_fit(tmp_path):
     assert 'first mismatching tensor tok_emb.weight has shape [64, 32], expected [64, 64]' in refusal(load_pretrained, tmp_path / 'a')
 
 
-@pytest.mark.parametrize('arch', LLAMA_EXPORTABLE)
+@pytest.mark.parametrize("arch", llama_exportable())
 def test_export_llama_logits_parity(arch, tmp_path):
     from transformers import LlamaForCausalLM
     cfg = tiny(arch, n_layer=3)
