@@ -9,15 +9,20 @@ import argparse
 import contextlib
 import dataclasses
 import importlib.util
+import inspect
 import json
 import sys
+import types
 import typing
 from pathlib import Path
 from typing import Iterable, Iterator, Optional
 
+from fastcore.docments import docments
+
 # %% auto #0
-__all__ = ['format_table', 'parse_literal', 'json_stdout', 'emit', 'add_dataclass_options', 'dataclass_values', 'notebooks_dir',
-           'template_notebooks', 'template_path']
+__all__ = ['format_table', 'parse_literal', 'json_stdout', 'emit', 'add_dataclass_options', 'dataclass_values', 'Arg',
+           'parser_from_signature', 'parser_from_commands', 'call_parsed', 'notebooks_dir', 'template_notebooks',
+           'template_path']
 
 # %% ../nbs/00b_console.ipynb #1ec7e9ec
 def format_table(rows: list[dict], columns=None) -> str:
@@ -106,6 +111,88 @@ def dataclass_values(cls, ns: argparse.Namespace, prefix: str = '') -> dict:
         v = getattr(ns, prefix + f.name)
         out[f.name] = tuple(v) if f.metadata.get('repeat') else v
     return out
+
+# %% ../nbs/00b_console.ipynb #3f9c2b61
+@dataclasses.dataclass(frozen=True)
+class Arg:
+    """How one parameter of a command function appears on the command line where its name, type and comment are
+    not enough; written as `Annotated[T, Arg(...)]`. `help` replaces the comment (for text built from constants),
+    `flags` replace `--kebab-name`, `parse` turns the text into the value (argparse's `type`: '16,70' -> (16, 70)),
+    `choices` lists the valid values, `metavar` names the value in `--help`."""
+    help: Optional[str] = None
+    flags: tuple = ()
+    parse: Optional[typing.Callable] = None
+    choices: Optional[Iterable] = None
+    metavar: Optional[str] = None
+
+
+def _peel(annotation):
+    "(type, Arg) of a parameter's annotation, with Annotated[...] and Optional[...] taken off."
+    arg = Arg()
+    if typing.get_origin(annotation) is typing.Annotated:
+        annotation, *meta = typing.get_args(annotation)
+        arg = next((m for m in meta if isinstance(m, Arg)), arg)
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        if len(args) == 1: annotation = args[0]
+    return annotation, arg
+
+
+def _comments(fn) -> dict:
+    "The comment after each parameter (fastcore's docments); none where the source cannot be read."
+    try: return docments(fn)
+    except (OSError, TypeError): return {}
+
+
+def parser_from_signature(fn, prog: str | None = None, description: str | None = None,
+                          parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
+    """An argparse parser whose arguments are `fn`'s parameters, in the spirit of fastcore's `call_parse`: a parameter
+    without a default before `*` is a positional argument, one after `*` a required option, one with a default an
+    option `--kebab-name` with that default. The type comes from the annotation (int, float, str, Path; bool: a switch,
+    `--no-x`-able when it defaults to True; Literal[...]: its choices; list/tuple: a repeatable option), the help from
+    the comment after the parameter, anything else from an `Arg` in `Annotated[...]`. The description defaults to
+    `fn`'s docstring. `call_parsed` parses a command line with it and calls `fn`."""
+    p = parser or argparse.ArgumentParser(prog=prog, description=description or inspect.getdoc(fn))
+    hints, comments = typing.get_type_hints(fn, include_extras=True), _comments(fn)
+    for name, prm in inspect.signature(fn).parameters.items():
+        t, arg = _peel(hints.get(name, str))
+        kw = dict(help=arg.help if arg.help is not None else comments.get(name))
+        if typing.get_origin(t) is typing.Literal: kw['choices'] = typing.get_args(t)
+        if arg.choices is not None: kw['choices'] = tuple(arg.choices)
+        if arg.metavar: kw['metavar'] = arg.metavar
+        if arg.parse: kw['type'] = arg.parse
+        elif t is bool: kw['action'] = argparse.BooleanOptionalAction if prm.default is True else 'store_true'
+        elif t in (list, tuple) or typing.get_origin(t) in (list, tuple): kw['action'] = 'append'
+        elif t in (int, float, Path): kw['type'] = t
+        if prm.kind is prm.POSITIONAL_OR_KEYWORD and prm.default is prm.empty:
+            p.add_argument(name, **kw); continue
+        if prm.default is prm.empty: kw['required'] = True
+        else: kw['default'] = list(prm.default) if kw.get('action') == 'append' else prm.default
+        p.add_argument(*(arg.flags or ('--' + name.replace('_', '-'),)), dest=name, **kw)
+    p.set_defaults(_command=fn)
+    return p
+
+
+def parser_from_commands(commands: dict, prog: str, description: str | None = None) -> argparse.ArgumentParser:
+    """A parser with one subcommand per entry of `commands` (name -> function), each parsed by `parser_from_signature`;
+    a subcommand's help line is the first line of its function's docstring."""
+    p = argparse.ArgumentParser(prog=prog, description=description)
+    sub = p.add_subparsers(dest='_subcommand', metavar='{' + ','.join(commands) + '}', required=True)
+    for name, fn in commands.items():
+        doc = inspect.getdoc(fn) or ''
+        parser_from_signature(fn, parser=sub.add_parser(name, help=doc.split('\n')[0], description=doc))
+    return p
+
+
+def call_parsed(target, argv=None, prog: str | None = None, description: str | None = None):
+    """Parse `argv` with the parser generated from `target` (a function, a dict of subcommand functions, or a parser
+    those built) and call the chosen function with the values: a command's whole `cli_*` entry point."""
+    if isinstance(target, dict): target = parser_from_commands(target, prog, description)
+    elif not isinstance(target, argparse.ArgumentParser): target = parser_from_signature(target, prog, description)
+    values = vars(target.parse_args(argv))
+    fn = values.pop('_command'); values.pop('_subcommand', None)
+    return fn(**values)
+
 
 # %% ../nbs/00b_console.ipynb #d0eb53d0
 def _package_dir() -> Path:
