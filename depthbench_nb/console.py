@@ -21,8 +21,8 @@ from fastcore.docments import docments
 
 # %% auto #0
 __all__ = ['format_table', 'parse_literal', 'json_stdout', 'emit', 'add_dataclass_options', 'dataclass_values', 'Arg',
-           'parser_from_signature', 'parser_from_commands', 'call_parsed', 'notebooks_dir', 'template_notebooks',
-           'template_path']
+           'comma_ints', 'parser_from_signature', 'parser_from_commands', 'call_parsed', 'notebooks_dir',
+           'template_notebooks', 'template_path']
 
 # %% ../nbs/00b_console.ipynb #1ec7e9ec
 def format_table(rows: list[dict], columns=None) -> str:
@@ -126,6 +126,11 @@ class Arg:
     metavar: Optional[str] = None
 
 
+def comma_ints(text: str) -> tuple[int, ...]:
+    "'16,70' -> (16, 70): a comma-separated list of integers on the command line (an `Arg(parse=...)`)."
+    return tuple(int(x) for x in text.split(',') if x.strip())
+
+
 def _peel(annotation):
     "(type, Arg) of a parameter's annotation, with Annotated[...] and Optional[...] taken off."
     arg = Arg()
@@ -144,19 +149,22 @@ def _comments(fn) -> dict:
     except (OSError, TypeError): return {}
 
 
+_STANDARD_HELP = dict(json='machine-readable JSON output')   # the help of a parameter every command has
+
+
 def parser_from_signature(fn, prog: str | None = None, description: str | None = None,
                           parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
     """An argparse parser whose arguments are `fn`'s parameters, in the spirit of fastcore's `call_parse`: a parameter
     without a default before `*` is a positional argument, one after `*` a required option, one with a default an
     option `--kebab-name` with that default. The type comes from the annotation (int, float, str, Path; bool: a switch,
     `--no-x`-able when it defaults to True; Literal[...]: its choices; list/tuple: a repeatable option), the help from
-    the comment after the parameter, anything else from an `Arg` in `Annotated[...]`. The description defaults to
+    the comment after the parameter (`json`: 'machine-readable JSON output'), anything else from an `Arg` in `Annotated[...]`. The description defaults to
     `fn`'s docstring. `call_parsed` parses a command line with it and calls `fn`."""
     p = parser or argparse.ArgumentParser(prog=prog, description=description or inspect.getdoc(fn))
     hints, comments = typing.get_type_hints(fn, include_extras=True), _comments(fn)
     for name, prm in inspect.signature(fn).parameters.items():
         t, arg = _peel(hints.get(name, str))
-        kw = dict(help=arg.help if arg.help is not None else comments.get(name))
+        kw = dict(help=arg.help if arg.help is not None else comments.get(name) or _STANDARD_HELP.get(name))
         if typing.get_origin(t) is typing.Literal: kw['choices'] = typing.get_args(t)
         if arg.choices is not None: kw['choices'] = tuple(arg.choices)
         if arg.metavar: kw['metavar'] = arg.metavar
