@@ -118,12 +118,18 @@ class Arg:
     """How one parameter of a command function appears on the command line where its name, type and comment are
     not enough; written as `Annotated[T, Arg(...)]`. `help` replaces the comment (for text built from constants),
     `flags` replace `--kebab-name`, `parse` turns the text into the value (argparse's `type`: '16,70' -> (16, 70)),
-    `choices` lists the valid values, `metavar` names the value in `--help`."""
+    `choices` lists the valid values, `metavar` names the value in `--help`; `positional` makes a parameter with a
+    default an optional positional argument (`STUDY` or nothing). `fields`, a dataclass, turns the parameter into a
+    group of options, one per field (`add_dataclass_options`, prefixed with the parameter's name), titled `group`
+    and described by `help`; the function receives their values as a dict by field name."""
     help: Optional[str] = None
     flags: tuple = ()
     parse: Optional[typing.Callable] = None
     choices: Optional[Iterable] = None
     metavar: Optional[str] = None
+    positional: bool = False
+    fields: Optional[type] = None
+    group: Optional[str] = None
 
 
 def comma_ints(text: str) -> tuple[int, ...]:
@@ -161,9 +167,12 @@ def parser_from_signature(fn, prog: str | None = None, description: str | None =
     the comment after the parameter (`json`: 'machine-readable JSON output'), anything else from an `Arg` in `Annotated[...]`. The description defaults to
     `fn`'s docstring. `call_parsed` parses a command line with it and calls `fn`."""
     p = parser or argparse.ArgumentParser(prog=prog, description=description or inspect.getdoc(fn))
-    hints, comments = typing.get_type_hints(fn, include_extras=True), _comments(fn)
+    hints, comments, groups = typing.get_type_hints(fn, include_extras=True), _comments(fn), {}
     for name, prm in inspect.signature(fn).parameters.items():
         t, arg = _peel(hints.get(name, str))
+        if arg.fields is not None:      # a dataclass's fields as a group of options, handed over as one dict
+            add_dataclass_options(p.add_argument_group(arg.group or name, arg.help), arg.fields, prefix=name + '_')
+            groups[name] = arg.fields; continue
         kw = dict(help=arg.help if arg.help is not None else comments.get(name) or _STANDARD_HELP.get(name))
         if typing.get_origin(t) is typing.Literal: kw['choices'] = typing.get_args(t)
         if arg.choices is not None: kw['choices'] = tuple(arg.choices)
@@ -175,9 +184,11 @@ def parser_from_signature(fn, prog: str | None = None, description: str | None =
         if prm.kind is prm.POSITIONAL_OR_KEYWORD and prm.default is prm.empty:
             p.add_argument(name, **kw); continue
         if prm.default is prm.empty: kw['required'] = True
-        else: kw['default'] = list(prm.default) if kw.get('action') == 'append' else prm.default
-        p.add_argument(*(arg.flags or ('--' + name.replace('_', '-'),)), dest=name, **kw)
-    p.set_defaults(_command=fn)
+        elif kw.get('action') == 'append' and prm.default is not None: kw['default'] = list(prm.default)
+        else: kw['default'] = prm.default
+        if arg.positional: p.add_argument(name, nargs='?', **kw)
+        else: p.add_argument(*(arg.flags or ('--' + name.replace('_', '-'),)), dest=name, **kw)
+    p.set_defaults(_command=fn, _groups=groups)
     return p
 
 
@@ -197,8 +208,12 @@ def call_parsed(target, argv=None, prog: str | None = None, description: str | N
     those built) and call the chosen function with the values: a command's whole `cli_*` entry point."""
     if isinstance(target, dict): target = parser_from_commands(target, prog, description)
     elif not isinstance(target, argparse.ArgumentParser): target = parser_from_signature(target, prog, description)
-    values = vars(target.parse_args(argv))
-    fn = values.pop('_command'); values.pop('_subcommand', None)
+    ns = target.parse_args(argv)
+    values = dict(vars(ns))
+    fn, groups = values.pop('_command'), values.pop('_groups'); values.pop('_subcommand', None)
+    for name, cls in groups.items():    # the group's options, gathered into the one parameter they stand for
+        values[name] = dataclass_values(cls, ns, prefix=name + '_')
+        for field in values[name]: values.pop(name + '_' + field)
     return fn(**values)
 
 
