@@ -5,7 +5,6 @@
 # %% ../nbs/08a_costs.ipynb #f6a38779
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import statistics

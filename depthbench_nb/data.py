@@ -5,7 +5,6 @@
 # %% ../nbs/02_data.ipynb #f2212411
 from __future__ import annotations
 
-import argparse
 import contextlib
 import fcntl
 import hashlib

@@ -5,7 +5,6 @@
 # %% ../nbs/09j_demo.ipynb #d3e4f5a6
 from __future__ import annotations
 
-import argparse
 import os
 import resource
 import time

@@ -5,7 +5,6 @@
 # %% ../nbs/08_diagnostics.ipynb #f070154b
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import math

@@ -5,7 +5,6 @@
 # %% ../nbs/09f_hf_export.ipynb #8230e366
 from __future__ import annotations
 
-import argparse
 import ast
 import hashlib
 import json

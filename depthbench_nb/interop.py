@@ -5,7 +5,6 @@
 # %% ../nbs/09b_interop.ipynb #90becc27
 from __future__ import annotations
 
-import argparse
 import io
 import json
 import math

@@ -5,7 +5,6 @@
 # %% ../nbs/09g_lm_eval.ipynb #c121dcf9
 from __future__ import annotations
 
-import argparse
 import math
 from typing import Annotated, Optional
 

@@ -5,7 +5,6 @@
 # %% ../nbs/09c_reports.ipynb #0d8f3d17
 from __future__ import annotations
 
-import argparse
 import functools
 import json
 import math

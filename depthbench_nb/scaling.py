@@ -5,7 +5,6 @@
 # %% ../nbs/09_scaling.ipynb #0e6b8b41
 from __future__ import annotations
 
-import argparse
 import io
 import math
 import os

@@ -5,7 +5,6 @@
 # %% ../nbs/01_shapes.ipynb #62a0603a
 from __future__ import annotations
 
-import argparse
 import math
 from dataclasses import dataclass, field
 from typing import Annotated, Callable, Optional

@@ -5,7 +5,6 @@
 # %% ../nbs/09i_slurm.ipynb #df3c58de
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re

@@ -5,7 +5,6 @@
 # %% ../nbs/09a_sweep.ipynb #87fe581c
 from __future__ import annotations
 
-import argparse
 import contextlib
 import fcntl
 import itertools
