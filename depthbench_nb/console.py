@@ -164,8 +164,9 @@ def parser_from_signature(fn, prog: str | None = None, description: str | None =
     without a default before `*` is a positional argument, one after `*` a required option, one with a default an
     option `--kebab-name` with that default. The type comes from the annotation (int, float, str, Path; bool: a switch,
     `--no-x`-able when it defaults to True; Literal[...]: its choices; list/tuple: a repeatable option), the help from
-    the comment after the parameter (`json`: 'machine-readable JSON output'), anything else from an `Arg` in `Annotated[...]`. The description defaults to
-    `fn`'s docstring. `call_parsed` parses a command line with it and calls `fn`."""
+    the comment after the parameter (`json`: 'machine-readable JSON output'), anything else from an `Arg` in
+    `Annotated[...]`. The description defaults to `fn`'s docstring. `call_parsed` parses a command line with it and
+    calls `fn`."""
     p = parser or argparse.ArgumentParser(prog=prog, description=description or inspect.getdoc(fn))
     hints, comments, groups = typing.get_type_hints(fn, include_extras=True), _comments(fn), {}
     for name, prm in inspect.signature(fn).parameters.items():
