@@ -17,8 +17,6 @@ import typing
 from pathlib import Path
 from typing import Iterable, Iterator, Optional
 
-from fastcore.docments import docments
-
 # %% auto #0
 __all__ = ['format_table', 'parse_literal', 'json_stdout', 'emit', 'add_dataclass_options', 'dataclass_values', 'Arg',
            'comma_ints', 'parser_from_signature', 'parser_from_commands', 'call_parsed', 'notebooks_dir',
@@ -151,6 +149,8 @@ def _peel(annotation):
 
 def _comments(fn) -> dict:
     "The comment after each parameter (fastcore's docments); none where the source cannot be read."
+    # imported here: a Hugging Face export ships this module as remote code, which must not need fastcore
+    from fastcore.docments import docments
     try: return docments(fn)
     except (OSError, TypeError): return {}
 
