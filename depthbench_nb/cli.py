@@ -15,10 +15,10 @@ import traceback
 from pathlib import Path
 
 from .config import ConfigError
-from .console import emit, json_stdout, notebooks_dir, template_notebooks
+from .console import call_parsed, emit, json_stdout, notebooks_dir, template_notebooks
 
 # %% auto #0
-__all__ = ['COMMANDS', 'OPTIONAL_DEPENDENCIES', 'UsageError', 'error_kind', 'main', 'cli_notebooks']
+__all__ = ['COMMANDS', 'OPTIONAL_DEPENDENCIES', 'UsageError', 'error_kind', 'main', 'notebooks_command', 'cli_notebooks']
 
 # %% ../nbs/00a_cli.ipynb #d2636155
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -125,18 +125,19 @@ def main(argv=None) -> int:
         return _fail(cmd, e, as_json, out)
 
 # %% ../nbs/00a_cli.ipynb #1e2f03d4
-def cli_notebooks(argv=None) -> int:
-    "depthbench-nb notebooks DIR: copy the templates and reports out of the package."
-    p = argparse.ArgumentParser(prog='depthbench-nb notebooks',
-                                description='Copy the papermill templates (10-19) and report notebooks (20-29) into DIR.')
-    p.add_argument('dir', help='destination folder (created if missing)')
-    p.add_argument('--force', action='store_true', help='overwrite notebooks that already exist in DIR')
-    p.add_argument('--json', action='store_true', help='machine-readable JSON output')
-    a = p.parse_args(argv)
-    dest = Path(a.dir); dest.mkdir(parents=True, exist_ok=True)
+def notebooks_command(dir: str,                  # destination folder (created if missing)
+                      force: bool = False,       # overwrite notebooks that already exist in DIR
+                      json: bool = False) -> int:  # machine-readable JSON output
+    "Copy the papermill templates (10-19) and report notebooks (20-29) into DIR."
+    dest = Path(dir); dest.mkdir(parents=True, exist_ok=True)
     rows = []
     for nb in template_notebooks():
         target = dest / nb.name
-        if target.exists() and not a.force: rows.append(dict(notebook=nb.name, status='exists (use --force)')); continue
+        if target.exists() and not force: rows.append(dict(notebook=nb.name, status='exists (use --force)')); continue
         shutil.copy2(nb, target); rows.append(dict(notebook=nb.name, status='copied'))
-    return emit(rows, a.json, title=f'notebooks from {notebooks_dir()} -> {dest.resolve()}')
+    return emit(rows, json, title=f'notebooks from {notebooks_dir()} -> {dest.resolve()}')
+
+
+def cli_notebooks(argv=None) -> int:
+    "depthbench-nb notebooks DIR: copy the templates and reports out of the package."
+    return call_parsed(notebooks_command, argv, prog='depthbench-nb notebooks')

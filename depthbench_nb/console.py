@@ -9,14 +9,17 @@ import argparse
 import contextlib
 import dataclasses
 import importlib.util
+import inspect
 import json
 import sys
+import types
 import typing
 from pathlib import Path
 from typing import Iterable, Iterator, Optional
 
 # %% auto #0
-__all__ = ['format_table', 'parse_literal', 'json_stdout', 'emit', 'add_dataclass_options', 'dataclass_values', 'notebooks_dir',
+__all__ = ['format_table', 'parse_literal', 'json_stdout', 'emit', 'add_dataclass_options', 'dataclass_values', 'Arg',
+           'comma_ints', 'parser_from_signature', 'parser_from_commands', 'call_parsed', 'notebooks_dir',
            'template_notebooks', 'template_path']
 
 # %% ../nbs/00b_console.ipynb #1ec7e9ec
@@ -106,6 +109,114 @@ def dataclass_values(cls, ns: argparse.Namespace, prefix: str = '') -> dict:
         v = getattr(ns, prefix + f.name)
         out[f.name] = tuple(v) if f.metadata.get('repeat') else v
     return out
+
+# %% ../nbs/00b_console.ipynb #3f9c2b61
+@dataclasses.dataclass(frozen=True)
+class Arg:
+    """How one parameter of a command function appears on the command line where its name, type and comment are
+    not enough; written as `Annotated[T, Arg(...)]`. `help` replaces the comment (for text built from constants),
+    `flags` replace `--kebab-name`, `parse` turns the text into the value (argparse's `type`: '16,70' -> (16, 70)),
+    `choices` lists the valid values, `metavar` names the value in `--help`; `positional` makes a parameter with a
+    default an optional positional argument (`STUDY` or nothing). `fields`, a dataclass, turns the parameter into a
+    group of options, one per field (`add_dataclass_options`, prefixed with the parameter's name), titled `group`
+    and described by `help`; the function receives their values as a dict by field name."""
+    help: Optional[str] = None
+    flags: tuple = ()
+    parse: Optional[typing.Callable] = None
+    choices: Optional[Iterable] = None
+    metavar: Optional[str] = None
+    positional: bool = False
+    fields: Optional[type] = None
+    group: Optional[str] = None
+
+
+def comma_ints(text: str) -> tuple[int, ...]:
+    "'16,70' -> (16, 70): a comma-separated list of integers on the command line (an `Arg(parse=...)`)."
+    return tuple(int(x) for x in text.split(',') if x.strip())
+
+
+def _peel(annotation):
+    "(type, Arg) of a parameter's annotation, with Annotated[...] and Optional[...] taken off."
+    arg = Arg()
+    if typing.get_origin(annotation) is typing.Annotated:
+        annotation, *meta = typing.get_args(annotation)
+        arg = next((m for m in meta if isinstance(m, Arg)), arg)
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        if len(args) == 1: annotation = args[0]
+    return annotation, arg
+
+
+def _comments(fn) -> dict:
+    "The comment after each parameter (fastcore's docments); none where the source cannot be read."
+    # imported here: a Hugging Face export ships this module as remote code, which must not need fastcore
+    from fastcore.docments import docments
+    try: return docments(fn)
+    except (OSError, TypeError): return {}
+
+
+_STANDARD_HELP = dict(json='machine-readable JSON output')   # the help of a parameter every command has
+
+
+def parser_from_signature(fn, prog: str | None = None, description: str | None = None,
+                          parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
+    """An argparse parser whose arguments are `fn`'s parameters, in the spirit of fastcore's `call_parse`: a parameter
+    without a default before `*` is a positional argument, one after `*` a required option, one with a default an
+    option `--kebab-name` with that default. The type comes from the annotation (int, float, str, Path; bool: a switch,
+    `--no-x`-able when it defaults to True; Literal[...]: its choices; list/tuple: a repeatable option), the help from
+    the comment after the parameter (`json`: 'machine-readable JSON output'), anything else from an `Arg` in
+    `Annotated[...]`. The description defaults to `fn`'s docstring. `call_parsed` parses a command line with it and
+    calls `fn`."""
+    p = parser or argparse.ArgumentParser(prog=prog, description=description or inspect.getdoc(fn))
+    hints, comments, groups = typing.get_type_hints(fn, include_extras=True), _comments(fn), {}
+    for name, prm in inspect.signature(fn).parameters.items():
+        t, arg = _peel(hints.get(name, str))
+        if arg.fields is not None:      # a dataclass's fields as a group of options, handed over as one dict
+            add_dataclass_options(p.add_argument_group(arg.group or name, arg.help), arg.fields, prefix=name + '_')
+            groups[name] = arg.fields; continue
+        kw = dict(help=arg.help if arg.help is not None else comments.get(name) or _STANDARD_HELP.get(name))
+        if typing.get_origin(t) is typing.Literal: kw['choices'] = typing.get_args(t)
+        if arg.choices is not None: kw['choices'] = tuple(arg.choices)
+        if arg.metavar: kw['metavar'] = arg.metavar
+        if arg.parse: kw['type'] = arg.parse
+        elif t is bool: kw['action'] = argparse.BooleanOptionalAction if prm.default is True else 'store_true'
+        elif t in (list, tuple) or typing.get_origin(t) in (list, tuple): kw['action'] = 'append'
+        elif t in (int, float, Path): kw['type'] = t
+        if prm.kind is prm.POSITIONAL_OR_KEYWORD and prm.default is prm.empty:
+            p.add_argument(name, **kw); continue
+        if prm.default is prm.empty: kw['required'] = True
+        elif kw.get('action') == 'append' and prm.default is not None: kw['default'] = list(prm.default)
+        else: kw['default'] = prm.default
+        if arg.positional: p.add_argument(name, nargs='?', **kw)
+        else: p.add_argument(*(arg.flags or ('--' + name.replace('_', '-'),)), dest=name, **kw)
+    p.set_defaults(_command=fn, _groups=groups)
+    return p
+
+
+def parser_from_commands(commands: dict, prog: str, description: str | None = None) -> argparse.ArgumentParser:
+    """A parser with one subcommand per entry of `commands` (name -> function), each parsed by `parser_from_signature`;
+    a subcommand's help line is the first line of its function's docstring."""
+    p = argparse.ArgumentParser(prog=prog, description=description)
+    sub = p.add_subparsers(dest='_subcommand', metavar='{' + ','.join(commands) + '}', required=True)
+    for name, fn in commands.items():
+        doc = inspect.getdoc(fn) or ''
+        parser_from_signature(fn, parser=sub.add_parser(name, help=doc.split('\n')[0], description=doc))
+    return p
+
+
+def call_parsed(target, argv=None, prog: str | None = None, description: str | None = None):
+    """Parse `argv` with the parser generated from `target` (a function, a dict of subcommand functions, or a parser
+    those built) and call the chosen function with the values: a command's whole `cli_*` entry point."""
+    if isinstance(target, dict): target = parser_from_commands(target, prog, description)
+    elif not isinstance(target, argparse.ArgumentParser): target = parser_from_signature(target, prog, description)
+    ns = target.parse_args(argv)
+    values = dict(vars(ns))
+    fn, groups = values.pop('_command'), values.pop('_groups'); values.pop('_subcommand', None)
+    for name, cls in groups.items():    # the group's options, gathered into the one parameter they stand for
+        values[name] = dataclass_values(cls, ns, prefix=name + '_')
+        for field in values[name]: values.pop(name + '_' + field)
+    return fn(**values)
+
 
 # %% ../nbs/00b_console.ipynb #d0eb53d0
 def _package_dir() -> Path:

@@ -5,25 +5,24 @@
 # %% ../nbs/08a_costs.ipynb #f6a38779
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import statistics
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Annotated, Optional
 
 from .config import ARCHS, ConfigError, ModelConfig, resolve_arch
 from .shapes import GRIDS, count_params, grid_shapes
 from .runs import read_metrics
-from .console import emit
+from .console import Arg, call_parsed, comma_ints, emit
 
 # %% auto #0
 __all__ = ['backbone_matmul_params', 'lm_head_params', 'olmo_core_flops_per_token', 'design_forward_flops_per_token',
            'train_flops_per_token', 'prefill_flops', 'kv_cache_bytes', 'depth_cache_bytes', 'MemoryEstimate',
            'activation_bytes', 'memory_estimate', 'cost_row', 'measured_costs', 'measure_latency', 'latency_row',
-           'cli_costs']
+           'costs_command', 'cli_costs']
 
 # %% ../nbs/08a_costs.ipynb #c13fd6ab
 def backbone_matmul_params(cfg: ModelConfig) -> int:
@@ -173,25 +172,26 @@ def latency_row(cfg: ModelConfig, seq_len: int, device: Optional[str] = None, de
                 decode_tokens_per_s=lat['decode_tokens_per_s'])
 
 # %% ../nbs/08a_costs.ipynb #62a02033
+def costs_command(grid: Annotated[str, Arg(help=f"one of: {', '.join(GRIDS)} (default 400m)")] = '400m',
+                  arch: str = 'preln',                  # a design name, or 'all' for every non-looped design (default preln)
+                  seq_len: int = 4096,                  # prompt length for prefill FLOPs and the KV cache (default 4096, the paper)
+                  train_seq_len: int = 2048,            # sequence length for training FLOPs and activations (default 2048)
+                  depths: Annotated[Optional[tuple], Arg(parse=comma_ints)] = None,  # comma-separated depths (tiny grid: any; others: a subset)
+                  measure: bool = False,                # also measure prefill time and decode tokens/s of each shape (builds the models)
+                  device: Optional[str] = None,         # device for --measure (default: cuda when present, else cpu)
+                  json: bool = False) -> int:           # machine-readable JSON output
+    "FLOPs, KV cache and memory per design and shape of a grid."
+    archs = [n for n, s in ARCHS.items() if not s.grids] if arch == 'all' else [resolve_arch(arch).name]
+    if any(ARCHS[x].grids for x in archs):
+        raise ConfigError(f"--arch {arch}: its shapes are not on these grids (it brings its own: {', '.join(ARCHS[archs[0]].grids)}); "
+                          "use depthbench_nb.costs on its configs")
+    pairs = [(a, s) for a in archs for s in grid_shapes(grid, depths)]
+    rows = [cost_row(s.model_config(a), seq_len, train_seq_len) for a, s in pairs]
+    if measure:
+        for r, (a, s) in zip(rows, pairs): r.update(latency_row(s.model_config(a), seq_len, device))
+    return emit(rows, json, title=f'costs: grid {grid}, prefill at T={seq_len}, training at T={train_seq_len}')
+
+
 def cli_costs(argv=None) -> int:
     "depthbench-nb costs: FLOPs, KV cache and memory per design and shape."
-    p = argparse.ArgumentParser(prog='depthbench-nb costs', description='FLOPs, KV cache and memory per design and shape of a grid.')
-    p.add_argument('--grid', default='400m', help=f"one of: {', '.join(GRIDS)} (default 400m)")
-    p.add_argument('--arch', default='preln', help="a design name, or 'all' for every non-looped design (default preln)")
-    p.add_argument('--seq-len', type=int, default=4096, help='prompt length for prefill FLOPs and the KV cache (default 4096, the paper)')
-    p.add_argument('--train-seq-len', type=int, default=2048, help='sequence length for training FLOPs and activations (default 2048)')
-    p.add_argument('--depths', default=None, help='comma-separated depths (tiny grid: any; others: a subset)')
-    p.add_argument('--measure', action='store_true', help='also measure prefill time and decode tokens/s of each shape (builds the models)')
-    p.add_argument('--device', default=None, help='device for --measure (default: cuda when present, else cpu)')
-    p.add_argument('--json', action='store_true', help='machine-readable JSON output')
-    a = p.parse_args(argv)
-    archs = [n for n, s in ARCHS.items() if not s.grids] if a.arch == 'all' else [resolve_arch(a.arch).name]
-    if any(ARCHS[x].grids for x in archs):
-        raise ConfigError(f"--arch {a.arch}: its shapes are not on these grids (it brings its own: {', '.join(ARCHS[archs[0]].grids)}); "
-                          "use depthbench_nb.costs on its configs")
-    depths = tuple(int(x) for x in a.depths.split(',')) if a.depths else None
-    rows = [cost_row(s.model_config(arch), a.seq_len, a.train_seq_len) for arch in archs for s in grid_shapes(a.grid, depths)]
-    if a.measure:
-        for r, (arch, s) in zip(rows, [(arch, s) for arch in archs for s in grid_shapes(a.grid, depths)]):
-            r.update(latency_row(s.model_config(arch), a.seq_len, a.device))
-    return emit(rows, a.json, title=f'costs: grid {a.grid}, prefill at T={a.seq_len}, training at T={a.train_seq_len}')
+    return call_parsed(costs_command, argv, prog='depthbench-nb costs')

@@ -5,7 +5,6 @@
 # %% ../nbs/02_data.ipynb #f2212411
 from __future__ import annotations
 
-import argparse
 import contextlib
 import fcntl
 import hashlib
@@ -21,13 +20,13 @@ import time
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, Optional
+from typing import Annotated, Callable, Iterable, Iterator, Optional
 
 import numpy as np
 
 from .config import (ConfigError, DataConfig, EVAL_SETS, _choice_error, atomic_write_bytes,
                                   atomic_write_json, cache_dir)
-from .console import emit
+from .console import Arg, call_parsed, emit
 
 # %% auto #0
 __all__ = ['PACKAGE_FILES', 'VAL_FRACTION', 'HUB_SOURCES', 'HUB_ALIASES', 'DEFAULT_VAL_TOKENS', 'TEXT_SUFFIXES', 'NAMED_SOURCES',
@@ -37,8 +36,9 @@ __all__ = ['PACKAGE_FILES', 'VAL_FRACTION', 'HUB_SOURCES', 'HUB_ALIASES', 'DEFAU
            'resolve_source', 'LoadedTokenizer', 'parse_tokenizer', 'check_neox', 'train_bpe', 'source_key',
            'load_tokenizer', 'token_dtype', 'encode_documents', 'pack_split', 'default_data_dir', 'data_dir',
            'read_manifest', 'prepare_command', 'prepare', 'TokenData', 'resolve_data', 'HeldOutSet', 'held_out_set',
-           'cli_data', 'EvalSet', 'gpqa_shuffle_seed', 'EvalTask', 'available_offline', 'load_eval_set', 'eval_sets',
-           'encode_pairs', 'domain_eval_sets', 'downstream_eval_sets']
+           'data_prepare_command', 'data_inspect_command', 'cli_data', 'EvalSet', 'gpqa_shuffle_seed', 'EvalTask',
+           'available_offline', 'load_eval_set', 'eval_sets', 'encode_pairs', 'domain_eval_sets',
+           'downstream_eval_sets']
 
 # %% ../nbs/02_data.ipynb #478e4f17
 @dataclass(frozen=True)
@@ -741,36 +741,39 @@ def held_out_set(data: 'TokenData', kind: str = 'windows', seq_len: int = 2048, 
     return HeldOutSet(data, kind, starts.astype(np.int64), lengths.astype(np.int64), seq_len, batch_size)
 
 # %% ../nbs/02_data.ipynb #618f1e7d
+def data_prepare_command(source: Annotated[str, Arg(help=f"{', '.join(NAMED_SOURCES)}, or a .txt/.jsonl/.parquet file or folder (default sample)")] = 'sample',
+                         tokenizer: str = 'bpe:4096',     # neox | bpe:N | a tokenizer.json path | a Hugging Face id (default bpe:4096)
+                         out: Optional[str] = None,       # prepared folder (default: the cache folder for source and tokenizer)
+                         max_tokens: Optional[int] = None,  # cap on training tokens
+                         val_tokens: Optional[int] = None,  # cap on held-out tokens
+                         no_progress: bool = False,       # no progress bars
+                         json: bool = False) -> int:
+    "tokenize and pack a source into token shards + manifest"
+    cfg = DataConfig(source=source, tokenizer=tokenizer, path=out, max_tokens=max_tokens, val_tokens=val_tokens)
+    folder = prepare(cfg, progress=not no_progress and not json)
+    return emit(TokenData(folder, verify=False).summary(), json, title=f'prepared {folder}')
+
+
+def data_inspect_command(dir: str,                  # prepared folder
+                         no_verify: bool = False,   # skip the sha256 check of every file
+                         json: bool = False) -> int:
+    "summarize a prepared folder and check its checksums"
+    if not (Path(dir) / 'manifest.json').exists(): raise ConfigError(f"{dir} is not a prepared data folder (no manifest.json)")
+    # a damaged folder is reported (exit 1), not raised: inspect is how users find out what is wrong
+    try: td = TokenData(dir, verify=False)
+    except ConfigError as e:
+        emit(dict(path=dir, checksums=f'FAILED: {e}'), json, title=f'prepared data {dir}')
+        return 1
+    s = td.summary(verify=not no_verify)
+    emit(s, json, title=f'prepared data {dir}')
+    return 1 if s['checksums'] == 'MISMATCH' else 0
+
+
 def cli_data(argv=None) -> int:
     "depthbench-nb data: prepare or inspect tokenized data."
-    p = argparse.ArgumentParser(prog='depthbench-nb data', description='Prepare or inspect tokenized data (DepthBench data: keyu-wang-2002/DepthBench, data_utils/tokenize_from_pretrain_datasets.py).')
-    sub = p.add_subparsers(dest='action', required=True)
-    pp = sub.add_parser('prepare', help='tokenize and pack a source into token shards + manifest')
-    pp.add_argument('--source', default='sample', help=f"{', '.join(NAMED_SOURCES)}, or a .txt/.jsonl/.parquet file or folder (default sample)")
-    pp.add_argument('--tokenizer', default='bpe:4096', help='neox | bpe:N | a tokenizer.json path | a Hugging Face id (default bpe:4096)')
-    pp.add_argument('--out', default=None, help='prepared folder (default: the cache folder for source and tokenizer)')
-    pp.add_argument('--max-tokens', type=int, default=None, help='cap on training tokens')
-    pp.add_argument('--val-tokens', type=int, default=None, help='cap on held-out tokens')
-    pp.add_argument('--no-progress', action='store_true', help='no progress bars')
-    pp.add_argument('--json', action='store_true', help='machine-readable JSON output')
-    pi = sub.add_parser('inspect', help='summarize a prepared folder and check its checksums')
-    pi.add_argument('dir', help='prepared folder')
-    pi.add_argument('--no-verify', action='store_true', help='skip the sha256 check of every file')
-    pi.add_argument('--json', action='store_true', help='machine-readable JSON output')
-    a = p.parse_args(argv)
-    if a.action == 'prepare':
-        cfg = DataConfig(source=a.source, tokenizer=a.tokenizer, path=a.out, max_tokens=a.max_tokens, val_tokens=a.val_tokens)
-        out = prepare(cfg, progress=not a.no_progress and not a.json)
-        return emit(TokenData(out, verify=False).summary(), a.json, title=f'prepared {out}')
-    if not (Path(a.dir) / 'manifest.json').exists(): raise ConfigError(f"{a.dir} is not a prepared data folder (no manifest.json)")
-    # a damaged folder is reported (exit 1), not raised: inspect is how users find out what is wrong
-    try: td = TokenData(a.dir, verify=False)
-    except ConfigError as e:
-        emit(dict(path=a.dir, checksums=f'FAILED: {e}'), a.json, title=f'prepared data {a.dir}')
-        return 1
-    s = td.summary(verify=not a.no_verify)
-    emit(s, a.json, title=f'prepared data {a.dir}')
-    return 1 if s['checksums'] == 'MISMATCH' else 0
+    return call_parsed(dict(prepare=data_prepare_command, inspect=data_inspect_command), argv, prog='depthbench-nb data',
+                       description='Prepare or inspect tokenized data (DepthBench data: keyu-wang-2002/DepthBench, '
+                                   'data_utils/tokenize_from_pretrain_datasets.py).')
 
 # %% ../nbs/02_data.ipynb #2a07f075
 from collections.abc import Sequence

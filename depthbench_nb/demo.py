@@ -5,11 +5,10 @@
 # %% ../nbs/09j_demo.ipynb #d3e4f5a6
 from __future__ import annotations
 
-import argparse
 import os
 import resource
 import time
-from typing import Optional
+from typing import Annotated, Optional
 
 import pandas as pd
 
@@ -20,10 +19,10 @@ from .diagnostics import applicable_metrics, run_diagnostics
 from .reports import completed, normalize_runs, run_folder, run_report_notebooks
 from .runs import read_params
 from .shapes import PRESETS
-from .console import emit
+from .console import Arg, call_parsed, emit
 
 # %% auto #0
-__all__ = ['DEMO_EXTRA_GROUPS', 'DEMO_METRICS', 'demo_extra_entries', 'diagnose_study', 'demo', 'cli_demo']
+__all__ = ['DEMO_EXTRA_GROUPS', 'DEMO_METRICS', 'demo_extra_entries', 'diagnose_study', 'demo', 'demo_command', 'cli_demo']
 
 # %% ../nbs/09j_demo.ipynb #a3cf46cd
 DEMO_EXTRA_GROUPS = (
@@ -107,20 +106,20 @@ def demo(workers: Optional[int] = None, executor: str = 'python', restarts: int 
     return out
 
 
+def demo_command(workers: Optional[int] = None,   # parallel training runs (default: min(2, CPU cores))
+                 executor: Annotated[str, Arg(choices=sweep.EXECUTORS)] = 'python',  # how each run is trained: python (fast) or papermill (keeps an executed train.ipynb per run)
+                 restarts: int = 500,             # random starts of every law fit in the looped report (default 500, the paper)
+                 bootstrap: int = 200,            # block-bootstrap resamples for the phi CI (default 200, the paper)
+                 boot_restarts: int = 500,        # random starts of every bootstrap refit, plus a warm start (default 500)
+                 json: bool = False) -> int:      # machine-readable JSON output
+    """The embedded default: offline corpus -> tiny models of every family -> diagnostics -> both reports (about 15 min
+    on 2 cores). Resumable: finished runs are skipped."""
+    if workers is not None and workers < 1: raise ConfigError(f'--workers must be >= 1, got {workers}')
+    t = demo(workers=workers, executor=executor, restarts=restarts, n_bootstrap=bootstrap, bootstrap_restarts=boot_restarts,
+             progress=not json)
+    return emit(t, json, title='demo finished')
+
+
 def cli_demo(argv=None) -> int:
     "depthbench-nb demo: the CPU demo study end to end."
-    p = argparse.ArgumentParser(prog='depthbench-nb demo',
-                                description='The embedded default: offline corpus -> tiny models of every family -> diagnostics -> '
-                                            'both reports (about 15 min on 2 cores). Resumable: finished runs are skipped.')
-    p.add_argument('--workers', type=int, default=None, help='parallel training runs (default: min(2, CPU cores))')
-    p.add_argument('--executor', choices=sweep.EXECUTORS, default='python',
-                   help='how each run is trained: python (fast) or papermill (keeps an executed train.ipynb per run)')
-    p.add_argument('--restarts', type=int, default=500, help='random starts of every law fit in the looped report (default 500, the paper)')
-    p.add_argument('--bootstrap', type=int, default=200, help='block-bootstrap resamples for the phi CI (default 200, the paper)')
-    p.add_argument('--boot-restarts', type=int, default=500, help='random starts of every bootstrap refit, plus a warm start (default 500)')
-    p.add_argument('--json', action='store_true', help='machine-readable JSON output')
-    a = p.parse_args(argv)
-    if a.workers is not None and a.workers < 1: raise ConfigError(f'--workers must be >= 1, got {a.workers}')
-    t = demo(workers=a.workers, executor=a.executor, restarts=a.restarts, n_bootstrap=a.bootstrap, bootstrap_restarts=a.boot_restarts,
-             progress=not a.json)
-    return emit(t, a.json, title='demo finished')
+    return call_parsed(demo_command, argv, prog='depthbench-nb demo')

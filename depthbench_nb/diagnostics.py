@@ -5,14 +5,13 @@
 # %% ../nbs/08_diagnostics.ipynb #f070154b
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import math
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Collection, Optional, Sequence
+from typing import Annotated, Callable, Collection, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -21,7 +20,7 @@ from torch import Tensor
 from .config import ARCHS, ConfigError, ModelConfig, atomic_write_json, atomic_write_text
 from .costs import cost_row, measure_latency, measured_costs
 from .runs import load_run
-from .console import emit
+from .console import Arg, call_parsed, emit
 
 # %% auto #0
 __all__ = ['CAUSAL_THRESHOLD', 'PERMUTATION_THRESHOLD', 'USEFULNESS_RATIO', 'DEAD_ZONE_THRESHOLD', 'DEAD_ZONE_THRESHOLD_SOURCE',
@@ -32,7 +31,7 @@ __all__ = ['CAUSAL_THRESHOLD', 'PERMUTATION_THRESHOLD', 'USEFULNESS_RATIO', 'DEA
            'mixing_stats', 'residual_path_weights', 'dead_zone', 'site_weights', 'sublayer_partial_mass',
            'completion_nll', 'nll_by_category', 'applicable_metrics', 'check_metrics', 'diagnose_model',
            'per_layer_rows', 'summary', 'write_diagnostics', 'load_checkpointed_run', 'heldout_windows',
-           'load_nll_sets', 'run_diagnostics', 'cli_diagnose']
+           'load_nll_sets', 'run_diagnostics', 'diagnose_command', 'cli_diagnose']
 
 # %% ../nbs/08_diagnostics.ipynb #02f16891
 CAUSAL_THRESHOLD = 0.45
@@ -832,21 +831,23 @@ def run_diagnostics(run_dir, metrics=None, n_samples: int = 16, seq_len: Optiona
     return res
 
 # %% ../nbs/08_diagnostics.ipynb #6e3f9d41
+def diagnose_command(run_dir: str,                       # a run folder (papermill_runs/<study>/<run_id>) with a checkpoint
+                     metrics: Annotated[Optional[str], Arg(help=f"comma-separated subset of: {', '.join(METRICS)} (default: all that apply to the design)")] = None,
+                     n_samples: int = 16,                # held-out windows (default 16)
+                     seq_len: int = 256,                 # window length (default 256, capped at the training length)
+                     seed: int = 0,                      # seed of the held-out windows (default 0)
+                     permutation_method: str = 'auto',   # auto | shared | naive (default auto)
+                     eval_limit: Optional[int] = None,   # pairs per evaluation set for domain_nll / downstream_nll (default: the full sets, as the official script)
+                     device: Optional[str] = None,       # cpu | cuda | cuda:N (default: cuda when present)
+                     no_figures: bool = False,           # write tables only
+                     json: bool = False) -> int:
+    "Layer diagnostics of a run's last checkpoint; writes tables and figures into RUN_DIR/diagnostics/."
+    res = run_diagnostics(run_dir, metrics, n_samples, seq_len, seed, figures=not no_figures,
+                          permutation_method=permutation_method, eval_limit=eval_limit, device=device, progress=not json)
+    out = summary(res) | dict(files=res['files'])
+    return emit(out, json, title=f"diagnostics of {res['run_dir']}")
+
+
 def cli_diagnose(argv=None) -> int:
     "depthbench-nb diagnose RUN_DIR: layer diagnostics of a run's last checkpoint."
-    p = argparse.ArgumentParser(prog='depthbench-nb diagnose', description="Layer diagnostics of a run's last checkpoint; writes tables and figures into RUN_DIR/diagnostics/.")
-    p.add_argument('run_dir', help='a run folder (papermill_runs/<study>/<run_id>) with a checkpoint')
-    p.add_argument('--metrics', default=None, help=f"comma-separated subset of: {', '.join(METRICS)} (default: all that apply to the design)")
-    p.add_argument('--n-samples', type=int, default=16, help='held-out windows (default 16)')
-    p.add_argument('--seq-len', type=int, default=256, help='window length (default 256, capped at the training length)')
-    p.add_argument('--seed', type=int, default=0, help='seed of the held-out windows (default 0)')
-    p.add_argument('--permutation-method', default='auto', help="auto | shared | naive (default auto)")
-    p.add_argument('--eval-limit', type=int, default=None, help='pairs per evaluation set for domain_nll / downstream_nll (default: the full sets, as the official script)')
-    p.add_argument('--device', default=None, help='cpu | cuda | cuda:N (default: cuda when present)')
-    p.add_argument('--no-figures', action='store_true', help='write tables only')
-    p.add_argument('--json', action='store_true', help='machine-readable JSON output')
-    a = p.parse_args(argv)
-    res = run_diagnostics(a.run_dir, a.metrics, a.n_samples, a.seq_len, a.seed, figures=not a.no_figures,
-                          permutation_method=a.permutation_method, eval_limit=a.eval_limit, device=a.device, progress=not a.json)
-    out = summary(res) | dict(files=res['files'])
-    return emit(out, a.json, title=f"diagnostics of {res['run_dir']}")
+    return call_parsed(diagnose_command, argv, prog='depthbench-nb diagnose')

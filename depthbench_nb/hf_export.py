@@ -5,7 +5,6 @@
 # %% ../nbs/09f_hf_export.ipynb #8230e366
 from __future__ import annotations
 
-import argparse
 import ast
 import hashlib
 import json
@@ -14,17 +13,17 @@ import re
 import shutil
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import Annotated, Literal, Optional
 
 from .config import (DESIGN_OPTIONS, ConfigError, ModelConfig, RunConfig, atomic_write_json, atomic_write_text,
                                   package_dir, resolve_arch)
 from .runs import list_checkpoints, load_run, read_result
-from .console import emit
+from .console import Arg, call_parsed, emit
 
 # %% auto #0
 __all__ = ['HF_CODE_ENTRIES', 'AUTO_MAP', 'PAPERS', 'EXPORT_FORMATS', 'RECORD_NAME', 'vendored_source', 'builder_of',
            'vendored_code', 'run_tokenizer', 'paper_of', 'public_record', 'model_card', 'export_hf', 'load_for_eval',
-           'cli_export_hf']
+           'export_hf_command', 'cli_export_hf']
 
 # %% ../nbs/09f_hf_export.ipynb #472b9568
 HF_CODE_ENTRIES = ('hf_config', 'hf')       # the modules that define the Transformers classes
@@ -261,20 +260,20 @@ def load_for_eval(path, tokenizer=None) -> dict:
     raise ConfigError(f"{p} is neither a run folder (no params.json) nor an export (no config.json)")
 
 # %% ../nbs/09f_hf_export.ipynb #2bb04dfd
+def export_hf_command(run_dir: str,                      # a run folder <runs root>/<study>/<run_id> with a complete checkpoint
+                      out: str,                          # output folder (created; must be empty unless --force)
+                      format: Annotated[str, Arg(choices=EXPORT_FORMATS)] = 'depthbench',  # depthbench (any design, default) | llama (LlamaForCausalLM, Pre-LN and LNS only)
+                      tokenizer: Optional[str] = None,   # a tokenizer.json to ship instead of the run's own (default: the run's)
+                      dtype: Literal['float32', 'bfloat16'] = 'float32',  # weights dtype (default float32)
+                      force: bool = False,               # replace a non-empty output folder
+                      json: bool = False) -> int:
+    """Export a run's newest complete checkpoint as a Hugging Face folder: config.json, model.safetensors, the
+    tokenizer, a model card and the run record. Load it with AutoModelForCausalLM.from_pretrained(OUT)
+    (trust_remote_code=True without depthbench-nb)."""
+    res = export_hf(run_dir, out, fmt=format, tokenizer=tokenizer, force=force, dtype=dtype)
+    return emit(res, json, title=f"exported {res['run_id']} to {res['out']}")
+
+
 def cli_export_hf(argv=None) -> int:
     "depthbench-nb export-hf RUN_DIR OUT: a run as a Hugging Face folder (config, safetensors, tokenizer, model card)."
-    p = argparse.ArgumentParser(prog='depthbench-nb export-hf',
-                                description="Export a run's newest complete checkpoint as a Hugging Face folder: config.json, "
-                                            "model.safetensors, the tokenizer, a model card and the run record. Load it with "
-                                            "AutoModelForCausalLM.from_pretrained(OUT) (trust_remote_code=True without depthbench-nb).")
-    p.add_argument('run_dir', help='a run folder <runs root>/<study>/<run_id> with a complete checkpoint')
-    p.add_argument('out', help='output folder (created; must be empty unless --force)')
-    p.add_argument('--format', default='depthbench', choices=EXPORT_FORMATS,
-                   help="depthbench (any design, default) | llama (LlamaForCausalLM, Pre-LN and LNS only)")
-    p.add_argument('--tokenizer', default=None, help="a tokenizer.json to ship instead of the run's own (default: the run's)")
-    p.add_argument('--dtype', default='float32', choices=('float32', 'bfloat16'), help='weights dtype (default float32)')
-    p.add_argument('--force', action='store_true', help='replace a non-empty output folder')
-    p.add_argument('--json', action='store_true', help='machine-readable JSON output')
-    a = p.parse_args(argv)
-    res = export_hf(a.run_dir, a.out, fmt=a.format, tokenizer=a.tokenizer, force=a.force, dtype=a.dtype)
-    return emit(res, a.json, title=f"exported {res['run_id']} to {res['out']}")
+    return call_parsed(export_hf_command, argv, prog='depthbench-nb export-hf')

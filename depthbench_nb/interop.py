@@ -5,7 +5,6 @@
 # %% ../nbs/09b_interop.ipynb #90becc27
 from __future__ import annotations
 
-import argparse
 import io
 import json
 import math
@@ -15,7 +14,7 @@ import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Annotated, Callable, Optional
 
 import torch
 from safetensors.torch import load_file as load_safetensors
@@ -27,7 +26,7 @@ from .layers import KVCache
 from .model import SAME, DepthModel, build_model
 from .runs import CHECKPOINT_FORMAT_VERSION, RECORD_FILES, checkpoint_content, checkpoints_dir, load_run, provenance, read_json, run_dir, safe_torch_load, write_checksums, write_params, write_result, writing_run_folder
 from .shapes import count_params
-from .console import emit, parse_literal
+from .console import Arg, call_parsed, emit, parse_literal
 
 # %% auto #0
 __all__ = ['CHECKPOINT_FORMAT', 'IMPORTED_STUDY', 'read_dcp_state_dict', 'is_hub_id', 'select_step', 'resolve_source',
@@ -35,7 +34,7 @@ __all__ = ['CHECKPOINT_FORMAT', 'IMPORTED_STUDY', 'read_dcp_state_dict', 'is_hub
            'infer_model_config', 'NameMapping', 'name_map', 'fork_to_ours', 'ours_to_fork',
            'model_from_fork_state_dict', 'save_pretrained', 'check_state_dict', 'load_pretrained', 'import_checkpoint',
            'llama_exportable', 'llama_state_dict', 'llama_config_dict', 'export_llama', 'generate', 'decode_throughput',
-           'cli_import_checkpoint']
+           'import_checkpoint_command', 'cli_import_checkpoint']
 
 # %% ../nbs/09b_interop.ipynb #0b5eff66
 class _LooseRecord:
@@ -623,37 +622,36 @@ def decode_throughput(model: DepthModel, batch_size: int = 1, prompt_len: int = 
                 kv_cache_bytes=kv_bytes)
 
 # %% ../nbs/09b_interop.ipynb #d2d19ea9
-def cli_import_checkpoint(argv=None) -> int:
-    "depthbench-nb import-checkpoint SOURCE --arch A [--L L]: an OLMo-core / DepthBench checkpoint as a run folder."
-    p = argparse.ArgumentParser(prog='depthbench-nb import-checkpoint',
-                                description='Import an OLMo-core / DepthBench checkpoint (DCP folder, safetensors, .pt, '
-                                            'Hugging Face LLaMA folder, or a hub id when online) as a run folder.')
-    p.add_argument('source', help='local checkpoint folder/file, or a hub id owner/name[@revision]')
-    p.add_argument('--arch', required=True, help='the design the checkpoint was trained as (preln, periln, lns, deepnorm, '
-                                                 'keel, hc, mhc, attnres, block_attnres, moda)')
-    p.add_argument('--L', type=int, default=None, dest='n_layer', help='declared number of blocks (checked against the checkpoint)')
-    p.add_argument('--n-head', type=int, default=None, help='attention heads (default: OLMo-core config.json, else 16 as in DepthBench)')
-    p.add_argument('--step', type=int, default=None, help='which step<N>/ checkpoint of a run folder or release repo (default: the latest)')
-    p.add_argument('--max-seq-len', type=int, default=2048, help='context length of the imported model (default 2048)')
-    p.add_argument('--study', default=IMPORTED_STUDY, help=f'study folder under the runs root (default {IMPORTED_STUDY!r})')
-    p.add_argument('--option', action='append', default=[], metavar='KEY=VALUE', help='a design option, repeatable')
-    p.add_argument('--data-source', default=None, help="token data diagnostics will use (default: fineweb-edu for DepthBench's "
-                                                        "50,280 vocabulary, else the package default 'sample')")
-    p.add_argument('--tokenizer', default=None, help="tokenizer of that data (default: neox for 50,280, else bpe:4096)")
-    p.add_argument('--json', action='store_true', help='machine-readable JSON output')
-    a = p.parse_args(argv)
+def import_checkpoint_command(source: str,               # local checkpoint folder/file, or a hub id owner/name[@revision]
+                              *, arch: str,              # the design the checkpoint was trained as (preln, periln, lns, deepnorm, keel, hc, mhc, attnres, block_attnres, moda)
+                              n_layer: Annotated[Optional[int], Arg(flags=('--L',))] = None,  # declared number of blocks (checked against the checkpoint)
+                              n_head: Optional[int] = None,     # attention heads (default: OLMo-core config.json, else 16 as in DepthBench)
+                              step: Optional[int] = None,       # which step<N>/ checkpoint of a run folder or release repo (default: the latest)
+                              max_seq_len: int = 2048,          # context length of the imported model (default 2048)
+                              study: Annotated[str, Arg(help=f'study folder under the runs root (default {IMPORTED_STUDY!r})')] = IMPORTED_STUDY,
+                              option: Annotated[list, Arg(metavar='KEY=VALUE')] = (),  # a design option, repeatable
+                              data_source: Optional[str] = None,  # token data diagnostics will use (default: fineweb-edu for DepthBench's 50,280 vocabulary, else the package default 'sample')
+                              tokenizer: Optional[str] = None,    # tokenizer of that data (default: neox for 50,280, else bpe:4096)
+                              json: bool = False) -> int:
+    """Import an OLMo-core / DepthBench checkpoint (DCP folder, safetensors, .pt, Hugging Face LLaMA folder, or a hub
+    id when online) as a run folder."""
     options = {}
-    for item in a.option:
+    for item in option:
         key, sep, value = item.partition('=')
         if not sep: raise ConfigError(f"--option expects KEY=VALUE, got {item!r}")
         options[key.strip()] = parse_literal(value)
     data = None
-    if a.data_source or a.tokenizer:
+    if data_source or tokenizer:
         default = DataConfig()
-        data = DataConfig(source=a.data_source or default.source, tokenizer=a.tokenizer or default.tokenizer)
-    folder, result = import_checkpoint(a.source, a.arch, n_layer=a.n_layer, n_head=a.n_head, study=a.study,
-                                       max_seq_len=a.max_seq_len, data=data, step=a.step, **options)
+        data = DataConfig(source=data_source or default.source, tokenizer=tokenizer or default.tokenizer)
+    folder, result = import_checkpoint(source, arch, n_layer=n_layer, n_head=n_head, study=study,
+                                       max_seq_len=max_seq_len, data=data, step=step, **options)
     pv = result['provenance']
     return emit(dict(run_dir=str(folder), run_id=result['run_id'], arch=result['arch'], n_layer=result['n_layer'],
                      d_model=result['d_model'], params_total=result['params_total'], source_format=pv['source_format'],
-                     source=pv['source'], notes=result['notes']), a.json, title='imported checkpoint')
+                     source=pv['source'], notes=result['notes']), json, title='imported checkpoint')
+
+
+def cli_import_checkpoint(argv=None) -> int:
+    "depthbench-nb import-checkpoint SOURCE --arch A [--L L]: an OLMo-core / DepthBench checkpoint as a run folder."
+    return call_parsed(import_checkpoint_command, argv, prog='depthbench-nb import-checkpoint')

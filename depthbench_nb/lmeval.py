@@ -5,9 +5,8 @@
 # %% ../nbs/09g_lm_eval.ipynb #c121dcf9
 from __future__ import annotations
 
-import argparse
 import math
-from typing import Optional
+from typing import Annotated, Optional
 
 import torch
 import torch.nn.functional as F
@@ -26,11 +25,11 @@ from .config import ConfigError
 from .diagnostics import completion_nll, nll_by_category
 from .hf_export import load_for_eval
 from .layers import KVCache
-from .console import emit
+from .console import Arg, call_parsed, emit
 
 # %% auto #0
 __all__ = ['GEN_OPTIONS', 'DTYPES', 'NLL_ROUTES', 'DepthBenchLM', 'lm_eval_nll', 'native_nll', 'domain_nll', 'compare_nll_routes',
-           'cli_domain_nll']
+           'domain_nll_command', 'cli_domain_nll']
 
 # %% ../nbs/09g_lm_eval.ipynb #b32a34fd
 GEN_OPTIONS = ('until', 'max_gen_toks', 'do_sample', 'temperature')
@@ -258,28 +257,28 @@ def compare_nll_routes(pretrained, names=None, limit: Optional[int] = 64, batch_
     return rows
 
 # %% ../nbs/09g_lm_eval.ipynb #63b1577b
-def cli_domain_nll(argv=None) -> int:
-    "depthbench-nb domain-nll PATH: the domain NLL of a run or export, through our scorer and/or lm-eval's loglikelihood."
-    p = argparse.ArgumentParser(prog='depthbench-nb domain-nll',
-                                description="Completion-only NLL on the DepthBench domain sets (coding, STEM, math) of a run folder or "
-                                            "an export, through our scorer (native), lm-eval's loglikelihood as the official code "
-                                            "does (lm-eval), or both with their comparison.")
-    p.add_argument('path', help='a run folder or a folder written by depthbench-nb export-hf')
-    p.add_argument('--route', default='both', choices=NLL_ROUTES + ('both',), help='native | lm-eval | both (default)')
-    p.add_argument('--sets', default=None, help='comma-separated domain sets (default: every one that can be built here)')
-    p.add_argument('--limit', type=int, default=64, help='documents per set (default 64; 0: all)')
-    p.add_argument('--batch-size', type=int, default=8, help='lm-eval batch size (default 8)')
-    p.add_argument('--device', default=None, help='cpu | cuda | cuda:N (default: cuda when present)')
-    p.add_argument('--json', action='store_true', help='machine-readable JSON output')
-    a = p.parse_args(argv)
-    names = [s.strip() for s in a.sets.split(',') if s.strip()] if a.sets else None
-    limit = a.limit or None
-    if a.route == 'both':
-        rows = compare_nll_routes(a.path, names, limit, a.batch_size, a.device)
-        return emit(rows, a.json, title=f'domain NLL of {a.path}: our scorer vs lm-eval loglikelihood (nats per target token)')
-    res = domain_nll(a.path, a.route, names, limit, a.batch_size, a.device)
+def domain_nll_command(path: str,                           # a run folder or a folder written by depthbench-nb export-hf
+                       route: Annotated[str, Arg(choices=NLL_ROUTES + ('both',))] = 'both',  # native | lm-eval | both (default)
+                       sets: Optional[str] = None,          # comma-separated domain sets (default: every one that can be built here)
+                       limit: int = 64,                     # documents per set (default 64; 0: all)
+                       batch_size: int = 8,                 # lm-eval batch size (default 8)
+                       device: Optional[str] = None,        # cpu | cuda | cuda:N (default: cuda when present)
+                       json: bool = False) -> int:
+    """Completion-only NLL on the DepthBench domain sets (coding, STEM, math) of a run folder or an export, through
+    our scorer (native), lm-eval's loglikelihood as the official code does (lm-eval), or both with their comparison."""
+    names = [s.strip() for s in sets.split(',') if s.strip()] if sets else None
+    limit = limit or None
+    if route == 'both':
+        rows = compare_nll_routes(path, names, limit, batch_size, device)
+        return emit(rows, json, title=f'domain NLL of {path}: our scorer vs lm-eval loglikelihood (nats per target token)')
+    res = domain_nll(path, route, names, limit, batch_size, device)
     strip = lambda d: {k: v for k, v in d.items() if k != 'docs'}
     out = dict(route=res['route'], by_category=res['by_category'], sets={k: strip(v) for k, v in res['sets'].items()})
-    if a.json: return emit(out, True)
+    if json: return emit(out, True)
     return emit([dict(category=c, **{k: v for k, v in r.items() if k != 'sets'}) for c, r in res['by_category'].items()], False,
-                title=f"domain NLL of {a.path} through {a.route} (nats per target token)")
+                title=f"domain NLL of {path} through {route} (nats per target token)")
+
+
+def cli_domain_nll(argv=None) -> int:
+    "depthbench-nb domain-nll PATH: the domain NLL of a run or export, through our scorer and/or lm-eval's loglikelihood."
+    return call_parsed(domain_nll_command, argv, prog='depthbench-nb domain-nll')

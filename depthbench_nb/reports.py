@@ -5,7 +5,6 @@
 # %% ../nbs/09c_reports.ipynb #0d8f3d17
 from __future__ import annotations
 
-import argparse
 import functools
 import json
 import math
@@ -13,7 +12,7 @@ import os
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Annotated, Callable, Optional
 
 import numpy as np
 import pandas as pd
@@ -22,7 +21,7 @@ from .config import ARCHS, ConfigError, ModelConfig, atomic_write_text, package_
 from .costs import cost_row, measured_costs
 from .runs import list_runs, read_params, read_result
 from .shapes import GRIDS, OFFICIAL_STEPS, PRESETS, count_params, grid_shapes, shape_for
-from .console import emit, template_path
+from .console import Arg, call_parsed, emit, template_path
 
 # %% auto #0
 __all__ = ['REFERENCE_FILES', 'ACCOUNTING_LABEL', 'PAPER_LABEL', 'PAPER_PRESETS', 'RUN_COLUMNS', 'DEPTHBENCH_ARTIFACTS',
@@ -39,7 +38,7 @@ __all__ = ['REFERENCE_FILES', 'ACCOUNTING_LABEL', 'PAPER_LABEL', 'PAPER_PRESETS'
            'case_study_frame', 'baseline_refit_frame', 'FitEffort', 'per_r_frontier', 'frontier_exponents',
            'table2_rows', 'looped_fit_sections', 'looped_case_study_sections', 'looped_ablation_sections',
            'related_studies', 'build_looped_report', 'show_report', 'show_artifact', 'show_missing',
-           'run_report_notebooks', 'cli_report']
+           'run_report_notebooks', 'report_command', 'cli_report']
 
 # %% ../nbs/09c_reports.ipynb #68cac690
 REFERENCE_FILES = {'depthbench': 'depthbench_paper.csv', 'looped': 'looped_paper.csv'}
@@ -1495,28 +1494,30 @@ def run_report_notebooks(study: str, which=('depthbench', 'looped'), parameters:
     return done
 
 
+def report_command(study: str,                                # study name (a folder under the runs root)
+                   only: Annotated[Optional[str], Arg(choices=REPORT_NOTEBOOKS)] = None,  # build one report only
+                   restarts: int = 500,                       # random starts of every law fit (default 500, the paper)
+                   bootstrap: int = 200,                      # block-bootstrap resamples for the phi CI (default 200, the paper; 0: none)
+                   boot_restarts: int = 500,                  # random starts of every bootstrap refit, plus a warm start (default 500)
+                   seed: int = 0,                             # seed of the fits and resamples
+                   workers: Optional[int] = None,             # bootstrap processes (default: min(2, CPU cores))
+                   json: bool = False) -> int:
+    "Rebuild a study's tables and figures (papermill_runs/STUDY/report/)."
+    if not (runs_root() / study).is_dir():
+        raise ConfigError(f"no study {study!r} under {runs_root()}: run `depthbench-nb sweep run {study}` first")
+    for name, value in (('restarts', restarts), ('boot-restarts', boot_restarts)):
+        if value < 1: raise ConfigError(f"--{name} must be >= 1, got {value}")
+    if bootstrap < 0 or bootstrap == 1: raise ConfigError(f'--bootstrap must be 0 (none) or >= 2 resamples, got {bootstrap}')
+    if workers is not None and workers < 1: raise ConfigError(f'--workers must be >= 1, got {workers}')
+    which = (only,) if only else tuple(REPORT_NOTEBOOKS)
+    nbs = run_report_notebooks(study, which, dict(restarts=restarts, n_bootstrap=bootstrap, bootstrap_restarts=boot_restarts,
+                                                  seed=seed, workers=workers), progress=not json)
+    out = runs_root() / study / 'report'
+    rows = [dict(file=str(f.relative_to(out)), bytes=f.stat().st_size) for f in sorted(out.iterdir()) if f.is_file() and not f.name.startswith('.')]
+    return emit(dict(study=study, report_dir=str(out), notebooks=[str(n) for n in nbs], files=rows) if json else rows,
+                json, title=f'report of {study}: {out}')
+
+
 def cli_report(argv=None) -> int:
     "depthbench-nb report STUDY: rebuild a study's tables and figures."
-    p = argparse.ArgumentParser(prog='depthbench-nb report', description="Rebuild a study's tables and figures (papermill_runs/STUDY/report/).")
-    p.add_argument('study', help='study name (a folder under the runs root)')
-    p.add_argument('--only', choices=list(REPORT_NOTEBOOKS), help='build one report only')
-    p.add_argument('--restarts', type=int, default=500, help='random starts of every law fit (default 500, the paper)')
-    p.add_argument('--bootstrap', type=int, default=200, help='block-bootstrap resamples for the phi CI (default 200, the paper; 0: none)')
-    p.add_argument('--boot-restarts', type=int, default=500, help='random starts of every bootstrap refit, plus a warm start (default 500)')
-    p.add_argument('--seed', type=int, default=0, help='seed of the fits and resamples')
-    p.add_argument('--workers', type=int, default=None, help='bootstrap processes (default: min(2, CPU cores))')
-    p.add_argument('--json', action='store_true', help='machine-readable JSON output')
-    a = p.parse_args(argv)
-    if not (runs_root() / a.study).is_dir():
-        raise ConfigError(f"no study {a.study!r} under {runs_root()}: run `depthbench-nb sweep run {a.study}` first")
-    for name in ('restarts', 'boot_restarts'):
-        if getattr(a, name) < 1: raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(a, name)}")
-    if a.bootstrap < 0 or a.bootstrap == 1: raise ConfigError(f'--bootstrap must be 0 (none) or >= 2 resamples, got {a.bootstrap}')
-    if a.workers is not None and a.workers < 1: raise ConfigError(f'--workers must be >= 1, got {a.workers}')
-    which = (a.only,) if a.only else tuple(REPORT_NOTEBOOKS)
-    nbs = run_report_notebooks(a.study, which, dict(restarts=a.restarts, n_bootstrap=a.bootstrap, bootstrap_restarts=a.boot_restarts,
-                                                    seed=a.seed, workers=a.workers), progress=not a.json)
-    out = runs_root() / a.study / 'report'
-    rows = [dict(file=str(f.relative_to(out)), bytes=f.stat().st_size) for f in sorted(out.iterdir()) if f.is_file() and not f.name.startswith('.')]
-    return emit(dict(study=a.study, report_dir=str(out), notebooks=[str(n) for n in nbs], files=rows) if a.json else rows,
-                a.json, title=f'report of {a.study}: {out}')
+    return call_parsed(report_command, argv, prog='depthbench-nb report')

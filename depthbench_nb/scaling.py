@@ -5,21 +5,20 @@
 # %% ../nbs/09_scaling.ipynb #0e6b8b41
 from __future__ import annotations
 
-import argparse
 import io
 import math
 import os
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Annotated, Callable, Optional, Sequence
 
 import numpy as np
 import pandas as pd
 from scipy.optimize import minimize, minimize_scalar
 
 from .config import ConfigError, CorruptFile
-from .console import emit
+from .console import Arg, call_parsed, emit
 from .looped import PAPER_SEQ_LEN, PAPER_VOCAB, looped_grid_rows   # the paper's padded vocabulary and context
 
 # %% auto #0
@@ -31,7 +30,7 @@ __all__ = ['HUBER_DELTA', 'PARAM_NAMES', 'LOWER', 'UPPER', 'LAWS', 'PROVENANCES'
            'fit_looped', 'frame_provenance', 'law_data_from_frame', 'fit_frame', 'fit_per_r', 'LoopedAccounting',
            'paper_accounting', 'paper_grid_frame', 'synthetic_looped_frame', 'table_blocks', 'law_bootstrap',
            'block_bootstrap', 'attach_bootstrap', 'effort_label', 'empirical_optima', 'law_optimum', 'worked_example',
-           'read_runs_csv', 'cli_fit']
+           'read_runs_csv', 'fit_command', 'cli_fit']
 
 # %% ../nbs/09_scaling.ipynb #34c6ab26
 HUBER_DELTA = 1e-3
@@ -1036,49 +1035,47 @@ def read_runs_csv(path) -> pd.DataFrame:
     return df
 
 
-def cli_fit(argv=None) -> int:
-    "depthbench-nb fit: fit a scaling law to a CSV of runs."
-    p = argparse.ArgumentParser(prog='depthbench-nb fit', description='Fit the Chinchilla or the looped (phi) '
-                                "scaling law to a CSV of runs, with block-bootstrap CIs; defaults are the looped paper's "
-                                'protocol (arXiv 2604.21106 §4.2, App. F): 500 restarts; 200 resamples, each refit from 500 '
-                                'restarts + a warm start at the full fit.')
-    p.add_argument('--csv', required=True, help='runs table: N,D,loss (chinchilla) or n_once,n_rec,r,D,loss (looped)')
-    p.add_argument('--law', default='looped', choices=LAWS, help='law to fit (default looped)')
-    p.add_argument('--phi', default='free', help="looped law: 'free' (default) or a fixed value (0, 1)")
-    p.add_argument('--restarts', type=int, default=500, help='random starts of the fit (default 500, the paper)')
-    p.add_argument('--bootstrap', type=int, default=None,
-                   help='block-bootstrap resamples (default: 200 for the looped law with phi free, as the paper; 0 otherwise)')
-    p.add_argument('--boot-restarts', type=int, default=500, help='random starts per bootstrap refit, plus a warm start (default 500)')
-    p.add_argument('--block-cols', default=None, help="bootstrap block columns (default 'C,r' when present, else rows)")
-    p.add_argument('--seed', type=int, default=0, help='seed of the starts and resamples')
-    p.add_argument('--provenance', default=None, choices=PROVENANCES,
-                   help="data provenance (default: the CSV's provenance column, else 'unspecified')")
-    p.add_argument('--method', default='batched', choices=FIT_METHODS,
-                   help="batched (all starts at once; default) or scipy (the paper's L-BFGS-B loop, start by start: slow)")
-    p.add_argument('--workers', type=int, default=None, help='processes for the bootstrap refits (default: min(2, CPU cores))')
-    p.add_argument('--per-r', action='store_true', help='looped CSVs: also one Chinchilla fit per r')
-    p.add_argument('--json', action='store_true', help='machine-readable JSON output')
-    a = p.parse_args(argv)
-    for name in ('restarts', 'boot_restarts'):
-        if getattr(a, name) < 1: raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(a, name)}")
-    if a.workers is not None and a.workers < 1: raise ConfigError(f'--workers must be >= 1, got {a.workers}')
-    path = Path(a.csv)
+def fit_command(*, csv: str,                               # runs table: N,D,loss (chinchilla) or n_once,n_rec,r,D,loss (looped)
+                law: Annotated[str, Arg(choices=LAWS)] = 'looped',  # law to fit (default looped)
+                phi: str = 'free',                         # looped law: 'free' (default) or a fixed value (0, 1)
+                restarts: int = 500,                       # random starts of the fit (default 500, the paper)
+                bootstrap: Optional[int] = None,           # block-bootstrap resamples (default: 200 for the looped law with phi free, as the paper; 0 otherwise)
+                boot_restarts: int = 500,                  # random starts per bootstrap refit, plus a warm start (default 500)
+                block_cols: Optional[str] = None,          # bootstrap block columns (default 'C,r' when present, else rows)
+                seed: int = 0,                             # seed of the starts and resamples
+                provenance: Annotated[Optional[str], Arg(choices=PROVENANCES)] = None,  # data provenance (default: the CSV's provenance column, else 'unspecified')
+                method: Annotated[str, Arg(choices=FIT_METHODS)] = 'batched',  # batched (all starts at once; default) or scipy (the paper's L-BFGS-B loop, start by start: slow)
+                workers: Optional[int] = None,             # processes for the bootstrap refits (default: min(2, CPU cores))
+                per_r: bool = False,                       # looped CSVs: also one Chinchilla fit per r
+                json: bool = False) -> int:
+    """Fit the Chinchilla or the looped (phi) scaling law to a CSV of runs, with block-bootstrap CIs; defaults are the
+    looped paper's protocol (arXiv 2604.21106 §4.2, App. F): 500 restarts; 200 resamples, each refit from 500 restarts +
+    a warm start at the full fit."""
+    for name, value in (('restarts', restarts), ('boot-restarts', boot_restarts)):
+        if value < 1: raise ConfigError(f"--{name} must be >= 1, got {value}")
+    if workers is not None and workers < 1: raise ConfigError(f'--workers must be >= 1, got {workers}')
+    path = Path(csv)
     df = read_runs_csv(path)
-    phi = _parse_phi(a.phi)
-    if a.law == 'chinchilla' and phi is not None: raise ConfigError("--phi applies to --law looped only")
-    provenance = a.provenance or frame_provenance(df, default='unspecified')   # a bare CSV is not assumed to be real runs
-    n_boot = a.bootstrap if a.bootstrap is not None else (200 if a.law == 'looped' and phi is None else 0)
+    phi_value = _parse_phi(phi)
+    if law == 'chinchilla' and phi_value is not None: raise ConfigError("--phi applies to --law looped only")
+    provenance = provenance or frame_provenance(df, default='unspecified')   # a bare CSV is not assumed to be real runs
+    n_boot = bootstrap if bootstrap is not None else (200 if law == 'looped' and phi_value is None else 0)
     if n_boot < 0: raise ConfigError(f'--bootstrap must be >= 0, got {n_boot}')
-    fit = fit_frame(df, a.law, phi=phi, restarts=a.restarts, seed=a.seed, provenance=provenance, method=a.method)
+    fit = fit_frame(df, law, phi=phi_value, restarts=restarts, seed=seed, provenance=provenance, method=method)
     if n_boot:
-        cols = a.block_cols.split(',') if a.block_cols else (['C', 'r'] if {'C', 'r'} <= set(df.columns) else None)
-        attach_bootstrap(fit, block_bootstrap(df, a.law, phi=phi, block_cols=cols, n_resamples=n_boot, restarts=a.boot_restarts,
-                                              seed=a.seed, warm_start=fit, progress=not a.json, workers=a.workers,
-                                              provenance=fit.provenance, method=a.method))
+        cols = block_cols.split(',') if block_cols else (['C', 'r'] if {'C', 'r'} <= set(df.columns) else None)
+        attach_bootstrap(fit, block_bootstrap(df, law, phi=phi_value, block_cols=cols, n_resamples=n_boot, restarts=boot_restarts,
+                                              seed=seed, warm_start=fit, progress=not json, workers=workers,
+                                              provenance=fit.provenance, method=method))
     out = fit.to_dict()
     out['effort'] = effort_label(fit)
-    if a.per_r:
-        if a.law != 'looped': raise ConfigError("--per-r needs --law looped (the per-r fits split a looped table by r)")
-        out['per_r'] = {str(r): f.to_dict() for r, f in fit_per_r(df, restarts=a.restarts, seed=a.seed, provenance=provenance,
-                                                                 method=a.method).items()}
-    return emit(out, a.json, title=f'{a.law} fit of {path} ({fit.provenance} data, {fit.n_points} runs)')
+    if per_r:
+        if law != 'looped': raise ConfigError("--per-r needs --law looped (the per-r fits split a looped table by r)")
+        out['per_r'] = {str(r): f.to_dict() for r, f in fit_per_r(df, restarts=restarts, seed=seed, provenance=provenance,
+                                                                 method=method).items()}
+    return emit(out, json, title=f'{law} fit of {path} ({fit.provenance} data, {fit.n_points} runs)')
+
+
+def cli_fit(argv=None) -> int:
+    "depthbench-nb fit: fit a scaling law to a CSV of runs."
+    return call_parsed(fit_command, argv, prog='depthbench-nb fit')

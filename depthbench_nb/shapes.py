@@ -5,18 +5,17 @@
 # %% ../nbs/01_shapes.ipynb #62a0603a
 from __future__ import annotations
 
-import argparse
 import math
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Annotated, Callable, Optional
 
 from .config import ARCHS, ConfigError, ModelConfig, _choice_error, ffn_hidden_default, resolve_arch
-from .console import emit
+from .console import Arg, call_parsed, comma_ints, emit
 
 # %% auto #0
 __all__ = ['GRIDS', 'TINY_DEFAULT_DEPTHS', 'OFFICIAL_STEPS', 'PRESETS', 'SHAPE_COLUMNS', 'ParamCount', 'preln_block_params',
            'count_params', 'Shape', 'GridSpec', 'solve_d_model', 'design_grids', 'get_grid', 'grid_shapes', 'shape_for',
-           'Preset', 'cuda_available', 'resolve_preset', 'shape_rows', 'cli_shapes']
+           'Preset', 'cuda_available', 'resolve_preset', 'shape_rows', 'shapes_command', 'cli_shapes']
 
 # %% ../nbs/01_shapes.ipynb #0f16156b
 @dataclass(frozen=True)
@@ -239,19 +238,20 @@ def shape_rows(grid: str, arch: str = 'preln', depths=None, **options) -> list[d
     return rows
 
 
+def shapes_command(grid: Annotated[str, Arg(help=f"one of: {', '.join(list(GRIDS) + list(design_grids()))} (default 400m)")] = '400m',
+                   arch: str = 'preln',                 # design whose parameters are counted (default preln)
+                   depths: Annotated[Optional[tuple], Arg(parse=comma_ints)] = None,  # comma-separated depths (tiny grid: any; others: a subset)
+                   variant: str = 'baseline',           # looped grid only: baseline | tbptt | hc
+                   json: bool = False) -> int:          # machine-readable JSON output
+    "List the shapes of a grid with their parameter counts."
+    if grid in design_grids():
+        rows = design_grids()[grid](variant)
+        return emit(rows, json, title=f'{grid} grid ({variant}): {len(rows)} runs')
+    if variant != 'baseline': raise ConfigError(f"--variant applies only to the grids {', '.join(design_grids())}")
+    rows = shape_rows(grid, arch, depths)
+    return emit(rows, json, title=f"grid {grid} ({GRIDS[grid].description}), arch {rows[0]['arch'] if rows else arch}")
+
+
 def cli_shapes(argv=None) -> int:
     "depthbench-nb shapes: list a grid's shapes with parameter counts."
-    p = argparse.ArgumentParser(prog='depthbench-nb shapes', description='List the shapes of a grid with their parameter counts.')
-    p.add_argument('--grid', default='400m', help=f"one of: {', '.join(list(GRIDS) + list(design_grids()))} (default 400m)")
-    p.add_argument('--arch', default='preln', help='design whose parameters are counted (default preln)')
-    p.add_argument('--depths', default=None, help='comma-separated depths (tiny grid: any; others: a subset)')
-    p.add_argument('--variant', default='baseline', help='looped grid only: baseline | tbptt | hc')
-    p.add_argument('--json', action='store_true', help='machine-readable JSON output')
-    a = p.parse_args(argv)
-    if a.grid in design_grids():
-        rows = design_grids()[a.grid](a.variant)
-        return emit(rows, a.json, title=f'{a.grid} grid ({a.variant}): {len(rows)} runs')
-    if a.variant != 'baseline': raise ConfigError(f"--variant applies only to the grids {', '.join(design_grids())}")
-    depths = tuple(int(x) for x in a.depths.split(',')) if a.depths else None
-    rows = shape_rows(a.grid, a.arch, depths)
-    return emit(rows, a.json, title=f"grid {a.grid} ({GRIDS[a.grid].description}), arch {rows[0]['arch'] if rows else a.arch}")
+    return call_parsed(shapes_command, argv, prog='depthbench-nb shapes')

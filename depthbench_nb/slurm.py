@@ -5,7 +5,6 @@
 # %% ../nbs/09i_slurm.ipynb #df3c58de
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -19,7 +18,7 @@ from pathlib import Path
 from typing import Optional
 
 from .config import Config, ConfigError, RunConfig, _choice_error
-from .console import emit
+from .console import call_parsed, emit
 
 # %% auto #0
 __all__ = ['SLURM_TOOLS', 'SINFO_FORMAT', 'DEFAULT_CPUS_PER_TASK', 'DEFAULT_TIME', 'SQUEUE_FORMAT', 'QUEUED_STATES',
@@ -27,7 +26,7 @@ __all__ = ['SLURM_TOOLS', 'SINFO_FORMAT', 'DEFAULT_CPUS_PER_TASK', 'DEFAULT_TIME
            'parse_gres_gpus', 'parse_sinfo', 'SlurmProbe', 'controller_status', 'probe_slurm', 'SlurmRequest',
            'fit_request', 'sbatch_options', 'array_script', 'submit_script', 'parse_squeue', 'queue_tasks',
            'accounting_tasks', 'head_node', 'node_address', 'main_port', 'node_launch_args', 'require_allocation',
-           'srun_command', 'node_launch', 'cli_slurm']
+           'srun_command', 'node_launch', 'slurm_info_command', 'slurm_node_launch_command', 'cli_slurm']
 
 # %% ../nbs/09i_slurm.ipynb #7e07d427
 _TIME_RE = re.compile(r'^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$')
@@ -432,32 +431,36 @@ def node_launch(run_config: str) -> int:
     return subprocess.call(cmd, env=env)
 
 # %% ../nbs/09i_slurm.ipynb #a1a89345
-def cli_slurm(argv=None) -> int:
-    "depthbench-nb slurm info | node-launch."
-    p = argparse.ArgumentParser(prog='depthbench-nb slurm', description="The Slurm cluster as the sweep driver sees it.")
-    sub = p.add_subparsers(dest='action', required=True)
-    pi = sub.add_parser('info', help="partitions and limits (sinfo), and the defaults an array task would get")
-    pi.add_argument('--partition', default=None)
-    pi.add_argument('--gpus', type=int, default=None, help='GPUs per node asked (default: 1 where the partition has GPUs, else 0)')
-    pi.add_argument('--json', action='store_true', help='machine-readable JSON output')
-    pn = sub.add_parser('node-launch', help='(run by srun on each node of a multi-node array task) start accelerate launch')
-    pn.add_argument('--run-config', required=True, help='the RunConfig JSON the sweep driver wrote')
-    a = p.parse_args(argv)
-    if a.action == 'node-launch': return node_launch(a.run_config)
+def slurm_info_command(partition: Optional[str] = None,
+                       gpus: Optional[int] = None,      # GPUs per node asked (default: 1 where the partition has GPUs, else 0)
+                       json: bool = False) -> int:
+    "partitions and limits (sinfo), and the defaults an array task would get"
     probe = probe_slurm()
     if not probe.reachable: raise ConfigError(f"no Slurm cluster reachable from here: {probe.message}")
     rows = [dict(partition=n + ('*' if q.default else ''), state=q.available, nodes=len(q.nodes),
                  cpus=max(x.cpus for x in q.nodes), memory_mb=max(x.memory_mb for x in q.nodes),
                  gpus=max(x.gpus for x in q.nodes), time_limit=q.max_time,
                  features=','.join(sorted({f for x in q.nodes for f in x.features}))) for n, q in probe.partitions.items()]
-    part = probe.partitions.get(a.partition) if a.partition else next((q for q in probe.partitions.values() if q.default), None)
-    gpus = a.gpus if a.gpus is not None else int(part is not None and any(x.gpus for x in part.nodes))
-    fit, notes = fit_request(SlurmRequest(partition=a.partition, gpus=gpus), probe.partitions)
+    part = probe.partitions.get(partition) if partition else next((q for q in probe.partitions.values() if q.default), None)
+    gpus = gpus if gpus is not None else int(part is not None and any(x.gpus for x in part.nodes))
+    fit, notes = fit_request(SlurmRequest(partition=partition, gpus=gpus), probe.partitions)
     out = dict(controller=probe.message, partitions=rows, defaults=fit.to_dict(), notes=notes)
-    if a.json: return emit(out, True)
+    if json: return emit(out, True)
     emit(rows, False, title=f'Slurm: {probe.message}')
     print(f"\nan array task would ask for: {' '.join(sbatch_options(fit))}" + ''.join(f'\n  {n}' for n in notes))
     return 0
+
+
+def slurm_node_launch_command(*, run_config: str,   # the RunConfig JSON the sweep driver wrote
+                              ) -> int:
+    "(run by srun on each node of a multi-node array task) start accelerate launch"
+    return node_launch(run_config)
+
+
+def cli_slurm(argv=None) -> int:
+    "depthbench-nb slurm info | node-launch."
+    return call_parsed({'info': slurm_info_command, 'node-launch': slurm_node_launch_command}, argv, prog='depthbench-nb slurm',
+                       description="The Slurm cluster as the sweep driver sees it.")
 
 
 if __name__ == '__main__' and '__file__' in globals():   # `python -m depthbench_nb.slurm node-launch ...` (srun); not in notebooks

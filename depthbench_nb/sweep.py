@@ -5,11 +5,11 @@
 # %% ../nbs/09a_sweep.ipynb #87fe581c
 from __future__ import annotations
 
-import argparse
 import contextlib
 import fcntl
 import itertools
 import json
+import json as _json           # `json` is also the --json switch of the command functions
 import math
 import os
 import shlex
@@ -20,7 +20,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Annotated, Any, Literal, Optional
 
 import numpy as np
 import pandas as pd
@@ -35,7 +35,7 @@ from .slurm import (QUEUED_STATES, RUNNING_STATES, SlurmProbe, SlurmRequest, acc
                                  submit_script)
 from .shapes import count_params, get_grid, resolve_preset
 from .costs import train_flops_per_token
-from .console import add_dataclass_options, dataclass_values, emit, template_path
+from .console import Arg, call_parsed, emit, template_path
 
 # %% auto #0
 __all__ = ['GPU_PEAK_FLOPS', 'DEFAULT_MFU', 'RUN_STATUSES', 'EXECUTORS', 'RESULT_FIELDS', 'SHAPE_KEYS', 'StudyGroup', 'StudySpec',
@@ -43,7 +43,8 @@ __all__ = ['GPU_PEAK_FLOPS', 'DEFAULT_MFU', 'RUN_STATUSES', 'EXECUTORS', 'RESULT
            'is_running', 'attempts', 'entry_status', 'entry_progress', 'run_command', 'execute_entry',
            'entry_status_locked', 'run_study', 'unfinished_runs', 'study_status', 'slurm_tasks', 'slurm_script',
            'write_slurm_script', 'flatten', 'collect', 'looped_fit_table', 'lr_optima', 'study_entries',
-           'add_extra_entries', 'extend_lr_entries', 'cli_sweep', 'cli_collect']
+           'add_extra_entries', 'extend_lr_entries', 'sweep_plan_command', 'sweep_run_command', 'sweep_status_command',
+           'cli_sweep', 'collect_command', 'cli_collect']
 
 # %% ../nbs/09a_sweep.ipynb #a94f1d9d
 @dataclass(frozen=True)
@@ -780,106 +781,111 @@ def extend_lr_entries(spec: StudySpec, df: pd.DataFrame, factor: float = 2.0, sa
     return new
 
 # %% ../nbs/09a_sweep.ipynb #9fbc344f
-def cli_sweep(argv=None) -> int:
-    "depthbench-nb sweep plan | run | status STUDY."
-    p = argparse.ArgumentParser(prog='depthbench-nb sweep', description='Plan, run and monitor a study (a YAML file '
-                                'of runs; shipped studies: ' + ', '.join(study_names()) + ').')
-    sub = p.add_subparsers(dest='action', required=True)
-    pp = sub.add_parser('plan', help='list the runs with ids, tokens and estimated FLOPs / GPU-hours')
-    pp.add_argument('study', nargs='?', help='study name or YAML path')
-    pp.add_argument('--list', action='store_true', help='list the shipped studies')
-    pp.add_argument('--gpu-tflops', type=float, default=GPU_PEAK_FLOPS / 1e12, help='peak TFLOP/s for the GPU-hour estimate (default: H100 dense bf16)')
-    pp.add_argument('--mfu', type=float, default=DEFAULT_MFU, help='assumed model FLOP utilisation (default 0.4)')
-    pr = sub.add_parser('run', help='run every missing run (skip completed, resume unfinished, retry failed)')
-    pr.add_argument('study')
-    pr.add_argument('--workers', type=int, default=1, help='runs in parallel on this machine')
-    pr.add_argument('--devices', default=None, help='comma-separated device ids; worker i gets device i mod n (CUDA_VISIBLE_DEVICES)')
-    pr.add_argument('--executor', default=None, choices=EXECUTORS,
-                    help='papermill (nbs/10_train.ipynb; the default) or python (trainer module; the default with --nodes > 1)')
-    pr.add_argument('--max-attempts', type=int, default=None, help="retry limit for failed runs (default: the study's)")
-    pr.add_argument('--run-id', action='append', default=None, help='only this run (repeatable); used by Slurm array tasks')
-    pr.add_argument('--extend-lr', action='store_true', help='first add one LR beyond the grid where the collected optimum is at its edge')
-    pr.add_argument('--launcher', default='local', choices=('local', 'slurm'), help='local: run here; slurm: write a job-array script')
-    pr.add_argument('--submit', action='store_true', help='with --launcher slurm: submit the script with sbatch')
-    pr.add_argument('--nodes', type=int, default=1, help='nodes per run; > 1 with --launcher slurm: one accelerate launcher per node (srun)')
-    pr.add_argument('--procs-per-node', type=int, default=None,
-                    help='training processes per node (default 1; with --launcher slurm one per GPU, set by --slurm-gpus)')
-    sg = pr.add_argument_group('Slurm (--launcher slurm)', 'what each array task asks for; the defaults fit the partition '
-                               '(checked against sinfo when the controller answers: a request no node can meet is an error)')
-    add_dataclass_options(sg, SlurmRequest, prefix='slurm_')   # --slurm-gpus, --slurm-cpus, ... from the request's fields
-    pr.add_argument('--no-progress', action='store_true')
-    ps = sub.add_parser('status', help='completed / diverged / failed / running / unfinished / pending, with progress')
-    ps.add_argument('study')
-    for q in (pp, pr, ps): q.add_argument('--json', action='store_true', help='machine-readable JSON output')
-    a = p.parse_args(argv)
-    if a.action == 'plan':
-        if a.list or not a.study:
-            return emit([dict(study=n, runs=len(expand_study(s := load_study(n))), description=s.description) for n in study_names()],
-                        a.json, title='shipped studies')
-        spec = load_study(a.study)
-        rows = plan_rows(study_entries(spec), a.gpu_tflops * 1e12, a.mfu)
-        if a.json: return emit(dict(study=spec.name, runs=rows), True)
-        df = pd.DataFrame(rows)
-        emit(rows, False, title=f'study {spec.name}: {spec.description}',
-             columns=['index', 'run_id', 'group', 'arch', 'L', 'd_model', 'r', 's', 'C', 'lr', 'params', 'steps', 'tokens', 'train_flops', 'gpu_hours'])
-        print(f"\n{len(rows)} runs, {df.tokens.sum():.4g} tokens, {df.train_flops.sum():.4g} training FLOPs, about "
-              f"{df.gpu_hours.sum():.4g} GPU-hours at {a.gpu_tflops:g} TFLOP/s and {a.mfu:.0%} MFU (an estimate)")
-        return 0
-    if a.action == 'status':
-        st = study_status(a.study)
-        if a.json: return emit(st, True)
-        emit(st['runs'], False, title=f"study {st['study']}: {st['total']} runs; " + ', '.join(f'{k} {v}' for k, v in st['counts'].items() if v))
-        if 'slurm' in st: print('\n'.join([f"\nSlurm: {st['slurm']['controller']}"] + [f'  {n}' for n in st['slurm']['notes']]))
-        return 0
-    spec = load_study(a.study)
-    if a.launcher == 'slurm':
-        if a.workers != 1 or a.devices: raise ConfigError('--workers/--devices apply to --launcher local; Slurm tasks run one run each')
-        if a.procs_per_node: raise ConfigError('with --launcher slurm the processes per node follow --slurm-gpus (one per GPU)')
-        req = SlurmRequest(**dataclass_values(SlurmRequest, a, prefix='slurm_'), nodes=a.nodes)
-        out = write_slurm_script(spec, submit=a.submit, request=req, study_ref=a.study, executor=a.executor, run_ids=a.run_id)
-        if a.json: return emit(out, True)
+def sweep_plan_command(study: Annotated[Optional[str], Arg(positional=True)] = None,  # study name or YAML path
+                       list: bool = False,                          # list the shipped studies
+                       gpu_tflops: float = GPU_PEAK_FLOPS / 1e12,   # peak TFLOP/s for the GPU-hour estimate (default: H100 dense bf16)
+                       mfu: float = DEFAULT_MFU,                    # assumed model FLOP utilisation (default 0.4)
+                       json: bool = False) -> int:
+    "list the runs with ids, tokens and estimated FLOPs / GPU-hours"
+    if list or not study:
+        return emit([dict(study=n, runs=len(expand_study(s := load_study(n))), description=s.description) for n in study_names()],
+                    json, title='shipped studies')
+    spec = load_study(study)
+    rows = plan_rows(study_entries(spec), gpu_tflops * 1e12, mfu)
+    if json: return emit(dict(study=spec.name, runs=rows), True)
+    df = pd.DataFrame(rows)
+    emit(rows, False, title=f'study {spec.name}: {spec.description}',
+         columns=['index', 'run_id', 'group', 'arch', 'L', 'd_model', 'r', 's', 'C', 'lr', 'params', 'steps', 'tokens', 'train_flops', 'gpu_hours'])
+    print(f"\n{len(rows)} runs, {df.tokens.sum():.4g} tokens, {df.train_flops.sum():.4g} training FLOPs, about "
+          f"{df.gpu_hours.sum():.4g} GPU-hours at {gpu_tflops:g} TFLOP/s and {mfu:.0%} MFU (an estimate)")
+    return 0
+
+
+def sweep_run_command(study: str,
+                      workers: int = 1,                        # runs in parallel on this machine
+                      devices: Optional[str] = None,           # comma-separated device ids; worker i gets device i mod n (CUDA_VISIBLE_DEVICES)
+                      executor: Annotated[Optional[str], Arg(choices=EXECUTORS)] = None,  # papermill (nbs/10_train.ipynb; the default) or python (trainer module; the default with --nodes > 1)
+                      max_attempts: Optional[int] = None,      # retry limit for failed runs (default: the study's)
+                      run_id: Optional[list] = None,           # only this run (repeatable); used by Slurm array tasks
+                      extend_lr: bool = False,                 # first add one LR beyond the grid where the collected optimum is at its edge
+                      launcher: Literal['local', 'slurm'] = 'local',  # local: run here; slurm: write a job-array script
+                      submit: bool = False,                    # with --launcher slurm: submit the script with sbatch
+                      nodes: int = 1,                          # nodes per run; > 1 with --launcher slurm: one accelerate launcher per node (srun)
+                      procs_per_node: Optional[int] = None,    # training processes per node (default 1; with --launcher slurm one per GPU, set by --slurm-gpus)
+                      # --slurm-gpus, --slurm-cpus, ...: one option per field of the Slurm request, handed over as a dict
+                      slurm: Annotated[Optional[dict], Arg(fields=SlurmRequest, group='Slurm (--launcher slurm)',
+                          help='what each array task asks for; the defaults fit the partition (checked against sinfo when the '
+                               'controller answers: a request no node can meet is an error)')] = None,
+                      no_progress: bool = False,
+                      json: bool = False) -> int:
+    "run every missing run (skip completed, resume unfinished, retry failed)"
+    spec = load_study(study)
+    if launcher == 'slurm':
+        if workers != 1 or devices: raise ConfigError('--workers/--devices apply to --launcher local; Slurm tasks run one run each')
+        if procs_per_node: raise ConfigError('with --launcher slurm the processes per node follow --slurm-gpus (one per GPU)')
+        req = SlurmRequest(**(slurm or {}), nodes=nodes)
+        out = write_slurm_script(spec, submit=submit, request=req, study_ref=study, executor=executor, run_ids=run_id)
+        if json: return emit(out, True)
         if out['script'] is None: print(out['message']); return 0
         print(f"slurm job array for study {spec.name}: {out['to_submit']} of {out['runs']} runs ({out['completed']} completed)\n"
               f"  script     {out['script']}\n  requests   {out['request']}\n  logs       {out['logs']}")
         for n in out['notes']: print(f'  note       {n}')
         if out.get('in_slurm'): print(f"  in Slurm   {len(out['in_slurm'])} runs already queued or running: not submitted again")
-        print(f"  submitted  job {out['job_id']}; follow it with: depthbench-nb sweep status {a.study}" if out['submitted'] else
+        print(f"  submitted  job {out['job_id']}; follow it with: depthbench-nb sweep status {study}" if out['submitted'] else
               f"  submit it  sbatch {out['script']}")
         return 0
-    if a.submit: raise ConfigError('--submit needs --launcher slurm')
-    if a.extend_lr:
+    if submit: raise ConfigError('--submit needs --launcher slurm')
+    if extend_lr:
         new = extend_lr_entries(spec, collect(spec, write=False))
         print(f'LR extensions added: {len(new)}' + ''.join(f'\n  {e.label()}' for e in new), file=sys.stderr)
-    devices = a.devices.split(',') if a.devices else None
-    executor = a.executor or ('python' if a.nodes > 1 else 'papermill')
-    out = run_study(spec, workers=a.workers, devices=devices, executor=executor, max_attempts=a.max_attempts,
-                    run_ids=a.run_id, progress=not (a.no_progress or a.json), nodes=a.nodes, procs_per_node=a.procs_per_node or 1)
+    device_ids = devices.split(',') if devices else None
+    executor = executor or ('python' if nodes > 1 else 'papermill')
+    out = run_study(spec, workers=workers, devices=device_ids, executor=executor, max_attempts=max_attempts,
+                    run_ids=run_id, progress=not (no_progress or json), nodes=nodes, procs_per_node=procs_per_node or 1)
     st = study_status(spec)
     left = unfinished_runs(spec, out)
     summary = dict(study=spec.name, this_driver=out['counts'], status=st['counts'])
-    if a.json: emit(dict(summary, outcomes=out['outcomes'], not_done=left), True)
+    if json: emit(dict(summary, outcomes=out['outcomes'], not_done=left), True)
     else:
         emit(summary, False, title=f'sweep {spec.name}')
         if left: print(); emit(left, False, title=f'{len(left)} run(s) not completed or diverged (exit code 1):')
     return 1 if left or st['counts'].get('failed') else 0         # anything failed or not started: non-zero for scripts
 
 
-def cli_collect(argv=None) -> int:
-    "depthbench-nb collect STUDY: one tidy table of the study's run records, and the LR optima."
-    p = argparse.ArgumentParser(prog='depthbench-nb collect', description="Gather a study's run records (all statuses) "
-                                'into <runs>/<study>/collect.parquet and collect.csv, and report LR optima per (design, shape).')
-    p.add_argument('study', help='study name or YAML path')
-    p.add_argument('--json', action='store_true', help='machine-readable JSON output')
-    a = p.parse_args(argv)
-    spec = load_study(a.study)
+def sweep_status_command(study: str, json: bool = False) -> int:
+    "completed / diverged / failed / running / unfinished / pending, with progress"
+    st = study_status(study)
+    if json: return emit(st, True)
+    emit(st['runs'], False, title=f"study {st['study']}: {st['total']} runs; " + ', '.join(f'{k} {v}' for k, v in st['counts'].items() if v))
+    if 'slurm' in st: print('\n'.join([f"\nSlurm: {st['slurm']['controller']}"] + [f'  {n}' for n in st['slurm']['notes']]))
+    return 0
+
+
+def cli_sweep(argv=None) -> int:
+    "depthbench-nb sweep plan | run | status STUDY."
+    return call_parsed(dict(plan=sweep_plan_command, run=sweep_run_command, status=sweep_status_command), argv,
+                       prog='depthbench-nb sweep',
+                       description='Plan, run and monitor a study (a YAML file of runs; shipped studies: ' + ', '.join(study_names()) + ').')
+
+
+def collect_command(study: str,            # study name or YAML path
+                    json: bool = False) -> int:
+    """Gather a study's run records (all statuses) into <runs>/<study>/collect.parquet and collect.csv, and report LR
+    optima per (design, shape)."""
+    spec = load_study(study)
     df = collect(spec)
     root = runs_root() / spec.name
     opt = lr_optima(df)
     out = dict(study=spec.name, rows=len(df), status=df.status.value_counts().to_dict(),
                files=[str(root / 'collect.parquet'), str(root / 'collect.csv')],
-               lr_optima=json.loads(opt.to_json(orient='records')))
-    if a.json: return emit(out, True)
+               lr_optima=_json.loads(opt.to_json(orient='records')))
+    if json: return emit(out, True)
     emit({k: v for k, v in out.items() if k != 'lr_optima'}, False, title=f'collected study {spec.name}')
     multi = opt[opt.n_lrs > 1] if 'n_lrs' in opt else opt
-    if len(multi): print(); emit(json.loads(multi.to_json(orient='records')), False, title='LR optima (shapes with more than one LR)')
+    if len(multi): print(); emit(_json.loads(multi.to_json(orient='records')), False, title='LR optima (shapes with more than one LR)')
     return 0
+
+
+def cli_collect(argv=None) -> int:
+    "depthbench-nb collect STUDY: one tidy table of the study's run records, and the LR optima."
+    return call_parsed(collect_command, argv, prog='depthbench-nb collect')

@@ -169,3 +169,35 @@ def test_wheel_builds_installs_and_ships_templates(tmp_path):
     r = subprocess.run([str(py), '-c', 'import sys; print("depthbench_nb._hooks" in sys.modules)'], cwd=work, capture_output=True,
                        text=True, timeout=300)
     assert r.stdout.strip() == 'True', r.stderr[-2000:]
+
+
+# every subcommand group and its subcommands (the usage line of the group lists them)
+SUBCOMMAND_GROUPS = {'data': ('prepare', 'inspect'), 'sweep': ('plan', 'run', 'status'), 'slurm': ('info', 'node-launch')}
+
+
+def test_every_subcommand_answers_help(capsys):
+    "`depthbench-nb CMD [SUB] --help` prints the usage and exits 0, for every subcommand."
+    from depthbench_nb.cli import COMMANDS, main
+    for cmd in COMMANDS:
+        for argv in [[cmd]] + [[cmd, sub] for sub in SUBCOMMAND_GROUPS.get(cmd, ())]:
+            try: rc = main(argv + ['--help'])
+            except SystemExit as e: rc = e.code
+            out, err = capsys.readouterr()
+            if rc == 2 and 'pip install' in err: continue          # an optional dependency this install lacks
+            assert rc == 0 and out.startswith('usage: depthbench-nb ' + ' '.join(argv)), (argv, rc, err)
+            if cmd in SUBCOMMAND_GROUPS and len(argv) == 1: assert '{' + ','.join(SUBCOMMAND_GROUPS[cmd]) + '}' in out
+            if cmd != 'train': assert '--json' in out or argv == ['slurm', 'node-launch'] or len(argv) == 1 and cmd in SUBCOMMAND_GROUPS
+
+
+def test_parsers_are_generated_not_hand_written():
+    """Options are written once, in a command function's signature (or a dataclass): only the console module builds
+    argparse parsers; the train parser, generated from RunParams, is the one other."""
+    import re
+    import depthbench_nb
+    pkg = Path(depthbench_nb.__file__).parent
+    hand_written = {f.name: len(re.findall(r'ArgumentParser\(|\.add_argument\(|\.add_subparsers\(', f.read_text()))
+                    for f in sorted(pkg.glob('*.py')) if f.name != 'console.py'}
+    trainer = (pkg / 'trainer.py').read_text()
+    assert 'add_dataclass_options(p, RunParams)' in trainer
+    hand_written.pop('trainer.py')
+    assert not {k: v for k, v in hand_written.items() if v}, hand_written
