@@ -20,9 +20,9 @@ from typing import Any, Callable, Optional
 # %% auto #0
 __all__ = ['ARCHS', 'FAMILIES', 'DESIGN_OPTIONS', 'OPTIMIZERS', 'SCHEDULES', 'PRECISIONS', 'EVAL_SETS', 'ConfigError',
            'CorruptFile', 'UnsafeFile', 'RunBusy', 'ForkNames', 'Design', 'register_design', 'unregister_design',
-           'arch_names', 'resolve_arch', 'Config', 'config_hash', 'config_diff', 'ffn_hidden_default', 'ModelConfig',
-           'DataConfig', 'TrainConfig', 'RunConfig', 'package_dir', 'repo_root', 'runs_root', 'runs_root_reason',
-           'cache_dir', 'atomic_write_bytes', 'atomic_write_text', 'atomic_write_json']
+           'arch_names', 'resolve_arch', 'family_of', 'Config', 'config_hash', 'config_diff', 'ffn_hidden_default',
+           'ModelConfig', 'DataConfig', 'TrainConfig', 'RunConfig', 'package_dir', 'repo_root', 'runs_root',
+           'runs_root_reason', 'cache_dir', 'atomic_write_bytes', 'atomic_write_text', 'atomic_write_json']
 
 # %% ../nbs/00_config.ipynb #535214f5
 class ConfigError(ValueError):
@@ -146,6 +146,11 @@ def resolve_arch(name: str) -> Design:
     if key not in ARCHS: raise _choice_error('architecture', name, arch_names(include_aliases=True))
     return ARCHS[key]
 
+
+def family_of(arch) -> Optional[str]:
+    "The family of a registered design; None for anything else (a run record of a design no longer registered)."
+    try: return resolve_arch(arch).family
+    except ConfigError: return None
 
 # %% ../nbs/00_config.ipynb #f32c7fae
 def _pos_int(v): return isinstance(v, int) and not isinstance(v, bool) and v >= 1

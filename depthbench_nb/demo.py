@@ -13,7 +13,7 @@ from typing import Annotated, Optional
 import pandas as pd
 
 from . import sweep
-from .config import ConfigError, DataConfig, runs_root
+from .config import ConfigError, DataConfig, family_of, runs_root
 from .data import prepare
 from .diagnostics import applicable_metrics, run_diagnostics
 from .reports import completed, normalize_runs, run_folder, run_report_notebooks
@@ -51,7 +51,7 @@ def _cpu_s() -> float:
 def diagnose_study(study: str, df: pd.DataFrame, metrics=DEMO_METRICS, n_samples: int = 8, seq_len: int = 64,
                    eval_limit: int = 16, progress: bool = True) -> list[dict]:
     "Diagnose the completed non-looped runs of a study that have no diagnostics yet (metrics that apply to each design)."
-    todo = completed(df[df['arch'] != 'looped']) if len(df) else df
+    todo = completed(df[df['arch'].map(family_of) != 'looped']) if len(df) else df
     out = []
     for i, (_, r) in enumerate(todo.iterrows()):
         folder = run_folder(r)

@@ -17,7 +17,7 @@ from typing import Annotated, Callable, Optional
 import numpy as np
 import pandas as pd
 
-from .config import ARCHS, ConfigError, ModelConfig, atomic_write_text, package_dir, runs_root
+from .config import ARCHS, ConfigError, ModelConfig, family_of, atomic_write_text, package_dir, runs_root
 from .costs import cost_row, measured_costs
 from .runs import list_runs, read_params, read_result
 from .shapes import GRIDS, OFFICIAL_STEPS, PRESETS, count_params, grid_shapes, shape_for
@@ -375,7 +375,7 @@ def lr_sensitivity_figure(rep: 'Report', data: pd.DataFrame, loss_col: str, name
     rep.figure(fig, name, caption)
 
 
-def _not_looped(df): return df['arch'] != 'looped'
+def _not_looped(df): return df['arch'].map(family_of) != 'looped'
 
 
 def _r_palette(rs) -> dict:
@@ -1035,7 +1035,7 @@ def looped_frame(df: pd.DataFrame) -> pd.DataFrame:
     from depthbench_nb.looped import flops_per_token, looped_params
     from depthbench_nb.sweep import flatten
     from depthbench_nb.trainer import total_steps
-    done = completed(df[df['arch'] == 'looped']).dropna(subset=['final_val_loss']) if len(df) else df.iloc[0:0]
+    done = completed(df[df['arch'].map(family_of) == 'looped']).dropna(subset=['final_val_loss']) if len(df) else df.iloc[0:0]
     rows = []
     for _, r in done.iterrows():
         run = read_params(run_folder(r))
@@ -1407,7 +1407,7 @@ def build_looped_report(study: str, df: Optional[pd.DataFrame] = None, out_dir=N
     df = normalize_runs(study_table(study) if df is None else df)
     out = Path(out_dir) if out_dir else runs_root() / study / 'report'
     paper = reference_table('looped')
-    is_looped = lambda d: d['arch'] == 'looped'
+    is_looped = lambda d: d['arch'].map(family_of) == 'looped'
     from_runs = lf is None
     if from_runs:
         related = related_studies(study) if related is None else related

@@ -27,7 +27,7 @@ import pandas as pd
 import yaml
 
 from .config import (ARCHS, Config, ConfigError, CorruptFile, DESIGN_OPTIONS, RunConfig, _choice_error,
-                                  atomic_write_bytes, atomic_write_json, atomic_write_text, package_dir, runs_root)
+                                  atomic_write_bytes, atomic_write_json, atomic_write_text, family_of, package_dir, runs_root)
 from .runs import (PEAK_BF16_FLOPS, RECORD_FILES, ensure_writable, read_json, read_params, read_result,
                                 run_dir, run_folder_holder, run_status)
 from .slurm import (QUEUED_STATES, RUNNING_STATES, SlurmProbe, SlurmRequest, accounting_tasks, array_script,
@@ -650,7 +650,7 @@ RESULT_FIELDS = ('final_val_loss', 'best_val_loss', 'steps', 'tokens', 'wall_tim
 def _record_row(study: str, group, status: str, run: RunConfig, params: dict, res: dict | None) -> dict:
     m = run.model
     row = dict(study=study, group=group, run_id=run.run_id, status=status, arch=m.arch, L=m.n_layer, d_model=m.d_model,
-               r=params.get('r', m.recurrence if m.arch == 'looped' else None), s=params.get('s'), C=params.get('C'),
+               r=params.get('r', m.recurrence if m.family == 'looped' else None), s=params.get('s'), C=params.get('C'),
                lr=run.train.lr, seed=run.train.seed, preset=run.preset)
     row.update({k: (res or {}).get(k) for k in RESULT_FIELDS})
     if res and isinstance(res.get('provenance'), dict): row['device'] = res['provenance'].get('device')
@@ -686,7 +686,7 @@ def collect(study, write: bool = True) -> pd.DataFrame:
 def looped_fit_table(df: pd.DataFrame, provenance: str = 'real') -> pd.DataFrame:
     "The `fit --law looped` table of a collected study's completed looped runs (configs read from params.json)."
     from depthbench_nb.looped import looped_params
-    done = df[(df.arch == 'looped') & (df.status == 'completed')]
+    done = df[(df.arch.map(family_of) == 'looped') & (df.status == 'completed')]
     rows = []
     for _, row in done.iterrows():
         cfg = read_params(runs_root() / row.study / row.run_id).model

@@ -453,3 +453,9 @@ def test_a_miscounted_design_fails_at_build_before_training():
         with pytest.raises(ConfigError, match='closed form'): build_model(tiny_config('extra'), device='meta')
     finally: unregister_design('extra')
     assert 'extra' not in ARCHS
+
+
+def test_family_of_reads_the_registry():
+    from depthbench_nb.config import family_of
+    assert [family_of(a) for a in ('sandwich', 'hc', 'block_attnres', 'looped', 'no_such_design')] == \
+        ['residual', 'multistream', 'attnres', 'looped', None]
