@@ -107,8 +107,12 @@ def killed_and_resumed(tmp_path_factory, tiny_data):
     deadline = time.time() + 300
     while not executions(runs, 'killme') and time.time() < deadline and drv.poll() is None: time.sleep(0.2)
     assert first.exists() and drv.poll() is None, 'the first run never completed'
-    time.sleep(3)                                            # run 2 is under way
+    # run 2 is under way once its params.json exists (written before step 0); kill before its result.json
+    # (a fixed sleep lost this race on an idle machine: the tiny run finished inside it)
+    second = runs / 'killme' / entries[1].run_id
+    while not (second / 'params.json').exists() and time.time() < deadline and drv.poll() is None: time.sleep(0.02)
     os.killpg(drv.pid, signal.SIGKILL)                       # the driver and its child, mid-way through run 2
+    assert (second / 'params.json').exists() and not (second / 'result.json').exists(), 'run 2 was not killed mid-way'
     drv.wait()
     stamp = first.stat().st_mtime_ns
     before = executions(runs, 'killme')
