@@ -167,6 +167,12 @@ def _process_start(pid: int) -> Optional[str]:
     except (OSError, IndexError): return None
 
 
+def _process_state(pid: int) -> Optional[str]:
+    "A process's state letter (Linux: field 3 of /proc/PID/stat; Z: a zombie), None when unknown."
+    try: return Path(f'/proc/{pid}/stat').read_text().rsplit(')', 1)[1].split()[0]
+    except (OSError, IndexError): return None
+
+
 def holder_alive(holder: dict) -> Optional[bool]:
     "Whether the process of a lock record still runs: True / False, or None when it cannot be told (another host)."
     if holder.get('host') != socket.gethostname(): return None
@@ -175,6 +181,7 @@ def holder_alive(holder: dict) -> Optional[bool]:
     try: os.kill(pid, 0)
     except ProcessLookupError: return False
     except PermissionError: pass                                     # alive, another user's process
+    if _process_state(pid) in ('Z', 'X'): return False               # killed, not yet reaped: it holds nothing
     start = _process_start(pid)
     return start is None or holder.get('start') in (None, start)      # a different start time: the pid was reused
 

@@ -91,13 +91,37 @@ def test_invalid_study_rejected_before_any_run(tmp_path, runs_dir, capsys, group
     assert not (runs_dir / 'bad').exists() or not any(p.name != '.sweep' for p in (runs_dir / 'bad').iterdir())
 
 
+def read_metrics_rows(folder: Path) -> list:
+    "The step rows a run has logged so far (a line being written is not one yet)."
+    try: lines = (folder / 'metrics.jsonl').read_text().splitlines()
+    except FileNotFoundError: return []
+    rows = []
+    for line in lines:
+        try: row = json.loads(line)
+        except ValueError: continue
+        if 'step' in row and row.get('kind') != 'header': rows.append(row)
+    return rows
+
+
+def wait_for_group_to_die(pgid: int, timeout: float = 30.0) -> None:
+    "Until no live (non-zombie) process of the group is left: SIGKILL is delivered, but dying takes a moment."
+    def alive():
+        for stat in Path('/proc').glob('[0-9]*/stat'):
+            try: fields = stat.read_text().rsplit(')', 1)[1].split()
+            except OSError: continue
+            if int(fields[2]) == pgid and fields[0] != 'Z': return True
+        return False
+    deadline = time.time() + timeout
+    while alive() and time.time() < deadline: time.sleep(0.05)
+
+
 @pytest.fixture(scope='module')
 def killed_and_resumed(tmp_path_factory, tiny_data):
     "A 2-run study: the driver is killed after its first run completes, then rerun to the end."
     tmp = tmp_path_factory.mktemp('sweep-kill')
     runs = tmp / 'runs'
     env = dict(os.environ, DEPTHBENCH_RUNS=str(runs), OMP_NUM_THREADS='1')
-    study = write_study(tmp / 'k.yaml', 'killme', tiny_data, lrs=(2e-3, 4e-3), max_steps=2)
+    study = write_study(tmp / 'k.yaml', 'killme', tiny_data, lrs=(2e-3, 4e-3), max_steps=12)   # run 2 is killed mid-training
     os.environ['DEPTHBENCH_RUNS'] = str(runs)
     try: entries = expand_study(load_study(study))
     finally: del os.environ['DEPTHBENCH_RUNS']
@@ -107,18 +131,19 @@ def killed_and_resumed(tmp_path_factory, tiny_data):
     deadline = time.time() + 300
     while not executions(runs, 'killme') and time.time() < deadline and drv.poll() is None: time.sleep(0.2)
     assert first.exists() and drv.poll() is None, 'the first run never completed'
-    # run 2 is under way once its params.json exists (written before step 0); kill before its result.json
+    # run 2 is training once its metrics log has a step row; kill then, 11 steps before its result.json
     # (a fixed sleep lost this race on an idle machine: the tiny run finished inside it)
     second = runs / 'killme' / entries[1].run_id
-    while not (second / 'params.json').exists() and time.time() < deadline and drv.poll() is None: time.sleep(0.02)
+    while not read_metrics_rows(second) and time.time() < deadline and drv.poll() is None: time.sleep(0.02)
     os.killpg(drv.pid, signal.SIGKILL)                       # the driver and its child, mid-way through run 2
-    assert (second / 'params.json').exists() and not (second / 'result.json').exists(), 'run 2 was not killed mid-way'
+    assert read_metrics_rows(second) and not (second / 'result.json').exists(), 'run 2 was not killed mid-way'
     drv.wait()
+    wait_for_group_to_die(drv.pid)                           # run 2's process holds its lock until it is gone
     stamp = first.stat().st_mtime_ns
     before = executions(runs, 'killme')
     res = subprocess.run(DRIVER + ['sweep', 'run', str(study), '--executor', 'python', '--json'], env=env,
                          capture_output=True, text=True, timeout=600)
-    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.returncode == 0, res.stderr[-2000:] + res.stdout[-1500:]
     return dict(runs=runs, study=study, entries=entries, first_stamp=stamp, first=first, before=before,
                 after=executions(runs, 'killme'), out=json.loads(res.stdout), env=env)
 
