@@ -17,11 +17,11 @@ import shutil
 import socket
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 from typing import Callable, Iterable, Optional
 
+# LOCK_FILE, _process_start, describe_holder and holder_alive: the lock's helpers, importable from here as before
 from .config import (LOCK_FILE, ConfigError, CorruptFile, FolderLock, RunBusy, RunConfig, UnsafeFile,
                                   _process_start, atomic_write_json, atomic_write_text, config_diff, describe_holder,
                                   holder_alive, lock_holder, repo_root, runs_root, runs_root_reason)
