@@ -1047,8 +1047,10 @@ def prepare_folder(cfg: DataConfig, progress: bool = True, dtype: Optional[str] 
             return _finished(out, man) if man else Prepared(out, False, n, done['kept'], done['tokenized'])
         man = _pack(out, plan, done['records'], t0, say)
         return dataclasses.replace(_finished(out, man), kept=done['kept'], tokenized=done['tokenized'])
-    except BaseException:
-        if made and not (out / 'manifest.json').exists(): shutil.rmtree(out, ignore_errors=True)   # nothing planned: no folder left
+    except BaseException as e:
+        # bad input leaves no folder behind (a local source must be changed to go on, which makes other inputs); an
+        # interruption keeps what a rerun resumes
+        if made and (isinstance(e, ConfigError) or not (out / 'manifest.json').exists()): shutil.rmtree(out, ignore_errors=True)
         raise
     finally: lock.release()
 
