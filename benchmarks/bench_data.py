@@ -1,90 +1,166 @@
-"""Packing throughput and memory of depthbench_nb.data.
+"""Data preparation throughput and memory of depthbench_nb.data, against raw `tokenizers` in the same run.
 
-1. Throughput: tokenize + pack (EOS, dtype cast, shard writes, sha256, document index) of the sample corpus's
-   training documents, as a ratio to raw `tokenizers` `encode_batch` on the same text, with the same batches,
-   in the same run (best of --repeats). Aim: ratio >= 0.7.
-2. Memory: peak RSS of a child process that packs the sample corpus 1x and 10x (streamed, every document
-   made unique), so flat memory shows as a 10x/1x ratio close to 1.
+A multi-file corpus (the offline sample's chapters, `--files` jsonl files of `--copies` copies each, every document
+made unique) is prepared with `prepare_folder` by 1 and 2 worker processes, and the same documents are encoded by raw
+`tokenizers` (`encode_batch`, and `encode_batch_fast`, which skips character offsets) in the same batches, one thread,
+in the same run. Each measurement is a fresh process; orders alternate; best of --repeats.
+
+1. Throughput: tokens/s of each, and the ratios the targets are about: 2 workers / 1 worker (target >= 1.7 on a
+   2-core machine) and 1 worker / raw encode_batch (target >= 0.9). The 1-worker figure is the whole `prepare`
+   (read the files, tokenize, EOS, cast, write, sha256, document indexes, pack, manifest).
+2. Memory per worker: peak resident set (RSS, which counts pages shared with the parent after fork) and peak
+   private memory (USS: Private_Clean + Private_Dirty of /proc/PID/smaps_rollup, what each added worker costs),
+   sampled every 50 ms, for the corpus at 1x and 4x its size: flat memory shows as a 4x/1x ratio close to 1.
 
     OMP_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 python benchmarks/bench_data.py
 """
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
 os.environ.setdefault('HF_HUB_OFFLINE', '1')
 os.environ.setdefault('TOKENIZERS_PARALLELISM', 'false')
-
-from depthbench_nb import data as D  # noqa: E402
+os.environ.setdefault('OMP_NUM_THREADS', '1')
 
 CHILD = r'''
-import os, resource, sys, tempfile, time
+import json, os, sys, time
 from pathlib import Path
 from depthbench_nb import data as D
-copies, tokenizer = int(sys.argv[1]), sys.argv[2]
-src = D.resolve_source('sample')
-tok = D.load_tokenizer(tokenizer, src)
-base = list(src.documents('train'))
-def docs():  # streamed: each copy is rebuilt on the fly, so the corpus is never held whole
-    for c in range(copies):
-        for d in base: yield f"{d}\n({c})"
-rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-with tempfile.TemporaryDirectory() as tmp:
+from depthbench_nb.config import DataConfig
+mode, corpus, tokenizer, out = sys.argv[1:5]
+if mode == 'raw':                      # the same documents, in the batches prepare uses, encoded by tokenizers alone
+    from tokenizers import Tokenizer
+    tok = Tokenizer.from_file(tokenizer)
+    src = D.resolve_source(corpus)
+    batches = []
+    for shard in src.shards():
+        docs = list(src.shard_documents(shard))
+        batches += [docs[i:i + D.BATCH_DOCS] for i in range(0, len(docs), D.BATCH_DOCS)]
+    res = {}
+    for name in ('encode_batch', 'encode_batch_fast'):
+        encode = getattr(tok, name)
+        t0, n = time.perf_counter(), 0
+        for b in batches: n += sum(len(e.ids) for e in encode(b, add_special_tokens=False))
+        res[name] = dict(seconds=time.perf_counter() - t0, tokens=n)
+    print(json.dumps(res))
+else:
+    workers = int(mode)
     t0 = time.perf_counter()
-    res = D.pack_split(docs(), tok, Path(tmp), 'train', D.token_dtype(tok.vocab_size), progress=False)
+    r = D.prepare_folder(DataConfig(source=corpus, tokenizer=tokenizer, path=out), progress=False, workers=workers)
     dt = time.perf_counter() - t0
-print(res['tokens'], dt, rss0, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+    man = json.loads((Path(out) / 'manifest.json').read_text())
+    print(json.dumps(dict(seconds=dt, tokens=man['splits']['train']['tokens'] + man['splits']['val']['tokens'], shards=r.source_shards)))
 '''
 
 
-def throughput(tokenizer: str, repeats: int) -> dict:
-    src = D.resolve_source('sample')
-    tok = D.load_tokenizer(tokenizer, src)
-    docs = list(src.documents('train'))
-    batches = list(D._batches(docs))
-    n_chars = sum(map(len, docs))
-    raw, packed, n_tok = [], [], 0
-    def run_raw():
-        t0 = time.perf_counter()
-        for b in batches: tok.tokenizer.encode_batch(b, add_special_tokens=False)
-        raw.append(time.perf_counter() - t0)
-    def run_pack():
-        nonlocal n_tok
-        with tempfile.TemporaryDirectory() as tmp:
-            t0 = time.perf_counter()
-            res = D.pack_split(iter(docs), tok, Path(tmp), 'train', D.token_dtype(tok.vocab_size), progress=False)
-            packed.append(time.perf_counter() - t0)
-            n_tok = res['tokens']
-    for i in range(repeats):  # alternate the order so that neither side always runs warm
-        for f in ((run_raw, run_pack) if i % 2 == 0 else (run_pack, run_raw)): f()
-    t_raw, t_pack = min(raw), min(packed)
-    return dict(tokenizer=tokenizer, documents=len(docs), chars=n_chars, tokens=n_tok,
-                raw_encode_batch_s=round(t_raw, 3), pack_s=round(t_pack, 3),
-                raw_tok_per_s=round(n_tok / t_raw), pack_tok_per_s=round(n_tok / t_pack), ratio=round(t_raw / t_pack, 3))
+def make_corpus(folder: Path, files: int, copies: int) -> Path:
+    "`files` jsonl files, each the sample's chapters `copies` times, every document unique (a copy marker)."
+    from depthbench_nb import data as D
+    chapters = list(D._kjv_chapters())
+    folder.mkdir(parents=True, exist_ok=True)
+    for f in range(files):
+        with open(folder / f'part_{f:03d}.jsonl', 'w') as fh:
+            for c in range(copies):
+                for d in chapters: fh.write(json.dumps(dict(text=f'{d}\n({f}.{c})')) + '\n')
+    return folder
 
 
-def memory(tokenizer: str) -> dict:
+def _children(pid: int) -> list[int]:
+    try: return [int(x) for x in Path(f'/proc/{pid}/task/{pid}/children').read_text().split()]
+    except OSError: return []
+
+
+def _memory_mb(pid: int) -> tuple[float, float]:
+    "(RSS, USS) of a process in MB, from /proc/PID/smaps_rollup."
+    try: text = Path(f'/proc/{pid}/smaps_rollup').read_text()
+    except OSError: return 0.0, 0.0
+    kb = {line.split(':')[0]: int(line.split()[1]) for line in text.splitlines()[1:] if line.split()[1].isdigit()}
+    return kb.get('Rss', 0) / 1024, (kb.get('Private_Clean', 0) + kb.get('Private_Dirty', 0)) / 1024
+
+
+def run_child(args: list[str], watch: bool = False) -> tuple[dict, dict]:
+    "Run CHILD with `args`; with `watch`, the peak RSS and USS of the coordinator and of each worker process."
+    p = subprocess.Popen([sys.executable, '-c', CHILD, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    peaks: dict = {}
+    def sample():
+        while p.poll() is None:
+            for pid in [p.pid] + _children(p.pid):
+                rss, uss = _memory_mb(pid)
+                old = peaks.get(pid, (0.0, 0.0))
+                peaks[pid] = (max(old[0], rss), max(old[1], uss))
+            time.sleep(0.05)
+    t = threading.Thread(target=sample, daemon=True)
+    if watch: t.start()
+    out, err = p.communicate()
+    if p.returncode: raise RuntimeError(f"child {args[0]} failed: {err[-2000:]}")
+    if watch: t.join()
+    coord = peaks.pop(p.pid, (0.0, 0.0))
+    mem = dict(coordinator_rss_mb=round(coord[0], 1), coordinator_uss_mb=round(coord[1], 1),
+               worker_rss_mb=[round(v[0], 1) for v in peaks.values()], worker_uss_mb=[round(v[1], 1) for v in peaks.values()])
+    return json.loads(out.strip().splitlines()[-1]), mem
+
+
+def throughput(corpus: Path, tokenizer: str, tmp: Path, repeats: int) -> dict:
+    best: dict = {}
+    def keep(name, seconds, tokens):
+        if name not in best or seconds < best[name][0]: best[name] = (seconds, tokens)
+    for i in range(repeats):
+        order = ('raw', '1', '2') if i % 2 == 0 else ('2', '1', 'raw')      # alternate: no side always runs warm
+        for mode in order:
+            out = tmp / f'out-{mode}'
+            shutil.rmtree(out, ignore_errors=True)
+            res, _ = run_child([mode, str(corpus), tokenizer, str(out)])
+            if mode == 'raw':
+                for name, r in res.items(): keep(f'raw_{name}', r['seconds'], r['tokens'])
+            else: keep(f'prepare_{mode}_worker' + ('s' if mode != '1' else ''), res['seconds'], res['tokens'])
+            shutil.rmtree(out, ignore_errors=True)
+    rate = {k: round(t / s) for k, (s, t) in best.items()}
+    return dict(tokens_per_s=rate, seconds={k: round(s, 2) for k, (s, _) in best.items()},
+                tokens={k: t for k, (_, t) in best.items()},
+                ratio_2_workers_over_1=round(rate['prepare_2_workers'] / rate['prepare_1_worker'], 3),
+                ratio_1_worker_over_raw_encode_batch=round(rate['prepare_1_worker'] / rate['raw_encode_batch'], 3),
+                ratio_1_worker_over_raw_encode_batch_fast=round(rate['prepare_1_worker'] / rate['raw_encode_batch_fast'], 3))
+
+
+def memory(tmp: Path, tokenizer: str, files: int, copies: int) -> dict:
     out = {}
-    for copies in (1, 10):
-        r = subprocess.run([sys.executable, '-c', CHILD, str(copies), tokenizer], capture_output=True, text=True, check=True)
-        tokens, dt, rss0, rss1 = r.stdout.split()
-        out[f'{copies}x'] = dict(tokens=int(tokens), seconds=round(float(dt), 2), peak_rss_mb=round(int(rss1) / 1024, 1),
-                                 rss_before_pack_mb=round(int(rss0) / 1024, 1))
-    out['peak_ratio_10x_over_1x'] = round(out['10x']['peak_rss_mb'] / out['1x']['peak_rss_mb'], 3)
+    for scale in (1, 4):
+        corpus = make_corpus(tmp / f'mem-{scale}x', files, copies * scale)
+        res, mem = run_child(['2', str(corpus), tokenizer, str(tmp / f'mem-out-{scale}x')], watch=True)
+        out[f'{scale}x'] = dict(tokens=res['tokens'], **mem)
+        shutil.rmtree(corpus, ignore_errors=True)
+        shutil.rmtree(tmp / f'mem-out-{scale}x', ignore_errors=True)
+    peak = lambda s, k: max(out[s][k]) if out[s][k] else 0.0
+    out['worker_uss_ratio_4x_over_1x'] = round(peak('4x', 'worker_uss_mb') / max(peak('1x', 'worker_uss_mb'), 1e-9), 3)
+    out['worker_rss_ratio_4x_over_1x'] = round(peak('4x', 'worker_rss_mb') / max(peak('1x', 'worker_rss_mb'), 1e-9), 3)
+    out['coordinator_rss_ratio_4x_over_1x'] = round(out['4x']['coordinator_rss_mb'] / max(out['1x']['coordinator_rss_mb'], 1e-9), 3)
     return out
 
 
 if __name__ == '__main__':
     p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-    p.add_argument('--tokenizer', default='bpe:4096', help='bpe:4096 (default) or neox')
-    p.add_argument('--repeats', type=int, default=3)
+    p.add_argument('--tokenizer', default='bpe:4096', help='bpe:4096 (default, trained once on the sample) or neox')
+    p.add_argument('--files', type=int, default=8, help='files in the corpus: the units of work (default 8)')
+    p.add_argument('--copies', type=int, default=1, help='copies of the sample per file (default 1: about 1M tokens a file)')
+    p.add_argument('--repeats', type=int, default=2)
     p.add_argument('--skip-memory', action='store_true')
     a = p.parse_args()
-    res = dict(throughput=throughput(a.tokenizer, a.repeats))
-    if not a.skip_memory: res['memory'] = memory(a.tokenizer)
+    from depthbench_nb import data as D
+    tok = D.load_tokenizer(a.tokenizer, D.resolve_source('sample'))
+    with tempfile.TemporaryDirectory() as d:
+        tmp = Path(d)
+        tokenizer = str(tmp / 'tokenizer.json')
+        tok.tokenizer.save(tokenizer)
+        corpus = make_corpus(tmp / 'corpus', a.files, a.copies)
+        res = dict(machine=dict(cpus=os.cpu_count(), load_before=os.getloadavg()), corpus=dict(files=a.files, copies=a.copies),
+                   throughput=throughput(corpus, tokenizer, tmp, a.repeats))
+        if not a.skip_memory: res['memory'] = memory(tmp, tokenizer, a.files, a.copies)
+        res['machine']['load_after'] = os.getloadavg()
     print(json.dumps(res, indent=2))

@@ -199,7 +199,9 @@ class Source:
             yield from _hub_file_documents(self.location, shard.name)
             return
         if self.kind == 'sample': docs = _kjv_chapters()
-        else: docs = _file_documents(Path(self.location) / shard.name if Path(self.location).is_dir() else Path(self.location))
+        else:
+            root = Path(self.location)
+            docs = _file_documents(root / shard.name if root.is_dir() else root)
         yield from (d for d in docs if d.strip())
 
     def documents(self, split: str) -> Iterator[str]:
@@ -285,12 +287,14 @@ def _hub_shards(name: str) -> list[SourceShard]:
     from huggingface_hub import HfApi
     repo, prefix, heldout = HUB_SOURCES[name]
     listing = HfApi().list_repo_tree(repo, path_in_repo=prefix.rstrip('/') or None, repo_type='dataset', recursive=True)
-    sizes = {f.path: getattr(f, 'size', None) for f in listing if f.path.startswith(prefix) and f.path.endswith('.parquet')}
+    sizes = {f.path: getattr(f, 'size', None) for f in listing
+             if f.path.startswith(prefix) and f.path.endswith('.parquet')}
     files = sorted(sizes)
     if not files: raise ConfigError(f"no parquet files under {prefix!r} in {repo}")
     held = list(heldout) if isinstance(heldout, tuple) else files[-heldout:]
     missing = [f for f in held if f not in sizes]
-    if missing: raise ConfigError(f"the held-out files {missing} of {name} are not in {repo} (found {len(files)} parquet files)")
+    if missing:
+        raise ConfigError(f"the held-out files {missing} of {name} are not in {repo} (found {len(files)} parquet files)")
     return [SourceShard(i, f, 'val' if f in held else 'train', sizes[f]) for i, f in enumerate(files)]
 
 
@@ -493,7 +497,8 @@ def _tokenize_shard(source: Source, shard: SourceShard, tok: LoadedTokenizer, fo
     def flush(split: str) -> None:
         ids, lengths = encode_documents(tok, pending[split])
         if len(ids) and int(ids.max()) > top:
-            raise ConfigError(f"token id {int(ids.max())} does not fit: vocab {tok.vocab_size}, dtype {dtype} (vocab too large for dtype)")
+            raise ConfigError(f"token id {int(ids.max())} does not fit: vocab {tok.vocab_size}, dtype {dtype} "
+                              f"(vocab too large for dtype)")
         writers[split].write(ids, lengths)
         pending[split], chars[split] = [], 0
         if on_tokens: on_tokens(len(ids))
@@ -555,10 +560,11 @@ def prepare_command(cfg: DataConfig, out=None) -> str:
 # %% ../nbs/02_data.ipynb #dc7f5721
 SHARDS_DIR = 'shards'          # DIR/shards/<index>/: one source shard's token files, document offsets and record
 SHARD_RECORD = 'shard.json'    # written last, atomically: the source shard is done
-# tokens per byte of a file not read yet, by suffix: a generous guess (compressed files hold more), used only to decide
-# how many files to read at once ahead of a token cap; once files are read, their own ratio replaces it
-TOKENS_PER_BYTE_GUESS = {'.parquet': 1.0, '.gz': 1.0}
-TOKENS_PER_BYTE_TEXT = 0.4
+# tokens per byte of a file not read yet, by suffix, only to decide how many files to start ahead of a token cap (files
+# already read replace it with their own ratio): FineWeb-Edu's parquet files hold about 0.35 (sample-10BT: 10B GPT-2
+# tokens in 28.5 GB of 14 files), gzip'd JSON lines about twice plain text, plain English text about 1 per 4 bytes
+TOKENS_PER_BYTE_GUESS = {'.parquet': 0.35, '.gz': 0.5}
+TOKENS_PER_BYTE_TEXT = 0.25
 
 
 class _PrepareLock(FolderLock):
@@ -611,8 +617,8 @@ def _shard_files(folder: Path) -> list[Path]:
     return [p for p in folder.iterdir() if not p.name.startswith(LOCK_FILE)] if folder.is_dir() else []
 
 
-def _new_plan(out: Path, cfg: DataConfig, source: Source, inputs: dict, dtype: Optional[str], shard_tokens: Optional[int],
-              progress: bool, say: Callable) -> dict:
+def _new_plan(out: Path, cfg: DataConfig, source: Source, inputs: dict, dtype: Optional[str],
+              shard_tokens: Optional[int], progress: bool, say: Callable) -> dict:
     "Load (or train) the tokenizer, list the source shards, write the tokenizer and the plan (manifest, not complete)."
     tok = load_tokenizer(cfg.tokenizer, source, progress=progress)
     dt = token_dtype(tok.vocab_size, dtype)
@@ -626,7 +632,8 @@ def _new_plan(out: Path, cfg: DataConfig, source: Source, inputs: dict, dtype: O
                 source_shards=[dataclasses.asdict(s) for s in shards],
                 planned=time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime()))
     atomic_write_json(out / 'manifest.json', plan)
-    say(f"preparing {out}: {len(shards)} source shard{'s' * (len(shards) != 1)} of {source.name}, tokenizer {cfg.tokenizer}")
+    say(f"preparing {out}: {len(shards)} source shard{'s' * (len(shards) != 1)} of {source.name}, "
+        f"tokenizer {cfg.tokenizer}")
     return plan
 
 
@@ -637,10 +644,12 @@ def _check_plan(out: Path, plan: dict, inputs: dict, dtype: Optional[str], shard
                           f"options, or choose another --out or delete it")
     for name, asked in (('dtype', dtype), ('shard_tokens', shard_tokens)):
         if asked is not None and asked != plan[name]:
-            raise ConfigError(f"{out} is being prepared with {name} {plan[name]}, asked {asked}; continue it with {plan[name]}")
+            raise ConfigError(f"{out} is being prepared with {name} {plan[name]}, asked {asked}; "
+                              f"continue it with {plan[name]}")
     tk = out / plan['tokenizer']['file']
     if not tk.is_file() or hashlib.sha256(tk.read_bytes()).hexdigest() != plan['tokenizer']['sha256']:
-        raise CorruptFile(f"{tk} is missing or differs from the one {out} is being prepared with; delete {out} and prepare it again")
+        raise CorruptFile(f"{tk} is missing or differs from the one {out} is being prepared with; "
+                          f"delete {out} and prepare it again")
     return plan
 
 # %% ../nbs/02_data.ipynb #f3a2598b
@@ -653,7 +662,8 @@ def _folder_tokenizer(out: Path, spec: dict) -> LoadedTokenizer:
     key = (str(path), spec['sha256'])
     if key not in _TOKENIZERS:
         from tokenizers import Tokenizer
-        _TOKENIZERS[key] = LoadedTokenizer(spec['id'], Tokenizer.from_file(str(path)), spec['eos_id'], spec['pad_id'], f'file:{path}')
+        tok = Tokenizer.from_file(str(path))
+        _TOKENIZERS[key] = LoadedTokenizer(spec['id'], tok, spec['eos_id'], spec['pad_id'], f'file:{path}')
     return _TOKENIZERS[key]
 
 
@@ -664,7 +674,8 @@ def _slurm_task() -> Optional[str]:
     return env.get('SLURM_JOB_ID')
 
 
-def _prepare_shard(job: dict, wait: bool = False, on_tokens: Optional[Callable[[int], None]] = None) -> tuple[str, Optional[dict]]:
+def _prepare_shard(job: dict, wait: bool = False,
+                   on_tokens: Optional[Callable[[int], None]] = None) -> tuple[str, Optional[dict]]:
     """Tokenize one source shard of a folder being prepared, holding its shard lock: ('tokenized', record), ('done',
     record) when another preparer finished it, or ('busy', None) when another one holds it (and `wait` is False).
     A shard folder without a complete record (a killed writer's) is emptied first."""
@@ -724,7 +735,7 @@ def _pool_worker(tasks, results, parent: int) -> None:
         k = job['shard']['index']
 
         def on_tokens(n: int) -> None:
-            if orphaned(): os._exit(1)                     # the coordinator was killed (kill -9): stop, the shard stays partial
+            if orphaned(): os._exit(1)      # the coordinator was killed (kill -9): stop, the shard stays partial
             results.put(('tokens', k, n))
         try: results.put(('shard', k, *_prepare_shard(job, wait, on_tokens)))
         except BaseException as e:
@@ -732,8 +743,9 @@ def _pool_worker(tasks, results, parent: int) -> None:
 
 
 class _ShardPool:
-    """`n` worker processes, each tokenizing one source shard at a time with one thread (TOKENIZERS_PARALLELISM off:
-    the processes are the parallelism). Forked where the platform can (no second import of the package), else spawned."""
+    """`n` worker processes, each tokenizing one source shard at a time with one thread (TOKENIZERS_PARALLELISM
+    off: the processes are the parallelism). Forked where the platform can (no second import of the package), else
+    spawned."""
 
     def __init__(self, n: int, on_tokens: Callable[[int, int], None]):
         import multiprocessing
@@ -753,12 +765,13 @@ class _ShardPool:
     def submit(self, job: dict, wait: bool) -> None: self.tasks.put((job, wait))
 
     def get(self, timeout: float) -> Optional[tuple]:
-        "The next outcome ('shard', ...) or error; token counts go to on_tokens on the way. None: nothing within `timeout`."
+        "The next outcome ('shard', ...) or error (token counts go to on_tokens on the way); None: none within `timeout`."
         deadline = time.monotonic() + timeout
         while True:
             dead = [p for p in self.procs if p.exitcode not in (None, 0)]
-            if dead: raise RuntimeError(f"a tokenizing worker died (pid {dead[0].pid}, exit code {dead[0].exitcode}); run the same "
-                                        f"command again: it keeps every source shard already done")
+            if dead:
+                raise RuntimeError(f"a tokenizing worker died (pid {dead[0].pid}, exit code {dead[0].exitcode}); run the "
+                                   f"same command again: it keeps every source shard already done")
             try: msg = self.results.get(timeout=max(0.01, deadline - time.monotonic()))
             except queue.Empty: return None
             if msg[0] != 'tokens': return msg
@@ -788,14 +801,17 @@ def _estimate(shard: SourceShard, split: str, ratio: Optional[float]) -> float:
 
 def shards_to_read(shards: list[SourceShard], records: dict, caps: dict, skip=()) -> list[int]:
     """Source shards to tokenize next, in order: not done, not in `skip`, and feeding a split whose token cap (if
-    any) the shards before them do not reach already (done ones counted exactly, the others estimated from their size)."""
+    any) the shards before them do not reach already (done ones counted exactly, the others estimated from their
+    size)."""
     ratio = _tokens_per_byte(shards, records)
     before, out = {'train': 0.0, 'val': 0.0}, []
     for s in shards:
         if s.index not in records and s.index not in skip:
-            if any(s.feeds(sp) and (caps.get(sp) is None or before[sp] < caps[sp]) for sp in before): out.append(s.index)
+            if any(s.feeds(sp) and (caps.get(sp) is None or before[sp] < caps[sp]) for sp in before):
+                out.append(s.index)
         for sp in before:
-            if s.feeds(sp): before[sp] += records[s.index][sp]['tokens'] if s.index in records else _estimate(s, sp, ratio)
+            if not s.feeds(sp): continue
+            before[sp] += records[s.index][sp]['tokens'] if s.index in records else _estimate(s, sp, ratio)
     return out
 
 
@@ -841,8 +857,10 @@ def _tokenize_shards(out: Path, plan: dict, workers: int, progress: bool, say: C
     partial = sum(1 for s in shards if s.index not in records and _shard_files(_shard_dir(out, s.index)))
     if kept or partial:
         say(f"kept {kept} of {len(shards)} source shards already tokenized"
-            + (f"; {partial} partly written (their writer was killed, or another preparer is on them) are redone" if partial else ''))
-    job = dict(out=str(out), source=plan['source'], dtype=plan['dtype'], shard_tokens=plan['shard_tokens'], tokenizer=plan['tokenizer'])
+            + (f"; {partial} partly written (their writer was killed, or another preparer is on them) are redone"
+               if partial else ''))
+    job = dict(out=str(out), source=plan['source'], dtype=plan['dtype'], shard_tokens=plan['shard_tokens'],
+               tokenizer=plan['tokenizer'])
     total = sum(caps.values()) if all(v is not None for v in caps.values()) else None
     bar = tqdm(total=total, unit='tok', unit_scale=True, desc='tokens', disable=not progress, leave=False)
     on_tokens = lambda k, n: bar.update(n)
@@ -853,7 +871,9 @@ def _tokenize_shards(out: Path, plan: dict, workers: int, progress: bool, say: C
             if time.monotonic() - looked > 2:      # what other preparers of the folder finished or gave up meanwhile
                 looked = time.monotonic()
                 for s in shards:
-                    if s.index not in records and s.index not in mine and (r := read_shard_record(out, s, itemsize)): records[s.index] = r
+                    if s.index in records or s.index in mine: continue
+                    rec = read_shard_record(out, s, itemsize)
+                    if rec is not None: records[s.index] = rec
                 busy = {k for k in busy if k not in records and lock_holder(_shard_dir(out, k)) is not None}
                 if not pack and read_manifest(out) is not None: break
             if packed_selection(shards, records, caps) is not None: break
@@ -927,7 +947,8 @@ def _pack_split(out: Path, split: str, parts: list, records: dict, dtype: np.dty
 
 def _pack(out: Path, plan: dict, records: dict, t0: float, say: Callable) -> dict:
     """Write the packed streams' document indexes (and cut files) and the complete manifest: which source shard made
-    which token files, with their checksums. The shards beyond the caps are removed (unless another preparer holds one)."""
+    which token files, with their checksums. The shards beyond the caps are removed (unless another preparer holds
+    one)."""
     shards, caps = plan_shards(plan), plan['caps']
     sel = packed_selection(shards, records, caps)
     if sel is None: raise RuntimeError(f"cannot pack {out}: source shards are missing (run the same command again)")
@@ -935,14 +956,15 @@ def _pack(out: Path, plan: dict, records: dict, t0: float, say: Callable) -> dic
     splits = {split: _pack_split(out, split, parts, records, dtype) for split, parts in sel.items()}
     for name, s in splits.items():
         if s['tokens'] == 0:
-            raise ConfigError(f"empty corpus: source {plan['source']['name']!r} gave no {name} documents"
-                              + (" (the held-out split takes ~5% of documents: add more documents)" if name == 'val' else ''))
+            hint = " (the held-out split takes ~5% of documents: add more documents)" if name == 'val' else ''
+            raise ConfigError(f"empty corpus: source {plan['source']['name']!r} gave no {name} documents{hint}")
     used = {k for parts in sel.values() for k, _ in parts}
     mapping = []
     for s in shards:
         entry = dict(dataclasses.asdict(s), status='packed' if s.index in used else 'unused')
-        if s.index in used: entry.update({sp: {k: records[s.index][sp][k] for k in ('tokens', 'documents', 'shards', 'doc_index')}
-                                          for sp in ('train', 'val')})
+        if s.index in used:
+            keys = ('tokens', 'documents', 'shards', 'doc_index')
+            entry.update({sp: {k: records[s.index][sp][k] for k in keys} for sp in ('train', 'val')})
         else: _remove_unused(_shard_dir(out, s.index))
         mapping.append(entry)
     from depthbench_nb import __version__
@@ -984,13 +1006,16 @@ def _existing(out: Path, inputs: dict) -> Optional[dict]:
     man = _read_json(out / 'manifest.json')
     if man is None:
         if out.is_dir() and any(not p.name.startswith(LOCK_FILE) for p in out.iterdir()):
-            raise ConfigError(f"{out} exists and is not a prepared data folder (no complete manifest.json); choose another --out")
+            raise ConfigError(f"{out} exists and is not a prepared data folder (no complete manifest.json); "
+                              f"choose another --out")
         return None
     if man.get('format') != 'depthbench-nb tokens':
-        raise ConfigError(f"{out} exists and is not a prepared data folder (its manifest.json is another program's); choose another --out")
+        raise ConfigError(f"{out} exists and is not a prepared data folder (its manifest.json is another program's); "
+                          f"choose another --out")
     if man.get('format_version') != FORMAT_VERSION: return None
     if man.get('complete') is True and not _same(man.get('inputs'), inputs):
-        raise ConfigError(f"{out} already holds prepared data for other inputs ({man.get('inputs')}); choose another --out or delete it")
+        raise ConfigError(f"{out} already holds prepared data for other inputs ({man.get('inputs')}); "
+                          f"choose another --out or delete it")
     return man
 
 
@@ -1000,9 +1025,9 @@ def _finished(out: Path, man: dict) -> Prepared:
     return Prepared(out, True, len(mapping), kept=len(mapping) - unused, unused=unused)
 
 
-def prepare_folder(cfg: DataConfig, progress: bool = True, dtype: Optional[str] = None, shard_tokens: Optional[int] = None,
-                   workers: int = 1, wait: bool | float = True, pack: bool = True, plan_only: bool = False,
-                   say: Optional[Callable[[str], None]] = None) -> Prepared:
+def prepare_folder(cfg: DataConfig, progress: bool = True, dtype: Optional[str] = None,
+                   shard_tokens: Optional[int] = None, workers: int = 1, wait: bool | float = True, pack: bool = True,
+                   plan_only: bool = False, say: Optional[Callable[[str], None]] = None) -> Prepared:
     """Tokenize and pack `cfg`'s source into its prepared folder, one source shard per unit of work, in `workers`
     processes; a complete folder with the same inputs is returned as is. Resumable: source shards already tokenized
     (by a killed run, or another preparer) are kept. One writer: the folder's lock is held throughout, and another
@@ -1029,13 +1054,15 @@ def prepare_folder(cfg: DataConfig, progress: bool = True, dtype: Optional[str] 
                 if p.name.startswith(LOCK_FILE): continue
                 if p.is_dir(): shutil.rmtree(p)
                 else: p.unlink()
-            for stale in out.parent.glob(f'.{out.name}.partial-*'): shutil.rmtree(stale, ignore_errors=True)  # left by versions before resumable prepare
+            for stale in out.parent.glob(f'.{out.name}.partial-*'):     # left by versions before resumable prepare
+                shutil.rmtree(stale, ignore_errors=True)
             plan = _new_plan(out, cfg, source, inputs, dtype, shard_tokens, progress, say)
         else: plan = _check_plan(out, found, inputs, dtype, shard_tokens)
         n = len(plan['source_shards'])
         if plan_only:
             itemsize = np.dtype(plan['dtype']).itemsize
-            return Prepared(out, False, n, kept=sum(read_shard_record(out, s, itemsize) is not None for s in plan_shards(plan)))
+            kept = sum(read_shard_record(out, s, itemsize) is not None for s in plan_shards(plan))
+            return Prepared(out, False, n, kept=kept)
         if not pack: lock.release()                       # other preparers work beside this one, shard by shard
         t0 = time.time()
         done = _tokenize_shards(out, plan, workers, progress, say, pack)
@@ -1050,7 +1077,8 @@ def prepare_folder(cfg: DataConfig, progress: bool = True, dtype: Optional[str] 
     except BaseException as e:
         # bad input leaves no folder behind (a local source must be changed to go on, which makes other inputs); an
         # interruption keeps what a rerun resumes
-        if made and (isinstance(e, ConfigError) or not (out / 'manifest.json').exists()): shutil.rmtree(out, ignore_errors=True)
+        if made and (isinstance(e, ConfigError) or not (out / 'manifest.json').exists()):
+            shutil.rmtree(out, ignore_errors=True)
         raise
     finally: lock.release()
 
@@ -1072,9 +1100,9 @@ class TokenData:
         if man is None:
             plan = _read_json(self.path / 'manifest.json')
             if plan is not None and plan.get('format') == 'depthbench-nb tokens' and plan.get('complete') is False:
-                raise ConfigError(f"{self.path} is not a complete prepared data folder yet: it is being prepared, or its "
-                                  f"preparation was stopped (`depthbench-nb data inspect {self.path}` shows its source shards); "
-                                  f"run the same `depthbench-nb data prepare` again to finish it")
+                raise ConfigError(f"{self.path} is not a complete prepared data folder yet: it is being prepared, or "
+                                  f"its preparation was stopped (`depthbench-nb data inspect {self.path}` shows its "
+                                  f"source shards); run the same `depthbench-nb data prepare` again to finish it")
             raise ConfigError(f"{self.path} is not a complete prepared data folder (no complete manifest.json); "
                               f"run `depthbench-nb data prepare --out {self.path} ...` first")
         self.manifest = man
@@ -1266,7 +1294,8 @@ def folder_status(path) -> dict:
     for s, entry in zip(plan_shards(man), man.get('source_shards') or []):
         row = dict(index=s.index, name=s.name, split=s.split)
         if complete:                                  # tokens: what the packed streams take from the shard
-            taken = {sp: sum(f['tokens'] for f in man['splits'][sp]['shards'] if f.get('source_shard') == s.index) for sp in ('train', 'val')}
+            taken = {sp: sum(f['tokens'] for f in man['splits'][sp]['shards'] if f.get('source_shard') == s.index)
+                     for sp in ('train', 'val')}
             packed = entry.get('status') == 'packed'
             row.update(status='done' if packed else 'unused', train_tokens=taken['train'] if packed else None,
                        val_tokens=taken['val'] if packed else None)
@@ -1274,15 +1303,16 @@ def folder_status(path) -> dict:
             folder = _shard_dir(out, s.index)
             rec, holder = read_shard_record(out, s, itemsize), lock_holder(folder)
             status = 'done' if rec else 'partial' if holder or _shard_files(folder) else 'missing'
-            row.update(status=status, train_tokens=rec['train']['tokens'] if rec else None, val_tokens=rec['val']['tokens'] if rec else None)
+            row.update(status=status, train_tokens=rec['train']['tokens'] if rec else None,
+                       val_tokens=rec['val']['tokens'] if rec else None)
             if holder and not rec: row['writer'] = describe_holder(holder)
         rows.append(row)
     kinds = ('done', 'unused') if complete else ('done', 'partial', 'missing')
     counts = {k: sum(r['status'] == k for r in rows) for k in kinds}
     writer = lock_holder(out)
     return dict(path=str(out), state='complete' if complete else 'preparing', source=man.get('source', {}).get('name'),
-                tokenizer=man.get('tokenizer', {}).get('id'), counts=counts, writer=describe_holder(writer) if writer else None,
-                source_shards=rows)
+                tokenizer=man.get('tokenizer', {}).get('id'), counts=counts,
+                writer=describe_holder(writer) if writer else None, source_shards=rows)
 
 
 def _print_shards(rows: list[dict], limit: int = 40) -> None:
@@ -1290,8 +1320,9 @@ def _print_shards(rows: list[dict], limit: int = 40) -> None:
     if not rows: return
     shown = rows if len(rows) <= limit else [r for r in rows if r['status'] != 'done'][:limit]
     print()
+    done = sum(r['status'] == 'done' for r in rows)
     emit(shown, False, title=f'source shards ({len(rows)})' if shown is rows else
-         f'source shards: {len(rows)}, {sum(r["status"] == "done" for r in rows)} done (not listed); the first {len(shown)} others:')
+         f'source shards: {len(rows)}, {done} done (not listed); the first {len(shown)} others:')
 
 
 def data_inspect_command(dir: str,                  # prepared (or preparing) folder

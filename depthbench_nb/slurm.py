@@ -458,8 +458,8 @@ def _data_options(cfg: DataConfig) -> str:
     return shlex.join(opts)
 
 
-def data_prepare_script(cfg: DataConfig, req: SlurmRequest, tasks: int, final: bool = False, after: Optional[str] = None,
-                        comment: str = 'depthbench-nb:data', header: list[str] = ()) -> str:
+def data_prepare_script(cfg: DataConfig, req: SlurmRequest, tasks: int, final: bool = False,
+                        after: Optional[str] = None, comment: str = 'depthbench-nb:data', header: list[str] = ()) -> str:
     """A data preparation as Slurm jobs. `final=False`: a job array of `tasks` tasks, each tokenizing source shards
     with one worker per CPU (`--no-pack`: only the shard locks, so the tasks share the folder). `final=True`: the job
     that packs, after the array (`after`: its job id) whatever became of its tasks: it tokenizes what a failed task
@@ -474,16 +474,17 @@ def data_prepare_script(cfg: DataConfig, req: SlurmRequest, tasks: int, final: b
     lines += [f'# {h}' for h in header]
     if req.setup: lines += ['', '# environment set-up (--slurm-setup)'] + list(req.setup)
     lines += ['', 'set -euo pipefail']
-    if os.environ.get('DEPTHBENCH_CACHE'): lines.append(f"export DEPTHBENCH_CACHE={shlex.quote(str(Path(os.environ['DEPTHBENCH_CACHE']).resolve()))}")
+    if os.environ.get('DEPTHBENCH_CACHE'):
+        lines.append(f"export DEPTHBENCH_CACHE={shlex.quote(str(Path(os.environ['DEPTHBENCH_CACHE']).resolve()))}")
     what = 'packing job' if final else 'array task $SLURM_ARRAY_TASK_ID of job $SLURM_ARRAY_JOB_ID'
     lines += [f'echo "{what} on $(hostname): {out}, ${{SLURM_CPUS_PER_TASK:-1}} workers"',
-              f"{cli_prefix()} data prepare {_data_options(cfg)} --workers \"${{SLURM_CPUS_PER_TASK:-1}}\" --no-progress "
-              + ('--wait' if final else '--no-pack')]
+              f"{cli_prefix()} data prepare {_data_options(cfg)} --workers \"${{SLURM_CPUS_PER_TASK:-1}}\" "
+              f"--no-progress {'--wait' if final else '--no-pack'}"]
     return '\n'.join(lines) + '\n'
 
 
-def prepare_on_slurm(cfg: DataConfig, request: Optional[SlurmRequest] = None, tasks: Optional[int] = None, submit: bool = False,
-                     progress: bool = True, say=print) -> dict:
+def prepare_on_slurm(cfg: DataConfig, request: Optional[SlurmRequest] = None, tasks: Optional[int] = None,
+                     submit: bool = False, progress: bool = True, say=print) -> dict:
     """Write (and with `submit`, sbatch) a data preparation as a job array over its source shards and a final packing
     job that runs after it. The plan (tokenizer, the list of source shards) is written here first, so the tasks only
     read and tokenize. Submitted again later, it plans only what is left (every tokenized shard is kept)."""
@@ -493,7 +494,8 @@ def prepare_on_slurm(cfg: DataConfig, request: Optional[SlurmRequest] = None, ta
     out = state.path
     result = dict(path=str(out), source_shards=state.source_shards, done=state.kept, script=None, submitted=False)
     if state.complete:
-        result['message'] = f"nothing to submit: {out} is prepared already (complete manifest); no script written, no job queued"
+        result['message'] = (f"nothing to submit: {out} is prepared already (complete manifest); "
+                             f"no script written, no job queued")
         return result
     probe = probe_slurm()
     fit, notes = fit_request(req, probe.partitions if probe.reachable else None)   # a request no node meets: error here
@@ -504,7 +506,7 @@ def prepare_on_slurm(cfg: DataConfig, request: Optional[SlurmRequest] = None, ta
     header = [f"data preparation of {out}: {todo} of {state.source_shards} source shards to tokenize "
               f"({time.strftime('%Y-%m-%d %H:%M')}); follow it with: depthbench-nb data inspect {out}", *notes]
     logs = out / 'slurm'
-    logs.mkdir(parents=True, exist_ok=True)                # Slurm does not create the log folder: a task would die silently
+    logs.mkdir(parents=True, exist_ok=True)          # Slurm does not create the log folder: a task would die silently
     array, final = logs / 'prepare_array.sh', logs / 'prepare_pack.sh'
     for path, text in ((array, data_prepare_script(cfg, fit, tasks, comment=comment, header=header)),
                        (final, data_prepare_script(cfg, fit, tasks, final=True, comment=comment, header=header))):
@@ -514,7 +516,8 @@ def prepare_on_slurm(cfg: DataConfig, request: Optional[SlurmRequest] = None, ta
                   logs=str(logs / 'slurm-<job>_<task>.out'), notes=notes)
     if submit:
         job = submit_script(array, probe)
-        atomic_write_text(final, data_prepare_script(cfg, fit, tasks, final=True, after=job, comment=comment, header=header))
+        text = data_prepare_script(cfg, fit, tasks, final=True, after=job, comment=comment, header=header)
+        atomic_write_text(final, text)
         result.update(submitted=True, job_id=job, final_job_id=submit_script(final, probe))
     return result
 
@@ -524,14 +527,15 @@ def data_prepare_command(source: Annotated[str, Arg(help=f"{', '.join(NAMED_SOUR
                          out: Optional[str] = None,       # prepared folder (default: the cache folder for source and tokenizer)
                          max_tokens: Optional[int] = None,  # cap on training tokens
                          val_tokens: Optional[int] = None,  # cap on held-out tokens
-                         workers: int = 1,                # processes tokenizing source shards at once, one shard each (e.g. the machine's cores)
-                         wait: bool = False,              # wait for another prepare of the same folder instead of refusing
-                         no_pack: bool = False,           # only tokenize source shards, beside other preparers of the folder (what Slurm array tasks run)
-                         launcher: Literal['local', 'slurm'] = 'local',  # local: prepare here; slurm: a job array over the source shards, then a packing job
+                         workers: int = 1,                # processes tokenizing source shards at once (e.g. the cores)
+                         wait: bool = False,              # wait for another prepare of the same folder, not refuse
+                         no_pack: bool = False,           # only tokenize, beside other preparers (the Slurm array tasks)
+                         launcher: Literal['local', 'slurm'] = 'local',  # local: here; slurm: a job array + packing job
                          submit: bool = False,            # with --launcher slurm: submit both with sbatch
-                         tasks: Optional[int] = None,     # with --launcher slurm: array tasks (default: one CPU per source shard to tokenize)
+                         tasks: Optional[int] = None,     # with --launcher slurm: array tasks (default: a CPU a shard)
                          slurm: Annotated[Optional[dict], Arg(fields=DataSlurmRequest, group='Slurm (--launcher slurm)',
-                             help='what each task asks for (one tokenizing worker per CPU); the defaults fit the partition')] = None,
+                             help='what each task asks for (a tokenizing worker per CPU); the defaults fit the '
+                                  'partition')] = None,
                          no_progress: bool = False,       # no progress bars
                          json: bool = False) -> int:
     "tokenize and pack a source into token shards + manifest, resumably, in parallel here or over a Slurm job array"
@@ -540,7 +544,8 @@ def data_prepare_command(source: Annotated[str, Arg(help=f"{', '.join(NAMED_SOUR
     say = lambda msg: print(msg, file=sys.stderr, flush=True)
     if launcher == 'slurm':
         if workers != 1 or wait or no_pack:
-            raise ConfigError('--workers, --wait and --no-pack apply to --launcher local; each array task runs one worker per CPU (--slurm-cpus)')
+            raise ConfigError('--workers, --wait and --no-pack apply to --launcher local; each array task runs one '
+                              'worker per CPU (--slurm-cpus)')
         res = prepare_on_slurm(cfg, DataSlurmRequest(**(slurm or {})), tasks, submit, progress=progress, say=say)
         if json: return emit(res, True)
         if res['script'] is None: print(res['message']); return 0
@@ -552,13 +557,15 @@ def data_prepare_command(source: Annotated[str, Arg(help=f"{', '.join(NAMED_SOUR
             print(f"  submitted  array job {res['job_id']}, packing job {res['final_job_id']} after it; follow: "
                   f"depthbench-nb data inspect {res['path']}")
         else:
-            print(f"  submit     job=$(sbatch --parsable {res['script']}) && sbatch --dependency=afterany:$job {res['final_script']}")
+            print(f"  submit     job=$(sbatch --parsable {res['script']}) && "
+                  f"sbatch --dependency=afterany:$job {res['final_script']}")
         return 0
     if submit or tasks is not None: raise ConfigError('--submit and --tasks need --launcher slurm')
     res = prepare_folder(cfg, progress=progress, workers=workers, wait=wait, pack=not no_pack, say=say)
     counts = {k: v for k, v in res.describe().items() if k in ('source_shards', 'kept', 'tokenized', 'unused')}
     if not res.complete:
-        return emit(dict(path=str(res.path), state='preparing', **counts), json, title=f'tokenized source shards of {res.path}')
+        title = f'tokenized source shards of {res.path}'
+        return emit(dict(path=str(res.path), state='preparing', **counts), json, title=title)
     return emit(dict(TokenData(res.path, verify=False).summary(), **counts), json, title=f'prepared {res.path}')
 
 
