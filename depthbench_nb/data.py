@@ -43,8 +43,8 @@ __all__ = ['PACKAGE_FILES', 'VAL_FRACTION', 'HUB_SOURCES', 'HUB_ALIASES', 'DEFAU
            'SourceShard', 'Source', 'resolve_source', 'LoadedTokenizer', 'parse_tokenizer', 'check_neox', 'train_bpe',
            'source_key', 'load_tokenizer', 'token_dtype', 'encode_documents', 'default_data_dir', 'data_dir',
            'read_manifest', 'prepare_command', 'plan_shards', 'read_shard_record', 'shards_to_read', 'packed_selection',
-           'Prepared', 'prepare_folder', 'prepare', 'TokenData', 'resolve_data', 'HeldOutSet', 'held_out_set',
-           'folder_status', 'data_inspect_command', 'EvalSet', 'gpqa_shuffle_seed', 'EvalTask', 'available_offline',
+           'Prepared', 'prepare_folder', 'prepare', 'folder_status', 'TokenData', 'resolve_data', 'HeldOutSet',
+           'held_out_set', 'data_inspect_command', 'EvalSet', 'gpqa_shuffle_seed', 'EvalTask', 'available_offline',
            'load_eval_set', 'eval_sets', 'encode_pairs', 'domain_eval_sets', 'downstream_eval_sets']
 
 # %% ../nbs/02_data.ipynb #478e4f17
@@ -1088,6 +1088,41 @@ def prepare(cfg: DataConfig, progress: bool = True, dtype: Optional[str] = None,
     "Tokenize and pack `cfg`'s source into its prepared folder (`prepare_folder`); returns the folder."
     return prepare_folder(cfg, progress, dtype, shard_tokens, workers, wait).path
 
+# %% ../nbs/02_data.ipynb #65b8b732
+def folder_status(path) -> dict:
+    """The state of a prepared or preparing folder and of each of its source shards: `done` (tokenized; in a complete
+    folder: in the packed streams), `partial` (files without a record: its writer was killed, or is still writing,
+    named in `writer`), `missing` (not started) or `unused` (beyond the token caps of a complete folder)."""
+    out = Path(path)
+    man = _read_json(out / 'manifest.json')
+    if man is None or man.get('format') != 'depthbench-nb tokens':
+        raise ConfigError(f"{out} is not a prepared data folder (no manifest.json of depthbench-nb)")
+    complete = man.get('complete') is True
+    itemsize = np.dtype(man.get('dtype', 'uint16')).itemsize
+    rows = []
+    for s, entry in zip(plan_shards(man), man.get('source_shards') or []):
+        row = dict(index=s.index, name=s.name, split=s.split)
+        if complete:                                  # tokens: what the packed streams take from the shard
+            taken = {sp: sum(f['tokens'] for f in man['splits'][sp]['shards'] if f.get('source_shard') == s.index)
+                     for sp in ('train', 'val')}
+            packed = entry.get('status') == 'packed'
+            row.update(status='done' if packed else 'unused', train_tokens=taken['train'] if packed else None,
+                       val_tokens=taken['val'] if packed else None)
+        else:
+            folder = _shard_dir(out, s.index)
+            rec, holder = read_shard_record(out, s, itemsize), lock_holder(folder)
+            status = 'done' if rec else 'partial' if holder or _shard_files(folder) else 'missing'
+            row.update(status=status, train_tokens=rec['train']['tokens'] if rec else None,
+                       val_tokens=rec['val']['tokens'] if rec else None)
+            if holder and not rec: row['writer'] = describe_holder(holder)
+        rows.append(row)
+    kinds = ('done', 'unused') if complete else ('done', 'partial', 'missing')
+    counts = {k: sum(r['status'] == k for r in rows) for k in kinds}
+    writer = lock_holder(out)
+    return dict(path=str(out), state='complete' if complete else 'preparing', source=man.get('source', {}).get('name'),
+                tokenizer=man.get('tokenizer', {}).get('id'), counts=counts,
+                writer=describe_holder(writer) if writer else None, source_shards=rows)
+
 # %% ../nbs/02_data.ipynb #4403f814
 VERIFY_BYTES = 1 << 30
 
@@ -1280,41 +1315,6 @@ def held_out_set(data: 'TokenData', kind: str = 'windows', seq_len: int = 2048, 
     return HeldOutSet(data, kind, starts.astype(np.int64), lengths.astype(np.int64), seq_len, batch_size)
 
 # %% ../nbs/02_data.ipynb #618f1e7d
-def folder_status(path) -> dict:
-    """The state of a prepared or preparing folder and of each of its source shards: `done` (tokenized; in a complete
-    folder: in the packed streams), `partial` (files without a record: its writer was killed, or is still writing,
-    named in `writer`), `missing` (not started) or `unused` (beyond the token caps of a complete folder)."""
-    out = Path(path)
-    man = _read_json(out / 'manifest.json')
-    if man is None or man.get('format') != 'depthbench-nb tokens':
-        raise ConfigError(f"{out} is not a prepared data folder (no manifest.json of depthbench-nb)")
-    complete = man.get('complete') is True
-    itemsize = np.dtype(man.get('dtype', 'uint16')).itemsize
-    rows = []
-    for s, entry in zip(plan_shards(man), man.get('source_shards') or []):
-        row = dict(index=s.index, name=s.name, split=s.split)
-        if complete:                                  # tokens: what the packed streams take from the shard
-            taken = {sp: sum(f['tokens'] for f in man['splits'][sp]['shards'] if f.get('source_shard') == s.index)
-                     for sp in ('train', 'val')}
-            packed = entry.get('status') == 'packed'
-            row.update(status='done' if packed else 'unused', train_tokens=taken['train'] if packed else None,
-                       val_tokens=taken['val'] if packed else None)
-        else:
-            folder = _shard_dir(out, s.index)
-            rec, holder = read_shard_record(out, s, itemsize), lock_holder(folder)
-            status = 'done' if rec else 'partial' if holder or _shard_files(folder) else 'missing'
-            row.update(status=status, train_tokens=rec['train']['tokens'] if rec else None,
-                       val_tokens=rec['val']['tokens'] if rec else None)
-            if holder and not rec: row['writer'] = describe_holder(holder)
-        rows.append(row)
-    kinds = ('done', 'unused') if complete else ('done', 'partial', 'missing')
-    counts = {k: sum(r['status'] == k for r in rows) for k in kinds}
-    writer = lock_holder(out)
-    return dict(path=str(out), state='complete' if complete else 'preparing', source=man.get('source', {}).get('name'),
-                tokenizer=man.get('tokenizer', {}).get('id'), counts=counts,
-                writer=describe_holder(writer) if writer else None, source_shards=rows)
-
-
 def _print_shards(rows: list[dict], limit: int = 40) -> None:
     "The source shards as a table; past `limit` rows only those not done, and a count of the rest."
     if not rows: return
