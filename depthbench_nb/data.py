@@ -1025,6 +1025,32 @@ def _finished(out: Path, man: dict) -> Prepared:
     return Prepared(out, True, len(mapping), kept=len(mapping) - unused, unused=unused)
 
 
+def _fresh_plan(out: Path, cfg: DataConfig, source: Source, inputs: dict, dtype: Optional[str],
+                shard_tokens: Optional[int], progress: bool, say: Callable) -> dict:
+    "The plan of a folder with none: what an older format left is removed first (under the folder's lock)."
+    for p in out.iterdir():
+        if p.name.startswith(LOCK_FILE): continue
+        if p.is_dir(): shutil.rmtree(p)
+        else: p.unlink()
+    for stale in out.parent.glob(f'.{out.name}.partial-*'):     # left by versions before resumable prepare
+        shutil.rmtree(stale, ignore_errors=True)
+    return _new_plan(out, cfg, source, inputs, dtype, shard_tokens, progress, say)
+
+
+def _tokenize_beside(out: Path, plan: dict, workers: int, progress: bool, say: Callable) -> Prepared:
+    "Tokenize source shards beside other preparers of the folder (shard locks only); one of them packs."
+    t0 = time.time()
+    done = _tokenize_shards(out, plan, workers, progress, say, pack=False)
+    _say_tokenized(say, done['tokenized'], workers, t0)
+    man = read_manifest(out)
+    return _finished(out, man) if man else Prepared(out, False, len(plan['source_shards']), done['kept'], done['tokenized'])
+
+
+def _say_tokenized(say: Callable, n: int, workers: int, t0: float) -> None:
+    if n: say(f"tokenized {n} source shard{'s' * (n != 1)} with {workers} worker{'s' * (workers != 1)} "
+              f"in {time.time() - t0:.1f} s")
+
+
 def prepare_folder(cfg: DataConfig, progress: bool = True, dtype: Optional[str] = None,
                    shard_tokens: Optional[int] = None, workers: int = 1, wait: bool | float = True, pack: bool = True,
                    plan_only: bool = False, say: Optional[Callable[[str], None]] = None) -> Prepared:
@@ -1032,8 +1058,9 @@ def prepare_folder(cfg: DataConfig, progress: bool = True, dtype: Optional[str] 
     processes; a complete folder with the same inputs is returned as is. Resumable: source shards already tokenized
     (by a killed run, or another preparer) are kept. One writer: the folder's lock is held throughout, and another
     `prepare` of it waits (`wait`: True, or at most that many seconds) or is refused (`wait=False`, FolderBusy).
-    `pack=False` tokenizes beside other preparers (each source shard has its own lock) and leaves the packing to one
-    of them; `plan_only` only writes the plan (tokenizer, source shards). `say` gets one-line messages."""
+    `pack=False` tokenizes beside other preparers (each source shard has its own lock; the folder's lock only to
+    write the plan if there is none) and leaves the packing to one of them; `plan_only` only writes the plan
+    (tokenizer, source shards). `say` gets one-line messages."""
     cfg.validate()
     if workers < 1: raise ConfigError(f"workers must be >= 1, got {workers}")
     say = say or (_stderr if progress else (lambda m: None))
@@ -1044,36 +1071,21 @@ def prepare_folder(cfg: DataConfig, progress: bool = True, dtype: Optional[str] 
     out, inputs = data_dir(cfg), _inputs(cfg, source)
     found = _existing(out, inputs)
     if found is not None and found.get('complete') is True: return _finished(out, found)
+    if found is not None and not pack and not plan_only:
+        return _tokenize_beside(out, _check_plan(out, found, inputs, dtype, shard_tokens), workers, progress, say)
     made = not out.exists()
-    lock = _PrepareLock(out, wait=wait, say=say).acquire()
+    lock = _PrepareLock(out, wait=wait if pack else True, say=say).acquire()
     try:
         found = _existing(out, inputs)                    # what the writer we waited for left
         if found is not None and found.get('complete') is True: return _finished(out, found)
-        if found is None:
-            for p in out.iterdir():                       # our own folder in an older format: rebuilt
-                if p.name.startswith(LOCK_FILE): continue
-                if p.is_dir(): shutil.rmtree(p)
-                else: p.unlink()
-            for stale in out.parent.glob(f'.{out.name}.partial-*'):     # left by versions before resumable prepare
-                shutil.rmtree(stale, ignore_errors=True)
-            plan = _new_plan(out, cfg, source, inputs, dtype, shard_tokens, progress, say)
-        else: plan = _check_plan(out, found, inputs, dtype, shard_tokens)
-        n = len(plan['source_shards'])
-        if plan_only:
-            itemsize = np.dtype(plan['dtype']).itemsize
-            kept = sum(read_shard_record(out, s, itemsize) is not None for s in plan_shards(plan))
-            return Prepared(out, False, n, kept=kept)
-        if not pack: lock.release()                       # other preparers work beside this one, shard by shard
-        t0 = time.time()
-        done = _tokenize_shards(out, plan, workers, progress, say, pack)
-        if done['tokenized']:
-            say(f"tokenized {done['tokenized']} source shard{'s' * (done['tokenized'] != 1)} with {workers} worker"
-                f"{'s' * (workers != 1)} in {time.time() - t0:.1f} s")
-        if not pack:
-            man = read_manifest(out)
-            return _finished(out, man) if man else Prepared(out, False, n, done['kept'], done['tokenized'])
-        man = _pack(out, plan, done['records'], t0, say)
-        return dataclasses.replace(_finished(out, man), kept=done['kept'], tokenized=done['tokenized'])
+        if found is not None: plan = _check_plan(out, found, inputs, dtype, shard_tokens)
+        else: plan = _fresh_plan(out, cfg, source, inputs, dtype, shard_tokens, progress, say)
+        if pack and not plan_only:
+            t0 = time.time()
+            done = _tokenize_shards(out, plan, workers, progress, say, pack=True)
+            _say_tokenized(say, done['tokenized'], workers, t0)
+            man = _pack(out, plan, done['records'], t0, say)
+            return dataclasses.replace(_finished(out, man), kept=done['kept'], tokenized=done['tokenized'])
     except BaseException as e:
         # bad input leaves no folder behind (a local source must be changed to go on, which makes other inputs); an
         # interruption keeps what a rerun resumes
@@ -1081,6 +1093,10 @@ def prepare_folder(cfg: DataConfig, progress: bool = True, dtype: Optional[str] 
             shutil.rmtree(out, ignore_errors=True)
         raise
     finally: lock.release()
+    if not plan_only: return _tokenize_beside(out, plan, workers, progress, say)
+    itemsize = np.dtype(plan['dtype']).itemsize
+    kept = sum(read_shard_record(out, s, itemsize) is not None for s in plan_shards(plan))
+    return Prepared(out, False, len(plan['source_shards']), kept=kept)
 
 
 def prepare(cfg: DataConfig, progress: bool = True, dtype: Optional[str] = None, shard_tokens: Optional[int] = None,

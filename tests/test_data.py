@@ -660,3 +660,32 @@ def test_hub_source_streams_one_file_per_shard(fineweb, reference, monkeypatch, 
     want = lambda docs: np.array([i for d in docs for i in tok.encode(d, add_special_tokens=False).ids + [0]])
     assert np.array_equal(t.tokens('train', 0, t.n_train_tokens), want([d for p in parts[:-1] for d in p]))
     assert np.array_equal(t.tokens('val', 0, t.n_val_tokens), want(parts[-1]))
+
+
+def test_a_folder_in_the_single_stream_layout_keeps_working(tiny_data, tmp_path):
+    """A folder as versions before source shards wrote it (one stream per split in train_00000.bin ..., no source shard
+    mapping, the same format version and inputs) is read, inspected and reused as it is: nothing is tokenized again."""
+    from depthbench_nb.cli import main
+    new = D.TokenData(tiny_data)
+    old = tmp_path / 'old'
+    old.mkdir()
+    splits = {}
+    for split in ('train', 'val'):
+        n = new.n_train_tokens if split == 'train' else new.n_val_tokens
+        tokens, starts = new.tokens(split, 0, n).astype('<u2').tobytes(), new.documents(split).astype('<i8').tobytes()
+        (old / f'{split}_00000.bin').write_bytes(tokens)
+        (old / f'{split}.docs.bin').write_bytes(starts)
+        splits[split] = dict(tokens=n, documents=len(starts) // 8,
+                             shards=[dict(file=f'{split}_00000.bin', tokens=n, sha256=hashlib.sha256(tokens).hexdigest())],
+                             doc_index=dict(file=f'{split}.docs.bin', sha256=hashlib.sha256(starts).hexdigest()))
+    (old / 'tokenizer.json').write_bytes((tiny_data / 'tokenizer.json').read_bytes())
+    keys = ('format', 'format_version', 'complete', 'inputs', 'source', 'dtype', 'tokenizer', 'created', 'prepare_seconds', 'package_version')
+    (old / 'manifest.json').write_text(json.dumps(dict({k: new.manifest[k] for k in keys}, splits=splits)))
+    before = {p.name: p.stat().st_mtime_ns for p in old.iterdir()}
+    t = D.TokenData(old, verify=True)
+    assert np.array_equal(t.tokens('train', 0, t.n_train_tokens), new.tokens('train', 0, new.n_train_tokens))
+    assert np.array_equal(t.train_batch(3, 4, 64, seed=1)[0], new.train_batch(3, 4, 64, seed=1)[0])
+    res = D.prepare_folder(DataConfig(source='sample', tokenizer='bpe:4096', path=str(old)), progress=False)
+    assert res.complete and res.tokenized == 0 and res.source_shards == 0
+    assert main(['data', 'inspect', str(old)]) == 0 and D.folder_status(old)['source_shards'] == []
+    assert {p.name: p.stat().st_mtime_ns for p in old.iterdir()} == before
