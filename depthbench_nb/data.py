@@ -864,6 +864,7 @@ def _tokenize_shards(out: Path, plan: dict, workers: int, progress: bool, say: C
     total = sum(caps.values()) if all(v is not None for v in caps.values()) else None
     bar = tqdm(total=total, unit='tok', unit_scale=True, desc='tokens', disable=not progress, leave=False)
     on_tokens = lambda k, n: bar.update(n)
+    workers = min(workers, max(1, len(shards) - kept))      # no more processes than shards to do
     runner = _Inline(on_tokens) if workers == 1 else _ShardPool(workers, on_tokens)
     mine, busy, tokenized, looked = set(), set(), 0, time.monotonic()
     try:
@@ -900,7 +901,7 @@ def _tokenize_shards(out: Path, plan: dict, workers: int, progress: bool, say: C
         raise
     else: runner.close(terminate=bool(mine))     # shards still in hand are beyond the caps: stop them
     finally: bar.close()
-    return dict(records=records, kept=kept, tokenized=tokenized)
+    return dict(records=records, kept=kept, tokenized=tokenized, workers=workers)
 
 # %% ../nbs/02_data.ipynb #308d5552
 def _cut_copy(out: Path, split: str, token_file: dict, n: int, dtype: np.dtype, chunk: int = 1 << 24) -> dict:
@@ -1041,7 +1042,7 @@ def _tokenize_beside(out: Path, plan: dict, workers: int, progress: bool, say: C
     "Tokenize source shards beside other preparers of the folder (shard locks only); one of them packs."
     t0 = time.time()
     done = _tokenize_shards(out, plan, workers, progress, say, pack=False)
-    _say_tokenized(say, done['tokenized'], workers, t0)
+    _say_tokenized(say, done['tokenized'], done['workers'], t0)
     man = read_manifest(out)
     return _finished(out, man) if man else Prepared(out, False, len(plan['source_shards']), done['kept'], done['tokenized'])
 
@@ -1083,7 +1084,7 @@ def prepare_folder(cfg: DataConfig, progress: bool = True, dtype: Optional[str] 
         if pack and not plan_only:
             t0 = time.time()
             done = _tokenize_shards(out, plan, workers, progress, say, pack=True)
-            _say_tokenized(say, done['tokenized'], workers, t0)
+            _say_tokenized(say, done['tokenized'], done['workers'], t0)
             man = _pack(out, plan, done['records'], t0, say)
             return dataclasses.replace(_finished(out, man), kept=done['kept'], tokenized=done['tokenized'])
     except BaseException as e:
