@@ -35,7 +35,8 @@ __all__ = ['LAYER_LISTS', 'FINAL_NORMS', 'Action', 'HF_METRICS', 'PERTURBING', '
            'HFLayout', 'describe_model', 'text_config', 'find_decoder', 'locate_layout', 'hidden_in', 'hidden_out',
            'with_hidden', 'HFDepthModel', 'LayerCall', 'default_max_rows', 'BatchedRuns', 'check_hf_metrics',
            'readout_error', 'diagnose_hf_model', 'eval_documents', 'token_stream', 'text_windows', 'resolve_device',
-           'load_hf_model', 'default_out_dir', 'load_tokenizer_of', 'diagnose_hf', 'diagnose_command', 'cli_diagnose']
+           'load_hf_config', 'load_hf_model', 'default_out_dir', 'load_tokenizer_of', 'diagnose_hf', 'diagnose_command',
+           'cli_diagnose']
 
 # %% ../nbs/08b_hf_diagnostics.ipynb #cf529387
 LAYER_LISTS = ('layers', 'h', 'blocks', 'block', 'layer')                     # decoder attributes holding the layers
@@ -199,6 +200,20 @@ def _replaced_forward(module: nn.Module, forward: Callable):
         else: del module.forward
 
 
+def _take_rows(now, then, idx: Tensor, rows_now: int, rows_then: int):
+    """An argument of a batched layer call restricted to the rows `idx`: a tensor is cut where it carries the batch, i.e.
+    where its first dimension is the batched row count now and the unperturbed forward's row count in the recorded call
+    (`then`, the same argument there); masks broadcast over the batch, positions and rotary tables pass unchanged."""
+    if isinstance(now, Tensor):
+        batched = isinstance(then, Tensor) and now.ndim and then.ndim and now.shape[0] == rows_now and then.shape[0] == rows_then
+        return now.index_select(0, idx.to(now.device)) if batched and rows_now != rows_then else now
+    if type(now) in (tuple, list) and type(then) is type(now) and len(now) == len(then):
+        return type(now)(_take_rows(a, b, idx, rows_now, rows_then) for a, b in zip(now, then))
+    if isinstance(now, dict) and isinstance(then, dict):
+        return {k: _take_rows(v, then.get(k), idx, rows_now, rows_then) for k, v in now.items()}
+    return now
+
+
 def default_max_rows(batch: int, seq_len: int, vocab: int) -> int:
     "Rows per batched forward: float32 logits near 1 GiB (rows x T x V <= 2^28), at least one variant."
     return max(batch, 2 ** 28 // (seq_len * vocab))
@@ -256,41 +271,40 @@ class BatchedRuns:
         return lambda h: (h.float().flatten(2) @ W.to(h.device) + b.to(h.device)).view_as(h)
 
     # ---- running variants ----------------------------------------------------------------------------------------
-    def _replay(self, p: int, K: int) -> Callable:
-        "Block p's forward for K variants that all equal the unperturbed model up to it: its recorded output, K times."
-        form, state = self.calls[p].form, self.states[p + 1]
-
-        def forward(*args, **kwargs):
-            h = hidden_in(args, kwargs)
-            return with_hidden(form, state.to(device=h.device, dtype=h.dtype).repeat(K, 1, 1))
-        return forward
-
-    def _route(self, p: int, acting: dict, K: int, observe: Optional[Callable]) -> Callable:
-        "Block p's forward in a batch of K variants: the variants in `acting` get their own rows, the rest the block's."
-        original, form, B = self.model.blocks[p].forward, self.calls[p].form, self.B
+    def _route(self, p: int, plans: Sequence[dict], firsts: list[int], observe: Optional[Callable]) -> Callable:
+        "Block p's forward in a batch of K variants: each variant's rows wait (unperturbed so far), act (its change) or run the block."
+        original, call, B, K = self.model.blocks[p].forward, self.calls[p], self.B, len(plans)
+        acting = {k: plan[p] for k, plan in enumerate(plans) if p in plan}
+        waiting = [k for k in range(K) if p < firsts[k]]
+        running = [k for k in range(K) if k not in acting and p >= firsts[k]]
+        rows = lambda ks: torch.cat([torch.arange(k * B, (k + 1) * B) for k in ks])
 
         def forward(*args, **kwargs):
             if self._busy: return original(*args, **kwargs)                    # a variant's own call of this block
             h_in = hidden_in(args, kwargs)
-            if len(acting) == K: out, h_out = form, torch.empty_like(h_in)      # every variant replaces it: no batched call
-            else:
+            if len(running) == K:                                              # every variant runs the block: one batched call
                 out = original(*args, **kwargs)
-                h_out = hidden_out(out).clone()
+                if observe is not None: observe(p, h_in, hidden_out(out))
+                return out
+            h_out = torch.empty_like(h_in)
+            if waiting: h_out[rows(waiting).to(h_in.device)] = self.states[p + 1].to(h_in).repeat(len(waiting), 1, 1)
+            if running:                                                        # the block on the running variants' rows only
+                idx = rows(running).to(h_in.device)
+                sub_args = _take_rows(args[1:], call.args, idx, K * B, B) if call.positional else args
+                sub_kwargs = _take_rows({k: v for k, v in kwargs.items() if k != 'hidden_states'}, call.kwargs, idx, K * B, B)
+                sub_args, sub_kwargs = LayerCall(sub_args, sub_kwargs, call.positional, call.form).arguments(h_in[idx])
+                h_out[idx] = hidden_out(original(*sub_args, **sub_kwargs))
             for k, act in acting.items(): h_out[k * B:(k + 1) * B] = act(h_in[k * B:(k + 1) * B]).to(h_out.dtype)
             if observe is not None: observe(p, h_in, h_out)
-            return with_hidden(out, h_out)
+            return with_hidden(call.form, h_out)
         return forward
 
     def losses(self, plans: Sequence[dict], observe: Optional[Callable] = None) -> list[float]:
         "Mean loss of each variant; a plan maps blocks to what the variant does there ({} = the unperturbed model)."
         K, L, blocks = len(plans), self.model.n_blocks, self.model.blocks
-        first = min((min(plan) for plan in plans if plan), default=L)
+        firsts = [min(plan, default=L) for plan in plans]                     # before it, a variant is the unperturbed model
         with contextlib.ExitStack() as stack:
-            forwards = {p: self._replay(p, K) for p in range(first)}
-            for p in range(first, L):
-                acting = {k: plan[p] for k, plan in enumerate(plans) if p in plan}
-                if acting or observe is not None: forwards[p] = self._route(p, acting, K, observe)
-            for p, fn in forwards.items(): stack.enter_context(_replaced_forward(blocks[p], fn))
+            for p in range(L): stack.enter_context(_replaced_forward(blocks[p], self._route(p, plans, firsts, observe)))
             with torch.no_grad(): logits = self.model.hf(input_ids=self.x.repeat(K, 1), use_cache=False).logits
         per_row = lm_loss(logits, self.y.to(logits.device).repeat(K, 1), per_row=True)
         return per_row.view(K, self.B).mean(1).tolist()
@@ -351,22 +365,20 @@ class BatchedRuns:
                     threshold=ratio_threshold)
 
     def agrees_with_naive(self, rel_tol: float) -> tuple[bool, str]:
-        "(ok, what was compared): batched variants against plain forwards, a skip and a swap at each end of the model."
+        "(ok, what was compared): one batch of a skip and a swap at each end of the model against plain forwards."
         model, L = self.model, self.model.n_blocks
-        front = [('skip', (0,))] + ([('swap', (0, L - 1))] if L > 1 else [])           # no shared prefix
-        back = [('skip', (L - 1,))] + ([('swap', (L - 2, L - 1))] if L > 1 else [])    # the longest replayed prefix
+        cases = [('skip', (0,)), ('skip', (L - 1,))] + ([('swap', (0, L - 1)), ('swap', (L - 2, L - 1))] if L > 1 else [])
         plan = lambda kind, b: {b[0]: self.identity} if kind == 'skip' else {b[0]: self.weights_of(*b), b[1]: self.weights_of(b[1], b[0])}
         y, worst = self.y.to(self.logits.device), 0.0
-        for group in (front, back):
-            for (kind, b), got in zip(group, self.losses([plan(*case) for case in group])):
-                with torch.no_grad():
-                    if kind == 'skip': ref = float(lm_loss(model(self.x, skip=set(b)), y))
-                    else:
-                        model.swap_blocks(*b)
-                        try: ref = float(lm_loss(model(self.x), y))
-                        finally: model.swap_blocks(*b)
-                worst = max(worst, abs(got - ref) / max(abs(ref), 1e-12))
-        return worst <= rel_tol, f'{len(front) + len(back)} cases, largest relative loss difference {worst:.2e} (tolerance {rel_tol:g})'
+        for (kind, b), got in zip(cases, self.losses([plan(*case) for case in cases])):
+            with torch.no_grad():
+                if kind == 'skip': ref = float(lm_loss(model(self.x, skip=set(b)), y))
+                else:
+                    model.swap_blocks(*b)
+                    try: ref = float(lm_loss(model(self.x), y))
+                    finally: model.swap_blocks(*b)
+            worst = max(worst, abs(got - ref) / max(abs(ref), 1e-12))
+        return worst <= rel_tol, f'{len(cases)} cases, largest relative loss difference {worst:.2e} (tolerance {rel_tol:g})'
 
 # %% ../nbs/08b_hf_diagnostics.ipynb #8e89179f
 HF_METRICS = ('angular', 'block_influence', 'causal', 'permutation', 'pruning', 'angular_pruning', 'usefulness', 'collapse',
@@ -531,21 +543,26 @@ def resolve_device(device: Optional[str]) -> str:
     return device
 
 
-def load_hf_model(name: str, dtype: str = 'auto', device: Optional[str] = None, revision: Optional[str] = None,
-                  trust_remote_code: bool = False):
-    "(model in eval mode, its configuration) of a hub name or local folder, loadable with AutoModelForCausalLM."
+def load_hf_config(name: str, revision: Optional[str] = None, trust_remote_code: bool = False):
+    "The Transformers configuration of a hub name or local folder (read before any weight is loaded)."
     # transformers is the optional `hf` extra: imported here, so that diagnosing a run folder never needs it
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
+    try: return AutoConfig.from_pretrained(name, revision=revision, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"cannot load a Transformers configuration from {name!r} (a hub name or a folder with config.json): {e}") from e
+
+
+def load_hf_model(name: str, config, dtype: str = 'auto', device: Optional[str] = None, revision: Optional[str] = None,
+                  trust_remote_code: bool = False) -> nn.Module:
+    "The model of a hub name or local folder in eval mode: AutoModelForCausalLM, or our own class for a depthbench-nb export."
+    from transformers import AutoModelForCausalLM
     if dtype not in HF_DTYPES: raise ConfigError(f"unknown dtype {dtype!r}; valid dtypes: {', '.join(HF_DTYPES)}")
     device = resolve_device(device)
     torch_dtype = getattr(torch, dtype) if dtype != 'auto' else (torch.float32 if device == 'cpu' else torch.bfloat16)
     kw = dict(revision=revision, trust_remote_code=trust_remote_code)
-    try: config = AutoConfig.from_pretrained(name, **kw)
-    except (OSError, ValueError) as e:
-        raise ConfigError(f"cannot load a Transformers configuration from {name!r} (a hub name or a folder with config.json): {e}") from e
     if config.model_type == 'depthbench':             # an export of ours: its own class builds the native model
         from depthbench_nb.hf import DepthBenchForCausalLM
-        return DepthBenchForCausalLM.from_pretrained(name, dtype=torch_dtype, **kw).to(device).eval(), config
+        return DepthBenchForCausalLM.from_pretrained(name, dtype=torch_dtype, **kw).to(device).eval()
     placement = {} if device == 'cpu' else dict(device_map='auto' if device == 'auto' else {'': device})
     try: model = AutoModelForCausalLM.from_pretrained(name, config=config, dtype=torch_dtype, **placement, **kw)
     except ValueError as e:
@@ -553,7 +570,7 @@ def load_hf_model(name: str, dtype: str = 'auto', device: Optional[str] = None, 
     if any(p.device.type == 'meta' for p in model.parameters()):
         raise ConfigError(f"{name}: the device_map offloads layers to the CPU or disk; the diagnostics need every layer's weights "
                           f"resident (swaps move them): use a device with room for the model, or --device cpu")
-    return model.eval(), config
+    return model.eval()
 
 
 def default_out_dir(name: str) -> Path:
@@ -581,7 +598,9 @@ def diagnose_hf(name: str, metrics=None, n_samples: int = 16, seq_len: int = 256
     if tokens is not None: n_samples = math.ceil(tokens / seq_len)
     if n_samples < 1 or seq_len < 1: raise ConfigError(f'n_samples and seq_len must be >= 1, got {n_samples} and {seq_len}')
     if permutation_method not in METHODS: raise ConfigError(f"permutation_method must be one of {', '.join(METHODS)}, got {permutation_method!r}")
-    hf_model, config = load_hf_model(name, dtype, device, revision, trust_remote_code)
+    if dtype not in HF_DTYPES: raise ConfigError(f"unknown dtype {dtype!r}; valid dtypes: {', '.join(HF_DTYPES)}")
+    device = resolve_device(device)
+    config = load_hf_config(name, revision, trust_remote_code)       # everything cheap first: a bad input fails before the weights load
     native = config.model_type == 'depthbench'
     requested = metrics
     metrics = check_hf_metrics(metrics) if not native else metrics
@@ -591,6 +610,7 @@ def diagnose_hf(name: str, metrics=None, n_samples: int = 16, seq_len: int = 256
     docs, where = eval_documents(source, text)
     stream = token_stream(tok, docs)
     x, y = text_windows(stream, n_samples, seq_len, seed)
+    hf_model = load_hf_model(name, config, dtype, device, revision, trust_remote_code)
     vocab = hf_model.get_input_embeddings().weight.shape[0]
     if int(x.max()) >= vocab or int(y.max()) >= vocab:
         raise ConfigError(f"the tokenizer gives token id {max(int(x.max()), int(y.max()))}, beyond the model's {vocab:,} embeddings: "
