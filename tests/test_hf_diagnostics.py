@@ -18,7 +18,7 @@ from depthbench_nb.cli import main
 from depthbench_nb.config import ConfigError
 from depthbench_nb.data import TokenData
 from depthbench_nb.diagnostics import NLL_METRICS, causal_row, lm_loss
-from depthbench_nb.hf_diagnostics import (HF_METRICS, BatchedRuns, HFDepthModel, diagnose_hf, diagnose_hf_model, find_decoder,
+from depthbench_nb.hf_diagnostics import (HF_METRICS, BatchedRuns, HFDepthModel, diagnose_hf_model, find_decoder,
                                           locate_layout)
 
 ROOT = Path(__file__).resolve().parent.parent
