@@ -892,6 +892,7 @@ def write_diagnostics(res: dict, out_dir, figures: bool = True) -> list[Path]:
     if not figures: return written
     import matplotlib; matplotlib.use('Agg')
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
     tag = f"{res['arch']} L{res['n_layer']}"
     L = res['n_blocks']
     if 'angular' in res:
@@ -902,7 +903,7 @@ def write_diagnostics(res: dict, out_dir, figures: bool = True) -> list[Path]:
         _heatmap(res['permutation']['matrix'], f'permutation score P(i, j) ({tag})', out_dir / 'permutation.png', 'block j', 'block i', vmin=0); written.append(out_dir / 'permutation.png')
     if 'block_influence' in res:
         fig, ax = plt.subplots(figsize=(5.5, 3.5))
-        ax.bar(range(L), res['block_influence'])
+        ax.bar(range(L), res['block_influence']); ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel('block'); ax.set_ylabel('1 − cos(input, output)'); ax.set_title(f'Block Influence ({tag})')
         fig.tight_layout(); fig.savefig(out_dir / 'block_influence.png', dpi=110); plt.close(fig); written.append(out_dir / 'block_influence.png')
     if 'pruning' in res or 'angular_pruning' in res:
@@ -929,11 +930,12 @@ def _pruning_figure(res: dict, path: Path, tag: str) -> Path:
     "Δ loss per skipped block (bars) and Gromov et al.'s curve: Δ loss against the fraction of blocks dropped."
     import matplotlib; matplotlib.use('Agg')
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
     panels = [k for k in ('pruning', 'angular_pruning') if k in res]
     fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 3.5), squeeze=False)
     for ax, k in zip(axes[0], panels):
         if k == 'pruning':
-            ax.bar(range(len(res['pruning']['delta_loss'])), res['pruning']['delta_loss'])
+            ax.bar(range(len(res['pruning']['delta_loss'])), res['pruning']['delta_loss']); ax.xaxis.set_major_locator(MaxNLocator(integer=True))
             ax.set_xlabel('skipped block'); ax.set_ylabel('Δ loss (nats/token)'); ax.set_title(f'one block skipped ({tag})')
         else:
             curve = res['angular_pruning']['curve']

@@ -469,14 +469,13 @@ def diagnose_hf_model(model: HFDepthModel, x: Tensor, y: Tensor, metrics=None, m
         say('logit lens')
         err, tol = readout_error(model, states, logits)
         out['logit_lens_check'] = dict(max_abs_logit_diff=err, tolerance=tol)
-        if err <= tol:
-            out['logit_lens'] = logit_lens(model, states, y, logits)
-            out['logit_lens_readout'] = f"{model.layout.names['final_norm']} then {model.layout.names['unembed']}"
-        elif explicit: raise ConfigError(f'logit lens: the final norm and unembedding do not reproduce the logits (max |diff| {err:.3g} > {tol:.3g})')
+        readout = f"{model.layout.names['final_norm']} then {model.layout.names['unembed']}"
+        if err <= tol: out |= dict(logit_lens=logit_lens(model, states, y, logits), logit_lens_readout=readout)
         else:
-            out['skipped'] = out.get('skipped', {}) | dict(logit_lens=(
-                f"the model does more after its unembedding than {model.layout.names['final_norm']} then {model.layout.names['unembed']} "
-                f"(max |readout(z_L) - logits| = {err:.3g}): early exits would not be read as the model reads its output"))
+            why = (f"the model does more after its unembedding than {readout} (max |readout(z_L) - logits| = {err:.3g} > {tol:.3g}; "
+                   f"e.g. a logit soft-cap): early exits would not be read as the model reads its output")
+            if explicit: raise ConfigError(f'logit lens: {why}')
+            out['skipped'] = out.get('skipped', {}) | dict(logit_lens=why)
     if 'latency' in metrics:
         say('latency')
         out['latency'] = measure_latency(model, int(x.shape[1]), model.hf.get_input_embeddings().weight.shape[0])   # prefill only

@@ -293,3 +293,31 @@ def test_bad_input_is_a_clear_error(hf_folder, tmp_path, capsys):
     del model.model.norm                                                      # a layout without a final norm
     with pytest.raises(ConfigError, match=r"LlamaForCausalLM \(model_type 'llama'\): no final norm found: looked in model for norm"):
         HFDepthModel(model)
+
+
+def test_bfloat16_model_keeps_float32_states(hf_folder):
+    "The GPU default dtype, on the CPU: states in float32, batched runs checked at bfloat16's tolerance, the lens trusted."
+    model = AutoModelForCausalLM.from_pretrained(hf_folder('qwen2'), dtype=torch.bfloat16).eval()
+    m = HFDepthModel(model)
+    x, y = windows()
+    res = diagnose_hf_model(m, x, y, ['angular', 'causal', 'permutation', 'usefulness', 'logit_lens'])
+    assert res['method'] == 'shared' and 'tolerance 0.01' in res['method_check']
+    assert all(s.dtype == torch.float32 for s in BatchedRuns(m, x, y).states)
+    assert res['logit_lens_check']['max_abs_logit_diff'] == 0.0          # the same modules on the same bfloat16 tensor
+    ref = diagnose_hf_model(HFDepthModel(load(hf_folder('qwen2'))), x, y, ['causal'])   # float32: bfloat16 is close, not equal
+    assert res['loss'] == pytest.approx(ref['loss'], rel=2e-2)
+
+
+def test_a_readout_beyond_norm_and_unembedding_leaves_the_logit_lens_out():
+    "Gemma2 soft-caps its logits after the unembedding: the lens would misread early exits, so it is left out and says why."
+    from transformers import Gemma2Config
+    torch.manual_seed(0)
+    cfg = Gemma2Config(vocab_size=64, hidden_size=32, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                       intermediate_size=64, max_position_embeddings=64, initializer_range=0.2, sliding_window=8,
+                       final_logit_softcapping=2.0, pad_token_id=0, bos_token_id=0, eos_token_id=1)
+    m = HFDepthModel(AutoModelForCausalLM.from_config(cfg).eval())
+    x, y = windows(vocab=64)
+    res = diagnose_hf_model(m, x, y)
+    assert 'logit_lens' not in res and 'soft-cap' in res['skipped']['logit_lens']
+    assert res['method'] == 'shared'                                # its alternating sliding-window layers batch as well
+    with pytest.raises(ConfigError, match='does more after its unembedding'): diagnose_hf_model(m, x, y, ['logit_lens'])
