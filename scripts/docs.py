@@ -74,12 +74,16 @@ REPORT_PARAMETERS = {'20_depthbench_report': dict(study='demo'),
 
 # show_doc evaluates string annotations (`from __future__ import annotations`) in the defining namespace; one that names
 # a module imported only inside functions (torch in runs.py, say) raises NameError there: show it as written instead
+# (names kept in a closure: the notebook's own globals may rebind any name)
 SIGNATURE_FALLBACK = '''
-import inspect as _inspect, fastcore.docments as _docments
-def _signature(obj, *args, eval_str=False, **kwargs):
-    try: return _inspect.signature(obj, *args, eval_str=eval_str, **kwargs)
-    except NameError: return _inspect.signature(obj, *args, **kwargs)
-_docments.signature = _signature
+def _docs_signature_fallback():
+    import inspect, fastcore.docments
+    def signature(obj, *args, eval_str=False, **kwargs):
+        try: return inspect.signature(obj, *args, eval_str=eval_str, **kwargs)
+        except NameError: return inspect.signature(obj, *args, **kwargs)
+    fastcore.docments.signature = signature
+_docs_signature_fallback()
+del _docs_signature_fallback
 '''
 
 
@@ -485,14 +489,16 @@ class Site:
         return ''.join(items)
 
     def resolve_member_links(self) -> None:
-        "A link to a method or attribute (config.html#runconfig.run_id) without an entry of its own goes to its class's."
+        """nbdev links every name of its index: a method or attribute without an entry of its own
+        (config.html#runconfig.run_id) is linked to its class's entry, a private helper (no entry) is not linked."""
         ids = {p.name: set(re.findall(r' id="([^"]+)"', p.body)) for p in self.pages}
 
         def fix(m):
-            page, anchor = m.group(1), m.group(2)
+            page, anchor, rest, text = m.groups()
             while page in ids and anchor not in ids[page] and '.' in anchor: anchor = anchor.rsplit('.', 1)[0]
-            return f'href="{page}#{anchor}"'
-        for p in self.pages: p.body = re.sub(r'href="([\w.-]+\.html)#([^"]+)"', fix, p.body)
+            if page in ids and anchor not in ids[page] and anchor.rsplit('.', 1)[-1].startswith('_'): return text
+            return f'<a href="{page}#{anchor}"{rest}>{text}</a>'
+        for p in self.pages: p.body = re.sub(r'<a href="([\w.-]+\.html)#([^"]+)"([^>]*)>(.*?)</a>', fix, p.body, flags=re.S)
 
     def write(self) -> None:
         if self.out.exists(): shutil.rmtree(self.out)
@@ -585,6 +591,29 @@ def inputs_digest() -> str:
     return h.hexdigest()
 
 
+EXAMPLE_FILES = ('params.json', 'result.json', 'metrics.jsonl', 'layer_stats.jsonl', 'diagnostics/diagnostics.json',
+                 'diagnostics/summary.json', 'diagnostics/per_layer.csv')
+
+
+def record_example(study_dir: Path) -> None:
+    "Replace docs/example_study/ by the records of a finished demo study (what the reports read; no checkpoints)."
+    study_dir = Path(study_dir)
+    runs = sorted(d for d in study_dir.iterdir() if (d / 'result.json').is_file())
+    if not runs: raise SystemExit(f'[docs] no run records in {study_dir}')
+    bad = [d.name for d in runs if json.loads((d / 'result.json').read_text()).get('status') != 'completed']
+    if bad: raise SystemExit(f'[docs] runs not completed in {study_dir}: {bad}')
+    readme = (EXAMPLE_STUDY / 'README.md').read_text() if (EXAMPLE_STUDY / 'README.md').exists() else None
+    if EXAMPLE_STUDY.exists(): shutil.rmtree(EXAMPLE_STUDY)
+    for d in runs:
+        for name in EXAMPLE_FILES:
+            if (d / name).is_file():
+                (EXAMPLE_STUDY / study_dir.name / d.name / name).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(d / name, EXAMPLE_STUDY / study_dir.name / d.name / name)
+    if readme: (EXAMPLE_STUDY / 'README.md').write_text(readme)
+    size = sum(f.stat().st_size for f in EXAMPLE_STUDY.rglob('*') if f.is_file())
+    print(f'[docs] {len(runs)} run records of {study_dir} -> {EXAMPLE_STUDY.relative_to(ROOT)} ({size / 1e6:.1f} MB)')
+
+
 def prepare_example_runs() -> Path:
     "A fresh copy of the shipped example study's run records, for the report pages to read and write beside."
     runs = BUILD / 'runs'
@@ -616,11 +645,16 @@ def main(argv=None) -> int:
     ap.add_argument('--workers', type=int, default=min(2, os.cpu_count() or 1), help='notebooks processed at once')
     ap.add_argument('--budget', type=float, default=240.0, help='seconds a notebook may take to run (the build fails past it)')
     ap.add_argument('--only', default='', help='a regular expression: process only the notebooks it matches (the site then has only those)')
+    ap.add_argument('--record-example', metavar='STUDY_DIR', help='replace docs/example_study/ by the records of a finished '
+                    'demo study (e.g. papermill_runs/demo after `depthbench-nb demo`), then exit')
     ap.add_argument('--one', help=argparse.SUPPRESS)                       # internal: process one notebook, then exit
     ap.add_argument('--proc', help=argparse.SUPPRESS)
     ap.add_argument('--runs', help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     os.chdir(ROOT)
+    if args.record_example:
+        record_example(Path(args.record_example))
+        return 0
     if args.one:
         r = process_notebook(Path(args.one), Path(args.proc), Path(args.runs), args.budget)
         (Path(args.proc) / f'.{Path(args.one).stem}.result.json').write_text(json.dumps(r))
