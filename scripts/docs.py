@@ -67,9 +67,9 @@ def page_name(nb_path: Path) -> str:
 # nbdev's processing, every cell run
 # ----------------------------------------------------------------------------------------------------------------------
 REPORT_PARAMETERS = {'20_depthbench_report': dict(study='demo'),
-                     # the paper's fitting effort (500 starts per fit) with a smaller bootstrap for the CI: the report
-                     # states the effort it used
-                     '21_looped_report': dict(study='demo', n_bootstrap=50, workers=2)}
+                     # a lighter fitting effort than the paper's (500 starts, 200 x 501-start resamples) to keep the
+                     # build short: the page states the effort it used
+                     '21_looped_report': dict(study='demo', restarts=100, n_bootstrap=20, bootstrap_restarts=100, workers=2)}
 
 
 # show_doc evaluates string annotations (`from __future__ import annotations`) in the defining namespace; one that names
@@ -140,11 +140,12 @@ def _procs(nb_path: Path, kind: str, skip_flags: set, budget: float):
 def _inject_parameters(nb, parameters: dict) -> None:
     "Add the page's parameters after the `parameters` cell, as papermill does (a visible cell saying what the page shows)."
     from execnb.nbio import mk_cell
+    from fastcore.basics import AttrDict
     idx = next(i for i, c in enumerate(nb.cells) if 'parameters' in c.metadata.get('tags', []))
     lines = ["# Parameters of this page: the CPU demo's run records shipped with the documentation (docs/example_study/)"]
     lines += [f'{k} = {v!r}' for k, v in parameters.items()]
     cell = mk_cell('\n'.join(lines))
-    cell.metadata['tags'] = ['injected-parameters']
+    cell.metadata = AttrDict(tags=['injected-parameters'])
     nb.cells.insert(idx + 1, cell)
 
 
@@ -339,6 +340,11 @@ class Renderer:
 def _text(v) -> str: return ''.join(v) if isinstance(v, list) else str(v)
 
 
+def inline(text: str) -> str:
+    "A title or description as HTML: escaped, `code` spans kept."
+    return re.sub(r'`([^`]+)`', r'<code>\1</code>', html.escape(text))
+
+
 def _stream_text(text: str) -> str:
     "A stream as a terminal shows it: ANSI codes dropped, a line rewritten by carriage returns shown as it ended."
     lines = [line.rsplit('\r', 1)[-1] if '\r' in line.rstrip('\r') else line.rstrip('\r') for line in _re_ansi.sub('', text).split('\n')]
@@ -483,7 +489,7 @@ class Site:
             pages = [p for p in self.pages if p.kind in kinds]
             if not pages: continue
             links = ''.join(f'<li><a href="{p.name}"{" class=active aria-current=page" if p is current else ""}>'
-                            f'<span class="nb">{html.escape(Path(p.source).stem)}</span> {html.escape(p.title)}</a></li>' for p in pages)
+                            f'<span class="nb">{html.escape(Path(p.source).stem)}</span> {inline(p.title)}</a></li>' for p in pages)
             head = f'<div class="sidebar-section">{title}</div>' if title else ''
             items.append(f'{head}<ul>{links}</ul>')
         return ''.join(items)
@@ -513,12 +519,13 @@ class Site:
         for page in self.pages:
             toc = ''.join(f'<li class="toc-h{lvl}"><a href="#{hid}">{html.escape(text)}</a></li>'
                           for lvl, hid, text in page.headings if lvl in (2, 3))
-            desc = f'<p class="description">{html.escape(page.description)}</p>' if page.description else ''
+            desc = f'<p class="description">{inline(page.description)}</p>' if page.description else ''
             source = f'nbs/{page.source}'
             doc = (template.replace('{{site_title}}', html.escape(self.cfg.title))
-                   .replace('{{title}}', html.escape(page.title))
+                   .replace('{{title_html}}', inline(page.title))
+                   .replace('{{title}}', html.escape(page.title.replace('`', '')))
                    .replace('{{description}}', desc)
-                   .replace('{{meta_description}}', html.escape(page.description))
+                   .replace('{{meta_description}}', html.escape(page.description.replace('`', '')))
                    .replace('{{sidebar}}', self.sidebar(page))
                    .replace('{{toc}}', f'<nav class="toc"><h2 class="toc-title">On this page</h2><ul>{toc}</ul></nav>' if toc else '')
                    .replace('{{source}}', html.escape(source))
