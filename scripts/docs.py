@@ -650,7 +650,7 @@ def run_one(nb_path: Path, proc: Path, runs: Path, budget: float) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     ap.add_argument('--workers', type=int, default=min(2, os.cpu_count() or 1), help='notebooks processed at once')
-    ap.add_argument('--budget', type=float, default=240.0, help='seconds a notebook may take to run (the build fails past it)')
+    ap.add_argument('--budget', type=float, default=300.0, help='seconds a notebook may take to run (the build fails past it)')
     ap.add_argument('--only', default='', help='a regular expression: process only the notebooks it matches (the site then has only those)')
     ap.add_argument('--record-example', metavar='STUDY_DIR', help='replace docs/example_study/ by the records of a finished '
                     'demo study (e.g. papermill_runs/demo after `depthbench-nb demo`), then exit')
