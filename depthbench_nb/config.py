@@ -499,7 +499,9 @@ class RunConfig(Config):
         return f"{m.arch}-{tag}L{m.n_layer}-d{m.d_model}-lr{t.lr:g}-s{t.seed}-{self.content_hash}"
 
 # %% ../nbs/00_config.ipynb #7ffefcf1
-def package_dir() -> Path: return Path(__file__).resolve().parent
+def package_dir() -> Path:
+    "The folder of the installed package."
+    return Path(__file__).resolve().parent
 
 
 def repo_root() -> Optional[Path]:
@@ -551,10 +553,13 @@ def atomic_write_bytes(path, data: bytes) -> Path:
     return path
 
 
-def atomic_write_text(path, text: str) -> Path: return atomic_write_bytes(path, text.encode('utf-8'))
+def atomic_write_text(path, text: str) -> Path:
+    "Write text (UTF-8) to `path` atomically."
+    return atomic_write_bytes(path, text.encode('utf-8'))
 
 
 def atomic_write_json(path, obj, indent: int = 2) -> Path:
+    "Write `obj` as JSON (sorted keys, a final newline) to `path` atomically."
     return atomic_write_text(path, json.dumps(obj, indent=indent, sort_keys=True, default=str) + '\n')
 
 # %% ../nbs/00_config.ipynb #58eca238
@@ -588,6 +593,7 @@ def holder_alive(holder: dict) -> Optional[bool]:
 
 
 def describe_holder(holder: Optional[dict]) -> str:
+    "A lock's holder in words: pid, host, since when, and its command."
     if not holder: return 'a process that has not written its name yet'
     cmd = ' '.join(holder.get('command') or [])[:160]
     return f"pid {holder.get('pid')} on {holder.get('host')} since {holder.get('since')}" + (f" ({cmd})" if cmd else '')

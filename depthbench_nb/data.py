@@ -276,6 +276,11 @@ def _file_documents(f: Path) -> Iterator[str]:
             yield from (t for t in batch.column(0).to_pylist() if t)
 
 
+def _path_documents(p: Path) -> Iterator[str]:
+    "Every document of a local file or folder, file after file (both splits)."
+    for f in _path_files(p): yield from _file_documents(f)
+
+
 def _require_hub(what: str, offline_alternative: str) -> None:
     if hub_offline():
         raise ConfigError(f"{what} needs the Hugging Face hub, but HF_HUB_OFFLINE is set; offline, use {offline_alternative}")

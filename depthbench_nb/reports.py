@@ -203,10 +203,12 @@ def study_table(study: str) -> pd.DataFrame:
 
 
 def completed(df: pd.DataFrame) -> pd.DataFrame:
+    "The completed runs of a runs table (an empty table when there are none)."
     return df[df['status'] == 'completed'] if len(df) and 'status' in df else df.iloc[0:0]
 
 
 def run_folder(row) -> Path:
+    "The run folder of a row of a runs table."
     return runs_root() / str(row['study']) / str(row['run_id'])
 
 

@@ -124,6 +124,7 @@ CHECKSUMS_FILE = 'SHA256SUMS'
 
 
 def file_sha256(path, chunk: int = 1 << 22) -> str:
+    "The SHA-256 of a file, read in chunks."
     h = hashlib.sha256()
     with open(path, 'rb') as f:
         while block := f.read(chunk): h.update(block)
@@ -280,6 +281,7 @@ RESULT_KEYS = ('status', 'run_id', 'study', 'arch', 'n_layer', 'd_model', 'prese
 
 
 def format_diff(diff: list) -> str:
+    "Config differences (from `config_diff`) on one line."
     return '; '.join(f"{k}: {a!r} -> {b!r}" for k, a, b in diff)
 
 
@@ -370,7 +372,9 @@ CHECKPOINT_FORMAT_VERSION = 2      # 2: SHA256SUMS, RNG states as tensors and nu
 _STEP_DIR = re.compile(r'step_(\d+)$')
 
 
-def checkpoints_dir(folder: Path) -> Path: return Path(folder) / RECORD_FILES['checkpoints']
+def checkpoints_dir(folder: Path) -> Path:
+    "The checkpoints folder of a run folder."
+    return Path(folder) / RECORD_FILES['checkpoints']
 
 
 def list_checkpoints(folder: Path) -> list[tuple[int, Path]]:

@@ -125,6 +125,7 @@ def design_grids() -> dict[str, Callable]:
 
 
 def get_grid(name: str) -> GridSpec:
+    "A paper grid by name; a design's own preset or an unknown name is an error naming the valid ones."
     if name in design_grids():
         raise ConfigError(f"the {name} grid has no d_model rule: its models take the design's own shape parameters "
                           f"(`depthbench-nb shapes --grid {name}` lists its runs); preset {name!r} trains arch {name!r} only")
@@ -206,6 +207,7 @@ PRESETS: dict[str, Preset] = {p.name: p for p in [
 
 
 def cuda_available() -> bool:
+    "Whether torch sees a CUDA GPU (False when torch cannot be imported)."
     try:
         import torch
         return torch.cuda.is_available()
