@@ -31,7 +31,7 @@ __all__ = ['HUBER_DELTA', 'PARAM_NAMES', 'LOWER', 'UPPER', 'LAWS', 'PROVENANCES'
            'LoopedAccounting', 'paper_accounting', 'paper_grid_frame', 'synthetic_looped_frame', 'table_blocks',
            'law_bootstrap', 'block_bootstrap', 'attach_bootstrap', 'effort_label', 'empirical_optima', 'law_optimum',
            'flops_power_law', 'power_law_frontier_exponents', 'law_from_params', 'frontier_exponent_definitions',
-           'worked_example', 'read_runs_csv', 'fit_command', 'cli_fit']
+           'width_for_params', 'worked_example', 'read_runs_csv', 'fit_command', 'cli_fit']
 
 # %% ../nbs/09_scaling.ipynb #34c6ab26
 HUBER_DELTA = 1e-3
@@ -1054,7 +1054,7 @@ def frontier_exponent_definitions(per_r: dict, optima: pd.DataFrame | None = Non
             *_exact_frontier_slopes(fit, r, np.geomspace(1e17, 1e24, 15), paper_accounting))
         if optima is not None and (optima.r == r).any():
             g = optima[optima.r == r].sort_values('C')
-            d = [_width_of(n, r) for n in g.N_star]
+            d = [width_for_params(n, r) for n in g.N_star]
             D = [C / paper_accounting(w, r).flops_per_token for C, w in zip(g.C, d)]
             x = np.log(g.C.to_numpy(float))
             add('empirical optima (per-cell parabola N*), slope over the budgets', r,
@@ -1065,7 +1065,7 @@ def frontier_exponent_definitions(per_r: dict, optima: pd.DataFrame | None = Non
     return pd.DataFrame(rows)
 
 
-def _width_of(n_unique: float, r: int) -> float:
+def width_for_params(n_unique: float, r: int) -> float:
     "The width d whose unique non-embedding parameters (§3.2) are `n_unique` at recurrence r."
     from scipy.optimize import brentq
     return float(brentq(lambda d: paper_accounting(d, r).n_unique - n_unique, 1.0, 1e6, xtol=1e-9))
