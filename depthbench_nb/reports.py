@@ -491,7 +491,8 @@ def depthbench_paper_plan(record) -> Optional[PaperPlan]:
     scale, what, preset, s = next((c for c in cells if c[2] == record.get('preset')), cells[0])
     p, steps = PRESETS[preset], OFFICIAL_STEPS[preset]
     return PaperPlan(f'{what}, L{s.n_layer}: d_model {s.d_model}, {steps:,} steps x {p.global_batch} x {p.seq_len} tokens',
-                     dict(n_layer=s.n_layer, d_model=s.d_model, n_kv_head=s.n_kv_head, vocab_size=s.vocab_size),
+                     dict(n_layer=s.n_layer, d_model=s.d_model, vocab_size=s.vocab_size,
+                          **({'n_kv_head': s.n_kv_head} if s.n_kv_head != s.n_head else {})),   # the 1.6B grid's GQA
                      tokens=float(steps * p.global_batch * p.seq_len), steps=steps, group=scale)
 
 
