@@ -403,7 +403,7 @@ DEPTHBENCH_ARTIFACTS = (
     'depthbench_loss_across_scales', 'depthbench_lr_sensitivity', 'depthbench_angular', 'depthbench_causal',
     'depthbench_permutation', 'depthbench_threshold_fractions', 'depthbench_mixing_erank', 'depthbench_mixing',
     'depthbench_residual_path', 'depthbench_pruning_logit_lens', 'depthbench_dead_zone', 'depthbench_domain_nll',
-    'depthbench_table3_shapes', 'depthbench_architectures', 'depthbench_costs_400m', 'depthbench_gpu_hours',
+    'depthbench_table3_shapes', 'depthbench_architectures', 'depthbench_costs_400m', 'depthbench_gpu_hours', 'depthbench_gpu_hours_ranking',
     'depthbench_costs_figure', 'depthbench_costs_measured', 'depthbench_paper_index', 'depthbench_verdicts')
 PAPER_SOURCE = "DepthBench (arXiv 2609.32534), as on the authors' project page keyu-wang-2002/DepthBench-Website"
 SCALE_PRESETS = ('ladder-200m', 'ladder-300m', '400m', '400m-main', 'ladder-500m', '1.6b')   # the paper's scales, smallest first
@@ -962,7 +962,7 @@ ESTIMATE_LABEL = ('An estimate from the FLOP count under a stated assumption (H1
 
 
 GPU_HOURS_LABEL = ("GPU-hours: measured (wall time x processes) where a run at the paper's shape has it, else an estimate from the FLOP "
-                   "count (H100 bf16 dense peak at 40% MFU); measured on this study's hardware, the paper's on A100: not comparable.")
+                   "count (H100 bf16 dense peak at 40% MFU); measured on this study's hardware, the paper's on A100: NOT comparable.")
 PAPER_GPU_HOURS_RANKING = {'hc': 'the most GPU-hours (measured on A100)'}   # the project page's caption of Figure 11
 
 

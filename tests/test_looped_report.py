@@ -132,7 +132,8 @@ def test_looped_main_report(paper_studies, tmp_path):
     index = pd.read_csv(tmp_path / 'looped_paper_index.csv').set_index('paper')
     assert {'Table 1', 'Table 2', 'Table 3', 'Table 5', 'Table 7', 'Tables 8-9', 'Table 10', 'Fig. 3', 'Fig. 8', 'Fig. 9', 'Fig. 10',
             'worked example', 'downstream results'} <= set(index.index)
-    assert set(index.status) <= set(reports.PAPER_STATUSES) and index.detail.fillna('').ne('').sum() >= len(index) - 3
+    assert set(index.status) <= set(reports.PAPER_STATUSES)
+    assert index[index.status != 'rebuilt'].detail.fillna('').ne('').all()     # every other status says why
     assert index.loc['Table 1', 'status'] == 'rebuilt' and index.loc['Table 7', 'status'] == 'rebuilt'
     assert index.loc['Table 2', 'status'] == 'partial' and 'the phi CI (n_bootstrap = 0' in index.loc['Table 2', 'detail']
     assert index.loc['Table 3', 'status'] == 'rebuilt' and index.loc['Fig. 3', 'status'] == 'rebuilt with a stated difference'
@@ -217,8 +218,8 @@ def test_phi_refitted_on_the_papers_optima(tmp_path):
     assert np.allclose(frame.D, [C / paper_accounting(d, r).flops_per_token for C, d, r in zip(frame.C, frame.d, frame.r)])
     cols = ['n_once', 'n_rec', 'r', 'D', 'loss', 'provenance']
     ours = scaling.fit_frame(frame[cols], 'looped', restarts=50)
-    ref = scaling.fit_frame(frame[cols], 'looped', restarts=20, method='scipy')     # the paper's L-BFGS-B loop, tight tolerances
-    assert 0.41 <= ours.phi <= 0.53 and ours.phi == pytest.approx(ref.phi, abs=1e-3)
+    ref = scaling.fit_frame(frame[cols], 'looped', restarts=100, method='scipy')    # the paper's L-BFGS-B loop, tight tolerances
+    assert 0.41 <= ours.phi <= 0.53 and ours.phi == pytest.approx(ref.phi, abs=1e-4) and ours.huber <= ref.huber * (1 + 1e-6)
     reports.build_looped_report('no-runs', df=pd.DataFrame(), out_dir=tmp_path, restarts=50, n_bootstrap=0)
     t = pd.read_csv(tmp_path / 'looped_phi_on_paper_optima.csv').iloc[0]
     assert t.phi == pytest.approx(ours.phi, abs=1e-4) and t.n_points == 24 and t.paper_phi == 0.459 and t.paper_phi_ci == '[0.41, 0.53]'
