@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Optional
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
@@ -435,8 +434,8 @@ def group_scores(tasks: dict, wanted: list[DownstreamTask], missing: dict) -> di
     for group in dict.fromkeys(t.group for t in wanted):
         labels = [t.label for t in wanted if t.group == group]
         have = [tasks[l] for l in labels if l in tasks]
-        out[group] = dict(loss=float(np.mean([t['loss'] for t in have])) if have else float('nan'),
-                          accuracy=float(np.mean([t['accuracy'] for t in have])) if have else float('nan'),
+        mean = lambda key: sum(t[key] for t in have) / len(have) if have else float('nan')
+        out[group] = dict(loss=mean('loss'), accuracy=mean('accuracy'),
                           n_tasks=len(have), tasks=[l for l in labels if l in tasks], missing=[l for l in labels if l in missing])
     return out
 
