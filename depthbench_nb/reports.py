@@ -641,6 +641,8 @@ def depthbench_scales_section(rep: Report, best: pd.DataFrame, notes: Optional[d
                          f"{', '.join(scales) or 'none of them (their shapes are not on a paper grid)'}")
         return
     data = data[data.paper_group.isin(scales)].rename(columns={'final_val_loss': 'loss'})
+    # one point per design x shape of a scale: the presets of one scale (400m, 400m-main) share its shapes
+    data = data.sort_values('loss').drop_duplicates(['arch', 'paper_group', 'n_layer', 'd_model']).sort_index()
     lacking = [f"{s} ({', '.join(a for a in FIGURE3_DESIGNS if a not in set(data.arch[data.paper_group == s]))})" if s in scales else f'{s} (no runs)'
                for s in FIGURE3_SCALES if s not in scales or not set(FIGURE3_DESIGNS) <= set(data.arch[data.paper_group == s])]
     if lacking: rep.gap('Figure 3', "scales without Pre-LN, Full AttnRes or HC runs: " + '; '.join(lacking))
