@@ -76,12 +76,16 @@ def build_report(tmp_path_factory):
             diagnosed_record(arch, 8.0, **opts)
         out = tmp_path_factory.mktemp('depthbench-report')
         rep = reports.build_depthbench_report(STUDY, out_dir=out, related=[OTHER])
-        # the same records in parts: only the 400M runs (400m and 400m-main: one scale), only HC diagnosed
+        # the sections of Figures 3, 6 and 10 on parts of the same records: only the 400M runs (400m and 400m-main are one
+        # scale), only HC diagnosed; each part's index rows as the report computes them
         whole = reports.normalize_runs(reports.study_table(STUDY))
         parts = {}
-        for name, keep in (('400m', whole.preset.isin(['400m', '400m-main'])), ('hc-only', whole.arch.isin(['hc']))):
-            parts[name] = tmp_path_factory.mktemp(f'depthbench-report-{name}')
-            reports.build_depthbench_report(STUDY, df=whole[keep], out_dir=parts[name])
+        for name, keep, sections in (('400m', whole.preset.isin(['400m', '400m-main']), [reports.depthbench_scales_section]),
+                                     ('hc-only', whole.arch.isin(['hc']) & (whole.preset == 'tiny'), [reports.depthbench_diagnostics_section])):
+            part = reports.Report(STUDY, 'depthbench', rep.scale, tmp_path_factory.mktemp(f'depthbench-report-{name}'))
+            notes, best = {}, reports.with_comparability(reports.best_lr_rows(whole[keep], keys=('arch', 'preset', 'n_layer', 'd_model')))
+            for section in sections: section(part, best, notes)
+            parts[name] = reports.depthbench_paper_index(part, notes).set_index('paper')
     return rep, out, parts
 
 
@@ -174,11 +178,11 @@ def check_every_paper_figure(rep, out, parts):
     assert index.loc['Figure 4', 'status'] == 'partial' and 'sets not evaluated' in detail('Figure 4')
     assert index.loc['Figure 10', 'status'] == 'rebuilt with a stated difference'             # HC and mHC both diagnosed
     assert index.loc['threshold table', 'status'] == 'rebuilt with a stated difference'       # Pre-LN, HC, Full AttnRes
-    only_hc = pd.read_csv(parts['hc-only'] / 'depthbench_paper_index.csv').set_index('paper')
+    only_hc = parts['hc-only']
     assert only_hc.loc['Figure 10', 'status'] == 'partial' and 'designs not diagnosed: mhc' in only_hc.loc['Figure 10', 'detail']
     assert only_hc.loc['Figure 6', 'status'] == 'partial' and 'preln, attnres' in only_hc.loc['Figure 6', 'detail']
     # the presets 400m and 400m-main are one scale (400M): no Figure 3 from them alone
-    at_400m = pd.read_csv(parts['400m'] / 'depthbench_paper_index.csv').set_index('paper')
+    at_400m = parts['400m']
     assert at_400m.loc['Figure 3', 'status'] == 'missing' and "this report's runs are at: 400M" in at_400m.loc['Figure 3', 'detail']
 
 

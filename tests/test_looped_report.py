@@ -263,8 +263,11 @@ def test_table10_and_the_downstream_results(tmp_path, monkeypatch):
     grid = {(row['r'], row['s'], row['C']): grid_run('looped-main', row) for row in looped_grid_rows('baseline')
             if row['s'] in (10, 12, 34) and row['r'] in (1, 4)}
     for (r, s, C), run in grid.items(): record(run, 2.3 + 0.01 * r + (0.02 if s == 12 else 0.0) + (0.5 if C < 2e19 else 0.0))
-    rep = reports.build_looped_report('looped-main', out_dir=tmp_path / 'before', restarts=2, n_bootstrap=0)
-    assert 'looped_table10_extrapolation' not in rep.built()                  # the grid's s = 34 runs are not Table 10's
+    lf = reports.looped_frame(reports.study_table('looped-main'))
+    before = reports.Report('looped-main', 'looped', reports.Scale((), True, 'runs'), tmp_path / 'before')
+    reports.looped_extrapolation_section(before, lf, reports.reference_table('looped'), {})
+    assert set(lf[lf.s == 34].paper_item) == {'grid'} and not before.built()   # the grid's s = 34 runs are not Table 10's
+    assert 'sweep run looped-extrapolation' in dict(before.missing)['extrapolation comparison (Table 10)']
     for r, loss in ((1, 2.05), (4, 2.11)): record(flagship('looped-extrapolation', r), loss)
     paper_like = dict(parametric_knowledge=2.6, reading_comprehension=1.0, math=1.5, reasoning_primitives=0.9, compositional_symbolic=1.5)
     downstream_record(flagship('looped-extrapolation', 1), paper_like)
