@@ -37,6 +37,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     'import-checkpoint': ('depthbench_nb.interop:cli_import_checkpoint', 'import an OLMo-core / DepthBench checkpoint as a run'),
     'export-hf':         ('depthbench_nb.hf_export:cli_export_hf', 'export a run as a Hugging Face folder (weights, tokenizer, model card)'),
     'domain-nll':        ('depthbench_nb.lmeval:cli_domain_nll', 'domain NLL of a run through our scorer and through lm-eval'),
+    'downstream':        ('depthbench_nb.lmeval:cli_downstream', "the looped paper's downstream continuation losses of a run (lm-eval)"),
 }
 
 
