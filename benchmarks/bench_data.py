@@ -10,6 +10,10 @@ in the same run. Each measurement is a fresh process; orders alternate; best of 
    (read the files, tokenize, EOS, cast, write, sha256, document indexes, pack, manifest). The same per CPU second
    (this process and its workers): on a machine other work loads, wall clocks measure that load, CPU time the work;
    `speedup_of_2_workers_on_2_free_cores` = 2 x CPU time of one worker / CPU time of two.
+   The machine's own ceiling, in the same run: two raw `encode_batch` processes side by side, each on half of the
+   files (`raw_encode_batch_2_processes`). Two processes on two virtual CPUs rarely get 2x (the CPUs may share a
+   physical core, cache and memory bandwidth, or be busy with other work): `ratio_raw_2_processes_over_1` is what the
+   machine gives any two-process program, and `ratio_2_workers_over_raw_2_processes` how close `prepare` comes to it.
 2. Memory per worker: peak resident set (RSS, which counts pages shared with the parent after fork) and peak
    private memory (USS: Private_Clean + Private_Dirty of /proc/PID/smaps_rollup, what each added worker costs),
    sampled every 50 ms, for the corpus at 1x and 4x its size: flat memory shows as a 4x/1x ratio close to 1.
@@ -37,28 +41,31 @@ from pathlib import Path
 from depthbench_nb import data as D
 from depthbench_nb.config import DataConfig
 mode, corpus, tokenizer, out = sys.argv[1:5]
+part, parts = map(int, (sys.argv[5] if len(sys.argv) > 5 else '0/1').split('/'))
 if mode == 'raw':                      # the same documents, in the batches prepare uses, encoded by tokenizers alone
     from tokenizers import Tokenizer
     tok = Tokenizer.from_file(tokenizer)
     src = D.resolve_source(corpus)
     batches = []
-    for shard in src.shards():
+    for shard in src.shards()[part::parts]:     # one of `parts` processes side by side: its share of the files
         docs = list(src.shard_documents(shard))
         batches += [docs[i:i + D.BATCH_DOCS] for i in range(0, len(docs), D.BATCH_DOCS)]
     res = {}
     cpu = lambda: sum(resource.getrusage(resource.RUSAGE_SELF)[:2])
-    for name in ('encode_batch', 'encode_batch_fast'):
+    for name in ('encode_batch', 'encode_batch_fast') if parts == 1 else ('encode_batch',):
         encode = getattr(tok, name)
-        t0, c0, n = time.perf_counter(), cpu(), 0
+        t0, c0, n, start = time.perf_counter(), cpu(), 0, time.time()
         for b in batches: n += sum(len(e.ids) for e in encode(b, add_special_tokens=False))
-        res[name] = dict(seconds=time.perf_counter() - t0, cpu_seconds=cpu() - c0, tokens=n)
+        res[name] = dict(seconds=time.perf_counter() - t0, cpu_seconds=cpu() - c0, tokens=n, start=start,
+                         end=time.time())
     print(json.dumps(res))
 else:
     workers = int(mode)
-    cpu = lambda: sum(resource.getrusage(resource.RUSAGE_SELF)[:2]) + sum(resource.getrusage(resource.RUSAGE_CHILDREN)[:2])
+    usage = lambda who: sum(resource.getrusage(who)[:2])
+    cpu = lambda: usage(resource.RUSAGE_SELF) + usage(resource.RUSAGE_CHILDREN)
     t0, c0 = time.perf_counter(), cpu()
     r = D.prepare_folder(DataConfig(source=corpus, tokenizer=tokenizer, path=out), progress=False, workers=workers)
-    dt, dc = time.perf_counter() - t0, cpu() - c0          # CPU: this process and its workers (reaped when the pool closed)
+    dt, dc = time.perf_counter() - t0, cpu() - c0   # CPU: this process and its workers (reaped when the pool closed)
     man = json.loads((Path(out) / 'manifest.json').read_text())
     tokens = man['splits']['train']['tokens'] + man['splits']['val']['tokens']
     print(json.dumps(dict(seconds=dt, cpu_seconds=dc, tokens=tokens, shards=r.source_shards)))
@@ -90,9 +97,23 @@ def _memory_mb(pid: int) -> tuple[float, float]:
     return kb.get('Rss', 0) / 1024, (kb.get('Private_Clean', 0) + kb.get('Private_Dirty', 0)) / 1024
 
 
+def run_pair(corpus: Path, tokenizer: str, tmp: Path) -> dict:
+    "Two raw encode_batch processes side by side, each on half of the files: from the first start to the last end."
+    ps = [subprocess.Popen([sys.executable, '-c', CHILD, 'raw', str(corpus), tokenizer, str(tmp / 'unused'), f'{i}/2'],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
+    res = []
+    for p in ps:
+        out, err = p.communicate()
+        if p.returncode: raise RuntimeError(f"raw pair child failed: {err[-2000:]}")
+        res.append(json.loads(out.strip().splitlines()[-1])['encode_batch'])
+    return dict(seconds=max(r['end'] for r in res) - min(r['start'] for r in res),
+                cpu_seconds=sum(r['cpu_seconds'] for r in res), tokens=sum(r['tokens'] for r in res))
+
+
 def run_child(args: list[str], watch: bool = False) -> tuple[dict, dict]:
     "Run CHILD with `args`; with `watch`, the peak RSS and USS of the coordinator and of each worker process."
-    p = subprocess.Popen([sys.executable, '-c', CHILD, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen([sys.executable, '-c', CHILD, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)
     peaks: dict = {}
     def sample():
         while p.poll() is None:
@@ -108,7 +129,8 @@ def run_child(args: list[str], watch: bool = False) -> tuple[dict, dict]:
     if watch: t.join()
     coord = peaks.pop(p.pid, (0.0, 0.0))
     mem = dict(coordinator_rss_mb=round(coord[0], 1), coordinator_uss_mb=round(coord[1], 1),
-               worker_rss_mb=[round(v[0], 1) for v in peaks.values()], worker_uss_mb=[round(v[1], 1) for v in peaks.values()])
+               worker_rss_mb=[round(v[0], 1) for v in peaks.values()],
+               worker_uss_mb=[round(v[1], 1) for v in peaks.values()])
     return json.loads(out.strip().splitlines()[-1]), mem
 
 
@@ -119,8 +141,11 @@ def throughput(corpus: Path, tokenizer: str, tmp: Path, repeats: int) -> dict:
             old = best.setdefault(name, dict(tokens=r['tokens']))
             old[key] = min(old.get(key, float('inf')), r[key])
     for i in range(repeats):
-        order = ('raw', '1', '2') if i % 2 == 0 else ('2', '1', 'raw')      # alternate: no side always runs warm
+        order = ('raw', '1', '2', 'raw2') if i % 2 == 0 else ('raw2', '2', '1', 'raw')  # alternate: none always warm
         for mode in order:
+            if mode == 'raw2':
+                keep('raw_encode_batch_2_processes', run_pair(corpus, tokenizer, tmp))
+                continue
             out = tmp / f'out-{mode}'
             shutil.rmtree(out, ignore_errors=True)
             res, _ = run_child([mode, str(corpus), tokenizer, str(out)])
@@ -133,12 +158,18 @@ def throughput(corpus: Path, tokenizer: str, tmp: Path, repeats: int) -> dict:
     one, two = best['prepare_1_worker'], best['prepare_2_workers']
     return dict(tokens_per_s=wall, tokens_per_cpu_s=cpu, best=best,
                 ratio_2_workers_over_1=round(wall['prepare_2_workers'] / wall['prepare_1_worker'], 3),
+                # the machine's ceiling for any two processes, and how close prepare's two workers come to it
+                ratio_raw_2_processes_over_1=round(wall['raw_encode_batch_2_processes'] / wall['raw_encode_batch'], 3),
+                ratio_2_workers_over_raw_2_processes=round(
+                    wall['prepare_2_workers'] / wall['raw_encode_batch_2_processes'], 3),
                 ratio_1_worker_over_raw_encode_batch=round(wall['prepare_1_worker'] / wall['raw_encode_batch'], 3),
-                ratio_1_worker_over_raw_encode_batch_fast=round(wall['prepare_1_worker'] / wall['raw_encode_batch_fast'], 3),
+                ratio_1_worker_over_raw_encode_batch_fast=round(
+                    wall['prepare_1_worker'] / wall['raw_encode_batch_fast'], 3),
                 # on a loaded machine wall clocks measure the load: CPU time measures the work. Two workers on two free
                 # cores give 2 x (CPU of one worker / CPU of two) of one worker's rate
                 cpu_ratio_1_worker_over_raw_encode_batch=round(cpu['prepare_1_worker'] / cpu['raw_encode_batch'], 3),
-                cpu_ratio_1_worker_over_raw_encode_batch_fast=round(cpu['prepare_1_worker'] / cpu['raw_encode_batch_fast'], 3),
+                cpu_ratio_1_worker_over_raw_encode_batch_fast=round(
+                    cpu['prepare_1_worker'] / cpu['raw_encode_batch_fast'], 3),
                 speedup_of_2_workers_on_2_free_cores=round(2 * one['cpu_seconds'] / two['cpu_seconds'], 3))
 
 
@@ -153,7 +184,8 @@ def memory(tmp: Path, tokenizer: str, files: int, copies: int) -> dict:
     peak = lambda s, k: max(out[s][k]) if out[s][k] else 0.0
     out['worker_uss_ratio_4x_over_1x'] = round(peak('4x', 'worker_uss_mb') / max(peak('1x', 'worker_uss_mb'), 1e-9), 3)
     out['worker_rss_ratio_4x_over_1x'] = round(peak('4x', 'worker_rss_mb') / max(peak('1x', 'worker_rss_mb'), 1e-9), 3)
-    out['coordinator_rss_ratio_4x_over_1x'] = round(out['4x']['coordinator_rss_mb'] / max(out['1x']['coordinator_rss_mb'], 1e-9), 3)
+    coordinator = lambda s: out[s]['coordinator_rss_mb']
+    out['coordinator_rss_ratio_4x_over_1x'] = round(coordinator('4x') / max(coordinator('1x'), 1e-9), 3)
     return out
 
 
@@ -161,7 +193,8 @@ if __name__ == '__main__':
     p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     p.add_argument('--tokenizer', default='bpe:4096', help='bpe:4096 (default, trained once on the sample) or neox')
     p.add_argument('--files', type=int, default=8, help='files in the corpus: the units of work (default 8)')
-    p.add_argument('--copies', type=int, default=1, help='copies of the sample per file (default 1: about 1M tokens a file)')
+    p.add_argument('--copies', type=int, default=1,
+                   help='copies of the sample per file (default 1: about 1M tokens a file)')
     p.add_argument('--repeats', type=int, default=2)
     p.add_argument('--skip-memory', action='store_true')
     a = p.parse_args()
@@ -172,7 +205,8 @@ if __name__ == '__main__':
         tokenizer = str(tmp / 'tokenizer.json')
         tok.tokenizer.save(tokenizer)
         corpus = make_corpus(tmp / 'corpus', a.files, a.copies)
-        res = dict(machine=dict(cpus=os.cpu_count(), load_before=os.getloadavg()), corpus=dict(files=a.files, copies=a.copies),
+        res = dict(machine=dict(cpus=os.cpu_count(), load_before=os.getloadavg()),
+                   corpus=dict(files=a.files, copies=a.copies),
                    throughput=throughput(corpus, tokenizer, tmp, a.repeats))
         if not a.skip_memory: res['memory'] = memory(tmp, tokenizer, a.files, a.copies)
         res['machine']['load_after'] = os.getloadavg()
