@@ -14,6 +14,10 @@ in the same run. Each measurement is a fresh process; orders alternate; best of 
    files (`raw_encode_batch_2_processes`). Two processes on two virtual CPUs rarely get 2x (the CPUs may share a
    physical core, cache and memory bandwidth, or be busy with other work): `ratio_raw_2_processes_over_1` is what the
    machine gives any two-process program, and `ratio_2_workers_over_raw_2_processes` how close `prepare` comes to it.
+   What load does not change: the serial part of one worker's `prepare` (all but the tokenizing of source shards, which
+   the workers share: the plan, the tokenizer, packing, the manifest), `serial_fraction_1_worker` (median of the runs),
+   and the speedup Amdahl's law bounds two workers to on two free cores with it, `amdahl_bound_2_workers` (the files
+   are of equal size, so the shards split evenly).
 2. Memory per worker: peak resident set (RSS, which counts pages shared with the parent after fork) and peak
    private memory (USS: Private_Clean + Private_Dirty of /proc/PID/smaps_rollup, what each added worker costs),
    sampled every 50 ms, for the corpus at 1x and 4x its size: flat memory shows as a 4x/1x ratio close to 1.
@@ -68,7 +72,9 @@ else:
     dt, dc = time.perf_counter() - t0, cpu() - c0   # CPU: this process and its workers (reaped when the pool closed)
     man = json.loads((Path(out) / 'manifest.json').read_text())
     tokens = man['splits']['train']['tokens'] + man['splits']['val']['tokens']
-    print(json.dumps(dict(seconds=dt, cpu_seconds=dc, tokens=tokens, shards=r.source_shards)))
+    shard_seconds = sum(json.loads(p.read_text())['seconds'] for p in Path(out).glob('shards/*/shard.json'))
+    print(json.dumps(dict(seconds=dt, cpu_seconds=dc, tokens=tokens, shards=r.source_shards,
+                          shard_seconds=shard_seconds)))
 '''
 
 
@@ -136,6 +142,7 @@ def run_child(args: list[str], watch: bool = False) -> tuple[dict, dict]:
 
 def throughput(corpus: Path, tokenizer: str, tmp: Path, repeats: int) -> dict:
     best: dict = {}
+    serial: list[float] = []
     def keep(name, r):
         for key in ('seconds', 'cpu_seconds'):
             old = best.setdefault(name, dict(tokens=r['tokens']))
@@ -152,10 +159,12 @@ def throughput(corpus: Path, tokenizer: str, tmp: Path, repeats: int) -> dict:
             if mode == 'raw':
                 for name, r in res.items(): keep(f'raw_{name}', r)
             else: keep('prepare_1_worker' if mode == '1' else f'prepare_{mode}_workers', res)
+            if mode == '1': serial.append(1 - res['shard_seconds'] / res['seconds'])
             shutil.rmtree(out, ignore_errors=True)
     wall = {k: round(v['tokens'] / v['seconds']) for k, v in best.items()}
     cpu = {k: round(v['tokens'] / v['cpu_seconds']) for k, v in best.items()}
     one, two = best['prepare_1_worker'], best['prepare_2_workers']
+    f = sorted(serial)[len(serial) // 2]
     return dict(tokens_per_s=wall, tokens_per_cpu_s=cpu, best=best,
                 ratio_2_workers_over_1=round(wall['prepare_2_workers'] / wall['prepare_1_worker'], 3),
                 # the machine's ceiling for any two processes, and how close prepare's two workers come to it
@@ -170,7 +179,8 @@ def throughput(corpus: Path, tokenizer: str, tmp: Path, repeats: int) -> dict:
                 cpu_ratio_1_worker_over_raw_encode_batch=round(cpu['prepare_1_worker'] / cpu['raw_encode_batch'], 3),
                 cpu_ratio_1_worker_over_raw_encode_batch_fast=round(
                     cpu['prepare_1_worker'] / cpu['raw_encode_batch_fast'], 3),
-                speedup_of_2_workers_on_2_free_cores=round(2 * one['cpu_seconds'] / two['cpu_seconds'], 3))
+                speedup_of_2_workers_on_2_free_cores=round(2 * one['cpu_seconds'] / two['cpu_seconds'], 3),
+                serial_fraction_1_worker=round(f, 4), amdahl_bound_2_workers=round(1 / (f + (1 - f) / 2), 3))
 
 
 def memory(tmp: Path, tokenizer: str, files: int, copies: int) -> dict:
