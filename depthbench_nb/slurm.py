@@ -5,6 +5,7 @@
 # %% ../nbs/09i_slurm.ipynb #df3c58de
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -13,12 +14,14 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Annotated, Literal, Optional
 
-from .config import Config, ConfigError, RunConfig, _choice_error
-from .console import call_parsed, emit
+from .config import Config, ConfigError, DataConfig, RunConfig, _choice_error, atomic_write_text
+from .console import Arg, call_parsed, emit
+from .data import NAMED_SOURCES, TokenData, data_dir, data_inspect_command, prepare_folder
 
 # %% auto #0
 __all__ = ['SLURM_TOOLS', 'SINFO_FORMAT', 'DEFAULT_CPUS_PER_TASK', 'DEFAULT_TIME', 'SQUEUE_FORMAT', 'QUEUED_STATES',
@@ -26,7 +29,8 @@ __all__ = ['SLURM_TOOLS', 'SINFO_FORMAT', 'DEFAULT_CPUS_PER_TASK', 'DEFAULT_TIME
            'parse_gres_gpus', 'parse_sinfo', 'SlurmProbe', 'controller_status', 'probe_slurm', 'SlurmRequest',
            'fit_request', 'sbatch_options', 'array_script', 'submit_script', 'parse_squeue', 'queue_tasks',
            'accounting_tasks', 'head_node', 'node_address', 'main_port', 'node_launch_args', 'require_allocation',
-           'srun_command', 'node_launch', 'slurm_info_command', 'slurm_node_launch_command', 'cli_slurm']
+           'srun_command', 'node_launch', 'cli_prefix', 'DataSlurmRequest', 'data_prepare_script', 'prepare_on_slurm',
+           'data_prepare_command', 'cli_data', 'slurm_info_command', 'slurm_node_launch_command', 'cli_slurm']
 
 # %% ../nbs/09i_slurm.ipynb #7e07d427
 _TIME_RE = re.compile(r'^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$')
@@ -429,6 +433,147 @@ def node_launch(run_config: str) -> int:
     env = dict(os.environ, DEPTHBENCH_LAUNCHED='1', PYTHONUNBUFFERED='1')
     env.setdefault('OMP_NUM_THREADS', '1')
     return subprocess.call(cmd, env=env)
+
+# %% ../nbs/09i_slurm.ipynb #b13ab564
+def cli_prefix() -> str:
+    "How a compute node calls this package's CLI: this environment's console script by absolute path, else this Python."
+    exe = Path(sys.executable).parent / 'depthbench-nb'
+    if exe.is_file() and os.access(exe, os.X_OK): return shlex.quote(str(exe.absolute()))
+    found = shutil.which('depthbench-nb')
+    if found: return shlex.quote(str(Path(found).absolute()))
+    return f"{shlex.quote(sys.executable)} -c 'import sys; from depthbench_nb.cli import main; sys.exit(main())'"
+
+
+@dataclass(frozen=True)
+class DataSlurmRequest(SlurmRequest):
+    "What each task of a data-preparation array asks for: CPUs (one tokenizing worker per CPU), no GPU."
+    gpus: int = _opt('GPUs per node (default 0: tokenizing needs none)', 0)
+
+
+def _data_options(cfg: DataConfig) -> str:
+    "The `data prepare` options that say what a folder holds: the same in every task (the folder's plan checks them)."
+    opts = ['--source', cfg.source, '--tokenizer', cfg.tokenizer, '--out', str(data_dir(cfg))]
+    if cfg.max_tokens: opts += ['--max-tokens', str(cfg.max_tokens)]
+    if cfg.val_tokens: opts += ['--val-tokens', str(cfg.val_tokens)]
+    return shlex.join(opts)
+
+
+def data_prepare_script(cfg: DataConfig, req: SlurmRequest, tasks: int, final: bool = False,
+                        after: Optional[str] = None, comment: str = 'depthbench-nb:data', header: list[str] = ()) -> str:
+    """A data preparation as Slurm jobs. `final=False`: a job array of `tasks` tasks, each tokenizing source shards
+    with one worker per CPU (`--no-pack`: only the shard locks, so the tasks share the folder). `final=True`: the job
+    that packs, after the array (`after`: its job id) whatever became of its tasks: it tokenizes what a failed task
+    left (with the same resumable command) and writes the manifest."""
+    out = data_dir(cfg)
+    lines = ['#!/bin/bash', f"#SBATCH --job-name=depthbench-data-{'pack' if final else 'tokenize'}"]
+    if not final: lines.append(f'#SBATCH --array=0-{tasks - 1}' + (f'%{req.parallel}' if req.parallel else ''))
+    if after: lines.append(f'#SBATCH --dependency=afterany:{after}')
+    lines += [f'#SBATCH {o}' for o in sbatch_options(req)]
+    log = out / 'slurm' / ('slurm-%j-pack.out' if final else 'slurm-%A_%a.out')
+    lines += [f'#SBATCH --output={log}', f'#SBATCH --chdir={Path.cwd()}', f'#SBATCH --comment={comment}', '']
+    lines += [f'# {h}' for h in header]
+    if req.setup: lines += ['', '# environment set-up (--slurm-setup)'] + list(req.setup)
+    lines += ['', 'set -euo pipefail']
+    if os.environ.get('DEPTHBENCH_CACHE'):
+        lines.append(f"export DEPTHBENCH_CACHE={shlex.quote(str(Path(os.environ['DEPTHBENCH_CACHE']).resolve()))}")
+    what = 'packing job' if final else 'array task $SLURM_ARRAY_TASK_ID of job $SLURM_ARRAY_JOB_ID'
+    lines += [f'echo "{what} on $(hostname): {out}, ${{SLURM_CPUS_PER_TASK:-1}} workers"',
+              f"{cli_prefix()} data prepare {_data_options(cfg)} --workers \"${{SLURM_CPUS_PER_TASK:-1}}\" "
+              f"--no-progress {'--wait' if final else '--no-pack'}"]
+    return '\n'.join(lines) + '\n'
+
+
+def prepare_on_slurm(cfg: DataConfig, request: Optional[SlurmRequest] = None, tasks: Optional[int] = None,
+                     submit: bool = False, progress: bool = True, say=print) -> dict:
+    """Write (and with `submit`, sbatch) a data preparation as a job array over its source shards and a final packing
+    job that runs after it. The plan (tokenizer, the list of source shards) is written here first, so the tasks only
+    read and tokenize. Submitted again later, it plans only what is left (every tokenized shard is kept)."""
+    req = request or DataSlurmRequest()
+    if tasks is not None and tasks < 1: raise ConfigError(f"--tasks must be >= 1, got {tasks}")
+    state = prepare_folder(cfg, progress=progress, plan_only=True, say=say)
+    out = state.path
+    result = dict(path=str(out), source_shards=state.source_shards, done=state.kept, script=None, submitted=False)
+    if state.complete:
+        result['message'] = (f"nothing to submit: {out} is prepared already (complete manifest); "
+                             f"no script written, no job queued")
+        return result
+    probe = probe_slurm()
+    fit, notes = fit_request(req, probe.partitions if probe.reachable else None)   # a request no node meets: error here
+    if not probe.reachable: notes.append(f"Slurm: {probe.message}")
+    todo = state.source_shards - state.kept
+    tasks = tasks or max(1, min(todo, -(-todo // fit.cpus_per_task)))    # one CPU (one worker) per source shard to do
+    comment = f"depthbench-nb:data:{hashlib.sha256(str(out).encode()).hexdigest()[:10]}"
+    header = [f"data preparation of {out}: {todo} of {state.source_shards} source shards to tokenize "
+              f"({time.strftime('%Y-%m-%d %H:%M')}); follow it with: depthbench-nb data inspect {out}", *notes]
+    logs = out / 'slurm'
+    logs.mkdir(parents=True, exist_ok=True)          # Slurm does not create the log folder: a task would die silently
+    array, final = logs / 'prepare_array.sh', logs / 'prepare_pack.sh'
+    for path, text in ((array, data_prepare_script(cfg, fit, tasks, comment=comment, header=header)),
+                       (final, data_prepare_script(cfg, fit, tasks, final=True, comment=comment, header=header))):
+        atomic_write_text(path, text)
+        path.chmod(0o755)
+    result.update(tasks=tasks, script=str(array), final_script=str(final), request=' '.join(sbatch_options(fit)),
+                  logs=str(logs / 'slurm-<job>_<task>.out'), notes=notes)
+    if submit:
+        job = submit_script(array, probe)
+        text = data_prepare_script(cfg, fit, tasks, final=True, after=job, comment=comment, header=header)
+        atomic_write_text(final, text)
+        result.update(submitted=True, job_id=job, final_job_id=submit_script(final, probe))
+    return result
+
+# %% ../nbs/09i_slurm.ipynb #3f813623
+def data_prepare_command(source: Annotated[str, Arg(help=f"{', '.join(NAMED_SOURCES)}, or a .txt/.jsonl/.parquet file or folder (default sample)")] = 'sample',
+                         tokenizer: str = 'bpe:4096',     # neox | bpe:N | a tokenizer.json path | a Hugging Face id (default bpe:4096)
+                         out: Optional[str] = None,       # prepared folder (default: the cache folder for source and tokenizer)
+                         max_tokens: Optional[int] = None,  # cap on training tokens
+                         val_tokens: Optional[int] = None,  # cap on held-out tokens
+                         workers: int = 1,                # processes tokenizing source shards at once (e.g. the cores)
+                         wait: bool = False,              # wait for another prepare of the same folder, not refuse
+                         no_pack: bool = False,           # only tokenize, beside other preparers (the Slurm array tasks)
+                         launcher: Literal['local', 'slurm'] = 'local',  # local: here; slurm: a job array + packing job
+                         submit: bool = False,            # with --launcher slurm: submit both with sbatch
+                         tasks: Optional[int] = None,     # with --launcher slurm: array tasks (default: a CPU a shard)
+                         slurm: Annotated[Optional[dict], Arg(fields=DataSlurmRequest, group='Slurm (--launcher slurm)',
+                             help='what each task asks for (a tokenizing worker per CPU); the defaults fit the '
+                                  'partition')] = None,
+                         no_progress: bool = False,       # no progress bars
+                         json: bool = False) -> int:
+    "tokenize and pack a source into token shards + manifest, resumably, in parallel here or over a Slurm job array"
+    cfg = DataConfig(source=source, tokenizer=tokenizer, path=out, max_tokens=max_tokens, val_tokens=val_tokens)
+    progress = not no_progress and not json
+    say = lambda msg: print(msg, file=sys.stderr, flush=True)
+    if launcher == 'slurm':
+        if workers != 1 or wait or no_pack:
+            raise ConfigError('--workers, --wait and --no-pack apply to --launcher local; each array task runs one '
+                              'worker per CPU (--slurm-cpus)')
+        res = prepare_on_slurm(cfg, DataSlurmRequest(**(slurm or {})), tasks, submit, progress=progress, say=say)
+        if json: return emit(res, True)
+        if res['script'] is None: print(res['message']); return 0
+        print(f"slurm jobs for data {res['path']}: {res['tasks']} array tasks over {res['source_shards'] - res['done']} of "
+              f"{res['source_shards']} source shards ({res['done']} done), then a packing job\n  array      {res['script']}\n"
+              f"  packing    {res['final_script']}\n  requests   {res['request']}\n  logs       {res['logs']}")
+        for n in res['notes']: print(f'  note       {n}')
+        if res['submitted']:
+            print(f"  submitted  array job {res['job_id']}, packing job {res['final_job_id']} after it; follow: "
+                  f"depthbench-nb data inspect {res['path']}")
+        else:
+            print(f"  submit     job=$(sbatch --parsable {res['script']}) && "
+                  f"sbatch --dependency=afterany:$job {res['final_script']}")
+        return 0
+    if submit or tasks is not None: raise ConfigError('--submit and --tasks need --launcher slurm')
+    res = prepare_folder(cfg, progress=progress, workers=workers, wait=wait, pack=not no_pack, say=say)
+    counts = {k: v for k, v in res.describe().items() if k in ('source_shards', 'kept', 'tokenized', 'unused')}
+    if not res.complete:
+        title = f'tokenized source shards of {res.path}'
+        return emit(dict(path=str(res.path), state='preparing', **counts), json, title=title)
+    return emit(dict(TokenData(res.path, verify=False).summary(), **counts), json, title=f'prepared {res.path}')
+
+
+def cli_data(argv=None) -> int:
+    "depthbench-nb data: prepare or inspect tokenized data."
+    return call_parsed(dict(prepare=data_prepare_command, inspect=data_inspect_command), argv, prog='depthbench-nb data',
+                       description='Prepare or inspect tokenized data (DepthBench data: keyu-wang-2002/DepthBench, '
+                                   'data_utils/tokenize_from_pretrain_datasets.py).')
 
 # %% ../nbs/09i_slurm.ipynb #a1a89345
 def slurm_info_command(partition: Optional[str] = None,

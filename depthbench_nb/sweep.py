@@ -13,7 +13,6 @@ import json as _json           # `json` is also the --json switch of the command
 import math
 import os
 import shlex
-import shutil
 import subprocess
 import sys
 import threading
@@ -30,7 +29,7 @@ from .config import (ARCHS, Config, ConfigError, CorruptFile, DESIGN_OPTIONS, Ru
                                   atomic_write_bytes, atomic_write_json, atomic_write_text, family_of, package_dir, runs_root)
 from .runs import (PEAK_BF16_FLOPS, RECORD_FILES, ensure_writable, read_json, read_params, read_result,
                                 run_dir, run_folder_holder, run_status)
-from .slurm import (QUEUED_STATES, RUNNING_STATES, SlurmProbe, SlurmRequest, accounting_tasks, array_script,
+from .slurm import (QUEUED_STATES, RUNNING_STATES, SlurmProbe, SlurmRequest, accounting_tasks, array_script, cli_prefix,
                                  fit_request, probe_slurm, queue_tasks, require_allocation, sbatch_options, srun_command,
                                  submit_script)
 from .shapes import count_params, get_grid, resolve_preset
@@ -505,15 +504,6 @@ def _bar(frac: float, width: int = 20) -> str:
     return '[' + '#' * n + '.' * (width - n) + f'] {100 * frac:5.1f}%'
 
 # %% ../nbs/09a_sweep.ipynb #8547590c
-def _cli_prefix() -> str:
-    "How a compute node calls this package's CLI: this environment's console script by absolute path, else this Python."
-    exe = Path(sys.executable).parent / 'depthbench-nb'
-    if exe.is_file() and os.access(exe, os.X_OK): return shlex.quote(str(exe.absolute()))
-    found = shutil.which('depthbench-nb')
-    if found: return shlex.quote(str(Path(found).absolute()))
-    return f"{shlex.quote(sys.executable)} -c 'import sys; from depthbench_nb.cli import main; sys.exit(main())'"
-
-
 def _slurm_dir(study: str) -> Path: return sweep_dir(study) / 'slurm'
 
 
@@ -570,7 +560,7 @@ def slurm_script(study, run_ids: list[str], request: SlurmRequest, study_ref: st
     spec = study if isinstance(study, StudySpec) else load_study(study)
     ref = _study_ref(study, spec, study_ref)
     array_id = hashlib.sha256('\n'.join(run_ids).encode()).hexdigest()[:10]
-    task = f'{_cli_prefix()} sweep run {shlex.quote(ref)} --run-id "$RUN_ID" --executor {executor} --no-progress'
+    task = f'{cli_prefix()} sweep run {shlex.quote(ref)} --run-id "$RUN_ID" --executor {executor} --no-progress'
     if request.nodes > 1 or request.procs_per_node > 1:
         task += f' --nodes {request.nodes} --procs-per-node {request.procs_per_node}'
     exports = dict(DEPTHBENCH_RUNS=str(runs_root()))
@@ -629,7 +619,6 @@ def write_slurm_script(study, submit: bool = False, request: SlurmRequest | None
             f.write(json.dumps(dict(job_id=job, array_id=array_id, script=str(path), runs=len(ids), time=time.time())) + '\n')
         out.update(submitted=True, job_id=job, logs=str(logs / f'slurm-{job}_<task>.out'))
     return out
-
 
 # %% ../nbs/09a_sweep.ipynb #3b5d2de7
 def flatten(d: dict, prefix: str = '') -> dict:

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import types
 
 import numpy as np
 import pytest
@@ -130,48 +131,23 @@ def test_prepare_refuses_other_inputs_and_foreign_folders(tmp_path, tiny_data):
     assert (foreign / 'notes.txt').read_text() == 'keep me'
 
 
-def test_interrupted_prepare_leaves_nothing_complete(tmp_path, monkeypatch):
+def test_bad_input_leaves_no_folder_and_an_interruption_keeps_the_plan(tmp_path, monkeypatch):
+    "A KeyboardInterrupt while tokenizing keeps the folder (plan, tokenizer) for a resume; it never passes as data."
     cfg = _small(tmp_path, max_tokens=20_000)
-    real = D.pack_split
-    def interrupted(docs, tok, folder, split, *a, **k):
-        res = real(docs, tok, folder, split, *a, **k)
-        if split == 'val': raise KeyboardInterrupt  # after every shard is on disk, before the manifest
-        return res
-    monkeypatch.setattr(D, 'pack_split', interrupted)
+    real = D._tokenize_shard
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(D, '_tokenize_shard', interrupted)
     with pytest.raises(KeyboardInterrupt):
         D.prepare(cfg, progress=False)
     out = tmp_path / 'kjv'
-    assert not out.exists() and not list(tmp_path.glob('.kjv.partial-*'))
-    monkeypatch.setattr(D, 'pack_split', real)
-    assert D.TokenData(D.prepare(cfg, progress=False)).n_train_tokens == 20_000
-
-
-def test_killed_prepare_is_not_complete_and_is_cleaned(tmp_path):
-    "A SIGKILL (no cleanup code runs) after the shards are written leaves a partial folder that never passes as data."
-    out = tmp_path / 'kjv'
-    script = textwrap.dedent(f"""
-        import os, signal
-        from depthbench_nb import data as D
-        from depthbench_nb.config import DataConfig
-        real = D.pack_split
-        def dying(docs, tok, folder, split, *a, **k):
-            res = real(docs, tok, folder, split, *a, **k)
-            if split == 'val': os.kill(os.getpid(), signal.SIGKILL)
-            return res
-        D.pack_split = dying
-        D.prepare(DataConfig(source='sample', tokenizer='bpe:4096', path={str(out)!r}, max_tokens=20000), progress=False)
-    """)
-    r = subprocess.run([sys.executable, '-c', script], env={**os.environ}, capture_output=True)
-    assert r.returncode == -signal.SIGKILL
-    partial = list(tmp_path.glob('.kjv.partial-*'))
-    assert len(partial) == 1 and any(partial[0].glob('train_*.bin')) and not (partial[0] / 'manifest.json').exists()
-    assert not out.exists() and D.read_manifest(partial[0]) is None
-    with pytest.raises(ConfigError, match='not a complete prepared data folder'):
-        D.TokenData(partial[0])
-    cfg = DataConfig(source='sample', tokenizer='bpe:4096', path=str(out), max_tokens=20000)
+    assert D.read_manifest(out) is None and json.loads((out / 'manifest.json').read_text())['complete'] is False
+    with pytest.raises(ConfigError, match='being prepared, or its preparation was stopped'):
+        D.TokenData(out)
     with pytest.raises(ConfigError, match='depthbench-nb data prepare --source sample --tokenizer bpe:4096'):
         D.resolve_data(cfg, auto_prepare=False)
-    assert D.resolve_data(cfg, auto_prepare=True) == out and not list(tmp_path.glob('.kjv.partial-*'))
+    monkeypatch.setattr(D, '_tokenize_shard', real)
+    assert D.TokenData(D.resolve_data(cfg, auto_prepare=True)).n_train_tokens == 20_000
 
 
 # ---------------------------------------------------------------- bad input
@@ -223,17 +199,19 @@ def test_vocab_too_large_for_dtype(tmp_path):
 
 
 def test_corrupted_and_truncated_shards(tmp_path):
-    out = D.prepare(_small(tmp_path, max_tokens=8_000), progress=False)
-    shard = out / 'train_00000.bin'
+    from depthbench_nb.cli import main
+    out = D.prepare(_small(tmp_path), progress=False)
+    name = D.TokenData(out).manifest['splits']['train']['shards'][0]['file']
+    shard = out / name
     raw = bytearray(shard.read_bytes())
     raw[100] ^= 0xFF; shard.write_bytes(bytes(raw))
-    with pytest.raises(ConfigError, match='checksum mismatch .*train_00000.bin'):
+    with pytest.raises(ConfigError, match=f'checksum mismatch .*{name}'):
         D.TokenData(out)
-    assert D.cli_data(['inspect', str(out), '--json']) == 1
+    assert main(['data', 'inspect', str(out), '--json']) == 1
     raw[100] ^= 0xFF; shard.write_bytes(bytes(raw[:-2]))
     with pytest.raises(ConfigError, match='truncated or missing'):
         D.TokenData(out)
-    assert D.cli_data(['inspect', str(out)]) == 1
+    assert main(['data', 'inspect', str(out)]) == 1
     shard.write_bytes(bytes(raw))
     assert D.TokenData(out).verify() == []
 
@@ -369,11 +347,12 @@ def test_hub_sources_hold_out_whole_files(monkeypatch):
     listing = {'HuggingFaceFW/fineweb-edu': [f'sample/100BT/{i:03d}_{j:05d}.parquet' for i in range(14) for j in range(10)]
                + [f'sample/10BT/{i:03d}_00000.parquet' for i in range(14)] + ['README.md'],
                'karpathy/fineweb-edu-100b-shuffle': [f'shard_{i:05d}.parquet' for i in range(6)]}
-    calls = []
     class FakeApi:
-        def list_repo_files(self, repo, repo_type=None): return listing[repo]
+        def list_repo_tree(self, repo, path_in_repo=None, repo_type=None, recursive=False):
+            assert repo_type == 'dataset' and recursive
+            return [types.SimpleNamespace(path=f, size=1000) for f in listing[repo] if f.startswith(path_in_repo or '')]
     def fake_load(repo, data_files=None, split=None, streaming=None):
-        calls.append((repo, tuple(data_files)))
+        assert len(data_files) == 1 and streaming                                  # one file at a time, streamed
         return [{'text': f'{repo}:{f}'} for f in data_files]
     monkeypatch.setattr(huggingface_hub, 'HfApi', FakeApi)
     monkeypatch.setattr(datasets, 'load_dataset', fake_load)
@@ -410,3 +389,303 @@ def test_unreachable_hub_for_an_eval_set_is_a_clear_error(monkeypatch):
     monkeypatch.setattr(datasets, 'load_dataset', unreachable)
     with pytest.raises(ConfigError, match='HF_HUB_OFFLINE=1.*humaneval'):
         load_eval_set('mbpp', offline=False)
+
+
+# ---------------------------------------------------------------- parallel and resumable prepare
+# A source in FineWeb-Edu's schema (the columns of its parquet files), several files: 600 chapters of the KJV (about
+# 0.5M tokens) in four parquet files. Its tokenizer is the prepared sample's tokenizer.json (no BPE training here).
+FINEWEB_COLUMNS = ('text', 'id', 'dump', 'url', 'file_path', 'language', 'language_score', 'token_count', 'score', 'int_score')
+N_FILES = 4
+
+
+def write_fineweb_like(folder, names=None):
+    "600 KJV chapters as N_FILES parquet files with FineWeb-Edu's columns; returns the chapters of each file."
+    import pyarrow as pa, pyarrow.parquet as pq
+    chapters = list(D._kjv_chapters())[:600]
+    per = -(-len(chapters) // N_FILES)
+    parts = [chapters[i * per:(i + 1) * per] for i in range(N_FILES)]
+    for i, docs in enumerate(parts):
+        path = folder / (names[i] if names else f'data/{i:03d}_00000.parquet')
+        path.parent.mkdir(parents=True, exist_ok=True)
+        n = len(docs)
+        pq.write_table(pa.table(dict(text=docs, id=[f'<urn:uuid:{i}-{j}>' for j in range(n)], dump=['CC-MAIN-2024-10'] * n,
+                                     url=[f'https://example.org/{i}/{j}' for j in range(n)], file_path=[f's3://cc/{i}.warc.gz'] * n,
+                                     language=['en'] * n, language_score=[0.95] * n, token_count=[len(d) // 4 for d in docs],
+                                     score=[3.1] * n, int_score=[3] * n)), path, row_group_size=100)
+    return parts
+
+
+@pytest.fixture(scope='module')
+def fineweb(tmp_path_factory, tiny_data):
+    root = tmp_path_factory.mktemp('fineweb')
+    parts = write_fineweb_like(root / 'src')
+    return dict(root=root, source=str(root / 'src'), parts=parts, tokenizer=str(tiny_data / 'tokenizer.json'))
+
+
+def fw_cfg(fineweb, name, **kw) -> DataConfig:
+    return DataConfig(source=fineweb['source'], tokenizer=fineweb['tokenizer'], path=str(fineweb['root'] / name), **kw)
+
+
+def packed_record(out) -> dict:
+    "What must not depend on workers or interruptions: the streams' files and checksums, and the source shard mapping."
+    man = json.loads((out / 'manifest.json').read_text())
+    assert man['complete'] is True
+    return dict(splits=man['splits'], source_shards=man['source_shards'], inputs=man['inputs'], tokenizer=man['tokenizer'])
+
+
+def naive_stream(fineweb, split, cap=None) -> np.ndarray:
+    "An independent reference: every document, in file order, through the hash rule, encoded one by one + EOS."
+    from tokenizers import Tokenizer
+    tok = Tokenizer.from_file(fineweb['tokenizer'])
+    out = []
+    for docs in fineweb['parts']:
+        for d in docs:
+            if D.is_heldout(d) == (split == 'val'): out += tok.encode(d, add_special_tokens=False).ids + [0]
+    return np.array(out[:cap], dtype=np.int64)
+
+
+@pytest.fixture(scope='module')
+def reference(fineweb):
+    "One worker, uninterrupted, without and with token caps (cut inside the third file; the fourth unused)."
+    full = D.prepare_folder(fw_cfg(fineweb, 'ref'), progress=False)
+    cap = D.prepare_folder(fw_cfg(fineweb, 'ref-cap', max_tokens=400_000, val_tokens=10_000), progress=False)
+    return full, cap
+
+
+def test_source_shards_are_the_files_in_order(fineweb, reference):
+    full, cap = reference
+    assert (full.source_shards, full.tokenized, full.kept, full.unused) == (N_FILES, N_FILES, 0, 0)
+    t = D.TokenData(full.path, verify=True)
+    for split in ('train', 'val'):                     # the packed stream is the single-reader stream
+        n = t.n_train_tokens if split == 'train' else t.n_val_tokens
+        assert np.array_equal(t.tokens(split, 0, n), naive_stream(fineweb, split))
+    man = t.manifest
+    assert [e['name'] for e in man['source_shards']] == [f'data/{i:03d}_00000.parquet' for i in range(N_FILES)]
+    assert [f['source_shard'] for f in man['splits']['train']['shards']] == list(range(N_FILES))
+    c = D.TokenData(cap.path, verify=True)
+    assert (c.n_train_tokens, c.n_val_tokens) == (400_000, 10_000)
+    assert np.array_equal(c.tokens('train', 0, 400_000), naive_stream(fineweb, 'train', 400_000))
+    assert np.array_equal(c.documents('train'), t.documents('train')[:len(c.documents('train'))])
+    assert [e['status'] for e in c.manifest['source_shards']] == ['packed', 'packed', 'packed', 'unused']
+    assert not (cap.path / 'shards' / '00003').exists()            # a shard beyond the caps is not kept
+
+
+def test_worker_count_invariance(fineweb, reference):
+    full, cap = reference
+    for workers in (2, 3):
+        two = D.prepare_folder(fw_cfg(fineweb, f'w{workers}'), progress=False, workers=workers)
+        assert two.tokenized == N_FILES and packed_record(two.path) == packed_record(full.path)
+    two = D.prepare_folder(fw_cfg(fineweb, 'w2-cap', max_tokens=400_000, val_tokens=10_000), progress=False, workers=2)
+    assert packed_record(two.path) == packed_record(cap.path)
+    assert sorted(p.name for p in (two.path / 'shards').iterdir()) == ['00000', '00001', '00002']
+
+
+KILLER = textwrap.dedent('''
+    import os, signal, sys
+    from depthbench_nb import data as D
+    from depthbench_nb.config import DataConfig
+    source, tokenizer, out, workers, where = sys.argv[1:6]
+    die = lambda: os.kill(os.getpid(), signal.SIGKILL)            # kill -9: no cleanup code runs
+    if where == 'plan':                                           # after the plan, before any shard
+        D._tokenize_shards = lambda *a, **k: die()
+    elif where == 'second-shard':                                 # when the second shard is recorded; the others are in hand
+        real, seen = D._ShardPool.get, []
+        def get(self, timeout):
+            msg = real(self, timeout)
+            if msg and msg[0] == 'shard': seen.append(msg[1])
+            if len(seen) == 2: die()
+            return msg
+        D._ShardPool.get = get
+    elif where == 'mid-shard':                                    # inside shard 1, after its first batch is written
+        real_write = D._SplitWriter.write
+        def write(self, ids, lengths):
+            real_write(self, ids, lengths)
+            if '00001' in str(self.folder): die()
+        D._SplitWriter.write = write
+    elif where == 'pack':                                         # packing: after the training stream's index, before the manifest
+        real_pack = D._pack_split
+        def pack(out, split, *a):
+            res = real_pack(out, split, *a)
+            if split == 'train': die()
+            return res
+        D._pack_split = pack
+    D.prepare_folder(DataConfig(source=source, tokenizer=tokenizer, path=out), progress=False, workers=int(workers), say=print)
+''')
+
+
+def killed(fineweb, out, workers, where):
+    r = subprocess.run([sys.executable, '-c', KILLER, fineweb['source'], fineweb['tokenizer'], str(out), str(workers), where],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == -signal.SIGKILL, r.stderr[-2000:]
+    return r
+
+
+def no_writer_left(out, timeout=30):
+    "Workers of a killed coordinator stop at their next batch: wait until no lock of the folder is held."
+    deadline = time.time() + timeout
+    folders = [out] + sorted((out / 'shards').glob('*')) if (out / 'shards').exists() else [out]
+    while time.time() < deadline:
+        if all(D.lock_holder(f) is None for f in folders): return True
+        time.sleep(0.2)
+    raise AssertionError(f'a writer of {out} is still alive {timeout} s after its coordinator was killed')
+
+
+def cli_json(*args, timeout=300):
+    r = subprocess.run([sys.executable, '-c', 'import sys; from depthbench_nb.cli import main; sys.exit(main())', *map(str, args)],
+                       capture_output=True, text=True, timeout=timeout)
+    return r.returncode, (json.loads(r.stdout) if r.stdout.strip() else None), r.stderr
+
+
+def test_kill_and_resume_invariance(fineweb, reference):
+    """kill -9 at the plan, when the second of four shards is recorded (two workers), inside a shard (one worker), and
+    while packing; each rerun keeps what was recorded and says so; the end result is the uninterrupted one's."""
+    out = fineweb['root'] / 'killed'
+    killed(fineweb, out, 2, 'plan')
+    st = D.folder_status(out)
+    assert st['state'] == 'preparing' and st['counts'] == dict(done=0, partial=0, missing=N_FILES)
+
+    killed(fineweb, out, 2, 'second-shard')
+    no_writer_left(out)                                   # the orphaned workers stopped by themselves
+    done_after_b = D.folder_status(out)['counts']['done']
+    assert 2 <= done_after_b <= N_FILES
+
+    out2 = fineweb['root'] / 'killed-mid'                 # deterministic partial shard: one worker, killed inside shard 1
+    killed(fineweb, out2, 1, 'mid-shard')
+    rc, info, _ = cli_json('data', 'inspect', out2, '--json')
+    assert rc == 0 and info['state'] == 'preparing'
+    assert [r['status'] for r in info['source_shards']] == ['done', 'partial', 'missing', 'missing']
+    assert info['counts'] == dict(done=1, partial=1, missing=2)
+    rc, res, err = cli_json('data', 'prepare', '--source', fineweb['source'], '--tokenizer', fineweb['tokenizer'], '--out', out2,
+                            '--workers', 2, '--json')
+    assert rc == 0 and (res['kept'], res['tokenized']) == (1, N_FILES - 1), err
+    assert 'kept 1 of 4 source shards already tokenized; 1 partly written' in err
+    assert packed_record(out2) == packed_record(reference[0].path)
+
+    if done_after_b < N_FILES:                            # the packing kill needs every shard done: one worker finishes them
+        rc, res, err = cli_json('data', 'prepare', '--source', fineweb['source'], '--tokenizer', fineweb['tokenizer'], '--out', out,
+                                '--no-pack', '--json')
+        assert rc == 0 and res['kept'] == done_after_b and res['state'] == 'preparing', err
+    killed(fineweb, out, 1, 'pack')
+    assert D.read_manifest(out) is None and (out / 'train.docs.bin').exists()
+    rc, res, err = cli_json('data', 'prepare', '--source', fineweb['source'], '--tokenizer', fineweb['tokenizer'], '--out', out, '--json')
+    assert rc == 0 and (res['kept'], res['tokenized']) == (N_FILES, 0), err
+    assert f'kept {N_FILES} of {N_FILES} source shards already tokenized' in err
+    assert packed_record(out) == packed_record(reference[0].path)
+    assert D.TokenData(out, verify=True).verify() == []
+
+
+def test_kill_9_of_the_process_group_at_a_random_point(fineweb, reference):
+    "kill -9 of the whole group (coordinator and workers, as Slurm or Ctrl-C) at a seeded random moment, twice; then resume."
+    import random
+    out, rng = fineweb['root'] / 'killed-group', random.Random(27)
+    for _ in range(2):
+        p = subprocess.Popen([sys.executable, '-c', KILLER, fineweb['source'], fineweb['tokenizer'], str(out), '2', 'none'],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        deadline = time.time() + 120
+        while time.time() < deadline and not list(out.glob('shards/*/train_00000.bin')): time.sleep(0.01)
+        time.sleep(rng.uniform(0, 1.5))
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+        no_writer_left(out)
+    assert D.read_manifest(out) is None or packed_record(out) == packed_record(reference[0].path)
+    res = D.prepare_folder(fw_cfg(fineweb, 'killed-group'), progress=False, workers=2)
+    assert res.complete and res.kept + res.tokenized == N_FILES
+    assert packed_record(out) == packed_record(reference[0].path)
+
+
+HOLDER = textwrap.dedent('''
+    import sys, time
+    from pathlib import Path
+    from depthbench_nb import data as D
+    from depthbench_nb.config import DataConfig
+    source, tokenizer, out, go = sys.argv[1:5]
+    real = D._pack
+    def pack(*a, **k):                       # hold the folder until the test says go
+        while not Path(go).exists(): time.sleep(0.05)
+        return real(*a, **k)
+    D._pack = pack
+    D.prepare_folder(DataConfig(source=source, tokenizer=tokenizer, path=out), progress=False)
+''')
+
+
+def test_concurrent_prepare_waits_or_refuses(fineweb, reference):
+    out, go = fineweb['root'] / 'busy', fineweb['root'] / 'go'
+    a = subprocess.Popen([sys.executable, '-c', HOLDER, fineweb['source'], fineweb['tokenizer'], str(out), str(go)])
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and not (D.lock_holder(out) or {}).get('pid') == a.pid: time.sleep(0.05)
+        args = ('data', 'prepare', '--source', fineweb['source'], '--tokenizer', fineweb['tokenizer'], '--out', out, '--json')
+        rc, res, _ = cli_json(*args)                                  # a second writer is refused, with the holder's name
+        assert rc == 2 and res['kind'] == 'busy' and f'pid {a.pid}' in res['error'] and '--wait' in res['error']
+        waiter = subprocess.Popen([sys.executable, '-c', 'import sys; from depthbench_nb.cli import main; sys.exit(main())',
+                                   *map(str, args), '--wait'], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        import threading
+        threading.Timer(240, waiter.kill).start()                     # a waiter that never says anything fails, not hangs
+        said = waiter.stderr.readline()                               # it waits, and says for whom ...
+        assert said.startswith(f'waiting for pid {a.pid}') and waiter.poll() is None and a.poll() is None, said
+        go.write_text('go')
+        out_w, err_w = waiter.communicate(timeout=300)
+        assert a.wait(timeout=300) == 0 and waiter.returncode == 0, err_w
+        res = json.loads(out_w)                                       # ... then finds the folder complete: nothing redone
+        assert (res['tokenized'], res['kept']) == (0, N_FILES)
+        assert packed_record(out) == packed_record(reference[0].path)
+    finally:
+        a.kill(); a.wait()
+
+
+def test_hub_source_streams_one_file_per_shard(fineweb, reference, monkeypatch, tmp_path):
+    """The hub code path with the hub replaced by the local files under hub names: each source shard is one parquet
+    file streamed by `datasets`; the last file of sample-10BT is held out whole; 1 and 2 workers agree."""
+    import datasets, huggingface_hub
+    names = [f'sample/10BT/{i:03d}_00000.parquet' for i in range(N_FILES)]
+    parts = write_fineweb_like(tmp_path / 'hub', names)
+    class FakeApi:
+        def list_repo_tree(self, repo, path_in_repo=None, repo_type=None, recursive=False):
+            assert (repo, path_in_repo, repo_type) == ('HuggingFaceFW/fineweb-edu', 'sample/10BT', 'dataset')
+            return [types.SimpleNamespace(path=n, size=(tmp_path / 'hub' / n).stat().st_size) for n in names]
+    def fake_load(repo, data_files=None, split=None, streaming=None):
+        import pyarrow.parquet as pq
+        assert repo == 'HuggingFaceFW/fineweb-edu' and len(data_files) == 1 and split == 'train' and streaming
+        return iter(pq.read_table(tmp_path / 'hub' / data_files[0]).to_pylist())
+    monkeypatch.setattr(huggingface_hub, 'HfApi', FakeApi)
+    monkeypatch.setattr(datasets, 'load_dataset', fake_load)
+    monkeypatch.delenv('HF_HUB_OFFLINE', raising=False)
+    cfgs = [DataConfig(source='fineweb-edu:sample-10BT', tokenizer=fineweb['tokenizer'], path=str(tmp_path / f'hub{w}')) for w in (1, 2)]
+    one, two = (D.prepare_folder(c, progress=False, workers=w) for c, w in zip(cfgs, (1, 2)))   # forked workers see the fakes
+    assert packed_record(one.path) == packed_record(two.path)
+    t = D.TokenData(one.path)
+    assert [e['split'] for e in t.manifest['source_shards']] == ['train', 'train', 'train', 'val']
+    from tokenizers import Tokenizer
+    tok = Tokenizer.from_file(fineweb['tokenizer'])
+    want = lambda docs: np.array([i for d in docs for i in tok.encode(d, add_special_tokens=False).ids + [0]])
+    assert np.array_equal(t.tokens('train', 0, t.n_train_tokens), want([d for p in parts[:-1] for d in p]))
+    assert np.array_equal(t.tokens('val', 0, t.n_val_tokens), want(parts[-1]))
+
+
+def test_a_folder_in_the_single_stream_layout_keeps_working(tiny_data, tmp_path):
+    """A folder as versions before source shards wrote it (one stream per split in train_00000.bin ..., no source shard
+    mapping, the same format version and inputs) is read, inspected and reused as it is: nothing is tokenized again."""
+    from depthbench_nb.cli import main
+    new = D.TokenData(tiny_data)
+    old = tmp_path / 'old'
+    old.mkdir()
+    splits = {}
+    for split in ('train', 'val'):
+        n = new.n_train_tokens if split == 'train' else new.n_val_tokens
+        tokens, starts = new.tokens(split, 0, n).astype('<u2').tobytes(), new.documents(split).astype('<i8').tobytes()
+        (old / f'{split}_00000.bin').write_bytes(tokens)
+        (old / f'{split}.docs.bin').write_bytes(starts)
+        splits[split] = dict(tokens=n, documents=len(starts) // 8,
+                             shards=[dict(file=f'{split}_00000.bin', tokens=n, sha256=hashlib.sha256(tokens).hexdigest())],
+                             doc_index=dict(file=f'{split}.docs.bin', sha256=hashlib.sha256(starts).hexdigest()))
+    (old / 'tokenizer.json').write_bytes((tiny_data / 'tokenizer.json').read_bytes())
+    keys = ('format', 'format_version', 'complete', 'inputs', 'source', 'dtype', 'tokenizer', 'created', 'prepare_seconds', 'package_version')
+    (old / 'manifest.json').write_text(json.dumps(dict({k: new.manifest[k] for k in keys}, splits=splits)))
+    before = {p.name: p.stat().st_mtime_ns for p in old.iterdir()}
+    t = D.TokenData(old, verify=True)
+    assert np.array_equal(t.tokens('train', 0, t.n_train_tokens), new.tokens('train', 0, new.n_train_tokens))
+    assert np.array_equal(t.train_batch(3, 4, 64, seed=1)[0], new.train_batch(3, 4, 64, seed=1)[0])
+    res = D.prepare_folder(DataConfig(source='sample', tokenizer='bpe:4096', path=str(old)), progress=False)
+    assert res.complete and res.tokenized == 0 and res.source_shards == 0
+    assert main(['data', 'inspect', str(old)]) == 0 and D.folder_status(old)['source_shards'] == []
+    assert {p.name: p.stat().st_mtime_ns for p in old.iterdir()} == before

@@ -2,7 +2,8 @@
 a three-run study completes as a job array; submitting it again queues nothing; a task cancelled mid-run resumes
 from its checkpoint with the metrics of an uninterrupted run; `sweep status` follows queued / running / completed;
 requests are checked against sinfo before anything is submitted and every option reaches the script; a two-node
-run, simulated on the one node, trains to the loss of a single process.
+run, simulated on the one node, trains to the loss of a single process; a data preparation spread over a job array
+(and a packing job after it) writes the folder a local preparation writes.
 
 Each test stands alone (no trained run is shared between tests), so pytest-xdist may send them to any worker; a worker
 starts its own cluster (in under a second) for the tests it gets. Outside CI a machine without Slurm (or not root)
@@ -21,7 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from depthbench_nb.config import ConfigError
+from depthbench_nb.config import ConfigError, DataConfig
 from depthbench_nb.runs import read_metrics, read_result
 from depthbench_nb.sweep import expand_study, load_study, study_status, write_slurm_script
 
@@ -367,6 +368,45 @@ def test_two_node_run_matches_one_process(cluster, dead_conf, tiny_data, tmp_pat
         assert abs(a['loss'] - b['loss']) <= 1e-5 * abs(a['loss']), (a['step'], a['loss'], b['loss'])
     want = read_result(single)['final_val_loss']
     assert abs(res['final_val_loss'] - want) <= 1e-5 * want
+
+
+# ------------------------------------------------------------------------------------------------ 7: data preparation
+def test_data_prepare_as_a_job_array(cluster, tiny_data, tmp_path):
+    """A four-file parquet source prepared with `data prepare --launcher slurm --submit`: a two-task array (one CPU,
+    one worker each) tokenizes the source shards, the packing job after it writes the manifest; the folder holds the
+    streams of a local one-worker preparation, checksum for checksum. Submitting again queues nothing."""
+    import pyarrow as pa, pyarrow.parquet as pq
+    from depthbench_nb.data import TokenData, _kjv_chapters, prepare
+    chapters = list(_kjv_chapters())[:400]
+    for i in range(4):                                                            # four files: four source shards
+        part = chapters[i * 100:(i + 1) * 100]
+        (tmp_path / 'src').mkdir(exist_ok=True)
+        pq.write_table(pa.table(dict(text=part, id=[f'{i}-{j}' for j in range(len(part))])), tmp_path / 'src' / f'{i:03d}.parquet')
+    out, tokenizer = tmp_path / 'data', str(tiny_data / 'tokenizer.json')
+    args = ['data', 'prepare', '--source', tmp_path / 'src', '--tokenizer', tokenizer, '--out', out]
+    res = cli(*args, '--launcher', 'slurm', '--submit', '--tasks', '2', '--slurm-cpus', '1', '--json')
+    assert res.returncode == 0, res.stderr[-3000:]
+    sub = json.loads(res.stdout)
+    job, final = sub['job_id'], sub['final_job_id']
+    assert sub['submitted'] and (sub['tasks'], sub['source_shards'], sub['done']) == (2, 4, 0)
+    array = Path(sub['script']).read_text()
+    assert '#SBATCH --array=0-1' in array and '--cpus-per-task=1' in array and '--gres' not in array and '--no-pack' in array
+    assert f'#SBATCH --dependency=afterany:{job}' in Path(sub['final_script']).read_text()
+    wait_for(lambda: job_done(job) and job_done(final), 600, 'the array and the packing job to finish', every=1.0)
+    states = {r[0]: r[3] for r in squeue() if r[1] in (job, final)}
+    assert set(states.values()) == {'COMPLETED'}, states
+
+    td = TokenData(out, verify=True)                                              # complete, every checksum checked
+    done_by = {json.loads(p.read_text())['slurm'] for p in (out / 'shards').glob('*/shard.json')}
+    assert done_by <= {f'{job}_0', f'{job}_1'} and len(list((out / 'shards').glob('*/shard.json'))) == 4   # the array did them
+    pack_log = (out / 'slurm' / f'slurm-{final}-pack.out').read_text()
+    assert 'kept 4 of 4 source shards already tokenized' in pack_log, pack_log[-2000:]
+    local = prepare(DataConfig(source=str(tmp_path / 'src'), tokenizer=tokenizer, path=str(tmp_path / 'local')), progress=False)
+    want = json.loads((local / 'manifest.json').read_text())
+    assert td.manifest['splits'] == want['splits'] and td.manifest['source_shards'] == want['source_shards']
+
+    again = cli(*args, '--launcher', 'slurm', '--submit', '--slurm-cpus', '1')
+    assert again.returncode == 0 and 'nothing to submit' in again.stdout and 'prepared already' in again.stdout
 
 
 # ------------------------------------------------------------------------------------------------ without a cluster
