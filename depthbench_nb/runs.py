@@ -24,19 +24,21 @@ import uuid
 from pathlib import Path
 from typing import Callable, Iterable, Optional
 
-from .config import (ConfigError, CorruptFile, RunBusy, RunConfig, UnsafeFile, atomic_write_json,
+from .config import (ConfigError, CorruptFile, ResourceError, RunBusy, RunConfig, RunInterrupted, UnsafeFile, atomic_write_json,
+                                  format_bytes, identity_content, operational_changes, short_repr,
                                   atomic_write_text, config_diff, repo_root, runs_root, runs_root_reason)
 
 # %% auto #0
 __all__ = ['RECORD_FILES', 'CHECKSUMS_FILE', 'LOCK_FILE', 'RECORD_EVIDENCE', 'PEAK_BF16_FLOPS', 'RESULT_STATUSES', 'RESULT_KEYS',
-           'CHECKPOINT_FORMAT_VERSION', 'run_dir', 'where_runs_go', 'ensure_writable', 'read_json', 'safe_torch_load',
-           'file_sha256', 'write_checksums', 'verify_checksums', 'holder_alive', 'describe_holder', 'RunFolderLock',
-           'run_folder_holder', 'has_record', 'writing_run_folder', 'git_state', 'device_name', 'slurm_job_info',
-           'provenance', 'gpu_peak_flops', 'format_diff', 'read_params', 'write_params', 'read_result', 'write_result',
-           'metrics_header', 'MetricsLog', 'read_jsonl', 'read_metrics', 'read_metrics_headers', 'checkpoints_dir',
-           'list_checkpoints', 'checkpoint_content', 'save_checkpoint', 'verify_checkpoint', 'newest_intact_checkpoint',
-           'remove_stale_temporaries', 'check_checkpoint_config', 'load_checkpoint', 'load_run', 'run_status',
-           'list_runs', 'papermill_output_path', 'record_executed_notebook']
+           'CHECKPOINT_FORMAT_VERSION', 'INTERRUPT_SIGNALS', 'run_dir', 'where_runs_go', 'ensure_writable', 'read_json',
+           'safe_torch_load', 'file_sha256', 'write_checksums', 'verify_checksums', 'holder_alive', 'describe_holder',
+           'RunFolderLock', 'run_folder_holder', 'has_record', 'writing_run_folder', 'git_state', 'device_name',
+           'slurm_job_info', 'provenance', 'gpu_peak_flops', 'format_diff', 'read_params', 'write_params',
+           'adopt_legacy_folder', 'read_result', 'write_result', 'metrics_header', 'MetricsLog', 'read_jsonl',
+           'read_metrics', 'read_metrics_headers', 'checkpoints_dir', 'list_checkpoints', 'checkpoint_content',
+           'save_checkpoint', 'verify_checkpoint', 'newest_intact_checkpoint', 'remove_stale_temporaries',
+           'check_checkpoint_config', 'load_checkpoint', 'load_run', 'run_status', 'list_runs', 'SignalCatcher',
+           'child_pids', 'forwarding_signals', 'papermill_output_path', 'record_executed_notebook']
 
 # %% ../nbs/07a_runs.ipynb #badf4e69
 RECORD_FILES = dict(params='params.json', metrics='metrics.jsonl', result='result.json', layer_stats='layer_stats.jsonl',
@@ -61,9 +63,20 @@ def ensure_writable(folder: Path) -> Path:
         probe = folder / f'.write-probe-{uuid.uuid4().hex[:8]}'
         probe.write_bytes(b'ok'); probe.unlink()
     except OSError as e:
+        if e.errno == errno.ENOSPC:
+            raise ResourceError(f"no space left on the device of {folder} ({_free(folder)} free): free some space "
+                                f"(old checkpoints, other runs) and run the same command again") from None
         raise ConfigError(f"output folder {folder} is not writable ({e.strerror or e}); "
                           f"set DEPTHBENCH_RUNS to a writable folder") from e
     return folder
+
+
+def _free(folder) -> str:
+    "The free space of the filesystem holding `folder` (or its nearest existing parent), in words."
+    p = Path(folder)
+    while not p.exists() and p != p.parent: p = p.parent
+    try: return format_bytes(shutil.disk_usage(p).free)
+    except OSError: return 'unknown'
 
 # %% ../nbs/07a_runs.ipynb #2447f18a
 def read_json(path, what: Optional[str] = None):
@@ -268,7 +281,9 @@ class RunFolderLock:
             self.took_over = previous                                   # flock: the kernel dropped a dead holder's lock
         if self.took_over: self.say(f"took over the lock of {describe_holder(self.took_over)}, which no longer runs")
         if self.mode == 'flock':
-            os.ftruncate(self.fd, 0); os.pwrite(self.fd, json.dumps(self._record()).encode(), 0); os.fsync(self.fd)
+            try: os.ftruncate(self.fd, 0); os.pwrite(self.fd, json.dumps(self._record()).encode(), 0); os.fsync(self.fd)
+            except OSError as e:                                        # a full disk: the flock is the lock, the record a courtesy
+                if e.errno != errno.ENOSPC: raise
         return self
 
     def release(self) -> None:
@@ -315,11 +330,19 @@ def has_record(folder) -> bool:
 def writing_run_folder(folder, wait: bool | float = False, say: Callable[[str], None] = print):
     """Create (`ensure_writable`) and lock a run folder for the body; when the body fails and this call made the
     folder, and it holds no record yet, the folder (and a study folder made with it, left empty) is removed,
-    under the lock, so an error leaves no empty run folder behind."""
+    under the lock, so an error leaves no empty run folder behind. An existing folder is locked first and cleared of
+    temporary checkpoint folders a killed or failed write left (they may be what fills the disk), then checked."""
     folder = Path(folder)
     made = [p for p in (folder.parent, folder) if not p.exists()]
-    ensure_writable(folder)
+    if made: ensure_writable(folder)
     lock = RunFolderLock(folder, wait=wait, say=say).acquire()   # refused: the folder is the holder's, left alone
+    try:
+        if not made:
+            gone = remove_stale_temporaries(folder)
+            if gone: say(f"removed {len(gone)} temporary checkpoint folder(s) of an interrupted write: {', '.join(gone)}")
+            ensure_writable(folder)
+    except BaseException:
+        lock.release(); raise
     try: yield lock
     except BaseException:
         _discard(folder, made); raise
@@ -400,7 +423,7 @@ def gpu_peak_flops(name: str) -> Optional[float]:
     return next((v for k, v in PEAK_BF16_FLOPS.items() if k in name), None)
 
 # %% ../nbs/07a_runs.ipynb #6100462c
-RESULT_STATUSES = ('completed', 'diverged', 'failed')
+RESULT_STATUSES = ('completed', 'diverged', 'failed', 'interrupted')   # interrupted: stopped by a signal, checkpointed
 RESULT_KEYS = ('status', 'run_id', 'study', 'arch', 'n_layer', 'd_model', 'preset', 'lr', 'seed', 'steps', 'tokens',
                'final_val_loss', 'best_val_loss', 'wall_time_s', 'train_flops', 'params_total', 'params_backbone',
                'provenance')
@@ -417,14 +440,34 @@ def read_params(folder: Path) -> RunConfig:
     return RunConfig.from_dict({k: v for k, v in d.items() if k in RunConfig.__dataclass_fields__})
 
 
-def write_params(folder: Path, run: RunConfig, **notes) -> Path:
-    "Write params.json (the config, the run id, provenance and `notes`); refuse a folder that already holds a different run."
+def write_params(folder: Path, run: RunConfig, say: Callable[[str], None] = print, **notes) -> Path:
+    """Write params.json (the config, the run id, provenance and `notes`); refuse a folder that already holds a different
+    run. Operational options (checkpoint cadence, trackers, ...: `TrainConfig.OPERATIONAL`) may differ from the last
+    run of the folder: the run is the same, and what changed is said."""
     path = Path(folder) / RECORD_FILES['params']
     if path.exists():
-        diff = config_diff(read_params(folder).replace(study=run.study, num_processes=run.num_processes), run)
-        if diff: raise ConfigError(f"{folder} already holds a different run ({format_diff(diff)})")
+        old = read_params(folder).replace(study=run.study, num_processes=run.num_processes)
+        changed = operational_changes(old.to_dict(), run.to_dict())
+        diff = [d for d in config_diff(old, run) if d not in changed]
+        if diff: raise ConfigError(f"{folder} already holds a different run ({short_repr(format_diff(diff), 300)})")
+        if changed: say(f"same run, operational options changed since its last start: {format_diff(changed)} "
+                        f"(they are not part of the run id)")
     notes.setdefault('provenance', provenance())
     return atomic_write_json(path, dict(run.to_dict(), run_id=run.run_id, **notes))
+
+
+def adopt_legacy_folder(run: RunConfig, say: Callable[[str], None] = print) -> Optional[Path]:
+    """A run recorded while operational options were part of the run id lives under its old id: when the folder of
+    its id does not exist and the old one does, rename the old folder (under its lock) to the id, and say so."""
+    new = run_dir(run)
+    old = new.with_name(run.legacy_run_id)
+    if old == new or new.exists() or not (old / RECORD_FILES['params']).exists(): return None
+    with RunFolderLock(old, say=say):
+        if new.exists(): return None
+        os.rename(old, new)
+    say(f"run {run.legacy_run_id} was recorded under its old id (operational options were part of it then): "
+        f"moved to {new}")
+    return new
 
 
 def read_result(folder: Path) -> Optional[dict]:
@@ -533,8 +576,9 @@ def _set_rng_state(st: dict) -> None:
 
 
 def checkpoint_content(run: RunConfig) -> dict:
-    "What a checkpoint must match to be resumed: the model, data and training config (not the study name or process count)."
-    return dict(model=run.model.to_dict(), data=run.data.to_dict(), train=run.train.to_dict())
+    """What a checkpoint records of its run: the model, data and training config (not the study name or process count);
+    a resume compares it without the operational options (`config.identity_content`)."""
+    return run.content()
 
 
 def save_checkpoint(folder: Path, step: int, run: RunConfig, model: torch.nn.Module, optimizers, schedulers,
@@ -545,23 +589,40 @@ def save_checkpoint(folder: Path, step: int, run: RunConfig, model: torch.nn.Mod
     from safetensors.torch import save_file, save_model
     final = checkpoints_dir(folder) / f'step_{step:08d}'
     tmp = checkpoints_dir(folder) / f'.tmp-step_{step:08d}-{os.getpid()}'
-    shutil.rmtree(tmp, ignore_errors=True); tmp.mkdir(parents=True)
     files = ['model.safetensors', 'meta.json']
-    if model_state is None:
-        save_model(model, str(tmp / 'model.safetensors'))
-        torch.save(dict(optimizers=[o.state_dict() for o in optimizers], schedulers=[s.state_dict() for s in schedulers],
-                        rng=_rng_state()), tmp / 'train_state.pt')
-        files.append('train_state.pt')
-    else:   # FSDP: the gathered full weights only (enough for load_run; resuming is refused)
-        save_file({k: v.detach().contiguous().cpu() for k, v in model_state.items()}, str(tmp / 'model.safetensors'))
-    atomic_write_json(tmp / 'meta.json', dict(step=step, run_id=run.run_id, config=checkpoint_content(run), format=CHECKPOINT_FORMAT_VERSION,
-                                              weights_only=model_state is not None, **counters))
-    write_checksums(tmp, files)
+    try:
+        shutil.rmtree(tmp, ignore_errors=True); tmp.mkdir(parents=True)
+        if model_state is None:
+            save_model(model, str(tmp / 'model.safetensors'))
+            torch.save(dict(optimizers=[o.state_dict() for o in optimizers], schedulers=[s.state_dict() for s in schedulers],
+                            rng=_rng_state()), tmp / 'train_state.pt')
+            files.append('train_state.pt')
+        else:   # FSDP: the gathered full weights only (enough for load_run; resuming is refused)
+            save_file({k: v.detach().contiguous().cpu() for k, v in model_state.items()}, str(tmp / 'model.safetensors'))
+        atomic_write_json(tmp / 'meta.json', dict(step=step, run_id=run.run_id, config=checkpoint_content(run), format=CHECKPOINT_FORMAT_VERSION,
+                                                  weights_only=model_state is not None, **counters))
+        write_checksums(tmp, files)
+    except BaseException as e:            # a failed write (a full disk, a second signal's KeyboardInterrupt): no half checkpoint left
+        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise ResourceError(f"checkpoint step {step} could not be written to {checkpoints_dir(folder)}: {e.strerror} "
+                                f"(it needs about {format_bytes(_checkpoint_bytes(folder, model, model_state))}, "
+                                f"{_free(checkpoints_dir(folder))} free); the partial checkpoint was removed; free some space "
+                                f"and run the same command again to resume from the last checkpoint") from None
+        raise
     if final.exists(): shutil.rmtree(final)
     os.replace(tmp, final)
     if keep:
         for _, old in list_checkpoints(folder)[:-keep]: shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def _checkpoint_bytes(folder: Path, model, model_state: Optional[dict] = None) -> int:
+    "About how many bytes a checkpoint takes: the newest one written, else the weights and two optimizer moments (fp32)."
+    done = list_checkpoints(folder)
+    if done: return sum(f.stat().st_size for f in done[-1][1].iterdir() if f.is_file())
+    tensors = model_state.values() if model_state is not None else model.state_dict().values()
+    return 3 * sum(t.numel() * t.element_size() for t in tensors)
 
 
 def verify_checkpoint(path: Path, need_state: bool = True) -> Optional[str]:
@@ -624,8 +685,9 @@ def check_checkpoint_config(path: Path, run: RunConfig) -> dict:
     meta = read_json(Path(path) / 'meta.json', f'{Path(path).name}/meta.json')
     if not isinstance(meta, dict) or not isinstance(meta.get('config'), dict):
         raise CorruptFile(f"{Path(path).name}/meta.json holds no checkpoint record (no config)")
-    diff = config_diff(meta['config'], checkpoint_content(run))
-    if diff: raise ConfigError(f"checkpoint {path} was written by a different config; refusing to resume ({format_diff(diff)})")
+    diff = config_diff(identity_content(meta['config']), identity_content(checkpoint_content(run)))
+    if diff: raise ConfigError(f"checkpoint {path} was written by a different config; refusing to resume "
+                               f"({short_repr(format_diff(diff), 300)})")
     return meta
 
 
@@ -679,6 +741,78 @@ def list_runs(study: Optional[str] = None) -> list[dict]:
         for folder in sorted(p for p in s.glob('*') if (p / RECORD_FILES['params']).exists()):
             rows.append(dict(study=s.name, run_id=folder.name, status=run_status(folder), path=str(folder)))
     return rows
+
+# %% ../nbs/07a_runs.ipynb #279a7f9b
+INTERRUPT_SIGNALS = ('SIGTERM', 'SIGINT', 'SIGUSR1')
+
+
+def _signal_numbers(names=INTERRUPT_SIGNALS) -> list:
+    import signal
+    return [getattr(signal, n) for n in names]
+
+
+class SignalCatcher:
+    """SIGTERM, SIGINT and SIGUSR1 as a request to stop (in the main thread; elsewhere nothing is installed). Before
+    `armed` (setup) the first signal raises `RunInterrupted`; armed, it is recorded in `received` for the training loop.
+    Later signals are said and ignored. The previous handlers are restored on exit."""
+
+    def __init__(self, say: Callable[[str], None] = print):
+        self.say, self.received, self.armed, self.previous = say, None, False, {}
+
+    @property
+    def signal_name(self) -> Optional[str]:
+        import signal
+        return None if self.received is None else signal.Signals(self.received).name
+
+    def _handle(self, signum, frame):
+        import signal
+        name = signal.Signals(signum).name
+        if self.received is not None:
+            self.say(f"{name} again: already stopping (finishing the step and its checkpoint); waiting is safe"); return
+        self.received = signum
+        if not self.armed: raise RunInterrupted(signum, f"interrupted by {name} before training started; nothing to save")
+        self.say(f"{name}: finishing this step, then writing a checkpoint and stopping")
+
+    def __enter__(self) -> 'SignalCatcher':
+        import signal, threading
+        if threading.current_thread() is threading.main_thread():
+            for s in _signal_numbers(): self.previous[s] = signal.signal(s, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        import signal
+        for s, h in self.previous.items(): signal.signal(s, h)
+        self.previous = {}
+
+
+def child_pids(pid: int) -> list[int]:
+    "The processes whose parent is `pid` (Linux /proc)."
+    out = []
+    for p in Path('/proc').iterdir():
+        if not p.name.isdigit(): continue
+        try: ppid = int((p / 'stat').read_text().rsplit(')', 1)[1].split()[1])
+        except (OSError, IndexError, ValueError): continue
+        if ppid == pid: out.append(int(p.name))
+    return out
+
+
+@contextlib.contextmanager
+def forwarding_signals(targets: Callable[[], Iterable[int]], say: Callable[[str], None] = print):
+    """While the body waits for child processes, SIGTERM, SIGINT and SIGUSR1 are passed on to the pids `targets()`
+    gives at that moment instead of ending this process; yields a list that receives the signal numbers."""
+    import signal, threading
+    got, previous = [], {}
+    def handle(signum, frame):
+        got.append(signum)
+        pids = [p for p in targets() if p != os.getpid()]
+        say(f"{signal.Signals(signum).name}: passed on to {len(pids)} process(es) ({', '.join(map(str, pids))}); waiting for them")
+        for p in pids:
+            with contextlib.suppress(ProcessLookupError): os.kill(p, signum)
+    if threading.current_thread() is threading.main_thread():
+        for s in _signal_numbers(): previous[s] = signal.signal(s, handle)
+    try: yield got
+    finally:
+        for s, h in previous.items(): signal.signal(s, h)
 
 # %% ../nbs/07a_runs.ipynb #87a393e9
 def papermill_output_path(pid: Optional[int] = None) -> Optional[Path]:

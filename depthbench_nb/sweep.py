@@ -26,10 +26,11 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from .config import (ARCHS, Config, ConfigError, CorruptFile, DESIGN_OPTIONS, RunConfig, _choice_error,
-                                  atomic_write_bytes, atomic_write_json, atomic_write_text, family_of, package_dir, runs_root)
-from .runs import (PEAK_BF16_FLOPS, RECORD_FILES, ensure_writable, read_json, read_params, read_result,
-                                run_dir, run_folder_holder, run_status)
+from .config import (ARCHS, EXIT_INTERRUPTED, EXIT_NOT_DONE, EXIT_OK, Config, ConfigError, CorruptFile,
+                                  DESIGN_OPTIONS, RunConfig, _choice_error, atomic_write_bytes, atomic_write_json,
+                                  atomic_write_text, family_of, package_dir, runs_root, short_repr)
+from .runs import (PEAK_BF16_FLOPS, RECORD_FILES, child_pids, ensure_writable, forwarding_signals, read_json,
+                                read_params, read_result, run_dir, run_folder_holder, run_status)
 from .slurm import (QUEUED_STATES, RUNNING_STATES, SlurmProbe, SlurmRequest, accounting_tasks, array_script,
                                  fit_request, probe_slurm, queue_tasks, require_allocation, sbatch_options, srun_command,
                                  submit_script)
@@ -38,13 +39,14 @@ from .costs import train_flops_per_token
 from .console import Arg, call_parsed, emit, template_path
 
 # %% auto #0
-__all__ = ['GPU_PEAK_FLOPS', 'DEFAULT_MFU', 'RUN_STATUSES', 'EXECUTORS', 'RESULT_FIELDS', 'SHAPE_KEYS', 'StudyGroup', 'StudySpec',
-           'studies_dir', 'study_names', 'load_study', 'RunEntry', 'expand_study', 'plan_rows', 'sweep_dir', 'RunLock',
-           'is_running', 'attempts', 'entry_status', 'entry_progress', 'run_command', 'execute_entry',
-           'entry_status_locked', 'run_study', 'unfinished_runs', 'study_status', 'slurm_tasks', 'slurm_script',
-           'write_slurm_script', 'flatten', 'collect', 'looped_fit_table', 'lr_optima', 'study_entries',
-           'add_extra_entries', 'extend_lr_entries', 'sweep_plan_command', 'sweep_run_command', 'sweep_status_command',
-           'cli_sweep', 'collect_command', 'cli_collect']
+__all__ = ['MAX_STUDY_BYTES', 'MAX_STUDY_NODES', 'GPU_PEAK_FLOPS', 'DEFAULT_MFU', 'RUN_STATUSES', 'EXECUTORS', 'RESULT_FIELDS',
+           'SHAPE_KEYS', 'StudyGroup', 'StudySpec', 'studies_dir', 'study_names', 'load_study', 'RunEntry',
+           'expand_study', 'plan_rows', 'sweep_dir', 'RunLock', 'is_running', 'attempts', 'entry_status',
+           'entry_progress', 'run_command', 'execute_entry', 'entry_status_locked', 'run_study', 'unfinished_runs',
+           'study_status', 'slurm_tasks', 'slurm_script', 'write_slurm_script', 'flatten', 'collect',
+           'looped_fit_table', 'lr_optima', 'study_entries', 'add_extra_entries', 'extend_lr_entries',
+           'sweep_plan_command', 'sweep_run_command', 'sweep_status_command', 'cli_sweep', 'collect_command',
+           'cli_collect']
 
 # %% ../nbs/09a_sweep.ipynb #a94f1d9d
 @dataclass(frozen=True)
@@ -130,28 +132,65 @@ _StudyLoader.add_implicit_resolver('tag:yaml.org,2002:float', __import__('re').c
     r'^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$'), list('-+0123456789'))
 
 
+MAX_STUDY_BYTES = 1 << 20      # a study file is a few kilobytes
+MAX_STUDY_NODES = 100_000      # YAML nodes once every alias is expanded
+
+
+def _expanded_nodes(node, memo: dict) -> int:
+    "Nodes of a composed YAML document with every alias expanded (each shared node counted once per use), iteratively."
+    stack = [(node, False)]
+    while stack:
+        n, ready = stack.pop()
+        if id(n) in memo: continue
+        kids = ([c for kv in n.value for c in kv] if isinstance(n, yaml.MappingNode) else
+                list(n.value) if isinstance(n, yaml.SequenceNode) else [])
+        if ready or not kids:
+            memo[id(n)] = min(1 + sum(memo[id(c)] for c in kids), MAX_STUDY_NODES + 1)
+            continue
+        stack.append((n, True)); stack.extend((c, False) for c in kids if id(c) not in memo)
+    return memo[id(node)]
+
+
+def _load_yaml(text: str, where) -> Any:
+    "The document of a study file through the safe, bounded loader (ConfigError naming the file otherwise)."
+    loader = _StudyLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None: return None
+        size = _expanded_nodes(node, {})
+        if size > MAX_STUDY_NODES:
+            raise ConfigError(f"study file {where} expands to more than {MAX_STUDY_NODES:,} YAML nodes (aliases counted where "
+                              f"they are used); a study has a few dozen: refused before building anything from it")
+        return loader.construct_document(node)
+    except ConfigError: raise
+    except (yaml.YAMLError, ValueError, RecursionError) as e:
+        raise ConfigError(f"study file {where} is not valid YAML: {short_repr(str(e), 300)}") from None
+    finally: loader.dispose()
+
+
 def load_study(name_or_path) -> StudySpec:
-    "A StudySpec from a shipped study name or a YAML/JSON file (checked: types, keys, designs, LRs)."
+    "A StudySpec from a shipped study name or a YAML/JSON file (checked: types, keys, designs, LRs; size bounded)."
     p = Path(name_or_path)
     if str(name_or_path) in study_names(): p = studies_dir() / f'{name_or_path}.yaml'
     elif p.suffix.lower() not in ('.yaml', '.yml', '.json'):
         raise _choice_error('study', name_or_path, study_names() + ['a .yaml/.json path'])
     if not p.is_file(): raise ConfigError(f"study file {p} does not exist")
+    if p.stat().st_size > MAX_STUDY_BYTES:
+        raise ConfigError(f"study file {p} is {p.stat().st_size:,} bytes; a study is a few kilobytes (at most {MAX_STUDY_BYTES:,})")
     data = p.read_bytes()
     try: text = data.decode('utf-8')
     except UnicodeDecodeError:
         raise CorruptFile(f"study file {p} is not text ({len(data)} bytes of binary data); a study is a YAML file "
                           f"with name and groups (see the shipped ones: {studies_dir()})") from None
-    try: raw = yaml.load(text, Loader=_StudyLoader)          # a safe loader: no Python objects
-    except (yaml.YAMLError, ValueError) as e: raise ConfigError(f"study file {p} is not valid YAML: {e}") from None
+    raw = _load_yaml(text, p)                                  # a safe, bounded loader: no Python objects, no bombs
     if not isinstance(raw, dict): raise ConfigError(f"study file {p} must hold a mapping with name, groups, ...")
     groups = raw.get('groups') or []
     if not isinstance(groups, list): raise ConfigError(f"study file {p}: 'groups' must be a list")
     parsed = []
     for i, g in enumerate(groups):
-        label = g.get('name', f'#{i}') if isinstance(g, dict) else f'#{i}'
+        label = short_repr(g.get('name', f'#{i}'), 60) if isinstance(g, dict) else f'#{i}'
         try: parsed.append(StudyGroup.from_dict(g))
-        except ConfigError as e: raise ConfigError(f"study file {p}, group {label!r}: {e}") from e
+        except ConfigError as e: raise ConfigError(f"study file {p}, group {label}: {e}") from e
     try: return StudySpec.from_dict({**raw, 'groups': tuple(parsed)})
     except ConfigError as e: raise ConfigError(f"study file {p}: {e}") from e
 
