@@ -387,7 +387,7 @@ def device_name() -> str:
 
 _SLURM_VARS = dict(job_id='SLURM_JOB_ID', array_job_id='SLURM_ARRAY_JOB_ID', array_task_id='SLURM_ARRAY_TASK_ID',
                    nodes='SLURM_JOB_NODELIST', nnodes='SLURM_NNODES', partition='SLURM_JOB_PARTITION',
-                   cluster='SLURM_CLUSTER_NAME')
+                   cluster='SLURM_CLUSTER_NAME', restart_count='SLURM_RESTART_COUNT')   # restart_count: a requeued task
 
 
 def slurm_job_info(env=None) -> Optional[dict]:

@@ -1144,4 +1144,5 @@ def cli_train(argv=None) -> int:
 
 
 if __name__ == '__main__' and '__file__' in globals():   # `python -m depthbench_nb.trainer` (accelerate launch); not in notebooks
-    sys.exit(cli_train())
+    from depthbench_nb.cli import main
+    sys.exit(main(['train'] + sys.argv[1:]))              # clean one-line errors and exit codes, as from the console script
