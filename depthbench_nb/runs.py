@@ -29,16 +29,18 @@ from .config import (ConfigError, CorruptFile, ResourceError, RunBusy, RunConfig
                                   atomic_write_text, config_diff, repo_root, runs_root, runs_root_reason)
 
 # %% auto #0
-__all__ = ['RECORD_FILES', 'CHECKSUMS_FILE', 'LOCK_FILE', 'RECORD_EVIDENCE', 'PEAK_BF16_FLOPS', 'RESULT_STATUSES', 'RESULT_KEYS',
-           'CHECKPOINT_FORMAT_VERSION', 'INTERRUPT_SIGNALS', 'run_dir', 'where_runs_go', 'ensure_writable', 'read_json',
-           'safe_torch_load', 'file_sha256', 'write_checksums', 'verify_checksums', 'holder_alive', 'describe_holder',
-           'RunFolderLock', 'run_folder_holder', 'has_record', 'writing_run_folder', 'git_state', 'device_name',
-           'slurm_job_info', 'provenance', 'gpu_peak_flops', 'format_diff', 'read_params', 'write_params',
-           'adopt_legacy_folder', 'read_result', 'write_result', 'metrics_header', 'MetricsLog', 'read_jsonl',
-           'read_metrics', 'read_metrics_headers', 'checkpoints_dir', 'list_checkpoints', 'checkpoint_content',
-           'save_checkpoint', 'verify_checkpoint', 'newest_intact_checkpoint', 'remove_stale_temporaries',
-           'check_checkpoint_config', 'load_checkpoint', 'load_run', 'run_status', 'list_runs', 'SignalCatcher',
-           'child_pids', 'forwarding_signals', 'papermill_output_path', 'record_executed_notebook']
+__all__ = ['RECORD_FILES', 'TORCH_STORAGES', 'TORCH_FILE_GLOBALS', 'LEGACY_NUMPY_GLOBALS', 'CHECKSUMS_FILE', 'LOCK_FILE',
+           'RECORD_EVIDENCE', 'PEAK_BF16_FLOPS', 'RESULT_STATUSES', 'RESULT_KEYS', 'CHECKPOINT_FORMAT_VERSION',
+           'INTERRUPT_SIGNALS', 'run_dir', 'where_runs_go', 'ensure_writable', 'read_json', 'pickle_globals',
+           'check_pickle', 'check_torch_file', 'safe_torch_load', 'file_sha256', 'write_checksums', 'verify_checksums',
+           'holder_alive', 'describe_holder', 'RunFolderLock', 'run_folder_holder', 'has_record', 'writing_run_folder',
+           'git_state', 'device_name', 'slurm_job_info', 'provenance', 'gpu_peak_flops', 'format_diff', 'read_params',
+           'write_params', 'adopt_legacy_folder', 'read_result', 'write_result', 'metrics_header', 'MetricsLog',
+           'read_jsonl', 'read_metrics', 'read_metrics_headers', 'checkpoints_dir', 'list_checkpoints',
+           'checkpoint_content', 'save_checkpoint', 'verify_checkpoint', 'newest_intact_checkpoint',
+           'remove_stale_temporaries', 'check_checkpoint_config', 'load_checkpoint', 'load_run', 'run_status',
+           'list_runs', 'SignalCatcher', 'child_pids', 'forwarding_signals', 'papermill_output_path',
+           'record_executed_notebook']
 
 # %% ../nbs/07a_runs.ipynb #badf4e69
 RECORD_FILES = dict(params='params.json', metrics='metrics.jsonl', result='result.json', layer_stats='layer_stats.jsonl',
@@ -89,15 +91,108 @@ def read_json(path, what: Optional[str] = None):
                           f"depthbench-nb): {str(e)[:120]}") from None
 
 
+_STRINGS = frozenset({'SHORT_BINUNICODE', 'BINUNICODE', 'BINUNICODE8', 'UNICODE', 'STRING', 'BINSTRING', 'SHORT_BINSTRING'})
+
+
+def pickle_globals(stream) -> list[tuple[str, str]]:
+    """The (module, name) pairs one pickle (read from `stream` up to its STOP) would import, found without unpickling:
+    its opcodes are walked with a model of the unpickler's stack and memo, so that protocol 4's STACK_GLOBAL, whose
+    names come from the stack, is read as exactly as GLOBAL. A name that is not a plain string there (built at load
+    time) is `UnsafeFile`; bytes that are not a pickle are `CorruptFile`."""
+    import pickletools
+    mark, stack, memo, found = object(), [], {}, []
+    def pop_to_mark():
+        while stack:
+            if stack.pop() is mark: return
+        raise CorruptFile('a pickle opcode needs a mark that is not there')
+    try:
+        for op, arg, _ in pickletools.genops(stream):
+            name = op.name
+            if name in ('GLOBAL', 'INST'):
+                module, _, qual = arg.partition(' ')
+                found.append((module, qual))
+                if name == 'INST': pop_to_mark()
+                stack.append(None)
+            elif name == 'STACK_GLOBAL':
+                if len(stack) < 2: raise CorruptFile('STACK_GLOBAL on a short stack')
+                qual, module = stack.pop(), stack.pop()
+                if not (isinstance(module, str) and isinstance(qual, str)) or mark in (module, qual):
+                    raise UnsafeFile('a pickle builds the name of what it imports at load time; refused, nothing was executed')
+                found.append((module, qual)); stack.append(None)
+            elif name in _STRINGS: stack.append(arg if isinstance(arg, str) else None)
+            elif name == 'MARK': stack.append(mark)
+            elif name in ('PUT', 'BINPUT', 'LONG_BINPUT'): memo[arg] = stack[-1] if stack else None
+            elif name == 'MEMOIZE': memo[len(memo)] = stack[-1] if stack else None
+            elif name in ('GET', 'BINGET', 'LONG_BINGET'): stack.append(memo.get(arg))
+            elif name == 'STOP': break
+            else:
+                for item in op.stack_before:
+                    if item is pickletools.markobject: pop_to_mark()
+                    elif item is not pickletools.stackslice and stack: stack.pop()
+                stack.extend([None] * len(op.stack_after))
+    except (ValueError, EOFError, UnicodeDecodeError) as e:
+        raise CorruptFile(f'not a readable pickle ({_first_line(e)})') from None
+    return found
+
+
+def check_pickle(stream, allowed, what: str) -> None:
+    "`UnsafeFile` naming the first global of the pickle in `stream` that is not in `allowed` (exact (module, name) pairs)."
+    for module, qual in pickle_globals(stream):
+        if (module, qual) not in allowed:
+            raise UnsafeFile(f"{what} would run code to be loaded (it names {short_repr(module + '.' + qual, 120)}); refused, "
+                             f"nothing was executed. depthbench-nb writes tensors and plain values only: this file was not "
+                             f"written by it (do not load it with weights_only=False unless you trust its source)")
+
+
+# what torch.save writes for tensors, parameters and containers: the only globals a PyTorch file may name here
+TORCH_STORAGES = ('DoubleStorage', 'FloatStorage', 'HalfStorage', 'BFloat16Storage', 'LongStorage', 'IntStorage',
+                  'ShortStorage', 'CharStorage', 'ByteStorage', 'BoolStorage', 'ComplexDoubleStorage', 'ComplexFloatStorage',
+                  'UntypedStorage')
+TORCH_FILE_GLOBALS = frozenset({('collections', 'OrderedDict'), ('torch._utils', '_rebuild_tensor_v2'),
+                                ('torch._utils', '_rebuild_parameter')} | {('torch', s) for s in TORCH_STORAGES})
+# checkpoints of format 1 kept numpy's RNG state as a numpy array (protocol 2: its bytes through _codecs.encode)
+LEGACY_NUMPY_GLOBALS = frozenset({('numpy.core.multiarray', '_reconstruct'), ('numpy._core.multiarray', '_reconstruct'),
+                                  ('numpy', 'ndarray'), ('numpy', 'dtype'), ('numpy.dtypes', 'UInt32DType'),
+                                  ('_codecs', 'encode')})
+
+
+def check_torch_file(source, what: str, allowed=TORCH_FILE_GLOBALS) -> None:
+    """Refuse (`UnsafeFile`) a PyTorch file whose pickles name anything outside `allowed`, before torch reads it: the
+    `.pkl` members of a zip file (torch's format), else the pickles at the start of a legacy file."""
+    import io, zipfile
+    f = open(source, 'rb') if isinstance(source, (str, Path)) else source
+    try:
+        start = f.tell()
+        if zipfile.is_zipfile(f):
+            f.seek(start)
+            with zipfile.ZipFile(f) as z:
+                for member in z.namelist():
+                    if member.endswith('.pkl'): check_pickle(io.BytesIO(z.read(member)), allowed, what)
+            return
+        f.seek(start)
+        for i in range(5):                 # legacy: magic number, protocol, system info, the data, its storage keys
+            try: check_pickle(f, allowed, what)
+            except CorruptFile:
+                if i == 0: raise
+                return
+    except (zipfile.BadZipFile, OSError, EOFError, RuntimeError) as e:
+        raise CorruptFile(f"{what} is not a readable PyTorch file ({_first_line(e)})") from None
+    finally:
+        if f is not source: f.close()
+        else: f.seek(start)
+
+
 def safe_torch_load(source, what: Optional[str] = None, legacy_numpy: bool = False):
-    """`torch.load(weights_only=True)`: tensors, numbers, strings and containers, nothing that runs code.
-    A pickle that names a function or class is `UnsafeFile` (refused before anything ran); a file torch cannot
-    read is `CorruptFile`. `legacy_numpy` also admits numpy arrays (the RNG state of checkpoints written
-    before checkpoint format 2), by the three numpy names torch's documentation gives for that."""
+    """`torch.load(weights_only=True)` behind an exact allow-list of our own: tensors, parameters, numbers, strings
+    and containers, nothing that runs code. A pickle that names anything else (checked first, without unpickling:
+    `check_torch_file`) is `UnsafeFile`, refused before anything ran; a file torch cannot read is `CorruptFile`.
+    `legacy_numpy` also admits numpy arrays (the RNG state of checkpoints written before checkpoint format 2), by the
+    numpy names torch's documentation gives for that."""
     import pickle, warnings, zipfile
     import numpy as np
     import torch
     name = what or str(source)
+    check_torch_file(source, name, TORCH_FILE_GLOBALS | (LEGACY_NUMPY_GLOBALS if legacy_numpy else frozenset()))
     allowed = []
     if legacy_numpy:
         core = getattr(np, '_core', None) or np.core
