@@ -698,9 +698,10 @@ def save_checkpoint(folder: Path, step: int, run: RunConfig, model: torch.nn.Mod
                                                   weights_only=model_state is not None, **counters))
         write_checksums(tmp, files)
     except BaseException as e:            # a failed write (a full disk, a second signal's KeyboardInterrupt): no half checkpoint left
+        full = _disk_full(e, tmp)             # judged before the partial checkpoint is removed (that frees the space)
         shutil.rmtree(tmp, ignore_errors=True)
-        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise ResourceError(f"checkpoint step {step} could not be written to {checkpoints_dir(folder)}: {e.strerror} "
+        if full:
+            raise ResourceError(f"checkpoint step {step} could not be written to {checkpoints_dir(folder)}: no space left on the device "
                                 f"(it needs about {format_bytes(_checkpoint_bytes(folder, model, model_state))}, "
                                 f"{_free(checkpoints_dir(folder))} free); the partial checkpoint was removed; free some space "
                                 f"and run the same command again to resume from the last checkpoint") from None
@@ -710,6 +711,16 @@ def save_checkpoint(folder: Path, step: int, run: RunConfig, model: torch.nn.Mod
     if keep:
         for _, old in list_checkpoints(folder)[:-keep]: shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def _disk_full(e: BaseException, path: Path) -> bool:
+    """Whether a failed write failed for want of space: ENOSPC / EDQUOT, said so in the text of another library's error
+    (safetensors), or (torch says only 'iostream error') less than 1 MiB free right after the failure."""
+    if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT): return True
+    if not isinstance(e, Exception): return False
+    if any(s in str(e) for s in (os.strerror(errno.ENOSPC), os.strerror(errno.EDQUOT))): return True
+    try: return shutil.disk_usage(path if Path(path).exists() else Path(path).parent).free < (1 << 20)
+    except OSError: return False
 
 
 def _checkpoint_bytes(folder: Path, model, model_state: Optional[dict] = None) -> int:

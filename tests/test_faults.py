@@ -111,7 +111,7 @@ def reference(tiny_data, tmp_path_factory):
     try:
         run = tiny(tiny_data)
         res = train(run, progress=False)
-        return dict(run=run, rows=read_metrics(run_dir(run)), result=res, digest=weights_digest(run_dir(run)))
+        return dict(run=run, rows=read_metrics(run_dir(run)), result=res, digest=weights_digest(run_dir(run)), folder=run_dir(run))
     finally:
         if old is None: del os.environ['DEPTHBENCH_RUNS']
         else: os.environ['DEPTHBENCH_RUNS'] = old
@@ -1062,7 +1062,7 @@ def test_a_full_disk_leaves_no_partial_checkpoint_and_the_resume_cleans_first(re
     before it checks that the folder is writable; once there is space, the resume ends with the uninterrupted record."""
     from depthbench_nb.config import ResourceError
     mnt = tmp_path / 'disk'; mnt.mkdir()
-    ckpt = sum(f.stat().st_size for f in list_checkpoints(run_dir(reference['run']))[-1][1].iterdir())
+    ckpt = sum(f.stat().st_size for f in list_checkpoints(reference['folder'])[-1][1].iterdir())
     if os.geteuid() != 0: pytest.skip('mounting a small tmpfs (a full disk) needs root')
     subprocess.run(['mount', '-t', 'tmpfs', '-o', f'size={int(1.5 * ckpt) + (256 << 10)}', 'tmpfs', str(mnt)], check=True)
     try:
