@@ -294,6 +294,7 @@ def array_script(job_name: str, run_ids: list[str], command: str, req: SlurmRequ
     lines += [f'#SBATCH {o}' for o in sbatch_options(req)]
     if req.signal_before: lines.append(f'#SBATCH --signal=B:USR1@{req.signal_before}')   # to the batch shell: the driver (exec)
     lines.append('#SBATCH --requeue' if req.requeue else '#SBATCH --no-requeue')
+    lines.append('#SBATCH --open-mode=append')          # a requeued task adds to its log instead of replacing it
     lines += [f'#SBATCH --output={output}', f'#SBATCH --chdir={workdir}', f'#SBATCH --comment={comment}', '']
     lines += [f'# {h}' for h in header]
     if req.setup: lines += ['', '# environment set-up (--slurm-setup)'] + list(req.setup)
