@@ -175,6 +175,8 @@ def check_torch_file(source, what: str, allowed=TORCH_FILE_GLOBALS) -> None:
             except CorruptFile:
                 if i == 0: raise
                 return
+    except CorruptFile as e:
+        raise CorruptFile(f"{what} is not a readable PyTorch file (truncated or another format: {e})") from None
     except (zipfile.BadZipFile, OSError, EOFError, RuntimeError) as e:
         raise CorruptFile(f"{what} is not a readable PyTorch file ({_first_line(e)})") from None
     finally:

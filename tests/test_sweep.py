@@ -122,9 +122,9 @@ def killed_and_resumed(tmp_path_factory, tiny_data):
     runs = tmp / 'runs'
     env = dict(os.environ, DEPTHBENCH_RUNS=str(runs), OMP_NUM_THREADS='1')
     study = write_study(tmp / 'k.yaml', 'killme', tiny_data, lrs=(2e-3, 4e-3), max_steps=12)   # run 2 is killed mid-training
-    os.environ['DEPTHBENCH_RUNS'] = str(runs)
+    saved = os.environ.get('DEPTHBENCH_RUNS'); os.environ['DEPTHBENCH_RUNS'] = str(runs)
     try: entries = expand_study(load_study(study))
-    finally: del os.environ['DEPTHBENCH_RUNS']
+    finally: os.environ['DEPTHBENCH_RUNS'] = saved        # the session's own runs folder, never unset
     first = runs / 'killme' / entries[0].run_id / 'result.json'
     drv = subprocess.Popen(DRIVER + ['sweep', 'run', str(study), '--executor', 'python', '--no-progress'], env=env,
                            start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
