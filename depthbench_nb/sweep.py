@@ -429,8 +429,7 @@ def execute_entry(e: RunEntry, lock: RunLock, executor: str = 'papermill', devic
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, 'ab') as out:
         out.write(f'\n=== {time.strftime("%Y-%m-%d %H:%M:%S")} pid {os.getpid()}: {shlex.join(cmd)}\n'.encode()); out.flush()
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, pass_fds=(lock.fd,),
-                                start_new_session=True)   # signals reach it through the driver (run_study), never past it
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, pass_fds=(lock.fd,))
         _CHILDREN.add(proc)
         try: rc = proc.wait()
         finally: _CHILDREN.discard(proc)

@@ -1086,8 +1086,7 @@ def launch(run: RunConfig, progress: bool = True, preset_reason: Optional[str] =
     env = dict(os.environ, DEPTHBENCH_LAUNCHED='1', PYTHONUNBUFFERED='1')
     env.setdefault('OMP_NUM_THREADS', '1')
     keep = (lock.fd,) if lock is not None and getattr(lock, 'fd', None) is not None else ()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1, env=env, pass_fds=keep,
-                            start_new_session=True)   # a terminal's Ctrl-C reaches this process, which passes it on
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1, env=env, pass_fds=keep)
     # a signal goes to the training processes (the launcher's children), not to the launcher: they checkpoint and stop
     with forwarding_signals(lambda: child_pids(proc.pid)) as got:
         for line in proc.stdout: print(line, end='', flush=True)
