@@ -14,11 +14,12 @@ import sys
 import traceback
 from pathlib import Path
 
-from .config import ConfigError
+from .config import EXIT_ERROR, EXIT_INTERRUPTED, MESSAGE_LIMIT, ConfigError, RunInterrupted
 from .console import call_parsed, emit, json_stdout, notebooks_dir, template_notebooks
 
 # %% auto #0
-__all__ = ['COMMANDS', 'OPTIONAL_DEPENDENCIES', 'UsageError', 'error_kind', 'main', 'notebooks_command', 'cli_notebooks']
+__all__ = ['COMMANDS', 'OPTIONAL_DEPENDENCIES', 'UsageError', 'error_kind', 'bounded', 'main', 'notebooks_command',
+           'cli_notebooks']
 
 # %% ../nbs/00a_cli.ipynb #d2636155
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -75,7 +76,7 @@ class UsageError(ConfigError):
 
 
 def error_kind(e: BaseException) -> str:
-    "The `kind` of an error in `--json` output: config, usage, corrupt, unsafe, busy, not_found, io or internal."
+    "The `kind` of an error in `--json` output: config, usage, corrupt, unsafe, busy, resources, not_found, io or internal (and interrupted)."
     if isinstance(e, ConfigError): return e.kind
     if isinstance(e, FileNotFoundError): return 'not_found'
     if isinstance(e, OSError): return 'io'
@@ -92,12 +93,20 @@ def _usage_errors_raise():
     finally: argparse.ArgumentParser.error = original
 
 
-def _fail(cmd: str, e: BaseException, as_json: bool, out) -> int:
-    kind = error_kind(e)
-    msg = str(e) if kind != 'internal' else f"{type(e).__name__}: {e}"
+def bounded(message: str, limit: int = MESSAGE_LIMIT) -> str:
+    "A message on one line and at most `limit` characters (the cut is said), whatever the input it quotes."
+    text = ' '.join(str(message).split())
+    if len(text) <= limit: return text
+    head, tail = int(limit * 0.6), int(limit * 0.3)              # the end often says what to do: keep both ends
+    return f"{text[:head]} ... ({len(text) - head - tail:,} characters cut) ... {text[-tail:]}"
+
+
+def _fail(cmd: str, e: BaseException, as_json: bool, out, kind: str | None = None, code: int = EXIT_ERROR) -> int:
+    kind = kind or error_kind(e)
+    msg = bounded(str(e) if kind != 'internal' else f"{type(e).__name__}: {e}")
     if as_json: print(json.dumps(dict(error=msg, kind=kind)), file=out)
-    else: print(f"{' '.join(('depthbench-nb', cmd)).strip()}: error: {msg}", file=sys.stderr)
-    return 2
+    else: print(f"{' '.join(('depthbench-nb', cmd)).strip()}: {'error: ' if code == EXIT_ERROR else ''}{msg}", file=sys.stderr)
+    return code
 
 
 def main(argv=None) -> int:
@@ -120,6 +129,10 @@ def main(argv=None) -> int:
             return int(_load(COMMANDS[cmd][0])(rest) or 0)
     except (ConfigError, OSError) as e:      # bad input, damaged files, a busy run, the disk: a clear message
         return _fail(cmd, e, as_json, out)
+    except RunInterrupted as e:              # a signal before there was anything to save (training saves, then returns)
+        return _fail(cmd, e, as_json, out, kind='interrupted', code=EXIT_INTERRUPTED)
+    except KeyboardInterrupt:                # Ctrl-C in a command that does not catch it itself
+        return _fail(cmd, RunInterrupted(2, 'interrupted by SIGINT (Ctrl-C)'), as_json, out, kind='interrupted', code=EXIT_INTERRUPTED)
     except Exception as e:                   # a bug: the traceback (stderr) and, under --json, still a JSON error
         if not as_json: raise
         traceback.print_exc(file=sys.stderr)

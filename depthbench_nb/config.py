@@ -25,12 +25,14 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 # %% auto #0
-__all__ = ['ARCHS', 'FAMILIES', 'DESIGN_OPTIONS', 'OPTIMIZERS', 'SCHEDULES', 'PRECISIONS', 'EVAL_SETS', 'LOCK_FILE',
-           'ConfigError', 'CorruptFile', 'UnsafeFile', 'FolderBusy', 'RunBusy', 'ForkNames', 'Design',
-           'register_design', 'unregister_design', 'arch_names', 'resolve_arch', 'family_of', 'Config', 'config_hash',
-           'config_diff', 'ffn_hidden_default', 'ModelConfig', 'DataConfig', 'TrainConfig', 'RunConfig', 'package_dir',
-           'repo_root', 'runs_root', 'runs_root_reason', 'cache_dir', 'atomic_write_bytes', 'atomic_write_text',
-           'atomic_write_json', 'holder_alive', 'describe_holder', 'FolderLock', 'lock_holder']
+__all__ = ['EXIT_OK', 'EXIT_NOT_DONE', 'EXIT_ERROR', 'EXIT_INTERRUPTED', 'MESSAGE_LIMIT', 'ARCHS', 'FAMILIES', 'DESIGN_OPTIONS',
+           'OPTIMIZERS', 'SCHEDULES', 'PRECISIONS', 'EVAL_SETS', 'LOCK_FILE', 'ConfigError', 'CorruptFile',
+           'UnsafeFile', 'FolderBusy', 'RunBusy', 'ResourceError', 'RunInterrupted', 'short_repr', 'ForkNames',
+           'Design', 'register_design', 'unregister_design', 'arch_names', 'resolve_arch', 'family_of', 'Config',
+           'config_hash', 'config_diff', 'ffn_hidden_default', 'ModelConfig', 'DataConfig', 'TrainConfig', 'RunConfig',
+           'identity_content', 'operational_changes', 'package_dir', 'repo_root', 'runs_root', 'runs_root_reason',
+           'cache_dir', 'atomic_write_bytes', 'atomic_write_text', 'atomic_write_json', 'available_memory',
+           'memory_check_enabled', 'format_bytes', 'holder_alive', 'describe_holder', 'FolderLock', 'lock_holder']
 
 # %% ../nbs/00_config.ipynb #535214f5
 class ConfigError(ValueError):
@@ -58,8 +60,40 @@ class RunBusy(FolderBusy):
     kind = 'busy'
 
 
+class ResourceError(ConfigError):
+    "The run needs more memory or disk than is available (the message names both figures and what to do)."
+    kind = 'resources'
+
+
+# exit codes of the command line (README, Reliability)
+EXIT_OK, EXIT_NOT_DONE, EXIT_ERROR, EXIT_INTERRUPTED = 0, 1, 2, 3
+
+
+class RunInterrupted(BaseException):
+    """SIGTERM, SIGINT or SIGUSR1 stopped the work (exit code 3). Not an `Exception`: a handler for errors must not
+    swallow a request to stop. Training is checkpointed first (`runs.SignalCatcher`); `message` says what was kept."""
+    def __init__(self, signum: int, message: str = ''):
+        import signal
+        self.signum, self.signal = signum, signal.Signals(signum).name
+        super().__init__(message or f"interrupted by {self.signal}")
+
+
+MESSAGE_LIMIT = 600   # characters of a message on the command line (values in it: `short_repr`, fewer)
+
+
+def short_repr(value, limit: int = 120) -> str:
+    "`repr(value)` cut to `limit` characters, without building the whole repr of a huge or deeply shared value."
+    import reprlib
+    r = reprlib.Repr()
+    r.maxlevel, r.maxlist, r.maxtuple, r.maxdict, r.maxset, r.maxstring, r.maxother = 3, 6, 6, 6, 6, limit, limit
+    text = r.repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + '...'
+
+
 def _choice_error(kind: str, value, valid) -> ConfigError:
-    return ConfigError(f"unknown {kind} {value!r}; valid {kind}s: {', '.join(map(str, valid))}")
+    valid = list(valid)
+    shown = ', '.join(map(str, valid[:40])) + (f', ... ({len(valid)} in all)' if len(valid) > 40 else '')
+    return ConfigError(f"unknown {kind} {short_repr(value)}; valid {kind}s: {shown}")
 
 # %% ../nbs/00_config.ipynb #1abb22e4
 def _no_extra(cfg, *args) -> int:
@@ -233,7 +267,7 @@ class Config:
             v = getattr(self, f.name)
             ok, conv = _type_ok(v, hints[f.name])
             if not ok:
-                raise ConfigError(f"{type(self).__name__}.{f.name} must be {_type_name(hints[f.name])}, got {v!r} ({type(v).__name__})")
+                raise ConfigError(f"{type(self).__name__}.{f.name} must be {_type_name(hints[f.name])}, got {short_repr(v)} ({type(v).__name__})")
             object.__setattr__(self, f.name, conv)
         self.validate()
 
@@ -254,7 +288,7 @@ class Config:
         if not isinstance(d, dict): raise ConfigError(f"{cls.__name__} expects a dict, got {type(d).__name__}")
         names = [f.name for f in fields(cls)]
         unknown = [k for k in d if k not in names]
-        if unknown: raise ConfigError(f"{cls.__name__}: unknown keys {unknown}; valid keys: {', '.join(names)}")
+        if unknown: raise ConfigError(f"{cls.__name__}: unknown keys {short_repr(unknown)}; valid keys: {', '.join(names)}")
         return cls(**d)
 
     def to_json(self, indent: int | None = 2) -> str: return json.dumps(self.to_dict(), indent=indent, sort_keys=True)
@@ -353,12 +387,12 @@ class ModelConfig(Config):
             if opt not in spec.options:
                 if v is not None:
                     takers = [a for a, s in ARCHS.items() if opt in s.options]
-                    raise ConfigError(f"option {opt}={v!r} does not apply to arch {spec.name!r} (it applies to: {', '.join(takers)})")
+                    raise ConfigError(f"option {opt}={short_repr(v)} does not apply to arch {spec.name!r} (it applies to: {', '.join(takers)})")
                 continue
             if v is None and opt in spec.defaults:
                 v = spec.defaults[opt]
                 set_(self, opt, v)
-            if v is not None and not check(v): raise ConfigError(f"{opt}={v!r} is invalid for {spec.name}: must be {rule}")
+            if v is not None and not check(v): raise ConfigError(f"{opt}={short_repr(v)} is invalid for {spec.name}: must be {rule}")
         for opt, v in ((spec.validate(self) if spec.validate else None) or {}).items(): set_(self, opt, v)  # the design's own rules
 
     @property
@@ -431,6 +465,8 @@ class TrainConfig(Config):
     ortho_dtype: Optional[str] = None # MuonH orthogonalisation: None = bfloat16 (the paper); 'float32' for exact comparisons
 
     _OMIT_WHEN_NONE = frozenset({'eval_set', 'eval_rows', 'eval_rows_fast', 'ortho_dtype'})
+    # how a run is operated, not what it computes: left out of the run id (see RunConfig.content_hash)
+    OPERATIONAL = ('checkpoint_every', 'keep_checkpoints', 'layer_stats_every', 'trackers')
 
     def validate(self):
         if self.optimizer not in OPTIMIZERS: raise _choice_error('optimizer', self.optimizer, OPTIMIZERS)
@@ -478,7 +514,7 @@ class RunConfig(Config):
 
     def validate(self):
         if not self.study or any(c in self.study for c in '/\\') or self.study.startswith('.'):
-            raise ConfigError(f"study must be a plain folder name, got {self.study!r}")
+            raise ConfigError(f"study must be a plain folder name, got {short_repr(self.study)}")
         if self.num_processes < 1: raise ConfigError(f"num_processes must be >= 1, got {self.num_processes}")
         if self.fsdp and self.num_processes < 2:
             raise ConfigError('fsdp shards the model over processes: set num_processes >= 2 (one process trains unsharded)')
@@ -487,16 +523,47 @@ class RunConfig(Config):
         if self.train.seq_len > self.model.max_seq_len:
             raise ConfigError(f"train.seq_len ({self.train.seq_len}) exceeds model.max_seq_len ({self.model.max_seq_len})")
 
-    @property
-    def content_hash(self) -> str:
-        "Hash of everything that changes the result (model, data, train); not the study, process count, compile or FSDP."
-        return config_hash(dict(model=self.model.to_dict(), data=self.data.to_dict(), train=self.train.to_dict()))
+    def content(self) -> dict:
+        "What the run computes: the model, data and training configs (a checkpoint's `config`)."
+        return dict(model=self.model.to_dict(), data=self.data.to_dict(), train=self.train.to_dict())
 
     @property
-    def run_id(self) -> str:
+    def content_hash(self) -> str:
+        """Hash of everything that changes the result (model, data, optimisation, schedule, seed, evaluation); not the
+        study, process count, compile or FSDP, nor the operational options (`TrainConfig.OPERATIONAL`: checkpoint
+        cadence and count, trackers, layer-statistics cadence), which hash as their defaults, so that ids of runs
+        made with the defaults are those of before these options left the id."""
+        return config_hash(identity_content(self.content()))
+
+    def _id(self, digest: str) -> str:
         m, t = self.model, self.train
         tag = ARCHS[m.arch].run_tag(m) if ARCHS[m.arch].run_tag else ''
-        return f"{m.arch}-{tag}L{m.n_layer}-d{m.d_model}-lr{t.lr:g}-s{t.seed}-{self.content_hash}"
+        return f"{m.arch}-{tag}L{m.n_layer}-d{m.d_model}-lr{t.lr:g}-s{t.seed}-{digest}"
+
+    @property
+    def run_id(self) -> str: return self._id(self.content_hash)
+
+    @property
+    def legacy_run_id(self) -> str:
+        "The id this run had while the operational options were part of it (equal to run_id with their defaults)."
+        return self._id(config_hash(self.content()))
+
+
+_TRAIN_DEFAULTS: dict = {}
+
+
+def identity_content(content: dict) -> dict:
+    "A run's content ({model, data, train} as dicts) with the operational training options set to their defaults."
+    if not _TRAIN_DEFAULTS: _TRAIN_DEFAULTS.update(TrainConfig().to_dict())
+    train = dict(content.get('train') or {})
+    train.update({k: _TRAIN_DEFAULTS[k] for k in TrainConfig.OPERATIONAL})
+    return dict(content, train=train)
+
+
+def operational_changes(old: dict, new: dict) -> list[tuple[str, Any, Any]]:
+    "The operational options that differ between two contents (or RunConfig dicts): what a rerun may change."
+    return [d for d in config_diff(old.get('train') or {}, new.get('train') or {}, 'train.')
+            if d[0].split('.', 1)[1] in TrainConfig.OPERATIONAL]
 
 # %% ../nbs/00_config.ipynb #7ffefcf1
 def package_dir() -> Path:
@@ -561,6 +628,48 @@ def atomic_write_text(path, text: str) -> Path:
 def atomic_write_json(path, obj, indent: int = 2) -> Path:
     "Write `obj` as JSON (sorted keys, a final newline) to `path` atomically."
     return atomic_write_text(path, json.dumps(obj, indent=indent, sort_keys=True, default=str) + '\n')
+
+# %% ../nbs/00_config.ipynb #55fd9e1a
+def _read_int(path) -> Optional[int]:
+    try: text = Path(path).read_text().strip()
+    except OSError: return None
+    return int(text) if text.isdigit() else None
+
+
+def available_memory(device: str = 'cpu') -> tuple[Optional[int], str]:
+    "(bytes available to this process on `device`, where the figure comes from); None when it cannot be told."
+    if str(device).startswith('cuda'):
+        import torch
+        free, _ = torch.cuda.mem_get_info(torch.device(device))
+        return int(free), f'free memory of {device}'
+    found = []
+    try:
+        meminfo = dict(line.split(':', 1) for line in Path('/proc/meminfo').read_text().splitlines() if ':' in line)
+        found.append((int(meminfo['MemAvailable'].split()[0]) * 1024, 'MemAvailable'))
+    except (OSError, KeyError, ValueError): pass
+    limit, used = _read_int('/sys/fs/cgroup/memory.max'), _read_int('/sys/fs/cgroup/memory.current')
+    if limit is None: limit, used = _read_int('/sys/fs/cgroup/memory/memory.limit_in_bytes'), _read_int('/sys/fs/cgroup/memory/memory.usage_in_bytes')
+    if limit is not None and used is not None and limit < 1 << 60: found.append((max(0, limit - used), 'the cgroup memory limit'))
+    import resource
+    soft = resource.getrlimit(resource.RLIMIT_AS)[0]
+    if soft != resource.RLIM_INFINITY:
+        try: mapped = int(Path('/proc/self/statm').read_text().split()[0]) * os.sysconf('SC_PAGE_SIZE')
+        except (OSError, ValueError): mapped = 0
+        found.append((max(0, soft - mapped), 'the address-space limit (ulimit -v)'))
+    if not found: return None, 'unknown'
+    return min(found)
+
+
+def memory_check_enabled() -> bool:
+    "False when DEPTHBENCH_MEMORY_CHECK is 0/false/no/off (a run asked to go ahead whatever the estimate)."
+    return os.environ.get('DEPTHBENCH_MEMORY_CHECK', '1').strip().lower() not in ('0', 'false', 'no', 'off')
+
+
+def format_bytes(n: float) -> str:
+    "Bytes in the largest binary unit that keeps the number >= 1 (e.g. '3.2 GiB')."
+    for unit in ('B', 'KiB', 'MiB', 'GiB', 'TiB', 'PiB'):
+        if abs(n) < 1024 or unit == 'PiB': return f'{n:.1f} {unit}' if unit != 'B' else f'{int(n)} B'
+        n /= 1024
 
 # %% ../nbs/00_config.ipynb #58eca238
 LOCK_FILE = '.lock'
@@ -679,7 +788,9 @@ class FolderLock:
             self.took_over = previous                                   # flock: the kernel dropped a dead holder's lock
         if self.took_over: self.say(f"took over the lock of {describe_holder(self.took_over)}, which no longer runs")
         if self.mode == 'flock':
-            os.ftruncate(self.fd, 0); os.pwrite(self.fd, json.dumps(self._record()).encode(), 0); os.fsync(self.fd)
+            try: os.ftruncate(self.fd, 0); os.pwrite(self.fd, json.dumps(self._record()).encode(), 0); os.fsync(self.fd)
+            except OSError as e:                                        # a full disk: the flock is the lock, the record a courtesy
+                if e.errno != errno.ENOSPC: raise
         return self
 
     def release(self) -> None:

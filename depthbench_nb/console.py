@@ -61,11 +61,11 @@ def json_stdout(out) -> Iterator[None]:
     finally: _JSON_STDOUT = None
 
 
-def emit(data, as_json: bool, title: str | None = None, columns=None, file=None) -> int:
-    "Print `data` (rows or an object) as JSON or as a table; returns exit code 0."
+def emit(data, as_json: bool, title: str | None = None, columns=None, file=None, one_line: bool = False) -> int:
+    "Print `data` (rows or an object) as JSON (`one_line`: on one line) or as a table; returns exit code 0."
     file = file or (_JSON_STDOUT if as_json and _JSON_STDOUT is not None else sys.stdout)
     if as_json:
-        print(json.dumps(data, indent=2, default=str), file=file)
+        print(json.dumps(data, indent=None if one_line else 2, default=str), file=file)
     else:
         if title: print(title, file=file)
         if isinstance(data, list): print(format_table(data, columns), file=file)

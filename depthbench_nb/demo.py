@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import os
 import resource
+import signal
 import time
 from typing import Annotated, Optional
 
 import pandas as pd
 
 from . import sweep
-from .config import ConfigError, DataConfig, family_of, runs_root
+from .config import ConfigError, DataConfig, RunInterrupted, family_of, runs_root
 from .data import prepare
 from .diagnostics import applicable_metrics, run_diagnostics
 from .reports import completed, normalize_runs, run_folder, run_report_notebooks
@@ -95,6 +96,9 @@ def demo(workers: Optional[int] = None, executor: str = 'python', restarts: int 
     stage('1/4 offline corpus', lambda: prepare(DataConfig(source=p.data_source, tokenizer=p.tokenizer), progress=progress))
     res = stage('2/4 train the demo study', lambda: sweep.run_study(study, workers=workers, executor=executor, progress=progress,
                                                                  extra=demo_extra_entries(study)))
+    if res['interrupted']:                # its runs are checkpointed: `depthbench-nb demo` again resumes them
+        raise RunInterrupted(getattr(signal, res['interrupted']), f"demo interrupted by {res['interrupted']} while training; "
+                             f"its runs are checkpointed: run `depthbench-nb demo` again to resume")
     df = normalize_runs(sweep.collect(study))
     stage('3/4 diagnose the design runs', lambda: diagnose_study(study, df, progress=progress))
     stage('4/4 reports', lambda: run_report_notebooks(study, parameters=dict(restarts=restarts, n_bootstrap=n_bootstrap,

@@ -20,18 +20,18 @@ import torch
 from safetensors.torch import load_file as load_safetensors
 from safetensors.torch import save as _save_safetensors_bytes
 
-from .config import (ARCHS, ConfigError, ForkNames, CorruptFile, DataConfig, ModelConfig, RunConfig, TrainConfig, UnsafeFile,
+from .config import (ARCHS, ConfigError, ForkNames, CorruptFile, DataConfig, ModelConfig, RunConfig, TrainConfig, UnsafeFile, short_repr,
                                   atomic_write_bytes, atomic_write_json, resolve_arch)
 from .layers import KVCache
 from .model import SAME, DepthModel, build_model
-from .runs import CHECKPOINT_FORMAT_VERSION, RECORD_FILES, checkpoint_content, checkpoints_dir, load_run, provenance, read_json, run_dir, safe_torch_load, write_checksums, write_params, write_result, writing_run_folder
+from .runs import CHECKPOINT_FORMAT_VERSION, RECORD_FILES, checkpoint_content, checkpoints_dir, load_run, pickle_globals, provenance, read_json, run_dir, safe_torch_load, write_checksums, write_params, write_result, writing_run_folder
 from .shapes import count_params
 from .console import Arg, call_parsed, emit, parse_literal
 
 # %% auto #0
-__all__ = ['CHECKPOINT_FORMAT', 'IMPORTED_STUDY', 'read_dcp_state_dict', 'is_hub_id', 'select_step', 'resolve_source',
-           'read_state_dict', 'fork_layout', 'canonical_fork_state_dict', 'check_fork_layout', 'detect_arch',
-           'infer_model_config', 'NameMapping', 'name_map', 'fork_to_ours', 'ours_to_fork',
+__all__ = ['CHECKPOINT_FORMAT', 'IMPORTED_STUDY', 'dcp_index_globals', 'read_dcp_state_dict', 'is_hub_id', 'select_step',
+           'resolve_source', 'read_state_dict', 'fork_layout', 'canonical_fork_state_dict', 'check_fork_layout',
+           'detect_arch', 'infer_model_config', 'NameMapping', 'name_map', 'fork_to_ours', 'ours_to_fork',
            'model_from_fork_state_dict', 'save_pretrained', 'check_state_dict', 'load_pretrained', 'import_checkpoint',
            'llama_exportable', 'llama_state_dict', 'llama_config_dict', 'export_llama', 'generate', 'decode_throughput',
            'import_checkpoint_command', 'cli_import_checkpoint']
@@ -45,21 +45,43 @@ class _LooseRecord:
         self.__dict__.update(state)
 
 
+_DCP_METADATA = ('Metadata', 'TensorStorageMetadata', 'BytesStorageMetadata', 'ChunkStorageMetadata', 'TensorProperties',
+                 'MetadataIndex', 'StorageMeta', '_MEM_FORMAT_ENCODING')
+_DCP_GLOBALS: dict = {}
+
+
+def dcp_index_globals() -> dict:
+    """The exact (module, name) pairs a DCP `.metadata` index may name, and what each resolves to: torch's checkpoint
+    metadata classes (where this torch and older ones define them), OLMo-core's storage record (a plain stand-in),
+    tensor properties (dtypes, layouts, memory formats, sizes) and plain containers. No prefix, no dotted name."""
+    if _DCP_GLOBALS: return _DCP_GLOBALS
+    import builtins, collections, copyreg, importlib, pathlib
+    out = {('collections', 'OrderedDict'): collections.OrderedDict, ('copyreg', '_reconstructor'): copyreg._reconstructor,
+           ('torch', 'Size'): torch.Size, ('torch', 'device'): torch.device,
+           ('torch.serialization', '_get_layout'): torch.serialization._get_layout,      # how torch pickles a layout
+           ('olmo_core.distributed.checkpoint.filesystem', '_StorageInfo'): _LooseRecord}
+    out |= {('builtins', n): getattr(builtins, n) for n in ('set', 'frozenset', 'slice', 'object')}
+    out |= {('pathlib', n): getattr(pathlib, n) for n in ('PosixPath', 'PurePosixPath', 'WindowsPath', 'PureWindowsPath')}
+    out |= {('torch', n): v for n, v in vars(torch).items()
+            if isinstance(v, (torch.dtype, torch.layout, torch.memory_format)) and n.isidentifier()}
+    for module, names in (('torch.distributed.checkpoint.metadata', _DCP_METADATA),
+                          ('torch.distributed.checkpoint.filesystem', ('_StorageInfo',)),
+                          ('torch.distributed._shard.sharded_tensor.metadata', ('TensorProperties', '_MEM_FORMAT_ENCODING')),
+                          ('torch.distributed._shard.metadata', ('ShardMetadata',))):   # where torch <= 2.1 kept them
+        try: mod = importlib.import_module(module)
+        except ImportError: continue
+        out |= {(module, n): getattr(mod, n) for n in names if hasattr(mod, n)}
+    _DCP_GLOBALS.update(out)
+    return _DCP_GLOBALS
+
+
 class _DCPIndexUnpickler(pickle.Unpickler):
-    "Unpickles a DCP `.metadata` index: torch's checkpoint metadata classes and the plain values they hold, nothing else."
-    _SAFE = {('collections', 'OrderedDict'), ('builtins', 'set'), ('builtins', 'frozenset'), ('builtins', 'slice'),
-             ('copyreg', '_reconstructor'), ('builtins', 'object'), ('torch', 'Size'), ('torch', 'device'),
-             ('torch.serialization', '_get_layout'),                # how torch pickles a layout (by its name)
-             ('pathlib', 'PosixPath'), ('pathlib', 'PurePosixPath'),  # torch's own writer records the checkpoint path
-             ('pathlib', 'WindowsPath'), ('pathlib', 'PureWindowsPath')}
+    "Unpickles a DCP `.metadata` index: exactly the pairs of `dcp_index_globals`, looked up (never imported), nothing else."
 
     def find_class(self, module, name):
-        if (module, name) in self._SAFE or module.startswith('torch.distributed.checkpoint.'):
-            return super().find_class(module, name)
-        if module == 'torch' and isinstance(getattr(torch, name, None), (torch.dtype, torch.layout, torch.memory_format)):
-            return getattr(torch, name)  # tensor properties: dtype, layout, memory format
-        if module.startswith('olmo_core.'): return _LooseRecord
-        raise pickle.UnpicklingError(f"refusing to unpickle {module}.{name} from a checkpoint index")
+        found = dcp_index_globals().get((module, name))
+        if found is None: raise pickle.UnpicklingError(f"refusing to unpickle {module}.{name} from a checkpoint index")
+        return found
 
 
 def _dcp_dir(path: Path) -> Path | None:
@@ -73,6 +95,16 @@ def read_dcp_state_dict(path, prefix: str = 'model.') -> dict[str, torch.Tensor]
     "Model tensors of a torch distributed checkpoint (OLMo-core or plain torch writer), without torch.distributed."
     path = Path(path)
     index_file = path / '.metadata'
+    try:
+        with open(index_file, 'rb') as f:                # first without unpickling: every name it would import, exactly
+            for module, name in pickle_globals(f):
+                if (module, name) not in dcp_index_globals():
+                    raise UnsafeFile(f"{index_file}: refusing to unpickle {short_repr(module + '.' + name)} from a checkpoint "
+                                     f"index (it would run code to be loaded); refused, nothing was executed")
+    except CorruptFile as e: raise CorruptFile(f"{index_file} is not a readable DCP index ({e})") from None
+    except UnsafeFile as e:
+        if str(index_file) in str(e): raise
+        raise UnsafeFile(f"{index_file}: {e}") from None
     try:
         with open(index_file, 'rb') as f: meta = _DCPIndexUnpickler(f).load()
         out: dict[str, torch.Tensor] = {}

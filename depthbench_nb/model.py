@@ -16,7 +16,8 @@ from typing import Callable, Collection, Optional
 import torch
 import torch.nn as nn
 
-from .config import ConfigError, Design, ForkNames, ModelConfig, register_design, resolve_arch
+from .config import (ConfigError, Design, ForkNames, ModelConfig, ResourceError, available_memory, format_bytes,
+                                  memory_check_enabled, register_design, resolve_arch)
 from .layers import (Attention, KVCache, LayerNorm, RMSNorm, SwiGLU, attnres_mix, hc_read, hc_write,
                                   rms_norm, sinkhorn, trunc_normal_)
 from .shapes import count_params
@@ -24,8 +25,8 @@ from .shapes import count_params
 # %% auto #0
 __all__ = ['SAME', 'SQUEEZE0', 'FLATTEN', 'PLAIN_FORK', 'PERILN_FORK', 'KEEL_FORK', 'HC_FORK_TABLE', 'HC_FORK', 'MHC_BACKENDS',
            'MHC_FORK_TABLES', 'MHC_FORK', 'ATTNRES_EPS', 'MODA_FORK', 'ForwardContext', 'DepthModel', 'no_extra_flops',
-           'no_extra_params', 'no_init_invariants', 'plain_fork_names', 'n_params', 'build_model', 'Block',
-           'ResidualTransformer', 'PreLNBlock', 'build_preln', 'unit_norm_gain', 'PeriLNBlock', 'build_periln',
+           'no_extra_params', 'no_init_invariants', 'plain_fork_names', 'n_params', 'check_weights_fit', 'build_model',
+           'Block', 'ResidualTransformer', 'PreLNBlock', 'build_preln', 'unit_norm_gain', 'PeriLNBlock', 'build_periln',
            'LNSBlock', 'build_lns', 'lns_norm_gain', 'DeepNormBlock', 'build_deepnorm', 'KEELBlock', 'build_keel',
            'HCConnector', 'MHCConnector', 'log_sinkhorn', 'MHCNativeConnector', 'MHCStaticConnector',
            'MultiStreamBlock', 'MultiStreamTransformer', 'multistream_init', 'connector_fork_names', 'hc_connector',
@@ -204,11 +205,27 @@ def n_params(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
+def check_weights_fit(cfg: ModelConfig, device=None) -> None:
+    """Refuse (`ResourceError`) a model whose fp32 weights alone exceed the memory available where it is built (the
+    CPU) and where it goes: from the closed-form parameter count, before anything is allocated."""
+    if not memory_check_enabled(): return
+    n = count_params(cfg).total
+    need = 4 * n
+    for where in dict.fromkeys(['cpu', str(torch.device(device)) if device is not None else 'cpu']):
+        free, source = available_memory(where)
+        if free is not None and need > free:
+            raise ResourceError(f"{cfg.arch} L{cfg.n_layer} d{cfg.d_model} has {n:,} parameters: its fp32 weights alone need "
+                                f"{format_bytes(need)}, {source} on {where} is {format_bytes(free)}; choose a smaller shape, "
+                                f"or set DEPTHBENCH_MEMORY_CHECK=0 to build it anyway")
+
+
 def build_model(cfg: ModelConfig, seed: Optional[int] = 0, device=None) -> DepthModel:
-    "Build and initialize the model of `cfg` (init from a generator seeded with `seed`; device='meta': no init)."
+    """Build and initialize the model of `cfg` (init from a generator seeded with `seed`; device='meta': no init).
+    A model whose weights cannot fit in memory is refused before any allocation (`check_weights_fit`)."""
     if not isinstance(cfg, ModelConfig): raise ConfigError(f"build_model expects a ModelConfig, got {type(cfg).__name__}")
     design = resolve_arch(cfg.arch)
     meta = device is not None and torch.device(device).type == 'meta'
+    if not meta: check_weights_fit(cfg, device)
     with torch.device('meta') if meta else contextlib.nullcontext(): model = design.build(cfg)
     got, want = n_params(model), count_params(cfg).total
     if got != want:

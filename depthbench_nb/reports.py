@@ -9,6 +9,7 @@ import functools
 import json
 import math
 import os
+import sys
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,7 +18,8 @@ from typing import Annotated, Callable, Optional
 import numpy as np
 import pandas as pd
 
-from .config import ARCHS, ConfigError, ModelConfig, family_of, atomic_write_text, package_dir, runs_root
+from .config import (ARCHS, EXIT_NOT_DONE, ConfigError, ModelConfig, family_of, atomic_write_text, package_dir,
+                                  runs_root)
 from .costs import cost_row, measured_costs
 from .runs import list_runs, read_params, read_result
 from .shapes import GRIDS, OFFICIAL_STEPS, PRESETS, count_params, grid_shapes, shape_for
@@ -243,14 +245,24 @@ def scan_study(study: str) -> pd.DataFrame:
 
 
 def study_table(study: str) -> pd.DataFrame:
-    "The run table of a study (empty, with the RUN_COLUMNS, when the study has no run folder)."
+    """The run table of a study (empty, with the RUN_COLUMNS, when the study has no run folder): the runs of its current
+    plan (a shipped study's file, or the plan its last sweep recorded); run folders outside the plan (stale: the study
+    file was edited since) are left out and said. A study of runs trained by hand (no plan) is every run folder."""
     from depthbench_nb import sweep
     if not (runs_root() / study).is_dir(): return normalize_runs(pd.DataFrame())
     df = None
     if study in sweep.study_names():
         try: df = sweep.collect(study)
         except ConfigError as e: print(f'[report] collect({study!r}) failed ({e}); reading the run folders instead')
-    return normalize_runs(scan_study(study) if df is None else df)
+    if df is None:
+        df = scan_study(study)
+        try: plan = sweep.planned_run_ids(study)
+        except ConfigError as e: print(f'[report] the plan of study {study!r} is unreadable ({e}): every run folder is read'); plan = None
+        if plan is not None and len(df):
+            stale = sorted(set(df['run_id']) - set(plan))
+            if stale: print(f"[report] left out {len(stale)} stale run(s), not in the study's current plan: {', '.join(stale)}")
+            df = df[df['run_id'].isin(plan)]
+    return normalize_runs(df)
 
 
 def completed(df: pd.DataFrame) -> pd.DataFrame:
@@ -2102,8 +2114,13 @@ def report_command(study: str,                                # study name (a fo
                                                   seed=seed, workers=workers), progress=not json)
     out = runs_root() / study / 'report'
     rows = [dict(file=str(f.relative_to(out)), bytes=f.stat().st_size) for f in sorted(out.iterdir()) if f.is_file() and not f.name.startswith('.')]
-    return emit(dict(study=study, report_dir=str(out), notebooks=[str(n) for n in nbs], files=rows) if json else rows,
-                json, title=f'report of {study}: {out}')
+    done = sum(len(completed(study_table(s))) for s in [study] + related_studies(study))
+    emit(dict(study=study, report_dir=str(out), notebooks=[str(n) for n in nbs], files=rows, completed_runs=done) if json else rows,
+         json, title=f'report of {study}: {out}')
+    if done: return 0
+    print(f"nothing to report: study {study!r} has no completed run; what is missing and why is in {out} "
+          f"(*_index.md, section Missing) (exit code {EXIT_NOT_DONE})", file=sys.stderr)
+    return EXIT_NOT_DONE
 
 
 def cli_report(argv=None) -> int:

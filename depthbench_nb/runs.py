@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import errno
 import hashlib
 import json
 import os
@@ -17,25 +18,29 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 from typing import Callable, Iterable, Optional
 
 # LOCK_FILE, _process_start, describe_holder and holder_alive: the lock's helpers, importable from here as before
-from .config import (LOCK_FILE, ConfigError, CorruptFile, FolderLock, RunBusy, RunConfig, UnsafeFile,
-                                  _process_start, atomic_write_json, atomic_write_text, config_diff, describe_holder,
-                                  holder_alive, lock_holder, repo_root, runs_root, runs_root_reason)
+from .config import (LOCK_FILE, ConfigError, CorruptFile, FolderLock, ResourceError, RunBusy, RunConfig,
+                                  RunInterrupted, UnsafeFile, _process_start, atomic_write_json, atomic_write_text,
+                                  config_diff, describe_holder, format_bytes, holder_alive, identity_content, lock_holder,
+                                  operational_changes, repo_root, runs_root, runs_root_reason, short_repr)
 
 # %% auto #0
-__all__ = ['RECORD_FILES', 'CHECKSUMS_FILE', 'RECORD_EVIDENCE', 'PEAK_BF16_FLOPS', 'RESULT_STATUSES', 'RESULT_KEYS',
-           'CHECKPOINT_FORMAT_VERSION', 'run_dir', 'where_runs_go', 'ensure_writable', 'read_json', 'safe_torch_load',
-           'file_sha256', 'write_checksums', 'verify_checksums', 'RunFolderLock', 'run_folder_holder', 'has_record',
-           'writing_run_folder', 'git_state', 'device_name', 'slurm_job_info', 'provenance', 'gpu_peak_flops',
-           'format_diff', 'read_params', 'write_params', 'read_result', 'write_result', 'metrics_header', 'MetricsLog',
-           'read_jsonl', 'read_metrics', 'read_metrics_headers', 'checkpoints_dir', 'list_checkpoints',
-           'checkpoint_content', 'save_checkpoint', 'verify_checkpoint', 'newest_intact_checkpoint',
-           'remove_stale_temporaries', 'check_checkpoint_config', 'load_checkpoint', 'load_run', 'run_status',
-           'list_runs', 'papermill_output_path', 'record_executed_notebook']
+__all__ = ['RECORD_FILES', 'TORCH_STORAGES', 'TORCH_FILE_GLOBALS', 'LEGACY_NUMPY_GLOBALS', 'CHECKSUMS_FILE', 'RECORD_EVIDENCE',
+           'PEAK_BF16_FLOPS', 'RESULT_STATUSES', 'RESULT_KEYS', 'CHECKPOINT_FORMAT_VERSION', 'INTERRUPT_SIGNALS',
+           'run_dir', 'where_runs_go', 'ensure_writable', 'read_json', 'pickle_globals', 'check_pickle',
+           'check_torch_file', 'safe_torch_load', 'file_sha256', 'write_checksums', 'verify_checksums', 'RunFolderLock',
+           'run_folder_holder', 'has_record', 'writing_run_folder', 'git_state', 'device_name', 'slurm_job_info',
+           'provenance', 'gpu_peak_flops', 'format_diff', 'read_params', 'write_params', 'adopt_legacy_folder',
+           'read_result', 'write_result', 'metrics_header', 'MetricsLog', 'read_jsonl', 'read_metrics',
+           'read_metrics_headers', 'checkpoints_dir', 'list_checkpoints', 'checkpoint_content', 'save_checkpoint',
+           'verify_checkpoint', 'newest_intact_checkpoint', 'remove_stale_temporaries', 'check_checkpoint_config',
+           'load_checkpoint', 'load_run', 'run_status', 'list_runs', 'SignalCatcher', 'child_pids',
+           'forwarding_signals', 'papermill_output_path', 'record_executed_notebook']
 
 # %% ../nbs/07a_runs.ipynb #badf4e69
 RECORD_FILES = dict(params='params.json', metrics='metrics.jsonl', result='result.json', layer_stats='layer_stats.jsonl',
@@ -60,9 +65,20 @@ def ensure_writable(folder: Path) -> Path:
         probe = folder / f'.write-probe-{uuid.uuid4().hex[:8]}'
         probe.write_bytes(b'ok'); probe.unlink()
     except OSError as e:
+        if e.errno == errno.ENOSPC:
+            raise ResourceError(f"no space left on the device of {folder} ({_free(folder)} free): free some space "
+                                f"(old checkpoints, other runs) and run the same command again") from None
         raise ConfigError(f"output folder {folder} is not writable ({e.strerror or e}); "
                           f"set DEPTHBENCH_RUNS to a writable folder") from e
     return folder
+
+
+def _free(folder) -> str:
+    "The free space of the filesystem holding `folder` (or its nearest existing parent), in words."
+    p = Path(folder)
+    while not p.exists() and p != p.parent: p = p.parent
+    try: return format_bytes(shutil.disk_usage(p).free)
+    except OSError: return 'unknown'
 
 # %% ../nbs/07a_runs.ipynb #2447f18a
 def read_json(path, what: Optional[str] = None):
@@ -75,15 +91,110 @@ def read_json(path, what: Optional[str] = None):
                           f"depthbench-nb): {str(e)[:120]}") from None
 
 
+_STRINGS = frozenset({'SHORT_BINUNICODE', 'BINUNICODE', 'BINUNICODE8', 'UNICODE', 'STRING', 'BINSTRING', 'SHORT_BINSTRING'})
+
+
+def pickle_globals(stream) -> list[tuple[str, str]]:
+    """The (module, name) pairs one pickle (read from `stream` up to its STOP) would import, found without unpickling:
+    its opcodes are walked with a model of the unpickler's stack and memo, so that protocol 4's STACK_GLOBAL, whose
+    names come from the stack, is read as exactly as GLOBAL. A name that is not a plain string there (built at load
+    time) is `UnsafeFile`; bytes that are not a pickle are `CorruptFile`."""
+    import pickletools
+    mark, stack, memo, found = object(), [], {}, []
+    def pop_to_mark():
+        while stack:
+            if stack.pop() is mark: return
+        raise CorruptFile('a pickle opcode needs a mark that is not there')
+    try:
+        for op, arg, _ in pickletools.genops(stream):
+            name = op.name
+            if name in ('GLOBAL', 'INST'):
+                module, _, qual = arg.partition(' ')
+                found.append((module, qual))
+                if name == 'INST': pop_to_mark()
+                stack.append(None)
+            elif name == 'STACK_GLOBAL':
+                if len(stack) < 2: raise CorruptFile('STACK_GLOBAL on a short stack')
+                qual, module = stack.pop(), stack.pop()
+                if not (isinstance(module, str) and isinstance(qual, str)) or mark in (module, qual):
+                    raise UnsafeFile('a pickle builds the name of what it imports at load time; refused, nothing was executed')
+                found.append((module, qual)); stack.append(None)
+            elif name in _STRINGS: stack.append(arg if isinstance(arg, str) else None)
+            elif name == 'MARK': stack.append(mark)
+            elif name in ('PUT', 'BINPUT', 'LONG_BINPUT'): memo[arg] = stack[-1] if stack else None
+            elif name == 'MEMOIZE': memo[len(memo)] = stack[-1] if stack else None
+            elif name in ('GET', 'BINGET', 'LONG_BINGET'): stack.append(memo.get(arg))
+            elif name == 'STOP': break
+            else:
+                for item in op.stack_before:
+                    if item is pickletools.markobject: pop_to_mark()
+                    elif item is not pickletools.stackslice and stack: stack.pop()
+                stack.extend([None] * len(op.stack_after))
+    except (ValueError, EOFError, UnicodeDecodeError) as e:
+        raise CorruptFile(f'not a readable pickle ({_first_line(e)})') from None
+    return found
+
+
+def check_pickle(stream, allowed, what: str) -> None:
+    "`UnsafeFile` naming the first global of the pickle in `stream` that is not in `allowed` (exact (module, name) pairs)."
+    for module, qual in pickle_globals(stream):
+        if (module, qual) not in allowed:
+            raise UnsafeFile(f"{what} would run code to be loaded (it names {short_repr(module + '.' + qual, 120)}); refused, "
+                             f"nothing was executed. depthbench-nb writes tensors and plain values only: this file was not "
+                             f"written by it (do not load it with weights_only=False unless you trust its source)")
+
+
+# what torch.save writes for tensors, parameters and containers: the only globals a PyTorch file may name here
+TORCH_STORAGES = ('DoubleStorage', 'FloatStorage', 'HalfStorage', 'BFloat16Storage', 'LongStorage', 'IntStorage',
+                  'ShortStorage', 'CharStorage', 'ByteStorage', 'BoolStorage', 'ComplexDoubleStorage', 'ComplexFloatStorage',
+                  'UntypedStorage')
+TORCH_FILE_GLOBALS = frozenset({('collections', 'OrderedDict'), ('torch._utils', '_rebuild_tensor_v2'),
+                                ('torch._utils', '_rebuild_parameter')} | {('torch', s) for s in TORCH_STORAGES})
+# checkpoints of format 1 kept numpy's RNG state as a numpy array (protocol 2: its bytes through _codecs.encode)
+LEGACY_NUMPY_GLOBALS = frozenset({('numpy.core.multiarray', '_reconstruct'), ('numpy._core.multiarray', '_reconstruct'),
+                                  ('numpy', 'ndarray'), ('numpy', 'dtype'), ('numpy.dtypes', 'UInt32DType'),
+                                  ('_codecs', 'encode')})
+
+
+def check_torch_file(source, what: str, allowed=TORCH_FILE_GLOBALS) -> None:
+    """Refuse (`UnsafeFile`) a PyTorch file whose pickles name anything outside `allowed`, before torch reads it: the
+    `.pkl` members of a zip file (torch's format), else the pickles at the start of a legacy file."""
+    import io, zipfile
+    f = open(source, 'rb') if isinstance(source, (str, Path)) else source
+    try:
+        start = f.tell()
+        if zipfile.is_zipfile(f):
+            f.seek(start)
+            with zipfile.ZipFile(f) as z:
+                for member in z.namelist():
+                    if member.endswith('.pkl'): check_pickle(io.BytesIO(z.read(member)), allowed, what)
+            return
+        f.seek(start)
+        for i in range(5):                 # legacy: magic number, protocol, system info, the data, its storage keys
+            try: check_pickle(f, allowed, what)
+            except CorruptFile:
+                if i == 0: raise
+                return
+    except CorruptFile as e:
+        raise CorruptFile(f"{what} is not a readable PyTorch file (truncated or another format: {e})") from None
+    except (zipfile.BadZipFile, OSError, EOFError, RuntimeError) as e:
+        raise CorruptFile(f"{what} is not a readable PyTorch file ({_first_line(e)})") from None
+    finally:
+        if f is not source: f.close()
+        else: f.seek(start)
+
+
 def safe_torch_load(source, what: Optional[str] = None, legacy_numpy: bool = False):
-    """`torch.load(weights_only=True)`: tensors, numbers, strings and containers, nothing that runs code.
-    A pickle that names a function or class is `UnsafeFile` (refused before anything ran); a file torch cannot
-    read is `CorruptFile`. `legacy_numpy` also admits numpy arrays (the RNG state of checkpoints written
-    before checkpoint format 2), by the three numpy names torch's documentation gives for that."""
+    """`torch.load(weights_only=True)` behind an exact allow-list of our own: tensors, parameters, numbers, strings
+    and containers, nothing that runs code. A pickle that names anything else (checked first, without unpickling:
+    `check_torch_file`) is `UnsafeFile`, refused before anything ran; a file torch cannot read is `CorruptFile`.
+    `legacy_numpy` also admits numpy arrays (the RNG state of checkpoints written before checkpoint format 2), by the
+    numpy names torch's documentation gives for that."""
     import pickle, warnings, zipfile
     import numpy as np
     import torch
     name = what or str(source)
+    check_torch_file(source, name, TORCH_FILE_GLOBALS | (LEGACY_NUMPY_GLOBALS if legacy_numpy else frozenset()))
     allowed = []
     if legacy_numpy:
         core = getattr(np, '_core', None) or np.core
@@ -189,11 +300,19 @@ def has_record(folder) -> bool:
 def writing_run_folder(folder, wait: bool | float = False, say: Callable[[str], None] = print):
     """Create (`ensure_writable`) and lock a run folder for the body; when the body fails and this call made the
     folder, and it holds no record yet, the folder (and a study folder made with it, left empty) is removed,
-    under the lock, so an error leaves no empty run folder behind."""
+    under the lock, so an error leaves no empty run folder behind. An existing folder is locked first and cleared of
+    temporary checkpoint folders a killed or failed write left (they may be what fills the disk), then checked."""
     folder = Path(folder)
     made = [p for p in (folder.parent, folder) if not p.exists()]
-    ensure_writable(folder)
+    if made: ensure_writable(folder)
     lock = RunFolderLock(folder, wait=wait, say=say).acquire()   # refused: the folder is the holder's, left alone
+    try:
+        if not made:
+            gone = remove_stale_temporaries(folder)
+            if gone: say(f"removed {len(gone)} temporary checkpoint folder(s) of an interrupted write: {', '.join(gone)}")
+            ensure_writable(folder)
+    except BaseException:
+        lock.release(); raise
     try: yield lock
     except BaseException:
         _discard(folder, made); raise
@@ -238,7 +357,7 @@ def device_name() -> str:
 
 _SLURM_VARS = dict(job_id='SLURM_JOB_ID', array_job_id='SLURM_ARRAY_JOB_ID', array_task_id='SLURM_ARRAY_TASK_ID',
                    nodes='SLURM_JOB_NODELIST', nnodes='SLURM_NNODES', partition='SLURM_JOB_PARTITION',
-                   cluster='SLURM_CLUSTER_NAME')
+                   cluster='SLURM_CLUSTER_NAME', restart_count='SLURM_RESTART_COUNT')   # restart_count: a requeued task
 
 
 def slurm_job_info(env=None) -> Optional[dict]:
@@ -274,7 +393,7 @@ def gpu_peak_flops(name: str) -> Optional[float]:
     return next((v for k, v in PEAK_BF16_FLOPS.items() if k in name), None)
 
 # %% ../nbs/07a_runs.ipynb #6100462c
-RESULT_STATUSES = ('completed', 'diverged', 'failed')
+RESULT_STATUSES = ('completed', 'diverged', 'failed', 'interrupted')   # interrupted: stopped by a signal, checkpointed
 RESULT_KEYS = ('status', 'run_id', 'study', 'arch', 'n_layer', 'd_model', 'preset', 'lr', 'seed', 'steps', 'tokens',
                'final_val_loss', 'best_val_loss', 'wall_time_s', 'train_flops', 'params_total', 'params_backbone',
                'provenance')
@@ -292,14 +411,34 @@ def read_params(folder: Path) -> RunConfig:
     return RunConfig.from_dict({k: v for k, v in d.items() if k in RunConfig.__dataclass_fields__})
 
 
-def write_params(folder: Path, run: RunConfig, **notes) -> Path:
-    "Write params.json (the config, the run id, provenance and `notes`); refuse a folder that already holds a different run."
+def write_params(folder: Path, run: RunConfig, say: Callable[[str], None] = print, **notes) -> Path:
+    """Write params.json (the config, the run id, provenance and `notes`); refuse a folder that already holds a different
+    run. Operational options (checkpoint cadence, trackers, ...: `TrainConfig.OPERATIONAL`) may differ from the last
+    run of the folder: the run is the same, and what changed is said."""
     path = Path(folder) / RECORD_FILES['params']
     if path.exists():
-        diff = config_diff(read_params(folder).replace(study=run.study, num_processes=run.num_processes), run)
-        if diff: raise ConfigError(f"{folder} already holds a different run ({format_diff(diff)})")
+        old = read_params(folder).replace(study=run.study, num_processes=run.num_processes)
+        changed = operational_changes(old.to_dict(), run.to_dict())
+        diff = [d for d in config_diff(old, run) if d not in changed]
+        if diff: raise ConfigError(f"{folder} already holds a different run ({short_repr(format_diff(diff), 300)})")
+        if changed: say(f"same run, operational options changed since its last start: {format_diff(changed)} "
+                        f"(they are not part of the run id)")
     notes.setdefault('provenance', provenance())
     return atomic_write_json(path, dict(run.to_dict(), run_id=run.run_id, **notes))
+
+
+def adopt_legacy_folder(run: RunConfig, say: Callable[[str], None] = print) -> Optional[Path]:
+    """A run recorded while operational options were part of the run id lives under its old id: when the folder of
+    its id does not exist and the old one does, rename the old folder (under its lock) to the id, and say so."""
+    new = run_dir(run)
+    old = new.with_name(run.legacy_run_id)
+    if old == new or new.exists() or not (old / RECORD_FILES['params']).exists(): return None
+    with RunFolderLock(old, say=say):
+        if new.exists(): return None
+        os.rename(old, new)
+    say(f"run {run.legacy_run_id} was recorded under its old id (operational options were part of it then): "
+        f"moved to {new}")
+    return new
 
 
 def read_result(folder: Path) -> Optional[dict]:
@@ -410,8 +549,9 @@ def _set_rng_state(st: dict) -> None:
 
 
 def checkpoint_content(run: RunConfig) -> dict:
-    "What a checkpoint must match to be resumed: the model, data and training config (not the study name or process count)."
-    return dict(model=run.model.to_dict(), data=run.data.to_dict(), train=run.train.to_dict())
+    """What a checkpoint records of its run: the model, data and training config (not the study name or process count);
+    a resume compares it without the operational options (`config.identity_content`)."""
+    return run.content()
 
 
 def save_checkpoint(folder: Path, step: int, run: RunConfig, model: torch.nn.Module, optimizers, schedulers,
@@ -422,23 +562,51 @@ def save_checkpoint(folder: Path, step: int, run: RunConfig, model: torch.nn.Mod
     from safetensors.torch import save_file, save_model
     final = checkpoints_dir(folder) / f'step_{step:08d}'
     tmp = checkpoints_dir(folder) / f'.tmp-step_{step:08d}-{os.getpid()}'
-    shutil.rmtree(tmp, ignore_errors=True); tmp.mkdir(parents=True)
     files = ['model.safetensors', 'meta.json']
-    if model_state is None:
-        save_model(model, str(tmp / 'model.safetensors'))
-        torch.save(dict(optimizers=[o.state_dict() for o in optimizers], schedulers=[s.state_dict() for s in schedulers],
-                        rng=_rng_state()), tmp / 'train_state.pt')
-        files.append('train_state.pt')
-    else:   # FSDP: the gathered full weights only (enough for load_run; resuming is refused)
-        save_file({k: v.detach().contiguous().cpu() for k, v in model_state.items()}, str(tmp / 'model.safetensors'))
-    atomic_write_json(tmp / 'meta.json', dict(step=step, run_id=run.run_id, config=checkpoint_content(run), format=CHECKPOINT_FORMAT_VERSION,
-                                              weights_only=model_state is not None, **counters))
-    write_checksums(tmp, files)
+    try:
+        shutil.rmtree(tmp, ignore_errors=True); tmp.mkdir(parents=True)
+        if model_state is None:
+            save_model(model, str(tmp / 'model.safetensors'))
+            torch.save(dict(optimizers=[o.state_dict() for o in optimizers], schedulers=[s.state_dict() for s in schedulers],
+                            rng=_rng_state()), tmp / 'train_state.pt')
+            files.append('train_state.pt')
+        else:   # FSDP: the gathered full weights only (enough for load_run; resuming is refused)
+            save_file({k: v.detach().contiguous().cpu() for k, v in model_state.items()}, str(tmp / 'model.safetensors'))
+        atomic_write_json(tmp / 'meta.json', dict(step=step, run_id=run.run_id, config=checkpoint_content(run), format=CHECKPOINT_FORMAT_VERSION,
+                                                  weights_only=model_state is not None, **counters))
+        write_checksums(tmp, files)
+    except BaseException as e:            # a failed write (a full disk, a second signal's KeyboardInterrupt): no half checkpoint left
+        full = _disk_full(e, tmp)             # judged before the partial checkpoint is removed (that frees the space)
+        shutil.rmtree(tmp, ignore_errors=True)
+        if full:
+            raise ResourceError(f"checkpoint step {step} could not be written to {checkpoints_dir(folder)}: no space left on the device "
+                                f"(it needs about {format_bytes(_checkpoint_bytes(folder, model, model_state))}, "
+                                f"{_free(checkpoints_dir(folder))} free); the partial checkpoint was removed; free some space "
+                                f"and run the same command again to resume from the last checkpoint") from None
+        raise
     if final.exists(): shutil.rmtree(final)
     os.replace(tmp, final)
     if keep:
         for _, old in list_checkpoints(folder)[:-keep]: shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def _disk_full(e: BaseException, path: Path) -> bool:
+    """Whether a failed write failed for want of space: ENOSPC / EDQUOT, said so in the text of another library's error
+    (safetensors), or (torch says only 'iostream error') less than 1 MiB free right after the failure."""
+    if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT): return True
+    if not isinstance(e, Exception): return False
+    if any(s in str(e) for s in (os.strerror(errno.ENOSPC), os.strerror(errno.EDQUOT))): return True
+    try: return shutil.disk_usage(path if Path(path).exists() else Path(path).parent).free < (1 << 20)
+    except OSError: return False
+
+
+def _checkpoint_bytes(folder: Path, model, model_state: Optional[dict] = None) -> int:
+    "About how many bytes a checkpoint takes: the newest one written, else the weights and two optimizer moments (fp32)."
+    done = list_checkpoints(folder)
+    if done: return sum(f.stat().st_size for f in done[-1][1].iterdir() if f.is_file())
+    tensors = model_state.values() if model_state is not None else model.state_dict().values()
+    return 3 * sum(t.numel() * t.element_size() for t in tensors)
 
 
 def verify_checkpoint(path: Path, need_state: bool = True) -> Optional[str]:
@@ -501,8 +669,9 @@ def check_checkpoint_config(path: Path, run: RunConfig) -> dict:
     meta = read_json(Path(path) / 'meta.json', f'{Path(path).name}/meta.json')
     if not isinstance(meta, dict) or not isinstance(meta.get('config'), dict):
         raise CorruptFile(f"{Path(path).name}/meta.json holds no checkpoint record (no config)")
-    diff = config_diff(meta['config'], checkpoint_content(run))
-    if diff: raise ConfigError(f"checkpoint {path} was written by a different config; refusing to resume ({format_diff(diff)})")
+    diff = config_diff(identity_content(meta['config']), identity_content(checkpoint_content(run)))
+    if diff: raise ConfigError(f"checkpoint {path} was written by a different config; refusing to resume "
+                               f"({short_repr(format_diff(diff), 300)})")
     return meta
 
 
@@ -556,6 +725,78 @@ def list_runs(study: Optional[str] = None) -> list[dict]:
         for folder in sorted(p for p in s.glob('*') if (p / RECORD_FILES['params']).exists()):
             rows.append(dict(study=s.name, run_id=folder.name, status=run_status(folder), path=str(folder)))
     return rows
+
+# %% ../nbs/07a_runs.ipynb #279a7f9b
+INTERRUPT_SIGNALS = ('SIGTERM', 'SIGINT', 'SIGUSR1')
+
+
+def _signal_numbers(names=INTERRUPT_SIGNALS) -> list:
+    import signal
+    return [getattr(signal, n) for n in names]
+
+
+class SignalCatcher:
+    """SIGTERM, SIGINT and SIGUSR1 as a request to stop (in the main thread; elsewhere nothing is installed). Before
+    `armed` (setup) the first signal raises `RunInterrupted`; armed, it is recorded in `received` for the training loop.
+    Later signals are said and ignored. The previous handlers are restored on exit."""
+
+    def __init__(self, say: Callable[[str], None] = print):
+        self.say, self.received, self.armed, self.previous = say, None, False, {}
+
+    @property
+    def signal_name(self) -> Optional[str]:
+        import signal
+        return None if self.received is None else signal.Signals(self.received).name
+
+    def _handle(self, signum, frame):
+        import signal
+        name = signal.Signals(signum).name
+        if self.received is not None:
+            self.say(f"{name} again: already stopping (finishing the step and its checkpoint); waiting is safe"); return
+        self.received = signum
+        if not self.armed: raise RunInterrupted(signum, f"interrupted by {name} before training started; nothing to save")
+        self.say(f"{name}: finishing this step, then writing a checkpoint and stopping")
+
+    def __enter__(self) -> 'SignalCatcher':
+        import signal, threading
+        if threading.current_thread() is threading.main_thread():
+            for s in _signal_numbers(): self.previous[s] = signal.signal(s, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        import signal
+        for s, h in self.previous.items(): signal.signal(s, h)
+        self.previous = {}
+
+
+def child_pids(pid: int) -> list[int]:
+    "The processes whose parent is `pid` (Linux /proc)."
+    out = []
+    for p in Path('/proc').iterdir():
+        if not p.name.isdigit(): continue
+        try: ppid = int((p / 'stat').read_text().rsplit(')', 1)[1].split()[1])
+        except (OSError, IndexError, ValueError): continue
+        if ppid == pid: out.append(int(p.name))
+    return out
+
+
+@contextlib.contextmanager
+def forwarding_signals(targets: Callable[[], Iterable[int]], say: Callable[[str], None] = print):
+    """While the body waits for child processes, SIGTERM, SIGINT and SIGUSR1 are passed on to the pids `targets()`
+    gives at that moment instead of ending this process; yields a list that receives the signal numbers."""
+    import signal, threading
+    got, previous = [], {}
+    def handle(signum, frame):
+        got.append(signum)
+        pids = [p for p in targets() if p != os.getpid()]
+        say(f"{signal.Signals(signum).name}: passed on to {len(pids)} process(es) ({', '.join(map(str, pids))}); waiting for them")
+        for p in pids:
+            with contextlib.suppress(ProcessLookupError): os.kill(p, signum)
+    if threading.current_thread() is threading.main_thread():
+        for s in _signal_numbers(): previous[s] = signal.signal(s, handle)
+    try: yield got
+    finally:
+        for s, h in previous.items(): signal.signal(s, h)
 
 # %% ../nbs/07a_runs.ipynb #87a393e9
 def papermill_output_path(pid: Optional[int] = None) -> Optional[Path]:

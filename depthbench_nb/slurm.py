@@ -27,10 +27,11 @@ from .data import NAMED_SOURCES, TokenData, data_dir, data_inspect_command, prep
 __all__ = ['SLURM_TOOLS', 'SINFO_FORMAT', 'DEFAULT_CPUS_PER_TASK', 'DEFAULT_TIME', 'SQUEUE_FORMAT', 'QUEUED_STATES',
            'RUNNING_STATES', 'parse_time_minutes', 'format_minutes', 'parse_mem_mb', 'SlurmNode', 'SlurmPartition',
            'parse_gres_gpus', 'parse_sinfo', 'SlurmProbe', 'controller_status', 'probe_slurm', 'SlurmRequest',
-           'fit_request', 'sbatch_options', 'array_script', 'submit_script', 'parse_squeue', 'queue_tasks',
-           'accounting_tasks', 'head_node', 'node_address', 'main_port', 'node_launch_args', 'require_allocation',
-           'srun_command', 'node_launch', 'cli_prefix', 'DataSlurmRequest', 'data_prepare_script', 'prepare_on_slurm',
-           'data_prepare_command', 'cli_data', 'slurm_info_command', 'slurm_node_launch_command', 'cli_slurm']
+           'fit_request', 'sbatch_options', 'array_script', 'requeue_this_job', 'submit_script', 'parse_squeue',
+           'queue_tasks', 'accounting_tasks', 'head_node', 'node_address', 'main_port', 'node_launch_args',
+           'require_allocation', 'srun_command', 'node_launch', 'cli_prefix', 'DataSlurmRequest', 'data_prepare_script',
+           'prepare_on_slurm', 'data_prepare_command', 'cli_data', 'slurm_info_command', 'slurm_node_launch_command',
+           'cli_slurm']
 
 # %% ../nbs/09i_slurm.ipynb #7e07d427
 _TIME_RE = re.compile(r'^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$')
@@ -189,12 +190,17 @@ class SlurmRequest(Config):
     setup: tuple[str, ...] = _opt("environment set-up line run first in each task (repeatable), e.g. 'module load cuda/12.4' "
                                   "or 'source /path/to/.venv/bin/activate'", ())
     extra: tuple[str, ...] = _opt('another sbatch option (repeatable), e.g. --slurm-extra=--mail-type=END', ())
+    signal_before: int = _opt('seconds before the time limit at which Slurm sends the task SIGUSR1 (--signal=B:USR1@N): the run '
+                              'checkpoints and, with --slurm-requeue, the task goes back in the queue; 0: no warning', 300)
+    requeue: Optional[bool] = _opt('requeue the task after the time-limit warning (scontrol requeue) and let Slurm requeue it '
+                                   'when it is preempted (--requeue); --no-slurm-requeue: the next submission resumes it', True)
 
     def validate(self):
         for name in ('cpus_per_task', 'nodes', 'parallel'):
             v = getattr(self, name)
             if v is not None and v < 1: raise ConfigError(f"SlurmRequest.{name} must be >= 1, got {v}")
         if self.gpus < 0: raise ConfigError(f"SlurmRequest.gpus must be >= 0, got {self.gpus}")
+        if not 0 <= self.signal_before <= 65535: raise ConfigError(f"SlurmRequest.signal_before must be 0..65535 seconds, got {self.signal_before}")
         if self.time is not None: parse_time_minutes(self.time)
         if self.mem is not None: parse_mem_mb(self.mem)
         for name in ('partition', 'account', 'qos', 'constraint'):
@@ -290,14 +296,33 @@ def array_script(job_name: str, run_ids: list[str], command: str, req: SlurmRequ
     lines = ['#!/bin/bash', f'#SBATCH --job-name={job_name}',
              f'#SBATCH --array=0-{len(run_ids) - 1}' + (f'%{req.parallel}' if req.parallel else '')]
     lines += [f'#SBATCH {o}' for o in sbatch_options(req)]
+    if req.signal_before: lines.append(f'#SBATCH --signal=B:USR1@{req.signal_before}')   # to the batch shell: the driver (exec)
+    lines.append('#SBATCH --requeue' if req.requeue else '#SBATCH --no-requeue')
+    lines.append('#SBATCH --open-mode=append')          # a requeued task adds to its log instead of replacing it
     lines += [f'#SBATCH --output={output}', f'#SBATCH --chdir={workdir}', f'#SBATCH --comment={comment}', '']
     lines += [f'# {h}' for h in header]
     if req.setup: lines += ['', '# environment set-up (--slurm-setup)'] + list(req.setup)
     lines += ['', 'set -euo pipefail']
     lines += [f'export {k}={shlex.quote(str(v))}' for k, v in exports.items()]
     lines += ['RUN_IDS=(' + ' '.join(run_ids) + ')', 'RUN_ID=${RUN_IDS[$SLURM_ARRAY_TASK_ID]}',
-              'echo "array task $SLURM_ARRAY_TASK_ID of job $SLURM_ARRAY_JOB_ID on $(hostname): run $RUN_ID"', command]
+              'echo "array task $SLURM_ARRAY_TASK_ID of job $SLURM_ARRAY_JOB_ID on $(hostname): run $RUN_ID'
+              ' (restart ${SLURM_RESTART_COUNT:-0})"',
+              '# exec: the driver becomes the batch shell, so the warning signal (B:USR1) reaches it and it passes it on',
+              f'exec {command}']
     return '\n'.join(lines) + '\n'
+
+
+def requeue_this_job(env=None) -> str:
+    "Put this Slurm job (an array task) back in the queue (`scontrol requeue`); returns what happened, in words."
+    env = os.environ if env is None else env
+    job = env.get('SLURM_JOB_ID')
+    if not job: return 'not requeued: not inside a Slurm job'
+    scontrol = shutil.which('scontrol', path=env.get('PATH'))
+    if not scontrol: return f'not requeued: scontrol is not on PATH (job {job})'
+    r = _call([scontrol, 'requeue', job])
+    if r.returncode: return f"not requeued: scontrol requeue {job} failed ({(r.stderr or r.stdout).strip()[:200]})"
+    print(f"job {job} requeued: it resumes from its checkpoint when it starts again", flush=True)
+    return f'requeued job {job}'
 
 # %% ../nbs/09i_slurm.ipynb #2482a8d3
 def submit_script(path: Path, probe: SlurmProbe) -> str:

@@ -13,6 +13,7 @@ import json as _json           # `json` is also the --json switch of the command
 import math
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import threading
@@ -25,22 +26,24 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from .config import (ARCHS, Config, ConfigError, CorruptFile, DESIGN_OPTIONS, RunConfig, _choice_error,
-                                  atomic_write_bytes, atomic_write_json, atomic_write_text, family_of, package_dir, runs_root)
-from .runs import (PEAK_BF16_FLOPS, RECORD_FILES, ensure_writable, read_json, read_params, read_result,
-                                run_dir, run_folder_holder, run_status)
-from .slurm import (QUEUED_STATES, RUNNING_STATES, SlurmProbe, SlurmRequest, accounting_tasks, array_script, cli_prefix,
-                                 fit_request, probe_slurm, queue_tasks, require_allocation, sbatch_options, srun_command,
-                                 submit_script)
+from .config import (ARCHS, EXIT_INTERRUPTED, EXIT_NOT_DONE, EXIT_OK, Config, ConfigError, CorruptFile,
+                                  DESIGN_OPTIONS, RunConfig, _choice_error, atomic_write_bytes, atomic_write_json,
+                                  atomic_write_text, family_of, package_dir, runs_root, short_repr)
+from .runs import (PEAK_BF16_FLOPS, RECORD_FILES, child_pids, ensure_writable, forwarding_signals, read_json,
+                                read_params, read_result, run_dir, run_folder_holder, run_status)
+from .slurm import (QUEUED_STATES, RUNNING_STATES, SlurmProbe, SlurmRequest, accounting_tasks, array_script,
+                                 cli_prefix, fit_request, probe_slurm, queue_tasks, require_allocation, requeue_this_job,
+                                 sbatch_options, srun_command, submit_script)
 from .shapes import count_params, get_grid, resolve_preset
 from .costs import train_flops_per_token
 from .console import Arg, call_parsed, emit, template_path
 
 # %% auto #0
-__all__ = ['GPU_PEAK_FLOPS', 'DEFAULT_MFU', 'RUN_STATUSES', 'EXECUTORS', 'RESULT_FIELDS', 'SHAPE_KEYS', 'StudyGroup', 'StudySpec',
-           'studies_dir', 'study_names', 'load_study', 'RunEntry', 'expand_study', 'plan_rows', 'sweep_dir', 'RunLock',
-           'is_running', 'attempts', 'entry_status', 'entry_progress', 'run_command', 'execute_entry',
-           'entry_status_locked', 'run_study', 'unfinished_runs', 'study_status', 'slurm_tasks', 'slurm_script',
+__all__ = ['MAX_STUDY_BYTES', 'MAX_STUDY_NODES', 'GPU_PEAK_FLOPS', 'DEFAULT_MFU', 'RUN_STATUSES', 'EXECUTORS', 'RESULT_FIELDS',
+           'SHAPE_KEYS', 'StudyGroup', 'StudySpec', 'studies_dir', 'study_names', 'load_study', 'RunEntry',
+           'expand_study', 'plan_rows', 'sweep_dir', 'RunLock', 'is_running', 'attempts', 'entry_status',
+           'entry_progress', 'run_command', 'execute_entry', 'entry_status_locked', 'run_study', 'unfinished_runs',
+           'study_status', 'stale_runs', 'record_plan', 'planned_run_ids', 'slurm_tasks', 'slurm_script',
            'write_slurm_script', 'flatten', 'collect', 'looped_fit_table', 'lr_optima', 'study_entries',
            'add_extra_entries', 'extend_lr_entries', 'sweep_plan_command', 'sweep_run_command', 'sweep_status_command',
            'cli_sweep', 'collect_command', 'cli_collect']
@@ -129,28 +132,65 @@ _StudyLoader.add_implicit_resolver('tag:yaml.org,2002:float', __import__('re').c
     r'^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$'), list('-+0123456789'))
 
 
+MAX_STUDY_BYTES = 1 << 20      # a study file is a few kilobytes
+MAX_STUDY_NODES = 100_000      # YAML nodes once every alias is expanded
+
+
+def _expanded_nodes(node, memo: dict) -> int:
+    "Nodes of a composed YAML document with every alias expanded (each shared node counted once per use), iteratively."
+    stack = [(node, False)]
+    while stack:
+        n, ready = stack.pop()
+        if id(n) in memo: continue
+        kids = ([c for kv in n.value for c in kv] if isinstance(n, yaml.MappingNode) else
+                list(n.value) if isinstance(n, yaml.SequenceNode) else [])
+        if ready or not kids:
+            memo[id(n)] = min(1 + sum(memo[id(c)] for c in kids), MAX_STUDY_NODES + 1)
+            continue
+        stack.append((n, True)); stack.extend((c, False) for c in kids if id(c) not in memo)
+    return memo[id(node)]
+
+
+def _load_yaml(text: str, where) -> Any:
+    "The document of a study file through the safe, bounded loader (ConfigError naming the file otherwise)."
+    loader = _StudyLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None: return None
+        size = _expanded_nodes(node, {})
+        if size > MAX_STUDY_NODES:
+            raise ConfigError(f"study file {where} expands to more than {MAX_STUDY_NODES:,} YAML nodes (aliases counted where "
+                              f"they are used); a study has a few dozen: refused before building anything from it")
+        return loader.construct_document(node)
+    except ConfigError: raise
+    except (yaml.YAMLError, ValueError, RecursionError) as e:
+        raise ConfigError(f"study file {where} is not valid YAML: {short_repr(str(e), 300)}") from None
+    finally: loader.dispose()
+
+
 def load_study(name_or_path) -> StudySpec:
-    "A StudySpec from a shipped study name or a YAML/JSON file (checked: types, keys, designs, LRs)."
+    "A StudySpec from a shipped study name or a YAML/JSON file (checked: types, keys, designs, LRs; size bounded)."
     p = Path(name_or_path)
     if str(name_or_path) in study_names(): p = studies_dir() / f'{name_or_path}.yaml'
     elif p.suffix.lower() not in ('.yaml', '.yml', '.json'):
         raise _choice_error('study', name_or_path, study_names() + ['a .yaml/.json path'])
     if not p.is_file(): raise ConfigError(f"study file {p} does not exist")
+    if p.stat().st_size > MAX_STUDY_BYTES:
+        raise ConfigError(f"study file {p} is {p.stat().st_size:,} bytes; a study is a few kilobytes (at most {MAX_STUDY_BYTES:,})")
     data = p.read_bytes()
     try: text = data.decode('utf-8')
     except UnicodeDecodeError:
         raise CorruptFile(f"study file {p} is not text ({len(data)} bytes of binary data); a study is a YAML file "
                           f"with name and groups (see the shipped ones: {studies_dir()})") from None
-    try: raw = yaml.load(text, Loader=_StudyLoader)          # a safe loader: no Python objects
-    except (yaml.YAMLError, ValueError) as e: raise ConfigError(f"study file {p} is not valid YAML: {e}") from None
+    raw = _load_yaml(text, p)                                  # a safe, bounded loader: no Python objects, no bombs
     if not isinstance(raw, dict): raise ConfigError(f"study file {p} must hold a mapping with name, groups, ...")
     groups = raw.get('groups') or []
     if not isinstance(groups, list): raise ConfigError(f"study file {p}: 'groups' must be a list")
     parsed = []
     for i, g in enumerate(groups):
-        label = g.get('name', f'#{i}') if isinstance(g, dict) else f'#{i}'
+        label = short_repr(g.get('name', f'#{i}'), 60) if isinstance(g, dict) else f'#{i}'
         try: parsed.append(StudyGroup.from_dict(g))
-        except ConfigError as e: raise ConfigError(f"study file {p}, group {label!r}: {e}") from e
+        except ConfigError as e: raise ConfigError(f"study file {p}, group {label}: {e}") from e
     try: return StudySpec.from_dict({**raw, 'groups': tuple(parsed)})
     except ConfigError as e: raise ConfigError(f"study file {p}: {e}") from e
 
@@ -252,7 +292,7 @@ def plan_rows(entries: list[RunEntry], gpu_peak_flops: float = GPU_PEAK_FLOPS, m
     return rows
 
 # %% ../nbs/09a_sweep.ipynb #ec2010de
-RUN_STATUSES = ('completed', 'diverged', 'failed', 'running', 'queued', 'unfinished', 'pending')   # queued: waiting in Slurm
+RUN_STATUSES = ('completed', 'diverged', 'failed', 'interrupted', 'running', 'queued', 'unfinished', 'pending')   # queued: waiting in Slurm
 
 
 def sweep_dir(study: str) -> Path:
@@ -308,16 +348,18 @@ def attempts(study: str, run_id: str) -> int:
 def _record_attempt(study: str, run_id: str, status: str, rc: int) -> None:
     p = _attempts_path(study, run_id)
     old = _read_state(p) if p.exists() else dict(attempts=0, history=[])
-    ok = status in ('completed', 'diverged')
+    ok = status in ('completed', 'diverged', 'interrupted')        # a signal is not a failure: it does not use up an attempt
     atomic_write_json(p, dict(attempts=old['attempts'] + (0 if ok else 1),
                               history=old['history'] + [dict(status=status, rc=rc, time=time.time(), pid=os.getpid())]))
 
 
 def entry_status(e: RunEntry) -> str:
-    "completed | diverged | failed (result.json, or the driver saw it die), running (locked), unfinished (started), pending."
+    """completed | diverged | failed (result.json, or the driver saw it die), interrupted (stopped by a signal, checkpointed),
+    running (locked), unfinished (started), pending."""
     status = run_status(run_dir(e.run))
-    if status not in ('unfinished', 'pending'): return status
+    if status not in ('unfinished', 'pending', 'interrupted'): return status
     if is_running(e.run.study, e.run_id): return 'running'
+    if status == 'interrupted': return status
     att = _attempts_path(e.run.study, e.run_id)
     if att.exists() and _read_state(att)['history'][-1]['status'] == 'failed': return 'failed'   # died without a record
     return status
@@ -350,8 +392,8 @@ def run_command(e: RunEntry, executor: str = 'papermill', nodes: int = 1, procs_
         values = RunParams.of(**e.params).notebook_values()                 # every parameter: no template default leaks in
         if world > 1: values['num_processes'] = world
         atomic_write_text(params, yaml.safe_dump(values, sort_keys=True))
-        return [sys.executable, '-m', 'papermill', str(template_path('10')), str(run_dir(e.run) / RECORD_FILES['notebook']),
-                '-f', str(params), '--no-progress-bar', '--log-output']
+        return [sys.executable, '-c', _PAPERMILL_PASSING_SIGNALS, str(template_path('10')),
+                str(run_dir(e.run) / RECORD_FILES['notebook']), '-f', str(params), '--no-progress-bar', '--log-output']
     if executor == 'python':
         cfg = sd / 'params' / f'{e.run_id}.json'
         atomic_write_json(cfg, (e.run.replace(num_processes=world) if world > 1 else e.run).to_dict())
@@ -360,6 +402,15 @@ def run_command(e: RunEntry, executor: str = 'papermill', nodes: int = 1, procs_
         return [sys.executable, '-m', 'depthbench_nb.trainer', '--run-config', str(cfg), '--no-progress']
     raise _choice_error('executor', executor, EXECUTORS)
 
+
+# papermill, with SIGTERM / SIGINT / SIGUSR1 passed on to its kernel (the training process), which checkpoints and stops;
+# papermill itself would die at once and take the kernel with it (the kernel exits when its parent is gone)
+_PAPERMILL_PASSING_SIGNALS = '''import os, sys
+from depthbench_nb.runs import child_pids, forwarding_signals
+from papermill.cli import papermill
+with forwarding_signals(lambda: child_pids(os.getpid()), say=lambda m: print(f"papermill: {m}", file=sys.stderr, flush=True)):
+    papermill.main(args=sys.argv[1:], prog_name="papermill")
+'''
 
 _CHILDREN: set = set()
 
@@ -416,8 +467,10 @@ def run_study(study, workers: int = 1, devices: list[str] | None = None, executo
     try: ensure_writable(sweep_dir(spec.name))
     except ConfigError as e: raise ConfigError(f"{e}; none of the {len(entries)} runs of study {spec.name!r} started") from None
     limit = max_attempts or spec.max_attempts
+    record_plan(spec)
     todo = iter(entries); take = threading.Lock()
     outcomes, out_lock = [], threading.Lock()
+    stopping: list = []                                           # the signals this driver received (forwarding_signals)
     bar = None
     if progress:
         from tqdm.auto import tqdm
@@ -439,7 +492,7 @@ def run_study(study, workers: int = 1, devices: list[str] | None = None, executo
             if st in ('completed', 'diverged'): return note(e, 'skipped', st)
             while True:
                 st, rc = execute_entry(e, lk, executor, device, nodes, procs_per_node)
-                if st in ('completed', 'diverged') or attempts(spec.name, e.run_id) >= limit: break
+                if st in ('completed', 'diverged') or stopping or attempts(spec.name, e.run_id) >= limit: break
             note(e, 'ran', st)
 
     def worker(i: int):
@@ -447,22 +500,25 @@ def run_study(study, workers: int = 1, devices: list[str] | None = None, executo
         while True:
             with take: e = next(todo, None)
             if e is None: return
+            if stopping:                                          # a signal: start nothing new
+                note(e, 'not started', entry_status(e)); continue
             try: one(e, device)
             except Exception as exc:      # this run's trouble (a folder in the way, a full disk): noted, the others go on
                 note(e, 'error', 'failed', error=f"{type(exc).__name__}: {exc}")
 
     threads = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(workers)]
-    try:
-        for t in threads: t.start()
-        for t in threads: t.join()
-    except KeyboardInterrupt:                                      # stop our children with us
-        for p in list(_CHILDREN): p.terminate()
-        raise
+    say = lambda m: print(f'sweep {spec.name}: {m}', file=sys.stderr, flush=True)
+    try:   # SIGTERM / SIGINT / SIGUSR1: passed on to the training children, which checkpoint; then nothing new starts
+        with forwarding_signals(lambda: [p.pid for p in list(_CHILDREN)], say=say) as got:
+            stopping = got                                        # the workers read it (a closure over this name)
+            for t in threads: t.start()
+            for t in threads: t.join()
     finally:
         if bar is not None: bar.close()
     counts = {}
     for o in outcomes: counts[o['action']] = counts.get(o['action'], 0) + 1
-    return dict(study=spec.name, runs=len(entries), counts=counts, outcomes=outcomes, run_ids=[e.run_id for e in entries])
+    return dict(study=spec.name, runs=len(entries), counts=counts, outcomes=outcomes, run_ids=[e.run_id for e in entries],
+                interrupted=signal.Signals(stopping[0]).name if stopping else None)
 
 
 def unfinished_runs(study, outcome: dict) -> list[dict]:
@@ -493,10 +549,42 @@ def study_status(study, slurm: bool | None = None) -> dict:
     counts, by_id = {s: 0 for s in RUN_STATUSES}, {e.run_id: e for e in entries}
     for row in rows:
         counts[row['status']] = counts.get(row['status'], 0) + 1
-        if row['status'] in ('running', 'unfinished'):
+        if row['status'] in ('running', 'unfinished', 'interrupted'):
             done, total = entry_progress(by_id[row['run_id']])
             row.update(steps_done=done, steps_total=total, progress=_bar(done / max(total, 1)))
-    return dict(study=spec.name, total=len(rows), counts=counts, runs=rows, **extra)
+    return dict(study=spec.name, total=len(rows), counts=counts, runs=rows, stale=stale_runs(spec, entries), **extra)
+
+
+def stale_runs(spec: StudySpec, entries: list[RunEntry] | None = None) -> list[dict]:
+    """Run folders of the study that its current plan no longer contains (the study file was edited: another LR, budget,
+    design...): listed so that nothing is lost, never counted, collected, fitted or reported. Reads no params.json."""
+    planned = {e.run_id for e in (entries if entries is not None else study_entries(spec))}
+    root, rows = runs_root() / spec.name, []
+    for folder in sorted(p for p in root.glob('*') if p.is_dir() and p.name not in planned and (p / RECORD_FILES['params']).exists()):
+        try: status = run_status(folder)
+        except CorruptFile: status = 'damaged record'
+        rows.append(dict(run_id=folder.name, status=status, path=str(folder)))
+    return rows
+
+
+def _plan_path(study: str) -> Path: return sweep_dir(study) / 'plan.json'
+
+
+def record_plan(spec: StudySpec) -> None:
+    "Keep the study's current plan (its run ids) in .sweep/plan.json for readers that know the study by name only (report)."
+    ids, p = [e.run_id for e in study_entries(spec)], _plan_path(spec.name)
+    try: old = _read_state(p) if p.exists() else None
+    except CorruptFile: old = None
+    if not isinstance(old, dict) or old.get('run_ids') != ids: atomic_write_json(p, dict(study=spec.name, run_ids=ids, time=time.time()))
+
+
+def planned_run_ids(study: str) -> Optional[list[str]]:
+    "The run ids of a study's current plan: a shipped study's entries, else the plan its last sweep or collect recorded."
+    if study in study_names(): return [e.run_id for e in study_entries(load_study(study))]
+    p = _plan_path(study)
+    if not p.exists(): return None
+    plan = _read_state(p)
+    return list(plan['run_ids']) if isinstance(plan, dict) and isinstance(plan.get('run_ids'), list) else None
 
 
 def _bar(frac: float, width: int = 20) -> str:
@@ -563,6 +651,7 @@ def slurm_script(study, run_ids: list[str], request: SlurmRequest, study_ref: st
     task = f'{cli_prefix()} sweep run {shlex.quote(ref)} --run-id "$RUN_ID" --executor {executor} --no-progress'
     if request.nodes > 1 or request.procs_per_node > 1:
         task += f' --nodes {request.nodes} --procs-per-node {request.procs_per_node}'
+    if request.requeue: task += ' --requeue'         # SIGUSR1 before the time limit: checkpoint, then back in the queue
     exports = dict(DEPTHBENCH_RUNS=str(runs_root()))
     if os.environ.get('DEPTHBENCH_CACHE'): exports['DEPTHBENCH_CACHE'] = str(Path(os.environ['DEPTHBENCH_CACHE']).resolve())
     root = runs_root() / spec.name
@@ -648,22 +737,18 @@ def _record_row(study: str, group, status: str, run: RunConfig, params: dict, re
 
 
 def collect(study, write: bool = True) -> pd.DataFrame:
-    "All run records of a study as one table (and collect.parquet / collect.csv in the study folder)."
+    "The run records of the study's current plan as one table (and collect.parquet / collect.csv in the study folder)."
     spec = study if isinstance(study, StudySpec) else load_study(study)
-    rows, planned = [], set()
-    for e in study_entries(spec):
-        folder = run_dir(e.run); planned.add(folder.name)
+    rows = []
+    for e in study_entries(spec):                              # the current plan only: stale runs are listed, not collected
+        folder = run_dir(e.run)
         res = read_result(folder) if folder.exists() else None
-        rows.append(_record_row(spec.name, e.group, res['status'] if res else entry_status(e), e.run, e.params, res))
+        status = entry_status(e) if not res or res['status'] == 'interrupted' else res['status']
+        rows.append(_record_row(spec.name, e.group, status, e.run, e.params, res))
     root = runs_root() / spec.name
-    for folder in sorted(p for p in root.glob('*') if p.is_dir() and p.name not in planned and (p / 'params.json').exists()):
-        try: run = read_params(folder)
-        except (ConfigError, ValueError, KeyError) as e:       # not a run of this package (or damaged): said, skipped
-            print(f"collect: skipped {folder}: {e}", file=sys.stderr); continue
-        res = read_result(folder)
-        rows.append(_record_row(spec.name, None, res['status'] if res else 'unfinished', run, {}, res))
     df = pd.DataFrame(rows)
     if write:
+        record_plan(spec)
         import io
         buf = io.BytesIO(); df.to_parquet(buf, index=False); atomic_write_bytes(root / 'collect.parquet', buf.getvalue())
         atomic_write_text(root / 'collect.csv', df.to_csv(index=False))
@@ -802,6 +887,7 @@ def sweep_run_command(study: str,
                       nodes: int = 1,                          # nodes per run; > 1 with --launcher slurm: one accelerate launcher per node (srun)
                       procs_per_node: Optional[int] = None,    # training processes per node (default 1; with --launcher slurm one per GPU, set by --slurm-gpus)
                       # --slurm-gpus, --slurm-cpus, ...: one option per field of the Slurm request, handed over as a dict
+                      requeue: bool = False,                   # inside a Slurm job: after SIGUSR1 (the time-limit warning) requeue this task once its run is checkpointed (the array script passes it)
                       slurm: Annotated[Optional[dict], Arg(fields=SlurmRequest, group='Slurm (--launcher slurm)',
                           help='what each array task asks for; the defaults fit the partition (checked against sinfo when the '
                                'controller answers: a request no node can meet is an error)')] = None,
@@ -834,18 +920,29 @@ def sweep_run_command(study: str,
     st = study_status(spec)
     left = unfinished_runs(spec, out)
     summary = dict(study=spec.name, this_driver=out['counts'], status=st['counts'])
-    if json: emit(dict(summary, outcomes=out['outcomes'], not_done=left), True)
+    if out['interrupted']:
+        summary['interrupted'] = out['interrupted']
+        if requeue and out['interrupted'] == 'SIGUSR1': summary['requeue'] = requeue_this_job()
+    if json: emit(dict(summary, outcomes=out['outcomes'], not_done=left, stale=st['stale']), True)
     else:
         emit(summary, False, title=f'sweep {spec.name}')
-        if left: print(); emit(left, False, title=f'{len(left)} run(s) not completed or diverged (exit code 1):')
-    return 1 if left or st['counts'].get('failed') else 0         # anything failed or not started: non-zero for scripts
+        if left: print(); emit(left, False, title=f"{len(left)} run(s) not completed or diverged (exit code {EXIT_INTERRUPTED if out['interrupted'] else EXIT_NOT_DONE}):")
+        _say_stale(st['stale'])
+    if out['interrupted']: return EXIT_INTERRUPTED                   # stopped by a signal: the runs are checkpointed
+    return EXIT_NOT_DONE if left or st['counts'].get('failed') else EXIT_OK   # anything failed or not started: non-zero for scripts
+
+
+def _say_stale(stale: list[dict], file=None) -> None:
+    if stale: print(f"\n{len(stale)} stale run folder(s), not in the study's current plan (kept, never counted, collected "
+                    f"or reported): " + ', '.join(f"{r['run_id']} ({r['status']})" for r in stale), file=file or sys.stdout)
 
 
 def sweep_status_command(study: str, json: bool = False) -> int:
-    "completed / diverged / failed / running / unfinished / pending, with progress"
+    "completed / diverged / failed / interrupted / running / unfinished / pending, with progress; stale runs listed"
     st = study_status(study)
     if json: return emit(st, True)
     emit(st['runs'], False, title=f"study {st['study']}: {st['total']} runs; " + ', '.join(f'{k} {v}' for k, v in st['counts'].items() if v))
+    _say_stale(st['stale'])
     if 'slurm' in st: print('\n'.join([f"\nSlurm: {st['slurm']['controller']}"] + [f'  {n}' for n in st['slurm']['notes']]))
     return 0
 
@@ -865,11 +962,13 @@ def collect_command(study: str,            # study name or YAML path
     df = collect(spec)
     root = runs_root() / spec.name
     opt = lr_optima(df)
+    stale = stale_runs(spec)
     out = dict(study=spec.name, rows=len(df), status=df.status.value_counts().to_dict(),
                files=[str(root / 'collect.parquet'), str(root / 'collect.csv')],
-               lr_optima=_json.loads(opt.to_json(orient='records')))
+               lr_optima=_json.loads(opt.to_json(orient='records')), stale=stale)
     if json: return emit(out, True)
-    emit({k: v for k, v in out.items() if k != 'lr_optima'}, False, title=f'collected study {spec.name}')
+    emit({k: v for k, v in out.items() if k not in ('lr_optima', 'stale')}, False, title=f'collected study {spec.name}')
+    _say_stale(stale)
     multi = opt[opt.n_lrs > 1] if 'n_lrs' in opt else opt
     if len(multi): print(); emit(_json.loads(multi.to_json(orient='records')), False, title='LR optima (shapes with more than one LR)')
     return 0

@@ -27,19 +27,21 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .config import (ARCHS, DESIGN_OPTIONS, ConfigError, CorruptFile, DataConfig, ModelConfig, RunConfig, TrainConfig,
-                                  _choice_error, ffn_hidden_default, resolve_arch)
+from .config import (ARCHS, DESIGN_OPTIONS, EXIT_INTERRUPTED, EXIT_NOT_DONE, EXIT_OK, ConfigError, CorruptFile,
+                                  DataConfig, ModelConfig, ResourceError, RunConfig, RunInterrupted, TrainConfig, _choice_error,
+                                  available_memory, ffn_hidden_default, format_bytes, memory_check_enabled, resolve_arch)
 from .console import add_dataclass_options, dataclass_values, emit, parse_literal
 from .optim import build_looped_optimizer
-from .runs import (RECORD_FILES, MetricsLog, check_checkpoint_config, ensure_writable, gpu_peak_flops,
-                                list_checkpoints, load_checkpoint, metrics_header, newest_intact_checkpoint, provenance,
-                                read_json, read_metrics, read_params, read_result, remove_stale_temporaries, run_dir,
-                                save_checkpoint, where_runs_go, write_params, write_result, writing_run_folder)
+from .runs import (RECORD_FILES, MetricsLog, SignalCatcher, adopt_legacy_folder, check_checkpoint_config,
+                                child_pids, ensure_writable, forwarding_signals, gpu_peak_flops, list_checkpoints,
+                                load_checkpoint, metrics_header, newest_intact_checkpoint, provenance, read_json, read_metrics,
+                                read_params, read_result, remove_stale_temporaries, run_dir, save_checkpoint, where_runs_go,
+                                write_params, write_result, writing_run_folder)
 from .shapes import (GRIDS, PRESETS, TINY_DEFAULT_DEPTHS, Shape, count_params, get_grid, grid_shapes,
                                   resolve_preset, shape_for)
 from .data import TokenData, held_out_set, read_manifest, resolve_data
 from .model import build_model
-from .costs import train_flops_per_token
+from .costs import activation_bytes, memory_estimate, train_flops_per_token
 from .looped import PAPER_VOCAB, looped_config, tokens_for_budget
 from .looped import flops_per_token as looped_flops_per_token   # the trainer's own flops_per_token reads a run
 
@@ -51,8 +53,8 @@ __all__ = ['LOOPED_RECIPE', 'LOOPED_TINY', 'INIT_SEEDS', 'DEFAULT_CHECKPOINT_EVE
            'clip_grad_norm', 'check_trackers', 'open_data', 'init_model', 'default_micro_batch', 'plot_loss_curves',
            'peak_flops', 'peak_memory_bytes', 'flops_per_token', 'evaluate', 'TrainState', 'Callback', 'save_state',
            'StopAfter', 'DivergenceGuard', 'SpeedMeter', 'Evaluator', 'MetricsWriter', 'LayerStatsRecorder', 'Trackers',
-           'ProgressBar', 'Checkpointer', 'default_callbacks', 'train', 'fit', 'free_port', 'launch_command', 'launch',
-           'train_parser', 'cli_train']
+           'ProgressBar', 'Checkpointer', 'default_callbacks', 'train', 'training_memory_bytes', 'check_run_fits',
+           'fit', 'out_of_memory', 'free_port', 'launch_command', 'launch', 'train_parser', 'cli_train']
 
 # %% ../nbs/07_trainer.ipynb #895e7da2
 LOOPED_RECIPE = dict(optimizer='muonh', schedule='linear', warmup_frac=0.0, final_lr_frac=0.1, grad_clip=None,
@@ -599,6 +601,9 @@ class TrainState:
     record: dict = field(default_factory=dict)        # extra result.json keys (the held-out set's description)
     replicated: list = field(default_factory=list)    # FSDP2: 0-d parameters it leaves alone (their grads averaged by us)
     preset_reason: Optional[str] = None
+    last_checkpoint: Optional[int] = None             # the step of the newest checkpoint on disk (resumed from or written)
+    signals: Optional[SignalCatcher] = None           # SIGTERM / SIGINT / SIGUSR1 received (train installs it)
+    interrupted: Optional[int] = None                 # the signal that stopped the run (the same on every process)
 
     @property
     def last(self) -> bool: return self.step + 1 == self.steps
@@ -618,7 +623,6 @@ class Callback:
     def on_train_end(self, state: TrainState) -> None: pass            # the result is written (status known)
     def on_exception(self, state: TrainState, error: BaseException) -> None: pass
 
-
 # %% ../nbs/07_trainer.ipynb #51a5c5d1
 def save_state(state: TrainState, step: int, counters: dict) -> None:
     "Checkpoint the run at `step` (every process takes part: FSDP gathers the full weights first)."
@@ -626,6 +630,7 @@ def save_state(state: TrainState, step: int, counters: dict) -> None:
     if state.dist.main:
         save_checkpoint(state.folder, step, state.run, state.raw, state.optimizers, state.schedulers, counters,
                         state.run.train.keep_checkpoints, full)
+    state.last_checkpoint = step
 
 
 class StopAfter(Callback):
@@ -765,7 +770,6 @@ def default_callbacks(run: RunConfig, progress: bool = True, stop_after: Optiona
     if t.trackers: cbs.append(Trackers())
     return cbs
 
-
 # %% ../nbs/07_trainer.ipynb #02f1fd69
 def train(run: RunConfig, progress: bool = True, preset_reason: Optional[str] = None, stop_after: Optional[int] = None,
           launch_args: Sequence[str] = (), wait: bool | float = False, callbacks: Sequence[Callback] = ()) -> dict:
@@ -775,20 +779,65 @@ def train(run: RunConfig, progress: bool = True, preset_reason: Optional[str] = 
     if not isinstance(run, RunConfig): raise ConfigError(f"train expects a RunConfig (see make_run_config), got {type(run).__name__}")
     folder = run_dir(run)
     launched_rank = in_launched_process() and (os.environ.get('DEPTHBENCH_LAUNCHED') or int(os.environ.get('RANK', '0')) != 0)
-    with contextlib.nullcontext() if launched_rank else writing_run_folder(folder, wait=wait) as lock:   # `launch` holds it
-        done = _finished_result(folder)
-        if done is not None:
-            print(f"{folder}: already {done['status']}; not retraining (delete result.json to train again)")
-            return done
-        if run.train.trackers: check_trackers(run.train.trackers)
-        if run.num_processes > 1 and not in_launched_process():
-            if callbacks: raise ConfigError('callbacks run in the calling process; with num_processes > 1 the launched processes train')
-            device = torch.device('cuda' if torch.cuda.is_available() else 'cpu')
-            if resolve_compile(run.compile, device): check_compile(device)   # before any process starts
-            return launch(run, progress=progress, preset_reason=preset_reason, launch_args=launch_args, lock=lock)
-        state = _setup(run, folder, progress, preset_reason)
-        cbs = sorted([*default_callbacks(run, progress, stop_after), *callbacks], key=lambda c: c.order)
-        return fit(state, cbs)
+    with SignalCatcher() as signals:                 # SIGTERM / SIGINT / SIGUSR1: checkpoint and stop (see fit)
+        if not launched_rank: adopt_legacy_folder(run)
+        with contextlib.nullcontext() if launched_rank else writing_run_folder(folder, wait=wait) as lock:   # `launch` holds it
+            done = _finished_result(folder)
+            if done is not None:
+                print(f"{folder}: already {done['status']}; not retraining (delete result.json to train again)")
+                return done
+            if not launched_rank: _forget_interruption(folder)
+            if run.train.trackers: check_trackers(run.train.trackers)
+            if run.num_processes > 1 and not in_launched_process():
+                if callbacks: raise ConfigError('callbacks run in the calling process; with num_processes > 1 the launched processes train')
+                device = torch.device('cuda' if torch.cuda.is_available() else 'cpu')
+                if resolve_compile(run.compile, device): check_compile(device)   # before any process starts
+                return launch(run, progress=progress, preset_reason=preset_reason, launch_args=launch_args, lock=lock)
+            try: state = _setup(run, folder, progress, preset_reason)
+            except Exception as e:
+                oom = out_of_memory(e)
+                if oom: raise ResourceError(f"{oom} while setting up run {run.run_id} (before its first step)") from None
+                raise
+            state.signals = signals
+            cbs = sorted([*default_callbacks(run, progress, stop_after), *callbacks], key=lambda c: c.order)
+            signals.armed = True                     # from here a signal is a checkpoint at the next step boundary
+            try: return fit(state, cbs)
+            finally: signals.armed = False
+
+
+def training_memory_bytes(run: RunConfig, micro: int, precision: str, world: int = 1) -> dict:
+    """What one process of a run holds in memory by the cost model (`depthbench_nb.costs`): weights, gradients and
+    optimizer state in the training precision (FSDP: a 1/world shard of them) and the activations of one micro-batch."""
+    width = 2 if precision == 'bf16-pure' else 4
+    est = memory_estimate(run.model, run.train.seq_len, param_bytes=width, state_bytes=width)
+    static = est.static // (world if run.fsdp and world > 1 else 1)
+    act = micro * activation_bytes(run.model, run.train.seq_len, bytes_per_elem=2 if precision.startswith('bf16') else 4)
+    return dict(static=static, activations=act, total=static + act)
+
+
+def check_run_fits(run: RunConfig, device: torch.device, micro: int, precision: str, world: int = 1) -> None:
+    """Refuse (`ResourceError`, one line with both figures) a run whose estimated memory exceeds what is available
+    on its device, before the model is built. On a CPU the processes of this machine share its memory.
+    `DEPTHBENCH_MEMORY_CHECK=0` (`train --no-memory-check`) skips the check."""
+    if not memory_check_enabled(): return
+    need = training_memory_bytes(run, micro, precision, world)
+    per_host = int(os.environ.get('LOCAL_WORLD_SIZE', '1')) if device.type == 'cpu' else 1
+    free, where = available_memory(str(device))
+    if free is None or need['total'] * per_host <= free: return
+    raise ResourceError(f"run {run.run_id} needs about {format_bytes(need['total'] * per_host)} "
+                        f"({format_bytes(need['static'])} of weights, gradients and optimizer state, {format_bytes(need['activations'])} "
+                        f"of activations for a micro-batch of {micro}{f', x {per_host} processes' if per_host > 1 else ''}), "
+                        f"{where} on {device} is {format_bytes(free)}: choose a smaller shape or --micro-batch, or pass "
+                        f"--no-memory-check (DEPTHBENCH_MEMORY_CHECK=0) to try anyway")
+
+
+def _forget_interruption(folder: Path) -> None:
+    "A run resumed after an interruption is unfinished again until it ends: its `interrupted` result.json goes."
+    try: res = read_result(folder)
+    except CorruptFile: return
+    if res and res['status'] == 'interrupted':
+        print(f"resuming a run interrupted by {res.get('signal')} at step {res.get('interrupted_at_step')}")
+        (folder / RECORD_FILES['result']).unlink(missing_ok=True)
 
 
 def _finished_result(folder: Path) -> Optional[dict]:
@@ -814,6 +863,7 @@ def _setup(run: RunConfig, folder: Path, progress: bool, preset_reason: Optional
         raise ConfigError(f"global_batch ({t.global_batch}) must split into {dist.world} processes × micro-batches of {micro}")
     use_compile = resolve_compile(run.compile, dist.device)
     if use_compile: check_compile(dist.device)        # a missing compiler is a clear error before any step
+    check_run_fits(run, dist.device, micro, precision, dist.world)   # before the model is built
     model = init_model(run)
     if precision == 'bf16-pure': model = model.to(torch.bfloat16)
     model.to(dist.device)
@@ -839,7 +889,7 @@ def _setup(run: RunConfig, folder: Path, progress: bool, preset_reason: Optional
                        replicated=replicated, preset_reason=preset_reason)
     if meta is not None:
         meta = load_checkpoint(ckpts[-1][1], run, model, optimizers, schedulers)
-        state.start = meta['step']
+        state.start = state.last_checkpoint = meta['step']
         state.counters.update({k: meta[k] for k in state.counters if k in meta})
         if dist.main: print(f"resuming from checkpoint step {state.start} ({ckpts[-1][1].name})")
     if dist.main:                                     # before step 0: what produced the rows below
@@ -861,6 +911,7 @@ def fit(state: TrainState, callbacks: Sequence[Callback]) -> dict:
     state.seg_start = time.time()
     try:
         for step in range(state.start, state.steps):
+            if _stop_requested(state): break              # a signal: stop at this step boundary (every process)
             state.step, state.row = step, {}
             call('on_step_start')
             if state.should_stop: break
@@ -882,9 +933,14 @@ def fit(state: TrainState, callbacks: Sequence[Callback]) -> dict:
             if state.should_stop: break
     except BaseException as e:
         call('on_exception', e)
+        oom = out_of_memory(e)
         if isinstance(e, Exception) and dist.main:
-            _write_final(state, 'failed', state.step, error=f"{type(e).__name__}: {e}", traceback=traceback.format_exc()[-4000:])
+            try: _write_final(state, 'failed', state.step, error=oom or f"{type(e).__name__}: {e}", traceback=traceback.format_exc()[-4000:])
+            except OSError as w: print(f"(result.json not written: {w})")     # a full disk: the error below says what matters
+        if oom: raise ResourceError(f"{oom} at step {state.step} of run {run.run_id}; the run is recorded as failed; a smaller "
+                                    f"micro-batch (--micro-batch) or shape needs less memory") from None
         raise
+    if state.interrupted is not None: return _interrupt(state, call)
     if state.status == 'stopped':
         call('on_train_end')
         return dict(status='stopped', step=state.step, run_id=run.run_id)
@@ -894,6 +950,44 @@ def fit(state: TrainState, callbacks: Sequence[Callback]) -> dict:
                           compiled=state.compiled, fsdp=state.fsdp, **state.record)
     call('on_train_end')
     return result
+
+
+def _stop_requested(state: TrainState) -> bool:
+    "Whether a signal asked this run to stop (on any process: the flag is all-reduced, so every process stops at the same step)."
+    sc = state.signals
+    flag = (sc.received or 0) if sc is not None else 0
+    if state.dist.world > 1:
+        t = torch.tensor([flag], dtype=torch.int64, device=state.dist.device)
+        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+        flag = int(t.item())
+    if flag: state.interrupted = flag
+    return bool(flag)
+
+
+def _interrupt(state: TrainState, call) -> dict:
+    "Stopped by a signal after `steps_done` steps: checkpoint there (unless one is), record the run as interrupted, say so."
+    import signal
+    done, name = state.steps_done, signal.Signals(state.interrupted).name
+    state.status = 'interrupted'
+    if done > 0 and state.last_checkpoint != done:
+        save_state(state, done, dict(state.counters, wall_time_s=state.wall_time()))
+    result = _write_final(state, 'interrupted', done, signal=name, interrupted_at_step=done,
+                          resume_from=f'step_{done:08d}' if done else None)
+    call('on_train_end')
+    if state.dist.main:
+        print(f"interrupted by {name} at step {done} of {state.steps}: " +
+              (f"checkpoint step_{done:08d} written; " if done else 'nothing trained yet; ') +
+              "run the same command again to resume")
+    return result
+
+
+def out_of_memory(e: BaseException) -> Optional[str]:
+    "A one-line description when `e` is an out-of-memory error (CPU allocator, CUDA, MemoryError), else None."
+    text = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+    if isinstance(e, MemoryError) or type(e).__name__ == 'OutOfMemoryError': return f"out of memory ({text})"
+    if isinstance(e, RuntimeError) and ("can't allocate memory" in str(e) or 'out of memory' in str(e).lower()):
+        return f"out of memory ({text})"
+    return None
 
 
 def _forward_backward(state: TrainState) -> float:
@@ -962,7 +1056,6 @@ def _write_final(state: TrainState, status: str, steps_done: int, **extra) -> di
         except Exception as e: print(f"(loss-curve figure not drawn: {e})")
     return result
 
-
 # %% ../nbs/07_trainer.ipynb #3432c75c
 def free_port() -> int:
     "A TCP port nobody listens on now (the OS picks it): the rendezvous of one single-machine launch."
@@ -996,9 +1089,13 @@ def launch(run: RunConfig, progress: bool = True, preset_reason: Optional[str] =
     env.setdefault('OMP_NUM_THREADS', '1')
     keep = (lock.fd,) if lock is not None and getattr(lock, 'fd', None) is not None else ()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1, env=env, pass_fds=keep)
-    for line in proc.stdout: print(line, end='', flush=True)
-    rc = proc.wait()
+    # a signal goes to the training processes (the launcher's children), not to the launcher: they checkpoint and stop
+    with forwarding_signals(lambda: child_pids(proc.pid)) as got:
+        for line in proc.stdout: print(line, end='', flush=True)
+        rc = proc.wait()
     result = read_result(folder)
+    if result is not None and result['status'] == 'interrupted': return result
+    if got: raise RunInterrupted(got[0], f"interrupted before the {run.num_processes} processes started training; nothing to save")
     if rc != 0 or result is None:
         raise RuntimeError(f"accelerate launch exited with code {rc}; see the log above (result: {result and result.get('status')})")
     return result
@@ -1016,6 +1113,8 @@ def train_parser() -> argparse.ArgumentParser:
     p.add_argument('--run-config', help='train the RunConfig in this params.json (used by accelerate launch)')
     p.add_argument('--wait', action='store_true', help='when another process is training this run, wait for it (then report '
                    'its result) instead of refusing')
+    p.add_argument('--no-memory-check', action='store_true', help='train even when the estimated memory exceeds what is '
+                   'available (sets DEPTHBENCH_MEMORY_CHECK=0)')
     p.add_argument('--no-progress', action='store_true'); p.add_argument('--json', action='store_true', help='machine-readable JSON output')
     return p
 
@@ -1023,6 +1122,7 @@ def train_parser() -> argparse.ArgumentParser:
 def cli_train(argv=None) -> int:
     "depthbench-nb train: train one model and write its run record."
     a = train_parser().parse_args(argv)
+    if a.no_memory_check: os.environ['DEPTHBENCH_MEMORY_CHECK'] = '0'   # the launched processes inherit it
     why = None
     if a.run_config:
         run = read_params(Path(a.run_config).parent) if Path(a.run_config).name == RECORD_FILES['params'] else \
@@ -1035,11 +1135,15 @@ def cli_train(argv=None) -> int:
     with contextlib.redirect_stdout(sys.stderr) if a.json else contextlib.nullcontext():   # --json: stdout holds only the JSON
         result = train(run, progress=not (a.no_progress or a.json), preset_reason=why,
                        launch_args=shlex.split(a.launch_args), wait=a.wait)
-    if in_launched_process() and int(os.environ.get('RANK', '0')) != 0: return 0
+    if in_launched_process() and int(os.environ.get('RANK', '0')) != 0: return EXIT_OK
     shown = {k: v for k, v in result.items() if k not in ('provenance', 'traceback')}
+    if result['status'] == 'interrupted':            # the trainer said it in one line; --json: that line as JSON
+        if a.json: emit(shown, True, one_line=True)
+        return EXIT_OK if in_launched_process() else EXIT_INTERRUPTED   # the launcher's parent reads result.json
     emit(shown, a.json, title=f"run {result['run_id']}: {result['status']} ({run_dir(run)})")
-    return 0 if result['status'] in ('completed', 'diverged') else 1
+    return EXIT_OK if result['status'] in ('completed', 'diverged') else EXIT_NOT_DONE
 
 
 if __name__ == '__main__' and '__file__' in globals():   # `python -m depthbench_nb.trainer` (accelerate launch); not in notebooks
-    sys.exit(cli_train())
+    from depthbench_nb.cli import main
+    sys.exit(main(['train'] + sys.argv[1:]))              # clean one-line errors and exit codes, as from the console script

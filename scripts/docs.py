@@ -603,7 +603,7 @@ EXAMPLE_FILES = ('params.json', 'result.json', 'metrics.jsonl', 'layer_stats.jso
 
 
 def record_example(study_dir: Path) -> None:
-    "Replace docs/example_study/ by the records of a finished demo study (what the reports read; no checkpoints)."
+    "Replace docs/example_study/ by the records of a finished demo study (what the reports read, with the extra runs of its plan; no checkpoints)."
     study_dir = Path(study_dir)
     runs = sorted(d for d in study_dir.iterdir() if (d / 'result.json').is_file())
     if not runs: raise SystemExit(f'[docs] no run records in {study_dir}')
@@ -616,6 +616,10 @@ def record_example(study_dir: Path) -> None:
             if (d / name).is_file():
                 (EXAMPLE_STUDY / study_dir.name / d.name / name).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(d / name, EXAMPLE_STUDY / study_dir.name / d.name / name)
+    extras = study_dir / '.sweep' / 'extra_entries.json'      # the demo's extra runs belong to the study's plan:
+    if extras.is_file():                                        # without them the reports leave those runs out as stale
+        (EXAMPLE_STUDY / study_dir.name / '.sweep').mkdir(parents=True, exist_ok=True)
+        shutil.copy2(extras, EXAMPLE_STUDY / study_dir.name / '.sweep' / 'extra_entries.json')
     if readme: (EXAMPLE_STUDY / 'README.md').write_text(readme)
     size = sum(f.stat().st_size for f in EXAMPLE_STUDY.rglob('*') if f.is_file())
     print(f'[docs] {len(runs)} run records of {study_dir} -> {EXAMPLE_STUDY.relative_to(ROOT)} ({size / 1e6:.1f} MB)')

@@ -7,7 +7,12 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 BIN=.venv/bin
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 export TOKENIZERS_PARALLELISM=false PYTHONHASHSEED=0 MPLBACKEND=Agg
-export DEPTHBENCH_CACHE=${DEPTHBENCH_CACHE:-$PWD/.cache/depthbench-nb}
+# Hermetic: this run's own runs folder and data cache, whatever a demo, a sweep or an earlier test run left in the
+# checkout (papermill_runs/) or in a cache; removed at the end. (pytest's conftest.py makes its own inside as well.)
+SCRATCH=$(mktemp -d "${TMPDIR:-/tmp}/depthbench-test.XXXXXX")
+trap 'rm -rf "$SCRATCH"' EXIT
+export DEPTHBENCH_RUNS=$SCRATCH/runs DEPTHBENCH_CACHE=$SCRATCH/cache
+unset DEPTHBENCH_TEST_SCRATCH
 
 echo "== 1/5 nbdev_export leaves depthbench_nb/ unchanged"
 $BIN/python scripts/check_sync.py export

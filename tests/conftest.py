@@ -1,5 +1,11 @@
-"""Shared test settings: offline, single-threaded, and every file the package writes goes to a temporary folder."""
+"""Shared test settings: offline, single-threaded, and every file the package writes goes to a temporary folder.
+
+Hermetic: the session gets its own runs folder (DEPTHBENCH_RUNS) and data cache (DEPTHBENCH_CACHE) in a scratch folder
+made here, whatever the environment says, so a demo, a sweep or an earlier test run in the checkout (its
+`papermill_runs/`) or in the user's cache can change no result; xdist workers inherit the controller's folders."""
 import os
+import shutil
+import tempfile
 
 os.environ.setdefault('HF_HUB_OFFLINE', '1')
 os.environ.setdefault('HF_DATASETS_OFFLINE', '1')
@@ -7,6 +13,12 @@ os.environ.setdefault('TRANSFORMERS_OFFLINE', '1')
 os.environ.setdefault('OMP_NUM_THREADS', '1')
 os.environ.setdefault('TOKENIZERS_PARALLELISM', 'false')
 os.environ.setdefault('MPLBACKEND', 'Agg')
+
+if not os.environ.get('DEPTHBENCH_TEST_SCRATCH'):               # the controlling process (or the only one)
+    _SCRATCH = tempfile.mkdtemp(prefix='depthbench-tests-')
+    os.environ.update(DEPTHBENCH_TEST_SCRATCH=_SCRATCH, DEPTHBENCH_RUNS=os.path.join(_SCRATCH, 'runs'),
+                      DEPTHBENCH_CACHE=os.path.join(_SCRATCH, 'cache'))
+else: _SCRATCH = None                                              # an xdist worker: the controller's folders
 
 import pytest  # noqa: E402
 
@@ -55,6 +67,8 @@ def pytest_terminal_summary(terminalreporter, config):
 def pytest_unconfigure(config):
     ledger = getattr(config, '_fault_ledger', None)
     if ledger is not None: ledger.unlink(missing_ok=True)
+    if _SCRATCH is not None and not hasattr(config, 'workerinput') and not os.environ.get('DEPTHBENCH_KEEP_SCRATCH'):
+        shutil.rmtree(_SCRATCH, ignore_errors=True)
 
 @pytest.fixture(scope='session')
 def trained_run(tiny_data, tmp_path_factory):

@@ -10,6 +10,7 @@ survived them and the records lost (must be 0).
 
 Every fault is injected into a real process: the killed trainer is `depthbench-nb train` in a child process whose
 own code kills itself (SIGKILL) at the chosen point, the kill points and the trials drawn from a seeded RNG."""
+import contextlib
 import dataclasses
 import hashlib
 import io
@@ -110,7 +111,7 @@ def reference(tiny_data, tmp_path_factory):
     try:
         run = tiny(tiny_data)
         res = train(run, progress=False)
-        return dict(run=run, rows=read_metrics(run_dir(run)), result=res, digest=weights_digest(run_dir(run)))
+        return dict(run=run, rows=read_metrics(run_dir(run)), result=res, digest=weights_digest(run_dir(run)), folder=run_dir(run))
     finally:
         if old is None: del os.environ['DEPTHBENCH_RUNS']
         else: os.environ['DEPTHBENCH_RUNS'] = old
@@ -444,12 +445,12 @@ def test_a_planted_pickle_runs_nowhere(place, reference, tiny_data, runs_dir, tm
         (folder / 'params.json').write_text(json.dumps(dict(r.to_dict(), run_id=r.run_id)))
         (folder / 'result.json').write_bytes(evil)
         argv, kind = ['collect', str(study)], 'corrupt'
-    elif place == 'collect params.json':               # a run folder outside the plan: skipped, said, nothing ran
+    elif place == 'collect params.json':               # a run folder outside the plan: listed as stale, never read
         folder = runs_dir / 'faults' / 'someone-elses-run'; folder.mkdir(parents=True)
         (folder / 'params.json').write_bytes(evil)
         assert main(['collect', str(study), '--json']) == 0
-        out, err = capsys.readouterr()
-        assert json.loads(out)['rows'] == 1 and 'someone-elses-run/params.json is not valid JSON' in err, err
+        out = json.loads(capsys.readouterr().out)
+        assert out['rows'] == 1 and [r['run_id'] for r in out['stale']] == ['someone-elses-run'], out
         assert not marker.exists()
         return ledger(faults=1)
     elif place == 'sweep state':
@@ -562,11 +563,11 @@ def test_a_sweep_whose_driver_is_killed_twice_finishes_every_run_once(tiny_data,
     study = tmp_path / 'k.yaml'
     study.write_text(yaml.safe_dump(dict(name='killed', preset='tiny', data=str(tiny_data), groups=[
         dict(name='g', archs=['preln'], depths=[2], lrs=[1e-3, 2e-3], max_steps=8)])))
-    os.environ['DEPTHBENCH_RUNS'] = str(runs)
+    saved = os.environ.get('DEPTHBENCH_RUNS'); os.environ['DEPTHBENCH_RUNS'] = str(runs)
     try:
         from depthbench_nb.sweep import expand_study, load_study
         entries = expand_study(load_study(study))
-    finally: del os.environ['DEPTHBENCH_RUNS']
+    finally: os.environ['DEPTHBENCH_RUNS'] = saved        # the session's own runs folder, never unset
     folders = [runs / 'killed' / e.run_id for e in entries]
     driver = CLI + ['sweep', 'run', str(study), '--executor', 'python', '--no-progress']
     def start(): return subprocess.Popen(driver, env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -611,3 +612,511 @@ def test_a_killed_holder_not_yet_reaped_holds_nothing():
     while Path(f'/proc/{child.pid}/stat').read_text().rsplit(')', 1)[1].split()[0] != 'Z' and time.time() < deadline: time.sleep(0.01)
     assert holder_alive(record) is False          # still in the process table (not reaped yet), holding nothing
     child.wait()
+
+
+# =================================================================================================================
+# Preemption, edited studies and hostile files: signals checkpoint, an operational option keeps the run, a study is
+# its current plan, every unpickler has an exact allow-list, resources and disks are checked, messages stay short.
+# =================================================================================================================
+# A hook every Python process of a test's process tree loads (sitecustomize on PYTHONPATH): the training process
+# (the CLI, an accelerate rank, a papermill kernel) pauses after the row of step DEPTHBENCH_TEST_PAUSE so that the test
+# can send a real signal at a known step; DEPTHBENCH_TEST_SLOW_SAVE holds the next checkpoint write for 2 s (a second
+# signal then arrives while it is saved); DEPTHBENCH_TEST_MEMORY_LIMIT caps the address space at the first training step.
+HOOK = r'''
+import os
+if os.environ.get('DEPTHBENCH_TEST_PAUSE') or os.environ.get('DEPTHBENCH_TEST_MEMORY_LIMIT'):
+    import time
+    from pathlib import Path
+    import depthbench_nb.runs as _R
+    _mark = Path(os.environ.get('DEPTHBENCH_TEST_MARK', '.'))
+    if os.environ.get('DEPTHBENCH_TEST_PAUSE'):
+        _pause, _append = int(os.environ['DEPTHBENCH_TEST_PAUSE']), _R.MetricsLog.append
+        def _paused_append(self, row):
+            _append(self, row)
+            if row.get('step') == _pause and not (_mark / 'paused').exists():
+                (_mark / 'paused').write_text(str(os.getpid())); time.sleep(float(os.environ.get('DEPTHBENCH_TEST_PAUSE_S', '3')))
+        _R.MetricsLog.append = _paused_append
+    if os.environ.get('DEPTHBENCH_TEST_SLOW_SAVE'):
+        _sums = _R.write_checksums
+        def _slow_sums(folder, names):
+            if (_mark / 'paused').exists() and not (_mark / 'saving').exists():
+                (_mark / 'saving').write_text('1'); time.sleep(2)
+            return _sums(folder, names)
+        _R.write_checksums = _slow_sums
+    if os.environ.get('DEPTHBENCH_TEST_MEMORY_LIMIT'):
+        import resource
+        import depthbench_nb.trainer as _T
+        _fb = _T._forward_backward
+        def _capped(state):
+            if not getattr(_capped, 'done', False):
+                _capped.done = True
+                mapped = int(Path('/proc/self/statm').read_text().split()[0]) * os.sysconf('SC_PAGE_SIZE')
+                limit = mapped + int(os.environ['DEPTHBENCH_TEST_MEMORY_LIMIT'])
+                resource.setrlimit(resource.RLIMIT_AS, (limit, resource.getrlimit(resource.RLIMIT_AS)[1]))
+            return _fb(state)
+        _T._forward_backward = _capped
+'''
+
+
+def hooked_env(tmp_path: Path, **env) -> dict:
+    "The environment of a child process tree with the test hook loaded (and a private marker folder)."
+    hook = tmp_path / 'hook'; hook.mkdir(exist_ok=True); (hook / 'sitecustomize.py').write_text(HOOK)
+    mark = tmp_path / 'mark'; mark.mkdir(exist_ok=True)
+    path = os.pathsep.join([str(hook)] + [p for p in os.environ.get('PYTHONPATH', '').split(os.pathsep) if p])
+    return dict(os.environ, OMP_NUM_THREADS='1', PYTHONPATH=path, DEPTHBENCH_TEST_MARK=str(mark), **env)
+
+
+def wait_file(path: Path, proc, timeout: float = 300) -> None:
+    deadline = time.time() + timeout
+    while not path.exists():
+        assert proc.poll() is None, ('the process ended first', proc.communicate())
+        assert time.time() < deadline, f'timed out waiting for {path}'
+        time.sleep(0.02)
+
+
+def alive(pid: int) -> bool:
+    "A process that runs (a zombie, killed and waiting for its parent to reap it, runs nothing)."
+    try: return Path(f'/proc/{pid}/stat').read_text().rsplit(')', 1)[1].split()[0] not in ('Z', 'X')
+    except (OSError, IndexError): return False
+
+
+def processes_with(token: str) -> list[int]:
+    "Live processes whose environment holds `token` (the whole tree of a command started with it)."
+    out = []
+    for p in Path('/proc').iterdir():
+        if not p.name.isdigit() or int(p.name) == os.getpid(): continue
+        try: env = (p / 'environ').read_bytes()
+        except OSError: continue
+        if token.encode() in env and alive(int(p.name)): out.append(int(p.name))
+    return out
+
+
+# ------------------------------------------------------------------- 1. a signal: checkpoint at the step, exact resume
+SIGNAL_CASES = [('SIGTERM', False), ('SIGINT', True), ('SIGUSR1', False)]   # SIGINT: pressed twice, the second while saving
+
+
+@pytest.mark.parametrize('sig,twice', SIGNAL_CASES, ids=[s for s, _ in SIGNAL_CASES])
+def test_a_signal_checkpoints_at_its_step_and_the_resume_is_exact(sig, twice, reference, runs_dir, tmp_path, capsys):
+    """`depthbench-nb train`, sent SIGTERM (preemption, scancel), SIGINT (Ctrl-C) or SIGUSR1 (Slurm's warning) after step
+    4: it finishes the step, writes checkpoint step 5 (not one of its every-3 checkpoints), records result.json as
+    interrupted with the signal and the step, prints one JSON line and exits 3. A second Ctrl-C while the checkpoint
+    is written changes nothing. Training again resumes there and ends with the uninterrupted record."""
+    from depthbench_nb.runs import verify_checkpoint
+    run = reference['run']
+    folder = run_dir(run)
+    params = tmp_path / 'run.json'; params.write_text(json.dumps(run.to_dict()))
+    env = hooked_env(tmp_path, DEPTHBENCH_TEST_PAUSE='4', **({'DEPTHBENCH_TEST_SLOW_SAVE': '1'} if twice else {}))
+    proc = subprocess.Popen(CLI + ['train', '--run-config', str(params), '--no-progress', '--json'], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    wait_file(tmp_path / 'mark' / 'paused', proc)
+    os.kill(proc.pid, getattr(signal, sig))                          # a real signal, from outside, as Slurm or a shell sends it
+    if twice:
+        wait_file(tmp_path / 'mark' / 'saving', proc)
+        os.kill(proc.pid, getattr(signal, sig))                      # again, while the checkpoint is being written
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 3, (proc.returncode, out[-2000:], err[-3000:])
+    assert len(out.strip().splitlines()) == 1 and 'Traceback' not in err, (out, err[-3000:])
+    said = json.loads(out)
+    assert said['status'] == 'interrupted' and said['signal'] == sig and said['interrupted_at_step'] == 5, said
+    assert f'interrupted by {sig} at step 5 of 12: checkpoint step_00000005 written' in err, err[-2000:]
+    if twice: assert f'{sig} again: already stopping' in err
+    assert read_result(folder)['status'] == 'interrupted'
+    ckpt = dict(list_checkpoints(folder))[5]
+    assert verify_checkpoint(ckpt) is None and not list((folder / 'checkpoints').glob('.tmp-step_*'))
+    assert [r['step'] for r in read_metrics(folder)] == list(range(5))
+    capsys.readouterr()
+    result = train(run, progress=False)                              # the same run again: it resumes at the signal's step
+    assert 'resuming from checkpoint step 5' in capsys.readouterr().out
+    lost = lost_records(read_metrics(folder), reference['rows'])
+    assert deterministic(read_metrics(folder)) == deterministic(reference['rows'])   # every step once, the same rows
+    keys = ('status', 'steps', 'tokens', 'final_val_loss', 'best_val_loss')
+    assert {k: result[k] for k in keys} == {k: reference['result'][k] for k in keys}
+    assert weights_digest(folder) == reference['digest'] and lost == 0
+    ledger(faults=1 + twice, runs=1, survived=1, lost=lost)
+
+
+def test_a_signal_stops_every_rank_of_a_two_process_run(reference, runs_dir, tmp_path):
+    """`train` on 2 processes (accelerate launch, DDP over gloo) sent SIGTERM: the launcher's parent passes it on to the
+    ranks, every rank stops after the same step, one checkpoint is written there, the run is interrupted (exit 3); the
+    resume on 2 processes completes every step once with the losses of the uninterrupted single-process run."""
+    run = reference['run'].replace(num_processes=2)
+    folder = run_dir(run)
+    params = tmp_path / 'run.json'; params.write_text(json.dumps(run.to_dict()))
+    env = hooked_env(tmp_path, DEPTHBENCH_TEST_PAUSE='4')
+    proc = subprocess.Popen(CLI + ['train', '--run-config', str(params), '--no-progress'], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    wait_file(tmp_path / 'mark' / 'paused', proc, timeout=400)
+    os.kill(proc.pid, signal.SIGTERM)
+    out = proc.communicate(timeout=400)[0]
+    assert proc.returncode == 3, out[-4000:]
+    assert 'interrupted by SIGTERM at step 5 of 12' in out and 'passed on to 2 process(es)' in out, out[-4000:]
+    res = read_result(folder)
+    assert res['status'] == 'interrupted' and res['world_size'] == 2 and [s for s, _ in list_checkpoints(folder)] == [3, 5]
+    assert processes_with(str(tmp_path / 'mark')) == []                # no rank outlived the run
+    env.pop('DEPTHBENCH_TEST_PAUSE')
+    again = subprocess.run(CLI + ['train', '--run-config', str(params), '--no-progress'], env=env, capture_output=True,
+                           text=True, timeout=400)
+    assert again.returncode == 0 and 'resuming from checkpoint step 5' in again.stdout, again.stdout[-3000:] + again.stderr[-2000:]
+    rows, want = read_metrics(folder), reference['rows']
+    assert [r['step'] for r in rows] == list(range(12))
+    lost = sum(abs(a['loss'] - b['loss']) > 1e-5 * abs(b['loss']) for a, b in zip(rows, want))
+    assert lost == 0 and read_result(folder)['status'] == 'completed'
+    ledger(faults=1, runs=1, survived=1, lost=lost)
+
+
+# ----------------------------------------------------- 2. the sweep driver passes a signal on and leaves no orphan
+def test_a_signalled_sweep_driver_stops_its_children_and_records_them(tiny_data, tmp_path):
+    """`sweep run` (papermill executor: driver -> papermill -> kernel) sent SIGTERM while its first run trains: the
+    signal reaches the kernel, which checkpoints; the driver waits, records the run as interrupted, starts nothing
+    else and exits 3; no process of its tree is left. The next driver resumes the run to its uninterrupted record."""
+    runs = tmp_path / 'runs'
+    study = tmp_path / 'sig.yaml'
+    study.write_text(yaml.safe_dump(dict(name='sig', preset='tiny', data=str(tiny_data), groups=[
+        dict(name='g', archs=['preln'], depths=[2], lrs=[1e-3, 2e-3], max_steps=10)])))
+    saved = os.environ.get('DEPTHBENCH_RUNS'); os.environ['DEPTHBENCH_RUNS'] = str(runs)
+    try:
+        from depthbench_nb.sweep import expand_study, load_study
+        entries = expand_study(load_study(study))
+    finally: os.environ['DEPTHBENCH_RUNS'] = saved        # the session's own runs folder, never unset
+    tree = f'depthbench-test-tree-{os.getpid()}-{time.time_ns()}'
+    env = hooked_env(tmp_path, DEPTHBENCH_RUNS=str(runs), DEPTHBENCH_TEST_PAUSE='3', DEPTHBENCH_TEST_TREE=tree)
+    driver = subprocess.Popen(CLI + ['sweep', 'run', str(study), '--executor', 'papermill', '--no-progress', '--json'], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    wait_file(tmp_path / 'mark' / 'paused', driver, timeout=400)
+    os.kill(driver.pid, signal.SIGTERM)                              # the driver only: the children are reached through it
+    out, err = driver.communicate(timeout=400)
+    assert driver.returncode == 3, (driver.returncode, out[-2000:], err[-3000:])
+    assert processes_with(tree) == [], 'a child of the signalled driver outlived it'
+    report = json.loads(out)
+    assert report['interrupted'] == 'SIGTERM' and 'passed on to 1 process(es)' in err, (report, err[-2000:])
+    first = read_result(runs / 'sig' / entries[0].run_id)
+    assert first['status'] == 'interrupted' and first['interrupted_at_step'] == 4 and first['signal'] == 'SIGTERM'
+    assert not (runs / 'sig' / entries[1].run_id).exists()           # nothing new was started after the signal
+    assert {r['run_id']: r['status'] for r in report['not_done']} == {entries[0].run_id: 'interrupted', entries[1].run_id: 'pending'}
+    history = json.loads((runs / 'sig' / '.sweep' / 'attempts' / f'{entries[0].run_id}.json').read_text())
+    assert history['attempts'] == 0 and history['history'][-1]['status'] == 'interrupted'   # a signal is not a failure
+    env = dict(env); env.pop('DEPTHBENCH_TEST_PAUSE')
+    again = subprocess.run(CLI + ['sweep', 'run', str(study), '--executor', 'python', '--no-progress', '--json'], env=env,
+                           capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0 and json.loads(again.stdout)['status']['completed'] == 2, again.stderr[-3000:]
+    log = (runs / 'sig' / '.sweep' / 'logs' / f'{entries[0].run_id}.log').read_text()
+    assert 'resuming from checkpoint step 4' in log
+    lost = 0
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv('DEPTHBENCH_RUNS', str(tmp_path / 'reference'))
+        train(entries[0].run, progress=False)
+        want = read_metrics(run_dir(entries[0].run))
+    got = read_metrics(runs / 'sig' / entries[0].run_id)
+    lost = lost_records(got, want)
+    assert deterministic(got) == deterministic(want) and lost == 0
+    ledger(faults=1, runs=2, survived=2, lost=lost)
+
+
+# --------------------------------------------------------------- 3. operational options are not the run's identity
+LEGACY = Path(__file__).parent / 'data' / 'records_before_identity'
+
+
+def test_records_made_before_keep_their_ids_and_a_rerun_finds_them(tiny_data, runs_dir, capsys):
+    """Run records written before the run id left out the operational options keep their ids: the default-cadence one
+    by the same id, the one trained with checkpoint_every=3 by being moved (once, said) to its id on the next run."""
+    from depthbench_nb.runs import read_params
+    (default,), (cadence,) = [list((LEGACY / k).iterdir()) for k in ('default-cadence', 'checkpoint-every-3')]
+    assert read_params(default).run_id == default.name == json.loads((default / 'params.json').read_text())['run_id']
+    assert read_params(cadence).legacy_run_id == cadence.name           # what its id was
+    for src, kw in ((default, {}), (cadence, dict(checkpoint_every=3))):
+        root = runs_dir / src.parent.name
+        shutil.copytree(src, root / 'legacy' / src.name)
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv('DEPTHBENCH_RUNS', str(root))
+            run = make_run_config('preln', L=2, d_model=32, preset='tiny', max_steps=6, study='legacy', seed=7, verbose=False, **kw)
+            run = run.replace(train=run.train.replace(seq_len=32, global_batch=4, eval_batches=1, eval_every=3))
+            assert run.run_id == default.name                             # one id for both cadences
+            capsys.readouterr()
+            res = train(run, progress=False)
+            said = capsys.readouterr().out
+            assert res['status'] == 'completed' and 'already completed; not retraining' in said, said
+            assert (root / 'legacy' / run.run_id / 'result.json').exists() and len(list((root / 'legacy').iterdir())) == 1
+            if src is cadence: assert f'run {cadence.name} was recorded under its old id' in said
+    ledger(faults=1, runs=2, survived=2)
+
+
+def test_another_checkpoint_cadence_resumes_the_same_run(reference, runs_dir, capsys):
+    """A run stopped at step 6 (checkpoints every 3), trained again with --checkpoint-every 4 and trackers changed:
+    the same run id and folder, what changed is said, the resume starts at step 6 and ends with the uninterrupted
+    record (which was trained with a cadence of 3)."""
+    run = reference['run']
+    assert train(run, progress=False, stop_after=6)['status'] == 'stopped'
+    other = run.replace(train=run.train.replace(checkpoint_every=4, keep_checkpoints=3, layer_stats_every=5))
+    assert other.run_id == run.run_id and run_dir(other) == run_dir(run)
+    capsys.readouterr()
+    res = train(other, progress=False)
+    said = capsys.readouterr().out
+    assert 'operational options changed since its last start: train.checkpoint_every: 3 -> 4' in said, said
+    assert 'resuming from checkpoint step 6' in said
+    folder = run_dir(run)
+    lost = lost_records(read_metrics(folder), reference['rows'])
+    assert deterministic(read_metrics(folder)) == deterministic(reference['rows']) and lost == 0
+    assert res['final_val_loss'] == reference['result']['final_val_loss'] and weights_digest(folder) == reference['digest']
+    assert (folder / 'layer_stats.jsonl').exists()                     # the new options took effect
+    ledger(faults=1, runs=1, survived=1, lost=lost)
+
+
+# ------------------------------------------------------------------------------ 4. a study is its current plan
+def test_an_edited_study_never_mixes_stale_runs(tiny_data, runs_dir, tmp_path, capsys):
+    """A 2-run study (LRs 1e-3, 2e-3; 2 steps) trained, then edited (LR 2e-3 -> 4e-3, 3 steps) and trained again:
+    status counts the 2 planned runs and lists the 2 stale ones; collect returns the 2 planned rows (the same counts);
+    the LR optimum and the report's table use only them."""
+    from depthbench_nb.reports import study_table
+    from depthbench_nb.sweep import collect, expand_study, load_study, lr_optima, study_status
+    study = tmp_path / 'edit.yaml'
+    def write(lrs, steps):
+        study.write_text(yaml.safe_dump(dict(name='edit', preset='tiny', data=str(tiny_data), groups=[
+            dict(name='g', archs=['preln'], depths=[2], lrs=lrs, max_steps=steps)])))
+        return expand_study(load_study(study))
+    old = write([1e-3, 2e-3], 2)
+    for e in old: train(e.run, progress=False)
+    collect(load_study(study))
+    new = write([1e-3, 4e-3], 3)
+    for e in new: train(e.run, progress=False)
+    capsys.readouterr()
+    assert main(['sweep', 'status', str(study), '--json']) == 0
+    st = json.loads(capsys.readouterr().out)
+    assert st['total'] == 2 and st['counts']['completed'] == 2
+    assert sorted(r['run_id'] for r in st['stale']) == sorted(e.run_id for e in old)
+    assert main(['collect', str(study), '--json']) == 0
+    col = json.loads(capsys.readouterr().out)
+    assert col['rows'] == 2 and col['status'] == {'completed': 2} and len(col['stale']) == 2
+    df = collect(load_study(study))
+    assert sorted(df.run_id) == sorted(e.run_id for e in new) and set(df['train.max_steps']) == {3}
+    opt = lr_optima(df)
+    assert opt.n_lrs.tolist() == [2] and opt.best_lr.iloc[0] in (1e-3, 4e-3)
+    table = study_table('edit')                                        # what the report notebooks read
+    assert sorted(table.run_id) == sorted(e.run_id for e in new)
+    assert 'left out 2 stale run(s)' in capsys.readouterr().out
+    assert main(['sweep', 'status', str(study)]) == 0 and '2 stale run folder(s)' in capsys.readouterr().out
+    ledger(faults=1, runs=4, survived=4)
+
+
+# ------------------------------------------------------ 5. an exact allow-list for every unpickler (exploit corpus)
+def _su(text: str) -> bytes:
+    b = text.encode()
+    return b'\x8c' + bytes([len(b)]) + b
+
+
+def exploit_corpus(marker: Path) -> dict:
+    "Pickles that would run `touch MARKER` (or other code) if unpickled without an exact allow-list."
+    cmd = f'touch {marker}'
+    class Reduce:
+        def __reduce__(self): return (os.system, (cmd,))
+    class Nested:                      # a harmless-looking container whose member reduces to os.system
+        def __reduce__(self): return (collections_od(), ([('w', Reduce())],))
+    corpus = {f'os.system, protocol {p}': pickle.dumps(Reduce(), protocol=p) for p in range(6)}
+    corpus['nested __reduce__ in an OrderedDict'] = pickle.dumps({'model': Nested()}, protocol=2)
+    call = lambda module, name, arg: b'\x80\x04' + _su(module) + _su(name) + b'\x93' + _su(arg) + b'\x85R.'
+    corpus['dotted name through an allowed module (DCP)'] = call('torch.distributed.checkpoint.filesystem', 'os.system', cmd)
+    corpus['dotted name through an allowed module (torch._utils)'] = call('torch._utils', 'os.system', cmd)
+    corpus['dotted attribute chain of an allowed class'] = b'\x80\x04' + _su('collections') + _su('OrderedDict.__init__.__globals__') + b'\x93.'
+    corpus['builtins.eval'] = call('builtins', 'eval', f"__import__('os').system({cmd!r})")
+    corpus['builtins.exec'] = call('builtins', 'exec', f"import os; os.system({cmd!r})")
+    corpus['builtins.getattr'] = b'\x80\x04' + _su('builtins') + _su('getattr') + b'\x93' + _su('builtins') + _su('__import__') + b'\x93' + _su('os') + b'\x85R' + _su('system') + b'\x86R' + _su(cmd) + b'\x85R.'
+    corpus['builtins.__import__'] = call('builtins', '__import__', 'os')
+    corpus['names from the memo (STACK_GLOBAL)'] = b'\x80\x04' + _su('posix') + b'\x94' + _su('system') + b'\x94' + b'00h\x00h\x01\x93' + _su(cmd) + b'\x85R.'
+    corpus['INST opcode (protocol 0)'] = f'(S{cmd!r}\nios\nsystem\n.'.encode()
+    class RebuildAbuse:                # torch's _rebuild_from_type_v2 calls its first argument: here eval
+        def __reduce__(self): return (torch._tensor._rebuild_from_type_v2, (eval, object, (f"__import__('os').system({cmd!r})",), {}))
+    corpus['torch._tensor._rebuild_from_type_v2 with eval'] = pickle.dumps(RebuildAbuse(), protocol=2)
+    corpus['torch._utils._rebuild_parameter_with_state'] = call('torch._utils', '_rebuild_parameter_with_state', cmd)
+    return corpus
+
+
+def collections_od():
+    import collections
+    return collections.OrderedDict
+
+
+def _torch_zip(payload: bytes) -> bytes:
+    "A torch zip file (torch.save's layout) whose data.pkl is `payload`."
+    import zipfile
+    buf = io.BytesIO(); torch.save({'w': torch.ones(2)}, buf)
+    src, out = zipfile.ZipFile(io.BytesIO(buf.getvalue())), io.BytesIO()
+    with zipfile.ZipFile(out, 'w', zipfile.ZIP_STORED) as z:
+        for name in src.namelist(): z.writestr(name, payload if name.endswith('data.pkl') else src.read(name))
+    return out.getvalue()
+
+
+UNPICKLING_PLACES = ['import .pt', 'import .bin (torch zip)', 'import DCP index', 'import DCP data file', 'resume train_state.pt',
+                     'resume a format-1 checkpoint']
+
+
+def test_every_unpickler_refuses_the_exploit_corpus(reference, tiny_data, runs_dir, tmp_path, capsys):
+    """Each pickle of the corpus (dotted names through allowed modules, builtins eval/exec/getattr/__import__, nested
+    __reduce__, torch _rebuild_* abuse, INST, names from the memo, protocols 0-5) at every place the project unpickles:
+    nothing runs and the error kind is `unsafe`. The established scanner picklescan reads every one of them as not
+    innocuous and finds the same globals as our own reader."""
+    import picklescan.scanner as scanner
+    from depthbench_nb.config import UnsafeFile
+    from depthbench_nb.runs import pickle_globals, write_checksums
+    marker = tmp_path / 'ran'
+    corpus = exploit_corpus(marker)
+    faults = 0
+    for label, payload in corpus.items():                             # the cross-check with an established scanner
+        scan = scanner.scan_pickle_bytes(io.BytesIO(payload), label)
+        seen = {(g.module, g.name) for g in scan.globals}
+        assert any(g.safety.value != 'innocuous' for g in scan.globals), (label, scan.globals)
+        assert seen == set(pickle_globals(io.BytesIO(payload))), (label, seen)
+    stopped = tiny(tiny_data, steps=6, checkpoint_every=3, study='exploit')
+    assert train(stopped, progress=False, stop_after=3)['status'] == 'stopped'
+    folder = run_dir(stopped)
+    ckpt = list_checkpoints(folder)[-1][1]
+    for place in UNPICKLING_PLACES:
+        for label, payload in corpus.items():
+            src = tmp_path / 'src' / f'{abs(hash((place, label)))}'; src.mkdir(parents=True)
+            if place == 'import .pt': (src / 'model.pt').write_bytes(payload)
+            elif place == 'import .bin (torch zip)': (src / 'model.bin').write_bytes(_torch_zip(payload))
+            elif place == 'import DCP index': (src / '.metadata').write_bytes(payload)
+            elif place == 'import DCP data file':
+                _dcp_with_planted_shard(src, marker)
+                data = next(src.glob('*.distcp')); blob = _torch_zip(payload)
+                meta = pickle.loads((src / '.metadata').read_bytes())
+                (index, info), = [(k, v) for k, v in meta.storage_data.items() if k.fqn == 'model.embeddings.weight']
+                with open(data, 'ab') as f: offset = f.tell(); f.write(blob)
+                meta.storage_data[index] = dataclasses.replace(info, offset=offset, length=len(blob))
+                (src / '.metadata').write_bytes(pickle.dumps(meta))
+            if place.startswith('import'):
+                err = json_error(capsys, ['import-checkpoint', str(src), '--arch', 'preln'])
+            else:
+                saved = (ckpt / 'train_state.pt').read_bytes()
+                (ckpt / 'train_state.pt').write_bytes(_torch_zip(payload))
+                meta = json.loads((ckpt / 'meta.json').read_text())
+                if place == 'resume a format-1 checkpoint':            # numpy admitted, still nothing else
+                    (ckpt / 'meta.json').write_text(json.dumps(dict(meta, format=1)))
+                    (ckpt / 'SHA256SUMS').unlink()
+                else: write_checksums(ckpt, ['model.safetensors', 'meta.json', 'train_state.pt'])
+                with pytest.raises(UnsafeFile) as caught: train(stopped, progress=False)
+                err = dict(kind=caught.value.kind, error=str(caught.value))
+                (ckpt / 'train_state.pt').write_bytes(saved); (ckpt / 'meta.json').write_text(json.dumps(meta))
+                write_checksums(ckpt, ['model.safetensors', 'meta.json', 'train_state.pt'])
+            assert err['kind'] == 'unsafe' and 'nothing was executed' in err['error'], (place, label, err)
+            assert not marker.exists(), f'{place}: {label} ran'
+            faults += 1
+    assert train(stopped, progress=False)['status'] == 'completed'      # and the real checkpoint still resumes
+    ledger(faults=faults, runs=1, survived=1)
+
+
+# ------------------------------------------------------------------------ 6. memory: refused before, caught during
+def test_a_run_that_cannot_fit_is_refused_before_anything_is_built(tiny_data, runs_dir):
+    "--L 100000 (82 GB of activations by the cost model): refused in seconds, one line naming both figures and the override."
+    t0 = time.time()
+    res = run_cli(['train', '--arch', 'preln', '--L', '100000', '--preset', 'tiny', '--data', str(tiny_data), '--json'],
+                  dict(os.environ), timeout=120)
+    err = json.loads(res.stdout)
+    assert res.returncode == 2 and err['kind'] == 'resources', (res.stdout, res.stderr[-2000:])
+    assert 'needs about' in err['error'] and ' on cpu is ' in err['error'] and '--no-memory-check' in err['error'], err
+    assert time.time() - t0 < 90 and not any(runs_dir.rglob('*.safetensors'))
+    assert not any(p.is_dir() for p in runs_dir.glob('*/*')), 'the refused run left a folder'
+    ledger(faults=1)
+
+
+def test_out_of_memory_while_training_is_one_line_and_a_failed_run(tiny_data, runs_dir, tmp_path):
+    """The address space capped just above what the process maps at its first step (ulimit -v: the CPU allocator's
+    real failure): one JSON error of kind `resources`, exit 2, no traceback, the run recorded as failed."""
+    env = hooked_env(tmp_path, DEPTHBENCH_TEST_MEMORY_LIMIT=str(48 << 20))
+    res = run_cli(['train', '--arch', 'preln', '--L', '2', '--d-model', '64', '--preset', 'tiny', '--max-steps', '3',
+                   '--data', str(tiny_data), '--no-memory-check', '--json'], env)
+    assert res.returncode == 2, (res.stdout, res.stderr[-3000:])
+    err = json.loads(res.stdout)
+    assert err['kind'] == 'resources' and err['error'].startswith('out of memory') and 'recorded as failed' in err['error'], err
+    (folder,) = [p for p in (runs_dir / 'default').iterdir()]
+    result = read_result(folder)
+    assert result['status'] == 'failed' and result['error'].startswith('out of memory'), result
+    ledger(faults=1, runs=1, survived=1)
+
+
+# ------------------------------------------------------------------------ 7. a YAML bomb and long messages
+def test_a_yaml_alias_bomb_and_huge_inputs_give_short_errors(tmp_path, capsys):
+    "A 600-byte study whose aliases expand to 10^9 nodes, and inputs holding megabytes: refused fast, messages short."
+    levels = ['a0: &a0 [x, x, x, x, x, x, x, x, x, x]'] + [f'a{i}: &a{i} [' + ', '.join([f'*a{i - 1}'] * 10) + ']' for i in range(1, 9)]
+    bomb = tmp_path / 'bomb.yaml'; bomb.write_text('\n'.join(levels) + '\nname: bomb\ngroups: [{name: g, archs: *a8}]\n')
+    assert bomb.stat().st_size < 700
+    huge = tmp_path / 'huge.yaml'; huge.write_text(yaml.safe_dump(dict(name='huge', groups=[dict(name='g' * 10**6, archs=['x' * 10**6])])))
+    keys = tmp_path / 'keys.yaml'; keys.write_text(yaml.safe_dump(dict(name='keys', groups=[{f'k{i}': i for i in range(20000)}])))
+    cfg = tmp_path / 'run.json'; cfg.write_text(json.dumps(dict(model=dict(arch='preln' * 200000), study='s')))
+    for argv in (['sweep', 'plan', str(bomb)], ['sweep', 'plan', str(huge)], ['sweep', 'plan', str(keys)],
+                 ['train', '--run-config', str(cfg)], ['train', '--arch', 'q' * 10**6]):
+        t0 = time.time()
+        err = json_error(capsys, argv)
+        assert time.time() - t0 < 20 and err['kind'] in ('config', 'usage') and len(err['error']) <= 600, (argv[:2], len(err['error']))
+        assert main(argv) == 2
+        text = capsys.readouterr().err
+        assert len(text) <= 700 and len(text.strip().splitlines()) == 1, len(text)
+    ledger(faults=5)
+
+
+# ---------------------------------------------------------------------------------------------- 8. a full disk
+def test_a_full_disk_leaves_no_partial_checkpoint_and_the_resume_cleans_first(reference, tmp_path, monkeypatch, capsys):
+    """The runs folder on a small tmpfs: the second checkpoint does not fit. The failed write removes its temporary
+    folder and says where and how much it needs. A stale temporary folder that fills the disk is removed by the resume
+    before it checks that the folder is writable; once there is space, the resume ends with the uninterrupted record."""
+    from depthbench_nb.config import ResourceError
+    mnt = tmp_path / 'disk'; mnt.mkdir()
+    ckpt = sum(f.stat().st_size for f in list_checkpoints(reference['folder'])[-1][1].iterdir())
+    if os.geteuid() != 0: pytest.skip('mounting a small tmpfs (a full disk) needs root')
+    subprocess.run(['mount', '-t', 'tmpfs', '-o', f'size={int(1.5 * ckpt) + (256 << 10)}', 'tmpfs', str(mnt)], check=True)
+    try:
+        monkeypatch.setenv('DEPTHBENCH_RUNS', str(mnt / 'runs'))
+        run = reference['run']
+        folder = run_dir(run)
+        with pytest.raises(ResourceError) as caught: train(run, progress=False)
+        msg = str(caught.value)
+        assert f'checkpoint step 6 could not be written to {folder / "checkpoints"}' in msg and 'needs about' in msg, msg
+        assert 'free' in msg and 'partial checkpoint was removed' in msg and len(msg) < 600
+        assert not list((folder / 'checkpoints').glob('.tmp-step_*')) and [s for s, _ in list_checkpoints(folder)] == [3]
+        stale = folder / 'checkpoints' / '.tmp-step_00000006-4242'; stale.mkdir()
+        with contextlib.suppress(OSError), open(stale / 'model.safetensors', 'wb') as f:   # a killed writer's leftovers
+            while True: f.write(b'\0' * (64 << 10)); f.flush()
+        capsys.readouterr()
+        with pytest.raises(ResourceError) as again: train(run, progress=False)   # cleaned first: it trains, then the same
+        assert 'removed 1 temporary checkpoint folder' in capsys.readouterr().out and 'could not be written' in str(again.value)
+        subprocess.run(['mount', '-o', f'remount,size={4 * ckpt + (1 << 20)}', str(mnt)], check=True)   # space freed
+        res = train(run, progress=False)
+        lost = lost_records(read_metrics(folder), reference['rows'])
+        assert res['status'] == 'completed' and deterministic(read_metrics(folder)) == deterministic(reference['rows'])
+        assert weights_digest(folder) == reference['digest'] and lost == 0
+    finally: subprocess.run(['umount', '-l', str(mnt)], check=False)
+    ledger(faults=2, runs=1, survived=1, lost=lost)
+
+
+# ------------------------------------------------------------------------ 9. report: nothing to report is not 0
+def test_report_with_nothing_to_report_exits_non_zero(tiny_data, runs_dir, tmp_path, capsys):
+    "A study whose only run failed: report writes its Missing list and exits 1."
+    run = tiny(tiny_data, steps=2, study='empty-report')
+    folder = run_dir(run); folder.mkdir(parents=True)
+    (folder / 'params.json').write_text(json.dumps(dict(run.to_dict(), run_id=run.run_id)))   # started, never finished
+    rc = main(['report', 'empty-report', '--only', 'depthbench', '--json'])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 1 and out['completed_runs'] == 0, out
+    index = (runs_dir / 'empty-report' / 'report' / 'depthbench_index.md').read_text()
+    assert '## Missing' in index
+    ledger(faults=1)
+
+
+# ---------------------------------------------------------- 10. the notebooks' tests ignore the checkout's runs
+def test_notebook_tests_ignore_a_runs_folder_that_holds_a_demo(tmp_path):
+    """The runs folder the notebooks' tests would otherwise read (the checkout's, where `depthbench-nb demo` leaves its
+    extra runs in .sweep/) holds the demo's records: nbdev_test of the sweep notebook (its Slurm-script cell included)
+    still passes. And this test session's runs folder is its own, never the checkout's."""
+    from depthbench_nb.config import repo_root, runs_root
+    from depthbench_nb.demo import demo_extra_entries
+    from depthbench_nb.sweep import add_extra_entries, load_study
+    if repo_root() is not None: assert not runs_root().is_relative_to(repo_root() / 'papermill_runs'), runs_root()
+    polluted = tmp_path / 'checkout-runs'
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv('DEPTHBENCH_RUNS', str(polluted))
+        add_extra_entries(load_study('demo'), demo_extra_entries())
+    assert (polluted / 'demo' / '.sweep' / 'extra_entries.json').exists()
+    nbdev_test = Path(sys.executable).parent / 'nbdev_test'
+    repo = Path(__file__).resolve().parent.parent
+    res = subprocess.run([str(nbdev_test), '--path', 'nbs/09a_sweep.ipynb', '--n_workers', '1'], cwd=repo, capture_output=True,
+                         text=True, timeout=900, env=dict(os.environ, DEPTHBENCH_RUNS=str(polluted)))
+    assert res.returncode == 0, (res.stdout[-3000:], res.stderr[-3000:])
+    ledger(faults=1)

@@ -189,7 +189,7 @@ def test_report_command_defaults_to_the_papers_effort(runs_dir, monkeypatch, cap
     (runs_dir / 'some-study' / 'report').mkdir(parents=True)
     seen = {}
     monkeypatch.setattr(reports, 'run_report_notebooks', lambda study, which, params, progress: seen.update(params) or [])
-    assert reports.cli_report(['some-study', '--only', 'looped', '--json']) == 0
+    assert reports.cli_report(['some-study', '--only', 'looped', '--json']) == 1   # no completed run: nothing reported
     assert seen == dict(restarts=500, n_bootstrap=200, bootstrap_restarts=500, seed=0, workers=None)
     json.loads(capsys.readouterr().out)
     with pytest.raises(ConfigError, match='--bootstrap'):

@@ -206,14 +206,14 @@ def test_cancelled_task_resumes_from_its_checkpoint(cluster, tiny_data, tmp_path
         wait_for(past_a_checkpoint, 300, 'the task to write its first checkpoint')
         subprocess.run(['scancel', job], check=True, timeout=60)
         wait_for(lambda: job_done(job), 120, 'the cancelled task to leave the queue')
-        assert read_result(folder) is None, 'the run finished before the cancel landed (make it longer)'
+        assert read_result(folder)['status'] == 'interrupted', 'the run finished before the cancel landed (make it longer)'
         steps = sorted(int(p.name.split('_')[1]) for p in (folder / 'checkpoints').glob('step_*'))
         k, before = steps[-1], read_metrics(folder)
         assert 0 < k < STEPS and before[-1]['step'] >= k - 1
         # the queue says CANCELLED at once; the run is 'running' until Slurm's signals have ended its processes
         row = wait_for(lambda: next((r for r in study_status(load_study(study))['runs'] if r['status'] != 'running'), None), 60,
                        "the cancelled task's processes to end (the run's lock released)")
-        assert row['status'] == 'unfinished' and row['slurm_state'] == 'CANCELLED'    # the queue's word, the record's status
+        assert row['status'] == 'interrupted' and row['slurm_state'] == 'CANCELLED'   # the queue's word, the record's status
 
         assert main(submit) == 0
         again = json.loads(capsys.readouterr().out)['job_id']
@@ -427,7 +427,8 @@ def test_script_without_a_reachable_cluster(tiny_data, tmp_path, runs_dir, monke
         assert f'#SBATCH {line}\n' in text, line
     assert '--mem' not in text                                                   # the cluster's default memory
     assert f'#SBATCH --output={runs_dir}/slurmy/logs/slurm-%A_%a.out' in text and (runs_dir / 'slurmy' / 'logs').is_dir()
-    cli_path = text.strip().splitlines()[-1].split()[0]
+    assert text.strip().splitlines()[-1].startswith('exec ')                      # the driver is the batch shell (B:USR1)
+    cli_path = text.strip().splitlines()[-1].split()[1]
     assert Path(cli_path).is_absolute() and os.access(cli_path, os.X_OK)         # the task finds this environment's CLI
     assert f'sweep run {study} --run-id "$RUN_ID" --executor papermill --no-progress --nodes 1 --procs-per-node 2' in text
     ids = [e.run_id for e in expand_study(spec)]
@@ -443,3 +444,69 @@ def test_script_without_a_reachable_cluster(tiny_data, tmp_path, runs_dir, monke
     for k in ('SLURM_NNODES', 'SLURM_NODEID', 'SLURM_JOB_NODELIST', 'SLURM_NODELIST'): monkeypatch.delenv(k, raising=False)
     assert main(['slurm', 'node-launch', '--run-config', str(cfg)]) == 2                  # a launcher outside a job step
     assert 'runs inside a Slurm job step (srun); missing SLURM_NNODES, SLURM_NODEID, SLURM_JOB_ID' in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------ 7: the time-limit warning and requeue
+PAUSE_HOOK = r'''
+import os
+if os.environ.get('DEPTHBENCH_TEST_PAUSE'):
+    import time
+    from pathlib import Path
+    import depthbench_nb.runs as _R
+    _mark, _pause, _append = Path(os.environ['DEPTHBENCH_TEST_MARK']), int(os.environ['DEPTHBENCH_TEST_PAUSE']), _R.MetricsLog.append
+    def _paused_append(self, row):
+        _append(self, row)
+        if row.get('step') == _pause and not (_mark / 'paused').exists():
+            (_mark / 'paused').write_text(str(os.getpid())); time.sleep(4)
+    _R.MetricsLog.append = _paused_append
+'''
+
+
+def test_a_task_warned_before_its_time_limit_checkpoints_requeues_and_completes(cluster, tiny_data, tmp_path, monkeypatch,
+                                                                                capsys):
+    """The array script asks Slurm for SIGUSR1 before the time limit (--signal=B:USR1@300) and allows requeueing; that
+    signal, sent to the task's batch shell mid-run (`scancel --signal=USR1 --batch`, as Slurm does), reaches the
+    driver (exec'd as the shell), which passes it on: the run checkpoints at that step (the run's own cadence would
+    checkpoint only at its end), the driver records it and requeues the task (scontrol requeue). Slurm starts the task
+    again; it resumes there and completes with every step once and the metrics of an uninterrupted run."""
+    from depthbench_nb.cli import main
+    steps = 24
+    study = write_study(tmp_path / 'requeue.yaml', 'requeue', tiny_data, ['preln'], steps)
+    (entry,) = expand_study(load_study(study))
+    folder = cluster.runs / 'requeue' / entry.run_id
+    ref_env = dict(os.environ, DEPTHBENCH_RUNS=str(tmp_path / 'reference'))
+    reference = subprocess.Popen(DRIVER + ['sweep', 'run', str(study), '--executor', 'python', '--json'], env=ref_env,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    hook, mark = tmp_path / 'hook', tmp_path / 'mark'
+    hook.mkdir(); mark.mkdir(); (hook / 'sitecustomize.py').write_text(PAUSE_HOOK)
+    monkeypatch.setenv('PYTHONPATH', os.pathsep.join([str(hook)] + [p for p in os.environ.get('PYTHONPATH', '').split(os.pathsep) if p]))
+    monkeypatch.setenv('DEPTHBENCH_TEST_PAUSE', '6'); monkeypatch.setenv('DEPTHBENCH_TEST_MARK', str(mark))
+    try:
+        assert main(['sweep', 'run', str(study), '--launcher', 'slurm', '--submit', '--slurm-gpus', '0', '--executor', 'python',
+                     '--json']) == 0                                      # sbatch exports this environment to the task
+        out = json.loads(capsys.readouterr().out)
+        job = out['job_id']
+        script = Path(out['script']).read_text()
+        assert '#SBATCH --signal=B:USR1@300\n#SBATCH --requeue\n' in script and ' --requeue\n' in script
+        wait_for(lambda: (mark / 'paused').exists(), 300, 'the task to reach step 6')
+        subprocess.run(['scancel', '--signal=USR1', '--batch', job], check=True, timeout=60)   # Slurm's warning
+        slurm_log = cluster.runs / 'requeue' / 'logs' / f'slurm-{job}_0.out'
+        wait_for(lambda: (read_result(folder) or {}).get('status') == 'completed', 600, 'the requeued task to complete')
+        wait_for(lambda: job_done(job), 120, 'the task to leave the queue')
+        assert reference.wait(timeout=600) == 0, reference.stderr.read()[-2000:]
+    finally:
+        if reference.poll() is None: reference.kill(); reference.wait()
+    log = (cluster.runs / 'requeue' / '.sweep' / 'logs' / f'{entry.run_id}.log').read_text()
+    assert 'interrupted by SIGUSR1 at step 7 of 24: checkpoint step_00000007 written' in log, log[-3000:]
+    assert 'resuming from checkpoint step 7' in log                        # at the signal's step, not from 0
+    task_log = slurm_log.read_text()
+    assert f'job {job}' in task_log and 'requeued' in task_log and '(restart 1)' in task_log, task_log[-3000:]
+    result = read_result(folder)
+    assert result['provenance']['slurm']['restart_count'] == '1' and result['steps'] == steps
+    got = read_metrics(folder)
+    want = read_metrics(tmp_path / 'reference' / 'requeue' / entry.run_id)
+    assert [r['step'] for r in got] == list(range(steps))                  # every step once
+    for key in ('loss', 'grad_norm', 'lr', 'tokens'):
+        assert [r[key] for r in got] == [r[key] for r in want], key
+    history = json.loads((cluster.runs / 'requeue' / '.sweep' / 'attempts' / f'{entry.run_id}.json').read_text())['history']
+    assert [h['status'] for h in history] == ['interrupted', 'completed']

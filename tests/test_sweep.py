@@ -122,9 +122,9 @@ def killed_and_resumed(tmp_path_factory, tiny_data):
     runs = tmp / 'runs'
     env = dict(os.environ, DEPTHBENCH_RUNS=str(runs), OMP_NUM_THREADS='1')
     study = write_study(tmp / 'k.yaml', 'killme', tiny_data, lrs=(2e-3, 4e-3), max_steps=12)   # run 2 is killed mid-training
-    os.environ['DEPTHBENCH_RUNS'] = str(runs)
+    saved = os.environ.get('DEPTHBENCH_RUNS'); os.environ['DEPTHBENCH_RUNS'] = str(runs)
     try: entries = expand_study(load_study(study))
-    finally: del os.environ['DEPTHBENCH_RUNS']
+    finally: os.environ['DEPTHBENCH_RUNS'] = saved        # the session's own runs folder, never unset
     first = runs / 'killme' / entries[0].run_id / 'result.json'
     drv = subprocess.Popen(DRIVER + ['sweep', 'run', str(study), '--executor', 'python', '--no-progress'], env=env,
                            start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -164,15 +164,18 @@ def test_collect_all_statuses_and_lr_optimum(killed_and_resumed, monkeypatch):
     k = killed_and_resumed
     monkeypatch.setenv('DEPTHBENCH_RUNS', str(k['runs']))
     spec = load_study(k['study'])
-    # a third run recorded as diverged and a fourth as failed (records written as the trainer would)
+    # a third run recorded as diverged and a fourth as failed (records written as the trainer would), added to the
+    # study's plan as extra entries (as an LR extension is): a run outside the plan is stale and never collected
     from depthbench_nb.runs import run_dir, write_params
+    from depthbench_nb.sweep import RunEntry, add_extra_entries
     from depthbench_nb.trainer import make_run_config
     for lr, status in ((8e-3, 'diverged'), (1.6e-2, 'failed')):
-        run = make_run_config('preln', L=2, preset='tiny', lr=lr, study='killme', data=str(k['entries'][0].run.data.path),
-                              max_steps=2, verbose=False)
+        params = dict(arch='preln', L=2, preset='tiny', lr=lr, study='killme', data=str(k['entries'][0].run.data.path), max_steps=2)
+        run = make_run_config(**params, verbose=False)
         folder = run_dir(run); folder.mkdir(parents=True)
         write_params(folder, run)
         (folder / 'result.json').write_text(json.dumps(dict(status=status, run_id=run.run_id, study='killme', arch='preln', lr=lr)))
+        add_extra_entries(spec, [RunEntry(0, 'extra', params, run)])
     df = collect(spec)
     assert (k['runs'] / 'killme' / 'collect.parquet').exists() and (k['runs'] / 'killme' / 'collect.csv').exists()
     assert len(df) == 4 and sorted(df.status) == ['completed', 'completed', 'diverged', 'failed']
@@ -185,7 +188,7 @@ def test_collect_all_statuses_and_lr_optimum(killed_and_resumed, monkeypatch):
     # two completed LRs: the best is at an edge of the completed+diverged grid only if it is the smallest
     assert opt.edge == (opt.best_lr == 2e-3)
     status = study_status(spec)
-    assert status['counts']['completed'] == 2
+    assert status['counts']['completed'] == 2 and status['total'] == len(df) and status['stale'] == []
 
 
 def test_two_drivers_never_run_the_same_run(tmp_path, tiny_data):
