@@ -20,9 +20,9 @@ from .console import Arg, call_parsed, comma_ints, emit
 
 # %% auto #0
 __all__ = ['backbone_matmul_params', 'lm_head_params', 'olmo_core_flops_per_token', 'design_forward_flops_per_token',
-           'train_flops_per_token', 'prefill_flops', 'kv_cache_bytes', 'depth_cache_bytes', 'mixing_bytes_per_token', 'MemoryEstimate',
-           'activation_bytes', 'memory_estimate', 'cost_row', 'measured_costs', 'measure_latency', 'latency_row',
-           'costs_command', 'cli_costs']
+           'train_flops_per_token', 'prefill_flops', 'kv_cache_bytes', 'mixing_bytes_per_token', 'depth_cache_bytes',
+           'MemoryEstimate', 'activation_bytes', 'memory_estimate', 'cost_row', 'measured_costs', 'measure_latency',
+           'latency_row', 'Roofline', 'roofline', 'copy_bandwidth', 'top_ops', 'costs_command', 'cli_costs']
 
 # %% ../nbs/08a_costs.ipynb #c13fd6ab
 def backbone_matmul_params(cfg: ModelConfig) -> int:

@@ -20,9 +20,11 @@ from .config import ConfigError
 
 # %% auto #0
 __all__ = ['SINKHORN_EPS', 'KERNELS_ENV', 'KERNEL_BACKENDS', 'TRITON_INTERPRETED', 'REFERENCES', 'KERNEL_NAMES',
-           'SELF_CHECK_RTOL', 'rms_norm_ref', 'swiglu_ref', 'relu_squared_ref', 'sinkhorn_ref', 'hc_read_ref',
-           'hc_write_ref', 'attnres_mix_ref', 'attnres_mix_list_ref', 'kernel_backend', 'rms_norm', 'swiglu',
-           'relu_squared', 'sinkhorn', 'hc_read', 'hc_write', 'attnres_mix', 'kernel_example', 'compare_to_reference']
+           'SELF_CHECK_RTOL', 'MIXING_ENV', 'MIXING_PATHS', 'rms_norm_ref', 'swiglu_ref', 'relu_squared_ref',
+           'sinkhorn_ref', 'hc_read_ref', 'hc_write_ref', 'attnres_mix_ref', 'attnres_mix_list_ref', 'kernel_backend',
+           'rms_norm', 'swiglu', 'relu_squared', 'sinkhorn', 'hc_read', 'hc_write', 'attnres_mix', 'kernel_example',
+           'compare_to_reference', 'mixing_path', 'DepthStore', 'AttnResStore', 'attnres_site', 'depth_scores',
+           'depth_values', 'moda_attention', 'sinkhorn_fused', 'hc_kernels_apply', 'attnres_site_errors']
 
 # %% ../nbs/03_kernels.ipynb #fbfd68e6
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -1022,7 +1024,8 @@ def _self_check_error(name: str, device: torch.device) -> Optional[str]:
             errs = compare_to_reference(name, args, kwargs)
     bad = {k: f'{v:.2e}' for k, v in errs.items() if not v <= SELF_CHECK_RTOL}   # NaN counts as bad
     return None if not bad else f"relative errors {bad} exceed {SELF_CHECK_RTOL:g}"
-# %% fused: switch
+
+# %% ../nbs/03_kernels.ipynb #8e2a0b68
 MIXING_ENV = 'DEPTHBENCH_MIXING'
 MIXING_PATHS = ('fused', 'reference')
 
@@ -1034,8 +1037,7 @@ def mixing_path(override: Optional[str] = None) -> str:
         raise ConfigError(f"depth-mixing path {path!r} is not one of: {', '.join(MIXING_PATHS)} (set by {MIXING_ENV} or a model's `mixing`)")
     return 'reference' if _compiling() else path
 
-
-# %% fused: store
+# %% ../nbs/03_kernels.ipynb #4d94ea2a
 class DepthStore:
     """The depth states of one forward pass in one buffer allocated once: `values` [slots, N, w], written slot by slot
     and never overwritten, so the first n slots are one contiguous [n, N, w] block that every reader reads in place.
@@ -1093,8 +1095,7 @@ class _WriteSlot(torch.autograd.Function):
         if store.rows_last: g = g.t()
         return None, None, g.reshape(ctx.shape).to(ctx.dtype), None
 
-
-# %% fused: attnres
+# %% ../nbs/03_kernels.ipynb #a8bff8d5
 class AttnResStore(DepthStore):
     "AttnRes sources [slots, R, d] and their key norms 1/rms [slots, R], computed once when a source is written."
 
@@ -1215,8 +1216,7 @@ def attnres_site(store: AttnResStore, n: int, query: Tensor, key_weight: Tensor,
     d = store.values.shape[-1]
     return out.view(*shape, d), raw.view(*shape, d), p.t().reshape(*shape, p.shape[0])
 
-
-# %% fused: attnres triton
+# %% ../nbs/03_kernels.ipynb #5eef916b
 _SITE_MAX_BLOCK = 8192        # a program holds a [BLOCK_S, BLOCK_D] tile of sources with the whole width d in registers
 
 
@@ -1376,8 +1376,7 @@ def _attnres_site_bwd_triton(store: AttnResStore, n: int, c: Tensor, out_weight:
                                          HAS_PARTIAL=partial is not None, BLOCK_S=bs, BLOCK_D=bd, num_warps=_num_warps(bs * bd))
     return dc.sum(0), (dwo.sum(0) if dout is not None else None), dpart
 
-
-# %% fused: moda
+# %% ../nbs/03_kernels.ipynb #a760c2d9
 def _slot_dots(X: Tensor, y: Tensor) -> Tensor:
     "Per slot and row, X [S, w, N] . y [g, w, N] over w -> [S, g, N], a slot at a time (no [S, g, w, N] product is formed)."
     return torch.stack([(X[s][None] * y).sum(1) for s in range(X.shape[0])])
@@ -1444,8 +1443,7 @@ def depth_values(store: DepthStore, S: int, p: Tensor) -> Tensor:
     "Weighted sums p [S, g, N] of the first S depth values of their token in `store` [slots, hd, N]: [g, hd, N]."
     return _DepthValuesFn.apply(store, S, p, store.handle)
 
-
-# %% fused: moda attention
+# %% ../nbs/03_kernels.ipynb #464a1934
 _FLASH_CPU = getattr(torch.ops.aten, '_scaled_dot_product_flash_attention_for_cpu', None)
 _FLASH_CPU_BWD = getattr(torch.ops.aten, '_scaled_dot_product_flash_attention_for_cpu_backward', None)
 
@@ -1520,8 +1518,7 @@ def moda_attention(q: Tensor, k: Tensor, v: Tensor, keys: DepthStore, values: De
     if _FLASH_CPU is None or _FLASH_CPU_BWD is None or q.device.type != 'cpu' or q.dtype != torch.float32: return None
     return _MoDAAttentionFn.apply(q, k, v, keys, values, S, groups, keys.handle, values.handle)
 
-
-# %% fused: sinkhorn
+# %% ../nbs/03_kernels.ipynb #0ad9e44d
 class _SinkhornTokensLastFn(torch.autograd.Function):
     """`sinkhorn_ref` on z [n, n, R] (tokens last: every round is vectorised over the tokens), with its backward written
     out: each normalisation y = x / (sum x + eps) sends back (g - sum(g y)) / (sum x + eps), walking the saved iterates
@@ -1567,8 +1564,7 @@ def hc_kernels_apply(streams: Tensor) -> bool:
     "Whether `hc_read` and `hc_write` run their Triton kernels on these streams (else the fused path restructures them in torch)."
     return _use_triton('hc_read', streams) and _use_triton('hc_write', streams)
 
-
-# %% fused: attnres self-check
+# %% ../nbs/03_kernels.ipynb #317d208f
 def attnres_site_errors(device='cpu', n: int = 4, rows: int = 15, d: int = 37, partial: bool = True) -> dict[str, float]:
     """Relative errors of the Triton AttnRes site against the torch site on one small example (n stored sources and a
     partial sum; forward outputs and the gradients of the sources, the partial sum and the three gains)."""

@@ -29,12 +29,13 @@ __all__ = ['SAME', 'SQUEEZE0', 'FLATTEN', 'PLAIN_FORK', 'PERILN_FORK', 'KEEL_FOR
            'no_extra_params', 'no_init_invariants', 'plain_fork_names', 'n_params', 'build_model', 'Block',
            'ResidualTransformer', 'PreLNBlock', 'build_preln', 'unit_norm_gain', 'PeriLNBlock', 'build_periln',
            'LNSBlock', 'build_lns', 'lns_norm_gain', 'DeepNormBlock', 'build_deepnorm', 'KEELBlock', 'build_keel',
-           'HCConnector', 'MHCConnector', 'log_sinkhorn', 'MHCNativeConnector', 'MHCStaticConnector',
-           'MultiStreamBlock', 'MultiStreamTransformer', 'multistream_init', 'connector_fork_names', 'hc_connector',
-           'build_hc', 'mhc_connector', 'build_mhc', 'attnres_sources_per_site', 'AttnResMixer', 'AttnResBlock',
+           'HCConnector', 'MHCConnector', 'log_sinkhorn', 'log_sinkhorn_fused', 'MHCNativeConnector',
+           'MHCStaticConnector', 'MultiStreamBlock', 'MultiStreamTransformer', 'multistream_init',
+           'connector_fork_names', 'multistream_mixing_bytes', 'hc_connector', 'build_hc', 'mhc_connector', 'build_mhc',
+           'attnres_sources_per_site', 'attnres_site_split', 'attnres_mixing_bytes', 'AttnResMixer', 'AttnResBlock',
            'AttnResTransformer', 'attnres_flops', 'attnres_activations', 'attnres_fork_names', 'attnres_fork',
            'full_attnres_groups', 'build_attnres', 'block_attnres_groups', 'build_block_attnres', 'MoDABlock',
-           'build_moda']
+           'DepthSlots', 'build_moda', 'moda_mixing_bytes']
 
 # %% ../nbs/05_model.ipynb #b4af3bf2
 @dataclass
@@ -152,7 +153,6 @@ def _block_index(k, what: str) -> int:
     if isinstance(k, bool): raise ConfigError(f"{what}: block indices must be integers, got {k!r}")
     try: return operator.index(k)
     except TypeError: raise ConfigError(f"{what}: block indices must be integers, got {k!r}") from None
-
 
 # %% ../nbs/05_model.ipynb #5b4f2042
 def _close(a: torch.Tensor, b: torch.Tensor, atol: float) -> tuple[bool, float]:

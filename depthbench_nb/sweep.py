@@ -40,11 +40,11 @@ from .console import Arg, call_parsed, emit, template_path
 # %% auto #0
 __all__ = ['GPU_PEAK_FLOPS', 'DEFAULT_MFU', 'RUN_STATUSES', 'EXECUTORS', 'RESULT_FIELDS', 'SHAPE_KEYS', 'StudyGroup', 'StudySpec',
            'studies_dir', 'study_names', 'load_study', 'RunEntry', 'expand_study', 'plan_rows', 'sweep_dir', 'RunLock',
-           'is_running', 'attempts', 'entry_status', 'entry_progress', 'run_command', 'execute_entry',
-           'entry_status_locked', 'run_study', 'unfinished_runs', 'study_status', 'slurm_tasks', 'slurm_script',
-           'write_slurm_script', 'flatten', 'collect', 'looped_fit_table', 'lr_optima', 'study_entries',
-           'add_extra_entries', 'extend_lr_entries', 'sweep_plan_command', 'sweep_run_command', 'sweep_status_command',
-           'cli_sweep', 'collect_command', 'cli_collect']
+           'is_running', 'attempts', 'entry_status', 'entry_progress', 'run_command', 'execute_entry', 'TrainingWorker',
+           'close_workers', 'worker_main', 'entry_status_locked', 'run_study', 'unfinished_runs', 'study_status',
+           'slurm_tasks', 'slurm_script', 'write_slurm_script', 'flatten', 'collect', 'looped_fit_table', 'lr_optima',
+           'study_entries', 'add_extra_entries', 'extend_lr_entries', 'sweep_plan_command', 'sweep_run_command',
+           'sweep_status_command', 'cli_sweep', 'collect_command', 'cli_collect']
 
 # %% ../nbs/09a_sweep.ipynb #a94f1d9d
 @dataclass(frozen=True)
@@ -475,6 +475,10 @@ def worker_main(fd: int) -> int:
                 os.dup2(saved[0], 1); os.dup2(saved[1], 2)
                 for f in fds: os.close(f)                                 # the run's lock: released with the driver's copy
         replies.write(json.dumps(dict(rc=rc)).encode() + b'\n'); replies.flush()
+
+
+if __name__ == '__main__' and '__file__' in globals():   # `python -m depthbench_nb.sweep --worker-fd N`: a TrainingWorker
+    sys.exit(worker_main(int(sys.argv[sys.argv.index('--worker-fd') + 1])))
 
 
 def entry_status_locked(e: RunEntry) -> str:
@@ -975,7 +979,3 @@ def collect_command(study: str,            # study name or YAML path
 def cli_collect(argv=None) -> int:
     "depthbench-nb collect STUDY: one tidy table of the study's run records, and the LR optima."
     return call_parsed(collect_command, argv, prog='depthbench-nb collect')
-
-
-if __name__ == '__main__' and '__file__' in globals():   # `python -m depthbench_nb.sweep --worker-fd N`: a TrainingWorker
-    sys.exit(worker_main(int(sys.argv[sys.argv.index('--worker-fd') + 1])))
