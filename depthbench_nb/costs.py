@@ -178,7 +178,7 @@ def latency_row(cfg: ModelConfig, seq_len: int, device: Optional[str] = None, de
     return dict(device=device, prefill_s=lat['prefill_s'], prefill_tflops_per_s=prefill_flops(cfg, seq_len) / lat['prefill_s'] / 1e12,
                 decode_tokens_per_s=lat['decode_tokens_per_s'])
 
-# %% ../nbs/08a_costs.ipynb #62a02033
+# %% ../nbs/08a_costs.ipynb #00ca17a9
 @dataclass(frozen=True)
 class Roofline:
     "The step-time model of one design at one shape: matmul FLOPs at Pre-LN's measured rate plus mixing bytes at the copy bandwidth."
@@ -227,7 +227,7 @@ def top_ops(step, n: int = 5) -> list[tuple[str, float]]:
     ranked = sorted(events, key=self_time, reverse=True)[:n]
     return [(e.key.removeprefix('aten::'), round(self_time(e) / total, 3)) for e in ranked]
 
-
+# %% ../nbs/08a_costs.ipynb #62a02033
 def costs_command(grid: Annotated[str, Arg(help=f"one of: {', '.join(GRIDS)} (default 400m)")] = '400m',
                   arch: str = 'preln',                  # a design name, or 'all' for every non-looped design (default preln)
                   seq_len: int = 4096,                  # prompt length for prefill FLOPs and the KV cache (default 4096, the paper)
