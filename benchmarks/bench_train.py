@@ -58,6 +58,12 @@ class Bench:
         self.opts, _ = build_optimizers(self.model, run, 1000)
         self.gen = torch.Generator().manual_seed(0)
         self.times: list[float] = []
+        self.warmup_s = 0.0                                  # untimed steps, the compile included
+
+    def warm_up(self, steps: int) -> None:
+        t0 = time.perf_counter()
+        for _ in range(steps): self.step(timed=False)
+        self.warmup_s = time.perf_counter() - t0
 
     def step(self, timed: bool = True) -> None:
         t, m = self.run.train, self.micro
@@ -80,6 +86,7 @@ class Bench:
         tok_s = t.global_batch * t.seq_len / sec
         row = dict(arch=self.run.model.arch, n_layer=self.run.model.n_layer, d_model=self.run.model.d_model, mode=self.mode,
                    mixing=self.mixing or os.environ.get('DEPTHBENCH_MIXING', 'fused'), tokens_per_s=round(tok_s, 1), s_per_step=round(sec, 3),
+                   warmup_s=round(self.warmup_s, 1),
                    flops_per_token=train_flops_per_token(self.run.model, t.seq_len))
         peak = peak_flops(self.device)
         if peak: row['mfu'] = round(row['flops_per_token'] * tok_s / peak, 4)
@@ -181,12 +188,12 @@ def main(argv=None):
             measured = []
             for plan in plans:
                 b = make(*plan)
-                for i in range(a.warmup + a.steps): b.step(timed=i >= a.warmup)
+                b.warm_up(a.warmup)
+                for _ in range(a.steps): b.step()
                 measured.append(b.row() | (dict(top_ops=profile(b)) if a.top else {})); b.free()
         else:                                           # interleaved rounds: load changes on a shared CPU hit every design alike
             benches = [make(*plan) for plan in plans]
-            for b in benches:                           # warm-up (and compile) first, so that the timed rounds interleave
-                for _ in range(a.warmup): b.step(timed=False)
+            for b in benches: b.warm_up(a.warmup)       # warm-up (and compile) first, so that the timed rounds interleave
             for _ in range(a.steps):
                 for b in benches: b.step()
             measured = [b.row() | (dict(top_ops=profile(b)) if a.top else {}) for b in benches]

@@ -141,8 +141,8 @@ def demo_command(workers: Optional[int] = None,   # parallel training runs (defa
                  bootstrap: int = 200,            # block-bootstrap resamples for the phi CI (default 200, the paper)
                  boot_restarts: int = 500,        # random starts of every bootstrap refit, plus a warm start (default 500)
                  json: bool = False) -> int:      # machine-readable JSON output
-    """The embedded default: offline corpus -> tiny models of every family -> diagnostics -> both reports (about 15 min
-    on 2 cores). Resumable: finished runs are skipped."""
+    """The embedded default: offline corpus -> tiny models of every family -> diagnostics -> both reports (minutes on
+    2 cores; the README says what was measured where). Resumable: finished runs are skipped."""
     if workers is not None and workers < 1: raise ConfigError(f'--workers must be >= 1, got {workers}')
     t = demo(workers=workers, executor=executor, restarts=restarts, n_bootstrap=bootstrap, bootstrap_restarts=boot_restarts,
              progress=not json)
