@@ -27,6 +27,7 @@ __all__ = ['CHECKS', 'CheckResult', 'tiny_config', 'check_param_count', 'check_f
 # %% ../nbs/05a_checks.ipynb #cfae3bb7
 @dataclass
 class CheckResult:
+    "The outcome of one check: whether it passed, and what it found."
     ok: bool
     detail: str = ''
 
@@ -51,12 +52,14 @@ def _loss(model: DepthModel, idx: torch.Tensor, **kw) -> torch.Tensor:
 
 
 def check_param_count(model: DepthModel, cfg: ModelConfig, expected: Optional[int] = None) -> CheckResult:
+    "The instantiated model has the closed-form parameter count of its config (or `expected`)."
     want = count_params(cfg).total if expected is None else expected
     got = n_params(model)
     return _ok(f'{got:,} parameters') if got == want else _fail(f'instantiated {got:,} != closed form {want:,} (diff {got - want:+,})')
 
 
 def check_finite(model: DepthModel, idx: torch.Tensor) -> CheckResult:
+    "One forward and backward pass: a finite loss, finite gradients, and gradients that reach the embedding and the head."
     model.zero_grad(set_to_none=True)
     loss = _loss(model, idx)
     if not torch.isfinite(loss): return _fail(f'loss {loss.item()}')
@@ -83,6 +86,7 @@ def check_gradients(model: DepthModel, idx: torch.Tensor) -> CheckResult:
 
 
 def check_causal(model: DepthModel, idx: torch.Tensor, atol: float = 1e-5) -> CheckResult:
+    "Changing later tokens leaves the logits of earlier positions unchanged (with and without a skipped block)."
     t = idx.shape[1] // 2
     changed = idx.clone(); changed[:, t + 1:] = (changed[:, t + 1:] + 1) % model.config.vocab_size
     for skip in ((), (model.n_blocks // 2,)):
@@ -99,6 +103,7 @@ def _exact_readout(model: DepthModel) -> bool:
 
 
 def check_states(model: DepthModel, idx: torch.Tensor, atol: float = 1e-5) -> CheckResult:
+    "The depth states: n_blocks + 1 of the input's shape, without changing the logits (the last one reads out to them)."
     with torch.no_grad():
         plain = model(idx)
         logits, states = model(idx, return_states=True)
@@ -113,6 +118,7 @@ def check_states(model: DepthModel, idx: torch.Tensor, atol: float = 1e-5) -> Ch
 
 
 def check_kv_cache(model: DepthModel, idx: torch.Tensor, atol: float = 1e-4) -> CheckResult:
+    "Decoding token by token with a KV cache gives the logits of one full pass."
     with torch.no_grad():
         full = model(idx)
         cache, prompt = KVCache(), idx.shape[1] // 2
@@ -124,6 +130,7 @@ def check_kv_cache(model: DepthModel, idx: torch.Tensor, atol: float = 1e-4) -> 
 
 
 def check_swap(model: DepthModel, idx: torch.Tensor) -> CheckResult:
+    "Swapping the first and last blocks changes the loss; swapping them back restores every tensor and the loss."
     i, j = 0, model.n_blocks - 1
     before = {k: v.clone() for k, v in model.state_dict().items()}
     with torch.no_grad():
@@ -143,6 +150,7 @@ class IdentityBlock(nn.Module):
 
 
 def check_skip(model: DepthModel, idx: torch.Tensor, atol: float = 1e-5) -> CheckResult:
+    "Skipping a block leaves the states before it unchanged and changes the logits; the skipped block acts as the identity."
     l = model.n_blocks // 2
     with torch.no_grad():
         logits, states = model(idx, return_states=True)
@@ -223,10 +231,12 @@ def check_design(cfg: ModelConfig | str, seed: int = 0, expected_params: Optiona
 
 
 def failures(report: dict[str, CheckResult]) -> dict[str, str]:
+    "The failed checks of a report, each with what it found."
     return {k: r.detail for k, r in report.items() if not r.ok}
 
 
 def assert_design_ok(cfg: ModelConfig | str, **kw) -> dict[str, CheckResult]:
+    "Run the check suite on a design; raise an AssertionError naming every failed check, else return the report."
     report = check_design(cfg, **kw)
     bad = failures(report)
     if bad: raise AssertionError(f"{getattr(cfg, 'arch', cfg)}: " + '; '.join(f'{k}: {v}' for k, v in bad.items()))

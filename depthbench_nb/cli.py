@@ -30,13 +30,14 @@ COMMANDS: dict[str, tuple[str, str]] = {
     'collect':           ('depthbench_nb.sweep:cli_collect', "gather a study's run records into one table"),
     'slurm':             ('depthbench_nb.slurm:cli_slurm', 'the Slurm cluster as the sweep sees it (slurm info | node-launch)'),
     'fit':               ('depthbench_nb.scaling:cli_fit', 'fit Chinchilla or looped (phi) scaling laws with bootstrap CIs'),
-    'diagnose':          ('depthbench_nb.diagnostics:cli_diagnose', 'layer diagnostics of a run or checkpoint'),
+    'diagnose':          ('depthbench_nb.hf_diagnostics:cli_diagnose', 'layer diagnostics of a run, or of any Transformers causal LM (--hf)'),
     'report':            ('depthbench_nb.reports:cli_report', "rebuild a study's tables and figures"),
     'demo':              ('depthbench_nb.demo:cli_demo', 'the embedded default: CPU demo study end to end'),
     'notebooks':         ('depthbench_nb.cli:cli_notebooks', 'copy the papermill templates and report notebooks to a folder'),
     'import-checkpoint': ('depthbench_nb.interop:cli_import_checkpoint', 'import an OLMo-core / DepthBench checkpoint as a run'),
     'export-hf':         ('depthbench_nb.hf_export:cli_export_hf', 'export a run as a Hugging Face folder (weights, tokenizer, model card)'),
     'domain-nll':        ('depthbench_nb.lmeval:cli_domain_nll', 'domain NLL of a run through our scorer and through lm-eval'),
+    'downstream':        ('depthbench_nb.lmeval:cli_downstream', "the looped paper's downstream continuation losses of a run (lm-eval)"),
 }
 
 

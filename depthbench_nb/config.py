@@ -493,7 +493,9 @@ class RunConfig(Config):
         return f"{m.arch}-{tag}L{m.n_layer}-d{m.d_model}-lr{t.lr:g}-s{t.seed}-{self.content_hash}"
 
 # %% ../nbs/00_config.ipynb #7ffefcf1
-def package_dir() -> Path: return Path(__file__).resolve().parent
+def package_dir() -> Path:
+    "The folder of the installed package."
+    return Path(__file__).resolve().parent
 
 
 def repo_root() -> Optional[Path]:
@@ -545,8 +547,11 @@ def atomic_write_bytes(path, data: bytes) -> Path:
     return path
 
 
-def atomic_write_text(path, text: str) -> Path: return atomic_write_bytes(path, text.encode('utf-8'))
+def atomic_write_text(path, text: str) -> Path:
+    "Write text (UTF-8) to `path` atomically."
+    return atomic_write_bytes(path, text.encode('utf-8'))
 
 
 def atomic_write_json(path, obj, indent: int = 2) -> Path:
+    "Write `obj` as JSON (sorted keys, a final newline) to `path` atomically."
     return atomic_write_text(path, json.dumps(obj, indent=indent, sort_keys=True, default=str) + '\n')

@@ -32,7 +32,9 @@ def backbone_matmul_params(cfg: ModelConfig) -> int:
     return L * per_block + resolve_arch(cfg.arch).matmul_params(cfg)
 
 
-def lm_head_params(cfg: ModelConfig) -> int: return cfg.vocab_size * cfg.d_model
+def lm_head_params(cfg: ModelConfig) -> int:
+    "Parameters of the untied LM head: vocabulary size x width."
+    return cfg.vocab_size * cfg.d_model
 
 
 def olmo_core_flops_per_token(cfg: ModelConfig, seq_len: int) -> float:

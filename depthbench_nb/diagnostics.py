@@ -6,32 +6,33 @@
 from __future__ import annotations
 
 import contextlib
+import csv
 import json
 import math
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Annotated, Callable, Collection, Optional, Sequence
+from typing import Callable, Collection, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .config import ARCHS, ConfigError, ModelConfig, atomic_write_json, atomic_write_text
+from .config import ARCHS, ConfigError, ModelConfig, atomic_write_json, atomic_write_text, package_dir
 from .costs import cost_row, measure_latency, measured_costs
 from .runs import load_run
-from .console import Arg, call_parsed, emit
 
 # %% auto #0
 __all__ = ['CAUSAL_THRESHOLD', 'PERMUTATION_THRESHOLD', 'USEFULNESS_RATIO', 'DEAD_ZONE_THRESHOLD', 'DEAD_ZONE_THRESHOLD_SOURCE',
            'ERANK_CONVENTIONS', 'METRICS', 'NLL_METRICS', 'last_three_quarters', 'angular_distance_matrix',
-           'contributions', 'causal_row', 'ScoreSummary', 'late_pair_fraction', 'summarize_causal', 'lm_loss',
-           'permutation_matrix', 'summarize_permutation', 'layer_pruning', 'usefulness', 'spectrum_stats',
+           'block_influence', 'contributions', 'causal_entry', 'causal_row', 'ScoreSummary', 'late_pair_fraction',
+           'summarize_causal', 'lm_loss', 'permutation_matrix', 'summarize_permutation', 'layer_pruning', 'usefulness',
+           'last_token_angular', 'angular_pruning_plan', 'angular_pruning_result', 'angular_pruning', 'spectrum_stats',
            'token_collapse', 'readout_states', 'logit_lens', 'effective_rank', 'forward_product', 'direction_overlap',
            'mixing_stats', 'residual_path_weights', 'dead_zone', 'site_weights', 'sublayer_partial_mass',
            'completion_nll', 'nll_by_category', 'applicable_metrics', 'check_metrics', 'diagnose_model',
-           'per_layer_rows', 'summary', 'write_diagnostics', 'load_checkpointed_run', 'heldout_windows',
-           'load_nll_sets', 'run_diagnostics', 'diagnose_command', 'cli_diagnose']
+           'per_layer_rows', 'summary', 'paper_late_fractions', 'markdown_summary', 'write_diagnostics',
+           'load_checkpointed_run', 'heldout_windows', 'load_nll_sets', 'nll_sets', 'run_diagnostics']
 
 # %% ../nbs/08_diagnostics.ipynb #02f16891
 CAUSAL_THRESHOLD = 0.45
@@ -61,10 +62,31 @@ def angular_distance_matrix(states: Sequence[Tensor], chunk: int = 4096) -> Tens
     out.fill_diagonal_(0.0)
     return out
 
+# %% ../nbs/08_diagnostics.ipynb #8c63a4b4
+def block_influence(states: Sequence[Tensor], chunk: int = 4096) -> list[float]:
+    "ShortGPT's Block Influence of every block: 1 - mean over tokens of cos(z_l, z_{l+1}), l = 0..L-1."
+    out = []
+    for a, b in zip(states[:-1], states[1:]):
+        a, b = a.reshape(-1, a.shape[-1]), b.reshape(-1, b.shape[-1])
+        total = 0.0
+        for start in range(0, a.shape[0], chunk):                            # bounded memory: [n, D] in float64 per chunk
+            u, v = a[start:start + chunk].double(), b[start:start + chunk].double()
+            u = u / u.norm(dim=-1, keepdim=True).clamp_min(1e-30)
+            v = v / v.norm(dim=-1, keepdim=True).clamp_min(1e-30)
+            total += float((u * v).sum(-1).clamp(-1, 1).sum())
+        out.append(1.0 - total / a.shape[0])
+    return out
+
 # %% ../nbs/08_diagnostics.ipynb #a91ab320
 def contributions(states: Sequence[Tensor]) -> list[Tensor]:
     "u_l = z_{l+1} - z_l for l = 0..L-1."
     return [b - a for a, b in zip(states[:-1], states[1:])]
+
+
+def causal_entry(u: Tensor, v: Tensor) -> float:
+    "C(s, l) from block l's contribution without (u) and with (v) block s skipped, [B, T, D]: mean over tokens of |v - u| / max(|u|, 1e-8)."
+    num = (v - u).double().norm(dim=-1)                                       # [B, T]
+    return float((num / u.double().norm(dim=-1).clamp_min(1e-8)).mean())
 
 
 def causal_row(base_states: Sequence[Tensor], skipped_states: Sequence[Tensor], s: int) -> Tensor:
@@ -72,9 +94,7 @@ def causal_row(base_states: Sequence[Tensor], skipped_states: Sequence[Tensor], 
     u, v = contributions(base_states), contributions(skipped_states)
     L = len(u)
     row = torch.full((L,), float('nan'), dtype=torch.float64)
-    for l in range(s + 1, L):
-        num = (v[l] - u[l]).double().norm(dim=-1)                             # [B, T]
-        row[l] = float((num / u[l].double().norm(dim=-1).clamp_min(1e-8)).mean())
+    for l in range(s + 1, L): row[l] = causal_entry(u[l], v[l])
     return row
 
 
@@ -327,6 +347,39 @@ def usefulness(model, x: Tensor, y: Tensor, ratio_threshold: float = USEFULNESS_
     significant = [r > ratio_threshold for r in ratios]
     return dict(base_loss=base, loss_ratio=ratios, significant=significant, global_score=sum(significant) / len(ratios),
                 threshold=ratio_threshold)
+
+# %% ../nbs/08_diagnostics.ipynb #a0bbebd4
+def last_token_angular(states: Sequence[Tensor]) -> Tensor:
+    "Gromov et al.'s angular distance: the [S, S] matrix of d(z_i, z_j) at the last position of every window, averaged."
+    return angular_distance_matrix([s[:, -1:] for s in states])
+
+
+def angular_pruning_plan(A_last: Tensor) -> list[dict]:
+    "For n = 1..L-1 blocks to drop: the start l*(n) = argmin_l A_last[l, l + n] (ties: the smallest l) and its distance."
+    L = A_last.shape[0] - 1
+    plan = []
+    for n in range(1, L):
+        d = torch.stack([A_last[l, l + n] for l in range(L - n + 1)])
+        start = int(torch.argmin(d))                                         # torch returns the first minimum
+        plan.append(dict(n_dropped=n, start=start, blocks=list(range(start, start + n)), distance=float(d[start])))
+    return plan
+
+
+def angular_pruning_result(A_last: Tensor, plan: list[dict], base_loss: float, losses: Sequence[float]) -> dict:
+    "The pruning curve: each plan entry with its loss, Δ loss and fraction of blocks dropped."
+    L = A_last.shape[0] - 1
+    curve = [p | dict(loss=float(v), delta_loss=float(v) - base_loss, fraction_dropped=p['n_dropped'] / L) for p, v in zip(plan, losses)]
+    return dict(base_loss=base_loss, token='last', distance_matrix=A_last.tolist(), curve=curve)
+
+
+def angular_pruning(model, x: Tensor, y: Tensor, states: Sequence[Tensor]) -> dict:
+    "Gromov et al.'s pruning curve on windows x, y: drop the n blocks whose ends are closest in angle, for every n."
+    A_last = last_token_angular(states)
+    plan = angular_pruning_plan(A_last)
+    with torch.no_grad():
+        base = float(lm_loss(model(x), y))
+        losses = [float(lm_loss(model(x, skip=set(p['blocks'])), y)) for p in plan]
+    return angular_pruning_result(A_last, plan, base, losses)
 
 # %% ../nbs/08_diagnostics.ipynb #6e2036f5
 def spectrum_stats(H: Tensor) -> dict:
@@ -594,8 +647,8 @@ def nll_by_category(results: dict, categories: dict) -> dict:
     return out
 
 # %% ../nbs/08_diagnostics.ipynb #c7f9bee2
-METRICS = ('angular', 'causal', 'permutation', 'pruning', 'usefulness', 'collapse', 'logit_lens', 'mixing', 'dead_zone',
-           'residual_path', 'latency', 'domain_nll', 'downstream_nll')
+METRICS = ('angular', 'block_influence', 'causal', 'permutation', 'pruning', 'angular_pruning', 'usefulness', 'collapse',
+           'logit_lens', 'mixing', 'dead_zone', 'residual_path', 'latency', 'domain_nll', 'downstream_nll')
 NLL_METRICS = {'domain_nll': 'domain', 'downstream_nll': 'downstream'}   # metric -> evaluation-set group of depthbench_nb.data
 def _applies(m: str, cfg: ModelConfig) -> bool:
     "A design-restricted metric (one with a reason in _WHY) applies where the design's registry entry lists it."
@@ -647,6 +700,7 @@ def diagnose_model(model, cfg: ModelConfig, x: Tensor, y: Tensor, metrics=None, 
     if 'angular' in metrics:
         progress('angular distance'); A = angular_distance_matrix(states)
         out['angular'] = dict(matrix=A.tolist(), consecutive=[float(A[l, l + 1]) for l in range(L)])
+    if 'block_influence' in metrics: progress('block influence'); out['block_influence'] = block_influence(states)
     if 'causal' in metrics or 'pruning' in metrics:
         progress('causal score / pruning')
         rows, delta = [], []
@@ -657,6 +711,8 @@ def diagnose_model(model, cfg: ModelConfig, x: Tensor, y: Tensor, metrics=None, 
                 rows.append(causal_row(states, st, s))
         if 'causal' in metrics: out['causal'] = asdict(summarize_causal(torch.stack(rows)))
         if 'pruning' in metrics: out['pruning'] = dict(base_loss=out['loss'], delta_loss=delta)
+    if 'angular_pruning' in metrics:
+        progress('angular-distance pruning'); out['angular_pruning'] = angular_pruning(model, x, y, states)
     if 'permutation' in metrics:
         progress('permutation score')
         P, base, how = permutation_matrix(model, x, y, method=permutation_method)
@@ -705,6 +761,7 @@ def per_layer_rows(res: dict) -> list[dict]:
     for l in range(res['n_blocks']):
         r = dict(layer=l)
         if 'angular' in res: r['angular_to_next'] = res['angular']['consecutive'][l]
+        if 'block_influence' in res: r['block_influence'] = res['block_influence'][l]
         if 'causal' in res: r['causal'] = res['causal']['per_layer'][l]
         if 'permutation' in res: r['permutation'] = res['permutation']['per_layer'][l]
         if 'pruning' in res: r['pruning_delta_loss'] = res['pruning']['delta_loss'][l]
@@ -720,6 +777,11 @@ def summary(res: dict) -> dict:
     s = {k: res[k] for k in ('arch', 'n_layer', 'd_model', 'n_samples', 'seq_len', 'loss')}
     if 'causal' in res: s |= dict(causal_mean=res['causal']['mean'], causal_max=res['causal']['max'], causal_frac_late_above=res['causal']['frac_above'])
     if 'permutation' in res: s |= dict(permutation_mean=res['permutation']['mean'], permutation_frac_late_above=res['permutation']['frac_above'])
+    if 'block_influence' in res: s['block_influence_lowest'] = _lowest(res['block_influence'], 3)
+    if 'pruning' in res: s['pruning_cheapest'] = _lowest(res['pruning']['delta_loss'], 3)
+    if 'angular_pruning' in res:
+        quarter = _quarter_point(res['angular_pruning'])
+        if quarter: s |= dict(angular_pruning_quarter_blocks=quarter['blocks'], angular_pruning_quarter_delta_loss=quarter['delta_loss'])
     if 'usefulness' in res: s['usefulness_global'] = res['usefulness']['global_score']
     if 'mixing' in res: s |= dict(mixing_erank=res['mixing']['mixing_erank'], mixing_erank_sv2=res['mixing'].get('mixing_erank_sv2'),
                                   mixing_distance_to_uniform=res['mixing']['distance_to_uniform'])
@@ -730,6 +792,85 @@ def summary(res: dict) -> dict:
     for m in NLL_METRICS:
         if m in res: s |= {f'nll_{k}': v['nll_mean'] for k, v in res[m]['by_category'].items()}
     return s
+
+
+def _lowest(values: Sequence[float], k: int) -> list[int]:
+    "Indices of the k smallest values (ShortGPT's removal order for Block Influence)."
+    return sorted(range(len(values)), key=lambda i: values[i])[:k]
+
+
+def _quarter_point(ap: dict) -> Optional[dict]:
+    "The angular-pruning point that drops a quarter of the blocks (at least one), or None for a 1-block model."
+    curve = ap['curve']                                                      # n = 1..L-1
+    if not curve: return None
+    n = max(1, (len(curve) + 1) // 4)
+    return curve[n - 1]
+
+
+def paper_late_fractions(quantity: str) -> dict:
+    "The paper's late-pair fractions at L = 32 by design ('causal_frac_045' or 'perm_frac_015'), from the package's reference table."
+    with open(package_dir() / 'resources' / 'reference' / 'depthbench_paper.csv', newline='') as f:
+        return {r['arch']: float(r['value']) for r in csv.DictReader(f) if r['quantity'] == quantity}
+
+
+def _paper_line(quantity: str) -> str:
+    ref = paper_late_fractions(quantity)
+    names = dict(preln='Pre-LN', hc='HC', attnres='Full AttnRes')
+    return ', '.join(f"{names.get(a, a)} {v:.0%}" for a, v in ref.items())
+
+
+def markdown_summary(res: dict) -> str:
+    "A short Markdown summary of a diagnostics result: the headline numbers, the papers' thresholds applied, how to read each."
+    L = res['n_blocks']
+    late = last_three_quarters(L)
+    name = (res.get('model') or {}).get('name') or res.get('run_dir') or res['arch']
+    lines = [f"# Layer diagnostics: {name}", '',
+             f"`{res['arch']}`, {L} blocks, d_model {res['d_model']}; {res['n_samples']} windows of {res['seq_len']} tokens; "
+             f"loss {res['loss']:.4f} nats/token. Late blocks (the papers' last 3/4): {late.start}..{L - 1} (0-based).", '',
+             '| diagnostic | result | how to read it |', '|---|---|---|']
+    if 'causal' in res:
+        c = res['causal']
+        lines.append(f"| causal score C(s, l) | {c['extra']['late_pairs_above']} of {c['extra']['late_pairs']} late pairs above "
+                     f"{c['threshold']} ({c['frac_above']:.0%}); mean {c['mean']:.3f}, max {c['max']:.3f} | how much skipping block s "
+                     f"changes what later block l writes; DepthBench at L = 32: {_paper_line('causal_frac_045')} |")
+    if 'permutation' in res:
+        p = res['permutation']
+        frac, above, pairs = late_pair_fraction(_matrix_of(p['matrix']), p['threshold'])
+        lines.append(f"| permutation score P(i, j) | {above} of {pairs} late pairs above {p['threshold']} ({frac:.0%}); mean {p['mean']:.3f} | "
+                     f"relative loss change when blocks i and j trade weights; order matters where it is high; "
+                     f"DepthBench at L = 32: {_paper_line('perm_frac_015')} |")
+    if 'block_influence' in res:
+        bi = res['block_influence']
+        low = ', '.join(f"{l} ({bi[l]:.3g})" for l in _lowest(bi, 3))
+        lines.append(f"| Block Influence | lowest: {low}; highest: {max(range(L), key=lambda l: bi[l])} ({max(bi):.3g}) | "
+                     "1 − cos(input, output) of a block; ShortGPT removes the lowest first |")
+    if 'pruning' in res:
+        d = res['pruning']['delta_loss']
+        cheap = ', '.join(f"{l} ({d[l]:+.3g})" for l in _lowest(d, 3))
+        lines.append(f"| layer pruning | cheapest blocks to skip: {cheap}; costliest: {max(range(L), key=lambda l: d[l])} ({max(d):+.3g}) | "
+                     "Δ loss (nats/token) when one block is skipped |")
+    if res.get('angular_pruning') and _quarter_point(res['angular_pruning']):
+        q = _quarter_point(res['angular_pruning'])
+        lines.append(f"| angular-distance pruning | dropping {q['n_dropped']} of {L} blocks ({q['blocks'][0]}..{q['blocks'][-1]}): "
+                     f"Δ loss {q['delta_loss']:+.3g} | Gromov et al.: drop the n consecutive blocks whose ends are closest in angle "
+                     "(last token); the full curve is in pruning.png |")
+    if 'usefulness' in res:
+        u = res['usefulness']
+        lines.append(f"| usefulness | {sum(u['significant'])} of {L} blocks significant (loss ratio > {u['threshold']}) | "
+                     "a block is significant when its best affine stand-in raises the loss by more than 10% |")
+    if 'logit_lens' in res:
+        ll = res['logit_lens']
+        first = next((r['state'] for r in ll if r['top5_overlap'] >= 0.5), None)
+        lines.append(f"| logit lens | CE {ll[0]['ce']:.3f} at the embedding, {ll[-1]['ce']:.3f} at the output; top-5 overlap with the "
+                     f"output reaches 0.5 at depth state {first} of {L} | what the output head reads from each depth state |")
+    for name, why in (res.get('skipped') or {}).items(): lines.append(f"| {name} | not computed | {why} |")
+    lines += ['', "Thresholds: causal > 0.45 and permutation > 0.15 over pairs of late blocks are the DepthBench paper's; the "
+              'official scripts report the matrices only. All numbers are in `diagnostics.json`, one row per block in `per_layer.csv`.']
+    return '\n'.join(lines) + '\n'
+
+
+def _matrix_of(rows: list) -> Tensor:
+    return torch.tensor([[float('nan') if v is None else v for v in row] for row in rows], dtype=torch.float64)
 
 
 def _heatmap(M, title, path, xlabel='', ylabel='', **kw):
@@ -750,16 +891,26 @@ def write_diagnostics(res: dict, out_dir, figures: bool = True) -> list[Path]:
     csv = '\n'.join([','.join(cols)] + [','.join('' if r.get(c) is None else f'{r[c]:.6g}' if isinstance(r[c], float) else str(r[c]) for c in cols) for r in rows])
     written.append(atomic_write_text(out_dir / 'per_layer.csv', csv + '\n'))
     written.append(atomic_write_json(out_dir / 'summary.json', summary(res)))
+    written.append(atomic_write_text(out_dir / 'summary.md', markdown_summary(res)))
     if not figures: return written
     import matplotlib; matplotlib.use('Agg')
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
     tag = f"{res['arch']} L{res['n_layer']}"
+    L = res['n_blocks']
     if 'angular' in res:
         _heatmap(res['angular']['matrix'], f'angular distance ({tag})', out_dir / 'angular.png', 'depth state j', 'depth state i', vmin=0); written.append(out_dir / 'angular.png')
     if 'causal' in res:
         _heatmap(res['causal']['matrix'], f'causal score C(s, l) ({tag})', out_dir / 'causal.png', 'later block l', 'skipped block s', vmin=0); written.append(out_dir / 'causal.png')
     if 'permutation' in res:
         _heatmap(res['permutation']['matrix'], f'permutation score P(i, j) ({tag})', out_dir / 'permutation.png', 'block j', 'block i', vmin=0); written.append(out_dir / 'permutation.png')
+    if 'block_influence' in res:
+        fig, ax = plt.subplots(figsize=(5.5, 3.5))
+        ax.bar(range(L), res['block_influence']); ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_xlabel('block'); ax.set_ylabel('1 − cos(input, output)'); ax.set_title(f'Block Influence ({tag})')
+        fig.tight_layout(); fig.savefig(out_dir / 'block_influence.png', dpi=110); plt.close(fig); written.append(out_dir / 'block_influence.png')
+    if 'pruning' in res or 'angular_pruning' in res:
+        written.append(_pruning_figure(res, out_dir / 'pruning.png', tag))
     if 'logit_lens' in res:
         fig, ax = plt.subplots(figsize=(5.5, 3.5))
         ll = res['logit_lens']
@@ -776,6 +927,26 @@ def write_diagnostics(res: dict, out_dir, figures: bool = True) -> list[Path]:
         ax.set_ylabel('mass on partial sum'); ax.set_title(f"dead zone {res['dead_zone']['dead_layers']} layers ({tag})")
         fig.tight_layout(); fig.savefig(out_dir / 'dead_zone.png', dpi=110); plt.close(fig); written.append(out_dir / 'dead_zone.png')
     return written
+
+
+def _pruning_figure(res: dict, path: Path, tag: str) -> Path:
+    "Δ loss per skipped block (bars) and Gromov et al.'s curve: Δ loss against the fraction of blocks dropped."
+    import matplotlib; matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+    panels = [k for k in ('pruning', 'angular_pruning') if k in res]
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 3.5), squeeze=False)
+    for ax, k in zip(axes[0], panels):
+        if k == 'pruning':
+            ax.bar(range(len(res['pruning']['delta_loss'])), res['pruning']['delta_loss']); ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+            ax.set_xlabel('skipped block'); ax.set_ylabel('Δ loss (nats/token)'); ax.set_title(f'one block skipped ({tag})')
+        else:
+            curve = res['angular_pruning']['curve']
+            ax.plot([0] + [p['fraction_dropped'] for p in curve], [0] + [p['delta_loss'] for p in curve], marker='o')
+            ax.set_xlabel('fraction of blocks dropped'); ax.set_ylabel('Δ loss (nats/token)')
+            ax.set_title(f'angular-distance pruning ({tag})')
+    fig.tight_layout(); fig.savefig(path, dpi=110); plt.close(fig)
+    return path
 
 
 def load_checkpointed_run(run_dir):
@@ -798,8 +969,13 @@ def heldout_windows(run, n_samples: int, seq_len: int, seed: int = 0) -> tuple[T
 
 def load_nll_sets(run, groups, limit: Optional[int] = None) -> dict:
     "Evaluation sets of `depthbench_nb.data` for the NLL metrics, tokenized with the run's tokenizer: {group: {name: (category, pairs, meta)}}."
-    from depthbench_nb.data import TokenData, encode_pairs, eval_sets, resolve_data
-    tok = TokenData(resolve_data(run.data, auto_prepare=False)).tokenizer()
+    from depthbench_nb.data import TokenData, resolve_data
+    return nll_sets(TokenData(resolve_data(run.data, auto_prepare=False)).tokenizer(), groups, limit)
+
+
+def nll_sets(tok, groups, limit: Optional[int] = None) -> dict:
+    "The NLL metrics' evaluation sets tokenized with `tok` (a tokenizers.Tokenizer): {group: {name: (category, pairs, meta)}}."
+    from depthbench_nb.data import encode_pairs, eval_sets
     out = {}
     for group in groups:
         sets = eval_sets(group=group, limit=limit)
@@ -832,25 +1008,3 @@ def run_diagnostics(run_dir, metrics=None, n_samples: int = 16, seq_len: Optiona
     if (Path(run_dir) / 'metrics.jsonl').exists(): res['measured'] = measured_costs(run_dir)   # what training measured
     res['files'] = [str(p) for p in write_diagnostics(res, Path(run_dir) / 'diagnostics', figures=figures)]
     return res
-
-# %% ../nbs/08_diagnostics.ipynb #6e3f9d41
-def diagnose_command(run_dir: str,                       # a run folder (papermill_runs/<study>/<run_id>) with a checkpoint
-                     metrics: Annotated[Optional[str], Arg(help=f"comma-separated subset of: {', '.join(METRICS)} (default: all that apply to the design)")] = None,
-                     n_samples: int = 16,                # held-out windows (default 16)
-                     seq_len: int = 256,                 # window length (default 256, capped at the training length)
-                     seed: int = 0,                      # seed of the held-out windows (default 0)
-                     permutation_method: str = 'auto',   # auto | shared | naive (default auto)
-                     eval_limit: Optional[int] = None,   # pairs per evaluation set for domain_nll / downstream_nll (default: the full sets, as the official script)
-                     device: Optional[str] = None,       # cpu | cuda | cuda:N (default: cuda when present)
-                     no_figures: bool = False,           # write tables only
-                     json: bool = False) -> int:
-    "Layer diagnostics of a run's last checkpoint; writes tables and figures into RUN_DIR/diagnostics/."
-    res = run_diagnostics(run_dir, metrics, n_samples, seq_len, seed, figures=not no_figures,
-                          permutation_method=permutation_method, eval_limit=eval_limit, device=device, progress=not json)
-    out = summary(res) | dict(files=res['files'])
-    return emit(out, json, title=f"diagnostics of {res['run_dir']}")
-
-
-def cli_diagnose(argv=None) -> int:
-    "depthbench-nb diagnose RUN_DIR: layer diagnostics of a run's last checkpoint."
-    return call_parsed(diagnose_command, argv, prog='depthbench-nb diagnose')

@@ -114,7 +114,9 @@ EXPORT_FORMATS = ('depthbench', 'llama')
 RECORD_NAME = 'depthbench_run.json'
 
 
-def paper_of(cfg: ModelConfig) -> dict: return PAPERS.get(cfg.family, PAPERS['default'])
+def paper_of(cfg: ModelConfig) -> dict:
+    "The paper a model's family comes from (title, authors, arXiv id, official code), for its model card."
+    return PAPERS.get(cfg.family, PAPERS['default'])
 
 
 def public_record(run: RunConfig, result: Optional[dict], step: int) -> dict:

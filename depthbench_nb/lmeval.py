@@ -5,7 +5,10 @@
 # %% ../nbs/09g_lm_eval.ipynb #c121dcf9
 from __future__ import annotations
 
+import json
 import math
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Annotated, Optional
 
 import torch
@@ -21,15 +24,18 @@ try:
 except ImportError as e:
     raise ImportError("depthbench_nb.lmeval needs lm-eval: pip install 'depthbench-nb[eval]'") from e
 
-from .config import ConfigError
+from .config import ConfigError, atomic_write_text
 from .diagnostics import completion_nll, nll_by_category
 from .hf_export import load_for_eval
 from .layers import KVCache
 from .console import Arg, call_parsed, emit
 
 # %% auto #0
-__all__ = ['GEN_OPTIONS', 'DTYPES', 'NLL_ROUTES', 'DepthBenchLM', 'lm_eval_nll', 'native_nll', 'domain_nll', 'compare_nll_routes',
-           'domain_nll_command', 'cli_domain_nll']
+__all__ = ['GEN_OPTIONS', 'DTYPES', 'NLL_ROUTES', 'DOWNSTREAM_TASKS', 'DOWNSTREAM_GROUPS', 'REGIMES', 'BUNDLES', 'TASK_TYPES',
+           'TASK_PREFIX', 'DepthBenchLM', 'lm_eval_nll', 'native_nll', 'domain_nll', 'compare_nll_routes',
+           'domain_nll_command', 'cli_domain_nll', 'DownstreamTask', 'downstream_tasks', 'bundle_task_specs',
+           'lm_eval_task_yaml', 'write_lm_eval_tasks', 'continuation_scores', 'group_scores', 'looped_downstream',
+           'downstream_command', 'cli_downstream']
 
 # %% ../nbs/09g_lm_eval.ipynb #b32a34fd
 GEN_OPTIONS = ('until', 'max_gen_toks', 'do_sample', 'temperature')
@@ -282,3 +288,209 @@ def domain_nll_command(path: str,                           # a run folder or a 
 def cli_domain_nll(argv=None) -> int:
     "depthbench-nb domain-nll PATH: the domain NLL of a run or export, through our scorer and/or lm-eval's loglikelihood."
     return call_parsed(domain_nll_command, argv, prog='depthbench-nb domain-nll')
+
+# %% ../nbs/09g_lm_eval.ipynb #cf01eb53
+@dataclass(frozen=True)
+class DownstreamTask:
+    "One task of the looped paper's downstream groups, and the bundle of the official code that holds its data."
+    label: str    # the task's label in its bundle (kschwethelm/looped-lm-scaling scripts/base_eval.py)
+    group: str    # one of DOWNSTREAM_GROUPS
+    bundle: str   # one of BUNDLES
+
+
+def _tasks(group: str, bundle: str, *labels: str) -> tuple[DownstreamTask, ...]:
+    return tuple(DownstreamTask(label, group, bundle) for label in labels)
+
+
+# The five groups of the paper (Table 10; the official OWNED_AXES: reading_comp and math_word_problems renamed as
+# the paper names them) and the sixth, commonsense, that the official flagship regime adds (FLAGSHIP_EXTRA_AXES).
+DOWNSTREAM_TASKS: tuple[DownstreamTask, ...] = (
+    *_tasks('parametric_knowledge', 'saunshi', 'triviaqa', 'nq', 'webq'),
+    *_tasks('reading_comprehension', 'core', 'lambada_openai'),
+    *_tasks('reading_comprehension', 'saunshi', 'squadv2', 'tydiqa_goldp', 'drop', 'coqa'),
+    *_tasks('math', 'saunshi', 'svamp', 'asdiv', 'mawps'),
+    *_tasks('reasoning_primitives', 'saunshi', 'var_assign_d0_math', 'var_assign_d0_code', 'var_assign_d1_math',
+            'var_assign_d1_code'),
+    *_tasks('reasoning_primitives', 'owned', 'induction_head'),
+    *_tasks('compositional_symbolic', 'core', 'bigbench_dyck_languages', 'bigbench_qa_wikidata', 'arc_easy',
+            'bigbench_cs_algorithms'),
+    *_tasks('commonsense', 'core', 'piqa', 'hellaswag_zeroshot', 'openbook_qa', 'winograd'),
+)
+DOWNSTREAM_GROUPS = tuple(dict.fromkeys(t.group for t in DOWNSTREAM_TASKS))
+REGIMES = {'isoflops': DOWNSTREAM_GROUPS[:5], 'flagship': DOWNSTREAM_GROUPS}   # the official --regime
+# bundle -> (its folder under the bundles directory, its configuration file, how to build it)
+BUNDLES = {
+    'core': ('eval_bundle', 'core.yaml', "karpathy's nanochat CORE eval_bundle.zip (the official scripts/base_eval.py "
+             'downloads it)'),
+    'saunshi': ('saunshi_bundle', 'saunshi.yaml', 'python dev/eval_bundles/saunshi/prepare_saunshi_bundle.py of '
+                'kschwethelm/looped-lm-scaling'),
+    'owned': ('owned_bundle', 'owned.yaml', 'python dev/eval_bundles/owned/prepare_owned_bundle.py of '
+              'kschwethelm/looped-lm-scaling'),
+}
+TASK_TYPES = ('language_modeling', 'multiple_choice', 'schema')
+
+
+def downstream_tasks(regime: str = 'isoflops') -> list[DownstreamTask]:
+    "The tasks of a regime: 'isoflops' (the paper's five groups) or 'flagship' (plus commonsense)."
+    if regime not in REGIMES: raise ConfigError(f"unknown regime {regime!r}; valid: {', '.join(REGIMES)}")
+    return [t for t in DOWNSTREAM_TASKS if t.group in REGIMES[regime]]
+
+
+def _bundle_config(folder: Path, config: str) -> dict:
+    "label -> its entry of a bundle's configuration (CORE's `icl_tasks` or the Saunshi / owned `tasks`)."
+    import yaml
+    raw = yaml.safe_load((folder / config).read_text()) or {}
+    entries = raw.get('icl_tasks') or raw.get('tasks') or []
+    return {e['label']: e for e in entries if isinstance(e, dict) and 'label' in e}
+
+
+def _task_spec(entry: dict, folder: Path) -> dict:
+    "Task type, shots, delimiter and data file of a bundle entry (CORE: num_fewshot a list, icl_task_type)."
+    shots = entry.get('num_fewshot', 0)
+    task_type = entry.get('icl_task_type', entry.get('task_type'))
+    if task_type not in TASK_TYPES:
+        raise ConfigError(f"task {entry['label']!r}: unknown task type {task_type!r}; valid: {', '.join(TASK_TYPES)}")
+    return dict(task_type=task_type, num_fewshot=int(shots[0] if isinstance(shots, (list, tuple)) else shots),
+                delimiter=entry.get('continuation_delimiter', ' '), data_file=str(folder / 'eval_data' / entry['dataset_uri']))
+
+
+def bundle_task_specs(bundles_dir, tasks: list[DownstreamTask]) -> tuple[dict, dict]:
+    """(specs, missing) of `tasks` in the official bundles under `bundles_dir` (the official code's base directory:
+    eval_bundle/, saunshi_bundle/, owned_bundle/): label -> task type, shots, delimiter, data file; label -> why not."""
+    root = Path(bundles_dir).expanduser()
+    specs, missing, configs = {}, {}, {}
+    for t in tasks:
+        folder_name, config, how = BUNDLES[t.bundle]
+        folder = root / folder_name
+        if t.bundle not in configs:
+            configs[t.bundle] = _bundle_config(folder, config) if (folder / config).is_file() else None
+        entries = configs[t.bundle]
+        if entries is None:
+            missing[t.label] = f"no {folder_name}/{config} under {root} (build it: {how})"
+        elif t.label not in entries:
+            missing[t.label] = f"{folder_name}/{config} has no task {t.label!r}"
+        else:
+            spec = _task_spec(entries[t.label], folder)
+            if Path(spec['data_file']).is_file(): specs[t.label] = spec
+            else: missing[t.label] = f"data file {spec['data_file']} is not there (build it: {how})"
+    return specs, missing
+
+
+TASK_PREFIX = 'looped_'
+
+
+def lm_eval_task_yaml(label: str, spec: dict) -> dict:
+    "The lm-eval task configuration of one bundle task (scored as the official core_eval renders its prompts)."
+    base = dict(task=TASK_PREFIX + label, dataset_path='json', dataset_kwargs=dict(data_files=dict(test=spec['data_file'])),
+                test_split='test', fewshot_split='test', num_fewshot=spec['num_fewshot'],   # examples: the other documents target_delimiter=spec['delimiter'],
+                fewshot_delimiter='\n\n', metric_list=[dict(metric='acc')], metadata=dict(version=1.0))
+    if spec['task_type'] == 'language_modeling':   # lm-eval puts no delimiter before a loglikelihood target: it is in the target
+        return dict(base, output_type='loglikelihood', doc_to_text='{{context | trim}}', target_delimiter='',
+                    doc_to_target=spec['delimiter'].replace('{', '{{ "{" }}') + '{{continuation}}')
+    if spec['task_type'] == 'multiple_choice':
+        return dict(base, output_type='multiple_choice', doc_to_text='{{query}}', doc_to_choice='{{choices}}',
+                    doc_to_target='{{gold}}')
+    return dict(base, output_type='multiple_choice', doc_to_text='{{gold}}', doc_to_choice='{{context_options}}',
+                doc_to_target='{{continuation}}')   # schema: the contexts vary, the continuation is shared
+
+
+def write_lm_eval_tasks(specs: dict, out_dir) -> dict:
+    "One lm-eval task YAML per bundle task into `out_dir`; returns lm-eval task name -> bundle label."
+    import yaml
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    for label, spec in specs.items():
+        atomic_write_text(out / f'{TASK_PREFIX}{label}.yaml', yaml.safe_dump(lm_eval_task_yaml(label, spec), sort_keys=False))
+    return {TASK_PREFIX + label: label for label in specs}
+
+# %% ../nbs/09g_lm_eval.ipynb #a430d51c
+def _gold_index(sample: dict, task_type: str) -> int:
+    if task_type == 'language_modeling': return 0
+    if task_type == 'schema': return int(sample['doc']['gold'])
+    return int(sample['target'])
+
+
+def continuation_scores(lm: DepthBenchLM, samples: list[dict], task_type: str) -> dict:
+    """Continuation loss and accuracy of one task from lm-eval's logged samples, as the official core_eval scores
+    them: loss = the gold continuations' summed nats / their tokens; accuracy = greedy match (language modelling)
+    or the lowest mean loss per token among the choices (multiple choice, schema)."""
+    nats = tokens = correct = 0.0
+    for s in samples:
+        n_tok = [len(lm._encode_pair(ctx, cont)[1]) if ctx else len(lm.tok_encode(cont)) for ctx, cont in s['arguments']]
+        lls = [r[0][0] for r in s['resps']]
+        gold = _gold_index(s, task_type)
+        nats -= lls[gold]
+        tokens += n_tok[gold]
+        if task_type == 'language_modeling': correct += bool(s['resps'][gold][0][1])
+        else: correct += int(min(range(len(lls)), key=lambda i: -lls[i] / max(n_tok[i], 1)) == gold)
+    n = len(samples)
+    return dict(loss=nats / tokens if tokens else float('nan'), accuracy=correct / n if n else float('nan'), docs=n,
+                tokens=int(tokens))
+
+
+def group_scores(tasks: dict, wanted: list[DownstreamTask], missing: dict) -> dict:
+    "Per group: the plain mean of its tasks' loss and accuracy (the official evaluate_owned), its tasks and the missing ones."
+    out = {}
+    for group in dict.fromkeys(t.group for t in wanted):
+        labels = [t.label for t in wanted if t.group == group]
+        have = [tasks[l] for l in labels if l in tasks]
+        mean = lambda key: sum(t[key] for t in have) / len(have) if have else float('nan')
+        out[group] = dict(loss=mean('loss'), accuracy=mean('accuracy'),
+                          n_tasks=len(have), tasks=[l for l in labels if l in tasks], missing=[l for l in labels if l in missing])
+    return out
+
+
+def looped_downstream(pretrained, bundles, regime: str = 'isoflops', limit: Optional[int] = None, batch_size: int = 8,
+                      device: Optional[str] = None, out_dir=None, lm: Optional[DepthBenchLM] = None,
+                      progress: bool = False) -> dict:
+    """The looped paper's downstream evaluation of a run or export: the tasks of `regime` found in the official
+    bundles under `bundles`, as lm-eval tasks on this model type, scored as continuation loss per task and group.
+    Writes OUT/downstream.json (default OUT: PRETRAINED/downstream) with every task's score and why any is missing."""
+    wanted = downstream_tasks(regime)
+    if limit is not None and limit < 1: raise ConfigError(f"limit must be >= 1 documents per task (or None: all), got {limit}")
+    out = Path(out_dir) if out_dir is not None else Path(pretrained) / 'downstream'
+    specs, missing = bundle_task_specs(bundles, wanted)
+    names = write_lm_eval_tasks(specs, out / 'lm_eval_tasks')
+    tasks = {}
+    if names:
+        lm = lm or DepthBenchLM(str(pretrained), batch_size=batch_size, device=device)
+        from lm_eval import simple_evaluate
+        from lm_eval.tasks import TaskManager
+        manager = TaskManager(include_path=str(out / 'lm_eval_tasks'), include_defaults=False)
+        res = simple_evaluate(model=lm, tasks=list(names), task_manager=manager, limit=limit, log_samples=True,
+                              bootstrap_iters=0, verbosity='ERROR')
+        group_of = {t.label: t.group for t in wanted}
+        for name, label in names.items():
+            spec = specs[label]
+            tasks[label] = dict(group=group_of[label], **continuation_scores(lm, res['samples'][name], spec['task_type']),
+                                task_type=spec['task_type'], num_fewshot=spec['num_fewshot'], data_file=spec['data_file'])
+    record = dict(pretrained=str(pretrained), bundles=str(Path(bundles).expanduser()), regime=regime, limit=limit,
+                  score='continuation loss: nats per token of the gold continuation (kschwethelm/looped-lm-scaling '
+                        'nanochat/core_eval.py); a group is the mean of its tasks',
+                  tasks=tasks, missing=missing, groups=group_scores(tasks, wanted, missing))
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out / 'downstream.json', json.dumps(record, indent=1, default=float))
+    if progress: print(f'[downstream] {len(tasks)} of {len(wanted)} tasks evaluated, {len(missing)} missing -> {out / "downstream.json"}')
+    return record
+
+
+def downstream_command(path: str, *,                       # a run folder or a folder written by depthbench-nb export-hf
+                       bundles: str,                       # the official bundles' folder: eval_bundle/, saunshi_bundle/, owned_bundle/
+                       regime: Annotated[str, Arg(choices=tuple(REGIMES))] = 'isoflops',  # isoflops: the paper's five groups; flagship: + commonsense
+                       limit: int = 0,                     # documents per task (default 0: all)
+                       batch_size: int = 8,                # lm-eval batch size (default 8)
+                       device: Optional[str] = None,       # cpu | cuda | cuda:N (default: cuda when present)
+                       json: bool = False) -> int:
+    """The looped paper's downstream results of a run: continuation loss per task and group (its Tables 8-10),
+    through lm-eval with the model type `depthbench`, into PATH/downstream/downstream.json."""
+    rec = looped_downstream(path, bundles, regime, limit or None, batch_size, device, progress=not json)
+    if json: return emit(rec, True)
+    rows = [dict(group=g, loss=v['loss'], accuracy=v['accuracy'], tasks=len(v['tasks']), missing=len(v['missing']))
+            for g, v in rec['groups'].items()]
+    return emit(rows, False, title=f"downstream continuation loss of {path} (nats per token); missing tasks: "
+                                   f"{', '.join(rec['missing']) or 'none'}")
+
+
+def cli_downstream(argv=None) -> int:
+    "depthbench-nb downstream PATH --bundles DIR: the looped paper's downstream continuation losses of a run."
+    return call_parsed(downstream_command, argv, prog='depthbench-nb downstream')

@@ -280,10 +280,14 @@ class PreLNBlock(Block):
         return h + self.ffn(self.ffn_norm(h))
 
 
-def build_preln(cfg: ModelConfig) -> ResidualTransformer: return ResidualTransformer(cfg, PreLNBlock)
+def build_preln(cfg: ModelConfig) -> ResidualTransformer:
+    "The Pre-LN model of a config."
+    return ResidualTransformer(cfg, PreLNBlock)
 
 
-def unit_norm_gain(block: nn.Module) -> float: return 1.0   # a Pre-LN block is a LLaMA block as it is
+def unit_norm_gain(block: nn.Module) -> float:
+    "The factor folded into a block's norm gains for a LlamaForCausalLM export: 1 (a Pre-LN block is a LLaMA block)."
+    return 1.0
 
 
 register_design(Design('preln', 'residual', 'Pre-LN baseline: h = x + A(N(x))', build=build_preln,
@@ -304,7 +308,9 @@ class PeriLNBlock(Block):
         return h + self.ffn_out_norm(self.ffn(self.ffn_norm(h)))
 
 
-def build_periln(cfg: ModelConfig) -> ResidualTransformer: return ResidualTransformer(cfg, PeriLNBlock)
+def build_periln(cfg: ModelConfig) -> ResidualTransformer:
+    "The Peri-LN (Sandwich) model of a config."
+    return ResidualTransformer(cfg, PeriLNBlock)
 
 
 def _periln_fork(cfg: ModelConfig, b: int) -> dict:
@@ -335,7 +341,9 @@ class LNSBlock(Block):
         return h + self.ffn(self.ffn_norm(h) * self.ln_scale)
 
 
-def build_lns(cfg: ModelConfig) -> ResidualTransformer: return ResidualTransformer(cfg, LNSBlock)
+def build_lns(cfg: ModelConfig) -> ResidualTransformer:
+    "The LayerNorm-Scaling (LNS) model of a config."
+    return ResidualTransformer(cfg, LNSBlock)
 
 
 def _lns_init(model: ResidualTransformer, idx: torch.Tensor, atol: float) -> Optional[str]:
@@ -383,7 +391,9 @@ class DeepNormBlock(Block):
         for lin in (self.attn.wv, self.attn.wo, self.ffn.w1, self.ffn.w2, self.ffn.w3): lin.weight.mul_(self.beta)  # beta = (8L)^-1/4
 
 
-def build_deepnorm(cfg: ModelConfig) -> ResidualTransformer: return ResidualTransformer(cfg, DeepNormBlock)
+def build_deepnorm(cfg: ModelConfig) -> ResidualTransformer:
+    "The DeepNorm model of a config."
+    return ResidualTransformer(cfg, DeepNormBlock)
 
 
 def _deepnorm_init(model: ResidualTransformer, idx: torch.Tensor, atol: float) -> Optional[str]:
@@ -424,7 +434,9 @@ class KEELBlock(Block):
         return self.ffn_out_norm(self.alpha * h + self.ffn(self.ffn_norm(h)))
 
 
-def build_keel(cfg: ModelConfig) -> ResidualTransformer: return ResidualTransformer(cfg, KEELBlock)
+def build_keel(cfg: ModelConfig) -> ResidualTransformer:
+    "The KEEL model of a config."
+    return ResidualTransformer(cfg, KEELBlock)
 
 
 def _keel_init(model: ResidualTransformer, idx: torch.Tensor, atol: float) -> Optional[str]:
@@ -730,10 +742,13 @@ def _multistream_activations(cfg: ModelConfig, bytes_per_elem: int) -> int:
 
 # %% ../nbs/05_model.ipynb #a45fbb12
 def hc_connector(cfg: ModelConfig, k: int) -> HCConnector:
+    "The HC connector of sublayer `k` (streams, tanh and update rule from the config)."
     return HCConnector(cfg.d_model, cfg.hc_streams, k, use_tanh=cfg.hc_tanh, mixed=cfg.hc_update == 'mixed')
 
 
-def build_hc(cfg: ModelConfig) -> MultiStreamTransformer: return MultiStreamTransformer(cfg, hc_connector, collapse='sum')
+def build_hc(cfg: ModelConfig) -> MultiStreamTransformer:
+    "The hyper-connections (HC) model of a config."
+    return MultiStreamTransformer(cfg, hc_connector, collapse='sum')
 
 
 def _hc_params(cfg: ModelConfig) -> tuple[int, int]:
@@ -783,10 +798,12 @@ MHC_BACKENDS = {'liger': MHCConnector, 'native': MHCNativeConnector, 'static': M
 
 
 def mhc_connector(cfg: ModelConfig, k: int) -> nn.Module:
+    "The mHC connector of sublayer `k`, from the backend the config names."
     return MHC_BACKENDS[cfg.mhc_backend](cfg.d_model, cfg.hc_streams, k, cfg.sinkhorn_iters)
 
 
 def build_mhc(cfg: ModelConfig) -> MultiStreamTransformer:
+    "The manifold-constrained hyper-connections (mHC) model of a config."
     return MultiStreamTransformer(cfg, mhc_connector, collapse='mean' if cfg.mhc_backend == 'liger' else 'sum')  # reduce_mode
 
 
@@ -1065,7 +1082,9 @@ def _attnres_fork_top(cfg: ModelConfig) -> dict:
     return {'res_proj.weight': ((1, d), 'final_mix.query', SQUEEZE0), 'res_norm.weight': ((d,), 'final_mix.key_weight', SAME)}
 
 
-def attnres_fork_names(names) -> bool: return _has(names, r'(^|\.)res_proj\.weight$')
+def attnres_fork_names(names) -> bool:
+    "Whether checkpoint tensor names are the official fork's AttnRes names (a `res_proj` weight)."
+    return _has(names, r'(^|\.)res_proj\.weight$')
 
 
 def attnres_fork(prepare: Optional[Callable] = None) -> ForkNames:
@@ -1083,10 +1102,14 @@ def _attnres_init(model: AttnResTransformer, idx: torch.Tensor, atol: float) -> 
     return None
 
 # %% ../nbs/05_model.ipynb #154e1b6a
-def full_attnres_groups(cfg: ModelConfig) -> list[int]: return [1] * cfg.n_sublayers
+def full_attnres_groups(cfg: ModelConfig) -> list[int]:
+    "Full AttnRes: every sublayer is a group of its own."
+    return [1] * cfg.n_sublayers
 
 
-def build_attnres(cfg: ModelConfig) -> AttnResTransformer: return AttnResTransformer(cfg, full_attnres_groups(cfg))
+def build_attnres(cfg: ModelConfig) -> AttnResTransformer:
+    "The Full AttnRes model of a config."
+    return AttnResTransformer(cfg, full_attnres_groups(cfg))
 
 
 def _full_attnres_prepare(hints: dict, options: dict) -> list[str]:
@@ -1134,7 +1157,9 @@ def _block_attnres_prepare(hints: dict, options: dict) -> list[str]:
             '(pass --option attnres_block_size=S)']
 
 
-def build_block_attnres(cfg: ModelConfig) -> AttnResTransformer: return AttnResTransformer(cfg, block_attnres_groups(cfg))
+def build_block_attnres(cfg: ModelConfig) -> AttnResTransformer:
+    "The Block AttnRes model of a config."
+    return AttnResTransformer(cfg, block_attnres_groups(cfg))
 
 
 register_design(Design('block_attnres', 'attnres', 'Block Attention Residuals: sources are block sums (8 blocks over 2L sublayers by default)',
@@ -1211,7 +1236,9 @@ def _read_depth(ctx: ForwardContext, b: int, like: torch.Tensor) -> dict:
     return dict(depth_k=torch.stack(ks, dim=2), depth_v=torch.stack(vs, dim=2))  # [B, T, S, H_kv, hd]
 
 
-def build_moda(cfg: ModelConfig) -> ResidualTransformer: return ResidualTransformer(cfg, MoDABlock)
+def build_moda(cfg: ModelConfig) -> ResidualTransformer:
+    "The MoDA model of a config."
+    return ResidualTransformer(cfg, MoDABlock)
 
 
 def _moda_kv_width(cfg: ModelConfig) -> int: return cfg.n_kv_head * cfg.head_dim

@@ -24,21 +24,29 @@ from .shapes import GRIDS, OFFICIAL_STEPS, PRESETS, count_params, grid_shapes, s
 from .console import Arg, call_parsed, emit, template_path
 
 # %% auto #0
-__all__ = ['REFERENCE_FILES', 'ACCOUNTING_LABEL', 'PAPER_LABEL', 'PAPER_PRESETS', 'RUN_COLUMNS', 'DEPTHBENCH_ARTIFACTS',
-           'PAPER_SOURCE', 'SCALE_PRESETS', 'ESTIMATE_LABEL', 'DEPTHBENCH_PAPER_ITEMS', 'LOOPED_ARTIFACTS',
-           'PAPER_EXTRAPOLATION', 'FIT_COLUMNS', 'REPORT_NOTEBOOKS', 'LOOPED_PARAMETERS', 'reference_table', 'Scale',
-           'study_scale', 'markdown_table', 'Report', 'normalize_runs', 'scan_study', 'study_table', 'completed',
-           'run_folder', 'load_diagnostics', 'best_lr_rows', 'status_section', 'PaperPlan', 'record_field',
+__all__ = ['REFERENCE_FILES', 'ACCOUNTING_LABEL', 'PAPER_LABEL', 'PAPER_PRESETS', 'PAPER_STATUSES', 'RUN_COLUMNS',
+           'DEPTHBENCH_ARTIFACTS', 'PAPER_SOURCE', 'SCALE_PRESETS', 'DEPTHBENCH_GRIDS', 'DEPTHBENCH_SCALES',
+           'FIGURE3_DESIGNS', 'FIGURE3_SCALES', 'FIGURE_DESIGNS', 'ESTIMATE_LABEL', 'GPU_HOURS_LABEL',
+           'PAPER_GPU_HOURS_RANKING', 'DEPTHBENCH_PAPER_ITEMS', 'DEPTHBENCH_STUDIES', 'LOOPED_ARTIFACTS',
+           'PAPER_EXTRAPOLATION', 'EXTRAPOLATION_STUDY', 'CASE_STUDY_N_BUDGETS', 'FIT_COLUMNS', 'NOT_GRID_ITEMS',
+           'PAPER_RS', 'PAPER_GROUPS', 'LOOPED_PAPER_ITEMS', 'LOOPED_SCALE_FREE', 'LOOPED_NOTES', 'COMPANION_STUDIES',
+           'LOOPED_INDEX_CAPTION', 'REPORT_NOTEBOOKS', 'LOOPED_PARAMETERS', 'reference_table', 'Scale', 'study_scale',
+           'markdown_table', 'Report', 'PaperItem', 'paper_item_index', 'normalize_runs', 'scan_study', 'study_table',
+           'completed', 'run_folder', 'load_diagnostics', 'best_lr_rows', 'status_section', 'PaperPlan', 'record_field',
            'planned_steps', 'planned_tokens', 'run_comparability', 'scale_label', 'RunScale', 'lr_sensitivity_figure',
-           'depthbench_paper_plan', 'with_comparability', 'depthbench_loss_section', 'depthbench_scales_section',
-           'depthbench_heatmap_section', 'depthbench_threshold_section', 'depthbench_mixing_section',
-           'depthbench_residual_path_section', 'depthbench_pruning_lens_section', 'depthbench_dead_zone_section',
-           'depthbench_domain_nll_section', 'depthbench_diagnostics_section', 'depthbench_costs_section',
-           'depthbench_paper_index', 'build_depthbench_report', 'looped_variant', 'looped_paper_plan', 'looped_frame',
-           'case_study_frame', 'baseline_refit_frame', 'FitEffort', 'per_r_frontier', 'frontier_exponents',
-           'table2_rows', 'looped_fit_sections', 'looped_case_study_sections', 'looped_ablation_sections',
-           'related_studies', 'build_looped_report', 'show_report', 'show_artifact', 'show_missing',
-           'run_report_notebooks', 'report_command', 'cli_report']
+           'depthbench_paper_cells', 'depthbench_paper_plan', 'with_comparability', 'depthbench_loss_section',
+           'depthbench_scales_section', 'depthbench_heatmap_section', 'depthbench_threshold_section',
+           'depthbench_mixing_section', 'depthbench_residual_path_section', 'depthbench_pruning_lens_section',
+           'depthbench_dead_zone_section', 'depthbench_domain_nll_section', 'depthbench_diagnostics_section',
+           'gpu_hours_frame', 'gpu_hours_ranking', 'depthbench_costs_section', 'depthbench_paper_index',
+           'depthbench_related_studies', 'build_depthbench_report', 'looped_variant', 'looped_paper_plan',
+           'looped_frame', 'case_study_budgets', 'case_study_frame', 'baseline_refit_frame', 'FitEffort',
+           'per_r_frontier', 'frontier_exponents', 'paper_table1_laws', 'paper_optima',
+           'looped_fig3_definitions_section', 'paper_optima_frame', 'looped_paper_optima_section', 'table2_rows',
+           'looped_isoflops_figure', 'looped_fit_sections', 'looped_case_study_sections', 'looped_ablation_sections',
+           'read_downstream', 'looped_extrapolation_section', 'looped_downstream_section', 'looped_accounting_sections',
+           'looped_paper_index', 'related_studies', 'build_looped_report', 'show_report', 'show_artifact',
+           'show_missing', 'run_report_notebooks', 'report_command', 'cli_report']
 
 # %% ../nbs/09c_reports.ipynb #68cac690
 REFERENCE_FILES = {'depthbench': 'depthbench_paper.csv', 'looped': 'looped_paper.csv'}
@@ -52,7 +60,7 @@ def reference_table(name: str) -> pd.DataFrame:
 # %% ../nbs/09c_reports.ipynb #169f98d4
 ACCOUNTING_LABEL = 'Accounting from closed forms at the paper shapes: comparable at any scale (no training data involved).'
 PAPER_LABEL = "The paper's numbers (reference only), each with its source."
-PAPER_PRESETS = ('400m', '400m-main', '300m-backbone', 'ladder-200m', 'ladder-300m', 'ladder-500m', '1.6b', 'looped')
+PAPER_PRESETS = ('400m', '400m-main', '300m-backbone', 'ladder-200m', 'ladder-300m', 'ladder-500m', '1.6b', 'looped', 'looped-flagship')
 
 
 @dataclass
@@ -102,6 +110,8 @@ class Report:
     artifacts: list = field(default_factory=list)
     missing: list = field(default_factory=list)
     verdicts: list = field(default_factory=list)
+    gaps: dict = field(default_factory=dict)        # paper item -> the panels, designs or scales it lacks (a partial item)
+    paper_index: Optional[pd.DataFrame] = None      # one row per table and figure of the paper (`paper_item_index`)
 
     def _stem(self, name): return name.rsplit('.', 1)[0]
 
@@ -130,6 +140,11 @@ class Report:
         plt.close(fig)
         self.artifacts.append((f'{name}.png', caption))
 
+    def gap(self, item: str, *parts: str):
+        "Record what a paper item lacks (a panel, a design, a scale): the index then calls it partial and names them."
+        self.gaps.setdefault(item, [])
+        self.gaps[item] += [p for p in parts if p and p not in self.gaps[item]]
+
     def note_missing(self, what: str, why: str):
         self.missing.append((what, why))
         print(f'[report] missing {what}: {why}')
@@ -137,7 +152,7 @@ class Report:
     def verdict(self, quantity: str, ours: float, paper: float, rel_tol: float, note: str = '') -> bool:
         "A reproduced / not reproduced verdict for a quantity comparable at any scale: |ours - paper| <= rel_tol * |paper|."
         ok = abs(ours - paper) <= rel_tol * abs(paper)
-        self.verdicts.append(dict(quantity=quantity, ours=ours, paper=paper, tolerance=f'{rel_tol:.0%} relative',
+        self.verdicts.append(dict(quantity=quantity, ours=ours, paper=paper, tolerance=f'{rel_tol * 100:g}% relative',
                                   verdict='reproduced' if ok else 'NOT reproduced', note=note))
         return ok
 
@@ -149,11 +164,47 @@ class Report:
                                      label=ACCOUNTING_LABEL)
         absent = [e for e in self.expected if e not in self.built()]
         lines = [f'# {self.name} report: study `{self.study}`', '', f'_{self.scale.label}_', '']
+        if self.paper_index is not None:
+            lines += ["## The paper's tables and figures", '', markdown_table(self.paper_index[['paper', 'status', 'detail', 'artifacts']]), '']
         lines += ['## Artifacts', ''] + [f'- `{a}`: {c}' for a, c in self.artifacts]
         if self.missing or absent:
             lines += ['', '## Missing', ''] + [f'- {w}: {why}' for w, why in self.missing]
             if absent: lines += [f'- not built: {", ".join(f"`{a}`" for a in absent)} (see the reasons above)']
         return atomic_write_text(self.out_dir / f'{self.name}_index.md', '\n'.join(lines) + '\n')
+
+
+@dataclass(frozen=True)
+class PaperItem:
+    "A table or figure of a paper, the artifacts that rebuild it, and the words that name it in the Missing notes."
+    item: str                   # e.g. 'Figure 2', 'Table 10'
+    what: str                   # what the paper shows there
+    artifacts: tuple = ()       # artifact stems that rebuild it (empty: not rebuilt by design)
+    keys: tuple = ()            # substrings of the Missing notes that concern it (default: the item's name)
+
+
+PAPER_STATUSES = ('rebuilt', 'rebuilt with a stated difference', 'partial', 'missing')
+
+
+def paper_item_index(rep: Report, items, notes: dict, scale_free=(), reasons: Optional[dict] = None) -> pd.DataFrame:
+    """One row per paper item: *missing* (none of its artifacts built: why), *partial* (built without some of its
+    panels, designs or scales: `rep.gaps` names them), *rebuilt with a stated difference* (`notes`, and runs not at
+    the paper's setting unless the item is accounting, `scale_free`) or *rebuilt*."""
+    built, rows = rep.built(), []
+    for it in items:
+        have = [s for s in it.artifacts if s in built]
+        keys = it.keys or (it.item,)
+        if not have:
+            why = (reasons or {}).get(it.item) or '; '.join(f'{w}: {y}' for w, y in rep.missing if any(k in w for k in keys))
+            rows.append(dict(paper=it.item, what=it.what, status='missing', detail=why or 'not built (see Missing)', artifacts=''))
+            continue
+        diffs = [d for d in notes.get(it.item, []) if d]
+        if it.item not in scale_free and not rep.scale.comparable and not any("paper's setting" in d for d in diffs):
+            diffs.insert(0, "runs not at the paper's setting (see the scale label)")
+        lacking = rep.gaps.get(it.item, [])
+        status = 'partial' if lacking else 'rebuilt with a stated difference' if diffs else 'rebuilt'
+        detail = '; '.join((['missing: ' + '; '.join(lacking)] if lacking else []) + diffs)
+        rows.append(dict(paper=it.item, what=it.what, status=status, detail=detail, artifacts=', '.join(have)))
+    return pd.DataFrame(rows)
 
 # %% ../nbs/09c_reports.ipynb #148a6fdc
 RUN_COLUMNS = ('study', 'run_id', 'status', 'arch', 'n_layer', 'd_model', 'lr', 'seed', 'preset', 'steps', 'tokens',
@@ -203,10 +254,12 @@ def study_table(study: str) -> pd.DataFrame:
 
 
 def completed(df: pd.DataFrame) -> pd.DataFrame:
+    "The completed runs of a runs table (an empty table when there are none)."
     return df[df['status'] == 'completed'] if len(df) and 'status' in df else df.iloc[0:0]
 
 
 def run_folder(row) -> Path:
+    "The run folder of a row of a runs table."
     return runs_root() / str(row['study']) / str(row['run_id'])
 
 
@@ -252,6 +305,8 @@ class PaperPlan:
     tokens: Optional[float] = None  # planned training tokens
     steps: Optional[int] = None     # optimizer steps a run of the paper's completed
     tokens_rel_tol: float = 0.005   # planned tokens agree within 0.5 %
+    group: str = ''                 # the paper's set of runs the cell belongs to (DepthBench: its scale, e.g. '400M';
+                                    #   looped: 'grid', 'table5', 'lr_sweep' or 'table10')
 
 
 def _num(v) -> Optional[float]:
@@ -350,7 +405,7 @@ DEPTHBENCH_ARTIFACTS = (
     'depthbench_loss_across_scales', 'depthbench_lr_sensitivity', 'depthbench_angular', 'depthbench_causal',
     'depthbench_permutation', 'depthbench_threshold_fractions', 'depthbench_mixing_erank', 'depthbench_mixing',
     'depthbench_residual_path', 'depthbench_pruning_logit_lens', 'depthbench_dead_zone', 'depthbench_domain_nll',
-    'depthbench_table3_shapes', 'depthbench_architectures', 'depthbench_costs_400m', 'depthbench_gpu_hours_est',
+    'depthbench_table3_shapes', 'depthbench_architectures', 'depthbench_costs_400m', 'depthbench_gpu_hours', 'depthbench_gpu_hours_ranking',
     'depthbench_costs_figure', 'depthbench_costs_measured', 'depthbench_paper_index', 'depthbench_verdicts')
 PAPER_SOURCE = "DepthBench (arXiv 2609.32534), as on the authors' project page keyu-wang-2002/DepthBench-Website"
 SCALE_PRESETS = ('ladder-200m', 'ladder-300m', '400m', '400m-main', 'ladder-500m', '1.6b')   # the paper's scales, smallest first
@@ -402,25 +457,58 @@ def _log_ratio_axis(ax):
     ax.set_xlabel('d_model / n_layer (log)')
 
 
-def depthbench_paper_plan(n_layer) -> Optional[PaperPlan]:
-    "The paper's 400M cell at depth L (Table 3 shape, 7,600 steps x 512 x 2048 tokens); None where the paper has no 400M shape."
-    L = _num(n_layer)
-    if L is None or int(L) not in GRIDS['400m'].depths: return None
-    s, p, steps = shape_for('400m', int(L)), PRESETS['400m'], OFFICIAL_STEPS['400m']
-    return PaperPlan(f'400M main benchmark, L{s.n_layer}: d_model {s.d_model}, {steps:,} steps x {p.global_batch} x {p.seq_len} tokens',
-                     dict(n_layer=s.n_layer, d_model=s.d_model, vocab_size=s.vocab_size), tokens=float(steps * p.global_batch * p.seq_len),
-                     steps=steps)
+# the paper's grids (keyu-wang-2002/DepthBench configs/README.md; the project page's four suites): scale, what, preset
+DEPTHBENCH_GRIDS = (('400M', '400M main benchmark', '400m'), ('400M', "400M main benchmark (the official code's sweep)", '400m-main'),
+                    ('300M backbone', '300M fixed-backbone control', '300m-backbone'), ('200M', '200M ladder', 'ladder-200m'),
+                    ('300M', '300M ladder', 'ladder-300m'), ('500M', '500M ladder', 'ladder-500m'), ('1.6B', '1.6B validation', '1.6b'))
+DEPTHBENCH_SCALES = ('200M', '300M', '400M', '500M', '1.6B')   # the paper's model scales (Figure 3: the ladder and 1.6B)
+
+
+@functools.lru_cache(maxsize=1)
+def depthbench_paper_cells() -> tuple:
+    "Every shape of the paper's grids: (scale, what, preset, Shape), in the order of DEPTHBENCH_GRIDS."
+    out = []
+    for scale, what, preset in DEPTHBENCH_GRIDS:
+        grid = PRESETS[preset].grid
+        shapes = grid_shapes(grid)
+        if grid == 'ladder': shapes = [s for s in shapes if s.group == preset.split('-')[1]]
+        out += [(scale, what, preset, s) for s in shapes]
+    return tuple(out)
+
+
+def depthbench_paper_plan(record) -> Optional[PaperPlan]:
+    """The paper's run for a DepthBench record's cell, found from the run's shape (depth and width) on the paper's
+    grids: the 400M main benchmark (L16-L32, L42, L70; the official sweep's L26, L30), the 300M fixed backbone, the
+    200M / 300M / 500M ladder and 1.6B, each at its tier's official steps of 512 x 2048 tokens. A shape on several
+    grids is judged on the grid of the record's preset. `record` may be a depth alone: the 400M main benchmark's
+    shape there. None where no paper grid has the shape."""
+    if not hasattr(record, 'get'):
+        L = _num(record)
+        if L is None or int(L) not in GRIDS['400m'].depths: return None
+        record = dict(n_layer=int(L), d_model=shape_for('400m', int(L)).d_model, preset='400m')
+    L, d = _num(record_field(record, 'n_layer')), _num(record_field(record, 'd_model'))
+    if L is None or d is None: return None
+    cells = [c for c in depthbench_paper_cells() if c[3].n_layer == int(L) and c[3].d_model == int(d)]
+    if not cells: return None
+    scale, what, preset, s = next((c for c in cells if c[2] == record.get('preset')), cells[0])
+    p, steps = PRESETS[preset], OFFICIAL_STEPS[preset]
+    return PaperPlan(f'{what}, L{s.n_layer}: d_model {s.d_model}, {steps:,} steps x {p.global_batch} x {p.seq_len} tokens',
+                     dict(n_layer=s.n_layer, d_model=s.d_model, vocab_size=s.vocab_size,
+                          **({'n_kv_head': s.n_kv_head} if s.n_kv_head != s.n_head else {})),   # the 1.6B grid's GQA
+                     tokens=float(steps * p.global_batch * p.seq_len), steps=steps, group=scale)
 
 
 def _no_paper_cell(r) -> str:
-    L = _num(r.get('n_layer'))
-    return (f"the paper has no 400M shape at L{int(L) if L is not None else '?'} "
-            f"(its shapes: L{', L'.join(str(x) for x in GRIDS['400m'].depths)}), so no number to compare with")
+    L, d = _num(record_field(r, 'n_layer')), _num(record_field(r, 'd_model'))
+    shape = f"L{int(L) if L is not None else '?'} d_model {int(d) if d is not None else '?'}"
+    return (f"no grid of the paper has the shape {shape} (its grids: 400M main L16-L32, L42, L70; 300M backbone L16-L84; "
+            "200M / 300M / 500M ladder; 1.6B L28, L40, L54), so no paper run to compare with")
 
 
-def with_comparability(rows: pd.DataFrame, plan_for: Callable = lambda r: depthbench_paper_plan(r.get('n_layer')),
+def with_comparability(rows: pd.DataFrame, plan_for: Callable = depthbench_paper_plan,
                        no_plan: Callable = _no_paper_cell) -> pd.DataFrame:
-    "`rows` plus comparable (bool), what_differs and paper_cell, each from `run_comparability` against the row's paper cell."
+    """`rows` plus comparable (bool), what_differs, paper_cell and paper_group (the paper's grid: '400M', '1.6B', ...), each
+    from `run_comparability` against the row's paper cell, and paper_shape (the run has its cell's shape)."""
     out = rows.copy()
     res = []
     for r in (out.iloc[i].to_dict() for i in range(len(out))):
@@ -430,6 +518,7 @@ def with_comparability(rows: pd.DataFrame, plan_for: Callable = lambda r: depthb
     out['comparable'] = [ok for _, ok, _ in res]
     out['what_differs'] = ['; '.join(why) for _, _, why in res]
     out['paper_cell'] = [p.label if p else '' for p, _, _ in res]
+    out['paper_group'] = [p.group if p else '' for p, _, _ in res]
     rows_ = [out.iloc[i].to_dict() for i in range(len(out))]
     out['paper_shape'] = [p is not None and all(_num(record_field(r, k)) == _num(v) for k, v in p.shape.items())
                           for (p, _, _), r in zip(res, rows_)]   # the paper's shape, whatever the budget
@@ -464,8 +553,30 @@ def _ratio_panels(rep: Report, data: pd.DataFrame, panels: list, fname: str, cap
     rep.figure(fig, fname, caption)
 
 
+def _cells_text(cells) -> str:
+    "(design, depth) cells in words, grouped by design: 'preln L20, L24; hc L70'."
+    by = {}
+    for a, L in sorted(cells, key=lambda c: (list(ARCHS).index(c[0]) if c[0] in ARCHS else 99, c[1])): by.setdefault(a, []).append(f'L{L}')
+    return '; '.join(f"{a} {', '.join(Ls)}" for a, Ls in by.items())
+
+
+def _lr_notes(done: pd.DataFrame, best: pd.DataFrame) -> list:
+    "What a figure's learning rates are: the LRs swept per cell, the winners, and the cells trained at a single LR."
+    keys = ['arch', 'preset', 'n_layer']
+    swept = done.groupby(keys)['lr'].apply(lambda v: tuple(sorted(set(v.round(10)))))
+    grids = sorted(set(swept))
+    fmt = lambda g: '{' + ', '.join(f'{x:g}' for x in g) + '}'
+    notes = [f"learning rate: the best of each design x shape's swept LRs (swept here: {' or '.join(fmt(g) for g in grids)}; "
+             f"the paper sweeps LRs per design, its grid is not published); winning LRs: {fmt(sorted(set(best['lr'].round(10))))}"]
+    single = [f'{a} L{int(L)} ({p})' for (a, p, L), g in swept.items() if len(g) == 1]
+    if single: notes.append(f'{len(single)} of {len(swept)} design x shape cells trained at a single LR (no sweep): '
+                            + ', '.join(single[:6]) + (', ...' if len(single) > 6 else ''))
+    return notes
+
+
 def depthbench_loss_section(rep: Report, df: pd.DataFrame, notes: Optional[dict] = None) -> pd.DataFrame:
-    "Validation loss at the best LR per design x shape x preset beside the paper (Figure 2), loss vs ratio per preset, LR sensitivity."
+    """Validation loss at the best LR per design x shape x preset beside the paper (Figure 2), loss vs ratio per preset,
+    LR sensitivity. Figure 2 is partial where a design x shape of the paper's figure or its fixed-backbone panel has no run."""
     notes = {} if notes is None else notes
     best = best_lr_rows(df[_not_looped(df)] if len(df) else df, keys=('arch', 'preset', 'n_layer', 'd_model'))
     ref = reference_table('depthbench').query("quantity == 'val_loss'")
@@ -480,22 +591,30 @@ def depthbench_loss_section(rep: Report, df: pd.DataFrame, notes: Optional[dict]
     same = paper.set_index(['arch', 'n_layer'])['paper_val_loss']
     tab = best[['arch', 'preset', 'n_layer', 'd_model', 'ratio', 'lr', 'n_lrs', 'final_val_loss', 'steps', 'comparable',
                 'what_differs', 'paper_cell']].rename(columns={'lr': 'best_lr', 'final_val_loss': 'val_loss', 'steps': 'steps_completed'})
+    done = completed(df[_not_looped(df)]).dropna(subset=['final_val_loss'])
+    swept = done.groupby(['arch', 'preset', 'n_layer', 'd_model'])['lr'].apply(lambda v: ', '.join(f'{x:g}' for x in sorted(set(v))))
+    tab.insert(tab.columns.get_loc('n_lrs') + 1, 'lrs_swept', [swept.get((a, p, L, d), '') for a, p, L, d in
+                                                                 zip(best.arch, best.preset, best.n_layer, best.d_model)])
     tab['planned_tokens'] = [planned_tokens(r) for r in (best.iloc[i].to_dict() for i in range(len(best)))]
-    # the paper's number only where the run has the paper's shape (a 1.6B or tiny row is never compared with a 400M number)
-    tab['paper_val_loss'] = [same.get((a, int(L)), np.nan) if ps else np.nan for a, L, ps in zip(best.arch, best.n_layer, best.paper_shape)]
+    # the paper's number only where the run has the shape of the paper's 400M cell (a 1.6B or tiny row is never compared with it)
+    at_400m = best.paper_shape & (best.paper_group == '400M')
+    tab['paper_val_loss'] = [same.get((a, int(L)), np.nan) if ok else np.nan for a, L, ok in zip(best.arch, best.n_layer, at_400m)]
     tab['paper_source'] = [PAPER_SOURCE + ', Figure 2' if not math.isnan(v) else '' for v in tab['paper_val_loss']]
     rep.table(tab.sort_values(['preset', 'arch', 'n_layer']), 'depthbench_val_loss',
               "Validation loss at the best LR per design x shape x preset; the paper's Figure 2 number where the run has the paper's shape")
     order = [p for p in SCALE_PRESETS + ('300m-backbone',) if p in set(best.preset)] + sorted(set(best.preset) - set(SCALE_PRESETS) - {'300m-backbone'})
-    lrs = sorted(set(best['lr'].round(8)))
-    diffs = [_scale_note(best), f"learning rate: best of {', '.join(f'{x:g}' for x in lrs)} per shape (the paper sweeps LRs per design; its grid is not published)"]
+    diffs = [_scale_note(best)] + _lr_notes(done, best)
     notes['Figure 2'] = diffs
+    have = {(a, int(L)) for a, L in zip(best.arch[at_400m], best.n_layer[at_400m])}
+    lacking = sorted(set(zip(paper.arch, paper.n_layer.astype(int))) - have)
+    if lacking: rep.gap('Figure 2', f"the paper's 400M cells without a run at their shape: {_cells_text(lacking)}")
+    if not (best.paper_group == '300M backbone').any():
+        rep.gap('Figure 2', 'the fixed-backbone panel (300M backbone; `depthbench-nb sweep run backbone-300m`)')
     data = best.rename(columns={'final_val_loss': 'loss'})
     panels = [(f'preset {p}' + (' (fixed backbone)' if p == '300m-backbone' else ''), data[data.preset == p]) for p in order]
     ppanel = paper.assign(ratio=[depthbench_paper_plan(L).shape['d_model'] / L for L in paper.n_layer]).rename(columns={'paper_val_loss': 'loss'})
     _ratio_panels(rep, data, panels, 'depthbench_loss_vs_ratio',
                   _caption('Figure 2', 'Validation loss vs width/depth ratio at the best LR, one panel per preset, the paper beside', diffs), ppanel)
-    done = completed(df[_not_looped(df)]).dropna(subset=['final_val_loss'])
     multi = done.groupby(['arch', 'preset', 'n_layer'])['lr'].transform('nunique') > 1
     if multi.any():
         sub = done[multi].assign(shape=lambda d: d['arch'] + ' L' + d['n_layer'].astype(int).astype(str) + ' (' + d['preset'] + ')')
@@ -507,20 +626,35 @@ def depthbench_loss_section(rep: Report, df: pd.DataFrame, notes: Optional[dict]
     return best
 
 
+FIGURE3_DESIGNS = ('preln', 'attnres', 'hc')                   # the designs of the paper's Figure 3
+FIGURE3_SCALES = ('200M', '300M', '500M', '1.6B')              # its panels: the 200M-500M ladder and 1.6B
+
+
 def depthbench_scales_section(rep: Report, best: pd.DataFrame, notes: Optional[dict] = None):
-    "The paper's Figure 3: loss vs ratio at each scale (the ladder presets, 400M, 1.6B), one panel per scale."
+    """The paper's Figure 3: loss vs ratio at each of the paper's scales, one panel per scale. A run's scale is the paper
+    grid its shape belongs to (`depthbench_paper_plan`), so the presets 400m and 400m-main are one scale; the figure is
+    partial until Pre-LN, Full AttnRes and HC have runs at 200M, 300M, 500M and 1.6B."""
     notes = {} if notes is None else notes
-    scales = [p for p in SCALE_PRESETS if len(best) and p in set(best.preset)]
+    data = best[best.paper_group.isin(DEPTHBENCH_SCALES)] if len(best) and 'paper_group' in best else best.iloc[0:0]
+    scales = [s for s in DEPTHBENCH_SCALES if s in set(data.paper_group)] if len(data) else []
     if len(scales) < 2:
-        have = ', '.join(sorted(set(best.preset))) if len(best) else 'none'
-        rep.note_missing('loss across scales (Figure 3)', f"needs completed runs at two or more of the paper's scales ({', '.join(SCALE_PRESETS)}; "
-                         f"`depthbench-nb sweep run ladder`); this study's presets: {have}")
+        rep.note_missing('loss across scales (Figure 3)', f"needs completed runs at two or more of the paper's scales ({', '.join(DEPTHBENCH_SCALES)}: "
+                         f"`depthbench-nb sweep run ladder`, `depthbench-1.6b`; several studies join in one report); this report's runs are at: "
+                         f"{', '.join(scales) or 'none of them (their shapes are not on a paper grid)'}")
         return
-    data = best[best.preset.isin(scales)].rename(columns={'final_val_loss': 'loss'})
-    diffs = [_scale_note(data), 'the paper shows Pre-LN, Full AttnRes and HC; every design of the study is drawn here']
+    data = data[data.paper_group.isin(scales)].rename(columns={'final_val_loss': 'loss'})
+    # one point per design x shape of a scale: the presets of one scale (400m, 400m-main) share its shapes
+    data = data.sort_values('loss').drop_duplicates(['arch', 'paper_group', 'n_layer', 'd_model']).sort_index()
+    lacking = [f"{s} ({', '.join(a for a in FIGURE3_DESIGNS if a not in set(data.arch[data.paper_group == s]))})" if s in scales else f'{s} (no runs)'
+               for s in FIGURE3_SCALES if s not in scales or not set(FIGURE3_DESIGNS) <= set(data.arch[data.paper_group == s])]
+    if lacking: rep.gap('Figure 3', "scales without Pre-LN, Full AttnRes or HC runs: " + '; '.join(lacking))
+    studies = sorted(set(data['study'].dropna())) if 'study' in data else []
+    diffs = [_scale_note(data), "the paper shows Pre-LN, Full AttnRes and HC; every design with runs is drawn here",
+             '400M drawn as well (the paper shows it in Figure 2)' if '400M' in scales else '',
+             f"runs of the studies {', '.join(studies)}" if len(studies) > 1 else '']
     notes['Figure 3'] = diffs
-    _ratio_panels(rep, data, [(f'{p}', data[data.preset == p]) for p in scales], 'depthbench_loss_across_scales',
-                  _caption('Figure 3', 'Validation loss vs width/depth ratio at each scale (one panel per preset)', diffs))
+    _ratio_panels(rep, data, [(s, data[data.paper_group == s]) for s in scales], 'depthbench_loss_across_scales',
+                  _caption('Figure 3', "Validation loss vs width/depth ratio at each of the paper's scales (one panel per scale)", diffs))
 
 # %% ../nbs/09c_reports.ipynb #48a1cdf7
 def _matrix(m) -> np.ndarray:
@@ -543,6 +677,17 @@ def _deepest(diag: list, key: str, archs=None) -> list:
 
 
 def _tag(r) -> str: return f"{r['arch']} L{int(r['n_layer'])} ({r['preset']})"
+
+
+FIGURE_DESIGNS = {   # the designs a paper figure shows (the project page's captions), where its text names them
+    'Figure 6': ('preln', 'hc', 'attnres'), 'threshold table': ('preln', 'hc', 'attnres'),
+    'Figure 7': ('preln', 'attnres', 'hc'), 'Figure 8': ('preln', 'hc', 'attnres'), 'Figure 10': ('hc', 'mhc')}
+
+
+def _design_gap(rep: Report, item: str, archs, what: str = 'not diagnosed'):
+    "Record the designs of a paper item's figure that `archs` lacks."
+    lacking = [a for a in FIGURE_DESIGNS[item] if a not in set(archs)]
+    if lacking: rep.gap(item, f"designs {what}: {', '.join(lacking)}")
 
 
 def _diag_rows(diag: list) -> pd.DataFrame:
@@ -577,6 +722,11 @@ def depthbench_heatmap_section(rep: Report, diag: list, notes: dict):
                  f"{_samples_note(have)} (the official script's default: {official})"]
         item = paper.split(' (')[0]
         notes[item] = list(dict.fromkeys(notes.get(item, []) + diffs))
+        archs = [r['arch'] for r, _ in have]
+        if key == 'angular' and len(archs) < 9:
+            rep.gap(item, f"the paper draws nine designs at L = 32; diagnosed here: {len(archs)} "
+                          f"(not: {', '.join(a for a in ARCHS if ARCHS[a].family != 'looped' and a not in archs)})")
+        if key != 'angular': _design_gap(rep, item, archs, f'without {key} maps')
         rep.figure(fig, fname, _caption(paper, title + ' per design', diffs))
 
 
@@ -617,6 +767,8 @@ def depthbench_threshold_section(rep: Report, diag: list, notes: dict):
         ax.set_ylabel('fraction of late-layer pairs'); ax.legend(fontsize=6)
     diffs = [_scale_note(t), "the paper's fractions are of its 400M L = 32 models"]
     for item in ('threshold table', 'Figure 6'): notes[item] = list(dict.fromkeys(notes.get(item, []) + diffs))
+    both = t.dropna(subset=['causal_frac_pairs_045', 'perm_frac_pairs_015'])
+    _design_gap(rep, 'threshold table', both.arch, 'without both causal and permutation scores')
     rep.figure(fig, 'depthbench_threshold_fractions', _caption('Figure 6 (fractions) and its threshold table', 'Late-layer pairs above the thresholds, ours beside the paper', diffs))
 
 
@@ -632,6 +784,7 @@ def depthbench_mixing_section(rep: Report, diag: list, notes: dict):
                            paper_high_convention_not_stated=_ref_value(ref, 'mixing_erank_high', r['arch']))
                       for r, m in ((r, d['mixing']) for r, d in mix)])
     t = t.merge(_comparability_of(mix), on=['arch', 'preset', 'n_layer'])
+    _design_gap(rep, 'Figure 10', t.arch)
     rep.table(t, 'depthbench_mixing_erank',
               'Effective rank of the forward residual product, both conventions: erank_sv = exp H(sigma / sum sigma), '
               'erank_sv2 = exp H(sigma^2 / sum sigma^2) (the paper does not state its convention); the paper: HC 2.53-2.81, mHC 1.44-1.65')
@@ -670,9 +823,8 @@ def depthbench_residual_path_section(rep: Report, diag: list, notes: dict):
         sns.heatmap(_matrix(d['residual_path']['matrix']), ax=ax, cmap='viridis', square=True, cbar=True, robust=True)   # an HC sum readout row (n x) does not wash out the rest
         ax.set_title(_tag(r), fontsize=8); ax.set_xlabel('source: embedding, then f_i (col i+1)', fontsize=7)
         ax.set_ylabel('input of sublayer l (last row: output)', fontsize=7)
-    missing = [a for a in paper_three if a not in {r['arch'] for r, _ in have}]
-    diffs = [_scale_note(_diag_rows(have)), 'dynamic weights averaged over the tokens of the held-out windows',
-             f"the paper shows Pre-LN, Full AttnRes and HC; not diagnosed here: {', '.join(missing)}" if missing else '']
+    _design_gap(rep, 'Figure 7', [r['arch'] for r, _ in have])
+    diffs = [_scale_note(_diag_rows(have)), 'dynamic weights averaged over the tokens of the held-out windows']
     notes['Figure 7'] = diffs
     rep.figure(fig, 'depthbench_residual_path', _caption('Figure 7', 'Residual-path weights: mixing weight of each sublayer output in each later input', diffs))
 
@@ -691,6 +843,9 @@ def depthbench_pruning_lens_section(rep: Report, diag: list, notes: dict):
             rows.append(dict(arch=r['arch'], preset=r['preset'], n_layer=L, what='logit lens: KL(final || state)', index=e['state'], depth=e['state'] / L,
                              value=e['kl_to_final'], readout=d.get('logit_lens_readout', 'depth state')))
     t = pd.DataFrame(rows)
+    for what, key in (('pruning: delta loss', 'the pruning panel'), ('logit lens: KL(final || state)', 'the logit-lens panel')):
+        if what not in set(t['what']): rep.gap('Figure 8', key)
+    _design_gap(rep, 'Figure 8', t.arch)
     rep.table(t, 'depthbench_pruning_logit_lens', 'Per depth: loss increase when the layer is skipped, and KL of the logit lens to the final prediction')
     plt, sns = _sns()
     pal = _arch_palette(t.arch)
@@ -719,6 +874,9 @@ def depthbench_dead_zone_section(rep: Report, diag: list, notes: dict):
                            paper_dead_zone_layers=_ref_value(pz, 'dead_zone_layers', 'block_attnres', r['n_layer']))
                       for r, z in dz])
     t = t.merge(_comparability_of(dz), on=['arch', 'preset', 'n_layer'])
+    at_shape = {int(r['n_layer']) for r, _ in dz if (depthbench_paper_plan(r) or PaperPlan('', {})).group == '400M'}
+    lacking = [f'L{L}' for L in (16, 24, 32) if L not in at_shape]
+    if lacking: rep.gap('Figure 9', f"Block AttnRes at the paper's 400M shapes {', '.join(lacking)} (the paper: L16, L24, L32)")
     thr = dz[0][1]['threshold']
     rep.table(t, 'depthbench_dead_zone', f'Block AttnRes dead zone: leading layers whose depth-softmax mass on the running partial sum stays '
               f'below {thr:g} (a threshold of ours: the paper gives no number)')
@@ -778,8 +936,10 @@ def depthbench_domain_nll_section(rep: Report, diag: list, notes: dict):
         ax.legend(fontsize=6)
     status = sorted({f"{s}: {st}" for s, st in zip(t['set'], t['set_status']) if st != 'full set'})
     absent = sorted({'mbpp', 'humaneval', 'sciq', 'gpqa_diamond', 'gsm8k', 'math500'} - set(t['set']))
-    diffs = [_scale_note(pd.DataFrame([r for r, _ in diag])), '; '.join(status),
-             f"sets not evaluated (not reachable here): {', '.join(absent)}" if absent else '']
+    diffs = [_scale_note(pd.DataFrame([r for r, _ in diag])), '; '.join(status)]
+    if absent: rep.gap('Figure 4', f"sets not evaluated (not reachable here): {', '.join(absent)}")
+    designs = [a for a in ARCHS if ARCHS[a].family != 'looped']
+    if not set(designs) <= set(t.arch): rep.gap('Figure 4', f"designs without domain NLL: {', '.join(a for a in designs if a not in set(t.arch))}")
     notes['Figure 4'] = diffs
     rep.figure(fig, 'depthbench_domain_nll', _caption('Figure 4', 'Domain NLL vs width/depth ratio per category and design', diffs))
 
@@ -805,9 +965,54 @@ ESTIMATE_LABEL = ('An estimate from the FLOP count under a stated assumption (H1
                   "NOT comparable with the paper's measured GPU-hours (A100).")
 
 
-def depthbench_costs_section(rep: Report, df: pd.DataFrame, notes: Optional[dict] = None):
-    "Table 3 and the architecture table (accounting), Figure 11's costs at the paper shapes (with verdicts), GPU-hour estimates, what the runs measured."
+GPU_HOURS_LABEL = ("GPU-hours: measured (wall time x processes) where a run at the paper's shape has it, else an estimate from the FLOP "
+                   "count (H100 bf16 dense peak at 40% MFU); measured on this study's hardware, the paper's on A100: NOT comparable.")
+PAPER_GPU_HOURS_RANKING = {'hc': 'the most GPU-hours (measured on A100)'}   # the project page's caption of Figure 11
+
+
+def _measured_gpu_hours(run) -> tuple[float, str]:
+    "(GPU-hours of the official step count, in words how) from a run's wall time x processes, scaled when it stopped early."
+    wall, steps, procs = _num(run.get('wall_time_s')), _num(run.get('steps')), _num(record_field(run, 'num_processes')) or 1.0
+    if wall is None or not steps or wall <= 0: return np.nan, ''
+    official = OFFICIAL_STEPS['400m']
+    hours = wall * procs / 3600 * official / steps
+    return hours, (f'measured: wall time x {procs:g} process(es)' + ('' if steps == official else f' over {int(steps):,} steps, scaled to {official:,}'))
+
+
+def gpu_hours_frame(costs: pd.DataFrame, done: pd.DataFrame) -> pd.DataFrame:
+    """GPU-hours per design x 400m shape: the median over the completed runs at that 400M cell's shape of wall time x
+    processes (scaled to the official 7,600 steps), else the FLOP estimate; `source` says which, `gpu_hours_est` is
+    the estimate everywhere."""
     from depthbench_nb.sweep import DEFAULT_MFU, GPU_PEAK_FLOPS
+    tokens = OFFICIAL_STEPS['400m'] * PRESETS['400m'].global_batch * PRESETS['400m'].seq_len
+    gpu = costs[['arch', 'n_layer', 'd_model', 'train_flops_per_token']].copy()
+    gpu['ratio'] = gpu['d_model'] / gpu['n_layer']
+    gpu['gpu_hours_est'] = gpu['train_flops_per_token'] * tokens / (GPU_PEAK_FLOPS * DEFAULT_MFU) / 3600
+    runs = with_comparability(done) if len(done) else done
+    runs = runs[runs.paper_shape & (runs.paper_group == '400M')] if len(runs) else runs
+    measured = {}
+    for (arch, L), g in (runs.groupby(['arch', 'n_layer']) if len(runs) else []):
+        got = [h for h in (_measured_gpu_hours(r) for _, r in g.iterrows()) if not math.isnan(h[0])]
+        if got: measured[(arch, int(L))] = (float(np.median([h for h, _ in got])), got[0][1] + (f' (median of {len(got)} runs)' if len(got) > 1 else ''))
+    est = 'estimate: FLOPs / (H100 bf16 peak x 40% MFU)'
+    gpu['gpu_hours'] = [measured.get((a, int(L)), (h, ''))[0] for a, L, h in zip(gpu.arch, gpu.n_layer, gpu.gpu_hours_est)]
+    gpu['source'] = [measured.get((a, int(L)), (0, est))[1] for a, L in zip(gpu.arch, gpu.n_layer)]
+    gpu['measured'] = [(a, int(L)) in measured for a, L in zip(gpu.arch, gpu.n_layer)]
+    return gpu
+
+
+def gpu_hours_ranking(gpu: pd.DataFrame) -> pd.DataFrame:
+    "Designs by mean GPU-hours over the 400m shapes (1: the most), how many cells were measured, the paper's ranking beside."
+    r = gpu.groupby('arch', as_index=False).agg(gpu_hours_mean=('gpu_hours', 'mean'), measured_cells=('measured', 'sum'), cells=('measured', 'size'))
+    r = r.sort_values('gpu_hours_mean', ascending=False).reset_index(drop=True)
+    r.insert(1, 'rank', np.arange(1, len(r) + 1))
+    r['paper'] = [PAPER_GPU_HOURS_RANKING.get(a, '') for a in r.arch]
+    return r
+
+
+def depthbench_costs_section(rep: Report, df: pd.DataFrame, notes: Optional[dict] = None):
+    """Table 3 and the architecture table (accounting), Figure 11's costs at the paper shapes (with verdicts), GPU-hours
+    (measured where the runs have them, else estimated) with the paper's ranking beside, what the runs measured."""
     notes = {} if notes is None else notes
     ref = reference_table('depthbench')
     # Table 3: the 400M shapes, from the shape rule, beside the paper's (rounded) numbers
@@ -848,15 +1053,17 @@ def depthbench_costs_section(rep: Report, df: pd.DataFrame, notes: Optional[dict
     rep.table(costs, 'depthbench_costs_400m',
               'Accounting at the paper shapes (400m grid, prefill at seq 4096): params, FLOPs, KV cache as the paper defines it '
               '(every design the same), MoDA\'s depth cache as its own column, memory', label=ACCOUNTING_LABEL)
-    gpu = costs[['arch', 'n_layer', 'd_model', 'train_flops_per_token']].copy()
-    tokens = OFFICIAL_STEPS['400m'] * PRESETS['400m'].global_batch * PRESETS['400m'].seq_len
-    gpu['tokens'] = tokens
-    gpu['gpu_hours_est'] = gpu['train_flops_per_token'] * tokens / (GPU_PEAK_FLOPS * DEFAULT_MFU) / 3600
-    rep.table(gpu, 'depthbench_gpu_hours_est', f'GPU-hours to train each 400m shape ({OFFICIAL_STEPS["400m"]:,} steps, {tokens:.3g} tokens): an estimate',
-              label=ESTIMATE_LABEL)
+    done = completed(df[_not_looped(df)]) if len(df) else df
+    gpu = gpu_hours_frame(costs, done)
+    rep.table(gpu, 'depthbench_gpu_hours', f'GPU-hours to train each 400m shape ({OFFICIAL_STEPS["400m"]:,} steps): measured (wall time x '
+              'processes of the runs at that shape) where the records have it, else the FLOP estimate; `source` says which',
+              label=GPU_HOURS_LABEL)
+    rank = gpu_hours_ranking(gpu)
+    rep.table(rank, 'depthbench_gpu_hours_ranking', "Designs ranked by GPU-hours (mean over the 400m shapes), the paper's measured "
+              'ranking beside (Figure 11: HC the most GPU-hours)', label=GPU_HOURS_LABEL)
     plt, sns = _sns()
     pal = _arch_palette(costs.arch)
-    costs = costs.merge(gpu[['arch', 'n_layer', 'gpu_hours_est']], on=['arch', 'n_layer'])
+    costs = costs.merge(gpu[['arch', 'n_layer', 'gpu_hours', 'measured']], on=['arch', 'n_layer'])
     fig, axes = plt.subplots(1, 4, figsize=(15, 3.4))
     for arch, g in costs.sort_values('ratio').groupby('arch'):
         c = pal[arch]
@@ -864,17 +1071,22 @@ def depthbench_costs_section(rep: Report, df: pd.DataFrame, notes: Optional[dict
         axes[1].plot(g.ratio, g.kv_cache_bytes / 2**30, marker='o', ms=3, color=c, label=arch)
         if (g.depth_cache_bytes > 0).any(): axes[1].plot(g.ratio, g.depth_cache_bytes / 2**30, ls='--', color=c, label=f'{arch} depth cache (separate)')
         axes[2].plot(g.ratio, (g.param_bytes * 2 + g.optimizer_bytes + g.activation_bytes) / 2**30, marker='o', ms=3, color=c, label=arch)
-        axes[3].plot(g.ratio, g.gpu_hours_est, marker='o', ms=3, color=c, label=arch)
+        axes[3].plot(g.ratio, g.gpu_hours, lw=1, color=c, label=arch)
+        axes[3].scatter(g.ratio[~g.measured], g.gpu_hours[~g.measured], marker='o', s=9, facecolors='none', edgecolors=[c])
+        axes[3].scatter(g.ratio[g.measured], g.gpu_hours[g.measured], marker='o', s=12, color=c)
     for ax, y in zip(axes, ('prefill TFLOPs (seq 4096)', 'KV cache GiB (seq 4096, bf16)', 'training memory GiB (estimate, 1 sequence)',
-                            'GPU-hours (estimate)')):
+                            'GPU-hours (filled: measured; hollow: estimate)')):
         _log_ratio_axis(ax); ax.set_ylabel(y, fontsize=7)
     axes[0].legend(fontsize=5); axes[1].legend(fontsize=5)
-    diffs = ['closed-form accounting at the paper shapes, not measurements on an A100: peak memory and GPU-hours are estimates '
-             '(bf16 parameters, gradients and AdamW states plus one sequence of activations; H100 bf16 peak at 40% MFU)',
+    n_meas, top = int(gpu.measured.sum()), rank.arch.iloc[0]
+    diffs = ['closed-form accounting at the paper shapes, not measurements on an A100: peak memory is an estimate (bf16 parameters, '
+             'gradients and AdamW states plus one sequence of activations)',
+             f'GPU-hours measured for {n_meas} of {len(gpu)} design x shape cells (wall time x processes, on this study\'s hardware), '
+             f'the FLOP estimate (H100 bf16 peak at 40% MFU) for the rest; ours rank {top} first, the paper measured HC the most on A100'
+             + (' (an estimate from FLOPs cannot see the multi-stream overhead that makes HC slow)' if n_meas < len(gpu) else ''),
              "MoDA's depth cache is drawn apart from the KV cache (the paper's KV cache is identical across designs)"]
     notes['Figure 11'] = diffs
     rep.figure(fig, 'depthbench_costs_figure', _caption('Figure 11', 'Costs of depth at the 400m shapes: prefill FLOPs, KV cache, memory, GPU-hours', diffs))
-    done = completed(df[_not_looped(df)]) if len(df) else df
     meas = []
     for _, r in done.iterrows():
         try: m = measured_costs(run_folder(r))
@@ -888,48 +1100,53 @@ def depthbench_costs_section(rep: Report, df: pd.DataFrame, notes: Optional[dict
         rep.note_missing('measured costs', 'no completed run with metrics.jsonl')
 
 # %% ../nbs/09c_reports.ipynb #c02fd37b
-DEPTHBENCH_PAPER_ITEMS = (   # (paper item, what it shows, artifacts that rebuild it)
-    ('Table 3', 'the 400M shapes (L, d, FFN, head_dim, d/L, backbone, total)', ('depthbench_table3_shapes',)),
-    ('architecture table', 'ten designs on one backbone: residual update, weights, what each reads', ('depthbench_architectures',)),
-    ('Figure 1', 'overview figure', ()),
-    ('Figure 2', 'validation loss vs d/L at 400M per design (fixed total; fixed backbone)', ('depthbench_val_loss', 'depthbench_loss_vs_ratio')),
-    ('Figure 3', 'validation loss vs d/L across scales (200M-500M, 1.6B)', ('depthbench_loss_across_scales',)),
-    ('Figure 4', 'NLL on coding, STEM and math vs d/L', ('depthbench_domain_nll',)),
-    ('Figure 5', 'angular distance between layers, L = 32', ('depthbench_angular',)),
-    ('Figure 6', 'causal and permutation scores: pair maps and late-pair fractions', ('depthbench_causal', 'depthbench_permutation', 'depthbench_threshold_fractions')),
-    ('threshold table', 'late-layer pairs above causal 0.45 / permutation 0.15, L = 32', ('depthbench_threshold_fractions',)),
-    ('Figure 7', 'explicit residual-path weights: Pre-LN, Full AttnRes, HC', ('depthbench_residual_path',)),
-    ('Figure 8', 'layer pruning and logit-lens KL per depth', ('depthbench_pruning_logit_lens',)),
-    ('Figure 9', 'Block AttnRes depth-mixing weights and the dead segment', ('depthbench_dead_zone',)),
-    ('Figure 10', 'HC vs mHC: effective rank, direction overlap, singular spectrum', ('depthbench_mixing_erank', 'depthbench_mixing')),
-    ('Figure 11', 'prefill FLOPs, KV cache, peak memory and GPU-hours vs d/L', ('depthbench_costs_400m', 'depthbench_costs_figure')),
+DEPTHBENCH_PAPER_ITEMS = (   # every table and figure of the paper (its project page: Figures 1-11, Table 3, the architecture and threshold tables)
+    PaperItem('Table 3', 'the 400M shapes (L, d, FFN, head_dim, d/L, backbone, total)', ('depthbench_table3_shapes',)),
+    PaperItem('architecture table', 'ten designs on one backbone: residual update, weights, what each reads', ('depthbench_architectures',)),
+    PaperItem('Figure 1', 'overview figure', ()),
+    PaperItem('Figure 2', 'validation loss vs d/L at 400M per design (fixed total, extreme depths L42/L70; fixed backbone)',
+              ('depthbench_val_loss', 'depthbench_loss_vs_ratio'), ('Figure 2',)),
+    PaperItem('Figure 3', 'validation loss vs d/L across scales (Pre-LN, Full AttnRes, HC at 200M-500M and 1.6B)', ('depthbench_loss_across_scales',)),
+    PaperItem('Figure 4', 'NLL on coding, STEM and math vs d/L', ('depthbench_domain_nll',)),
+    PaperItem('Figure 5', 'angular distance between layers, nine designs at L = 32', ('depthbench_angular',)),
+    PaperItem('Figure 6', 'causal and permutation scores: pair maps and late-pair fractions',
+              ('depthbench_causal', 'depthbench_permutation', 'depthbench_threshold_fractions')),
+    PaperItem('threshold table', 'late-layer pairs above causal 0.45 / permutation 0.15: Pre-LN, HC, Full AttnRes at L = 32',
+              ('depthbench_threshold_fractions',)),
+    PaperItem('Figure 7', 'explicit residual-path weights: Pre-LN, Full AttnRes, HC', ('depthbench_residual_path',)),
+    PaperItem('Figure 8', 'layer pruning and logit-lens KL per depth', ('depthbench_pruning_logit_lens',)),
+    PaperItem('Figure 9', 'Block AttnRes depth-mixing weights and the dead segment at L = 16, 24, 32', ('depthbench_dead_zone',)),
+    PaperItem('Figure 10', 'HC vs mHC: effective rank, direction overlap, singular spectrum', ('depthbench_mixing_erank', 'depthbench_mixing')),
+    PaperItem('Figure 11', 'prefill FLOPs, KV cache, peak memory and GPU-hours vs d/L (measured on A100)',
+              ('depthbench_costs_400m', 'depthbench_costs_figure', 'depthbench_gpu_hours')),
 )
 _NOT_REBUILT = {'Figure 1': "the project page shows Figure 1 without a caption or data; its message (Pre-LN worse, HC and Full AttnRes "
                             "better with depth at ~400M) is Figure 2's, rebuilt here"}
-_SCALE_FREE = ('Table 3', 'architecture table', 'Figure 11')   # accounting: comparable at any scale
+_SCALE_FREE = ('Table 3', 'architecture table')   # accounting: comparable at any scale
+DEPTHBENCH_STUDIES = ('depthbench-400m', 'depthbench-main', 'backbone-300m', 'ladder', 'depthbench-1.6b')   # the paper's suites
 
 
 def depthbench_paper_index(rep: Report, notes: dict) -> pd.DataFrame:
-    "One row per paper table and figure: rebuilt, rebuilt with a stated difference, or missing and why."
-    built, rows = rep.built(), []
-    for item, what, stems in DEPTHBENCH_PAPER_ITEMS:
-        have = [s for s in stems if s in built]
-        if not stems or not have:
-            key = item.split(' (')[0]
-            why = _NOT_REBUILT.get(item) or '; '.join(f'{w}: {y}' for w, y in rep.missing if key in w) or 'not built (see Missing)'
-            rows.append(dict(paper=item, what=what, status='missing', detail=why, artifacts=''))
-            continue
-        diffs = [d for d in notes.get(item, []) if d]
-        if item not in _SCALE_FREE and not rep.scale.comparable and not any("paper's setting" in d for d in diffs):
-            diffs.insert(0, 'runs not at the paper\'s setting (see the scale label)')
-        rows.append(dict(paper=item, what=what, status='rebuilt with a stated difference' if diffs else 'rebuilt',
-                         detail='; '.join(diffs), artifacts=', '.join(have)))
-    return pd.DataFrame(rows)
+    "One row per paper table and figure: rebuilt, rebuilt with a stated difference, partial (what it lacks) or missing and why."
+    return paper_item_index(rep, DEPTHBENCH_PAPER_ITEMS, notes, _SCALE_FREE, _NOT_REBUILT)
 
 
-def build_depthbench_report(study: str, df: Optional[pd.DataFrame] = None, out_dir=None) -> Report:
-    "All DepthBench tables and figures of a study into papermill_runs/<study>/report/, comparability decided run by run."
-    df = normalize_runs(study_table(study) if df is None else df)
+def depthbench_related_studies(study: str) -> list[str]:
+    """The other shipped DepthBench studies with run folders, when `study` is one of them: the paper's figures that
+    need several suites (Figure 2's fixed-backbone panel, Figure 3's scales) are then built from all of them."""
+    if study not in DEPTHBENCH_STUDIES: return []
+    return [s for s in DEPTHBENCH_STUDIES if s != study and (runs_root() / s).is_dir()]
+
+
+def build_depthbench_report(study: str, df: Optional[pd.DataFrame] = None, out_dir=None, related: Optional[list] = None) -> Report:
+    """All DepthBench tables and figures of a study into papermill_runs/<study>/report/, comparability decided run by run.
+    Runs of the `related` studies join (default: `depthbench_related_studies`), so one report can hold every suite."""
+    if df is None:
+        related = depthbench_related_studies(study) if related is None else related
+        tables = [normalize_runs(study_table(s)) for s in [study] + list(related)]
+        tables = [t for t in tables if len(t)]
+        df = pd.concat(tables, ignore_index=True).drop_duplicates('run_id') if tables else pd.DataFrame()
+    df = normalize_runs(df)
     if len(df): df = df.assign(preset=df['preset'].fillna('unknown'))
     mine = df[_not_looped(df)] if len(df) else df
     base = study_scale(mine, study)
@@ -944,11 +1161,10 @@ def build_depthbench_report(study: str, df: Optional[pd.DataFrame] = None, out_d
     depthbench_scales_section(rep, best, notes)
     depthbench_diagnostics_section(rep, best, notes)
     depthbench_costs_section(rep, df, notes)
-    index = depthbench_paper_index(rep, notes)
-    rep.table(index, 'depthbench_paper_index', "Every paper table and figure: rebuilt, rebuilt with a stated difference, or missing and why")
-    path = rep.write_index()
-    lines = ['', "## The paper's tables and figures", '', markdown_table(index[['paper', 'status', 'detail', 'artifacts']]), '']
-    atomic_write_text(path, path.read_text() + '\n'.join(lines))
+    rep.paper_index = depthbench_paper_index(rep, notes)
+    rep.table(rep.paper_index, 'depthbench_paper_index',
+              "Every paper table and figure: rebuilt, rebuilt with a stated difference, partial (what it lacks) or missing and why")
+    rep.write_index()
     return rep
 
 # %% ../nbs/09c_reports.ipynb #436ea776
@@ -957,8 +1173,11 @@ LOOPED_ARTIFACTS = (
     'looped_fig8_joint_residuals', 'looped_fig9_per_r_residuals', 'looped_frontier', 'looped_frontier_exponents',
     'looped_runs_scatter', 'looped_empirical_optima', 'looped_stability', 'looped_table3_case_studies',
     'looped_fig10_case_study_residuals', 'looped_table5_injection', 'looped_lr_sweep', 'looped_worked_example',
-    'looped_paper_numbers', 'looped_verdicts')
+    'looped_paper_numbers', 'looped_verdicts', 'looped_table10_extrapolation', 'looped_downstream', 'looped_downstream_matched',
+    'looped_fig3_exponent_definitions', 'looped_phi_on_paper_optima', 'looped_isoflops', 'looped_table4_layout',
+    'looped_table6_grid', 'looped_tables8_9_tasks', 'looped_paper_index')
 PAPER_EXTRAPOLATION = dict(s=34, steps=89_645, batch_tokens=524_288)   # Table 10: the flagship runs (r = 1 and 4)
+EXTRAPOLATION_STUDY = 'looped-extrapolation'                            # the shipped study that plans them
 
 
 def _budget_cells(C: np.ndarray, tol: float = 1.3) -> np.ndarray:
@@ -1010,28 +1229,30 @@ def looped_paper_plan(record) -> Optional[PaperPlan]:
         if widths is not None and (variant == 'baseline' or Cp in L.CASE_STUDY_BUDGETS) and s in widths[Cp]:
             what = 'the 116-run grid (Table 6)' if variant == 'baseline' else f'the {variant} case-study grid (App. G.1)'
             return PaperPlan(f'{what}: C={Cp:g}, s={s}, r={r} ({steps:,} steps)', dict(shape, lr=LOOPED_RECIPE['lr']),
-                             tokens=steps * L.PAPER_BATCH_TOKENS, steps=steps)
+                             tokens=steps * L.PAPER_BATCH_TOKENS, steps=steps, group='grid')
         if (s, r) == (10, 4) and _same(Cp, 1e18):
             return PaperPlan(f'injection ablation (Table 5): s=10, r=4, C=1e18, {cfg.injection}', dict(shape, lr=LOOPED_RECIPE['lr']),
-                             tokens=steps * L.PAPER_BATCH_TOKENS, steps=steps)
+                             tokens=steps * L.PAPER_BATCH_TOKENS, steps=steps, group='table5')
         return None
     if variant != 'baseline' or r not in (1, 4): return None
     if s == PAPER_EXTRAPOLATION['s']:
         e = PAPER_EXTRAPOLATION
         return PaperPlan(f"extrapolation (Table 10): s=34, r={r}, {e['steps']:,} steps x {e['batch_tokens']:,} tokens",
-                         dict(shape, global_batch=e['batch_tokens'] // L.PAPER_SEQ_LEN), tokens=e['steps'] * e['batch_tokens'], steps=e['steps'])
+                         dict(shape, global_batch=e['batch_tokens'] // L.PAPER_SEQ_LEN), tokens=e['steps'] * e['batch_tokens'], steps=e['steps'],
+                         group='table10')
     if s in (8, 10, 14):
         toks = planned_tokens(record)
         ratio = next((q for q in (10, 20, 40) if toks is not None and L.tokens_for_param_ratio(cfg, q) == toks), 10)
         t = L.tokens_for_param_ratio(cfg, ratio)
         return PaperPlan(f'LR sweep (App. D): s={s}, r={r}, {ratio} tokens per effective parameter', shape, tokens=t,
-                         steps=t // L.PAPER_BATCH_TOKENS)
+                         steps=t // L.PAPER_BATCH_TOKENS, group='lr_sweep')
     return None
 
 
 def looped_frame(df: pd.DataFrame) -> pd.DataFrame:
     """Completed looped runs as the fitter's table: n_once, n_rec, r, D, loss, C (budget cell), s, variant, lr, and
-    each run's scale: `paper_scale` and `scale` ('paper scale' or 'reduced scale: ' and what differs, `looped_paper_plan`)."""
+    each run's scale: `paper_scale` and `scale` ('paper scale' or 'reduced scale: ' and what differs, `looped_paper_plan`),
+    and `paper_item`, the set of the paper's runs its plan belongs to ('grid', 'table5', 'lr_sweep', 'table10'; '' none)."""
     from depthbench_nb.looped import flops_per_token, looped_params
     from depthbench_nb.sweep import flatten
     from depthbench_nb.trainer import total_steps
@@ -1044,12 +1265,14 @@ def looped_frame(df: pd.DataFrame) -> pd.DataFrame:
         planned = float(r['C']) if 'C' in r and _present(r.get('C')) else np.nan
         record = {**flatten(run.to_dict()), 'status': r['status'], 'steps': r.get('steps'), 'C': planned,
                   'lr': run.train.lr, 'planned_steps': total_steps(run)}
-        ok, diffs = run_comparability(record, looped_paper_plan(record))
+        plan = looped_paper_plan(record)
+        ok, diffs = run_comparability(record, plan)
         rows.append(dict(study=r['study'], run_id=r['run_id'], r=m.recurrence, d_model=m.d_model, s=max(1, round(m.d_model / 64)),
                          n_once=p.n_once, n_rec=p.n_rec, D=float(r['tokens']), loss=float(r['final_val_loss']), flops_per_token=F,
                          C_realised=F * float(r['tokens']), C_planned=planned, variant=looped_variant(m), injection=m.injection,
                          lr=run.train.lr, vocab=m.vocab_size, seq_len=run.train.seq_len, preset=run.preset,
-                         steps=r.get('steps'), planned_steps=record['planned_steps'], paper_scale=ok, scale=scale_label(ok, diffs)))
+                         steps=r.get('steps'), planned_steps=record['planned_steps'], paper_scale=ok, scale=scale_label(ok, diffs),
+                         paper_item=plan.group if plan else ''))
     out = pd.DataFrame(rows)
     if len(out):   # cells from the realised budgets; a cell is named by its planned budget where a run of it has one
         out['C'] = _budget_cells(out['C_realised'].to_numpy())
@@ -1068,13 +1291,25 @@ def _best_per_cell(frame: pd.DataFrame) -> pd.DataFrame:
 def _budgets(values) -> str: return ', '.join(f'{c:.3g}' for c in sorted(set(values)))
 
 
+CASE_STUDY_N_BUDGETS = 4   # the case studies rerun the grid's four lowest budgets (arXiv 2604.21106 §5)
+
+
+def case_study_budgets(lf: pd.DataFrame) -> list:
+    "The budgets of the case studies: the four lowest of the baseline grid's (of the study's runs when it has no baseline)."
+    grid = lf[(lf.variant == 'baseline') & (lf.paper_item.isin(['grid', '']) if 'paper_item' in lf else True)] if len(lf) else lf
+    return sorted((grid if len(grid) else lf).C.unique())[:CASE_STUDY_N_BUDGETS] if len(lf) else []
+
+
 def case_study_frame(lf: pd.DataFrame, variant: str, drop_r=()) -> pd.DataFrame:
     """The runs of a case-study fit, as the paper builds Table 3 (arXiv 2604.21106 §5, App. G): the variant's looped
-    runs plus the r = 1 (baseline) runs of the same budgets, which the case studies reuse (on the paper's grids:
-    HC 63 + 20 = 83 runs, truncated BPTT 69 + 20). `drop_r` leaves recurrences out (Table 3's TBPTT fit without r = 2)."""
+    runs at the grid's four lowest budgets plus the r = 1 (baseline) runs of the same budgets, which the case studies
+    reuse (on the paper's grids: HC 63 + 20 = 83 runs, truncated BPTT 69 + 20). A variant's run above those budgets is
+    left out (the paper has none). `drop_r` leaves recurrences out (Table 3's TBPTT fit without r = 2)."""
     runs = lf[(lf.variant == variant) & (lf.r > 1) & ~lf.r.isin(list(drop_r))] if len(lf) else lf
+    if len(runs): runs = runs[runs.C.isin(case_study_budgets(lf))]
     if not len(runs):
-        raise ConfigError(f"case study {variant!r}: no completed {variant} runs with r > 1" + (f' other than r = {list(drop_r)}' if drop_r else ''))
+        raise ConfigError(f"case study {variant!r}: no completed {variant} runs with r > 1" + (f' other than r = {list(drop_r)}' if drop_r else '')
+                          + f" at the case studies' budgets C = {_budgets(case_study_budgets(lf))}")
     budgets = sorted(runs.C.unique())
     anchors = lf[(lf.variant == 'baseline') & (lf.r == 1) & lf.C.isin(budgets)]
     if not len(anchors):
@@ -1134,7 +1369,7 @@ def _fit_rows(fits: dict, paper: pd.DataFrame, table: str, form_of: Callable = l
                          best_from_warm_start=b.get('best_from_warm_start', np.nan), effort=effort_label(f),
                          identified=f.identified, note=f.identification_note() or '',
                          at_bounds=', '.join(map(str, d.get('at_bounds') or [])) or 'none',
-                         **{f'paper_{q}': pk.get(f'paper_{q}', np.nan) for q in ('E', 'alpha', 'beta', 'phi', 'r2')}))
+                         **{f'paper_{q}': pk.get(f'paper_{q}', np.nan) for q in ('E', 'A', 'B', 'alpha', 'beta', 'phi', 'huber', 'r2')}))
     return pd.DataFrame(rows)
 
 
@@ -1176,19 +1411,99 @@ def per_r_frontier(per_r: dict, base: pd.DataFrame, n_budgets: int = 12) -> pd.D
     return fr
 
 
-def frontier_exponents(fr: pd.DataFrame, paper: pd.DataFrame) -> pd.DataFrame:
-    "N* ∝ C^a and D* ∝ C^b per r: least-squares slopes in log-log over each r's fitted budgets, beside the paper's (Fig. 3)."
+def _accounting(base: pd.DataFrame) -> Callable:
+    "The §3.2 accounting at the runs' vocabulary and sequence length."
+    from depthbench_nb import scaling
+    return functools.partial(scaling.paper_accounting, vocab=int(base['vocab'].iloc[0]), seq_len=int(base['seq_len'].iloc[0]))
+
+
+def frontier_exponents(per_r: dict, base: pd.DataFrame, paper: pd.DataFrame, fr: Optional[pd.DataFrame] = None) -> pd.DataFrame:
+    """Fig. 3's exponents N* ∝ C^a and D* ∝ C^b per r, as the paper computes them: from the r's law (Table 1) under the
+    power-law FLOP model C = k·N^γ·D, γ the log-log slope of the FLOPs per token on N over the r's widths (the runs'
+    accounting), so a = β/(α+γβ) and b = α/(α+γβ) (`scaling.power_law_frontier_exponents`; with the paper's Table 1
+    this gives its Fig. 3 within 0.004). Beside them: the slopes of the exact frontier `fr` (Eq. 1's FLOPs, over each
+    r's fitted budgets), a stated difference, and the paper's."""
+    from depthbench_nb import scaling
+    acc = _accounting(base)
     rows = []
-    for r, g in fr[~fr.extrapolated].groupby('r'):
-        row = dict(r=int(r), n_budgets=len(g), a_N_star=np.nan, b_D_star=np.nan)
-        if len(g) >= 2:
+    for r, fit in sorted(per_r.items()):
+        widths = sorted(set(base[base.r == r].d_model))
+        gamma = scaling.flops_power_law(widths, r, acc)[0] if len(widths) >= 2 else np.nan
+        a, b = scaling.power_law_frontier_exponents(fit.alpha, fit.beta, gamma)
+        row = dict(r=int(r), n_widths=len(widths), gamma=gamma, a_N_star=a, b_D_star=b, a_plus_b=a + b,
+                   n_budgets=0, a_exact_frontier=np.nan, b_exact_frontier=np.nan)
+        g = fr[(fr.r == r) & ~fr.extrapolated] if fr is not None else None
+        if g is not None and len(g) >= 2:
             x = np.log(g.C.to_numpy(float))
-            row.update(a_N_star=float(np.polyfit(x, np.log(g.N.to_numpy(float)), 1)[0]),
-                       b_D_star=float(np.polyfit(x, np.log(g.D.to_numpy(float)), 1)[0]))
+            row.update(n_budgets=len(g), a_exact_frontier=float(np.polyfit(x, np.log(g.N.to_numpy(float)), 1)[0]),
+                       b_exact_frontier=float(np.polyfit(x, np.log(g.D.to_numpy(float)), 1)[0]))
         pk = _paper_fit(paper, 'fig3', 'exponents', r)
-        rows.append(dict(row, a_plus_b=row['a_N_star'] + row['b_D_star'], paper_a_N_star=pk.get('paper_n_star_exponent', np.nan),
-                         paper_b_D_star=pk.get('paper_d_star_exponent', np.nan)))
+        rows.append(dict(row, paper_a_N_star=pk.get('paper_n_star_exponent', np.nan), paper_b_D_star=pk.get('paper_d_star_exponent', np.nan)))
     return pd.DataFrame(rows)
+
+
+def paper_table1_laws(paper: pd.DataFrame) -> dict:
+    "r -> the paper's per-r law (Table 1's A, α, B, β, E) as a FitResult."
+    from depthbench_nb import scaling
+    return {int(r): scaling.law_from_params(**{q: _paper_fit(paper, 'table1', 'chinchilla', r)[f'paper_{q}'] for q in ('A', 'alpha', 'B', 'beta', 'E')},
+                                            provenance='real')
+            for r in sorted(pd.to_numeric(paper[paper.table == 'table1'].r).unique())}
+
+
+def paper_optima(paper: pd.DataFrame) -> pd.DataFrame:
+    "The paper's per-(C, r) compute-optimal points (the project page: parabola in log N per cell): C, r, N_star, L_star."
+    opt = paper[paper.table == 'optimum'].assign(r=lambda d: pd.to_numeric(d.r).astype(int), C=lambda d: pd.to_numeric(d.C))
+    wide = opt.pivot_table(index=['r', 'C'], columns='quantity', values='value').reset_index()
+    return pd.DataFrame(dict(C=wide.C, r=wide.r, N_star=wide.N_star_M * 1e6, L_star=wide.L_star))
+
+
+def looped_fig3_definitions_section(rep: Report, paper: pd.DataFrame):
+    """Which definition of Fig. 3's exponents is the paper's: each plausible one applied to the paper's own Table 1
+    (`scaling.frontier_exponent_definitions`), beside Fig. 3; the power-law FLOP model gets a verdict (within ±0.02)."""
+    from depthbench_nb import scaling
+    defs = scaling.frontier_exponent_definitions(paper_table1_laws(paper), paper_optima(paper))
+    fig3 = {r: _paper_fit(paper, 'fig3', 'exponents', r) for r in defs.r.unique()}
+    defs['paper_a_N_star'] = [fig3[r].get('paper_n_star_exponent', np.nan) for r in defs.r]
+    defs['paper_b_D_star'] = [fig3[r].get('paper_d_star_exponent', np.nan) for r in defs.r]
+    defs['max_abs_diff'] = np.maximum((defs.a_N_star - defs.paper_a_N_star).abs(), (defs.b_D_star - defs.paper_b_D_star).abs())
+    rep.table(defs, 'looped_fig3_exponent_definitions', "Fig. 3's exponents from the paper's own Table 1 under each definition tried "
+              '(the paper does not print its derivation); the power-law FLOP model reproduces them', label=ACCOUNTING_LABEL)
+    for row in defs[defs.definition.str.startswith('power-law')].itertuples():
+        for name, ours, theirs in (('a (N* ∝ C^a)', row.a_N_star, row.paper_a_N_star), ('b (D* ∝ C^b)', row.b_D_star, row.paper_b_D_star)):
+            ok = abs(ours - theirs) <= 0.02
+            rep.verdicts.append(dict(quantity=f"Fig. 3 exponent {name}, r = {row.r}, from Table 1's coefficients", ours=ours, paper=theirs,
+                                     tolerance='±0.02 absolute', verdict='reproduced' if ok else 'NOT reproduced',
+                                     note=f'power-law FLOP model, γ = {row.gamma:.3f} over the grid\'s 11 widths (arXiv 2604.21106 Fig. 3)'))
+
+
+def paper_optima_frame(paper: pd.DataFrame) -> pd.DataFrame:
+    """The paper's 24 per-(C, r) optima as points of the joint law: the width of N* (§3.2 accounting), its n_once and
+    n_rec, D = C / F(d, r) and loss = L*; provenance 'real' (the paper's published numbers)."""
+    from depthbench_nb import scaling
+    opt = paper_optima(paper)
+    rows = []
+    for o in opt.itertuples():
+        acc = scaling.paper_accounting(scaling.width_for_params(o.N_star, o.r), o.r)
+        rows.append(dict(C=o.C, r=o.r, d=acc.d, n_once=acc.n_once, n_rec=acc.n_rec, D=o.C / acc.flops_per_token, loss=o.L_star))
+    return pd.DataFrame(rows).assign(provenance='real')
+
+
+def looped_paper_optima_section(rep: Report, paper: pd.DataFrame, effort: FitEffort = FitEffort()):
+    """The fitter on the paper's own points: the joint law refitted (`effort.restarts` random starts) on the 24 published
+    per-(C, r) optima, beside the paper's φ = 0.459 and CI [0.41, 0.53] of its 116 runs. No bootstrap: 24 vertices, one
+    per block, do not pin E under resampling (a 200-resample trial put E's interval on the box's edge), and φ is the
+    check."""
+    frame = paper_optima_frame(paper)
+    fit = _guard(rep, 'phi refitted on the paper\'s optima', lambda: _fit(frame[_FIT_COLS], effort))
+    if fit is None: return
+    t = table2_rows({'phi_free': (fit, frame)}, paper).rename(columns={'fit': 'data'})
+    t['data'] = f"the paper's {len(frame)} per-(C, r) optima (project page: N*, L*; D = C / F at the width of N*)"
+    rep.table(t, 'looped_phi_on_paper_optima', "The joint law refitted on the paper's published compute-optimal points, beside "
+              "the paper's fit on its 116 runs (Table 2: phi 0.459, 95% CI [0.41, 0.53])", label=PAPER_LABEL)
+    lo, hi = 0.41, 0.53
+    rep.verdicts.append(dict(quantity="phi refitted on the paper's 24 per-(C, r) optima", ours=fit.phi, paper=0.459,
+                             tolerance=f'inside the paper\'s 95% CI [{lo}, {hi}]', verdict='reproduced' if lo <= fit.phi <= hi else 'NOT reproduced',
+                             note='the optima are parabola vertices, not runs: a check of the fitter, not a new measurement'))
 
 
 def table2_rows(fits: dict, paper: pd.DataFrame) -> pd.DataFrame:
@@ -1206,16 +1521,62 @@ def table2_rows(fits: dict, paper: pd.DataFrame) -> pd.DataFrame:
     return t2
 
 
+NOT_GRID_ITEMS = ('table10', 'lr_sweep')   # runs of other paper items (the extrapolation, the LR sweep): never in the grid's fits
+PAPER_RS = (1, 2, 4, 8)
+
+
+def _grid_runs(frame: pd.DataFrame) -> pd.DataFrame:
+    "The runs of a frame that belong to a scaling grid (not the extrapolation or the LR sweep runs of the paper)."
+    return frame[~frame.paper_item.isin(NOT_GRID_ITEMS)] if len(frame) and 'paper_item' in frame else frame
+
+
+def _r_gaps(rep: Report, frame: pd.DataFrame, items):
+    "Record, for every item drawn from `frame`, the paper's recurrences it has no runs of."
+    lacking = [r for r in PAPER_RS if r not in set(frame.r)]
+    for item in items:
+        if lacking: rep.gap(item, f"r = {', '.join(map(str, lacking))} (no runs)")
+
+
+def looped_isoflops_figure(rep: Report, base: pd.DataFrame, fits: dict):
+    """The paper's teaser, as its project page describes it: loss against N per budget, one panel per r, the runs as
+    points, the joint law (phi free, solid) and its phi = 1 refit (dashed) as iso-FLOPs curves."""
+    plt, sns = _sns()
+    acc = _accounting(base)
+    rs = sorted(base.r.unique())
+    fig, axes = plt.subplots(1, len(rs), figsize=(3.4 * len(rs), 3.2), squeeze=False, sharey=True)
+    budgets = sorted(base.C.unique())
+    colours = dict(zip(budgets, sns.color_palette('mako', len(budgets))))
+    ds = np.geomspace(base.d_model.min() / 1.5, base.d_model.max() * 1.5, 60)
+    for ax, r in zip(axes[0], rs):
+        runs = base[base.r == r]
+        for C in budgets:
+            cell = runs[runs.C == C]
+            ax.scatter(cell.n_once + cell.n_rec, cell.loss, s=14, color=colours[C], zorder=3)
+            for key, ls in (('phi_free', '-'), ('phi_1', '--')):
+                if key not in fits: continue
+                f = fits[key][0]
+                a = [acc(d, r) for d in ds]
+                ax.plot([x.n_unique for x in a], f.predict(f.n_eff([x.n_once for x in a], [x.n_rec for x in a], r),
+                                                           [C / x.flops_per_token for x in a]), ls, lw=0.8, color=colours[C])
+        ax.set_xscale('log'); ax.set_title(f'r = {r}', fontsize=8); ax.set_xlabel('unique parameters N (log)')
+        lo, hi = runs.loss.min(), runs.loss.max()
+        ax.set_ylim(lo - 0.1 * (hi - lo + 1e-3), hi + 0.3 * (hi - lo + 1e-3))
+    axes[0][0].set_ylabel('validation loss (nats)')
+    rep.figure(fig, 'looped_isoflops', "Iso-FLOPs curves: runs per budget (colour) and r, the joint law with phi free (solid) and its "
+               "phi = 1 refit (dashed); the paper's teaser as its project page describes it")
+
+
 def looped_fit_sections(rep: Report, lf: pd.DataFrame, paper: pd.DataFrame, prov: str, effort: FitEffort = FitEffort()):
     """Table 1 (per-r laws), Table 2 (joint law, bootstrap CI, restricted laws), Table 7 and Figs. 8-9 (residuals), Fig. 3
     (frontiers of the per-r laws and their exponents), empirical optima and the stability refits, from the baseline runs."""
     from depthbench_nb import scaling
-    base = _best_per_cell(lf[lf.variant == 'baseline']).assign(provenance=prov) if len(lf) else lf
+    base = _best_per_cell(_grid_runs(lf[lf.variant == 'baseline'])).assign(provenance=prov) if len(lf) else lf
     if not len(base):
         rep.note_missing('Tables 1, 2 and 7, Figs. 3, 8 and 9, stability refits', 'no completed baseline looped runs in this study'
                          + (' (its report fits the case studies only; the study it reuses has its own report)' if len(lf) else ''))
         return
     plt, sns = _sns()
+    _r_gaps(rep, base, ('Table 1', 'Table 2', 'Table 7', 'Fig. 3', 'Fig. 8', 'Fig. 9', 'iso-FLOPs curves'))
     per_r = {}
     for r, g in base.groupby('r'):
         f = _guard(rep, f'per-r Chinchilla fit r={r} (Table 1)', lambda g=g: _fit(
@@ -1241,8 +1602,9 @@ def looped_fit_sections(rep: Report, lf: pd.DataFrame, paper: pd.DataFrame, prov
         fr['paper_gap_range'] = [gap_range(r) for r in fr.r]
         rep.table(fr, 'looped_frontier', f'Compute-optimal frontiers of the per-r laws (Table 1) over the fitted budgets '
                   f'{_budgets(base.C)} FLOPs and the gap to r = 1 (Fig. 3; extrapolated = outside that r\'s own runs)')
-        rep.table(frontier_exponents(fr, paper), 'looped_frontier_exponents',
-                  "Compute-optimal exponents of the per-r laws: N* ∝ C^a, D* ∝ C^b over the fitted budgets, beside the paper's (Fig. 3)")
+        rep.table(frontier_exponents({r: f for r, (f, _) in per_r.items()}, base, paper, fr), 'looped_frontier_exponents',
+                  "Compute-optimal exponents of the per-r laws as the paper defines them (C = k·N^γ·D, γ over each r's widths: "
+                  "a = β/(α+γβ), b = α/(α+γβ)), the slopes of the exact frontier beside them (a stated difference), and the paper's (Fig. 3)")
         fig, axes = plt.subplots(1, 2, figsize=(9, 3.5))
         pal = _r_palette(fr.r.unique())
         for r, g in fr.groupby('r'):
@@ -1260,7 +1622,13 @@ def looped_fit_sections(rep: Report, lf: pd.DataFrame, paper: pd.DataFrame, prov
     ax.set_xscale('log'); ax.set_xlabel('training tokens D (log)'); ax.set_ylabel('validation loss (nats)')
     rep.figure(fig, 'looped_runs_scatter', 'Looped baseline runs: loss vs tokens per recurrence r and budget C')
     emp = _guard(rep, 'empirical optima per (C, r) cell', lambda: scaling.empirical_optima(base.assign(N=base.n_once + base.n_rec)))
-    if emp is not None and len(emp): rep.table(emp, 'looped_empirical_optima', 'Empirical compute-optimal size per (C, r) cell (parabola in log N; edge = optimum not bracketed)')
+    if emp is not None and len(emp):
+        po = paper_optima(paper).set_index(['C', 'r'])
+        at = lambda C, r, q: po[q].get((next((c for c in po.index.get_level_values(0) if abs(c / C - 1) < 1e-6), np.nan), int(r)), np.nan)
+        emp = emp.assign(paper_N_star=[at(C, r, 'N_star') for C, r in zip(emp.C, emp.r)],
+                         paper_L_star=[at(C, r, 'L_star') for C, r in zip(emp.C, emp.r)])
+        rep.table(emp, 'looped_empirical_optima', "Empirical compute-optimal size per (C, r) cell (parabola in log N; edge = optimum not "
+                  "bracketed), the paper's N* and L* beside (its project page's per-cell parabolas)")
     joint = _guard(rep, 'joint phi fit (Table 2)', lambda: _fit(base[_FIT_COLS], effort))
     if joint is not None:
         if effort.n_bootstrap >= 2:
@@ -1268,12 +1636,15 @@ def looped_fit_sections(rep: Report, lf: pd.DataFrame, paper: pd.DataFrame, prov
                 base[_FIT_COLS], 'looped', block_cols=('C', 'r'), n_resamples=effort.n_bootstrap, restarts=effort.bootstrap_restarts,
                 seed=effort.seed, warm_start=joint, workers=effort.workers))
             if boot is not None: scaling.attach_bootstrap(joint, boot)
-        else: rep.note_missing('phi bootstrap CI', f'n_bootstrap={effort.n_bootstrap} (needs >= 2 resamples; the paper: 200)')
+        else:
+            rep.note_missing('phi bootstrap CI', f'n_bootstrap={effort.n_bootstrap} (needs >= 2 resamples; the paper: 200)')
+            rep.gap('Table 2', f'the phi CI (n_bootstrap = {effort.n_bootstrap}; the paper: 200 block resamples)')
         fits = {'phi_free': (joint, base)}
         for phi in (0.0, 1.0):   # the restricted laws (the paper does not bootstrap them)
             f = _guard(rep, f'restricted law phi={phi:g}', lambda phi=phi: _fit(base[_FIT_COLS], effort, phi=phi))
             if f is not None: fits[f'phi_{phi:g}'] = (f, base)
         rep.table(table2_rows(fits, paper), 'looped_table2_joint', 'Joint law: phi free (block-bootstrap 95% CI) and the restricted laws phi = 0 / 1 (Table 2)')
+        looped_isoflops_figure(rep, base, fits)
         res = pd.DataFrame(joint.residuals)
         p7 = paper[paper.table == 'table7']
         def paper7(q, r):   # Table 7's per-r rows, and the pooled residuals of the joint law for r = 'all'
@@ -1311,6 +1682,9 @@ def looped_case_study_sections(rep: Report, lf: pd.DataFrame, paper: pd.DataFram
     (`case_study_frame`), truncated BPTT also without r = 2, and the baseline refitted on the same budgets (Δφ is
     measured against it); Fig. 10, the case-study fits' residuals."""
     variants = [v for v in ('tbptt', 'hc') if len(lf) and (lf.variant == v).any()]
+    for item in ('Table 3', 'Fig. 10'):
+        for v in ('tbptt', 'hc'):
+            if v not in variants: rep.gap(item, f'the {v} case study (no runs)')
     if not variants:
         rep.note_missing('case studies (Table 3, Fig. 10)', 'no completed truncated-BPTT or hyper-connection runs (the looped-tbptt '
                          'and looped-hc studies; their reports, and looped-main\'s, fit them with the r = 1 runs of their budgets)')
@@ -1322,6 +1696,7 @@ def looped_case_study_sections(rep: Report, lf: pd.DataFrame, paper: pd.DataFram
             frame = _guard(rep, f'case study {key} (Table 3)', lambda v=v, drop=drop: case_study_frame(lf, v, drop).assign(provenance=prov))
             f = frame is not None and _guard(rep, f'case study {key} (Table 3)', lambda frame=frame: _fit(frame[_FIT_COLS], effort))
             if f: fits[key] = (f, frame)
+            else: rep.gap('Table 3', f'the {key} fit')
     if not fits: return
     refits = {}
     for key, (f, frame) in list(fits.items()):   # the baseline on the same budgets as each case study (the paper: its 4 lowest)
@@ -1361,13 +1736,15 @@ def looped_case_study_sections(rep: Report, lf: pd.DataFrame, paper: pd.DataFram
 
 # %% ../nbs/09c_reports.ipynb #ebfd00c8
 def looped_ablation_sections(rep: Report, lf: pd.DataFrame, paper: pd.DataFrame):
-    "Injection ablation (Table 5), LR sweep (App. D), extrapolation (Table 10), each row with its scale."
+    "Injection ablation (Table 5) and the LR sweep (App. D), each row with its scale."
     looped_runs = lf[lf.r > 1] if len(lf) else lf
     shown = lambda cols: [c for c in cols if c in lf]       # a table given directly may lack the run columns
     if len(looped_runs) and looped_runs['injection'].nunique() > 1:
         inj = looped_runs.loc[looped_runs.groupby(['injection', 'r', 's', 'C'])['loss'].idxmin()][shown(['injection', 'r', 's', 'C', 'D', 'loss', 'scale'])]
         p5 = paper[paper.table == 'table5'][['form', 'value']].rename(columns={'form': 'injection', 'value': 'paper_val_loss_s10_r4_C1e18'})
         rep.table(inj.merge(p5, on='injection', how='left'), 'looped_table5_injection', 'Injection ablation: best loss per injection (Table 5)')
+        lacking = [i for i in ('linear', 'additive', 'passthrough', 'hc') if i not in set(inj.injection)]
+        if lacking: rep.gap('Table 5', f"injections without runs: {', '.join(lacking)}")
     else: rep.note_missing('injection ablation (Table 5)', 'the study trained a single injection variant of the loop')
     keys = ['r', 's', 'C', 'variant']
     multi = lf.groupby(keys)['lr'].transform('nunique') > 1 if len(lf) else pd.Series(dtype=bool)
@@ -1376,24 +1753,221 @@ def looped_ablation_sections(rep: Report, lf: pd.DataFrame, paper: pd.DataFrame)
         lr_sensitivity_figure(rep, sub, 'loss', 'looped_lr_sweep',
                               'Looped LR sweep: loss vs matrix LR per shape (App. D; the paper: optimum about 0.014 for r = 1 and 4)',
                               'matrix learning rate (log)', figsize=(5.5, 3.5))
+        lacking = [r for r in (1, 4) if r not in set(sub.r)]
+        if lacking: rep.gap('LR sweep', f"r = {', '.join(map(str, lacking))} (the paper sweeps r = 1 and 4)")
     else: rep.note_missing('looped LR sweep', 'the study trained a single LR per looped shape')
-    big = lf[(lf.s >= PAPER_EXTRAPOLATION['s'])] if len(lf) else lf
-    if len(big):
-        t10 = big[shown(['r', 's', 'D', 'loss', 'scale'])].merge(paper[paper.table == 'table10'][['r', 'value']].assign(r=lambda d: pd.to_numeric(d.r)).rename(
-            columns={'value': 'paper_val_loss'}), on='r', how='left')
-        rep.table(t10, 'looped_table10_extrapolation', 'Extrapolation runs (s=34, about 4e20 FLOPs) beside the paper (Table 10)')
-    else: rep.note_missing('extrapolation comparison (Table 10)', 'needs the s=34, 47B-token runs (paper scale); the paper numbers are in looped_paper_numbers')
+
+
+PAPER_GROUPS = {'parametric_knowledge': 'parametric knowledge', 'reading_comprehension': 'reading comprehension', 'math': 'math',
+                'reasoning_primitives': 'reasoning primitives', 'compositional_symbolic': 'compositional symbolic',
+                'commonsense': 'commonsense (flagship regime)'}   # the downstream groups, as Table 10 names them
+
+
+def read_downstream(lf: pd.DataFrame) -> dict:
+    "run_id -> the run's downstream results (RUN/downstream/downstream.json, `depthbench-nb downstream`), for runs that have them."
+    out = {}
+    if not len(lf) or not {'study', 'run_id'} <= set(lf.columns): return out
+    for _, r in lf.iterrows():
+        p = run_folder(r) / 'downstream' / 'downstream.json'
+        if p.is_file(): out[r['run_id']] = json.loads(p.read_text())
+    return out
+
+
+def looped_extrapolation_section(rep: Report, lf: pd.DataFrame, paper: pd.DataFrame, down: dict):
+    """Table 10 as the paper lays it out (metric x r = 1, r = 4, gap), from the runs of the extrapolation plan only
+    (s = 34, 89,645 steps x 524,288 tokens, r = 1 and 4: `looped_paper_plan`, the shipped study `looped-extrapolation`):
+    validation loss and the downstream groups where the runs were evaluated, the paper's numbers beside."""
+    runs = lf[lf.paper_item == 'table10'] if len(lf) and 'paper_item' in lf else lf.iloc[0:0]
+    if not len(runs):
+        rep.note_missing('extrapolation comparison (Table 10)', "needs the runs of Table 10's plan: s = 34 (d = 2176), r = 1 and 4, 89,645 "
+                         f"steps x 524,288 tokens (47B tokens, about 4e20 FLOPs each); `depthbench-nb sweep plan {EXTRAPOLATION_STUDY}` shows "
+                         f"their cost, `depthbench-nb sweep run {EXTRAPOLATION_STUDY}` trains them (a grid run at s = 34 trains about 2.5B tokens "
+                         "at 2.15e19 FLOPs and is not one of them)")
+        return
+    best = runs.loc[runs.groupby('r')['loss'].idxmin()].set_index('r')
+    p10 = paper[paper.table == 'table10'].assign(r=lambda d: pd.to_numeric(d.r).astype(int))
+    ref = lambda q, r: float(p10[(p10.quantity == q) & (p10.r == r)].value.iloc[0]) if ((p10.quantity == q) & (p10.r == r)).any() else np.nan
+    ours = lambda r, group: (down.get(best.loc[r, 'run_id'], {}).get('groups', {}).get(group, {}).get('loss', np.nan)
+                             if r in best.index and 'run_id' in best else np.nan)
+    rows = [('validation loss', *(best.loss.get(r, np.nan) for r in (1, 4)), ref('val_loss', 1), ref('val_loss', 4))]
+    rows += [(PAPER_GROUPS[g], ours(1, g), ours(4, g), ref(f'{g}_loss', 1), ref(f'{g}_loss', 4)) for g in list(PAPER_GROUPS)[:5]]
+    t = pd.DataFrame(rows, columns=['metric', 'r1', 'r4', 'paper_r1', 'paper_r4'])
+    t.insert(3, 'gap', t.r4 - t.r1)
+    t['paper_gap'] = t.paper_r4 - t.paper_r1
+    t['runs'] = '; '.join(f"r = {r}: {best.loc[r, 'scale']}" for r in best.index)
+    rep.table(t, 'looped_table10_extrapolation', 'Extrapolation (Table 10): the runs of its plan (s = 34, 47B tokens, matched tokens), '
+              'validation loss and downstream continuation loss per group, r = 1 vs r = 4, the paper beside')
+    lacking = [f'r = {r}' for r in (1, 4) if r not in best.index]
+    lacking += [f'the downstream rows of r = {r}' for r in best.index if best.loc[r, 'run_id'] not in down]
+    if lacking: rep.gap('Table 10', ', '.join(lacking))
+
+
+def _budget_label(row) -> str:
+    return 'Table 10: 47B tokens at s = 34' if row.get('paper_item') == 'table10' else f"C = {row['C']:.3g}"
+
+
+def looped_downstream_section(rep: Report, lf: pd.DataFrame, paper: pd.DataFrame, down: dict):
+    """The paper's downstream comparison: continuation loss per task group of every evaluated run, and per budget the
+    best evaluated run of each r (matched budgets; the extrapolation at matched tokens) with its gap to r = 1, as a
+    table and a figure by task group; tasks whose data were absent are named."""
+    runs = lf[lf.run_id.isin(list(down))] if len(lf) and 'run_id' in lf else lf.iloc[0:0]
+    if not len(runs):
+        rep.note_missing('downstream results (tasks of Tables 8-9, Table 10 rows 2-6)', 'no looped run of this report has downstream '
+                         'results: evaluate runs with `depthbench-nb downstream RUN --bundles DIR` (the official bundles: the CORE '
+                         'eval_bundle and the Saunshi and owned bundles of kschwethelm/looped-lm-scaling dev/eval_bundles/)')
+        return
+    rows = []
+    for _, r in runs.iterrows():
+        rec = down[r['run_id']]
+        for group, v in rec['groups'].items():
+            rows.append(dict(run_id=r['run_id'], study=r.get('study'), r=int(r['r']), s=int(r['s']), budget=_budget_label(r), C=r['C'],
+                             val_loss=r['loss'], group=group, loss=v['loss'], accuracy=v['accuracy'], n_tasks=v['n_tasks'],
+                             tasks_missing=', '.join(v['missing']), limit=rec.get('limit'), scale=r['scale']))
+    t = pd.DataFrame(rows)
+    rep.table(t, 'looped_downstream', 'Downstream continuation loss (nats per token of the gold continuation) per task group of every '
+              'evaluated run (tasks of Tables 8-9; a group is the mean of its tasks)')
+    absent = {}
+    for rec in down.values():
+        for label, why in rec.get('missing', {}).items(): absent.setdefault(label, why)
+    if absent:
+        rep.note_missing(f"downstream tasks {', '.join(sorted(absent))}", 'not evaluated, their data were not present where the runs were '
+                         f'evaluated (e.g. {next(iter(absent.values()))})')
+        rep.gap('downstream results', f"tasks not evaluated (data not present): {', '.join(sorted(absent))}")
+    # matched budgets: per budget and r the evaluated run with the lowest validation loss (the compute-optimal width among them)
+    pick = runs.assign(budget=[_budget_label(r) for _, r in runs.iterrows()])
+    pick = pick.loc[pick.groupby(['budget', 'r'])['loss'].idxmin()]
+    p10 = paper[(paper.table == 'table10')].assign(r=lambda d: pd.to_numeric(d.r).astype(int))
+    matched = []
+    for budget, g in pick.groupby('budget', sort=False):
+        by_r = {int(r): down[rid]['groups'] for r, rid in zip(g.r, g.run_id)}
+        for group in dict.fromkeys(k for groups in by_r.values() for k in groups):
+            row = dict(budget=budget, group=group, **{f'loss_r{r}': by_r[r].get(group, {}).get('loss', np.nan) for r in sorted(by_r)})
+            for r in sorted(by_r):
+                if r != 1 and 1 in by_r: row[f'gap_r{r}'] = row[f'loss_r{r}'] - row['loss_r1']
+            row['widths'] = ', '.join(f'r = {r}: s = {s}' for r, s in zip(g.r, g.s))
+            if budget.startswith('Table 10'):
+                for r in (1, 4):
+                    sel = p10[(p10.quantity == f'{group}_loss') & (p10.r == r)]
+                    row[f'paper_r{r}'] = float(sel.value.iloc[0]) if len(sel) else np.nan
+            matched.append(row)
+    m = pd.DataFrame(matched)
+    rep.table(m, 'looped_downstream_matched', 'Downstream continuation loss per group at matched budgets: per budget the best evaluated run '
+              'of each r and its gap to r = 1 (the paper: looped models close the gap on reading comprehension and commonsense, '
+              'not on parametric knowledge); Table 10 at matched tokens with the paper beside')
+    if not any(f'gap_r{r}' in m and m[f'gap_r{r}'].notna().any() for r in (2, 4, 8)):
+        rep.gap('downstream results', 'no budget with both r = 1 and a looped r evaluated')
+    plt, sns = _sns()
+    budgets = list(dict.fromkeys(m.budget))[:6]
+    paper_panel = p10[p10.quantity.str.endswith('_loss') & (p10.quantity != 'val_loss')]
+    n = len(budgets) + bool(len(paper_panel))
+    fig, axes = plt.subplots(1, n, figsize=(4.2 * n, 3.4), squeeze=False, sharey=False)
+    for ax, budget in zip(axes[0], budgets):
+        long = m[m.budget == budget].melt(id_vars=['group'], value_vars=[c for c in m if c.startswith('loss_r')], var_name='r', value_name='loss')
+        long = long.dropna(subset=['loss']).assign(r=lambda d: d.r.str[len('loss_r'):], group=lambda d: d.group.map(PAPER_GROUPS))
+        sns.barplot(data=long, x='group', y='loss', hue='r', ax=ax, palette=_r_palette(long.r.unique()))
+        ax.set_title(budget, fontsize=8); ax.set_xlabel(''); ax.set_ylabel('continuation loss (nats / token)'); ax.tick_params(axis='x', labelsize=6, rotation=30)
+    if len(paper_panel):
+        pp = paper_panel.assign(group=lambda d: d.quantity.str[:-len('_loss')].map(PAPER_GROUPS), r=lambda d: d.r.astype(str))
+        sns.barplot(data=pp, x='group', y='value', hue='r', ax=axes[0][-1], palette=_r_palette(pp.r.unique()))
+        axes[0][-1].set_title("the paper (Table 10: s = 34, 47B tokens)", fontsize=8); axes[0][-1].set_xlabel('')
+        axes[0][-1].set_ylabel('continuation loss (nats / token)'); axes[0][-1].tick_params(axis='x', labelsize=6, rotation=30)
+    rep.figure(fig, 'looped_downstream', 'Downstream continuation loss by task group and r at matched budgets, the paper\'s Table 10 beside')
+
+
+def looped_accounting_sections(rep: Report):
+    "Tables 4, 6 and 8-9: the architecture per r, the 116-run grid and the downstream task list (no runs needed)."
+    from depthbench_nb import looped as L, scaling
+    rows = []
+    for r in PAPER_RS:
+        lay = L.loop_layout(L.looped_config(10, r))
+        acc = scaling.paper_accounting(1e4, r)
+        rows.append(dict(r=r, prelude=lay.n_prelude, recurrent_layers=lay.n_recur, loops=lay.recurrence, coda=lay.n_coda,
+                         executed_layers=lay.n_prelude + lay.recurrence * lay.n_recur + lay.n_coda,
+                         unique_layers=lay.n_prelude + lay.n_recur + lay.n_coda, injection=lay.injection,
+                         unique_params_over_d2=round(acc.n_unique / 1e8, 1)))
+    rep.table(pd.DataFrame(rows), 'looped_table4_layout', 'The architecture per r (§3.1, App. C; Table 4 as we read it): prelude, '
+              'recurrent block x r, coda at effective depth 20; unique non-embedding parameters / d^2', label=ACCOUNTING_LABEL)
+    rep.table(scaling.paper_grid_frame(), 'looped_table6_grid', "The 116-run grid (Table 6): widths, parameters, FLOPs per token, "
+              "steps and tokens per budget (the released code's count)", label=ACCOUNTING_LABEL)
+    try: from depthbench_nb.lmeval import DOWNSTREAM_TASKS, BUNDLES
+    except ImportError as e:
+        rep.note_missing('downstream task list (Tables 8-9)', f"{e}"); return
+    tasks = pd.DataFrame([dict(group=t.group, group_name=PAPER_GROUPS[t.group], task=t.label, bundle=BUNDLES[t.bundle][0],
+                               regime='flagship only' if t.group == 'commonsense' else 'isoflops and flagship') for t in DOWNSTREAM_TASKS])
+    rep.table(tasks, 'looped_tables8_9_tasks', "The downstream tasks per group (the official code's scripts/base_eval.py OWNED_AXES, "
+              "which the paper's Tables 8-9 list) and the bundle that holds each", label=ACCOUNTING_LABEL)
+
+
+LOOPED_PAPER_ITEMS = (   # every table and figure of the looped paper this project knows of (arXiv 2604.21106; its project page)
+    PaperItem('Table 1', 'per-r Chinchilla fits: A, α, B, β, E, Huber, R²', ('looped_table1_per_r',), ('Table 1', 'Tables 1, 2')),
+    PaperItem('Table 2', 'the joint law: φ free with its 95% block-bootstrap CI; φ = 0 and φ = 1', ('looped_table2_joint',),
+              ('Table 2', 'Tables 1, 2', 'phi bootstrap')),
+    PaperItem('Table 3', 'case studies: truncated BPTT (with and without r = 2), hyperconnections; the baseline refit, Δφ',
+              ('looped_table3_case_studies',), ('Table 3', 'case stud')),
+    PaperItem('Table 4', 'the architecture per r: prelude, recurrent block x r, coda', ('looped_table4_layout',)),
+    PaperItem('Table 5', 'injection ablation at s = 10, r = 4, C = 1e18', ('looped_table5_injection',)),
+    PaperItem('Table 6', 'the 116-run grid: widths and tokens per budget', ('looped_table6_grid',)),
+    PaperItem('Table 7', 'the joint law\'s residuals per r', ('looped_table7_residuals',), ('Table 7', 'Tables 1, 2 and 7')),
+    PaperItem('Tables 8-9', 'the downstream tasks per group', ('looped_tables8_9_tasks',), ('Tables 8-9',)),
+    PaperItem('Table 10', 'extrapolation at s = 34, 47B tokens: validation loss and five downstream groups, r = 1 vs r = 4',
+              ('looped_table10_extrapolation',), ('Table 10',)),
+    PaperItem('Fig. 3', 'compute-optimal frontiers of the per-r laws, the gap to r = 1, the N* and D* exponents',
+              ('looped_frontier', 'looped_frontier_exponents'), ('Fig. 3', 'Figs. 3')),
+    PaperItem('Fig. 8', "the joint law's fit quality (residuals)", ('looped_fig8_joint_residuals',), ('Fig. 8', 'Figs. 3, 8')),
+    PaperItem('Fig. 9', "the per-r laws' residuals", ('looped_fig9_per_r_residuals',), ('Fig. 9', '8 and 9')),
+    PaperItem('Fig. 10', "the case-study fits' residuals", ('looped_fig10_case_study_residuals',), ('Fig. 10', 'case stud')),
+    PaperItem('iso-FLOPs curves', 'the teaser: loss vs N per budget and r, the φ-free law and the φ = 1 refit', ('looped_isoflops',),
+              ('iso-FLOPs', 'joint phi fit')),
+    PaperItem('worked example', 'App. F.4: r = 4 at the width of a 1B r = 1 model', ('looped_worked_example',)),
+    PaperItem('stability refits', 'App. F.3: φ on the low and the high budgets', ('looped_stability',), ('stability',)),
+    PaperItem('LR sweep', 'App. D: loss vs matrix LR for r = 1 and 4', ('looped_lr_sweep',), ('LR sweep',)),
+    PaperItem('downstream results', 'looped vs non-looped per task group at matched budgets (Table 10 rows 2-6)',
+              ('looped_downstream', 'looped_downstream_matched'), ('downstream',)),
+    PaperItem('empirical optima', 'the per-(C, r) compute-optimal N* and L* (the project page), and the φ law refitted on them',
+              ('looped_empirical_optima', 'looped_phi_on_paper_optima'), ('empirical optima', "paper's optima")),
+)
+LOOPED_SCALE_FREE = ('Table 4', 'Table 6', 'Tables 8-9', 'worked example')   # accounting and lists: no runs involved
+LOOPED_NOTES = {   # what differs from the paper by construction, item by item
+    'Table 4': ['the layout of §3.1 and App. C; which table of the paper is Table 4 is our reading'],
+    'Table 6': ["token counts of the released code's count (steps = round(C / (F x 2^18))); the paper's Table 6 rounds some "
+                '(s = 34 at 2.15e19: 2.52B in the table, 2.588B for r = 1 by the code)'],
+    'Tables 8-9': ["the task list of the official code (scripts/base_eval.py OWNED_AXES; commonsense: its flagship regime), which "
+                   "the paper's tables list; the paper's text itself is not among the sources read here"],
+    'Fig. 3': ['the exponents as the paper defines them (power-law FLOP model, see looped_fig3_exponent_definitions); the frontier '
+               "curves from Eq. 1's exact FLOPs"],
+    'Fig. 8': ['which residual figure is Fig. 8 and which Fig. 9 is our reading of the appendix'],
+    'Fig. 9': ['which residual figure is Fig. 8 and which Fig. 9 is our reading of the appendix'],
+    'iso-FLOPs curves': ["the teaser as the project page describes it (the restricted φ = 1 refit overlaid); its figure number is "
+                         'not in the sources read here'],
+    'Table 10': ['bf16 training where the official runs used FP8 matmuls (shells/flagship_train/flagship.sh --fp8)'],
+    'downstream results': ["lm-eval's few-shot sampler (seeded, the document excluded) instead of the official Random(1234 + index); "
+                           'no BOS token before a request (the official core_eval prepends one); a limit keeps the first N documents'],
+    'empirical optima': ["the paper's optima are the project page's parabola vertices; refitting φ on them checks the fitter, it is not "
+                         'a measurement'],
+}
+COMPANION_STUDIES = {'looped-main': (EXTRAPOLATION_STUDY,)}   # Table 10's runs join the grid's report
+
+
+def looped_paper_index(rep: Report) -> pd.DataFrame:
+    "One row per table and figure of the looped paper: rebuilt, rebuilt with a stated difference, partial or missing and why."
+    return paper_item_index(rep, LOOPED_PAPER_ITEMS, LOOPED_NOTES, LOOPED_SCALE_FREE)
 
 
 def related_studies(study: str) -> list[str]:
     """Studies whose runs a study's looped report also reads: the one it `reuses` (a case study's r = 1 anchors) and the
-    shipped studies that reuse it (so `looped-main`'s report fits the case studies too), when they have run folders."""
+    shipped studies that reuse it (so `looped-main`'s report fits the case studies too) and its companions (Table 10's
+    runs, `looped-extrapolation`, for `looped-main`), when they have run folders."""
     from depthbench_nb import sweep
     names = sweep.study_names()
     out = []
     if study in names and sweep.load_study(study).reuses: out.append(sweep.load_study(study).reuses)
     out += [n for n in names if n != study and sweep.load_study(n).reuses == study]
+    out += list(COMPANION_STUDIES.get(study, ()))
     return [s for s in dict.fromkeys(out) if (runs_root() / s).is_dir()]
+
+
+LOOPED_INDEX_CAPTION = ("Every table and figure of the looped paper: rebuilt, rebuilt with a stated difference, partial (what it lacks) "
+                        "or missing and why")
 
 
 def build_looped_report(study: str, df: Optional[pd.DataFrame] = None, out_dir=None, restarts: int = 500,
@@ -1401,7 +1975,9 @@ def build_looped_report(study: str, df: Optional[pd.DataFrame] = None, out_dir=N
                         provenance: Optional[str] = None, workers: Optional[int] = None, related: Optional[list] = None) -> Report:
     """All looped-LM tables and figures of a study into papermill_runs/<study>/report/, at the paper's fitting effort by
     default (`lf`: a ready looped table instead of runs). Runs of `related` studies (default `related_studies`) join by
-    run id: the case studies' r = 1 anchors; Tables 1, 2, 7 and Figs. 3, 8, 9 use this study's own baseline runs."""
+    run id: the case studies' r = 1 anchors and Table 10's runs; Tables 1, 2, 7 and Figs. 3, 8, 9 use this study's own
+    baseline grid runs. The index lists every table and figure of the paper as rebuilt, rebuilt with a stated
+    difference, partial or missing and why."""
     from depthbench_nb import scaling
     effort = FitEffort(restarts, n_bootstrap, bootstrap_restarts, seed, workers)
     df = normalize_runs(study_table(study) if df is None else df)
@@ -1427,9 +2003,16 @@ def build_looped_report(study: str, df: Optional[pd.DataFrame] = None, out_dir=N
     rep.verdict('worked example: FLOPs r=4 / r=1', we['flops_ratio'], 1.0, 0.03, 'arXiv 2604.21106 App. F.4 (equal up to the injection overhead)')
     rep.table(pd.DataFrame([we]), 'looped_worked_example', 'Worked example (App. F.4): r=4 at the width of a 1B r=1 model', label=ACCOUNTING_LABEL)
     rep.table(paper, 'looped_paper_numbers', 'Paper numbers (reference only; each row cites its source)', label=PAPER_LABEL)
+    looped_accounting_sections(rep)
+    looped_fig3_definitions_section(rep, paper)
+    looped_paper_optima_section(rep, paper, effort)
     if from_runs: status_section(rep, df, is_looped)
     if not len(lf):
-        rep.note_missing('all looped fits and figures', f'no completed looped runs in study {rep.study!r}')
+        why = f'no completed looped runs in study {rep.study!r}'
+        rep.note_missing('all looped fits and figures', why)
+        reasons = {it.item: why for it in LOOPED_PAPER_ITEMS if it.item not in LOOPED_SCALE_FREE and it.item != 'empirical optima'}
+        rep.paper_index = paper_item_index(rep, LOOPED_PAPER_ITEMS, LOOPED_NOTES, LOOPED_SCALE_FREE, reasons)
+        rep.table(rep.paper_index, 'looped_paper_index', LOOPED_INDEX_CAPTION)
         rep.write_index(); return rep
     own = lf[lf.study == study] if 'study' in lf else lf
     rep.table(lf, 'looped_runs', f'Completed looped runs as fitted (n_once, n_rec, r, D, loss; C = budget cell; scale per run; provenance {prov})'
@@ -1437,6 +2020,11 @@ def build_looped_report(study: str, df: Optional[pd.DataFrame] = None, out_dir=N
     looped_fit_sections(rep, own, paper, prov, effort)
     looped_case_study_sections(rep, lf, paper, prov, effort)
     looped_ablation_sections(rep, own, paper)
+    down = read_downstream(lf)
+    looped_extrapolation_section(rep, lf, paper, down)
+    looped_downstream_section(rep, lf, paper, down)
+    rep.paper_index = looped_paper_index(rep)
+    rep.table(rep.paper_index, 'looped_paper_index', LOOPED_INDEX_CAPTION)
     rep.write_index()
     return rep
 

@@ -125,6 +125,7 @@ CHECKSUMS_FILE = 'SHA256SUMS'
 
 
 def file_sha256(path, chunk: int = 1 << 22) -> str:
+    "The SHA-256 of a file, read in chunks."
     h = hashlib.sha256()
     with open(path, 'rb') as f:
         while block := f.read(chunk): h.update(block)
@@ -187,6 +188,7 @@ def holder_alive(holder: dict) -> Optional[bool]:
 
 
 def describe_holder(holder: Optional[dict]) -> str:
+    "A run lock's holder in words: pid, host, since when, and its command."
     if not holder: return 'a process that has not written its name yet'
     cmd = ' '.join(holder.get('command') or [])[:160]
     return f"pid {holder.get('pid')} on {holder.get('host')} since {holder.get('since')}" + (f" ({cmd})" if cmd else '')
@@ -407,6 +409,7 @@ RESULT_KEYS = ('status', 'run_id', 'study', 'arch', 'n_layer', 'd_model', 'prese
 
 
 def format_diff(diff: list) -> str:
+    "Config differences (from `config_diff`) on one line."
     return '; '.join(f"{k}: {a!r} -> {b!r}" for k, a, b in diff)
 
 
@@ -497,7 +500,9 @@ CHECKPOINT_FORMAT_VERSION = 2      # 2: SHA256SUMS, RNG states as tensors and nu
 _STEP_DIR = re.compile(r'step_(\d+)$')
 
 
-def checkpoints_dir(folder: Path) -> Path: return Path(folder) / RECORD_FILES['checkpoints']
+def checkpoints_dir(folder: Path) -> Path:
+    "The checkpoints folder of a run folder."
+    return Path(folder) / RECORD_FILES['checkpoints']
 
 
 def list_checkpoints(folder: Path) -> list[tuple[int, Path]]:

@@ -19,18 +19,19 @@ from scipy.optimize import minimize, minimize_scalar
 
 from .config import ConfigError, CorruptFile
 from .console import Arg, call_parsed, emit
-from .looped import PAPER_SEQ_LEN, PAPER_VOCAB, looped_grid_rows   # the paper's padded vocabulary and context
+from .looped import BASELINE_WIDTHS, PAPER_SEQ_LEN, PAPER_VOCAB, looped_grid_rows   # the paper's padded vocabulary and context
 
 # %% auto #0
 __all__ = ['HUBER_DELTA', 'PARAM_NAMES', 'LOWER', 'UPPER', 'LAWS', 'PROVENANCES', 'PAPER_LOOPED', 'SCIPY_OPTIONS', 'FIT_METHODS',
            'BATCH_STARTS', 'BATCH_ELEMENTS', 'DESCENT_FTOL', 'BASIN_GRID', 'PARALLEL_MIN_ELEMENTS', 'LAW_COLUMNS',
-           'BOOT_PARAMS', 'BOOT_CHUNK', 'theta_from_params', 'params_from_theta', 'LawData', 'chinchilla_data',
-           'looped_data', 'law_objective', 'predict_loss', 'naive_objective', 'single_objective', 'batch_objective',
-           'default_workers', 'minimise_law', 'FitResult', 'residual_stats', 'r_squared', 'fit_law', 'fit_chinchilla',
-           'fit_looped', 'frame_provenance', 'law_data_from_frame', 'fit_frame', 'fit_per_r', 'LoopedAccounting',
-           'paper_accounting', 'paper_grid_frame', 'synthetic_looped_frame', 'table_blocks', 'law_bootstrap',
-           'block_bootstrap', 'attach_bootstrap', 'effort_label', 'empirical_optima', 'law_optimum', 'worked_example',
-           'read_runs_csv', 'fit_command', 'cli_fit']
+           'BOOT_PARAMS', 'BOOT_CHUNK', 'PAPER_GRID_WIDTHS', 'theta_from_params', 'params_from_theta', 'LawData',
+           'chinchilla_data', 'looped_data', 'law_objective', 'predict_loss', 'naive_objective', 'single_objective',
+           'batch_objective', 'default_workers', 'minimise_law', 'FitResult', 'residual_stats', 'r_squared', 'fit_law',
+           'fit_chinchilla', 'fit_looped', 'frame_provenance', 'law_data_from_frame', 'fit_frame', 'fit_per_r',
+           'LoopedAccounting', 'paper_accounting', 'paper_grid_frame', 'synthetic_looped_frame', 'table_blocks',
+           'law_bootstrap', 'block_bootstrap', 'attach_bootstrap', 'effort_label', 'empirical_optima', 'law_optimum',
+           'flops_power_law', 'power_law_frontier_exponents', 'law_from_params', 'frontier_exponent_definitions',
+           'width_for_params', 'worked_example', 'read_runs_csv', 'fit_command', 'cli_fit']
 
 # %% ../nbs/09_scaling.ipynb #34c6ab26
 HUBER_DELTA = 1e-3
@@ -997,6 +998,77 @@ def law_optimum(fit: FitResult, C: float, r: int, d_range: tuple = (64.0, 65536.
     return dict(C=C, r=r, d=acc.d, N=acc.n_unique, N_eff=float(fit.n_eff(acc.n_once, acc.n_rec, r)),
                 D=C / acc.flops_per_token, loss=float(res.fun),
                 at_bound=bool(min(abs(res.x - math.log(d_range[0])), abs(res.x - math.log(d_range[1]))) < 1e-3))
+
+# %% ../nbs/09_scaling.ipynb #81cbfb09
+def flops_power_law(widths: Sequence[float], r: int, accounting: Callable = paper_accounting) -> tuple[float, float]:
+    """(γ, log k) of the power-law FLOP model F(d, r) ≈ k·N(d, r)^γ: the least-squares line of log F on log N over
+    `widths` (the paper's Fig. 3: the grid's 11 widths; F per token and N unique non-embedding, §3.2)."""
+    if len(set(widths)) < 2: raise ConfigError(f"a power law of the FLOPs needs two or more widths, got {sorted(set(widths))}")
+    acc = [accounting(float(d), r) for d in sorted(set(widths))]
+    gamma, log_k = np.polyfit(np.log([a.n_unique for a in acc]), np.log([a.flops_per_token for a in acc]), 1)
+    return float(gamma), float(log_k)
+
+
+def power_law_frontier_exponents(alpha: float, beta: float, gamma: float) -> tuple[float, float]:
+    "(a, b) of N* ∝ C^a, D* ∝ C^b for L = E + A·N^−α + B·D^−β under C = k·N^γ·D: a = β/(α+γβ), b = α/(α+γβ)."
+    denominator = alpha + gamma * beta
+    return beta / denominator, alpha / denominator
+
+
+PAPER_GRID_WIDTHS = tuple(sorted({s for widths in BASELINE_WIDTHS.values() for s in widths}))   # s of the 116-run grid
+
+
+def _exact_frontier_slopes(fit: FitResult, r: int, budgets, accounting: Callable) -> tuple[float, float]:
+    "Log-log slopes of N* and D* of the law's numeric optimum (Eq. 1's FLOPs) over `budgets`."
+    opt = [law_optimum(fit, C, r, d_range=(8.0, 65536.0), accounting=accounting) for C in budgets]
+    x = np.log(budgets)
+    return (float(np.polyfit(x, np.log([o['N'] for o in opt]), 1)[0]),
+            float(np.polyfit(x, np.log([o['D'] for o in opt]), 1)[0]))
+
+
+def law_from_params(A: float, alpha: float, B: float, beta: float, E: float, phi: Optional[float] = None,
+                    provenance: str = 'unspecified') -> FitResult:
+    "A FitResult holding given coefficients (a paper's), to compute with them as with a fit (no data, no objective)."
+    law = 'chinchilla' if phi is None else 'looped'
+    return FitResult(law, E, A, B, alpha, beta, phi, phi is not None, huber=np.nan, r2=np.nan, n_points=0,
+                     provenance=provenance, theta=list(theta_from_params(A, alpha, B, beta, E, phi or 0.0)),
+                     restarts=0, seed=0, n_at_best=0)
+
+
+def frontier_exponent_definitions(per_r: dict, optima: pd.DataFrame | None = None,
+                                  budgets: Sequence[float] = tuple(BASELINE_WIDTHS)) -> pd.DataFrame:
+    """Fig. 3's exponents a (N* ∝ C^a) and b (D* ∝ C^b) under each plausible definition, from per-r laws
+    (`per_r`: r -> FitResult, e.g. Table 1's coefficients through `law_from_params`): C = 6ND; the exact FLOPs of
+    Eq. 1 with the numeric optimum over the grid's budgets, and over 1e17-1e24; the empirical optima (`optima`:
+    C, r, N_star; D* = C / F at the width of N*); the power-law FLOP model over the grid's 11 widths (its γ in
+    `gamma`). One row per (definition, r)."""
+    rows = []
+    def add(definition, r, a, b, gamma=np.nan):
+        rows.append(dict(definition=definition, r=int(r), gamma=gamma, a_N_star=a, b_D_star=b, a_plus_b=a + b))
+    for r, fit in sorted(per_r.items()):
+        al, be = fit.alpha, fit.beta
+        add('C = 6ND (Chinchilla closed form)', r, be / (al + be), al / (al + be))
+        add("exact FLOPs (Eq. 1), numeric optimum, slope over the grid's budgets", r,
+            *_exact_frontier_slopes(fit, r, np.geomspace(min(budgets), max(budgets), 12), paper_accounting))
+        add('exact FLOPs (Eq. 1), numeric optimum, slope over 1e17-1e24', r,
+            *_exact_frontier_slopes(fit, r, np.geomspace(1e17, 1e24, 15), paper_accounting))
+        if optima is not None and (optima.r == r).any():
+            g = optima[optima.r == r].sort_values('C')
+            d = [width_for_params(n, r) for n in g.N_star]
+            D = [C / paper_accounting(w, r).flops_per_token for C, w in zip(g.C, d)]
+            x = np.log(g.C.to_numpy(float))
+            add('empirical optima (per-cell parabola N*), slope over the budgets', r,
+                float(np.polyfit(x, np.log(g.N_star.to_numpy(float)), 1)[0]), float(np.polyfit(x, np.log(D), 1)[0]))
+        gamma, _ = flops_power_law([64 * s for s in PAPER_GRID_WIDTHS], r)
+        add("power-law FLOPs C = k·N^γ·D (γ over the grid's 11 widths), closed form", r,
+            *power_law_frontier_exponents(al, be, gamma), gamma=gamma)
+    return pd.DataFrame(rows)
+
+
+def width_for_params(n_unique: float, r: int) -> float:
+    "The width d whose unique non-embedding parameters (§3.2) are `n_unique` at recurrence r."
+    from scipy.optimize import brentq
+    return float(brentq(lambda d: paper_accounting(d, r).n_unique - n_unique, 1.0, 1e6, xtol=1e-9))
 
 # %% ../nbs/09_scaling.ipynb #68bc8842
 def worked_example(phi: float = PAPER_LOOPED['phi'], n_r1: float = 1e9, r: int = 4) -> dict:

@@ -125,6 +125,7 @@ def design_grids() -> dict[str, Callable]:
 
 
 def get_grid(name: str) -> GridSpec:
+    "A paper grid by name; a design's own preset or an unknown name is an error naming the valid ones."
     if name in design_grids():
         raise ConfigError(f"the {name} grid has no d_model rule: its models take the design's own shape parameters "
                           f"(`depthbench-nb shapes --grid {name}` lists its runs); preset {name!r} trains arch {name!r} only")
@@ -200,12 +201,17 @@ PRESETS: dict[str, Preset] = {p.name: p for p in [
     Preset('looped', 'looped', 2048, 128, 0.014, tokens_per_param=None, data_source='fineweb-edu-100b-shuffle',
            tokenizer='meta-llama/Llama-2-7b-hf', description='looped paper: B = 2^18 tokens per step, budget set by C (arch looped only)',
            eval_set='rows', eval_rows=34560, eval_rows_fast=4992),
+    Preset('looped-flagship', 'looped', 2048, 256, 0.014, tokens_per_param=None, max_steps=89_645,
+           data_source='fineweb-edu-100b-shuffle', tokenizer='meta-llama/Llama-2-7b-hf',
+           description="looped paper's extrapolation runs (Table 10): 89,645 steps x 2^19 tokens (47B tokens), arch looped only",
+           eval_set='rows', eval_rows=34560, eval_rows_fast=4992),
     Preset('tiny', 'tiny', 128, 8, 2e-3, tokens_per_param=None, max_steps=100, eval_every=25, eval_batches=2,
            data_source='sample', tokenizer='bpe:4096', description='CPU-sized: about a minute on 2 cores', eval_set='windows'),
 ]}
 
 
 def cuda_available() -> bool:
+    "Whether torch sees a CUDA GPU (False when torch cannot be imported)."
     try:
         import torch
         return torch.cuda.is_available()

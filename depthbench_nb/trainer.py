@@ -403,6 +403,7 @@ def in_launched_process() -> bool:
 
 
 def make_dist(run: RunConfig, folder: Path) -> Dist:
+    "The run's Accelerate state: the accelerator, this process's rank, the number of processes and the device."
     from accelerate import Accelerator
     trackers = list(run.train.trackers)
     acc = Accelerator(cpu=not torch.cuda.is_available(), mixed_precision='no', log_with=trackers or None,
@@ -531,6 +532,7 @@ def peak_flops(device: torch.device) -> Optional[float]:
 
 
 def peak_memory_bytes(device: torch.device) -> int:
+    "Peak memory of this process: CUDA memory allocated on a GPU, the peak resident set size on a CPU."
     if device.type == 'cuda': return int(torch.cuda.max_memory_allocated(device))
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024   # Linux reports KiB
 

@@ -13,7 +13,8 @@ within `CROSS_MACHINE_RTOL` (another CPU's kernels round differently: two AVX512
 1e-7 on the design runs' losses, 2e-6 on the looped runs' losses and 1.2e-4 on their gradient norms, which the bf16
 Polar Express step of MuonH amplifies). Bit for bit needs the same numerics: `numerics_probe()` hashes a battery of plain torch
 fp32 operations (no project code), and a machine whose probe has its own recording,
-`tests/data/behaviour_fixture.<probe>.json`, is compared with it bit for bit. Such a recording is made only from
+`tests/data/behaviour_fixture.<probe>.json`, is compared with it bit for bit, except the looped report's float64
+scipy fits (`NUMPY_SECTIONS`), whose BLAS kernels the torch probe cannot see: those stay within `CROSS_MACHINE_RTOL`. Such a recording is made only from
 code before the redesign (commit f5501bb, the commit that recorded the main fixture):
 
     .venv/bin/python tests/behaviour_fixture.py --record-environment   # writes tests/data/behaviour_fixture.<probe>.json
@@ -177,6 +178,11 @@ def compute() -> dict:
 
 # relative tolerance across machines: gradient norms / everything else (about 10x the differences measured)
 CROSS_MACHINE_RTOL = dict(grad_norm=1e-3, other=1e-5)
+# Sections computed by numpy/scipy in float64, not by torch: the looped report's Huber/L-BFGS-B fits. Their BLAS kernels
+# are picked per CPU model (OpenBLAS dispatch), which the torch probe cannot see: on an AMD EPYC whose torch probe
+# equals the recording machine's, the fits moved by up to 2.2e-7 relative. They are compared to CROSS_MACHINE_RTOL
+# even where the rest is compared bit for bit.
+NUMPY_SECTIONS = ('looped_report',)
 
 
 def numerics_probe() -> str:
@@ -223,6 +229,7 @@ def differences(recorded, now, exact: bool, path: str = '') -> list[str]:
         if isinstance(recorded, bool) or isinstance(now, bool) or not isinstance(recorded, (int, float)) or not isinstance(now, (int, float)):
             return [f'{path}: {recorded!r} recorded, {now!r} now']
         rtol = CROSS_MACHINE_RTOL['grad_norm' if '/grad_norm' in path else 'other']
+        exact = exact and not path.startswith(tuple(f'/{s}' for s in NUMPY_SECTIONS))
         same = recorded == now if exact else math.isclose(recorded, now, rel_tol=rtol, abs_tol=1e-12)
         return [] if same else [f'{path}: {recorded!r} recorded, {now!r} now']
     return [] if recorded == now else [f'{path}: {recorded!r} recorded, {now!r} now']

@@ -30,3 +30,8 @@ def test_the_comparison_sees_a_change():
     assert differences({'loss': [2.0]}, {'loss': [2.0 * (1 + 5e-5)]}, exact=False) != []          # a loss moved by 5e-5
     assert differences({'grad_norm': [2.0]}, {'grad_norm': [2.0 * (1 + 5e-4)]}, exact=False) == []
     assert differences(a, {'x': [1.0], 'n': 3}, exact=False) == ['/s: missing now', '/x: 2 items recorded, 1 now']
+    # the float64 fits of the looped report: to the cross-machine tolerance, even on the bit-for-bit path
+    fit = {'looped_report': {'phi': [0.46]}, 'training': {'loss': [2.0]}}
+    assert differences(fit, {'looped_report': {'phi': [0.46 * (1 + 1e-7)]}, 'training': {'loss': [2.0]}}, exact=True) == []
+    assert differences(fit, {'looped_report': {'phi': [0.46 * (1 + 1e-4)]}, 'training': {'loss': [2.0]}}, exact=True) != []
+    assert differences(fit, {'looped_report': {'phi': [0.46]}, 'training': {'loss': [2.0 + 1e-12]}}, exact=True) != []

@@ -20,22 +20,23 @@ from depthbench_nb.shapes import OFFICIAL_STEPS, PRESETS
 from depthbench_nb.trainer import make_run_config, total_steps
 
 STUDY = 'depthbench-report-fixture'
+OTHER = 'depthbench-report-fixture-500m'      # a second study: the 500M ladder, joined into STUDY's report
 # the official step count of each tier: keyu-wang-2002/DepthBench configs/README.md "Training budgets" (200M 3.8k,
 # 300M 5.7k, 400M 7.6k, 500M 9.5k, 1.6B 30.4k steps of 512 x 2048 tokens) and examples/pretrain_400m.sh --max-steps=7600
 OFFICIAL = {'400m': 7600, '400m-main': 7600, '300m-backbone': 7600, 'ladder-200m': 3800, 'ladder-300m': 5700,
             'ladder-500m': 9500, '1.6b': 30400}
 
 
-def record(arch, L, preset, loss, steps=None, max_steps=None, **options):
+def record(arch, L, preset, loss, steps=None, max_steps=None, study=STUDY, wall_time_s=1.0, **options):
     "A completed run record (params.json + result.json) that trained `steps` steps (default: its whole plan)."
-    run = make_run_config(arch, L=L, preset=preset, study=STUDY, verbose=False, max_steps=max_steps, **options)
+    run = make_run_config(arch, L=L, preset=preset, study=study, verbose=False, max_steps=max_steps, **options)
     folder = run_dir(run); folder.mkdir(parents=True, exist_ok=True)
     write_params(folder, run)
     steps = total_steps(run) if steps is None else steps
-    write_result(folder, dict(status='completed', run_id=run.run_id, study=STUDY, arch=arch, n_layer=run.model.n_layer,
+    write_result(folder, dict(status='completed', run_id=run.run_id, study=study, arch=arch, n_layer=run.model.n_layer,
                               d_model=run.model.d_model, preset=preset, lr=run.train.lr, seed=run.train.seed, steps=steps,
                               tokens=steps * run.train.global_batch * run.train.seq_len, final_val_loss=loss, best_val_loss=loss,
-                              wall_time_s=1.0, train_flops=None, params_total=None, params_backbone=None,
+                              wall_time_s=wall_time_s, train_flops=None, params_total=None, params_backbone=None,
                               provenance=dict(provenance(), note='test fixture')))
     (folder / 'metrics.jsonl').write_text(''.join(f'{{"step": {i}, "loss": {loss}, "peak_mem_bytes": {1000 + i}, "tokens_per_s": 50.0}}\n'
                                                   for i in (1, 2)))
@@ -65,15 +66,27 @@ def build_report(tmp_path_factory):
         record('preln', 32, '400m', 2.790)                       # the paper's setting: comparable
         record('preln', 16, '400m', 2.765)
         record('preln', 16, '400m', 2.771, lr=4e-3)              # a second LR: the sensitivity figure, not the best
-        record('hc', 32, '400m', 3.400, max_steps=100)           # the 400m preset capped at 100 steps: not comparable
+        record('hc', 32, '400m', 3.400, max_steps=100, wall_time_s=30.0)   # the 400m preset capped at 100 steps: not comparable
         record('preln', 28, '1.6b', 2.500)                       # 1.6B: never compared with the 400M number at L28
+        record('preln', 26, '400m-main', 2.770)                  # an official 400M shape (the code's sweep) the paper reports nothing at
+        record('preln', 17, 'ladder-500m', 2.650, study=OTHER)   # another study: joins this one's report
         for preset, Ls, base in (('ladder-200m', (12, 18), 3.0), ('ladder-300m', (14, 21), 2.9)):   # L18, L21: both d/L = 42.67
             for i, L in enumerate(Ls): record('preln', L, preset, base + 0.01 * i)
         for arch, opts in (('preln', {}), ('hc', {}), ('mhc', {}), ('attnres', {}), ('block_attnres', dict(attnres_num_blocks=4))):
             diagnosed_record(arch, 8.0, **opts)
         out = tmp_path_factory.mktemp('depthbench-report')
-        rep = reports.build_depthbench_report(STUDY, out_dir=out)
-    return rep, out
+        rep = reports.build_depthbench_report(STUDY, out_dir=out, related=[OTHER])
+        # the sections of Figures 3, 6 and 10 on parts of the same records: only the 400M runs (400m and 400m-main are one
+        # scale), only HC diagnosed; each part's index rows as the report computes them
+        whole = reports.normalize_runs(reports.study_table(STUDY))
+        parts = {}
+        for name, keep, sections in (('400m', whole.preset.isin(['400m', '400m-main']), [reports.depthbench_scales_section]),
+                                     ('hc-only', whole.arch.isin(['hc']) & (whole.preset == 'tiny'), [reports.depthbench_diagnostics_section])):
+            part = reports.Report(STUDY, 'depthbench', rep.scale, tmp_path_factory.mktemp(f'depthbench-report-{name}'))
+            notes, best = {}, reports.with_comparability(reports.best_lr_rows(whole[keep], keys=('arch', 'preset', 'n_layer', 'd_model')))
+            for section in sections: section(part, best, notes)
+            parts[name] = reports.depthbench_paper_index(part, notes).set_index('paper')
+    return rep, out, parts
 
 
 def test_budgets_are_the_official_step_counts():
@@ -91,10 +104,10 @@ def test_budgets_are_the_official_step_counts():
 
 
 def test_the_report_on_records_made_here(tmp_path_factory):
-    rep, out = build_report(tmp_path_factory)
+    rep, out, parts = build_report(tmp_path_factory)
     check_comparability(rep, out)
     check_presets_kept_apart(rep, out)
-    check_every_paper_figure(rep, out)
+    check_every_paper_figure(rep, out, parts)
     check_tables(rep, out)
 
 
@@ -106,12 +119,20 @@ def check_comparability(rep, out):
     capped = val.loc[('hc', '400m', 32)]   # the paper's shape, so its number is shown, but the run is flagged
     assert not capped.comparable and capped.paper_val_loss == 2.699
     assert '100 steps completed (the paper: 7,600)' in capped.what_differs and 'planned tokens 1.049e+08' in capped.what_differs
-    big = val.loc[('preln', '1.6b', 28)]
-    assert not big.comparable and math.isnan(big.paper_val_loss) and 'd_model 2,048 (the paper: 960)' in big.what_differs
-    assert int(val.comparable.sum()) == 2      # best-LR rows: Pre-LN L16 and L32 at 400m
-    # the label counts every completed run: those two and the second-LR run at L16 match, the other 11 do not
-    assert (rep.scale.n_runs, rep.scale.n_comparable) == (14, 3) and not rep.scale.comparable
-    assert '3 of 14 completed runs are paper scale' in rep.scale.label and 'NOT comparable' in rep.scale.label
+    # every run is judged against the paper grid its shape belongs to, with that grid's official steps
+    big = val.loc[('preln', '1.6b', 28)]        # the 1.6B grid's L28 (d 2048, GQA 8 kv heads), 30,400 steps: comparable, no 400M number
+    assert big.comparable and math.isnan(big.paper_val_loss) and big.paper_cell.startswith('1.6B validation, L28: d_model 2048, 30,400 steps')
+    ladder = val.loc[('preln', 'ladder-200m', 12)]
+    assert ladder.comparable and ladder.paper_cell.startswith('200M ladder, L12') and math.isnan(ladder.paper_val_loss)
+    l26 = val.loc[('preln', '400m-main', 26)]    # an official 400M shape: comparable, and the paper has no number there
+    assert l26.comparable and l26.paper_cell.startswith("400M main benchmark (the official code's sweep), L26") and math.isnan(l26.paper_val_loss)
+    assert val.loc[('preln', 'ladder-500m', 17)].comparable                                   # from the other study
+    tiny = val.loc[('preln', 'tiny', 4)]
+    assert not tiny.comparable and 'no grid of the paper has the shape L4 d_model 32' in tiny.what_differs
+    assert int(val.comparable.sum()) == 9      # best-LR rows: 400m L16, L32; 400m-main L26; 1.6b L28; the ladder's 5
+    # the label counts every completed run: those nine and the second-LR run at L16 match; HC capped at 100 steps and the 5 tiny do not
+    assert (rep.scale.n_runs, rep.scale.n_comparable) == (16, 10) and not rep.scale.comparable
+    assert '10 of 16 completed runs are paper scale' in rep.scale.label and 'NOT comparable' in rep.scale.label
     # the rule itself: the preset's name plays no part, the record's shape, planned tokens and completed steps do
     plan = reports.depthbench_paper_plan(32)
     rec = {'status': 'completed', 'n_layer': 32, 'd_model': 896, 'vocab_size': 50280, 'steps': 7600, 'train.max_steps': 7600,
@@ -130,7 +151,7 @@ def check_presets_kept_apart(rep, out):
     assert 'one panel per preset' in captions['depthbench_loss_vs_ratio.png']
 
 
-def check_every_paper_figure(rep, out):
+def check_every_paper_figure(rep, out, parts):
     "Every artifact, each figure's caption naming its paper figure, and the index of the paper's tables and figures."
     for stem in reports.DEPTHBENCH_ARTIFACTS:
         assert (out / f'{stem}.csv').exists() or (out / f'{stem}.png').exists(), stem
@@ -139,12 +160,30 @@ def check_every_paper_figure(rep, out):
                     (7, 'residual_path'), (8, 'pruning_logit_lens'), (9, 'dead_zone'), (10, 'mixing'), (11, 'costs_figure')):
         assert f"Rebuilds the paper's Figure {n}" in captions[f'depthbench_{stem}.png'], stem   # each caption names its paper figure
     index = pd.read_csv(out / 'depthbench_paper_index.csv').set_index('paper')
-    assert set(index.index) == {p for p, _, _ in reports.DEPTHBENCH_PAPER_ITEMS}
+    assert set(index.index) == {p.item for p in reports.DEPTHBENCH_PAPER_ITEMS} and set(index.status) <= set(reports.PAPER_STATUSES)
     assert index.loc['Figure 1', 'status'] == 'missing' and 'caption' in index.loc['Figure 1', 'detail']
     assert (index.drop('Figure 1').status != 'missing').all()
     assert index.loc['Table 3', 'status'] == 'rebuilt'   # accounting: the same computation at any scale
     assert 'threshold 0.05 is ours' in index.loc['Figure 9', 'detail'] and 'convention is not stated' in index.loc['Figure 10', 'detail']
     assert "## The paper's tables and figures" in (out / 'depthbench_index.md').read_text()
+    # "rebuilt" only with every panel, design and scale of the figure: otherwise partial, naming what it lacks
+    detail = lambda item: index.loc[item, 'detail']
+    assert index.loc['Figure 2', 'status'] == 'partial' and 'the fixed-backbone panel (300M backbone' in detail('Figure 2')
+    assert "the paper's 400M cells without a run at their shape: preln L20, L24, L28; periln L16, L20, L24, L28, L32;" in detail('Figure 2') and 'hc L16, L20, L24, L28, L42, L70' in detail('Figure 2')
+    assert index.loc['Figure 3', 'status'] == 'partial'
+    assert 'scales without Pre-LN, Full AttnRes or HC runs: 200M (attnres, hc); 300M (attnres, hc); 500M (attnres, hc); 1.6B (attnres, hc)' in detail('Figure 3')
+    assert f'runs of the studies {STUDY}, {OTHER}' in detail('Figure 3')                            # built from two studies
+    assert index.loc['Figure 5', 'status'] == 'partial' and 'the paper draws nine designs at L = 32; diagnosed here: 5' in detail('Figure 5')
+    assert index.loc['Figure 9', 'status'] == 'partial' and 'Block AttnRes at the paper\'s 400M shapes L16, L24, L32' in detail('Figure 9')
+    assert index.loc['Figure 4', 'status'] == 'partial' and 'sets not evaluated' in detail('Figure 4')
+    assert index.loc['Figure 10', 'status'] == 'rebuilt with a stated difference'             # HC and mHC both diagnosed
+    assert index.loc['threshold table', 'status'] == 'rebuilt with a stated difference'       # Pre-LN, HC, Full AttnRes
+    only_hc = parts['hc-only']
+    assert only_hc.loc['Figure 10', 'status'] == 'partial' and 'designs not diagnosed: mhc' in only_hc.loc['Figure 10', 'detail']
+    assert only_hc.loc['Figure 6', 'status'] == 'partial' and 'preln, attnres' in only_hc.loc['Figure 6', 'detail']
+    # the presets 400m and 400m-main are one scale (400M): no Figure 3 from them alone
+    at_400m = parts['400m']
+    assert at_400m.loc['Figure 3', 'status'] == 'missing' and "this report's runs are at: 400M" in at_400m.loc['Figure 3', 'detail']
 
 
 def check_tables(rep, out):
@@ -158,8 +197,24 @@ def check_tables(rep, out):
     costs = pd.read_csv(out / 'depthbench_costs_400m.csv')
     assert (costs.groupby('n_layer').kv_cache_bytes.nunique() == 1).all()            # the paper's KV cache: the same for every design
     assert (costs[costs.arch == 'moda'].depth_cache_bytes > 0).all() and (costs[costs.arch != 'moda'].depth_cache_bytes == 0).all()
-    gpu_md = (out / 'depthbench_gpu_hours_est.md').read_text()
-    assert reports.ACCOUNTING_LABEL not in gpu_md and 'not measured' in gpu_md     # an estimate is not "comparable at any scale"
+    gpu = pd.read_csv(out / 'depthbench_gpu_hours.csv').set_index(['arch', 'n_layer'])
+    # measured where a run at the paper's shape recorded its wall time (x its processes; scaled when it stopped early), else the estimate
+    assert gpu.loc[('preln', 32), 'source'] == 'measured: wall time x 1 process(es)' and gpu.loc[('preln', 32), 'gpu_hours'] == pytest.approx(1 / 3600)
+    assert gpu.loc[('hc', 32), 'source'] == 'measured: wall time x 1 process(es) over 100 steps, scaled to 7,600'
+    assert gpu.loc[('hc', 32), 'gpu_hours'] == pytest.approx(30.0 * 7600 / 100 / 3600)
+    assert gpu.loc[('preln', 20), 'source'].startswith('estimate') and gpu.loc[('preln', 20), 'gpu_hours'] == gpu.loc[('preln', 20), 'gpu_hours_est']
+    assert int(gpu.measured.sum()) == 3 and reports.ACCOUNTING_LABEL not in (out / 'depthbench_gpu_hours.md').read_text()
+    ranking = pd.read_csv(out / 'depthbench_gpu_hours_ranking.csv').set_index('arch')
+    assert ranking.loc['hc', 'paper'] == 'the most GPU-hours (measured on A100)' and ranking.loc['hc', 'measured_cells'] == 1
+    captions = dict(rep.artifacts)
+    assert 'GPU-hours measured for 3 of 70 design x shape cells' in captions['depthbench_costs_figure.png']
+    assert 'the paper measured HC the most on A100' in captions['depthbench_costs_figure.png']
+    # Figure 2's caption: the LRs swept, the winners, and the cells trained at one LR only
+    fig2 = captions['depthbench_loss_vs_ratio.png']
+    assert "swept here: {0.002} or {0.002, 0.004}" in fig2 and 'winning LRs: {0.002}' in fig2
+    assert 'cells trained at a single LR (no sweep)' in fig2
+    verdicts = pd.read_csv(out / 'depthbench_verdicts.csv')
+    assert set(verdicts[verdicts.quantity.str.startswith('Table 3')].tolerance) == {'0.5% relative'}   # 0.005, not "0%"
     assert 'gpu_hours_8B_tokens_est' not in costs and (pd.read_csv(out / 'depthbench_verdicts.csv').verdict == 'reproduced').all()
     mix = pd.read_csv(out / 'depthbench_mixing_erank.csv')
     assert set(mix.arch) == {'hc', 'mhc'} and (mix.erank_sv2 <= mix.erank_sv + 1e-9).all()

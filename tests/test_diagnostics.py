@@ -8,11 +8,12 @@ import pytest
 import torch
 
 from depthbench_nb.config import ConfigError, ModelConfig
-from depthbench_nb.diagnostics import (angular_distance_matrix, causal_row, check_metrics, cli_diagnose, completion_nll,
+from depthbench_nb.diagnostics import (angular_distance_matrix, causal_row, check_metrics, completion_nll,
                                        dead_zone, diagnose_model, effective_rank, forward_product, last_three_quarters,
                                        layer_pruning, lm_loss, logit_lens, mixing_stats, permutation_matrix,
                                        run_diagnostics, spectrum_stats, sublayer_partial_mass, summarize_causal,
                                        summarize_permutation, usefulness)
+from depthbench_nb.hf_diagnostics import cli_diagnose   # the diagnose command (run folders and Transformers models)
 from depthbench_nb.model import build_model
 
 V = 64

@@ -23,10 +23,11 @@ PKG = ROOT / 'depthbench_nb'
 #   costs        closed-form FLOPs, caches and memory, and measured latency: the trainer's MFU meter reads its FLOPs
 #   optim -> trainer
 #   interop, hf_config, hf, hf_export, _hooks: interoperability with other code bases, after the trainer
-#   diagnostics -> lmeval (scores with the diagnostics' NLL) -> scaling (fits what the diagnostics measure)
+#   diagnostics -> hf_diagnostics (the same diagnostics on any Transformers model, and the diagnose command)
+#     -> lmeval (scores with the diagnostics' NLL) -> scaling (fits what the diagnostics measure)
 #   slurm -> sweep -> reports -> demo (drives a whole study into both reports) -> cli (dispatches to all)
 FLOW = ['console', 'config', 'data', 'shapes', 'kernels', 'layers', 'model', 'looped', 'runs', 'checks', 'costs', 'optim',
-        'trainer', 'interop', 'hf_config', 'hf', 'hf_export', '_hooks', 'diagnostics', 'lmeval', 'scaling',
+        'trainer', 'interop', 'hf_config', 'hf', 'hf_export', '_hooks', 'diagnostics', 'hf_diagnostics', 'lmeval', 'scaling',
         'slurm', 'sweep', 'reports', 'demo', 'cli']
 NOT_IN_FLOW = {'__init__', '_modidx'}   # the package root (version, hook install) and nbdev's index
 

@@ -311,7 +311,7 @@ def test_diagnose_runs_on_an_imported_checkpoint(tmp_path, runs_dir, capsys):
     "An imported fork checkpoint is an ordinary run folder: `depthbench-nb diagnose` reads it and writes its tables."
     from depthbench_nb.config import DataConfig
     from depthbench_nb.data import prepare
-    from depthbench_nb.diagnostics import cli_diagnose
+    from depthbench_nb.hf_diagnostics import cli_diagnose   # the diagnose command (run folders and Transformers models)
     prepare(DataConfig(), progress=False)                      # the package's default offline data (bpe:4096)
     cfg = tiny('attnres', vocab_size=4096, n_layer=3)
     torch.save(random_fork_sd(cfg, seed=11, scale=0.1), tmp_path / 'attnres.pt')

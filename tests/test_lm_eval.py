@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 import torch.nn.functional as F
 
 lm_eval = pytest.importorskip('lm_eval', reason="lm-eval is the optional 'eval' extra (pip install 'depthbench-nb[eval]')")
@@ -18,7 +19,7 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window  # noq
 from depthbench_nb.config import ConfigError  # noqa: E402
 from depthbench_nb.hf_export import export_hf, load_for_eval  # noqa: E402
 from depthbench_nb.interop import generate as our_generate  # noqa: E402
-from depthbench_nb.lmeval import DepthBenchLM, compare_nll_routes, domain_nll  # noqa: E402
+from depthbench_nb.lmeval import DepthBenchLM, cli_downstream, compare_nll_routes, domain_nll, looped_downstream  # noqa: E402
 
 TASKS_DIR = Path(__file__).resolve().parent / 'data' / 'lm_eval'
 TASKS = ['depthbench_tiny_choice', 'depthbench_tiny_rolling', 'depthbench_tiny_generate']
@@ -149,3 +150,68 @@ def test_bad_model_arguments_are_clear(trained_run, tmp_path):
     from lm_eval.api.instance import Instance
     with pytest.raises(ConfigError, match="generation options \\['top_k'\\] are not supported"):
         lm.generate_until([Instance('generate_until', {}, ('In the', dict(until=['\n'], top_k=5)), 0)])
+
+
+def _bundle(root: Path, folder: str, config: str, key: str, entries: list, files: dict):
+    "A bundle as the official prepare scripts write it: the configuration file and eval_data/<uri> JSONL files."
+    for uri, rows in files.items():
+        path = root / folder / 'eval_data' / uri
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(''.join(json.dumps(r) + '\n' for r in rows))
+    (root / folder / config).write_text(yaml.safe_dump({key: entries}))
+
+
+def test_looped_downstream_on_local_bundles(trained_run, tmp_path, monkeypatch, capsys):
+    """The looped paper's downstream evaluation (arXiv 2604.21106 Tables 8-10) through the model type `depthbench` on
+    bundles made here: a 0-shot language-modelling task (TriviaQA's format) and a 0-shot multiple-choice task
+    (ARC-Easy's), scored as continuation loss against an independent computation of the official prompt; a 2-shot
+    task has two examples before its document; every task of the paper's list that is absent is named with why."""
+    monkeypatch.setenv('HF_DATASETS_CACHE', str(tmp_path / 'hf-datasets'))
+    run = trained_run('looped')
+    root = tmp_path / 'bundles'
+    qa = [dict(context='Question: who created the heaven?\nAnswer: ', continuation='God'),
+          dict(context='Question: in the beginning\nAnswer: ', continuation='God created the heaven'),
+          dict(context='Question: and the earth was\nAnswer: ', continuation='without form')]
+    math_rows = [dict(context=f'Question: {a} plus {b}?\nAnswer: ', continuation=str(a + b)) for a, b in ((1, 2), (3, 4), (5, 6), (7, 1))]
+    _bundle(root, 'saunshi_bundle', 'saunshi.yaml', 'tasks',
+            [dict(label='triviaqa', dataset_uri='closed_book_qa/triviaqa.jsonl', task_type='language_modeling', num_fewshot=0,
+                  continuation_delimiter=' ', group='closed_book_qa'),
+             dict(label='svamp', dataset_uri='math_word_problems/svamp.jsonl', task_type='language_modeling', num_fewshot=2,
+                  continuation_delimiter=' ', group='math_word_problems')],
+            {'closed_book_qa/triviaqa.jsonl': qa, 'math_word_problems/svamp.jsonl': math_rows})
+    arc = [dict(query='Question: what did God create first?\nAnswer:', choices=['the heaven', 'the sea', 'a tree'], gold=0),
+           dict(query='Question: the earth was\nAnswer:', choices=['full', 'without form'], gold=1)]
+    _bundle(root, 'eval_bundle', 'core.yaml', 'icl_tasks',
+            [dict(label='arc_easy', dataset_uri='world_knowledge/arc_easy.jsonl', num_fewshot=[0], icl_task_type='multiple_choice',
+                  continuation_delimiter=' ')], {'world_knowledge/arc_easy.jsonl': arc})
+    rec = looped_downstream(run, root)
+    ref = Reference(run)
+
+    def official(context: str, continuation: str):
+        "nats and tokens of the gold continuation of the official 0-shot prompt: the trimmed context, ' ', the continuation."
+        ctx, cont = ref.pair(context.strip(), ' ' + continuation)
+        return -ref.score(ctx, cont), len(cont)
+    for label, docs in (('triviaqa', [(d['context'], d['continuation']) for d in qa]),
+                        ('arc_easy', [(d['query'], d['choices'][d['gold']]) for d in arc])):
+        nats, toks = map(sum, zip(*(official(c, x) for c, x in docs)))
+        assert rec['tasks'][label]['loss'] == pytest.approx(nats / toks, rel=1e-4), label
+        assert rec['tasks'][label]['docs'] == len(docs)
+    assert rec['groups']['parametric_knowledge']['loss'] == pytest.approx(rec['tasks']['triviaqa']['loss'])
+    assert rec['groups']['math']['tasks'] == ['svamp'] and rec['groups']['math']['missing'] == ['asdiv', 'mawps']
+    assert set(rec['groups']) == {'parametric_knowledge', 'reading_comprehension', 'math', 'reasoning_primitives', 'compositional_symbolic'}
+    assert 'no owned_bundle/owned.yaml' in rec['missing']['induction_head'] and "has no task 'lambada_openai'" in rec['missing']['lambada_openai']
+    written = json.loads((run / 'downstream' / 'downstream.json').read_text())
+    assert written['tasks']['svamp']['num_fewshot'] == 2 and written['missing'] == rec['missing']
+    # the 2-shot prompt: two solved examples (neither the document itself), a blank line after each, then the document
+    lm = DepthBenchLM(str(run), device='cpu')
+    manager = TaskManager(include_path=str(run / 'downstream' / 'lm_eval_tasks'), include_defaults=False)
+    out = lm_eval.simple_evaluate(model=lm, tasks=['looped_svamp'], task_manager=manager, log_samples=True, bootstrap_iters=0)
+    for s in out['samples']['looped_svamp']:
+        (ctx, cont), = s['arguments']
+        assert ctx.count('\n\n') == 2 and ctx.endswith(s['doc']['context'].strip()) and cont == ' ' + s['doc']['continuation']
+        assert s['doc']['context'].strip() not in ctx[:-len(s['doc']['context'].strip())]
+    # the command: JSON with the groups, and a missing bundles folder is every task missing, not a crash
+    capsys.readouterr()
+    assert cli_downstream([str(run), '--bundles', str(tmp_path / 'none'), '--json']) == 0
+    empty = json.loads(capsys.readouterr().out)
+    assert empty['tasks'] == {} and len(empty['missing']) == 3 + 5 + 3 + 5 + 4 and 'no saunshi_bundle/saunshi.yaml' in empty['missing']['nq']

@@ -16,7 +16,7 @@ from depthbench_nb import reports, scaling
 from depthbench_nb.config import ConfigError
 from depthbench_nb.looped import CASE_STUDY_BUDGETS, looped_grid_rows, looped_params
 from depthbench_nb.runs import provenance, run_dir, write_params, write_result
-from depthbench_nb.sweep import expand_study, load_study
+from depthbench_nb.sweep import expand_study, load_study, plan_rows
 from depthbench_nb.trainer import make_run_config
 
 LAW = dict(E=1.56773, A=28.027, B=915.82, alpha=0.19924, beta=0.36863)      # the project page's fit
@@ -103,18 +103,45 @@ def test_looped_main_report(paper_studies, tmp_path):
     lf = pd.read_csv(tmp_path / 'looped_runs.csv')
     base = lf[(lf.study == 'looped-main')]
     per_r = scaling.fit_per_r(base.assign(provenance='real'), restarts=RESTARTS)
-    mine = reports.frontier_exponents(reports.per_r_frontier(per_r, base), reports.reference_table('looped')).set_index('r')
+    paper = reports.reference_table('looped')
+    mine = reports.frontier_exponents(per_r, base, paper, reports.per_r_frontier(per_r, base)).set_index('r')
     shown = pd.read_csv(tmp_path / 'looped_frontier_exponents.csv').set_index('r')
     assert np.allclose(shown.a_N_star, mine.a_N_star, rtol=1e-6) and np.allclose(shown.b_D_star, mine.b_D_star, rtol=1e-6)
+    for r, f in per_r.items():   # the paper's definition: the closed form under C = k N^gamma D, gamma over the r's 11 widths
+        gamma = np.polyfit(np.log(base[base.r == r].groupby('d_model').apply(lambda g: g.n_once.iloc[0] + g.n_rec.iloc[0])),
+                           np.log(base[base.r == r].groupby('d_model').flops_per_token.first()), 1)[0]
+        assert shown.loc[r, 'gamma'] == pytest.approx(gamma, rel=1e-9)
+        assert shown.loc[r, 'a_N_star'] == pytest.approx(f.beta / (f.alpha + gamma * f.beta), rel=1e-9)
     joint = scaling.fit_frame(base.assign(provenance='real'), 'looped', restarts=RESTARTS)
-    via_joint = reports.frontier_exponents(reports.per_r_frontier({r: joint for r in per_r}, base), reports.reference_table('looped'))
+    via_joint = reports.frontier_exponents({r: joint for r in per_r}, base, paper)
     assert not np.allclose(via_joint.set_index('r').b_D_star, shown.b_D_star, atol=1e-3)
     assert ((shown.a_N_star + shown.b_D_star) > 1.0).all() and shown.paper_b_D_star.tolist() == [0.53, 0.42, 0.37, 0.44]
+    assert shown.a_exact_frontier.notna().all() and (shown.n_widths == 11).all()
     fr = pd.read_csv(tmp_path / 'looped_frontier.csv')
     assert fr.C.min() == pytest.approx(4.64e17) and fr.C.max() == pytest.approx(2.15e19) and not fr.extrapolated.any()
     assert {'looped_table1_per_r', 'looped_fig8_joint_residuals', 'looped_fig9_per_r_residuals', 'looped_frontier',
             'looped_stability'} <= rep.built()
     assert rep.scale.n_runs == 248 and rep.scale.n_comparable == 248 and 'all 248 completed runs are paper scale' in rep.scale.label
+    # Table 1 carries the paper's A, B and Huber beside ours; the empirical optima the paper's N* and L* (project page)
+    t1 = pd.read_csv(tmp_path / 'looped_table1_per_r.csv').set_index('r')
+    assert t1.loc[1, ['paper_A', 'paper_B', 'paper_huber']].tolist() == [58, 150, 5.84e-5] and t1.loc[8, 'paper_B'] == 780
+    emp = pd.read_csv(tmp_path / 'looped_empirical_optima.csv')
+    cell = emp[(emp.r == 4) & (emp.C.sub(1e19).abs() < 1e9)].iloc[0]
+    assert cell.paper_N_star == pytest.approx(183.437985e6) and cell.paper_L_star == pytest.approx(2.458229, abs=1e-6)
+    # the index lists every table and figure of the paper, each rebuilt / with a stated difference / partial / missing and why
+    index = pd.read_csv(tmp_path / 'looped_paper_index.csv').set_index('paper')
+    assert {'Table 1', 'Table 2', 'Table 3', 'Table 5', 'Table 7', 'Tables 8-9', 'Table 10', 'Fig. 3', 'Fig. 8', 'Fig. 9', 'Fig. 10',
+            'worked example', 'downstream results'} <= set(index.index)
+    assert set(index.status) <= set(reports.PAPER_STATUSES)
+    assert index[index.status != 'rebuilt'].detail.fillna('').ne('').all()     # every other status says why
+    assert index.loc['Table 1', 'status'] == 'rebuilt' and index.loc['Table 7', 'status'] == 'rebuilt'
+    assert index.loc['Table 2', 'status'] == 'partial' and 'the phi CI (n_bootstrap = 0' in index.loc['Table 2', 'detail']
+    assert index.loc['Table 3', 'status'] == 'rebuilt' and index.loc['Fig. 3', 'status'] == 'rebuilt with a stated difference'
+    assert index.loc['Table 10', 'status'] == 'missing' and 'sweep run looped-extrapolation' in index.loc['Table 10', 'detail']
+    assert index.loc['downstream results', 'status'] == 'missing' and 'depthbench-nb downstream' in index.loc['downstream results', 'detail']
+    assert index.loc['Table 5', 'status'] == 'missing' and 'single injection' in index.loc['Table 5', 'detail']
+    text = (tmp_path / 'looped_index.md').read_text()
+    assert "## The paper's tables and figures" in text and '| Tables 8-9 | rebuilt with a stated difference |' in text
 
 
 def test_scale_comes_from_the_runs(tmp_path, monkeypatch):
@@ -167,3 +194,99 @@ def test_report_command_defaults_to_the_papers_effort(runs_dir, monkeypatch, cap
     json.loads(capsys.readouterr().out)
     with pytest.raises(ConfigError, match='--bootstrap'):
         reports.cli_report(['some-study', '--bootstrap', '1'])
+
+
+def test_fig3_exponents_from_the_papers_table1():
+    "The paper's own Table 1 coefficients give its Fig. 3 exponents under the report's definition, to 0.02 (the old one: no)."
+    paper = reports.reference_table('looped')
+    laws = reports.paper_table1_laws(paper)
+    grid = scaling.paper_grid_frame().assign(vocab=32064, seq_len=2048)
+    ex = reports.frontier_exponents(laws, grid, paper, reports.per_r_frontier(laws, grid)).set_index('r')
+    assert ex.paper_a_N_star.tolist() == [0.57, 0.70, 0.76, 0.67] and ex.paper_b_D_star.tolist() == [0.53, 0.42, 0.37, 0.44]
+    assert (ex.a_N_star - ex.paper_a_N_star).abs().max() <= 0.02 and (ex.b_D_star - ex.paper_b_D_star).abs().max() <= 0.02
+    # the slopes of the exact frontier (the report's definition before) miss them by more than 0.05
+    assert ((ex.a_exact_frontier - ex.paper_a_N_star).abs() > 0.05).all()
+
+
+def test_phi_refitted_on_the_papers_optima(tmp_path):
+    "The joint law refitted on the paper's 24 published per-(C, r) optima lands inside the paper's CI, as scipy's loop finds it."
+    paper = reports.reference_table('looped')
+    frame = reports.paper_optima_frame(paper)
+    opt = reports.paper_optima(paper)
+    assert len(frame) == 24 and np.allclose(frame.n_once + frame.n_rec, opt.N_star, rtol=1e-9)
+    from depthbench_nb.scaling import paper_accounting
+    assert np.allclose(frame.D, [C / paper_accounting(d, r).flops_per_token for C, d, r in zip(frame.C, frame.d, frame.r)])
+    cols = ['n_once', 'n_rec', 'r', 'D', 'loss', 'provenance']
+    ours = scaling.fit_frame(frame[cols], 'looped', restarts=50)
+    ref = scaling.fit_frame(frame[cols], 'looped', restarts=100, method='scipy')    # the paper's L-BFGS-B loop, tight tolerances
+    assert 0.41 <= ours.phi <= 0.53 and ours.phi == pytest.approx(ref.phi, abs=1e-4) and ours.huber <= ref.huber * (1 + 1e-6)
+    reports.build_looped_report('no-runs', df=pd.DataFrame(), out_dir=tmp_path, restarts=50, n_bootstrap=0)
+    t = pd.read_csv(tmp_path / 'looped_phi_on_paper_optima.csv').iloc[0]
+    assert t.phi == pytest.approx(ours.phi, abs=1e-4) and t.n_points == 24 and t.paper_phi == 0.459 and t.paper_phi_ci == '[0.41, 0.53]'
+    v = pd.read_csv(tmp_path / 'looped_verdicts.csv').set_index('quantity')
+    assert v.loc["phi refitted on the paper's 24 per-(C, r) optima", 'verdict'] == 'reproduced'
+    assert (v.filter(like='Fig. 3 exponent', axis=0).verdict == 'reproduced').sum() == 8
+
+
+def test_case_study_frame_keeps_the_four_lowest_budgets():
+    "A TBPTT run above the grid's four lowest budgets does not enter Table 3's fit (the paper has none there)."
+    grid, tb = scaling.paper_grid_frame(), scaling.paper_grid_frame('tbptt')
+    above = tb[tb.r > 1].iloc[:1].assign(C=1e19)
+    lf = pd.concat([grid, tb[tb.r > 1], above]).assign(loss=2.5, lr=0.014)
+    cs = reports.case_study_frame(lf, 'tbptt')
+    assert set(cs.C) == set(CASE_STUDY_BUDGETS) and len(cs) == 89 and (cs.r == 1).sum() == 20
+
+
+def flagship(study: str, r: int):
+    return make_run_config('looped', preset='looped-flagship', r=r, s=34, study=study, verbose=False)
+
+
+def downstream_record(run, losses: dict, missing=('drop', 'coqa')):
+    "A downstream.json as `depthbench-nb downstream` writes it: per group its loss, accuracy, tasks and missing tasks."
+    groups = {g: dict(loss=v, accuracy=0.5, n_tasks=1, tasks=['t'], missing=[m for m in missing if g == 'reading_comprehension'])
+              for g, v in losses.items()}
+    folder = run_dir(run) / 'downstream'
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / 'downstream.json').write_text(json.dumps(dict(groups=groups, missing={m: 'data file x is not there' for m in missing},
+                                                            tasks={}, limit=None)))
+
+
+def test_table10_and_the_downstream_results(tmp_path, monkeypatch):
+    """Table 10 compares the runs of its plan (s = 34, 89,645 steps x 524,288 tokens, r = 1 and 4: the study
+    looped-extrapolation, whose `sweep plan` shows the cost), never the grid's s = 34 runs at 2.15e19 FLOPs; the
+    downstream results per r at matched budgets, a figure by task group, and the absent tasks named in the index."""
+    monkeypatch.setenv('DEPTHBENCH_RUNS', str(tmp_path / 'runs'))
+    plan = plan_rows(expand_study(load_study('looped-extrapolation')))
+    assert [(p['r'], p['s'], p['steps'], p['tokens']) for p in plan] == [(r, 34, 89_645, 89_645 * 524_288) for r in (1, 4)]
+    assert all(3.8e20 < p['train_flops'] < 4.1e20 for p in plan) and all(p['gpu_hours'] > 100 for p in plan)
+    assert {e.run_id for e in expand_study(load_study('looped-extrapolation'))} == {flagship('looped-extrapolation', r).run_id for r in (1, 4)}
+    grid = {(row['r'], row['s'], row['C']): grid_run('looped-main', row) for row in looped_grid_rows('baseline')
+            if row['s'] in (10, 12, 34) and row['r'] in (1, 4)}
+    for (r, s, C), run in grid.items(): record(run, 2.3 + 0.01 * r + (0.02 if s == 12 else 0.0) + (0.5 if C < 2e19 else 0.0))
+    lf = reports.looped_frame(reports.study_table('looped-main'))
+    before = reports.Report('looped-main', 'looped', reports.Scale((), True, 'runs'), tmp_path / 'before')
+    reports.looped_extrapolation_section(before, lf, reports.reference_table('looped'), {})
+    assert set(lf[lf.s == 34].paper_item) == {'grid'} and not before.built()   # the grid's s = 34 runs are not Table 10's
+    assert 'sweep run looped-extrapolation' in dict(before.missing)['extrapolation comparison (Table 10)']
+    for r, loss in ((1, 2.05), (4, 2.11)): record(flagship('looped-extrapolation', r), loss)
+    paper_like = dict(parametric_knowledge=2.6, reading_comprehension=1.0, math=1.5, reasoning_primitives=0.9, compositional_symbolic=1.5)
+    downstream_record(flagship('looped-extrapolation', 1), paper_like)
+    downstream_record(flagship('looped-extrapolation', 4), {g: v + 0.1 for g, v in paper_like.items()})
+    for (r, s, C), run in grid.items():
+        if C == 1e18: downstream_record(run, {g: v + 0.2 * (r == 4) + 0.05 * (s == 12) for g, v in paper_like.items()})
+    rep = reports.build_looped_report('looped-main', out_dir=tmp_path / 'after', restarts=2, n_bootstrap=0)
+    t10 = pd.read_csv(tmp_path / 'after' / 'looped_table10_extrapolation.csv').set_index('metric')
+    assert t10.loc['validation loss', ['r1', 'r4', 'paper_r1', 'paper_r4']].tolist() == pytest.approx([2.05, 2.11, 2.047, 2.108])
+    assert t10.loc['validation loss', 'gap'] == pytest.approx(0.06) and t10.loc['validation loss', 'runs'] == 'r = 1: paper scale; r = 4: paper scale'
+    assert t10.loc['parametric knowledge', ['r1', 'r4', 'paper_r1', 'paper_r4']].tolist() == pytest.approx([2.6, 2.7, 2.585, 2.693])
+    assert t10.loc['compositional symbolic', 'paper_gap'] == pytest.approx(-0.004)
+    m = pd.read_csv(tmp_path / 'after' / 'looped_downstream_matched.csv')
+    at = m[(m.budget == 'C = 1e+18') & (m.group == 'math')].iloc[0]           # the better (lower val loss) width of each r: s = 10
+    assert (at.loss_r1, at.loss_r4, at.gap_r4) == pytest.approx((1.5, 1.7, 0.2)) and at.widths == 'r = 1: s = 10, r = 4: s = 10'
+    top = m[m.budget.str.startswith('Table 10') & (m.group == 'reading_comprehension')].iloc[0]
+    assert (top.gap_r4, top.paper_r1, top.paper_r4) == pytest.approx((0.1, 0.980, 1.030))
+    assert {'looped_downstream', 'looped_downstream_matched', 'looped_table10_extrapolation'} <= rep.built()
+    index = pd.read_csv(tmp_path / 'after' / 'looped_paper_index.csv').set_index('paper')
+    assert index.loc['downstream results', 'status'] == 'partial' and 'tasks not evaluated (data not present): coqa, drop' in index.loc['downstream results', 'detail']
+    assert index.loc['Table 10', 'status'] == 'rebuilt with a stated difference' and 'FP8' in index.loc['Table 10', 'detail']
+    assert 'downstream tasks coqa, drop' in (tmp_path / 'after' / 'looped_index.md').read_text()
