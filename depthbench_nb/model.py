@@ -643,7 +643,8 @@ class MultiStreamBlock(nn.Module):
         if ctx.fused and not hc_kernels_apply(H):   # one batched matmul reads the branch input and mixes the streams
             coef = torch.cat([read.unsqueeze(-2), mix.expand(*H.shape[:-2], *mix.shape[-2:])], -2)  # [B, T, n+1, n]
             Y = coef.to(H.dtype) @ H                                                               # [B, T, n+1, d]
-            return torch.addcmul(Y[..., 1:, :], write.unsqueeze(-1).to(H.dtype), branch(Y[..., 0, :]).unsqueeze(-2))
+            x = Y[..., 0, :].clone()   # the branch saves its input: a view would keep all n + 1 rows of Y alive until backward
+            return torch.addcmul(Y[..., 1:, :], write.unsqueeze(-1).to(H.dtype), branch(x).unsqueeze(-2))
         return hc_write(H, mix, write, branch(hc_read(H, read)))  # [B, T, n, d]
 
 
@@ -975,9 +976,13 @@ class _FusedDepthSources(_DepthSources):
         rows, d = embedding.numel() // embedding.shape[-1], embedding.shape[-1]
         compute = torch.float64 if embedding.dtype == torch.float64 else torch.float32
         self.store = AttnResStore(rows, n_slots, d, compute, embedding.device, ATTNRES_EPS)
+        self.shape = embedding.shape[:-1]                                   # [B, T]
 
     def commit(self):
-        if self.partial is not None: self.store.write(len(self.sources), self.partial)
+        "Write the partial into its slot; the list keeps the newest source (a skip reads it) and, for older ones, only the dtype."
+        if self.partial is None: return
+        self.store.write(len(self.sources), self.partial)
+        if self.sources: self.sources[-1] = self.sources[-1].new_empty(0)   # the store holds its values: no second copy
         super().commit()
 
     def mix(self, mixer: AttnResMixer, out_weight: torch.Tensor, identity: bool = False):
@@ -986,7 +991,7 @@ class _FusedDepthSources(_DepthSources):
         if identity: return super().mix(mixer, out_weight, identity=True)
         dtype = functools.reduce(torch.promote_types, (s.dtype for s in srcs))
         out, raw, p = attnres_site(self.store, len(self.sources), mixer.query, mixer.key_weight, out_weight, self.partial,
-                                   srcs[0].shape[:-1])
+                                   self.shape)
         return out.to(dtype), raw.to(dtype), p.to(dtype)
 
 
