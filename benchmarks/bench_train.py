@@ -85,7 +85,8 @@ class Bench:
         sec = statistics.median(self.times)
         tok_s = t.global_batch * t.seq_len / sec
         row = dict(arch=self.run.model.arch, n_layer=self.run.model.n_layer, d_model=self.run.model.d_model, mode=self.mode,
-                   mixing=self.mixing or os.environ.get('DEPTHBENCH_MIXING', 'fused'), tokens_per_s=round(tok_s, 1), s_per_step=round(sec, 3),
+                   mixing='reference' if self.mode == 'compiled' else self.mixing or os.environ.get('DEPTHBENCH_MIXING', 'fused'),  # compile traces the reference
+                   tokens_per_s=round(tok_s, 1), s_per_step=round(sec, 3),
                    warmup_s=round(self.warmup_s, 1),
                    flops_per_token=train_flops_per_token(self.run.model, t.seq_len))
         peak = peak_flops(self.device)
@@ -179,7 +180,7 @@ def main(argv=None):
             if a.global_batch: run = run.replace(train=run.train.replace(global_batch=a.global_batch))
             runs[arch, L] = run
             for mode in ('eager', 'compiled') if a.compile else ('eager',):
-                for mixing in (mixings if arch != 'preln' else mixings[:1]):   # Pre-LN has no depth mixing
+                for mixing in (mixings if arch != 'preln' and mode == 'eager' else mixings[:1]):   # Pre-LN has no depth mixing; compiled: one path
                     plans.append((run, mixing, mode == 'compiled'))
         micro = lambda run: a.micro_batch or (run.train.global_batch if device.type == 'cpu' else min(8, run.train.global_batch))
         make = lambda run, mixing, compiled: Bench(run, micro(run), device, mixing, compiled, a.compile_backend)
