@@ -14,7 +14,11 @@ What it measures, in one process (every ratio is against a baseline measured in 
    each as a ratio over Pre-LN in the same mode (a design that runs out of memory is measured at half the
    micro-batch, recorded, and its time ratio is per token);
 4. the MFU of compiled Pre-LN 400m L24 in bf16: train FLOPs per token (depthbench_nb.costs) x tokens/s / the
-   GPU's dense bf16 peak.
+   GPU's dense bf16 peak;
+5. per design and mode, the roofline: a step-time model from Pre-LN's FLOP throughput in the same mode (the matmul
+   rate) and the copy bandwidth of 1., applied to the design's FLOPs and the bytes of depth states its mixing moves
+   (`costs.roofline`; bf16 states, AttnRes sources in fp32 as the fused path stores them), as model time / achieved
+   time, and where an eager step's time goes (the top ops of one profiled step).
 
 Targets on an H100-class GPU (the issue): MFU >= 45%; HC, mHC and AttnRes step time <= 1.07 x Pre-LN (compiled).
 The report says for each whether it is met; `--strict` turns a missed target into exit status 1.
@@ -68,6 +72,7 @@ def parse_args(argv=None):
     p.add_argument('--compile-backend', default=None, help='torch.compile backend (default inductor; eager under --smoke)')
     p.add_argument('--budget-s', type=float, default=460.0,
                    help='wall-clock budget (default 460 s: within 8 minutes): a compile expected to end after it is skipped')
+    p.add_argument('--top', type=int, default=4, help='ops in the profiler breakdown of each eager row (0: no profiling)')
     p.add_argument('--strict', action='store_true', help='exit 1 when a target is missed')
     a = p.parse_args(argv)
     if a.smoke:
@@ -141,6 +146,7 @@ def measure(arch, mode, model, opt, idx, a, dev) -> dict:
 def measure_at(arch, mode, model, opt, idx, a, dev) -> dict:
     "Median step time, tokens/s and peak memory of one design in one mode (eager | compiled) on the batch idx [m, T+1]."
     import torch
+    from depthbench_nb.costs import top_ops
     fwd = torch.compile(model, backend=a.compile_backend) if mode == 'compiled' else model
     step = step_fn(fwd, opt, idx[:, :-1], idx[:, 1:], dev)
     if dev.type == 'cuda': torch.cuda.empty_cache(); torch.cuda.reset_peak_memory_stats(dev)
@@ -157,10 +163,12 @@ def measure_at(arch, mode, model, opt, idx, a, dev) -> dict:
             t1 = time.perf_counter(); step(); times.append(time.perf_counter() - t1)
     sec = statistics.median(times)
     peak = torch.cuda.max_memory_allocated(dev) / 2**30 if dev.type == 'cuda' else None
+    top = top_ops(step, a.top) if mode == 'eager' and a.top else None   # where the time goes (eager: the ops are the code's)
     if mode == 'compiled': torch._dynamo.reset()
     tokens = idx.shape[0] * a.seq_len
     return dict(arch=arch, mode=mode, micro_batch=idx.shape[0], step_ms=1e3 * sec, tokens_per_s=tokens / sec,
-                ms_per_ktoken=1e6 * sec / tokens, peak_mem_gib=peak, warmup_s=warm_s, params=sum(p.numel() for p in model.parameters()))
+                ms_per_ktoken=1e6 * sec / tokens, peak_mem_gib=peak, warmup_s=warm_s, params=sum(p.numel() for p in model.parameters()),
+                top_ops=top and ', '.join(f'{name} {share:.0%}' for name, share in top))
 
 
 def add_ratios(rows: list[dict]) -> None:
@@ -172,6 +180,23 @@ def add_ratios(rows: list[dict]) -> None:
         r['step_ratio_vs_preln'] = r['ms_per_ktoken'] / b['ms_per_ktoken']   # per token: a smaller micro-batch after an OOM stays comparable
         r['tokens_per_s_ratio_vs_preln'] = r['tokens_per_s'] / b['tokens_per_s']
         if r['peak_mem_gib'] is not None and b['peak_mem_gib']: r['mem_ratio_vs_preln'] = r['peak_mem_gib'] / b['peak_mem_gib']
+
+
+def add_roofline(rows: list[dict], shape, a, copy_gbs: float) -> None:
+    "Each row's FLOP throughput over Pre-LN's and its roofline fraction (Pre-LN's FLOP rate in the same mode, the copy bandwidth)."
+    from depthbench_nb.costs import roofline, train_flops_per_token
+    from depthbench_nb.config import family_of
+    flops = lambda arch: float(train_flops_per_token(shape.model_config(arch, max_seq_len=a.seq_len), a.seq_len))
+    base = {r['mode']: r for r in rows if r['arch'] == 'preln' and 'tokens_per_s' in r}
+    for r in rows:
+        b = base.get(r['mode'])
+        if b is None or 'tokens_per_s' not in r: continue
+        rate = b['tokens_per_s'] * flops('preln')
+        state_bytes = 4 if a.smoke or family_of(r['arch']) == 'attnres' else 2
+        model = roofline(shape.model_config(r['arch'], max_seq_len=a.seq_len), a.seq_len, rate, copy_gbs * 1e9, state_bytes)
+        r['flops_vs_preln'] = r['tokens_per_s'] * flops(r['arch']) / rate
+        r['mixing_bytes_per_token'] = model.mixing_bytes_per_token
+        r['roofline'] = model.fraction(1 / r['tokens_per_s'])
 
 
 def mfu_row(rows, shape, a, dev) -> dict:
@@ -219,14 +244,15 @@ def markdown(res: dict) -> str:
     lines += ['', f"MFU row: Pre-LN {res['shape']}, compiled, {m['precision']}: {_f(m['tokens_per_s'], ',.0f')} tokens/s × "
               f"{m['flops_per_token']:.3e} FLOPs/token / peak {_f(m['peak_flops'], '.3e')} FLOP/s = **{_f(m['mfu'], '.1%')}**.", '',
               f"## Designs at {res['shape']} ({res['tokens_per_step']:,} tokens per step; ratios over Pre-LN in the same mode)", '',
-              '| design | mode | seqs/step | step ms | × Pre-LN (per token) | tokens/s | × Pre-LN | peak GiB | × Pre-LN |',
-              '|---|---|---|---|---|---|---|---|---|']
+              '| design | mode | seqs/step | step ms | × Pre-LN (per token) | tokens/s | × Pre-LN | FLOP/s × Pre-LN | roofline | peak GiB | × Pre-LN | top ops |',
+              '|---|---|---|---|---|---|---|---|---|---|---|---|']
     for r in res['designs']:
         if 'step_ms' not in r:
-            lines.append(f"| {r['arch']} | {r['mode']} | | {r.get('skipped') or r.get('error')} | | | | | |"); continue
+            lines.append(f"| {r['arch']} | {r['mode']} | | {r.get('skipped') or r.get('error')} | | | | | | | | |"); continue
         lines.append(f"| {r['arch']} | {r['mode']} | {r['micro_batch']} | {r['step_ms']:.1f} | {_f(r.get('step_ratio_vs_preln'), '.3f')} | "
-                     f"{r['tokens_per_s']:,.0f} | {_f(r.get('tokens_per_s_ratio_vs_preln'), '.3f')} | {_f(r['peak_mem_gib'], '.2f')} | "
-                     f"{_f(r.get('mem_ratio_vs_preln'), '.3f')} |")
+                     f"{r['tokens_per_s']:,.0f} | {_f(r.get('tokens_per_s_ratio_vs_preln'), '.3f')} | {_f(r.get('flops_vs_preln'), '.3f')} | "
+                     f"{_f(r.get('roofline'), '.3f')} | {_f(r['peak_mem_gib'], '.2f')} | {_f(r.get('mem_ratio_vs_preln'), '.3f')} | "
+                     f"{r.get('top_ops') or ''} |")
     lines += ['', f"## Kernels (forward + backward, {res['kernel_shape']})", '',
               '| kernel | impl | ms | GB/s | % of copy | × torch |', '|---|---|---|---|---|---|']
     for r in res['kernels']:
@@ -305,10 +331,11 @@ def main(argv=None) -> int:
             rows.append(row)
             print(f"  {arch:>14} {mode:>8}: " + (row.get('error') or f"{row['step_ms']:.1f} ms  {row['tokens_per_s']:,.0f} tok/s  "
                   f"peak {_f(row['peak_mem_gib'], '.2f')} GiB  (warm-up {row['warmup_s']:.0f} s)"), flush=True)
-            add_ratios(rows); res['designs'] = rows; save()
+            add_ratios(rows); add_roofline(rows, shape, a, res['copy_bandwidth_gbs']); res['designs'] = rows; save()
         del model, opt, idx
         if dev.type == 'cuda': torch.cuda.empty_cache()
     add_ratios(rows)
+    add_roofline(rows, shape, a, res['copy_bandwidth_gbs'])
     res['designs'] = rows
     res['mfu'] = mfu_row(rows, shape, a, dev)
     res['targets'] = targets(rows, res['mfu'], a.smoke)

@@ -96,6 +96,11 @@ def _choice_error(kind: str, value, valid) -> ConfigError:
     return ConfigError(f"unknown {kind} {short_repr(value)}; valid {kind}s: {shown}")
 
 # %% ../nbs/00_config.ipynb #1abb22e4
+def _no_mixing(cfg, *args) -> tuple[int, int]:
+    "A design whose residual stream is added, not mixed: no depth states to move."
+    return 0, 0
+
+
 def _no_extra(cfg, *args) -> int:
     "The explicit zero of an optional cost piece (memory, caches, extra matmul weights): the design adds none."
     return 0
@@ -136,6 +141,8 @@ class Design:
     matmul_params: Callable = _no_extra       # cfg -> extra matmul weights a token passes (OLMo-core's 6N counts them)
     activation_bytes: Callable = _no_extra    # (cfg, bytes_per_elem) -> extra activation bytes per token
     depth_cache_bytes: Callable = _no_extra   # (cfg, bytes_per_elem) -> depth-cache bytes per token (besides KV)
+    mixing_bytes: Callable = _no_mixing       # (cfg, bytes_per_elem) -> (forward, backward) bytes of depth states the
+                                              # depth mixing reads and writes per token in a training step
     ffn_rule: str = '8/3'                     # the FFN width when ffn_hidden is None
     micro_batch_cap: int = 16                 # sequences per forward pass on a GPU (the official launchers)
     shared_init: bool = True                  # DepthBench's truncated-normal init (False: check_init covers it all)

@@ -20,9 +20,9 @@ from .console import Arg, call_parsed, comma_ints, emit
 
 # %% auto #0
 __all__ = ['backbone_matmul_params', 'lm_head_params', 'olmo_core_flops_per_token', 'design_forward_flops_per_token',
-           'train_flops_per_token', 'prefill_flops', 'kv_cache_bytes', 'depth_cache_bytes', 'MemoryEstimate',
-           'activation_bytes', 'memory_estimate', 'cost_row', 'measured_costs', 'measure_latency', 'latency_row',
-           'costs_command', 'cli_costs']
+           'train_flops_per_token', 'prefill_flops', 'kv_cache_bytes', 'mixing_bytes_per_token', 'depth_cache_bytes',
+           'MemoryEstimate', 'activation_bytes', 'memory_estimate', 'cost_row', 'measured_costs', 'measure_latency',
+           'latency_row', 'Roofline', 'roofline', 'copy_bandwidth', 'top_ops', 'costs_command', 'cli_costs']
 
 # %% ../nbs/08a_costs.ipynb #c13fd6ab
 def backbone_matmul_params(cfg: ModelConfig) -> int:
@@ -77,6 +77,13 @@ def kv_cache_bytes(cfg: ModelConfig, seq_len: int, bytes_per_elem: int = 2) -> i
     _check_seq_len(seq_len)
     kv = cfg.n_kv_head * cfg.head_dim
     return int(2 * cfg.n_layer * seq_len * kv * bytes_per_elem)     # n_layer = executed layers for looped models too
+
+
+def mixing_bytes_per_token(cfg: ModelConfig, bytes_per_elem: int = 4) -> tuple[int, int]:
+    """(forward, backward) bytes of depth states the design's depth mixing reads and writes per token in a training step
+    (AttnRes sources, MoDA depth keys and values, HC/mHC streams; 0 for designs that only add to the residual stream)."""
+    forward, backward = resolve_arch(cfg.arch).mixing_bytes(cfg, bytes_per_elem)
+    return int(forward), int(backward)
 
 
 def depth_cache_bytes(cfg: ModelConfig, seq_len: int, bytes_per_elem: int = 2) -> int:
@@ -172,6 +179,55 @@ def latency_row(cfg: ModelConfig, seq_len: int, device: Optional[str] = None, de
     del model
     return dict(device=device, prefill_s=lat['prefill_s'], prefill_tflops_per_s=prefill_flops(cfg, seq_len) / lat['prefill_s'] / 1e12,
                 decode_tokens_per_s=lat['decode_tokens_per_s'])
+
+# %% ../nbs/08a_costs.ipynb #00ca17a9
+@dataclass(frozen=True)
+class Roofline:
+    "The step-time model of one design at one shape: matmul FLOPs at Pre-LN's measured rate plus mixing bytes at the copy bandwidth."
+    flops_per_token: float            # training FLOPs (`train_flops_per_token`)
+    mixing_bytes_per_token: int       # forward + backward depth-state traffic (`mixing_bytes_per_token`)
+    matmul_flops_per_s: float         # Pre-LN's achieved FLOP throughput, same device and run
+    copy_bytes_per_s: float           # the device's copy bandwidth (read + written), same run
+
+    def seconds_per_token(self) -> float:
+        return self.flops_per_token / self.matmul_flops_per_s + self.mixing_bytes_per_token / self.copy_bytes_per_s
+
+    def fraction(self, achieved_seconds_per_token: float) -> float:
+        "Roofline time / achieved time: 1 at the roofline, 0.5 when the design runs twice as slow as its model."
+        return self.seconds_per_token() / achieved_seconds_per_token
+
+
+def roofline(cfg: ModelConfig, seq_len: int, matmul_flops_per_s: float, copy_bytes_per_s: float, bytes_per_elem: int = 4) -> Roofline:
+    "The roofline of `cfg` from two rates measured on the device (`bytes_per_elem`: 4 for fp32 states, 2 for bf16)."
+    forward, backward = mixing_bytes_per_token(cfg, bytes_per_elem)
+    return Roofline(train_flops_per_token(cfg, seq_len), forward + backward, float(matmul_flops_per_s), float(copy_bytes_per_s))
+
+
+def copy_bandwidth(device='cpu', n_bytes: int = 1 << 28, reps: int = 5) -> float:
+    "The device's copy bandwidth (bytes read + written per second, best of `reps`) on a buffer beyond its caches (256 MiB)."
+    import torch
+    src = torch.empty(n_bytes // 4, dtype=torch.float32, device=device).normal_()
+    dst = torch.empty_like(src)
+    sync = torch.cuda.synchronize if src.is_cuda else (lambda: None)
+    best = math.inf
+    for _ in range(reps + 1):                                   # the first copy touches the pages: not timed
+        sync(); t0 = time.perf_counter(); dst.copy_(src); sync()
+        best = min(best, time.perf_counter() - t0) if _ else math.inf
+    return 2 * n_bytes / best
+
+
+def top_ops(step, n: int = 5) -> list[tuple[str, float]]:
+    "Where a step's time goes: the n aten ops with the most self time under torch.profiler, as (name, share of the step)."
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    with profile(activities=acts) as prof: step()
+    events = [e for e in prof.key_averages() if e.key.startswith('aten::')]
+    device = torch.cuda.is_available()
+    self_time = (lambda e: e.self_device_time_total) if device else (lambda e: e.self_cpu_time_total)
+    total = sum(self_time(e) for e in events) or 1.0
+    ranked = sorted(events, key=self_time, reverse=True)[:n]
+    return [(e.key.removeprefix('aten::'), round(self_time(e) / total, 3)) for e in ranked]
 
 # %% ../nbs/08a_costs.ipynb #62a02033
 def costs_command(grid: Annotated[str, Arg(help=f"one of: {', '.join(GRIDS)} (default 400m)")] = '400m',

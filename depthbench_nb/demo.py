@@ -5,6 +5,7 @@
 # %% ../nbs/09j_demo.ipynb #d3e4f5a6
 from __future__ import annotations
 
+import json
 import os
 import resource
 import signal
@@ -18,12 +19,13 @@ from .config import ConfigError, DataConfig, RunInterrupted, family_of, runs_roo
 from .data import prepare
 from .diagnostics import applicable_metrics, run_diagnostics
 from .reports import completed, normalize_runs, run_folder, run_report_notebooks
-from .runs import read_params
+from .runs import read_params, read_result
 from .shapes import PRESETS
 from .console import Arg, call_parsed, emit
 
 # %% auto #0
-__all__ = ['DEMO_EXTRA_GROUPS', 'DEMO_METRICS', 'demo_extra_entries', 'diagnose_study', 'demo', 'demo_command', 'cli_demo']
+__all__ = ['DEMO_EXTRA_GROUPS', 'DEMO_METRICS', 'demo_extra_entries', 'diagnose_study', 'run_times', 'demo', 'demo_command',
+           'cli_demo']
 
 # %% ../nbs/09j_demo.ipynb #a3cf46cd
 DEMO_EXTRA_GROUPS = (
@@ -72,7 +74,31 @@ def diagnose_study(study: str, df: pd.DataFrame, metrics=DEMO_METRICS, n_samples
 
 
 # %% ../nbs/09j_demo.ipynb #a6b7c8d9
-def demo(workers: Optional[int] = None, executor: str = 'python', restarts: int = 500, n_bootstrap: int = 200,
+def run_times(study: str, outcome: dict) -> pd.DataFrame:
+    """Per run this driver trained: the driver's wall seconds for it, the run's own training time (`wall_time_s` of its
+    result: the training loop, evaluations, checkpoints) and the rest, start-up and wrap-up (a process, imports, data)."""
+    ran = {o['run_id']: o['label'] for o in outcome['outcomes'] if o['action'] == 'ran'}
+    path = sweep.sweep_dir(study) / 'executions.jsonl'
+    lines = [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+    rows = []
+    for x in lines:
+        if x['run_id'] not in ran or x.get('pid') != os.getpid() or 'seconds' not in x: continue
+        result = read_result(runs_root() / study / x['run_id']) or {}
+        train_s = result.get('wall_time_s')
+        rows.append(dict(run=ran[x['run_id']], executor=x.get('executor'), wall_s=x['seconds'], train_s=train_s,
+                         other_s=None if train_s is None else round(x['seconds'] - train_s, 1)))
+    return pd.DataFrame(rows, columns=['run', 'executor', 'wall_s', 'train_s', 'other_s'])
+
+
+def _say_run_times(times: pd.DataFrame, say) -> None:
+    if not len(times): return
+    say(f"{len(times)} runs: {times['wall_s'].sum():.0f} s in all ({times['train_s'].sum():.0f} s training, "
+        f"{times['other_s'].sum():.0f} s start-up and wrap-up); slowest:")
+    for r in times.sort_values('wall_s', ascending=False).head(5).itertuples():
+        say(f'    {r.run}: {r.wall_s:.0f} s ({r.train_s:.0f} s training)')
+
+
+def demo(workers: Optional[int] = None, executor: str = 'worker', restarts: int = 500, n_bootstrap: int = 200,
          bootstrap_restarts: int = 500, progress: bool = True, study: str = 'demo') -> dict:
     "The embedded default: prepare the offline corpus, run the demo study, diagnose its design runs, build both reports."
     cores = os.cpu_count() or 1
@@ -99,25 +125,28 @@ def demo(workers: Optional[int] = None, executor: str = 'python', restarts: int 
     if res['interrupted']:                # its runs are checkpointed: `depthbench-nb demo` again resumes them
         raise RunInterrupted(getattr(signal, res['interrupted']), f"demo interrupted by {res['interrupted']} while training; "
                              f"its runs are checkpointed: run `depthbench-nb demo` again to resume")
+    times = run_times(study, res)
+    _say_run_times(times, say)
     df = normalize_runs(sweep.collect(study))
     stage('3/4 diagnose the design runs', lambda: diagnose_study(study, df, progress=progress))
-    stage('4/4 reports', lambda: run_report_notebooks(study, parameters=dict(restarts=restarts, n_bootstrap=n_bootstrap,
-                                                                            bootstrap_restarts=bootstrap_restarts), progress=progress))
+    fits = dict(restarts=restarts, n_bootstrap=n_bootstrap, bootstrap_restarts=bootstrap_restarts)
+    for which in ('depthbench', 'looped'):
+        stage(f'4/4 {which} report', lambda: run_report_notebooks(study, (which,), parameters=fits, progress=progress))
     counts = df['status'].value_counts().to_dict()
     out = dict(report_dir=str(runs_root() / study / 'report'), runs=counts, sweep=res['counts'], stages=stages,
-               total_wall_s=round(time.time() - t0, 1), total_cpu_s=round(_cpu_s() - c0, 1))
+               run_times=times.to_dict(orient='records'), total_wall_s=round(time.time() - t0, 1), total_cpu_s=round(_cpu_s() - c0, 1))
     say(f"done in {out['total_wall_s']:.0f} s wall ({out['total_cpu_s']:.0f} s CPU); runs {counts}; report: {out['report_dir']}")
     return out
 
 
 def demo_command(workers: Optional[int] = None,   # parallel training runs (default: min(2, CPU cores))
-                 executor: Annotated[str, Arg(choices=sweep.EXECUTORS)] = 'python',  # how each run is trained: python (fast) or papermill (keeps an executed train.ipynb per run)
+                 executor: Annotated[str, Arg(choices=sweep.EXECUTORS)] = 'worker',  # how each run is trained: worker (one process per worker trains its runs in turn), python (a process per run) or papermill (keeps an executed train.ipynb per run)
                  restarts: int = 500,             # random starts of every law fit in the looped report (default 500, the paper)
                  bootstrap: int = 200,            # block-bootstrap resamples for the phi CI (default 200, the paper)
                  boot_restarts: int = 500,        # random starts of every bootstrap refit, plus a warm start (default 500)
                  json: bool = False) -> int:      # machine-readable JSON output
-    """The embedded default: offline corpus -> tiny models of every family -> diagnostics -> both reports (about 15 min
-    on 2 cores). Resumable: finished runs are skipped."""
+    """The embedded default: offline corpus -> tiny models of every family -> diagnostics -> both reports (minutes on
+    2 cores; the README says what was measured where). Resumable: finished runs are skipped."""
     if workers is not None and workers < 1: raise ConfigError(f'--workers must be >= 1, got {workers}')
     t = demo(workers=workers, executor=executor, restarts=restarts, n_bootstrap=bootstrap, bootstrap_restarts=boot_restarts,
              progress=not json)

@@ -424,8 +424,11 @@ def readout_states(model, x: Tensor) -> tuple[Tensor, list[Tensor]]:
     queries = {id(blk.attn_mix.query): b for b, blk in enumerate(model.blocks) if b > 0 and hasattr(blk, 'attn_mix')}
     queries[id(model.final_mix.query)] = model.n_blocks
     mixes: dict = {}
-    with _capture_depth_mixes(queries, mixes):
-        logits, states = model(x, return_states=True)
+    mixing, model.mixing = model.mixing, 'reference'     # the capture sees the reference mixes (`attnres_mix` calls)
+    try:
+        with _capture_depth_mixes(queries, mixes):
+            logits, states = model(x, return_states=True)
+    finally: model.mixing = mixing
     missing = sorted(set(queries.values()) - set(mixes))
     if missing: raise ConfigError(f'readout_states: no depth mix was recorded for states {missing}')
     return logits, [mixes.get(l, s) for l, s in enumerate(states)]

@@ -18,7 +18,7 @@ from .config import ConfigError, ModelConfig
 __all__ = ['trunc_normal_', 'RMSNorm', 'LayerNorm', 'rope_angles', 'apply_rope', 'KVCache', 'causal_mask', 'Attention', 'SwiGLU']
 
 # %% ../nbs/04_layers.ipynb #d1b31c4f
-from .kernels import attnres_mix, hc_read, hc_write, rms_norm, sinkhorn, swiglu
+from .kernels import attnres_mix, depth_scores, depth_values, hc_read, hc_write, moda_attention, rms_norm, sinkhorn, swiglu
 
 # %% ../nbs/04_layers.ipynb #bdc706e6
 def trunc_normal_(weight: torch.Tensor, std: float, generator: Optional[torch.Generator] = None) -> torch.Tensor:
@@ -112,8 +112,8 @@ class Attention(nn.Module):
         self.wo = nn.Linear(self.n_head * self.head_dim, d, bias=False)
 
     def forward(self, x: torch.Tensor, offset: int = 0, cache: Optional[KVCache] = None, cache_key: Hashable = None,
-                depth_k: Optional[torch.Tensor] = None, depth_v: Optional[torch.Tensor] = None):
-        "x [B, T, d] -> (out [B, T, d], (k before RoPE, v) each [B, T, H_kv, hd])."
+                depth_k: Optional[torch.Tensor] = None, depth_v: Optional[torch.Tensor] = None, depth_slots=None, n_depth: int = 0):
+        "x [B, T, d] -> (out [B, T, d], (k before RoPE, v) each [B, T, H_kv, hd]); MoDA depth keys stacked or in `depth_slots`."
         B, T, _ = x.shape
         q = self.wq(x).view(B, T, self.n_head, self.head_dim)        # [B, T, H, hd]
         k_raw = self.wk(x).view(B, T, self.n_kv_head, self.head_dim)  # [B, T, H_kv, hd]
@@ -122,7 +122,8 @@ class Attention(nn.Module):
         q, k = apply_rope(q, cos, sin).transpose(1, 2), apply_rope(k_raw, cos, sin).transpose(1, 2)  # [B, H(_kv), T, hd]
         v = v_raw.transpose(1, 2)                                     # [B, H_kv, T, hd]
         if cache is not None: k, v = cache.update(cache_key, k, v)    # [B, H_kv, offset+T, hd]
-        if depth_k is None: y = self._sdpa(q, k, v, offset)
+        if depth_slots is not None: y = self._depth_attention_fused(q, k, v, offset, depth_slots, n_depth)
+        elif depth_k is None: y = self._sdpa(q, k, v, offset)
         else: y = self._depth_attention(q, k, v, offset, depth_k, depth_v)
         y = y.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim)  # [B, T, H*hd]
         return self.wo(y), (k_raw, v_raw)
@@ -151,6 +152,27 @@ class Attention(nn.Module):
         p = torch.softmax(torch.cat([seq_scores, depth_scores], dim=-1), dim=-1)
         p_seq, p_depth = p.split([seq_scores.shape[-1], depth_scores.shape[-1]], dim=-1)
         return p_seq @ v + (p_depth.unsqueeze(-1) * dv).sum(-2)       # [B, H, T, hd]
+
+    def _depth_attention_fused(self, q, k, v, offset, slots, S: int):
+        "`_depth_attention` reading the first S depth slots in place (`DepthSlots`): no stacked or repeated depth keys."
+        B, H, T, hd = q.shape
+        groups = self.n_head // self.n_kv_head
+        keys, values = slots.stores(B * T * self.n_kv_head, hd, q)
+        if groups > 1: k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)  # [B, H, Tk, hd]
+        y = moda_attention(q, k, v, keys, values, S, groups) if offset == 0 else None   # flash attention merged with the depth keys
+        if y is not None: return y
+        scale = 1 / math.sqrt(self.head_dim)
+        seq_scores = (q @ k.transpose(-1, -2)) * scale                # [B, H, T, Tk]
+        seq_scores = seq_scores.masked_fill(~causal_mask(T, offset, q.device), float('-inf'))
+        Hk = self.n_kv_head                                           # rows N = (b, t, KV head); head h = KV head h // groups
+        q_rows = q.view(B, Hk, groups, T, hd).permute(2, 4, 0, 3, 1).reshape(groups, hd, -1)      # [groups, hd, N]
+        z = depth_scores(keys, S, q_rows).view(S, groups, B, T, Hk)                               # [S, groups, B, T, H_kv]
+        depth_scores_ = z.permute(2, 4, 1, 3, 0).reshape(B, H, T, S) * scale                      # [B, H, T, S]
+        p = torch.softmax(torch.cat([seq_scores, depth_scores_], dim=-1), dim=-1)
+        p_seq, p_depth = p.split([seq_scores.shape[-1], S], dim=-1)
+        p_rows = p_depth.reshape(B, Hk, groups, T, S).permute(4, 2, 0, 3, 1).reshape(S, groups, -1)  # [S, groups, N]
+        y = depth_values(values, S, p_rows).view(groups, hd, B, T, Hk).permute(2, 4, 0, 3, 1)     # [B, H_kv, groups, T, hd]
+        return p_seq @ v + y.reshape(B, H, T, hd)                     # [B, H, T, hd]
 
 # %% ../nbs/04_layers.ipynb #b81240df
 class SwiGLU(nn.Module):

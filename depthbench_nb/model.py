@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import math
 import re
 import operator
@@ -18,6 +19,7 @@ import torch.nn as nn
 
 from .config import (ConfigError, Design, ForkNames, ModelConfig, ResourceError, available_memory, format_bytes,
                                   memory_check_enabled, register_design, resolve_arch)
+from .kernels import AttnResStore, DepthStore, attnres_site, hc_kernels_apply, mixing_path, sinkhorn_fused
 from .layers import (Attention, KVCache, LayerNorm, RMSNorm, SwiGLU, attnres_mix, hc_read, hc_write,
                                   rms_norm, sinkhorn, trunc_normal_)
 from .shapes import count_params
@@ -28,12 +30,13 @@ __all__ = ['SAME', 'SQUEEZE0', 'FLATTEN', 'PLAIN_FORK', 'PERILN_FORK', 'KEEL_FOR
            'no_extra_params', 'no_init_invariants', 'plain_fork_names', 'n_params', 'check_weights_fit', 'build_model',
            'Block', 'ResidualTransformer', 'PreLNBlock', 'build_preln', 'unit_norm_gain', 'PeriLNBlock', 'build_periln',
            'LNSBlock', 'build_lns', 'lns_norm_gain', 'DeepNormBlock', 'build_deepnorm', 'KEELBlock', 'build_keel',
-           'HCConnector', 'MHCConnector', 'log_sinkhorn', 'MHCNativeConnector', 'MHCStaticConnector',
-           'MultiStreamBlock', 'MultiStreamTransformer', 'multistream_init', 'connector_fork_names', 'hc_connector',
-           'build_hc', 'mhc_connector', 'build_mhc', 'attnres_sources_per_site', 'AttnResMixer', 'AttnResBlock',
+           'HCConnector', 'MHCConnector', 'log_sinkhorn', 'log_sinkhorn_fused', 'MHCNativeConnector',
+           'MHCStaticConnector', 'MultiStreamBlock', 'MultiStreamTransformer', 'multistream_init',
+           'connector_fork_names', 'multistream_mixing_bytes', 'hc_connector', 'build_hc', 'mhc_connector', 'build_mhc',
+           'attnres_sources_per_site', 'attnres_site_split', 'attnres_mixing_bytes', 'AttnResMixer', 'AttnResBlock',
            'AttnResTransformer', 'attnres_flops', 'attnres_activations', 'attnres_fork_names', 'attnres_fork',
            'full_attnres_groups', 'build_attnres', 'block_attnres_groups', 'build_block_attnres', 'MoDABlock',
-           'build_moda']
+           'DepthSlots', 'build_moda', 'moda_mixing_bytes']
 
 # %% ../nbs/05_model.ipynb #b4af3bf2
 @dataclass
@@ -43,11 +46,13 @@ class ForwardContext:
     cache: Optional[KVCache] = None
     depth: Optional[list] = None            # MoDA: 2L slots of (k before RoPE, v) [B, T, H_kv, hd], None = never written
     mixes: Optional[list] = None            # HC/mHC: each sublayer's residual mixing matrix, in forward order
+    fused: bool = False                     # the fused depth-mixing path (`mixing_path`), else the reference ops
 
 
 class DepthModel(nn.Module):
     "Base of every design: embedding, blocks, final norm, untied LM head, init and the analysis interface."
     family = 'residual'
+    mixing: Optional[str] = None   # 'fused' | 'reference' for this model; None: DEPTHBENCH_MIXING (default 'fused')
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -92,7 +97,7 @@ class DepthModel(nn.Module):
         if offset + idx.shape[1] > self.config.max_seq_len:
             raise ConfigError(f"sequence length {offset + idx.shape[1]} (cache offset {offset} + {idx.shape[1]} new) "
                               f"exceeds max_seq_len {self.config.max_seq_len}")
-        return self._check_skip(skip), ForwardContext(offset=offset, cache=kv_cache)
+        return self._check_skip(skip), ForwardContext(offset=offset, cache=kv_cache, fused=mixing_path(self.mixing) == 'fused')
 
     def _check_skip(self, skip: Collection[int]) -> frozenset:
         skip = frozenset(_block_index(s, 'skip') for s in skip)
@@ -149,7 +154,6 @@ def _block_index(k, what: str) -> int:
     if isinstance(k, bool): raise ConfigError(f"{what}: block indices must be integers, got {k!r}")
     try: return operator.index(k)
     except TypeError: raise ConfigError(f"{what}: block indices must be integers, got {k!r}") from None
-
 
 # %% ../nbs/05_model.ipynb #5b4f2042
 def _close(a: torch.Tensor, b: torch.Tensor, atol: float) -> tuple[bool, float]:
@@ -270,7 +274,7 @@ class ResidualTransformer(DepthModel):
 
     def forward(self, idx, skip: Collection[int] = (), return_states: bool = False, kv_cache: Optional[KVCache] = None):
         skip, ctx = self._begin(idx, skip, kv_cache)
-        if self.block_cls.uses_depth_slots: ctx.depth = [None] * (2 * self.n_blocks)
+        if self.block_cls.uses_depth_slots: ctx.depth = DepthSlots(2 * self.n_blocks) if ctx.fused else [None] * (2 * self.n_blocks)
         x = self.tok_emb(idx)                                     # [B, T, d]
         states = [x]
         for b, block in enumerate(self.blocks):
@@ -496,12 +500,19 @@ class HCConnector(nn.Module):
         self.dynamic_alpha_fn.zero_(); self.dynamic_beta_fn.zero_()
         self.dynamic_alpha_scale.fill_(0.01); self.dynamic_beta_scale.fill_(0.01)
 
-    def forward(self, H: torch.Tensor):
+    def forward(self, H: torch.Tensor, fused: bool = False):
         "H [B, T, n, d] -> read [B, T, n], mix [B, T, n, n], write [B, T, n]"
         act = torch.tanh if self.use_tanh else (lambda t: t)
-        Hn = rms_norm(H, None, 1e-8)                                                           # [B, T, n, d]
-        A = self.static_alpha + self.dynamic_alpha_scale * act(Hn @ self.dynamic_alpha_fn)     # [B, T, n, n+1]
-        beta = self.static_beta + self.dynamic_beta_scale * act(Hn @ self.dynamic_beta_fn)    # [B, T, n]
+        if fused:   # (H @ W) / rms(H) = N(H) @ W: one matmul for both projections and no normalized copy of the streams
+            W = torch.cat([self.dynamic_alpha_fn, self.dynamic_beta_fn[:, None]], 1)          # [d, n+2]
+            inv_rms = torch.rsqrt(torch.linalg.vector_norm(H, dim=-1, keepdim=True).square() / H.shape[-1] + 1e-8)
+            proj = act(torch.matmul(H, W) * inv_rms)                                            # [B, T, n, n+2]
+            A = self.static_alpha + self.dynamic_alpha_scale * proj[..., :-1]                  # [B, T, n, n+1]
+            beta = self.static_beta + self.dynamic_beta_scale * proj[..., -1]                 # [B, T, n]
+        else:
+            Hn = rms_norm(H, None, 1e-8)                                                       # [B, T, n, d]
+            A = self.static_alpha + self.dynamic_alpha_scale * act(Hn @ self.dynamic_alpha_fn)  # [B, T, n, n+1]
+            beta = self.static_beta + self.dynamic_beta_scale * act(Hn @ self.dynamic_beta_fn)  # [B, T, n]
         mix = A[..., 1:].transpose(-1, -2) if self.mixed else torch.eye(self.n, dtype=H.dtype, device=H.device)
         return A[..., 0], mix, beta
 
@@ -535,14 +546,15 @@ class MHCConnector(nn.Module):
         self.b.copy_(torch.cat([_gap8_read_bias(n, self.k), torch.zeros(n), _gap8_res_bias(n).flatten()]))
         for a in (self.alpha_pre, self.alpha_post, self.alpha_res): a.fill_(0.01)
 
-    def forward(self, H: torch.Tensor):
+    def forward(self, H: torch.Tensor, fused: bool = False):
         n = self.n
         x = H.flatten(-2)                                                        # [B, T, n*d]
         m = (x @ self.phi) * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)  # [B, T, n²+2n]
         b = self.b
         read = torch.sigmoid(self.alpha_pre * m[..., :n] + b[:n])               # [B, T, n]
         write = 2 * torch.sigmoid(self.alpha_post * m[..., n:2 * n] + b[n:2 * n])  # [B, T, n]
-        mix = sinkhorn((self.alpha_res * m[..., 2 * n:] + b[2 * n:]).unflatten(-1, (n, n)), self.iters)  # [B, T, n, n]
+        normalize = sinkhorn_fused if fused else sinkhorn
+        mix = normalize((self.alpha_res * m[..., 2 * n:] + b[2 * n:]).unflatten(-1, (n, n)), self.iters)  # [B, T, n, n]
         return read, mix, write
 
 
@@ -556,6 +568,19 @@ def log_sinkhorn(logits: torch.Tensor, n_iter: int = 20) -> torch.Tensor:
         u = log_marginal - torch.logsumexp(logits + v[..., None, :], dim=-1)
         v = log_marginal - torch.logsumexp(logits + u[..., :, None], dim=-2)
     return n * torch.exp(logits + u[..., :, None] + v[..., None, :])
+
+
+def log_sinkhorn_fused(logits: torch.Tensor, n_iter: int = 20) -> torch.Tensor:
+    "`log_sinkhorn` with the tokens on the last axis ([n, n, tokens]): each round vectorised over the tokens (as `sinkhorn_fused`)."
+    lead, n = logits.shape[:-2], logits.shape[-1]
+    z = logits.reshape(-1, n, n).permute(1, 2, 0)                                 # [n, n, R]: rows, columns, tokens
+    log_marginal = -math.log(n)
+    u = z.new_zeros(n, z.shape[-1])                                                # row potentials [n, R]
+    v = torch.zeros_like(u)                                                        # column potentials [n, R]
+    for _ in range(n_iter):
+        u = log_marginal - torch.logsumexp(z + v[None], dim=1)
+        v = log_marginal - torch.logsumexp(z + u[:, None], dim=0)
+    return (n * torch.exp(z + u[:, None] + v[None])).permute(2, 0, 1).reshape(*lead, n, n)
 
 
 class MHCNativeConnector(nn.Module):
@@ -576,14 +601,15 @@ class MHCNativeConnector(nn.Module):
         self.b_pre.copy_(_gap8_read_bias(self.n, self.k)); self.b_post.zero_(); self.b_res.copy_(_gap8_res_bias(self.n).flatten())
         for a in (self.alpha_pre, self.alpha_post, self.alpha_res): a.fill_(0.01)
 
-    def forward(self, H: torch.Tensor):
+    def forward(self, H: torch.Tensor, fused: bool = False):
         n = self.n
         f = lambda p: p.float()                                                 # the native backend computes in fp32
         x = H.flatten(-2).float()                                               # [B, T, n*d]
         r = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-8)
         read = torch.sigmoid(f(self.alpha_pre) * (x @ f(self.phi_pre)) * r + f(self.b_pre))
         write = 2 * torch.sigmoid(f(self.alpha_post) * (x @ f(self.phi_post)) * r + f(self.b_post))
-        res = log_sinkhorn((f(self.alpha_res) * (x @ f(self.phi_res)) * r + f(self.b_res)).unflatten(-1, (n, n)), self.iters)
+        normalize = log_sinkhorn_fused if fused else log_sinkhorn
+        res = normalize((f(self.alpha_res) * (x @ f(self.phi_res)) * r + f(self.b_res)).unflatten(-1, (n, n)), self.iters)
         return read.to(H.dtype), res.transpose(-1, -2).to(H.dtype), write.to(H.dtype)  # x'_t = Σ_s H[s,t] x_s
 
 
@@ -603,7 +629,7 @@ class MHCStaticConnector(nn.Module):
         self.pre_logits.fill_(-8.0); self.pre_logits[self.k % self.n] = 0.0
         self.post_logits.zero_()
 
-    def forward(self, H: torch.Tensor):
+    def forward(self, H: torch.Tensor, fused: bool = False):
         lead = H.shape[:-2]
         read = torch.softmax(self.pre_logits, -1).expand(*lead, self.n)                 # [B, T, n]
         write = torch.softmax(self.post_logits, -1).expand(*lead, self.n)               # [B, T, n]
@@ -629,8 +655,13 @@ class MultiStreamBlock(nn.Module):
 
     @staticmethod
     def _sublayer(H, connector, branch: Callable, ctx: ForwardContext):
-        read, mix, write = connector(H)
+        read, mix, write = connector(H, fused=ctx.fused)
         if ctx.mixes is not None: ctx.mixes.append(mix.expand(*H.shape[:-2], *mix.shape[-2:]))
+        if ctx.fused and not hc_kernels_apply(H):   # one batched matmul reads the branch input and mixes the streams
+            coef = torch.cat([read.unsqueeze(-2), mix.expand(*H.shape[:-2], *mix.shape[-2:])], -2)  # [B, T, n+1, n]
+            Y = coef.to(H.dtype) @ H                                                               # [B, T, n+1, d]
+            x = Y[..., 0, :].clone()   # the branch saves its input: a view would keep all n + 1 rows of Y alive until backward
+            return torch.addcmul(Y[..., 1:, :], write.unsqueeze(-1).to(H.dtype), branch(x).unsqueeze(-2))
         return hc_write(H, mix, write, branch(hc_read(H, read)))  # [B, T, n, d]
 
 
@@ -716,6 +747,13 @@ def connector_fork_names(table: dict) -> Callable:
     return block
 
 
+def multistream_mixing_bytes(cfg: ModelConfig, bytes_per_elem: int) -> tuple[int, int]:
+    """(forward, backward) bytes of streams per token: each sublayer reads the n streams and writes them mixed; its
+    backward reads their gradient and the streams and writes the streams' gradient (n x d each)."""
+    per_pass = cfg.n_sublayers * cfg.hc_streams * cfg.d_model * bytes_per_elem
+    return 2 * per_pass, 3 * per_pass
+
+
 def _multistream_activations(cfg: ModelConfig, bytes_per_elem: int) -> int:
     "The n streams saved at every sublayer's read and write, per token."
     return cfg.n_sublayers * 2 * cfg.hc_streams * cfg.d_model * bytes_per_elem
@@ -771,7 +809,7 @@ register_design(Design('hc', 'multistream', 'Hyper-Connections: n=4 dynamic (tan
                        build=build_hc, extra_params=_hc_params, forward_flops=_hc_flops, check_init=_hc_init,
                        metrics=('mixing', 'usefulness', 'residual_path'), importer=HC_FORK,
                        options=('hc_streams', 'hc_update', 'hc_tanh'), defaults=dict(hc_streams=4, hc_update='mixed', hc_tanh=True),
-                       activation_bytes=_multistream_activations, micro_batch_cap=8))
+                       activation_bytes=_multistream_activations, mixing_bytes=multistream_mixing_bytes, micro_batch_cap=8))
 
 # %% ../nbs/05_model.ipynb #5b971efb
 MHC_BACKENDS = {'liger': MHCConnector, 'native': MHCNativeConnector, 'static': MHCStaticConnector}
@@ -860,7 +898,7 @@ register_design(Design('mhc', 'multistream', 'Manifold-constrained HC: n=4, Sink
                        metrics=('mixing', 'usefulness', 'residual_path'), importer=MHC_FORK,
                        options=('hc_streams', 'mhc_backend', 'sinkhorn_iters'),
                        defaults=dict(hc_streams=4, mhc_backend='liger', sinkhorn_iters=20),
-                       activation_bytes=_multistream_activations, micro_batch_cap=8))
+                       activation_bytes=_multistream_activations, mixing_bytes=multistream_mixing_bytes, micro_batch_cap=8))
 
 # %% ../nbs/05_model.ipynb #74f18d29
 ATTNRES_EPS = 1e-5
@@ -876,6 +914,27 @@ def attnres_sources_per_site(group_sizes: list[int]) -> list[int]:
         out.append(1 + completed + (0 if k in starts else 1))  # embedding + committed groups + running partial
     out.append(1 + completed + 1)                               # output mix: everything, the last partial included
     return out
+
+
+def attnres_site_split(group_sizes: list[int]) -> list[tuple[int, int]]:
+    "Per mixing site (as `attnres_sources_per_site`): (stored sources, running partial sums: 0 or 1)."
+    n_sub = sum(group_sizes)
+    starts = {sum(group_sizes[:g]) for g in range(1, len(group_sizes))}
+    out, completed = [(0, 0)], 0
+    for k in range(1, n_sub):
+        if k in starts: completed += 1
+        out.append((1 + completed, 0 if k in starts else 1))
+    return out + [(1 + completed, 1)]
+
+
+def attnres_mixing_bytes(group_sizes: list[int], d: int, bytes_per_elem: int) -> tuple[int, int]:
+    """(forward, backward) bytes of depth states per token a one-pass mix moves: the forward reads every source of
+    every site once; the backward reads them again, adds into the stored sources' gradient sums (a read and a write)
+    and writes the running partial's gradient (autograd sums it with the partial's other uses)."""
+    sites = attnres_site_split(group_sizes)
+    forward = sum(stored + partial for stored, partial in sites) * d
+    backward = sum(3 * stored + 2 * partial for stored, partial in sites) * d
+    return forward * bytes_per_elem, backward * bytes_per_elem
 
 
 class AttnResMixer(nn.Module):
@@ -927,6 +986,32 @@ class _DepthSources:
         return attnres_mix(srcs, mixer.query, mixer.key_weight, out_weight, ATTNRES_EPS, return_all=True)  # a list: no stack on CPU
 
 
+class _FusedDepthSources(_DepthSources):
+    "The same sources, each committed one written once into a store allocated per forward: every mix reads it in place."
+    def __init__(self, embedding: torch.Tensor, n_slots: int):
+        super().__init__(embedding)
+        rows, d = embedding.numel() // embedding.shape[-1], embedding.shape[-1]
+        compute = torch.float64 if embedding.dtype == torch.float64 else torch.float32
+        self.store = AttnResStore(rows, n_slots, d, compute, embedding.device, ATTNRES_EPS)
+        self.shape = embedding.shape[:-1]                                   # [B, T]
+
+    def commit(self):
+        "Write the partial into its slot; the list keeps the newest source (a skip reads it) and, for older ones, only the dtype."
+        if self.partial is None: return
+        self.store.write(len(self.sources), self.partial)
+        if self.sources: self.sources[-1] = self.sources[-1].new_empty(0)   # the store holds its values: no second copy
+        super().commit()
+
+    def mix(self, mixer: AttnResMixer, out_weight: torch.Tensor, identity: bool = False):
+        "(normalized input [B, T, d], raw mix [B, T, d], weights [B, T, S]) in the sources' common dtype, as the reference"
+        srcs = self.all()
+        if identity: return super().mix(mixer, out_weight, identity=True)
+        dtype = functools.reduce(torch.promote_types, (s.dtype for s in srcs))
+        out, raw, p = attnres_site(self.store, len(self.sources), mixer.query, mixer.key_weight, out_weight, self.partial,
+                                   self.shape)
+        return out.to(dtype), raw.to(dtype), p.to(dtype)
+
+
 class AttnResTransformer(DepthModel):
     "Attention Residuals over sublayer groups (the design gives the group sizes: Full, Block)."
     family = 'attnres'
@@ -944,7 +1029,8 @@ class AttnResTransformer(DepthModel):
                 _weights: Optional[list] = None):
         skip, ctx = self._begin(idx, skip, kv_cache)
         e = self.tok_emb(idx)                                               # [B, T, d]
-        src, states = _DepthSources(e), [e]
+        src = _FusedDepthSources(e, len(self.group_sizes)) if ctx.fused else _DepthSources(e)
+        states = [e]
         record = (lambda p: _weights.append(p)) if _weights is not None else (lambda p: None)
         for b, blk in enumerate(self.blocks):
             k = 2 * b
@@ -1058,6 +1144,7 @@ register_design(Design('attnres', 'attnres', 'Full Attention Residuals: every su
                        build=build_attnres, extra_params=_attnres_params,
                        forward_flops=lambda cfg: attnres_flops(full_attnres_groups(cfg), cfg.d_model),
                        activation_bytes=lambda cfg, bytes_per_elem: attnres_activations(full_attnres_groups(cfg), cfg.d_model),
+                       mixing_bytes=lambda cfg, bytes_per_elem: attnres_mixing_bytes(full_attnres_groups(cfg), cfg.d_model, bytes_per_elem),
                        check_init=_attnres_init, metrics=('residual_path',), importer=attnres_fork(_full_attnres_prepare)))
 
 # %% ../nbs/05_model.ipynb #9748f4a3
@@ -1101,6 +1188,7 @@ register_design(Design('block_attnres', 'attnres', 'Block Attention Residuals: s
                        build=build_block_attnres, extra_params=_attnres_params,
                        forward_flops=lambda cfg: attnres_flops(block_attnres_groups(cfg), cfg.d_model),
                        activation_bytes=lambda cfg, bytes_per_elem: attnres_activations(block_attnres_groups(cfg), cfg.d_model),
+                       mixing_bytes=lambda cfg, bytes_per_elem: attnres_mixing_bytes(block_attnres_groups(cfg), cfg.d_model, bytes_per_elem),
                        check_init=_attnres_init, metrics=('dead_zone', 'residual_path'), importer=attnres_fork(_block_attnres_prepare),
                        options=('attnres_block_size', 'attnres_num_blocks'), validate=_block_attnres_options))
 
@@ -1119,14 +1207,15 @@ class MoDABlock(Block):
     def forward(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         "x [B, T, d] -> y [B, T, d]; writes depth slots 2b (and 2b + 1)"
         b = self.index
-        depth = _read_depth(ctx, b, x.new_zeros(*x.shape[:-1], *self._kv_shape)) if b > 0 else {}
+        if ctx.fused: depth = dict(depth_slots=ctx.depth, n_depth=2 * b) if b > 0 else {}
+        else: depth = _read_depth(ctx, b, x.new_zeros(*x.shape[:-1], *self._kv_shape)) if b > 0 else {}
         a, (k_raw, v_raw) = self.attend(self.attn_norm(x), ctx, **depth)
-        ctx.depth[2 * b] = (k_raw, v_raw)
+        _write_depth(ctx, 2 * b, k_raw, v_raw)
         h = x + a
         u = self.ffn_norm(h)
         if hasattr(self, 'depth_kv'):
             kv = self.depth_kv(u).unflatten(-1, (2, *self._kv_shape))  # [B, T, 2, H_kv, hd]
-            ctx.depth[2 * b + 1] = (kv[:, :, 0], kv[:, :, 1])
+            _write_depth(ctx, 2 * b + 1, kv[:, :, 0], kv[:, :, 1])
         return h + self.ffn(u)
 
     @torch.no_grad()
@@ -1134,6 +1223,30 @@ class MoDABlock(Block):
         if hasattr(self, 'depth_kv'):  # nn.Linear's default U(±1/sqrt(d)): the official init never touches W_kv
             bound = self.depth_kv.in_features ** -0.5
             self.depth_kv.weight.uniform_(-bound, bound, generator=generator)
+
+
+class DepthSlots:
+    "MoDA's depth keys and values of one forward, each in one store [2L, hd, B*T*H_kv] (zeros where a slot is never written)."
+    def __init__(self, n_slots: int):
+        self.n_slots = n_slots
+        self.keys: Optional[DepthStore] = None
+        self.values: Optional[DepthStore] = None
+
+    def stores(self, rows: int, head_dim: int, like: torch.Tensor) -> tuple[DepthStore, DepthStore]:
+        "The two stores, allocated by the first write or read (a skipped block 0 writes nothing)."
+        if self.keys is None:
+            self.keys, self.values = (DepthStore(rows, self.n_slots, head_dim, like.dtype, like.device, zero=True, rows_last=True)
+                                      for _ in range(2))
+        return self.keys, self.values
+
+    def write(self, slot: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        keys, values = self.stores(k.numel() // k.shape[-1], k.shape[-1], k)
+        keys.write(slot, k); values.write(slot, v)
+
+
+def _write_depth(ctx: ForwardContext, slot: int, k: torch.Tensor, v: torch.Tensor) -> None:
+    if ctx.fused: ctx.depth.write(slot, k, v)
+    else: ctx.depth[slot] = (k, v)
 
 
 def _read_depth(ctx: ForwardContext, b: int, like: torch.Tensor) -> dict:
@@ -1156,6 +1269,14 @@ def _moda_kv_width(cfg: ModelConfig) -> int: return cfg.n_kv_head * cfg.head_dim
 def _moda_matmul(cfg: ModelConfig) -> int:
     "W_kv of blocks 0..L-2 (the last block has none)."
     return 2 * cfg.d_model * _moda_kv_width(cfg) * (cfg.n_layer - 1) if cfg.moda_ffn_kv else 0
+
+
+def moda_mixing_bytes(cfg: ModelConfig, bytes_per_elem: int) -> tuple[int, int]:
+    """(forward, backward) bytes of depth keys and values per token: block b reads the 2b slots written before it (K and
+    V, zeros included) in the forward; the backward reads them again and adds into their gradient sums (read, write)."""
+    slots_read = sum(2 * b for b in range(cfg.n_layer))               # 2b slots per block b
+    per_pass = 2 * slots_read * _moda_kv_width(cfg) * bytes_per_elem  # keys and values
+    return per_pass, 3 * per_pass
 
 
 def _moda_init(model: ResidualTransformer, idx: torch.Tensor, atol: float) -> Optional[str]:
@@ -1185,4 +1306,5 @@ register_design(Design('moda', 'residual', 'Mixture-of-Depths Attention: depth K
                        matmul_params=_moda_matmul, check_init=_moda_init, metrics=('usefulness', 'residual_path'),
                        importer=MODA_FORK, options=('moda_ffn_kv',), defaults=dict(moda_ffn_kv=True),
                        activation_bytes=lambda cfg, bytes_per_elem: 2 * cfg.n_sublayers * _moda_kv_width(cfg) * bytes_per_elem,
+                       mixing_bytes=moda_mixing_bytes,
                        depth_cache_bytes=lambda cfg, bytes_per_elem: 2 * cfg.n_sublayers * _moda_kv_width(cfg) * bytes_per_elem))

@@ -42,11 +42,12 @@ from .console import Arg, call_parsed, emit, template_path
 __all__ = ['MAX_STUDY_BYTES', 'MAX_STUDY_NODES', 'GPU_PEAK_FLOPS', 'DEFAULT_MFU', 'RUN_STATUSES', 'EXECUTORS', 'RESULT_FIELDS',
            'SHAPE_KEYS', 'StudyGroup', 'StudySpec', 'studies_dir', 'study_names', 'load_study', 'RunEntry',
            'expand_study', 'plan_rows', 'sweep_dir', 'RunLock', 'is_running', 'attempts', 'entry_status',
-           'entry_progress', 'run_command', 'execute_entry', 'entry_status_locked', 'run_study', 'unfinished_runs',
-           'study_status', 'stale_runs', 'record_plan', 'planned_run_ids', 'slurm_tasks', 'slurm_script',
-           'write_slurm_script', 'flatten', 'collect', 'looped_fit_table', 'lr_optima', 'study_entries',
-           'add_extra_entries', 'extend_lr_entries', 'sweep_plan_command', 'sweep_run_command', 'sweep_status_command',
-           'cli_sweep', 'collect_command', 'cli_collect']
+           'entry_progress', 'run_command', 'execute_entry', 'TrainingWorker', 'close_workers', 'worker_main',
+           'entry_status_locked', 'run_study', 'unfinished_runs', 'study_status', 'stale_runs', 'record_plan',
+           'planned_run_ids', 'slurm_tasks', 'slurm_script', 'write_slurm_script', 'flatten', 'collect',
+           'looped_fit_table', 'lr_optima', 'study_entries', 'add_extra_entries', 'extend_lr_entries',
+           'sweep_plan_command', 'sweep_run_command', 'sweep_status_command', 'cli_sweep', 'collect_command',
+           'cli_collect']
 
 # %% ../nbs/09a_sweep.ipynb #a94f1d9d
 @dataclass(frozen=True)
@@ -378,7 +379,7 @@ def entry_progress(e: RunEntry) -> tuple[int, int]:
     return done, total_steps(e.run)
 
 # %% ../nbs/09a_sweep.ipynb #92661f5e
-EXECUTORS = ('papermill', 'python')
+EXECUTORS = ('papermill', 'python', 'worker')
 
 
 def run_command(e: RunEntry, executor: str = 'papermill', nodes: int = 1, procs_per_node: int = 1) -> list[str]:
@@ -394,7 +395,9 @@ def run_command(e: RunEntry, executor: str = 'papermill', nodes: int = 1, procs_
         atomic_write_text(params, yaml.safe_dump(values, sort_keys=True))
         return [sys.executable, '-c', _PAPERMILL_PASSING_SIGNALS, str(template_path('10')),
                 str(run_dir(e.run) / RECORD_FILES['notebook']), '-f', str(params), '--no-progress-bar', '--log-output']
-    if executor == 'python':
+    if executor in ('python', 'worker'):
+        if executor == 'worker' and world > 1:
+            raise ConfigError(f'--executor worker trains one process per run; {world} processes need --executor python')
         cfg = sd / 'params' / f'{e.run_id}.json'
         atomic_write_json(cfg, (e.run.replace(num_processes=world) if world > 1 else e.run).to_dict())
         if nodes > 1:                                                  # one accelerate launcher per node
@@ -426,20 +429,108 @@ def execute_entry(e: RunEntry, lock: RunLock, executor: str = 'papermill', devic
     if device is not None: env['CUDA_VISIBLE_DEVICES'] = str(device)
     log = sweep_dir(e.run.study) / 'logs' / f'{e.run_id}.log'
     log.parent.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
     with open(log, 'ab') as out:
-        out.write(f'\n=== {time.strftime("%Y-%m-%d %H:%M:%S")} pid {os.getpid()}: {shlex.join(cmd)}\n'.encode()); out.flush()
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, pass_fds=(lock.fd,))
-        _CHILDREN.add(proc)
-        try: rc = proc.wait()
-        finally: _CHILDREN.discard(proc)
+        worker = _thread_worker(env) if executor == 'worker' else None
+        where = f'worker pid {worker.proc.pid}: ' if worker else ''
+        out.write(f'\n=== {time.strftime("%Y-%m-%d %H:%M:%S")} pid {os.getpid()}: {where}{shlex.join(cmd)}\n'.encode()); out.flush()
+        if worker is not None: rc = worker.train(cmd[-2], log, lock.fd)
+        else:
+            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, pass_fds=(lock.fd,))
+            _CHILDREN.add(proc)
+            try: rc = proc.wait()
+            finally: _CHILDREN.discard(proc)
     if made:
         with contextlib.suppress(OSError): folder.rmdir()                 # a child that failed at once: no empty folder
     status = entry_status_locked(e)
     if status in ('unfinished', 'pending'): status = 'failed'      # the child died without a result
     _record_attempt(e.run.study, e.run_id, status, rc)
     with open(sweep_dir(e.run.study) / 'executions.jsonl', 'a') as f:   # one line per execution (audit, tests)
-        f.write(json.dumps(dict(run_id=e.run_id, pid=os.getpid(), status=status, rc=rc, time=time.time())) + '\n')
+        f.write(json.dumps(dict(run_id=e.run_id, pid=os.getpid(), status=status, rc=rc, time=time.time(),
+                                seconds=round(time.time() - t0, 2), executor=executor)) + '\n')
     return status, rc
+
+
+class TrainingWorker:
+    """A long-lived `python -m depthbench_nb.sweep --worker-fd N` that trains runs one after another in its own process
+    (`--executor worker`): torch and the package are imported once, not once per run. Each run arrives over a socket
+    with its lock descriptor (the worker holds the run's lock while it trains, as a `python` child does) and its log
+    file (the worker's output goes there while it trains); the trainer seeds everything a run draws from, so a run
+    trained here writes the record a fresh process writes."""
+
+    def __init__(self, env: Optional[dict] = None):
+        import socket
+        self.sock, child = socket.socketpair()
+        self.proc = subprocess.Popen([sys.executable, '-m', 'depthbench_nb.sweep', '--worker-fd', str(child.fileno())],
+                                     pass_fds=(child.fileno(),), env=env, stdin=subprocess.DEVNULL)
+        child.close()
+        _CHILDREN.add(self.proc)
+
+    def train(self, run_config, log: Path, lock_fd: int) -> int:
+        "Train the RunConfig in `run_config` (a params JSON); the trainer's exit status (-1: the worker died)."
+        import socket
+        job = json.dumps(dict(run_config=str(run_config), log=str(log))).encode()
+        try:
+            socket.send_fds(self.sock, [job], [lock_fd])
+            reply = self.sock.makefile('rb').readline()
+        except OSError: reply = b''
+        if not reply:                                                  # the worker died with the run (killed, out of memory)
+            self.close()
+            return -1
+        return int(json.loads(reply)['rc'])
+
+    def alive(self) -> bool: return self.proc.poll() is None
+
+    def close(self) -> None:
+        "End the worker (it exits when its socket closes) and wait for it."
+        with contextlib.suppress(OSError): self.sock.close()
+        with contextlib.suppress(subprocess.TimeoutExpired): self.proc.wait(timeout=60)
+        if self.proc.poll() is None: self.proc.kill(); self.proc.wait()
+        _CHILDREN.discard(self.proc)
+
+
+_WORKERS: dict = {}                 # driver thread -> its TrainingWorker (one worker per training slot)
+
+
+def _thread_worker(env: dict) -> TrainingWorker:
+    "This driver thread's worker, started on first use (or again after one died)."
+    key = threading.get_ident()
+    w = _WORKERS.get(key)
+    if w is None or not w.alive(): w = _WORKERS[key] = TrainingWorker(env)
+    return w
+
+
+def close_workers() -> None:
+    "End every worker of this driver (run_study calls it when its runs are done)."
+    while _WORKERS: _WORKERS.popitem()[1].close()
+
+
+def worker_main(fd: int) -> int:
+    "The loop of a TrainingWorker process: train each job that arrives, answer its exit status; stop when the socket closes."
+    import socket, traceback
+    from depthbench_nb.trainer import cli_train
+    sock = socket.socket(fileno=fd)
+    replies = sock.makefile('wb')
+    saved = os.dup(1), os.dup(2)
+    while True:
+        msg, fds, _, _ = socket.recv_fds(sock, 1 << 16, 1)
+        if not msg: return 0
+        job = json.loads(msg)
+        sys.stdout.flush(); sys.stderr.flush()
+        with open(job['log'], 'ab') as log:
+            os.dup2(log.fileno(), 1); os.dup2(log.fileno(), 2)        # this run's output goes to its log
+            try: rc = cli_train(['--run-config', job['run_config'], '--no-progress'])
+            except SystemExit as e: rc = e.code if isinstance(e.code, int) else 1
+            except Exception: traceback.print_exc(); rc = 1
+            finally:
+                sys.stdout.flush(); sys.stderr.flush()
+                os.dup2(saved[0], 1); os.dup2(saved[1], 2)
+                for f in fds: os.close(f)                                 # the run's lock: released with the driver's copy
+        replies.write(json.dumps(dict(rc=rc)).encode() + b'\n'); replies.flush()
+
+
+if __name__ == '__main__' and '__file__' in globals():   # `python -m depthbench_nb.sweep --worker-fd N`: a TrainingWorker
+    sys.exit(worker_main(int(sys.argv[sys.argv.index('--worker-fd') + 1])))
 
 
 def entry_status_locked(e: RunEntry) -> str:
@@ -515,6 +606,7 @@ def run_study(study, workers: int = 1, devices: list[str] | None = None, executo
             for t in threads: t.join()
     finally:
         if bar is not None: bar.close()
+        close_workers()
     counts = {}
     for o in outcomes: counts[o['action']] = counts.get(o['action'], 0) + 1
     return dict(study=spec.name, runs=len(entries), counts=counts, outcomes=outcomes, run_ids=[e.run_id for e in entries],

@@ -157,19 +157,22 @@ def _looped_report(tmp: Path) -> dict:
 
 
 def compute() -> dict:
-    "Everything the fixture holds, computed now (run records go to a temporary runs folder; data to the cache folder)."
+    """Everything the fixture holds, computed now (run records go to a temporary runs folder; data to the cache folder).
+    The runs take the reference depth-mixing path (DEPTHBENCH_MIXING=reference), the code the fixture recorded; the
+    fused path rounds differently and is compared with it in tests/test_models.py (forward and gradients to 1e-6)."""
     import torch
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        old = os.environ.get('DEPTHBENCH_RUNS')
-        os.environ['DEPTHBENCH_RUNS'] = str(tmp / 'runs')
+        old = {k: os.environ.get(k) for k in ('DEPTHBENCH_RUNS', 'DEPTHBENCH_MIXING')}
+        os.environ.update(DEPTHBENCH_RUNS=str(tmp / 'runs'), DEPTHBENCH_MIXING='reference')
         try:
             out = dict(cpu_capability=torch.backends.cpu.get_cpu_capability(), torch=torch.__version__,
                        training=_training(), paper_shapes=_paper_shapes(),
                        depthbench_report=_depthbench_report(tmp), looped_report=_looped_report(tmp))
         finally:
-            if old is None: os.environ.pop('DEPTHBENCH_RUNS', None)
-            else: os.environ['DEPTHBENCH_RUNS'] = old
+            for k, v in old.items():
+                if v is None: os.environ.pop(k, None)
+                else: os.environ[k] = v
     return _clean(out)
 
 

@@ -10,8 +10,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from depthbench_nb.config import ConfigError
-from depthbench_nb.kernels import (HAS_TRITON, KERNEL_NAMES, KERNELS_ENV, TRITON_INTERPRETED, _use_triton, compare_to_reference,
-                                   kernel_example)
+from depthbench_nb.kernels import (_FUSED_CHECKS, HAS_TRITON, KERNEL_NAMES, KERNELS_ENV, TRITON_INTERPRETED, _use_triton,
+                                   compare_to_reference, kernel_example)
 
 HERE = Path(__file__).resolve().parent
 
@@ -28,6 +28,10 @@ def _interpreter_worker() -> None:
         t0 = time.perf_counter()
         if 'model' in case:
             results.append(dict(case=case, errors=_model_kernels_vs_torch(case), dispatched=True, seconds=time.perf_counter() - t0))
+            continue
+        if 'fused' in case:   # a fused kernel against its torch twin (depthbench_nb.kernels._FUSED_CHECKS)
+            errs = _FUSED_CHECKS[case['fused']]('cpu', **case.get('example', {}))
+            results.append(dict(case=case, errors=errs, dispatched=_use_triton(case['fused'], torch.ones(1)), seconds=time.perf_counter() - t0))
             continue
         example = {k: (getattr(torch, v) if k in ('dtype', 'dtype2') else v) for k, v in case.get('example', {}).items()}
         args, kwargs = kernel_example(case['kernel'], **example)
@@ -49,6 +53,7 @@ def _model_kernels_vs_torch(case: dict) -> dict[str, float]:
     for backend in ('torch', 'triton'):
         os.environ[KERNELS_ENV] = backend
         model = build_model(cfg, seed=0)
+        model.mixing = case.get('mixing')                                               # None: DEPTHBENCH_MIXING (fused)
         logits = model(idx)                                                             # [B, T, V]
         loss = F.cross_entropy(logits.flatten(0, 1), idx.flatten())
         loss.backward()

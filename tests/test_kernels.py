@@ -132,8 +132,17 @@ INTERP_CASES = {
     **{f'model-{name}': dict(model=arch, options=opts) for name, arch, opts in [
         ('preln', 'preln', {}), ('hc', 'hc', {}), ('mhc', 'mhc', {}), ('mhc-static', 'mhc', dict(mhc_backend='static')),
         ('attnres', 'attnres', {}), ('block_attnres', 'block_attnres', dict(attnres_block_size=2))]},
+    # the reference mixing path inside models: the stacked AttnRes kernel (the fused path runs the site kernels)
+    'model-attnres-reference': dict(model='attnres', mixing='reference'),
+    'model-block_attnres-reference': dict(model='block_attnres', options=dict(attnres_block_size=2), mixing='reference'),
+    'model-attnres-deep': dict(model='attnres', n_layer=3),
     # the looped model (squared-ReLU MLP, RMSNorms, QK-norm): 2 + 1x2 + 2 layers
     'model-looped': dict(model='looped', n_layer=6, options=dict(recurrence=2)),
+    # the fused AttnRes site against its torch twin: a partial sum; none; no stored source; d over one tile, many sources
+    'fused-attnres_site': dict(fused='attnres_site'),
+    'fused-attnres_site-no-partial': dict(fused='attnres_site', example=dict(partial=False)),
+    'fused-attnres_site-n0': dict(fused='attnres_site', example=dict(n=0)),
+    'fused-attnres_site-n19-d300': dict(fused='attnres_site', example=dict(n=19, d=300, rows=3)),
 }
 FP32_RTOL = 1e-5
 
@@ -153,6 +162,9 @@ def test_triton_kernel_matches_reference_in_interpreter(interp, case):
     if 'model' in INTERP_CASES[case]:
         assert set(errs) == {'logits', 'grads'}, errs
         assert errs['logits'] <= 1e-5 and errs['grads'] <= 1e-4, f'{case}: {errs}'
+        return
+    if 'fused' in INTERP_CASES[case]:                   # out, raw, p and the gradient of every input
+        assert {'out0', 'out1', 'out2', 'grad0'} <= set(errs) and max(errs.values()) <= FP32_RTOL, f'{case}: {errs}'
         return
     n_out = {'rms_norm': 1, 'attnres_mix': 3}.get(INTERP_CASES[case]['kernel'], 1)
     assert sum(k.startswith('out') for k in errs) >= n_out and any(k.startswith('grad') for k in errs)

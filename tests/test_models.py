@@ -379,11 +379,17 @@ def test_moda_skip_leaves_zero_slots():
     model = build_model(tiny_config('moda'))
     idx = torch.randint(0, 64, (1, 4))
     seen = []
-    h = model.blocks[2].attn.register_forward_hook(lambda m, a, kw, o: seen.append(kw['depth_k']), with_kwargs=True)
-    with torch.no_grad(): model(idx, skip=[1])
+    h = model.blocks[2].attn.register_forward_hook(lambda m, a, kw, o: seen.append(dict(kw)), with_kwargs=True)
+    for mixing in ('reference', 'fused'):
+        model.mixing = mixing
+        with torch.no_grad(): model(idx, skip=[1])
     h.remove()
-    dk = seen[0]                                          # [B, T, 4, H_kv, hd]: slots 0..3
+    dk = seen[0]['depth_k']                               # reference: [B, T, 4, H_kv, hd], slots 0..3 stacked
     assert dk.shape[2] == 4 and torch.all(dk[:, :, 2:] == 0) and dk[:, :, :2].abs().sum() > 0
+    slots = seen[1]['depth_slots']                        # fused: the block reads the first 4 slots of the stores in place
+    assert seen[1]['n_depth'] == 4
+    for store in (slots.keys, slots.values):              # [2L, hd, N]: the skipped block's slots 2, 3 are zeros
+        assert torch.all(store.values[2:4] == 0) and store.values[:2].abs().sum() > 0
 
 
 def test_generation_with_cache_equals_without():

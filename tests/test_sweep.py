@@ -284,3 +284,27 @@ def test_failed_run_is_retried_up_to_the_limit(tmp_path):
     assert second['outcomes'][0]['action'] == 'gave up' and len(executions(runs, 'failing')) == 2
     more = json.loads(subprocess.run(cmd + ['--max-attempts', '3'], env=env, capture_output=True, text=True, timeout=300).stdout)
     assert more['outcomes'][0]['action'] == 'ran' and len(executions(runs, 'failing')) == 3   # a higher limit retries
+
+
+def test_worker_executor_writes_the_records_a_fresh_process_writes(tmp_path, tiny_data):
+    """--executor worker: one process trains every run in turn; its runs' metrics equal those of a fresh process per run
+    (the python executor) bit for bit, the runs held their locks and logged to their own files."""
+    study = tmp_path / 'w.yaml'
+    study.write_text(yaml.safe_dump(dict(name='w', preset='tiny', data=str(tiny_data), max_attempts=1, groups=[
+        dict(name='g', archs=['preln', 'attnres', 'hc'], depths=[2], lrs=[2e-3], max_steps=3)])))
+    records = {}
+    for executor in ('python', 'worker'):
+        runs = tmp_path / executor
+        env = dict(os.environ, DEPTHBENCH_RUNS=str(runs), OMP_NUM_THREADS='1')
+        out = subprocess.run(DRIVER + ['sweep', 'run', str(study), '--executor', executor, '--json'], env=env,
+                             capture_output=True, text=True, timeout=900)
+        assert out.returncode == 0, out.stderr[-2000:]
+        ran = executions(runs, 'w')
+        assert [x['executor'] for x in ran] == [executor] * 3 and all(x['status'] == 'completed' and x['seconds'] > 0 for x in ran)
+        records[executor] = {f.parent.name: read_metrics_rows(f.parent) for f in (runs / 'w').glob('*/metrics.jsonl')}
+        logs = list((runs / 'w' / '.sweep' / 'logs').glob('*.log'))
+        assert len(logs) == 3 and all('step' in p.read_text() or 'completed' in p.read_text() for p in logs)
+    keep = lambda rows: [{k: r.get(k) for k in ('step', 'loss', 'grad_norm', 'val_loss', 'lr')} for r in rows]
+    assert set(records['python']) == set(records['worker']) and len(records['python']) == 3
+    for run_id, rows in records['python'].items():
+        assert rows and keep(rows) == keep(records['worker'][run_id]), run_id
