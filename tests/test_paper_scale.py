@@ -118,14 +118,20 @@ def test_rope_rotates_in_fp32_like_olmo_core():
 
 
 def test_moda_without_ffn_kv_keeps_zero_slots_in_the_softmax():
-    "moda.py: no kv_proj writes nothing, and the kernel attends to all 2b slots (current_depth = 2b)."
+    "moda.py: no kv_proj writes nothing, and the kernel attends to all 2b slots (current_depth = 2b), on both mixing paths."
     m = build_model(tiny_config('moda', moda_ffn_kv=False))
+    idx = torch.randint(0, 64, (1, 5))
     seen = []
-    h = m.blocks[2].attn.register_forward_hook(lambda mod, a, kw, o: seen.append(kw['depth_k']), with_kwargs=True)
-    with torch.no_grad(): m(torch.randint(0, 64, (1, 5)))
+    h = m.blocks[2].attn.register_forward_hook(lambda mod, a, kw, o: seen.append(dict(kw)), with_kwargs=True)
+    for mixing in ('reference', 'fused'):
+        m.mixing = mixing
+        with torch.no_grad(): m(idx)
     h.remove()
-    dk = seen[0]                                                               # [B, T, 4, H_kv, hd]: slots 0..3
+    dk = seen[0]['depth_k']                                                    # reference: [B, T, 4, H_kv, hd], slots 0..3
     assert dk.shape[2] == 4 and torch.all(dk[:, :, 1::2] == 0) and dk[:, :, 0::2].abs().sum() > 0
+    assert seen[1]['n_depth'] == 4                                             # fused: the first 4 slots of the stores
+    for store in (seen[1]['depth_slots'].keys, seen[1]['depth_slots'].values):
+        assert torch.all(store.values[1:4:2] == 0) and store.values[0:4:2].abs().sum() > 0
 
 
 def test_moda_w_kv_keeps_the_linear_default_init():
