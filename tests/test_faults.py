@@ -553,6 +553,14 @@ def test_usage_errors_are_json_too(capsys):
     assert err['kind'] == 'usage' and "invalid int value: 'two'" in err['error'] and 'usage: depthbench-nb train' in err['error']
 
 
+def study_entries_in(study, runs):
+    "The entries (run ids) of a study file as a driver with DEPTHBENCH_RUNS=runs expands them; the session's folder after."
+    from depthbench_nb.sweep import expand_study, load_study
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv('DEPTHBENCH_RUNS', str(runs))
+        return expand_study(load_study(study))
+
+
 # ------------------------------------------------------------------- a sweep whose driver is killed twice
 def test_a_sweep_whose_driver_is_killed_twice_finishes_every_run_once(tiny_data, tmp_path):
     """Kill 1: the driver and its child, mid-run. Kill 2: the driver alone (its child trains on, orphaned). The next
@@ -563,11 +571,7 @@ def test_a_sweep_whose_driver_is_killed_twice_finishes_every_run_once(tiny_data,
     study = tmp_path / 'k.yaml'
     study.write_text(yaml.safe_dump(dict(name='killed', preset='tiny', data=str(tiny_data), groups=[
         dict(name='g', archs=['preln'], depths=[2], lrs=[1e-3, 2e-3], max_steps=8)])))
-    saved = os.environ.get('DEPTHBENCH_RUNS'); os.environ['DEPTHBENCH_RUNS'] = str(runs)
-    try:
-        from depthbench_nb.sweep import expand_study, load_study
-        entries = expand_study(load_study(study))
-    finally: os.environ['DEPTHBENCH_RUNS'] = saved        # the session's own runs folder, never unset
+    entries = study_entries_in(study, runs)
     folders = [runs / 'killed' / e.run_id for e in entries]
     driver = CLI + ['sweep', 'run', str(study), '--executor', 'python', '--no-progress']
     def start(): return subprocess.Popen(driver, env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -773,11 +777,7 @@ def test_a_signalled_sweep_driver_stops_its_children_and_records_them(tiny_data,
     study = tmp_path / 'sig.yaml'
     study.write_text(yaml.safe_dump(dict(name='sig', preset='tiny', data=str(tiny_data), groups=[
         dict(name='g', archs=['preln'], depths=[2], lrs=[1e-3, 2e-3], max_steps=10)])))
-    saved = os.environ.get('DEPTHBENCH_RUNS'); os.environ['DEPTHBENCH_RUNS'] = str(runs)
-    try:
-        from depthbench_nb.sweep import expand_study, load_study
-        entries = expand_study(load_study(study))
-    finally: os.environ['DEPTHBENCH_RUNS'] = saved        # the session's own runs folder, never unset
+    entries = study_entries_in(study, runs)
     tree = f'depthbench-test-tree-{os.getpid()}-{time.time_ns()}'
     env = hooked_env(tmp_path, DEPTHBENCH_RUNS=str(runs), DEPTHBENCH_TEST_PAUSE='3', DEPTHBENCH_TEST_TREE=tree)
     driver = subprocess.Popen(CLI + ['sweep', 'run', str(study), '--executor', 'papermill', '--no-progress', '--json'], env=env,
