@@ -24,6 +24,7 @@ in the same run. Each measurement is a fresh process; orders alternate; best of 
 
     OMP_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 python benchmarks/bench_data.py
 """
+
 import argparse
 import json
 import os
@@ -35,11 +36,11 @@ import threading
 import time
 from pathlib import Path
 
-os.environ.setdefault('HF_HUB_OFFLINE', '1')
-os.environ.setdefault('TOKENIZERS_PARALLELISM', 'false')
-os.environ.setdefault('OMP_NUM_THREADS', '1')
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-CHILD = r'''
+CHILD = r"""
 import json, os, resource, sys, time
 from pathlib import Path
 from depthbench_nb import data as D
@@ -75,52 +76,71 @@ else:
     shard_seconds = sum(json.loads(p.read_text())['seconds'] for p in Path(out).glob('shards/*/shard.json'))
     print(json.dumps(dict(seconds=dt, cpu_seconds=dc, tokens=tokens, shards=r.source_shards,
                           shard_seconds=shard_seconds)))
-'''
+"""
 
 
 def make_corpus(folder: Path, files: int, copies: int) -> Path:
     "`files` jsonl files, each the sample's chapters `copies` times, every document unique (a copy marker)."
     from depthbench_nb import data as D
+
     chapters = list(D._kjv_chapters())
     folder.mkdir(parents=True, exist_ok=True)
     for f in range(files):
-        with open(folder / f'part_{f:03d}.jsonl', 'w') as fh:
+        with open(folder / f"part_{f:03d}.jsonl", "w") as fh:
             for c in range(copies):
-                for d in chapters: fh.write(json.dumps(dict(text=f'{d}\n({f}.{c})')) + '\n')
+                for d in chapters:
+                    fh.write(json.dumps(dict(text=f"{d}\n({f}.{c})")) + "\n")
     return folder
 
 
 def _children(pid: int) -> list[int]:
-    try: return [int(x) for x in Path(f'/proc/{pid}/task/{pid}/children').read_text().split()]
-    except OSError: return []
+    try:
+        return [int(x) for x in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
 
 
 def _memory_mb(pid: int) -> tuple[float, float]:
     "(RSS, USS) of a process in MB, from /proc/PID/smaps_rollup."
-    try: text = Path(f'/proc/{pid}/smaps_rollup').read_text()
-    except OSError: return 0.0, 0.0
-    kb = {line.split(':')[0]: int(line.split()[1]) for line in text.splitlines()[1:] if line.split()[1].isdigit()}
-    return kb.get('Rss', 0) / 1024, (kb.get('Private_Clean', 0) + kb.get('Private_Dirty', 0)) / 1024
+    try:
+        text = Path(f"/proc/{pid}/smaps_rollup").read_text()
+    except OSError:
+        return 0.0, 0.0
+    kb = {line.split(":")[0]: int(line.split()[1]) for line in text.splitlines()[1:] if line.split()[1].isdigit()}
+    return kb.get("Rss", 0) / 1024, (kb.get("Private_Clean", 0) + kb.get("Private_Dirty", 0)) / 1024
 
 
 def run_pair(corpus: Path, tokenizer: str, tmp: Path) -> dict:
     "Two raw encode_batch processes side by side, each on half of the files: from the first start to the last end."
-    ps = [subprocess.Popen([sys.executable, '-c', CHILD, 'raw', str(corpus), tokenizer, str(tmp / 'unused'), f'{i}/2'],
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
+    ps = [
+        subprocess.Popen(
+            [sys.executable, "-c", CHILD, "raw", str(corpus), tokenizer, str(tmp / "unused"), f"{i}/2"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(2)
+    ]
     res = []
     for p in ps:
         out, err = p.communicate()
-        if p.returncode: raise RuntimeError(f"raw pair child failed: {err[-2000:]}")
-        res.append(json.loads(out.strip().splitlines()[-1])['encode_batch'])
-    return dict(seconds=max(r['end'] for r in res) - min(r['start'] for r in res),
-                cpu_seconds=sum(r['cpu_seconds'] for r in res), tokens=sum(r['tokens'] for r in res))
+        if p.returncode:
+            raise RuntimeError(f"raw pair child failed: {err[-2000:]}")
+        res.append(json.loads(out.strip().splitlines()[-1])["encode_batch"])
+    return dict(
+        seconds=max(r["end"] for r in res) - min(r["start"] for r in res),
+        cpu_seconds=sum(r["cpu_seconds"] for r in res),
+        tokens=sum(r["tokens"] for r in res),
+    )
 
 
 def run_child(args: list[str], watch: bool = False) -> tuple[dict, dict]:
     "Run CHILD with `args`; with `watch`, the peak RSS and USS of the coordinator and of each worker process."
-    p = subprocess.Popen([sys.executable, '-c', CHILD, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True)
+    p = subprocess.Popen(
+        [sys.executable, "-c", CHILD, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     peaks: dict = {}
+
     def sample():
         while p.poll() is None:
             for pid in [p.pid] + _children(p.pid):
@@ -128,96 +148,115 @@ def run_child(args: list[str], watch: bool = False) -> tuple[dict, dict]:
                 old = peaks.get(pid, (0.0, 0.0))
                 peaks[pid] = (max(old[0], rss), max(old[1], uss))
             time.sleep(0.05)
+
     t = threading.Thread(target=sample, daemon=True)
-    if watch: t.start()
+    if watch:
+        t.start()
     out, err = p.communicate()
-    if p.returncode: raise RuntimeError(f"child {args[0]} failed: {err[-2000:]}")
-    if watch: t.join()
+    if p.returncode:
+        raise RuntimeError(f"child {args[0]} failed: {err[-2000:]}")
+    if watch:
+        t.join()
     coord = peaks.pop(p.pid, (0.0, 0.0))
-    mem = dict(coordinator_rss_mb=round(coord[0], 1), coordinator_uss_mb=round(coord[1], 1),
-               worker_rss_mb=[round(v[0], 1) for v in peaks.values()],
-               worker_uss_mb=[round(v[1], 1) for v in peaks.values()])
+    mem = dict(
+        coordinator_rss_mb=round(coord[0], 1),
+        coordinator_uss_mb=round(coord[1], 1),
+        worker_rss_mb=[round(v[0], 1) for v in peaks.values()],
+        worker_uss_mb=[round(v[1], 1) for v in peaks.values()],
+    )
     return json.loads(out.strip().splitlines()[-1]), mem
 
 
 def throughput(corpus: Path, tokenizer: str, tmp: Path, repeats: int) -> dict:
     best: dict = {}
     serial: list[float] = []
+
     def keep(name, r):
-        for key in ('seconds', 'cpu_seconds'):
-            old = best.setdefault(name, dict(tokens=r['tokens']))
-            old[key] = min(old.get(key, float('inf')), r[key])
+        for key in ("seconds", "cpu_seconds"):
+            old = best.setdefault(name, dict(tokens=r["tokens"]))
+            old[key] = min(old.get(key, float("inf")), r[key])
+
     for i in range(repeats):
-        order = ('raw', '1', '2', 'raw2') if i % 2 == 0 else ('raw2', '2', '1', 'raw')  # alternate: none always warm
+        order = ("raw", "1", "2", "raw2") if i % 2 == 0 else ("raw2", "2", "1", "raw")  # alternate: none always warm
         for mode in order:
-            if mode == 'raw2':
-                keep('raw_encode_batch_2_processes', run_pair(corpus, tokenizer, tmp))
+            if mode == "raw2":
+                keep("raw_encode_batch_2_processes", run_pair(corpus, tokenizer, tmp))
                 continue
-            out = tmp / f'out-{mode}'
+            out = tmp / f"out-{mode}"
             shutil.rmtree(out, ignore_errors=True)
             res, _ = run_child([mode, str(corpus), tokenizer, str(out)])
-            if mode == 'raw':
-                for name, r in res.items(): keep(f'raw_{name}', r)
-            else: keep('prepare_1_worker' if mode == '1' else f'prepare_{mode}_workers', res)
-            if mode == '1': serial.append(1 - res['shard_seconds'] / res['seconds'])
+            if mode == "raw":
+                for name, r in res.items():
+                    keep(f"raw_{name}", r)
+            else:
+                keep("prepare_1_worker" if mode == "1" else f"prepare_{mode}_workers", res)
+            if mode == "1":
+                serial.append(1 - res["shard_seconds"] / res["seconds"])
             shutil.rmtree(out, ignore_errors=True)
-    wall = {k: round(v['tokens'] / v['seconds']) for k, v in best.items()}
-    cpu = {k: round(v['tokens'] / v['cpu_seconds']) for k, v in best.items()}
-    one, two = best['prepare_1_worker'], best['prepare_2_workers']
+    wall = {k: round(v["tokens"] / v["seconds"]) for k, v in best.items()}
+    cpu = {k: round(v["tokens"] / v["cpu_seconds"]) for k, v in best.items()}
+    one, two = best["prepare_1_worker"], best["prepare_2_workers"]
     f = sorted(serial)[len(serial) // 2]
-    return dict(tokens_per_s=wall, tokens_per_cpu_s=cpu, best=best,
-                ratio_2_workers_over_1=round(wall['prepare_2_workers'] / wall['prepare_1_worker'], 3),
-                # the machine's ceiling for any two processes, and how close prepare's two workers come to it
-                ratio_raw_2_processes_over_1=round(wall['raw_encode_batch_2_processes'] / wall['raw_encode_batch'], 3),
-                ratio_2_workers_over_raw_2_processes=round(
-                    wall['prepare_2_workers'] / wall['raw_encode_batch_2_processes'], 3),
-                ratio_1_worker_over_raw_encode_batch=round(wall['prepare_1_worker'] / wall['raw_encode_batch'], 3),
-                ratio_1_worker_over_raw_encode_batch_fast=round(
-                    wall['prepare_1_worker'] / wall['raw_encode_batch_fast'], 3),
-                # on a loaded machine wall clocks measure the load: CPU time measures the work. Two workers on two free
-                # cores give 2 x (CPU of one worker / CPU of two) of one worker's rate
-                cpu_ratio_1_worker_over_raw_encode_batch=round(cpu['prepare_1_worker'] / cpu['raw_encode_batch'], 3),
-                cpu_ratio_1_worker_over_raw_encode_batch_fast=round(
-                    cpu['prepare_1_worker'] / cpu['raw_encode_batch_fast'], 3),
-                speedup_of_2_workers_on_2_free_cores=round(2 * one['cpu_seconds'] / two['cpu_seconds'], 3),
-                serial_fraction_1_worker=round(f, 4), amdahl_bound_2_workers=round(1 / (f + (1 - f) / 2), 3))
+    return dict(
+        tokens_per_s=wall,
+        tokens_per_cpu_s=cpu,
+        best=best,
+        ratio_2_workers_over_1=round(wall["prepare_2_workers"] / wall["prepare_1_worker"], 3),
+        # the machine's ceiling for any two processes, and how close prepare's two workers come to it
+        ratio_raw_2_processes_over_1=round(wall["raw_encode_batch_2_processes"] / wall["raw_encode_batch"], 3),
+        ratio_2_workers_over_raw_2_processes=round(wall["prepare_2_workers"] / wall["raw_encode_batch_2_processes"], 3),
+        ratio_1_worker_over_raw_encode_batch=round(wall["prepare_1_worker"] / wall["raw_encode_batch"], 3),
+        ratio_1_worker_over_raw_encode_batch_fast=round(wall["prepare_1_worker"] / wall["raw_encode_batch_fast"], 3),
+        # on a loaded machine wall clocks measure the load: CPU time measures the work. Two workers on two free
+        # cores give 2 x (CPU of one worker / CPU of two) of one worker's rate
+        cpu_ratio_1_worker_over_raw_encode_batch=round(cpu["prepare_1_worker"] / cpu["raw_encode_batch"], 3),
+        cpu_ratio_1_worker_over_raw_encode_batch_fast=round(cpu["prepare_1_worker"] / cpu["raw_encode_batch_fast"], 3),
+        speedup_of_2_workers_on_2_free_cores=round(2 * one["cpu_seconds"] / two["cpu_seconds"], 3),
+        serial_fraction_1_worker=round(f, 4),
+        amdahl_bound_2_workers=round(1 / (f + (1 - f) / 2), 3),
+    )
 
 
 def memory(tmp: Path, tokenizer: str, files: int, copies: int) -> dict:
     out = {}
     for scale in (1, 4):
-        corpus = make_corpus(tmp / f'mem-{scale}x', files, copies * scale)
-        res, mem = run_child(['2', str(corpus), tokenizer, str(tmp / f'mem-out-{scale}x')], watch=True)
-        out[f'{scale}x'] = dict(tokens=res['tokens'], **mem)
+        corpus = make_corpus(tmp / f"mem-{scale}x", files, copies * scale)
+        res, mem = run_child(["2", str(corpus), tokenizer, str(tmp / f"mem-out-{scale}x")], watch=True)
+        out[f"{scale}x"] = dict(tokens=res["tokens"], **mem)
         shutil.rmtree(corpus, ignore_errors=True)
-        shutil.rmtree(tmp / f'mem-out-{scale}x', ignore_errors=True)
+        shutil.rmtree(tmp / f"mem-out-{scale}x", ignore_errors=True)
     peak = lambda s, k: max(out[s][k]) if out[s][k] else 0.0
-    out['worker_uss_ratio_4x_over_1x'] = round(peak('4x', 'worker_uss_mb') / max(peak('1x', 'worker_uss_mb'), 1e-9), 3)
-    out['worker_rss_ratio_4x_over_1x'] = round(peak('4x', 'worker_rss_mb') / max(peak('1x', 'worker_rss_mb'), 1e-9), 3)
-    coordinator = lambda s: out[s]['coordinator_rss_mb']
-    out['coordinator_rss_ratio_4x_over_1x'] = round(coordinator('4x') / max(coordinator('1x'), 1e-9), 3)
+    out["worker_uss_ratio_4x_over_1x"] = round(peak("4x", "worker_uss_mb") / max(peak("1x", "worker_uss_mb"), 1e-9), 3)
+    out["worker_rss_ratio_4x_over_1x"] = round(peak("4x", "worker_rss_mb") / max(peak("1x", "worker_rss_mb"), 1e-9), 3)
+    coordinator = lambda s: out[s]["coordinator_rss_mb"]
+    out["coordinator_rss_ratio_4x_over_1x"] = round(coordinator("4x") / max(coordinator("1x"), 1e-9), 3)
     return out
 
 
-if __name__ == '__main__':
-    p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-    p.add_argument('--tokenizer', default='bpe:4096', help='bpe:4096 (default, trained once on the sample) or neox')
-    p.add_argument('--files', type=int, default=8, help='files in the corpus: the units of work (default 8)')
-    p.add_argument('--copies', type=int, default=1,
-                   help='copies of the sample per file (default 1: about 1M tokens a file)')
-    p.add_argument('--repeats', type=int, default=2)
-    p.add_argument('--skip-memory', action='store_true')
+if __name__ == "__main__":
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--tokenizer", default="bpe:4096", help="bpe:4096 (default, trained once on the sample) or neox")
+    p.add_argument("--files", type=int, default=8, help="files in the corpus: the units of work (default 8)")
+    p.add_argument(
+        "--copies", type=int, default=1, help="copies of the sample per file (default 1: about 1M tokens a file)"
+    )
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--skip-memory", action="store_true")
     a = p.parse_args()
     from depthbench_nb import data as D
-    tok = D.load_tokenizer(a.tokenizer, D.resolve_source('sample'))
+
+    tok = D.load_tokenizer(a.tokenizer, D.resolve_source("sample"))
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
-        tokenizer = str(tmp / 'tokenizer.json')
+        tokenizer = str(tmp / "tokenizer.json")
         tok.tokenizer.save(tokenizer)
-        corpus = make_corpus(tmp / 'corpus', a.files, a.copies)
-        res = dict(machine=dict(cpus=os.cpu_count(), load_before=os.getloadavg()),
-                   corpus=dict(files=a.files, copies=a.copies),
-                   throughput=throughput(corpus, tokenizer, tmp, a.repeats))
-        if not a.skip_memory: res['memory'] = memory(tmp, tokenizer, a.files, a.copies)
-        res['machine']['load_after'] = os.getloadavg()
+        corpus = make_corpus(tmp / "corpus", a.files, a.copies)
+        res = dict(
+            machine=dict(cpus=os.cpu_count(), load_before=os.getloadavg()),
+            corpus=dict(files=a.files, copies=a.copies),
+            throughput=throughput(corpus, tokenizer, tmp, a.repeats),
+        )
+        if not a.skip_memory:
+            res["memory"] = memory(tmp, tokenizer, a.files, a.copies)
+        res["machine"]["load_after"] = os.getloadavg()
     print(json.dumps(res, indent=2))

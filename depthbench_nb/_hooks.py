@@ -9,36 +9,49 @@ import importlib.util
 import sys
 import warnings
 
-_PENDING: dict[str, list] = {}      # module name -> callbacks to run once it has executed
+_PENDING: dict[str, list] = {}  # module name -> callbacks to run once it has executed
 
 
 class _PostImportFinder:
     "A meta-path finder that runs callbacks right after a watched module executes (it finds nothing itself)."
+
     def find_spec(self, name, path=None, target=None):
-        if name not in _PENDING: return None
-        sys.meta_path.remove(self)                                   # find the real spec without finding ourselves
-        try: spec = importlib.util.find_spec(name)
-        finally: sys.meta_path.insert(0, self)
-        if spec is None or spec.loader is None or not hasattr(spec.loader, 'exec_module'): return spec
+        if name not in _PENDING:
+            return None
+        sys.meta_path.remove(self)  # find the real spec without finding ourselves
+        try:
+            spec = importlib.util.find_spec(name)
+        finally:
+            sys.meta_path.insert(0, self)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+
         def exec_then_call(module, _exec=spec.loader.exec_module, _name=name):
             _exec(module)
-            for callback in _PENDING.pop(_name, []): _run(callback)
+            for callback in _PENDING.pop(_name, []):
+                _run(callback)
+
         spec.loader.exec_module = exec_then_call
         return spec
 
 
 def _run(callback) -> None:
-    try: callback()
+    try:
+        callback()
     except Exception as e:  # never break the user's import: say what failed instead
-        warnings.warn(f"depthbench-nb: {callback.__name__} failed ({type(e).__name__}: {e})", RuntimeWarning, stacklevel=2)
+        warnings.warn(
+            f"depthbench-nb: {callback.__name__} failed ({type(e).__name__}: {e})", RuntimeWarning, stacklevel=2
+        )
 
 
 def on_import(module: str, callback) -> None:
     "Run `callback()` once `module` is imported: now if it already is, else right after its import."
     if module in sys.modules:
-        _run(callback); return
+        _run(callback)
+        return
     _PENDING.setdefault(module, []).append(callback)
-    if not any(isinstance(f, _PostImportFinder) for f in sys.meta_path): sys.meta_path.insert(0, _PostImportFinder())
+    if not any(isinstance(f, _PostImportFinder) for f in sys.meta_path):
+        sys.meta_path.insert(0, _PostImportFinder())
 
 # %% auto #0
 __all__ = ['WATCHED', 'on_import', 'register_auto_config', 'register_auto_model', 'register_lm_eval_model', 'install']
@@ -49,13 +62,16 @@ def register_auto_config() -> None:
     from transformers import AutoConfig
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
     from depthbench_nb.hf_config import DepthBenchConfig
-    if 'depthbench' not in CONFIG_MAPPING: AutoConfig.register('depthbench', DepthBenchConfig)
+
+    if "depthbench" not in CONFIG_MAPPING:
+        AutoConfig.register("depthbench", DepthBenchConfig)
 
 
 def register_auto_model() -> None:
     "AutoModelForCausalLM builds DepthBenchForCausalLM for a 'depthbench' config."
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING, AutoModelForCausalLM
     from depthbench_nb.hf import DepthBenchForCausalLM
+
     register_auto_config()
     if DepthBenchForCausalLM.config_class not in MODEL_FOR_CAUSAL_LM_MAPPING:
         AutoModelForCausalLM.register(DepthBenchForCausalLM.config_class, DepthBenchForCausalLM)
@@ -64,18 +80,24 @@ def register_auto_model() -> None:
 def register_lm_eval_model() -> None:
     "lm-eval's model registry knows 'depthbench' (a lazy entry: the module loads when a run asks for it)."
     from lm_eval.api.registry import model_registry
-    if 'depthbench' not in model_registry: model_registry.register('depthbench', target='depthbench_nb.lmeval:DepthBenchLM')
+
+    if "depthbench" not in model_registry:
+        model_registry.register("depthbench", target="depthbench_nb.lmeval:DepthBenchLM")
 
 
-WATCHED = {'transformers.models.auto.configuration_auto': register_auto_config,
-           'transformers.models.auto.modeling_auto': register_auto_model,
-           'lm_eval.models': register_lm_eval_model}
+WATCHED = {
+    "transformers.models.auto.configuration_auto": register_auto_config,
+    "transformers.models.auto.modeling_auto": register_auto_model,
+    "lm_eval.models": register_lm_eval_model,
+}
 _installed = False
 
 
 def install() -> None:
     "Watch Transformers and lm-eval (idempotent; called by `import depthbench_nb` and the startup .pth file)."
     global _installed
-    if _installed: return
+    if _installed:
+        return
     _installed = True
-    for module, callback in WATCHED.items(): on_import(module, callback)
+    for module, callback in WATCHED.items():
+        on_import(module, callback)

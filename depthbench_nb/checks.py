@@ -15,8 +15,15 @@ import torch.nn.functional as F
 
 from .config import ARCHS, ConfigError, ModelConfig, resolve_arch
 from .layers import KVCache, LayerNorm, RMSNorm
-from .model import (AttnResTransformer, DepthModel, MultiStreamTransformer, ResidualTransformer, _close,
-                                 build_model, n_params)
+from depthbench_nb.model import (
+    AttnResTransformer,
+    DepthModel,
+    MultiStreamTransformer,
+    ResidualTransformer,
+    _close,
+    build_model,
+    n_params,
+)
 from .shapes import count_params
 
 # %% auto #0
@@ -28,16 +35,20 @@ __all__ = ['CHECKS', 'CheckResult', 'tiny_config', 'check_param_count', 'check_f
 @dataclass
 class CheckResult:
     "The outcome of one check: whether it passed, and what it found."
+
     ok: bool
-    detail: str = ''
+    detail: str = ""
 
-    def __bool__(self): return self.ok
-
-
-def _ok(detail: str = '') -> CheckResult: return CheckResult(True, detail)
+    def __bool__(self):
+        return self.ok
 
 
-def _fail(detail: str) -> CheckResult: return CheckResult(False, detail)
+def _ok(detail: str = "") -> CheckResult:
+    return CheckResult(True, detail)
+
+
+def _fail(detail: str) -> CheckResult:
+    return CheckResult(False, detail)
 
 
 def tiny_config(arch: str, **options) -> ModelConfig:
@@ -55,22 +66,29 @@ def check_param_count(model: DepthModel, cfg: ModelConfig, expected: Optional[in
     "The instantiated model has the closed-form parameter count of its config (or `expected`)."
     want = count_params(cfg).total if expected is None else expected
     got = n_params(model)
-    return _ok(f'{got:,} parameters') if got == want else _fail(f'instantiated {got:,} != closed form {want:,} (diff {got - want:+,})')
+    return (
+        _ok(f"{got:,} parameters")
+        if got == want
+        else _fail(f"instantiated {got:,} != closed form {want:,} (diff {got - want:+,})")
+    )
 
 
 def check_finite(model: DepthModel, idx: torch.Tensor) -> CheckResult:
     "One forward and backward pass: a finite loss, finite gradients, and gradients that reach the embedding and the head."
     model.zero_grad(set_to_none=True)
     loss = _loss(model, idx)
-    if not torch.isfinite(loss): return _fail(f'loss {loss.item()}')
+    if not torch.isfinite(loss):
+        return _fail(f"loss {loss.item()}")
     loss.backward()
     bad = [n for n, p in model.named_parameters() if p.grad is not None and not torch.isfinite(p.grad).all()]
-    if bad: return _fail(f'non-finite gradients in {bad[:5]}')
-    for name in ('tok_emb.weight', 'lm_head.weight'):
+    if bad:
+        return _fail(f"non-finite gradients in {bad[:5]}")
+    for name in ("tok_emb.weight", "lm_head.weight"):
         p = dict(model.named_parameters()).get(name)
-        if p is not None and (p.grad is None or p.grad.abs().sum() == 0): return _fail(f'no gradient reaches {name}')
+        if p is not None and (p.grad is None or p.grad.abs().sum() == 0):
+            return _fail(f"no gradient reaches {name}")
     model.zero_grad(set_to_none=True)
-    return _ok(f'loss {loss.item():.4f}')
+    return _ok(f"loss {loss.item():.4f}")
 
 
 def check_gradients(model: DepthModel, idx: torch.Tensor) -> CheckResult:
@@ -80,26 +98,32 @@ def check_gradients(model: DepthModel, idx: torch.Tensor) -> CheckResult:
     unused = [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None]
     model.zero_grad(set_to_none=True)
     if unused:
-        return _fail(f'no gradient reaches {len(unused)} parameter(s) {unused[:5]}: DDP (find_unused_parameters=False) '
-                     'stops at the second step; build them only where the forward uses them')
-    return _ok(f'{sum(1 for _ in model.parameters())} parameters, all reached')
+        return _fail(
+            f"no gradient reaches {len(unused)} parameter(s) {unused[:5]}: DDP (find_unused_parameters=False) "
+            "stops at the second step; build them only where the forward uses them"
+        )
+    return _ok(f"{sum(1 for _ in model.parameters())} parameters, all reached")
 
 
 def check_causal(model: DepthModel, idx: torch.Tensor, atol: float = 1e-5) -> CheckResult:
     "Changing later tokens leaves the logits of earlier positions unchanged (with and without a skipped block)."
     t = idx.shape[1] // 2
-    changed = idx.clone(); changed[:, t + 1:] = (changed[:, t + 1:] + 1) % model.config.vocab_size
+    changed = idx.clone()
+    changed[:, t + 1 :] = (changed[:, t + 1 :] + 1) % model.config.vocab_size
     for skip in ((), (model.n_blocks // 2,)):
-        with torch.no_grad(): a, b = model(idx, skip=skip), model(changed, skip=skip)
-        ok, err = _close(a[:, :t + 1], b[:, :t + 1], atol)
-        if not ok: return _fail(f'logits at positions <= {t} moved by {err:.2e} when later tokens changed (skip={skip})')
-        if torch.equal(a[:, t + 1:], b[:, t + 1:]): return _fail('changing tokens did not change later logits (inputs ignored?)')
+        with torch.no_grad():
+            a, b = model(idx, skip=skip), model(changed, skip=skip)
+        ok, err = _close(a[:, : t + 1], b[:, : t + 1], atol)
+        if not ok:
+            return _fail(f"logits at positions <= {t} moved by {err:.2e} when later tokens changed (skip={skip})")
+        if torch.equal(a[:, t + 1 :], b[:, t + 1 :]):
+            return _fail("changing tokens did not change later logits (inputs ignored?)")
     return _ok()
 
 
 def _exact_readout(model: DepthModel) -> bool:
     "Families whose logit lens of the last state is the forward's output (not sum-collapse HC, the official analysis scripts INF)."
-    return not (isinstance(model, MultiStreamTransformer) and model.collapse == 'sum')
+    return not (isinstance(model, MultiStreamTransformer) and model.collapse == "sum")
 
 
 def check_states(model: DepthModel, idx: torch.Tensor, atol: float = 1e-5) -> CheckResult:
@@ -107,14 +131,18 @@ def check_states(model: DepthModel, idx: torch.Tensor, atol: float = 1e-5) -> Ch
     with torch.no_grad():
         plain = model(idx)
         logits, states = model(idx, return_states=True)
-    if len(states) != model.n_blocks + 1: return _fail(f'{len(states)} states for {model.n_blocks} blocks (want n_blocks + 1)')
+    if len(states) != model.n_blocks + 1:
+        return _fail(f"{len(states)} states for {model.n_blocks} blocks (want n_blocks + 1)")
     shapes = {tuple(s.shape) for s in states}
-    if len(shapes) != 1 or next(iter(shapes))[:2] != tuple(idx.shape): return _fail(f'state shapes {shapes}')
-    if not torch.equal(plain, logits): return _fail('return_states changed the logits')
+    if len(shapes) != 1 or next(iter(shapes))[:2] != tuple(idx.shape):
+        return _fail(f"state shapes {shapes}")
+    if not torch.equal(plain, logits):
+        return _fail("return_states changed the logits")
     if isinstance(model, (ResidualTransformer, MultiStreamTransformer, AttnResTransformer)) and _exact_readout(model):
         ok, err = _close(model.readout(model.n_blocks, states[-1]), logits, atol)
-        if not ok: return _fail(f'readout of the last state differs from the logits by {err:.2e}')
-    return _ok(f'{len(states)} states of shape {next(iter(shapes))}')
+        if not ok:
+            return _fail(f"readout of the last state differs from the logits by {err:.2e}")
+    return _ok(f"{len(states)} states of shape {next(iter(shapes))}")
 
 
 def check_kv_cache(model: DepthModel, idx: torch.Tensor, atol: float = 1e-4) -> CheckResult:
@@ -123,10 +151,12 @@ def check_kv_cache(model: DepthModel, idx: torch.Tensor, atol: float = 1e-4) -> 
         full = model(idx)
         cache, prompt = KVCache(), idx.shape[1] // 2
         parts = [model(idx[:, :prompt], kv_cache=cache)]
-        for t in range(prompt, idx.shape[1]): parts.append(model(idx[:, t:t + 1], kv_cache=cache))
-    if cache.offset != idx.shape[1]: return _fail(f'cache offset {cache.offset} after {idx.shape[1]} tokens')
+        for t in range(prompt, idx.shape[1]):
+            parts.append(model(idx[:, t : t + 1], kv_cache=cache))
+    if cache.offset != idx.shape[1]:
+        return _fail(f"cache offset {cache.offset} after {idx.shape[1]} tokens")
     ok, err = _close(torch.cat(parts, 1), full, atol)
-    return _ok(f'max diff {err:.1e}') if ok else _fail(f'incremental decoding differs from a full pass by {err:.2e}')
+    return _ok(f"max diff {err:.1e}") if ok else _fail(f"incremental decoding differs from a full pass by {err:.2e}")
 
 
 def check_swap(model: DepthModel, idx: torch.Tensor) -> CheckResult:
@@ -135,18 +165,25 @@ def check_swap(model: DepthModel, idx: torch.Tensor) -> CheckResult:
     before = {k: v.clone() for k, v in model.state_dict().items()}
     with torch.no_grad():
         base = _loss(model, idx)
-        model.swap_blocks(i, j); swapped = _loss(model, idx)
-        model.swap_blocks(i, j); restored = _loss(model, idx)
-    if not torch.equal(base, restored): return _fail(f'loss {base.item()} -> {restored.item()} after swapping twice')
+        model.swap_blocks(i, j)
+        swapped = _loss(model, idx)
+        model.swap_blocks(i, j)
+        restored = _loss(model, idx)
+    if not torch.equal(base, restored):
+        return _fail(f"loss {base.item()} -> {restored.item()} after swapping twice")
     moved = [k for k, v in model.state_dict().items() if not torch.equal(v, before[k])]
-    if moved: return _fail(f'tensors not restored after swapping twice: {moved[:5]}')
-    if torch.equal(base, swapped): return _fail(f'swapping blocks {i} and {j} did not change the loss')
-    return _ok(f'loss {base.item():.4f} -> {swapped.item():.4f} -> {restored.item():.4f}')
+    if moved:
+        return _fail(f"tensors not restored after swapping twice: {moved[:5]}")
+    if torch.equal(base, swapped):
+        return _fail(f"swapping blocks {i} and {j} did not change the loss")
+    return _ok(f"loss {base.item():.4f} -> {swapped.item():.4f} -> {restored.item():.4f}")
 
 # %% ../nbs/05a_checks.ipynb #c3522726
 class IdentityBlock(nn.Module):
     "Stands in for a block: returns its state unchanged (and writes nothing)."
-    def forward(self, x, ctx=None): return x
+
+    def forward(self, x, ctx=None):
+        return x
 
 
 def check_skip(model: DepthModel, idx: torch.Tensor, atol: float = 1e-5) -> CheckResult:
@@ -156,42 +193,57 @@ def check_skip(model: DepthModel, idx: torch.Tensor, atol: float = 1e-5) -> Chec
         logits, states = model(idx, return_states=True)
         s_logits, s_states = model(idx, skip=[l], return_states=True)
     for k in range(l + 1):
-        if not torch.equal(states[k], s_states[k]): return _fail(f'skipping block {l} changed state {k} (before the block)')
-    if torch.equal(logits, s_logits): return _fail(f'skipping block {l} did not change the logits')
-    if isinstance(model, AttnResTransformer): return _check_attnres_skip(model, idx, l, s_states, atol)
-    if not torch.equal(s_states[l + 1], s_states[l]): return _fail(f'a skipped block {l} is not the identity on the state')
+        if not torch.equal(states[k], s_states[k]):
+            return _fail(f"skipping block {l} changed state {k} (before the block)")
+    if torch.equal(logits, s_logits):
+        return _fail(f"skipping block {l} did not change the logits")
+    if isinstance(model, AttnResTransformer):
+        return _check_attnres_skip(model, idx, l, s_states, atol)
+    if not torch.equal(s_states[l + 1], s_states[l]):
+        return _fail(f"a skipped block {l} is not the identity on the state")
     if isinstance(model, (ResidualTransformer, MultiStreamTransformer)):
         twin = copy.deepcopy(model)
         twin.blocks[l] = IdentityBlock()
-        with torch.no_grad(): ref = twin(idx)
+        with torch.no_grad():
+            ref = twin(idx)
         ok, err = _close(s_logits, ref, atol)
-        if not ok: return _fail(f'skip differs from identity replacement by {err:.2e}')
-        return _ok('equals identity replacement')
-    return _ok('identity on the state')
+        if not ok:
+            return _fail(f"skip differs from identity replacement by {err:.2e}")
+        return _ok("equals identity replacement")
+    return _ok("identity on the state")
 
 
 def _check_attnres_skip(model: AttnResTransformer, idx, l, s_states, atol) -> CheckResult:
-    if 2 * (l + 1) not in model.boundaries and l + 1 < model.n_blocks: return _ok('next consumer is inside a group')
-    if any(size != 1 for size in model.group_sizes): return _ok()   # only single-sublayer groups: the boundary is the next sublayer
+    if 2 * (l + 1) not in model.boundaries and l + 1 < model.n_blocks:
+        return _ok("next consumer is inside a group")
+    if any(size != 1 for size in model.group_sizes):
+        return _ok()  # only single-sublayer groups: the boundary is the next sublayer
     captured = {}
     src_block = model.blocks[l - 1].ffn if l > 0 else model.tok_emb  # the newest source: the previous FFN output
-    h = src_block.register_forward_hook(lambda m, i, o: captured.__setitem__('v', o))
+    h = src_block.register_forward_hook(lambda m, i, o: captured.__setitem__("v", o))
     try:
-        with torch.no_grad(): model(idx, skip=[l])
-    finally: h.remove()
-    ok, err = _close(s_states[l + 1], captured['v'], atol)
-    return _ok('boundary mix after the skip is the identity on its newest source') if ok else \
-        _fail(f'the boundary state after skipping block {l} is not the newest source (diff {err:.2e})')
+        with torch.no_grad():
+            model(idx, skip=[l])
+    finally:
+        h.remove()
+    ok, err = _close(s_states[l + 1], captured["v"], atol)
+    return (
+        _ok("boundary mix after the skip is the identity on its newest source")
+        if ok
+        else _fail(f"the boundary state after skipping block {l} is not the newest source (diff {err:.2e})")
+    )
 
 # %% ../nbs/05a_checks.ipynb #bed63f8e
 def _generic_init(model: DepthModel) -> Optional[str]:
     std = model.config.init_std
-    exempt = {f'blocks.{b}.{n}' for b, blk in enumerate(model.blocks) for n in getattr(blk, 'default_init_modules', ())}
+    exempt = {f"blocks.{b}.{n}" for b, blk in enumerate(model.blocks) for n in getattr(blk, "default_init_modules", ())}
     for name, m in model.named_modules():
-        if name in exempt: continue               # a design's module that keeps PyTorch's default init (its check_init checks it)
+        if name in exempt:
+            continue  # a design's module that keeps PyTorch's default init (its check_init checks it)
         if isinstance(m, (nn.Linear, nn.Embedding)) and m.weight.abs().max() > 3 * std + 1e-7:
-            return f'{name}.weight exceeds 3 sigma'
-        if isinstance(m, (RMSNorm, LayerNorm)) and not torch.all(m.weight == 1): return f'{name} gain is not 1'
+            return f"{name}.weight exceeds 3 sigma"
+        if isinstance(m, (RMSNorm, LayerNorm)) and not torch.all(m.weight == 1):
+            return f"{name} gain is not 1"
     return None
 
 
@@ -200,33 +252,48 @@ def check_init(model: DepthModel, idx: torch.Tensor, atol: float = 1e-5) -> Chec
     design = resolve_arch(model.config.arch)
     if design.shared_init:
         err = _generic_init(model)
-        if err: return _fail(err)
+        if err:
+            return _fail(err)
     err = design.check_init(model, idx, atol)
-    return _fail(err) if err else _ok('' if design.shared_init else f'{design.name}: its own init')
-
+    return _fail(err) if err else _ok("" if design.shared_init else f"{design.name}: its own init")
 
 # %% ../nbs/05a_checks.ipynb #9d1b84c1
-CHECKS = ('param_count', 'finite', 'gradients', 'causal', 'states', 'kv_cache', 'skip', 'swap', 'init')
+CHECKS = ("param_count", "finite", "gradients", "causal", "states", "kv_cache", "skip", "swap", "init")
 
 
-def check_design(cfg: ModelConfig | str, seed: int = 0, expected_params: Optional[int] = None,
-                 batch: int = 2, seq_len: int = 8, build: Callable = build_model) -> dict[str, CheckResult]:
+def check_design(
+    cfg: ModelConfig | str,
+    seed: int = 0,
+    expected_params: Optional[int] = None,
+    batch: int = 2,
+    seq_len: int = 8,
+    build: Callable = build_model,
+) -> dict[str, CheckResult]:
     "Run the whole suite on one design; returns {check: CheckResult}."
-    if isinstance(cfg, str): cfg = tiny_config(cfg)
-    if seq_len < 4 or seq_len > cfg.max_seq_len: raise ConfigError(f"seq_len must be in 4..max_seq_len ({cfg.max_seq_len}), got {seq_len}")
+    if isinstance(cfg, str):
+        cfg = tiny_config(cfg)
+    if seq_len < 4 or seq_len > cfg.max_seq_len:
+        raise ConfigError(f"seq_len must be in 4..max_seq_len ({cfg.max_seq_len}), got {seq_len}")
     torch.manual_seed(seed)
     model = build(cfg)
     idx = torch.randint(0, cfg.vocab_size, (batch, seq_len), generator=torch.Generator().manual_seed(seed))
-    runs = dict(param_count=lambda: check_param_count(model, cfg, expected_params),
-                init=lambda: check_init(model, idx), finite=lambda: check_finite(model, idx),
-                gradients=lambda: check_gradients(model, idx),
-                causal=lambda: check_causal(model, idx), states=lambda: check_states(model, idx),
-                kv_cache=lambda: check_kv_cache(model, idx), skip=lambda: check_skip(model, idx),
-                swap=lambda: check_swap(model, idx))
+    runs = dict(
+        param_count=lambda: check_param_count(model, cfg, expected_params),
+        init=lambda: check_init(model, idx),
+        finite=lambda: check_finite(model, idx),
+        gradients=lambda: check_gradients(model, idx),
+        causal=lambda: check_causal(model, idx),
+        states=lambda: check_states(model, idx),
+        kv_cache=lambda: check_kv_cache(model, idx),
+        skip=lambda: check_skip(model, idx),
+        swap=lambda: check_swap(model, idx),
+    )
     out = {}
     for name in CHECKS:
-        try: out[name] = runs[name]()
-        except Exception as e: out[name] = _fail(f'{type(e).__name__}: {e}')
+        try:
+            out[name] = runs[name]()
+        except Exception as e:
+            out[name] = _fail(f"{type(e).__name__}: {e}")
     return out
 
 
@@ -239,5 +306,6 @@ def assert_design_ok(cfg: ModelConfig | str, **kw) -> dict[str, CheckResult]:
     "Run the check suite on a design; raise an AssertionError naming every failed check, else return the report."
     report = check_design(cfg, **kw)
     bad = failures(report)
-    if bad: raise AssertionError(f"{getattr(cfg, 'arch', cfg)}: " + '; '.join(f'{k}: {v}' for k, v in bad.items()))
+    if bad:
+        raise AssertionError(f"{getattr(cfg, 'arch', cfg)}: " + "; ".join(f"{k}: {v}" for k, v in bad.items()))
     return report

@@ -23,89 +23,128 @@ __all__ = ['COMMANDS', 'OPTIONAL_DEPENDENCIES', 'UsageError', 'error_kind', 'bou
 
 # %% ../nbs/00a_cli.ipynb #d2636155
 COMMANDS: dict[str, tuple[str, str]] = {
-    'shapes':            ('depthbench_nb.shapes:cli_shapes', 'list the paper grids and parameter counts'),
-    'costs':             ('depthbench_nb.costs:cli_costs', 'FLOPs, KV cache and memory per design and shape'),
-    'data':              ('depthbench_nb.slurm:cli_data', 'prepare or inspect tokenized data (data prepare | data inspect)'),
-    'train':             ('depthbench_nb.trainer:cli_train', 'train one model and write its run record'),
-    'sweep':             ('depthbench_nb.sweep:cli_sweep', 'plan, run and monitor a study (sweep plan | run | status)'),
-    'collect':           ('depthbench_nb.sweep:cli_collect', "gather a study's run records into one table"),
-    'slurm':             ('depthbench_nb.slurm:cli_slurm', 'the Slurm cluster as the sweep sees it (slurm info | node-launch)'),
-    'fit':               ('depthbench_nb.scaling:cli_fit', 'fit Chinchilla or looped (phi) scaling laws with bootstrap CIs'),
-    'diagnose':          ('depthbench_nb.hf_diagnostics:cli_diagnose', 'layer diagnostics of a run, or of any Transformers causal LM (--hf)'),
-    'report':            ('depthbench_nb.reports:cli_report', "rebuild a study's tables and figures"),
-    'demo':              ('depthbench_nb.demo:cli_demo', 'the embedded default: CPU demo study end to end'),
-    'notebooks':         ('depthbench_nb.cli:cli_notebooks', 'copy the papermill templates and report notebooks to a folder'),
-    'import-checkpoint': ('depthbench_nb.interop:cli_import_checkpoint', 'import an OLMo-core / DepthBench checkpoint as a run'),
-    'export-hf':         ('depthbench_nb.hf_export:cli_export_hf', 'export a run as a Hugging Face folder (weights, tokenizer, model card)'),
-    'domain-nll':        ('depthbench_nb.lmeval:cli_domain_nll', 'domain NLL of a run through our scorer and through lm-eval'),
-    'downstream':        ('depthbench_nb.lmeval:cli_downstream', "the looped paper's downstream continuation losses of a run (lm-eval)"),
+    "shapes": ("depthbench_nb.shapes:cli_shapes", "list the paper grids and parameter counts"),
+    "costs": ("depthbench_nb.costs:cli_costs", "FLOPs, KV cache and memory per design and shape"),
+    "data": ("depthbench_nb.slurm:cli_data", "prepare or inspect tokenized data (data prepare | data inspect)"),
+    "train": ("depthbench_nb.trainer:cli_train", "train one model and write its run record"),
+    "sweep": ("depthbench_nb.sweep:cli_sweep", "plan, run and monitor a study (sweep plan | run | status)"),
+    "collect": ("depthbench_nb.sweep:cli_collect", "gather a study's run records into one table"),
+    "slurm": ("depthbench_nb.slurm:cli_slurm", "the Slurm cluster as the sweep sees it (slurm info | node-launch)"),
+    "fit": ("depthbench_nb.scaling:cli_fit", "fit Chinchilla or looped (phi) scaling laws with bootstrap CIs"),
+    "diagnose": (
+        "depthbench_nb.hf_diagnostics:cli_diagnose",
+        "layer diagnostics of a run, or of any Transformers causal LM (--hf)",
+    ),
+    "report": ("depthbench_nb.reports:cli_report", "rebuild a study's tables and figures"),
+    "demo": ("depthbench_nb.demo:cli_demo", "the embedded default: CPU demo study end to end"),
+    "notebooks": ("depthbench_nb.cli:cli_notebooks", "copy the papermill templates and report notebooks to a folder"),
+    "import-checkpoint": (
+        "depthbench_nb.interop:cli_import_checkpoint",
+        "import an OLMo-core / DepthBench checkpoint as a run",
+    ),
+    "export-hf": (
+        "depthbench_nb.hf_export:cli_export_hf",
+        "export a run as a Hugging Face folder (weights, tokenizer, model card)",
+    ),
+    "domain-nll": ("depthbench_nb.lmeval:cli_domain_nll", "domain NLL of a run through our scorer and through lm-eval"),
+    "downstream": (
+        "depthbench_nb.lmeval:cli_downstream",
+        "the looped paper's downstream continuation losses of a run (lm-eval)",
+    ),
 }
 
 
 def _usage() -> str:
     w = max(map(len, COMMANDS))
-    lines = ['usage: depthbench-nb [--version] SUBCOMMAND [options]', '',
-             'Reproducible companion to DepthBench and looped-LM scaling laws.', '', 'subcommands:']
-    lines += [f'  {k.ljust(w)}  {v[1]}' for k, v in COMMANDS.items()]
-    lines += ['', "run 'depthbench-nb SUBCOMMAND --help' for a subcommand's options;",
-              'most take --json for machine-readable output.']
-    return '\n'.join(lines)
+    lines = [
+        "usage: depthbench-nb [--version] SUBCOMMAND [options]",
+        "",
+        "Reproducible companion to DepthBench and looped-LM scaling laws.",
+        "",
+        "subcommands:",
+    ]
+    lines += [f"  {k.ljust(w)}  {v[1]}" for k, v in COMMANDS.items()]
+    lines += [
+        "",
+        "run 'depthbench-nb SUBCOMMAND --help' for a subcommand's options;",
+        "most take --json for machine-readable output.",
+    ]
+    return "\n".join(lines)
 
 
 # optional dependencies and the extra that installs each (settings.ini)
-OPTIONAL_DEPENDENCIES = {'lm_eval': 'eval', 'transformers': 'hf', 'tensorboard': 'tensorboard', 'wandb': 'wandb'}
+OPTIONAL_DEPENDENCIES = {"lm_eval": "eval", "transformers": "hf", "tensorboard": "tensorboard", "wandb": "wandb"}
 
 
 def _load(target: str):
     "The function behind a subcommand; a module that needs a missing optional dependency is a clear error."
-    mod, fn = target.split(':')
-    try: module = importlib.import_module(mod)
+    mod, fn = target.split(":")
+    try:
+        module = importlib.import_module(mod)
     except ImportError as e:
-        if getattr(e, 'name', None) == mod: raise ConfigError(f"subcommand not available: module {mod} is missing from this install") from e
+        if getattr(e, "name", None) == mod:
+            raise ConfigError(f"subcommand not available: module {mod} is missing from this install") from e
         missing = e if isinstance(e, ModuleNotFoundError) else e.__cause__
-        top = (getattr(missing, 'name', None) or '').split('.')[0]
+        top = (getattr(missing, "name", None) or "").split(".")[0]
         if top in OPTIONAL_DEPENDENCIES:
-            raise ConfigError(f"this subcommand needs {top}: pip install 'depthbench-nb[{OPTIONAL_DEPENDENCIES[top]}]' ({e})") from e
+            raise ConfigError(
+                f"this subcommand needs {top}: pip install 'depthbench-nb[{OPTIONAL_DEPENDENCIES[top]}]' ({e})"
+            ) from e
         raise
     return getattr(module, fn)
 
 
 class UsageError(ConfigError):
     "Bad command-line options (argparse's message and the usage line)."
-    kind = 'usage'
+
+    kind = "usage"
 
 
 def error_kind(e: BaseException) -> str:
     "The `kind` of an error in `--json` output: config, usage, corrupt, unsafe, busy, resources, not_found, io or internal (and interrupted)."
-    if isinstance(e, ConfigError): return e.kind
-    if isinstance(e, FileNotFoundError): return 'not_found'
-    if isinstance(e, OSError): return 'io'
-    return 'internal'
+    if isinstance(e, ConfigError):
+        return e.kind
+    if isinstance(e, FileNotFoundError):
+        return "not_found"
+    if isinstance(e, OSError):
+        return "io"
+    return "internal"
 
 
 @contextlib.contextmanager
 def _usage_errors_raise():
     "argparse reports a bad option by printing the usage and exiting 2; under --json it raises UsageError instead."
     original = argparse.ArgumentParser.error
-    def error(self, message): raise UsageError(f"{message} ({self.format_usage().strip()})")
+
+    def error(self, message):
+        raise UsageError(f"{message} ({self.format_usage().strip()})")
+
     argparse.ArgumentParser.error = error
-    try: yield
-    finally: argparse.ArgumentParser.error = original
+    try:
+        yield
+    finally:
+        argparse.ArgumentParser.error = original
 
 
 def bounded(message: str, limit: int = MESSAGE_LIMIT) -> str:
     "A message on one line and at most `limit` characters (the cut is said), whatever the input it quotes."
-    text = ' '.join(str(message).split())
-    if len(text) <= limit: return text
-    head, tail = int(limit * 0.6), int(limit * 0.3)              # the end often says what to do: keep both ends
+    text = " ".join(str(message).split())
+    if len(text) <= limit:
+        return text
+    head, tail = int(limit * 0.6), int(limit * 0.3)  # the end often says what to do: keep both ends
     return f"{text[:head]} ... ({len(text) - head - tail:,} characters cut) ... {text[-tail:]}"
 
 
 def _fail(cmd: str, e: BaseException, as_json: bool, out, kind: str | None = None, code: int = EXIT_ERROR) -> int:
     kind = kind or error_kind(e)
-    msg = bounded(str(e) if kind != 'internal' else f"{type(e).__name__}: {e}")
-    if as_json: print(json.dumps(dict(error=msg, kind=kind)), file=out)
-    else: print(f"{' '.join(('depthbench-nb', cmd)).strip()}: {'error: ' if code == EXIT_ERROR else ''}{msg}", file=sys.stderr)
+    msg = bounded(str(e) if kind != "internal" else f"{type(e).__name__}: {e}")
+    if as_json:
+        print(json.dumps(dict(error=msg, kind=kind)), file=out)
+    else:
+        print(
+            f"{' '.join(('depthbench-nb', cmd)).strip()}: {'error: ' if code == EXIT_ERROR else ''}{msg}",
+            file=sys.stderr,
+        )
     return code
 
 
@@ -114,44 +153,64 @@ def main(argv=None) -> int:
     and OS errors end with one clear line and exit 2, never a traceback. With `--json`, stdout holds only JSON:
     the result, or `{"error": ..., "kind": ...}` for any error (exit 2); everything else goes to stderr."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] in ('-h', '--help', 'help'):
-        print(_usage()); return 0
-    if argv[0] == '--version':
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(_usage())
+        return 0
+    if argv[0] == "--version":
         from depthbench_nb import __version__
-        print(f'depthbench-nb {__version__}'); return 0
+
+        print(f"depthbench-nb {__version__}")
+        return 0
     cmd, rest = argv[0], argv[1:]
-    as_json, out = '--json' in rest, sys.stdout
+    as_json, out = "--json" in rest, sys.stdout
     if cmd not in COMMANDS:
-        return _fail('', UsageError(f"unknown subcommand {cmd!r}; valid subcommands: {', '.join(COMMANDS)}"), as_json, out)
+        return _fail(
+            "", UsageError(f"unknown subcommand {cmd!r}; valid subcommands: {', '.join(COMMANDS)}"), as_json, out
+        )
     try:
-        if not as_json: return int(_load(COMMANDS[cmd][0])(rest) or 0)
+        if not as_json:
+            return int(_load(COMMANDS[cmd][0])(rest) or 0)
         with json_stdout(out), _usage_errors_raise():
             return int(_load(COMMANDS[cmd][0])(rest) or 0)
-    except (ConfigError, OSError) as e:      # bad input, damaged files, a busy run, the disk: a clear message
+    except (ConfigError, OSError) as e:  # bad input, damaged files, a busy run, the disk: a clear message
         return _fail(cmd, e, as_json, out)
-    except RunInterrupted as e:              # a signal before there was anything to save (training saves, then returns)
-        return _fail(cmd, e, as_json, out, kind='interrupted', code=EXIT_INTERRUPTED)
-    except KeyboardInterrupt:                # Ctrl-C in a command that does not catch it itself
-        return _fail(cmd, RunInterrupted(2, 'interrupted by SIGINT (Ctrl-C)'), as_json, out, kind='interrupted', code=EXIT_INTERRUPTED)
-    except Exception as e:                   # a bug: the traceback (stderr) and, under --json, still a JSON error
-        if not as_json: raise
+    except RunInterrupted as e:  # a signal before there was anything to save (training saves, then returns)
+        return _fail(cmd, e, as_json, out, kind="interrupted", code=EXIT_INTERRUPTED)
+    except KeyboardInterrupt:  # Ctrl-C in a command that does not catch it itself
+        return _fail(
+            cmd,
+            RunInterrupted(2, "interrupted by SIGINT (Ctrl-C)"),
+            as_json,
+            out,
+            kind="interrupted",
+            code=EXIT_INTERRUPTED,
+        )
+    except Exception as e:  # a bug: the traceback (stderr) and, under --json, still a JSON error
+        if not as_json:
+            raise
         traceback.print_exc(file=sys.stderr)
         return _fail(cmd, e, as_json, out)
 
 # %% ../nbs/00a_cli.ipynb #1e2f03d4
-def notebooks_command(dir: str,                  # destination folder (created if missing)
-                      force: bool = False,       # overwrite notebooks that already exist in DIR
-                      json: bool = False) -> int:  # machine-readable JSON output
+def notebooks_command(
+    dir: str,  # destination folder (created if missing)
+    force: bool = False,  # overwrite notebooks that already exist in DIR
+    json: bool = False,
+) -> int:  # machine-readable JSON output
     "Copy the papermill templates (10-19) and report notebooks (20-29) into DIR."
-    dest = Path(dir); dest.mkdir(parents=True, exist_ok=True)
+    dest = Path(dir)
+    dest.mkdir(parents=True, exist_ok=True)
     rows = []
     for nb in template_notebooks():
         target = dest / nb.name
-        if target.exists() and not force: rows.append(dict(notebook=nb.name, status='exists (use --force)')); continue
-        shutil.copy2(nb, target); rows.append(dict(notebook=nb.name, status='copied'))
-    return emit(rows, json, title=f'notebooks from {notebooks_dir()} -> {dest.resolve()}')
+        if target.exists() and not force:
+            rows.append(dict(notebook=nb.name, status="exists (use --force)"))
+            continue
+        shutil.copy2(nb, target)
+        rows.append(dict(notebook=nb.name, status="copied"))
+    return emit(rows, json, title=f"notebooks from {notebooks_dir()} -> {dest.resolve()}")
 
 
 def cli_notebooks(argv=None) -> int:
     "depthbench-nb notebooks DIR: copy the templates and reports out of the package."
-    return call_parsed(notebooks_command, argv, prog='depthbench-nb notebooks')
+    return call_parsed(notebooks_command, argv, prog="depthbench-nb notebooks")

@@ -37,32 +37,38 @@ __all__ = ['EXIT_OK', 'EXIT_NOT_DONE', 'EXIT_ERROR', 'EXIT_INTERRUPTED', 'MESSAG
 # %% ../nbs/00_config.ipynb #535214f5
 class ConfigError(ValueError):
     "Invalid configuration: the message names the violated rule (and the valid choices for names)."
-    kind = 'config'
+
+    kind = "config"
 
 
 class CorruptFile(ConfigError):
     "A file is truncated, in another format than its name says, or fails its checksum (the message names it)."
-    kind = 'corrupt'
+
+    kind = "corrupt"
 
 
 class UnsafeFile(ConfigError):
     "A file would execute code to be loaded (a pickle naming a function or class); it was refused, nothing ran."
-    kind = 'unsafe'
+
+    kind = "unsafe"
 
 
 class FolderBusy(ConfigError):
     "Another live process holds a folder's writer lock (`FolderLock`; the message names it)."
-    kind = 'busy'
+
+    kind = "busy"
 
 
 class RunBusy(FolderBusy):
     "Another live process holds the run folder's lock (the message names it)."
-    kind = 'busy'
+
+    kind = "busy"
 
 
 class ResourceError(ConfigError):
     "The run needs more memory or disk than is available (the message names both figures and what to do)."
-    kind = 'resources'
+
+    kind = "resources"
 
 
 # exit codes of the command line (README, Reliability)
@@ -72,27 +78,30 @@ EXIT_OK, EXIT_NOT_DONE, EXIT_ERROR, EXIT_INTERRUPTED = 0, 1, 2, 3
 class RunInterrupted(BaseException):
     """SIGTERM, SIGINT or SIGUSR1 stopped the work (exit code 3). Not an `Exception`: a handler for errors must not
     swallow a request to stop. Training is checkpointed first (`runs.SignalCatcher`); `message` says what was kept."""
-    def __init__(self, signum: int, message: str = ''):
+
+    def __init__(self, signum: int, message: str = ""):
         import signal
+
         self.signum, self.signal = signum, signal.Signals(signum).name
         super().__init__(message or f"interrupted by {self.signal}")
 
 
-MESSAGE_LIMIT = 600   # characters of a message on the command line (values in it: `short_repr`, fewer)
+MESSAGE_LIMIT = 600  # characters of a message on the command line (values in it: `short_repr`, fewer)
 
 
 def short_repr(value, limit: int = 120) -> str:
     "`repr(value)` cut to `limit` characters, without building the whole repr of a huge or deeply shared value."
     import reprlib
+
     r = reprlib.Repr()
     r.maxlevel, r.maxlist, r.maxtuple, r.maxdict, r.maxset, r.maxstring, r.maxother = 3, 6, 6, 6, 6, limit, limit
     text = r.repr(value)
-    return text if len(text) <= limit else text[:limit - 3] + '...'
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _choice_error(kind: str, value, valid) -> ConfigError:
     valid = list(valid)
-    shown = ', '.join(map(str, valid[:40])) + (f', ... ({len(valid)} in all)' if len(valid) > 40 else '')
+    shown = ", ".join(map(str, valid[:40])) + (f", ... ({len(valid)} in all)" if len(valid) > 40 else "")
     return ConfigError(f"unknown {kind} {short_repr(value)}; valid {kind}s: {shown}")
 
 # %% ../nbs/00_config.ipynb #1abb22e4
@@ -109,74 +118,92 @@ def _no_extra(cfg, *args) -> int:
 @dataclass(frozen=True)
 class ForkNames:
     "How the official OLMo-core fork names a design's own tensors beyond the shared backbone (depthbench_nb.interop reads it)."
-    block: Optional[Callable] = None    # (cfg, b) -> {fork name in block b: (shape, our name in block b, (to ours, to fork))}
-    top: Optional[Callable] = None      # cfg -> the same for the design's tensors outside the blocks
-    nested: bool = False                # the core weights sit one module down (MoDA: attention.attention.w_q)
-    detect: Optional[Callable] = None   # set of fork names -> whether they look like this design's checkpoint
-    infer: Optional[Callable] = None    # canonical fork state dict -> the design options its tensors settle
+
+    block: Optional[Callable] = (
+        None  # (cfg, b) -> {fork name in block b: (shape, our name in block b, (to ours, to fork))}
+    )
+    top: Optional[Callable] = None  # cfg -> the same for the design's tensors outside the blocks
+    nested: bool = False  # the core weights sit one module down (MoDA: attention.attention.w_q)
+    detect: Optional[Callable] = None  # set of fork names -> whether they look like this design's checkpoint
+    infer: Optional[Callable] = None  # canonical fork state dict -> the design options its tensors settle
     prepare: Optional[Callable] = None  # (the checkpoint's config hints, options) -> notes; may fill or refuse options
 
 
 @dataclass(frozen=True)
 class Design:
     "One residual design: everything that differs between designs, in one registry entry (one notebook section)."
+
     name: str
-    family: str                          # residual | multistream | attnres | looped: how diagnostics read states
+    family: str  # residual | multistream | attnres | looped: how diagnostics read states
     summary: str
     # ---- required: a design that leaves one out fails `register_design` ----------------------------------
-    build: Optional[Callable] = None          # cfg -> the uninitialized model (a DepthModel)
-    extra_params: Optional[Callable] = None   # cfg -> (inside blocks, outside them): parameters added to Pre-LN
+    build: Optional[Callable] = None  # cfg -> the uninitialized model (a DepthModel)
+    extra_params: Optional[Callable] = None  # cfg -> (inside blocks, outside them): parameters added to Pre-LN
     forward_flops: Optional[Callable] = None  # cfg -> forward FLOPs per token of the design's own operations
-    check_init: Optional[Callable] = None     # (model, idx, atol) -> None, or what is wrong with the init
-    metrics: Optional[tuple] = None           # the design-restricted diagnostics that apply (() says: none)
-    importer: Any = None                      # its ForkNames (the fork checkpoints' layout), or a str: why none
+    check_init: Optional[Callable] = None  # (model, idx, atol) -> None, or what is wrong with the init
+    metrics: Optional[tuple] = None  # the design-restricted diagnostics that apply (() says: none)
+    importer: Any = None  # its ForkNames (the fork checkpoints' layout), or a str: why none
     # ---- optional -----------------------------------------------------------------------------------------
-    options: tuple = ()                       # ModelConfig design-option fields this design accepts
-    defaults: dict = field(default_factory=dict)   # default values of those options
+    options: tuple = ()  # ModelConfig design-option fields this design accepts
+    defaults: dict = field(default_factory=dict)  # default values of those options
     aliases: tuple = ()
-    validate: Optional[Callable] = None       # cfg -> {option: filled value} or None; raises ConfigError
-    count_params: Optional[Callable] = None   # cfg -> ParamCount, replacing Pre-LN + extra_params (looped)
-    train_flops: Optional[Callable] = None    # (cfg, seq_len) -> training FLOPs per token, replacing the 6N rule
+    validate: Optional[Callable] = None  # cfg -> {option: filled value} or None; raises ConfigError
+    count_params: Optional[Callable] = None  # cfg -> ParamCount, replacing Pre-LN + extra_params (looped)
+    train_flops: Optional[Callable] = None  # (cfg, seq_len) -> training FLOPs per token, replacing the 6N rule
     prefill_flops: Optional[Callable] = None  # (cfg, seq_len) -> prefill FLOPs, replacing the 2N rule
-    matmul_params: Callable = _no_extra       # cfg -> extra matmul weights a token passes (OLMo-core's 6N counts them)
-    activation_bytes: Callable = _no_extra    # (cfg, bytes_per_elem) -> extra activation bytes per token
-    depth_cache_bytes: Callable = _no_extra   # (cfg, bytes_per_elem) -> depth-cache bytes per token (besides KV)
-    mixing_bytes: Callable = _no_mixing       # (cfg, bytes_per_elem) -> (forward, backward) bytes of depth states the
-                                              # depth mixing reads and writes per token in a training step
-    ffn_rule: str = '8/3'                     # the FFN width when ffn_hidden is None
-    micro_batch_cap: int = 16                 # sequences per forward pass on a GPU (the official launchers)
-    shared_init: bool = True                  # DepthBench's truncated-normal init (False: check_init covers it all)
-    run_tag: Optional[Callable] = None        # cfg -> a run id tag such as 'r4-'
-    grids: dict = field(default_factory=dict) # named grids the design brings: name -> callable(variant) -> rows
-    llama_norm_gain: Optional[Callable] = None   # block -> factor folded into its norm gains for a LlamaForCausalLM export
-                                                 # (None: the block is not a LLaMA block and does not export as one)
+    matmul_params: Callable = _no_extra  # cfg -> extra matmul weights a token passes (OLMo-core's 6N counts them)
+    activation_bytes: Callable = _no_extra  # (cfg, bytes_per_elem) -> extra activation bytes per token
+    depth_cache_bytes: Callable = _no_extra  # (cfg, bytes_per_elem) -> depth-cache bytes per token (besides KV)
+    mixing_bytes: Callable = _no_mixing  # (cfg, bytes_per_elem) -> (forward, backward) bytes of depth states the
+    # depth mixing reads and writes per token in a training step
+    ffn_rule: str = "8/3"  # the FFN width when ffn_hidden is None
+    micro_batch_cap: int = 16  # sequences per forward pass on a GPU (the official launchers)
+    shared_init: bool = True  # DepthBench's truncated-normal init (False: check_init covers it all)
+    run_tag: Optional[Callable] = None  # cfg -> a run id tag such as 'r4-'
+    grids: dict = field(default_factory=dict)  # named grids the design brings: name -> callable(variant) -> rows
+    llama_norm_gain: Optional[Callable] = (
+        None  # block -> factor folded into its norm gains for a LlamaForCausalLM export
+    )
+    # (None: the block is not a LLaMA block and does not export as one)
 
     def missing(self) -> list[str]:
         "The required pieces this entry leaves out."
-        need = {'build': self.build, 'extra_params (or count_params)': self.extra_params or self.count_params,
-                'forward_flops (or train_flops and prefill_flops)': self.forward_flops or (self.train_flops and self.prefill_flops),
-                'check_init': self.check_init, 'metrics': self.metrics, 'importer': self.importer}
+        need = {
+            "build": self.build,
+            "extra_params (or count_params)": self.extra_params or self.count_params,
+            "forward_flops (or train_flops and prefill_flops)": self.forward_flops
+            or (self.train_flops and self.prefill_flops),
+            "check_init": self.check_init,
+            "metrics": self.metrics,
+            "importer": self.importer,
+        }
         return [k for k, v in need.items() if v is None]
 
 
 ARCHS: dict[str, Design] = {}
 _ALIASES: dict[str, str] = {}
-FAMILIES = ('residual', 'multistream', 'attnres', 'looped')
+FAMILIES = ("residual", "multistream", "attnres", "looped")
 
 
 def register_design(design: Design, overwrite: bool = False) -> Design:
     "Add a design to the registry; an entry that leaves out a required piece is refused, naming what is missing."
-    if not isinstance(design, Design): raise ConfigError(f"register_design expects a Design, got {type(design).__name__}")
-    if design.family not in FAMILIES: raise _choice_error('family', design.family, FAMILIES)
+    if not isinstance(design, Design):
+        raise ConfigError(f"register_design expects a Design, got {type(design).__name__}")
+    if design.family not in FAMILIES:
+        raise _choice_error("family", design.family, FAMILIES)
     if not overwrite and (design.name in ARCHS or design.name in _ALIASES):
         raise ConfigError(f"architecture {design.name!r} is already registered")
     missing = design.missing()
-    if missing: raise ConfigError(f"design {design.name!r} is incomplete: it needs {', '.join(missing)}")
+    if missing:
+        raise ConfigError(f"design {design.name!r} is incomplete: it needs {', '.join(missing)}")
     unknown = set(design.options) - set(DESIGN_OPTIONS)
-    if unknown: raise ConfigError(f"{design.name}: unknown design options {sorted(unknown)}; valid: {sorted(DESIGN_OPTIONS)}")
-    if not isinstance(design.metrics, tuple): raise ConfigError(f"{design.name}: metrics must be a tuple of metric names")
+    if unknown:
+        raise ConfigError(f"{design.name}: unknown design options {sorted(unknown)}; valid: {sorted(DESIGN_OPTIONS)}")
+    if not isinstance(design.metrics, tuple):
+        raise ConfigError(f"{design.name}: metrics must be a tuple of metric names")
     ARCHS[design.name] = design
-    for a in design.aliases: _ALIASES[a] = design.name
+    for a in design.aliases:
+        _ALIASES[a] = design.name
     return design
 
 
@@ -184,7 +211,8 @@ def unregister_design(name: str) -> None:
     "Remove a design (and its aliases) from the registry."
     design = resolve_arch(name)
     del ARCHS[design.name]
-    for a in design.aliases: _ALIASES.pop(a, None)
+    for a in design.aliases:
+        _ALIASES.pop(a, None)
 
 
 def arch_names(include_aliases: bool = False) -> list[str]:
@@ -194,73 +222,102 @@ def arch_names(include_aliases: bool = False) -> list[str]:
 
 def resolve_arch(name: str) -> Design:
     "The registry entry for `name` (aliases allowed); an unknown name lists the valid ones."
-    if not isinstance(name, str): raise ConfigError(f"arch must be a string, got {type(name).__name__}")
-    key = name.strip().lower().replace('-', '_')
+    if not isinstance(name, str):
+        raise ConfigError(f"arch must be a string, got {type(name).__name__}")
+    key = name.strip().lower().replace("-", "_")
     key = _ALIASES.get(key, key)
-    if key not in ARCHS: raise _choice_error('architecture', name, arch_names(include_aliases=True))
+    if key not in ARCHS:
+        raise _choice_error("architecture", name, arch_names(include_aliases=True))
     return ARCHS[key]
 
 
 def family_of(arch) -> Optional[str]:
     "The family of a registered design; None for anything else (a run record of a design no longer registered)."
-    try: return resolve_arch(arch).family
-    except ConfigError: return None
+    try:
+        return resolve_arch(arch).family
+    except ConfigError:
+        return None
 
 # %% ../nbs/00_config.ipynb #f32c7fae
-def _pos_int(v): return isinstance(v, int) and not isinstance(v, bool) and v >= 1
+def _pos_int(v):
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 1
+
 
 DESIGN_OPTIONS: dict[str, tuple] = {
     # name: (check, rule in words)
-    'hc_streams':         (_pos_int, 'a positive integer (number of residual streams n)'),
-    'hc_update':          (('mixed', 'unmixed').__contains__, "'mixed' (H' = C_{t+1} + beta F) or 'unmixed' (H' = H + beta F)"),
-    'hc_tanh':            (lambda v: isinstance(v, bool), 'a bool (tanh on the dynamic HC terms)'),
-    'mhc_backend':        (('liger', 'native', 'static').__contains__, "'liger' (standard), 'native' or 'static' (the mhc_static ablation)"),
-    'sinkhorn_iters':     (_pos_int, 'a positive integer'),
-    'attnres_block_size': (_pos_int, 'a positive integer number of sublayers per block'),
-    'attnres_num_blocks': (_pos_int, 'a positive integer number of blocks'),
-    'moda_ffn_kv':        (lambda v: isinstance(v, bool), 'a bool (extra FFN depth K/V projection)'),
-    'recurrence':         (_pos_int, 'a positive integer r dividing 16 (1, 2, 4, 8, 16)'),
-    'injection':          (('linear', 'additive', 'passthrough', 'hc').__contains__, "'linear', 'additive', 'passthrough' or 'hc'"),
-    'truncated_bptt':     (lambda v: isinstance(v, bool), 'a bool (gradients through the last ceil(r/2) iterations only)'),
-    'hc_lanes':           (_pos_int, 'a positive integer K (loop hyper-connection lanes)'),
-    'logit_softcap':      (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0, 'a positive number'),
-    'real_vocab_size':    (_pos_int, "a positive integer <= vocab_size (the tokenizer's vocabulary; the LM head is padded to vocab_size)"),
+    "hc_streams": (_pos_int, "a positive integer (number of residual streams n)"),
+    "hc_update": (("mixed", "unmixed").__contains__, "'mixed' (H' = C_{t+1} + beta F) or 'unmixed' (H' = H + beta F)"),
+    "hc_tanh": (lambda v: isinstance(v, bool), "a bool (tanh on the dynamic HC terms)"),
+    "mhc_backend": (
+        ("liger", "native", "static").__contains__,
+        "'liger' (standard), 'native' or 'static' (the mhc_static ablation)",
+    ),
+    "sinkhorn_iters": (_pos_int, "a positive integer"),
+    "attnres_block_size": (_pos_int, "a positive integer number of sublayers per block"),
+    "attnres_num_blocks": (_pos_int, "a positive integer number of blocks"),
+    "moda_ffn_kv": (lambda v: isinstance(v, bool), "a bool (extra FFN depth K/V projection)"),
+    "recurrence": (_pos_int, "a positive integer r dividing 16 (1, 2, 4, 8, 16)"),
+    "injection": (
+        ("linear", "additive", "passthrough", "hc").__contains__,
+        "'linear', 'additive', 'passthrough' or 'hc'",
+    ),
+    "truncated_bptt": (lambda v: isinstance(v, bool), "a bool (gradients through the last ceil(r/2) iterations only)"),
+    "hc_lanes": (_pos_int, "a positive integer K (loop hyper-connection lanes)"),
+    "logit_softcap": (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0, "a positive number"),
+    "real_vocab_size": (
+        _pos_int,
+        "a positive integer <= vocab_size (the tokenizer's vocabulary; the LM head is padded to vocab_size)",
+    ),
 }
 
 # %% ../nbs/00_config.ipynb #2bff4ade
 def _type_ok(value, tp) -> tuple[bool, Any]:
     "Check `value` against annotation `tp`; returns (ok, possibly converted value)."
     origin = typing.get_origin(tp)
-    if tp is Any: return True, value
+    if tp is Any:
+        return True, value
     if origin in (typing.Union, types.UnionType):
         args = typing.get_args(tp)
-        if value is None: return (type(None) in args), value
+        if value is None:
+            return (type(None) in args), value
         for a in args:
-            if a is type(None): continue
+            if a is type(None):
+                continue
             ok, v = _type_ok(value, a)
-            if ok: return True, v
+            if ok:
+                return True, v
         return False, value
     if origin is tuple:
-        if not isinstance(value, (list, tuple)): return False, value
+        if not isinstance(value, (list, tuple)):
+            return False, value
         args = typing.get_args(tp)
         elem = args[0] if args else Any
         out = []
         for x in value:
             ok, v = _type_ok(x, elem)
-            if not ok: return False, value
+            if not ok:
+                return False, value
             out.append(v)
         return True, tuple(out)
-    if origin is dict: return isinstance(value, dict), value
-    if tp is bool: return isinstance(value, bool), value
-    if tp is int: return (isinstance(value, int) and not isinstance(value, bool)), value
+    if origin is dict:
+        return isinstance(value, dict), value
+    if tp is bool:
+        return isinstance(value, bool), value
+    if tp is int:
+        return (isinstance(value, int) and not isinstance(value, bool)), value
     if tp is float:
-        if isinstance(value, bool): return False, value
-        if isinstance(value, (int, float)): return True, float(value)
+        if isinstance(value, bool):
+            return False, value
+        if isinstance(value, (int, float)):
+            return True, float(value)
         return False, value
-    if tp is str: return isinstance(value, str), value
+    if tp is str:
+        return isinstance(value, str), value
     if isinstance(tp, type) and issubclass(tp, Config):
-        if isinstance(value, tp): return True, value
-        if isinstance(value, dict): return True, tp.from_dict(value)
+        if isinstance(value, tp):
+            return True, value
+        if isinstance(value, dict):
+            return True, tp.from_dict(value)
         return False, value
     return True, value
 
@@ -274,79 +331,95 @@ class Config:
             v = getattr(self, f.name)
             ok, conv = _type_ok(v, hints[f.name])
             if not ok:
-                raise ConfigError(f"{type(self).__name__}.{f.name} must be {_type_name(hints[f.name])}, got {short_repr(v)} ({type(v).__name__})")
+                raise ConfigError(
+                    f"{type(self).__name__}.{f.name} must be {_type_name(hints[f.name])}, got {short_repr(v)} ({type(v).__name__})"
+                )
             object.__setattr__(self, f.name, conv)
         self.validate()
 
-    def validate(self): pass
+    def validate(self):
+        pass
 
-    _OMIT_WHEN_NONE: frozenset = frozenset()   # later fields: absent from to_dict (and the hash) while None
+    _OMIT_WHEN_NONE: frozenset = frozenset()  # later fields: absent from to_dict (and the hash) while None
 
     def to_dict(self) -> dict:
         out = {}
         for f in fields(self):
             v = getattr(self, f.name)
-            if v is None and f.name in self._OMIT_WHEN_NONE: continue
+            if v is None and f.name in self._OMIT_WHEN_NONE:
+                continue
             out[f.name] = v.to_dict() if isinstance(v, Config) else (list(v) if isinstance(v, tuple) else v)
         return out
 
     @classmethod
     def from_dict(cls, d: dict):
-        if not isinstance(d, dict): raise ConfigError(f"{cls.__name__} expects a dict, got {type(d).__name__}")
+        if not isinstance(d, dict):
+            raise ConfigError(f"{cls.__name__} expects a dict, got {type(d).__name__}")
         names = [f.name for f in fields(cls)]
         unknown = [k for k in d if k not in names]
-        if unknown: raise ConfigError(f"{cls.__name__}: unknown keys {short_repr(unknown)}; valid keys: {', '.join(names)}")
+        if unknown:
+            raise ConfigError(f"{cls.__name__}: unknown keys {short_repr(unknown)}; valid keys: {', '.join(names)}")
         return cls(**d)
 
-    def to_json(self, indent: int | None = 2) -> str: return json.dumps(self.to_dict(), indent=indent, sort_keys=True)
+    def to_json(self, indent: int | None = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent, sort_keys=True)
 
     @classmethod
-    def from_json(cls, s: str): return cls.from_dict(json.loads(s))
+    def from_json(cls, s: str):
+        return cls.from_dict(json.loads(s))
 
-    def replace(self, **changes): return dataclasses.replace(self, **changes)
+    def replace(self, **changes):
+        return dataclasses.replace(self, **changes)
 
 
 def _type_name(tp) -> str:
     if typing.get_origin(tp) in (typing.Union, types.UnionType):
-        return ' or '.join(_type_name(a) for a in typing.get_args(tp))
-    if tp is type(None): return 'None'
-    return getattr(tp, '__name__', str(tp))
+        return " or ".join(_type_name(a) for a in typing.get_args(tp))
+    if tp is type(None):
+        return "None"
+    return getattr(tp, "__name__", str(tp))
 
 
 def config_hash(cfg: Config | dict, n: int = 10) -> str:
     "Stable content hash of a config (canonical JSON, sorted keys)."
     d = cfg.to_dict() if isinstance(cfg, Config) else cfg
-    return hashlib.sha256(json.dumps(d, sort_keys=True, separators=(',', ':')).encode()).hexdigest()[:n]
+    return hashlib.sha256(json.dumps(d, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:n]
 
 
-def config_diff(a: Config | dict, b: Config | dict, prefix: str = '') -> list[tuple[str, Any, Any]]:
+def config_diff(a: Config | dict, b: Config | dict, prefix: str = "") -> list[tuple[str, Any, Any]]:
     "Differences between two configs as (dotted key, a value, b value); used to refuse foreign checkpoints."
     da = a.to_dict() if isinstance(a, Config) else a
     db = b.to_dict() if isinstance(b, Config) else b
     out = []
     for k in sorted(set(da) | set(db)):
         va, vb = da.get(k), db.get(k)
-        if isinstance(va, dict) and isinstance(vb, dict): out += config_diff(va, vb, f"{prefix}{k}.")
-        elif va != vb: out.append((f"{prefix}{k}", va, vb))
+        if isinstance(va, dict) and isinstance(vb, dict):
+            out += config_diff(va, vb, f"{prefix}{k}.")
+        elif va != vb:
+            out.append((f"{prefix}{k}", va, vb))
     return out
 
 # %% ../nbs/00_config.ipynb #429f0198
-def ffn_hidden_default(d_model: int, rule: str = '8/3') -> int:
+def ffn_hidden_default(d_model: int, rule: str = "8/3") -> int:
     "FFN hidden size: '8/3' = ceil(8d/3) rounded up to a multiple of 16 (DepthBench the official configs), '3d' (1.6B grid), '4d' (looped)."
-    if rule == '8/3': return int(math.ceil(8 * d_model / 3 / 16) * 16)
-    if rule == '3d': return 3 * d_model
-    if rule == '4d': return 4 * d_model
-    raise _choice_error('FFN rule', rule, ('8/3', '3d', '4d'))
+    if rule == "8/3":
+        return int(math.ceil(8 * d_model / 3 / 16) * 16)
+    if rule == "3d":
+        return 3 * d_model
+    if rule == "4d":
+        return 4 * d_model
+    raise _choice_error("FFN rule", rule, ("8/3", "3d", "4d"))
 
 
 @dataclass(frozen=True)
 class ModelConfig(Config):
     "One model: the shared backbone plus the design and its options."
-    arch: str = 'preln'
-    n_layer: int = 24                 # blocks (looped: effective depth)
+
+    arch: str = "preln"
+    n_layer: int = 24  # blocks (looped: effective depth)
     d_model: int = 1024
     n_head: int = 16
-    n_kv_head: Optional[int] = None   # None -> n_head (MHA); 8 for the 1.6B grid (GQA)
+    n_kv_head: Optional[int] = None  # None -> n_head (MHA); 8 for the 1.6B grid (GQA)
     ffn_hidden: Optional[int] = None  # None -> ceil16(8d/3) (looped: 4d)
     vocab_size: int = 50280
     max_seq_len: int = 2048
@@ -367,142 +440,187 @@ class ModelConfig(Config):
     truncated_bptt: Optional[bool] = None
     hc_lanes: Optional[int] = None
     logit_softcap: Optional[float] = None
-    real_vocab_size: Optional[int] = None   # looped: logits sliced to the tokenizer's vocabulary (None: vocab_size)
+    real_vocab_size: Optional[int] = None  # looped: logits sliced to the tokenizer's vocabulary (None: vocab_size)
 
-    _OMIT_WHEN_NONE = frozenset({'real_vocab_size'})
+    _OMIT_WHEN_NONE = frozenset({"real_vocab_size"})
 
     def validate(self):
         spec = resolve_arch(self.arch)
         set_ = object.__setattr__
-        set_(self, 'arch', spec.name)
-        for name in ('n_layer', 'd_model', 'n_head', 'vocab_size', 'max_seq_len'):
-            if getattr(self, name) < 1: raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.n_kv_head is None: set_(self, 'n_kv_head', self.n_head)
-        if self.ffn_hidden is None: set_(self, 'ffn_hidden', ffn_hidden_default(self.d_model, spec.ffn_rule))
+        set_(self, "arch", spec.name)
+        for name in ("n_layer", "d_model", "n_head", "vocab_size", "max_seq_len"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.n_kv_head is None:
+            set_(self, "n_kv_head", self.n_head)
+        if self.ffn_hidden is None:
+            set_(self, "ffn_hidden", ffn_hidden_default(self.d_model, spec.ffn_rule))
         if self.d_model % self.n_head:
             raise ConfigError(f"d_model ({self.d_model}) must be divisible by n_head ({self.n_head})")
         if self.head_dim % 2:
-            raise ConfigError(f"head_dim = d_model/n_head = {self.head_dim} must be even (RoPE rotates pairs of channels)")
+            raise ConfigError(
+                f"head_dim = d_model/n_head = {self.head_dim} must be even (RoPE rotates pairs of channels)"
+            )
         if self.n_kv_head < 1 or self.n_head % self.n_kv_head:
             raise ConfigError(f"n_head ({self.n_head}) must be a multiple of n_kv_head ({self.n_kv_head}) for GQA")
-        if self.ffn_hidden < 1: raise ConfigError(f"ffn_hidden must be >= 1, got {self.ffn_hidden}")
-        for name, v in (('norm_eps', self.norm_eps), ('init_std', self.init_std), ('rope_theta', self.rope_theta)):
-            if not v > 0: raise ConfigError(f"{name} must be > 0, got {v}")
+        if self.ffn_hidden < 1:
+            raise ConfigError(f"ffn_hidden must be >= 1, got {self.ffn_hidden}")
+        for name, v in (("norm_eps", self.norm_eps), ("init_std", self.init_std), ("rope_theta", self.rope_theta)):
+            if not v > 0:
+                raise ConfigError(f"{name} must be > 0, got {v}")
         # design options: reject the ones the design does not take, fill its defaults, check values
         for opt, (check, rule) in DESIGN_OPTIONS.items():
             v = getattr(self, opt)
             if opt not in spec.options:
                 if v is not None:
                     takers = [a for a, s in ARCHS.items() if opt in s.options]
-                    raise ConfigError(f"option {opt}={short_repr(v)} does not apply to arch {spec.name!r} (it applies to: {', '.join(takers)})")
+                    raise ConfigError(
+                        f"option {opt}={short_repr(v)} does not apply to arch {spec.name!r} (it applies to: {', '.join(takers)})"
+                    )
                 continue
             if v is None and opt in spec.defaults:
                 v = spec.defaults[opt]
                 set_(self, opt, v)
-            if v is not None and not check(v): raise ConfigError(f"{opt}={short_repr(v)} is invalid for {spec.name}: must be {rule}")
-        for opt, v in ((spec.validate(self) if spec.validate else None) or {}).items(): set_(self, opt, v)  # the design's own rules
+            if v is not None and not check(v):
+                raise ConfigError(f"{opt}={short_repr(v)} is invalid for {spec.name}: must be {rule}")
+        for opt, v in ((spec.validate(self) if spec.validate else None) or {}).items():
+            set_(self, opt, v)  # the design's own rules
 
     @property
-    def head_dim(self) -> int: return self.d_model // self.n_head
+    def head_dim(self) -> int:
+        return self.d_model // self.n_head
 
     @property
-    def ratio(self) -> float: return self.d_model / self.n_layer
+    def ratio(self) -> float:
+        return self.d_model / self.n_layer
 
     @property
-    def family(self) -> str: return ARCHS[self.arch].family
+    def family(self) -> str:
+        return ARCHS[self.arch].family
 
     @property
-    def n_sublayers(self) -> int: return 2 * self.n_layer
+    def n_sublayers(self) -> int:
+        return 2 * self.n_layer
 
 # %% ../nbs/00_config.ipynb #2353f475
 @dataclass(frozen=True)
 class DataConfig(Config):
     "Where tokens come from (see the data notebook): a source, a tokenizer, and the prepared folder."
-    source: str = 'sample'            # sample | fineweb-edu | a local text/jsonl/parquet path
-    tokenizer: str = 'bpe:4096'       # neox | bpe:N | any Hugging Face tokenizer id
-    path: Optional[str] = None        # prepared token folder; None -> the cache folder for (source, tokenizer)
+
+    source: str = "sample"  # sample | fineweb-edu | a local text/jsonl/parquet path
+    tokenizer: str = "bpe:4096"  # neox | bpe:N | any Hugging Face tokenizer id
+    path: Optional[str] = None  # prepared token folder; None -> the cache folder for (source, tokenizer)
     max_tokens: Optional[int] = None  # cap on prepared training tokens
     val_tokens: Optional[int] = None  # held-out tokens (None -> the data module's default)
 
     def validate(self):
-        if not self.source.strip(): raise ConfigError('DataConfig.source must not be empty')
-        if not self.tokenizer.strip(): raise ConfigError('DataConfig.tokenizer must not be empty')
-        for n in ('max_tokens', 'val_tokens'):
+        if not self.source.strip():
+            raise ConfigError("DataConfig.source must not be empty")
+        if not self.tokenizer.strip():
+            raise ConfigError("DataConfig.tokenizer must not be empty")
+        for n in ("max_tokens", "val_tokens"):
             v = getattr(self, n)
-            if v is not None and v < 1: raise ConfigError(f"DataConfig.{n} must be >= 1, got {v}")
+            if v is not None and v < 1:
+                raise ConfigError(f"DataConfig.{n} must be >= 1, got {v}")
 
 
-OPTIMIZERS = ('adamw', 'muonh')
-SCHEDULES = ('cosine', 'linear')
-PRECISIONS = ('auto', 'fp32', 'bf16-mixed', 'bf16-pure')
-EVAL_SETS = ('windows', 'rows', 'documents')   # see depthbench_nb.data.held_out_set
+OPTIMIZERS = ("adamw", "muonh")
+SCHEDULES = ("cosine", "linear")
+PRECISIONS = ("auto", "fp32", "bf16-mixed", "bf16-pure")
+EVAL_SETS = ("windows", "rows", "documents")  # see depthbench_nb.data.held_out_set
 
 
 @dataclass(frozen=True)
 class TrainConfig(Config):
     "How to train: optimizer, schedule, batch, budget, precision, seeds, evaluation and checkpoints."
-    optimizer: str = 'adamw'
+
+    optimizer: str = "adamw"
     lr: float = 2e-3
     weight_decay: float = 0.1
     betas: tuple[float, ...] = (0.9, 0.95)
     eps: float = 1e-8
-    schedule: str = 'cosine'
+    schedule: str = "cosine"
     warmup_frac: float = 0.1
     final_lr_frac: float = 0.1
     grad_clip: Optional[float] = 1.0
     seq_len: int = 2048
-    global_batch: int = 512           # sequences per optimizer step
-    micro_batch: Optional[int] = None # sequences per forward/backward per process (None -> as large as allowed)
-    max_steps: Optional[int] = None   # explicit step count (wins over the token budget)
-    tokens: Optional[int] = None      # token budget
+    global_batch: int = 512  # sequences per optimizer step
+    micro_batch: Optional[int] = None  # sequences per forward/backward per process (None -> as large as allowed)
+    max_steps: Optional[int] = None  # explicit step count (wins over the token budget)
+    tokens: Optional[int] = None  # token budget
     tokens_per_param: Optional[float] = 20.0  # Chinchilla budget when neither max_steps nor tokens is set
     eval_every: int = 200
     eval_batches: int = 8
     seed: int = 42
-    init_seed: Optional[int] = 0      # 0 = the official fixed init; None = tied to seed
-    precision: str = 'auto'           # auto: bf16-mixed on CUDA, fp32 on CPU
+    init_seed: Optional[int] = 0  # 0 = the official fixed init; None = tied to seed
+    precision: str = "auto"  # auto: bf16-mixed on CUDA, fp32 on CPU
     checkpoint_every: Optional[int] = None
     keep_checkpoints: int = 2
     divergence_factor: Optional[float] = None  # stop when loss > factor * best-so-far (None: only non-finite)
     layer_stats_every: Optional[int] = None
     trackers: tuple[str, ...] = ()
-    eval_set: Optional[str] = None    # None = 'windows' (eval_batches seeded windows); 'rows' (looped); 'documents' (DepthBench)
-    eval_rows: Optional[int] = None   # rows / documents of the final evaluation (None: the whole held-out split)
-    eval_rows_fast: Optional[int] = None  # of the evaluations before the last step (None: the same set as the final one)
-    ortho_dtype: Optional[str] = None # MuonH orthogonalisation: None = bfloat16 (the paper); 'float32' for exact comparisons
+    eval_set: Optional[str] = (
+        None  # None = 'windows' (eval_batches seeded windows); 'rows' (looped); 'documents' (DepthBench)
+    )
+    eval_rows: Optional[int] = None  # rows / documents of the final evaluation (None: the whole held-out split)
+    eval_rows_fast: Optional[int] = (
+        None  # of the evaluations before the last step (None: the same set as the final one)
+    )
+    ortho_dtype: Optional[str] = (
+        None  # MuonH orthogonalisation: None = bfloat16 (the paper); 'float32' for exact comparisons
+    )
 
-    _OMIT_WHEN_NONE = frozenset({'eval_set', 'eval_rows', 'eval_rows_fast', 'ortho_dtype'})
+    _OMIT_WHEN_NONE = frozenset({"eval_set", "eval_rows", "eval_rows_fast", "ortho_dtype"})
     # how a run is operated, not what it computes: left out of the run id (see RunConfig.content_hash)
-    OPERATIONAL = ('checkpoint_every', 'keep_checkpoints', 'layer_stats_every', 'trackers')
+    OPERATIONAL = ("checkpoint_every", "keep_checkpoints", "layer_stats_every", "trackers")
 
     def validate(self):
-        if self.optimizer not in OPTIMIZERS: raise _choice_error('optimizer', self.optimizer, OPTIMIZERS)
-        if self.eval_set is not None and self.eval_set not in EVAL_SETS: raise _choice_error('eval_set', self.eval_set, EVAL_SETS)
+        if self.optimizer not in OPTIMIZERS:
+            raise _choice_error("optimizer", self.optimizer, OPTIMIZERS)
+        if self.eval_set is not None and self.eval_set not in EVAL_SETS:
+            raise _choice_error("eval_set", self.eval_set, EVAL_SETS)
         if self.ortho_dtype is not None:
-            if self.ortho_dtype not in ('bfloat16', 'float32'): raise _choice_error('ortho_dtype', self.ortho_dtype, ('bfloat16', 'float32'))
-            if self.optimizer != 'muonh': raise ConfigError("ortho_dtype applies to optimizer 'muonh' (the looped recipe)")
-        for n in ('eval_rows', 'eval_rows_fast'):
+            if self.ortho_dtype not in ("bfloat16", "float32"):
+                raise _choice_error("ortho_dtype", self.ortho_dtype, ("bfloat16", "float32"))
+            if self.optimizer != "muonh":
+                raise ConfigError("ortho_dtype applies to optimizer 'muonh' (the looped recipe)")
+        for n in ("eval_rows", "eval_rows_fast"):
             v = getattr(self, n)
-            if v is not None and v < 1: raise ConfigError(f"{n} must be >= 1 or None, got {v}")
-            if v is not None and self.eval_set in (None, 'windows'):
-                raise ConfigError(f"{n} applies to eval_set 'rows' or 'documents' (the windows set is eval_batches x global_batch)")
-        if self.schedule not in SCHEDULES: raise _choice_error('schedule', self.schedule, SCHEDULES)
-        if self.precision not in PRECISIONS: raise _choice_error('precision', self.precision, PRECISIONS)
-        if not (self.lr > 0 and math.isfinite(self.lr)): raise ConfigError(f"lr must be a finite positive number, got {self.lr}")
-        if self.weight_decay < 0: raise ConfigError(f"weight_decay must be >= 0, got {self.weight_decay}")
-        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas): raise ConfigError(f"betas must be two numbers in [0, 1), got {self.betas}")
-        if not 0 <= self.warmup_frac < 1: raise ConfigError(f"warmup_frac must be in [0, 1), got {self.warmup_frac}")
-        if not 0 <= self.final_lr_frac <= 1: raise ConfigError(f"final_lr_frac must be in [0, 1], got {self.final_lr_frac}")
-        if self.grad_clip is not None and self.grad_clip <= 0: raise ConfigError(f"grad_clip must be > 0 or None, got {self.grad_clip}")
-        for n in ('seq_len', 'global_batch', 'eval_every', 'eval_batches', 'keep_checkpoints'):
-            if getattr(self, n) < 1: raise ConfigError(f"{n} must be >= 1, got {getattr(self, n)}")
-        for n in ('micro_batch', 'max_steps', 'tokens', 'checkpoint_every', 'layer_stats_every'):
+            if v is not None and v < 1:
+                raise ConfigError(f"{n} must be >= 1 or None, got {v}")
+            if v is not None and self.eval_set in (None, "windows"):
+                raise ConfigError(
+                    f"{n} applies to eval_set 'rows' or 'documents' (the windows set is eval_batches x global_batch)"
+                )
+        if self.schedule not in SCHEDULES:
+            raise _choice_error("schedule", self.schedule, SCHEDULES)
+        if self.precision not in PRECISIONS:
+            raise _choice_error("precision", self.precision, PRECISIONS)
+        if not (self.lr > 0 and math.isfinite(self.lr)):
+            raise ConfigError(f"lr must be a finite positive number, got {self.lr}")
+        if self.weight_decay < 0:
+            raise ConfigError(f"weight_decay must be >= 0, got {self.weight_decay}")
+        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
+            raise ConfigError(f"betas must be two numbers in [0, 1), got {self.betas}")
+        if not 0 <= self.warmup_frac < 1:
+            raise ConfigError(f"warmup_frac must be in [0, 1), got {self.warmup_frac}")
+        if not 0 <= self.final_lr_frac <= 1:
+            raise ConfigError(f"final_lr_frac must be in [0, 1], got {self.final_lr_frac}")
+        if self.grad_clip is not None and self.grad_clip <= 0:
+            raise ConfigError(f"grad_clip must be > 0 or None, got {self.grad_clip}")
+        for n in ("seq_len", "global_batch", "eval_every", "eval_batches", "keep_checkpoints"):
+            if getattr(self, n) < 1:
+                raise ConfigError(f"{n} must be >= 1, got {getattr(self, n)}")
+        for n in ("micro_batch", "max_steps", "tokens", "checkpoint_every", "layer_stats_every"):
             v = getattr(self, n)
-            if v is not None and v < 1: raise ConfigError(f"{n} must be >= 1 or None, got {v}")
+            if v is not None and v < 1:
+                raise ConfigError(f"{n} must be >= 1 or None, got {v}")
         if self.micro_batch is not None and self.global_batch % self.micro_batch:
-            raise ConfigError(f"global_batch ({self.global_batch}) must be a multiple of micro_batch ({self.micro_batch})")
+            raise ConfigError(
+                f"global_batch ({self.global_batch}) must be a multiple of micro_batch ({self.micro_batch})"
+            )
         if self.max_steps is None and self.tokens is None and self.tokens_per_param is None:
-            raise ConfigError('set a budget: max_steps, tokens or tokens_per_param')
+            raise ConfigError("set a budget: max_steps, tokens or tokens_per_param")
         if self.divergence_factor is not None and self.divergence_factor <= 1:
             raise ConfigError(f"divergence_factor must be > 1, got {self.divergence_factor}")
 
@@ -510,25 +628,33 @@ class TrainConfig(Config):
 @dataclass(frozen=True)
 class RunConfig(Config):
     "One experiment: what `papermill nbs/10_train.ipynb` and `depthbench-nb train` run."
+
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
-    study: str = 'default'
-    preset: str = 'tiny'
+    study: str = "default"
+    preset: str = "tiny"
     num_processes: int = 1
-    compile: Optional[bool] = None    # torch.compile the model; None = on with CUDA, off on CPU
-    fsdp: bool = False                # N processes: FSDP2 (fully_shard) instead of DDP
+    compile: Optional[bool] = None  # torch.compile the model; None = on with CUDA, off on CPU
+    fsdp: bool = False  # N processes: FSDP2 (fully_shard) instead of DDP
 
     def validate(self):
-        if not self.study or any(c in self.study for c in '/\\') or self.study.startswith('.'):
+        if not self.study or any(c in self.study for c in "/\\") or self.study.startswith("."):
             raise ConfigError(f"study must be a plain folder name, got {short_repr(self.study)}")
-        if self.num_processes < 1: raise ConfigError(f"num_processes must be >= 1, got {self.num_processes}")
+        if self.num_processes < 1:
+            raise ConfigError(f"num_processes must be >= 1, got {self.num_processes}")
         if self.fsdp and self.num_processes < 2:
-            raise ConfigError('fsdp shards the model over processes: set num_processes >= 2 (one process trains unsharded)')
-        if self.fsdp and self.train.optimizer != 'adamw':
-            raise ConfigError('FSDP supports the AdamW recipe only (MuonH needs whole matrices: a sharded matrix has no polar factor)')
+            raise ConfigError(
+                "fsdp shards the model over processes: set num_processes >= 2 (one process trains unsharded)"
+            )
+        if self.fsdp and self.train.optimizer != "adamw":
+            raise ConfigError(
+                "FSDP supports the AdamW recipe only (MuonH needs whole matrices: a sharded matrix has no polar factor)"
+            )
         if self.train.seq_len > self.model.max_seq_len:
-            raise ConfigError(f"train.seq_len ({self.train.seq_len}) exceeds model.max_seq_len ({self.model.max_seq_len})")
+            raise ConfigError(
+                f"train.seq_len ({self.train.seq_len}) exceeds model.max_seq_len ({self.model.max_seq_len})"
+            )
 
     def content(self) -> dict:
         "What the run computes: the model, data and training configs (a checkpoint's `config`)."
@@ -544,11 +670,12 @@ class RunConfig(Config):
 
     def _id(self, digest: str) -> str:
         m, t = self.model, self.train
-        tag = ARCHS[m.arch].run_tag(m) if ARCHS[m.arch].run_tag else ''
+        tag = ARCHS[m.arch].run_tag(m) if ARCHS[m.arch].run_tag else ""
         return f"{m.arch}-{tag}L{m.n_layer}-d{m.d_model}-lr{t.lr:g}-s{t.seed}-{digest}"
 
     @property
-    def run_id(self) -> str: return self._id(self.content_hash)
+    def run_id(self) -> str:
+        return self._id(self.content_hash)
 
     @property
     def legacy_run_id(self) -> str:
@@ -561,16 +688,20 @@ _TRAIN_DEFAULTS: dict = {}
 
 def identity_content(content: dict) -> dict:
     "A run's content ({model, data, train} as dicts) with the operational training options set to their defaults."
-    if not _TRAIN_DEFAULTS: _TRAIN_DEFAULTS.update(TrainConfig().to_dict())
-    train = dict(content.get('train') or {})
+    if not _TRAIN_DEFAULTS:
+        _TRAIN_DEFAULTS.update(TrainConfig().to_dict())
+    train = dict(content.get("train") or {})
     train.update({k: _TRAIN_DEFAULTS[k] for k in TrainConfig.OPERATIONAL})
     return dict(content, train=train)
 
 
 def operational_changes(old: dict, new: dict) -> list[tuple[str, Any, Any]]:
     "The operational options that differ between two contents (or RunConfig dicts): what a rerun may change."
-    return [d for d in config_diff(old.get('train') or {}, new.get('train') or {}, 'train.')
-            if d[0].split('.', 1)[1] in TrainConfig.OPERATIONAL]
+    return [
+        d
+        for d in config_diff(old.get("train") or {}, new.get("train") or {}, "train.")
+        if d[0].split(".", 1)[1] in TrainConfig.OPERATIONAL
+    ]
 
 # %% ../nbs/00_config.ipynb #7ffefcf1
 def package_dir() -> Path:
@@ -581,33 +712,37 @@ def package_dir() -> Path:
 def repo_root() -> Optional[Path]:
     "The checkout this package lives in (it has settings.ini and nbs/), or None for a plain pip install."
     root = package_dir().parent
-    return root if (root / 'settings.ini').exists() and (root / 'nbs').is_dir() else None
+    return root if (root / "settings.ini").exists() and (root / "nbs").is_dir() else None
 
 
 def runs_root() -> Path:
     "Where run records go: $DEPTHBENCH_RUNS, else <checkout>/papermill_runs, else ./papermill_runs."
-    env = os.environ.get('DEPTHBENCH_RUNS')
-    if env: return Path(env).expanduser().resolve()
+    env = os.environ.get("DEPTHBENCH_RUNS")
+    if env:
+        return Path(env).expanduser().resolve()
     root = repo_root()
-    return (root / 'papermill_runs') if root else (Path.cwd() / 'papermill_runs').resolve()
+    return (root / "papermill_runs") if root else (Path.cwd() / "papermill_runs").resolve()
 
 
 def runs_root_reason() -> str:
     "Which rule chose runs_root (said in the output of runs)."
-    if os.environ.get('DEPTHBENCH_RUNS'): return 'DEPTHBENCH_RUNS'
-    return 'the checkout' if repo_root() else 'the current folder (no checkout found)'
+    if os.environ.get("DEPTHBENCH_RUNS"):
+        return "DEPTHBENCH_RUNS"
+    return "the checkout" if repo_root() else "the current folder (no checkout found)"
 
 
 def cache_dir() -> Path:
     "Cache for tokenizers and prepared data: $DEPTHBENCH_CACHE, $XDG_CACHE_HOME/depthbench-nb or ~/.cache/depthbench-nb."
-    env = os.environ.get('DEPTHBENCH_CACHE')
-    if env: return Path(env).expanduser().resolve()
-    base = os.environ.get('XDG_CACHE_HOME') or (Path.home() / '.cache')
-    return Path(base).expanduser().resolve() / 'depthbench-nb'
+    env = os.environ.get("DEPTHBENCH_CACHE")
+    if env:
+        return Path(env).expanduser().resolve()
+    base = os.environ.get("XDG_CACHE_HOME") or (Path.home() / ".cache")
+    return Path(base).expanduser().resolve() / "depthbench-nb"
 
 
 def _umask() -> int:
-    mask = os.umask(0); os.umask(mask)
+    mask = os.umask(0)
+    os.umask(mask)
     return mask
 
 
@@ -615,104 +750,132 @@ def atomic_write_bytes(path, data: bytes) -> Path:
     "Write bytes to `path` atomically (temporary file in the same folder, fsync, rename)."
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f'.{path.name}.', suffix='.tmp')
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600 files; give the usual permissions (shared caches)
-        with os.fdopen(fd, 'wb') as f:
-            f.write(data); f.flush(); os.fsync(f.fileno())
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
-        if os.path.exists(tmp): os.unlink(tmp)
+        if os.path.exists(tmp):
+            os.unlink(tmp)
         raise
     return path
 
 
 def atomic_write_text(path, text: str) -> Path:
     "Write text (UTF-8) to `path` atomically."
-    return atomic_write_bytes(path, text.encode('utf-8'))
+    return atomic_write_bytes(path, text.encode("utf-8"))
 
 
 def atomic_write_json(path, obj, indent: int = 2) -> Path:
     "Write `obj` as JSON (sorted keys, a final newline) to `path` atomically."
-    return atomic_write_text(path, json.dumps(obj, indent=indent, sort_keys=True, default=str) + '\n')
+    return atomic_write_text(path, json.dumps(obj, indent=indent, sort_keys=True, default=str) + "\n")
 
 # %% ../nbs/00_config.ipynb #55fd9e1a
 def _read_int(path) -> Optional[int]:
-    try: text = Path(path).read_text().strip()
-    except OSError: return None
+    try:
+        text = Path(path).read_text().strip()
+    except OSError:
+        return None
     return int(text) if text.isdigit() else None
 
 
-def available_memory(device: str = 'cpu') -> tuple[Optional[int], str]:
+def available_memory(device: str = "cpu") -> tuple[Optional[int], str]:
     "(bytes available to this process on `device`, where the figure comes from); None when it cannot be told."
-    if str(device).startswith('cuda'):
+    if str(device).startswith("cuda"):
         import torch
+
         free, _ = torch.cuda.mem_get_info(torch.device(device))
-        return int(free), f'free memory of {device}'
+        return int(free), f"free memory of {device}"
     found = []
     try:
-        meminfo = dict(line.split(':', 1) for line in Path('/proc/meminfo').read_text().splitlines() if ':' in line)
-        found.append((int(meminfo['MemAvailable'].split()[0]) * 1024, 'MemAvailable'))
-    except (OSError, KeyError, ValueError): pass
-    limit, used = _read_int('/sys/fs/cgroup/memory.max'), _read_int('/sys/fs/cgroup/memory.current')
-    if limit is None: limit, used = _read_int('/sys/fs/cgroup/memory/memory.limit_in_bytes'), _read_int('/sys/fs/cgroup/memory/memory.usage_in_bytes')
-    if limit is not None and used is not None and limit < 1 << 60: found.append((max(0, limit - used), 'the cgroup memory limit'))
+        meminfo = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines() if ":" in line)
+        found.append((int(meminfo["MemAvailable"].split()[0]) * 1024, "MemAvailable"))
+    except (OSError, KeyError, ValueError):
+        pass
+    limit, used = _read_int("/sys/fs/cgroup/memory.max"), _read_int("/sys/fs/cgroup/memory.current")
+    if limit is None:
+        limit, used = (
+            _read_int("/sys/fs/cgroup/memory/memory.limit_in_bytes"),
+            _read_int("/sys/fs/cgroup/memory/memory.usage_in_bytes"),
+        )
+    if limit is not None and used is not None and limit < 1 << 60:
+        found.append((max(0, limit - used), "the cgroup memory limit"))
     import resource
+
     soft = resource.getrlimit(resource.RLIMIT_AS)[0]
     if soft != resource.RLIM_INFINITY:
-        try: mapped = int(Path('/proc/self/statm').read_text().split()[0]) * os.sysconf('SC_PAGE_SIZE')
-        except (OSError, ValueError): mapped = 0
-        found.append((max(0, soft - mapped), 'the address-space limit (ulimit -v)'))
-    if not found: return None, 'unknown'
+        try:
+            mapped = int(Path("/proc/self/statm").read_text().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, ValueError):
+            mapped = 0
+        found.append((max(0, soft - mapped), "the address-space limit (ulimit -v)"))
+    if not found:
+        return None, "unknown"
     return min(found)
 
 
 def memory_check_enabled() -> bool:
     "False when DEPTHBENCH_MEMORY_CHECK is 0/false/no/off (a run asked to go ahead whatever the estimate)."
-    return os.environ.get('DEPTHBENCH_MEMORY_CHECK', '1').strip().lower() not in ('0', 'false', 'no', 'off')
+    return os.environ.get("DEPTHBENCH_MEMORY_CHECK", "1").strip().lower() not in ("0", "false", "no", "off")
 
 
 def format_bytes(n: float) -> str:
     "Bytes in the largest binary unit that keeps the number >= 1 (e.g. '3.2 GiB')."
-    for unit in ('B', 'KiB', 'MiB', 'GiB', 'TiB', 'PiB'):
-        if abs(n) < 1024 or unit == 'PiB': return f'{n:.1f} {unit}' if unit != 'B' else f'{int(n)} B'
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if abs(n) < 1024 or unit == "PiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
         n /= 1024
 
 # %% ../nbs/00_config.ipynb #58eca238
-LOCK_FILE = '.lock'
-_NO_FLOCK = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL, errno.EBADF)   # filesystems without flock
+LOCK_FILE = ".lock"
+_NO_FLOCK = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL, errno.EBADF)  # filesystems without flock
 
 
 def _process_start(pid: int) -> Optional[str]:
     "A process's start time (Linux: field 22 of /proc/PID/stat, clock ticks since boot), None when unknown."
-    try: return Path(f'/proc/{pid}/stat').read_text().rsplit(')', 1)[1].split()[19]
-    except (OSError, IndexError): return None
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
 
 
 def _process_state(pid: int) -> Optional[str]:
     "A process's state letter (Linux: field 3 of /proc/PID/stat; Z: a zombie), None when unknown."
-    try: return Path(f'/proc/{pid}/stat').read_text().rsplit(')', 1)[1].split()[0]
-    except (OSError, IndexError): return None
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
 
 
 def holder_alive(holder: dict) -> Optional[bool]:
     "Whether the process of a lock record still runs: True / False, or None when it cannot be told (another host)."
-    if holder.get('host') != socket.gethostname(): return None
-    pid = holder.get('pid')
-    if not isinstance(pid, int) or pid <= 0: return False
-    try: os.kill(pid, 0)
-    except ProcessLookupError: return False
-    except PermissionError: pass                                     # alive, another user's process
-    if _process_state(pid) in ('Z', 'X'): return False               # killed, not yet reaped: it holds nothing
+    if holder.get("host") != socket.gethostname():
+        return None
+    pid = holder.get("pid")
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # alive, another user's process
+    if _process_state(pid) in ("Z", "X"):
+        return False  # killed, not yet reaped: it holds nothing
     start = _process_start(pid)
-    return start is None or holder.get('start') in (None, start)      # a different start time: the pid was reused
+    return start is None or holder.get("start") in (None, start)  # a different start time: the pid was reused
 
 
 def describe_holder(holder: Optional[dict]) -> str:
     "A lock's holder in words: pid, host, since when, and its command."
-    if not holder: return 'a process that has not written its name yet'
-    cmd = ' '.join(holder.get('command') or [])[:160]
-    return f"pid {holder.get('pid')} on {holder.get('host')} since {holder.get('since')}" + (f" ({cmd})" if cmd else '')
+    if not holder:
+        return "a process that has not written its name yet"
+    cmd = " ".join(holder.get("command") or [])[:160]
+    return f"pid {holder.get('pid')} on {holder.get('host')} since {holder.get('since')}" + (f" ({cmd})" if cmd else "")
 
 
 class FolderLock:
@@ -726,102 +889,154 @@ class FolderLock:
     path to delete. `wait=False` refuses a held lock (`busy`, naming the holder); `wait=True` waits for it,
     a number waits at most that many seconds. Subclasses set `what` (the folder's name in messages),
     `wait_hint` (what a refused writer can do) and `busy` (the error raised)."""
-    what = 'folder'
-    wait_hint = 'wait for it or stop that process'
+
+    what = "folder"
+    wait_hint = "wait for it or stop that process"
     busy = FolderBusy
 
     def __init__(self, folder, wait: bool | float = False, poll_s: float = 0.5, say: Callable[[str], None] = print):
         self.folder, self.wait, self.poll_s, self.say = Path(folder), wait, poll_s, say
         self.path = self.folder / LOCK_FILE
-        self.fd, self.mode, self.took_over = None, 'flock', None
+        self.fd, self.mode, self.took_over = None, "flock", None
 
     # -- the two mechanisms: each returns True (held), False (someone else holds it) or None (try again now)
     def _try_flock(self) -> Optional[bool]:
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try: fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError: os.close(fd); return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return False
         except OSError as e:
             os.close(fd)
-            if e.errno in _NO_FLOCK: self.mode = 'link'; return None
+            if e.errno in _NO_FLOCK:
+                self.mode = "link"
+                return None
             raise
-        try: same = os.fstat(fd).st_ino == os.stat(self.path).st_ino
-        except FileNotFoundError: same = False
-        if not same: os.close(fd); return None                     # the folder was removed and made again meanwhile
+        try:
+            same = os.fstat(fd).st_ino == os.stat(self.path).st_ino
+        except FileNotFoundError:
+            same = False
+        if not same:
+            os.close(fd)
+            return None  # the folder was removed and made again meanwhile
         self.fd = fd
         return True
 
     def _try_link(self) -> Optional[bool]:
-        tmp = self.path.with_name(f'{LOCK_FILE}.{socket.gethostname()}.{os.getpid()}')
+        tmp = self.path.with_name(f"{LOCK_FILE}.{socket.gethostname()}.{os.getpid()}")
         tmp.write_text(json.dumps(self._record()))
-        try: os.link(tmp, self.path); return True                    # atomic, also on NFS
+        try:
+            os.link(tmp, self.path)
+            return True  # atomic, also on NFS
         except FileExistsError:
             old = self.holder()
-            if old is not None and not old.get('released') and holder_alive(old) in (True, None): return False
-            if self.holder() == old:                                  # stale: remove it and try again
-                with contextlib.suppress(FileNotFoundError): self.path.unlink()
+            if old is not None and not old.get("released") and holder_alive(old) in (True, None):
+                return False
+            if self.holder() == old:  # stale: remove it and try again
+                with contextlib.suppress(FileNotFoundError):
+                    self.path.unlink()
                 self.took_over = old
             return None
-        finally: tmp.unlink(missing_ok=True)
+        finally:
+            tmp.unlink(missing_ok=True)
 
     def _record(self) -> dict:
-        return dict(pid=os.getpid(), host=socket.gethostname(), start=_process_start(os.getpid()), command=sys.argv[:8],
-                    since=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'), released=False)
+        return dict(
+            pid=os.getpid(),
+            host=socket.gethostname(),
+            start=_process_start(os.getpid()),
+            command=sys.argv[:8],
+            since=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            released=False,
+        )
 
     def holder(self) -> Optional[dict]:
         "The record in the lock file (the holder, or the last holder), None when absent or unreadable."
-        try: rec = json.loads(self.path.read_text() or 'null')
-        except (OSError, ValueError): return None
+        try:
+            rec = json.loads(self.path.read_text() or "null")
+        except (OSError, ValueError):
+            return None
         return rec if isinstance(rec, dict) else None
 
-    def acquire(self) -> 'FolderLock':
+    def acquire(self) -> "FolderLock":
         deadline = None if self.wait is True else time.monotonic() + (0 if self.wait is False else float(self.wait))
         said, tries = False, 0
         while True:
             self.folder.mkdir(parents=True, exist_ok=True)
             previous = self.holder()
-            got = self._try_flock() if self.mode == 'flock' else self._try_link()
-            if got: break
-            if got is None: continue
+            got = self._try_flock() if self.mode == "flock" else self._try_link()
+            if got:
+                break
+            if got is None:
+                continue
             tries += 1
-            if tries < 10: time.sleep(0.05); continue                   # a look by another process holds it an instant
+            if tries < 10:
+                time.sleep(0.05)
+                continue  # a look by another process holds it an instant
             holder = self.holder()
             if deadline is not None and time.monotonic() >= deadline:
-                hint = f"; if that process is gone, delete {self.path}" if self.mode == 'link' and holder_alive(holder or {}) is None else ''
-                raise self.busy(f"{self.what} {self.folder} is being written by {describe_holder(holder)}; "
-                                f"{self.wait_hint}{hint}")
-            if not said: self.say(f"waiting for {describe_holder(holder)}, which is writing {self.folder}"); said = True
+                hint = (
+                    f"; if that process is gone, delete {self.path}"
+                    if self.mode == "link" and holder_alive(holder or {}) is None
+                    else ""
+                )
+                raise self.busy(
+                    f"{self.what} {self.folder} is being written by {describe_holder(holder)}; {self.wait_hint}{hint}"
+                )
+            if not said:
+                self.say(f"waiting for {describe_holder(holder)}, which is writing {self.folder}")
+                said = True
             time.sleep(self.poll_s)
-        if self.took_over is None and previous and not previous.get('released') and previous.get('pid') != os.getpid():
-            self.took_over = previous                                   # flock: the kernel dropped a dead holder's lock
-        if self.took_over: self.say(f"took over the lock of {describe_holder(self.took_over)}, which no longer runs")
-        if self.mode == 'flock':
-            try: os.ftruncate(self.fd, 0); os.pwrite(self.fd, json.dumps(self._record()).encode(), 0); os.fsync(self.fd)
-            except OSError as e:                                        # a full disk: the flock is the lock, the record a courtesy
-                if e.errno != errno.ENOSPC: raise
+        if self.took_over is None and previous and not previous.get("released") and previous.get("pid") != os.getpid():
+            self.took_over = previous  # flock: the kernel dropped a dead holder's lock
+        if self.took_over:
+            self.say(f"took over the lock of {describe_holder(self.took_over)}, which no longer runs")
+        if self.mode == "flock":
+            try:
+                os.ftruncate(self.fd, 0)
+                os.pwrite(self.fd, json.dumps(self._record()).encode(), 0)
+                os.fsync(self.fd)
+            except OSError as e:  # a full disk: the flock is the lock, the record a courtesy
+                if e.errno != errno.ENOSPC:
+                    raise
         return self
 
     def release(self) -> None:
-        if self.mode == 'flock' and self.fd is not None:
+        if self.mode == "flock" and self.fd is not None:
             with contextlib.suppress(OSError):
-                os.ftruncate(self.fd, 0); os.pwrite(self.fd, json.dumps(dict(self._record(), released=True)).encode(), 0)
-            os.close(self.fd)                                           # closing the descriptor releases the flock
+                os.ftruncate(self.fd, 0)
+                os.pwrite(self.fd, json.dumps(dict(self._record(), released=True)).encode(), 0)
+            os.close(self.fd)  # closing the descriptor releases the flock
             self.fd = None
-        elif self.mode == 'link' and (self.holder() or {}).get('pid') == os.getpid():
+        elif self.mode == "link" and (self.holder() or {}).get("pid") == os.getpid():
             self.path.unlink(missing_ok=True)
 
-    def __enter__(self): return self.acquire()
-    def __exit__(self, *exc): self.release()
+    def __enter__(self):
+        return self.acquire()
+
+    def __exit__(self, *exc):
+        self.release()
 
 
 def lock_holder(folder) -> Optional[dict]:
     "The record of the live process holding a folder's lock, or None. A look only: it takes no lock and writes nothing."
     rec = FolderLock(folder).holder()
-    if not rec or rec.get('released'): return None
-    if holder_alive(rec): return rec
+    if not rec or rec.get("released"):
+        return None
+    if holder_alive(rec):
+        return rec
     # another host, or a holder that died while a process it launched (accelerate's launcher) keeps the lock: ask it
-    try: fd = os.open(Path(folder) / LOCK_FILE, os.O_RDONLY)
-    except FileNotFoundError: return None
-    try: fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB); return None
-    except BlockingIOError: return rec                                  # held
-    except OSError: return rec if holder_alive(rec) is None else None   # no flock here: the record is the lock
-    finally: os.close(fd)
+    try:
+        fd = os.open(Path(folder) / LOCK_FILE, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return None
+    except BlockingIOError:
+        return rec  # held
+    except OSError:
+        return rec if holder_alive(rec) is None else None  # no flock here: the record is the lock
+    finally:
+        os.close(fd)

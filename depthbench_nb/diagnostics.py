@@ -38,8 +38,8 @@ __all__ = ['CAUSAL_THRESHOLD', 'PERMUTATION_THRESHOLD', 'USEFULNESS_RATIO', 'DEA
 CAUSAL_THRESHOLD = 0.45
 PERMUTATION_THRESHOLD = 0.15
 USEFULNESS_RATIO = 1.1
-DEAD_ZONE_THRESHOLD = 0.05   # ours: the paper gives no number for "almost no weight" on the running sum
-DEAD_ZONE_THRESHOLD_SOURCE = 'ours (the paper gives no number)'
+DEAD_ZONE_THRESHOLD = 0.05  # ours: the paper gives no number for "almost no weight" on the running sum
+DEAD_ZONE_THRESHOLD_SOURCE = "ours (the paper gives no number)"
 
 
 def last_three_quarters(n_layer: int) -> range:
@@ -49,14 +49,15 @@ def last_three_quarters(n_layer: int) -> range:
 # %% ../nbs/08_diagnostics.ipynb #5261ce5f
 def angular_distance_matrix(states: Sequence[Tensor], chunk: int = 4096) -> Tensor:
     "[S, S] matrix of mean angular distances (in units of π) between depth states, each [B, T, D]."
-    if len(states) < 2: raise ConfigError('angular distance needs at least two depth states')
-    flat = [s.reshape(-1, s.shape[-1]) for s in states]                     # S x [N, D]
+    if len(states) < 2:
+        raise ConfigError("angular distance needs at least two depth states")
+    flat = [s.reshape(-1, s.shape[-1]) for s in states]  # S x [N, D]
     S, N = len(flat), flat[0].shape[0]
     total = torch.zeros(S, S, dtype=torch.float64, device=flat[0].device)
-    for start in range(0, N, chunk):                                         # bounded memory: [n, S, D] in float64 per chunk
-        z = torch.stack([f[start:start + chunk] for f in flat], 1).double()  # [n, S, D]
+    for start in range(0, N, chunk):  # bounded memory: [n, S, D] in float64 per chunk
+        z = torch.stack([f[start : start + chunk] for f in flat], 1).double()  # [n, S, D]
         z = z / z.norm(dim=-1, keepdim=True).clamp_min(1e-30)
-        cos = (z @ z.transpose(1, 2)).clamp(-1, 1)                           # [n, S, S]
+        cos = (z @ z.transpose(1, 2)).clamp(-1, 1)  # [n, S, S]
         total += torch.arccos(cos).sum(0)
     out = total.cpu() / (N * math.pi)
     out.fill_diagonal_(0.0)
@@ -69,8 +70,8 @@ def block_influence(states: Sequence[Tensor], chunk: int = 4096) -> list[float]:
     for a, b in zip(states[:-1], states[1:]):
         a, b = a.reshape(-1, a.shape[-1]), b.reshape(-1, b.shape[-1])
         total = 0.0
-        for start in range(0, a.shape[0], chunk):                            # bounded memory: [n, D] in float64 per chunk
-            u, v = a[start:start + chunk].double(), b[start:start + chunk].double()
+        for start in range(0, a.shape[0], chunk):  # bounded memory: [n, D] in float64 per chunk
+            u, v = a[start : start + chunk].double(), b[start : start + chunk].double()
             u = u / u.norm(dim=-1, keepdim=True).clamp_min(1e-30)
             v = v / v.norm(dim=-1, keepdim=True).clamp_min(1e-30)
             total += float((u * v).sum(-1).clamp(-1, 1).sum())
@@ -85,7 +86,7 @@ def contributions(states: Sequence[Tensor]) -> list[Tensor]:
 
 def causal_entry(u: Tensor, v: Tensor) -> float:
     "C(s, l) from block l's contribution without (u) and with (v) block s skipped, [B, T, D]: mean over tokens of |v - u| / max(|u|, 1e-8)."
-    num = (v - u).double().norm(dim=-1)                                       # [B, T]
+    num = (v - u).double().norm(dim=-1)  # [B, T]
     return float((num / u.double().norm(dim=-1).clamp_min(1e-8)).mean())
 
 
@@ -93,21 +94,23 @@ def causal_row(base_states: Sequence[Tensor], skipped_states: Sequence[Tensor], 
     "C(s, l) for l = 0..L-1 (NaN for l <= s): per-token relative change of later contributions when block s is skipped."
     u, v = contributions(base_states), contributions(skipped_states)
     L = len(u)
-    row = torch.full((L,), float('nan'), dtype=torch.float64)
-    for l in range(s + 1, L): row[l] = causal_entry(u[l], v[l])
+    row = torch.full((L,), float("nan"), dtype=torch.float64)
+    for l in range(s + 1, L):
+        row[l] = causal_entry(u[l], v[l])
     return row
 
 
 @dataclass
 class ScoreSummary:
     "A pairwise depth score: the matrix and the summaries the official scripts and the paper report."
-    matrix: list                    # [L][L], None where undefined
+
+    matrix: list  # [L][L], None where undefined
     mean: float
     max: float
-    per_layer: list                 # per block
-    frac_above: float               # the paper's summary on the last 3/4 (see each score)
+    per_layer: list  # per block
+    frac_above: float  # the paper's summary on the last 3/4 (see each score)
     threshold: float
-    top_pairs: list                 # [(i, j, value)] largest first
+    top_pairs: list  # [(i, j, value)] largest first
     extra: dict = field(default_factory=dict)
 
 
@@ -133,32 +136,46 @@ def summarize_causal(C: Tensor, threshold: float = CAUSAL_THRESHOLD) -> ScoreSum
     "Summaries of a causal matrix C[s, l] (NaN outside s < l); `frac_above` counts late pairs (s, l) above the threshold."
     L = C.shape[0]
     vals = C[~C.isnan()]
-    per_layer = [float(C[s, s + 1:].mean()) if s < L - 1 else float('nan') for s in range(L)]
-    frac, above, n_pairs = late_pair_fraction(C, threshold)                  # the paper's summary: pairs (s, l)
-    scored = [s for s in last_three_quarters(L) if s < L - 1]                # not the paper's: layers by their mean
+    per_layer = [float(C[s, s + 1 :].mean()) if s < L - 1 else float("nan") for s in range(L)]
+    frac, above, n_pairs = late_pair_fraction(C, threshold)  # the paper's summary: pairs (s, l)
+    scored = [s for s in last_three_quarters(L) if s < L - 1]  # not the paper's: layers by their mean
     frac_layers = sum(per_layer[s] > threshold for s in scored) / max(len(scored), 1)
-    glob = sum(per_layer[s] for s in range(L - 1)) / (L * math.sqrt(L)) if L > 1 else float('nan')
-    return ScoreSummary(_nan_to_none(C), float(vals.mean()), float(vals.max()), per_layer, frac, threshold,
-                        _top_pairs(C), extra=dict(global_score_older=glob, late_pairs=n_pairs, late_pairs_above=above,
-                                              frac_layers_mean_above=frac_layers))
+    glob = sum(per_layer[s] for s in range(L - 1)) / (L * math.sqrt(L)) if L > 1 else float("nan")
+    return ScoreSummary(
+        _nan_to_none(C),
+        float(vals.mean()),
+        float(vals.max()),
+        per_layer,
+        frac,
+        threshold,
+        _top_pairs(C),
+        extra=dict(
+            global_score_older=glob, late_pairs=n_pairs, late_pairs_above=above, frac_layers_mean_above=frac_layers
+        ),
+    )
 
 # %% ../nbs/08_diagnostics.ipynb #481da325
 def lm_loss(logits: Tensor, targets: Tensor, per_row: bool = False) -> Tensor:
     "Mean next-token CE over all positions (targets already shifted), or per row [B]."
-    ce = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), reduction='none').view(targets.shape)
+    ce = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), reduction="none").view(targets.shape)
     return ce.mean(1) if per_row else ce.mean()
 
 
 def _swap_loss(model, x, y, i, j) -> float:
     model.swap_blocks(i, j)
-    try: return float(lm_loss(model(x), y))
-    finally: model.swap_blocks(i, j)
+    try:
+        return float(lm_loss(model(x), y))
+    finally:
+        model.swap_blocks(i, j)
 
 
 def _map_tensors(obj, fn):
-    if isinstance(obj, Tensor): return fn(obj)
-    if isinstance(obj, (list, tuple)): return type(obj)(_map_tensors(o, fn) for o in obj)
-    if isinstance(obj, dict): return {k: _map_tensors(v, fn) for k, v in obj.items()}
+    if isinstance(obj, Tensor):
+        return fn(obj)
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_map_tensors(o, fn) for o in obj)
+    if isinstance(obj, dict):
+        return {k: _map_tensors(v, fn) for k, v in obj.items()}
     return obj
 
 
@@ -173,33 +190,38 @@ class _SharedSwapRunner:
 
     def __init__(self, model, x):
         self.model, self.x, self.B = model, x, x.shape[0]
-        self.cache: dict[int, object] = {}                                   # block -> its output in the unswapped forward
+        self.cache: dict[int, object] = {}  # block -> its output in the unswapped forward
         hooks = [blk.register_forward_hook(self._recorder(b)) for b, blk in enumerate(model.blocks)]
         try:
-            with torch.no_grad(): self.base_logits = model(x)
+            with torch.no_grad():
+                self.base_logits = model(x)
         finally:
-            for h in hooks: h.remove()
+            for h in hooks:
+                h.remove()
 
     def _recorder(self, b):
-        def hook(module, args, out): self.cache[b] = out
+        def hook(module, args, out):
+            self.cache[b] = out
+
         return hook
 
     @staticmethod
     def _rows(t: Tensor, K: int, k: int) -> Tensor:
-        R = t.shape[0] // K                                                  # rows per candidate
-        return t[k * R:(k + 1) * R]
+        R = t.shape[0] // K  # rows per candidate
+        return t[k * R : (k + 1) * R]
 
     def losses(self, i: int, js: list[int], y: Tensor) -> list[float]:
         "Mean loss of each swap (i, j) for j in js."
         model, K, blocks = self.model, len(js), self.model.blocks
         tile = lambda t: torch.cat([t] * K) if isinstance(t, Tensor) else t
-        busy = [False]                                                       # set while a hook runs a block itself
+        busy = [False]  # set while a hook runs a block itself
 
         def recompute(p, args, kwargs, out, pairs):
             # pairs [(k, partner)]: candidate k needs position p computed with the weights of block `partner`
             rows_total = _first_tensor(out).shape[0]
-            if rows_total % K: raise RuntimeError('batched rows do not split into candidates')
-            pick = lambda k: (lambda t: self._rows(t, K, k) if t.shape[:1] == (rows_total,) else t)
+            if rows_total % K:
+                raise RuntimeError("batched rows do not split into candidates")
+            pick = lambda k: lambda t: self._rows(t, K, k) if t.shape[:1] == (rows_total,) else t
             out = _map_tensors(out, lambda t: t.clone())
             for k, partner in pairs:
                 model.swap_blocks(p, partner)
@@ -208,84 +230,121 @@ class _SharedSwapRunner:
                     mod = blocks[p]
                     sub = type(mod).forward(mod, *_map_tensors(args, pick(k)), **_map_tensors(kwargs, pick(k)))
                 finally:
-                    busy[0] = False; model.swap_blocks(p, partner)
+                    busy[0] = False
+                    model.swap_blocks(p, partner)
                 _assign_rows(out, sub, K, k)
             return out
 
         def make_hook(p):
             def hook(module, args, kwargs, out):
-                if busy[0]: return None
-                if p == i: return recompute(p, args, kwargs, out, [(k, j) for k, j in enumerate(js)])
-                if p in js: return recompute(p, args, kwargs, out, [(k, i) for k, j in enumerate(js) if j == p])
+                if busy[0]:
+                    return None
+                if p == i:
+                    return recompute(p, args, kwargs, out, [(k, j) for k, j in enumerate(js)])
+                if p in js:
+                    return recompute(p, args, kwargs, out, [(k, i) for k, j in enumerate(js) if j == p])
                 return None
+
             return hook
 
         handles = [blocks[p].register_forward_hook(make_hook(p), with_kwargs=True) for p in range(i, len(blocks))]
-        for b in range(i): blocks[b].forward = (lambda out: (lambda *a, **kw: out))(_map_tensors(self.cache[b], tile))
-        blocks[i].forward = lambda *a, **kw: a[0]    # every row of position i is recomputed by its hook: skip the batched call
+        for b in range(i):
+            blocks[b].forward = (lambda out: lambda *a, **kw: out)(_map_tensors(self.cache[b], tile))
+        blocks[i].forward = lambda *a, **kw: a[
+            0
+        ]  # every row of position i is recomputed by its hook: skip the batched call
         try:
-            with torch.no_grad(): logits = model(self.x.repeat(K, 1))       # [K*B, T, V]
+            with torch.no_grad():
+                logits = model(self.x.repeat(K, 1))  # [K*B, T, V]
         finally:
-            for h in handles: h.remove()
-            for b in range(i + 1): del blocks[b].forward
+            for h in handles:
+                h.remove()
+            for b in range(i + 1):
+                del blocks[b].forward
         per_row = lm_loss(logits, y.repeat(K, 1), per_row=True).view(K, self.B)
         return per_row.mean(1).tolist()
 
 
 def _first_tensor(obj) -> Tensor:
-    if isinstance(obj, Tensor): return obj
-    for o in (obj.values() if isinstance(obj, dict) else obj):
+    if isinstance(obj, Tensor):
+        return obj
+    for o in obj.values() if isinstance(obj, dict) else obj:
         t = _first_tensor(o)
-        if t is not None: return t
+        if t is not None:
+            return t
     return None
 
 
 def _assign_rows(out, sub, K, k):
     if isinstance(out, Tensor):
         R = out.shape[0] // K
-        out[k * R:(k + 1) * R] = sub
+        out[k * R : (k + 1) * R] = sub
         return
     for o, s in zip(out.values() if isinstance(out, dict) else out, sub.values() if isinstance(sub, dict) else sub):
         _assign_rows(o, s, K, k)
 
 
-def permutation_matrix(model, x: Tensor, y: Tensor, method: str = 'auto', max_rows: Optional[int] = None,
-                       pairs: Optional[Collection[tuple[int, int]]] = None) -> tuple[Tensor, float, str]:
+def permutation_matrix(
+    model,
+    x: Tensor,
+    y: Tensor,
+    method: str = "auto",
+    max_rows: Optional[int] = None,
+    pairs: Optional[Collection[tuple[int, int]]] = None,
+) -> tuple[Tensor, float, str]:
     "(P [L, L] with NaN outside the tested i < j, base loss, method used). method: 'auto' | 'shared' | 'naive'; max_rows caps a batch (default: ~1 GiB of logits)."
-    if method not in ('auto', 'shared', 'naive'): raise ConfigError(f"method must be 'auto', 'shared' or 'naive', got {method!r}")
+    if method not in ("auto", "shared", "naive"):
+        raise ConfigError(f"method must be 'auto', 'shared' or 'naive', got {method!r}")
     L = model.n_blocks
-    if L < 2: raise ConfigError('the permutation score needs at least 2 blocks')
+    if L < 2:
+        raise ConfigError("the permutation score needs at least 2 blocks")
     pairs = sorted(pairs) if pairs is not None else [(i, j) for i in range(L) for j in range(i + 1, L)]
-    with torch.no_grad(): base = float(lm_loss(model(x), y))
-    P = torch.full((L, L), float('nan'), dtype=torch.float64)
-    if method != 'naive' and len(model.blocks) != L:   # looped: executed positions share modules, nothing to replay per position
-        if method == 'shared': raise ConfigError('the shared-prefix permutation needs one module per executed block (not looped models); use naive')
-        method = 'naive'
-    if method != 'naive':
+    with torch.no_grad():
+        base = float(lm_loss(model(x), y))
+    P = torch.full((L, L), float("nan"), dtype=torch.float64)
+    if (
+        method != "naive" and len(model.blocks) != L
+    ):  # looped: executed positions share modules, nothing to replay per position
+        if method == "shared":
+            raise ConfigError(
+                "the shared-prefix permutation needs one module per executed block (not looped models); use naive"
+            )
+        method = "naive"
+    if method != "naive":
         runner = _SharedSwapRunner(model, x)
-        if method == 'auto':  # probe the first and the last pair (a replayed prefix only shows up when i > 0)
+        if method == "auto":  # probe the first and the last pair (a replayed prefix only shows up when i > 0)
             probes = [pairs[0]] + ([max(pairs)] if max(pairs) != pairs[0] else [])
-            try: ok = all(math.isclose(runner.losses(i, [j, j], y)[0], _swap_loss_ng(model, x, y, i, j), rel_tol=1e-4, abs_tol=1e-6)
-                          for i, j in probes)
-            except Exception: ok = False
-            method = 'shared' if ok else 'naive'
-    if method == 'shared':
+            try:
+                ok = all(
+                    math.isclose(
+                        runner.losses(i, [j, j], y)[0], _swap_loss_ng(model, x, y, i, j), rel_tol=1e-4, abs_tol=1e-6
+                    )
+                    for i, j in probes
+                )
+            except Exception:
+                ok = False
+            method = "shared" if ok else "naive"
+    if method == "shared":
         by_first: dict[int, list[int]] = {}
-        for i, j in pairs: by_first.setdefault(i, []).append(j)
+        for i, j in pairs:
+            by_first.setdefault(i, []).append(j)
         if max_rows is None:  # keep a batch's fp32 logits near 1 GiB: rows x T x V <= 2^28
-            max_rows = max(x.shape[0], 2 ** 28 // (x.shape[1] * runner.base_logits.shape[-1]))
+            max_rows = max(x.shape[0], 2**28 // (x.shape[1] * runner.base_logits.shape[-1]))
         per_batch = max(1, max_rows // x.shape[0])
         for i, js in by_first.items():
             for c in range(0, len(js), per_batch):
-                chunk = js[c:c + per_batch]
-                for j, loss in zip(chunk, runner.losses(i, chunk, y)): P[i, j] = abs(loss - base) / base
+                chunk = js[c : c + per_batch]
+                for j, loss in zip(chunk, runner.losses(i, chunk, y)):
+                    P[i, j] = abs(loss - base) / base
     else:
-        for i, j in pairs: P[i, j] = abs(_swap_loss_ng(model, x, y, i, j) - base) / base
+        for i, j in pairs:
+            P[i, j] = abs(_swap_loss_ng(model, x, y, i, j) - base) / base
     return P, base, method
 
 
 def _swap_loss_ng(model, x, y, i, j) -> float:
-    with torch.no_grad(): return _swap_loss(model, x, y, i, j)
+    with torch.no_grad():
+        return _swap_loss(model, x, y, i, j)
 
 
 def summarize_permutation(P: Tensor, threshold: float = PERMUTATION_THRESHOLD) -> ScoreSummary:
@@ -294,12 +353,15 @@ def summarize_permutation(P: Tensor, threshold: float = PERMUTATION_THRESHOLD) -
     vals = P[~P.isnan()]
     per_layer = []
     for k in range(L):
-        mine = torch.cat([P[k, :], P[:, k]]); mine = mine[~mine.isnan()]
-        per_layer.append(float(mine.mean()) if len(mine) else float('nan'))
+        mine = torch.cat([P[k, :], P[:, k]])
+        mine = mine[~mine.isnan()]
+        per_layer.append(float(mine.mean()) if len(mine) else float("nan"))
     late = last_three_quarters(L)
     late_vals = [float(P[i, j]) for i in late for j in late if i < j and not math.isnan(P[i, j])]
     frac = sum(v > threshold for v in late_vals) / max(len(late_vals), 1)
-    return ScoreSummary(_nan_to_none(P), float(vals.mean()), float(vals.max()), per_layer, frac, threshold, _top_pairs(P))
+    return ScoreSummary(
+        _nan_to_none(P), float(vals.mean()), float(vals.max()), per_layer, frac, threshold, _top_pairs(P)
+    )
 
 # %% ../nbs/08_diagnostics.ipynb #3f4eeb87
 def layer_pruning(model, x: Tensor, y: Tensor) -> dict:
@@ -312,9 +374,12 @@ def layer_pruning(model, x: Tensor, y: Tensor) -> dict:
 
 def _affine_fit(inp: Tensor, out: Tensor) -> tuple[Tensor, Tensor]:
     "Least-squares W, b with out ≈ inp @ W + b over tokens; a state is everything after [B, T] (HC: n·d)."
-    X = inp.flatten(2).reshape(-1, inp[0, 0].numel()).double(); Y = out.flatten(2).reshape(-1, out[0, 0].numel()).double()
+    X = inp.flatten(2).reshape(-1, inp[0, 0].numel()).double()
+    Y = out.flatten(2).reshape(-1, out[0, 0].numel()).double()
     X1 = torch.cat([X, torch.ones(len(X), 1, dtype=X.dtype, device=X.device)], 1)  # [N, D+1]
-    W = torch.linalg.lstsq(X1.cpu(), Y.cpu(), driver='gelsd').solution.to(X.device)  # [D+1, D]; gelsd (rank-revealing) is CPU-only
+    W = torch.linalg.lstsq(X1.cpu(), Y.cpu(), driver="gelsd").solution.to(
+        X.device
+    )  # [D+1, D]; gelsd (rank-revealing) is CPU-only
     return W[:-1].to(inp.dtype), W[-1].to(inp.dtype)
 
 
@@ -322,31 +387,46 @@ def usefulness(model, x: Tensor, y: Tensor, ratio_threshold: float = USEFULNESS_
     "Loss ratio when each block is replaced by its in-sample affine fit; significant when > threshold."
     blocks = model.blocks
     if len(blocks) != model.n_blocks:
-        raise ConfigError('usefulness needs one module per executed block; looped models reuse blocks (not applicable)')
-    with torch.no_grad(): base = float(lm_loss(model(x), y))
+        raise ConfigError("usefulness needs one module per executed block; looped models reuse blocks (not applicable)")
+    with torch.no_grad():
+        base = float(lm_loss(model(x), y))
     ratios = []
     for l, blk in enumerate(blocks):
         seen = {}
+
         def grab(module, args, out, seen=seen):
-            seen['in'], seen['out'] = args[0] if args else None, out
+            seen["in"], seen["out"] = args[0] if args else None, out
+
         h = blk.register_forward_hook(grab)
-        with torch.no_grad(): model(x)
+        with torch.no_grad():
+            model(x)
         h.remove()
-        inp, out = seen.get('in'), seen.get('out')
+        inp, out = seen.get("in"), seen.get("out")
         if not (isinstance(inp, Tensor) and isinstance(out, Tensor) and inp.shape == out.shape):
-            raise ConfigError(f'usefulness does not apply to this design: block {l} is not a map from one state tensor to one of the same shape')
+            raise ConfigError(
+                f"usefulness does not apply to this design: block {l} is not a map from one state tensor to one of the same shape"
+            )
         n_tok, dim = inp.shape[0] * inp.shape[1], inp[0, 0].numel()
         if n_tok <= dim + 1:
-            raise ConfigError(f'usefulness fits a {dim + 1} x {dim} affine map in sample: it needs more than {dim + 1} tokens, '
-                              f'got {n_tok}; raise n_samples or seq_len')
+            raise ConfigError(
+                f"usefulness fits a {dim + 1} x {dim} affine map in sample: it needs more than {dim + 1} tokens, "
+                f"got {n_tok}; raise n_samples or seq_len"
+            )
         W, b = _affine_fit(inp, out)
         h = blk.register_forward_hook(lambda m, a, o, W=W, b=b: (a[0].flatten(2) @ W + b).view_as(o))
         try:
-            with torch.no_grad(): ratios.append(float(lm_loss(model(x), y)) / base)
-        finally: h.remove()
+            with torch.no_grad():
+                ratios.append(float(lm_loss(model(x), y)) / base)
+        finally:
+            h.remove()
     significant = [r > ratio_threshold for r in ratios]
-    return dict(base_loss=base, loss_ratio=ratios, significant=significant, global_score=sum(significant) / len(ratios),
-                threshold=ratio_threshold)
+    return dict(
+        base_loss=base,
+        loss_ratio=ratios,
+        significant=significant,
+        global_score=sum(significant) / len(ratios),
+        threshold=ratio_threshold,
+    )
 
 # %% ../nbs/08_diagnostics.ipynb #a0bbebd4
 def last_token_angular(states: Sequence[Tensor]) -> Tensor:
@@ -360,7 +440,7 @@ def angular_pruning_plan(A_last: Tensor) -> list[dict]:
     plan = []
     for n in range(1, L):
         d = torch.stack([A_last[l, l + n] for l in range(L - n + 1)])
-        start = int(torch.argmin(d))                                         # torch returns the first minimum
+        start = int(torch.argmin(d))  # torch returns the first minimum
         plan.append(dict(n_dropped=n, start=start, blocks=list(range(start, start + n)), distance=float(d[start])))
     return plan
 
@@ -368,8 +448,11 @@ def angular_pruning_plan(A_last: Tensor) -> list[dict]:
 def angular_pruning_result(A_last: Tensor, plan: list[dict], base_loss: float, losses: Sequence[float]) -> dict:
     "The pruning curve: each plan entry with its loss, Δ loss and fraction of blocks dropped."
     L = A_last.shape[0] - 1
-    curve = [p | dict(loss=float(v), delta_loss=float(v) - base_loss, fraction_dropped=p['n_dropped'] / L) for p, v in zip(plan, losses)]
-    return dict(base_loss=base_loss, token='last', distance_matrix=A_last.tolist(), curve=curve)
+    curve = [
+        p | dict(loss=float(v), delta_loss=float(v) - base_loss, fraction_dropped=p["n_dropped"] / L)
+        for p, v in zip(plan, losses)
+    ]
+    return dict(base_loss=base_loss, token="last", distance_matrix=A_last.tolist(), curve=curve)
 
 
 def angular_pruning(model, x: Tensor, y: Tensor, states: Sequence[Tensor]) -> dict:
@@ -378,17 +461,21 @@ def angular_pruning(model, x: Tensor, y: Tensor, states: Sequence[Tensor]) -> di
     plan = angular_pruning_plan(A_last)
     with torch.no_grad():
         base = float(lm_loss(model(x), y))
-        losses = [float(lm_loss(model(x, skip=set(p['blocks'])), y)) for p in plan]
+        losses = [float(lm_loss(model(x, skip=set(p["blocks"])), y)) for p in plan]
     return angular_pruning_result(A_last, plan, base, losses)
 
 # %% ../nbs/08_diagnostics.ipynb #6e2036f5
 def spectrum_stats(H: Tensor) -> dict:
     "Stable rank, s²-erank and L1/L2 of one token matrix [T, D]."
     s = torch.linalg.svdvals(H.double())
-    e = s.pow(2); p = e / e.sum()
+    e = s.pow(2)
+    p = e / e.sum()
     p = p[p > 0]
-    return dict(stable_rank=float(e.sum() / e.max()), erank=float(torch.exp(-(p * p.log()).sum())),
-                l1_l2=float(s.sum() / e.sum().sqrt()))
+    return dict(
+        stable_rank=float(e.sum() / e.max()),
+        erank=float(torch.exp(-(p * p.log()).sum())),
+        l1_l2=float(s.sum() / e.sum().sqrt()),
+    )
 
 
 def token_collapse(states: Sequence[Tensor]) -> list[dict]:
@@ -404,40 +491,46 @@ def token_collapse(states: Sequence[Tensor]) -> list[dict]:
 def _capture_depth_mixes(queries: dict, mixes: dict):
     "While active, the raw (pre-output-norm) AttnRes mix of every site whose pseudo-query id is a key of `queries` lands in mixes[queries[id]]."
     import depthbench_nb.model as model_module
+
     original = model_module.attnres_mix
 
     def recording(sources, query, *args, **kwargs):
         out = original(sources, query, *args, **kwargs)
         state = queries.get(id(query))
-        if state is not None: mixes[state] = out[1]                          # (normalized, raw, weights): the raw mix
+        if state is not None:
+            mixes[state] = out[1]  # (normalized, raw, weights): the raw mix
         return out
 
     model_module.attnres_mix = recording
-    try: yield
-    finally: model_module.attnres_mix = original
+    try:
+        yield
+    finally:
+        model_module.attnres_mix = original
 
 
 def readout_states(model, x: Tensor) -> tuple[Tensor, list[Tensor]]:
     "(logits, states the logit lens decodes): AttnRes designs give the mix each state's next consumer reads; others their depth states."
-    if getattr(model, 'family', None) != 'attnres':
+    if getattr(model, "family", None) != "attnres":
         return model(x, return_states=True)
-    queries = {id(blk.attn_mix.query): b for b, blk in enumerate(model.blocks) if b > 0 and hasattr(blk, 'attn_mix')}
+    queries = {id(blk.attn_mix.query): b for b, blk in enumerate(model.blocks) if b > 0 and hasattr(blk, "attn_mix")}
     queries[id(model.final_mix.query)] = model.n_blocks
     mixes: dict = {}
-    mixing, model.mixing = model.mixing, 'reference'     # the capture sees the reference mixes (`attnres_mix` calls)
+    mixing, model.mixing = model.mixing, "reference"  # the capture sees the reference mixes (`attnres_mix` calls)
     try:
         with _capture_depth_mixes(queries, mixes):
             logits, states = model(x, return_states=True)
-    finally: model.mixing = mixing
+    finally:
+        model.mixing = mixing
     missing = sorted(set(queries.values()) - set(mixes))
-    if missing: raise ConfigError(f'readout_states: no depth mix was recorded for states {missing}')
+    if missing:
+        raise ConfigError(f"readout_states: no depth mix was recorded for states {missing}")
     return logits, [mixes.get(l, s) for l, s in enumerate(states)]
 
 
 def logit_lens(model, states: Sequence[Tensor], targets: Tensor, final_logits: Tensor) -> list[dict]:
     "Early-exit CE, KL to the final distribution and top-5 overlap for every depth state."
     logp_final = F.log_softmax(final_logits.float(), -1)
-    top_final = final_logits.topk(5, -1).indices                             # [B, T, 5]
+    top_final = final_logits.topk(5, -1).indices  # [B, T, 5]
     out = []
     with torch.no_grad():
         for l, z in enumerate(states):
@@ -446,19 +539,25 @@ def logit_lens(model, states: Sequence[Tensor], targets: Tensor, final_logits: T
             kl = (logp_final.exp() * (logp_final - logp)).sum(-1).mean()
             top = logits.topk(5, -1).indices
             overlap = (top.unsqueeze(-1) == top_final.unsqueeze(-2)).any(-1).float().sum(-1).mean() / 5
-            out.append(dict(state=l, ce=float(lm_loss(logits, targets)), kl_to_final=float(kl), top5_overlap=float(overlap)))
+            out.append(
+                dict(state=l, ce=float(lm_loss(logits, targets)), kl_to_final=float(kl), top5_overlap=float(overlap))
+            )
     return out
 
 # %% ../nbs/08_diagnostics.ipynb #249a755f
-ERANK_CONVENTIONS = {'sv': 'exp(entropy of sigma / sum sigma) (Roy & Vetterli)',
-                     'sv2': 'exp(entropy of sigma^2 / sum sigma^2) (as the official token-collapse script)'}
+ERANK_CONVENTIONS = {
+    "sv": "exp(entropy of sigma / sum sigma) (Roy & Vetterli)",
+    "sv2": "exp(entropy of sigma^2 / sum sigma^2) (as the official token-collapse script)",
+}
 
 
-def effective_rank(M: Tensor, convention: str = 'sv') -> Tensor:
+def effective_rank(M: Tensor, convention: str = "sv") -> Tensor:
     "exp(entropy of p) of [..., n, n] matrices -> [...], p = σ/Σσ ('sv') or σ²/Σσ² ('sv2')."
-    if convention not in ERANK_CONVENTIONS: raise ConfigError(f"convention must be one of {', '.join(ERANK_CONVENTIONS)}, got {convention!r}")
+    if convention not in ERANK_CONVENTIONS:
+        raise ConfigError(f"convention must be one of {', '.join(ERANK_CONVENTIONS)}, got {convention!r}")
     s = torch.linalg.svdvals(M.double())
-    if convention == 'sv2': s = s.pow(2)
+    if convention == "sv2":
+        s = s.pow(2)
     p = s / s.sum(-1, keepdim=True).clamp_min(1e-300)
     ent = -(p * torch.where(p > 0, p.log(), torch.zeros_like(p))).sum(-1)
     return ent.exp()
@@ -467,14 +566,15 @@ def effective_rank(M: Tensor, convention: str = 'sv') -> Tensor:
 def forward_product(mix: Tensor) -> Tensor:
     "[n_sub, ..., n, n] per-site mixing (forward order) -> the product H_last ⋯ H_first [..., n, n]."
     P = mix[0].double()
-    for M in mix[1:]: P = M.double() @ P
+    for M in mix[1:]:
+        P = M.double() @ P
     return P
 
 
 def direction_overlap(P: Tensor) -> Tensor:
     "Mean |cos| between the rows of [..., n, n] matrices -> [...] (1: every row points the same way)."
     R = P / P.norm(dim=-1, keepdim=True).clamp_min(1e-300)
-    cos = (R @ R.transpose(-1, -2)).abs()                                    # [..., n, n]
+    cos = (R @ R.transpose(-1, -2)).abs()  # [..., n, n]
     n = P.shape[-1]
     return (cos.sum((-1, -2)) - cos.diagonal(dim1=-2, dim2=-1).sum(-1)) / (n * (n - 1))
 
@@ -484,48 +584,66 @@ def mixing_stats(mix: Tensor) -> dict:
     n = mix.shape[-1]
     P = mix[0].double()
     curves = dict(erank_sv=[], erank_sv2=[], overlap=[])
-    for k in range(mix.shape[0]):                                            # P_k = H_k ⋯ H_1, k = 1..2L
-        if k: P = mix[k].double() @ P
-        curves['erank_sv'].append(float(effective_rank(P, 'sv').mean()))
-        curves['erank_sv2'].append(float(effective_rank(P, 'sv2').mean()))
-        curves['overlap'].append(float(direction_overlap(P).mean()))
-    er, er2 = effective_rank(P, 'sv'), effective_rank(P, 'sv2')
+    for k in range(mix.shape[0]):  # P_k = H_k ⋯ H_1, k = 1..2L
+        if k:
+            P = mix[k].double() @ P
+        curves["erank_sv"].append(float(effective_rank(P, "sv").mean()))
+        curves["erank_sv2"].append(float(effective_rank(P, "sv2").mean()))
+        curves["overlap"].append(float(direction_overlap(P).mean()))
+    er, er2 = effective_rank(P, "sv"), effective_rank(P, "sv2")
     s = torch.linalg.svdvals(P)
     U = torch.full((n, n), 1.0 / n, dtype=P.dtype, device=P.device)
     flat = lambda t: t.reshape(-1, *t.shape[-1:]) if t.ndim > 1 else t.reshape(1, -1)
-    return dict(mixing_erank=float(er.mean()), mixing_erank_std=float(er.std()) if er.numel() > 1 else 0.0,
-                mixing_erank_sv2=float(er2.mean()), erank_conventions=dict(ERANK_CONVENTIONS),
-                direction_overlap=curves['overlap'][-1],
-                spectrum=(flat(s) / flat(s)[:, :1].clamp_min(1e-300)).mean(0).tolist(),
-                by_depth=curves,
-                distance_to_uniform=float((P - U).flatten(-2).norm(dim=-1).mean()),
-                amax_forward=float(P.abs().sum(-1).amax(-1).mean()), amax_backward=float(P.abs().sum(-2).amax(-1).mean()),
-                n_streams=n, n_sites=mix.shape[0])
+    return dict(
+        mixing_erank=float(er.mean()),
+        mixing_erank_std=float(er.std()) if er.numel() > 1 else 0.0,
+        mixing_erank_sv2=float(er2.mean()),
+        erank_conventions=dict(ERANK_CONVENTIONS),
+        direction_overlap=curves["overlap"][-1],
+        spectrum=(flat(s) / flat(s)[:, :1].clamp_min(1e-300)).mean(0).tolist(),
+        by_depth=curves,
+        distance_to_uniform=float((P - U).flatten(-2).norm(dim=-1).mean()),
+        amax_forward=float(P.abs().sum(-1).amax(-1).mean()),
+        amax_backward=float(P.abs().sum(-2).amax(-1).mean()),
+        n_streams=n,
+        n_sites=mix.shape[0],
+    )
 
 # %% ../nbs/08_diagnostics.ipynb #8d9197d8
 def _plain_sum_weights(n_sub: int) -> Tensor:
-    W = torch.full((n_sub + 1, n_sub + 1), float('nan'), dtype=torch.float64)
-    for l in range(n_sub + 1): W[l, :l + 1] = 1.0
+    W = torch.full((n_sub + 1, n_sub + 1), float("nan"), dtype=torch.float64)
+    for l in range(n_sub + 1):
+        W[l, : l + 1] = 1.0
     return W
 
 
 def _stream_transport_weights(model, x: Tensor) -> Tensor:
     "HC/mHC: W[l, j] from the (read, mix, write) of every connector, per token, then averaged."
     sites, hooks = [], []
-    connectors = [c for blk in model.blocks for c in (blk.attn_hc, blk.ffn_hc)]   # forward order
-    for c in connectors: hooks.append(c.register_forward_hook(lambda m, a, out: sites.append(tuple(t.detach().double() for t in out))))
+    connectors = [c for blk in model.blocks for c in (blk.attn_hc, blk.ffn_hc)]  # forward order
+    for c in connectors:
+        hooks.append(c.register_forward_hook(lambda m, a, out: sites.append(tuple(t.detach().double() for t in out))))
     try:
-        with torch.no_grad(): model(x)
+        with torch.no_grad():
+            model(x)
     finally:
-        for h in hooks: h.remove()
+        for h in hooks:
+            h.remove()
     n_sub, n = len(sites), model.n_streams
     lead = sites[0][1].shape[:-2]
-    vecs = [torch.ones(*lead, n, dtype=torch.float64, device=x.device)]   # per source: its coefficient vector over the streams
-    W = torch.full((n_sub + 1, n_sub + 1), float('nan'), dtype=torch.float64)
+    vecs = [
+        torch.ones(*lead, n, dtype=torch.float64, device=x.device)
+    ]  # per source: its coefficient vector over the streams
+    W = torch.full((n_sub + 1, n_sub + 1), float("nan"), dtype=torch.float64)
     for l in range(n_sub + 1):
-        if l < n_sub: read = sites[l][0].expand(*lead, n)
-        else: read = torch.full((*lead, n), 1.0 if model.collapse == 'sum' else 1.0 / n, dtype=torch.float64, device=x.device)
-        for j, v in enumerate(vecs): W[l, j] = float((read * v).sum(-1).mean())
+        if l < n_sub:
+            read = sites[l][0].expand(*lead, n)
+        else:
+            read = torch.full(
+                (*lead, n), 1.0 if model.collapse == "sum" else 1.0 / n, dtype=torch.float64, device=x.device
+            )
+        for j, v in enumerate(vecs):
+            W[l, j] = float((read * v).sum(-1).mean())
         if l < n_sub:
             _, mix, write = sites[l]
             mix = mix.expand(*lead, n, n)
@@ -537,44 +655,66 @@ def _depth_softmax_weights(model, x: Tensor) -> Tensor:
     "AttnRes: W[l, j] = the mean softmax weight of the source that holds source j at site l."
     weights = [w.double() for w in model.depth_mix_weights(x)]
     n_sub = model.config.n_sublayers
-    if len(weights) == n_sub:   # no entry for sublayer 0 (which reads the embedding alone)
+    if len(weights) == n_sub:  # no entry for sublayer 0 (which reads the embedding alone)
         weights = [torch.ones(*weights[0].shape[:-1], 1, dtype=torch.float64, device=x.device)] + weights
-    if len(weights) != n_sub + 1: raise ConfigError(f'depth_mix_weights gave {len(weights)} sites; expected {n_sub + 1} (2L sublayers + the output)')
-    group = [g for g, size in enumerate(model.group_sizes) for _ in range(size)]   # group of each sublayer
-    W = torch.full((n_sub + 1, n_sub + 1), float('nan'), dtype=torch.float64)
+    if len(weights) != n_sub + 1:
+        raise ConfigError(
+            f"depth_mix_weights gave {len(weights)} sites; expected {n_sub + 1} (2L sublayers + the output)"
+        )
+    group = [g for g, size in enumerate(model.group_sizes) for _ in range(size)]  # group of each sublayer
+    W = torch.full((n_sub + 1, n_sub + 1), float("nan"), dtype=torch.float64)
     for l, p in enumerate(weights):
-        p = p.reshape(-1, p.shape[-1]).mean(0)                               # [S] mean over tokens
-        W[l, 0] = p[0]                                                       # the embedding, always source 0
+        p = p.reshape(-1, p.shape[-1]).mean(0)  # [S] mean over tokens
+        W[l, 0] = p[0]  # the embedding, always source 0
         for i in range(l if l < n_sub else n_sub):
-            src = 1 + group[i]                                               # committed groups 1.., then the partial
-            if src >= len(p): raise ConfigError(f'site {l} has {len(p)} sources; sublayer {i} would be source {src}')
+            src = 1 + group[i]  # committed groups 1.., then the partial
+            if src >= len(p):
+                raise ConfigError(f"site {l} has {len(p)} sources; sublayer {i} would be source {src}")
             W[l, 1 + i] = p[src]
     return W
 
 
 def residual_path_weights(model, x: Tensor) -> dict:
     "W [2L+1, 2L+1]: weight of the embedding (col 0) and of each sublayer output f_i (col i+1) in each sublayer input (row l; row 2L: the output)."
-    family = getattr(model, 'family', 'residual')
+    family = getattr(model, "family", "residual")
     n_sub = 2 * model.n_blocks
-    if family == 'residual':
-        if any(getattr(b, 'alpha', 1.0) != 1.0 for b in model.blocks):
-            raise ConfigError(f'residual-path weights need a stream that is a plain sum of sublayer outputs; {model.config.arch} '
-                              'scales and renormalises its stream after every sublayer (post-norm), so no fixed weights exist')
-        W, kind = _plain_sum_weights(n_sub), 'plain sum: every earlier output with weight 1'
-    elif family == 'multistream': W, kind = _stream_transport_weights(model, x), 'stream transport a_l^T M ... M b_i, mean over tokens'
-    elif family == 'attnres': W, kind = _depth_softmax_weights(model, x), 'depth-softmax weight of the source holding f_i, mean over tokens'
-    else: raise ConfigError(f'residual-path weights apply to the residual, multistream and attnres families, not {family!r}')
-    return dict(matrix=_nan_to_none(W), kind=kind, rows='sublayer inputs 0..2L-1, then the output',
-                cols='the embedding, then sublayer outputs f_0..f_{2L-1}')
+    if family == "residual":
+        if any(getattr(b, "alpha", 1.0) != 1.0 for b in model.blocks):
+            raise ConfigError(
+                f"residual-path weights need a stream that is a plain sum of sublayer outputs; {model.config.arch} "
+                "scales and renormalises its stream after every sublayer (post-norm), so no fixed weights exist"
+            )
+        W, kind = _plain_sum_weights(n_sub), "plain sum: every earlier output with weight 1"
+    elif family == "multistream":
+        W, kind = _stream_transport_weights(model, x), "stream transport a_l^T M ... M b_i, mean over tokens"
+    elif family == "attnres":
+        W, kind = _depth_softmax_weights(model, x), "depth-softmax weight of the source holding f_i, mean over tokens"
+    else:
+        raise ConfigError(
+            f"residual-path weights apply to the residual, multistream and attnres families, not {family!r}"
+        )
+    return dict(
+        matrix=_nan_to_none(W),
+        kind=kind,
+        rows="sublayer inputs 0..2L-1, then the output",
+        cols="the embedding, then sublayer outputs f_0..f_{2L-1}",
+    )
 
 # %% ../nbs/08_diagnostics.ipynb #68364682
 def dead_zone(partial_mass: Sequence[Optional[float]], threshold: float = DEAD_ZONE_THRESHOLD) -> dict:
     "Sublayers from 1 up to the first site whose partial-sum mass reaches `threshold` (mass[k] per sublayer k; None = no partial)."
-    source = DEAD_ZONE_THRESHOLD_SOURCE if threshold == DEAD_ZONE_THRESHOLD else 'ours (set by the caller)'
+    source = DEAD_ZONE_THRESHOLD_SOURCE if threshold == DEAD_ZONE_THRESHOLD else "ours (set by the caller)"
     if all(m is None for m in partial_mass):  # one sublayer per block (Full AttnRes): there is no running partial sum
-        return dict(dead_sublayers=None, dead_layers=None, threshold=threshold, threshold_source=source,
-                    note='no site has a running partial sum')
-    first = next((k for k, m in enumerate(partial_mass) if k >= 1 and m is not None and m >= threshold), len(partial_mass))
+        return dict(
+            dead_sublayers=None,
+            dead_layers=None,
+            threshold=threshold,
+            threshold_source=source,
+            note="no site has a running partial sum",
+        )
+    first = next(
+        (k for k, m in enumerate(partial_mass) if k >= 1 and m is not None and m >= threshold), len(partial_mass)
+    )
     return dict(dead_sublayers=first - 1, dead_layers=(first - 1) / 2, threshold=threshold, threshold_source=source)
 
 
@@ -586,54 +726,72 @@ def site_weights(weights: Sequence[Tensor]) -> list[list[float]]:
 def sublayer_partial_mass(weights: Sequence[Tensor], cfg: ModelConfig) -> list[Optional[float]]:
     "Partial-sum mass per sublayer 0..2L-1 (None where the site has no partial) from `model.depth_mix_weights`."
     from depthbench_nb.model import attnres_sources_per_site, build_model
-    sizes = build_model(cfg, device='meta').group_sizes                       # the design's grouping rule, as its model uses it
+
+    sizes = build_model(cfg, device="meta").group_sizes  # the design's grouping rule, as its model uses it
     sites, starts = attnres_sources_per_site(sizes), {sum(sizes[:g]) for g in range(1, len(sizes))}
     n_sub = cfg.n_sublayers
     S = [int(w.shape[-1]) for w in weights]
     for first in (0, 1):  # the list may start at sublayer 0 (which reads the embedding alone) or at sublayer 1
-        expected = sites[first:first + len(S)]
+        expected = sites[first : first + len(S)]
         if len(expected) == len(S) and all(a == b or k + first == 0 for k, (a, b) in enumerate(zip(S, expected))):
             break
     else:
-        raise ConfigError(f'depth_mix_weights gave sites with {S} sources; {cfg.arch} at L={cfg.n_layer} expects {sites[1:]}')
+        raise ConfigError(
+            f"depth_mix_weights gave sites with {S} sources; {cfg.arch} at L={cfg.n_layer} expects {sites[1:]}"
+        )
     mass: list[Optional[float]] = [None] * n_sub
     for k, w in enumerate(weights):
         sub = k + first
-        if 1 <= sub < n_sub and sub not in starts: mass[sub] = float(w[..., -1].mean())   # the partial is the last source
+        if 1 <= sub < n_sub and sub not in starts:
+            mass[sub] = float(w[..., -1].mean())  # the partial is the last source
     return mass
 
 # %% ../nbs/08_diagnostics.ipynb #64cf727a
-def completion_nll(model, pairs: Sequence[tuple[Sequence[int], Sequence[int]]], max_len: Optional[int] = None,
-                   batch_size: int = 8) -> dict:
+def completion_nll(
+    model, pairs: Sequence[tuple[Sequence[int], Sequence[int]]], max_len: Optional[int] = None, batch_size: int = 8
+) -> dict:
     "Completion-only NLL over (context ids, completion ids) pairs, scored as lm-eval does (left-cut to max_len + 1 tokens), in batches."
-    if not pairs: raise ConfigError('completion_nll needs at least one (context, completion) pair')
-    if batch_size < 1: raise ConfigError(f'batch_size must be >= 1, got {batch_size}')
+    if not pairs:
+        raise ConfigError("completion_nll needs at least one (context, completion) pair")
+    if batch_size < 1:
+        raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
     items, truncated, cut = [], 0, 0
     for ctx, comp in pairs:
-        if len(comp) == 0: continue
+        if len(comp) == 0:
+            continue
         ids = list(ctx) + list(comp)
         if max_len is not None and len(ids) > max_len + 1:
-            ids = ids[-(max_len + 1):]; truncated += 1
-        k = min(len(comp), len(ids) - 1)                                     # completion tokens inside the window
+            ids = ids[-(max_len + 1) :]
+            truncated += 1
+        k = min(len(comp), len(ids) - 1)  # completion tokens inside the window
         cut += k < len(comp)
         items.append((ids, k))
     dev = next(model.parameters()).device
     nll, n = 0.0, 0
-    order = sorted(range(len(items)), key=lambda i: len(items[i][0]))       # similar lengths share a batch
+    order = sorted(range(len(items)), key=lambda i: len(items[i][0]))  # similar lengths share a batch
     with torch.no_grad():
         for start in range(0, len(order), batch_size):
-            batch = [items[i] for i in order[start:start + batch_size]]
+            batch = [items[i] for i in order[start : start + batch_size]]
             T = max(len(ids) - 1 for ids, _ in batch)
-            x = torch.zeros(len(batch), T, dtype=torch.long, device=dev)    # right padding: causal models ignore it
-            for r, (ids, _) in enumerate(batch): x[r, :len(ids) - 1] = torch.tensor(ids[:-1], device=dev)
-            logits = model(x).float()                                        # [B, T, V]
+            x = torch.zeros(len(batch), T, dtype=torch.long, device=dev)  # right padding: causal models ignore it
+            for r, (ids, _) in enumerate(batch):
+                x[r, : len(ids) - 1] = torch.tensor(ids[:-1], device=dev)
+            logits = model(x).float()  # [B, T, V]
             for r, (ids, k) in enumerate(batch):
                 t = len(ids) - 1
-                lg = logits[r, t - k:t]                                      # [k, V]: the positions predicting the completion
+                lg = logits[r, t - k : t]  # [k, V]: the positions predicting the completion
                 tgt = torch.tensor(ids[-k:], device=dev).unsqueeze(-1)
-                nll += float((torch.logsumexp(lg, -1) - lg.gather(-1, tgt).squeeze(-1)).sum()); n += k
-    return dict(nll_sum=nll, tokens=n, nll_mean=nll / max(n, 1), perplexity=math.exp(nll / max(n, 1)),
-                examples=len(pairs), examples_truncated=truncated, completions_cut=cut)
+                nll += float((torch.logsumexp(lg, -1) - lg.gather(-1, tgt).squeeze(-1)).sum())
+                n += k
+    return dict(
+        nll_sum=nll,
+        tokens=n,
+        nll_mean=nll / max(n, 1),
+        perplexity=math.exp(nll / max(n, 1)),
+        examples=len(pairs),
+        examples_truncated=truncated,
+        completions_cut=cut,
+    )
 
 
 def nll_by_category(results: dict, categories: dict) -> dict:
@@ -641,116 +799,190 @@ def nll_by_category(results: dict, categories: dict) -> dict:
     out = {}
     for name, r in results.items():
         c = out.setdefault(categories.get(name, name), dict(nll_sum=0.0, tokens=0, sets=[]))
-        c['nll_sum'] += r['nll_sum']; c['tokens'] += r['tokens']; c['sets'].append(name)
+        c["nll_sum"] += r["nll_sum"]
+        c["tokens"] += r["tokens"]
+        c["sets"].append(name)
     for c in out.values():
-        c['nll_mean'] = c['nll_sum'] / max(c['tokens'], 1); c['perplexity'] = math.exp(c['nll_mean'])
+        c["nll_mean"] = c["nll_sum"] / max(c["tokens"], 1)
+        c["perplexity"] = math.exp(c["nll_mean"])
     return out
 
 # %% ../nbs/08_diagnostics.ipynb #c7f9bee2
-METRICS = ('angular', 'block_influence', 'causal', 'permutation', 'pruning', 'angular_pruning', 'usefulness', 'collapse',
-           'logit_lens', 'mixing', 'dead_zone', 'residual_path', 'latency', 'domain_nll', 'downstream_nll')
-NLL_METRICS = {'domain_nll': 'domain', 'downstream_nll': 'downstream'}   # metric -> evaluation-set group of depthbench_nb.data
+METRICS = (
+    "angular",
+    "block_influence",
+    "causal",
+    "permutation",
+    "pruning",
+    "angular_pruning",
+    "usefulness",
+    "collapse",
+    "logit_lens",
+    "mixing",
+    "dead_zone",
+    "residual_path",
+    "latency",
+    "domain_nll",
+    "downstream_nll",
+)
+NLL_METRICS = {
+    "domain_nll": "domain",
+    "downstream_nll": "downstream",
+}  # metric -> evaluation-set group of depthbench_nb.data
+
+
 def _applies(m: str, cfg: ModelConfig) -> bool:
     "A design-restricted metric (one with a reason in _WHY) applies where the design's registry entry lists it."
     return m not in _WHY or m in ARCHS[cfg.arch].metrics
 
 
-_WHY = {'mixing': ' (the effective rank of residual mixing needs several streams)',
-        'dead_zone': ' (the partial-sum dead zone needs block-grouped depth sources)',
-        'usefulness': ' (the affine replacement needs blocks that map one state tensor to the next; AttnRes blocks read depth sources and looped blocks are reused)',
-        'residual_path': (' (fixed weights of sublayer outputs in later inputs exist only where the stream is a plain sum of them or a '
-                          'linear transport; post-norm designs renormalise it, looped models reuse their sublayers)')}
+_WHY = {
+    "mixing": " (the effective rank of residual mixing needs several streams)",
+    "dead_zone": " (the partial-sum dead zone needs block-grouped depth sources)",
+    "usefulness": " (the affine replacement needs blocks that map one state tensor to the next; AttnRes blocks read depth sources and looped blocks are reused)",
+    "residual_path": (
+        " (fixed weights of sublayer outputs in later inputs exist only where the stream is a plain sum of them or a "
+        "linear transport; post-norm designs renormalise it, looped models reuse their sublayers)"
+    ),
+}
 
 
 def applicable_metrics(cfg: ModelConfig) -> tuple[str, ...]:
     "The default metric set of a design (the NLL metrics need evaluation sets and are opt-in)."
     out = []
     for m in METRICS:
-        if m in NLL_METRICS: continue
-        if not _applies(m, cfg): continue
+        if m in NLL_METRICS:
+            continue
+        if not _applies(m, cfg):
+            continue
         out.append(m)
     return tuple(out)
 
 
 def check_metrics(metrics, cfg: ModelConfig) -> tuple[str, ...]:
     "Validate requested metric names for this design (None -> its default set)."
-    if metrics is None: return applicable_metrics(cfg)
-    if isinstance(metrics, str): metrics = [m.strip() for m in metrics.split(',') if m.strip()]
+    if metrics is None:
+        return applicable_metrics(cfg)
+    if isinstance(metrics, str):
+        metrics = [m.strip() for m in metrics.split(",") if m.strip()]
     bad = [m for m in metrics if m not in METRICS]
-    if bad: raise ConfigError(f"unknown metric(s) {bad}; valid metrics: {', '.join(METRICS)}")
+    if bad:
+        raise ConfigError(f"unknown metric(s) {bad}; valid metrics: {', '.join(METRICS)}")
     for m in metrics:
         if not _applies(m, cfg):
-            raise ConfigError(f"metric {m!r} does not apply to arch {cfg.arch!r} (family {cfg.family}): "
-                              f"it applies to {', '.join(f'{a} ({d.family})' for a, d in ARCHS.items() if m in d.metrics)} only" + _WHY.get(m, ''))
+            raise ConfigError(
+                f"metric {m!r} does not apply to arch {cfg.arch!r} (family {cfg.family}): "
+                f"it applies to {', '.join(f'{a} ({d.family})' for a, d in ARCHS.items() if m in d.metrics)} only"
+                + _WHY.get(m, "")
+            )
     return tuple(dict.fromkeys(metrics))
 
 
-def diagnose_model(model, cfg: ModelConfig, x: Tensor, y: Tensor, metrics=None, permutation_method: str = 'auto',
-                   domain_sets: Optional[dict] = None, latency_seq_len: Optional[int] = None,
-                   progress: Callable[[str], None] = lambda msg: None) -> dict:
+def diagnose_model(
+    model,
+    cfg: ModelConfig,
+    x: Tensor,
+    y: Tensor,
+    metrics=None,
+    permutation_method: str = "auto",
+    domain_sets: Optional[dict] = None,
+    latency_seq_len: Optional[int] = None,
+    progress: Callable[[str], None] = lambda msg: None,
+) -> dict:
     "Run the requested diagnostics on held-out windows x, y [B, T]; returns JSON-ready results."
     explicit = metrics is not None
     metrics = check_metrics(metrics, cfg)
     model.eval()
-    out: dict = dict(arch=cfg.arch, n_layer=cfg.n_layer, d_model=cfg.d_model, n_blocks=model.n_blocks,
-                     n_samples=int(x.shape[0]), seq_len=int(x.shape[1]), metrics=list(metrics))
-    with torch.no_grad(): logits, states = model(x, return_states=True)
-    out['loss'] = float(lm_loss(logits, y))
+    out: dict = dict(
+        arch=cfg.arch,
+        n_layer=cfg.n_layer,
+        d_model=cfg.d_model,
+        n_blocks=model.n_blocks,
+        n_samples=int(x.shape[0]),
+        seq_len=int(x.shape[1]),
+        metrics=list(metrics),
+    )
+    with torch.no_grad():
+        logits, states = model(x, return_states=True)
+    out["loss"] = float(lm_loss(logits, y))
     L = model.n_blocks
-    if 'angular' in metrics:
-        progress('angular distance'); A = angular_distance_matrix(states)
-        out['angular'] = dict(matrix=A.tolist(), consecutive=[float(A[l, l + 1]) for l in range(L)])
-    if 'block_influence' in metrics: progress('block influence'); out['block_influence'] = block_influence(states)
-    if 'causal' in metrics or 'pruning' in metrics:
-        progress('causal score / pruning')
+    if "angular" in metrics:
+        progress("angular distance")
+        A = angular_distance_matrix(states)
+        out["angular"] = dict(matrix=A.tolist(), consecutive=[float(A[l, l + 1]) for l in range(L)])
+    if "block_influence" in metrics:
+        progress("block influence")
+        out["block_influence"] = block_influence(states)
+    if "causal" in metrics or "pruning" in metrics:
+        progress("causal score / pruning")
         rows, delta = [], []
         with torch.no_grad():
             for s in range(L):
                 lg, st = model(x, skip={s}, return_states=True)
-                delta.append(float(lm_loss(lg, y)) - out['loss'])
+                delta.append(float(lm_loss(lg, y)) - out["loss"])
                 rows.append(causal_row(states, st, s))
-        if 'causal' in metrics: out['causal'] = asdict(summarize_causal(torch.stack(rows)))
-        if 'pruning' in metrics: out['pruning'] = dict(base_loss=out['loss'], delta_loss=delta)
-    if 'angular_pruning' in metrics:
-        progress('angular-distance pruning'); out['angular_pruning'] = angular_pruning(model, x, y, states)
-    if 'permutation' in metrics:
-        progress('permutation score')
+        if "causal" in metrics:
+            out["causal"] = asdict(summarize_causal(torch.stack(rows)))
+        if "pruning" in metrics:
+            out["pruning"] = dict(base_loss=out["loss"], delta_loss=delta)
+    if "angular_pruning" in metrics:
+        progress("angular-distance pruning")
+        out["angular_pruning"] = angular_pruning(model, x, y, states)
+    if "permutation" in metrics:
+        progress("permutation score")
         P, base, how = permutation_matrix(model, x, y, method=permutation_method)
-        out['permutation'] = asdict(summarize_permutation(P)) | dict(method=how)
-    if 'usefulness' in metrics:
-        progress('usefulness')
-        try: out['usefulness'] = usefulness(model, x, y)
+        out["permutation"] = asdict(summarize_permutation(P)) | dict(method=how)
+    if "usefulness" in metrics:
+        progress("usefulness")
+        try:
+            out["usefulness"] = usefulness(model, x, y)
         except ConfigError as e:
-            if explicit: raise
-            out['skipped'] = out.get('skipped', {}) | dict(usefulness=str(e))   # default set: say why, keep going
-    if 'collapse' in metrics: progress('token collapse'); out['collapse'] = token_collapse(states)
-    if 'logit_lens' in metrics:   # AttnRes designs decode what each state's next consumer reads (the official readout states)
-        progress('logit lens')
-        with torch.no_grad(): _, readable = readout_states(model, x)
-        out['logit_lens'] = logit_lens(model, readable, y, logits)
-        out['logit_lens_readout'] = 'next consumer depth mix' if getattr(model, 'family', None) == 'attnres' else 'depth state'
-    if 'mixing' in metrics:
-        progress('residual mixing')
-        with torch.no_grad(): out['mixing'] = mixing_stats(model.mixing_matrices(x))
-    if 'dead_zone' in metrics:
-        progress('dead zone')
-        with torch.no_grad(): weights = model.depth_mix_weights(x)
+            if explicit:
+                raise
+            out["skipped"] = out.get("skipped", {}) | dict(usefulness=str(e))  # default set: say why, keep going
+    if "collapse" in metrics:
+        progress("token collapse")
+        out["collapse"] = token_collapse(states)
+    if (
+        "logit_lens" in metrics
+    ):  # AttnRes designs decode what each state's next consumer reads (the official readout states)
+        progress("logit lens")
+        with torch.no_grad():
+            _, readable = readout_states(model, x)
+        out["logit_lens"] = logit_lens(model, readable, y, logits)
+        out["logit_lens_readout"] = (
+            "next consumer depth mix" if getattr(model, "family", None) == "attnres" else "depth state"
+        )
+    if "mixing" in metrics:
+        progress("residual mixing")
+        with torch.no_grad():
+            out["mixing"] = mixing_stats(model.mixing_matrices(x))
+    if "dead_zone" in metrics:
+        progress("dead zone")
+        with torch.no_grad():
+            weights = model.depth_mix_weights(x)
         mass = sublayer_partial_mass(weights, cfg)
-        out['dead_zone'] = dead_zone(mass) | dict(partial_mass=mass, site_weights=site_weights(weights))
-    if 'residual_path' in metrics:
-        progress('residual-path weights')
-        out['residual_path'] = residual_path_weights(model, x)
-    if 'latency' in metrics:
-        progress('latency')
-        out['latency'] = measure_latency(model, latency_seq_len or int(x.shape[1]), cfg.vocab_size, decode_tokens=8)
+        out["dead_zone"] = dead_zone(mass) | dict(partial_mass=mass, site_weights=site_weights(weights))
+    if "residual_path" in metrics:
+        progress("residual-path weights")
+        out["residual_path"] = residual_path_weights(model, x)
+    if "latency" in metrics:
+        progress("latency")
+        out["latency"] = measure_latency(model, latency_seq_len or int(x.shape[1]), cfg.vocab_size, decode_tokens=8)
     for m, group in NLL_METRICS.items():
-        if m not in metrics: continue
+        if m not in metrics:
+            continue
         sets = (domain_sets or {}).get(group)
-        if not sets: raise ConfigError(f"metric {m} needs evaluation sets: domain_sets={{'{group}': {{name: (category, [(context ids, completion ids), ...][, meta])}}}}")
-        progress(f'{group} NLL')
+        if not sets:
+            raise ConfigError(
+                f"metric {m} needs evaluation sets: domain_sets={{'{group}': {{name: (category, [(context ids, completion ids), ...][, meta])}}}}"
+            )
+        progress(f"{group} NLL")
         per_set = {}
-        for name, (cat, pairs, *meta) in sets.items():   # meta (optional): where the rows came from, stand-ins, limits
-            per_set[name] = completion_nll(model, pairs, max_len=cfg.max_seq_len) | dict(category=cat) | (meta[0] if meta else {})
+        for name, (cat, pairs, *meta) in sets.items():  # meta (optional): where the rows came from, stand-ins, limits
+            per_set[name] = (
+                completion_nll(model, pairs, max_len=cfg.max_seq_len) | dict(category=cat) | (meta[0] if meta else {})
+            )
         out[m] = dict(sets=per_set, by_category=nll_by_category(per_set, {n: v[0] for n, v in sets.items()}))
     return out
 
@@ -758,39 +990,74 @@ def diagnose_model(model, cfg: ModelConfig, x: Tensor, y: Tensor, metrics=None, 
 def per_layer_rows(res: dict) -> list[dict]:
     "One row per block with the per-layer figures of every metric that ran."
     rows = []
-    for l in range(res['n_blocks']):
+    for l in range(res["n_blocks"]):
         r = dict(layer=l)
-        if 'angular' in res: r['angular_to_next'] = res['angular']['consecutive'][l]
-        if 'block_influence' in res: r['block_influence'] = res['block_influence'][l]
-        if 'causal' in res: r['causal'] = res['causal']['per_layer'][l]
-        if 'permutation' in res: r['permutation'] = res['permutation']['per_layer'][l]
-        if 'pruning' in res: r['pruning_delta_loss'] = res['pruning']['delta_loss'][l]
-        if 'usefulness' in res: r['usefulness_ratio'] = res['usefulness']['loss_ratio'][l]
-        if 'logit_lens' in res: r['logit_lens_ce'] = res['logit_lens'][l + 1]['ce']
-        if 'collapse' in res: r['erank'] = res['collapse'][l + 1]['erank']
+        if "angular" in res:
+            r["angular_to_next"] = res["angular"]["consecutive"][l]
+        if "block_influence" in res:
+            r["block_influence"] = res["block_influence"][l]
+        if "causal" in res:
+            r["causal"] = res["causal"]["per_layer"][l]
+        if "permutation" in res:
+            r["permutation"] = res["permutation"]["per_layer"][l]
+        if "pruning" in res:
+            r["pruning_delta_loss"] = res["pruning"]["delta_loss"][l]
+        if "usefulness" in res:
+            r["usefulness_ratio"] = res["usefulness"]["loss_ratio"][l]
+        if "logit_lens" in res:
+            r["logit_lens_ce"] = res["logit_lens"][l + 1]["ce"]
+        if "collapse" in res:
+            r["erank"] = res["collapse"][l + 1]["erank"]
         rows.append({k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in r.items()})
     return rows
 
 
 def summary(res: dict) -> dict:
     "The scalar figures of a diagnostics result (what the CLI prints)."
-    s = {k: res[k] for k in ('arch', 'n_layer', 'd_model', 'n_samples', 'seq_len', 'loss')}
-    if 'causal' in res: s |= dict(causal_mean=res['causal']['mean'], causal_max=res['causal']['max'], causal_frac_late_above=res['causal']['frac_above'])
-    if 'permutation' in res: s |= dict(permutation_mean=res['permutation']['mean'], permutation_frac_late_above=res['permutation']['frac_above'])
-    if 'block_influence' in res: s['block_influence_lowest'] = _lowest(res['block_influence'], 3)
-    if 'pruning' in res: s['pruning_cheapest'] = _lowest(res['pruning']['delta_loss'], 3)
-    if 'angular_pruning' in res:
-        quarter = _quarter_point(res['angular_pruning'])
-        if quarter: s |= dict(angular_pruning_quarter_blocks=quarter['blocks'], angular_pruning_quarter_delta_loss=quarter['delta_loss'])
-    if 'usefulness' in res: s['usefulness_global'] = res['usefulness']['global_score']
-    if 'mixing' in res: s |= dict(mixing_erank=res['mixing']['mixing_erank'], mixing_erank_sv2=res['mixing'].get('mixing_erank_sv2'),
-                                  mixing_distance_to_uniform=res['mixing']['distance_to_uniform'])
-    if 'dead_zone' in res: s['dead_zone_layers'] = res['dead_zone']['dead_layers']
-    if 'latency' in res: s |= dict(prefill_s=res['latency']['prefill_s'], decode_tokens_per_s=res['latency']['decode_tokens_per_s'])
-    if res.get('costs'): s |= dict(prefill_flops_4096=res['costs']['prefill_flops'], kv_cache_bytes_4096=res['costs']['kv_cache_bytes'])
-    if res.get('measured'): s |= dict(train_peak_mem_bytes=res['measured']['peak_mem_bytes'], train_tokens_per_s=res['measured']['tokens_per_s_median'])
+    s = {k: res[k] for k in ("arch", "n_layer", "d_model", "n_samples", "seq_len", "loss")}
+    if "causal" in res:
+        s |= dict(
+            causal_mean=res["causal"]["mean"],
+            causal_max=res["causal"]["max"],
+            causal_frac_late_above=res["causal"]["frac_above"],
+        )
+    if "permutation" in res:
+        s |= dict(
+            permutation_mean=res["permutation"]["mean"], permutation_frac_late_above=res["permutation"]["frac_above"]
+        )
+    if "block_influence" in res:
+        s["block_influence_lowest"] = _lowest(res["block_influence"], 3)
+    if "pruning" in res:
+        s["pruning_cheapest"] = _lowest(res["pruning"]["delta_loss"], 3)
+    if "angular_pruning" in res:
+        quarter = _quarter_point(res["angular_pruning"])
+        if quarter:
+            s |= dict(
+                angular_pruning_quarter_blocks=quarter["blocks"],
+                angular_pruning_quarter_delta_loss=quarter["delta_loss"],
+            )
+    if "usefulness" in res:
+        s["usefulness_global"] = res["usefulness"]["global_score"]
+    if "mixing" in res:
+        s |= dict(
+            mixing_erank=res["mixing"]["mixing_erank"],
+            mixing_erank_sv2=res["mixing"].get("mixing_erank_sv2"),
+            mixing_distance_to_uniform=res["mixing"]["distance_to_uniform"],
+        )
+    if "dead_zone" in res:
+        s["dead_zone_layers"] = res["dead_zone"]["dead_layers"]
+    if "latency" in res:
+        s |= dict(prefill_s=res["latency"]["prefill_s"], decode_tokens_per_s=res["latency"]["decode_tokens_per_s"])
+    if res.get("costs"):
+        s |= dict(prefill_flops_4096=res["costs"]["prefill_flops"], kv_cache_bytes_4096=res["costs"]["kv_cache_bytes"])
+    if res.get("measured"):
+        s |= dict(
+            train_peak_mem_bytes=res["measured"]["peak_mem_bytes"],
+            train_tokens_per_s=res["measured"]["tokens_per_s_median"],
+        )
     for m in NLL_METRICS:
-        if m in res: s |= {f'nll_{k}': v['nll_mean'] for k, v in res[m]['by_category'].items()}
+        if m in res:
+            s |= {f"nll_{k}": v["nll_mean"] for k, v in res[m]["by_category"].items()}
     return s
 
 
@@ -801,196 +1068,320 @@ def _lowest(values: Sequence[float], k: int) -> list[int]:
 
 def _quarter_point(ap: dict) -> Optional[dict]:
     "The angular-pruning point that drops a quarter of the blocks (at least one), or None for a 1-block model."
-    curve = ap['curve']                                                      # n = 1..L-1
-    if not curve: return None
+    curve = ap["curve"]  # n = 1..L-1
+    if not curve:
+        return None
     n = max(1, (len(curve) + 1) // 4)
     return curve[n - 1]
 
 
 def paper_late_fractions(quantity: str) -> dict:
     "The paper's late-pair fractions at L = 32 by design ('causal_frac_045' or 'perm_frac_015'), from the package's reference table."
-    with open(package_dir() / 'resources' / 'reference' / 'depthbench_paper.csv', newline='') as f:
-        return {r['arch']: float(r['value']) for r in csv.DictReader(f) if r['quantity'] == quantity}
+    with open(package_dir() / "resources" / "reference" / "depthbench_paper.csv", newline="") as f:
+        return {r["arch"]: float(r["value"]) for r in csv.DictReader(f) if r["quantity"] == quantity}
 
 
 def _paper_line(quantity: str) -> str:
     ref = paper_late_fractions(quantity)
-    names = dict(preln='Pre-LN', hc='HC', attnres='Full AttnRes')
-    return ', '.join(f"{names.get(a, a)} {v:.0%}" for a, v in ref.items())
+    names = dict(preln="Pre-LN", hc="HC", attnres="Full AttnRes")
+    return ", ".join(f"{names.get(a, a)} {v:.0%}" for a, v in ref.items())
 
 
 def markdown_summary(res: dict) -> str:
     "A short Markdown summary of a diagnostics result: the headline numbers, the papers' thresholds applied, how to read each."
-    L = res['n_blocks']
+    L = res["n_blocks"]
     late = last_three_quarters(L)
-    name = (res.get('model') or {}).get('name') or res.get('run_dir') or res['arch']
-    lines = [f"# Layer diagnostics: {name}", '',
-             f"`{res['arch']}`, {L} blocks, d_model {res['d_model']}; {res['n_samples']} windows of {res['seq_len']} tokens; "
-             f"loss {res['loss']:.4f} nats/token. Late blocks (the papers' last 3/4): {late.start}..{L - 1} (0-based).", '',
-             '| diagnostic | result | how to read it |', '|---|---|---|']
-    if 'causal' in res:
-        c = res['causal']
-        lines.append(f"| causal score C(s, l) | {c['extra']['late_pairs_above']} of {c['extra']['late_pairs']} late pairs above "
-                     f"{c['threshold']} ({c['frac_above']:.0%}); mean {c['mean']:.3f}, max {c['max']:.3f} | how much skipping block s "
-                     f"changes what later block l writes; DepthBench at L = 32: {_paper_line('causal_frac_045')} |")
-    if 'permutation' in res:
-        p = res['permutation']
-        frac, above, pairs = late_pair_fraction(_matrix_of(p['matrix']), p['threshold'])
-        lines.append(f"| permutation score P(i, j) | {above} of {pairs} late pairs above {p['threshold']} ({frac:.0%}); mean {p['mean']:.3f} | "
-                     f"relative loss change when blocks i and j trade weights; order matters where it is high; "
-                     f"DepthBench at L = 32: {_paper_line('perm_frac_015')} |")
-    if 'block_influence' in res:
-        bi = res['block_influence']
-        low = ', '.join(f"{l} ({bi[l]:.3g})" for l in _lowest(bi, 3))
-        lines.append(f"| Block Influence | lowest: {low}; highest: {max(range(L), key=lambda l: bi[l])} ({max(bi):.3g}) | "
-                     "1 − cos(input, output) of a block; ShortGPT removes the lowest first |")
-    if 'pruning' in res:
-        d = res['pruning']['delta_loss']
-        cheap = ', '.join(f"{l} ({d[l]:+.3g})" for l in _lowest(d, 3))
-        lines.append(f"| layer pruning | cheapest blocks to skip: {cheap}; costliest: {max(range(L), key=lambda l: d[l])} ({max(d):+.3g}) | "
-                     "Δ loss (nats/token) when one block is skipped |")
-    if res.get('angular_pruning') and _quarter_point(res['angular_pruning']):
-        q = _quarter_point(res['angular_pruning'])
-        lines.append(f"| angular-distance pruning | dropping {q['n_dropped']} of {L} blocks ({q['blocks'][0]}..{q['blocks'][-1]}): "
-                     f"Δ loss {q['delta_loss']:+.3g} | Gromov et al.: drop the n consecutive blocks whose ends are closest in angle "
-                     "(last token); the full curve is in pruning.png |")
-    if 'usefulness' in res:
-        u = res['usefulness']
-        lines.append(f"| usefulness | {sum(u['significant'])} of {L} blocks significant (loss ratio > {u['threshold']}) | "
-                     "a block is significant when its best affine stand-in raises the loss by more than 10% |")
-    if 'logit_lens' in res:
-        ll = res['logit_lens']
-        first = next((r['state'] for r in ll if r['top5_overlap'] >= 0.5), None)
-        lines.append(f"| logit lens | CE {ll[0]['ce']:.3f} at the embedding, {ll[-1]['ce']:.3f} at the output; top-5 overlap with the "
-                     f"output reaches 0.5 at depth state {first} of {L} | what the output head reads from each depth state |")
-    for name, why in (res.get('skipped') or {}).items(): lines.append(f"| {name} | not computed | {why} |")
-    lines += ['', "Thresholds: causal > 0.45 and permutation > 0.15 over pairs of late blocks are the DepthBench paper's; the "
-              'official scripts report the matrices only. All numbers are in `diagnostics.json`, one row per block in `per_layer.csv`.']
-    return '\n'.join(lines) + '\n'
+    name = (res.get("model") or {}).get("name") or res.get("run_dir") or res["arch"]
+    lines = [
+        f"# Layer diagnostics: {name}",
+        "",
+        f"`{res['arch']}`, {L} blocks, d_model {res['d_model']}; {res['n_samples']} windows of {res['seq_len']} tokens; "
+        f"loss {res['loss']:.4f} nats/token. Late blocks (the papers' last 3/4): {late.start}..{L - 1} (0-based).",
+        "",
+        "| diagnostic | result | how to read it |",
+        "|---|---|---|",
+    ]
+    if "causal" in res:
+        c = res["causal"]
+        lines.append(
+            f"| causal score C(s, l) | {c['extra']['late_pairs_above']} of {c['extra']['late_pairs']} late pairs above "
+            f"{c['threshold']} ({c['frac_above']:.0%}); mean {c['mean']:.3f}, max {c['max']:.3f} | how much skipping block s "
+            f"changes what later block l writes; DepthBench at L = 32: {_paper_line('causal_frac_045')} |"
+        )
+    if "permutation" in res:
+        p = res["permutation"]
+        frac, above, pairs = late_pair_fraction(_matrix_of(p["matrix"]), p["threshold"])
+        lines.append(
+            f"| permutation score P(i, j) | {above} of {pairs} late pairs above {p['threshold']} ({frac:.0%}); mean {p['mean']:.3f} | "
+            f"relative loss change when blocks i and j trade weights; order matters where it is high; "
+            f"DepthBench at L = 32: {_paper_line('perm_frac_015')} |"
+        )
+    if "block_influence" in res:
+        bi = res["block_influence"]
+        low = ", ".join(f"{l} ({bi[l]:.3g})" for l in _lowest(bi, 3))
+        lines.append(
+            f"| Block Influence | lowest: {low}; highest: {max(range(L), key=lambda l: bi[l])} ({max(bi):.3g}) | "
+            "1 − cos(input, output) of a block; ShortGPT removes the lowest first |"
+        )
+    if "pruning" in res:
+        d = res["pruning"]["delta_loss"]
+        cheap = ", ".join(f"{l} ({d[l]:+.3g})" for l in _lowest(d, 3))
+        lines.append(
+            f"| layer pruning | cheapest blocks to skip: {cheap}; costliest: {max(range(L), key=lambda l: d[l])} ({max(d):+.3g}) | "
+            "Δ loss (nats/token) when one block is skipped |"
+        )
+    if res.get("angular_pruning") and _quarter_point(res["angular_pruning"]):
+        q = _quarter_point(res["angular_pruning"])
+        lines.append(
+            f"| angular-distance pruning | dropping {q['n_dropped']} of {L} blocks ({q['blocks'][0]}..{q['blocks'][-1]}): "
+            f"Δ loss {q['delta_loss']:+.3g} | Gromov et al.: drop the n consecutive blocks whose ends are closest in angle "
+            "(last token); the full curve is in pruning.png |"
+        )
+    if "usefulness" in res:
+        u = res["usefulness"]
+        lines.append(
+            f"| usefulness | {sum(u['significant'])} of {L} blocks significant (loss ratio > {u['threshold']}) | "
+            "a block is significant when its best affine stand-in raises the loss by more than 10% |"
+        )
+    if "logit_lens" in res:
+        ll = res["logit_lens"]
+        first = next((r["state"] for r in ll if r["top5_overlap"] >= 0.5), None)
+        lines.append(
+            f"| logit lens | CE {ll[0]['ce']:.3f} at the embedding, {ll[-1]['ce']:.3f} at the output; top-5 overlap with the "
+            f"output reaches 0.5 at depth state {first} of {L} | what the output head reads from each depth state |"
+        )
+    for name, why in (res.get("skipped") or {}).items():
+        lines.append(f"| {name} | not computed | {why} |")
+    lines += [
+        "",
+        "Thresholds: causal > 0.45 and permutation > 0.15 over pairs of late blocks are the DepthBench paper's; the "
+        "official scripts report the matrices only. All numbers are in `diagnostics.json`, one row per block in `per_layer.csv`.",
+    ]
+    return "\n".join(lines) + "\n"
 
 
 def _matrix_of(rows: list) -> Tensor:
-    return torch.tensor([[float('nan') if v is None else v for v in row] for row in rows], dtype=torch.float64)
+    return torch.tensor([[float("nan") if v is None else v for v in row] for row in rows], dtype=torch.float64)
 
 
-def _heatmap(M, title, path, xlabel='', ylabel='', **kw):
-    import matplotlib; matplotlib.use('Agg')
+def _heatmap(M, title, path, xlabel="", ylabel="", **kw):
+    import matplotlib
+
+    matplotlib.use("Agg")
     import matplotlib.pyplot as plt, seaborn as sns
+
     fig, ax = plt.subplots(figsize=(5.5, 4.5))
-    sns.heatmap(torch.tensor([[float('nan') if v is None else v for v in row] for row in M]).numpy(), ax=ax, cmap='viridis', square=True, **kw)
-    ax.set_title(title); ax.set_xlabel(xlabel); ax.set_ylabel(ylabel)
-    fig.tight_layout(); fig.savefig(path, dpi=110); plt.close(fig)
+    sns.heatmap(
+        torch.tensor([[float("nan") if v is None else v for v in row] for row in M]).numpy(),
+        ax=ax,
+        cmap="viridis",
+        square=True,
+        **kw,
+    )
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def write_diagnostics(res: dict, out_dir, figures: bool = True) -> list[Path]:
     "diagnostics.json, per_layer.csv and PNG figures into out_dir; returns the written paths."
-    out_dir = Path(out_dir); out_dir.mkdir(parents=True, exist_ok=True)
-    written = [atomic_write_json(out_dir / 'diagnostics.json', res)]
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = [atomic_write_json(out_dir / "diagnostics.json", res)]
     rows = per_layer_rows(res)
     cols = list(dict.fromkeys(k for r in rows for k in r))
-    csv = '\n'.join([','.join(cols)] + [','.join('' if r.get(c) is None else f'{r[c]:.6g}' if isinstance(r[c], float) else str(r[c]) for c in cols) for r in rows])
-    written.append(atomic_write_text(out_dir / 'per_layer.csv', csv + '\n'))
-    written.append(atomic_write_json(out_dir / 'summary.json', summary(res)))
-    written.append(atomic_write_text(out_dir / 'summary.md', markdown_summary(res)))
-    if not figures: return written
-    import matplotlib; matplotlib.use('Agg')
+    csv = "\n".join(
+        [",".join(cols)]
+        + [
+            ",".join("" if r.get(c) is None else f"{r[c]:.6g}" if isinstance(r[c], float) else str(r[c]) for c in cols)
+            for r in rows
+        ]
+    )
+    written.append(atomic_write_text(out_dir / "per_layer.csv", csv + "\n"))
+    written.append(atomic_write_json(out_dir / "summary.json", summary(res)))
+    written.append(atomic_write_text(out_dir / "summary.md", markdown_summary(res)))
+    if not figures:
+        return written
+    import matplotlib
+
+    matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
+
     tag = f"{res['arch']} L{res['n_layer']}"
-    L = res['n_blocks']
-    if 'angular' in res:
-        _heatmap(res['angular']['matrix'], f'angular distance ({tag})', out_dir / 'angular.png', 'depth state j', 'depth state i', vmin=0); written.append(out_dir / 'angular.png')
-    if 'causal' in res:
-        _heatmap(res['causal']['matrix'], f'causal score C(s, l) ({tag})', out_dir / 'causal.png', 'later block l', 'skipped block s', vmin=0); written.append(out_dir / 'causal.png')
-    if 'permutation' in res:
-        _heatmap(res['permutation']['matrix'], f'permutation score P(i, j) ({tag})', out_dir / 'permutation.png', 'block j', 'block i', vmin=0); written.append(out_dir / 'permutation.png')
-    if 'block_influence' in res:
+    L = res["n_blocks"]
+    if "angular" in res:
+        _heatmap(
+            res["angular"]["matrix"],
+            f"angular distance ({tag})",
+            out_dir / "angular.png",
+            "depth state j",
+            "depth state i",
+            vmin=0,
+        )
+        written.append(out_dir / "angular.png")
+    if "causal" in res:
+        _heatmap(
+            res["causal"]["matrix"],
+            f"causal score C(s, l) ({tag})",
+            out_dir / "causal.png",
+            "later block l",
+            "skipped block s",
+            vmin=0,
+        )
+        written.append(out_dir / "causal.png")
+    if "permutation" in res:
+        _heatmap(
+            res["permutation"]["matrix"],
+            f"permutation score P(i, j) ({tag})",
+            out_dir / "permutation.png",
+            "block j",
+            "block i",
+            vmin=0,
+        )
+        written.append(out_dir / "permutation.png")
+    if "block_influence" in res:
         fig, ax = plt.subplots(figsize=(5.5, 3.5))
-        ax.bar(range(L), res['block_influence']); ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_xlabel('block'); ax.set_ylabel('1 − cos(input, output)'); ax.set_title(f'Block Influence ({tag})')
-        fig.tight_layout(); fig.savefig(out_dir / 'block_influence.png', dpi=110); plt.close(fig); written.append(out_dir / 'block_influence.png')
-    if 'pruning' in res or 'angular_pruning' in res:
-        written.append(_pruning_figure(res, out_dir / 'pruning.png', tag))
-    if 'logit_lens' in res:
+        ax.bar(range(L), res["block_influence"])
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_xlabel("block")
+        ax.set_ylabel("1 − cos(input, output)")
+        ax.set_title(f"Block Influence ({tag})")
+        fig.tight_layout()
+        fig.savefig(out_dir / "block_influence.png", dpi=110)
+        plt.close(fig)
+        written.append(out_dir / "block_influence.png")
+    if "pruning" in res or "angular_pruning" in res:
+        written.append(_pruning_figure(res, out_dir / "pruning.png", tag))
+    if "logit_lens" in res:
         fig, ax = plt.subplots(figsize=(5.5, 3.5))
-        ll = res['logit_lens']
-        ax.plot([r['state'] for r in ll], [r['ce'] for r in ll], marker='o', label='early-exit CE')
-        ax.plot([r['state'] for r in ll], [r['kl_to_final'] for r in ll], marker='s', label='KL to final')
-        ax.set_xlabel('depth state'); ax.set_title(f'logit lens ({tag})'); ax.legend(); fig.tight_layout()
-        fig.savefig(out_dir / 'logit_lens.png', dpi=110); plt.close(fig); written.append(out_dir / 'logit_lens.png')
-    if 'dead_zone' in res:
+        ll = res["logit_lens"]
+        ax.plot([r["state"] for r in ll], [r["ce"] for r in ll], marker="o", label="early-exit CE")
+        ax.plot([r["state"] for r in ll], [r["kl_to_final"] for r in ll], marker="s", label="KL to final")
+        ax.set_xlabel("depth state")
+        ax.set_title(f"logit lens ({tag})")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(out_dir / "logit_lens.png", dpi=110)
+        plt.close(fig)
+        written.append(out_dir / "logit_lens.png")
+    if "dead_zone" in res:
         fig, ax = plt.subplots(figsize=(5.5, 3.5))
-        m = res['dead_zone']['partial_mass']
-        sites = [(k / 2, v) for k, v in enumerate(m) if v is not None]      # sites without a partial (block starts) are left out
+        m = res["dead_zone"]["partial_mass"]
+        sites = [
+            (k / 2, v) for k, v in enumerate(m) if v is not None
+        ]  # sites without a partial (block starts) are left out
         ax.bar([k for k, _ in sites], [v for _, v in sites], width=0.4)
-        ax.axhline(res['dead_zone']['threshold'], color='r', ls='--'); ax.set_xlabel('layer (sublayer / 2)')
-        ax.set_ylabel('mass on partial sum'); ax.set_title(f"dead zone {res['dead_zone']['dead_layers']} layers ({tag})")
-        fig.tight_layout(); fig.savefig(out_dir / 'dead_zone.png', dpi=110); plt.close(fig); written.append(out_dir / 'dead_zone.png')
+        ax.axhline(res["dead_zone"]["threshold"], color="r", ls="--")
+        ax.set_xlabel("layer (sublayer / 2)")
+        ax.set_ylabel("mass on partial sum")
+        ax.set_title(f"dead zone {res['dead_zone']['dead_layers']} layers ({tag})")
+        fig.tight_layout()
+        fig.savefig(out_dir / "dead_zone.png", dpi=110)
+        plt.close(fig)
+        written.append(out_dir / "dead_zone.png")
     return written
 
 
 def _pruning_figure(res: dict, path: Path, tag: str) -> Path:
     "Δ loss per skipped block (bars) and Gromov et al.'s curve: Δ loss against the fraction of blocks dropped."
-    import matplotlib; matplotlib.use('Agg')
+    import matplotlib
+
+    matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
-    panels = [k for k in ('pruning', 'angular_pruning') if k in res]
+
+    panels = [k for k in ("pruning", "angular_pruning") if k in res]
     fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 3.5), squeeze=False)
     for ax, k in zip(axes[0], panels):
-        if k == 'pruning':
-            ax.bar(range(len(res['pruning']['delta_loss'])), res['pruning']['delta_loss']); ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-            ax.set_xlabel('skipped block'); ax.set_ylabel('Δ loss (nats/token)'); ax.set_title(f'one block skipped ({tag})')
+        if k == "pruning":
+            ax.bar(range(len(res["pruning"]["delta_loss"])), res["pruning"]["delta_loss"])
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+            ax.set_xlabel("skipped block")
+            ax.set_ylabel("Δ loss (nats/token)")
+            ax.set_title(f"one block skipped ({tag})")
         else:
-            curve = res['angular_pruning']['curve']
-            ax.plot([0] + [p['fraction_dropped'] for p in curve], [0] + [p['delta_loss'] for p in curve], marker='o')
-            ax.set_xlabel('fraction of blocks dropped'); ax.set_ylabel('Δ loss (nats/token)')
-            ax.set_title(f'angular-distance pruning ({tag})')
-    fig.tight_layout(); fig.savefig(path, dpi=110); plt.close(fig)
+            curve = res["angular_pruning"]["curve"]
+            ax.plot([0] + [p["fraction_dropped"] for p in curve], [0] + [p["delta_loss"] for p in curve], marker="o")
+            ax.set_xlabel("fraction of blocks dropped")
+            ax.set_ylabel("Δ loss (nats/token)")
+            ax.set_title(f"angular-distance pruning ({tag})")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
     return path
 
 
 def load_checkpointed_run(run_dir):
     "(model, RunConfig) of a run folder; ConfigError when the folder or its checkpoint is missing."
     run_dir = Path(run_dir)
-    if not run_dir.is_dir(): raise ConfigError(f'run folder {run_dir} does not exist')
+    if not run_dir.is_dir():
+        raise ConfigError(f"run folder {run_dir} does not exist")
     try:
         return load_run(run_dir)
     except FileNotFoundError as e:
-        raise ConfigError(f'no complete checkpoint in {run_dir}: train it first (depthbench-nb train ... or papermill nbs/10_train.ipynb); {e}') from e
+        raise ConfigError(
+            f"no complete checkpoint in {run_dir}: train it first (depthbench-nb train ... or papermill nbs/10_train.ipynb); {e}"
+        ) from e
 
 
 def heldout_windows(run, n_samples: int, seq_len: int, seed: int = 0) -> tuple[Tensor, Tensor]:
     "Seeded held-out windows (x, y) [n_samples, seq_len] from the run's prepared data."
     from depthbench_nb.data import TokenData, resolve_data
+
     data = TokenData(resolve_data(run.data, auto_prepare=False))
-    (x, y), = data.val_batches(1, n_samples, seq_len, seed=seed)
+    ((x, y),) = data.val_batches(1, n_samples, seq_len, seed=seed)
     return torch.as_tensor(x).long(), torch.as_tensor(y).long()
 
 
 def load_nll_sets(run, groups, limit: Optional[int] = None) -> dict:
     "Evaluation sets of `depthbench_nb.data` for the NLL metrics, tokenized with the run's tokenizer: {group: {name: (category, pairs, meta)}}."
     from depthbench_nb.data import TokenData, resolve_data
+
     return nll_sets(TokenData(resolve_data(run.data, auto_prepare=False)).tokenizer(), groups, limit)
 
 
 def nll_sets(tok, groups, limit: Optional[int] = None) -> dict:
     "The NLL metrics' evaluation sets tokenized with `tok` (a tokenizers.Tokenizer): {group: {name: (category, pairs, meta)}}."
     from depthbench_nb.data import encode_pairs, eval_sets
+
     out = {}
     for group in groups:
         sets = eval_sets(group=group, limit=limit)
-        if not sets: raise ConfigError(f'no {group} evaluation set can be built here (offline?); see depthbench_nb.data.available_offline()')
-        out[group] = {name: (es.category, encode_pairs(es.pairs, tok),
-                             dict(source=es.source, note=es.note, limit=limit, full_set=limit is None or len(es) < limit))
-                      for name, es in sets.items()}
+        if not sets:
+            raise ConfigError(
+                f"no {group} evaluation set can be built here (offline?); see depthbench_nb.data.available_offline()"
+            )
+        out[group] = {
+            name: (
+                es.category,
+                encode_pairs(es.pairs, tok),
+                dict(source=es.source, note=es.note, limit=limit, full_set=limit is None or len(es) < limit),
+            )
+            for name, es in sets.items()
+        }
     return out
 
 
-def run_diagnostics(run_dir, metrics=None, n_samples: int = 16, seq_len: Optional[int] = 256, seed: int = 0,
-                    figures: bool = True, permutation_method: str = 'auto', domain_sets: Optional[dict] = None,
-                    eval_limit: Optional[int] = None, device: Optional[str] = None, progress: bool = False) -> dict:
+def run_diagnostics(
+    run_dir,
+    metrics=None,
+    n_samples: int = 16,
+    seq_len: Optional[int] = 256,
+    seed: int = 0,
+    figures: bool = True,
+    permutation_method: str = "auto",
+    domain_sets: Optional[dict] = None,
+    eval_limit: Optional[int] = None,
+    device: Optional[str] = None,
+    progress: bool = False,
+) -> dict:
     "Diagnose a run's last checkpoint on held-out windows; writes tables and figures into <run_dir>/diagnostics/."
-    if n_samples < 1: raise ConfigError(f'n_samples must be >= 1, got {n_samples}')
+    if n_samples < 1:
+        raise ConfigError(f"n_samples must be >= 1, got {n_samples}")
     model, run = load_checkpointed_run(run_dir)
     cfg = run.model
     metrics = check_metrics(metrics, cfg)
@@ -998,13 +1389,23 @@ def run_diagnostics(run_dir, metrics=None, n_samples: int = 16, seq_len: Optiona
     x, y = heldout_windows(run, n_samples, T, seed)
     if domain_sets is None and any(m in metrics for m in NLL_METRICS):
         domain_sets = load_nll_sets(run, [NLL_METRICS[m] for m in metrics if m in NLL_METRICS], eval_limit)
-    dev = torch.device(device or ('cuda' if torch.cuda.is_available() else 'cpu'))
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     model = model.to(dev)
-    say = (lambda m: print(f'[diagnose] {m}', flush=True)) if progress else (lambda m: None)
-    res = diagnose_model(model, cfg, x.to(dev), y.to(dev), metrics, permutation_method=permutation_method,
-                         domain_sets=domain_sets, progress=say)
-    res['run_dir'] = str(Path(run_dir).resolve()); res['seed'] = seed
-    res['costs'] = cost_row(cfg, seq_len=4096, train_seq_len=run.train.seq_len) if cfg.family != 'looped' else None
-    if (Path(run_dir) / 'metrics.jsonl').exists(): res['measured'] = measured_costs(run_dir)   # what training measured
-    res['files'] = [str(p) for p in write_diagnostics(res, Path(run_dir) / 'diagnostics', figures=figures)]
+    say = (lambda m: print(f"[diagnose] {m}", flush=True)) if progress else (lambda m: None)
+    res = diagnose_model(
+        model,
+        cfg,
+        x.to(dev),
+        y.to(dev),
+        metrics,
+        permutation_method=permutation_method,
+        domain_sets=domain_sets,
+        progress=say,
+    )
+    res["run_dir"] = str(Path(run_dir).resolve())
+    res["seed"] = seed
+    res["costs"] = cost_row(cfg, seq_len=4096, train_seq_len=run.train.seq_len) if cfg.family != "looped" else None
+    if (Path(run_dir) / "metrics.jsonl").exists():
+        res["measured"] = measured_costs(run_dir)  # what training measured
+    res["files"] = [str(p) for p in write_diagnostics(res, Path(run_dir) / "diagnostics", figures=figures)]
     return res

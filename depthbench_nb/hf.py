@@ -23,11 +23,13 @@ __all__ = ['GenerationCache', 'DepthBenchForCausalLM']
 # %% ../nbs/09e_hf.ipynb #db7b78ef
 class GenerationCache(KVCache):
     "Our KVCache with the few attributes Transformers' `generate()` reads from a cache."
-    is_linear = (False,)         # attention layers only: generate() may slice a prompt against get_seq_length()
-    is_compileable = False       # no static shapes: generate() never compiles around it
-    is_croppable = False         # assisted decoding (which crops) is not offered
 
-    def get_seq_length(self, layer_idx: int = 0) -> int: return self.offset
+    is_linear = (False,)  # attention layers only: generate() may slice a prompt against get_seq_length()
+    is_compileable = False  # no static shapes: generate() never compiles around it
+    is_croppable = False  # assisted decoding (which crops) is not offered
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.offset
 
     def reorder_cache(self, beam_idx: torch.Tensor) -> None:
         "Beam search: keep the rows of the chosen beams, [B, H_kv, T, hd] -> [B, H_kv, T, hd]."
@@ -37,58 +39,83 @@ class GenerationCache(KVCache):
 
 class DepthBenchForCausalLM(PreTrainedModel, GenerationMixin):
     "Any model this package builds, as a Transformers causal LM (forward, loss and KV cache are the package's own)."
+
     config_class = DepthBenchConfig
-    base_model_prefix = 'model'
-    main_input_name = 'input_ids'
+    base_model_prefix = "model"
+    main_input_name = "input_ids"
     supports_gradient_checkpointing = False
 
     def __init__(self, config: DepthBenchConfig, model: Optional[torch.nn.Module] = None):
         super().__init__(config)
         # our own ModelConfig class (a remote-code copy of this file may sit beside another copy of hf_config)
         cfg = ModelConfig.from_dict(config.depthbench)
-        meta = torch.get_default_device().type == 'meta'                   # from_pretrained builds on meta, then loads
-        self.model = model if model is not None else build_model(cfg, device='meta' if meta else None)
+        meta = torch.get_default_device().type == "meta"  # from_pretrained builds on meta, then loads
+        self.model = model if model is not None else build_model(cfg, device="meta" if meta else None)
         self.post_init()
 
     @classmethod
-    def _supports_default_dynamic_cache(cls) -> bool: return False          # generate(): our KVCache, not a DynamicCache
+    def _supports_default_dynamic_cache(cls) -> bool:
+        return False  # generate(): our KVCache, not a DynamicCache
 
-    def _init_weights(self, module): pass                                    # build_model initialises (the paper's init)
+    def _init_weights(self, module):
+        pass  # build_model initialises (the paper's init)
 
     @classmethod
     def from_pretrained(cls, *args, **kwargs):
         "Transformers' loader; then the derived buffers (not in the weights file) are computed on the loaded weights' device."
         loaded = super().from_pretrained(*args, **kwargs)
-        if hasattr(loaded.model, 'init_buffers'): loaded.model.init_buffers()
+        if hasattr(loaded.model, "init_buffers"):
+            loaded.model.init_buffers()
         return loaded
 
-    def get_input_embeddings(self): return self.model.tok_emb
-    def get_output_embeddings(self): return self.model.lm_head
+    def get_input_embeddings(self):
+        return self.model.tok_emb
 
-    def forward(self, input_ids: Optional[torch.Tensor] = None, attention_mask: Optional[torch.Tensor] = None,
-                cache: Optional[KVCache] = None, labels: Optional[torch.Tensor] = None, use_cache: Optional[bool] = None,
-                output_hidden_states: Optional[bool] = None, return_dict: Optional[bool] = None,
-                position_ids: Optional[torch.Tensor] = None, inputs_embeds: Optional[torch.Tensor] = None, **kwargs):
+    def get_output_embeddings(self):
+        return self.model.lm_head
+
+    def forward(
+        self,
+        input_ids: Optional[torch.Tensor] = None,
+        attention_mask: Optional[torch.Tensor] = None,
+        cache: Optional[KVCache] = None,
+        labels: Optional[torch.Tensor] = None,
+        use_cache: Optional[bool] = None,
+        output_hidden_states: Optional[bool] = None,
+        return_dict: Optional[bool] = None,
+        position_ids: Optional[torch.Tensor] = None,
+        inputs_embeds: Optional[torch.Tensor] = None,
+        **kwargs,
+    ):
         "input_ids [B, T] -> CausalLMOutputWithPast(loss, logits [B, T, V], cache, hidden_states)."
         if inputs_embeds is not None or input_ids is None:
-            raise ValueError('DepthBenchForCausalLM takes input_ids (token ids [B, T]); inputs_embeds is not supported')
+            raise ValueError("DepthBenchForCausalLM takes input_ids (token ids [B, T]); inputs_embeds is not supported")
         if attention_mask is not None and not bool(attention_mask.all()):
-            raise ValueError('padded batches are not supported: depthbench-nb models have no attention mask '
-                             '(batch prompts of equal length, or generate one prompt at a time)')
+            raise ValueError(
+                "padded batches are not supported: depthbench-nb models have no attention mask "
+                "(batch prompts of equal length, or generate one prompt at a time)"
+            )
         offset = cache.offset if cache is not None else 0
         if position_ids is not None:
             want = torch.arange(offset, offset + input_ids.shape[1], device=position_ids.device)
             if not bool((position_ids == want).all()):
-                raise ValueError('position_ids must be consecutive from the cache length (positions follow the KV cache)')
+                raise ValueError(
+                    "position_ids must be consecutive from the cache length (positions follow the KV cache)"
+                )
         use_cache = self.config.use_cache if use_cache is None else use_cache
-        if not use_cache: cache = None
-        elif cache is None and labels is None: cache = GenerationCache()          # training with labels keeps no cache
+        if not use_cache:
+            cache = None
+        elif cache is None and labels is None:
+            cache = GenerationCache()  # training with labels keeps no cache
         want_states = bool(self.config.output_hidden_states if output_hidden_states is None else output_hidden_states)
         out = self.model(input_ids, kv_cache=cache, return_states=want_states)
-        logits, states = out if want_states else (out, None)                      # [B, T, V], depth states
+        logits, states = out if want_states else (out, None)  # [B, T, V], depth states
         loss = None
-        if labels is not None:                                                    # next-token cross-entropy, fp32
-            loss = F.cross_entropy(logits[:, :-1].float().flatten(0, 1), labels[:, 1:].flatten().to(logits.device),
-                                   ignore_index=-100)
-        res = CausalLMOutputWithPast(loss=loss, logits=logits, cache=cache, hidden_states=tuple(states) if states else None)
+        if labels is not None:  # next-token cross-entropy, fp32
+            loss = F.cross_entropy(
+                logits[:, :-1].float().flatten(0, 1), labels[:, 1:].flatten().to(logits.device), ignore_index=-100
+            )
+        res = CausalLMOutputWithPast(
+            loss=loss, logits=logits, cache=cache, hidden_states=tuple(states) if states else None
+        )
         return res if (return_dict if return_dict is not None else self.config.return_dict) else res.to_tuple()

@@ -15,22 +15,23 @@ __all__ = ['DepthBenchConfig']
 # %% ../nbs/09d_hf_config.ipynb #241910fb
 class DepthBenchConfig(PretrainedConfig):
     "Transformers' view of a depthbench-nb model: our ModelConfig whole in `depthbench`, the usual HF names mirrored from it."
-    model_type = 'depthbench'
-    depthbench: dict | None = None            # ModelConfig.to_dict(): the source of truth
-    vocab_size: int | None = None             # the fields below are derived from `depthbench` (for tools that read them)
+
+    model_type = "depthbench"
+    depthbench: dict | None = None  # ModelConfig.to_dict(): the source of truth
+    vocab_size: int | None = None  # the fields below are derived from `depthbench` (for tools that read them)
     hidden_size: int | None = None
-    num_hidden_layers: int | None = None      # blocks (looped: the effective depth)
+    num_hidden_layers: int | None = None  # blocks (looped: the effective depth)
     num_attention_heads: int | None = None
     num_key_value_heads: int | None = None
     max_position_embeddings: int | None = None
-    tie_word_embeddings: bool = False         # every design here has an untied LM head
+    tie_word_embeddings: bool = False  # every design here has an untied LM head
     use_cache: bool = True
     bos_token_id: int | None = None
     eos_token_id: int | None = None
     pad_token_id: int | None = None
 
     def __post_init__(self, **kwargs):
-        cfg = self.model_config()                                          # validates: a bad dict is a ConfigError here
+        cfg = self.model_config()  # validates: a bad dict is a ConfigError here
         self.depthbench = cfg.to_dict()
         self.vocab_size, self.hidden_size, self.num_hidden_layers = cfg.vocab_size, cfg.d_model, cfg.n_layer
         self.num_attention_heads, self.num_key_value_heads = cfg.n_head, cfg.n_kv_head

@@ -23,12 +23,36 @@ from .config import ConfigError, ModelConfig
 from .console import Arg, call_parsed, emit
 from .costs import measure_latency
 from .data import _path_documents, resolve_source
-from .diagnostics import (METRICS, NLL_METRICS, USEFULNESS_RATIO, _affine_fit, angular_distance_matrix,
-                                       angular_pruning, angular_pruning_plan, angular_pruning_result, block_influence,
-                                       causal_entry, causal_row, check_metrics, completion_nll, diagnose_model,
-                                       last_token_angular, lm_loss, logit_lens, nll_by_category, nll_sets, per_layer_rows,
-                                       permutation_matrix, run_diagnostics, summarize_causal, summarize_permutation, summary,
-                                       token_collapse, usefulness, write_diagnostics)
+from depthbench_nb.diagnostics import (
+    METRICS,
+    NLL_METRICS,
+    USEFULNESS_RATIO,
+    _affine_fit,
+    angular_distance_matrix,
+    angular_pruning,
+    angular_pruning_plan,
+    angular_pruning_result,
+    block_influence,
+    causal_entry,
+    causal_row,
+    check_metrics,
+    completion_nll,
+    diagnose_model,
+    last_token_angular,
+    lm_loss,
+    logit_lens,
+    nll_by_category,
+    nll_sets,
+    per_layer_rows,
+    permutation_matrix,
+    run_diagnostics,
+    summarize_causal,
+    summarize_permutation,
+    summary,
+    token_collapse,
+    usefulness,
+    write_diagnostics,
+)
 
 # %% auto #0
 __all__ = ['LAYER_LISTS', 'FINAL_NORMS', 'Action', 'HF_METRICS', 'PERTURBING', 'METHODS', 'TEXT_STREAM_TOKENS', 'HF_DTYPES',
@@ -39,13 +63,14 @@ __all__ = ['LAYER_LISTS', 'FINAL_NORMS', 'Action', 'HF_METRICS', 'PERTURBING', '
            'cli_diagnose']
 
 # %% ../nbs/08b_hf_diagnostics.ipynb #cf529387
-LAYER_LISTS = ('layers', 'h', 'blocks', 'block', 'layer')                     # decoder attributes holding the layers
-FINAL_NORMS = ('norm', 'final_layer_norm', 'ln_f', 'final_layernorm', 'norm_f', 'final_norm')
+LAYER_LISTS = ("layers", "h", "blocks", "block", "layer")  # decoder attributes holding the layers
+FINAL_NORMS = ("norm", "final_layer_norm", "ln_f", "final_layernorm", "norm_f", "final_norm")
 
 
 @dataclass
 class HFLayout:
     "Where a Transformers causal LM keeps what the diagnostics read, and the dotted name of each."
+
     layers: nn.ModuleList
     final_norm: nn.Module
     unembed: nn.Module
@@ -60,39 +85,50 @@ def describe_model(model: nn.Module) -> str:
 def text_config(model: nn.Module):
     "The configuration of the language model (a multimodal model's text part)."
     cfg = model.config
-    return cfg.get_text_config() if hasattr(cfg, 'get_text_config') else cfg
+    return cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
 
 
 def find_decoder(model: nn.Module) -> nn.Module:
     "The module that holds the decoder layers: `get_decoder()`, else the attribute named by `base_model_prefix`."
-    if callable(getattr(model, 'get_decoder', None)): return model.get_decoder()
-    return getattr(model, getattr(model, 'base_model_prefix', ''), model)
+    if callable(getattr(model, "get_decoder", None)):
+        return model.get_decoder()
+    return getattr(model, getattr(model, "base_model_prefix", ""), model)
 
 
 def locate_layout(model: nn.Module) -> HFLayout:
     "The decoder layers, final norm and unembedding of a Transformers causal LM; a clear error names what is missing."
     what, names = describe_model(model), {id(m): n for n, m in model.named_modules()}
-    unembed = model.get_output_embeddings() if callable(getattr(model, 'get_output_embeddings', None)) else None
+    unembed = model.get_output_embeddings() if callable(getattr(model, "get_output_embeddings", None)) else None
     if not isinstance(unembed, nn.Module):
-        raise ConfigError(f"{what}: no unembedding (get_output_embeddings() gives {unembed!r}); the diagnostics need a causal LM head")
+        raise ConfigError(
+            f"{what}: no unembedding (get_output_embeddings() gives {unembed!r}); the diagnostics need a causal LM head"
+        )
     decoder = find_decoder(model)
-    where = names.get(id(decoder)) or 'the model'
-    children = ', '.join(f"{k} ({type(m).__name__})" for k, m in decoder.named_children())
-    n = getattr(text_config(model), 'num_hidden_layers', None)
+    where = names.get(id(decoder)) or "the model"
+    children = ", ".join(f"{k} ({type(m).__name__})" for k, m in decoder.named_children())
+    n = getattr(text_config(model), "num_hidden_layers", None)
     lists = {k: m for k, m in decoder.named_children() if isinstance(m, nn.ModuleList) and (n is None or len(m) == n)}
-    layers = next((lists[k] for k in LAYER_LISTS if k in lists), None) or (next(iter(lists.values())) if len(lists) == 1 else None)
+    layers = next((lists[k] for k in LAYER_LISTS if k in lists), None) or (
+        next(iter(lists.values())) if len(lists) == 1 else None
+    )
     if layers is None:
-        raise ConfigError(f"{what}: no decoder layers found: looked in {where} for a ModuleList of num_hidden_layers = {n} modules "
-                          f"(named {', '.join(LAYER_LISTS)}, or the only list of that length); {where} holds {children}")
+        raise ConfigError(
+            f"{what}: no decoder layers found: looked in {where} for a ModuleList of num_hidden_layers = {n} modules "
+            f"(named {', '.join(LAYER_LISTS)}, or the only list of that length); {where} holds {children}"
+        )
     norm = next((getattr(decoder, k) for k in FINAL_NORMS if isinstance(getattr(decoder, k, None), nn.Module)), None)
     if norm is None:
-        raise ConfigError(f"{what}: no final norm found: looked in {where} for {', '.join(FINAL_NORMS)}; {where} holds {children}")
-    return HFLayout(layers, norm, unembed, dict(layers=names[id(layers)], final_norm=names[id(norm)], unembed=names[id(unembed)]))
+        raise ConfigError(
+            f"{what}: no final norm found: looked in {where} for {', '.join(FINAL_NORMS)}; {where} holds {children}"
+        )
+    return HFLayout(
+        layers, norm, unembed, dict(layers=names[id(layers)], final_norm=names[id(norm)], unembed=names[id(unembed)])
+    )
 
 # %% ../nbs/08b_hf_diagnostics.ipynb #fed43d36
 def hidden_in(args: tuple, kwargs: dict) -> Tensor:
     "The hidden state a decoder layer was called with: its first positional argument, or `hidden_states=`."
-    return args[0] if args else kwargs['hidden_states']
+    return args[0] if args else kwargs["hidden_states"]
 
 
 def hidden_out(out) -> Tensor:
@@ -111,7 +147,8 @@ def _device_of(module: nn.Module, default: torch.device) -> torch.device:
 
 class HFDepthModel(nn.Module):
     "A Transformers causal LM behind the analysis interface of `depthbench_nb.model.DepthModel` (states, skip, swap, readout)."
-    family = 'residual'
+
+    family = "residual"
 
     def __init__(self, hf_model: nn.Module, layout: Optional[HFLayout] = None):
         super().__init__()
@@ -119,16 +156,20 @@ class HFDepthModel(nn.Module):
         self.layout = layout or locate_layout(hf_model)
 
     @property
-    def blocks(self) -> nn.ModuleList: return self.layout.layers
+    def blocks(self) -> nn.ModuleList:
+        return self.layout.layers
 
     @property
-    def n_blocks(self) -> int: return len(self.layout.layers)
+    def n_blocks(self) -> int:
+        return len(self.layout.layers)
 
     @property
-    def dtype(self) -> torch.dtype: return next(self.hf.parameters()).dtype
+    def dtype(self) -> torch.dtype:
+        return next(self.hf.parameters()).dtype
 
     @property
-    def input_device(self) -> torch.device: return self.hf.get_input_embeddings().weight.device
+    def input_device(self) -> torch.device:
+        return self.hf.get_input_embeddings().weight.device
 
     def keep(self, t: Tensor) -> Tensor:
         "How a depth state is kept: detached, float32, on the device of the embedding."
@@ -138,34 +179,47 @@ class HFDepthModel(nn.Module):
         "logits [B, T, V] of the model's own forward (and its depth states z_0..z_L); blocks in `skip` pass their input through."
         skip = {int(s) for s in skip}
         bad = sorted(s for s in skip if not 0 <= s < self.n_blocks)
-        if bad: raise ConfigError(f"skip indices {bad} out of range: blocks are 0..{self.n_blocks - 1}")
+        if bad:
+            raise ConfigError(f"skip indices {bad} out of range: blocks are 0..{self.n_blocks - 1}")
         states: list = [None] * (self.n_blocks + 1)
 
         def hook(p):
             def fn(module, args, kwargs, out):
-                if p in skip: out = with_hidden(out, hidden_in(args, kwargs))
+                if p in skip:
+                    out = with_hidden(out, hidden_in(args, kwargs))
                 if return_states:
-                    if p == 0: states[0] = self.keep(hidden_in(args, kwargs))
+                    if p == 0:
+                        states[0] = self.keep(hidden_in(args, kwargs))
                     states[p + 1] = self.keep(hidden_out(out))
                 return out
+
             return fn
 
-        handles = [b.register_forward_hook(hook(p), with_kwargs=True) for p, b in enumerate(self.blocks) if return_states or p in skip]
-        try: logits = self.hf(input_ids=idx.to(self.input_device), use_cache=False).logits
+        handles = [
+            b.register_forward_hook(hook(p), with_kwargs=True)
+            for p, b in enumerate(self.blocks)
+            if return_states or p in skip
+        ]
+        try:
+            logits = self.hf(input_ids=idx.to(self.input_device), use_cache=False).logits
         finally:
-            for h in handles: h.remove()
+            for h in handles:
+                h.remove()
         return (logits, states) if return_states else logits
 
     @torch.no_grad()
     def swap_blocks(self, i: int, j: int) -> None:
         "Exchange the weights of blocks i and j in place (every tensor with the same name and shape); twice restores the model."
-        if i == j: return
+        if i == j:
+            return
         theirs = dict(self.blocks[j].named_parameters())
         for name, p in self.blocks[i].named_parameters():
             q = theirs.get(name)
-            if q is None or q.shape != p.shape: continue
+            if q is None or q.shape != p.shape:
+                continue
             tmp = p.detach().clone()
-            p.copy_(q); q.copy_(tmp)
+            p.copy_(q)
+            q.copy_(tmp)
 
     def readout(self, state_index: int, state: Tensor) -> Tensor:
         "Logit lens: the model's final norm and unembedding applied to a depth state, in the model's dtype."
@@ -174,16 +228,17 @@ class HFDepthModel(nn.Module):
         return head(h.to(_device_of(head, h.device)))
 
 # %% ../nbs/08b_hf_diagnostics.ipynb #f8f6b16b
-Action = Callable[[Tensor], Tensor]   # a variant's rows [B, T, D] entering one block -> what that block outputs for them
+Action = Callable[[Tensor], Tensor]  # a variant's rows [B, T, D] entering one block -> what that block outputs for them
 
 
 @dataclass
 class LayerCall:
     "How the model called one decoder layer in the unperturbed forward: the other arguments, and the form of its output."
-    args: tuple                       # positional arguments after the hidden state
-    kwargs: dict                      # keyword arguments (masks, positions, rotary tables)
-    positional: bool                  # the hidden state came first (else as `hidden_states=`)
-    form: Optional[tuple]             # None: the layer returns a tensor; else its tuple with the hidden state left out
+
+    args: tuple  # positional arguments after the hidden state
+    kwargs: dict  # keyword arguments (masks, positions, rotary tables)
+    positional: bool  # the hidden state came first (else as `hidden_states=`)
+    form: Optional[tuple]  # None: the layer returns a tensor; else its tuple with the hidden state left out
 
     def arguments(self, h: Tensor) -> tuple[tuple, dict]:
         return ((h, *self.args), self.kwargs) if self.positional else (self.args, self.kwargs | dict(hidden_states=h))
@@ -192,12 +247,15 @@ class LayerCall:
 @contextlib.contextmanager
 def _replaced_forward(module: nn.Module, forward: Callable):
     "Context: `module.forward` is `forward` (an instance attribute, as accelerate's device hooks also use); restored after."
-    had, old = 'forward' in module.__dict__, module.__dict__.get('forward')
+    had, old = "forward" in module.__dict__, module.__dict__.get("forward")
     module.forward = forward
-    try: yield
+    try:
+        yield
     finally:
-        if had: module.forward = old
-        else: del module.forward
+        if had:
+            module.forward = old
+        else:
+            del module.forward
 
 
 def _take_rows(now, then, idx: Tensor, rows_now: int, rows_then: int):
@@ -205,7 +263,13 @@ def _take_rows(now, then, idx: Tensor, rows_now: int, rows_then: int):
     where its first dimension is the batched row count now and the unperturbed forward's row count in the recorded call
     (`then`, the same argument there); masks broadcast over the batch, positions and rotary tables pass unchanged."""
     if isinstance(now, Tensor):
-        batched = isinstance(then, Tensor) and now.ndim and then.ndim and now.shape[0] == rows_now and then.shape[0] == rows_then
+        batched = (
+            isinstance(then, Tensor)
+            and now.ndim
+            and then.ndim
+            and now.shape[0] == rows_now
+            and then.shape[0] == rows_then
+        )
         return now.index_select(0, idx.to(now.device)) if batched and rows_now != rows_then else now
     if type(now) in (tuple, list) and type(then) is type(now) and len(now) == len(then):
         return type(now)(_take_rows(a, b, idx, rows_now, rows_then) for a, b in zip(now, then))
@@ -216,7 +280,7 @@ def _take_rows(now, then, idx: Tensor, rows_now: int, rows_then: int):
 
 def default_max_rows(batch: int, seq_len: int, vocab: int) -> int:
     "Rows per batched forward: float32 logits near 1 GiB (rows x T x V <= 2^28), at least one variant."
-    return max(batch, 2 ** 28 // (seq_len * vocab))
+    return max(batch, 2**28 // (seq_len * vocab))
 
 
 class BatchedRuns:
@@ -226,19 +290,24 @@ class BatchedRuns:
         self.model, self.B = model, x.shape[0]
         self.x, self.y = x.to(model.input_device), y
         self.calls: list[Optional[LayerCall]] = [None] * model.n_blocks
-        self._busy = False                            # set while a variant's own call of a block runs through its forward
+        self._busy = False  # set while a variant's own call of a block runs through its forward
 
         def record(p):
             def fn(module, args, kwargs, out):
-                rest = {k: v for k, v in kwargs.items() if k != 'hidden_states'}
-                self.calls[p] = LayerCall(tuple(args[1:]), rest, bool(args), None if isinstance(out, Tensor) else (None, *out[1:]))
+                rest = {k: v for k, v in kwargs.items() if k != "hidden_states"}
+                self.calls[p] = LayerCall(
+                    tuple(args[1:]), rest, bool(args), None if isinstance(out, Tensor) else (None, *out[1:])
+                )
+
             return fn
 
         handles = [b.register_forward_hook(record(p), with_kwargs=True) for p, b in enumerate(model.blocks)]
         try:
-            with torch.no_grad(): self.logits, self.states = model(x, return_states=True)
+            with torch.no_grad():
+                self.logits, self.states = model(x, return_states=True)
         finally:
-            for h in handles: h.remove()
+            for h in handles:
+                h.remove()
         self.loss = float(lm_loss(self.logits, y.to(self.logits.device)))
         self.max_rows = max_rows or default_max_rows(self.B, x.shape[1], self.logits.shape[-1])
 
@@ -249,7 +318,8 @@ class BatchedRuns:
 
     # ---- what a variant does at one block ----------------------------------------------------------------------
     @staticmethod
-    def identity(h: Tensor) -> Tensor: return h
+    def identity(h: Tensor) -> Tensor:
+        return h
 
     def weights_of(self, p: int, q: int) -> Action:
         "Block p run with block q's weights (every tensor with the same name and shape), at position p."
@@ -261,8 +331,11 @@ class BatchedRuns:
             params = {n: t.to(h.device) for n, t in self.model.blocks[q].named_parameters() if own.get(n) == t.shape}
             args, kwargs = call.arguments(h)
             self._busy = True
-            try: return hidden_out(functional_call(layer, params, args, kwargs, strict=False))
-            finally: self._busy = False
+            try:
+                return hidden_out(functional_call(layer, params, args, kwargs, strict=False))
+            finally:
+                self._busy = False
+
         return act
 
     @staticmethod
@@ -280,39 +353,49 @@ class BatchedRuns:
         rows = lambda ks: torch.cat([torch.arange(k * B, (k + 1) * B) for k in ks])
 
         def forward(*args, **kwargs):
-            if self._busy: return original(*args, **kwargs)                    # a variant's own call of this block
+            if self._busy:
+                return original(*args, **kwargs)  # a variant's own call of this block
             h_in = hidden_in(args, kwargs)
-            if len(running) == K:                                              # every variant runs the block: one batched call
+            if len(running) == K:  # every variant runs the block: one batched call
                 out = original(*args, **kwargs)
-                if observe is not None: observe(p, h_in, hidden_out(out))
+                if observe is not None:
+                    observe(p, h_in, hidden_out(out))
                 return out
             h_out = torch.empty_like(h_in)
-            if waiting: h_out[rows(waiting).to(h_in.device)] = self.states[p + 1].to(h_in).repeat(len(waiting), 1, 1)
-            if running:                                                        # the block on the running variants' rows only
+            if waiting:
+                h_out[rows(waiting).to(h_in.device)] = self.states[p + 1].to(h_in).repeat(len(waiting), 1, 1)
+            if running:  # the block on the running variants' rows only
                 idx = rows(running).to(h_in.device)
                 sub_args = _take_rows(args[1:], call.args, idx, K * B, B) if call.positional else args
-                sub_kwargs = _take_rows({k: v for k, v in kwargs.items() if k != 'hidden_states'}, call.kwargs, idx, K * B, B)
+                sub_kwargs = _take_rows(
+                    {k: v for k, v in kwargs.items() if k != "hidden_states"}, call.kwargs, idx, K * B, B
+                )
                 sub_args, sub_kwargs = LayerCall(sub_args, sub_kwargs, call.positional, call.form).arguments(h_in[idx])
                 h_out[idx] = hidden_out(original(*sub_args, **sub_kwargs))
-            for k, act in acting.items(): h_out[k * B:(k + 1) * B] = act(h_in[k * B:(k + 1) * B]).to(h_out.dtype)
-            if observe is not None: observe(p, h_in, h_out)
+            for k, act in acting.items():
+                h_out[k * B : (k + 1) * B] = act(h_in[k * B : (k + 1) * B]).to(h_out.dtype)
+            if observe is not None:
+                observe(p, h_in, h_out)
             return with_hidden(call.form, h_out)
+
         return forward
 
     def losses(self, plans: Sequence[dict], observe: Optional[Callable] = None) -> list[float]:
         "Mean loss of each variant; a plan maps blocks to what the variant does there ({} = the unperturbed model)."
         K, L, blocks = len(plans), self.model.n_blocks, self.model.blocks
-        firsts = [min(plan, default=L) for plan in plans]                     # before it, a variant is the unperturbed model
+        firsts = [min(plan, default=L) for plan in plans]  # before it, a variant is the unperturbed model
         with contextlib.ExitStack() as stack:
-            for p in range(L): stack.enter_context(_replaced_forward(blocks[p], self._route(p, plans, firsts, observe)))
-            with torch.no_grad(): logits = self.model.hf(input_ids=self.x.repeat(K, 1), use_cache=False).logits
+            for p in range(L):
+                stack.enter_context(_replaced_forward(blocks[p], self._route(p, plans, firsts, observe)))
+            with torch.no_grad():
+                logits = self.model.hf(input_ids=self.x.repeat(K, 1), use_cache=False).logits
         per_row = lm_loss(logits, self.y.to(logits.device).repeat(K, 1), per_row=True)
         return per_row.view(K, self.B).mean(1).tolist()
 
     def _batches(self, items: list, desc: str, progress: bool) -> Iterator[list]:
-        with tqdm(total=len(items), desc=desc, unit='variant', disable=not progress, leave=False) as bar:
+        with tqdm(total=len(items), desc=desc, unit="variant", disable=not progress, leave=False) as bar:
             for start in range(0, len(items), self.per_batch):
-                chunk = items[start:start + self.per_batch]
+                chunk = items[start : start + self.per_batch]
                 yield chunk
                 bar.update(len(chunk))
 
@@ -320,202 +403,292 @@ class BatchedRuns:
     def skip_scores(self, progress: bool = False) -> tuple[Tensor, list[float]]:
         "(C [L, L] causal matrix, Δ loss per skipped block): block s skipped, for every s, in batches."
         L, B = self.model.n_blocks, self.B
-        C = torch.full((L, L), float('nan'), dtype=torch.float64)
+        C = torch.full((L, L), float("nan"), dtype=torch.float64)
         delta = []
-        for skips in self._batches(list(range(L)), 'skip each block', progress):
+        for skips in self._batches(list(range(L)), "skip each block", progress):
+
             def observe(p, h_in, h_out, skips=skips):
                 later = [(k, s) for k, s in enumerate(skips) if s < p]
-                if not later: return
-                u = (self.states[p + 1] - self.states[p]).to(h_in.device)   # block p's contribution, unperturbed
+                if not later:
+                    return
+                u = (self.states[p + 1] - self.states[p]).to(h_in.device)  # block p's contribution, unperturbed
                 for k, s in later:
-                    v = h_out[k * B:(k + 1) * B].float() - h_in[k * B:(k + 1) * B].float()
+                    v = h_out[k * B : (k + 1) * B].float() - h_in[k * B : (k + 1) * B].float()
                     C[s, p] = causal_entry(u, v)
+
             delta += [v - self.loss for v in self.losses([{s: self.identity} for s in skips], observe)]
         return C, delta
 
     def drop_losses(self, block_sets: Sequence[Sequence[int]], progress: bool = False) -> list[float]:
         "Loss with each set of blocks skipped (angular-distance pruning), in batches."
         out = []
-        for chunk in self._batches(list(block_sets), 'drop blocks', progress):
+        for chunk in self._batches(list(block_sets), "drop blocks", progress):
             out += self.losses([{b: self.identity for b in blocks} for blocks in chunk])
         return out
 
     def permutation(self, progress: bool = False) -> Tensor:
         "P [L, L] (NaN outside i < j): |loss with blocks i and j swapped - loss| / loss, every pair, in batches."
         L = self.model.n_blocks
-        P = torch.full((L, L), float('nan'), dtype=torch.float64)
+        P = torch.full((L, L), float("nan"), dtype=torch.float64)
         pairs = [(i, j) for i in range(L) for j in range(i + 1, L)]
-        for chunk in self._batches(pairs, 'swap each pair', progress):
+        for chunk in self._batches(pairs, "swap each pair", progress):
             plans = [{i: self.weights_of(i, j), j: self.weights_of(j, i)} for i, j in chunk]
-            for (i, j), v in zip(chunk, self.losses(plans)): P[i, j] = abs(v - self.loss) / self.loss
+            for (i, j), v in zip(chunk, self.losses(plans)):
+                P[i, j] = abs(v - self.loss) / self.loss
         return P
 
     def usefulness(self, ratio_threshold: float = USEFULNESS_RATIO, progress: bool = False) -> dict:
         "The native usefulness: each block replaced by its in-sample affine fit (input state -> output state), in batches."
         n_tok, dim = self.states[0].shape[0] * self.states[0].shape[1], self.states[0].shape[-1]
         if n_tok <= dim + 1:
-            raise ConfigError(f'usefulness fits a {dim + 1} x {dim} affine map in sample: it needs more than {dim + 1} tokens, '
-                              f'got {n_tok}; raise n_samples or seq_len (or --tokens)')
+            raise ConfigError(
+                f"usefulness fits a {dim + 1} x {dim} affine map in sample: it needs more than {dim + 1} tokens, "
+                f"got {n_tok}; raise n_samples or seq_len (or --tokens)"
+            )
         ratios = []
-        for blocks in self._batches(list(range(self.model.n_blocks)), 'affine stand-ins', progress):
+        for blocks in self._batches(list(range(self.model.n_blocks)), "affine stand-ins", progress):
             fits = {l: _affine_fit(self.states[l], self.states[l + 1]) for l in blocks}
             ratios += [v / self.loss for v in self.losses([{l: self.affine(*fits[l])} for l in blocks])]
         significant = [r > ratio_threshold for r in ratios]
-        return dict(base_loss=self.loss, loss_ratio=ratios, significant=significant, global_score=sum(significant) / len(ratios),
-                    threshold=ratio_threshold)
+        return dict(
+            base_loss=self.loss,
+            loss_ratio=ratios,
+            significant=significant,
+            global_score=sum(significant) / len(ratios),
+            threshold=ratio_threshold,
+        )
 
     def agrees_with_naive(self, rel_tol: float) -> tuple[bool, str]:
         "(ok, what was compared): one batch of a skip and a swap at each end of the model against plain forwards."
         model, L = self.model, self.model.n_blocks
-        cases = [('skip', (0,)), ('skip', (L - 1,))] + ([('swap', (0, L - 1)), ('swap', (L - 2, L - 1))] if L > 1 else [])
-        plan = lambda kind, b: {b[0]: self.identity} if kind == 'skip' else {b[0]: self.weights_of(*b), b[1]: self.weights_of(b[1], b[0])}
+        cases = [("skip", (0,)), ("skip", (L - 1,))] + (
+            [("swap", (0, L - 1)), ("swap", (L - 2, L - 1))] if L > 1 else []
+        )
+        plan = lambda kind, b: (
+            {b[0]: self.identity} if kind == "skip" else {b[0]: self.weights_of(*b), b[1]: self.weights_of(b[1], b[0])}
+        )
         y, worst = self.y.to(self.logits.device), 0.0
         for (kind, b), got in zip(cases, self.losses([plan(*case) for case in cases])):
             with torch.no_grad():
-                if kind == 'skip': ref = float(lm_loss(model(self.x, skip=set(b)), y))
+                if kind == "skip":
+                    ref = float(lm_loss(model(self.x, skip=set(b)), y))
                 else:
                     model.swap_blocks(*b)
-                    try: ref = float(lm_loss(model(self.x), y))
-                    finally: model.swap_blocks(*b)
+                    try:
+                        ref = float(lm_loss(model(self.x), y))
+                    finally:
+                        model.swap_blocks(*b)
             worst = max(worst, abs(got - ref) / max(abs(ref), 1e-12))
-        return worst <= rel_tol, f'{len(cases)} cases, largest relative loss difference {worst:.2e} (tolerance {rel_tol:g})'
+        return (
+            worst <= rel_tol,
+            f"{len(cases)} cases, largest relative loss difference {worst:.2e} (tolerance {rel_tol:g})",
+        )
 
 # %% ../nbs/08b_hf_diagnostics.ipynb #8e89179f
-HF_METRICS = ('angular', 'block_influence', 'causal', 'permutation', 'pruning', 'angular_pruning', 'usefulness', 'collapse',
-              'logit_lens', 'latency', 'domain_nll', 'downstream_nll')
-_NOT_FOR_HF = {'mixing': 'the effective rank of residual mixing needs several residual streams (the HC/mHC designs of depthbench-nb)',
-               'dead_zone': 'the partial-sum dead zone needs the block-grouped depth sources of Block AttnRes',
-               'residual_path': ('fixed weights of sublayer outputs need the sublayer structure of a depthbench-nb design; a '
-                                 'Transformers model is read block by block')}
-PERTURBING = ('causal', 'pruning', 'angular_pruning', 'permutation', 'usefulness')
-METHODS = ('auto', 'shared', 'naive')
+HF_METRICS = (
+    "angular",
+    "block_influence",
+    "causal",
+    "permutation",
+    "pruning",
+    "angular_pruning",
+    "usefulness",
+    "collapse",
+    "logit_lens",
+    "latency",
+    "domain_nll",
+    "downstream_nll",
+)
+_NOT_FOR_HF = {
+    "mixing": "the effective rank of residual mixing needs several residual streams (the HC/mHC designs of depthbench-nb)",
+    "dead_zone": "the partial-sum dead zone needs the block-grouped depth sources of Block AttnRes",
+    "residual_path": (
+        "fixed weights of sublayer outputs need the sublayer structure of a depthbench-nb design; a "
+        "Transformers model is read block by block"
+    ),
+}
+PERTURBING = ("causal", "pruning", "angular_pruning", "permutation", "usefulness")
+METHODS = ("auto", "shared", "naive")
 
 
 def check_hf_metrics(metrics) -> tuple[str, ...]:
     "Validate metric names for a Transformers model (None: every one but the opt-in NLL metrics)."
-    if metrics is None: return tuple(m for m in HF_METRICS if m not in NLL_METRICS)
-    if isinstance(metrics, str): metrics = [m.strip() for m in metrics.split(',') if m.strip()]
+    if metrics is None:
+        return tuple(m for m in HF_METRICS if m not in NLL_METRICS)
+    if isinstance(metrics, str):
+        metrics = [m.strip() for m in metrics.split(",") if m.strip()]
     bad = [m for m in metrics if m not in METRICS]
-    if bad: raise ConfigError(f"unknown metric(s) {bad}; valid metrics for a Transformers model: {', '.join(HF_METRICS)}")
+    if bad:
+        raise ConfigError(f"unknown metric(s) {bad}; valid metrics for a Transformers model: {', '.join(HF_METRICS)}")
     for m in metrics:
-        if m in _NOT_FOR_HF: raise ConfigError(f"metric {m!r} does not apply to a Transformers model: {_NOT_FOR_HF[m]}")
+        if m in _NOT_FOR_HF:
+            raise ConfigError(f"metric {m!r} does not apply to a Transformers model: {_NOT_FOR_HF[m]}")
     return tuple(dict.fromkeys(metrics))
 
 
 def readout_error(model: HFDepthModel, states: Sequence[Tensor], logits: Tensor) -> tuple[float, float]:
     "(max |readout(z_L) - logits|, the tolerance): the logit lens reads states as the model reads its output only if small."
-    with torch.no_grad(): err = float((model.readout(len(states) - 1, states[-1]).float() - logits.float()).abs().max())
+    with torch.no_grad():
+        err = float((model.readout(len(states) - 1, states[-1]).float() - logits.float()).abs().max())
     scale = float(logits.float().abs().max())
     return err, (1e-4 if model.dtype == torch.float32 else 2e-2) * max(scale, 1.0)
 
 
-def diagnose_hf_model(model: HFDepthModel, x: Tensor, y: Tensor, metrics=None, method: str = 'auto',
-                      max_rows: Optional[int] = None, domain_sets: Optional[dict] = None, progress: bool = False) -> dict:
+def diagnose_hf_model(
+    model: HFDepthModel,
+    x: Tensor,
+    y: Tensor,
+    metrics=None,
+    method: str = "auto",
+    max_rows: Optional[int] = None,
+    domain_sets: Optional[dict] = None,
+    progress: bool = False,
+) -> dict:
     "Run the requested diagnostics on a wrapped Transformers model and windows x, y [B, T]; the layout of `diagnose_model`."
-    if method not in METHODS: raise ConfigError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
+    if method not in METHODS:
+        raise ConfigError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
     explicit, metrics = metrics is not None, check_hf_metrics(metrics)
-    say = (lambda m: print(f'[diagnose] {m}', flush=True)) if progress else (lambda m: None)
-    say('unperturbed forward')
+    say = (lambda m: print(f"[diagnose] {m}", flush=True)) if progress else (lambda m: None)
+    say("unperturbed forward")
     runs = BatchedRuns(model, x, y, max_rows)
     logits, states, L = runs.logits, runs.states, model.n_blocks
     y = y.to(logits.device)
-    out: dict = dict(arch=text_config(model.hf).model_type, n_layer=L, d_model=int(states[0].shape[-1]), n_blocks=L,
-                     n_samples=int(x.shape[0]), seq_len=int(x.shape[1]), metrics=list(metrics), loss=runs.loss)
+    out: dict = dict(
+        arch=text_config(model.hf).model_type,
+        n_layer=L,
+        d_model=int(states[0].shape[-1]),
+        n_blocks=L,
+        n_samples=int(x.shape[0]),
+        seq_len=int(x.shape[1]),
+        metrics=list(metrics),
+        loss=runs.loss,
+    )
     if any(m in metrics for m in PERTURBING):
-        if method == 'auto':
-            say('checking the batched runs against plain forwards')
-            try: ok, how = runs.agrees_with_naive(1e-4 if model.dtype == torch.float32 else 1e-2)
-            except Exception as e: ok, how = False, f'the batched run failed: {type(e).__name__}: {e}'
-            method = 'shared' if ok else 'naive'
-            out['method_check'] = how
-        out['method'] = method
-    batched = method == 'shared'
-    if 'angular' in metrics:
-        say('angular distance'); A = angular_distance_matrix(states)
-        out['angular'] = dict(matrix=A.tolist(), consecutive=[float(A[l, l + 1]) for l in range(L)])
-    if 'block_influence' in metrics: out['block_influence'] = block_influence(states)
-    if 'causal' in metrics or 'pruning' in metrics:
-        say('causal score / pruning')
-        if batched: C, delta = runs.skip_scores(progress)
+        if method == "auto":
+            say("checking the batched runs against plain forwards")
+            try:
+                ok, how = runs.agrees_with_naive(1e-4 if model.dtype == torch.float32 else 1e-2)
+            except Exception as e:
+                ok, how = False, f"the batched run failed: {type(e).__name__}: {e}"
+            method = "shared" if ok else "naive"
+            out["method_check"] = how
+        out["method"] = method
+    batched = method == "shared"
+    if "angular" in metrics:
+        say("angular distance")
+        A = angular_distance_matrix(states)
+        out["angular"] = dict(matrix=A.tolist(), consecutive=[float(A[l, l + 1]) for l in range(L)])
+    if "block_influence" in metrics:
+        out["block_influence"] = block_influence(states)
+    if "causal" in metrics or "pruning" in metrics:
+        say("causal score / pruning")
+        if batched:
+            C, delta = runs.skip_scores(progress)
         else:
             rows, delta = [], []
             with torch.no_grad():
-                for s in tqdm(range(L), desc='skip each block', disable=not progress, leave=False):
+                for s in tqdm(range(L), desc="skip each block", disable=not progress, leave=False):
                     lg, st = model(x, skip={s}, return_states=True)
                     delta.append(float(lm_loss(lg, y)) - runs.loss)
                     rows.append(causal_row(states, st, s))
             C = torch.stack(rows)
-        if 'causal' in metrics: out['causal'] = asdict(summarize_causal(C))
-        if 'pruning' in metrics: out['pruning'] = dict(base_loss=runs.loss, delta_loss=delta)
-    if 'angular_pruning' in metrics:
-        say('angular-distance pruning')
+        if "causal" in metrics:
+            out["causal"] = asdict(summarize_causal(C))
+        if "pruning" in metrics:
+            out["pruning"] = dict(base_loss=runs.loss, delta_loss=delta)
+    if "angular_pruning" in metrics:
+        say("angular-distance pruning")
         if batched:
             A_last = last_token_angular(states)
             plan = angular_pruning_plan(A_last)
-            out['angular_pruning'] = angular_pruning_result(A_last, plan, runs.loss, runs.drop_losses([p['blocks'] for p in plan], progress))
-        else: out['angular_pruning'] = angular_pruning(model, x, y, states)
-    if 'permutation' in metrics:
-        say('permutation score')
-        P = runs.permutation(progress) if batched else permutation_matrix(model, x, y, method='naive')[0]
-        out['permutation'] = asdict(summarize_permutation(P)) | dict(method=method)
-    if 'usefulness' in metrics:
-        say('usefulness')
-        try: out['usefulness'] = runs.usefulness(progress=progress) if batched else usefulness(model, x, y)
-        except ConfigError as e:
-            if explicit: raise
-            out['skipped'] = out.get('skipped', {}) | dict(usefulness=str(e))   # default set: say why, keep going
-    if 'collapse' in metrics: say('token collapse'); out['collapse'] = token_collapse(states)
-    if 'logit_lens' in metrics:
-        say('logit lens')
-        err, tol = readout_error(model, states, logits)
-        out['logit_lens_check'] = dict(max_abs_logit_diff=err, tolerance=tol)
-        readout = f"{model.layout.names['final_norm']} then {model.layout.names['unembed']}"
-        if err <= tol: out |= dict(logit_lens=logit_lens(model, states, y, logits), logit_lens_readout=readout)
+            out["angular_pruning"] = angular_pruning_result(
+                A_last, plan, runs.loss, runs.drop_losses([p["blocks"] for p in plan], progress)
+            )
         else:
-            why = (f"the model does more after its unembedding than {readout} (max |readout(z_L) - logits| = {err:.3g} > {tol:.3g}; "
-                   f"e.g. a logit soft-cap): early exits would not be read as the model reads its output")
-            if explicit: raise ConfigError(f'logit lens: {why}')
-            out['skipped'] = out.get('skipped', {}) | dict(logit_lens=why)
-    if 'latency' in metrics:
-        say('latency')
-        out['latency'] = measure_latency(model, int(x.shape[1]), model.hf.get_input_embeddings().weight.shape[0])   # prefill only
+            out["angular_pruning"] = angular_pruning(model, x, y, states)
+    if "permutation" in metrics:
+        say("permutation score")
+        P = runs.permutation(progress) if batched else permutation_matrix(model, x, y, method="naive")[0]
+        out["permutation"] = asdict(summarize_permutation(P)) | dict(method=method)
+    if "usefulness" in metrics:
+        say("usefulness")
+        try:
+            out["usefulness"] = runs.usefulness(progress=progress) if batched else usefulness(model, x, y)
+        except ConfigError as e:
+            if explicit:
+                raise
+            out["skipped"] = out.get("skipped", {}) | dict(usefulness=str(e))  # default set: say why, keep going
+    if "collapse" in metrics:
+        say("token collapse")
+        out["collapse"] = token_collapse(states)
+    if "logit_lens" in metrics:
+        say("logit lens")
+        err, tol = readout_error(model, states, logits)
+        out["logit_lens_check"] = dict(max_abs_logit_diff=err, tolerance=tol)
+        readout = f"{model.layout.names['final_norm']} then {model.layout.names['unembed']}"
+        if err <= tol:
+            out |= dict(logit_lens=logit_lens(model, states, y, logits), logit_lens_readout=readout)
+        else:
+            why = (
+                f"the model does more after its unembedding than {readout} (max |readout(z_L) - logits| = {err:.3g} > {tol:.3g}; "
+                f"e.g. a logit soft-cap): early exits would not be read as the model reads its output"
+            )
+            if explicit:
+                raise ConfigError(f"logit lens: {why}")
+            out["skipped"] = out.get("skipped", {}) | dict(logit_lens=why)
+    if "latency" in metrics:
+        say("latency")
+        out["latency"] = measure_latency(
+            model, int(x.shape[1]), model.hf.get_input_embeddings().weight.shape[0]
+        )  # prefill only
     for m, group in NLL_METRICS.items():
-        if m not in metrics: continue
+        if m not in metrics:
+            continue
         sets = (domain_sets or {}).get(group)
-        if not sets: raise ConfigError(f"metric {m} needs evaluation sets: domain_sets={{'{group}': {{name: (category, pairs[, meta])}}}}")
-        say(f'{group} NLL')
-        ctx = getattr(text_config(model.hf), 'max_position_embeddings', None)
-        per_set = {name: completion_nll(model, pairs, max_len=ctx) | dict(category=cat) | (meta[0] if meta else {})
-                   for name, (cat, pairs, *meta) in sets.items()}
+        if not sets:
+            raise ConfigError(
+                f"metric {m} needs evaluation sets: domain_sets={{'{group}': {{name: (category, pairs[, meta])}}}}"
+            )
+        say(f"{group} NLL")
+        ctx = getattr(text_config(model.hf), "max_position_embeddings", None)
+        per_set = {
+            name: completion_nll(model, pairs, max_len=ctx) | dict(category=cat) | (meta[0] if meta else {})
+            for name, (cat, pairs, *meta) in sets.items()
+        }
         out[m] = dict(sets=per_set, by_category=nll_by_category(per_set, {n: v[0] for n, v in sets.items()}))
     return out
 
 # %% ../nbs/08b_hf_diagnostics.ipynb #1f21ed09
-TEXT_STREAM_TOKENS = 1 << 22   # held-out documents are read until the stream holds this many tokens
+TEXT_STREAM_TOKENS = 1 << 22  # held-out documents are read until the stream holds this many tokens
 
 
-def eval_documents(source: str = 'sample', text: Optional[str] = None) -> tuple[Iterator[str], dict]:
+def eval_documents(source: str = "sample", text: Optional[str] = None) -> tuple[Iterator[str], dict]:
     "(documents, where they come from): every document of the file or folder `text`, else the held-out documents of `source`."
     if text is not None:
         path = Path(text).expanduser()
-        if not path.exists(): raise ConfigError(f"text {text}: no such file or folder")
-        return _path_documents(path.resolve()), dict(text=str(path.resolve()), documents='all')
-    return resolve_source(source).documents('val'), dict(source=source, documents='held-out')
+        if not path.exists():
+            raise ConfigError(f"text {text}: no such file or folder")
+        return _path_documents(path.resolve()), dict(text=str(path.resolve()), documents="all")
+    return resolve_source(source).documents("val"), dict(source=source, documents="held-out")
 
 
 def _chunked(items: Iterable, n: int) -> Iterator[list]:
     it = iter(items)
-    while chunk := list(itertools.islice(it, n)): yield chunk
+    while chunk := list(itertools.islice(it, n)):
+        yield chunk
 
 
 def token_stream(tokenizer, documents: Iterable[str], max_tokens: int = TEXT_STREAM_TOKENS) -> np.ndarray:
     "The documents tokenized as the package prepares data (no special tokens, EOS appended unless last), concatenated, cut at max_tokens."
     eos, parts, n = tokenizer.eos_token_id, [], 0
     for batch in _chunked(documents, 256):
-        for ids in tokenizer(batch, add_special_tokens=False, verbose=False)['input_ids']:
-            if eos is not None and (not ids or ids[-1] != eos): ids = [*ids, eos]
-            parts.append(np.asarray(ids, dtype=np.int64)); n += len(ids)
-        if n >= max_tokens: break
+        for ids in tokenizer(batch, add_special_tokens=False, verbose=False)["input_ids"]:
+            if eos is not None and (not ids or ids[-1] != eos):
+                ids = [*ids, eos]
+            parts.append(np.asarray(ids, dtype=np.int64))
+            n += len(ids)
+        if n >= max_tokens:
+            break
     return np.concatenate(parts)[:max_tokens] if parts else np.zeros(0, np.int64)
 
 
@@ -523,22 +696,26 @@ def text_windows(stream: np.ndarray, n_samples: int, seq_len: int, seed: int = 0
     "Seeded windows (x, y) [n_samples, seq_len] of a token stream, drawn as `TokenData.val_batches` draws a run's held-out windows."
     n_starts = len(stream) - seq_len
     if n_starts < 1:
-        raise ConfigError(f"the evaluation text has {len(stream):,} tokens; windows of {seq_len} tokens need at least {seq_len + 1}: "
-                          f"lower --seq-len or give more text")
+        raise ConfigError(
+            f"the evaluation text has {len(stream):,} tokens; windows of {seq_len} tokens need at least {seq_len + 1}: "
+            f"lower --seq-len or give more text"
+        )
     starts = np.random.default_rng([int(seed), 0x5EED]).integers(0, n_starts, size=(1, n_samples))[0]
-    rows = torch.from_numpy(np.stack([stream[s:s + seq_len + 1] for s in starts]))
+    rows = torch.from_numpy(np.stack([stream[s : s + seq_len + 1] for s in starts]))
     return rows[:, :-1].contiguous(), rows[:, 1:].contiguous()
 
 # %% ../nbs/08b_hf_diagnostics.ipynb #1ae9041b
-HF_DTYPES = ('auto', 'float32', 'bfloat16', 'float16')
+HF_DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
 def resolve_device(device: Optional[str]) -> str:
     "cpu | cuda | cuda:N | auto (layers over every GPU); None: cuda when present, else cpu."
-    device = device or ('cuda' if torch.cuda.is_available() else 'cpu')
-    if device != 'auto':
-        try: torch.device(device)
-        except RuntimeError as e: raise ConfigError(f"unknown device {device!r}; valid: cpu, cuda, cuda:N, auto ({e})") from None
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device != "auto":
+        try:
+            torch.device(device)
+        except RuntimeError as e:
+            raise ConfigError(f"unknown device {device!r}; valid: cpu, cuda, cuda:N, auto ({e})") from None
     return device
 
 
@@ -546,65 +723,111 @@ def load_hf_config(name: str, revision: Optional[str] = None, trust_remote_code:
     "The Transformers configuration of a hub name or local folder (read before any weight is loaded)."
     # transformers is the optional `hf` extra: imported here, so that diagnosing a run folder never needs it
     from transformers import AutoConfig
-    try: return AutoConfig.from_pretrained(name, revision=revision, trust_remote_code=trust_remote_code)
+
+    try:
+        return AutoConfig.from_pretrained(name, revision=revision, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as e:
-        raise ConfigError(f"cannot load a Transformers configuration from {name!r} (a hub name or a folder with config.json): {e}") from e
+        raise ConfigError(
+            f"cannot load a Transformers configuration from {name!r} (a hub name or a folder with config.json): {e}"
+        ) from e
 
 
-def load_hf_model(name: str, config, dtype: str = 'auto', device: Optional[str] = None, revision: Optional[str] = None,
-                  trust_remote_code: bool = False) -> nn.Module:
+def load_hf_model(
+    name: str,
+    config,
+    dtype: str = "auto",
+    device: Optional[str] = None,
+    revision: Optional[str] = None,
+    trust_remote_code: bool = False,
+) -> nn.Module:
     "The model of a hub name or local folder in eval mode: AutoModelForCausalLM, or our own class for a depthbench-nb export."
     from transformers import AutoModelForCausalLM
-    if dtype not in HF_DTYPES: raise ConfigError(f"unknown dtype {dtype!r}; valid dtypes: {', '.join(HF_DTYPES)}")
+
+    if dtype not in HF_DTYPES:
+        raise ConfigError(f"unknown dtype {dtype!r}; valid dtypes: {', '.join(HF_DTYPES)}")
     device = resolve_device(device)
-    torch_dtype = getattr(torch, dtype) if dtype != 'auto' else (torch.float32 if device == 'cpu' else torch.bfloat16)
+    torch_dtype = getattr(torch, dtype) if dtype != "auto" else (torch.float32 if device == "cpu" else torch.bfloat16)
     kw = dict(revision=revision, trust_remote_code=trust_remote_code)
-    if config.model_type == 'depthbench':             # an export of ours: its own class builds the native model
+    if config.model_type == "depthbench":  # an export of ours: its own class builds the native model
         from depthbench_nb.hf import DepthBenchForCausalLM
+
         return DepthBenchForCausalLM.from_pretrained(name, dtype=torch_dtype, **kw).to(device).eval()
-    placement = {} if device == 'cpu' else dict(device_map='auto' if device == 'auto' else {'': device})
-    try: model = AutoModelForCausalLM.from_pretrained(name, config=config, dtype=torch_dtype, **placement, **kw)
+    placement = {} if device == "cpu" else dict(device_map="auto" if device == "auto" else {"": device})
+    try:
+        model = AutoModelForCausalLM.from_pretrained(name, config=config, dtype=torch_dtype, **placement, **kw)
     except ValueError as e:
-        raise ConfigError(f"{name!r} ({config.model_type}) is not a causal LM that AutoModelForCausalLM can load: {e}") from e
-    if any(p.device.type == 'meta' for p in model.parameters()):
-        raise ConfigError(f"{name}: the device_map offloads layers to the CPU or disk; the diagnostics need every layer's weights "
-                          f"resident (swaps move them): use a device with room for the model, or --device cpu")
+        raise ConfigError(
+            f"{name!r} ({config.model_type}) is not a causal LM that AutoModelForCausalLM can load: {e}"
+        ) from e
+    if any(p.device.type == "meta" for p in model.parameters()):
+        raise ConfigError(
+            f"{name}: the device_map offloads layers to the CPU or disk; the diagnostics need every layer's weights "
+            f"resident (swaps move them): use a device with room for the model, or --device cpu"
+        )
     return model.eval()
 
 
 def default_out_dir(name: str) -> Path:
     "diagnostics/<model name>: a local folder's name, or a hub name with '/' as '--'."
     path = Path(name).expanduser()
-    stem = path.resolve().name if path.exists() else name.strip('/')
-    return Path('diagnostics') / re.sub(r'[^A-Za-z0-9._-]+', '--', stem)
+    stem = path.resolve().name if path.exists() else name.strip("/")
+    return Path("diagnostics") / re.sub(r"[^A-Za-z0-9._-]+", "--", stem)
 
 
-def load_tokenizer_of(name: str, tokenizer: Optional[str] = None, revision: Optional[str] = None, trust_remote_code: bool = False):
+def load_tokenizer_of(
+    name: str, tokenizer: Optional[str] = None, revision: Optional[str] = None, trust_remote_code: bool = False
+):
     "The model's tokenizer (or the one named by `tokenizer`): a clear error when there is none."
     from transformers import AutoTokenizer
+
     source = tokenizer or name
-    try: return AutoTokenizer.from_pretrained(source, revision=None if tokenizer else revision, trust_remote_code=trust_remote_code)
+    try:
+        return AutoTokenizer.from_pretrained(
+            source, revision=None if tokenizer else revision, trust_remote_code=trust_remote_code
+        )
     except (OSError, ValueError, TypeError) as e:
         raise ConfigError(f"no tokenizer could be loaded from {source!r}: pass --tokenizer NAME_OR_FOLDER ({e})") from e
 
 
-def diagnose_hf(name: str, metrics=None, n_samples: int = 16, seq_len: int = 256, tokens: Optional[int] = None, seed: int = 0,
-                source: str = 'sample', text: Optional[str] = None, tokenizer: Optional[str] = None, dtype: str = 'auto',
-                device: Optional[str] = None, out_dir=None, figures: bool = True, permutation_method: str = 'auto',
-                eval_limit: Optional[int] = None, max_rows: Optional[int] = None, revision: Optional[str] = None,
-                trust_remote_code: bool = False, progress: bool = False) -> dict:
+def diagnose_hf(
+    name: str,
+    metrics=None,
+    n_samples: int = 16,
+    seq_len: int = 256,
+    tokens: Optional[int] = None,
+    seed: int = 0,
+    source: str = "sample",
+    text: Optional[str] = None,
+    tokenizer: Optional[str] = None,
+    dtype: str = "auto",
+    device: Optional[str] = None,
+    out_dir=None,
+    figures: bool = True,
+    permutation_method: str = "auto",
+    eval_limit: Optional[int] = None,
+    max_rows: Optional[int] = None,
+    revision: Optional[str] = None,
+    trust_remote_code: bool = False,
+    progress: bool = False,
+) -> dict:
     "Diagnose a Transformers causal LM (hub name or folder) on held-out or user text; writes tables and figures into out_dir."
-    if tokens is not None: n_samples = math.ceil(tokens / seq_len)
-    if n_samples < 1 or seq_len < 1: raise ConfigError(f'n_samples and seq_len must be >= 1, got {n_samples} and {seq_len}')
-    if permutation_method not in METHODS: raise ConfigError(f"permutation_method must be one of {', '.join(METHODS)}, got {permutation_method!r}")
-    if dtype not in HF_DTYPES: raise ConfigError(f"unknown dtype {dtype!r}; valid dtypes: {', '.join(HF_DTYPES)}")
+    if tokens is not None:
+        n_samples = math.ceil(tokens / seq_len)
+    if n_samples < 1 or seq_len < 1:
+        raise ConfigError(f"n_samples and seq_len must be >= 1, got {n_samples} and {seq_len}")
+    if permutation_method not in METHODS:
+        raise ConfigError(f"permutation_method must be one of {', '.join(METHODS)}, got {permutation_method!r}")
+    if dtype not in HF_DTYPES:
+        raise ConfigError(f"unknown dtype {dtype!r}; valid dtypes: {', '.join(HF_DTYPES)}")
     device = resolve_device(device)
-    config = load_hf_config(name, revision, trust_remote_code)       # everything cheap first: a bad input fails before the weights load
-    native = config.model_type == 'depthbench'                       # an export of ours: its own model and metric set
+    config = load_hf_config(
+        name, revision, trust_remote_code
+    )  # everything cheap first: a bad input fails before the weights load
+    native = config.model_type == "depthbench"  # an export of ours: its own model and metric set
     cfg = ModelConfig.from_dict(config.depthbench) if native else None
     requested, metrics = metrics, check_metrics(metrics, cfg) if native else check_hf_metrics(metrics)
     tok = load_tokenizer_of(name, tokenizer, revision, trust_remote_code)
-    context = getattr(config.get_text_config(), 'max_position_embeddings', None)
+    context = getattr(config.get_text_config(), "max_position_embeddings", None)
     seq_len = min(seq_len, context) if context else seq_len
     docs, where = eval_documents(source, text)
     stream = token_stream(tok, docs)
@@ -612,73 +835,167 @@ def diagnose_hf(name: str, metrics=None, n_samples: int = 16, seq_len: int = 256
     hf_model = load_hf_model(name, config, dtype, device, revision, trust_remote_code)
     vocab = hf_model.get_input_embeddings().weight.shape[0]
     if int(x.max()) >= vocab or int(y.max()) >= vocab:
-        raise ConfigError(f"the tokenizer gives token id {max(int(x.max()), int(y.max()))}, beyond the model's {vocab:,} embeddings: "
-                          f"pass the model's own tokenizer (--tokenizer)")
+        raise ConfigError(
+            f"the tokenizer gives token id {max(int(x.max()), int(y.max()))}, beyond the model's {vocab:,} embeddings: "
+            f"pass the model's own tokenizer (--tokenizer)"
+        )
     groups = [NLL_METRICS[m] for m in metrics if m in NLL_METRICS]
-    if groups and not hasattr(tok, 'backend_tokenizer'):
-        raise ConfigError(f"the NLL metrics split context and completion as lm-eval does, which needs a fast tokenizer; {type(tok).__name__} is not one")
+    if groups and not hasattr(tok, "backend_tokenizer"):
+        raise ConfigError(
+            f"the NLL metrics split context and completion as lm-eval does, which needs a fast tokenizer; {type(tok).__name__} is not one"
+        )
     sets = nll_sets(tok.backend_tokenizer, groups, eval_limit) if groups else None
     if native:
         model = hf_model.model
         dev = next(model.parameters()).device
-        res = diagnose_model(model, cfg, x.to(dev), y.to(dev), requested, permutation_method=permutation_method, domain_sets=sets,
-                             progress=(lambda m: print(f'[diagnose] {m}', flush=True)) if progress else (lambda m: None))
+        res = diagnose_model(
+            model,
+            cfg,
+            x.to(dev),
+            y.to(dev),
+            requested,
+            permutation_method=permutation_method,
+            domain_sets=sets,
+            progress=(lambda m: print(f"[diagnose] {m}", flush=True)) if progress else (lambda m: None),
+        )
     else:
         model = HFDepthModel(hf_model)
-        res = diagnose_hf_model(model, x, y, metrics, method=permutation_method, max_rows=max_rows, domain_sets=sets, progress=progress)
-    res['model'] = dict(name=name, revision=revision, model_class=type(hf_model).__name__, model_type=config.model_type,
-                        dtype=str(next(hf_model.parameters()).dtype).replace('torch.', ''),
-                        device=str(next(hf_model.parameters()).device), parameters=sum(p.numel() for p in hf_model.parameters()),
-                        layout=model.layout.names if not native else 'depthbench-nb native model')
-    res['eval_text'] = where | dict(tokenizer=tokenizer or name, stream_tokens=int(len(stream)), windows=n_samples, seq_len=seq_len)
-    res['seed'] = seed
-    res['files'] = [str(p) for p in write_diagnostics(res, Path(out_dir) if out_dir else default_out_dir(name), figures=figures)]
+        res = diagnose_hf_model(
+            model, x, y, metrics, method=permutation_method, max_rows=max_rows, domain_sets=sets, progress=progress
+        )
+    res["model"] = dict(
+        name=name,
+        revision=revision,
+        model_class=type(hf_model).__name__,
+        model_type=config.model_type,
+        dtype=str(next(hf_model.parameters()).dtype).replace("torch.", ""),
+        device=str(next(hf_model.parameters()).device),
+        parameters=sum(p.numel() for p in hf_model.parameters()),
+        layout=model.layout.names if not native else "depthbench-nb native model",
+    )
+    res["eval_text"] = where | dict(
+        tokenizer=tokenizer or name, stream_tokens=int(len(stream)), windows=n_samples, seq_len=seq_len
+    )
+    res["seed"] = seed
+    res["files"] = [
+        str(p) for p in write_diagnostics(res, Path(out_dir) if out_dir else default_out_dir(name), figures=figures)
+    ]
     return res
 
 # %% ../nbs/08b_hf_diagnostics.ipynb #0a2ded6b
-_HF_ONLY = dict(source='sample', text=None, tokenizer=None, dtype='auto', out=None, revision=None, trust_remote_code=False)   # --hf options, defaults
+_HF_ONLY = dict(
+    source="sample", text=None, tokenizer=None, dtype="auto", out=None, revision=None, trust_remote_code=False
+)  # --hf options, defaults
 
 
-def diagnose_command(run_dir: Annotated[Optional[str], Arg(positional=True, metavar='RUN_DIR', help='a run folder (papermill_runs/<study>/<run_id>) with a checkpoint; or give --hf')] = None,
-                     hf: Annotated[Optional[str], Arg(metavar='NAME_OR_PATH', help='a Transformers causal LM instead of a run: a hub name (org/model) or a local folder')] = None,
-                     metrics: Annotated[Optional[str], Arg(help=f"comma-separated subset of: {', '.join(METRICS)} (default: all that apply)")] = None,
-                     n_samples: int = 16,                # evaluation windows (default 16)
-                     seq_len: int = 256,                 # window length (default 256, capped at the training length or the model's context)
-                     tokens: Optional[int] = None,       # evaluate about N tokens: ceil(N / seq_len) windows (replaces --n-samples)
-                     seed: int = 0,                      # seed of the windows (default 0)
-                     source: str = 'sample',             # --hf: held-out documents of a project source: sample (offline), fineweb-edu, ... (default sample)
-                     text: Optional[str] = None,         # --hf: evaluate on every document of this .txt/.jsonl/.parquet file or folder instead
-                     tokenizer: Optional[str] = None,    # --hf: a tokenizer name or folder (default: the model's own)
-                     dtype: Literal['auto', 'float32', 'bfloat16', 'float16'] = 'auto',  # --hf: weights dtype (auto: bfloat16 on a GPU, float32 on a CPU)
-                     out: Optional[str] = None,          # --hf: output folder (default diagnostics/<model name>)
-                     revision: Optional[str] = None,     # --hf: a hub revision (branch, tag or commit)
-                     trust_remote_code: bool = False,    # --hf: run the model's own code from the hub
-                     permutation_method: Literal['auto', 'shared', 'naive'] = 'auto',  # perturbed forwards: auto | shared (batched) | naive (one each)
-                     eval_limit: Optional[int] = None,   # pairs per evaluation set for domain_nll / downstream_nll (default: the full sets)
-                     device: Optional[str] = None,       # cpu | cuda | cuda:N (--hf also auto: layers over all GPUs); default cuda when present
-                     no_figures: bool = False,           # write tables only
-                     json: bool = False) -> int:
+def diagnose_command(
+    run_dir: Annotated[
+        Optional[str],
+        Arg(
+            positional=True,
+            metavar="RUN_DIR",
+            help="a run folder (papermill_runs/<study>/<run_id>) with a checkpoint; or give --hf",
+        ),
+    ] = None,
+    hf: Annotated[
+        Optional[str],
+        Arg(
+            metavar="NAME_OR_PATH",
+            help="a Transformers causal LM instead of a run: a hub name (org/model) or a local folder",
+        ),
+    ] = None,
+    metrics: Annotated[
+        Optional[str], Arg(help=f"comma-separated subset of: {', '.join(METRICS)} (default: all that apply)")
+    ] = None,
+    n_samples: int = 16,  # evaluation windows (default 16)
+    seq_len: int = 256,  # window length (default 256, capped at the training length or the model's context)
+    tokens: Optional[int] = None,  # evaluate about N tokens: ceil(N / seq_len) windows (replaces --n-samples)
+    seed: int = 0,  # seed of the windows (default 0)
+    source: str = "sample",  # --hf: held-out documents of a project source: sample (offline), fineweb-edu, ... (default sample)
+    text: Optional[str] = None,  # --hf: evaluate on every document of this .txt/.jsonl/.parquet file or folder instead
+    tokenizer: Optional[str] = None,  # --hf: a tokenizer name or folder (default: the model's own)
+    dtype: Literal[
+        "auto", "float32", "bfloat16", "float16"
+    ] = "auto",  # --hf: weights dtype (auto: bfloat16 on a GPU, float32 on a CPU)
+    out: Optional[str] = None,  # --hf: output folder (default diagnostics/<model name>)
+    revision: Optional[str] = None,  # --hf: a hub revision (branch, tag or commit)
+    trust_remote_code: bool = False,  # --hf: run the model's own code from the hub
+    permutation_method: Literal[
+        "auto", "shared", "naive"
+    ] = "auto",  # perturbed forwards: auto | shared (batched) | naive (one each)
+    eval_limit: Optional[
+        int
+    ] = None,  # pairs per evaluation set for domain_nll / downstream_nll (default: the full sets)
+    device: Optional[
+        str
+    ] = None,  # cpu | cuda | cuda:N (--hf also auto: layers over all GPUs); default cuda when present
+    no_figures: bool = False,  # write tables only
+    json: bool = False,
+) -> int:
     "Layer diagnostics of a run's last checkpoint (RUN_DIR) or of any Transformers causal LM (--hf NAME_OR_PATH)."
-    if (run_dir is None) == (hf is None): raise ConfigError('give a run folder (RUN_DIR) or --hf NAME_OR_PATH, exactly one')
+    if (run_dir is None) == (hf is None):
+        raise ConfigError("give a run folder (RUN_DIR) or --hf NAME_OR_PATH, exactly one")
     if hf is None:
-        options = dict(source=source, text=text, tokenizer=tokenizer, dtype=dtype, out=out, revision=revision, trust_remote_code=trust_remote_code)
+        options = dict(
+            source=source,
+            text=text,
+            tokenizer=tokenizer,
+            dtype=dtype,
+            out=out,
+            revision=revision,
+            trust_remote_code=trust_remote_code,
+        )
         given = [f"--{k.replace('_', '-')}" for k, v in options.items() if v != _HF_ONLY[k]]
-        if given: raise ConfigError(f"{', '.join(given)} apply to --hf only (a run is diagnosed on its own held-out data)")
-        if tokens is not None: n_samples = math.ceil(tokens / seq_len)
-        res = run_diagnostics(run_dir, metrics, n_samples, seq_len, seed, figures=not no_figures, permutation_method=permutation_method,
-                              eval_limit=eval_limit, device=device, progress=not json)
+        if given:
+            raise ConfigError(f"{', '.join(given)} apply to --hf only (a run is diagnosed on its own held-out data)")
+        if tokens is not None:
+            n_samples = math.ceil(tokens / seq_len)
+        res = run_diagnostics(
+            run_dir,
+            metrics,
+            n_samples,
+            seq_len,
+            seed,
+            figures=not no_figures,
+            permutation_method=permutation_method,
+            eval_limit=eval_limit,
+            device=device,
+            progress=not json,
+        )
         title = f"diagnostics of {res['run_dir']}"
     else:
-        res = diagnose_hf(hf, metrics, n_samples, seq_len, tokens, seed, source, text, tokenizer, dtype, device, out,
-                          figures=not no_figures, permutation_method=permutation_method, eval_limit=eval_limit, revision=revision,
-                          trust_remote_code=trust_remote_code, progress=not json)
+        res = diagnose_hf(
+            hf,
+            metrics,
+            n_samples,
+            seq_len,
+            tokens,
+            seed,
+            source,
+            text,
+            tokenizer,
+            dtype,
+            device,
+            out,
+            figures=not no_figures,
+            permutation_method=permutation_method,
+            eval_limit=eval_limit,
+            revision=revision,
+            trust_remote_code=trust_remote_code,
+            progress=not json,
+        )
         title = f"diagnostics of {hf} -> {Path(res['files'][0]).parent}"
-    head = ({'model': hf} if hf else {}) | summary(res) | dict(metrics=[m for m in res['metrics'] if m in res], skipped=res.get('skipped') or {})
-    if json: return emit(head | dict(per_layer=per_layer_rows(res), files=res['files']), True)
-    emit(head | dict(files=res['files']), False, title=title)
-    return emit(per_layer_rows(res), False, title='per block')
+    head = (
+        ({"model": hf} if hf else {})
+        | summary(res)
+        | dict(metrics=[m for m in res["metrics"] if m in res], skipped=res.get("skipped") or {})
+    )
+    if json:
+        return emit(head | dict(per_layer=per_layer_rows(res), files=res["files"]), True)
+    emit(head | dict(files=res["files"]), False, title=title)
+    return emit(per_layer_rows(res), False, title="per block")
 
 
 def cli_diagnose(argv=None) -> int:
     "depthbench-nb diagnose RUN_DIR | --hf NAME_OR_PATH: layer diagnostics of a run or of any Transformers causal LM."
-    return call_parsed(diagnose_command, argv, prog='depthbench-nb diagnose')
+    return call_parsed(diagnose_command, argv, prog="depthbench-nb diagnose")

@@ -15,8 +15,16 @@ import sys
 from pathlib import Path
 from typing import Annotated, Literal, Optional
 
-from .config import (DESIGN_OPTIONS, ConfigError, ModelConfig, RunConfig, atomic_write_json, atomic_write_text,
-                                  package_dir, resolve_arch)
+from depthbench_nb.config import (
+    DESIGN_OPTIONS,
+    ConfigError,
+    ModelConfig,
+    RunConfig,
+    atomic_write_json,
+    atomic_write_text,
+    package_dir,
+    resolve_arch,
+)
 from .runs import list_checkpoints, load_run, read_result
 from .console import Arg, call_parsed, emit
 
@@ -26,24 +34,31 @@ __all__ = ['HF_CODE_ENTRIES', 'AUTO_MAP', 'PAPERS', 'EXPORT_FORMATS', 'RECORD_NA
            'export_hf_command', 'cli_export_hf']
 
 # %% ../nbs/09f_hf_export.ipynb #472b9568
-HF_CODE_ENTRIES = ('hf_config', 'hf')       # the modules that define the Transformers classes
-AUTO_MAP = {'AutoConfig': 'configuration_depthbench.DepthBenchConfig',
-            'AutoModelForCausalLM': 'modeling_depthbench.DepthBenchForCausalLM'}
+HF_CODE_ENTRIES = ("hf_config", "hf")  # the modules that define the Transformers classes
+AUTO_MAP = {
+    "AutoConfig": "configuration_depthbench.DepthBenchConfig",
+    "AutoModelForCausalLM": "modeling_depthbench.DepthBenchForCausalLM",
+}
 
-_FROM_PACKAGE = re.compile(r'^(\s*)from depthbench_nb((?:\.\w+)*) import', re.M)   # from depthbench_nb.x import y
-_PACKAGE_STRING = re.compile(r"""(['"])depthbench_nb\.""")                      # 'depthbench_nb.model' in a string
-_RELATIVE = re.compile(r'^\s*from\s+\.(\w+)\s+import', re.M)                   # what Transformers' loader follows
+_FROM_PACKAGE = re.compile(r"^(\s*)from depthbench_nb((?:\.\w+)*) import", re.M)  # from depthbench_nb.x import y
+_PACKAGE_STRING = re.compile(r"""(['"])depthbench_nb\.""")  # 'depthbench_nb.model' in a string
+_RELATIVE = re.compile(r"^\s*from\s+\.(\w+)\s+import", re.M)  # what Transformers' loader follows
 
 
 def vendored_source(module: str) -> str:
     "The source of depthbench_nb.<module> with the package's absolute name made relative (remote-code copy)."
-    text = (package_dir() / f'{module}.py').read_text(encoding='utf-8')
+    text = (package_dir() / f"{module}.py").read_text(encoding="utf-8")
     text = _FROM_PACKAGE.sub(lambda m: f"{m.group(1)}from .{m.group(2)[1:]} import", text)
     text = _PACKAGE_STRING.sub(lambda m: f"__package__ + {m.group(1)}.", text)
     for node in ast.walk(ast.parse(text)):
-        names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
-                 [node.module or ''] if isinstance(node, ast.ImportFrom) and node.level == 0 else [])
-        if any(n == 'depthbench_nb' or n.startswith('depthbench_nb.') for n in names):
+        names = (
+            [a.name for a in node.names]
+            if isinstance(node, ast.Import)
+            else [node.module or ""]
+            if isinstance(node, ast.ImportFrom) and node.level == 0
+            else []
+        )
+        if any(n == "depthbench_nb" or n.startswith("depthbench_nb.") for n in names):
             raise RuntimeError(f"{module}.py still imports depthbench_nb after vendoring (line {node.lineno})")
     return text
 
@@ -51,11 +66,17 @@ def vendored_source(module: str) -> str:
 def builder_of(arch: str) -> tuple[str, str]:
     "(module inside depthbench_nb, function) of `arch`'s builder in the design registry."
     build = resolve_arch(arch).build
-    mod, fn = getattr(build, '__module__', '') or '', getattr(build, '__name__', '')
-    if not mod.startswith('depthbench_nb.') or mod.count('.') != 1 or getattr(sys.modules.get(mod), fn, None) is not build:
-        raise ConfigError(f"design {arch!r} is built by {mod}.{fn}, outside depthbench-nb: its code cannot travel with the export "
-                          f"(load the export with that code installed, without trust_remote_code)")
-    return mod.split('.', 1)[1], fn
+    mod, fn = getattr(build, "__module__", "") or "", getattr(build, "__name__", "")
+    if (
+        not mod.startswith("depthbench_nb.")
+        or mod.count(".") != 1
+        or getattr(sys.modules.get(mod), fn, None) is not build
+    ):
+        raise ConfigError(
+            f"design {arch!r} is built by {mod}.{fn}, outside depthbench-nb: its code cannot travel with the export "
+            f"(load the export with that code installed, without trust_remote_code)"
+        )
+    return mod.split(".", 1)[1], fn
 
 
 def vendored_code(arch: str) -> dict[str, str]:
@@ -65,17 +86,22 @@ def vendored_code(arch: str) -> dict[str, str]:
     todo = [*HF_CODE_ENTRIES, builder_module]
     while todo:
         module = todo.pop()
-        if f'{module}.py' in files: continue
-        files[f'{module}.py'] = source = vendored_source(module)
-        todo += [m for m in _RELATIVE.findall(source) if (package_dir() / f'{m}.py').is_file()]
+        if f"{module}.py" in files:
+            continue
+        files[f"{module}.py"] = source = vendored_source(module)
+        todo += [m for m in _RELATIVE.findall(source) if (package_dir() / f"{m}.py").is_file()]
     # the builder's module registers the design: the configuration validates its arch against the registry
-    files['configuration_depthbench.py'] = ('"Transformers remote code of a depthbench-nb export: the configuration."\n'
-                                            f'from .{builder_module} import {builder}  # noqa: F401  (registers {arch!r})\n'
-                                            'from .hf_config import DepthBenchConfig  # noqa: F401\n')
-    files['modeling_depthbench.py'] = ('"Transformers remote code of a depthbench-nb export: the model."\n'
-                                       'from .hf import DepthBenchForCausalLM  # noqa: F401\n'
-                                       f'from .{builder_module} import {builder}  # noqa: F401  (the registry builder of {arch!r}: '
-                                       'makes the loader copy its module)\n')
+    files["configuration_depthbench.py"] = (
+        '"Transformers remote code of a depthbench-nb export: the configuration."\n'
+        f"from .{builder_module} import {builder}  # noqa: F401  (registers {arch!r})\n"
+        "from .hf_config import DepthBenchConfig  # noqa: F401\n"
+    )
+    files["modeling_depthbench.py"] = (
+        '"Transformers remote code of a depthbench-nb export: the model."\n'
+        "from .hf import DepthBenchForCausalLM  # noqa: F401\n"
+        f"from .{builder_module} import {builder}  # noqa: F401  (the registry builder of {arch!r}: "
+        "makes the loader copy its module)\n"
+    )
     return files
 
 # %% ../nbs/09f_hf_export.ipynb #5d3ebb10
@@ -83,192 +109,313 @@ def run_tokenizer(run: RunConfig, tokenizer=None) -> dict:
     "The tokenizer a run was trained with: dict(tokenizer (tokenizers.Tokenizer), eos_id, pad_id, description)."
     from tokenizers import Tokenizer
     from depthbench_nb.data import BPE_SPECIALS, EOS_CANDIDATES, TokenData, data_dir, load_tokenizer, read_manifest
+
     if tokenizer is not None:
         path = Path(tokenizer).expanduser()
-        if not path.is_file(): raise ConfigError(f"tokenizer {tokenizer}: no such tokenizer.json file")
+        if not path.is_file():
+            raise ConfigError(f"tokenizer {tokenizer}: no such tokenizer.json file")
         tok = Tokenizer.from_file(str(path))
         eos = next((tok.token_to_id(t) for t in EOS_CANDIDATES if tok.token_to_id(t) is not None), None)
         sha = hashlib.sha256(path.read_bytes()).hexdigest()
-        return dict(tokenizer=tok, eos_id=eos, pad_id=tok.token_to_id(BPE_SPECIALS[1]), description=f"{path.name} (sha256 {sha[:12]})")
+        return dict(
+            tokenizer=tok,
+            eos_id=eos,
+            pad_id=tok.token_to_id(BPE_SPECIALS[1]),
+            description=f"{path.name} (sha256 {sha[:12]})",
+        )
     folder = data_dir(run.data)
     if read_manifest(folder) is not None:
         td = TokenData(folder, verify=False)
-        man = td.manifest['tokenizer']
-        return dict(tokenizer=td.tokenizer(), eos_id=man['eos_id'], pad_id=man.get('pad_id'),
-                    description=f"{man['id']} (sha256 {man['sha256'][:12]}, {man.get('origin', '')})")
-    if run.data.tokenizer == 'neox':
-        lt = load_tokenizer('neox')
-        return dict(tokenizer=lt.tokenizer, eos_id=lt.eos_id, pad_id=lt.pad_id, description=f"neox (sha256 {lt.sha256[:12]}, {lt.origin})")
-    raise ConfigError(f"the run's tokenizer {run.data.tokenizer!r} is in its prepared data folder {folder}, which is missing here: "
-                      f"prepare it (depthbench-nb data prepare --source {run.data.source} --tokenizer {run.data.tokenizer}) "
-                      f"or pass --tokenizer PATH/tokenizer.json")
+        man = td.manifest["tokenizer"]
+        return dict(
+            tokenizer=td.tokenizer(),
+            eos_id=man["eos_id"],
+            pad_id=man.get("pad_id"),
+            description=f"{man['id']} (sha256 {man['sha256'][:12]}, {man.get('origin', '')})",
+        )
+    if run.data.tokenizer == "neox":
+        lt = load_tokenizer("neox")
+        return dict(
+            tokenizer=lt.tokenizer,
+            eos_id=lt.eos_id,
+            pad_id=lt.pad_id,
+            description=f"neox (sha256 {lt.sha256[:12]}, {lt.origin})",
+        )
+    raise ConfigError(
+        f"the run's tokenizer {run.data.tokenizer!r} is in its prepared data folder {folder}, which is missing here: "
+        f"prepare it (depthbench-nb data prepare --source {run.data.source} --tokenizer {run.data.tokenizer}) "
+        f"or pass --tokenizer PATH/tokenizer.json"
+    )
 
 # %% ../nbs/09f_hf_export.ipynb #59d5930b
 PAPERS = {  # the study each model family belongs to (keys: the registry's families; anything else is DepthBench)
-    'looped': dict(title='How Much Is One Recurrence Worth? Iso-Depth Scaling Laws for Looped LMs',
-                   authors='Schwethelm, Rückert, Kaissis', arxiv='2604.21106', code='https://github.com/kschwethelm/looped-lm-scaling'),
-    'default': dict(title='DepthBench: Does Depth Become Effective Computational Depth? A Controlled Benchmark of Residual Designs',
-                    authors='the DepthBench authors', arxiv=None, code='https://github.com/keyu-wang-2002/DepthBench'),
+    "looped": dict(
+        title="How Much Is One Recurrence Worth? Iso-Depth Scaling Laws for Looped LMs",
+        authors="Schwethelm, Rückert, Kaissis",
+        arxiv="2604.21106",
+        code="https://github.com/kschwethelm/looped-lm-scaling",
+    ),
+    "default": dict(
+        title="DepthBench: Does Depth Become Effective Computational Depth? A Controlled Benchmark of Residual Designs",
+        authors="the DepthBench authors",
+        arxiv=None,
+        code="https://github.com/keyu-wang-2002/DepthBench",
+    ),
 }
-EXPORT_FORMATS = ('depthbench', 'llama')
-RECORD_NAME = 'depthbench_run.json'
+EXPORT_FORMATS = ("depthbench", "llama")
+RECORD_NAME = "depthbench_run.json"
 
 
 def paper_of(cfg: ModelConfig) -> dict:
     "The paper a model's family comes from (title, authors, arXiv id, official code), for its model card."
-    return PAPERS.get(cfg.family, PAPERS['default'])
+    return PAPERS.get(cfg.family, PAPERS["default"])
 
 
 def public_record(run: RunConfig, result: Optional[dict], step: int) -> dict:
     "What an export says about its run: configuration, result, provenance (without the host name)."
-    res = {k: v for k, v in (result or {}).items() if k not in ('provenance', 'traceback')}
-    prov = {k: v for k, v in ((result or {}).get('provenance') or {}).items() if k != 'hostname'}
-    return dict(run_id=run.run_id, study=run.study, checkpoint_step=step, config=run.to_dict(), result=res, provenance=prov)
+    res = {k: v for k, v in (result or {}).items() if k not in ("provenance", "traceback")}
+    prov = {k: v for k, v in ((result or {}).get("provenance") or {}).items() if k != "hostname"}
+    return dict(
+        run_id=run.run_id, study=run.study, checkpoint_step=step, config=run.to_dict(), result=res, provenance=prov
+    )
 
 
-def _fmt(v, unit='') -> str:
-    if v is None: return 'n/a'
-    return f'{v:,}{unit}' if isinstance(v, int) else f'{v:.4f}{unit}'
+def _fmt(v, unit="") -> str:
+    if v is None:
+        return "n/a"
+    return f"{v:,}{unit}" if isinstance(v, int) else f"{v:.4f}{unit}"
 
 
 def model_card(record: dict, cfg: ModelConfig, fmt: str, tokenizer: str) -> str:
     "README.md of an export (Hugging Face model card with YAML front matter)."
-    spec, paper, res, prov = resolve_arch(cfg.arch), paper_of(cfg), record['result'], record['provenance']
-    options = ', '.join(f'{k}={getattr(cfg, k)}' for k in DESIGN_OPTIONS if getattr(cfg, k) is not None) or 'none'
-    cite = f"arXiv:{paper['arxiv']}" if paper['arxiv'] else 'no arXiv id yet'
-    tags = ['depthbench-nb', cfg.arch, cfg.family] + (['custom_code'] if fmt == 'depthbench' else ['llama'])
-    if fmt == 'depthbench':
-        use = ["from transformers import AutoModelForCausalLM, AutoTokenizer",
-               "import depthbench_nb   # registers the model type 'depthbench' (pip install depthbench-nb)",
-               "model = AutoModelForCausalLM.from_pretrained('THIS_FOLDER')",
-               "tokenizer = AutoTokenizer.from_pretrained('THIS_FOLDER')",
-               "# without depthbench-nb: the model code travels with the export",
-               "model = AutoModelForCausalLM.from_pretrained('THIS_FOLDER', trust_remote_code=True)",
-               "tokenizer = AutoTokenizer.from_pretrained('THIS_FOLDER', trust_remote_code=True)"]
+    spec, paper, res, prov = resolve_arch(cfg.arch), paper_of(cfg), record["result"], record["provenance"]
+    options = ", ".join(f"{k}={getattr(cfg, k)}" for k in DESIGN_OPTIONS if getattr(cfg, k) is not None) or "none"
+    cite = f"arXiv:{paper['arxiv']}" if paper["arxiv"] else "no arXiv id yet"
+    tags = ["depthbench-nb", cfg.arch, cfg.family] + (["custom_code"] if fmt == "depthbench" else ["llama"])
+    if fmt == "depthbench":
+        use = [
+            "from transformers import AutoModelForCausalLM, AutoTokenizer",
+            "import depthbench_nb   # registers the model type 'depthbench' (pip install depthbench-nb)",
+            "model = AutoModelForCausalLM.from_pretrained('THIS_FOLDER')",
+            "tokenizer = AutoTokenizer.from_pretrained('THIS_FOLDER')",
+            "# without depthbench-nb: the model code travels with the export",
+            "model = AutoModelForCausalLM.from_pretrained('THIS_FOLDER', trust_remote_code=True)",
+            "tokenizer = AutoTokenizer.from_pretrained('THIS_FOLDER', trust_remote_code=True)",
+        ]
     else:
-        use = ["from transformers import AutoModelForCausalLM, AutoTokenizer",
-               "model = AutoModelForCausalLM.from_pretrained('THIS_FOLDER')   # LlamaForCausalLM",
-               "tokenizer = AutoTokenizer.from_pretrained('THIS_FOLDER')"]
-    lines = ['---', 'library_name: transformers', 'pipeline_tag: text-generation', 'tags:', *[f'- {t}' for t in tags], '---', '',
-             f"# {record['run_id']}", '',
-             f"A `{cfg.arch}` language model trained with depthbench-nb, the reproducible companion of *{paper['title']}* "
-             f"({paper['authors']}, {cite}; official code: {paper['code']}).", '',
-             '| | |', '|---|---|',
-             f"| design | `{cfg.arch}` ({cfg.family}): {spec.summary} |",
-             f"| design options | {options} |",
-             f"| shape | L = {cfg.n_layer}, d_model = {cfg.d_model}, heads = {cfg.n_head} (KV heads {cfg.n_kv_head}), FFN = "
-             f"{cfg.ffn_hidden}, vocabulary = {cfg.vocab_size}, context = {cfg.max_seq_len} |",
-             f"| parameters | {_fmt(res.get('params_total'))} |",
-             f"| training tokens | {_fmt(res.get('tokens'))} ({_fmt(res.get('steps'))} steps; this checkpoint: step {record['checkpoint_step']}) |",
-             f"| final validation loss | {_fmt(res.get('final_val_loss'), ' nats/token')} (best {_fmt(res.get('best_val_loss'), ' nats/token')}) |",
-             f"| run | status {res.get('status', 'unfinished')}, preset `{record['config'].get('preset')}`, study `{record['study']}` |",
-             f"| tokenizer | {tokenizer} |",
-             f"| provenance | depthbench-nb {prov.get('package_version')}, commit {prov.get('git_commit')}, torch {prov.get('torch')}, "
-             f"{prov.get('device')}, {prov.get('time')} |", '',
-             '## Use', '', '```python', *use, '```', '',
-             f"Evaluate with lm-eval: `lm_eval --model depthbench --model_args pretrained=THIS_FOLDER --tasks hellaswag` "
-             f"(pip install 'depthbench-nb[eval]').", '',
-             f"The complete run record (configuration, result, provenance) is `{RECORD_NAME}`.", '']
-    if record['config'].get('preset') == 'tiny':
-        lines += ['**Scale.** A CPU-sized `tiny` model: a demonstration of the pipeline, not comparable with the paper.', '']
-    return '\n'.join(lines)
+        use = [
+            "from transformers import AutoModelForCausalLM, AutoTokenizer",
+            "model = AutoModelForCausalLM.from_pretrained('THIS_FOLDER')   # LlamaForCausalLM",
+            "tokenizer = AutoTokenizer.from_pretrained('THIS_FOLDER')",
+        ]
+    lines = [
+        "---",
+        "library_name: transformers",
+        "pipeline_tag: text-generation",
+        "tags:",
+        *[f"- {t}" for t in tags],
+        "---",
+        "",
+        f"# {record['run_id']}",
+        "",
+        f"A `{cfg.arch}` language model trained with depthbench-nb, the reproducible companion of *{paper['title']}* "
+        f"({paper['authors']}, {cite}; official code: {paper['code']}).",
+        "",
+        "| | |",
+        "|---|---|",
+        f"| design | `{cfg.arch}` ({cfg.family}): {spec.summary} |",
+        f"| design options | {options} |",
+        f"| shape | L = {cfg.n_layer}, d_model = {cfg.d_model}, heads = {cfg.n_head} (KV heads {cfg.n_kv_head}), FFN = "
+        f"{cfg.ffn_hidden}, vocabulary = {cfg.vocab_size}, context = {cfg.max_seq_len} |",
+        f"| parameters | {_fmt(res.get('params_total'))} |",
+        f"| training tokens | {_fmt(res.get('tokens'))} ({_fmt(res.get('steps'))} steps; this checkpoint: step {record['checkpoint_step']}) |",
+        f"| final validation loss | {_fmt(res.get('final_val_loss'), ' nats/token')} (best {_fmt(res.get('best_val_loss'), ' nats/token')}) |",
+        f"| run | status {res.get('status', 'unfinished')}, preset `{record['config'].get('preset')}`, study `{record['study']}` |",
+        f"| tokenizer | {tokenizer} |",
+        f"| provenance | depthbench-nb {prov.get('package_version')}, commit {prov.get('git_commit')}, torch {prov.get('torch')}, "
+        f"{prov.get('device')}, {prov.get('time')} |",
+        "",
+        "## Use",
+        "",
+        "```python",
+        *use,
+        "```",
+        "",
+        f"Evaluate with lm-eval: `lm_eval --model depthbench --model_args pretrained=THIS_FOLDER --tasks hellaswag` "
+        f"(pip install 'depthbench-nb[eval]').",
+        "",
+        f"The complete run record (configuration, result, provenance) is `{RECORD_NAME}`.",
+        "",
+    ]
+    if record["config"].get("preset") == "tiny":
+        lines += [
+            "**Scale.** A CPU-sized `tiny` model: a demonstration of the pipeline, not comparable with the paper.",
+            "",
+        ]
+    return "\n".join(lines)
 
 # %% ../nbs/09f_hf_export.ipynb #d7d39a5d
 def _check_output(out: Path, force: bool) -> None:
-    if out.exists() and not out.is_dir(): raise ConfigError(f"output {out} exists and is not a folder")
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"output {out} exists and is not a folder")
     if out.is_dir() and any(out.iterdir()) and not force:
         raise ConfigError(f"output folder {out} is not empty; pass --force to replace it")
 
 
-def export_hf(run_dir, out, fmt: str = 'depthbench', tokenizer=None, force: bool = False, dtype: str = 'float32') -> dict:
+def export_hf(
+    run_dir, out, fmt: str = "depthbench", tokenizer=None, force: bool = False, dtype: str = "float32"
+) -> dict:
     "Write a Hugging Face folder of a run's newest complete checkpoint (atomic); returns a summary."
     import torch
     from transformers import PreTrainedTokenizerFast
-    if fmt not in EXPORT_FORMATS: raise ConfigError(f"unknown export format {fmt!r}; valid formats: {', '.join(EXPORT_FORMATS)}")
-    if dtype not in ('float32', 'bfloat16'): raise ConfigError(f"unknown dtype {dtype!r}; valid dtypes: float32, bfloat16")
+
+    if fmt not in EXPORT_FORMATS:
+        raise ConfigError(f"unknown export format {fmt!r}; valid formats: {', '.join(EXPORT_FORMATS)}")
+    if dtype not in ("float32", "bfloat16"):
+        raise ConfigError(f"unknown dtype {dtype!r}; valid dtypes: float32, bfloat16")
     run_dir, out = Path(run_dir).expanduser(), Path(out).expanduser()
-    if not run_dir.is_dir(): raise ConfigError(f"{run_dir} is not a folder: pass a run folder <runs root>/<study>/<run_id>")
-    if not (run_dir / 'params.json').is_file():
+    if not run_dir.is_dir():
+        raise ConfigError(f"{run_dir} is not a folder: pass a run folder <runs root>/<study>/<run_id>")
+    if not (run_dir / "params.json").is_file():
         raise ConfigError(f"{run_dir} is not a run folder (no params.json): pass <runs root>/<study>/<run_id>")
     if not list_checkpoints(run_dir):
-        raise ConfigError(f"{run_dir} has no complete checkpoint to export yet: train it first (rerunning the same "
-                          f"train command resumes an unfinished run)")
-    model, run = load_run(run_dir)                     # the trainer's own loader: the newest complete checkpoint
+        raise ConfigError(
+            f"{run_dir} has no complete checkpoint to export yet: train it first (rerunning the same "
+            f"train command resumes an unfinished run)"
+        )
+    model, run = load_run(run_dir)  # the trainer's own loader: the newest complete checkpoint
     cfg = run.model
-    if fmt == 'llama':
+    if fmt == "llama":
         from depthbench_nb.interop import llama_exportable
+
         if cfg.arch not in llama_exportable():
-            raise ConfigError(f"--format llama exports {', '.join(llama_exportable())} only (arch {cfg.arch!r} changes the block); "
-                              f"use the default --format depthbench")
+            raise ConfigError(
+                f"--format llama exports {', '.join(llama_exportable())} only (arch {cfg.arch!r} changes the block); "
+                f"use the default --format depthbench"
+            )
     tok = run_tokenizer(run, tokenizer)
-    n_tok = tok['tokenizer'].get_vocab_size(with_added_tokens=True)
-    if n_tok > cfg.vocab_size: raise ConfigError(f"the tokenizer has {n_tok} tokens, more than the model's vocab_size {cfg.vocab_size}")
+    n_tok = tok["tokenizer"].get_vocab_size(with_added_tokens=True)
+    if n_tok > cfg.vocab_size:
+        raise ConfigError(f"the tokenizer has {n_tok} tokens, more than the model's vocab_size {cfg.vocab_size}")
     _check_output(out, force)
     step = list_checkpoints(run_dir)[-1][0]
     record = public_record(run, read_result(run_dir), step)
-    tmp = out.parent / f'.{out.name}.partial-{os.getpid()}'
-    shutil.rmtree(tmp, ignore_errors=True); tmp.mkdir(parents=True)
+    tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
     try:
         model = model.to(getattr(torch, dtype))
-        if fmt == 'depthbench':
+        if fmt == "depthbench":
             from depthbench_nb.hf import DepthBenchForCausalLM
             from depthbench_nb.hf_config import DepthBenchConfig
-            hf_cfg = DepthBenchConfig(depthbench=cfg.to_dict(), eos_token_id=tok['eos_id'], pad_token_id=tok['pad_id'], dtype=dtype)
+
+            hf_cfg = DepthBenchConfig(
+                depthbench=cfg.to_dict(), eos_token_id=tok["eos_id"], pad_token_id=tok["pad_id"], dtype=dtype
+            )
             hf_cfg.auto_map = dict(AUTO_MAP)
             DepthBenchForCausalLM(hf_cfg, model=model).save_pretrained(tmp)
-            for name, source in vendored_code(cfg.arch).items(): atomic_write_text(tmp / name, source)
+            for name, source in vendored_code(cfg.arch).items():
+                atomic_write_text(tmp / name, source)
         else:
             from depthbench_nb.interop import export_llama, llama_config_dict
+
             export_llama(model, tmp)
-            atomic_write_json(tmp / 'config.json', dict(llama_config_dict(cfg), eos_token_id=tok['eos_id'], pad_token_id=tok['pad_id'],
-                                                        bos_token_id=None, torch_dtype=dtype))
-        specials = {name: tok['tokenizer'].id_to_token(i) for name, i in (('eos_token', tok['eos_id']), ('pad_token', tok['pad_id']))
-                    if i is not None}
-        PreTrainedTokenizerFast(tokenizer_object=tok['tokenizer'], model_max_length=cfg.max_seq_len, **specials).save_pretrained(tmp)
+            atomic_write_json(
+                tmp / "config.json",
+                dict(
+                    llama_config_dict(cfg),
+                    eos_token_id=tok["eos_id"],
+                    pad_token_id=tok["pad_id"],
+                    bos_token_id=None,
+                    torch_dtype=dtype,
+                ),
+            )
+        specials = {
+            name: tok["tokenizer"].id_to_token(i)
+            for name, i in (("eos_token", tok["eos_id"]), ("pad_token", tok["pad_id"]))
+            if i is not None
+        }
+        PreTrainedTokenizerFast(
+            tokenizer_object=tok["tokenizer"], model_max_length=cfg.max_seq_len, **specials
+        ).save_pretrained(tmp)
         atomic_write_json(tmp / RECORD_NAME, record)
-        atomic_write_text(tmp / 'README.md', model_card(record, cfg, fmt, tok['description']))
-        if out.exists(): shutil.rmtree(out)
+        atomic_write_text(tmp / "README.md", model_card(record, cfg, fmt, tok["description"]))
+        if out.exists():
+            shutil.rmtree(out)
         os.replace(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return dict(out=str(out), format=fmt, run_id=run.run_id, arch=cfg.arch, checkpoint_step=step, dtype=dtype,
-                tokenizer=tok['description'], files=sorted(p.name for p in out.iterdir()))
+    return dict(
+        out=str(out),
+        format=fmt,
+        run_id=run.run_id,
+        arch=cfg.arch,
+        checkpoint_step=step,
+        dtype=dtype,
+        tokenizer=tok["description"],
+        files=sorted(p.name for p in out.iterdir()),
+    )
 
 # %% ../nbs/09f_hf_export.ipynb #76a474ab
 def load_for_eval(path, tokenizer=None) -> dict:
     "A run folder or an export folder -> dict(model (eval mode), tokenizer, eos_id, pad_id, kind, name, tokenizer_from)."
     from tokenizers import Tokenizer
+
     p = Path(path).expanduser()
     if not p.is_dir():
-        raise ConfigError(f"{path} is not a folder: pass a run folder (<runs root>/<study>/<run_id>) or a folder written by "
-                          f"depthbench-nb export-hf")
-    if (p / 'params.json').is_file():
+        raise ConfigError(
+            f"{path} is not a folder: pass a run folder (<runs root>/<study>/<run_id>) or a folder written by "
+            f"depthbench-nb export-hf"
+        )
+    if (p / "params.json").is_file():
         model, run = load_run(p)
         tok = run_tokenizer(run, tokenizer)
-        return dict(model=model.eval(), tokenizer=tok['tokenizer'], eos_id=tok['eos_id'], pad_id=tok['pad_id'], kind='run',
-                    name=run.run_id, tokenizer_from=tok['description'])
-    if (p / 'config.json').is_file():
-        cfg = json.loads((p / 'config.json').read_text())
-        if cfg.get('model_type') != 'depthbench':
-            raise ConfigError(f"{p}/config.json is a {cfg.get('model_type')!r} model, not a depthbench-nb export; evaluate it with "
-                              f"lm-eval's own 'hf' model type")
+        return dict(
+            model=model.eval(),
+            tokenizer=tok["tokenizer"],
+            eos_id=tok["eos_id"],
+            pad_id=tok["pad_id"],
+            kind="run",
+            name=run.run_id,
+            tokenizer_from=tok["description"],
+        )
+    if (p / "config.json").is_file():
+        cfg = json.loads((p / "config.json").read_text())
+        if cfg.get("model_type") != "depthbench":
+            raise ConfigError(
+                f"{p}/config.json is a {cfg.get('model_type')!r} model, not a depthbench-nb export; evaluate it with "
+                f"lm-eval's own 'hf' model type"
+            )
         from depthbench_nb.hf import DepthBenchForCausalLM
+
         model = DepthBenchForCausalLM.from_pretrained(p).model
-        tk = Path(tokenizer).expanduser() if tokenizer else p / 'tokenizer.json'
-        if not tk.is_file(): raise ConfigError(f"no tokenizer: {tk} is missing (pass tokenizer=PATH/tokenizer.json)")
-        return dict(model=model.eval(), tokenizer=Tokenizer.from_file(str(tk)), eos_id=cfg.get('eos_token_id'),
-                    pad_id=cfg.get('pad_token_id'), kind='export', name=p.name, tokenizer_from=str(tk))
+        tk = Path(tokenizer).expanduser() if tokenizer else p / "tokenizer.json"
+        if not tk.is_file():
+            raise ConfigError(f"no tokenizer: {tk} is missing (pass tokenizer=PATH/tokenizer.json)")
+        return dict(
+            model=model.eval(),
+            tokenizer=Tokenizer.from_file(str(tk)),
+            eos_id=cfg.get("eos_token_id"),
+            pad_id=cfg.get("pad_token_id"),
+            kind="export",
+            name=p.name,
+            tokenizer_from=str(tk),
+        )
     raise ConfigError(f"{p} is neither a run folder (no params.json) nor an export (no config.json)")
 
 # %% ../nbs/09f_hf_export.ipynb #2bb04dfd
-def export_hf_command(run_dir: str,                      # a run folder <runs root>/<study>/<run_id> with a complete checkpoint
-                      out: str,                          # output folder (created; must be empty unless --force)
-                      format: Annotated[str, Arg(choices=EXPORT_FORMATS)] = 'depthbench',  # depthbench (any design, default) | llama (LlamaForCausalLM, Pre-LN and LNS only)
-                      tokenizer: Optional[str] = None,   # a tokenizer.json to ship instead of the run's own (default: the run's)
-                      dtype: Literal['float32', 'bfloat16'] = 'float32',  # weights dtype (default float32)
-                      force: bool = False,               # replace a non-empty output folder
-                      json: bool = False) -> int:
+def export_hf_command(
+    run_dir: str,  # a run folder <runs root>/<study>/<run_id> with a complete checkpoint
+    out: str,  # output folder (created; must be empty unless --force)
+    format: Annotated[
+        str, Arg(choices=EXPORT_FORMATS)
+    ] = "depthbench",  # depthbench (any design, default) | llama (LlamaForCausalLM, Pre-LN and LNS only)
+    tokenizer: Optional[str] = None,  # a tokenizer.json to ship instead of the run's own (default: the run's)
+    dtype: Literal["float32", "bfloat16"] = "float32",  # weights dtype (default float32)
+    force: bool = False,  # replace a non-empty output folder
+    json: bool = False,
+) -> int:
     """Export a run's newest complete checkpoint as a Hugging Face folder: config.json, model.safetensors, the
     tokenizer, a model card and the run record. Load it with AutoModelForCausalLM.from_pretrained(OUT)
     (trust_remote_code=True without depthbench-nb)."""
@@ -278,4 +425,4 @@ def export_hf_command(run_dir: str,                      # a run folder <runs ro
 
 def cli_export_hf(argv=None) -> int:
     "depthbench-nb export-hf RUN_DIR OUT: a run as a Hugging Face folder (config, safetensors, tokenizer, model card)."
-    return call_parsed(export_hf_command, argv, prog='depthbench-nb export-hf')
+    return call_parsed(export_hf_command, argv, prog="depthbench-nb export-hf")

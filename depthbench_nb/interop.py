@@ -20,11 +20,39 @@ import torch
 from safetensors.torch import load_file as load_safetensors
 from safetensors.torch import save as _save_safetensors_bytes
 
-from .config import (ARCHS, ConfigError, ForkNames, CorruptFile, DataConfig, ModelConfig, RunConfig, TrainConfig, UnsafeFile, short_repr,
-                                  atomic_write_bytes, atomic_write_json, resolve_arch)
+from depthbench_nb.config import (
+    ARCHS,
+    ConfigError,
+    ForkNames,
+    CorruptFile,
+    DataConfig,
+    ModelConfig,
+    RunConfig,
+    TrainConfig,
+    UnsafeFile,
+    short_repr,
+    atomic_write_bytes,
+    atomic_write_json,
+    resolve_arch,
+)
 from .layers import KVCache
 from .model import SAME, DepthModel, build_model
-from .runs import CHECKPOINT_FORMAT_VERSION, RECORD_FILES, checkpoint_content, checkpoints_dir, load_run, pickle_globals, provenance, read_json, run_dir, safe_torch_load, write_checksums, write_params, write_result, writing_run_folder
+from depthbench_nb.runs import (
+    CHECKPOINT_FORMAT_VERSION,
+    RECORD_FILES,
+    checkpoint_content,
+    checkpoints_dir,
+    load_run,
+    pickle_globals,
+    provenance,
+    read_json,
+    run_dir,
+    safe_torch_load,
+    write_checksums,
+    write_params,
+    write_result,
+    writing_run_folder,
+)
 from .shapes import count_params
 from .console import Arg, call_parsed, emit, parse_literal
 
@@ -39,14 +67,26 @@ __all__ = ['CHECKPOINT_FORMAT', 'IMPORTED_STUDY', 'dcp_index_globals', 'read_dcp
 # %% ../nbs/09b_interop.ipynb #0b5eff66
 class _LooseRecord:
     "Stand-in for storage records of other libraries in a DCP index (e.g. OLMo-core's `_StorageInfo`)."
-    def __init__(self, *args, **kwargs): self.__dict__.update(kwargs)
+
+    def __init__(self, *args, **kwargs):
+        self.__dict__.update(kwargs)
+
     def __setstate__(self, state):
-        if isinstance(state, tuple): state = {k: v for part in state if isinstance(part, dict) for k, v in part.items()}
+        if isinstance(state, tuple):
+            state = {k: v for part in state if isinstance(part, dict) for k, v in part.items()}
         self.__dict__.update(state)
 
 
-_DCP_METADATA = ('Metadata', 'TensorStorageMetadata', 'BytesStorageMetadata', 'ChunkStorageMetadata', 'TensorProperties',
-                 'MetadataIndex', 'StorageMeta', '_MEM_FORMAT_ENCODING')
+_DCP_METADATA = (
+    "Metadata",
+    "TensorStorageMetadata",
+    "BytesStorageMetadata",
+    "ChunkStorageMetadata",
+    "TensorProperties",
+    "MetadataIndex",
+    "StorageMeta",
+    "_MEM_FORMAT_ENCODING",
+)
 _DCP_GLOBALS: dict = {}
 
 
@@ -54,22 +94,37 @@ def dcp_index_globals() -> dict:
     """The exact (module, name) pairs a DCP `.metadata` index may name, and what each resolves to: torch's checkpoint
     metadata classes (where this torch and older ones define them), OLMo-core's storage record (a plain stand-in),
     tensor properties (dtypes, layouts, memory formats, sizes) and plain containers. No prefix, no dotted name."""
-    if _DCP_GLOBALS: return _DCP_GLOBALS
+    if _DCP_GLOBALS:
+        return _DCP_GLOBALS
     import builtins, collections, copyreg, importlib, pathlib
-    out = {('collections', 'OrderedDict'): collections.OrderedDict, ('copyreg', '_reconstructor'): copyreg._reconstructor,
-           ('torch', 'Size'): torch.Size, ('torch', 'device'): torch.device,
-           ('torch.serialization', '_get_layout'): torch.serialization._get_layout,      # how torch pickles a layout
-           ('olmo_core.distributed.checkpoint.filesystem', '_StorageInfo'): _LooseRecord}
-    out |= {('builtins', n): getattr(builtins, n) for n in ('set', 'frozenset', 'slice', 'object')}
-    out |= {('pathlib', n): getattr(pathlib, n) for n in ('PosixPath', 'PurePosixPath', 'WindowsPath', 'PureWindowsPath')}
-    out |= {('torch', n): v for n, v in vars(torch).items()
-            if isinstance(v, (torch.dtype, torch.layout, torch.memory_format)) and n.isidentifier()}
-    for module, names in (('torch.distributed.checkpoint.metadata', _DCP_METADATA),
-                          ('torch.distributed.checkpoint.filesystem', ('_StorageInfo',)),
-                          ('torch.distributed._shard.sharded_tensor.metadata', ('TensorProperties', '_MEM_FORMAT_ENCODING')),
-                          ('torch.distributed._shard.metadata', ('ShardMetadata',))):   # where torch <= 2.1 kept them
-        try: mod = importlib.import_module(module)
-        except ImportError: continue
+
+    out = {
+        ("collections", "OrderedDict"): collections.OrderedDict,
+        ("copyreg", "_reconstructor"): copyreg._reconstructor,
+        ("torch", "Size"): torch.Size,
+        ("torch", "device"): torch.device,
+        ("torch.serialization", "_get_layout"): torch.serialization._get_layout,  # how torch pickles a layout
+        ("olmo_core.distributed.checkpoint.filesystem", "_StorageInfo"): _LooseRecord,
+    }
+    out |= {("builtins", n): getattr(builtins, n) for n in ("set", "frozenset", "slice", "object")}
+    out |= {
+        ("pathlib", n): getattr(pathlib, n) for n in ("PosixPath", "PurePosixPath", "WindowsPath", "PureWindowsPath")
+    }
+    out |= {
+        ("torch", n): v
+        for n, v in vars(torch).items()
+        if isinstance(v, (torch.dtype, torch.layout, torch.memory_format)) and n.isidentifier()
+    }
+    for module, names in (
+        ("torch.distributed.checkpoint.metadata", _DCP_METADATA),
+        ("torch.distributed.checkpoint.filesystem", ("_StorageInfo",)),
+        ("torch.distributed._shard.sharded_tensor.metadata", ("TensorProperties", "_MEM_FORMAT_ENCODING")),
+        ("torch.distributed._shard.metadata", ("ShardMetadata",)),
+    ):  # where torch <= 2.1 kept them
+        try:
+            mod = importlib.import_module(module)
+        except ImportError:
+            continue
         out |= {(module, n): getattr(mod, n) for n in names if hasattr(mod, n)}
     _DCP_GLOBALS.update(out)
     return _DCP_GLOBALS
@@ -80,119 +135,152 @@ class _DCPIndexUnpickler(pickle.Unpickler):
 
     def find_class(self, module, name):
         found = dcp_index_globals().get((module, name))
-        if found is None: raise pickle.UnpicklingError(f"refusing to unpickle {module}.{name} from a checkpoint index")
+        if found is None:
+            raise pickle.UnpicklingError(f"refusing to unpickle {module}.{name} from a checkpoint index")
         return found
 
 
 def _dcp_dir(path: Path) -> Path | None:
     "The folder holding a DCP `.metadata` at or under `path` (OLMo-core: `<step>/model_and_optim`)."
-    for cand in (path, path / 'model_and_optim', path / 'model'):
-        if (cand / '.metadata').is_file(): return cand
+    for cand in (path, path / "model_and_optim", path / "model"):
+        if (cand / ".metadata").is_file():
+            return cand
     return None
 
 
-def read_dcp_state_dict(path, prefix: str = 'model.') -> dict[str, torch.Tensor]:
+def read_dcp_state_dict(path, prefix: str = "model.") -> dict[str, torch.Tensor]:
     "Model tensors of a torch distributed checkpoint (OLMo-core or plain torch writer), without torch.distributed."
     path = Path(path)
-    index_file = path / '.metadata'
+    index_file = path / ".metadata"
     try:
-        with open(index_file, 'rb') as f:                # first without unpickling: every name it would import, exactly
+        with open(index_file, "rb") as f:  # first without unpickling: every name it would import, exactly
             for module, name in pickle_globals(f):
                 if (module, name) not in dcp_index_globals():
-                    raise UnsafeFile(f"{index_file}: refusing to unpickle {short_repr(module + '.' + name)} from a checkpoint "
-                                     f"index (it would run code to be loaded); refused, nothing was executed")
-    except CorruptFile as e: raise CorruptFile(f"{index_file} is not a readable DCP index ({e})") from None
+                    raise UnsafeFile(
+                        f"{index_file}: refusing to unpickle {short_repr(module + '.' + name)} from a checkpoint "
+                        f"index (it would run code to be loaded); refused, nothing was executed"
+                    )
+    except CorruptFile as e:
+        raise CorruptFile(f"{index_file} is not a readable DCP index ({e})") from None
     except UnsafeFile as e:
-        if str(index_file) in str(e): raise
+        if str(index_file) in str(e):
+            raise
         raise UnsafeFile(f"{index_file}: {e}") from None
     try:
-        with open(index_file, 'rb') as f: meta = _DCPIndexUnpickler(f).load()
+        with open(index_file, "rb") as f:
+            meta = _DCPIndexUnpickler(f).load()
         out: dict[str, torch.Tensor] = {}
         for fqn, md in meta.state_dict_metadata.items():
-            if not fqn.startswith(prefix) or not hasattr(md, 'chunks'): continue  # optimizer state, bytes entries
-            out[fqn[len(prefix):]] = torch.empty(tuple(md.size), dtype=md.properties.dtype)
+            if not fqn.startswith(prefix) or not hasattr(md, "chunks"):
+                continue  # optimizer state, bytes entries
+            out[fqn[len(prefix) :]] = torch.empty(tuple(md.size), dtype=md.properties.dtype)
         storage = list(meta.storage_data.items())
     except pickle.UnpicklingError as e:
-        if 'refusing to unpickle' not in str(e): raise CorruptFile(f"{index_file} is not a readable DCP index ({e})") from None
+        if "refusing to unpickle" not in str(e):
+            raise CorruptFile(f"{index_file} is not a readable DCP index ({e})") from None
         raise UnsafeFile(f"{index_file}: {e} (it would run code to be loaded); refused, nothing was executed") from None
-    except (ConfigError, OSError): raise
-    except Exception as e:               # random or truncated bytes make the unpickler fail in many ways
+    except (ConfigError, OSError):
+        raise
+    except Exception as e:  # random or truncated bytes make the unpickler fail in many ways
         raise CorruptFile(f"{index_file} is not a readable DCP index ({type(e).__name__}: {str(e)[:160]})") from None
     handles: dict[str, object] = {}
     try:
         for index, info in storage:
-            if not index.fqn.startswith(prefix) or index.fqn[len(prefix):] not in out: continue
+            if not index.fqn.startswith(prefix) or index.fqn[len(prefix) :] not in out:
+                continue
             data_file = (path / info.relative_path).resolve()
             if not data_file.is_relative_to(path.resolve()):
                 raise UnsafeFile(f"{index_file} points outside its folder ({info.relative_path!r}); refused")
-            f = handles.get(info.relative_path) or handles.setdefault(info.relative_path, open(data_file, 'rb'))
+            f = handles.get(info.relative_path) or handles.setdefault(info.relative_path, open(data_file, "rb"))
             f.seek(info.offset)
-            shard = safe_torch_load(io.BytesIO(f.read(info.length)), f"{path / info.relative_path} (tensor {index.fqn})")
-            full = out[index.fqn[len(prefix):]]
+            shard = safe_torch_load(
+                io.BytesIO(f.read(info.length)), f"{path / info.relative_path} (tensor {index.fqn})"
+            )
+            full = out[index.fqn[len(prefix) :]]
             offsets = tuple(index.offset) if index.offset is not None else (0,) * full.dim()
             region = full[tuple(slice(o, o + s) for o, s in zip(offsets, shard.shape))] if full.dim() else full
             region.copy_(shard)  # a shard of a sharded (FSDP) tensor, or the whole tensor
     finally:
-        for f in handles.values(): f.close()
+        for f in handles.values():
+            f.close()
     return out
 
 
 def _unwrap_state_dict(obj) -> dict[str, torch.Tensor]:
     "A flat name -> tensor dict from a torch.load result ({'model': ...}, {'state_dict': ...} or flat)."
-    for key in ('model', 'state_dict', 'module'):
-        if isinstance(obj, dict) and isinstance(obj.get(key), dict) and obj[key]: obj = obj[key]; break
+    for key in ("model", "state_dict", "module"):
+        if isinstance(obj, dict) and isinstance(obj.get(key), dict) and obj[key]:
+            obj = obj[key]
+            break
     if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
-        raise ConfigError("a .pt/.bin checkpoint must hold a state dict (name -> tensor), optionally under 'model' or 'state_dict'")
+        raise ConfigError(
+            "a .pt/.bin checkpoint must hold a state dict (name -> tensor), optionally under 'model' or 'state_dict'"
+        )
     return dict(obj)
 
 
 def is_hub_id(source: str) -> bool:
     "'owner/name' (optionally '@revision') that is not an existing local path."
-    return not Path(source).expanduser().exists() and re.fullmatch(r'[\w.\-]+/[\w.\-]+(@[\w.\-/]+)?', source) is not None
+    return (
+        not Path(source).expanduser().exists() and re.fullmatch(r"[\w.\-]+/[\w.\-]+(@[\w.\-/]+)?", source) is not None
+    )
 
 
-_STEP_DIR = re.compile(r'step[_-]?(\d+)$')
+_STEP_DIR = re.compile(r"step[_-]?(\d+)$")
 
 
 def select_step(path: Path, step: Optional[int] = None) -> Path:
     """A run folder holding `step<N>/` checkpoints (the DepthBench release layout: step0, step3000, …, step7600)
     -> the folder of `step` (default: the latest); any other path is returned as is."""
     path = Path(path)
-    if not path.is_dir(): return path
+    if not path.is_dir():
+        return path
     steps = {int(m.group(1)): c for c in path.iterdir() if c.is_dir() and (m := _STEP_DIR.search(c.name))}
     if not steps:
-        if step is not None: raise ConfigError(f"--step {step} given, but {path} holds no step<N>/ checkpoint folders")
+        if step is not None:
+            raise ConfigError(f"--step {step} given, but {path} holds no step<N>/ checkpoint folders")
         return path
-    if step is None: return steps[max(steps)]
-    if step not in steps: raise ConfigError(f"{path} has no checkpoint for step {step}; available steps: {sorted(steps)}")
+    if step is None:
+        return steps[max(steps)]
+    if step not in steps:
+        raise ConfigError(f"{path} has no checkpoint for step {step}; available steps: {sorted(steps)}")
     return steps[step]
 
 
 def _hub_offline() -> bool:
-    return any(os.environ.get(k, '').lower() in ('1', 'true', 'yes', 'on') for k in ('HF_HUB_OFFLINE', 'TRANSFORMERS_OFFLINE'))
+    return any(
+        os.environ.get(k, "").lower() in ("1", "true", "yes", "on") for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+    )
 
 
 def resolve_source(source: str, step: Optional[int] = None) -> Path:
     """A local checkpoint folder/file for SOURCE: the path itself (its latest or requested `step<N>/` folder), or,
     for a hub id, a download of just that step (the release repos hold every step, with optimizer state)."""
     p = Path(source).expanduser()
-    if p.exists(): return select_step(p.resolve(), step)
-    if not is_hub_id(source): raise FileNotFoundError(f"checkpoint {source!r} not found (neither a local path nor a hub id owner/name)")
-    repo, _, rev = source.partition('@')
-    alternative = (f"download it where there is network, e.g. `hf download {repo} --local-dir ./{repo.split('/')[-1]}`"
-                   f" (DepthBench release repos hold every step with optimizer state: add --include 'step7600/*' for one"
-                   f" step), copy the folder here and pass that folder as SOURCE")
-    if _hub_offline(): raise ConfigError(f"{source!r} is a hub id but the hub is offline (HF_HUB_OFFLINE is set); {alternative}")
+    if p.exists():
+        return select_step(p.resolve(), step)
+    if not is_hub_id(source):
+        raise FileNotFoundError(f"checkpoint {source!r} not found (neither a local path nor a hub id owner/name)")
+    repo, _, rev = source.partition("@")
+    alternative = (
+        f"download it where there is network, e.g. `hf download {repo} --local-dir ./{repo.split('/')[-1]}`"
+        f" (DepthBench release repos hold every step with optimizer state: add --include 'step7600/*' for one"
+        f" step), copy the folder here and pass that folder as SOURCE"
+    )
+    if _hub_offline():
+        raise ConfigError(f"{source!r} is a hub id but the hub is offline (HF_HUB_OFFLINE is set); {alternative}")
     from huggingface_hub import HfApi, snapshot_download
+
     try:
         files = HfApi().list_repo_files(repo, revision=rev or None)
-        steps = sorted({int(m.group(1)) for f in files if (m := re.match(r'step[_-]?(\d+)/', f))})
+        steps = sorted({int(m.group(1)) for f in files if (m := re.match(r"step[_-]?(\d+)/", f))})
         if steps and step is not None and step not in steps:
             raise ConfigError(f"{repo} has no checkpoint for step {step}; available steps: {steps}")
         chosen = step if step is not None else (steps[-1] if steps else None)
-        patterns = None if chosen is None else [f'step{chosen}/**', f'step_{chosen}/**', 'config.json', '*.md']
+        patterns = None if chosen is None else [f"step{chosen}/**", f"step_{chosen}/**", "config.json", "*.md"]
         local = Path(snapshot_download(repo_id=repo, revision=rev or None, allow_patterns=patterns, etag_timeout=10))
-    except ConfigError: raise
+    except ConfigError:
+        raise
     except Exception as e:  # no network, unknown repo, gated: say what to do instead
         raise ConfigError(f"could not download {source!r} from the hub ({type(e).__name__}: {e}); {alternative}") from e
     return select_step(local, chosen)
@@ -201,8 +289,11 @@ def resolve_source(source: str, step: Optional[int] = None) -> Path:
 def _read_safetensors(path) -> dict[str, torch.Tensor]:
     "A safetensors file's tensors; a file that is not one (truncated, random, a renamed pickle) is CorruptFile."
     from safetensors import SafetensorError
-    try: return load_safetensors(str(path))
-    except SafetensorError as e: raise CorruptFile(f"{path} is not a readable safetensors file ({e})") from None
+
+    try:
+        return load_safetensors(str(path))
+    except SafetensorError as e:
+        raise CorruptFile(f"{path} is not a readable safetensors file ({e})") from None
 
 
 def read_state_dict(path) -> tuple[dict[str, torch.Tensor], str]:
@@ -212,22 +303,31 @@ def read_state_dict(path) -> tuple[dict[str, torch.Tensor], str]:
     damaged one `CorruptFile`."""
     path = Path(path)
     dcp = _dcp_dir(path) if path.is_dir() else None
-    if dcp is not None: return read_dcp_state_dict(dcp), 'dcp'
+    if dcp is not None:
+        return read_dcp_state_dict(dcp), "dcp"
     if path.is_dir():
-        st = sorted(path.glob('*.safetensors'))
-        if st: return {k: v for f in st for k, v in _read_safetensors(f).items()}, 'safetensors'
-        pts = sorted(list(path.glob('*.pt')) + list(path.glob('*.bin')))
-        if len(pts) == 1: path = pts[0]
-        else: raise ConfigError(f"{path}: no checkpoint found (looked for a DCP .metadata, *.safetensors, one *.pt/*.bin)")
-    if path.suffix == '.safetensors': return _read_safetensors(path), 'safetensors'
-    if path.suffix in ('.pt', '.bin', '.pth'): return _unwrap_state_dict(safe_torch_load(path)), 'torch'
+        st = sorted(path.glob("*.safetensors"))
+        if st:
+            return {k: v for f in st for k, v in _read_safetensors(f).items()}, "safetensors"
+        pts = sorted(list(path.glob("*.pt")) + list(path.glob("*.bin")))
+        if len(pts) == 1:
+            path = pts[0]
+        else:
+            raise ConfigError(
+                f"{path}: no checkpoint found (looked for a DCP .metadata, *.safetensors, one *.pt/*.bin)"
+            )
+    if path.suffix == ".safetensors":
+        return _read_safetensors(path), "safetensors"
+    if path.suffix in (".pt", ".bin", ".pth"):
+        return _unwrap_state_dict(safe_torch_load(path)), "torch"
     raise ConfigError(f"{path}: unknown checkpoint format (valid: DCP folder, .safetensors, .pt, .bin)")
 
 # %% ../nbs/09b_interop.ipynb #76ba3a09
 def _fork_names(cfg: ModelConfig) -> ForkNames:
     "The design's entry for the fork's checkpoints (a design without one says why)."
     names = resolve_arch(cfg.arch).importer
-    if not isinstance(names, ForkNames): raise ConfigError(f"no OLMo-core fork layout for arch {cfg.arch!r}: {names}")
+    if not isinstance(names, ForkNames):
+        raise ConfigError(f"no OLMo-core fork layout for arch {cfg.arch!r}: {names}")
     return names
 
 
@@ -236,21 +336,37 @@ def _fork_tensors(cfg: ModelConfig) -> dict[str, tuple]:
     names = _fork_names(cfg)
     d, L, V, ffn = cfg.d_model, cfg.n_layer, cfg.vocab_size, cfg.ffn_hidden
     kv = cfg.n_kv_head * cfg.head_dim
-    att, ff = ('attention.attention.', 'feed_forward.feed_forward.') if names.nested else ('attention.', 'feed_forward.')
+    att, ff = (
+        ("attention.attention.", "feed_forward.feed_forward.") if names.nested else ("attention.", "feed_forward.")
+    )
     backbone = lambda shape: (shape, None, None)
-    out = {'embeddings.weight': backbone((V, d))}
+    out = {"embeddings.weight": backbone((V, d))}
     for b in range(L):
-        p = f'blocks.{b}.'
-        own = {p + k: (shape, p + ours, tf) for k, (shape, ours, tf) in (names.block(cfg, b) if names.block else {}).items()}
-        out.update({p + att + 'w_q.weight': backbone((d, d)), p + att + 'w_k.weight': backbone((kv, d)),
-                    p + att + 'w_v.weight': backbone((kv, d)), p + att + 'w_out.weight': backbone((d, d)),
-                    p + 'attention_norm.weight': backbone((d,)), p + ff + 'w1.weight': backbone((ffn, d)),
-                    p + ff + 'w2.weight': backbone((d, ffn)), p + ff + 'w3.weight': backbone((ffn, d))})
-        out.update({k: v for k, v in own.items() if k.startswith(p + 'feed_forward.')})   # the FFN module's own tensors precede its norm
-        out[p + 'feed_forward_norm.weight'] = backbone((d,))
-        out.update({k: v for k, v in own.items() if not k.startswith(p + 'feed_forward.')})
-    if names.top: out.update(names.top(cfg))
-    out.update({'lm_head.norm.weight': backbone((d,)), 'lm_head.w_out.weight': backbone((V, d))})
+        p = f"blocks.{b}."
+        own = {
+            p + k: (shape, p + ours, tf)
+            for k, (shape, ours, tf) in (names.block(cfg, b) if names.block else {}).items()
+        }
+        out.update(
+            {
+                p + att + "w_q.weight": backbone((d, d)),
+                p + att + "w_k.weight": backbone((kv, d)),
+                p + att + "w_v.weight": backbone((kv, d)),
+                p + att + "w_out.weight": backbone((d, d)),
+                p + "attention_norm.weight": backbone((d,)),
+                p + ff + "w1.weight": backbone((ffn, d)),
+                p + ff + "w2.weight": backbone((d, ffn)),
+                p + ff + "w3.weight": backbone((ffn, d)),
+            }
+        )
+        out.update(
+            {k: v for k, v in own.items() if k.startswith(p + "feed_forward.")}
+        )  # the FFN module's own tensors precede its norm
+        out[p + "feed_forward_norm.weight"] = backbone((d,))
+        out.update({k: v for k, v in own.items() if not k.startswith(p + "feed_forward.")})
+    if names.top:
+        out.update(names.top(cfg))
+    out.update({"lm_head.norm.weight": backbone((d,)), "lm_head.w_out.weight": backbone((V, d))})
     return out
 
 
@@ -260,32 +376,38 @@ def fork_layout(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
 
 # %% ../nbs/09b_interop.ipynb #7cd44615
 _HF_LLAMA = [  # Hugging Face LlamaForCausalLM name -> OLMo-core name (regex, replacement)
-    (r'^model\.embed_tokens\.weight$', 'embeddings.weight'),
-    (r'^model\.norm\.weight$', 'lm_head.norm.weight'),
-    (r'^lm_head\.weight$', 'lm_head.w_out.weight'),
-    (r'^model\.layers\.(\d+)\.self_attn\.q_proj\.weight$', r'blocks.\1.attention.w_q.weight'),
-    (r'^model\.layers\.(\d+)\.self_attn\.k_proj\.weight$', r'blocks.\1.attention.w_k.weight'),
-    (r'^model\.layers\.(\d+)\.self_attn\.v_proj\.weight$', r'blocks.\1.attention.w_v.weight'),
-    (r'^model\.layers\.(\d+)\.self_attn\.o_proj\.weight$', r'blocks.\1.attention.w_out.weight'),
-    (r'^model\.layers\.(\d+)\.mlp\.gate_proj\.weight$', r'blocks.\1.feed_forward.w1.weight'),
-    (r'^model\.layers\.(\d+)\.mlp\.down_proj\.weight$', r'blocks.\1.feed_forward.w2.weight'),
-    (r'^model\.layers\.(\d+)\.mlp\.up_proj\.weight$', r'blocks.\1.feed_forward.w3.weight'),
-    (r'^model\.layers\.(\d+)\.input_layernorm\.weight$', r'blocks.\1.attention_norm.weight'),
-    (r'^model\.layers\.(\d+)\.post_attention_layernorm\.weight$', r'blocks.\1.feed_forward_norm.weight'),
+    (r"^model\.embed_tokens\.weight$", "embeddings.weight"),
+    (r"^model\.norm\.weight$", "lm_head.norm.weight"),
+    (r"^lm_head\.weight$", "lm_head.w_out.weight"),
+    (r"^model\.layers\.(\d+)\.self_attn\.q_proj\.weight$", r"blocks.\1.attention.w_q.weight"),
+    (r"^model\.layers\.(\d+)\.self_attn\.k_proj\.weight$", r"blocks.\1.attention.w_k.weight"),
+    (r"^model\.layers\.(\d+)\.self_attn\.v_proj\.weight$", r"blocks.\1.attention.w_v.weight"),
+    (r"^model\.layers\.(\d+)\.self_attn\.o_proj\.weight$", r"blocks.\1.attention.w_out.weight"),
+    (r"^model\.layers\.(\d+)\.mlp\.gate_proj\.weight$", r"blocks.\1.feed_forward.w1.weight"),
+    (r"^model\.layers\.(\d+)\.mlp\.down_proj\.weight$", r"blocks.\1.feed_forward.w2.weight"),
+    (r"^model\.layers\.(\d+)\.mlp\.up_proj\.weight$", r"blocks.\1.feed_forward.w3.weight"),
+    (r"^model\.layers\.(\d+)\.input_layernorm\.weight$", r"blocks.\1.attention_norm.weight"),
+    (r"^model\.layers\.(\d+)\.post_attention_layernorm\.weight$", r"blocks.\1.feed_forward_norm.weight"),
 ]
-_HC_BRANCH = re.compile(r'^(blocks\.\d+\.)(attention|feed_forward)_hyper_connection\.branch\.(norm|attention|feed_forward)\.(.+)$')
+_HC_BRANCH = re.compile(
+    r"^(blocks\.\d+\.)(attention|feed_forward)_hyper_connection\.branch\.(norm|attention|feed_forward)\.(.+)$"
+)
 
 
-_OLMO_TOP = ('blocks.', 'embeddings.', 'lm_head.', 'res_proj.', 'res_norm.', 'embedding_norm.')
+_OLMO_TOP = ("blocks.", "embeddings.", "lm_head.", "res_proj.", "res_norm.", "embedding_norm.")
 
 
 def _strip_wrappers(name: str) -> str:
     "Drop DDP (`module.`), torch.compile (`_orig_mod.`) and DCP (`model.`) prefixes; keep HF's own `model.layers…`."
     while True:
-        for pre in ('module.', '_orig_mod.'):
-            if name.startswith(pre): name = name[len(pre):]; break
+        for pre in ("module.", "_orig_mod."):
+            if name.startswith(pre):
+                name = name[len(pre) :]
+                break
         else:
-            if name.startswith('model.') and name[len('model.'):].startswith(_OLMO_TOP): name = name[len('model.'):]; continue
+            if name.startswith("model.") and name[len("model.") :].startswith(_OLMO_TOP):
+                name = name[len("model.") :]
+                continue
             return name
 
 
@@ -295,22 +417,31 @@ def canonical_fork_state_dict(sd: dict[str, torch.Tensor]) -> dict[str, torch.Te
     for name, t in sd.items():
         name = _strip_wrappers(name)
         for pat, rep in _HF_LLAMA:
-            if re.match(pat, name): name = re.sub(pat, rep, name); break
+            if re.match(pat, name):
+                name = re.sub(pat, rep, name)
+                break
         m = _HC_BRANCH.match(name)
         if m:  # the connector's branch re-registers the block's norm and sublayer
             pre, site, part, rest = m.groups()
-            aliases[name] = pre + (f'{site}_norm.{rest}' if part == 'norm' else f'{part}.{rest}')
+            aliases[name] = pre + (f"{site}_norm.{rest}" if part == "norm" else f"{part}.{rest}")
         out[name] = t
     for alias, target in aliases.items():
         t = out.pop(alias)
         if target in out and not torch.equal(out[target], t):
-            raise ConfigError(f"tensor {alias} should alias {target} but differs from it: the checkpoint is inconsistent")
+            raise ConfigError(
+                f"tensor {alias} should alias {target} but differs from it: the checkpoint is inconsistent"
+            )
         out.setdefault(target, t)
-    for name in [k for k in out if re.fullmatch(r'blocks\.\d+\.ln_scale', k)]:
-        b = int(name.split('.')[1]); v = float(out.pop(name))
-        if not math.isclose(v, 1 / math.sqrt(b + 1), rel_tol=1e-5):  # to_empty() leaves the buffer uninitialized (OLMo-core PR #698)
-            raise ConfigError(f"tensor {name} = {v:g}, but LNS block {b} needs 1/sqrt({b + 1}) = {1 / math.sqrt(b + 1):g} "
-                              "(a buffer wiped by to_empty(), OLMo-core PR #698?)")
+    for name in [k for k in out if re.fullmatch(r"blocks\.\d+\.ln_scale", k)]:
+        b = int(name.split(".")[1])
+        v = float(out.pop(name))
+        if not math.isclose(
+            v, 1 / math.sqrt(b + 1), rel_tol=1e-5
+        ):  # to_empty() leaves the buffer uninitialized (OLMo-core PR #698)
+            raise ConfigError(
+                f"tensor {name} = {v:g}, but LNS block {b} needs 1/sqrt({b + 1}) = {1 / math.sqrt(b + 1):g} "
+                "(a buffer wiped by to_empty(), OLMo-core PR #698?)"
+            )
     return out
 
 
@@ -320,15 +451,21 @@ def check_fork_layout(sd: dict[str, torch.Tensor], cfg: ModelConfig) -> None:
     what = f"arch {cfg.arch!r} at L={cfg.n_layer}, d={cfg.d_model}"
     for name, shape in want.items():
         if name not in sd:
-            raise ConfigError(f"checkpoint does not match {what}: first mismatching tensor {name} is missing "
-                              f"(expected shape {list(shape)}){_arch_hint(sd, cfg)}")
+            raise ConfigError(
+                f"checkpoint does not match {what}: first mismatching tensor {name} is missing "
+                f"(expected shape {list(shape)}){_arch_hint(sd, cfg)}"
+            )
         if tuple(sd[name].shape) != tuple(shape):
-            raise ConfigError(f"checkpoint does not match {what}: first mismatching tensor {name} has shape "
-                              f"{list(sd[name].shape)}, expected {list(shape)}")
+            raise ConfigError(
+                f"checkpoint does not match {what}: first mismatching tensor {name} has shape "
+                f"{list(sd[name].shape)}, expected {list(shape)}"
+            )
     extra = [k for k in sd if k not in want]
     if extra:
-        raise ConfigError(f"checkpoint does not match {what}: first mismatching tensor {extra[0]} is not part of this design "
-                          f"({len(extra)} unexpected tensors){_arch_hint(sd, cfg)}")
+        raise ConfigError(
+            f"checkpoint does not match {what}: first mismatching tensor {extra[0]} is not part of this design "
+            f"({len(extra)} unexpected tensors){_arch_hint(sd, cfg)}"
+        )
 
 
 def detect_arch(names) -> str | None:
@@ -341,51 +478,68 @@ def detect_arch(names) -> str | None:
 
 def _arch_hint(sd, cfg) -> str:
     guess = detect_arch(sd)
-    if guess is None or ARCHS[guess].importer.detect is _fork_names(cfg).detect: return ''   # the same names (LNS, Pre-LN)
+    if guess is None or ARCHS[guess].importer.detect is _fork_names(cfg).detect:
+        return ""  # the same names (LNS, Pre-LN)
     return f"; its tensor names look like arch {guess!r}"
 
 
-def infer_model_config(arch: str, sd: dict[str, torch.Tensor], n_layer: int | None = None, n_head: int | None = None,
-                       **overrides) -> ModelConfig:
+def infer_model_config(
+    arch: str, sd: dict[str, torch.Tensor], n_layer: int | None = None, n_head: int | None = None, **overrides
+) -> ModelConfig:
     "The ModelConfig of a canonical fork state dict: V, d, L, FFN, KV width and stream count read off the tensors."
     spec = resolve_arch(arch)
-    if 'embeddings.weight' not in sd: raise ConfigError("checkpoint does not match: first mismatching tensor embeddings.weight is missing")
-    V, d = sd['embeddings.weight'].shape
-    blocks = {int(m.group(1)) for k in sd if (m := re.match(r'blocks\.(\d+)\.', k))}
+    if "embeddings.weight" not in sd:
+        raise ConfigError("checkpoint does not match: first mismatching tensor embeddings.weight is missing")
+    V, d = sd["embeddings.weight"].shape
+    blocks = {int(m.group(1)) for k in sd if (m := re.match(r"blocks\.(\d+)\.", k))}
     L = n_layer or (max(blocks) + 1 if blocks else 0)
-    if L < 1: raise ConfigError('checkpoint has no transformer blocks (no tensors named blocks.<i>.*)')
-    w1 = next((sd[k] for k in ('blocks.0.feed_forward.w1.weight', 'blocks.0.feed_forward.feed_forward.w1.weight') if k in sd), None)
-    wk = next((sd[k] for k in ('blocks.0.attention.w_k.weight', 'blocks.0.attention.attention.w_k.weight') if k in sd), None)
-    n_head = n_head or overrides.pop('n_head', None)
+    if L < 1:
+        raise ConfigError("checkpoint has no transformer blocks (no tensors named blocks.<i>.*)")
+    w1 = next(
+        (sd[k] for k in ("blocks.0.feed_forward.w1.weight", "blocks.0.feed_forward.feed_forward.w1.weight") if k in sd),
+        None,
+    )
+    wk = next(
+        (sd[k] for k in ("blocks.0.attention.w_k.weight", "blocks.0.attention.attention.w_k.weight") if k in sd), None
+    )
+    n_head = n_head or overrides.pop("n_head", None)
     heads_given = n_head is not None
     n_head = n_head or 16  # DepthBench: 16 heads at every shape (the official configs)
     kw = dict(arch=spec.name, n_layer=L, d_model=int(d), n_head=n_head, vocab_size=int(V))
-    if w1 is not None: kw['ffn_hidden'] = int(w1.shape[0])
-    if wk is not None and d % n_head == 0: kw['n_kv_head'] = max(1, int(wk.shape[0]) // (d // n_head))
+    if w1 is not None:
+        kw["ffn_hidden"] = int(w1.shape[0])
+    if wk is not None and d % n_head == 0:
+        kw["n_kv_head"] = max(1, int(wk.shape[0]) // (d // n_head))
     names = spec.importer if isinstance(spec.importer, ForkNames) else ForkNames()
-    if names.infer: kw.update(names.infer(sd))
+    if names.infer:
+        kw.update(names.infer(sd))
     kw.update({k: v for k, v in overrides.items() if v is not None})
-    try: return ModelConfig(**kw)
+    try:
+        return ModelConfig(**kw)
     except ConfigError as e:
-        if heads_given: raise
-        raise ConfigError(f"{e} (d_model read off the checkpoint; heads default to DepthBench's 16: pass --n-head)") from e
+        if heads_given:
+            raise
+        raise ConfigError(
+            f"{e} (d_model read off the checkpoint; heads default to DepthBench's 16: pass --n-head)"
+        ) from e
 
 # %% ../nbs/09b_interop.ipynb #4e0216fc
 _RENAMES = [  # (fork regex, our template, transform): the shared backbone (each design names its own tensors)
-    (r'embeddings\.weight', 'tok_emb.weight', SAME),
-    (r'lm_head\.w_out\.weight', 'lm_head.weight', SAME),
-    (r'lm_head\.norm\.weight', 'final_norm.weight', SAME),
-    (r'blocks\.(\d+)\.attention\.(?:attention\.)?w_([qkv])\.weight', r'blocks.\1.attn.w\2.weight', SAME),
-    (r'blocks\.(\d+)\.attention\.(?:attention\.)?w_out\.weight', r'blocks.\1.attn.wo.weight', SAME),
-    (r'blocks\.(\d+)\.feed_forward\.(?:feed_forward\.)?w([123])\.weight', r'blocks.\1.ffn.w\2.weight', SAME),
-    (r'blocks\.(\d+)\.attention_norm\.weight', r'blocks.\1.attn_norm.weight', SAME),
-    (r'blocks\.(\d+)\.feed_forward_norm\.weight', r'blocks.\1.ffn_norm.weight', SAME),
+    (r"embeddings\.weight", "tok_emb.weight", SAME),
+    (r"lm_head\.w_out\.weight", "lm_head.weight", SAME),
+    (r"lm_head\.norm\.weight", "final_norm.weight", SAME),
+    (r"blocks\.(\d+)\.attention\.(?:attention\.)?w_([qkv])\.weight", r"blocks.\1.attn.w\2.weight", SAME),
+    (r"blocks\.(\d+)\.attention\.(?:attention\.)?w_out\.weight", r"blocks.\1.attn.wo.weight", SAME),
+    (r"blocks\.(\d+)\.feed_forward\.(?:feed_forward\.)?w([123])\.weight", r"blocks.\1.ffn.w\2.weight", SAME),
+    (r"blocks\.(\d+)\.attention_norm\.weight", r"blocks.\1.attn_norm.weight", SAME),
+    (r"blocks\.(\d+)\.feed_forward_norm\.weight", r"blocks.\1.ffn_norm.weight", SAME),
 ]
 
 
 @dataclass(frozen=True)
 class NameMapping:
     "One tensor: its fork name, our name, and the layout change in both directions."
+
     fork: str
     ours: str
     to_ours: Callable
@@ -396,10 +550,15 @@ def name_map(cfg: ModelConfig) -> list[NameMapping]:
     "Fork tensor -> our tensor for every tensor of `cfg`'s fork layout (in fork module order)."
     rows = []
     for fork, (shape, ours, tf) in _fork_tensors(cfg).items():
-        if ours is not None: rows.append(NameMapping(fork, ours, *tf)); continue   # the design's own tensor
+        if ours is not None:
+            rows.append(NameMapping(fork, ours, *tf))
+            continue  # the design's own tensor
         for pat, rep, tf in _RENAMES:
-            if re.fullmatch(pat, fork): rows.append(NameMapping(fork, re.sub(pat, rep, fork), *tf)); break
-        else: raise ConfigError(f"no mapping for fork tensor {fork} (arch {cfg.arch})")
+            if re.fullmatch(pat, fork):
+                rows.append(NameMapping(fork, re.sub(pat, rep, fork), *tf))
+                break
+        else:
+            raise ConfigError(f"no mapping for fork tensor {fork} (arch {cfg.arch})")
     return rows
 
 
@@ -418,72 +577,96 @@ def ours_to_fork(model: DepthModel) -> dict[str, torch.Tensor]:
 def model_from_fork_state_dict(fork_sd: dict[str, torch.Tensor], cfg: ModelConfig) -> DepthModel:
     "Our model of `cfg` holding the fork's weights (built on the meta device, so no init is wasted)."
     ours = fork_to_ours(fork_sd, cfg)
-    model = build_model(cfg, device='meta')
+    model = build_model(cfg, device="meta")
     missing, unexpected = model.load_state_dict(ours, strict=False, assign=True)
     if missing or unexpected:  # a name table out of step with the model code: a bug here, not a bad checkpoint
-        raise RuntimeError(f"name map out of date for {cfg.arch}: our tensors without a fork tensor {missing[:3]}, "
-                           f"mapped names our model lacks {unexpected[:3]}")
+        raise RuntimeError(
+            f"name map out of date for {cfg.arch}: our tensors without a fork tensor {missing[:3]}, "
+            f"mapped names our model lacks {unexpected[:3]}"
+        )
     return model.eval()
 
 # %% ../nbs/09b_interop.ipynb #11df918c
-CHECKPOINT_FORMAT = 'depthbench-nb/1'
+CHECKPOINT_FORMAT = "depthbench-nb/1"
 
 
 def save_pretrained(model: DepthModel, folder) -> Path:
     "Write model.safetensors + config.json into `folder`; returns the folder."
     folder = Path(folder)
-    tensors = {k: v.detach().to('cpu').contiguous() for k, v in model.state_dict().items()}
-    atomic_write_bytes(folder / 'model.safetensors', _save_safetensors_bytes(tensors, metadata={'format': CHECKPOINT_FORMAT}))
-    atomic_write_json(folder / 'config.json', dict(format=CHECKPOINT_FORMAT, model=model.config.to_dict()))
+    tensors = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
+    atomic_write_bytes(
+        folder / "model.safetensors", _save_safetensors_bytes(tensors, metadata={"format": CHECKPOINT_FORMAT})
+    )
+    atomic_write_json(folder / "config.json", dict(format=CHECKPOINT_FORMAT, model=model.config.to_dict()))
     return folder
 
 
-def check_state_dict(model: torch.nn.Module, sd: dict[str, torch.Tensor], what: str = 'checkpoint') -> None:
+def check_state_dict(model: torch.nn.Module, sd: dict[str, torch.Tensor], what: str = "checkpoint") -> None:
     "Refuse tensors that do not fit `model`, naming the first mismatching tensor (missing, unexpected or mis-shaped)."
     want = model.state_dict()
     for name, t in want.items():
-        if name not in sd: raise ConfigError(f"{what} does not fit {model.config.arch}: first mismatching tensor {name} is missing")
+        if name not in sd:
+            raise ConfigError(f"{what} does not fit {model.config.arch}: first mismatching tensor {name} is missing")
         if tuple(sd[name].shape) != tuple(t.shape):
-            raise ConfigError(f"{what} does not fit {model.config.arch}: first mismatching tensor {name} has shape "
-                              f"{list(sd[name].shape)}, expected {list(t.shape)}")
+            raise ConfigError(
+                f"{what} does not fit {model.config.arch}: first mismatching tensor {name} has shape "
+                f"{list(sd[name].shape)}, expected {list(t.shape)}"
+            )
     extra = [k for k in sd if k not in want]
-    if extra: raise ConfigError(f"{what} does not fit {model.config.arch}: first mismatching tensor {extra[0]} is unexpected")
+    if extra:
+        raise ConfigError(f"{what} does not fit {model.config.arch}: first mismatching tensor {extra[0]} is unexpected")
 
 
 def load_pretrained(folder) -> DepthModel:
     "The model saved by save_pretrained (or the newest checkpoint of a run folder), in eval mode."
     folder = Path(folder)
-    if not (folder / 'config.json').exists():
-        if (folder / 'params.json').exists():
+    if not (folder / "config.json").exists():
+        if (folder / "params.json").exists():
             return load_run(folder)[0]
         raise ConfigError(f"{folder} holds neither config.json (save_pretrained) nor params.json (a run folder)")
-    meta = read_json(folder / 'config.json')
-    if not isinstance(meta, dict) or meta.get('format') != CHECKPOINT_FORMAT:
-        raise ConfigError(f"{folder}/config.json has format {(meta or {}).get('format') if isinstance(meta, dict) else None!r}, expected {CHECKPOINT_FORMAT!r}")
-    cfg = ModelConfig.from_dict(meta['model'])
-    sd = _read_safetensors(folder / 'model.safetensors')
-    model = build_model(cfg, device='meta')
+    meta = read_json(folder / "config.json")
+    if not isinstance(meta, dict) or meta.get("format") != CHECKPOINT_FORMAT:
+        raise ConfigError(
+            f"{folder}/config.json has format {(meta or {}).get('format') if isinstance(meta, dict) else None!r}, expected {CHECKPOINT_FORMAT!r}"
+        )
+    cfg = ModelConfig.from_dict(meta["model"])
+    sd = _read_safetensors(folder / "model.safetensors")
+    model = build_model(cfg, device="meta")
     check_state_dict(model, sd, f"{folder}/model.safetensors")
     model.load_state_dict(sd, strict=True, assign=True)
     return model.eval()
 
 # %% ../nbs/09b_interop.ipynb #13d50610
-IMPORTED_STUDY = 'imported'
+IMPORTED_STUDY = "imported"
 
 
 def _source_hints(source: str, path: Path) -> dict:
     "LR and step read off DepthBench/OLMo-core names (`…-lr2e-3-…`, `step7600`), and OLMo-core's config.json if present."
     hints = {}
     text = f"{source} {path}"
-    if (m := re.search(r'lr(\d+(?:\.\d+)?e-?\d+)', text)): hints['lr'] = float(m.group(1))
-    if (m := re.search(r'step[_-]?(\d+)', path.name) or re.search(r'step[_-]?(\d+)', path.parent.name)): hints['step'] = int(m.group(1))
-    for cfg_file in (path / 'config.json', path.parent / 'config.json'):
+    if m := re.search(r"lr(\d+(?:\.\d+)?e-?\d+)", text):
+        hints["lr"] = float(m.group(1))
+    if m := re.search(r"step[_-]?(\d+)", path.name) or re.search(r"step[_-]?(\d+)", path.parent.name):
+        hints["step"] = int(m.group(1))
+    for cfg_file in (path / "config.json", path.parent / "config.json"):
         if cfg_file.is_file():
-            try: cfg = json.loads(cfg_file.read_text())
-            except (OSError, json.JSONDecodeError): continue
-            found = _find_keys(cfg.get('model', cfg) if isinstance(cfg, dict) else cfg,
-                               ('n_heads', 'n_kv_heads', 'theta', 'eps', 'num_attention_heads', 'rms_norm_eps', 'rope_theta',
-                                'attnres_block_size'))
+            try:
+                cfg = json.loads(cfg_file.read_text())
+            except (OSError, json.JSONDecodeError):
+                continue
+            found = _find_keys(
+                cfg.get("model", cfg) if isinstance(cfg, dict) else cfg,
+                (
+                    "n_heads",
+                    "n_kv_heads",
+                    "theta",
+                    "eps",
+                    "num_attention_heads",
+                    "rms_norm_eps",
+                    "rope_theta",
+                    "attnres_block_size",
+                ),
+            )
             hints.update({k: v for k, v in found.items() if isinstance(v, (int, float)) and not isinstance(v, bool)})
             break
     return hints
@@ -494,52 +677,98 @@ def _find_keys(obj, keys, out=None) -> dict:
     out = {} if out is None else out
     if isinstance(obj, dict):
         for k, v in obj.items():
-            if k in keys and k not in out and not isinstance(v, (dict, list)): out[k] = v
+            if k in keys and k not in out and not isinstance(v, (dict, list)):
+                out[k] = v
             _find_keys(v, keys, out)
     elif isinstance(obj, list):
-        for v in obj: _find_keys(v, keys, out)
+        for v in obj:
+            _find_keys(v, keys, out)
     return out
 
 
-def import_checkpoint(source: str, arch: str, n_layer: Optional[int] = None, n_head: Optional[int] = None,
-                      study: str = IMPORTED_STUDY, max_seq_len: int = 2048, data: Optional[DataConfig] = None,
-                      step: Optional[int] = None, **design_options) -> tuple[Path, dict]:
+def import_checkpoint(
+    source: str,
+    arch: str,
+    n_layer: Optional[int] = None,
+    n_head: Optional[int] = None,
+    study: str = IMPORTED_STUDY,
+    max_seq_len: int = 2048,
+    data: Optional[DataConfig] = None,
+    step: Optional[int] = None,
+    **design_options,
+) -> tuple[Path, dict]:
     """Import SOURCE (local folder/file or hub id) as a run folder; returns (run folder, result).
     `data` is the token data diagnostics will read: default FineWeb-Edu with the NeoX tokenizer for DepthBench's
     vocabulary (50,280, §4), else the package's default data."""
     spec = resolve_arch(arch)
-    if not isinstance(spec.importer, ForkNames): raise ConfigError(f"import-checkpoint cannot read {spec.name!r} checkpoints: {spec.importer}")
+    if not isinstance(spec.importer, ForkNames):
+        raise ConfigError(f"import-checkpoint cannot read {spec.name!r} checkpoints: {spec.importer}")
     t0 = time.time()
     path = resolve_source(source, step)
     raw, fmt = read_state_dict(path)
     sd = canonical_fork_state_dict(raw)
     hints = _source_hints(source, path)
-    n_head = n_head or hints.get('n_heads') or hints.get('num_attention_heads')
-    extra = {k: v for k, v in dict(rope_theta=hints.get('theta') or hints.get('rope_theta'),
-                                     norm_eps=hints.get('eps') or hints.get('rms_norm_eps')).items() if v is not None}
+    n_head = n_head or hints.get("n_heads") or hints.get("num_attention_heads")
+    extra = {
+        k: v
+        for k, v in dict(
+            rope_theta=hints.get("theta") or hints.get("rope_theta"),
+            norm_eps=hints.get("eps") or hints.get("rms_norm_eps"),
+        ).items()
+        if v is not None
+    }
     notes = []  # assumptions the weights cannot settle, recorded in the result
-    if spec.importer.prepare: notes += spec.importer.prepare(hints, design_options)   # what the config.json settles, or a note
-    cfg = infer_model_config(spec.name, sd, n_layer=n_layer, n_head=n_head, max_seq_len=max_seq_len, **extra, **design_options)
+    if spec.importer.prepare:
+        notes += spec.importer.prepare(hints, design_options)  # what the config.json settles, or a note
+    cfg = infer_model_config(
+        spec.name, sd, n_layer=n_layer, n_head=n_head, max_seq_len=max_seq_len, **extra, **design_options
+    )
     model = model_from_fork_state_dict(sd, cfg)
     seq_len = min(2048, max_seq_len)
-    if data is None: data = DataConfig(source='fineweb-edu', tokenizer='neox') if cfg.vocab_size == 50280 else DataConfig()
-    run = RunConfig(model=cfg, data=data,
-                    train=TrainConfig(lr=hints.get('lr', 2e-3), seq_len=seq_len, max_steps=hints.get('step') or 1),
-                    study=study, preset='400m' if cfg.vocab_size == 50280 else 'tiny')
+    if data is None:
+        data = DataConfig(source="fineweb-edu", tokenizer="neox") if cfg.vocab_size == 50280 else DataConfig()
+    run = RunConfig(
+        model=cfg,
+        data=data,
+        train=TrainConfig(lr=hints.get("lr", 2e-3), seq_len=seq_len, max_steps=hints.get("step") or 1),
+        study=study,
+        preset="400m" if cfg.vocab_size == 50280 else "tiny",
+    )
     folder = run_dir(run)
-    step = hints.get('step', 0)
+    step = hints.get("step", 0)
     tensors = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
-    with writing_run_folder(folder):       # one writer; a failed import leaves no empty run folder
+    with writing_run_folder(folder):  # one writer; a failed import leaves no empty run folder
         _write_imported(folder, run, step, tensors, source)
         pc = count_params(cfg)
-        result = dict(status='completed', run_id=run.run_id, study=study, arch=cfg.arch, n_layer=cfg.n_layer, d_model=cfg.d_model,
-                      preset=run.preset, lr=run.train.lr, seed=run.train.seed, steps=hints.get('step'), tokens=None,
-                      final_val_loss=None, best_val_loss=None, wall_time_s=time.time() - t0, train_flops=None,
-                      params_total=sum(t.numel() for t in tensors.values()),
-                      params_backbone=sum(t.numel() for k, t in tensors.items() if k.startswith('blocks.')),
-                      params_closed_form=pc.total,
-                      provenance=dict(provenance(), origin='imported', source=str(source), source_path=str(path), source_format=fmt,
-                                      source_tensors=len(raw)), notes=notes)
+        result = dict(
+            status="completed",
+            run_id=run.run_id,
+            study=study,
+            arch=cfg.arch,
+            n_layer=cfg.n_layer,
+            d_model=cfg.d_model,
+            preset=run.preset,
+            lr=run.train.lr,
+            seed=run.train.seed,
+            steps=hints.get("step"),
+            tokens=None,
+            final_val_loss=None,
+            best_val_loss=None,
+            wall_time_s=time.time() - t0,
+            train_flops=None,
+            params_total=sum(t.numel() for t in tensors.values()),
+            params_backbone=sum(t.numel() for k, t in tensors.items() if k.startswith("blocks.")),
+            params_closed_form=pc.total,
+            provenance=dict(
+                provenance(),
+                origin="imported",
+                source=str(source),
+                source_path=str(path),
+                source_format=fmt,
+                source_tensors=len(raw),
+            ),
+            notes=notes,
+        )
         write_result(folder, result)
     return folder, result
 
@@ -547,15 +776,27 @@ def import_checkpoint(source: str, arch: str, n_layer: Optional[int] = None, n_h
 def _write_imported(folder: Path, run: RunConfig, step: int, tensors: dict, source) -> None:
     "params.json and one weights-only checkpoint in the trainer's format (checksummed, written aside then renamed)."
     import shutil
+
     write_params(folder, run, imported_from=str(source))
-    final = checkpoints_dir(folder) / f'step_{step:08d}'
-    tmp = checkpoints_dir(folder) / f'.tmp-step_{step:08d}-{os.getpid()}'
+    final = checkpoints_dir(folder) / f"step_{step:08d}"
+    tmp = checkpoints_dir(folder) / f".tmp-step_{step:08d}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
-    atomic_write_bytes(tmp / 'model.safetensors', _save_safetensors_bytes(tensors))
-    atomic_write_json(tmp / 'meta.json', dict(step=step, run_id=run.run_id, tokens=None, imported_from=str(source),
-                                              format=CHECKPOINT_FORMAT_VERSION, weights_only=True, config=checkpoint_content(run)))
-    write_checksums(tmp, ['model.safetensors', 'meta.json'])
-    if final.exists(): shutil.rmtree(final)
+    atomic_write_bytes(tmp / "model.safetensors", _save_safetensors_bytes(tensors))
+    atomic_write_json(
+        tmp / "meta.json",
+        dict(
+            step=step,
+            run_id=run.run_id,
+            tokens=None,
+            imported_from=str(source),
+            format=CHECKPOINT_FORMAT_VERSION,
+            weights_only=True,
+            config=checkpoint_content(run),
+        ),
+    )
+    write_checksums(tmp, ["model.safetensors", "meta.json"])
+    if final.exists():
+        shutil.rmtree(final)
     os.replace(tmp, final)
 
 # %% ../nbs/09b_interop.ipynb #ebb4f397
@@ -569,121 +810,197 @@ def llama_state_dict(model: DepthModel) -> dict[str, torch.Tensor]:
     cfg = model.config
     gain = resolve_arch(cfg.arch).llama_norm_gain
     if gain is None:
-        raise ConfigError(f"only {', '.join(llama_exportable())} export to LlamaForCausalLM (arch {cfg.arch!r} changes the block)")
+        raise ConfigError(
+            f"only {', '.join(llama_exportable())} export to LlamaForCausalLM (arch {cfg.arch!r} changes the block)"
+        )
     sd = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
-    out = {'model.embed_tokens.weight': sd['tok_emb.weight'], 'model.norm.weight': sd['final_norm.weight'],
-           'lm_head.weight': sd['lm_head.weight']}
+    out = {
+        "model.embed_tokens.weight": sd["tok_emb.weight"],
+        "model.norm.weight": sd["final_norm.weight"],
+        "lm_head.weight": sd["lm_head.weight"],
+    }
     for b, blk in enumerate(model.blocks):
-        p, q = f'blocks.{b}.', f'model.layers.{b}.'
-        s = gain(blk)                      # folded into both norm gains (1 for Pre-LN)
-        out.update({q + 'self_attn.q_proj.weight': sd[p + 'attn.wq.weight'], q + 'self_attn.k_proj.weight': sd[p + 'attn.wk.weight'],
-                    q + 'self_attn.v_proj.weight': sd[p + 'attn.wv.weight'], q + 'self_attn.o_proj.weight': sd[p + 'attn.wo.weight'],
-                    q + 'mlp.gate_proj.weight': sd[p + 'ffn.w1.weight'], q + 'mlp.up_proj.weight': sd[p + 'ffn.w3.weight'],
-                    q + 'mlp.down_proj.weight': sd[p + 'ffn.w2.weight'],
-                    q + 'input_layernorm.weight': sd[p + 'attn_norm.weight'] * s,
-                    q + 'post_attention_layernorm.weight': sd[p + 'ffn_norm.weight'] * s})
+        p, q = f"blocks.{b}.", f"model.layers.{b}."
+        s = gain(blk)  # folded into both norm gains (1 for Pre-LN)
+        out.update(
+            {
+                q + "self_attn.q_proj.weight": sd[p + "attn.wq.weight"],
+                q + "self_attn.k_proj.weight": sd[p + "attn.wk.weight"],
+                q + "self_attn.v_proj.weight": sd[p + "attn.wv.weight"],
+                q + "self_attn.o_proj.weight": sd[p + "attn.wo.weight"],
+                q + "mlp.gate_proj.weight": sd[p + "ffn.w1.weight"],
+                q + "mlp.up_proj.weight": sd[p + "ffn.w3.weight"],
+                q + "mlp.down_proj.weight": sd[p + "ffn.w2.weight"],
+                q + "input_layernorm.weight": sd[p + "attn_norm.weight"] * s,
+                q + "post_attention_layernorm.weight": sd[p + "ffn_norm.weight"] * s,
+            }
+        )
     return out
 
 
 def llama_config_dict(cfg: ModelConfig) -> dict:
     "The LlamaConfig fields of our backbone."
-    return dict(architectures=['LlamaForCausalLM'], model_type='llama', vocab_size=cfg.vocab_size, hidden_size=cfg.d_model,
-                intermediate_size=cfg.ffn_hidden, num_hidden_layers=cfg.n_layer, num_attention_heads=cfg.n_head,
-                num_key_value_heads=cfg.n_kv_head, head_dim=cfg.head_dim, hidden_act='silu',
-                max_position_embeddings=cfg.max_seq_len, rms_norm_eps=cfg.norm_eps, rope_theta=cfg.rope_theta,
-                rope_parameters=dict(rope_type='default', rope_theta=cfg.rope_theta), tie_word_embeddings=False,
-                attention_bias=False, mlp_bias=False, torch_dtype='float32', initializer_range=cfg.init_std)
+    return dict(
+        architectures=["LlamaForCausalLM"],
+        model_type="llama",
+        vocab_size=cfg.vocab_size,
+        hidden_size=cfg.d_model,
+        intermediate_size=cfg.ffn_hidden,
+        num_hidden_layers=cfg.n_layer,
+        num_attention_heads=cfg.n_head,
+        num_key_value_heads=cfg.n_kv_head,
+        head_dim=cfg.head_dim,
+        hidden_act="silu",
+        max_position_embeddings=cfg.max_seq_len,
+        rms_norm_eps=cfg.norm_eps,
+        rope_theta=cfg.rope_theta,
+        rope_parameters=dict(rope_type="default", rope_theta=cfg.rope_theta),
+        tie_word_embeddings=False,
+        attention_bias=False,
+        mlp_bias=False,
+        torch_dtype="float32",
+        initializer_range=cfg.init_std,
+    )
 
 
 def export_llama(model: DepthModel, folder) -> Path:
     "Write a Hugging Face LlamaForCausalLM folder (config.json + model.safetensors) for a Pre-LN or LNS model."
     folder = Path(folder)
     tensors = llama_state_dict(model)
-    atomic_write_bytes(folder / 'model.safetensors', _save_safetensors_bytes(tensors, metadata={'format': 'pt'}))
-    atomic_write_json(folder / 'config.json', llama_config_dict(model.config))
+    atomic_write_bytes(folder / "model.safetensors", _save_safetensors_bytes(tensors, metadata={"format": "pt"}))
+    atomic_write_json(folder / "config.json", llama_config_dict(model.config))
     return folder
 
 # %% ../nbs/09b_interop.ipynb #592d8bc2
 @torch.no_grad()
-def generate(model: DepthModel, idx: torch.Tensor, max_new_tokens: int, use_cache: bool = True,
-             eos_id: Optional[int] = None) -> torch.Tensor:
+def generate(
+    model: DepthModel, idx: torch.Tensor, max_new_tokens: int, use_cache: bool = True, eos_id: Optional[int] = None
+) -> torch.Tensor:
     "Greedy continuation of idx [B, T] by max_new_tokens tokens -> [B, T + max_new_tokens] (stops early at eos_id)."
     if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
         raise ConfigError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
     if idx.shape[1] + max_new_tokens > model.config.max_seq_len:
-        raise ConfigError(f"prompt ({idx.shape[1]}) + max_new_tokens ({max_new_tokens}) exceeds max_seq_len {model.config.max_seq_len}")
+        raise ConfigError(
+            f"prompt ({idx.shape[1]}) + max_new_tokens ({max_new_tokens}) exceeds max_seq_len {model.config.max_seq_len}"
+        )
     was_training = model.training
     model.eval()
     cache = KVCache() if use_cache else None
     seq, step_input = idx, idx
     for _ in range(max_new_tokens):
         logits = model(step_input, kv_cache=cache) if use_cache else model(seq)  # [B, T', V]
-        nxt = logits[:, -1].argmax(-1, keepdim=True)                              # [B, 1]
+        nxt = logits[:, -1].argmax(-1, keepdim=True)  # [B, 1]
         seq = torch.cat([seq, nxt], dim=1)
         step_input = nxt
-        if eos_id is not None and bool((nxt == eos_id).all()): break
+        if eos_id is not None and bool((nxt == eos_id).all()):
+            break
     model.train(was_training)
     return seq
 
 
 @torch.no_grad()
-def decode_throughput(model: DepthModel, batch_size: int = 1, prompt_len: int = 128, new_tokens: int = 64,
-                      repeats: int = 1, seed: int = 0) -> dict:
+def decode_throughput(
+    model: DepthModel, batch_size: int = 1, prompt_len: int = 128, new_tokens: int = 64, repeats: int = 1, seed: int = 0
+) -> dict:
     "Prefill and cached greedy-decode timing of one shape: seconds, decode tokens/s, KV cache bytes (best of `repeats`)."
     cfg = model.config
     device = next(model.parameters()).device
-    sync = torch.cuda.synchronize if device.type == 'cuda' else (lambda: None)
-    idx = torch.randint(0, cfg.vocab_size, (batch_size, prompt_len), generator=torch.Generator().manual_seed(seed)).to(device)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    idx = torch.randint(0, cfg.vocab_size, (batch_size, prompt_len), generator=torch.Generator().manual_seed(seed)).to(
+        device
+    )
     model.eval()
     best = None
     for _ in range(max(1, repeats)):
         cache = KVCache()
-        sync(); t0 = time.perf_counter()
+        sync()
+        t0 = time.perf_counter()
         nxt = model(idx, kv_cache=cache)[:, -1].argmax(-1, keepdim=True)
-        sync(); t1 = time.perf_counter()
+        sync()
+        t1 = time.perf_counter()
         for _ in range(new_tokens):
             nxt = model(nxt, kv_cache=cache)[:, -1].argmax(-1, keepdim=True)
-        sync(); t2 = time.perf_counter()
-        if best is None or t2 - t1 < best[1]: best = (t1 - t0, t2 - t1, cache)
+        sync()
+        t2 = time.perf_counter()
+        if best is None or t2 - t1 < best[1]:
+            best = (t1 - t0, t2 - t1, cache)
     prefill_s, decode_s, cache = best
     kv_bytes = sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in cache.layers.values())
-    return dict(arch=cfg.arch, n_layer=cfg.n_layer, d_model=cfg.d_model, batch_size=batch_size, prompt_len=prompt_len,
-                new_tokens=new_tokens, device=str(device), prefill_s=prefill_s, decode_s=decode_s,
-                prefill_tokens_per_s=batch_size * prompt_len / prefill_s,
-                decode_tokens_per_s=batch_size * new_tokens / decode_s if new_tokens else float('nan'),
-                kv_cache_bytes=kv_bytes)
+    return dict(
+        arch=cfg.arch,
+        n_layer=cfg.n_layer,
+        d_model=cfg.d_model,
+        batch_size=batch_size,
+        prompt_len=prompt_len,
+        new_tokens=new_tokens,
+        device=str(device),
+        prefill_s=prefill_s,
+        decode_s=decode_s,
+        prefill_tokens_per_s=batch_size * prompt_len / prefill_s,
+        decode_tokens_per_s=batch_size * new_tokens / decode_s if new_tokens else float("nan"),
+        kv_cache_bytes=kv_bytes,
+    )
 
 # %% ../nbs/09b_interop.ipynb #d2d19ea9
-def import_checkpoint_command(source: str,               # local checkpoint folder/file, or a hub id owner/name[@revision]
-                              *, arch: str,              # the design the checkpoint was trained as (preln, periln, lns, deepnorm, keel, hc, mhc, attnres, block_attnres, moda)
-                              n_layer: Annotated[Optional[int], Arg(flags=('--L',))] = None,  # declared number of blocks (checked against the checkpoint)
-                              n_head: Optional[int] = None,     # attention heads (default: OLMo-core config.json, else 16 as in DepthBench)
-                              step: Optional[int] = None,       # which step<N>/ checkpoint of a run folder or release repo (default: the latest)
-                              max_seq_len: int = 2048,          # context length of the imported model (default 2048)
-                              study: Annotated[str, Arg(help=f'study folder under the runs root (default {IMPORTED_STUDY!r})')] = IMPORTED_STUDY,
-                              option: Annotated[list, Arg(metavar='KEY=VALUE')] = (),  # a design option, repeatable
-                              data_source: Optional[str] = None,  # token data diagnostics will use (default: fineweb-edu for DepthBench's 50,280 vocabulary, else the package default 'sample')
-                              tokenizer: Optional[str] = None,    # tokenizer of that data (default: neox for 50,280, else bpe:4096)
-                              json: bool = False) -> int:
+def import_checkpoint_command(
+    source: str,  # local checkpoint folder/file, or a hub id owner/name[@revision]
+    *,
+    arch: str,  # the design the checkpoint was trained as (preln, periln, lns, deepnorm, keel, hc, mhc, attnres, block_attnres, moda)
+    n_layer: Annotated[
+        Optional[int], Arg(flags=("--L",))
+    ] = None,  # declared number of blocks (checked against the checkpoint)
+    n_head: Optional[int] = None,  # attention heads (default: OLMo-core config.json, else 16 as in DepthBench)
+    step: Optional[int] = None,  # which step<N>/ checkpoint of a run folder or release repo (default: the latest)
+    max_seq_len: int = 2048,  # context length of the imported model (default 2048)
+    study: Annotated[str, Arg(help=f"study folder under the runs root (default {IMPORTED_STUDY!r})")] = IMPORTED_STUDY,
+    option: Annotated[list, Arg(metavar="KEY=VALUE")] = (),  # a design option, repeatable
+    data_source: Optional[
+        str
+    ] = None,  # token data diagnostics will use (default: fineweb-edu for DepthBench's 50,280 vocabulary, else the package default 'sample')
+    tokenizer: Optional[str] = None,  # tokenizer of that data (default: neox for 50,280, else bpe:4096)
+    json: bool = False,
+) -> int:
     """Import an OLMo-core / DepthBench checkpoint (DCP folder, safetensors, .pt, Hugging Face LLaMA folder, or a hub
     id when online) as a run folder."""
     options = {}
     for item in option:
-        key, sep, value = item.partition('=')
-        if not sep: raise ConfigError(f"--option expects KEY=VALUE, got {item!r}")
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ConfigError(f"--option expects KEY=VALUE, got {item!r}")
         options[key.strip()] = parse_literal(value)
     data = None
     if data_source or tokenizer:
         default = DataConfig()
         data = DataConfig(source=data_source or default.source, tokenizer=tokenizer or default.tokenizer)
-    folder, result = import_checkpoint(source, arch, n_layer=n_layer, n_head=n_head, study=study,
-                                       max_seq_len=max_seq_len, data=data, step=step, **options)
-    pv = result['provenance']
-    return emit(dict(run_dir=str(folder), run_id=result['run_id'], arch=result['arch'], n_layer=result['n_layer'],
-                     d_model=result['d_model'], params_total=result['params_total'], source_format=pv['source_format'],
-                     source=pv['source'], notes=result['notes']), json, title='imported checkpoint')
+    folder, result = import_checkpoint(
+        source,
+        arch,
+        n_layer=n_layer,
+        n_head=n_head,
+        study=study,
+        max_seq_len=max_seq_len,
+        data=data,
+        step=step,
+        **options,
+    )
+    pv = result["provenance"]
+    return emit(
+        dict(
+            run_dir=str(folder),
+            run_id=result["run_id"],
+            arch=result["arch"],
+            n_layer=result["n_layer"],
+            d_model=result["d_model"],
+            params_total=result["params_total"],
+            source_format=pv["source_format"],
+            source=pv["source"],
+            notes=result["notes"],
+        ),
+        json,
+        title="imported checkpoint",
+    )
 
 
 def cli_import_checkpoint(argv=None) -> int:
     "depthbench-nb import-checkpoint SOURCE --arch A [--L L]: an OLMo-core / DepthBench checkpoint as a run folder."
-    return call_parsed(import_checkpoint_command, argv, prog='depthbench-nb import-checkpoint')
+    return call_parsed(import_checkpoint_command, argv, prog="depthbench-nb import-checkpoint")

@@ -31,7 +31,8 @@ _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
 def _need_tensor(name: str, t) -> Tensor:
-    if not isinstance(t, Tensor): raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if not isinstance(t, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if t.dtype not in _FLOAT_DTYPES:
         raise TypeError(f"{name} must be a floating tensor (one of float16, bfloat16, float32, float64), got {t.dtype}")
     return t
@@ -55,12 +56,13 @@ def _compute_dtype(*ts: Tensor) -> torch.dtype:
 def rms_norm_ref(x: Tensor, weight: Optional[Tensor], eps: float, residual: Optional[Tensor] = None):
     "Reference RMSNorm over the last axis; with `residual`: returns (rms_norm(x + residual), x + residual)."
     if residual is not None:
-        h = x + residual                                   # [..., d] the new residual stream
+        h = x + residual  # [..., d] the new residual stream
         return rms_norm_ref(h, weight, eps), h
     ct = _compute_dtype(x)
-    xf = x.to(ct)                                          # [..., d]
+    xf = x.to(ct)  # [..., d]
     y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    if weight is not None: y = y * weight.to(ct)
+    if weight is not None:
+        y = y * weight.to(ct)
     return y.to(x.dtype)
 
 # %% ../nbs/03_kernels.ipynb #ad2e2c78
@@ -81,92 +83,119 @@ SINKHORN_EPS = 1e-6
 def sinkhorn_ref(logits: Tensor, n_iter: int = 20, eps: float = SINKHORN_EPS) -> Tensor:
     "Reference Sinkhorn of [..., n, n] logits (Liger ordering): row softmax, +eps, column norm, then (row, column) x (n_iter-1)."
     ct = _compute_dtype(logits)
-    m = torch.softmax(logits.to(ct), dim=-1) + eps                 # [..., n, n]
-    m = m / (m.sum(-2, keepdim=True) + eps)                       # columns
+    m = torch.softmax(logits.to(ct), dim=-1) + eps  # [..., n, n]
+    m = m / (m.sum(-2, keepdim=True) + eps)  # columns
     for _ in range(n_iter - 1):
-        m = m / (m.sum(-1, keepdim=True) + eps)                   # rows
-        m = m / (m.sum(-2, keepdim=True) + eps)                   # columns
+        m = m / (m.sum(-1, keepdim=True) + eps)  # rows
+        m = m / (m.sum(-2, keepdim=True) + eps)  # columns
     return m.to(logits.dtype)
 
 # %% ../nbs/03_kernels.ipynb #7e2189e5
 def hc_read_ref(streams: Tensor, read_w: Tensor) -> Tensor:
     "Reference stream read: [..., n, d], [..., n] -> [..., d] = sum_j read_w[j] * streams[j]."
     ct = _compute_dtype(streams)
-    return torch.einsum('...nd,...n->...d', streams.to(ct), read_w.to(ct)).to(streams.dtype)
+    return torch.einsum("...nd,...n->...d", streams.to(ct), read_w.to(ct)).to(streams.dtype)
 
 
 def hc_write_ref(streams: Tensor, mix: Tensor, write_w: Tensor, branch: Tensor) -> Tensor:
     "Reference stream write: out_i = sum_j mix[i, j] * streams_j + write_w[i] * branch; -> [..., n, d]."
     ct = _compute_dtype(streams, branch)
-    mixed = torch.einsum('...ij,...jd->...id', mix.to(ct), streams.to(ct))      # [..., n, d]
+    mixed = torch.einsum("...ij,...jd->...id", mix.to(ct), streams.to(ct))  # [..., n, d]
     out = mixed + write_w.to(ct)[..., :, None] * branch.to(ct)[..., None, :]
     return out.to(torch.promote_types(streams.dtype, branch.dtype))
 
 # %% ../nbs/03_kernels.ipynb #5fa131cf
-def attnres_mix_ref(sources: Tensor, query: Tensor, key_weight: Tensor, out_weight: Tensor, eps: float,
-                    bias: Optional[Tensor] = None, scale: float | Tensor = 1.0, return_all: bool = False):
+def attnres_mix_ref(
+    sources: Tensor,
+    query: Tensor,
+    key_weight: Tensor,
+    out_weight: Tensor,
+    eps: float,
+    bias: Optional[Tensor] = None,
+    scale: float | Tensor = 1.0,
+    return_all: bool = False,
+):
     "Reference AttnRes depth mix of sources [S, B, T, d]; returns out [B, T, d] or (out, raw [B, T, d], p [B, T, S])."
     ct = _compute_dtype(sources)
-    v = sources.to(ct)                                                          # [S, B, T, d]
+    v = sources.to(ct)  # [S, B, T, d]
     # q·(w_k ⊙ v/rms(v)) = (v·(w_k ⊙ q)) / rms(v): fold the key gain into the query and scale the dot products,
     # so no normalized copy of the S sources is made (the mix is memory-bound: 1.6x faster at S=64 on a CPU)
-    inv_rms = torch.rsqrt(torch.linalg.vector_norm(v, dim=-1).square() / v.shape[-1] + eps)   # [S, B, T]
-    logits = scale * torch.einsum('sbtd,d->bts', v, (key_weight * query).to(ct)) * inv_rms.movedim(0, -1)  # [B, T, S]
-    if bias is not None: logits = logits + bias.to(ct)
-    p = torch.softmax(logits, dim=-1)                                           # [B, T, S]
-    raw = torch.einsum('bts,sbtd->btd', p, v)                                   # [B, T, d]
+    inv_rms = torch.rsqrt(torch.linalg.vector_norm(v, dim=-1).square() / v.shape[-1] + eps)  # [S, B, T]
+    logits = scale * torch.einsum("sbtd,d->bts", v, (key_weight * query).to(ct)) * inv_rms.movedim(0, -1)  # [B, T, S]
+    if bias is not None:
+        logits = logits + bias.to(ct)
+    p = torch.softmax(logits, dim=-1)  # [B, T, S]
+    raw = torch.einsum("bts,sbtd->btd", p, v)  # [B, T, d]
     out = rms_norm_ref(raw, out_weight.to(ct), eps)
-    if not return_all: return out.to(sources.dtype)
+    if not return_all:
+        return out.to(sources.dtype)
     return out.to(sources.dtype), raw.to(sources.dtype), p.to(sources.dtype)
 
 # %% ../nbs/03_kernels.ipynb #2e1a8ae7
-def attnres_mix_list_ref(sources: list, query: Tensor, key_weight: Tensor, out_weight: Tensor, eps: float,
-                         bias: Optional[Tensor] = None, scale: float | Tensor = 1.0, return_all: bool = False):
+def attnres_mix_list_ref(
+    sources: list,
+    query: Tensor,
+    key_weight: Tensor,
+    out_weight: Tensor,
+    eps: float,
+    bias: Optional[Tensor] = None,
+    scale: float | Tensor = 1.0,
+    return_all: bool = False,
+):
     "The AttnRes mix of a list of S sources [B, T, d] without stacking them (same results as `attnres_mix_ref`)."
     ct = _compute_dtype(sources[0])
-    u = (key_weight * query).to(ct)                                            # [d]: key gain folded into the query
+    u = (key_weight * query).to(ct)  # [d]: key gain folded into the query
     vs = [v.to(ct) for v in sources]
     d = vs[0].shape[-1]
-    logits = torch.stack([(v @ u) * torch.rsqrt(torch.linalg.vector_norm(v, dim=-1).square() / d + eps) for v in vs], -1)
-    logits = scale * logits                                                    # [B, T, S]
-    if bias is not None: logits = logits + bias.to(ct)
-    p = torch.softmax(logits, dim=-1)                                          # [B, T, S]
+    logits = torch.stack(
+        [(v @ u) * torch.rsqrt(torch.linalg.vector_norm(v, dim=-1).square() / d + eps) for v in vs], -1
+    )
+    logits = scale * logits  # [B, T, S]
+    if bias is not None:
+        logits = logits + bias.to(ct)
+    p = torch.softmax(logits, dim=-1)  # [B, T, S]
     raw = vs[0] * p[..., :1]
-    for s in range(1, len(vs)): raw = torch.addcmul(raw, vs[s], p[..., s:s + 1])  # [B, T, d]
+    for s in range(1, len(vs)):
+        raw = torch.addcmul(raw, vs[s], p[..., s : s + 1])  # [B, T, d]
     out = rms_norm_ref(raw, out_weight.to(ct), eps)
     dt = sources[0].dtype
-    if not return_all: return out.to(dt)
+    if not return_all:
+        return out.to(dt)
     return out.to(dt), raw.to(dt), p.to(dt)
 
 # %% ../nbs/03_kernels.ipynb #87e5360b
-KERNELS_ENV = 'DEPTHBENCH_KERNELS'
-KERNEL_BACKENDS = ('auto', 'triton', 'torch')
+KERNELS_ENV = "DEPTHBENCH_KERNELS"
+KERNEL_BACKENDS = ("auto", "triton", "torch")
 
 
 def kernel_backend() -> str:
     "The requested backend, from the DEPTHBENCH_KERNELS environment variable (default 'auto')."
-    mode = os.environ.get(KERNELS_ENV, 'auto').strip().lower() or 'auto'
+    mode = os.environ.get(KERNELS_ENV, "auto").strip().lower() or "auto"
     if mode not in KERNEL_BACKENDS:
-        raise ConfigError(f"{KERNELS_ENV}={mode!r} is not a kernel backend; valid choices: {', '.join(KERNEL_BACKENDS)}")
+        raise ConfigError(
+            f"{KERNELS_ENV}={mode!r} is not a kernel backend; valid choices: {', '.join(KERNEL_BACKENDS)}"
+        )
     return mode
 
 # %% ../nbs/03_kernels.ipynb #b57bac5d
 try:
     import triton
     import triton.language as tl
+
     HAS_TRITON = True
 except ImportError:  # e.g. macOS wheels of torch come without triton: the references still work
     triton = tl = None
     HAS_TRITON = False
 
+
 def _compiling() -> bool:
     "True while torch.compile traces (torch >= 2.3; False on older versions)."
-    f = getattr(getattr(torch, 'compiler', None), 'is_compiling', None)
+    f = getattr(getattr(torch, "compiler", None), "is_compiling", None)
     return bool(f()) if f is not None else False
 
 
 #: whether this module's kernels run in Triton's interpreter (TRITON_INTERPRET=1 at import time)
-TRITON_INTERPRETED = HAS_TRITON and os.environ.get('TRITON_INTERPRET', '0') == '1'
+TRITON_INTERPRETED = HAS_TRITON and os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 # name -> callable running the Triton path with the public signature; filled by the kernel sections below
 _TRITON_IMPLS: dict = {}
@@ -175,33 +204,49 @@ _SELF_CHECKS: dict = {}
 
 
 def _triton_unavailable_reason(device: torch.device) -> Optional[str]:
-    if not HAS_TRITON: return "triton is not installed (pip install triton; Linux x86_64 only)"
-    if device.type == 'cuda': return None
-    if device.type == 'cpu':
-        if TRITON_INTERPRETED: return None
-        hint = (" (TRITON_INTERPRET=1 is set now, but it was not when depthbench_nb.kernels was imported: "
-                "@triton.jit reads it at import)") if os.environ.get('TRITON_INTERPRET') == '1' else ''
-        return ("Triton kernels need a CUDA tensor, or Triton's CPU interpreter: set TRITON_INTERPRET=1 before "
-                "importing depthbench_nb.kernels" + hint)
+    if not HAS_TRITON:
+        return "triton is not installed (pip install triton; Linux x86_64 only)"
+    if device.type == "cuda":
+        return None
+    if device.type == "cpu":
+        if TRITON_INTERPRETED:
+            return None
+        hint = (
+            (
+                " (TRITON_INTERPRET=1 is set now, but it was not when depthbench_nb.kernels was imported: "
+                "@triton.jit reads it at import)"
+            )
+            if os.environ.get("TRITON_INTERPRET") == "1"
+            else ""
+        )
+        return (
+            "Triton kernels need a CUDA tensor, or Triton's CPU interpreter: set TRITON_INTERPRET=1 before "
+            "importing depthbench_nb.kernels" + hint
+        )
     return f"no Triton backend for device type {device.type!r} (valid: cuda, or cpu with TRITON_INTERPRET=1)"
 
 
 def _use_triton(name: str, *tensors: Optional[Tensor]) -> bool:
     "Decide, per call, whether kernel `name` runs its Triton implementation on these tensors."
-    if _compiling(): return False            # torch.compile traces the reference and generates its own kernels
+    if _compiling():
+        return False  # torch.compile traces the reference and generates its own kernels
     mode = kernel_backend()
-    if mode == 'torch': return False
+    if mode == "torch":
+        return False
     ts = [t for t in tensors if t is not None]
     dev = ts[0].device
-    if any(t.dtype == torch.float64 for t in ts): return False   # fp64 is the reference's (gradcheck) domain
+    if any(t.dtype == torch.float64 for t in ts):
+        return False  # fp64 is the reference's (gradcheck) domain
     reason = _triton_unavailable_reason(dev)
-    if mode == 'auto':
-        if dev.type != 'cuda' or reason is not None or name not in _TRITON_IMPLS: return False
+    if mode == "auto":
+        if dev.type != "cuda" or reason is not None or name not in _TRITON_IMPLS:
+            return False
         return _self_check(name, dev, strict=False)
     if reason is not None:
         raise ConfigError(f"{KERNELS_ENV}=triton but {reason}; valid choices: {', '.join(KERNEL_BACKENDS)}")
-    if name not in _TRITON_IMPLS: raise ConfigError(f"{KERNELS_ENV}=triton but there is no Triton kernel for {name!r}")
-    return _self_check(name, dev, strict=True) if dev.type == 'cuda' else True
+    if name not in _TRITON_IMPLS:
+        raise ConfigError(f"{KERNELS_ENV}=triton but there is no Triton kernel for {name!r}")
+    return _self_check(name, dev, strict=True) if dev.type == "cuda" else True
 
 
 def _self_check(name: str, device: torch.device, strict: bool) -> bool:
@@ -216,7 +261,8 @@ def _self_check(name: str, device: torch.device, strict: bool) -> bool:
         _SELF_CHECKS[key] = ok
         if not ok:
             msg = f"Triton kernel {name!r} failed its self-check against the torch reference on {device}: {detail}"
-            if strict: raise RuntimeError(msg + f" ({KERNELS_ENV}=triton)")
+            if strict:
+                raise RuntimeError(msg + f" ({KERNELS_ENV}=triton)")
             warnings.warn(msg + "; using the torch reference for this kernel from now on", RuntimeWarning)
     elif strict and not _SELF_CHECKS[key]:
         raise RuntimeError(f"Triton kernel {name!r} failed its self-check earlier on {device} ({KERNELS_ENV}=triton)")
@@ -224,14 +270,22 @@ def _self_check(name: str, device: torch.device, strict: bool) -> bool:
 
 # %% ../nbs/03_kernels.ipynb #7c6a2a5b
 if not HAS_TRITON:
+
     class _NoTriton:
         "Stand-in so that the @triton.jit definitions parse without triton; they are never launched."
+
         @staticmethod
-        def jit(fn=None, **kw): return fn if fn is not None else (lambda f: f)
+        def jit(fn=None, **kw):
+            return fn if fn is not None else (lambda f: f)
+
         @staticmethod
-        def next_power_of_2(n: int) -> int: return 1 << max(0, (int(n) - 1).bit_length())
+        def next_power_of_2(n: int) -> int:
+            return 1 << max(0, (int(n) - 1).bit_length())
+
         @staticmethod
-        def cdiv(a: int, b: int) -> int: return -(-a // b)
+        def cdiv(a: int, b: int) -> int:
+            return -(-a // b)
+
     triton = _NoTriton()
 
 
@@ -242,8 +296,10 @@ def _sm_count(device_index: int) -> int:
 
 def _n_programs_persistent(n_rows: int, device: torch.device) -> int:
     "Programs for a persistent (row-looping) kernel: a few per SM on a GPU, few in the interpreter."
-    if device.type == 'cuda':
-        return max(1, min(n_rows, 4 * _sm_count(device.index if device.index is not None else torch.cuda.current_device())))
+    if device.type == "cuda":
+        return max(
+            1, min(n_rows, 4 * _sm_count(device.index if device.index is not None else torch.cuda.current_device()))
+        )
     return max(1, min(n_rows, 8))
 
 
@@ -253,19 +309,30 @@ def _num_warps(block_elems: int) -> int:
 
 
 def _rows_view(t: Tensor, d: int) -> Tensor:
-    return t.contiguous().view(-1, d)                                           # [R, d]
+    return t.contiguous().view(-1, d)  # [R, d]
 
 # %% ../nbs/03_kernels.ipynb #463eaea1
 @triton.jit
-def _rms_norm_fwd_kernel(x_ptr, res_ptr, w_ptr, y_ptr, h_ptr, rstd_ptr, D, eps,
-                         HAS_RES: tl.constexpr, HAS_W: tl.constexpr, BLOCK_D: tl.constexpr):
+def _rms_norm_fwd_kernel(
+    x_ptr,
+    res_ptr,
+    w_ptr,
+    y_ptr,
+    h_ptr,
+    rstd_ptr,
+    D,
+    eps,
+    HAS_RES: tl.constexpr,
+    HAS_W: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_D)
     mask = cols < D
     x = tl.load(x_ptr + row * D + cols, mask=mask, other=0.0).to(tl.float32)
     if HAS_RES:
         x = x + tl.load(res_ptr + row * D + cols, mask=mask, other=0.0).to(tl.float32)
-        h = x.to(h_ptr.dtype.element_ty)          # the new residual stream, in the storage dtype
+        h = x.to(h_ptr.dtype.element_ty)  # the new residual stream, in the storage dtype
         tl.store(h_ptr + row * D + cols, h, mask=mask)
         x = h.to(tl.float32)
     rstd = tl.rsqrt(tl.sum(x * x, axis=0) / D + eps)
@@ -277,8 +344,20 @@ def _rms_norm_fwd_kernel(x_ptr, res_ptr, w_ptr, y_ptr, h_ptr, rstd_ptr, D, eps,
 
 
 @triton.jit
-def _rms_norm_bwd_kernel(dy_ptr, dh_ptr, x_ptr, w_ptr, rstd_ptr, dx_ptr, dw_part_ptr, n_rows, D,
-                         HAS_DH: tl.constexpr, HAS_W: tl.constexpr, BLOCK_D: tl.constexpr):
+def _rms_norm_bwd_kernel(
+    dy_ptr,
+    dh_ptr,
+    x_ptr,
+    w_ptr,
+    rstd_ptr,
+    dx_ptr,
+    dw_part_ptr,
+    n_rows,
+    D,
+    HAS_DH: tl.constexpr,
+    HAS_W: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
     pid = tl.program_id(0)
     n_prog = tl.num_programs(0)
     cols = tl.arange(0, BLOCK_D)
@@ -287,7 +366,7 @@ def _rms_norm_bwd_kernel(dy_ptr, dh_ptr, x_ptr, w_ptr, rstd_ptr, dx_ptr, dw_part
         w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     dw_acc = tl.zeros([BLOCK_D], dtype=tl.float32)
     for row in range(pid, n_rows, n_prog):
-        off = tl.cast(row, tl.int64) * D + cols                                # int64: R·d may pass 2³¹
+        off = tl.cast(row, tl.int64) * D + cols  # int64: R·d may pass 2³¹
         dy = tl.load(dy_ptr + off, mask=mask, other=0.0).to(tl.float32)
         x = tl.load(x_ptr + off, mask=mask, other=0.0).to(tl.float32)
         rstd = tl.load(rstd_ptr + row)
@@ -308,38 +387,62 @@ class _RMSNormFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, eps, residual):
         d = x.shape[-1]
-        x2 = _rows_view(x, d)                                                   # [R, d]
+        x2 = _rows_view(x, d)  # [R, d]
         res2 = _rows_view(residual, d) if residual is not None else None
         out_dtype = torch.promote_types(x.dtype, residual.dtype) if residual is not None else x.dtype
         y = torch.empty(x2.shape, device=x.device, dtype=out_dtype)
         h = torch.empty_like(y) if residual is not None else None
         rstd = torch.empty(x2.shape[0], device=x.device, dtype=torch.float32)  # [R]
         if x2.shape[0] > 0:
-            _rms_norm_fwd_kernel[(x2.shape[0],)](x2, res2 if res2 is not None else x2, weight if weight is not None else x2,
-                                                y, h if h is not None else y, rstd, d, eps,
-                                                HAS_RES=residual is not None, HAS_W=weight is not None,
-                                                BLOCK_D=triton.next_power_of_2(d), num_warps=_num_warps(d))
+            _rms_norm_fwd_kernel[(x2.shape[0],)](
+                x2,
+                res2 if res2 is not None else x2,
+                weight if weight is not None else x2,
+                y,
+                h if h is not None else y,
+                rstd,
+                d,
+                eps,
+                HAS_RES=residual is not None,
+                HAS_W=weight is not None,
+                BLOCK_D=triton.next_power_of_2(d),
+                num_warps=_num_warps(d),
+            )
         ctx.save_for_backward(h if h is not None else x2, weight, rstd)
         ctx.shape, ctx.x_dtype = x.shape, x.dtype
         ctx.res_dtype = residual.dtype if residual is not None else None
         ctx.set_materialize_grads(False)
-        if residual is not None: return y.view(x.shape), h.view(x.shape)
+        if residual is not None:
+            return y.view(x.shape), h.view(x.shape)
         return y.view(x.shape)
 
     @staticmethod
     def backward(ctx, dy, dh=None):
         x2, weight, rstd = ctx.saved_tensors
         R, d = x2.shape
-        if dy is None: dy = torch.zeros(ctx.shape, device=x2.device, dtype=x2.dtype)
+        if dy is None:
+            dy = torch.zeros(ctx.shape, device=x2.device, dtype=x2.dtype)
         dy2 = _rows_view(dy, d)
         dh2 = _rows_view(dh, d) if dh is not None else None
         dx = torch.empty_like(x2)
         n_prog = _n_programs_persistent(R, x2.device)
-        dw_part = torch.zeros(n_prog, d, device=x2.device, dtype=torch.float32)    # [programs, d]
+        dw_part = torch.zeros(n_prog, d, device=x2.device, dtype=torch.float32)  # [programs, d]
         if R > 0:
-            _rms_norm_bwd_kernel[(n_prog,)](dy2, dh2 if dh2 is not None else dy2, x2, weight if weight is not None else x2,
-                                            rstd, dx, dw_part, R, d, HAS_DH=dh2 is not None, HAS_W=weight is not None,
-                                            BLOCK_D=triton.next_power_of_2(d), num_warps=_num_warps(d))
+            _rms_norm_bwd_kernel[(n_prog,)](
+                dy2,
+                dh2 if dh2 is not None else dy2,
+                x2,
+                weight if weight is not None else x2,
+                rstd,
+                dx,
+                dw_part,
+                R,
+                d,
+                HAS_DH=dh2 is not None,
+                HAS_W=weight is not None,
+                BLOCK_D=triton.next_power_of_2(d),
+                num_warps=_num_warps(d),
+            )
         dw = dw_part.sum(0) if weight is not None and ctx.needs_input_grad[1] else None
         dx = dx.view(ctx.shape)
         return dx.to(ctx.x_dtype), dw, None, (dx.to(ctx.res_dtype) if ctx.res_dtype is not None else None)
@@ -392,7 +495,8 @@ def _relu_sq_bwd_kernel(dy_ptr, x_ptr, dx_ptr, N, BLOCK: tl.constexpr):
     tl.store(dx_ptr + offs, (2.0 * r * dy).to(dx_ptr.dtype.element_ty), mask=mask)
 
 
-def _grid_1d(n: int): return (max(1, triton.cdiv(n, _ELEMENTWISE_BLOCK)),)
+def _grid_1d(n: int):
+    return (max(1, triton.cdiv(n, _ELEMENTWISE_BLOCK)),)
 
 
 class _SwiGLUFn(torch.autograd.Function):
@@ -400,7 +504,8 @@ class _SwiGLUFn(torch.autograd.Function):
     def forward(ctx, gate, up):
         g, u = gate.contiguous(), up.contiguous()
         y = torch.empty(g.shape, device=g.device, dtype=torch.promote_types(g.dtype, u.dtype))
-        if g.numel(): _swiglu_fwd_kernel[_grid_1d(g.numel())](g, u, y, g.numel(), BLOCK=_ELEMENTWISE_BLOCK)
+        if g.numel():
+            _swiglu_fwd_kernel[_grid_1d(g.numel())](g, u, y, g.numel(), BLOCK=_ELEMENTWISE_BLOCK)
         ctx.save_for_backward(g, u)
         return y
 
@@ -409,7 +514,8 @@ class _SwiGLUFn(torch.autograd.Function):
         g, u = ctx.saved_tensors
         dy = dy.contiguous()
         dg, du = torch.empty_like(g), torch.empty_like(u)
-        if g.numel(): _swiglu_bwd_kernel[_grid_1d(g.numel())](dy, g, u, dg, du, g.numel(), BLOCK=_ELEMENTWISE_BLOCK)
+        if g.numel():
+            _swiglu_bwd_kernel[_grid_1d(g.numel())](dy, g, u, dg, du, g.numel(), BLOCK=_ELEMENTWISE_BLOCK)
         return dg, du
 
 
@@ -418,7 +524,8 @@ class _ReluSquaredFn(torch.autograd.Function):
     def forward(ctx, x):
         x = x.contiguous()
         y = torch.empty_like(x)
-        if x.numel(): _relu_sq_fwd_kernel[_grid_1d(x.numel())](x, y, x.numel(), BLOCK=_ELEMENTWISE_BLOCK)
+        if x.numel():
+            _relu_sq_fwd_kernel[_grid_1d(x.numel())](x, y, x.numel(), BLOCK=_ELEMENTWISE_BLOCK)
         ctx.save_for_backward(x)
         return y
 
@@ -426,7 +533,8 @@ class _ReluSquaredFn(torch.autograd.Function):
     def backward(ctx, dy):
         (x,) = ctx.saved_tensors
         dx = torch.empty_like(x)
-        if x.numel(): _relu_sq_bwd_kernel[_grid_1d(x.numel())](dy.contiguous(), x, dx, x.numel(), BLOCK=_ELEMENTWISE_BLOCK)
+        if x.numel():
+            _relu_sq_bwd_kernel[_grid_1d(x.numel())](dy.contiguous(), x, dx, x.numel(), BLOCK=_ELEMENTWISE_BLOCK)
         return dx
 
 # %% ../nbs/03_kernels.ipynb #ee7cfd1d
@@ -434,32 +542,33 @@ _SINKHORN_MAX_N = 32
 
 
 @triton.jit
-def _sinkhorn_fwd_kernel(z_ptr, out_ptr, den_ptr, B, N, n_iter, eps,
-                         STORE_DEN: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr):
+def _sinkhorn_fwd_kernel(
+    z_ptr, out_ptr, den_ptr, B, N, n_iter, eps, STORE_DEN: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr
+):
     b = tl.program_id(0).to(tl.int64) * BLOCK_B + tl.arange(0, BLOCK_B)
     i = tl.arange(0, BLOCK_N)
     j = tl.arange(0, BLOCK_N)
     b3, i3, j3 = b[:, None, None], i[None, :, None], j[None, None, :]
-    valid = (b3 < B) & (i3 < N) & (j3 < N)                                    # [BLOCK_B, BLOCK_N, BLOCK_N]
+    valid = (b3 < B) & (i3 < N) & (j3 < N)  # [BLOCK_B, BLOCK_N, BLOCK_N]
     offs = b3 * N * N + i3 * N + j3
-    z = tl.load(z_ptr + offs, mask=valid, other=-float('inf')).to(tl.float32)
-    z = tl.where(valid, z, -float('inf'))
+    z = tl.load(z_ptr + offs, mask=valid, other=-float("inf")).to(tl.float32)
+    z = tl.where(valid, z, -float("inf"))
     z_max = tl.max(z, axis=2)
-    z_max = tl.where(z_max == -float('inf'), 0.0, z_max)                      # padded rows: avoid inf - inf
+    z_max = tl.where(z_max == -float("inf"), 0.0, z_max)  # padded rows: avoid inf - inf
     e = tl.exp(z - z_max[:, :, None])
     row_sum = tl.sum(e, axis=2)
     row_sum = tl.where(row_sum == 0.0, 1.0, row_sum)
     m = tl.where(valid, e / row_sum[:, :, None] + eps, 0.0)
     # den layout: [B, 2*n_iter-1, N], step 0 = the first column normalisation, then (row, column) pairs
     n_steps = 2 * n_iter - 1
-    den_row_base = b[:, None] * n_steps * N + tl.arange(0, BLOCK_N)[None, :]   # [BLOCK_B, BLOCK_N]
+    den_row_base = b[:, None] * n_steps * N + tl.arange(0, BLOCK_N)[None, :]  # [BLOCK_B, BLOCK_N]
     den_mask = (b[:, None] < B) & (tl.arange(0, BLOCK_N)[None, :] < N)
-    col = tl.sum(m, axis=1) + eps                                             # [BLOCK_B, BLOCK_N] over j
+    col = tl.sum(m, axis=1) + eps  # [BLOCK_B, BLOCK_N] over j
     m = m / col[:, None, :]
     if STORE_DEN:
         tl.store(den_ptr + den_row_base, col, mask=den_mask)
     for it in range(1, n_iter):
-        row = tl.sum(m, axis=2) + eps                                         # over i
+        row = tl.sum(m, axis=2) + eps  # over i
         m = m / row[:, :, None]
         col = tl.sum(m, axis=1) + eps
         m = m / col[:, None, :]
@@ -470,15 +579,16 @@ def _sinkhorn_fwd_kernel(z_ptr, out_ptr, den_ptr, B, N, n_iter, eps,
 
 
 @triton.jit
-def _sinkhorn_bwd_kernel(dout_ptr, m_ptr, den_ptr, dz_ptr, B, N, n_iter, eps,
-                         BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr):
+def _sinkhorn_bwd_kernel(
+    dout_ptr, m_ptr, den_ptr, dz_ptr, B, N, n_iter, eps, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr
+):
     b = tl.program_id(0).to(tl.int64) * BLOCK_B + tl.arange(0, BLOCK_B)
     i = tl.arange(0, BLOCK_N)
     b3, i3, j3 = b[:, None, None], i[None, :, None], i[None, None, :]
     valid = (b3 < B) & (i3 < N) & (j3 < N)
     offs = b3 * N * N + i3 * N + j3
-    g = tl.load(dout_ptr + offs, mask=valid, other=0.0).to(tl.float32)       # dL/dM, [BLOCK_B, n, n]
-    m = tl.load(m_ptr + offs, mask=valid, other=0.0).to(tl.float32)          # fp32 final matrix (recomputed)
+    g = tl.load(dout_ptr + offs, mask=valid, other=0.0).to(tl.float32)  # dL/dM, [BLOCK_B, n, n]
+    m = tl.load(m_ptr + offs, mask=valid, other=0.0).to(tl.float32)  # fp32 final matrix (recomputed)
     n_steps = 2 * n_iter - 1
     den_row_base = b[:, None] * n_steps * N + i[None, :]
     den_mask = (b[:, None] < B) & (i[None, :] < N)
@@ -493,7 +603,7 @@ def _sinkhorn_bwd_kernel(dout_ptr, m_ptr, den_ptr, dz_ptr, B, N, n_iter, eps,
     col = tl.load(den_ptr + den_row_base, mask=den_mask, other=1.0)
     g = (g - tl.sum(g * m, axis=1)[:, None, :]) / col[:, None, :]
     m = m * col[:, None, :]
-    p = tl.where(valid, m - eps, 0.0)                                         # the softmax (the +eps has no gradient)
+    p = tl.where(valid, m - eps, 0.0)  # the softmax (the +eps has no gradient)
     dz = p * (g - tl.sum(g * p, axis=2)[:, :, None])
     tl.store(dz_ptr + offs, dz.to(dz_ptr.dtype.element_ty), mask=valid)
 
@@ -502,8 +612,18 @@ def _sinkhorn_launch(z: Tensor, n_iter: int, out: Tensor, den: Optional[Tensor])
     B, n = z.shape[0], z.shape[-1]
     block_n = triton.next_power_of_2(n)
     block_b = max(1, min(triton.next_power_of_2(B), 2048 // (block_n * block_n)))
-    _sinkhorn_fwd_kernel[(triton.cdiv(B, block_b),)](z, out, den if den is not None else out, B, n, n_iter, SINKHORN_EPS,
-                                                     STORE_DEN=den is not None, BLOCK_B=block_b, BLOCK_N=block_n)
+    _sinkhorn_fwd_kernel[(triton.cdiv(B, block_b),)](
+        z,
+        out,
+        den if den is not None else out,
+        B,
+        n,
+        n_iter,
+        SINKHORN_EPS,
+        STORE_DEN=den is not None,
+        BLOCK_B=block_b,
+        BLOCK_N=block_n,
+    )
     return block_b, block_n
 
 
@@ -511,9 +631,10 @@ class _SinkhornFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits, n_iter):
         n = logits.shape[-1]
-        z = logits.contiguous().view(-1, n, n)                                 # [B, n, n]
+        z = logits.contiguous().view(-1, n, n)  # [B, n, n]
         out = torch.empty_like(z)
-        if z.shape[0]: _sinkhorn_launch(z, n_iter, out, None)
+        if z.shape[0]:
+            _sinkhorn_launch(z, n_iter, out, None)
         ctx.save_for_backward(z)
         ctx.n_iter, ctx.shape = n_iter, logits.shape
         return out.view(logits.shape)
@@ -528,13 +649,24 @@ class _SinkhornFn(torch.autograd.Function):
             m32 = torch.empty(z.shape, device=z.device, dtype=torch.float32)
             den = torch.empty(B, 2 * ctx.n_iter - 1, n, device=z.device, dtype=torch.float32)
             block_b, block_n = _sinkhorn_launch(z, ctx.n_iter, m32, den)
-            _sinkhorn_bwd_kernel[(triton.cdiv(B, block_b),)](dout.contiguous().view(-1, n, n), m32, den, dz, B, n, ctx.n_iter,
-                                                           SINKHORN_EPS, BLOCK_B=block_b, BLOCK_N=block_n)
+            _sinkhorn_bwd_kernel[(triton.cdiv(B, block_b),)](
+                dout.contiguous().view(-1, n, n),
+                m32,
+                den,
+                dz,
+                B,
+                n,
+                ctx.n_iter,
+                SINKHORN_EPS,
+                BLOCK_B=block_b,
+                BLOCK_N=block_n,
+            )
         return dz.view(ctx.shape), None
 
 
 def _sinkhorn_triton(logits, n_iter=20):
-    if logits.shape[-1] > _SINKHORN_MAX_N: return sinkhorn_ref(logits, n_iter)   # whole matrices live in registers
+    if logits.shape[-1] > _SINKHORN_MAX_N:
+        return sinkhorn_ref(logits, n_iter)  # whole matrices live in registers
     return _SinkhornFn.apply(logits, n_iter)
 
 # %% ../nbs/03_kernels.ipynb #48f2bde3
@@ -548,8 +680,10 @@ def _hc_read_fwd_kernel(s_ptr, w_ptr, y_ptr, N, D, BLOCK_N: tl.constexpr, BLOCK_
     cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     j = tl.arange(0, BLOCK_N)
     mask = (j[:, None] < N) & (cols[None, :] < D)
-    s = tl.load(s_ptr + row * N * D + j[:, None] * D + cols[None, :], mask=mask, other=0.0).to(tl.float32)   # [n, BLOCK_D]
-    w = tl.load(w_ptr + row * N + j, mask=j < N, other=0.0)                                                    # [n] fp32
+    s = tl.load(s_ptr + row * N * D + j[:, None] * D + cols[None, :], mask=mask, other=0.0).to(
+        tl.float32
+    )  # [n, BLOCK_D]
+    w = tl.load(w_ptr + row * N + j, mask=j < N, other=0.0)  # [n] fp32
     tl.store(y_ptr + row * D + cols, tl.sum(w[:, None] * s, axis=0).to(y_ptr.dtype.element_ty), mask=cols < D)
 
 
@@ -563,7 +697,7 @@ def _hc_read_bwd_kernel(dy_ptr, s_ptr, w_ptr, ds_ptr, dw_ptr, N, D, BLOCK_N: tl.
         cols = d0 + tl.arange(0, BLOCK_D)
         mask = (j[:, None] < N) & (cols[None, :] < D)
         offs = row * N * D + j[:, None] * D + cols[None, :]
-        dy = tl.load(dy_ptr + row * D + cols, mask=cols < D, other=0.0).to(tl.float32)                      # [BLOCK_D]
+        dy = tl.load(dy_ptr + row * D + cols, mask=cols < D, other=0.0).to(tl.float32)  # [BLOCK_D]
         s = tl.load(s_ptr + offs, mask=mask, other=0.0).to(tl.float32)
         tl.store(ds_ptr + offs, (w[:, None] * dy[None, :]).to(ds_ptr.dtype.element_ty), mask=mask)
         dw += tl.sum(s * dy[None, :], axis=1)
@@ -577,21 +711,36 @@ def _hc_write_fwd_kernel(s_ptr, m_ptr, w_ptr, b_ptr, o_ptr, N, D, BLOCK_N: tl.co
     i = tl.arange(0, BLOCK_N)
     mask = (i[:, None] < N) & (cols[None, :] < D)
     offs = row * N * D + i[:, None] * D + cols[None, :]
-    s = tl.load(s_ptr + offs, mask=mask, other=0.0).to(tl.float32)                                          # [n, BLOCK_D] (j, d)
-    mix = tl.load(m_ptr + row * N * N + i[:, None] * N + i[None, :], mask=(i[:, None] < N) & (i[None, :] < N), other=0.0)  # [n, n] (i, j)
-    w = tl.load(w_ptr + row * N + i, mask=i < N, other=0.0)                                                  # [n]
-    br = tl.load(b_ptr + row * D + cols, mask=cols < D, other=0.0).to(tl.float32)                           # [BLOCK_D]
-    out = tl.sum(mix[:, :, None] * s[None, :, :], axis=1) + w[:, None] * br[None, :]                         # [n, BLOCK_D]
+    s = tl.load(s_ptr + offs, mask=mask, other=0.0).to(tl.float32)  # [n, BLOCK_D] (j, d)
+    mix = tl.load(
+        m_ptr + row * N * N + i[:, None] * N + i[None, :], mask=(i[:, None] < N) & (i[None, :] < N), other=0.0
+    )  # [n, n] (i, j)
+    w = tl.load(w_ptr + row * N + i, mask=i < N, other=0.0)  # [n]
+    br = tl.load(b_ptr + row * D + cols, mask=cols < D, other=0.0).to(tl.float32)  # [BLOCK_D]
+    out = tl.sum(mix[:, :, None] * s[None, :, :], axis=1) + w[:, None] * br[None, :]  # [n, BLOCK_D]
     tl.store(o_ptr + offs, out.to(o_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
-def _hc_write_bwd_kernel(do_ptr, s_ptr, m_ptr, w_ptr, b_ptr, ds_ptr, dm_ptr, dw_ptr, db_ptr, N, D,
-                         BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+def _hc_write_bwd_kernel(
+    do_ptr,
+    s_ptr,
+    m_ptr,
+    w_ptr,
+    b_ptr,
+    ds_ptr,
+    dm_ptr,
+    dw_ptr,
+    db_ptr,
+    N,
+    D,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
     row = tl.program_id(0).to(tl.int64)
     i = tl.arange(0, BLOCK_N)
     nn_mask = (i[:, None] < N) & (i[None, :] < N)
-    mix = tl.load(m_ptr + row * N * N + i[:, None] * N + i[None, :], mask=nn_mask, other=0.0)                # [n, n] (i, j)
+    mix = tl.load(m_ptr + row * N * N + i[:, None] * N + i[None, :], mask=nn_mask, other=0.0)  # [n, n] (i, j)
     w = tl.load(w_ptr + row * N + i, mask=i < N, other=0.0)
     dmix = tl.zeros([BLOCK_N, BLOCK_N], dtype=tl.float32)
     dw = tl.zeros([BLOCK_N], dtype=tl.float32)
@@ -599,10 +748,10 @@ def _hc_write_bwd_kernel(do_ptr, s_ptr, m_ptr, w_ptr, b_ptr, ds_ptr, dm_ptr, dw_
         cols = d0 + tl.arange(0, BLOCK_D)
         mask = (i[:, None] < N) & (cols[None, :] < D)
         offs = row * N * D + i[:, None] * D + cols[None, :]
-        g = tl.load(do_ptr + offs, mask=mask, other=0.0).to(tl.float32)                                     # [n, BLOCK_D] (i, d)
-        s = tl.load(s_ptr + offs, mask=mask, other=0.0).to(tl.float32)                                      # [n, BLOCK_D] (j, d)
+        g = tl.load(do_ptr + offs, mask=mask, other=0.0).to(tl.float32)  # [n, BLOCK_D] (i, d)
+        s = tl.load(s_ptr + offs, mask=mask, other=0.0).to(tl.float32)  # [n, BLOCK_D] (j, d)
         br = tl.load(b_ptr + row * D + cols, mask=cols < D, other=0.0).to(tl.float32)
-        ds = tl.sum(mix[:, :, None] * g[:, None, :], axis=0)                                                # [n, BLOCK_D] (j, d)
+        ds = tl.sum(mix[:, :, None] * g[:, None, :], axis=0)  # [n, BLOCK_D] (j, d)
         tl.store(ds_ptr + offs, ds.to(ds_ptr.dtype.element_ty), mask=mask)
         tl.store(db_ptr + row * D + cols, tl.sum(w[:, None] * g, axis=0).to(db_ptr.dtype.element_ty), mask=cols < D)
         dmix += tl.sum(g[:, None, :] * s[None, :, :], axis=2)
@@ -613,11 +762,13 @@ def _hc_write_bwd_kernel(do_ptr, s_ptr, m_ptr, w_ptr, b_ptr, ds_ptr, dm_ptr, dw_
 
 class _HCReadFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, s, w):                         # s [R, n, d] storage dtype, w [R, n] fp32
+    def forward(ctx, s, w):  # s [R, n, d] storage dtype, w [R, n] fp32
         R, n, d = s.shape
         y = torch.empty(R, d, device=s.device, dtype=s.dtype)
-        bn = triton.next_power_of_2(n); bd = _hc_block_d(d, bn)
-        if R: _hc_read_fwd_kernel[(R, triton.cdiv(d, bd))](s, w, y, n, d, BLOCK_N=bn, BLOCK_D=bd)
+        bn = triton.next_power_of_2(n)
+        bd = _hc_block_d(d, bn)
+        if R:
+            _hc_read_fwd_kernel[(R, triton.cdiv(d, bd))](s, w, y, n, d, BLOCK_N=bn, BLOCK_D=bd)
         ctx.save_for_backward(s, w)
         return y
 
@@ -626,18 +777,22 @@ class _HCReadFn(torch.autograd.Function):
         s, w = ctx.saved_tensors
         R, n, d = s.shape
         ds, dw = torch.empty_like(s), torch.empty_like(w)
-        bn = triton.next_power_of_2(n); bd = _hc_block_d(d, bn)
-        if R: _hc_read_bwd_kernel[(R,)](dy.contiguous(), s, w, ds, dw, n, d, BLOCK_N=bn, BLOCK_D=bd)
+        bn = triton.next_power_of_2(n)
+        bd = _hc_block_d(d, bn)
+        if R:
+            _hc_read_bwd_kernel[(R,)](dy.contiguous(), s, w, ds, dw, n, d, BLOCK_N=bn, BLOCK_D=bd)
         return ds, dw
 
 
 class _HCWriteFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, s, mix, w, br):                # s [R, n, d], mix [R, n, n] fp32, w [R, n] fp32, br [R, d]
+    def forward(ctx, s, mix, w, br):  # s [R, n, d], mix [R, n, n] fp32, w [R, n] fp32, br [R, d]
         R, n, d = s.shape
         out = torch.empty(s.shape, device=s.device, dtype=torch.promote_types(s.dtype, br.dtype))
-        bn = triton.next_power_of_2(n); bd = _hc_block_d(d, bn)
-        if R: _hc_write_fwd_kernel[(R, triton.cdiv(d, bd))](s, mix, w, br, out, n, d, BLOCK_N=bn, BLOCK_D=bd)
+        bn = triton.next_power_of_2(n)
+        bd = _hc_block_d(d, bn)
+        if R:
+            _hc_write_fwd_kernel[(R, triton.cdiv(d, bd))](s, mix, w, br, out, n, d, BLOCK_N=bn, BLOCK_D=bd)
         ctx.save_for_backward(s, mix, w, br)
         return out
 
@@ -646,8 +801,12 @@ class _HCWriteFn(torch.autograd.Function):
         s, mix, w, br = ctx.saved_tensors
         R, n, d = s.shape
         ds, dmix, dw, dbr = torch.empty_like(s), torch.empty_like(mix), torch.empty_like(w), torch.empty_like(br)
-        bn = triton.next_power_of_2(n); bd = _hc_block_d(d, bn)
-        if R: _hc_write_bwd_kernel[(R,)](dout.contiguous(), s, mix, w, br, ds, dmix, dw, dbr, n, d, BLOCK_N=bn, BLOCK_D=bd)
+        bn = triton.next_power_of_2(n)
+        bd = _hc_block_d(d, bn)
+        if R:
+            _hc_write_bwd_kernel[(R,)](
+                dout.contiguous(), s, mix, w, br, ds, dmix, dw, dbr, n, d, BLOCK_N=bn, BLOCK_D=bd
+            )
         return ds, dmix, dw, dbr
 
 
@@ -664,8 +823,12 @@ def _hc_read_triton(streams, read_w):
 
 def _hc_write_triton(streams, mix, write_w, branch):
     lead, (n, d) = tuple(streams.shape[:-2]), streams.shape[-2:]
-    out = _HCWriteFn.apply(streams.contiguous().view(-1, n, d), _coeff_rows(mix, lead, (n, n)),
-                           _coeff_rows(write_w, lead, (n,)), branch.contiguous().view(-1, d))
+    out = _HCWriteFn.apply(
+        streams.contiguous().view(-1, n, d),
+        _coeff_rows(mix, lead, (n, n)),
+        _coeff_rows(write_w, lead, (n,)),
+        branch.contiguous().view(-1, d),
+    )
     return out.view(streams.shape)
 
 # %% ../nbs/03_kernels.ipynb #3f70fb4a
@@ -675,12 +838,30 @@ def _attnres_blocks(S: int, d: int) -> tuple[int, int]:
 
 
 @triton.jit
-def _attnres_fwd_kernel(v_ptr, c_ptr, wo_ptr, bias_ptr, out_ptr, raw_ptr, p_ptr, r_ptr, dot_ptr, rho_ptr,
-                        S, R, D, eps, scale, HAS_BIAS: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
+def _attnres_fwd_kernel(
+    v_ptr,
+    c_ptr,
+    wo_ptr,
+    bias_ptr,
+    out_ptr,
+    raw_ptr,
+    p_ptr,
+    r_ptr,
+    dot_ptr,
+    rho_ptr,
+    S,
+    R,
+    D,
+    eps,
+    scale,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
     row = tl.program_id(0).to(tl.int64)
     s = tl.arange(0, BLOCK_S)
     s_mask = s < S
-    src = s.to(tl.int64)[:, None] * R * D + row * D                           # [BLOCK_S, 1] start of v_s for this token
+    src = s.to(tl.int64)[:, None] * R * D + row * D  # [BLOCK_S, 1] start of v_s for this token
     sumsq = tl.zeros([BLOCK_S], dtype=tl.float32)
     dot = tl.zeros([BLOCK_S], dtype=tl.float32)
     for d0 in range(0, D, BLOCK_D):
@@ -689,13 +870,13 @@ def _attnres_fwd_kernel(v_ptr, c_ptr, wo_ptr, bias_ptr, out_ptr, raw_ptr, p_ptr,
         c = tl.load(c_ptr + cols, mask=cols < D, other=0.0)
         sumsq += tl.sum(v * v, axis=1)
         dot += tl.sum(v * c[None, :], axis=1)
-    r = tl.rsqrt(sumsq / D + eps)                                            # [BLOCK_S] 1/rms(v_s)
+    r = tl.rsqrt(sumsq / D + eps)  # [BLOCK_S] 1/rms(v_s)
     z = scale * r * dot
     if HAS_BIAS:
         z += tl.load(bias_ptr + s, mask=s_mask, other=0.0)
-    z = tl.where(s_mask, z, -float('inf'))
+    z = tl.where(s_mask, z, -float("inf"))
     e = tl.exp(z - tl.max(z, axis=0))
-    p = e / tl.sum(e, axis=0)                                                # [BLOCK_S]
+    p = e / tl.sum(e, axis=0)  # [BLOCK_S]
     tl.store(p_ptr + row * S + s, p, mask=s_mask)
     tl.store(r_ptr + row * S + s, r, mask=s_mask)
     tl.store(dot_ptr + row * S + s, dot, mask=s_mask)
@@ -703,7 +884,7 @@ def _attnres_fwd_kernel(v_ptr, c_ptr, wo_ptr, bias_ptr, out_ptr, raw_ptr, p_ptr,
     for d0 in range(0, D, BLOCK_D):
         cols = d0 + tl.arange(0, BLOCK_D)
         v = tl.load(v_ptr + src + cols[None, :], mask=s_mask[:, None] & (cols[None, :] < D), other=0.0).to(tl.float32)
-        raw = tl.sum(p[:, None] * v, axis=0)                                 # [BLOCK_D]
+        raw = tl.sum(p[:, None] * v, axis=0)  # [BLOCK_D]
         tl.store(raw_ptr + row * D + cols, raw, mask=cols < D)
         raw_sq += raw * raw
     rho = tl.rsqrt(tl.sum(raw_sq, axis=0) / D + eps)
@@ -716,10 +897,32 @@ def _attnres_fwd_kernel(v_ptr, c_ptr, wo_ptr, bias_ptr, out_ptr, raw_ptr, p_ptr,
 
 
 @triton.jit
-def _attnres_bwd_kernel(dout_ptr, draw_ptr, dp_ptr, v_ptr, c_ptr, wo_ptr, raw_ptr, p_ptr, r_ptr, dot_ptr, rho_ptr,
-                        dv_ptr, a_ptr, gwo_ptr, dz_ptr, S, R, D, scale,
-                        HAS_DOUT: tl.constexpr, HAS_DRAW: tl.constexpr, HAS_DP: tl.constexpr,
-                        BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
+def _attnres_bwd_kernel(
+    dout_ptr,
+    draw_ptr,
+    dp_ptr,
+    v_ptr,
+    c_ptr,
+    wo_ptr,
+    raw_ptr,
+    p_ptr,
+    r_ptr,
+    dot_ptr,
+    rho_ptr,
+    dv_ptr,
+    a_ptr,
+    gwo_ptr,
+    dz_ptr,
+    S,
+    R,
+    D,
+    scale,
+    HAS_DOUT: tl.constexpr,
+    HAS_DRAW: tl.constexpr,
+    HAS_DP: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
     row = tl.program_id(0).to(tl.int64)
     s = tl.arange(0, BLOCK_S)
     s_mask = s < S
@@ -733,7 +936,9 @@ def _attnres_bwd_kernel(dout_ptr, draw_ptr, dp_ptr, v_ptr, c_ptr, wo_ptr, raw_pt
     if HAS_DOUT:
         for d0 in range(0, D, BLOCK_D):
             cols = d0 + tl.arange(0, BLOCK_D)
-            g = tl.load(dout_ptr + row * D + cols, mask=cols < D, other=0.0).to(tl.float32) * tl.load(wo_ptr + cols, mask=cols < D, other=0.0)
+            g = tl.load(dout_ptr + row * D + cols, mask=cols < D, other=0.0).to(tl.float32) * tl.load(
+                wo_ptr + cols, mask=cols < D, other=0.0
+            )
             g_raw += g * tl.load(raw_ptr + row * D + cols, mask=cols < D, other=0.0)
     g_raw_mean = tl.sum(g_raw, axis=0) / D
     # dp_s = d raw . v_s
@@ -755,13 +960,15 @@ def _attnres_bwd_kernel(dout_ptr, draw_ptr, dp_ptr, v_ptr, c_ptr, wo_ptr, raw_pt
         dp += tl.load(dp_ptr + row * S + s, mask=s_mask, other=0.0).to(tl.float32)
     dz = p * (dp - tl.sum(p * dp, axis=0))
     tl.store(dz_ptr + row * S + s, dz, mask=s_mask)
-    k = scale * dz * r                                                       # du_s * r_s
+    k = scale * dz * r  # du_s * r_s
     for d0 in range(0, D, BLOCK_D):
         cols = d0 + tl.arange(0, BLOCK_D)
         raw = tl.load(raw_ptr + row * D + cols, mask=cols < D, other=0.0)
         draw = tl.zeros([BLOCK_D], dtype=tl.float32)
         if HAS_DOUT:
-            g = tl.load(dout_ptr + row * D + cols, mask=cols < D, other=0.0).to(tl.float32) * tl.load(wo_ptr + cols, mask=cols < D, other=0.0)
+            g = tl.load(dout_ptr + row * D + cols, mask=cols < D, other=0.0).to(tl.float32) * tl.load(
+                wo_ptr + cols, mask=cols < D, other=0.0
+            )
             draw += rho * (g - raw * rho * rho * g_raw_mean)
         if HAS_DRAW:
             draw += tl.load(draw_ptr + row * D + cols, mask=cols < D, other=0.0).to(tl.float32)
@@ -775,15 +982,43 @@ def _attnres_bwd_kernel(dout_ptr, draw_ptr, dp_ptr, v_ptr, c_ptr, wo_ptr, raw_pt
 
 class _AttnResMixFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, v, q, kw, wo, bias, eps, scale):   # v [S, R, d] storage dtype; q, kw, wo [d] fp32; bias [S] fp32 or None
+    def forward(
+        ctx, v, q, kw, wo, bias, eps, scale
+    ):  # v [S, R, d] storage dtype; q, kw, wo [d] fp32; bias [S] fp32 or None
         S, R, d = v.shape
-        c = (q * kw).contiguous()                                              # [d] the effective key direction
+        c = (q * kw).contiguous()  # [d] the effective key direction
         out = torch.empty(R, d, device=v.device, dtype=v.dtype)
         f32 = dict(device=v.device, dtype=torch.float32)
-        raw, p, r, dot, rho = torch.empty(R, d, **f32), torch.empty(R, S, **f32), torch.empty(R, S, **f32), torch.empty(R, S, **f32), torch.empty(R, **f32)
+        raw, p, r, dot, rho = (
+            torch.empty(R, d, **f32),
+            torch.empty(R, S, **f32),
+            torch.empty(R, S, **f32),
+            torch.empty(R, S, **f32),
+            torch.empty(R, **f32),
+        )
         bs, bd = _attnres_blocks(S, d)
-        if R: _attnres_fwd_kernel[(R,)](v, c, wo, bias if bias is not None else c, out, raw, p, r, dot, rho, S, R, d, eps, scale,
-                                        HAS_BIAS=bias is not None, BLOCK_S=bs, BLOCK_D=bd, num_warps=_num_warps(bs * bd))
+        if R:
+            _attnres_fwd_kernel[(R,)](
+                v,
+                c,
+                wo,
+                bias if bias is not None else c,
+                out,
+                raw,
+                p,
+                r,
+                dot,
+                rho,
+                S,
+                R,
+                d,
+                eps,
+                scale,
+                HAS_BIAS=bias is not None,
+                BLOCK_S=bs,
+                BLOCK_D=bd,
+                num_warps=_num_warps(bs * bd),
+            )
         ctx.save_for_backward(v, q, kw, wo, c, raw, p, r, dot, rho)
         ctx.scale, ctx.has_bias = scale, bias is not None
         ctx.set_materialize_grads(False)
@@ -800,10 +1035,35 @@ class _AttnResMixFn(torch.autograd.Function):
         dout_ = dout.contiguous() if dout is not None else raw
         draw_ = draw.contiguous() if draw is not None else raw
         dp_ = dp.contiguous() if dp is not None else p
-        if R: _attnres_bwd_kernel[(R,)](dout_, draw_, dp_, v, c, wo, raw, p, r, dot, rho, dv, a, gwo, dz, S, R, d, ctx.scale,
-                                        HAS_DOUT=dout is not None, HAS_DRAW=draw is not None, HAS_DP=dp is not None,
-                                        BLOCK_S=bs, BLOCK_D=bd, num_warps=_num_warps(bs * bd))
-        a_sum = a.sum(0)                                                       # [d]
+        if R:
+            _attnres_bwd_kernel[(R,)](
+                dout_,
+                draw_,
+                dp_,
+                v,
+                c,
+                wo,
+                raw,
+                p,
+                r,
+                dot,
+                rho,
+                dv,
+                a,
+                gwo,
+                dz,
+                S,
+                R,
+                d,
+                ctx.scale,
+                HAS_DOUT=dout is not None,
+                HAS_DRAW=draw is not None,
+                HAS_DP=dp is not None,
+                BLOCK_S=bs,
+                BLOCK_D=bd,
+                num_warps=_num_warps(bs * bd),
+            )
+        a_sum = a.sum(0)  # [d]
         return dv, a_sum * kw, a_sum * q, gwo.sum(0), (dz.sum(0) if ctx.has_bias else None), None, None
 
 
@@ -811,10 +1071,18 @@ def _attnres_mix_triton(sources, query, key_weight, out_weight, eps, bias=None, 
     S, d = sources.shape[0], sources.shape[-1]
     lead = tuple(sources.shape[1:-1])
     vec = lambda t: t.float().contiguous()
-    out, raw, p = _AttnResMixFn.apply(sources.contiguous().view(S, -1, d), vec(query), vec(key_weight), vec(out_weight),
-                                      vec(bias) if bias is not None else None, eps, scale)
+    out, raw, p = _AttnResMixFn.apply(
+        sources.contiguous().view(S, -1, d),
+        vec(query),
+        vec(key_weight),
+        vec(out_weight),
+        vec(bias) if bias is not None else None,
+        eps,
+        scale,
+    )
     out = out.view(*lead, d)
-    if not return_all: return out
+    if not return_all:
+        return out
     return out, raw.view(*lead, d), p.view(*lead, S)
 
 # %% ../nbs/03_kernels.ipynb #7dc04428
@@ -825,165 +1093,245 @@ def _need_eps(eps) -> float:
 
 
 def _need_vector(name: str, t: Optional[Tensor], d: int, what: str, ref: Tensor) -> None:
-    if t is None: return
+    if t is None:
+        return
     _need_tensor(name, t)
     _need_shape(name, t, (d,), what)
-    _same_device(**{name: t, 'data': ref})
+    _same_device(**{name: t, "data": ref})
 
 
 def rms_norm(x: Tensor, weight: Optional[Tensor], eps: float, residual: Optional[Tensor] = None):
     "RMSNorm over the last axis (weight [d] or None); with residual: h = x + residual (promoted dtype), returns (rms_norm(h), h)."
-    _need_tensor('x', x)
-    if x.ndim < 1: raise ValueError("x must have at least one axis (the normalised one)")
+    _need_tensor("x", x)
+    if x.ndim < 1:
+        raise ValueError("x must have at least one axis (the normalised one)")
     eps = _need_eps(eps)
-    _need_vector('weight', weight, x.shape[-1], 'the gain of the last axis', x)
+    _need_vector("weight", weight, x.shape[-1], "the gain of the last axis", x)
     if residual is not None:
-        _need_tensor('residual', residual)
-        _need_shape('residual', residual, x.shape, 'the same shape as x')
+        _need_tensor("residual", residual)
+        _need_shape("residual", residual, x.shape, "the same shape as x")
         _same_device(x=x, residual=residual)
-    if _use_triton('rms_norm', x, residual): return _TRITON_IMPLS['rms_norm'](x, weight, eps, residual)
+    if _use_triton("rms_norm", x, residual):
+        return _TRITON_IMPLS["rms_norm"](x, weight, eps, residual)
     return rms_norm_ref(x, weight, eps, residual)
 
 
 def swiglu(gate: Tensor, up: Tensor) -> Tensor:
     "SwiGLU activation silu(gate) * up (same shapes)."
-    _need_tensor('gate', gate); _need_tensor('up', up)
-    _need_shape('up', up, gate.shape, 'the same shape as gate')
+    _need_tensor("gate", gate)
+    _need_tensor("up", up)
+    _need_shape("up", up, gate.shape, "the same shape as gate")
     _same_device(gate=gate, up=up)
-    if _use_triton('swiglu', gate, up): return _TRITON_IMPLS['swiglu'](gate, up)
+    if _use_triton("swiglu", gate, up):
+        return _TRITON_IMPLS["swiglu"](gate, up)
     return swiglu_ref(gate, up)
 
 
 def relu_squared(x: Tensor) -> Tensor:
     "Squared ReLU relu(x)**2."
-    _need_tensor('x', x)
-    if _use_triton('relu_squared', x): return _TRITON_IMPLS['relu_squared'](x)
+    _need_tensor("x", x)
+    if _use_triton("relu_squared", x):
+        return _TRITON_IMPLS["relu_squared"](x)
     return relu_squared_ref(x)
 
 
 def sinkhorn(logits: Tensor, n_iter: int = 20) -> Tensor:
     "Doubly stochastic [..., n, n] from logits: row softmax, +1e-6, column norm, then n_iter-1 (row, column) rounds."
-    _need_tensor('logits', logits)
+    _need_tensor("logits", logits)
     if logits.ndim < 2 or logits.shape[-1] != logits.shape[-2]:
         raise ValueError(f"logits must be [..., n, n] (square in the last two axes), got {tuple(logits.shape)}")
     if isinstance(n_iter, bool) or not isinstance(n_iter, int) or n_iter < 1:
         raise ValueError(f"n_iter must be an int >= 1 (normalisation rounds), got {n_iter!r}")
-    if _use_triton('sinkhorn', logits): return _TRITON_IMPLS['sinkhorn'](logits, n_iter)
+    if _use_triton("sinkhorn", logits):
+        return _TRITON_IMPLS["sinkhorn"](logits, n_iter)
     return sinkhorn_ref(logits, n_iter)
 
 
 def _need_coeff(name: str, t: Tensor, lead: tuple, tail: tuple, streams: Tensor) -> None:
     "A coefficient tensor [..., *tail] whose leading axes broadcast to the streams' leading axes `lead`."
     _need_tensor(name, t)
-    _same_device(**{name: t, 'streams': streams})
-    if t.ndim < len(tail) or tuple(t.shape[t.ndim - len(tail):]) != tuple(tail):
-        raise ValueError(f"{name} must end in {tuple(tail)} (streams are [..., n, d] with n={streams.shape[-2]}), got {tuple(t.shape)}")
-    t_lead = tuple(t.shape[:t.ndim - len(tail)])
-    try: ok = torch.broadcast_shapes(t_lead, lead) == torch.Size(lead)
-    except RuntimeError: ok = False
+    _same_device(**{name: t, "streams": streams})
+    if t.ndim < len(tail) or tuple(t.shape[t.ndim - len(tail) :]) != tuple(tail):
+        raise ValueError(
+            f"{name} must end in {tuple(tail)} (streams are [..., n, d] with n={streams.shape[-2]}), got {tuple(t.shape)}"
+        )
+    t_lead = tuple(t.shape[: t.ndim - len(tail)])
+    try:
+        ok = torch.broadcast_shapes(t_lead, lead) == torch.Size(lead)
+    except RuntimeError:
+        ok = False
     if not ok:
         raise ValueError(f"{name}'s leading axes {t_lead} must broadcast to the streams' leading axes {lead}")
 
 
 def hc_read(streams: Tensor, read_w: Tensor) -> Tensor:
     "Stream read: streams [..., n, d], read_w [..., n] -> [..., d] = sum_j read_w[j] streams[j]."
-    _need_tensor('streams', streams)
-    if streams.ndim < 2: raise ValueError(f"streams must be [..., n, d], got {tuple(streams.shape)}")
+    _need_tensor("streams", streams)
+    if streams.ndim < 2:
+        raise ValueError(f"streams must be [..., n, d], got {tuple(streams.shape)}")
     lead, n = tuple(streams.shape[:-2]), streams.shape[-2]
-    _need_coeff('read_w', read_w, lead, (n,), streams)
-    if _use_triton('hc_read', streams): return _TRITON_IMPLS['hc_read'](streams, read_w)
+    _need_coeff("read_w", read_w, lead, (n,), streams)
+    if _use_triton("hc_read", streams):
+        return _TRITON_IMPLS["hc_read"](streams, read_w)
     return hc_read_ref(streams, read_w)
 
 
 def hc_write(streams: Tensor, mix: Tensor, write_w: Tensor, branch: Tensor) -> Tensor:
     "Stream write: out_i = sum_j mix[i, j] streams_j + write_w[i] * branch -> [..., n, d]."
-    _need_tensor('streams', streams); _need_tensor('branch', branch)
-    if streams.ndim < 2: raise ValueError(f"streams must be [..., n, d], got {tuple(streams.shape)}")
+    _need_tensor("streams", streams)
+    _need_tensor("branch", branch)
+    if streams.ndim < 2:
+        raise ValueError(f"streams must be [..., n, d], got {tuple(streams.shape)}")
     lead, (n, d) = tuple(streams.shape[:-2]), streams.shape[-2:]
-    _need_coeff('mix', mix, lead, (n, n), streams)
-    _need_coeff('write_w', write_w, lead, (n,), streams)
-    _need_shape('branch', branch, lead + (d,), 'the streams without the stream axis: [..., d]')
+    _need_coeff("mix", mix, lead, (n, n), streams)
+    _need_coeff("write_w", write_w, lead, (n,), streams)
+    _need_shape("branch", branch, lead + (d,), "the streams without the stream axis: [..., d]")
     _same_device(streams=streams, branch=branch)
-    if _use_triton('hc_write', streams, branch): return _TRITON_IMPLS['hc_write'](streams, mix, write_w, branch)
+    if _use_triton("hc_write", streams, branch):
+        return _TRITON_IMPLS["hc_write"](streams, mix, write_w, branch)
     return hc_write_ref(streams, mix, write_w, branch)
 
 
-def attnres_mix(sources, query: Tensor, key_weight: Tensor, out_weight: Tensor, eps: float,
-                bias: Optional[Tensor] = None, scale: float | Tensor = 1.0, return_all: bool = False):
+def attnres_mix(
+    sources,
+    query: Tensor,
+    key_weight: Tensor,
+    out_weight: Tensor,
+    eps: float,
+    bias: Optional[Tensor] = None,
+    scale: float | Tensor = 1.0,
+    return_all: bool = False,
+):
     "AttnRes depth mix of sources [S, B, T, d] (or a list of S [B, T, d]); out [B, T, d] or (out, raw, p [B, T, S])."
     as_list = isinstance(sources, (list, tuple))
     if as_list:
-        if not sources: raise ValueError("sources must hold at least one source")
-        for i, s in enumerate(sources): _need_tensor(f'sources[{i}]', s)
+        if not sources:
+            raise ValueError("sources must hold at least one source")
+        for i, s in enumerate(sources):
+            _need_tensor(f"sources[{i}]", s)
         if len({tuple(s.shape) for s in sources}) > 1:
             raise ValueError(f"all sources must have one shape, got {sorted({tuple(s.shape) for s in sources})}")
-        _same_device(**{f'sources[{i}]': s for i, s in enumerate(sources)})
+        _same_device(**{f"sources[{i}]": s for i, s in enumerate(sources)})
         dt = sources[0].dtype
-        for s_ in sources[1:]: dt = torch.promote_types(dt, s_.dtype)          # e.g. a fp32 embedding among bf16 outputs
+        for s_ in sources[1:]:
+            dt = torch.promote_types(dt, s_.dtype)  # e.g. a fp32 embedding among bf16 outputs
         sources = [s_.to(dt) for s_ in sources]
         probe, S = sources[0], len(sources)
     else:
-        _need_tensor('sources', sources)
+        _need_tensor("sources", sources)
         if sources.ndim < 2 or sources.shape[0] < 1:
             raise ValueError(f"sources must be [S, ..., d] with S >= 1, got {tuple(sources.shape)}")
         probe, S = sources, sources.shape[0]
     d = probe.shape[-1]
     eps = _need_eps(eps)
-    for name, t in (('query', query), ('key_weight', key_weight), ('out_weight', out_weight)):
-        if t is None: raise ValueError(f"{name} is required (a [d] vector)")
-        _need_vector(name, t, d, 'a vector over the model width', probe)
-    _need_vector('bias', bias, S, 'one logit bias per source', probe)
+    for name, t in (("query", query), ("key_weight", key_weight), ("out_weight", out_weight)):
+        if t is None:
+            raise ValueError(f"{name} is required (a [d] vector)")
+        _need_vector(name, t, d, "a vector over the model width", probe)
+    _need_vector("bias", bias, S, "one logit bias per source", probe)
     if isinstance(scale, Tensor):
-        _need_tensor('scale', scale)
-        if scale.numel() != 1: raise ValueError(f"scale must be a scalar, got shape {tuple(scale.shape)}")
+        _need_tensor("scale", scale)
+        if scale.numel() != 1:
+            raise ValueError(f"scale must be a scalar, got shape {tuple(scale.shape)}")
     elif isinstance(scale, bool) or not isinstance(scale, (int, float)):
         raise TypeError(f"scale must be a float or a scalar tensor, got {type(scale).__name__}")
     # a learned (tensor) scale is differentiated by the reference; the kernel takes a fixed float
-    if not isinstance(scale, Tensor) and _use_triton('attnres_mix', probe):
-        if as_list: sources = torch.stack(sources)                              # [S, B, T, d]
-        return _TRITON_IMPLS['attnres_mix'](sources, query, key_weight, out_weight, eps, bias, float(scale), return_all)
-    if as_list: return attnres_mix_list_ref(sources, query, key_weight, out_weight, eps, bias, scale, return_all)
+    if not isinstance(scale, Tensor) and _use_triton("attnres_mix", probe):
+        if as_list:
+            sources = torch.stack(sources)  # [S, B, T, d]
+        return _TRITON_IMPLS["attnres_mix"](sources, query, key_weight, out_weight, eps, bias, float(scale), return_all)
+    if as_list:
+        return attnres_mix_list_ref(sources, query, key_weight, out_weight, eps, bias, scale, return_all)
     return attnres_mix_ref(sources, query, key_weight, out_weight, eps, bias, scale, return_all)
 
 # %% ../nbs/03_kernels.ipynb #ea5ba356
-REFERENCES = dict(rms_norm=rms_norm_ref, swiglu=swiglu_ref, relu_squared=relu_squared_ref, sinkhorn=sinkhorn_ref,
-                  hc_read=hc_read_ref, hc_write=hc_write_ref, attnres_mix=attnres_mix_ref)
+REFERENCES = dict(
+    rms_norm=rms_norm_ref,
+    swiglu=swiglu_ref,
+    relu_squared=relu_squared_ref,
+    sinkhorn=sinkhorn_ref,
+    hc_read=hc_read_ref,
+    hc_write=hc_write_ref,
+    attnres_mix=attnres_mix_ref,
+)
 KERNEL_NAMES = tuple(REFERENCES)
 if HAS_TRITON:
-    _TRITON_IMPLS.update(rms_norm=_rms_norm_triton, swiglu=lambda g, u: _SwiGLUFn.apply(g, u),
-                         relu_squared=lambda x: _ReluSquaredFn.apply(x), sinkhorn=_sinkhorn_triton,
-                         hc_read=_hc_read_triton, hc_write=_hc_write_triton, attnres_mix=_attnres_mix_triton)
+    _TRITON_IMPLS.update(
+        rms_norm=_rms_norm_triton,
+        swiglu=lambda g, u: _SwiGLUFn.apply(g, u),
+        relu_squared=lambda x: _ReluSquaredFn.apply(x),
+        sinkhorn=_sinkhorn_triton,
+        hc_read=_hc_read_triton,
+        hc_write=_hc_write_triton,
+        attnres_mix=_attnres_mix_triton,
+    )
 
-SELF_CHECK_RTOL = 1e-4   # fp32 forward and gradients, relative to the reference's largest magnitude
+SELF_CHECK_RTOL = 1e-4  # fp32 forward and gradients, relative to the reference's largest magnitude
 
 
-def kernel_example(name: str, device='cpu', dtype=torch.float32, seed: int = 0, tokens: int = 15, d: int = 37,
-                   n: int = 4, S: int = 5, n_iter: int = 20, residual: bool = True, bias: bool = True, dtype2=None):
+def kernel_example(
+    name: str,
+    device="cpu",
+    dtype=torch.float32,
+    seed: int = 0,
+    tokens: int = 15,
+    d: int = 37,
+    n: int = 4,
+    S: int = 5,
+    n_iter: int = 20,
+    residual: bool = True,
+    bias: bool = True,
+    dtype2=None,
+):
     "Small random inputs (args, kwargs) for kernel `name`: `tokens` rows of width `d` (odd by default, to hit the masks); `dtype2`: the second activation's dtype."
-    if name not in REFERENCES: raise ConfigError(f"unknown kernel {name!r}; valid kernels: {', '.join(KERNEL_NAMES)}")
+    if name not in REFERENCES:
+        raise ConfigError(f"unknown kernel {name!r}; valid kernels: {', '.join(KERNEL_NAMES)}")
     gen = torch.Generator().manual_seed(seed)
+
     def rnd(*shape, scale=1.0, dt=dtype, offset=0.0):
         return (torch.randn(*shape, generator=gen) * scale + offset).to(device=device, dtype=dt).requires_grad_()
+
     dtype2 = dtype2 or dtype
     B = 3 if tokens % 3 == 0 else 1
     T = tokens // B
-    if name == 'rms_norm':
-        return (rnd(B, T, d), rnd(d, scale=0.2, dt=torch.float32, offset=1.0), 1e-6), dict(residual=rnd(B, T, d, dt=dtype2) if residual else None)
-    if name == 'swiglu': return (rnd(tokens, d, scale=2.0), rnd(tokens, d, dt=dtype2)), {}
-    if name == 'relu_squared': return (rnd(tokens, d),), {}
-    if name == 'sinkhorn': return (rnd(tokens, n, n, scale=1.0), n_iter), {}
-    if name == 'hc_read': return (rnd(B, T, n, d), rnd(B, T, n, dt=torch.float32)), {}
-    if name == 'hc_write':
-        return (rnd(B, T, n, d), rnd(B, T, n, n, scale=0.5, dt=torch.float32), rnd(B, T, n, dt=torch.float32), rnd(B, T, d, dt=dtype2)), {}
+    if name == "rms_norm":
+        return (rnd(B, T, d), rnd(d, scale=0.2, dt=torch.float32, offset=1.0), 1e-6), dict(
+            residual=rnd(B, T, d, dt=dtype2) if residual else None
+        )
+    if name == "swiglu":
+        return (rnd(tokens, d, scale=2.0), rnd(tokens, d, dt=dtype2)), {}
+    if name == "relu_squared":
+        return (rnd(tokens, d),), {}
+    if name == "sinkhorn":
+        return (rnd(tokens, n, n, scale=1.0), n_iter), {}
+    if name == "hc_read":
+        return (rnd(B, T, n, d), rnd(B, T, n, dt=torch.float32)), {}
+    if name == "hc_write":
+        return (
+            rnd(B, T, n, d),
+            rnd(B, T, n, n, scale=0.5, dt=torch.float32),
+            rnd(B, T, n, dt=torch.float32),
+            rnd(B, T, d, dt=dtype2),
+        ), {}
     # attnres_mix: fp32 parameters as in mixed-precision training
-    return ((rnd(S, B, T, d), rnd(d, scale=0.5, dt=torch.float32), rnd(d, scale=0.2, dt=torch.float32, offset=1.0),
-             rnd(d, scale=0.2, dt=torch.float32, offset=1.0), 1e-5),
-            dict(bias=rnd(S, dt=torch.float32) if bias else None, scale=0.7, return_all=True))
+    return (
+        (
+            rnd(S, B, T, d),
+            rnd(d, scale=0.5, dt=torch.float32),
+            rnd(d, scale=0.2, dt=torch.float32, offset=1.0),
+            rnd(d, scale=0.2, dt=torch.float32, offset=1.0),
+            1e-5,
+        ),
+        dict(bias=rnd(S, dt=torch.float32) if bias else None, scale=0.7, return_all=True),
+    )
 
 
 def _run_with_grads(fn, args, kwargs, outputs=None):
     "Outputs (fp32) and the gradients of every grad-requiring input under fixed random cotangents on `outputs` (default all)."
-    def fresh(a): return a.detach().clone().requires_grad_(a.requires_grad) if isinstance(a, Tensor) else a
+
+    def fresh(a):
+        return a.detach().clone().requires_grad_(a.requires_grad) if isinstance(a, Tensor) else a
+
     args = [fresh(a) for a in args]
     kwargs = {k: fresh(v) for k, v in kwargs.items()}
     ins = [t for t in list(args) + list(kwargs.values()) if isinstance(t, Tensor) and t.requires_grad]
@@ -998,18 +1346,26 @@ def _run_with_grads(fn, args, kwargs, outputs=None):
 
 def compare_to_reference(name: str, args, kwargs=None, outputs: Optional[Sequence[int]] = None) -> dict[str, float]:
     "Relative errors {out0.., grad0..} of the Triton kernel `name` against its torch reference; `outputs`: which outputs carry gradient."
-    if name not in _TRITON_IMPLS: raise ConfigError(f"no Triton kernel {name!r} (triton installed: {HAS_TRITON}); valid kernels: {', '.join(KERNEL_NAMES)}")
+    if name not in _TRITON_IMPLS:
+        raise ConfigError(
+            f"no Triton kernel {name!r} (triton installed: {HAS_TRITON}); valid kernels: {', '.join(KERNEL_NAMES)}"
+        )
     kwargs = kwargs or {}
-    (o_k, g_k), (o_r, g_r) = (_run_with_grads(_TRITON_IMPLS[name], args, kwargs, outputs),
-                              _run_with_grads(REFERENCES[name], args, kwargs, outputs))
+    (o_k, g_k), (o_r, g_r) = (
+        _run_with_grads(_TRITON_IMPLS[name], args, kwargs, outputs),
+        _run_with_grads(REFERENCES[name], args, kwargs, outputs),
+    )
+
     def rel(a, b):
-        if a is None or b is None:   # no gradient path on one side: the other must be exactly zero
+        if a is None or b is None:  # no gradient path on one side: the other must be exactly zero
             t = b if a is None else a
-            return 0.0 if t is None or not t.abs().max().item() else float('inf')
-        if a.shape != b.shape: return float('inf')
+            return 0.0 if t is None or not t.abs().max().item() else float("inf")
+        if a.shape != b.shape:
+            return float("inf")
         return ((a - b).abs().max() / b.abs().max().clamp_min(1e-12)).item() if b.numel() else 0.0
-    errs = {f'out{i}': rel(a, b) for i, (a, b) in enumerate(zip(o_k, o_r))}
-    errs.update({f'grad{i}': rel(a, b) for i, (a, b) in enumerate(zip(g_k, g_r))})
+
+    errs = {f"out{i}": rel(a, b) for i, (a, b) in enumerate(zip(o_k, o_r))}
+    errs.update({f"grad{i}": rel(a, b) for i, (a, b) in enumerate(zip(g_k, g_r))})
     return errs
 
 
@@ -1018,24 +1374,27 @@ def _self_check_error(name: str, device: torch.device) -> Optional[str]:
     # the first call may come from inside a model under autocast, no_grad or inference_mode: the check
     # needs exact fp32 references and gradients whatever the caller's context
     with torch.inference_mode(False), torch.enable_grad(), torch.autocast(device.type, enabled=False):
-        if name in _FUSED_CHECKS: errs = _FUSED_CHECKS[name](device)          # a fused kernel: against its torch twin
+        if name in _FUSED_CHECKS:
+            errs = _FUSED_CHECKS[name](device)  # a fused kernel: against its torch twin
         else:
             args, kwargs = kernel_example(name, device=device)
             errs = compare_to_reference(name, args, kwargs)
-    bad = {k: f'{v:.2e}' for k, v in errs.items() if not v <= SELF_CHECK_RTOL}   # NaN counts as bad
+    bad = {k: f"{v:.2e}" for k, v in errs.items() if not v <= SELF_CHECK_RTOL}  # NaN counts as bad
     return None if not bad else f"relative errors {bad} exceed {SELF_CHECK_RTOL:g}"
 
 # %% ../nbs/03_kernels.ipynb #8e2a0b68
-MIXING_ENV = 'DEPTHBENCH_MIXING'
-MIXING_PATHS = ('fused', 'reference')
+MIXING_ENV = "DEPTHBENCH_MIXING"
+MIXING_PATHS = ("fused", "reference")
 
 
 def mixing_path(override: Optional[str] = None) -> str:
     "The depth-mixing path: `override` (a model's own choice) or DEPTHBENCH_MIXING (default 'fused'); always 'reference' under torch.compile."
-    path = (override or os.environ.get(MIXING_ENV, 'fused')).strip().lower() or 'fused'
+    path = (override or os.environ.get(MIXING_ENV, "fused")).strip().lower() or "fused"
     if path not in MIXING_PATHS:
-        raise ConfigError(f"depth-mixing path {path!r} is not one of: {', '.join(MIXING_PATHS)} (set by {MIXING_ENV} or a model's `mixing`)")
-    return 'reference' if _compiling() else path
+        raise ConfigError(
+            f"depth-mixing path {path!r} is not one of: {', '.join(MIXING_PATHS)} (set by {MIXING_ENV} or a model's `mixing`)"
+        )
+    return "reference" if _compiling() else path
 
 # %% ../nbs/03_kernels.ipynb #4d94ea2a
 class DepthStore:
@@ -1045,17 +1404,27 @@ class DepthStore:
     first backward that reaches it) and leaves through the write that filled the slot, after all its readers
     (autograd's order: `_WriteSlot`)."""
 
-    def __init__(self, rows: int, n_slots: int, width: int, dtype: torch.dtype, device, zero: bool = False, rows_last: bool = False):
+    def __init__(
+        self,
+        rows: int,
+        n_slots: int,
+        width: int,
+        dtype: torch.dtype,
+        device,
+        zero: bool = False,
+        rows_last: bool = False,
+    ):
         new = torch.zeros if zero else torch.empty
         shape = (n_slots, width, rows) if rows_last else (n_slots, rows, width)
-        self.values = new(shape, dtype=dtype, device=device)                 # [slots, N, w] (rows_last: [slots, w, N])
-        self.rows_last = rows_last                                            # narrow w: reductions over w then run along N
-        self.grad: Optional[Tensor] = None                                    # like `values`: the readers' sums
-        self.handle: Optional[Tensor] = None                                  # newest write's autograd handle
-        self.count = 0                                                         # slots written so far (in order)
+        self.values = new(shape, dtype=dtype, device=device)  # [slots, N, w] (rows_last: [slots, w, N])
+        self.rows_last = rows_last  # narrow w: reductions over w then run along N
+        self.grad: Optional[Tensor] = None  # like `values`: the readers' sums
+        self.handle: Optional[Tensor] = None  # newest write's autograd handle
+        self.count = 0  # slots written so far (in order)
 
     def grad_buffer(self) -> Tensor:
-        if self.grad is None: self.grad = torch.zeros_like(self.values, dtype=torch.promote_types(self.values.dtype, torch.float32))
+        if self.grad is None:
+            self.grad = torch.zeros_like(self.values, dtype=torch.promote_types(self.values.dtype, torch.float32))
         return self.grad
 
     def write(self, slot: int, x: Tensor) -> None:
@@ -1071,7 +1440,7 @@ class DepthStore:
         return self.grad[slot].clone()
 
     def _clear(self, slot: int) -> None:
-        self.grad[slot].zero_()                                            # a second backward (retain_graph) sums afresh
+        self.grad[slot].zero_()  # a second backward (retain_graph) sums afresh
 
 
 class _WriteSlot(torch.autograd.Function):
@@ -1079,20 +1448,22 @@ class _WriteSlot(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, store: DepthStore, slot: int, x: Tensor, previous: Optional[Tensor]):
-        rows = x.detach().reshape(-1, x.shape[-1])                            # [N, w]
+        rows = x.detach().reshape(-1, x.shape[-1])  # [N, w]
         store.values[slot].copy_(rows.t() if store.rows_last else rows)
         store._on_write(slot, store.values[slot])
         ctx.store, ctx.slot, ctx.shape, ctx.dtype = store, slot, x.shape, x.dtype
-        return x.new_empty(0)                                                 # the handle: carries order, no data
+        return x.new_empty(0)  # the handle: carries order, no data
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, _):
         store = ctx.store
-        if store.grad is None: return None, None, None, None                  # no reader reached the loss
+        if store.grad is None:
+            return None, None, None, None  # no reader reached the loss
         g = store._slot_grad(ctx.slot)
         store._clear(ctx.slot)
-        if store.rows_last: g = g.t()
+        if store.rows_last:
+            g = g.t()
         return None, None, g.reshape(ctx.shape).to(ctx.dtype), None
 
 # %% ../nbs/03_kernels.ipynb #a8bff8d5
@@ -1102,14 +1473,15 @@ class AttnResStore(DepthStore):
     def __init__(self, rows: int, n_slots: int, d: int, dtype: torch.dtype, device, eps: float):
         super().__init__(rows, n_slots, d, dtype, device)
         self.eps = eps
-        self.inv_rms = torch.empty(n_slots, rows, dtype=dtype, device=device)   # [slots, R]
-        self.grad_scale: Optional[Tensor] = None                               # [slots, R]: d loss / d(1/rms) x -(1/rms)^3 / d
+        self.inv_rms = torch.empty(n_slots, rows, dtype=dtype, device=device)  # [slots, R]
+        self.grad_scale: Optional[Tensor] = None  # [slots, R]: d loss / d(1/rms) x -(1/rms)^3 / d
 
     def _on_write(self, slot: int, rows: Tensor) -> None:
         torch.rsqrt(torch.linalg.vector_norm(rows, dim=-1).square() / rows.shape[-1] + self.eps, out=self.inv_rms[slot])
 
     def scale_buffer(self) -> Tensor:
-        if self.grad_scale is None: self.grad_scale = torch.zeros_like(self.inv_rms)
+        if self.grad_scale is None:
+            self.grad_scale = torch.zeros_like(self.inv_rms)
         return self.grad_scale
 
     def _slot_grad(self, slot: int) -> Tensor:
@@ -1129,40 +1501,48 @@ def _attnres_partial_terms(partial: Tensor, c: Tensor, eps: float) -> tuple[Tens
 def _attnres_site_fwd_torch(store: AttnResStore, n: int, c: Tensor, out_weight: Tensor, partial: Optional[Tensor]):
     """One mixing site over the n stored sources (+ the partial sum), weights over sources first: (out [R, d], raw [R, d],
     p [S, R], dot [S, R], 1/rms [S, R], 1/rms(raw) [R, 1]). The stored 1/rms are reused, never recomputed."""
-    V = store.values[:n]                                                      # [n, R, d]: a view, nothing is stacked
+    V = store.values[:n]  # [n, R, d]: a view, nothing is stacked
     R, d = V.shape[1], V.shape[2]
-    dot = torch.mv(V.view(-1, d), c).view(n, R)                               # one pass over the sources
-    r = store.inv_rms[:n].clone()                                             # [n, R] (saved: later writes bump the store's version)
+    dot = torch.mv(V.view(-1, d), c).view(n, R)  # one pass over the sources
+    r = store.inv_rms[:n].clone()  # [n, R] (saved: later writes bump the store's version)
     if partial is not None:
         dp, rp = _attnres_partial_terms(partial, c, store.eps)
-        dot, r = torch.cat([dot, dp[None]]), torch.cat([r, rp[None]])        # [S, R]
-    p = torch.softmax(dot * r, dim=0)                                         # [S, R]
-    raw = V[0] * p[0, :, None] if n else partial * p[0, :, None]             # [R, d]: one more pass, a source at a time
-    for s in range(1, n): raw.addcmul_(V[s], p[s, :, None])
-    if partial is not None and n: raw.addcmul_(partial, p[n, :, None])
-    rho = torch.rsqrt(raw.square().mean(-1, keepdim=True) + store.eps)       # [R, 1]
+        dot, r = torch.cat([dot, dp[None]]), torch.cat([r, rp[None]])  # [S, R]
+    p = torch.softmax(dot * r, dim=0)  # [S, R]
+    raw = V[0] * p[0, :, None] if n else partial * p[0, :, None]  # [R, d]: one more pass, a source at a time
+    for s in range(1, n):
+        raw.addcmul_(V[s], p[s, :, None])
+    if partial is not None and n:
+        raw.addcmul_(partial, p[n, :, None])
+    rho = torch.rsqrt(raw.square().mean(-1, keepdim=True) + store.eps)  # [R, 1]
     return raw * rho * out_weight, raw, p, dot, r, rho
 
 
-def _attnres_site_bwd_torch(store: AttnResStore, n: int, c: Tensor, out_weight: Tensor, partial: Optional[Tensor], saved, dout, draw_in, dp_in):
+def _attnres_site_bwd_torch(
+    store: AttnResStore, n: int, c: Tensor, out_weight: Tensor, partial: Optional[Tensor], saved, dout, draw_in, dp_in
+):
     "Gradients of one site: into the store's slot sums, and (dc [d], d out_weight [d], d partial [R, d] or None)."
     raw, p, dot, r, rho = saved
     d = raw.shape[-1]
-    draw = torch.zeros_like(raw) if draw_in is None else draw_in.clone()     # [R, d]
+    draw = torch.zeros_like(raw) if draw_in is None else draw_in.clone()  # [R, d]
     dwo = None
     if dout is not None:
         g = dout * out_weight
         draw += rho * (g - raw * rho.square() * (g * raw).mean(-1, keepdim=True))
         dwo = (dout * raw * rho).sum(0)
-    V = store.values[:n]                                                      # [n, R, d]
-    dprob = torch.stack([torch.linalg.vecdot(V[s], draw) for s in range(n)] + ([torch.linalg.vecdot(partial, draw)] if partial is not None else []))
-    if dp_in is not None: dprob = dprob + dp_in
-    dz = p * (dprob - (p * dprob).sum(0, keepdim=True))                       # [S, R] softmax backward
-    k = dz * r                                                                # d loss / d dot
-    scale = -dz * dot * r.pow(3) / d                                          # d loss / d v through 1/rms, per unit of v
-    dc = (k[:n].reshape(1, -1) @ V.reshape(-1, d)).squeeze(0)                 # [d] one pass
-    G = store.grad_buffer()[:n]                                               # [n, R, d]
-    G.addcmul_(p[:n, :, None], draw).addcmul_(k[:n, :, None], c)             # p_s draw + k_s c
+    V = store.values[:n]  # [n, R, d]
+    dprob = torch.stack(
+        [torch.linalg.vecdot(V[s], draw) for s in range(n)]
+        + ([torch.linalg.vecdot(partial, draw)] if partial is not None else [])
+    )
+    if dp_in is not None:
+        dprob = dprob + dp_in
+    dz = p * (dprob - (p * dprob).sum(0, keepdim=True))  # [S, R] softmax backward
+    k = dz * r  # d loss / d dot
+    scale = -dz * dot * r.pow(3) / d  # d loss / d v through 1/rms, per unit of v
+    dc = (k[:n].reshape(1, -1) @ V.reshape(-1, d)).squeeze(0)  # [d] one pass
+    G = store.grad_buffer()[:n]  # [n, R, d]
+    G.addcmul_(p[:n, :, None], draw).addcmul_(k[:n, :, None], c)  # p_s draw + k_s c
     store.scale_buffer()[:n] += scale[:n]
     dpart = None
     if partial is not None:
@@ -1175,16 +1555,27 @@ class _AttnResSiteFn(torch.autograd.Function):
     "A depth-mixing site reading the store (fused: no stacking, one 1/rms per source) and the running partial sum."
 
     @staticmethod
-    def forward(ctx, store: AttnResStore, n: int, query: Tensor, key_weight: Tensor, out_weight: Tensor,
-                partial: Optional[Tensor], handle: Optional[Tensor], triton_path: bool):
+    def forward(
+        ctx,
+        store: AttnResStore,
+        n: int,
+        query: Tensor,
+        key_weight: Tensor,
+        out_weight: Tensor,
+        partial: Optional[Tensor],
+        handle: Optional[Tensor],
+        triton_path: bool,
+    ):
         ct = store.values.dtype
         R, d = store.values.shape[1], store.values.shape[2]
-        c = (key_weight * query).to(ct)                                       # [d] the key gain folded into the query
+        c = (key_weight * query).to(ct)  # [d] the key gain folded into the query
         wo = out_weight.to(ct)
         P = partial.detach().reshape(R, d).to(ct) if partial is not None else None
         fwd = _attnres_site_fwd_triton if triton_path else _attnres_site_fwd_torch
         out, raw, p, dot, r, rho = fwd(store, n, c, wo, P)
-        ctx.save_for_backward(query, key_weight, out_weight, P if P is not None else raw.new_empty(0), raw, p, dot, r, rho)
+        ctx.save_for_backward(
+            query, key_weight, out_weight, P if P is not None else raw.new_empty(0), raw, p, dot, r, rho
+        )
         ctx.store, ctx.n, ctx.has_partial, ctx.triton = store, n, P is not None, triton_path
         ctx.partial_meta = (partial.shape, partial.dtype) if partial is not None else None
         ctx.set_materialize_grads(False)
@@ -1203,21 +1594,31 @@ class _AttnResSiteFn(torch.autograd.Function):
         dc, dwo, dpart = bwd(store, n, c, wo, P, (raw, p, dot, r, rho), *grads)
         dq, dkw = (dc * key_weight).to(query.dtype), (dc * query).to(key_weight.dtype)
         dwo = dwo.to(out_weight.dtype) if dwo is not None else None
-        if dpart is not None: dpart = dpart.view(ctx.partial_meta[0]).to(ctx.partial_meta[1])
+        if dpart is not None:
+            dpart = dpart.view(ctx.partial_meta[0]).to(ctx.partial_meta[1])
         return None, None, dq, dkw, dwo, dpart, None, None
 
 
-def attnres_site(store: AttnResStore, n: int, query: Tensor, key_weight: Tensor, out_weight: Tensor,
-                 partial: Optional[Tensor], shape: tuple, triton_path: Optional[bool] = None) -> tuple[Tensor, Tensor, Tensor]:
+def attnres_site(
+    store: AttnResStore,
+    n: int,
+    query: Tensor,
+    key_weight: Tensor,
+    out_weight: Tensor,
+    partial: Optional[Tensor],
+    shape: tuple,
+    triton_path: Optional[bool] = None,
+) -> tuple[Tensor, Tensor, Tensor]:
     """The fused AttnRes mix of the first n stored sources and an optional partial sum [*shape, d]: (out, raw [*shape, d],
     p [*shape, S]); the same numbers as `attnres_mix` on the list of sources (Triton where `_use_triton` says so)."""
-    if triton_path is None: triton_path = _use_triton('attnres_site', store.values)
+    if triton_path is None:
+        triton_path = _use_triton("attnres_site", store.values)
     out, raw, p = _AttnResSiteFn.apply(store, n, query, key_weight, out_weight, partial, store.handle, triton_path)
     d = store.values.shape[-1]
     return out.view(*shape, d), raw.view(*shape, d), p.t().reshape(*shape, p.shape[0])
 
 # %% ../nbs/03_kernels.ipynb #5eef916b
-_SITE_MAX_BLOCK = 8192        # a program holds a [BLOCK_S, BLOCK_D] tile of sources with the whole width d in registers
+_SITE_MAX_BLOCK = 8192  # a program holds a [BLOCK_S, BLOCK_D] tile of sources with the whole width d in registers
 
 
 def _site_blocks(d: int) -> tuple[int, int]:
@@ -1226,26 +1627,49 @@ def _site_blocks(d: int) -> tuple[int, int]:
 
 
 @triton.jit
-def _attnres_site_fwd_kernel(v_ptr, r_ptr, part_ptr, c_ptr, wo_ptr, out_ptr, raw_ptr, p_ptr, dot_ptr, rinv_ptr, rho_ptr,
-                             n, S, R, D, eps, HAS_PARTIAL: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
+def _attnres_site_fwd_kernel(
+    v_ptr,
+    r_ptr,
+    part_ptr,
+    c_ptr,
+    wo_ptr,
+    out_ptr,
+    raw_ptr,
+    p_ptr,
+    dot_ptr,
+    rinv_ptr,
+    rho_ptr,
+    n,
+    S,
+    R,
+    D,
+    eps,
+    HAS_PARTIAL: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
     "One token: one pass over its stored sources with an online softmax (running max, sum and weighted sum)."
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_D)
     cmask = cols < D
     c = tl.load(c_ptr + cols, mask=cmask, other=0.0)
-    m_run = tl.max(tl.full([BLOCK_S], -1e30, tl.float32), axis=0)           # running max (finite: n may be 0)
+    m_run = tl.max(tl.full([BLOCK_S], -1e30, tl.float32), axis=0)  # running max (finite: n may be 0)
     l_run = tl.sum(tl.zeros([BLOCK_S], tl.float32), axis=0)
     acc = tl.zeros([BLOCK_D], tl.float32)
     for s0 in range(0, n, BLOCK_S):
         s = s0 + tl.arange(0, BLOCK_S)
         smask = s < n
-        v = tl.load(v_ptr + s[:, None].to(tl.int64) * R * D + row * D + cols[None, :], mask=smask[:, None] & cmask[None, :], other=0.0)
+        v = tl.load(
+            v_ptr + s[:, None].to(tl.int64) * R * D + row * D + cols[None, :],
+            mask=smask[:, None] & cmask[None, :],
+            other=0.0,
+        )
         r = tl.load(r_ptr + s * R + row, mask=smask, other=0.0)
-        dot = tl.sum(v * c[None, :], axis=1)                                  # [BLOCK_S]
-        z = tl.where(smask, dot * r, -float('inf'))
+        dot = tl.sum(v * c[None, :], axis=1)  # [BLOCK_S]
+        z = tl.where(smask, dot * r, -float("inf"))
         tl.store(dot_ptr + s * R + row, dot, mask=smask)
         tl.store(rinv_ptr + s * R + row, r, mask=smask)
-        tl.store(p_ptr + s * R + row, z, mask=smask)                         # logits for now, probabilities below
+        tl.store(p_ptr + s * R + row, z, mask=smask)  # logits for now, probabilities below
         m_new = tl.maximum(m_run, tl.max(z, axis=0))
         alpha = tl.exp(m_run - m_new)
         e = tl.exp(z - m_new)
@@ -1267,7 +1691,7 @@ def _attnres_site_fwd_kernel(v_ptr, r_ptr, part_ptr, c_ptr, wo_ptr, out_ptr, raw
         acc = acc * alpha + e * x
         m_run = m_new
     raw = acc / l_run
-    for s0 in range(0, S, BLOCK_S):                                           # logits -> probabilities ([R, S] only)
+    for s0 in range(0, S, BLOCK_S):  # logits -> probabilities ([R, S] only)
         s = s0 + tl.arange(0, BLOCK_S)
         z = tl.load(p_ptr + s * R + row, mask=s < S, other=0.0)
         tl.store(p_ptr + s * R + row, tl.exp(z - m_run) / l_run, mask=s < S)
@@ -1279,10 +1703,36 @@ def _attnres_site_fwd_kernel(v_ptr, r_ptr, part_ptr, c_ptr, wo_ptr, out_ptr, raw
 
 
 @triton.jit
-def _attnres_site_bwd_kernel(dout_ptr, draw_ptr, dp_ptr, v_ptr, part_ptr, c_ptr, wo_ptr, raw_ptr, p_ptr, dot_ptr, rinv_ptr, rho_ptr,
-                             g_ptr, gs_ptr, dc_ptr, dwo_ptr, dpart_ptr, dprob_ptr, n, S, R, D,
-                             HAS_DOUT: tl.constexpr, HAS_DRAW: tl.constexpr, HAS_DP: tl.constexpr, HAS_PARTIAL: tl.constexpr,
-                             BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
+def _attnres_site_bwd_kernel(
+    dout_ptr,
+    draw_ptr,
+    dp_ptr,
+    v_ptr,
+    part_ptr,
+    c_ptr,
+    wo_ptr,
+    raw_ptr,
+    p_ptr,
+    dot_ptr,
+    rinv_ptr,
+    rho_ptr,
+    g_ptr,
+    gs_ptr,
+    dc_ptr,
+    dwo_ptr,
+    dpart_ptr,
+    dprob_ptr,
+    n,
+    S,
+    R,
+    D,
+    HAS_DOUT: tl.constexpr,
+    HAS_DRAW: tl.constexpr,
+    HAS_DP: tl.constexpr,
+    HAS_PARTIAL: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
     "One token: d raw, then two passes over its sources: d p, then the slot gradients (+= into the store's sums)."
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_D)
@@ -1298,11 +1748,15 @@ def _attnres_site_bwd_kernel(dout_ptr, draw_ptr, dp_ptr, v_ptr, part_ptr, c_ptr,
         tl.store(dwo_ptr + row * D + cols, dout * raw * rho, mask=cmask)
     if HAS_DRAW:
         draw += tl.load(draw_ptr + row * D + cols, mask=cmask, other=0.0)
-    pdp = tl.sum(tl.zeros([BLOCK_S], tl.float32), axis=0)                  # sum_s p_s dprob_s
+    pdp = tl.sum(tl.zeros([BLOCK_S], tl.float32), axis=0)  # sum_s p_s dprob_s
     for s0 in range(0, n, BLOCK_S):
         s = s0 + tl.arange(0, BLOCK_S)
         smask = s < n
-        v = tl.load(v_ptr + s[:, None].to(tl.int64) * R * D + row * D + cols[None, :], mask=smask[:, None] & cmask[None, :], other=0.0)
+        v = tl.load(
+            v_ptr + s[:, None].to(tl.int64) * R * D + row * D + cols[None, :],
+            mask=smask[:, None] & cmask[None, :],
+            other=0.0,
+        )
         dprob = tl.sum(v * draw[None, :], axis=1)
         if HAS_DP:
             dprob += tl.load(dp_ptr + s * R + row, mask=smask, other=0.0)
@@ -1349,15 +1803,42 @@ def _attnres_site_fwd_triton(store: AttnResStore, n: int, c: Tensor, out_weight:
     S = n + (partial is not None)
     f32 = dict(device=V.device, dtype=torch.float32)
     out, raw = torch.empty(R, d, **f32), torch.empty(R, d, **f32)
-    p, dot, r, rho = torch.empty(S, R, **f32), torch.empty(S, R, **f32), torch.empty(S, R, **f32), torch.empty(R, 1, **f32)
+    p, dot, r, rho = (
+        torch.empty(S, R, **f32),
+        torch.empty(S, R, **f32),
+        torch.empty(S, R, **f32),
+        torch.empty(R, 1, **f32),
+    )
     bs, bd = _site_blocks(d)
-    if R: _attnres_site_fwd_kernel[(R,)](V, store.inv_rms, partial if partial is not None else raw, c.contiguous(), out_weight.contiguous(),
-                                         out, raw, p, dot, r, rho, n, S, R, d, store.eps, HAS_PARTIAL=partial is not None,
-                                         BLOCK_S=bs, BLOCK_D=bd, num_warps=_num_warps(bs * bd))
+    if R:
+        _attnres_site_fwd_kernel[(R,)](
+            V,
+            store.inv_rms,
+            partial if partial is not None else raw,
+            c.contiguous(),
+            out_weight.contiguous(),
+            out,
+            raw,
+            p,
+            dot,
+            r,
+            rho,
+            n,
+            S,
+            R,
+            d,
+            store.eps,
+            HAS_PARTIAL=partial is not None,
+            BLOCK_S=bs,
+            BLOCK_D=bd,
+            num_warps=_num_warps(bs * bd),
+        )
     return out, raw, p, dot, r, rho
 
 
-def _attnres_site_bwd_triton(store: AttnResStore, n: int, c: Tensor, out_weight: Tensor, partial: Optional[Tensor], saved, dout, draw_in, dp_in):
+def _attnres_site_bwd_triton(
+    store: AttnResStore, n: int, c: Tensor, out_weight: Tensor, partial: Optional[Tensor], saved, dout, draw_in, dp_in
+):
     "The Triton backward of `_attnres_site_bwd_torch` (same results)."
     raw, p, dot, r, rho = saved
     V = store.values
@@ -1370,10 +1851,38 @@ def _attnres_site_bwd_triton(store: AttnResStore, n: int, c: Tensor, out_weight:
     G, gs = store.grad_buffer(), store.scale_buffer()
     c_ = lambda t: t.contiguous() if t is not None else raw
     bs, bd = _site_blocks(d)
-    if R: _attnres_site_bwd_kernel[(R,)](c_(dout), c_(draw_in), c_(dp_in), V, c_(partial), c.contiguous(), out_weight.contiguous(), raw, p, dot,
-                                         r, rho, G, gs, dc, dwo, dpart if dpart is not None else dc, dprob, n, S, R, d,
-                                         HAS_DOUT=dout is not None, HAS_DRAW=draw_in is not None, HAS_DP=dp_in is not None,
-                                         HAS_PARTIAL=partial is not None, BLOCK_S=bs, BLOCK_D=bd, num_warps=_num_warps(bs * bd))
+    if R:
+        _attnres_site_bwd_kernel[(R,)](
+            c_(dout),
+            c_(draw_in),
+            c_(dp_in),
+            V,
+            c_(partial),
+            c.contiguous(),
+            out_weight.contiguous(),
+            raw,
+            p,
+            dot,
+            r,
+            rho,
+            G,
+            gs,
+            dc,
+            dwo,
+            dpart if dpart is not None else dc,
+            dprob,
+            n,
+            S,
+            R,
+            d,
+            HAS_DOUT=dout is not None,
+            HAS_DRAW=draw_in is not None,
+            HAS_DP=dp_in is not None,
+            HAS_PARTIAL=partial is not None,
+            BLOCK_S=bs,
+            BLOCK_D=bd,
+            num_warps=_num_warps(bs * bd),
+        )
     return dc.sum(0), (dwo.sum(0) if dout is not None else None), dpart
 
 # %% ../nbs/03_kernels.ipynb #a760c2d9
@@ -1385,13 +1894,15 @@ def _slot_dots(X: Tensor, y: Tensor) -> Tensor:
 def _slot_sum(X: Tensor, a: Tensor) -> Tensor:
     "Sum over slots of a [S, g, N] times X [S, w, N] -> [g, w, N], a slot at a time."
     out = X[0][None] * a[0][:, None, :]
-    for s in range(1, X.shape[0]): out.addcmul_(X[s][None], a[s][:, None, :])
+    for s in range(1, X.shape[0]):
+        out.addcmul_(X[s][None], a[s][:, None, :])
     return out
 
 
 def _slot_outer_(G: Tensor, a: Tensor, y: Tensor) -> None:
     "G [S, w, N] += sum_g a [S, g, N] y [g, w, N] for every slot, in place."
-    for j in range(a.shape[1]): G.addcmul_(a[:, j, None, :].to(G.dtype), y[j][None].to(G.dtype))
+    for j in range(a.shape[1]):
+        G.addcmul_(a[:, j, None, :].to(G.dtype), y[j][None].to(G.dtype))
 
 
 class _DepthScoresFn(torch.autograd.Function):
@@ -1408,9 +1919,9 @@ class _DepthScoresFn(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, dz):
         (q,) = ctx.saved_tensors
-        dz = dz.contiguous()                                                  # autograd may hand a permuted view: S strided passes
-        K = ctx.store.values[:ctx.S]                                          # [S, hd, N]
-        _slot_outer_(ctx.store.grad_buffer()[:ctx.S], dz, q)
+        dz = dz.contiguous()  # autograd may hand a permuted view: S strided passes
+        K = ctx.store.values[: ctx.S]  # [S, hd, N]
+        _slot_outer_(ctx.store.grad_buffer()[: ctx.S], dz, q)
         return None, None, _slot_sum(K, dz.to(K.dtype)).to(q.dtype), None
 
 
@@ -1429,8 +1940,8 @@ class _DepthValuesFn(torch.autograd.Function):
     def backward(ctx, dy):
         (p,) = ctx.saved_tensors
         dy = dy.contiguous()
-        V = ctx.store.values[:ctx.S]                                          # [S, hd, N]
-        _slot_outer_(ctx.store.grad_buffer()[:ctx.S], p, dy)
+        V = ctx.store.values[: ctx.S]  # [S, hd, N]
+        _slot_outer_(ctx.store.grad_buffer()[: ctx.S], p, dy)
         return None, None, _slot_dots(V, dy.to(V.dtype)).to(p.dtype), None
 
 
@@ -1444,8 +1955,8 @@ def depth_values(store: DepthStore, S: int, p: Tensor) -> Tensor:
     return _DepthValuesFn.apply(store, S, p, store.handle)
 
 # %% ../nbs/03_kernels.ipynb #464a1934
-_FLASH_CPU = getattr(torch.ops.aten, '_scaled_dot_product_flash_attention_for_cpu', None)
-_FLASH_CPU_BWD = getattr(torch.ops.aten, '_scaled_dot_product_flash_attention_for_cpu_backward', None)
+_FLASH_CPU = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+_FLASH_CPU_BWD = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu_backward", None)
 
 
 def _rows_of_heads(t: Tensor, groups: int) -> Tensor:
@@ -1478,17 +1989,28 @@ class _MoDAAttentionFn(torch.autograd.Function):
     output and log-sum-exp (so its probabilities and row terms are the joint ones) and adds the depth terms."""
 
     @staticmethod
-    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, keys: DepthStore, values: DepthStore, S: int, groups: int, handle_k, handle_v):
+    def forward(
+        ctx,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        keys: DepthStore,
+        values: DepthStore,
+        S: int,
+        groups: int,
+        handle_k,
+        handle_v,
+    ):
         B, H, T, hd = q.shape
         scale = 1 / math.sqrt(hd)
-        out_seq, lse_seq = _FLASH_CPU(q, k, v, 0.0, True, scale=scale)       # [B, H, T, hd], [B, H, T]
-        z = _scores_of_rows(_slot_dots(keys.values[:S], _rows_of_heads(q, groups)), B, T) * scale   # [B, H, T, S]
-        m = torch.maximum(lse_seq, z.amax(-1))                               # [B, H, T]
+        out_seq, lse_seq = _FLASH_CPU(q, k, v, 0.0, True, scale=scale)  # [B, H, T, hd], [B, H, T]
+        z = _scores_of_rows(_slot_dots(keys.values[:S], _rows_of_heads(q, groups)), B, T) * scale  # [B, H, T, S]
+        m = torch.maximum(lse_seq, z.amax(-1))  # [B, H, T]
         w_seq, e = torch.exp(lse_seq - m), torch.exp(z - m[..., None])
-        total = w_seq + e.sum(-1)                                            # [B, H, T]
-        p_depth = e / total[..., None]                                       # [B, H, T, S]
+        total = w_seq + e.sum(-1)  # [B, H, T]
+        p_depth = e / total[..., None]  # [B, H, T, S]
         y_depth = _heads_of_rows(_slot_sum(values.values[:S], _rows_of_scores(p_depth, groups)), B, T)
-        y = out_seq * (w_seq / total)[..., None] + y_depth                   # [B, H, T, hd]
+        y = out_seq * (w_seq / total)[..., None] + y_depth  # [B, H, T, hd]
         lse = m + torch.log(total)
         ctx.save_for_backward(q, k, v, y, lse, p_depth)
         ctx.keys, ctx.values, ctx.S, ctx.groups = keys, values, S, groups
@@ -1502,20 +2024,23 @@ class _MoDAAttentionFn(torch.autograd.Function):
         S, groups, scale = ctx.S, ctx.groups, 1 / math.sqrt(hd)
         dy = dy.contiguous()
         dq, dk, dv = _FLASH_CPU_BWD(dy, q, k, v, y, lse, 0.0, True, scale=scale)
-        dy_rows = _rows_of_heads(dy, groups)                                 # [groups, hd, N]
-        dp = _scores_of_rows(_slot_dots(ctx.values.values[:S], dy_rows), B, T)                    # [B, H, T, S]
-        dz = p_depth * (dp - (dy * y).sum(-1, keepdim=True))                 # the joint softmax's row term: sum(dy * y)
-        dz_rows = _rows_of_scores(dz * scale, groups)                        # [S, groups, N]
+        dy_rows = _rows_of_heads(dy, groups)  # [groups, hd, N]
+        dp = _scores_of_rows(_slot_dots(ctx.values.values[:S], dy_rows), B, T)  # [B, H, T, S]
+        dz = p_depth * (dp - (dy * y).sum(-1, keepdim=True))  # the joint softmax's row term: sum(dy * y)
+        dz_rows = _rows_of_scores(dz * scale, groups)  # [S, groups, N]
         dq = dq + _heads_of_rows(_slot_sum(ctx.keys.values[:S], dz_rows), B, T)
         _slot_outer_(ctx.keys.grad_buffer()[:S], dz_rows, _rows_of_heads(q, groups))
         _slot_outer_(ctx.values.grad_buffer()[:S], _rows_of_scores(p_depth, groups), dy_rows)
         return dq, dk, dv, None, None, None, None, None, None
 
 
-def moda_attention(q: Tensor, k: Tensor, v: Tensor, keys: DepthStore, values: DepthStore, S: int, groups: int) -> Optional[Tensor]:
+def moda_attention(
+    q: Tensor, k: Tensor, v: Tensor, keys: DepthStore, values: DepthStore, S: int, groups: int
+) -> Optional[Tensor]:
     """MoDA's joint attention [B, H, T, hd] on a CPU (k, v repeated to H heads, causal from position 0; the stores hold
     `groups` query heads per KV head); None where it does not apply."""
-    if _FLASH_CPU is None or _FLASH_CPU_BWD is None or q.device.type != 'cpu' or q.dtype != torch.float32: return None
+    if _FLASH_CPU is None or _FLASH_CPU_BWD is None or q.device.type != "cpu" or q.dtype != torch.float32:
+        return None
     return _MoDAAttentionFn.apply(q, k, v, keys, values, S, groups, keys.handle, values.handle)
 
 # %% ../nbs/03_kernels.ipynb #0ad9e44d
@@ -1526,12 +2051,12 @@ class _SinkhornTokensLastFn(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, z: Tensor, n_iter: int):
-        P = torch.softmax(z, dim=1)                                           # rows i sum to one over the columns j
-        steps = torch.empty((2 * n_iter - 1, *z.shape), dtype=z.dtype, device=z.device)   # every normalised iterate
+        P = torch.softmax(z, dim=1)  # rows i sum to one over the columns j
+        steps = torch.empty((2 * n_iter - 1, *z.shape), dtype=z.dtype, device=z.device)  # every normalised iterate
         denoms = []
         m = P + SINKHORN_EPS
         for k in range(2 * n_iter - 1):
-            axis = 0 if k % 2 == 0 else 1                                     # columns first, then (rows, columns) rounds
+            axis = 0 if k % 2 == 0 else 1  # columns first, then (rows, columns) rounds
             den = m.sum(axis, keepdim=True).add_(SINKHORN_EPS)
             m = torch.div(m, den, out=steps[k])
             denoms.append(den)
@@ -1542,7 +2067,7 @@ class _SinkhornTokensLastFn(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, g):
         P, steps, *denoms = ctx.saved_tensors
-        g = g.contiguous()                                                    # arrives as a permuted view: strided rounds are slow
+        g = g.contiguous()  # arrives as a permuted view: strided rounds are slow
         for k in range(len(denoms) - 1, -1, -1):
             axis = 0 if k % 2 == 0 else 1
             g = (g - (g * steps[k]).sum(axis, keepdim=True)) / denoms[k]
@@ -1553,40 +2078,49 @@ def sinkhorn_fused(logits: Tensor, n_iter: int = 20) -> Tensor:
     """`sinkhorn` of the fused path: the Triton kernel where it runs, else `sinkhorn_ref` with the tokens on the last axis
     ([n, n, tokens]): the same rounds, each vectorised over the tokens instead of reducing axes of length n, and a
     written-out backward (about 10x faster on a CPU at n = 4); the result is [..., n, n] again."""
-    if _use_triton('sinkhorn', logits): return sinkhorn(logits, n_iter)
+    if _use_triton("sinkhorn", logits):
+        return sinkhorn(logits, n_iter)
     lead, n = logits.shape[:-2], logits.shape[-1]
     ct = _compute_dtype(logits)
-    z = logits.reshape(-1, n, n).to(ct).permute(1, 2, 0).contiguous()      # [n, n, R]: rows i, columns j, tokens
+    z = logits.reshape(-1, n, n).to(ct).permute(1, 2, 0).contiguous()  # [n, n, R]: rows i, columns j, tokens
     return _SinkhornTokensLastFn.apply(z, n_iter).permute(2, 0, 1).reshape(*lead, n, n).to(logits.dtype)
 
 
 def hc_kernels_apply(streams: Tensor) -> bool:
     "Whether `hc_read` and `hc_write` run their Triton kernels on these streams (else the fused path restructures them in torch)."
-    return _use_triton('hc_read', streams) and _use_triton('hc_write', streams)
+    return _use_triton("hc_read", streams) and _use_triton("hc_write", streams)
 
 # %% ../nbs/03_kernels.ipynb #317d208f
-def attnres_site_errors(device='cpu', n: int = 4, rows: int = 15, d: int = 37, partial: bool = True) -> dict[str, float]:
+def attnres_site_errors(
+    device="cpu", n: int = 4, rows: int = 15, d: int = 37, partial: bool = True
+) -> dict[str, float]:
     """Relative errors of the Triton AttnRes site against the torch site on one small example (n stored sources and a
     partial sum; forward outputs and the gradients of the sources, the partial sum and the three gains)."""
     gen = torch.Generator().manual_seed(0)
     new = lambda *shape, scale=1.0, offset=0.0: (torch.randn(*shape, generator=gen) * scale + offset).to(device)
     srcs, part = [new(rows, d) for _ in range(n)], new(rows, d) if partial else None
     q, kw, wo = new(d, scale=0.5), new(d, scale=0.2, offset=1.0), new(d, scale=0.2, offset=1.0)
-    cot = [new(rows, d), new(rows, d), new(rows, n + partial)]                 # fixed cotangents of out, raw, p
+    cot = [new(rows, d), new(rows, d), new(rows, n + partial)]  # fixed cotangents of out, raw, p
 
     def run(triton_path: bool):
         leaves = [t.clone().requires_grad_() for t in srcs + ([part] if partial else []) + [q, kw, wo]]
         store = AttnResStore(rows, n, d, torch.float32, device, 1e-5)
-        for s in range(n): store.write(s, leaves[s])
+        for s in range(n):
+            store.write(s, leaves[s])
         outs = attnres_site(store, n, *leaves[-3:], leaves[n] if partial else None, (rows,), triton_path=triton_path)
         loss = sum((o * c).sum() for o, c in zip(outs, cot))
         return [o.detach() for o in outs], torch.autograd.grad(loss, leaves)
 
     (o_t, g_t), (o_r, g_r) = run(True), run(False)
     rel = lambda a, b: ((a - b).abs().max() / b.abs().max().clamp_min(1e-12)).item()
-    return {**{f'out{i}': rel(a, b) for i, (a, b) in enumerate(zip(o_t, o_r))},
-            **{f'grad{i}': rel(a, b) for i, (a, b) in enumerate(zip(g_t, g_r))}}
+    return {
+        **{f"out{i}": rel(a, b) for i, (a, b) in enumerate(zip(o_t, o_r))},
+        **{f"grad{i}": rel(a, b) for i, (a, b) in enumerate(zip(g_t, g_r))},
+    }
 
 
-_FUSED_CHECKS = dict(attnres_site=attnres_site_errors)   # fused kernels checked against their torch twins, not a reference
-if HAS_TRITON: _TRITON_IMPLS['attnres_site'] = attnres_site
+_FUSED_CHECKS = dict(
+    attnres_site=attnres_site_errors
+)  # fused kernels checked against their torch twins, not a reference
+if HAS_TRITON:
+    _TRITON_IMPLS["attnres_site"] = attnres_site

@@ -18,7 +18,17 @@ from .config import ConfigError, ModelConfig
 __all__ = ['trunc_normal_', 'RMSNorm', 'LayerNorm', 'rope_angles', 'apply_rope', 'KVCache', 'causal_mask', 'Attention', 'SwiGLU']
 
 # %% ../nbs/04_layers.ipynb #d1b31c4f
-from .kernels import attnres_mix, depth_scores, depth_values, hc_read, hc_write, moda_attention, rms_norm, sinkhorn, swiglu
+from depthbench_nb.kernels import (
+    attnres_mix,
+    depth_scores,
+    depth_values,
+    hc_read,
+    hc_write,
+    moda_attention,
+    rms_norm,
+    sinkhorn,
+    swiglu,
+)
 
 # %% ../nbs/04_layers.ipynb #bdc706e6
 def trunc_normal_(weight: torch.Tensor, std: float, generator: Optional[torch.Generator] = None) -> torch.Tensor:
@@ -28,18 +38,22 @@ def trunc_normal_(weight: torch.Tensor, std: float, generator: Optional[torch.Ge
 # %% ../nbs/04_layers.ipynb #91eb9529
 class RMSNorm(nn.Module):
     "y = x / rms(x) * weight (ε = 1e-6 by default, the official configs)."
+
     def __init__(self, d: int, eps: float = 1e-6):
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(d))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor: return rms_norm(x, self.weight, self.eps)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return rms_norm(x, self.weight, self.eps)
 
-    def extra_repr(self) -> str: return f'{self.weight.shape[0]}, eps={self.eps}'
+    def extra_repr(self) -> str:
+        return f"{self.weight.shape[0]}, eps={self.eps}"
 
 
 class LayerNorm(nn.Module):
     "Mean-centred LayerNorm with a gain and no bias (DeepNorm, `DeepNormTransformerBlock`)."
+
     def __init__(self, d: int, eps: float = 1e-6):
         super().__init__()
         self.eps = eps
@@ -48,20 +62,21 @@ class LayerNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.layer_norm(x, self.weight.shape, self.weight, None, self.eps)
 
-    def extra_repr(self) -> str: return f'{self.weight.shape[0]}, eps={self.eps}, bias=False'
+    def extra_repr(self) -> str:
+        return f"{self.weight.shape[0]}, eps={self.eps}, bias=False"
 
 # %% ../nbs/04_layers.ipynb #9eaa0f20
 def rope_angles(head_dim: int, positions: torch.Tensor, theta: float = 1e4) -> tuple[torch.Tensor, torch.Tensor]:
     "cos, sin [T, head_dim] for the given positions (rotate-half layout)."
     inv_freq = theta ** -(torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim)
-    freqs = positions.float()[:, None] * inv_freq[None, :]      # [T, head_dim/2]
-    emb = torch.cat([freqs, freqs], dim=-1)                     # [T, head_dim]
+    freqs = positions.float()[:, None] * inv_freq[None, :]  # [T, head_dim/2]
+    emb = torch.cat([freqs, freqs], dim=-1)  # [T, head_dim]
     return emb.cos(), emb.sin()
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     "Rotate x [B, T, H, head_dim] by the angles cos/sin [T, head_dim], in fp32 (OLMo-core's full_precision); same dtype out."
-    xf = x.float()                                                       # [B, T, H, head_dim]
+    xf = x.float()  # [B, T, H, head_dim]
     x1, x2 = xf.chunk(2, dim=-1)
     rotated = torch.cat([-x2, x1], dim=-1)
     cos, sin = cos[None, :, None, :].float(), sin[None, :, None, :].float()  # [1, T, 1, head_dim]
@@ -70,6 +85,7 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 # %% ../nbs/04_layers.ipynb #065b982a
 class KVCache:
     "Per-layer attention keys (post-RoPE) and values [B, H_kv, T, head_dim], plus the position offset."
+
     def __init__(self):
         self.offset = 0
         self.layers: dict[Hashable, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -86,12 +102,17 @@ class KVCache:
         "Called once by the model after a forward: the next call's positions start n_tokens later."
         self.offset += n_tokens
 
-    def __len__(self) -> int: return self.offset
+    def __len__(self) -> int:
+        return self.offset
 
-    def __repr__(self) -> str: return f'KVCache(offset={self.offset}, layers={len(self.layers)})'
+    def __repr__(self) -> str:
+        return f"KVCache(offset={self.offset}, layers={len(self.layers)})"
 
 # %% ../nbs/04_layers.ipynb #93cefeb8
-_SDPA_HAS_GQA = tuple(int(p) for p in torch.__version__.split('+')[0].split('.')[:2]) >= (2, 5)  # enable_gqa appeared in 2.5
+_SDPA_HAS_GQA = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2]) >= (
+    2,
+    5,
+)  # enable_gqa appeared in 2.5
 
 
 def causal_mask(n_new: int, offset: int, device=None) -> torch.Tensor:
@@ -102,6 +123,7 @@ def causal_mask(n_new: int, offset: int, device=None) -> torch.Tensor:
 
 class Attention(nn.Module):
     "Causal multi-head attention with GQA, RoPE, an optional KV cache and optional MoDA depth keys."
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         d, self.n_head, self.n_kv_head, self.head_dim = cfg.d_model, cfg.n_head, cfg.n_kv_head, cfg.head_dim
@@ -111,32 +133,50 @@ class Attention(nn.Module):
         self.wv = nn.Linear(d, self.n_kv_head * self.head_dim, bias=False)
         self.wo = nn.Linear(self.n_head * self.head_dim, d, bias=False)
 
-    def forward(self, x: torch.Tensor, offset: int = 0, cache: Optional[KVCache] = None, cache_key: Hashable = None,
-                depth_k: Optional[torch.Tensor] = None, depth_v: Optional[torch.Tensor] = None, depth_slots=None, n_depth: int = 0):
+    def forward(
+        self,
+        x: torch.Tensor,
+        offset: int = 0,
+        cache: Optional[KVCache] = None,
+        cache_key: Hashable = None,
+        depth_k: Optional[torch.Tensor] = None,
+        depth_v: Optional[torch.Tensor] = None,
+        depth_slots=None,
+        n_depth: int = 0,
+    ):
         "x [B, T, d] -> (out [B, T, d], (k before RoPE, v) each [B, T, H_kv, hd]); MoDA depth keys stacked or in `depth_slots`."
         B, T, _ = x.shape
-        q = self.wq(x).view(B, T, self.n_head, self.head_dim)        # [B, T, H, hd]
+        q = self.wq(x).view(B, T, self.n_head, self.head_dim)  # [B, T, H, hd]
         k_raw = self.wk(x).view(B, T, self.n_kv_head, self.head_dim)  # [B, T, H_kv, hd]
         v_raw = self.wv(x).view(B, T, self.n_kv_head, self.head_dim)  # [B, T, H_kv, hd]
         cos, sin = rope_angles(self.head_dim, torch.arange(offset, offset + T, device=x.device), self.rope_theta)
-        q, k = apply_rope(q, cos, sin).transpose(1, 2), apply_rope(k_raw, cos, sin).transpose(1, 2)  # [B, H(_kv), T, hd]
-        v = v_raw.transpose(1, 2)                                     # [B, H_kv, T, hd]
-        if cache is not None: k, v = cache.update(cache_key, k, v)    # [B, H_kv, offset+T, hd]
-        if depth_slots is not None: y = self._depth_attention_fused(q, k, v, offset, depth_slots, n_depth)
-        elif depth_k is None: y = self._sdpa(q, k, v, offset)
-        else: y = self._depth_attention(q, k, v, offset, depth_k, depth_v)
+        q, k = (
+            apply_rope(q, cos, sin).transpose(1, 2),
+            apply_rope(k_raw, cos, sin).transpose(1, 2),
+        )  # [B, H(_kv), T, hd]
+        v = v_raw.transpose(1, 2)  # [B, H_kv, T, hd]
+        if cache is not None:
+            k, v = cache.update(cache_key, k, v)  # [B, H_kv, offset+T, hd]
+        if depth_slots is not None:
+            y = self._depth_attention_fused(q, k, v, offset, depth_slots, n_depth)
+        elif depth_k is None:
+            y = self._sdpa(q, k, v, offset)
+        else:
+            y = self._depth_attention(q, k, v, offset, depth_k, depth_v)
         y = y.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim)  # [B, T, H*hd]
         return self.wo(y), (k_raw, v_raw)
 
     def _sdpa(self, q, k, v, offset):
         kw = {}
         if self.n_kv_head != self.n_head:
-            if _SDPA_HAS_GQA: kw['enable_gqa'] = True                 # torch >= 2.5: no copies of the KV heads
+            if _SDPA_HAS_GQA:
+                kw["enable_gqa"] = True  # torch >= 2.5: no copies of the KV heads
             else:
                 groups = self.n_head // self.n_kv_head
                 k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)  # [B, H, Tk, hd]
-        if offset == 0: return F.scaled_dot_product_attention(q, k, v, is_causal=True, **kw)
-        mask = causal_mask(q.shape[2], offset, q.device)              # [T, offset+T]
+        if offset == 0:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, **kw)
+        mask = causal_mask(q.shape[2], offset, q.device)  # [T, offset+T]
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, **kw)
 
     def _depth_attention(self, q, k, v, offset, depth_k, depth_v):
@@ -146,41 +186,49 @@ class Attention(nn.Module):
         dk = depth_k.repeat_interleave(groups, dim=3).permute(0, 3, 1, 2, 4)  # [B, H, T, S, hd]
         dv = depth_v.repeat_interleave(groups, dim=3).permute(0, 3, 1, 2, 4)  # [B, H, T, S, hd]
         scale = 1 / math.sqrt(self.head_dim)
-        seq_scores = (q @ k.transpose(-1, -2)) * scale                # [B, H, T, Tk]
-        seq_scores = seq_scores.masked_fill(~causal_mask(q.shape[2], offset, q.device), float('-inf'))
-        depth_scores = (q.unsqueeze(-2) * dk).sum(-1) * scale         # [B, H, T, S]
+        seq_scores = (q @ k.transpose(-1, -2)) * scale  # [B, H, T, Tk]
+        seq_scores = seq_scores.masked_fill(~causal_mask(q.shape[2], offset, q.device), float("-inf"))
+        depth_scores = (q.unsqueeze(-2) * dk).sum(-1) * scale  # [B, H, T, S]
         p = torch.softmax(torch.cat([seq_scores, depth_scores], dim=-1), dim=-1)
         p_seq, p_depth = p.split([seq_scores.shape[-1], depth_scores.shape[-1]], dim=-1)
-        return p_seq @ v + (p_depth.unsqueeze(-1) * dv).sum(-2)       # [B, H, T, hd]
+        return p_seq @ v + (p_depth.unsqueeze(-1) * dv).sum(-2)  # [B, H, T, hd]
 
     def _depth_attention_fused(self, q, k, v, offset, slots, S: int):
         "`_depth_attention` reading the first S depth slots in place (`DepthSlots`): no stacked or repeated depth keys."
         B, H, T, hd = q.shape
         groups = self.n_head // self.n_kv_head
         keys, values = slots.stores(B * T * self.n_kv_head, hd, q)
-        if groups > 1: k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)  # [B, H, Tk, hd]
-        y = moda_attention(q, k, v, keys, values, S, groups) if offset == 0 else None   # flash attention merged with the depth keys
-        if y is not None: return y
+        if groups > 1:
+            k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)  # [B, H, Tk, hd]
+        y = (
+            moda_attention(q, k, v, keys, values, S, groups) if offset == 0 else None
+        )  # flash attention merged with the depth keys
+        if y is not None:
+            return y
         scale = 1 / math.sqrt(self.head_dim)
-        seq_scores = (q @ k.transpose(-1, -2)) * scale                # [B, H, T, Tk]
-        seq_scores = seq_scores.masked_fill(~causal_mask(T, offset, q.device), float('-inf'))
-        Hk = self.n_kv_head                                           # rows N = (b, t, KV head); head h = KV head h // groups
-        q_rows = q.view(B, Hk, groups, T, hd).permute(2, 4, 0, 3, 1).reshape(groups, hd, -1)      # [groups, hd, N]
-        z = depth_scores(keys, S, q_rows).view(S, groups, B, T, Hk)                               # [S, groups, B, T, H_kv]
-        depth_scores_ = z.permute(2, 4, 1, 3, 0).reshape(B, H, T, S) * scale                      # [B, H, T, S]
+        seq_scores = (q @ k.transpose(-1, -2)) * scale  # [B, H, T, Tk]
+        seq_scores = seq_scores.masked_fill(~causal_mask(T, offset, q.device), float("-inf"))
+        Hk = self.n_kv_head  # rows N = (b, t, KV head); head h = KV head h // groups
+        q_rows = q.view(B, Hk, groups, T, hd).permute(2, 4, 0, 3, 1).reshape(groups, hd, -1)  # [groups, hd, N]
+        z = depth_scores(keys, S, q_rows).view(S, groups, B, T, Hk)  # [S, groups, B, T, H_kv]
+        depth_scores_ = z.permute(2, 4, 1, 3, 0).reshape(B, H, T, S) * scale  # [B, H, T, S]
         p = torch.softmax(torch.cat([seq_scores, depth_scores_], dim=-1), dim=-1)
         p_seq, p_depth = p.split([seq_scores.shape[-1], S], dim=-1)
         p_rows = p_depth.reshape(B, Hk, groups, T, S).permute(4, 2, 0, 3, 1).reshape(S, groups, -1)  # [S, groups, N]
-        y = depth_values(values, S, p_rows).view(groups, hd, B, T, Hk).permute(2, 4, 0, 3, 1)     # [B, H_kv, groups, T, hd]
-        return p_seq @ v + y.reshape(B, H, T, hd)                     # [B, H, T, hd]
+        y = (
+            depth_values(values, S, p_rows).view(groups, hd, B, T, Hk).permute(2, 4, 0, 3, 1)
+        )  # [B, H_kv, groups, T, hd]
+        return p_seq @ v + y.reshape(B, H, T, hd)  # [B, H, T, hd]
 
 # %% ../nbs/04_layers.ipynb #b81240df
 class SwiGLU(nn.Module):
     "SwiGLU FFN: w2(silu(w1 x) * w3 x)."
+
     def __init__(self, d: int, hidden: int):
         super().__init__()
         self.w1 = nn.Linear(d, hidden, bias=False)
         self.w3 = nn.Linear(d, hidden, bias=False)
         self.w2 = nn.Linear(hidden, d, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor: return self.w2(swiglu(self.w1(x), self.w3(x)))  # [B, T, d]
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(swiglu(self.w1(x), self.w3(x)))  # [B, T, d]

@@ -38,98 +38,140 @@ __all__ = ['GEN_OPTIONS', 'DTYPES', 'NLL_ROUTES', 'DOWNSTREAM_TASKS', 'DOWNSTREA
            'downstream_command', 'cli_downstream']
 
 # %% ../nbs/09g_lm_eval.ipynb #b32a34fd
-GEN_OPTIONS = ('until', 'max_gen_toks', 'do_sample', 'temperature')
-DTYPES = ('float32', 'bfloat16', 'float16')
+GEN_OPTIONS = ("until", "max_gen_toks", "do_sample", "temperature")
+DTYPES = ("float32", "bfloat16", "float16")
 
 
 def _device(requested: Optional[str]) -> torch.device:
     "The requested device; lm-eval's CLI default 'cuda' (or 'cuda:0') falls back to the CPU where there is no GPU."
-    if requested is None: return torch.device('cuda' if torch.cuda.is_available() else 'cpu')
+    if requested is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dev = torch.device(requested)
-    if dev.type == 'cuda' and not torch.cuda.is_available():
+    if dev.type == "cuda" and not torch.cuda.is_available():
         import warnings
+
         warnings.warn(f"depthbench: device {requested!r} asked for but no CUDA GPU is available; evaluating on the CPU")
-        return torch.device('cpu')
+        return torch.device("cpu")
     return dev
 
 
 class DepthBenchLM(TemplateLM):
     "lm-eval model type `depthbench`: a run folder or an export of any design, scored with our own forward."
-    backend = 'causal'
 
-    def __init__(self, pretrained: str, device: Optional[str] = None, batch_size=8, max_batch_size=None,
-                 max_length: Optional[int] = None, max_gen_toks: int = 256, dtype: str = 'float32',
-                 tokenizer: Optional[str] = None, **unknown):
+    backend = "causal"
+
+    def __init__(
+        self,
+        pretrained: str,
+        device: Optional[str] = None,
+        batch_size=8,
+        max_batch_size=None,
+        max_length: Optional[int] = None,
+        max_gen_toks: int = 256,
+        dtype: str = "float32",
+        tokenizer: Optional[str] = None,
+        **unknown,
+    ):
         super().__init__()
         if unknown:
-            raise ConfigError(f"depthbench: unknown model_args {sorted(unknown)}; valid: pretrained, dtype, max_length, max_gen_toks, "
-                              f"tokenizer (and lm-eval's --batch_size, --device)")
-        if dtype not in DTYPES: raise ConfigError(f"depthbench: dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+            raise ConfigError(
+                f"depthbench: unknown model_args {sorted(unknown)}; valid: pretrained, dtype, max_length, max_gen_toks, "
+                f"tokenizer (and lm-eval's --batch_size, --device)"
+            )
+        if dtype not in DTYPES:
+            raise ConfigError(f"depthbench: dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
         got = load_for_eval(pretrained, tokenizer)
-        if got['eos_id'] is None:
-            raise ConfigError(f"{pretrained}: the tokenizer has no end-of-text token (lm-eval's prefix token for empty contexts)")
-        self.tokenizer, self._eos, self._name, self.kind = got['tokenizer'], int(got['eos_id']), str(pretrained), got['kind']
+        if got["eos_id"] is None:
+            raise ConfigError(
+                f"{pretrained}: the tokenizer has no end-of-text token (lm-eval's prefix token for empty contexts)"
+            )
+        self.tokenizer, self._eos, self._name, self.kind = (
+            got["tokenizer"],
+            int(got["eos_id"]),
+            str(pretrained),
+            got["kind"],
+        )
         self._device = _device(device)
-        self.model = got['model'].to(self._device, getattr(torch, dtype)).eval()
+        self.model = got["model"].to(self._device, getattr(torch, dtype)).eval()
         size = str(batch_size)
-        self._batch_size = int(max_batch_size or 8) if size.startswith('auto') else int(size)   # 'auto': max_batch_size or 8
-        if self._batch_size < 1: raise ConfigError(f"depthbench: batch_size must be >= 1, got {batch_size}")
+        self._batch_size = (
+            int(max_batch_size or 8) if size.startswith("auto") else int(size)
+        )  # 'auto': max_batch_size or 8
+        if self._batch_size < 1:
+            raise ConfigError(f"depthbench: batch_size must be >= 1, got {batch_size}")
         context = self.model.config.max_seq_len
         self._max_length = min(int(max_length), context) if max_length else context
         self._max_gen_toks = int(max_gen_toks)
 
     # what lm-eval reads from a model
     @property
-    def eot_token_id(self) -> int: return self._eos
+    def eot_token_id(self) -> int:
+        return self._eos
+
     @property
-    def max_length(self) -> int: return self._max_length
+    def max_length(self) -> int:
+        return self._max_length
+
     @property
-    def max_gen_toks(self) -> int: return self._max_gen_toks
+    def max_gen_toks(self) -> int:
+        return self._max_gen_toks
+
     @property
-    def batch_size(self) -> int: return self._batch_size
+    def batch_size(self) -> int:
+        return self._batch_size
+
     @property
-    def device(self) -> torch.device: return self._device
+    def device(self) -> torch.device:
+        return self._device
+
     @property
-    def tokenizer_name(self) -> str: return self._name
+    def tokenizer_name(self) -> str:
+        return self._name
 
     def tok_encode(self, string: str, add_special_tokens=None, **kwargs) -> list[int]:
         return self.tokenizer.encode(string, add_special_tokens=False).ids
 
-    def tok_decode(self, tokens) -> str: return self.tokenizer.decode(list(tokens), skip_special_tokens=False)
+    def tok_decode(self, tokens) -> str:
+        return self.tokenizer.decode(list(tokens), skip_special_tokens=False)
 
     @torch.no_grad()
     def _batch_logits(self, rows: list[list[int]]) -> torch.Tensor:
         "Right-padded forward of token rows -> fp32 logits [B, T, V] (causal: the padding changes no row's own logits)."
         T = max(map(len, rows))
-        x = torch.full((len(rows), T), self.eot_token_id, dtype=torch.long)              # [B, T]
-        for i, r in enumerate(rows): x[i, :len(r)] = torch.tensor(r, dtype=torch.long)
-        return self.model(x.to(self._device)).float()                                     # [B, T, V]
+        x = torch.full((len(rows), T), self.eot_token_id, dtype=torch.long)  # [B, T]
+        for i, r in enumerate(rows):
+            x[i, : len(r)] = torch.tensor(r, dtype=torch.long)
+        return self.model(x.to(self._device)).float()  # [B, T, V]
 
     def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs) -> list[tuple[float, bool]]:
         "(cache key, context ids, continuation ids) -> (summed log-probability, greedy?) per request, batched longest first."
         out: list = [None] * len(requests)
         order = sorted(range(len(requests)), key=lambda i: -(len(requests[i][1]) + len(requests[i][2])))
-        bar = tqdm(total=len(order), disable=disable_tqdm, desc='depthbench loglikelihood')
+        bar = tqdm(total=len(order), disable=disable_tqdm, desc="depthbench loglikelihood")
         for start in range(0, len(order), self.batch_size):
-            chunk = order[start:start + self.batch_size]
+            chunk = order[start : start + self.batch_size]
             rows, spans = [], []
             for i in chunk:
                 _, ctx, cont = requests[i]
-                ids = (list(ctx) + list(cont))[-(self.max_length + 1):]                     # the context is cut from the left
+                ids = (list(ctx) + list(cont))[-(self.max_length + 1) :]  # the context is cut from the left
                 if len(cont) > len(ids) - 1:
-                    raise ConfigError(f"a continuation of {len(cont)} tokens does not fit the context window of {self.max_length} tokens")
+                    raise ConfigError(
+                        f"a continuation of {len(cont)} tokens does not fit the context window of {self.max_length} tokens"
+                    )
                 rows.append(ids[:-1])
-                spans.append((len(ids) - 1 - len(cont), ids[len(ids) - len(cont):]))          # first scored position, targets
-            logp = F.log_softmax(self._batch_logits(rows), dim=-1)                           # [B, T, V]
+                spans.append((len(ids) - 1 - len(cont), ids[len(ids) - len(cont) :]))  # first scored position, targets
+            logp = F.log_softmax(self._batch_logits(rows), dim=-1)  # [B, T, V]
             for r, i in enumerate(chunk):
                 first, target = spans[r]
-                if not target: res = (0.0, True)
+                if not target:
+                    res = (0.0, True)
                 else:
-                    lp = logp[r, first:first + len(target)]                                  # [n_cont, V]
+                    lp = logp[r, first : first + len(target)]  # [n_cont, V]
                     t = torch.tensor(target, device=lp.device)
                     res = (float(lp.gather(-1, t[:, None]).sum()), bool((lp.argmax(-1) == t).all()))
                 out[i] = res
-                if requests[i][0] is not None: self.cache_hook.add_partial('loglikelihood', requests[i][0], res)
+                if requests[i][0] is not None:
+                    self.cache_hook.add_partial("loglikelihood", requests[i][0], res)
             bar.update(len(chunk))
         bar.close()
         return out
@@ -138,14 +180,21 @@ class DepthBenchLM(TemplateLM):
         "Summed log-probability of whole documents over lm-eval's rolling windows (all windows of all documents batched)."
         windows, owner = [], []
         for k, (string,) in enumerate(req.args for req in requests):
-            pairs = lm_utils.get_rolling_token_windows(token_list=self.tok_encode(string), prefix_token=self.prefix_token_id,
-                                                       max_seq_len=self.max_length, context_len=1)
+            pairs = lm_utils.get_rolling_token_windows(
+                token_list=self.tok_encode(string),
+                prefix_token=self.prefix_token_id,
+                max_seq_len=self.max_length,
+                context_len=1,
+            )
             for ctx, cont in map(lm_utils.make_disjoint_window, pairs):
-                windows.append((None, ctx, cont)); owner.append(k)
+                windows.append((None, ctx, cont))
+                owner.append(k)
         scores = self._loglikelihood_tokens(windows, disable_tqdm=disable_tqdm)
         totals = [0.0] * len(requests)
-        for k, (s, _) in zip(owner, scores): totals[k] += s
-        for req, total in zip(requests, totals): self.cache_hook.add_partial('loglikelihood_rolling', req.args, total)
+        for k, (s, _) in zip(owner, scores):
+            totals[k] += s
+        for req, total in zip(requests, totals):
+            self.cache_hook.add_partial("loglikelihood_rolling", req.args, total)
         return totals
 
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
@@ -156,146 +205,207 @@ class DepthBenchLM(TemplateLM):
             context, gen = req.args
             gen = dict(gen or {})
             unknown = sorted(set(gen) - set(GEN_OPTIONS))
-            if unknown: raise ConfigError(f"depthbench: generation options {unknown} are not supported; supported: {', '.join(GEN_OPTIONS)}")
-            until = gen.get('until') or []
+            if unknown:
+                raise ConfigError(
+                    f"depthbench: generation options {unknown} are not supported; supported: {', '.join(GEN_OPTIONS)}"
+                )
+            until = gen.get("until") or []
             until = [until] if isinstance(until, str) else list(until)
-            max_new = int(gen.get('max_gen_toks', self.max_gen_toks))
-            temperature = float(gen.get('temperature', 0.0) or 0.0) if gen.get('do_sample', False) else 0.0
+            max_new = int(gen.get("max_gen_toks", self.max_gen_toks))
+            temperature = float(gen.get("temperature", 0.0) or 0.0) if gen.get("do_sample", False) else 0.0
             room = self.max_length - max_new
-            if room < 1: raise ConfigError(f"max_gen_toks={max_new} leaves no room for a context in the window of {self.max_length} tokens")
+            if room < 1:
+                raise ConfigError(
+                    f"max_gen_toks={max_new} leaves no room for a context in the window of {self.max_length} tokens"
+                )
             ctx = self.tok_encode(context)[-room:] or [self.prefix_token_id]
             groups.setdefault((len(ctx), max_new, tuple(until), temperature), []).append((i, ctx))
-        bar = tqdm(total=len(requests), disable=disable_tqdm, desc='depthbench generate_until')
+        bar = tqdm(total=len(requests), disable=disable_tqdm, desc="depthbench generate_until")
         for (_, max_new, until, temperature), items in groups.items():
             for start in range(0, len(items), self.batch_size):
-                chunk = items[start:start + self.batch_size]
-                for (i, _), text in zip(chunk, self._generate([c for _, c in chunk], max_new, list(until), temperature)):
+                chunk = items[start : start + self.batch_size]
+                for (i, _), text in zip(
+                    chunk, self._generate([c for _, c in chunk], max_new, list(until), temperature)
+                ):
                     out[i] = text
-                    self.cache_hook.add_partial('generate_until', requests[i].args, text)
+                    self.cache_hook.add_partial("generate_until", requests[i].args, text)
                 bar.update(len(chunk))
         bar.close()
         return out
 
     @torch.no_grad()
-    def _generate(self, contexts: list[list[int]], max_new: int, until: list[str], temperature: float = 0.0) -> list[str]:
+    def _generate(
+        self, contexts: list[list[int]], max_new: int, until: list[str], temperature: float = 0.0
+    ) -> list[str]:
         "Equal-length contexts [B, T] continued with our KV cache until every row met EOS, a stop string or max_new tokens."
-        step_in = torch.tensor(contexts, dtype=torch.long, device=self._device)             # [B, T]
+        step_in = torch.tensor(contexts, dtype=torch.long, device=self._device)  # [B, T]
         cache, new, done = KVCache(), [[] for _ in contexts], [False] * len(contexts)
         for _ in range(max_new):
-            logits = self.model(step_in, kv_cache=cache)[:, -1].float()                     # [B, V]
-            nxt = (torch.multinomial(torch.softmax(logits / temperature, -1), 1) if temperature > 0
-                   else logits.argmax(-1, keepdim=True))                                    # [B, 1]
+            logits = self.model(step_in, kv_cache=cache)[:, -1].float()  # [B, V]
+            nxt = (
+                torch.multinomial(torch.softmax(logits / temperature, -1), 1)
+                if temperature > 0
+                else logits.argmax(-1, keepdim=True)
+            )  # [B, 1]
             for r, t in enumerate(nxt[:, 0].tolist()):
-                if done[r]: continue
-                if t == self.eot_token_id: done[r] = True; continue
+                if done[r]:
+                    continue
+                if t == self.eot_token_id:
+                    done[r] = True
+                    continue
                 new[r].append(t)
-                if until and any(s and s in self.tok_decode(new[r]) for s in until): done[r] = True
-            if all(done): break
+                if until and any(s and s in self.tok_decode(new[r]) for s in until):
+                    done[r] = True
+            if all(done):
+                break
             step_in = nxt
         texts = []
         for ids in new:
             text = self.tok_decode(ids)
             for term in until:
-                if term: text = text.split(term)[0]                                         # cut at the stop string, as lm-eval's hf model
+                if term:
+                    text = text.split(term)[0]  # cut at the stop string, as lm-eval's hf model
             texts.append(text)
         return texts
 
 
-if DepthBenchLM.__module__ == 'depthbench_nb.lmeval':   # lm-eval's registry (this notebook defines the class in __main__ instead)
-    register_model('depthbench')(DepthBenchLM)
+if (
+    DepthBenchLM.__module__ == "depthbench_nb.lmeval"
+):  # lm-eval's registry (this notebook defines the class in __main__ instead)
+    register_model("depthbench")(DepthBenchLM)
 
 # %% ../nbs/09g_lm_eval.ipynb #ad01026f
-NLL_ROUTES = ('native', 'lm-eval')
+NLL_ROUTES = ("native", "lm-eval")
 
 
 def lm_eval_nll(lm: DepthBenchLM, pairs) -> dict:
     "The official route: (prompt, target) pairs as lm-eval loglikelihood requests; target tokens counted by lm-eval's encoding."
-    reqs = [Instance(request_type='loglikelihood', doc={}, arguments=(c, x), idx=i) for i, (c, x) in enumerate(pairs)]
+    reqs = [Instance(request_type="loglikelihood", doc={}, arguments=(c, x), idx=i) for i, (c, x) in enumerate(pairs)]
     scored = lm.loglikelihood(reqs, disable_tqdm=True)
-    docs = [dict(nll=-ll, tokens=len(lm._encode_pair(c, x)[1]) if c else len(lm.tok_encode(x))) for (c, x), (ll, _) in zip(pairs, scored)]
+    docs = [
+        dict(nll=-ll, tokens=len(lm._encode_pair(c, x)[1]) if c else len(lm.tok_encode(x)))
+        for (c, x), (ll, _) in zip(pairs, scored)
+    ]
     return _totals(docs)
 
 
 def native_nll(lm: DepthBenchLM, pairs) -> dict:
     "Our scorer (diagnostics.completion_nll) on our tokenization (data.encode_pairs), one document at a time."
     from depthbench_nb.data import encode_pairs
+
     docs = []
     for ids in encode_pairs(pairs, lm.tokenizer):
         r = completion_nll(lm.model, [ids], max_len=lm.max_length)
-        docs.append(dict(nll=r['nll_sum'], tokens=r['tokens']))
+        docs.append(dict(nll=r["nll_sum"], tokens=r["tokens"]))
     return _totals(docs)
 
 
 def _totals(docs: list[dict]) -> dict:
-    nll, n = sum(d['nll'] for d in docs), sum(d['tokens'] for d in docs)
+    nll, n = sum(d["nll"] for d in docs), sum(d["tokens"] for d in docs)
     return dict(nll_sum=nll, tokens=n, nll_mean=nll / max(n, 1), perplexity=math.exp(nll / max(n, 1)), docs=docs)
 
 
-def domain_nll(pretrained, route: str = 'native', names=None, limit: Optional[int] = 64, batch_size: int = 8,
-               device: Optional[str] = None, lm: Optional[DepthBenchLM] = None) -> dict:
+def domain_nll(
+    pretrained,
+    route: str = "native",
+    names=None,
+    limit: Optional[int] = 64,
+    batch_size: int = 8,
+    device: Optional[str] = None,
+    lm: Optional[DepthBenchLM] = None,
+) -> dict:
     "Completion-only NLL of a run or export on the domain sets, through `route`: per set and per category."
     from depthbench_nb.data import domain_eval_sets
-    if route not in NLL_ROUTES: raise ConfigError(f"unknown route {route!r}; valid routes: {', '.join(NLL_ROUTES)}")
+
+    if route not in NLL_ROUTES:
+        raise ConfigError(f"unknown route {route!r}; valid routes: {', '.join(NLL_ROUTES)}")
     lm = lm or DepthBenchLM(str(pretrained), batch_size=batch_size, device=device)
     sets = domain_eval_sets(names, limit=limit)
-    score = lm_eval_nll if route == 'lm-eval' else native_nll
+    score = lm_eval_nll if route == "lm-eval" else native_nll
     per_set = {name: score(lm, es.pairs) | dict(category=es.category, source=es.source) for name, es in sets.items()}
-    return dict(route=route, sets=per_set, by_category=nll_by_category(per_set, {n: es.category for n, es in sets.items()}))
+    return dict(
+        route=route, sets=per_set, by_category=nll_by_category(per_set, {n: es.category for n, es in sets.items()})
+    )
 
 # %% ../nbs/09g_lm_eval.ipynb #2e80086a
-def compare_nll_routes(pretrained, names=None, limit: Optional[int] = 64, batch_size: int = 8, device: Optional[str] = None) -> list[dict]:
+def compare_nll_routes(
+    pretrained, names=None, limit: Optional[int] = 64, batch_size: int = 8, device: Optional[str] = None
+) -> list[dict]:
     "Both routes on the same documents, per set: NLLs, documents tokenized alike, and the largest per-document differences."
     from depthbench_nb.data import domain_eval_sets, encode_pairs
+
     lm = DepthBenchLM(str(pretrained), batch_size=batch_size, device=device)
     rows = []
     for name, es in domain_eval_sets(names, limit=limit).items():
         official, ours = lm_eval_nll(lm, es.pairs), native_nll(lm, es.pairs)
         lm_ids = [lm._encode_pair(c, x) if c else ([lm.eot_token_id], lm.tok_encode(x)) for c, x in es.pairs]
-        same_ids = [completion_nll(lm.model, [ids], max_len=lm.max_length)['nll_sum'] for ids in lm_ids]   # our scorer, lm-eval's ids
-        alike = [list(a) + list(b) == list(c) + list(d) and len(b) == len(d)
-                 for (a, b), (c, d) in zip(lm_ids, encode_pairs(es.pairs, lm.tokenizer))]
+        same_ids = [
+            completion_nll(lm.model, [ids], max_len=lm.max_length)["nll_sum"] for ids in lm_ids
+        ]  # our scorer, lm-eval's ids
+        alike = [
+            list(a) + list(b) == list(c) + list(d) and len(b) == len(d)
+            for (a, b), (c, d) in zip(lm_ids, encode_pairs(es.pairs, lm.tokenizer))
+        ]
         rel = lambda a, b: abs(a - b) / max(abs(b), 1e-12)
-        rows.append(dict(set=name, docs=len(es.pairs), docs_tokenized_alike=sum(alike),
-                         nll_mean_native=ours['nll_mean'], nll_mean_lm_eval=official['nll_mean'],
-                         max_rel_diff_same_ids=max(rel(s, d['nll']) for s, d in zip(same_ids, official['docs'])),
-                         max_rel_diff_alike_docs=max((rel(o['nll'], d['nll']) for o, d, a in zip(ours['docs'], official['docs'], alike) if a),
-                                                     default=0.0)))
+        rows.append(
+            dict(
+                set=name,
+                docs=len(es.pairs),
+                docs_tokenized_alike=sum(alike),
+                nll_mean_native=ours["nll_mean"],
+                nll_mean_lm_eval=official["nll_mean"],
+                max_rel_diff_same_ids=max(rel(s, d["nll"]) for s, d in zip(same_ids, official["docs"])),
+                max_rel_diff_alike_docs=max(
+                    (rel(o["nll"], d["nll"]) for o, d, a in zip(ours["docs"], official["docs"], alike) if a),
+                    default=0.0,
+                ),
+            )
+        )
     return rows
 
 # %% ../nbs/09g_lm_eval.ipynb #63b1577b
-def domain_nll_command(path: str,                           # a run folder or a folder written by depthbench-nb export-hf
-                       route: Annotated[str, Arg(choices=NLL_ROUTES + ('both',))] = 'both',  # native | lm-eval | both (default)
-                       sets: Optional[str] = None,          # comma-separated domain sets (default: every one that can be built here)
-                       limit: int = 64,                     # documents per set (default 64; 0: all)
-                       batch_size: int = 8,                 # lm-eval batch size (default 8)
-                       device: Optional[str] = None,        # cpu | cuda | cuda:N (default: cuda when present)
-                       json: bool = False) -> int:
+def domain_nll_command(
+    path: str,  # a run folder or a folder written by depthbench-nb export-hf
+    route: Annotated[str, Arg(choices=NLL_ROUTES + ("both",))] = "both",  # native | lm-eval | both (default)
+    sets: Optional[str] = None,  # comma-separated domain sets (default: every one that can be built here)
+    limit: int = 64,  # documents per set (default 64; 0: all)
+    batch_size: int = 8,  # lm-eval batch size (default 8)
+    device: Optional[str] = None,  # cpu | cuda | cuda:N (default: cuda when present)
+    json: bool = False,
+) -> int:
     """Completion-only NLL on the DepthBench domain sets (coding, STEM, math) of a run folder or an export, through
     our scorer (native), lm-eval's loglikelihood as the official code does (lm-eval), or both with their comparison."""
-    names = [s.strip() for s in sets.split(',') if s.strip()] if sets else None
+    names = [s.strip() for s in sets.split(",") if s.strip()] if sets else None
     limit = limit or None
-    if route == 'both':
+    if route == "both":
         rows = compare_nll_routes(path, names, limit, batch_size, device)
-        return emit(rows, json, title=f'domain NLL of {path}: our scorer vs lm-eval loglikelihood (nats per target token)')
+        return emit(
+            rows, json, title=f"domain NLL of {path}: our scorer vs lm-eval loglikelihood (nats per target token)"
+        )
     res = domain_nll(path, route, names, limit, batch_size, device)
-    strip = lambda d: {k: v for k, v in d.items() if k != 'docs'}
-    out = dict(route=res['route'], by_category=res['by_category'], sets={k: strip(v) for k, v in res['sets'].items()})
-    if json: return emit(out, True)
-    return emit([dict(category=c, **{k: v for k, v in r.items() if k != 'sets'}) for c, r in res['by_category'].items()], False,
-                title=f"domain NLL of {path} through {route} (nats per target token)")
+    strip = lambda d: {k: v for k, v in d.items() if k != "docs"}
+    out = dict(route=res["route"], by_category=res["by_category"], sets={k: strip(v) for k, v in res["sets"].items()})
+    if json:
+        return emit(out, True)
+    return emit(
+        [dict(category=c, **{k: v for k, v in r.items() if k != "sets"}) for c, r in res["by_category"].items()],
+        False,
+        title=f"domain NLL of {path} through {route} (nats per target token)",
+    )
 
 
 def cli_domain_nll(argv=None) -> int:
     "depthbench-nb domain-nll PATH: the domain NLL of a run or export, through our scorer and/or lm-eval's loglikelihood."
-    return call_parsed(domain_nll_command, argv, prog='depthbench-nb domain-nll')
+    return call_parsed(domain_nll_command, argv, prog="depthbench-nb domain-nll")
 
 # %% ../nbs/09g_lm_eval.ipynb #cf01eb53
 @dataclass(frozen=True)
 class DownstreamTask:
     "One task of the looped paper's downstream groups, and the bundle of the official code that holds its data."
-    label: str    # the task's label in its bundle (kschwethelm/looped-lm-scaling scripts/base_eval.py)
-    group: str    # one of DOWNSTREAM_GROUPS
-    bundle: str   # one of BUNDLES
+
+    label: str  # the task's label in its bundle (kschwethelm/looped-lm-scaling scripts/base_eval.py)
+    group: str  # one of DOWNSTREAM_GROUPS
+    bundle: str  # one of BUNDLES
 
 
 def _tasks(group: str, bundle: str, *labels: str) -> tuple[DownstreamTask, ...]:
@@ -305,53 +415,80 @@ def _tasks(group: str, bundle: str, *labels: str) -> tuple[DownstreamTask, ...]:
 # The five groups of the paper (Table 10; the official OWNED_AXES: reading_comp and math_word_problems renamed as
 # the paper names them) and the sixth, commonsense, that the official flagship regime adds (FLAGSHIP_EXTRA_AXES).
 DOWNSTREAM_TASKS: tuple[DownstreamTask, ...] = (
-    *_tasks('parametric_knowledge', 'saunshi', 'triviaqa', 'nq', 'webq'),
-    *_tasks('reading_comprehension', 'core', 'lambada_openai'),
-    *_tasks('reading_comprehension', 'saunshi', 'squadv2', 'tydiqa_goldp', 'drop', 'coqa'),
-    *_tasks('math', 'saunshi', 'svamp', 'asdiv', 'mawps'),
-    *_tasks('reasoning_primitives', 'saunshi', 'var_assign_d0_math', 'var_assign_d0_code', 'var_assign_d1_math',
-            'var_assign_d1_code'),
-    *_tasks('reasoning_primitives', 'owned', 'induction_head'),
-    *_tasks('compositional_symbolic', 'core', 'bigbench_dyck_languages', 'bigbench_qa_wikidata', 'arc_easy',
-            'bigbench_cs_algorithms'),
-    *_tasks('commonsense', 'core', 'piqa', 'hellaswag_zeroshot', 'openbook_qa', 'winograd'),
+    *_tasks("parametric_knowledge", "saunshi", "triviaqa", "nq", "webq"),
+    *_tasks("reading_comprehension", "core", "lambada_openai"),
+    *_tasks("reading_comprehension", "saunshi", "squadv2", "tydiqa_goldp", "drop", "coqa"),
+    *_tasks("math", "saunshi", "svamp", "asdiv", "mawps"),
+    *_tasks(
+        "reasoning_primitives",
+        "saunshi",
+        "var_assign_d0_math",
+        "var_assign_d0_code",
+        "var_assign_d1_math",
+        "var_assign_d1_code",
+    ),
+    *_tasks("reasoning_primitives", "owned", "induction_head"),
+    *_tasks(
+        "compositional_symbolic",
+        "core",
+        "bigbench_dyck_languages",
+        "bigbench_qa_wikidata",
+        "arc_easy",
+        "bigbench_cs_algorithms",
+    ),
+    *_tasks("commonsense", "core", "piqa", "hellaswag_zeroshot", "openbook_qa", "winograd"),
 )
 DOWNSTREAM_GROUPS = tuple(dict.fromkeys(t.group for t in DOWNSTREAM_TASKS))
-REGIMES = {'isoflops': DOWNSTREAM_GROUPS[:5], 'flagship': DOWNSTREAM_GROUPS}   # the official --regime
+REGIMES = {"isoflops": DOWNSTREAM_GROUPS[:5], "flagship": DOWNSTREAM_GROUPS}  # the official --regime
 # bundle -> (its folder under the bundles directory, its configuration file, how to build it)
 BUNDLES = {
-    'core': ('eval_bundle', 'core.yaml', "karpathy's nanochat CORE eval_bundle.zip (the official scripts/base_eval.py "
-             'downloads it)'),
-    'saunshi': ('saunshi_bundle', 'saunshi.yaml', 'python dev/eval_bundles/saunshi/prepare_saunshi_bundle.py of '
-                'kschwethelm/looped-lm-scaling'),
-    'owned': ('owned_bundle', 'owned.yaml', 'python dev/eval_bundles/owned/prepare_owned_bundle.py of '
-              'kschwethelm/looped-lm-scaling'),
+    "core": (
+        "eval_bundle",
+        "core.yaml",
+        "karpathy's nanochat CORE eval_bundle.zip (the official scripts/base_eval.py downloads it)",
+    ),
+    "saunshi": (
+        "saunshi_bundle",
+        "saunshi.yaml",
+        "python dev/eval_bundles/saunshi/prepare_saunshi_bundle.py of kschwethelm/looped-lm-scaling",
+    ),
+    "owned": (
+        "owned_bundle",
+        "owned.yaml",
+        "python dev/eval_bundles/owned/prepare_owned_bundle.py of kschwethelm/looped-lm-scaling",
+    ),
 }
-TASK_TYPES = ('language_modeling', 'multiple_choice', 'schema')
+TASK_TYPES = ("language_modeling", "multiple_choice", "schema")
 
 
-def downstream_tasks(regime: str = 'isoflops') -> list[DownstreamTask]:
+def downstream_tasks(regime: str = "isoflops") -> list[DownstreamTask]:
     "The tasks of a regime: 'isoflops' (the paper's five groups) or 'flagship' (plus commonsense)."
-    if regime not in REGIMES: raise ConfigError(f"unknown regime {regime!r}; valid: {', '.join(REGIMES)}")
+    if regime not in REGIMES:
+        raise ConfigError(f"unknown regime {regime!r}; valid: {', '.join(REGIMES)}")
     return [t for t in DOWNSTREAM_TASKS if t.group in REGIMES[regime]]
 
 
 def _bundle_config(folder: Path, config: str) -> dict:
     "label -> its entry of a bundle's configuration (CORE's `icl_tasks` or the Saunshi / owned `tasks`)."
     import yaml
+
     raw = yaml.safe_load((folder / config).read_text()) or {}
-    entries = raw.get('icl_tasks') or raw.get('tasks') or []
-    return {e['label']: e for e in entries if isinstance(e, dict) and 'label' in e}
+    entries = raw.get("icl_tasks") or raw.get("tasks") or []
+    return {e["label"]: e for e in entries if isinstance(e, dict) and "label" in e}
 
 
 def _task_spec(entry: dict, folder: Path) -> dict:
     "Task type, shots, delimiter and data file of a bundle entry (CORE: num_fewshot a list, icl_task_type)."
-    shots = entry.get('num_fewshot', 0)
-    task_type = entry.get('icl_task_type', entry.get('task_type'))
+    shots = entry.get("num_fewshot", 0)
+    task_type = entry.get("icl_task_type", entry.get("task_type"))
     if task_type not in TASK_TYPES:
         raise ConfigError(f"task {entry['label']!r}: unknown task type {task_type!r}; valid: {', '.join(TASK_TYPES)}")
-    return dict(task_type=task_type, num_fewshot=int(shots[0] if isinstance(shots, (list, tuple)) else shots),
-                delimiter=entry.get('continuation_delimiter', ' '), data_file=str(folder / 'eval_data' / entry['dataset_uri']))
+    return dict(
+        task_type=task_type,
+        num_fewshot=int(shots[0] if isinstance(shots, (list, tuple)) else shots),
+        delimiter=entry.get("continuation_delimiter", " "),
+        data_file=str(folder / "eval_data" / entry["dataset_uri"]),
+    )
 
 
 def bundle_task_specs(bundles_dir, tasks: list[DownstreamTask]) -> tuple[dict, dict]:
@@ -371,43 +508,75 @@ def bundle_task_specs(bundles_dir, tasks: list[DownstreamTask]) -> tuple[dict, d
             missing[t.label] = f"{folder_name}/{config} has no task {t.label!r}"
         else:
             spec = _task_spec(entries[t.label], folder)
-            if Path(spec['data_file']).is_file(): specs[t.label] = spec
-            else: missing[t.label] = f"data file {spec['data_file']} is not there (build it: {how})"
+            if Path(spec["data_file"]).is_file():
+                specs[t.label] = spec
+            else:
+                missing[t.label] = f"data file {spec['data_file']} is not there (build it: {how})"
     return specs, missing
 
 
-TASK_PREFIX = 'looped_'
+TASK_PREFIX = "looped_"
 
 
 def lm_eval_task_yaml(label: str, spec: dict) -> dict:
     "The lm-eval task configuration of one bundle task (scored as the official core_eval renders its prompts)."
-    base = dict(task=TASK_PREFIX + label, dataset_path='json', dataset_kwargs=dict(data_files=dict(test=spec['data_file'])),
-                test_split='test', fewshot_split='test', num_fewshot=spec['num_fewshot'],   # examples: the other documents target_delimiter=spec['delimiter'],
-                fewshot_delimiter='\n\n', metric_list=[dict(metric='acc')], metadata=dict(version=1.0))
-    if spec['task_type'] == 'language_modeling':   # lm-eval puts no delimiter before a loglikelihood target: it is in the target
-        return dict(base, output_type='loglikelihood', doc_to_text='{{context | trim}}', target_delimiter='',
-                    doc_to_target=spec['delimiter'].replace('{', '{{ "{" }}') + '{{continuation}}')
-    if spec['task_type'] == 'multiple_choice':
-        return dict(base, output_type='multiple_choice', doc_to_text='{{query}}', doc_to_choice='{{choices}}',
-                    doc_to_target='{{gold}}')
-    return dict(base, output_type='multiple_choice', doc_to_text='{{gold}}', doc_to_choice='{{context_options}}',
-                doc_to_target='{{continuation}}')   # schema: the contexts vary, the continuation is shared
+    base = dict(
+        task=TASK_PREFIX + label,
+        dataset_path="json",
+        dataset_kwargs=dict(data_files=dict(test=spec["data_file"])),
+        test_split="test",
+        fewshot_split="test",
+        num_fewshot=spec["num_fewshot"],  # examples: the other documents target_delimiter=spec['delimiter'],
+        fewshot_delimiter="\n\n",
+        metric_list=[dict(metric="acc")],
+        metadata=dict(version=1.0),
+    )
+    if (
+        spec["task_type"] == "language_modeling"
+    ):  # lm-eval puts no delimiter before a loglikelihood target: it is in the target
+        return dict(
+            base,
+            output_type="loglikelihood",
+            doc_to_text="{{context | trim}}",
+            target_delimiter="",
+            doc_to_target=spec["delimiter"].replace("{", '{{ "{" }}') + "{{continuation}}",
+        )
+    if spec["task_type"] == "multiple_choice":
+        return dict(
+            base,
+            output_type="multiple_choice",
+            doc_to_text="{{query}}",
+            doc_to_choice="{{choices}}",
+            doc_to_target="{{gold}}",
+        )
+    return dict(
+        base,
+        output_type="multiple_choice",
+        doc_to_text="{{gold}}",
+        doc_to_choice="{{context_options}}",
+        doc_to_target="{{continuation}}",
+    )  # schema: the contexts vary, the continuation is shared
 
 
 def write_lm_eval_tasks(specs: dict, out_dir) -> dict:
     "One lm-eval task YAML per bundle task into `out_dir`; returns lm-eval task name -> bundle label."
     import yaml
+
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     for label, spec in specs.items():
-        atomic_write_text(out / f'{TASK_PREFIX}{label}.yaml', yaml.safe_dump(lm_eval_task_yaml(label, spec), sort_keys=False))
+        atomic_write_text(
+            out / f"{TASK_PREFIX}{label}.yaml", yaml.safe_dump(lm_eval_task_yaml(label, spec), sort_keys=False)
+        )
     return {TASK_PREFIX + label: label for label in specs}
 
 # %% ../nbs/09g_lm_eval.ipynb #a430d51c
 def _gold_index(sample: dict, task_type: str) -> int:
-    if task_type == 'language_modeling': return 0
-    if task_type == 'schema': return int(sample['doc']['gold'])
-    return int(sample['target'])
+    if task_type == "language_modeling":
+        return 0
+    if task_type == "schema":
+        return int(sample["doc"]["gold"])
+    return int(sample["target"])
 
 
 def continuation_scores(lm: DepthBenchLM, samples: list[dict], task_type: str) -> dict:
@@ -416,16 +585,24 @@ def continuation_scores(lm: DepthBenchLM, samples: list[dict], task_type: str) -
     or the lowest mean loss per token among the choices (multiple choice, schema)."""
     nats = tokens = correct = 0.0
     for s in samples:
-        n_tok = [len(lm._encode_pair(ctx, cont)[1]) if ctx else len(lm.tok_encode(cont)) for ctx, cont in s['arguments']]
-        lls = [r[0][0] for r in s['resps']]
+        n_tok = [
+            len(lm._encode_pair(ctx, cont)[1]) if ctx else len(lm.tok_encode(cont)) for ctx, cont in s["arguments"]
+        ]
+        lls = [r[0][0] for r in s["resps"]]
         gold = _gold_index(s, task_type)
         nats -= lls[gold]
         tokens += n_tok[gold]
-        if task_type == 'language_modeling': correct += bool(s['resps'][gold][0][1])
-        else: correct += int(min(range(len(lls)), key=lambda i: -lls[i] / max(n_tok[i], 1)) == gold)
+        if task_type == "language_modeling":
+            correct += bool(s["resps"][gold][0][1])
+        else:
+            correct += int(min(range(len(lls)), key=lambda i: -lls[i] / max(n_tok[i], 1)) == gold)
     n = len(samples)
-    return dict(loss=nats / tokens if tokens else float('nan'), accuracy=correct / n if n else float('nan'), docs=n,
-                tokens=int(tokens))
+    return dict(
+        loss=nats / tokens if tokens else float("nan"),
+        accuracy=correct / n if n else float("nan"),
+        docs=n,
+        tokens=int(tokens),
+    )
 
 
 def group_scores(tasks: dict, wanted: list[DownstreamTask], missing: dict) -> dict:
@@ -434,63 +611,112 @@ def group_scores(tasks: dict, wanted: list[DownstreamTask], missing: dict) -> di
     for group in dict.fromkeys(t.group for t in wanted):
         labels = [t.label for t in wanted if t.group == group]
         have = [tasks[l] for l in labels if l in tasks]
-        mean = lambda key: sum(t[key] for t in have) / len(have) if have else float('nan')
-        out[group] = dict(loss=mean('loss'), accuracy=mean('accuracy'),
-                          n_tasks=len(have), tasks=[l for l in labels if l in tasks], missing=[l for l in labels if l in missing])
+        mean = lambda key: sum(t[key] for t in have) / len(have) if have else float("nan")
+        out[group] = dict(
+            loss=mean("loss"),
+            accuracy=mean("accuracy"),
+            n_tasks=len(have),
+            tasks=[l for l in labels if l in tasks],
+            missing=[l for l in labels if l in missing],
+        )
     return out
 
 
-def looped_downstream(pretrained, bundles, regime: str = 'isoflops', limit: Optional[int] = None, batch_size: int = 8,
-                      device: Optional[str] = None, out_dir=None, lm: Optional[DepthBenchLM] = None,
-                      progress: bool = False) -> dict:
+def looped_downstream(
+    pretrained,
+    bundles,
+    regime: str = "isoflops",
+    limit: Optional[int] = None,
+    batch_size: int = 8,
+    device: Optional[str] = None,
+    out_dir=None,
+    lm: Optional[DepthBenchLM] = None,
+    progress: bool = False,
+) -> dict:
     """The looped paper's downstream evaluation of a run or export: the tasks of `regime` found in the official
     bundles under `bundles`, as lm-eval tasks on this model type, scored as continuation loss per task and group.
     Writes OUT/downstream.json (default OUT: PRETRAINED/downstream) with every task's score and why any is missing."""
     wanted = downstream_tasks(regime)
-    if limit is not None and limit < 1: raise ConfigError(f"limit must be >= 1 documents per task (or None: all), got {limit}")
-    out = Path(out_dir) if out_dir is not None else Path(pretrained) / 'downstream'
+    if limit is not None and limit < 1:
+        raise ConfigError(f"limit must be >= 1 documents per task (or None: all), got {limit}")
+    out = Path(out_dir) if out_dir is not None else Path(pretrained) / "downstream"
     specs, missing = bundle_task_specs(bundles, wanted)
-    names = write_lm_eval_tasks(specs, out / 'lm_eval_tasks')
+    names = write_lm_eval_tasks(specs, out / "lm_eval_tasks")
     tasks = {}
     if names:
         lm = lm or DepthBenchLM(str(pretrained), batch_size=batch_size, device=device)
         from lm_eval import simple_evaluate
         from lm_eval.tasks import TaskManager
-        manager = TaskManager(include_path=str(out / 'lm_eval_tasks'), include_defaults=False)
-        res = simple_evaluate(model=lm, tasks=list(names), task_manager=manager, limit=limit, log_samples=True,
-                              bootstrap_iters=0, verbosity='ERROR')
+
+        manager = TaskManager(include_path=str(out / "lm_eval_tasks"), include_defaults=False)
+        res = simple_evaluate(
+            model=lm,
+            tasks=list(names),
+            task_manager=manager,
+            limit=limit,
+            log_samples=True,
+            bootstrap_iters=0,
+            verbosity="ERROR",
+        )
         group_of = {t.label: t.group for t in wanted}
         for name, label in names.items():
             spec = specs[label]
-            tasks[label] = dict(group=group_of[label], **continuation_scores(lm, res['samples'][name], spec['task_type']),
-                                task_type=spec['task_type'], num_fewshot=spec['num_fewshot'], data_file=spec['data_file'])
-    record = dict(pretrained=str(pretrained), bundles=str(Path(bundles).expanduser()), regime=regime, limit=limit,
-                  score='continuation loss: nats per token of the gold continuation (kschwethelm/looped-lm-scaling '
-                        'nanochat/core_eval.py); a group is the mean of its tasks',
-                  tasks=tasks, missing=missing, groups=group_scores(tasks, wanted, missing))
+            tasks[label] = dict(
+                group=group_of[label],
+                **continuation_scores(lm, res["samples"][name], spec["task_type"]),
+                task_type=spec["task_type"],
+                num_fewshot=spec["num_fewshot"],
+                data_file=spec["data_file"],
+            )
+    record = dict(
+        pretrained=str(pretrained),
+        bundles=str(Path(bundles).expanduser()),
+        regime=regime,
+        limit=limit,
+        score="continuation loss: nats per token of the gold continuation (kschwethelm/looped-lm-scaling "
+        "nanochat/core_eval.py); a group is the mean of its tasks",
+        tasks=tasks,
+        missing=missing,
+        groups=group_scores(tasks, wanted, missing),
+    )
     out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out / 'downstream.json', json.dumps(record, indent=1, default=float))
-    if progress: print(f'[downstream] {len(tasks)} of {len(wanted)} tasks evaluated, {len(missing)} missing -> {out / "downstream.json"}')
+    atomic_write_text(out / "downstream.json", json.dumps(record, indent=1, default=float))
+    if progress:
+        print(
+            f"[downstream] {len(tasks)} of {len(wanted)} tasks evaluated, {len(missing)} missing -> {out / 'downstream.json'}"
+        )
     return record
 
 
-def downstream_command(path: str, *,                       # a run folder or a folder written by depthbench-nb export-hf
-                       bundles: str,                       # the official bundles' folder: eval_bundle/, saunshi_bundle/, owned_bundle/
-                       regime: Annotated[str, Arg(choices=tuple(REGIMES))] = 'isoflops',  # isoflops: the paper's five groups; flagship: + commonsense
-                       limit: int = 0,                     # documents per task (default 0: all)
-                       batch_size: int = 8,                # lm-eval batch size (default 8)
-                       device: Optional[str] = None,       # cpu | cuda | cuda:N (default: cuda when present)
-                       json: bool = False) -> int:
+def downstream_command(
+    path: str,
+    *,  # a run folder or a folder written by depthbench-nb export-hf
+    bundles: str,  # the official bundles' folder: eval_bundle/, saunshi_bundle/, owned_bundle/
+    regime: Annotated[
+        str, Arg(choices=tuple(REGIMES))
+    ] = "isoflops",  # isoflops: the paper's five groups; flagship: + commonsense
+    limit: int = 0,  # documents per task (default 0: all)
+    batch_size: int = 8,  # lm-eval batch size (default 8)
+    device: Optional[str] = None,  # cpu | cuda | cuda:N (default: cuda when present)
+    json: bool = False,
+) -> int:
     """The looped paper's downstream results of a run: continuation loss per task and group (its Tables 8-10),
     through lm-eval with the model type `depthbench`, into PATH/downstream/downstream.json."""
     rec = looped_downstream(path, bundles, regime, limit or None, batch_size, device, progress=not json)
-    if json: return emit(rec, True)
-    rows = [dict(group=g, loss=v['loss'], accuracy=v['accuracy'], tasks=len(v['tasks']), missing=len(v['missing']))
-            for g, v in rec['groups'].items()]
-    return emit(rows, False, title=f"downstream continuation loss of {path} (nats per token); missing tasks: "
-                                   f"{', '.join(rec['missing']) or 'none'}")
+    if json:
+        return emit(rec, True)
+    rows = [
+        dict(group=g, loss=v["loss"], accuracy=v["accuracy"], tasks=len(v["tasks"]), missing=len(v["missing"]))
+        for g, v in rec["groups"].items()
+    ]
+    return emit(
+        rows,
+        False,
+        title=f"downstream continuation loss of {path} (nats per token); missing tasks: "
+        f"{', '.join(rec['missing']) or 'none'}",
+    )
 
 
 def cli_downstream(argv=None) -> int:
     "depthbench-nb downstream PATH --bundles DIR: the looped paper's downstream continuation losses of a run."
-    return call_parsed(downstream_command, argv, prog='depthbench-nb downstream')
+    return call_parsed(downstream_command, argv, prog="depthbench-nb downstream")

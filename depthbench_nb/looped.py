@@ -26,11 +26,13 @@ __all__ = ['PAPER_DEPTH', 'PAPER_VOCAB', 'PAPER_REAL_VOCAB', 'PAPER_SEQ_LEN', 'P
            'looped_grid_rows', 'looped_rope', 'LoopedAttention', 'LoopedMLP', 'LoopedBlock', 'LoopedLM', 'build_looped']
 
 # %% ../nbs/06_looped.ipynb #e8104e29
-PAPER_DEPTH = 20          # effective depth of every model in the paper
-PAPER_VOCAB = 32064       # Llama-2 32,001 tokens padded to a multiple of 64 (§3.1): the embedding and LM head rows
-PAPER_REAL_VOCAB = 32001  # the tokenizer's vocabulary: the logits are sliced to it before the soft-cap (gpt.py _predict)
+PAPER_DEPTH = 20  # effective depth of every model in the paper
+PAPER_VOCAB = 32064  # Llama-2 32,001 tokens padded to a multiple of 64 (§3.1): the embedding and LM head rows
+PAPER_REAL_VOCAB = (
+    32001  # the tokenizer's vocabulary: the logits are sliced to it before the soft-cap (gpt.py _predict)
+)
 PAPER_SEQ_LEN = 2048
-PAPER_BATCH_TOKENS = 2**18   # B = 262,144 tokens per step for every grid run (§4.1)
+PAPER_BATCH_TOKENS = 2**18  # B = 262,144 tokens per step for every grid run (§4.1)
 PAPER_HEAD_DIM = 128
 N_PRELUDE = N_CODA = 2
 
@@ -38,22 +40,26 @@ N_PRELUDE = N_CODA = 2
 @dataclass(frozen=True)
 class LoopLayout:
     "How a looped model spends its executed layers."
+
     n_prelude: int
-    n_recur: int           # layers in the shared block (ℓ_rec)
+    n_recur: int  # layers in the shared block (ℓ_rec)
     n_coda: int
-    recurrence: int        # r
-    injection: str         # 'none' (r = 1), 'linear', 'additive', 'passthrough' or 'hc'
-    r_bwd: int             # iterations that carry gradients (r, or ⌈r/2⌉ with truncated BPTT)
+    recurrence: int  # r
+    injection: str  # 'none' (r = 1), 'linear', 'additive', 'passthrough' or 'hc'
+    r_bwd: int  # iterations that carry gradients (r, or ⌈r/2⌉ with truncated BPTT)
     hc_lanes: int = 0
 
     @property
-    def n_unique(self) -> int: return self.n_prelude + self.n_recur + self.n_coda
+    def n_unique(self) -> int:
+        return self.n_prelude + self.n_recur + self.n_coda
 
     @property
-    def n_executed(self) -> int: return self.n_prelude + self.recurrence * self.n_recur + self.n_coda
+    def n_executed(self) -> int:
+        return self.n_prelude + self.recurrence * self.n_recur + self.n_coda
 
     @property
-    def r_fwd_only(self) -> int: return self.recurrence - self.r_bwd
+    def r_fwd_only(self) -> int:
+        return self.recurrence - self.r_bwd
 
     def executed(self) -> list[tuple[int, Optional[int]]]:
         "(unique block index, loop iteration or None) for every executed layer, in forward order."
@@ -71,47 +77,87 @@ def backward_window(r: int, truncated_bptt: bool) -> int:
 def _looped_options(cfg: ModelConfig) -> dict:
     "The looped design's option rules (run by ModelConfig): r divides 16, loop hyper-connections need a loop and full BPTT."
     if 16 % cfg.recurrence:
-        raise ConfigError(f"recurrence r={cfg.recurrence} must divide 16 (the recurrent block has 16/r layers: r in 1, 2, 4, 8, 16)")
+        raise ConfigError(
+            f"recurrence r={cfg.recurrence} must divide 16 (the recurrent block has 16/r layers: r in 1, 2, 4, 8, 16)"
+        )
     fill = {}
-    if cfg.injection == 'hc':
+    if cfg.injection == "hc":
         if cfg.recurrence == 1:
-            raise ConfigError("injection='hc' needs a loop (recurrence r >= 2): hyper-connections live at the loop boundary")
+            raise ConfigError(
+                "injection='hc' needs a loop (recurrence r >= 2): hyper-connections live at the loop boundary"
+            )
         if cfg.truncated_bptt:
-            raise ConfigError("truncated_bptt cannot be combined with injection='hc': loop hyper-connections need full BPTT "
-                              "(Looped LMs, arXiv 2604.21106 §3)")
-        if cfg.hc_lanes is None: fill['hc_lanes'] = 2
+            raise ConfigError(
+                "truncated_bptt cannot be combined with injection='hc': loop hyper-connections need full BPTT "
+                "(Looped LMs, arXiv 2604.21106 §3)"
+            )
+        if cfg.hc_lanes is None:
+            fill["hc_lanes"] = 2
     elif cfg.hc_lanes is not None:
         raise ConfigError(f"hc_lanes applies only to injection='hc', not {cfg.injection!r}")
     if cfg.real_vocab_size is not None and cfg.real_vocab_size > cfg.vocab_size:
-        raise ConfigError(f"real_vocab_size ({cfg.real_vocab_size}) cannot exceed vocab_size ({cfg.vocab_size}), "
-                          "the padded rows of the embedding and the LM head")
+        raise ConfigError(
+            f"real_vocab_size ({cfg.real_vocab_size}) cannot exceed vocab_size ({cfg.vocab_size}), "
+            "the padded rows of the embedding and the LM head"
+        )
     return fill
 
 
 def loop_layout(cfg: ModelConfig) -> LoopLayout:
     "The layout of a looped `ModelConfig` (its options were checked by `_looped_options`; raises when the depth cannot be split)."
-    if cfg.family != 'looped': raise ConfigError(f"loop_layout needs a looped config, got arch {cfg.arch!r}")
+    if cfg.family != "looped":
+        raise ConfigError(f"loop_layout needs a looped config, got arch {cfg.arch!r}")
     r, L = cfg.recurrence, cfg.n_layer
-    if r == 1: return LoopLayout(0, L, 0, 1, 'none', 1)
+    if r == 1:
+        return LoopLayout(0, L, 0, 1, "none", 1)
     if L <= N_PRELUDE + N_CODA or (L - N_PRELUDE - N_CODA) % r:
-        raise ConfigError(f"n_layer={L} cannot be split as 2 + (n_layer-4)/r * r + 2 with r={r}: n_layer - 4 must be a positive multiple of r (the paper uses n_layer=20)")
-    return LoopLayout(N_PRELUDE, (L - N_PRELUDE - N_CODA) // r, N_CODA, r, cfg.injection,
-                      backward_window(r, bool(cfg.truncated_bptt)), cfg.hc_lanes if cfg.injection == 'hc' else 0)
+        raise ConfigError(
+            f"n_layer={L} cannot be split as 2 + (n_layer-4)/r * r + 2 with r={r}: n_layer - 4 must be a positive multiple of r (the paper uses n_layer=20)"
+        )
+    return LoopLayout(
+        N_PRELUDE,
+        (L - N_PRELUDE - N_CODA) // r,
+        N_CODA,
+        r,
+        cfg.injection,
+        backward_window(r, bool(cfg.truncated_bptt)),
+        cfg.hc_lanes if cfg.injection == "hc" else 0,
+    )
 
 
-INJECTIONS = ('linear', 'additive', 'passthrough', 'hc')
+INJECTIONS = ("linear", "additive", "passthrough", "hc")
 
 # %% ../nbs/06_looped.ipynb #9670019f
-def looped_config(s: int, r: int, vocab_size: int = PAPER_VOCAB, injection: Optional[str] = None,
-                  truncated_bptt: bool = False, head_dim: int = PAPER_HEAD_DIM, n_layer: int = PAPER_DEPTH, **kw) -> ModelConfig:
+def looped_config(
+    s: int,
+    r: int,
+    vocab_size: int = PAPER_VOCAB,
+    injection: Optional[str] = None,
+    truncated_bptt: bool = False,
+    head_dim: int = PAPER_HEAD_DIM,
+    n_layer: int = PAPER_DEPTH,
+    **kw,
+) -> ModelConfig:
     "The paper's looped model at width scale `s` with `r` recurrences (injection default: linear; none at r = 1)."
-    if not isinstance(s, int) or isinstance(s, bool) or s < 1: raise ConfigError(f"width scale s must be a positive integer, got {s!r}")
+    if not isinstance(s, int) or isinstance(s, bool) or s < 1:
+        raise ConfigError(f"width scale s must be a positive integer, got {s!r}")
     d = math.ceil(64 * s / head_dim) * head_dim
-    if injection is None: injection = 'linear' if r > 1 else 'passthrough'
-    if vocab_size == PAPER_VOCAB: kw.setdefault('real_vocab_size', PAPER_REAL_VOCAB)   # the padded Llama-2 head
-    cfg = ModelConfig(arch='looped', n_layer=n_layer, d_model=d, n_head=d // head_dim, vocab_size=vocab_size,
-                      max_seq_len=kw.pop('max_seq_len', PAPER_SEQ_LEN), recurrence=r, injection=injection,
-                      truncated_bptt=truncated_bptt, **kw)
+    if injection is None:
+        injection = "linear" if r > 1 else "passthrough"
+    if vocab_size == PAPER_VOCAB:
+        kw.setdefault("real_vocab_size", PAPER_REAL_VOCAB)  # the padded Llama-2 head
+    cfg = ModelConfig(
+        arch="looped",
+        n_layer=n_layer,
+        d_model=d,
+        n_head=d // head_dim,
+        vocab_size=vocab_size,
+        max_seq_len=kw.pop("max_seq_len", PAPER_SEQ_LEN),
+        recurrence=r,
+        injection=injection,
+        truncated_bptt=truncated_bptt,
+        **kw,
+    )
     loop_layout(cfg)  # reject layouts the model cannot build, here rather than at build time
     return cfg
 
@@ -125,24 +171,29 @@ def looped_block_params(cfg: ModelConfig) -> int:
 def injection_params(cfg: ModelConfig) -> int:
     "Parameters of the input injection: 2d² (linear W_inj), r(K² + 2K) (loop hyper-connections), else 0."
     lay = loop_layout(cfg)
-    if lay.injection == 'linear': return 2 * cfg.d_model ** 2
-    if lay.injection == 'hc': return lay.recurrence * (lay.hc_lanes ** 2 + 2 * lay.hc_lanes)
+    if lay.injection == "linear":
+        return 2 * cfg.d_model**2
+    if lay.injection == "hc":
+        return lay.recurrence * (lay.hc_lanes**2 + 2 * lay.hc_lanes)
     return 0
 
 
 @dataclass(frozen=True)
 class LoopedParams:
     "The paper's split of a looped model's parameters."
-    n_once: int        # prelude + coda layers
-    n_rec: int         # shared block + injection
-    norms: int         # the three model-level RMSNorm gains
-    embeddings: int    # input table + LM head (untied)
+
+    n_once: int  # prelude + coda layers
+    n_rec: int  # shared block + injection
+    norms: int  # the three model-level RMSNorm gains
+    embeddings: int  # input table + LM head (untied)
 
     @property
-    def n_unique(self) -> int: return self.n_once + self.n_rec
+    def n_unique(self) -> int:
+        return self.n_once + self.n_rec
 
     @property
-    def total(self) -> int: return self.n_once + self.n_rec + self.norms + self.embeddings
+    def total(self) -> int:
+        return self.n_once + self.n_rec + self.norms + self.embeddings
 
     def effective(self, r: int) -> int:
         "The code's effective (non-embedding) parameters: N_once + norms + r·N_rec (HyperP's D_ref uses it)."
@@ -152,8 +203,12 @@ class LoopedParams:
 def looped_params(cfg: ModelConfig) -> LoopedParams:
     "N_once, N_rec, norms and embeddings of a looped config (closed form, §3.2)."
     lay, n_b = loop_layout(cfg), looped_block_params(cfg)
-    return LoopedParams(n_once=(lay.n_prelude + lay.n_coda) * n_b, n_rec=lay.n_recur * n_b + injection_params(cfg),
-                        norms=3 * cfg.d_model, embeddings=2 * cfg.vocab_size * cfg.d_model)
+    return LoopedParams(
+        n_once=(lay.n_prelude + lay.n_coda) * n_b,
+        n_rec=lay.n_recur * n_b + injection_params(cfg),
+        norms=3 * cfg.d_model,
+        embeddings=2 * cfg.vocab_size * cfg.d_model,
+    )
 
 
 def count_looped_params(cfg: ModelConfig) -> ParamCount:
@@ -162,15 +217,18 @@ def count_looped_params(cfg: ModelConfig) -> ParamCount:
     return ParamCount(total=p.total, backbone=p.n_unique, embeddings=p.embeddings, design_extra=injection_params(cfg))
 
 # %% ../nbs/06_looped.ipynb #5630bbe5
-def flops_per_token(cfg_or_s: Union[ModelConfig, int], r: Optional[int] = None, seq_len: int = PAPER_SEQ_LEN, **config_kw) -> float:
+def flops_per_token(
+    cfg_or_s: Union[ModelConfig, int], r: Optional[int] = None, seq_len: int = PAPER_SEQ_LEN, **config_kw
+) -> float:
     "Training FLOPs per token (§3.2; Eq. 6 under truncated BPTT). Pass a looped ModelConfig, or (s, r, **looped_config options)."
     cfg = cfg_or_s if isinstance(cfg_or_s, ModelConfig) else looped_config(cfg_or_s, r, **config_kw)
     if isinstance(cfg_or_s, ModelConfig) and (r is not None or config_kw):
-        raise ConfigError('flops_per_token(cfg) takes no r or options: they are in the config')
+        raise ConfigError("flops_per_token(cfg) takes no r or options: they are in the config")
     lay, d, n_b = loop_layout(cfg), cfg.d_model, looped_block_params(cfg)
     n_i = injection_params(cfg)
-    if lay.injection == 'hc': n_i = (lay.hc_lanes ** 2 + 2 * lay.hc_lanes) * d   # per iteration, as d-wide equivalent params
-    passes = 2 * lay.r_fwd_only + 6 * lay.r_bwd                 # matmul multiplier summed over iterations
+    if lay.injection == "hc":
+        n_i = (lay.hc_lanes**2 + 2 * lay.hc_lanes) * d  # per iteration, as d-wide equivalent params
+    passes = 2 * lay.r_fwd_only + 6 * lay.r_bwd  # matmul multiplier summed over iterations
     matmul = 6 * ((lay.n_prelude + lay.n_coda) * n_b + d * cfg.vocab_size) + passes * (lay.n_recur * n_b + n_i)
     hqT = cfg.n_head * cfg.head_dim * seq_len
     attention = 12 * (lay.n_prelude + lay.n_coda) * hqT + (4 * lay.r_fwd_only + 12 * lay.r_bwd) * lay.n_recur * hqT
@@ -195,39 +253,88 @@ def tokens_for_param_ratio(cfg: ModelConfig, ratio: float, batch_tokens: int = P
 
 # %% ../nbs/06_looped.ipynb #f466a933
 BASELINE_WIDTHS: dict[float, tuple[int, ...]] = {
-    4.64e17: (6, 8, 10, 12), 1e18: (6, 8, 10, 12, 14), 2.15e18: (8, 10, 12, 14, 16),
-    4.64e18: (10, 12, 14, 16, 18, 20), 1e19: (12, 16, 18, 20, 24), 2.15e19: (18, 24, 28, 34)}
-TBPTT_WIDTHS: dict[float, tuple[int, ...]] = {   # one extra, wider width from 1e18 up (§5.1)
-    4.64e17: (6, 8, 10, 12), 1e18: (6, 8, 10, 12, 14, 16), 2.15e18: (8, 10, 12, 14, 16, 18),
-    4.64e18: (10, 12, 14, 16, 18, 20, 22), 1e19: (12, 16, 18, 20, 24, 28), 2.15e19: (18, 24, 28, 34, 40)}
-HC_WIDTHS: dict[float, tuple[int, ...]] = {**BASELINE_WIDTHS, 2.15e18: (8, 10, 12, 14, 16, 18)}   # §5.2
+    4.64e17: (6, 8, 10, 12),
+    1e18: (6, 8, 10, 12, 14),
+    2.15e18: (8, 10, 12, 14, 16),
+    4.64e18: (10, 12, 14, 16, 18, 20),
+    1e19: (12, 16, 18, 20, 24),
+    2.15e19: (18, 24, 28, 34),
+}
+TBPTT_WIDTHS: dict[float, tuple[int, ...]] = {  # one extra, wider width from 1e18 up (§5.1)
+    4.64e17: (6, 8, 10, 12),
+    1e18: (6, 8, 10, 12, 14, 16),
+    2.15e18: (8, 10, 12, 14, 16, 18),
+    4.64e18: (10, 12, 14, 16, 18, 20, 22),
+    1e19: (12, 16, 18, 20, 24, 28),
+    2.15e19: (18, 24, 28, 34, 40),
+}
+HC_WIDTHS: dict[float, tuple[int, ...]] = {**BASELINE_WIDTHS, 2.15e18: (8, 10, 12, 14, 16, 18)}  # §5.2
 CASE_STUDY_BUDGETS = (4.64e17, 1e18, 2.15e18, 4.64e18)
-GRID_VARIANTS = ('baseline', 'tbptt', 'hc')
-GRID_COLUMNS = ('variant', 'C', 's', 'r', 'd_model', 'n_once', 'n_rec', 'flops_per_token', 'steps', 'tokens', 'r_bwd', 'injection', 'reused')
+GRID_VARIANTS = ("baseline", "tbptt", "hc")
+GRID_COLUMNS = (
+    "variant",
+    "C",
+    "s",
+    "r",
+    "d_model",
+    "n_once",
+    "n_rec",
+    "flops_per_token",
+    "steps",
+    "tokens",
+    "r_bwd",
+    "injection",
+    "reused",
+)
 
 
-def looped_grid_row(C: float, s: int, r: int, variant: str = 'baseline', reused: bool = False) -> dict:
+def looped_grid_row(C: float, s: int, r: int, variant: str = "baseline", reused: bool = False) -> dict:
     "One run of a grid: its shape, parameter split, FLOPs per token and token budget."
-    kw = dict(truncated_bptt=True) if variant == 'tbptt' and r > 1 else dict(injection='hc') if variant == 'hc' and r > 1 else {}
+    kw = (
+        dict(truncated_bptt=True)
+        if variant == "tbptt" and r > 1
+        else dict(injection="hc")
+        if variant == "hc" and r > 1
+        else {}
+    )
     cfg = looped_config(s, r, **kw)
     p, f, lay = looped_params(cfg), flops_per_token(cfg), loop_layout(cfg)
-    return dict(variant=variant, C=C, s=s, r=r, d_model=cfg.d_model, n_once=p.n_once, n_rec=p.n_rec, flops_per_token=f,
-                steps=steps_for_budget(C, f), tokens=tokens_for_budget(C, f), r_bwd=lay.r_bwd, injection=lay.injection, reused=reused)
+    return dict(
+        variant=variant,
+        C=C,
+        s=s,
+        r=r,
+        d_model=cfg.d_model,
+        n_once=p.n_once,
+        n_rec=p.n_rec,
+        flops_per_token=f,
+        steps=steps_for_budget(C, f),
+        tokens=tokens_for_budget(C, f),
+        r_bwd=lay.r_bwd,
+        injection=lay.injection,
+        reused=reused,
+    )
 
 
-def looped_grid_rows(variant: str = 'baseline', budgets: Union[str, Collection[float], None] = None) -> list[dict]:
+def looped_grid_rows(variant: str = "baseline", budgets: Union[str, Collection[float], None] = None) -> list[dict]:
     "The runs of a grid: 'baseline' (116 runs, §4, Table 6), 'tbptt' (§5.1) or 'hc' (§5.2; r = 1 rows are the reused baseline runs)."
-    if variant not in GRID_VARIANTS: raise _choice_error('looped grid variant', variant, GRID_VARIANTS)
+    if variant not in GRID_VARIANTS:
+        raise _choice_error("looped grid variant", variant, GRID_VARIANTS)
     widths = dict(baseline=BASELINE_WIDTHS, tbptt=TBPTT_WIDTHS, hc=HC_WIDTHS)[variant]
-    if budgets is None: budgets = list(widths) if variant == 'baseline' else CASE_STUDY_BUDGETS
-    elif budgets == 'all': budgets = list(widths)
+    if budgets is None:
+        budgets = list(widths) if variant == "baseline" else CASE_STUDY_BUDGETS
+    elif budgets == "all":
+        budgets = list(widths)
     bad = [C for C in budgets if C not in widths]
-    if bad: raise ConfigError(f"budget(s) {bad} are not in the {variant} grid; valid: {', '.join(f'{C:g}' for C in widths)}")
+    if bad:
+        raise ConfigError(
+            f"budget(s) {bad} are not in the {variant} grid; valid: {', '.join(f'{C:g}' for C in widths)}"
+        )
     rows = []
     for r in (1, 2, 4, 8):
         for C in budgets:
-            if r == 1 or variant == 'baseline':
-                rows += [looped_grid_row(C, s, r, 'baseline', reused=variant != 'baseline') for s in BASELINE_WIDTHS[C]]
+            if r == 1 or variant == "baseline":
+                rows += [looped_grid_row(C, s, r, "baseline", reused=variant != "baseline") for s in BASELINE_WIDTHS[C]]
             else:
                 rows += [looped_grid_row(C, s, r, variant) for s in widths[C]]
     return rows
@@ -241,14 +348,15 @@ from .model import DepthModel
 def looped_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     "RoPE as the released code: bf16 tables, y1 = x1 cos + x2 sin, y2 = x2 cos − x1 sin, in x's dtype promoted with bf16."
     h = x.shape[-1] // 2
-    x1, x2 = x[..., :h], x[..., h:]                                      # [B, T, H, hd/2]
-    c = cos[None, :, None, :h].to(torch.bfloat16)                        # [1, T, 1, hd/2]: the code's bf16 table
+    x1, x2 = x[..., :h], x[..., h:]  # [B, T, H, hd/2]
+    c = cos[None, :, None, :h].to(torch.bfloat16)  # [1, T, 1, hd/2]: the code's bf16 table
     s = sin[None, :, None, :h].to(torch.bfloat16)
     return torch.cat([x1 * c + x2 * s, x1 * (-s) + x2 * c], dim=-1)
 
 
 class LoopedAttention(nn.Module):
     "Causal self-attention with RoPE and parameter-free QK-norm after RoPE (the released code's names)."
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         d, self.n_head, self.n_kv_head, self.head_dim = cfg.d_model, cfg.n_head, cfg.n_kv_head, cfg.head_dim
@@ -260,31 +368,37 @@ class LoopedAttention(nn.Module):
 
     def forward(self, x, cos, sin, offset: int = 0, cache: Optional[KVCache] = None, cache_key=0):
         B, T, _ = x.shape
-        q = self.c_q(x).view(B, T, self.n_head, self.head_dim)          # [B, T, H, hd]
-        k = self.c_k(x).view(B, T, self.n_kv_head, self.head_dim)       # [B, T, H_kv, hd]
+        q = self.c_q(x).view(B, T, self.n_head, self.head_dim)  # [B, T, H, hd]
+        k = self.c_k(x).view(B, T, self.n_kv_head, self.head_dim)  # [B, T, H_kv, hd]
         v = self.c_v(x).view(B, T, self.n_kv_head, self.head_dim)
         q, k = looped_rope(q, cos, sin), looped_rope(k, cos, sin)
         q, k = rms_norm(q, None, self.eps), rms_norm(k, None, self.eps)  # QK-norm after RoPE (code order)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, H(_kv), T, hd]
-        if cache is not None: k, v = cache.update(cache_key, k, v)      # [B, H_kv, offset + T, hd]
+        if cache is not None:
+            k, v = cache.update(cache_key, k, v)  # [B, H_kv, offset + T, hd]
         gqa = self.n_kv_head != self.n_head
-        if offset == 0: y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
-        else: y = F.scaled_dot_product_attention(q, k, v, attn_mask=causal_mask(T, offset, x.device), enable_gqa=gqa)
-        return self.c_proj(y.transpose(1, 2).reshape(B, T, -1))         # [B, T, d]
+        if offset == 0:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=causal_mask(T, offset, x.device), enable_gqa=gqa)
+        return self.c_proj(y.transpose(1, 2).reshape(B, T, -1))  # [B, T, d]
 
 
 class LoopedMLP(nn.Module):
     "d → ffn (4d) → d with squared ReLU."
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.c_fc = nn.Linear(cfg.d_model, cfg.ffn_hidden, bias=False)
         self.c_proj = nn.Linear(cfg.ffn_hidden, cfg.d_model, bias=False)
 
-    def forward(self, x): return self.c_proj(relu_squared(self.c_fc(x)))
+    def forward(self, x):
+        return self.c_proj(relu_squared(self.c_fc(x)))
 
 
 class LoopedBlock(nn.Module):
     "One pre-norm layer: x + Attn(N1(x)), then + MLP(N3(·)) (the code's names n1, n3)."
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.n1, self.attn = RMSNorm(cfg.d_model, cfg.norm_eps), LoopedAttention(cfg)
@@ -297,117 +411,150 @@ class LoopedBlock(nn.Module):
 # %% ../nbs/06_looped.ipynb #6bd4bf63
 class LoopedLM(DepthModel):
     "Looped language model (Looped LMs, arXiv 2604.21106 §3.1, §5) with the DepthModel interface over executed layers."
-    family = 'looped'
+
+    family = "looped"
 
     def __init__(self, cfg: ModelConfig):
-        super().__init__(cfg)                                      # tok_emb and the untied lm_head
+        super().__init__(cfg)  # tok_emb and the untied lm_head
         self.layout = lay = loop_layout(cfg)
         d = cfg.d_model
         self.norm_emb = RMSNorm(d, cfg.norm_eps)
-        self.blocks = nn.ModuleList(LoopedBlock(cfg) for _ in range(lay.n_unique))   # prelude, shared block, coda
-        if lay.injection == 'linear':
+        self.blocks = nn.ModuleList(LoopedBlock(cfg) for _ in range(lay.n_unique))  # prelude, shared block, coda
+        if lay.injection == "linear":
             self.inject = nn.Linear(2 * d, d, bias=False)
-        if lay.injection == 'hc':
+        if lay.injection == "hc":
             R, K = lay.recurrence, lay.hc_lanes
-            self.lane_alpha = nn.Parameter(torch.empty(R, K))      # lanes -> block input, per iteration
+            self.lane_alpha = nn.Parameter(torch.empty(R, K))  # lanes -> block input, per iteration
             self.lane_mixing = nn.Parameter(torch.empty(R, K, K))  # lane mixing M_i
-            self.lane_beta = nn.Parameter(torch.empty(R, K))       # block output -> lanes
+            self.lane_beta = nn.Parameter(torch.empty(R, K))  # block output -> lanes
         self.norm_recur = RMSNorm(d, cfg.norm_eps)
         self.norm_final = RMSNorm(d, cfg.norm_eps)
         self.init_buffers()
         executed = lay.executed()
-        self.schedule = [b for b, _ in executed]          # executed position -> unique block (swap_blocks edits it)
-        self.iteration_of = [i for _, i in executed]      # executed position -> loop iteration (None outside)
-        if self.tok_emb.weight.device.type != 'meta': self.init_weights()
+        self.schedule = [b for b, _ in executed]  # executed position -> unique block (swap_blocks edits it)
+        self.iteration_of = [i for _, i in executed]  # executed position -> loop iteration (None outside)
+        if self.tok_emb.weight.device.type != "meta":
+            self.init_weights()
 
     def init_buffers(self) -> None:
         """The code's RoPE tables: computed once in fp32, kept in bf16 (buffers, not recomputed in a compiled graph).
         Derived, not saved with the weights: a model built on the meta device and then loaded (Transformers'
         `from_pretrained`) calls this again to compute them on the weights' device."""
         cfg, device = self.config, self.tok_emb.weight.device
-        where = 'meta' if device.type == 'meta' else 'cpu'          # computed on the CPU (the same tables on any device)
-        cos, sin = rope_angles(cfg.head_dim, torch.arange(cfg.max_seq_len, device=where), cfg.rope_theta)   # [T_max, head_dim]
-        self.register_buffer('rope_cos', cos.to(device=device, dtype=torch.bfloat16), persistent=False)
-        self.register_buffer('rope_sin', sin.to(device=device, dtype=torch.bfloat16), persistent=False)
+        where = "meta" if device.type == "meta" else "cpu"  # computed on the CPU (the same tables on any device)
+        cos, sin = rope_angles(
+            cfg.head_dim, torch.arange(cfg.max_seq_len, device=where), cfg.rope_theta
+        )  # [T_max, head_dim]
+        self.register_buffer("rope_cos", cos.to(device=device, dtype=torch.bfloat16), persistent=False)
+        self.register_buffer("rope_sin", sin.to(device=device, dtype=torch.bfloat16), persistent=False)
 
     @property
-    def n_blocks(self) -> int: return self.layout.n_executed
+    def n_blocks(self) -> int:
+        return self.layout.n_executed
 
     @torch.no_grad()
-    def init_weights(self, generator: Optional[torch.Generator] = None) -> 'LoopedLM':
+    def init_weights(self, generator: Optional[torch.Generator] = None) -> "LoopedLM":
         "The paper's initialisation (§3.1); pass a torch.Generator for a reproducible init."
         d, ffn = self.config.d_model, self.config.ffn_hidden
         nn.init.normal_(self.tok_emb.weight, 0.0, 1.0, generator=generator)
         nn.init.normal_(self.lm_head.weight, 0.0, 1e-3, generator=generator)
-        a, a_proj = 3 ** 0.5 * d ** -0.5, 3 ** 0.5 * ffn ** -0.5
+        a, a_proj = 3**0.5 * d**-0.5, 3**0.5 * ffn**-0.5
         for blk in self.blocks:
             for w in (blk.attn.c_q, blk.attn.c_k, blk.attn.c_v, blk.attn.c_proj, blk.mlp.c_fc):
                 nn.init.uniform_(w.weight, -a, a, generator=generator)
             nn.init.uniform_(blk.mlp.c_proj.weight, -a_proj, a_proj, generator=generator)
-        if hasattr(self, 'inject'):
+        if hasattr(self, "inject"):
             self.inject.weight.zero_()
-            self.inject.weight[:, :d].copy_(torch.eye(d))                 # [I | 0]: u = e at init
-        if hasattr(self, 'lane_alpha'):
+            self.inject.weight[:, :d].copy_(torch.eye(d))  # [I | 0]: u = e at init
+        if hasattr(self, "lane_alpha"):
             R, K = self.lane_alpha.shape
-            self.lane_alpha.copy_(F.one_hot(torch.arange(R) % K, K).float())   # cyclic: alpha_i = e_{i mod K}
+            self.lane_alpha.copy_(F.one_hot(torch.arange(R) % K, K).float())  # cyclic: alpha_i = e_{i mod K}
             self.lane_mixing.copy_(torch.eye(K).expand(R, K, K))
             self.lane_beta.fill_(1.0)
         for m in self.modules():
-            if isinstance(m, RMSNorm): m.weight.fill_(1.0)
+            if isinstance(m, RMSNorm):
+                m.weight.fill_(1.0)
         return self
 
     # ----- forward
-    def forward(self, idx: torch.Tensor, skip: Collection[int] = (), return_states: bool = False,
-                kv_cache: Optional[KVCache] = None):
+    def forward(
+        self,
+        idx: torch.Tensor,
+        skip: Collection[int] = (),
+        return_states: bool = False,
+        kv_cache: Optional[KVCache] = None,
+    ):
         "idx [B, T] -> logits [B, T, V] (fp32), or (logits, states z_0..z_n_blocks) with return_states."
         lay, cfg = self.layout, self.config
-        skip, ctx = self._begin(idx, skip, kv_cache)                       # checks idx, skip, max_seq_len
+        skip, ctx = self._begin(idx, skip, kv_cache)  # checks idx, skip, max_seq_len
         T = idx.shape[1]
-        cos, sin = self.rope_cos[ctx.offset:ctx.offset + T], self.rope_sin[ctx.offset:ctx.offset + T]   # [T, hd] bf16
-        e = self.tok_emb(idx)                                              # [B, T, d] (bf16 on CUDA: prepare_for_device)
-        x = self.norm_emb(e.to(self.norm_emb.weight.dtype))                # an fp32 gain makes an fp32 stream
+        cos, sin = (
+            self.rope_cos[ctx.offset : ctx.offset + T],
+            self.rope_sin[ctx.offset : ctx.offset + T],
+        )  # [T, hd] bf16
+        e = self.tok_emb(idx)  # [B, T, d] (bf16 on CUDA: prepare_for_device)
+        x = self.norm_emb(e.to(self.norm_emb.weight.dtype))  # an fp32 gain makes an fp32 stream
         states = [x] if return_states else None
 
-        def run(k, h):                                                     # executed layer k, or the identity
-            if states is not None and k > 0: states.append(h)              # z_k: what executed layer k reads
+        def run(k, h):  # executed layer k, or the identity
+            if states is not None and k > 0:
+                states.append(h)  # z_k: what executed layer k reads
             return h if k in skip else self.blocks[self.schedule[k]](h, cos, sin, ctx.offset, kv_cache, k)
 
         k = 0
-        for _ in range(lay.n_prelude): x = run(k, x); k += 1
-        e = x                                                              # prelude output, injected every iteration
-        detach_until = lay.r_fwd_only                                      # iterations 0..r-r_bwd-1 are detached
-        if lay.injection == 'hc':
-            lanes = e.unsqueeze(0).expand(lay.hc_lanes, *e.shape)          # [K, B, T, d], every lane starts at e
+        for _ in range(lay.n_prelude):
+            x = run(k, x)
+            k += 1
+        e = x  # prelude output, injected every iteration
+        detach_until = lay.r_fwd_only  # iterations 0..r-r_bwd-1 are detached
+        if lay.injection == "hc":
+            lanes = e.unsqueeze(0).expand(lay.hc_lanes, *e.shape)  # [K, B, T, d], every lane starts at e
             for i in range(lay.recurrence):
-                u = torch.einsum('k,kbtd->btd', self.lane_alpha[i], lanes)  # [B, T, d]
-                for _ in range(lay.n_recur): u = run(k, u); k += 1
+                u = torch.einsum("k,kbtd->btd", self.lane_alpha[i], lanes)  # [B, T, d]
+                for _ in range(lay.n_recur):
+                    u = run(k, u)
+                    k += 1
                 s_i = self.norm_recur(u)
-                lanes = torch.einsum('jk,kbtd->jbtd', self.lane_mixing[i], lanes) + self.lane_beta[i][:, None, None, None] * s_i
-            h = lanes.sum(0)                                               # [B, T, d] (full BPTT: the config forbids truncation)
+                lanes = (
+                    torch.einsum("jk,kbtd->jbtd", self.lane_mixing[i], lanes)
+                    + self.lane_beta[i][:, None, None, None] * s_i
+                )
+            h = lanes.sum(0)  # [B, T, d] (full BPTT: the config forbids truncation)
         else:
-            h = torch.zeros_like(e) if lay.injection == 'additive' else e
+            h = torch.zeros_like(e) if lay.injection == "additive" else e
             for i in range(lay.recurrence):
-                if lay.injection == 'linear': u = self.inject(torch.cat([e, h], dim=-1))   # [B, T, 2d] -> [B, T, d]
-                elif lay.injection == 'additive': u = h + e
-                else: u = h                                                # passthrough, and r = 1 ('none')
-                for _ in range(lay.n_recur): u = run(k, u); k += 1
+                if lay.injection == "linear":
+                    u = self.inject(torch.cat([e, h], dim=-1))  # [B, T, 2d] -> [B, T, d]
+                elif lay.injection == "additive":
+                    u = h + e
+                else:
+                    u = h  # passthrough, and r = 1 ('none')
+                for _ in range(lay.n_recur):
+                    u = run(k, u)
+                    k += 1
                 h = self.norm_recur(u)
-                if i < detach_until: h = h.detach()                        # truncated BPTT (§5.1)
+                if i < detach_until:
+                    h = h.detach()  # truncated BPTT (§5.1)
         x = h
-        for _ in range(lay.n_coda): x = run(k, x); k += 1
-        if states is not None: states.append(x)                            # z_L: what RMSNorm_final reads
+        for _ in range(lay.n_coda):
+            x = run(k, x)
+            k += 1
+        if states is not None:
+            states.append(x)  # z_L: what RMSNorm_final reads
         return self._end(self._logits(x), states, return_states, kv_cache, T)
 
     def _logits(self, x):
         cap, real = self.config.logit_softcap, self.config.real_vocab_size
-        z = self.lm_head(self.norm_final(x))                               # [B, T, V_padded]
-        if real is not None: z = z[..., :real]                             # the tokenizer's tokens only (gpt.py _predict)
-        z = z.float()                                                      # [B, T, V] in fp32
+        z = self.lm_head(self.norm_final(x))  # [B, T, V_padded]
+        if real is not None:
+            z = z[..., :real]  # the tokenizer's tokens only (gpt.py _predict)
+        z = z.float()  # [B, T, V] in fp32
         return cap * torch.tanh(z / cap)
 
     def prepare_for_device(self, device) -> None:
         "On CUDA the embedding table is stored in bf16, as the released GPT.init_weights does (the paper's Table 4)."
-        if torch.device(device).type == 'cuda': self.tok_emb.to(torch.bfloat16)
+        if torch.device(device).type == "cuda":
+            self.tok_emb.to(torch.bfloat16)
 
     def _check_index(self, k: int, n: int, what: str) -> int:
         if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k < n:
@@ -416,17 +563,17 @@ class LoopedLM(DepthModel):
 
     def readout(self, state_index: int, state: torch.Tensor) -> torch.Tensor:
         "Logit lens: RMSNorm_final, LM head and soft-cap applied to depth state `state_index` ([B, T, d])."
-        self._check_index(state_index, self.n_blocks + 1, 'state_index')
+        self._check_index(state_index, self.n_blocks + 1, "state_index")
         return self._logits(state)
 
     def swap_blocks(self, i: int, j: int) -> None:
         "Swap which unique layer runs at executed positions i and j (twice restores; see the notebook)."
-        i, j = self._check_index(i, self.n_blocks, 'swap index'), self._check_index(j, self.n_blocks, 'swap index')
+        i, j = self._check_index(i, self.n_blocks, "swap index"), self._check_index(j, self.n_blocks, "swap index")
         self.schedule[i], self.schedule[j] = self.schedule[j], self.schedule[i]
 
     def no_weight_decay_names(self) -> set[str]:
         "Loop hyper-connection scalars (AdamW without weight decay, §5.2); nothing else is special."
-        return {n for n, _ in self.named_parameters() if n.startswith('lane_')}
+        return {n for n, _ in self.named_parameters() if n.startswith("lane_")}
 
 
 def build_looped(cfg: ModelConfig) -> LoopedLM:
@@ -446,26 +593,48 @@ def _looped_init(model: LoopedLM, idx: torch.Tensor, atol: float) -> Optional[st
     "The looped paper's init (App. C)."
     cfg = model.config
     d, ffn = cfg.d_model, cfg.ffn_hidden
-    if abs(model.tok_emb.weight.std().item() - 1) > 0.1: return f'embedding std {model.tok_emb.weight.std().item():.3f}, want 1'
-    if abs(model.lm_head.weight.std().item() / 1e-3 - 1) > 0.1: return f'lm_head std {model.lm_head.weight.std().item():.2e}, want 1e-3'
+    if abs(model.tok_emb.weight.std().item() - 1) > 0.1:
+        return f"embedding std {model.tok_emb.weight.std().item():.3f}, want 1"
+    if abs(model.lm_head.weight.std().item() / 1e-3 - 1) > 0.1:
+        return f"lm_head std {model.lm_head.weight.std().item():.2e}, want 1e-3"
     a, a_proj = (3 / d) ** 0.5, (3 / ffn) ** 0.5
     for b, blk in enumerate(model.blocks):
-        for name, w, bound in [('attn.c_q', blk.attn.c_q.weight, a), ('attn.c_proj', blk.attn.c_proj.weight, a),
-                               ('mlp.c_fc', blk.mlp.c_fc.weight, a), ('mlp.c_proj', blk.mlp.c_proj.weight, a_proj)]:
+        for name, w, bound in [
+            ("attn.c_q", blk.attn.c_q.weight, a),
+            ("attn.c_proj", blk.attn.c_proj.weight, a),
+            ("mlp.c_fc", blk.mlp.c_fc.weight, a),
+            ("mlp.c_proj", blk.mlp.c_proj.weight, a_proj),
+        ]:
             m = w.abs().max().item()
-            if not 0.8 * bound < m <= bound + 1e-7: return f'block {b} {name}: max |w| {m:.4f}, want U(-{bound:.4f}, {bound:.4f})'
-    if hasattr(model, 'inject') and not torch.equal(model.inject.weight, torch.cat([torch.eye(d), torch.zeros(d, d)], 1)):
-        return 'W_inj is not [I | 0] at init'
-    if any(isinstance(m, RMSNorm) and not torch.all(m.weight == 1) for m in model.modules()): return 'a norm gain is not 1'
+            if not 0.8 * bound < m <= bound + 1e-7:
+                return f"block {b} {name}: max |w| {m:.4f}, want U(-{bound:.4f}, {bound:.4f})"
+    if hasattr(model, "inject") and not torch.equal(
+        model.inject.weight, torch.cat([torch.eye(d), torch.zeros(d, d)], 1)
+    ):
+        return "W_inj is not [I | 0] at init"
+    if any(isinstance(m, RMSNorm) and not torch.all(m.weight == 1) for m in model.modules()):
+        return "a norm gain is not 1"
     return None
 
 
-register_design(Design('looped', 'looped', 'Looped LM: prelude -> shared recurrent block x r -> coda (effective depth 20)',
-                       build=build_looped, count_params=count_looped_params,
-                       train_flops=lambda cfg, seq_len: flops_per_token(cfg, seq_len=seq_len), prefill_flops=_looped_prefill,
-                       check_init=_looped_init, shared_init=False, metrics=(),
-                       importer="the looped paper's checkpoints have no OLMo-core fork layout to import",
-                       options=('recurrence', 'injection', 'truncated_bptt', 'hc_lanes', 'logit_softcap', 'real_vocab_size'),
-                       defaults=dict(recurrence=4, injection='linear', truncated_bptt=False, logit_softcap=15.0),
-                       validate=_looped_options, ffn_rule='4d', run_tag=lambda cfg: f"r{cfg.recurrence}-",
-                       grids={'looped': looped_grid_rows}))
+register_design(
+    Design(
+        "looped",
+        "looped",
+        "Looped LM: prelude -> shared recurrent block x r -> coda (effective depth 20)",
+        build=build_looped,
+        count_params=count_looped_params,
+        train_flops=lambda cfg, seq_len: flops_per_token(cfg, seq_len=seq_len),
+        prefill_flops=_looped_prefill,
+        check_init=_looped_init,
+        shared_init=False,
+        metrics=(),
+        importer="the looped paper's checkpoints have no OLMo-core fork layout to import",
+        options=("recurrence", "injection", "truncated_bptt", "hc_lanes", "logit_softcap", "real_vocab_size"),
+        defaults=dict(recurrence=4, injection="linear", truncated_bptt=False, logit_softcap=15.0),
+        validate=_looped_options,
+        ffn_rule="4d",
+        run_tag=lambda cfg: f"r{cfg.recurrence}-",
+        grids={"looped": looped_grid_rows},
+    )
+)

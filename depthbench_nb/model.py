@@ -17,11 +17,32 @@ from typing import Callable, Collection, Optional
 import torch
 import torch.nn as nn
 
-from .config import (ConfigError, Design, ForkNames, ModelConfig, ResourceError, available_memory, format_bytes,
-                                  memory_check_enabled, register_design, resolve_arch)
+from depthbench_nb.config import (
+    ConfigError,
+    Design,
+    ForkNames,
+    ModelConfig,
+    ResourceError,
+    available_memory,
+    format_bytes,
+    memory_check_enabled,
+    register_design,
+    resolve_arch,
+)
 from .kernels import AttnResStore, DepthStore, attnres_site, hc_kernels_apply, mixing_path, sinkhorn_fused
-from .layers import (Attention, KVCache, LayerNorm, RMSNorm, SwiGLU, attnres_mix, hc_read, hc_write,
-                                  rms_norm, sinkhorn, trunc_normal_)
+from depthbench_nb.layers import (
+    Attention,
+    KVCache,
+    LayerNorm,
+    RMSNorm,
+    SwiGLU,
+    attnres_mix,
+    hc_read,
+    hc_write,
+    rms_norm,
+    sinkhorn,
+    trunc_normal_,
+)
 from .shapes import count_params
 
 # %% auto #0
@@ -42,17 +63,19 @@ __all__ = ['SAME', 'SQUEEZE0', 'FLATTEN', 'PLAIN_FORK', 'PERILN_FORK', 'KEEL_FOR
 @dataclass
 class ForwardContext:
     "What a block needs besides its input: positions, the KV cache, MoDA depth slots, a mixing recorder."
-    offset: int = 0                         # position of the first token of this call
+
+    offset: int = 0  # position of the first token of this call
     cache: Optional[KVCache] = None
-    depth: Optional[list] = None            # MoDA: 2L slots of (k before RoPE, v) [B, T, H_kv, hd], None = never written
-    mixes: Optional[list] = None            # HC/mHC: each sublayer's residual mixing matrix, in forward order
-    fused: bool = False                     # the fused depth-mixing path (`mixing_path`), else the reference ops
+    depth: Optional[list] = None  # MoDA: 2L slots of (k before RoPE, v) [B, T, H_kv, hd], None = never written
+    mixes: Optional[list] = None  # HC/mHC: each sublayer's residual mixing matrix, in forward order
+    fused: bool = False  # the fused depth-mixing path (`mixing_path`), else the reference ops
 
 
 class DepthModel(nn.Module):
     "Base of every design: embedding, blocks, final norm, untied LM head, init and the analysis interface."
-    family = 'residual'
-    mixing: Optional[str] = None   # 'fused' | 'reference' for this model; None: DEPTHBENCH_MIXING (default 'fused')
+
+    family = "residual"
+    mixing: Optional[str] = None  # 'fused' | 'reference' for this model; None: DEPTHBENCH_MIXING (default 'fused')
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -61,20 +84,25 @@ class DepthModel(nn.Module):
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
 
     @property
-    def n_blocks(self) -> int: return len(self.blocks)
+    def n_blocks(self) -> int:
+        return len(self.blocks)
 
     # ---- init ---------------------------------------------------------------------------------
     @torch.no_grad()
-    def init_weights(self, generator: Optional[torch.Generator] = None) -> 'DepthModel':
+    def init_weights(self, generator: Optional[torch.Generator] = None) -> "DepthModel":
         "Truncated-normal linear layers and embedding, unit norm gains, then the design's own init (the official `init_weights`)."
         for m in self.modules():
-            if isinstance(m, (nn.Linear, nn.Embedding)): trunc_normal_(m.weight, self.config.init_std, generator)
-            elif isinstance(m, (RMSNorm, LayerNorm)): m.weight.fill_(1.0)
-            if hasattr(m, 'reset_design_parameters'): m.reset_design_parameters()
+            if isinstance(m, (nn.Linear, nn.Embedding)):
+                trunc_normal_(m.weight, self.config.init_std, generator)
+            elif isinstance(m, (RMSNorm, LayerNorm)):
+                m.weight.fill_(1.0)
+            if hasattr(m, "reset_design_parameters"):
+                m.reset_design_parameters()
         self._design_init(generator)
         return self
 
-    def _design_init(self, generator: Optional[torch.Generator] = None) -> None: pass
+    def _design_init(self, generator: Optional[torch.Generator] = None) -> None:
+        pass
 
     def init_buffers(self) -> None:
         "Recompute derived buffers that are not saved with the weights (none here; the looped model's RoPE tables)."
@@ -89,24 +117,38 @@ class DepthModel(nn.Module):
         "Dtype choices a design makes for its training device, applied by the trainer after the move (none here)."
 
     # ---- forward helpers ----------------------------------------------------------------------
-    def _begin(self, idx: torch.Tensor, skip: Collection[int], kv_cache: Optional[KVCache]) -> tuple[frozenset, ForwardContext]:
-        if not isinstance(idx, torch.Tensor) or idx.ndim != 2 or idx.dtype not in (torch.long, torch.int32, torch.int64):
-            raise ConfigError(f"idx must be an integer tensor [B, T], got {getattr(idx, 'dtype', type(idx).__name__)} "
-                              f"of shape {tuple(getattr(idx, 'shape', ()))}")
+    def _begin(
+        self, idx: torch.Tensor, skip: Collection[int], kv_cache: Optional[KVCache]
+    ) -> tuple[frozenset, ForwardContext]:
+        if (
+            not isinstance(idx, torch.Tensor)
+            or idx.ndim != 2
+            or idx.dtype not in (torch.long, torch.int32, torch.int64)
+        ):
+            raise ConfigError(
+                f"idx must be an integer tensor [B, T], got {getattr(idx, 'dtype', type(idx).__name__)} "
+                f"of shape {tuple(getattr(idx, 'shape', ()))}"
+            )
         offset = kv_cache.offset if kv_cache is not None else 0
         if offset + idx.shape[1] > self.config.max_seq_len:
-            raise ConfigError(f"sequence length {offset + idx.shape[1]} (cache offset {offset} + {idx.shape[1]} new) "
-                              f"exceeds max_seq_len {self.config.max_seq_len}")
-        return self._check_skip(skip), ForwardContext(offset=offset, cache=kv_cache, fused=mixing_path(self.mixing) == 'fused')
+            raise ConfigError(
+                f"sequence length {offset + idx.shape[1]} (cache offset {offset} + {idx.shape[1]} new) "
+                f"exceeds max_seq_len {self.config.max_seq_len}"
+            )
+        return self._check_skip(skip), ForwardContext(
+            offset=offset, cache=kv_cache, fused=mixing_path(self.mixing) == "fused"
+        )
 
     def _check_skip(self, skip: Collection[int]) -> frozenset:
-        skip = frozenset(_block_index(s, 'skip') for s in skip)
+        skip = frozenset(_block_index(s, "skip") for s in skip)
         bad = sorted(s for s in skip if not 0 <= s < self.n_blocks)
-        if bad: raise ConfigError(f"skip indices {bad} out of range: blocks are 0..{self.n_blocks - 1}")
+        if bad:
+            raise ConfigError(f"skip indices {bad} out of range: blocks are 0..{self.n_blocks - 1}")
         return skip
 
     def _end(self, logits, states, return_states, kv_cache, n_tokens):
-        if kv_cache is not None: kv_cache.advance(n_tokens)
+        if kv_cache is not None:
+            kv_cache.advance(n_tokens)
         return (logits, states) if return_states else logits
 
     # ---- analysis interface -------------------------------------------------------------------
@@ -122,38 +164,49 @@ class DepthModel(nn.Module):
         "The tensors that move when block i is swapped, under names comparable across blocks."
         return dict(self.blocks[i].named_parameters())
 
-    def _swap_attributes(self) -> tuple[str, ...]: return ()
+    def _swap_attributes(self) -> tuple[str, ...]:
+        return ()
 
     @torch.no_grad()
     def swap_blocks(self, i: int, j: int) -> None:
         "Exchange the weights of blocks i and j in place (positions stay); calling it twice restores the model."
-        i, j = _block_index(i, 'swap_blocks'), _block_index(j, 'swap_blocks')
+        i, j = _block_index(i, "swap_blocks"), _block_index(j, "swap_blocks")
         for k in (i, j):
-            if not 0 <= k < self.n_blocks: raise ConfigError(f"swap_blocks: block index {k} out of range 0..{self.n_blocks - 1}")
-        if i == j: return
+            if not 0 <= k < self.n_blocks:
+                raise ConfigError(f"swap_blocks: block index {k} out of range 0..{self.n_blocks - 1}")
+        if i == j:
+            return
         ui, uj = self._swap_unit(i), self._swap_unit(j)
         for name, p in ui.items():
             q = uj.get(name)
-            if q is None or q.shape != p.shape: continue  # e.g. KEEL block 0's missing norm, MoDA's last block: stays put
+            if q is None or q.shape != p.shape:
+                continue  # e.g. KEEL block 0's missing norm, MoDA's last block: stays put
             tmp = p.detach().clone()
-            p.copy_(q); q.copy_(tmp)
-        for attr in self._swap_attributes():              # constants that travel with the weights (LNS)
+            p.copy_(q)
+            q.copy_(tmp)
+        for attr in self._swap_attributes():  # constants that travel with the weights (LNS)
             bi, bj = self.blocks[i], self.blocks[j]
             vi, vj = getattr(bi, attr), getattr(bj, attr)
-            setattr(bi, attr, vj); setattr(bj, attr, vi)
+            setattr(bi, attr, vj)
+            setattr(bj, attr, vi)
 
     def mixing_matrices(self, idx: torch.Tensor) -> torch.Tensor:
         raise ConfigError(f"mixing_matrices applies to the multistream designs (hc, mhc), not {self.config.arch!r}")
 
     def depth_mix_weights(self, idx: torch.Tensor) -> list[torch.Tensor]:
-        raise ConfigError(f"depth_mix_weights applies to the attnres designs (attnres, block_attnres), not {self.config.arch!r}")
+        raise ConfigError(
+            f"depth_mix_weights applies to the attnres designs (attnres, block_attnres), not {self.config.arch!r}"
+        )
 
 
 def _block_index(k, what: str) -> int:
     "A block index as a Python int (numpy and torch integers welcome; floats and bools are errors)."
-    if isinstance(k, bool): raise ConfigError(f"{what}: block indices must be integers, got {k!r}")
-    try: return operator.index(k)
-    except TypeError: raise ConfigError(f"{what}: block indices must be integers, got {k!r}") from None
+    if isinstance(k, bool):
+        raise ConfigError(f"{what}: block indices must be integers, got {k!r}")
+    try:
+        return operator.index(k)
+    except TypeError:
+        raise ConfigError(f"{what}: block indices must be integers, got {k!r}") from None
 
 # %% ../nbs/05_model.ipynb #5b4f2042
 def _close(a: torch.Tensor, b: torch.Tensor, atol: float) -> tuple[bool, float]:
@@ -166,9 +219,11 @@ def _capture(modules: list[nn.Module], run: Callable) -> list[torch.Tensor]:
     "Outputs of `modules`, in call order, during `run()`."
     out, hooks = [], [m.register_forward_hook(lambda m, i, o: out.append(o.detach())) for m in modules]
     try:
-        with torch.no_grad(): run()
+        with torch.no_grad():
+            run()
     finally:
-        for h in hooks: h.remove()
+        for h in hooks:
+            h.remove()
     return out
 
 
@@ -188,20 +243,21 @@ def no_init_invariants(model: nn.Module, idx: torch.Tensor, atol: float) -> Opti
 
 
 # the official fork's checkpoints (depthbench_nb.interop): a design's own tensors change layout on the way in and out
-SAME = (lambda t: t, lambda t: t)                                                       # (to ours, to the fork)
-SQUEEZE0 = (lambda t: t.reshape(-1), lambda t: t.reshape(1, -1))                        # fork [1, d] <-> ours [d]
+SAME = (lambda t: t, lambda t: t)  # (to ours, to the fork)
+SQUEEZE0 = (lambda t: t.reshape(-1), lambda t: t.reshape(1, -1))  # fork [1, d] <-> ours [d]
 FLATTEN = (lambda t: t.reshape(-1), lambda t: t.reshape(int(math.isqrt(t.numel())), -1))  # fork [n, n] <-> ours [n*n]
 
 
-def _has(names, pattern: str) -> bool: return any(re.search(pattern, n) for n in names)
+def _has(names, pattern: str) -> bool:
+    return any(re.search(pattern, n) for n in names)
 
 
 def plain_fork_names(names) -> bool:
     "The plain Pre-LN tensor names (LNS and DeepNorm hold the same tensors: only the block rule differs)."
-    return _has(names, r'attention\.w_q\.weight$')
+    return _has(names, r"attention\.w_q\.weight$")
 
 
-PLAIN_FORK = ForkNames(detect=plain_fork_names)   # the importer of the designs without tensors of their own
+PLAIN_FORK = ForkNames(detect=plain_fork_names)  # the importer of the designs without tensors of their own
 
 # %% ../nbs/05_model.ipynb #b1d259ab
 def n_params(model: nn.Module) -> int:
@@ -212,40 +268,51 @@ def n_params(model: nn.Module) -> int:
 def check_weights_fit(cfg: ModelConfig, device=None) -> None:
     """Refuse (`ResourceError`) a model whose fp32 weights alone exceed the memory available where it is built (the
     CPU) and where it goes: from the closed-form parameter count, before anything is allocated."""
-    if not memory_check_enabled(): return
+    if not memory_check_enabled():
+        return
     n = count_params(cfg).total
     need = 4 * n
-    for where in dict.fromkeys(['cpu', str(torch.device(device)) if device is not None else 'cpu']):
+    for where in dict.fromkeys(["cpu", str(torch.device(device)) if device is not None else "cpu"]):
         free, source = available_memory(where)
         if free is not None and need > free:
-            raise ResourceError(f"{cfg.arch} L{cfg.n_layer} d{cfg.d_model} has {n:,} parameters: its fp32 weights alone need "
-                                f"{format_bytes(need)}, {source} on {where} is {format_bytes(free)}; choose a smaller shape, "
-                                f"or set DEPTHBENCH_MEMORY_CHECK=0 to build it anyway")
+            raise ResourceError(
+                f"{cfg.arch} L{cfg.n_layer} d{cfg.d_model} has {n:,} parameters: its fp32 weights alone need "
+                f"{format_bytes(need)}, {source} on {where} is {format_bytes(free)}; choose a smaller shape, "
+                f"or set DEPTHBENCH_MEMORY_CHECK=0 to build it anyway"
+            )
 
 
 def build_model(cfg: ModelConfig, seed: Optional[int] = 0, device=None) -> DepthModel:
     """Build and initialize the model of `cfg` (init from a generator seeded with `seed`; device='meta': no init).
     A model whose weights cannot fit in memory is refused before any allocation (`check_weights_fit`)."""
-    if not isinstance(cfg, ModelConfig): raise ConfigError(f"build_model expects a ModelConfig, got {type(cfg).__name__}")
+    if not isinstance(cfg, ModelConfig):
+        raise ConfigError(f"build_model expects a ModelConfig, got {type(cfg).__name__}")
     design = resolve_arch(cfg.arch)
-    meta = device is not None and torch.device(device).type == 'meta'
-    if not meta: check_weights_fit(cfg, device)
-    with torch.device('meta') if meta else contextlib.nullcontext(): model = design.build(cfg)
+    meta = device is not None and torch.device(device).type == "meta"
+    if not meta:
+        check_weights_fit(cfg, device)
+    with torch.device("meta") if meta else contextlib.nullcontext():
+        model = design.build(cfg)
     got, want = n_params(model), count_params(cfg).total
     if got != want:
-        raise ConfigError(f"design {design.name!r} builds {got:,} parameters but its closed form counts {want:,} "
-                          f"(diff {got - want:+,}): fix its extra_params")
-    if meta: return model
+        raise ConfigError(
+            f"design {design.name!r} builds {got:,} parameters but its closed form counts {want:,} "
+            f"(diff {got - want:+,}): fix its extra_params"
+        )
+    if meta:
+        return model
     gen = torch.Generator().manual_seed(seed) if seed is not None else None
-    if hasattr(model, 'init_weights'): model.init_weights(gen)
+    if hasattr(model, "init_weights"):
+        model.init_weights(gen)
     return model.to(device) if device is not None else model
 
 # %% ../nbs/05_model.ipynb #379243bf
 class Block(nn.Module):
     "The shared core of a single-stream block: attention, SwiGLU FFN and their two norms (of the design's `Norm`)."
+
     Norm: type = RMSNorm
-    swap_attributes: tuple = ()        # Python constants that travel with the weights on a swap
-    uses_depth_slots: bool = False     # the model hands the block MoDA's depth slots
+    swap_attributes: tuple = ()  # Python constants that travel with the weights on a swap
+    uses_depth_slots: bool = False  # the model hands the block MoDA's depth slots
 
     def __init__(self, cfg: ModelConfig, index: int):
         super().__init__()
@@ -264,33 +331,42 @@ class Block(nn.Module):
 # %% ../nbs/05_model.ipynb #c33181a5
 class ResidualTransformer(DepthModel):
     "Single-stream designs: the embedding, L blocks of one design's class, the final RMSNorm and the LM head."
-    family = 'residual'
+
+    family = "residual"
 
     def __init__(self, cfg: ModelConfig, block_cls: type):
         super().__init__(cfg)
         self.block_cls = block_cls
         self.blocks = nn.ModuleList([block_cls(cfg, b) for b in range(cfg.n_layer)])
-        self.final_norm = RMSNorm(cfg.d_model, cfg.norm_eps)     # the LM head's norm: RMSNorm for every design (DeepNorm too)
+        self.final_norm = RMSNorm(
+            cfg.d_model, cfg.norm_eps
+        )  # the LM head's norm: RMSNorm for every design (DeepNorm too)
 
     def forward(self, idx, skip: Collection[int] = (), return_states: bool = False, kv_cache: Optional[KVCache] = None):
         skip, ctx = self._begin(idx, skip, kv_cache)
-        if self.block_cls.uses_depth_slots: ctx.depth = DepthSlots(2 * self.n_blocks) if ctx.fused else [None] * (2 * self.n_blocks)
-        x = self.tok_emb(idx)                                     # [B, T, d]
+        if self.block_cls.uses_depth_slots:
+            ctx.depth = DepthSlots(2 * self.n_blocks) if ctx.fused else [None] * (2 * self.n_blocks)
+        x = self.tok_emb(idx)  # [B, T, d]
         states = [x]
         for b, block in enumerate(self.blocks):
-            if b not in skip: x = block(x, ctx)
-            if return_states: states.append(x)
-        logits = self.lm_head(self.final_norm(x))                 # [B, T, V]
+            if b not in skip:
+                x = block(x, ctx)
+            if return_states:
+                states.append(x)
+        logits = self.lm_head(self.final_norm(x))  # [B, T, V]
         return self._end(logits, states, return_states, kv_cache, idx.shape[1])
 
     def _design_init(self, generator: Optional[torch.Generator] = None):
-        for blk in self.blocks: blk.init_design(generator)
+        for blk in self.blocks:
+            blk.init_design(generator)
 
-    def _swap_attributes(self): return self.block_cls.swap_attributes
+    def _swap_attributes(self):
+        return self.block_cls.swap_attributes
 
 # %% ../nbs/05_model.ipynb #e5ad1cc1
 class PreLNBlock(Block):
     "h = x + A(N_a(x)); y = h + M(N_m(h))"
+
     def forward(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         "x [B, T, d] -> y [B, T, d]"
         h = x + self.attend(self.attn_norm(x), ctx)[0]
@@ -307,17 +383,31 @@ def unit_norm_gain(block: nn.Module) -> float:
     return 1.0
 
 
-register_design(Design('preln', 'residual', 'Pre-LN baseline: h = x + A(N(x))', build=build_preln,
-                       extra_params=no_extra_params, forward_flops=no_extra_flops, check_init=no_init_invariants,
-                       metrics=('usefulness', 'residual_path'), importer=PLAIN_FORK,
-                       llama_norm_gain=unit_norm_gain))
+register_design(
+    Design(
+        "preln",
+        "residual",
+        "Pre-LN baseline: h = x + A(N(x))",
+        build=build_preln,
+        extra_params=no_extra_params,
+        forward_flops=no_extra_flops,
+        check_init=no_init_invariants,
+        metrics=("usefulness", "residual_path"),
+        importer=PLAIN_FORK,
+        llama_norm_gain=unit_norm_gain,
+    )
+)
 
 # %% ../nbs/05_model.ipynb #d813461d
 class PeriLNBlock(Block):
     "h = x + N_pa(A(N_a(x))); y = h + N_pm(M(N_m(h)))"
+
     def __init__(self, cfg: ModelConfig, index: int):
         super().__init__(cfg, index)
-        self.attn_out_norm, self.ffn_out_norm = self.Norm(cfg.d_model, cfg.norm_eps), self.Norm(cfg.d_model, cfg.norm_eps)
+        self.attn_out_norm, self.ffn_out_norm = (
+            self.Norm(cfg.d_model, cfg.norm_eps),
+            self.Norm(cfg.d_model, cfg.norm_eps),
+        )
 
     def forward(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         "x [B, T, d] -> y [B, T, d]"
@@ -332,21 +422,35 @@ def build_periln(cfg: ModelConfig) -> ResidualTransformer:
 
 def _periln_fork(cfg: ModelConfig, b: int) -> dict:
     d = cfg.d_model
-    return {'post_attention_norm.weight': ((d,), 'attn_out_norm.weight', SAME), 'post_feed_forward_norm.weight': ((d,), 'ffn_out_norm.weight', SAME)}
+    return {
+        "post_attention_norm.weight": ((d,), "attn_out_norm.weight", SAME),
+        "post_feed_forward_norm.weight": ((d,), "ffn_out_norm.weight", SAME),
+    }
 
 
-PERILN_FORK = ForkNames(block=_periln_fork, detect=lambda names: 'blocks.0.post_attention_norm.weight' in names)
+PERILN_FORK = ForkNames(block=_periln_fork, detect=lambda names: "blocks.0.post_attention_norm.weight" in names)
 
 
-register_design(Design('periln', 'residual', 'Peri-LN / Sandwich-LN: h = x + N_out(A(N_in(x))), no embedding norm',
-                       build=build_periln, extra_params=lambda cfg: (2 * cfg.d_model * cfg.n_layer, 0),
-                       forward_flops=no_extra_flops, check_init=no_init_invariants,
-                       metrics=('usefulness', 'residual_path'), importer=PERILN_FORK, aliases=('sandwich',)))
+register_design(
+    Design(
+        "periln",
+        "residual",
+        "Peri-LN / Sandwich-LN: h = x + N_out(A(N_in(x))), no embedding norm",
+        build=build_periln,
+        extra_params=lambda cfg: (2 * cfg.d_model * cfg.n_layer, 0),
+        forward_flops=no_extra_flops,
+        check_init=no_init_invariants,
+        metrics=("usefulness", "residual_path"),
+        importer=PERILN_FORK,
+        aliases=("sandwich",),
+    )
+)
 
 # %% ../nbs/05_model.ipynb #0a12e3de
 class LNSBlock(Block):
     "h = x + A(N_a(x)/sqrt(b+1)); y = h + M(N_m(h)/sqrt(b+1))"
-    swap_attributes = ('ln_scale',)
+
+    swap_attributes = ("ln_scale",)
 
     def __init__(self, cfg: ModelConfig, index: int):
         super().__init__(cfg, index)
@@ -367,16 +471,19 @@ def _lns_init(model: ResidualTransformer, idx: torch.Tensor, atol: float) -> Opt
     "Factors 1/sqrt(b+1), applied to the normalized attention input of the last block."
     L = model.config.n_layer
     want = [1 / math.sqrt(b + 1) for b in range(L)]
-    if [blk.ln_scale for blk in model.blocks] != want: return 'LNS factors are not 1/sqrt(b+1)'
+    if [blk.ln_scale for blk in model.blocks] != want:
+        return "LNS factors are not 1/sqrt(b+1)"
     b = L - 1
     normed = _capture([model.blocks[b].attn_norm], lambda: model(idx))[0]
     seen = []
     h = model.blocks[b].attn.register_forward_pre_hook(lambda m, args: seen.append(args[0].detach()))
     try:
-        with torch.no_grad(): model(idx)
-    finally: h.remove()
+        with torch.no_grad():
+            model(idx)
+    finally:
+        h.remove()
     ok, e = _close(seen[0], normed * want[b], atol)
-    return None if ok else f'block {b} attention input is not N_a(x)/sqrt({b + 1}) (diff {e:.2e})'
+    return None if ok else f"block {b} attention input is not N_a(x)/sqrt({b + 1}) (diff {e:.2e})"
 
 
 def lns_norm_gain(block: nn.Module) -> float:
@@ -384,14 +491,25 @@ def lns_norm_gain(block: nn.Module) -> float:
     return block.ln_scale
 
 
-register_design(Design('lns', 'residual', 'LayerNorm Scaling: pre-norm output scaled by 1/sqrt(block index, 1-based)',
-                       build=build_lns, extra_params=no_extra_params, forward_flops=no_extra_flops, check_init=_lns_init,
-                       metrics=('usefulness', 'residual_path'), importer=PLAIN_FORK,
-                       llama_norm_gain=lns_norm_gain))
+register_design(
+    Design(
+        "lns",
+        "residual",
+        "LayerNorm Scaling: pre-norm output scaled by 1/sqrt(block index, 1-based)",
+        build=build_lns,
+        extra_params=no_extra_params,
+        forward_flops=no_extra_flops,
+        check_init=_lns_init,
+        metrics=("usefulness", "residual_path"),
+        importer=PLAIN_FORK,
+        llama_norm_gain=lns_norm_gain,
+    )
+)
 
 # %% ../nbs/05_model.ipynb #d9a498ef
 class DeepNormBlock(Block):
     "h = N_a(alpha x + A(x)); y = N_m(alpha h + M(h)), alpha = (2L)^1/4, LayerNorm block norms"
+
     Norm = LayerNorm
 
     def __init__(self, cfg: ModelConfig, index: int):
@@ -405,7 +523,8 @@ class DeepNormBlock(Block):
 
     @torch.no_grad()
     def init_design(self, generator: Optional[torch.Generator] = None):
-        for lin in (self.attn.wv, self.attn.wo, self.ffn.w1, self.ffn.w2, self.ffn.w3): lin.weight.mul_(self.beta)  # beta = (8L)^-1/4
+        for lin in (self.attn.wv, self.attn.wo, self.ffn.w1, self.ffn.w2, self.ffn.w3):
+            lin.weight.mul_(self.beta)  # beta = (8L)^-1/4
 
 
 def build_deepnorm(cfg: ModelConfig) -> ResidualTransformer:
@@ -417,30 +536,44 @@ def _deepnorm_init(model: ResidualTransformer, idx: torch.Tensor, atol: float) -
     "alpha = (2L)^1/4, LayerNorm block norms, an RMSNorm final norm, beta-scaled value/output/FFN matrices."
     cfg, L = model.config, model.config.n_layer
     alpha, beta = (2 * L) ** 0.25, (8 * L) ** -0.25
-    if any(abs(blk.alpha - alpha) > 1e-12 for blk in model.blocks): return 'DeepNorm alpha != (2L)^1/4'
+    if any(abs(blk.alpha - alpha) > 1e-12 for blk in model.blocks):
+        return "DeepNorm alpha != (2L)^1/4"
     if not all(isinstance(m, LayerNorm) for m in model.blocks.modules() if isinstance(m, (RMSNorm, LayerNorm))):
-        return 'DeepNorm block norms must be LayerNorm'
+        return "DeepNorm block norms must be LayerNorm"
     if not isinstance(model.final_norm, RMSNorm) or model.final_norm.eps != cfg.norm_eps:
-        return 'DeepNorm final norm must be RMSNorm with the backbone eps (only the block norm config is switched)'
+        return "DeepNorm final norm must be RMSNorm with the backbone eps (only the block norm config is switched)"
     for blk in model.blocks:
         ref = blk.attn.wq.weight.std()
         for lin in (blk.attn.wv, blk.attn.wo, blk.ffn.w1, blk.ffn.w2, blk.ffn.w3):
             r = (lin.weight.std() / ref).item()
-            if abs(r / beta - 1) > 0.2: return f'DeepNorm beta: std ratio {r:.3f}, want {beta:.3f}'
+            if abs(r / beta - 1) > 0.2:
+                return f"DeepNorm beta: std ratio {r:.3f}, want {beta:.3f}"
     return None
 
 
-register_design(Design('deepnorm', 'residual', 'DeepNorm: Post-LN (LayerNorm) with alpha=(2L)^1/4 shortcut, beta=(8L)^-1/4 init',
-                       build=build_deepnorm, extra_params=no_extra_params, forward_flops=no_extra_flops,
-                       check_init=_deepnorm_init, metrics=('usefulness',), importer=PLAIN_FORK))
+register_design(
+    Design(
+        "deepnorm",
+        "residual",
+        "DeepNorm: Post-LN (LayerNorm) with alpha=(2L)^1/4 shortcut, beta=(8L)^-1/4 init",
+        build=build_deepnorm,
+        extra_params=no_extra_params,
+        forward_flops=no_extra_flops,
+        check_init=_deepnorm_init,
+        metrics=("usefulness",),
+        importer=PLAIN_FORK,
+    )
+)
 
 # %% ../nbs/05_model.ipynb #e1ece184
 class KEELBlock(Block):
     "b >= 1: h = N_pa(alpha x + A(N_a(x))), y = N_pm(alpha h + M(N_m(h))), alpha = 2L; block 0: h = x + A(N_a(x)), alpha 1"
+
     def __init__(self, cfg: ModelConfig, index: int):
         super().__init__(cfg, index)
         d = cfg.d_model
-        if index > 0: self.attn_out_norm = self.Norm(d, cfg.norm_eps)
+        if index > 0:
+            self.attn_out_norm = self.Norm(d, cfg.norm_eps)
         self.ffn_out_norm = self.Norm(d, cfg.norm_eps)
         self.alpha = float(2 * cfg.n_layer) if index > 0 else 1.0
 
@@ -458,29 +591,45 @@ def build_keel(cfg: ModelConfig) -> ResidualTransformer:
 
 def _keel_init(model: ResidualTransformer, idx: torch.Tensor, atol: float) -> Optional[str]:
     L = model.config.n_layer
-    if [blk.alpha for blk in model.blocks] != [1.0] + [float(2 * L)] * (L - 1): return 'KEEL alpha != 2L (block 0: 1)'
-    if hasattr(model.blocks[0], 'attn_out_norm'): return 'KEEL block 0 must have no N_pa'
+    if [blk.alpha for blk in model.blocks] != [1.0] + [float(2 * L)] * (L - 1):
+        return "KEEL alpha != 2L (block 0: 1)"
+    if hasattr(model.blocks[0], "attn_out_norm"):
+        return "KEEL block 0 must have no N_pa"
     return None
 
 
 def _keel_fork(cfg: ModelConfig, b: int) -> dict:
     d, out = cfg.d_model, {}
-    if b > 0: out['post_attention_norm.weight'] = ((d,), 'attn_out_norm.weight', SAME)
-    return out | {'post_feed_forward_norm.weight': ((d,), 'ffn_out_norm.weight', SAME)}
+    if b > 0:
+        out["post_attention_norm.weight"] = ((d,), "attn_out_norm.weight", SAME)
+    return out | {"post_feed_forward_norm.weight": ((d,), "ffn_out_norm.weight", SAME)}
 
 
-KEEL_FORK = ForkNames(block=_keel_fork, detect=lambda names: 'blocks.0.post_attention_norm.weight' not in names
-                      and _has(names, r'post_feed_forward_norm'))
+KEEL_FORK = ForkNames(
+    block=_keel_fork,
+    detect=lambda names: "blocks.0.post_attention_norm.weight" not in names and _has(names, r"post_feed_forward_norm"),
+)
 
 
-register_design(Design('keel', 'residual', 'KEEL: Post-LN highway alpha = 2L with inner norm; block 0 special',
-                       build=build_keel, extra_params=lambda cfg: (2 * cfg.d_model * cfg.n_layer - cfg.d_model, 0),
-                       forward_flops=no_extra_flops, check_init=_keel_init, metrics=('usefulness',), importer=KEEL_FORK))
+register_design(
+    Design(
+        "keel",
+        "residual",
+        "KEEL: Post-LN highway alpha = 2L with inner norm; block 0 special",
+        build=build_keel,
+        extra_params=lambda cfg: (2 * cfg.d_model * cfg.n_layer - cfg.d_model, 0),
+        forward_flops=no_extra_flops,
+        check_init=_keel_init,
+        metrics=("usefulness",),
+        importer=KEEL_FORK,
+    )
+)
 
 # %% ../nbs/05_model.ipynb #8be14b83
 class HCConnector(nn.Module):
     "Dynamic hyper-connection of one sublayer (HC)."
-    STATIC = ('static_alpha', 'static_beta')  # no weight decay
+
+    STATIC = ("static_alpha", "static_beta")  # no weight decay
 
     def __init__(self, d: int, n: int, k: int, use_tanh: bool = True, mixed: bool = True):
         super().__init__()
@@ -494,23 +643,26 @@ class HCConnector(nn.Module):
 
     @torch.no_grad()
     def reset_design_parameters(self):
-        self.static_alpha.zero_(); self.static_alpha[self.k % self.n, 0] = 1.0
+        self.static_alpha.zero_()
+        self.static_alpha[self.k % self.n, 0] = 1.0
         self.static_alpha[:, 1:] = torch.eye(self.n)
         self.static_beta.fill_(1.0)
-        self.dynamic_alpha_fn.zero_(); self.dynamic_beta_fn.zero_()
-        self.dynamic_alpha_scale.fill_(0.01); self.dynamic_beta_scale.fill_(0.01)
+        self.dynamic_alpha_fn.zero_()
+        self.dynamic_beta_fn.zero_()
+        self.dynamic_alpha_scale.fill_(0.01)
+        self.dynamic_beta_scale.fill_(0.01)
 
     def forward(self, H: torch.Tensor, fused: bool = False):
         "H [B, T, n, d] -> read [B, T, n], mix [B, T, n, n], write [B, T, n]"
         act = torch.tanh if self.use_tanh else (lambda t: t)
-        if fused:   # (H @ W) / rms(H) = N(H) @ W: one matmul for both projections and no normalized copy of the streams
-            W = torch.cat([self.dynamic_alpha_fn, self.dynamic_beta_fn[:, None]], 1)          # [d, n+2]
+        if fused:  # (H @ W) / rms(H) = N(H) @ W: one matmul for both projections and no normalized copy of the streams
+            W = torch.cat([self.dynamic_alpha_fn, self.dynamic_beta_fn[:, None]], 1)  # [d, n+2]
             inv_rms = torch.rsqrt(torch.linalg.vector_norm(H, dim=-1, keepdim=True).square() / H.shape[-1] + 1e-8)
-            proj = act(torch.matmul(H, W) * inv_rms)                                            # [B, T, n, n+2]
-            A = self.static_alpha + self.dynamic_alpha_scale * proj[..., :-1]                  # [B, T, n, n+1]
-            beta = self.static_beta + self.dynamic_beta_scale * proj[..., -1]                 # [B, T, n]
+            proj = act(torch.matmul(H, W) * inv_rms)  # [B, T, n, n+2]
+            A = self.static_alpha + self.dynamic_alpha_scale * proj[..., :-1]  # [B, T, n, n+1]
+            beta = self.static_beta + self.dynamic_beta_scale * proj[..., -1]  # [B, T, n]
         else:
-            Hn = rms_norm(H, None, 1e-8)                                                       # [B, T, n, d]
+            Hn = rms_norm(H, None, 1e-8)  # [B, T, n, d]
             A = self.static_alpha + self.dynamic_alpha_scale * act(Hn @ self.dynamic_alpha_fn)  # [B, T, n, n+1]
             beta = self.static_beta + self.dynamic_beta_scale * act(Hn @ self.dynamic_beta_fn)  # [B, T, n]
         mix = A[..., 1:].transpose(-1, -2) if self.mixed else torch.eye(self.n, dtype=H.dtype, device=H.device)
@@ -519,7 +671,8 @@ class HCConnector(nn.Module):
 # %% ../nbs/05_model.ipynb #0c3a6e3e
 def _gap8_read_bias(n: int, k: int) -> torch.Tensor:
     "+8 on the stream this sublayer reads (k mod n), -8 elsewhere: a nearly one-hot read."
-    b = torch.full((n,), -8.0); b[k % n] = 8.0
+    b = torch.full((n,), -8.0)
+    b[k % n] = 8.0
     return b
 
 
@@ -530,7 +683,8 @@ def _gap8_res_bias(n: int) -> torch.Tensor:
 
 class MHCConnector(nn.Module):
     "Manifold-constrained hyper-connection, Liger backend."
-    STATIC = ('b', 'alpha_pre', 'alpha_post', 'alpha_res')
+
+    STATIC = ("b", "alpha_pre", "alpha_post", "alpha_res")
 
     def __init__(self, d: int, n: int, k: int, sinkhorn_iters: int = 20):
         super().__init__()
@@ -544,17 +698,20 @@ class MHCConnector(nn.Module):
         n = self.n
         self.phi.zero_()
         self.b.copy_(torch.cat([_gap8_read_bias(n, self.k), torch.zeros(n), _gap8_res_bias(n).flatten()]))
-        for a in (self.alpha_pre, self.alpha_post, self.alpha_res): a.fill_(0.01)
+        for a in (self.alpha_pre, self.alpha_post, self.alpha_res):
+            a.fill_(0.01)
 
     def forward(self, H: torch.Tensor, fused: bool = False):
         n = self.n
-        x = H.flatten(-2)                                                        # [B, T, n*d]
+        x = H.flatten(-2)  # [B, T, n*d]
         m = (x @ self.phi) * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)  # [B, T, n²+2n]
         b = self.b
-        read = torch.sigmoid(self.alpha_pre * m[..., :n] + b[:n])               # [B, T, n]
-        write = 2 * torch.sigmoid(self.alpha_post * m[..., n:2 * n] + b[n:2 * n])  # [B, T, n]
+        read = torch.sigmoid(self.alpha_pre * m[..., :n] + b[:n])  # [B, T, n]
+        write = 2 * torch.sigmoid(self.alpha_post * m[..., n : 2 * n] + b[n : 2 * n])  # [B, T, n]
         normalize = sinkhorn_fused if fused else sinkhorn
-        mix = normalize((self.alpha_res * m[..., 2 * n:] + b[2 * n:]).unflatten(-1, (n, n)), self.iters)  # [B, T, n, n]
+        mix = normalize(
+            (self.alpha_res * m[..., 2 * n :] + b[2 * n :]).unflatten(-1, (n, n)), self.iters
+        )  # [B, T, n, n]
         return read, mix, write
 
 
@@ -562,8 +719,8 @@ def log_sinkhorn(logits: torch.Tensor, n_iter: int = 20) -> torch.Tensor:
     "Log-domain Sinkhorn of the native mHC backend: marginals 1/n, result rescaled by n (rows and columns sum to 1)."
     n = logits.shape[-1]
     log_marginal = -math.log(n)
-    u = torch.zeros(logits.shape[:-1], dtype=logits.dtype, device=logits.device)   # [..., n] row potentials
-    v = torch.zeros_like(u)                                                        # [..., n] column potentials
+    u = torch.zeros(logits.shape[:-1], dtype=logits.dtype, device=logits.device)  # [..., n] row potentials
+    v = torch.zeros_like(u)  # [..., n] column potentials
     for _ in range(n_iter):
         u = log_marginal - torch.logsumexp(logits + v[..., None, :], dim=-1)
         v = log_marginal - torch.logsumexp(logits + u[..., :, None], dim=-2)
@@ -573,10 +730,10 @@ def log_sinkhorn(logits: torch.Tensor, n_iter: int = 20) -> torch.Tensor:
 def log_sinkhorn_fused(logits: torch.Tensor, n_iter: int = 20) -> torch.Tensor:
     "`log_sinkhorn` with the tokens on the last axis ([n, n, tokens]): each round vectorised over the tokens (as `sinkhorn_fused`)."
     lead, n = logits.shape[:-2], logits.shape[-1]
-    z = logits.reshape(-1, n, n).permute(1, 2, 0)                                 # [n, n, R]: rows, columns, tokens
+    z = logits.reshape(-1, n, n).permute(1, 2, 0)  # [n, n, R]: rows, columns, tokens
     log_marginal = -math.log(n)
-    u = z.new_zeros(n, z.shape[-1])                                                # row potentials [n, R]
-    v = torch.zeros_like(u)                                                        # column potentials [n, R]
+    u = z.new_zeros(n, z.shape[-1])  # row potentials [n, R]
+    v = torch.zeros_like(u)  # column potentials [n, R]
     for _ in range(n_iter):
         u = log_marginal - torch.logsumexp(z + v[None], dim=1)
         v = log_marginal - torch.logsumexp(z + u[:, None], dim=0)
@@ -585,37 +742,49 @@ def log_sinkhorn_fused(logits: torch.Tensor, n_iter: int = 20) -> torch.Tensor:
 
 class MHCNativeConnector(nn.Module):
     "mHC native PyTorch backend."
-    STATIC = ('b_pre', 'b_post', 'b_res')
+
+    STATIC = ("b_pre", "b_post", "b_res")
 
     def __init__(self, d: int, n: int, k: int, sinkhorn_iters: int = 20):
         super().__init__()
         self.n, self.k, self.iters = n, k, sinkhorn_iters
         self.phi_pre, self.phi_post = nn.Parameter(torch.empty(n * d, n)), nn.Parameter(torch.empty(n * d, n))
         self.phi_res = nn.Parameter(torch.empty(n * d, n * n))
-        self.b_pre, self.b_post, self.b_res = nn.Parameter(torch.empty(n)), nn.Parameter(torch.empty(n)), nn.Parameter(torch.empty(n * n))
+        self.b_pre, self.b_post, self.b_res = (
+            nn.Parameter(torch.empty(n)),
+            nn.Parameter(torch.empty(n)),
+            nn.Parameter(torch.empty(n * n)),
+        )
         self.alpha_pre, self.alpha_post, self.alpha_res = (nn.Parameter(torch.empty(())) for _ in range(3))
 
     @torch.no_grad()
     def reset_design_parameters(self):
-        for p in (self.phi_pre, self.phi_post, self.phi_res): p.zero_()
-        self.b_pre.copy_(_gap8_read_bias(self.n, self.k)); self.b_post.zero_(); self.b_res.copy_(_gap8_res_bias(self.n).flatten())
-        for a in (self.alpha_pre, self.alpha_post, self.alpha_res): a.fill_(0.01)
+        for p in (self.phi_pre, self.phi_post, self.phi_res):
+            p.zero_()
+        self.b_pre.copy_(_gap8_read_bias(self.n, self.k))
+        self.b_post.zero_()
+        self.b_res.copy_(_gap8_res_bias(self.n).flatten())
+        for a in (self.alpha_pre, self.alpha_post, self.alpha_res):
+            a.fill_(0.01)
 
     def forward(self, H: torch.Tensor, fused: bool = False):
         n = self.n
-        f = lambda p: p.float()                                                 # the native backend computes in fp32
-        x = H.flatten(-2).float()                                               # [B, T, n*d]
+        f = lambda p: p.float()  # the native backend computes in fp32
+        x = H.flatten(-2).float()  # [B, T, n*d]
         r = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-8)
         read = torch.sigmoid(f(self.alpha_pre) * (x @ f(self.phi_pre)) * r + f(self.b_pre))
         write = 2 * torch.sigmoid(f(self.alpha_post) * (x @ f(self.phi_post)) * r + f(self.b_post))
         normalize = log_sinkhorn_fused if fused else log_sinkhorn
-        res = normalize((f(self.alpha_res) * (x @ f(self.phi_res)) * r + f(self.b_res)).unflatten(-1, (n, n)), self.iters)
+        res = normalize(
+            (f(self.alpha_res) * (x @ f(self.phi_res)) * r + f(self.b_res)).unflatten(-1, (n, n)), self.iters
+        )
         return read.to(H.dtype), res.transpose(-1, -2).to(H.dtype), write.to(H.dtype)  # x'_t = Σ_s H[s,t] x_s
 
 
 class MHCStaticConnector(nn.Module):
     "The input-independent mhc_static ablation."
-    STATIC = ('res_logits', 'pre_logits', 'post_logits')
+
+    STATIC = ("res_logits", "pre_logits", "post_logits")
 
     def __init__(self, d: int, n: int, k: int, sinkhorn_iters: int = 20):
         super().__init__()
@@ -626,20 +795,22 @@ class MHCStaticConnector(nn.Module):
     @torch.no_grad()
     def reset_design_parameters(self):
         self.res_logits.copy_(_gap8_res_bias(self.n))
-        self.pre_logits.fill_(-8.0); self.pre_logits[self.k % self.n] = 0.0
+        self.pre_logits.fill_(-8.0)
+        self.pre_logits[self.k % self.n] = 0.0
         self.post_logits.zero_()
 
     def forward(self, H: torch.Tensor, fused: bool = False):
         lead = H.shape[:-2]
-        read = torch.softmax(self.pre_logits, -1).expand(*lead, self.n)                 # [B, T, n]
-        write = torch.softmax(self.post_logits, -1).expand(*lead, self.n)               # [B, T, n]
+        read = torch.softmax(self.pre_logits, -1).expand(*lead, self.n)  # [B, T, n]
+        write = torch.softmax(self.post_logits, -1).expand(*lead, self.n)  # [B, T, n]
         # the fork's static backend: P = log-domain Sinkhorn of the logits, streams mixed with P^T (x'_t = Σ_s P[s,t] x_s)
-        mix = log_sinkhorn(self.res_logits, self.iters).transpose(-1, -2).expand(*lead, self.n, self.n)   # [B, T, n, n]
+        mix = log_sinkhorn(self.res_logits, self.iters).transpose(-1, -2).expand(*lead, self.n, self.n)  # [B, T, n, n]
         return read, mix, write
 
 # %% ../nbs/05_model.ipynb #f48bace5
 class MultiStreamBlock(nn.Module):
     "A Pre-LN block whose two sublayers read from and write to n streams through the design's connectors."
+
     def __init__(self, cfg: ModelConfig, index: int, connector: Callable[[ModelConfig, int], nn.Module]):
         super().__init__()
         d = cfg.d_model
@@ -650,59 +821,79 @@ class MultiStreamBlock(nn.Module):
 
     def forward(self, H: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         "H [B, T, n, d] -> [B, T, n, d]"
-        H = self._sublayer(H, self.attn_hc, lambda u: self.attn(self.attn_norm(u), ctx.offset, ctx.cache, self.index)[0], ctx)
+        H = self._sublayer(
+            H, self.attn_hc, lambda u: self.attn(self.attn_norm(u), ctx.offset, ctx.cache, self.index)[0], ctx
+        )
         return self._sublayer(H, self.ffn_hc, lambda u: self.ffn(self.ffn_norm(u)), ctx)
 
     @staticmethod
     def _sublayer(H, connector, branch: Callable, ctx: ForwardContext):
         read, mix, write = connector(H, fused=ctx.fused)
-        if ctx.mixes is not None: ctx.mixes.append(mix.expand(*H.shape[:-2], *mix.shape[-2:]))
-        if ctx.fused and not hc_kernels_apply(H):   # one batched matmul reads the branch input and mixes the streams
+        if ctx.mixes is not None:
+            ctx.mixes.append(mix.expand(*H.shape[:-2], *mix.shape[-2:]))
+        if ctx.fused and not hc_kernels_apply(H):  # one batched matmul reads the branch input and mixes the streams
             coef = torch.cat([read.unsqueeze(-2), mix.expand(*H.shape[:-2], *mix.shape[-2:])], -2)  # [B, T, n+1, n]
-            Y = coef.to(H.dtype) @ H                                                               # [B, T, n+1, d]
-            x = Y[..., 0, :].clone()   # the branch saves its input: a view would keep all n + 1 rows of Y alive until backward
+            Y = coef.to(H.dtype) @ H  # [B, T, n+1, d]
+            x = Y[
+                ..., 0, :
+            ].clone()  # the branch saves its input: a view would keep all n + 1 rows of Y alive until backward
             return torch.addcmul(Y[..., 1:, :], write.unsqueeze(-1).to(H.dtype), branch(x).unsqueeze(-2))
         return hc_write(H, mix, write, branch(hc_read(H, read)))  # [B, T, n, d]
 
 
 class MultiStreamTransformer(DepthModel):
     "HC and mHC: n residual streams, per-sublayer connectors, a sum or mean collapse before the LM head."
-    family = 'multistream'
 
-    def __init__(self, cfg: ModelConfig, connector: Callable[[ModelConfig, int], nn.Module], collapse: str = 'sum'):
+    family = "multistream"
+
+    def __init__(self, cfg: ModelConfig, connector: Callable[[ModelConfig, int], nn.Module], collapse: str = "sum"):
         super().__init__(cfg)
         self.n_streams = cfg.hc_streams
         self.blocks = nn.ModuleList([MultiStreamBlock(cfg, b, connector) for b in range(cfg.n_layer)])
         self.final_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
-        self.collapse = collapse                                           # 'sum': Σ_i N_f(H_i); 'mean': N_f(mean_i H_i)
+        self.collapse = collapse  # 'sum': Σ_i N_f(H_i); 'mean': N_f(mean_i H_i)
 
-    def forward(self, idx, skip: Collection[int] = (), return_states: bool = False, kv_cache: Optional[KVCache] = None,
-                _mixes: Optional[list] = None):
+    def forward(
+        self,
+        idx,
+        skip: Collection[int] = (),
+        return_states: bool = False,
+        kv_cache: Optional[KVCache] = None,
+        _mixes: Optional[list] = None,
+    ):
         skip, ctx = self._begin(idx, skip, kv_cache)
         ctx.mixes = _mixes
-        e = self.tok_emb(idx)                                              # [B, T, d]
+        e = self.tok_emb(idx)  # [B, T, d]
         H = e.unsqueeze(-2).expand(*e.shape[:-1], self.n_streams, e.shape[-1])  # [B, T, n, d]
         states = [H.flatten(-2)]
         for b, block in enumerate(self.blocks):
-            if b not in skip: H = block(H, ctx)
-            if return_states: states.append(H.flatten(-2))                 # [B, T, n*d]
-        if self.collapse == 'sum': h = self.final_norm(H).sum(-2)        # Σ_i N_f(H_i)
-        else: h = self.final_norm(H.mean(-2))                              # N_f(mean_i H_i)
+            if b not in skip:
+                H = block(H, ctx)
+            if return_states:
+                states.append(H.flatten(-2))  # [B, T, n*d]
+        if self.collapse == "sum":
+            h = self.final_norm(H).sum(-2)  # Σ_i N_f(H_i)
+        else:
+            h = self.final_norm(H.mean(-2))  # N_f(mean_i H_i)
         return self._end(self.lm_head(h), states, return_states, kv_cache, idx.shape[1])
 
     def _design_init(self, generator: Optional[torch.Generator] = None):
         for blk in self.blocks:  # scale_output_init_by_sqrt_n
-            blk.attn.wo.weight.div_(math.sqrt(self.n_streams)); blk.ffn.w2.weight.div_(math.sqrt(self.n_streams))
+            blk.attn.wo.weight.div_(math.sqrt(self.n_streams))
+            blk.ffn.w2.weight.div_(math.sqrt(self.n_streams))
 
     def readout(self, state_index: int, state: torch.Tensor) -> torch.Tensor:
         """Logit lens: the model's stream reduction (sum or mean), then the final norm. For sum-collapse HC this is
         N_f(Σ H_i), not the forward's Σ N_f(H_i) (the official analysis code's choice)."""
-        H = state.unflatten(-1, (self.n_streams, -1))                     # [B, T, n, d]
-        return self.lm_head(self.final_norm(H.sum(-2) if self.collapse == 'sum' else H.mean(-2)))
+        H = state.unflatten(-1, (self.n_streams, -1))  # [B, T, n, d]
+        return self.lm_head(self.final_norm(H.sum(-2) if self.collapse == "sum" else H.mean(-2)))
 
     def no_weight_decay_names(self) -> set[str]:
-        return {name for name, _ in self.named_parameters() if name.rsplit('.', 1)[-1] in
-                {s for blk in self.blocks for s in blk.attn_hc.STATIC}}
+        return {
+            name
+            for name, _ in self.named_parameters()
+            if name.rsplit(".", 1)[-1] in {s for blk in self.blocks for s in blk.attn_hc.STATIC}
+        }
 
     @torch.no_grad()
     def mixing_matrices(self, idx: torch.Tensor) -> torch.Tensor:
@@ -714,36 +905,52 @@ class MultiStreamTransformer(DepthModel):
 # %% ../nbs/05_model.ipynb #edbccc36
 def _preln_twin(model: MultiStreamTransformer, write: float) -> ResidualTransformer:
     "A Pre-LN model with the core weights of `model`, W_o and w2 scaled by the initial write weight."
-    twin = ResidualTransformer(model.config.replace(arch='preln', hc_streams=None, hc_update=None, hc_tanh=None,
-                                                    mhc_backend=None, sinkhorn_iters=None), PreLNBlock)
-    twin.load_state_dict({k: v for k, v in model.state_dict().items() if '_hc.' not in k})
+    twin = ResidualTransformer(
+        model.config.replace(
+            arch="preln", hc_streams=None, hc_update=None, hc_tanh=None, mhc_backend=None, sinkhorn_iters=None
+        ),
+        PreLNBlock,
+    )
+    twin.load_state_dict({k: v for k, v in model.state_dict().items() if "_hc." not in k})
     with torch.no_grad():
-        for blk in twin.blocks: blk.attn.wo.weight.mul_(write); blk.ffn.w2.weight.mul_(write)
+        for blk in twin.blocks:
+            blk.attn.wo.weight.mul_(write)
+            blk.ffn.w2.weight.mul_(write)
     return twin
 
 
-def multistream_init(model: MultiStreamTransformer, idx: torch.Tensor, atol: float, write: float = 1.0) -> Optional[str]:
+def multistream_init(
+    model: MultiStreamTransformer, idx: torch.Tensor, atol: float, write: float = 1.0
+) -> Optional[str]:
     "Equal streams at init, and the branch inputs of the Pre-LN twin (`write`: the initial write weight)."
     n = model.n_streams
-    with torch.no_grad(): _, states = model(idx, return_states=True)
+    with torch.no_grad():
+        _, states = model(idx, return_states=True)
     for k, s in enumerate(states):
         H = s.unflatten(-1, (n, -1))
-        if not torch.allclose(H, H[..., :1, :].expand_as(H), atol=atol): return f'streams differ at init in state {k}'
+        if not torch.allclose(H, H[..., :1, :].expand_as(H), atol=atol):
+            return f"streams differ at init in state {k}"
     twin = _preln_twin(model, write)
     norms = lambda m: [x for blk in m.blocks for x in (blk.attn_norm, blk.ffn_norm)]
     got, want = _capture(norms(model), lambda: model(idx)), _capture(norms(twin), lambda: twin(idx))
     for k, (g, w) in enumerate(zip(got, want)):
         ok, err = _close(g, w, atol)
-        if not ok: return f'branch input of sublayer {k} differs from Pre-LN by {err:.2e}'
+        if not ok:
+            return f"branch input of sublayer {k} differs from Pre-LN by {err:.2e}"
     return None
 
 
 def connector_fork_names(table: dict) -> Callable:
     "Block tensors of a connector design: `table` maps the fork's connector parameter to (our name, shape of (n, d), layout)."
+
     def block(cfg: ModelConfig, b: int) -> dict:
         n, d = cfg.hc_streams, cfg.d_model
-        return {f'{site}_hyper_connection.{fork}': (shape(n, d), f'{ours_site}_hc.{ours}', tf)
-                for site, ours_site in (('attention', 'attn'), ('feed_forward', 'ffn')) for fork, (ours, shape, tf) in table.items()}
+        return {
+            f"{site}_hyper_connection.{fork}": (shape(n, d), f"{ours_site}_hc.{ours}", tf)
+            for site, ours_site in (("attention", "attn"), ("feed_forward", "ffn"))
+            for fork, (ours, shape, tf) in table.items()
+        }
+
     return block
 
 
@@ -761,12 +968,12 @@ def _multistream_activations(cfg: ModelConfig, bytes_per_elem: int) -> int:
 # %% ../nbs/05_model.ipynb #a45fbb12
 def hc_connector(cfg: ModelConfig, k: int) -> HCConnector:
     "The HC connector of sublayer `k` (streams, tanh and update rule from the config)."
-    return HCConnector(cfg.d_model, cfg.hc_streams, k, use_tanh=cfg.hc_tanh, mixed=cfg.hc_update == 'mixed')
+    return HCConnector(cfg.d_model, cfg.hc_streams, k, use_tanh=cfg.hc_tanh, mixed=cfg.hc_update == "mixed")
 
 
 def build_hc(cfg: ModelConfig) -> MultiStreamTransformer:
     "The hyper-connections (HC) model of a config."
-    return MultiStreamTransformer(cfg, hc_connector, collapse='sum')
+    return MultiStreamTransformer(cfg, hc_connector, collapse="sum")
 
 
 def _hc_params(cfg: ModelConfig) -> tuple[int, int]:
@@ -783,36 +990,59 @@ def _hc_init(model: MultiStreamTransformer, idx: torch.Tensor, atol: float) -> O
     return multistream_init(model, idx, 1e-4)
 
 
-HC_FORK_TABLE = {'static_alpha': ('static_alpha', lambda n, d: (n, n + 1), SAME),
-                 'dynamic_alpha_proj': ('dynamic_alpha_fn', lambda n, d: (d, n + 1), SAME),
-                 'dynamic_alpha_scale': ('dynamic_alpha_scale', lambda n, d: (), SAME),
-                 'static_beta': ('static_beta', lambda n, d: (n,), SAME), 'dynamic_beta_proj': ('dynamic_beta_fn', lambda n, d: (d,), SAME),
-                 'dynamic_beta_scale': ('dynamic_beta_scale', lambda n, d: (), SAME)}
+HC_FORK_TABLE = {
+    "static_alpha": ("static_alpha", lambda n, d: (n, n + 1), SAME),
+    "dynamic_alpha_proj": ("dynamic_alpha_fn", lambda n, d: (d, n + 1), SAME),
+    "dynamic_alpha_scale": ("dynamic_alpha_scale", lambda n, d: (), SAME),
+    "static_beta": ("static_beta", lambda n, d: (n,), SAME),
+    "dynamic_beta_proj": ("dynamic_beta_fn", lambda n, d: (d,), SAME),
+    "dynamic_beta_scale": ("dynamic_beta_scale", lambda n, d: (), SAME),
+}
 
 
 def _hc_infer(sd: dict) -> dict:
-    beta = sd.get('blocks.0.attention_hyper_connection.static_beta')
+    beta = sd.get("blocks.0.attention_hyper_connection.static_beta")
     return {} if beta is None else dict(hc_streams=int(beta.shape[0]))
 
 
 def _hc_prepare(hints: dict, options: dict) -> list[str]:
-    if 'hc_update' in options: return []
-    return ["hc: the fork's versions differ in the stream update (HC, `hyper_connections.py`); 'mixed' assumed "
-            "(pass --option hc_update=unmixed for the @5152cab rule)"]
+    if "hc_update" in options:
+        return []
+    return [
+        "hc: the fork's versions differ in the stream update (HC, `hyper_connections.py`); 'mixed' assumed "
+        "(pass --option hc_update=unmixed for the @5152cab rule)"
+    ]
 
 
-HC_FORK = ForkNames(block=connector_fork_names(HC_FORK_TABLE), detect=lambda names: _has(names, r'hyper_connection\.static_alpha$'),
-                    infer=_hc_infer, prepare=_hc_prepare)
+HC_FORK = ForkNames(
+    block=connector_fork_names(HC_FORK_TABLE),
+    detect=lambda names: _has(names, r"hyper_connection\.static_alpha$"),
+    infer=_hc_infer,
+    prepare=_hc_prepare,
+)
 
 
-register_design(Design('hc', 'multistream', 'Hyper-Connections: n=4 dynamic (tanh) streams, per-stream final norm then sum',
-                       build=build_hc, extra_params=_hc_params, forward_flops=_hc_flops, check_init=_hc_init,
-                       metrics=('mixing', 'usefulness', 'residual_path'), importer=HC_FORK,
-                       options=('hc_streams', 'hc_update', 'hc_tanh'), defaults=dict(hc_streams=4, hc_update='mixed', hc_tanh=True),
-                       activation_bytes=_multistream_activations, mixing_bytes=multistream_mixing_bytes, micro_batch_cap=8))
+register_design(
+    Design(
+        "hc",
+        "multistream",
+        "Hyper-Connections: n=4 dynamic (tanh) streams, per-stream final norm then sum",
+        build=build_hc,
+        extra_params=_hc_params,
+        forward_flops=_hc_flops,
+        check_init=_hc_init,
+        metrics=("mixing", "usefulness", "residual_path"),
+        importer=HC_FORK,
+        options=("hc_streams", "hc_update", "hc_tanh"),
+        defaults=dict(hc_streams=4, hc_update="mixed", hc_tanh=True),
+        activation_bytes=_multistream_activations,
+        mixing_bytes=multistream_mixing_bytes,
+        micro_batch_cap=8,
+    )
+)
 
 # %% ../nbs/05_model.ipynb #5b971efb
-MHC_BACKENDS = {'liger': MHCConnector, 'native': MHCNativeConnector, 'static': MHCStaticConnector}
+MHC_BACKENDS = {"liger": MHCConnector, "native": MHCNativeConnector, "static": MHCStaticConnector}
 
 
 def mhc_connector(cfg: ModelConfig, k: int) -> nn.Module:
@@ -822,83 +1052,133 @@ def mhc_connector(cfg: ModelConfig, k: int) -> nn.Module:
 
 def build_mhc(cfg: ModelConfig) -> MultiStreamTransformer:
     "The manifold-constrained hyper-connections (mHC) model of a config."
-    return MultiStreamTransformer(cfg, mhc_connector, collapse='mean' if cfg.mhc_backend == 'liger' else 'sum')  # reduce_mode
+    return MultiStreamTransformer(
+        cfg, mhc_connector, collapse="mean" if cfg.mhc_backend == "liger" else "sum"
+    )  # reduce_mode
 
 
 def _mhc_params(cfg: ModelConfig) -> tuple[int, int]:
     n, d = cfg.hc_streams, cfg.d_model
-    if cfg.mhc_backend == 'static': return cfg.n_sublayers * (n * n + 2 * n), 0
+    if cfg.mhc_backend == "static":
+        return cfg.n_sublayers * (n * n + 2 * n), 0
     return cfg.n_sublayers * (n * d * (n * n + 2 * n) + (n * n + 2 * n) + 3), 0
 
 
 def _mhc_flops(cfg: ModelConfig) -> float:
     n, d = cfg.hc_streams, cfg.d_model
-    mix = 2 * n * n * d + 4 * n * d                                   # H_res mix, read, write
-    if cfg.mhc_backend == 'static': return float(cfg.n_sublayers * mix)
+    mix = 2 * n * n * d + 4 * n * d  # H_res mix, read, write
+    if cfg.mhc_backend == "static":
+        return float(cfg.n_sublayers * mix)
     sinkhorn = 3 * n * n + 2 * n * n * cfg.sinkhorn_iters
     return float(cfg.n_sublayers * (2 * n * d + 2 * n * d * (n * n + 2 * n) + sinkhorn + mix))
 
 
 def _doubly_stochastic_error(M: torch.Tensor) -> float:
     ones = torch.ones((), dtype=M.dtype)
-    return max((M.sum(-1) - ones).abs().max().item(), (M.sum(-2) - ones).abs().max().item(), (-M).clamp(min=0).max().item())
+    return max(
+        (M.sum(-1) - ones).abs().max().item(), (M.sum(-2) - ones).abs().max().item(), (-M).clamp(min=0).max().item()
+    )
 
 
 def _mhc_init(model: MultiStreamTransformer, idx: torch.Tensor, atol: float) -> Optional[str]:
     cfg, n = model.config, model.n_streams
-    err = multistream_init(model, idx, 1e-4, write=1 / n if cfg.mhc_backend == 'static' else 1.0)
-    if err: return err
+    err = multistream_init(model, idx, 1e-4, write=1 / n if cfg.mhc_backend == "static" else 1.0)
+    if err:
+        return err
     err = _doubly_stochastic_error(model.mixing_matrices(idx))
-    if err > 1e-5: return f'mixing matrices not doubly stochastic at init (error {err:.1e})'
-    if cfg.mhc_backend == 'static': return None
-    moved = copy.deepcopy(model)   # dynamic inputs: random projections, unit gates, no gap on the residual logits
+    if err > 1e-5:
+        return f"mixing matrices not doubly stochastic at init (error {err:.1e})"
+    if cfg.mhc_backend == "static":
+        return None
+    moved = copy.deepcopy(model)  # dynamic inputs: random projections, unit gates, no gap on the residual logits
     with torch.no_grad():
         for name, p in moved.named_parameters():
-            if '_hc.phi' in name: p.normal_(0, 0.03)      # residual logits with std ~0.3
-            if '_hc.alpha' in name: p.fill_(1.0)
-            if name.endswith('_hc.b'): p[2 * n:] = 0.0    # liger: the residual part of b
-            if name.endswith('_hc.b_res'): p.zero_()     # native
+            if "_hc.phi" in name:
+                p.normal_(0, 0.03)  # residual logits with std ~0.3
+            if "_hc.alpha" in name:
+                p.fill_(1.0)
+            if name.endswith("_hc.b"):
+                p[2 * n :] = 0.0  # liger: the residual part of b
+            if name.endswith("_hc.b_res"):
+                p.zero_()  # native
     M = moved.mixing_matrices(idx)
-    err, tol = _doubly_stochastic_error(M), (1e-5 if cfg.sinkhorn_iters >= 20 else 1e-3)  # 1e-5 is the 20-iteration claim
-    if err > tol: return f'mixing matrices not doubly stochastic with dynamic inputs (error {err:.1e} > {tol:g})'
-    if torch.allclose(M, M[:, :1, :1]): return 'perturbed connectors still give input-independent mixes'
+    err, tol = (
+        _doubly_stochastic_error(M),
+        (1e-5 if cfg.sinkhorn_iters >= 20 else 1e-3),
+    )  # 1e-5 is the 20-iteration claim
+    if err > tol:
+        return f"mixing matrices not doubly stochastic with dynamic inputs (error {err:.1e} > {tol:g})"
+    if torch.allclose(M, M[:, :1, :1]):
+        return "perturbed connectors still give input-independent mixes"
     return None
 
 
-MHC_FORK_TABLES = {   # per backend: the fork's connector parameter -> (ours, shape of (n, d), layout)
-    'liger': {'phi': ('phi', lambda n, d: (n * d, n * n + 2 * n), SAME), 'b': ('b', lambda n, d: (n * n + 2 * n,), SAME),
-              **{a: (a, lambda n, d: (), SAME) for a in ('alpha_pre', 'alpha_post', 'alpha_res')}},
-    'native': {'pre_bias': ('b_pre', lambda n, d: (n,), SAME), 'post_bias': ('b_post', lambda n, d: (n,), SAME),
-               'residual_bias': ('b_res', lambda n, d: (n, n), FLATTEN), 'pre_dynamic_proj': ('phi_pre', lambda n, d: (n * d, n), SAME),
-               'post_dynamic_proj': ('phi_post', lambda n, d: (n * d, n), SAME),
-               'residual_dynamic_proj': ('phi_res', lambda n, d: (n * d, n * n), SAME),
-               'pre_gate': ('alpha_pre', lambda n, d: (), SAME), 'post_gate': ('alpha_post', lambda n, d: (), SAME),
-               'residual_gate': ('alpha_res', lambda n, d: (), SAME)},
-    'static': {'H_res_logits': ('res_logits', lambda n, d: (n, n), SAME), 'H_pre_logits': ('pre_logits', lambda n, d: (n,), SAME),
-               'H_post_logits': ('post_logits', lambda n, d: (n,), SAME)}}
+MHC_FORK_TABLES = {  # per backend: the fork's connector parameter -> (ours, shape of (n, d), layout)
+    "liger": {
+        "phi": ("phi", lambda n, d: (n * d, n * n + 2 * n), SAME),
+        "b": ("b", lambda n, d: (n * n + 2 * n,), SAME),
+        **{a: (a, lambda n, d: (), SAME) for a in ("alpha_pre", "alpha_post", "alpha_res")},
+    },
+    "native": {
+        "pre_bias": ("b_pre", lambda n, d: (n,), SAME),
+        "post_bias": ("b_post", lambda n, d: (n,), SAME),
+        "residual_bias": ("b_res", lambda n, d: (n, n), FLATTEN),
+        "pre_dynamic_proj": ("phi_pre", lambda n, d: (n * d, n), SAME),
+        "post_dynamic_proj": ("phi_post", lambda n, d: (n * d, n), SAME),
+        "residual_dynamic_proj": ("phi_res", lambda n, d: (n * d, n * n), SAME),
+        "pre_gate": ("alpha_pre", lambda n, d: (), SAME),
+        "post_gate": ("alpha_post", lambda n, d: (), SAME),
+        "residual_gate": ("alpha_res", lambda n, d: (), SAME),
+    },
+    "static": {
+        "H_res_logits": ("res_logits", lambda n, d: (n, n), SAME),
+        "H_pre_logits": ("pre_logits", lambda n, d: (n,), SAME),
+        "H_post_logits": ("post_logits", lambda n, d: (n,), SAME),
+    },
+}
 
 
-def _mhc_fork(cfg: ModelConfig, b: int) -> dict: return connector_fork_names(MHC_FORK_TABLES[cfg.mhc_backend])(cfg, b)
+def _mhc_fork(cfg: ModelConfig, b: int) -> dict:
+    return connector_fork_names(MHC_FORK_TABLES[cfg.mhc_backend])(cfg, b)
 
 
 def _mhc_infer(sd: dict) -> dict:
     "The backend from the connector's parameter names, the stream count from their shapes."
-    pre = 'blocks.0.attention_hyper_connection.'
-    if pre + 'b' in sd: return dict(mhc_backend='liger', hc_streams=int(round(math.sqrt(sd[pre + 'b'].shape[0] + 1) - 1)))
-    if pre + 'pre_bias' in sd: return dict(mhc_backend='native', hc_streams=int(sd[pre + 'pre_bias'].shape[0]))
-    if pre + 'H_pre_logits' in sd: return dict(mhc_backend='static', hc_streams=int(sd[pre + 'H_pre_logits'].shape[0]))
+    pre = "blocks.0.attention_hyper_connection."
+    if pre + "b" in sd:
+        return dict(mhc_backend="liger", hc_streams=int(round(math.sqrt(sd[pre + "b"].shape[0] + 1) - 1)))
+    if pre + "pre_bias" in sd:
+        return dict(mhc_backend="native", hc_streams=int(sd[pre + "pre_bias"].shape[0]))
+    if pre + "H_pre_logits" in sd:
+        return dict(mhc_backend="static", hc_streams=int(sd[pre + "H_pre_logits"].shape[0]))
     return {}
 
 
-MHC_FORK = ForkNames(block=_mhc_fork, detect=lambda names: _has(names, r'hyper_connection\.(phi|pre_bias|H_res_logits)$'), infer=_mhc_infer)
+MHC_FORK = ForkNames(
+    block=_mhc_fork,
+    detect=lambda names: _has(names, r"hyper_connection\.(phi|pre_bias|H_res_logits)$"),
+    infer=_mhc_infer,
+)
 
 
-register_design(Design('mhc', 'multistream', 'Manifold-constrained HC: n=4, Sinkhorn (20 it.) doubly stochastic mixing, gap-8 init, mean collapse',
-                       build=build_mhc, extra_params=_mhc_params, forward_flops=_mhc_flops, check_init=_mhc_init,
-                       metrics=('mixing', 'usefulness', 'residual_path'), importer=MHC_FORK,
-                       options=('hc_streams', 'mhc_backend', 'sinkhorn_iters'),
-                       defaults=dict(hc_streams=4, mhc_backend='liger', sinkhorn_iters=20),
-                       activation_bytes=_multistream_activations, mixing_bytes=multistream_mixing_bytes, micro_batch_cap=8))
+register_design(
+    Design(
+        "mhc",
+        "multistream",
+        "Manifold-constrained HC: n=4, Sinkhorn (20 it.) doubly stochastic mixing, gap-8 init, mean collapse",
+        build=build_mhc,
+        extra_params=_mhc_params,
+        forward_flops=_mhc_flops,
+        check_init=_mhc_init,
+        metrics=("mixing", "usefulness", "residual_path"),
+        importer=MHC_FORK,
+        options=("hc_streams", "mhc_backend", "sinkhorn_iters"),
+        defaults=dict(hc_streams=4, mhc_backend="liger", sinkhorn_iters=20),
+        activation_bytes=_multistream_activations,
+        mixing_bytes=multistream_mixing_bytes,
+        micro_batch_cap=8,
+    )
+)
 
 # %% ../nbs/05_model.ipynb #74f18d29
 ATTNRES_EPS = 1e-5
@@ -907,12 +1187,13 @@ ATTNRES_EPS = 1e-5
 def attnres_sources_per_site(group_sizes: list[int]) -> list[int]:
     "Depth sources each mixing site sees: sublayers 0..2L-1, then the output mix (sublayer 0 reads the embedding directly: 0)."
     n_sub = sum(group_sizes)
-    starts = {sum(group_sizes[:g]) for g in range(1, len(group_sizes))}   # sublayers that start a new group
+    starts = {sum(group_sizes[:g]) for g in range(1, len(group_sizes))}  # sublayers that start a new group
     out, completed = [0], 0
     for k in range(1, n_sub):
-        if k in starts: completed += 1
+        if k in starts:
+            completed += 1
         out.append(1 + completed + (0 if k in starts else 1))  # embedding + committed groups + running partial
-    out.append(1 + completed + 1)                               # output mix: everything, the last partial included
+    out.append(1 + completed + 1)  # output mix: everything, the last partial included
     return out
 
 
@@ -922,7 +1203,8 @@ def attnres_site_split(group_sizes: list[int]) -> list[tuple[int, int]]:
     starts = {sum(group_sizes[:g]) for g in range(1, len(group_sizes))}
     out, completed = [(0, 0)], 0
     for k in range(1, n_sub):
-        if k in starts: completed += 1
+        if k in starts:
+            completed += 1
         out.append((1 + completed, 0 if k in starts else 1))
     return out + [(1 + completed, 1)]
 
@@ -939,6 +1221,7 @@ def attnres_mixing_bytes(group_sizes: list[int], d: int, bytes_per_elem: int) ->
 
 class AttnResMixer(nn.Module):
     "A pseudo-query and a key-norm gain: one depth-mixing site."
+
     def __init__(self, d: int):
         super().__init__()
         self.query = nn.Parameter(torch.empty(d))
@@ -946,99 +1229,125 @@ class AttnResMixer(nn.Module):
 
     @torch.no_grad()
     def reset_design_parameters(self):
-        self.query.zero_(); self.key_weight.fill_(1.0)
+        self.query.zero_()
+        self.key_weight.fill_(1.0)
 
 
 class AttnResBlock(nn.Module):
     "Core weights of one block plus the mixers of its two sublayers' inputs."
+
     def __init__(self, cfg: ModelConfig, index: int):
         super().__init__()
         d = cfg.d_model
         self.index = index
         self.attn, self.ffn = Attention(cfg), SwiGLU(d, cfg.ffn_hidden)
         self.attn_norm, self.ffn_norm = RMSNorm(d, cfg.norm_eps), RMSNorm(d, cfg.norm_eps)
-        if index > 0: self.attn_mix = AttnResMixer(d)   # block 0's attention reads N_a(embedding): no mixer (block.py)
+        if index > 0:
+            self.attn_mix = AttnResMixer(d)  # block 0's attention reads N_a(embedding): no mixer (block.py)
         self.ffn_mix = AttnResMixer(d)
 
 # %% ../nbs/05_model.ipynb #ce7f2fda
 class _DepthSources:
     "Committed sources, the running partial sum, and a pending skip."
+
     def __init__(self, embedding: torch.Tensor):
         self.sources: list[torch.Tensor] = []
-        self.partial: Optional[torch.Tensor] = embedding   # the embedding is committed at sublayer 0
+        self.partial: Optional[torch.Tensor] = embedding  # the embedding is committed at sublayer 0
         self.pending_skip = False
 
     def commit(self):
-        if self.partial is not None: self.sources.append(self.partial); self.partial = None
+        if self.partial is not None:
+            self.sources.append(self.partial)
+            self.partial = None
 
     def add(self, v: torch.Tensor):
         self.partial = v if self.partial is None else self.partial + v
 
-    def all(self) -> list[torch.Tensor]: return self.sources + ([self.partial] if self.partial is not None else [])
+    def all(self) -> list[torch.Tensor]:
+        return self.sources + ([self.partial] if self.partial is not None else [])
 
     def mix(self, mixer: AttnResMixer, out_weight: torch.Tensor, identity: bool = False):
         "(normalized input [B, T, d], raw mix [B, T, d], weights [B, T, S])"
         srcs = self.all()
         if identity:
             raw = srcs[-1]
-            p = torch.zeros(*raw.shape[:-1], len(srcs), dtype=raw.dtype, device=raw.device); p[..., -1] = 1
+            p = torch.zeros(*raw.shape[:-1], len(srcs), dtype=raw.dtype, device=raw.device)
+            p[..., -1] = 1
             return rms_norm(raw, out_weight, ATTNRES_EPS), raw, p
-        return attnres_mix(srcs, mixer.query, mixer.key_weight, out_weight, ATTNRES_EPS, return_all=True)  # a list: no stack on CPU
+        return attnres_mix(
+            srcs, mixer.query, mixer.key_weight, out_weight, ATTNRES_EPS, return_all=True
+        )  # a list: no stack on CPU
 
 
 class _FusedDepthSources(_DepthSources):
     "The same sources, each committed one written once into a store allocated per forward: every mix reads it in place."
+
     def __init__(self, embedding: torch.Tensor, n_slots: int):
         super().__init__(embedding)
         rows, d = embedding.numel() // embedding.shape[-1], embedding.shape[-1]
         compute = torch.float64 if embedding.dtype == torch.float64 else torch.float32
         self.store = AttnResStore(rows, n_slots, d, compute, embedding.device, ATTNRES_EPS)
-        self.shape = embedding.shape[:-1]                                   # [B, T]
+        self.shape = embedding.shape[:-1]  # [B, T]
 
     def commit(self):
         "Write the partial into its slot; the list keeps the newest source (a skip reads it) and, for older ones, only the dtype."
-        if self.partial is None: return
+        if self.partial is None:
+            return
         self.store.write(len(self.sources), self.partial)
-        if self.sources: self.sources[-1] = self.sources[-1].new_empty(0)   # the store holds its values: no second copy
+        if self.sources:
+            self.sources[-1] = self.sources[-1].new_empty(0)  # the store holds its values: no second copy
         super().commit()
 
     def mix(self, mixer: AttnResMixer, out_weight: torch.Tensor, identity: bool = False):
         "(normalized input [B, T, d], raw mix [B, T, d], weights [B, T, S]) in the sources' common dtype, as the reference"
         srcs = self.all()
-        if identity: return super().mix(mixer, out_weight, identity=True)
+        if identity:
+            return super().mix(mixer, out_weight, identity=True)
         dtype = functools.reduce(torch.promote_types, (s.dtype for s in srcs))
-        out, raw, p = attnres_site(self.store, len(self.sources), mixer.query, mixer.key_weight, out_weight, self.partial,
-                                   self.shape)
+        out, raw, p = attnres_site(
+            self.store, len(self.sources), mixer.query, mixer.key_weight, out_weight, self.partial, self.shape
+        )
         return out.to(dtype), raw.to(dtype), p.to(dtype)
 
 
 class AttnResTransformer(DepthModel):
     "Attention Residuals over sublayer groups (the design gives the group sizes: Full, Block)."
-    family = 'attnres'
+
+    family = "attnres"
 
     def __init__(self, cfg: ModelConfig, group_sizes: list[int]):
         super().__init__(cfg)
-        if sum(group_sizes) != cfg.n_sublayers: raise ConfigError(f"AttnRes groups {group_sizes} do not cover the 2L = {cfg.n_sublayers} sublayers")
+        if sum(group_sizes) != cfg.n_sublayers:
+            raise ConfigError(f"AttnRes groups {group_sizes} do not cover the 2L = {cfg.n_sublayers} sublayers")
         self.blocks = nn.ModuleList([AttnResBlock(cfg, b) for b in range(cfg.n_layer)])
         self.final_mix = AttnResMixer(cfg.d_model)
         self.final_norm = RMSNorm(cfg.d_model, ATTNRES_EPS)  # only its gain is used: w_o of the final mix
         sizes = self.group_sizes = list(group_sizes)
         self.boundaries = frozenset(sum(sizes[:g]) for g in range(len(sizes)))  # sublayers that start a group
 
-    def forward(self, idx, skip: Collection[int] = (), return_states: bool = False, kv_cache: Optional[KVCache] = None,
-                _weights: Optional[list] = None):
+    def forward(
+        self,
+        idx,
+        skip: Collection[int] = (),
+        return_states: bool = False,
+        kv_cache: Optional[KVCache] = None,
+        _weights: Optional[list] = None,
+    ):
         skip, ctx = self._begin(idx, skip, kv_cache)
-        e = self.tok_emb(idx)                                               # [B, T, d]
+        e = self.tok_emb(idx)  # [B, T, d]
         src = _FusedDepthSources(e, len(self.group_sizes)) if ctx.fused else _DepthSources(e)
         states = [e]
         record = (lambda p: _weights.append(p)) if _weights is not None else (lambda p: None)
         for b, blk in enumerate(self.blocks):
             k = 2 * b
             at_boundary = k in self.boundaries
-            if at_boundary: src.commit()
-            if b == 0: x_in, raw, p = blk.attn_norm(e), e, torch.ones(*e.shape[:-1], 1, dtype=e.dtype, device=e.device)
-            else: x_in, raw, p = src.mix(blk.attn_mix, blk.attn_norm.weight, identity=src.pending_skip and at_boundary)
-            if b > 0 and return_states:   # boundary: the raw mix this block reads; inside a group: the partial sum
+            if at_boundary:
+                src.commit()
+            if b == 0:
+                x_in, raw, p = blk.attn_norm(e), e, torch.ones(*e.shape[:-1], 1, dtype=e.dtype, device=e.device)
+            else:
+                x_in, raw, p = src.mix(blk.attn_mix, blk.attn_norm.weight, identity=src.pending_skip and at_boundary)
+            if b > 0 and return_states:  # boundary: the raw mix this block reads; inside a group: the partial sum
                 states.append(raw if at_boundary else (src.partial if src.partial is not None else src.all()[-1]))
             if b in skip:
                 src.pending_skip = True
@@ -1046,13 +1355,15 @@ class AttnResTransformer(DepthModel):
             src.pending_skip = False
             record(p)
             src.add(blk.attn(x_in, ctx.offset, ctx.cache, b)[0])
-            if k + 1 in self.boundaries: src.commit()
+            if k + 1 in self.boundaries:
+                src.commit()
             x_in, _, p = src.mix(blk.ffn_mix, blk.ffn_norm.weight)
             record(p)
             src.add(blk.ffn(x_in))
         out, raw, p = src.mix(self.final_mix, self.final_norm.weight, identity=src.pending_skip)
         record(p)
-        if return_states: states.append(raw)
+        if return_states:
+            states.append(raw)
         return self._end(self.lm_head(out), states, return_states, kv_cache, idx.shape[1])
 
     def readout(self, state_index: int, state: torch.Tensor) -> torch.Tensor:
@@ -1065,9 +1376,9 @@ class AttnResTransformer(DepthModel):
 
     def _swap_unit(self, i: int) -> dict[str, nn.Parameter]:
         "Core weights of block i plus the mixer of its right boundary; its own input (attention) mixer stays."
-        core = {f'core.{n}': p for n, p in self.blocks[i].named_parameters() if not n.startswith('attn_mix.')}
+        core = {f"core.{n}": p for n, p in self.blocks[i].named_parameters() if not n.startswith("attn_mix.")}
         right = self.blocks[i + 1].attn_mix if i + 1 < self.n_blocks else self.final_mix
-        return core | {f'boundary.{n}': p for n, p in right.named_parameters()}
+        return core | {f"boundary.{n}": p for n, p in right.named_parameters()}
 
     @torch.no_grad()
     def depth_mix_weights(self, idx: torch.Tensor) -> list[torch.Tensor]:
@@ -1078,7 +1389,9 @@ class AttnResTransformer(DepthModel):
 
 # %% ../nbs/05_model.ipynb #b4dbf36b
 def _attnres_params(cfg: ModelConfig) -> tuple[int, int]:
-    return (cfg.n_sublayers - 1) * 2 * cfg.d_model, 2 * cfg.d_model   # no mixer before block 0's attention; the final mixer
+    return (
+        cfg.n_sublayers - 1
+    ) * 2 * cfg.d_model, 2 * cfg.d_model  # no mixer before block 0's attention; the final mixer
 
 
 def attnres_flops(group_sizes: list[int], d: int) -> float:
@@ -1095,18 +1408,28 @@ def attnres_activations(group_sizes: list[int], d: int) -> int:
 def _attnres_fork(cfg: ModelConfig, b: int) -> dict:
     "Mixers of block b: no attention-side mixer in block 0."
     d, out = cfg.d_model, {}
-    if b > 0: out |= {'attn_res_proj.weight': ((1, d), 'attn_mix.query', SQUEEZE0), 'attn_res_norm.weight': ((d,), 'attn_mix.key_weight', SAME)}
-    return out | {'mlp_res_proj.weight': ((1, d), 'ffn_mix.query', SQUEEZE0), 'mlp_res_norm.weight': ((d,), 'ffn_mix.key_weight', SAME)}
+    if b > 0:
+        out |= {
+            "attn_res_proj.weight": ((1, d), "attn_mix.query", SQUEEZE0),
+            "attn_res_norm.weight": ((d,), "attn_mix.key_weight", SAME),
+        }
+    return out | {
+        "mlp_res_proj.weight": ((1, d), "ffn_mix.query", SQUEEZE0),
+        "mlp_res_norm.weight": ((d,), "ffn_mix.key_weight", SAME),
+    }
 
 
 def _attnres_fork_top(cfg: ModelConfig) -> dict:
     d = cfg.d_model
-    return {'res_proj.weight': ((1, d), 'final_mix.query', SQUEEZE0), 'res_norm.weight': ((d,), 'final_mix.key_weight', SAME)}
+    return {
+        "res_proj.weight": ((1, d), "final_mix.query", SQUEEZE0),
+        "res_norm.weight": ((d,), "final_mix.key_weight", SAME),
+    }
 
 
 def attnres_fork_names(names) -> bool:
     "Whether checkpoint tensor names are the official fork's AttnRes names (a `res_proj` weight)."
-    return _has(names, r'(^|\.)res_proj\.weight$')
+    return _has(names, r"(^|\.)res_proj\.weight$")
 
 
 def attnres_fork(prepare: Optional[Callable] = None) -> ForkNames:
@@ -1116,11 +1439,13 @@ def attnres_fork(prepare: Optional[Callable] = None) -> ForkNames:
 
 def _attnres_init(model: AttnResTransformer, idx: torch.Tensor, atol: float) -> Optional[str]:
     "No mixer before block 0's attention, zero pseudo-queries, uniform mixes."
-    if hasattr(model.blocks[0], 'attn_mix'): return "block 0's attention reads N_a(embedding): it has no mixer"
+    if hasattr(model.blocks[0], "attn_mix"):
+        return "block 0's attention reads N_a(embedding): it has no mixer"
     if any(m.query.abs().sum() != 0 for m in model.modules() if isinstance(m, AttnResMixer)):
-        return 'AttnRes pseudo-queries are not zero at init'
+        return "AttnRes pseudo-queries are not zero at init"
     for k, w in enumerate(model.depth_mix_weights(idx)):
-        if not torch.allclose(w, torch.full_like(w, 1 / w.shape[-1]), atol=1e-6): return f'mix {k} is not uniform at init'
+        if not torch.allclose(w, torch.full_like(w, 1 / w.shape[-1]), atol=1e-6):
+            return f"mix {k} is not uniform at init"
     return None
 
 # %% ../nbs/05_model.ipynb #154e1b6a
@@ -1135,17 +1460,29 @@ def build_attnres(cfg: ModelConfig) -> AttnResTransformer:
 
 
 def _full_attnres_prepare(hints: dict, options: dict) -> list[str]:
-    S = hints.get('attnres_block_size')
-    if S not in (None, 1): raise ConfigError(f"the checkpoint's config.json has attnres_block_size={S}: import it as --arch block_attnres")
+    S = hints.get("attnres_block_size")
+    if S not in (None, 1):
+        raise ConfigError(f"the checkpoint's config.json has attnres_block_size={S}: import it as --arch block_attnres")
     return []
 
 
-register_design(Design('attnres', 'attnres', 'Full Attention Residuals: every sublayer output a depth source',
-                       build=build_attnres, extra_params=_attnres_params,
-                       forward_flops=lambda cfg: attnres_flops(full_attnres_groups(cfg), cfg.d_model),
-                       activation_bytes=lambda cfg, bytes_per_elem: attnres_activations(full_attnres_groups(cfg), cfg.d_model),
-                       mixing_bytes=lambda cfg, bytes_per_elem: attnres_mixing_bytes(full_attnres_groups(cfg), cfg.d_model, bytes_per_elem),
-                       check_init=_attnres_init, metrics=('residual_path',), importer=attnres_fork(_full_attnres_prepare)))
+register_design(
+    Design(
+        "attnres",
+        "attnres",
+        "Full Attention Residuals: every sublayer output a depth source",
+        build=build_attnres,
+        extra_params=_attnres_params,
+        forward_flops=lambda cfg: attnres_flops(full_attnres_groups(cfg), cfg.d_model),
+        activation_bytes=lambda cfg, bytes_per_elem: attnres_activations(full_attnres_groups(cfg), cfg.d_model),
+        mixing_bytes=lambda cfg, bytes_per_elem: attnres_mixing_bytes(
+            full_attnres_groups(cfg), cfg.d_model, bytes_per_elem
+        ),
+        check_init=_attnres_init,
+        metrics=("residual_path",),
+        importer=attnres_fork(_full_attnres_prepare),
+    )
+)
 
 # %% ../nbs/05_model.ipynb #9748f4a3
 def block_attnres_groups(cfg: ModelConfig) -> list[int]:
@@ -1162,21 +1499,30 @@ def _block_attnres_options(cfg: ModelConfig) -> dict:
     "Either a block size or a block count (default: 8 blocks, at most one per sublayer), neither beyond 2L sublayers."
     n_sub = cfg.n_sublayers
     if cfg.attnres_block_size is not None:
-        if cfg.attnres_num_blocks is not None: raise ConfigError('set either attnres_block_size or attnres_num_blocks, not both')
+        if cfg.attnres_num_blocks is not None:
+            raise ConfigError("set either attnres_block_size or attnres_num_blocks, not both")
         if cfg.attnres_block_size > n_sub:
-            raise ConfigError(f"attnres_block_size ({cfg.attnres_block_size}) cannot exceed the number of sublayers 2L = {n_sub}")
+            raise ConfigError(
+                f"attnres_block_size ({cfg.attnres_block_size}) cannot exceed the number of sublayers 2L = {n_sub}"
+            )
         return {}
     n = cfg.attnres_num_blocks if cfg.attnres_num_blocks is not None else min(8, n_sub)
-    if n > n_sub: raise ConfigError(f"attnres_num_blocks ({n}) cannot exceed the number of sublayers 2L = {n_sub}")
+    if n > n_sub:
+        raise ConfigError(f"attnres_num_blocks ({n}) cannot exceed the number of sublayers 2L = {n_sub}")
     return dict(attnres_num_blocks=n)
 
 
 def _block_attnres_prepare(hints: dict, options: dict) -> list[str]:
     "The block size from the checkpoint's config.json, when the options do not set the grouping."
-    if {'attnres_block_size', 'attnres_num_blocks'} & set(options): return []
-    if hints.get('attnres_block_size'): options['attnres_block_size'] = int(hints['attnres_block_size']); return []
-    return ['block_attnres: the block size S is not in the checkpoint; the package default grouping was used '
-            '(pass --option attnres_block_size=S)']
+    if {"attnres_block_size", "attnres_num_blocks"} & set(options):
+        return []
+    if hints.get("attnres_block_size"):
+        options["attnres_block_size"] = int(hints["attnres_block_size"])
+        return []
+    return [
+        "block_attnres: the block size S is not in the checkpoint; the package default grouping was used "
+        "(pass --option attnres_block_size=S)"
+    ]
 
 
 def build_block_attnres(cfg: ModelConfig) -> AttnResTransformer:
@@ -1184,19 +1530,32 @@ def build_block_attnres(cfg: ModelConfig) -> AttnResTransformer:
     return AttnResTransformer(cfg, block_attnres_groups(cfg))
 
 
-register_design(Design('block_attnres', 'attnres', 'Block Attention Residuals: sources are block sums (8 blocks over 2L sublayers by default)',
-                       build=build_block_attnres, extra_params=_attnres_params,
-                       forward_flops=lambda cfg: attnres_flops(block_attnres_groups(cfg), cfg.d_model),
-                       activation_bytes=lambda cfg, bytes_per_elem: attnres_activations(block_attnres_groups(cfg), cfg.d_model),
-                       mixing_bytes=lambda cfg, bytes_per_elem: attnres_mixing_bytes(block_attnres_groups(cfg), cfg.d_model, bytes_per_elem),
-                       check_init=_attnres_init, metrics=('dead_zone', 'residual_path'), importer=attnres_fork(_block_attnres_prepare),
-                       options=('attnres_block_size', 'attnres_num_blocks'), validate=_block_attnres_options))
+register_design(
+    Design(
+        "block_attnres",
+        "attnres",
+        "Block Attention Residuals: sources are block sums (8 blocks over 2L sublayers by default)",
+        build=build_block_attnres,
+        extra_params=_attnres_params,
+        forward_flops=lambda cfg: attnres_flops(block_attnres_groups(cfg), cfg.d_model),
+        activation_bytes=lambda cfg, bytes_per_elem: attnres_activations(block_attnres_groups(cfg), cfg.d_model),
+        mixing_bytes=lambda cfg, bytes_per_elem: attnres_mixing_bytes(
+            block_attnres_groups(cfg), cfg.d_model, bytes_per_elem
+        ),
+        check_init=_attnres_init,
+        metrics=("dead_zone", "residual_path"),
+        importer=attnres_fork(_block_attnres_prepare),
+        options=("attnres_block_size", "attnres_num_blocks"),
+        validate=_block_attnres_options,
+    )
+)
 
 # %% ../nbs/05_model.ipynb #450676f8
 class MoDABlock(Block):
     "Pre-LN whose attention also reads the depth slots of earlier sublayers; writes its own (and an FFN pair via W_kv)."
+
     uses_depth_slots = True
-    default_init_modules = ('depth_kv',)   # W_kv keeps nn.Linear's default init: exempt from the shared ±3σ rule
+    default_init_modules = ("depth_kv",)  # W_kv keeps nn.Linear's default init: exempt from the shared ±3σ rule
 
     def __init__(self, cfg: ModelConfig, index: int):
         super().__init__(cfg, index)
@@ -1207,26 +1566,29 @@ class MoDABlock(Block):
     def forward(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         "x [B, T, d] -> y [B, T, d]; writes depth slots 2b (and 2b + 1)"
         b = self.index
-        if ctx.fused: depth = dict(depth_slots=ctx.depth, n_depth=2 * b) if b > 0 else {}
-        else: depth = _read_depth(ctx, b, x.new_zeros(*x.shape[:-1], *self._kv_shape)) if b > 0 else {}
+        if ctx.fused:
+            depth = dict(depth_slots=ctx.depth, n_depth=2 * b) if b > 0 else {}
+        else:
+            depth = _read_depth(ctx, b, x.new_zeros(*x.shape[:-1], *self._kv_shape)) if b > 0 else {}
         a, (k_raw, v_raw) = self.attend(self.attn_norm(x), ctx, **depth)
         _write_depth(ctx, 2 * b, k_raw, v_raw)
         h = x + a
         u = self.ffn_norm(h)
-        if hasattr(self, 'depth_kv'):
+        if hasattr(self, "depth_kv"):
             kv = self.depth_kv(u).unflatten(-1, (2, *self._kv_shape))  # [B, T, 2, H_kv, hd]
             _write_depth(ctx, 2 * b + 1, kv[:, :, 0], kv[:, :, 1])
         return h + self.ffn(u)
 
     @torch.no_grad()
     def init_design(self, generator: Optional[torch.Generator] = None):
-        if hasattr(self, 'depth_kv'):  # nn.Linear's default U(±1/sqrt(d)): the official init never touches W_kv
-            bound = self.depth_kv.in_features ** -0.5
+        if hasattr(self, "depth_kv"):  # nn.Linear's default U(±1/sqrt(d)): the official init never touches W_kv
+            bound = self.depth_kv.in_features**-0.5
             self.depth_kv.weight.uniform_(-bound, bound, generator=generator)
 
 
 class DepthSlots:
     "MoDA's depth keys and values of one forward, each in one store [2L, hd, B*T*H_kv] (zeros where a slot is never written)."
+
     def __init__(self, n_slots: int):
         self.n_slots = n_slots
         self.keys: Optional[DepthStore] = None
@@ -1235,24 +1597,29 @@ class DepthSlots:
     def stores(self, rows: int, head_dim: int, like: torch.Tensor) -> tuple[DepthStore, DepthStore]:
         "The two stores, allocated by the first write or read (a skipped block 0 writes nothing)."
         if self.keys is None:
-            self.keys, self.values = (DepthStore(rows, self.n_slots, head_dim, like.dtype, like.device, zero=True, rows_last=True)
-                                      for _ in range(2))
+            self.keys, self.values = (
+                DepthStore(rows, self.n_slots, head_dim, like.dtype, like.device, zero=True, rows_last=True)
+                for _ in range(2)
+            )
         return self.keys, self.values
 
     def write(self, slot: int, k: torch.Tensor, v: torch.Tensor) -> None:
         keys, values = self.stores(k.numel() // k.shape[-1], k.shape[-1], k)
-        keys.write(slot, k); values.write(slot, v)
+        keys.write(slot, k)
+        values.write(slot, v)
 
 
 def _write_depth(ctx: ForwardContext, slot: int, k: torch.Tensor, v: torch.Tensor) -> None:
-    if ctx.fused: ctx.depth.write(slot, k, v)
-    else: ctx.depth[slot] = (k, v)
+    if ctx.fused:
+        ctx.depth.write(slot, k, v)
+    else:
+        ctx.depth[slot] = (k, v)
 
 
 def _read_depth(ctx: ForwardContext, b: int, like: torch.Tensor) -> dict:
     "MoDA depth keys/values of block b: all slots 0..2b-1, zeros where unwritten (skipped blocks; FFN slots without W_kv)."
-    slots = ctx.depth[:2 * b]
-    zeros = torch.zeros_like(like)                                   # [B, T, H_kv, hd]: an unwritten slot
+    slots = ctx.depth[: 2 * b]
+    zeros = torch.zeros_like(like)  # [B, T, H_kv, hd]: an unwritten slot
     ks = [s[0] if s is not None else zeros for s in slots]
     vs = [s[1] if s is not None else zeros for s in slots]
     return dict(depth_k=torch.stack(ks, dim=2), depth_v=torch.stack(vs, dim=2))  # [B, T, S, H_kv, hd]
@@ -1263,7 +1630,8 @@ def build_moda(cfg: ModelConfig) -> ResidualTransformer:
     return ResidualTransformer(cfg, MoDABlock)
 
 
-def _moda_kv_width(cfg: ModelConfig) -> int: return cfg.n_kv_head * cfg.head_dim
+def _moda_kv_width(cfg: ModelConfig) -> int:
+    return cfg.n_kv_head * cfg.head_dim
 
 
 def _moda_matmul(cfg: ModelConfig) -> int:
@@ -1274,37 +1642,55 @@ def _moda_matmul(cfg: ModelConfig) -> int:
 def moda_mixing_bytes(cfg: ModelConfig, bytes_per_elem: int) -> tuple[int, int]:
     """(forward, backward) bytes of depth keys and values per token: block b reads the 2b slots written before it (K and
     V, zeros included) in the forward; the backward reads them again and adds into their gradient sums (read, write)."""
-    slots_read = sum(2 * b for b in range(cfg.n_layer))               # 2b slots per block b
+    slots_read = sum(2 * b for b in range(cfg.n_layer))  # 2b slots per block b
     per_pass = 2 * slots_read * _moda_kv_width(cfg) * bytes_per_elem  # keys and values
     return per_pass, 3 * per_pass
 
 
 def _moda_init(model: ResidualTransformer, idx: torch.Tensor, atol: float) -> Optional[str]:
     cfg, L = model.config, model.config.n_layer
-    has = [hasattr(blk, 'depth_kv') for blk in model.blocks]
-    if has != [bool(cfg.moda_ffn_kv)] * (L - 1) + [False]: return f'MoDA depth K/V projections in blocks {has}'
+    has = [hasattr(blk, "depth_kv") for blk in model.blocks]
+    if has != [bool(cfg.moda_ffn_kv)] * (L - 1) + [False]:
+        return f"MoDA depth K/V projections in blocks {has}"
     for blk in model.blocks:
-        if hasattr(blk, 'depth_kv'):
-            w, bound = blk.depth_kv.weight, blk.depth_kv.in_features ** -0.5
-            if not 0.8 * bound < w.abs().max() <= bound: return f'MoDA W_kv max |w| {w.abs().max():.4f}, want U(±{bound:.4f})'
+        if hasattr(blk, "depth_kv"):
+            w, bound = blk.depth_kv.weight, blk.depth_kv.in_features**-0.5
+            if not 0.8 * bound < w.abs().max() <= bound:
+                return f"MoDA W_kv max |w| {w.abs().max():.4f}, want U(±{bound:.4f})"
     return None
 
 
 def _moda_fork(cfg: ModelConfig, b: int) -> dict:
     "The FFN depth K/V projection (rows: K heads, then V heads), in blocks 0..L-2."
-    if not cfg.moda_ffn_kv or b == cfg.n_layer - 1: return {}
-    return {'feed_forward.kv_proj.weight': ((2 * _moda_kv_width(cfg), cfg.d_model), 'depth_kv.weight', SAME)}
+    if not cfg.moda_ffn_kv or b == cfg.n_layer - 1:
+        return {}
+    return {"feed_forward.kv_proj.weight": ((2 * _moda_kv_width(cfg), cfg.d_model), "depth_kv.weight", SAME)}
 
 
-MODA_FORK = ForkNames(block=_moda_fork, nested=True, detect=lambda names: _has(names, r'attention\.attention\.w_q\.weight$'),
-                      infer=lambda sd: dict(moda_ffn_kv=any(k.endswith('feed_forward.kv_proj.weight') for k in sd)))
+MODA_FORK = ForkNames(
+    block=_moda_fork,
+    nested=True,
+    detect=lambda names: _has(names, r"attention\.attention\.w_q\.weight$"),
+    infer=lambda sd: dict(moda_ffn_kv=any(k.endswith("feed_forward.kv_proj.weight") for k in sd)),
+)
 
 
-register_design(Design('moda', 'residual', 'Mixture-of-Depths Attention: depth KV of earlier sublayers under one softmax (+2d^2 per block)',
-                       build=build_moda, extra_params=lambda cfg: (_moda_matmul(cfg), 0),
-                       forward_flops=lambda cfg: 4.0 * cfg.d_model * cfg.n_layer * (cfg.n_layer - 1),
-                       matmul_params=_moda_matmul, check_init=_moda_init, metrics=('usefulness', 'residual_path'),
-                       importer=MODA_FORK, options=('moda_ffn_kv',), defaults=dict(moda_ffn_kv=True),
-                       activation_bytes=lambda cfg, bytes_per_elem: 2 * cfg.n_sublayers * _moda_kv_width(cfg) * bytes_per_elem,
-                       mixing_bytes=moda_mixing_bytes,
-                       depth_cache_bytes=lambda cfg, bytes_per_elem: 2 * cfg.n_sublayers * _moda_kv_width(cfg) * bytes_per_elem))
+register_design(
+    Design(
+        "moda",
+        "residual",
+        "Mixture-of-Depths Attention: depth KV of earlier sublayers under one softmax (+2d^2 per block)",
+        build=build_moda,
+        extra_params=lambda cfg: (_moda_matmul(cfg), 0),
+        forward_flops=lambda cfg: 4.0 * cfg.d_model * cfg.n_layer * (cfg.n_layer - 1),
+        matmul_params=_moda_matmul,
+        check_init=_moda_init,
+        metrics=("usefulness", "residual_path"),
+        importer=MODA_FORK,
+        options=("moda_ffn_kv",),
+        defaults=dict(moda_ffn_kv=True),
+        activation_bytes=lambda cfg, bytes_per_elem: 2 * cfg.n_sublayers * _moda_kv_width(cfg) * bytes_per_elem,
+        mixing_bytes=moda_mixing_bytes,
+        depth_cache_bytes=lambda cfg, bytes_per_elem: 2 * cfg.n_sublayers * _moda_kv_width(cfg) * bytes_per_elem,
+    )
+)

@@ -30,86 +30,124 @@ POLAR_EXPRESS_COEFFS: tuple[tuple[float, float, float], ...] = (
 MUON_CLASSIC_COEFFS = (3.4445, -4.7750, 2.0315)
 
 
-def polar_express(G: torch.Tensor, steps: int = 5, dtype: torch.dtype = torch.bfloat16,
-                  coeffs: tuple = POLAR_EXPRESS_COEFFS) -> torch.Tensor:
+def polar_express(
+    G: torch.Tensor, steps: int = 5, dtype: torch.dtype = torch.bfloat16, coeffs: tuple = POLAR_EXPRESS_COEFFS
+) -> torch.Tensor:
     "Approximate the orthogonal polar factor of G [..., m, n] (returned in `dtype`)."
-    if G.ndim < 2: raise ConfigError(f"polar_express needs a matrix (ndim >= 2), got shape {tuple(G.shape)}")
-    if not 1 <= steps <= len(coeffs): raise ConfigError(f"steps must be in 1..{len(coeffs)}, got {steps}")
+    if G.ndim < 2:
+        raise ConfigError(f"polar_express needs a matrix (ndim >= 2), got shape {tuple(G.shape)}")
+    if not 1 <= steps <= len(coeffs):
+        raise ConfigError(f"steps must be in 1..{len(coeffs)}, got {steps}")
     X = G.to(dtype)
-    X = X / (X.norm(dim=(-2, -1), keepdim=True) * 1.02 + 1e-6)       # singular values into (0, 1)
+    X = X / (X.norm(dim=(-2, -1), keepdim=True) * 1.02 + 1e-6)  # singular values into (0, 1)
     tall = X.shape[-2] > X.shape[-1]
     for a, b, c in coeffs[:steps]:
         if tall:
-            A = X.mT @ X                                                  # [..., n, n]
+            A = X.mT @ X  # [..., n, n]
             X = a * X + X @ (b * A + c * (A @ A))
         else:
-            A = X @ X.mT                                                  # [..., m, m]
+            A = X @ X.mT  # [..., m, m]
             X = a * X + (b * A + c * (A @ A)) @ X
     return X
 
 # %% ../nbs/06a_optim.ipynb #04af2b87
 class MuonH(torch.optim.Optimizer):
     "Muon on the Frobenius sphere of each matrix's initial norm; groups with kind='adamw' get AdamW."
-    def __init__(self, params, lr: float = 0.014, momentum: float = 0.95, ns_steps: int = 5,
-                 ortho_dtype: str = 'bfloat16', betas=(0.8, 0.95), eps: float = 1e-10, weight_decay: float = 0.0):
-        if not lr > 0: raise ConfigError(f"lr must be > 0, got {lr}")
-        if not 0 <= momentum < 1: raise ConfigError(f"momentum must be in [0, 1), got {momentum}")
-        defaults = dict(lr=lr, momentum=momentum, ns_steps=ns_steps, ortho_dtype=ortho_dtype, betas=tuple(betas), eps=eps,
-                        weight_decay=weight_decay, kind='muonh')
+
+    def __init__(
+        self,
+        params,
+        lr: float = 0.014,
+        momentum: float = 0.95,
+        ns_steps: int = 5,
+        ortho_dtype: str = "bfloat16",
+        betas=(0.8, 0.95),
+        eps: float = 1e-10,
+        weight_decay: float = 0.0,
+    ):
+        if not lr > 0:
+            raise ConfigError(f"lr must be > 0, got {lr}")
+        if not 0 <= momentum < 1:
+            raise ConfigError(f"momentum must be in [0, 1), got {momentum}")
+        defaults = dict(
+            lr=lr,
+            momentum=momentum,
+            ns_steps=ns_steps,
+            ortho_dtype=ortho_dtype,
+            betas=tuple(betas),
+            eps=eps,
+            weight_decay=weight_decay,
+            kind="muonh",
+        )
         super().__init__(params, defaults)
         for g in self.param_groups:
-            if not isinstance(getattr(torch, str(g['ortho_dtype']), None), torch.dtype):
-                raise ConfigError(f"ortho_dtype must name a torch dtype ('bfloat16', 'float32'), got {g['ortho_dtype']!r}")
-            if g['kind'] not in ('muonh', 'adamw'): raise ConfigError(f"unknown group kind {g['kind']!r}; valid kinds: muonh, adamw")
-            if g['kind'] == 'muonh':
-                bad = [tuple(p.shape) for p in g['params'] if p.ndim != 2]
-                if bad: raise ConfigError(f"MuonH groups take 2-D matrices only, got shapes {bad}; put vectors in a kind='adamw' group")
-                if g['weight_decay']: raise ConfigError('MuonH groups take no weight decay (a no-op on the sphere, Looped LMs, arXiv 2604.21106 §4.1)')
+            if not isinstance(getattr(torch, str(g["ortho_dtype"]), None), torch.dtype):
+                raise ConfigError(
+                    f"ortho_dtype must name a torch dtype ('bfloat16', 'float32'), got {g['ortho_dtype']!r}"
+                )
+            if g["kind"] not in ("muonh", "adamw"):
+                raise ConfigError(f"unknown group kind {g['kind']!r}; valid kinds: muonh, adamw")
+            if g["kind"] == "muonh":
+                bad = [tuple(p.shape) for p in g["params"] if p.ndim != 2]
+                if bad:
+                    raise ConfigError(
+                        f"MuonH groups take 2-D matrices only, got shapes {bad}; put vectors in a kind='adamw' group"
+                    )
+                if g["weight_decay"]:
+                    raise ConfigError(
+                        "MuonH groups take no weight decay (a no-op on the sphere, Looped LMs, arXiv 2604.21106 §4.1)"
+                    )
 
     @torch.no_grad()
     def step(self, closure: Optional[Callable] = None):
         loss = None
         if closure is not None:
-            with torch.enable_grad(): loss = closure()
+            with torch.enable_grad():
+                loss = closure()
         for group in self.param_groups:
-            (self._muonh if group['kind'] == 'muonh' else self._adamw)(group)
+            (self._muonh if group["kind"] == "muonh" else self._adamw)(group)
         return loss
 
     def _muonh(self, group):
-        for p in group['params']:
-            if p.grad is None: continue
+        for p in group["params"]:
+            if p.grad is None:
+                continue
             st = self.state[p]
             if not st:
-                st['momentum_buffer'] = torch.zeros_like(p)
-                st['sphere_norm'] = p.norm(dim=(-2, -1), keepdim=True)    # c_W = ||W_0||_F, fixed for the run
-            m, c_w, g = st['momentum_buffer'], st['sphere_norm'], p.grad
-            mu = torch.tensor(group['momentum'], dtype=g.dtype, device=g.device)   # the code's 0-d tensor, in g's dtype
-            m.lerp_(g, 1 - mu)                                             # m = mu m + (1 - mu) g
-            u = g.lerp(m, mu)                                              # (1 - mu) g + mu m
-            X = polar_express(u, group['ns_steps'], getattr(torch, group['ortho_dtype']))   # ortho dtype (bf16)
-            X = X * (c_w.to(X.dtype) / X.norm(dim=(-2, -1), keepdim=True).clamp_min(1e-10))   # ||U||_F = c_W, in X's dtype
-            p.sub_(torch.tensor(group['lr'], dtype=X.dtype, device=X.device) * X)            # eta U in X's dtype
+                st["momentum_buffer"] = torch.zeros_like(p)
+                st["sphere_norm"] = p.norm(dim=(-2, -1), keepdim=True)  # c_W = ||W_0||_F, fixed for the run
+            m, c_w, g = st["momentum_buffer"], st["sphere_norm"], p.grad
+            mu = torch.tensor(group["momentum"], dtype=g.dtype, device=g.device)  # the code's 0-d tensor, in g's dtype
+            m.lerp_(g, 1 - mu)  # m = mu m + (1 - mu) g
+            u = g.lerp(m, mu)  # (1 - mu) g + mu m
+            X = polar_express(u, group["ns_steps"], getattr(torch, group["ortho_dtype"]))  # ortho dtype (bf16)
+            X = X * (
+                c_w.to(X.dtype) / X.norm(dim=(-2, -1), keepdim=True).clamp_min(1e-10)
+            )  # ||U||_F = c_W, in X's dtype
+            p.sub_(torch.tensor(group["lr"], dtype=X.dtype, device=X.device) * X)  # eta U in X's dtype
             p.mul_(c_w.to(p.dtype) / p.norm(dim=(-2, -1), keepdim=True).clamp_min(1e-10))  # back onto the sphere
 
     def _adamw(self, group):
-        (b1, b2), eps, lr, wd = group['betas'], group['eps'], group['lr'], group['weight_decay']
-        for p in group['params']:
-            if p.grad is None: continue
+        (b1, b2), eps, lr, wd = group["betas"], group["eps"], group["lr"], group["weight_decay"]
+        for p in group["params"]:
+            if p.grad is None:
+                continue
             st = self.state[p]
             if not st:
-                st['step'], st['exp_avg'], st['exp_avg_sq'] = 0, torch.zeros_like(p), torch.zeros_like(p)
-            st['step'] += 1
-            t = st['step']
+                st["step"], st["exp_avg"], st["exp_avg_sq"] = 0, torch.zeros_like(p), torch.zeros_like(p)
+            st["step"] += 1
+            t = st["step"]
             p.mul_(1 - lr * wd)
-            st['exp_avg'].lerp_(p.grad, 1 - b1)
-            st['exp_avg_sq'].lerp_(p.grad.square(), 1 - b2)
-            denom = (st['exp_avg_sq'] / (1 - b2 ** t)).sqrt_().add_(eps)
-            p.addcdiv_(st['exp_avg'], denom, value=-lr / (1 - b1 ** t))
+            st["exp_avg"].lerp_(p.grad, 1 - b1)
+            st["exp_avg_sq"].lerp_(p.grad.square(), 1 - b2)
+            denom = (st["exp_avg_sq"] / (1 - b2**t)).sqrt_().add_(eps)
+            p.addcdiv_(st["exp_avg"], denom, value=-lr / (1 - b1**t))
 
 # %% ../nbs/06a_optim.ipynb #86e84741
 @dataclass(frozen=True)
 class HyperP:
     "The looped paper's optimiser recipe and HyperP transfer rules (Looped LMs, arXiv 2604.21106 §4.1)."
+
     matrix_lr: float = 0.014
     embedding_lr: float = 0.3
     unembedding_lr: float = 0.004
@@ -119,23 +157,26 @@ class HyperP:
     eps: float = 1e-10
     momentum: float = 0.95
     ns_steps: int = 5
-    ortho_dtype: str = 'bfloat16'    # the paper orthogonalises in bf16
-    ref_size: int = 10               # reference width scale s (d_ref = 640)
-    ref_data_ratio: float = 10.0     # D_ref = 10 x reference effective params
-    batch_ref: int = PAPER_BATCH_TOKENS          # B = 2^18 tokens per step, the looped paper's reference batch
+    ortho_dtype: str = "bfloat16"  # the paper orthogonalises in bf16
+    ref_size: int = 10  # reference width scale s (d_ref = 640)
+    ref_data_ratio: float = 10.0  # D_ref = 10 x reference effective params
+    batch_ref: int = PAPER_BATCH_TOKENS  # B = 2^18 tokens per step, the looped paper's reference batch
     batch_exponent: float = 0.558
     data_exponent: float = -0.32
-    d_ref_quirk: bool = True         # the released code's D_ref(r); False: the reference's own r
-    data_scaling: bool = True        # False: drop the data factor (e.g. for CPU-sized smoke runs)
+    d_ref_quirk: bool = True  # the released code's D_ref(r); False: the reference's own r
+    data_scaling: bool = True  # False: drop the data factor (e.g. for CPU-sized smoke runs)
     final_lr_frac: float = 0.1
 
-    def d_ref(self) -> int: return 64 * self.ref_size
+    def d_ref(self) -> int:
+        return 64 * self.ref_size
 
 
 def reference_tokens(cfg, recipe: HyperP = HyperP()) -> int:
     "D_ref for a looped config: 10 x effective params of the architecture-matched s = 10 reference."
     r = cfg.recurrence
-    ref = looped_config(recipe.ref_size, 4 if r > 1 else 1, vocab_size=cfg.vocab_size, injection='linear' if r > 1 else None)
+    ref = looped_config(
+        recipe.ref_size, 4 if r > 1 else 1, vocab_size=cfg.vocab_size, injection="linear" if r > 1 else None
+    )
     r_eff = r if recipe.d_ref_quirk else ref.recurrence
     return int(recipe.ref_data_ratio * looped_params(ref).effective(r_eff))
 
@@ -146,54 +187,96 @@ def hyperp_lrs(cfg, tokens: int, batch_tokens: int, recipe: HyperP = HyperP()) -
     batch = (batch_tokens / recipe.batch_ref) ** recipe.batch_exponent
     d_ref = reference_tokens(cfg, recipe)
     data = (tokens / d_ref) ** recipe.data_exponent if recipe.data_scaling else 1.0
-    return dict(matrix=recipe.matrix_lr * batch * data, unembedding=recipe.unembedding_lr * batch * width,
-                embedding=recipe.embedding_lr * batch * width, norms=recipe.norm_lr * width, lanes=recipe.lane_lr * width,
-                width_factor=width, batch_factor=batch, data_factor=data, d_ref_tokens=d_ref)
+    return dict(
+        matrix=recipe.matrix_lr * batch * data,
+        unembedding=recipe.unembedding_lr * batch * width,
+        embedding=recipe.embedding_lr * batch * width,
+        norms=recipe.norm_lr * width,
+        lanes=recipe.lane_lr * width,
+        width_factor=width,
+        batch_factor=batch,
+        data_factor=data,
+        d_ref_tokens=d_ref,
+    )
 
 # %% ../nbs/06a_optim.ipynb #cdfc78ff
 def looped_param_groups(model: nn.Module, lrs: dict, recipe: HyperP = HyperP()) -> list[dict]:
     "The recipe's parameter groups for a looped model, with their peak LRs."
     names = dict(matrix=[], embedding=[], unembedding=[], norms=[], lanes=[])
-    no_decay = model.no_weight_decay_names() if hasattr(model, 'no_weight_decay_names') else set()
+    no_decay = model.no_weight_decay_names() if hasattr(model, "no_weight_decay_names") else set()
     for n, p in model.named_parameters():
-        if not p.requires_grad: continue
-        if n.endswith('tok_emb.weight'): names['embedding'].append(p)
-        elif n.endswith('lm_head.weight'): names['unembedding'].append(p)
-        elif n in no_decay or n.startswith('lane_'): names['lanes'].append(p)
-        elif p.ndim == 2: names['matrix'].append(p)
-        elif p.ndim == 1: names['norms'].append(p)
-        else: raise ConfigError(f"parameter {n} with shape {tuple(p.shape)} has no group in the looped recipe")
-    adam = dict(kind='adamw', betas=tuple(recipe.betas), eps=recipe.eps, weight_decay=0.0)
-    groups = [dict(params=names['matrix'], lr=lrs['matrix'], kind='muonh', momentum=recipe.momentum, ns_steps=recipe.ns_steps,
-                   ortho_dtype=recipe.ortho_dtype, weight_decay=0.0, group='matrix')]
-    groups += [dict(params=names[k], lr=lrs[k], group=k, **adam) for k in ('unembedding', 'embedding', 'norms', 'lanes') if names[k]]
-    return [g for g in groups if g['params']]
+        if not p.requires_grad:
+            continue
+        if n.endswith("tok_emb.weight"):
+            names["embedding"].append(p)
+        elif n.endswith("lm_head.weight"):
+            names["unembedding"].append(p)
+        elif n in no_decay or n.startswith("lane_"):
+            names["lanes"].append(p)
+        elif p.ndim == 2:
+            names["matrix"].append(p)
+        elif p.ndim == 1:
+            names["norms"].append(p)
+        else:
+            raise ConfigError(f"parameter {n} with shape {tuple(p.shape)} has no group in the looped recipe")
+    adam = dict(kind="adamw", betas=tuple(recipe.betas), eps=recipe.eps, weight_decay=0.0)
+    groups = [
+        dict(
+            params=names["matrix"],
+            lr=lrs["matrix"],
+            kind="muonh",
+            momentum=recipe.momentum,
+            ns_steps=recipe.ns_steps,
+            ortho_dtype=recipe.ortho_dtype,
+            weight_decay=0.0,
+            group="matrix",
+        )
+    ]
+    groups += [
+        dict(params=names[k], lr=lrs[k], group=k, **adam)
+        for k in ("unembedding", "embedding", "norms", "lanes")
+        if names[k]
+    ]
+    return [g for g in groups if g["params"]]
 
 
 def linear_decay(total_steps: int, final_lr_frac: float = 0.1) -> Callable[[int], float]:
     "LR multiplier: 1 at step 0, linear to `final_lr_frac` at `total_steps`, then flat (no warmup)."
     total_steps = max(1, int(total_steps))
+
     def lr_lambda(step: int) -> float:
-        progress = max(0.0, (total_steps - step) / total_steps)      # 1 -> 0
+        progress = max(0.0, (total_steps - step) / total_steps)  # 1 -> 0
         return progress + (1 - progress) * final_lr_frac
+
     return lr_lambda
 
 
-def build_looped_optimizer(model: nn.Module, train_cfg: TrainConfig, tokens: int, batch_tokens: Optional[int] = None,
-                           total_steps: Optional[int] = None, recipe: Optional[HyperP] = None) -> tuple[MuonH, Callable[[int], float]]:
+def build_looped_optimizer(
+    model: nn.Module,
+    train_cfg: TrainConfig,
+    tokens: int,
+    batch_tokens: Optional[int] = None,
+    total_steps: Optional[int] = None,
+    recipe: Optional[HyperP] = None,
+) -> tuple[MuonH, Callable[[int], float]]:
     "MuonH + AdamW groups with the HyperP LRs, and the linear-decay LR multiplier (Looped LMs, arXiv 2604.21106 §4.1)."
-    cfg = getattr(model, 'config', None)
-    if cfg is None or getattr(cfg, 'family', None) != 'looped':
-        raise ConfigError("the MuonH recipe (optimizer='muonh') is for looped models (arch='looped'); use optimizer='adamw' for the others")
+    cfg = getattr(model, "config", None)
+    if cfg is None or getattr(cfg, "family", None) != "looped":
+        raise ConfigError(
+            "the MuonH recipe (optimizer='muonh') is for looped models (arch='looped'); use optimizer='adamw' for the others"
+        )
     recipe = recipe or HyperP()
-    recipe = replace(recipe, matrix_lr=train_cfg.lr, final_lr_frac=train_cfg.final_lr_frac,
-                     ortho_dtype=getattr(train_cfg, 'ortho_dtype', None) or recipe.ortho_dtype)
+    recipe = replace(
+        recipe,
+        matrix_lr=train_cfg.lr,
+        final_lr_frac=train_cfg.final_lr_frac,
+        ortho_dtype=getattr(train_cfg, "ortho_dtype", None) or recipe.ortho_dtype,
+    )
     batch_tokens = batch_tokens or train_cfg.global_batch * train_cfg.seq_len
-    if tokens < 1: raise ConfigError(f"tokens must be >= 1, got {tokens}")
+    if tokens < 1:
+        raise ConfigError(f"tokens must be >= 1, got {tokens}")
     lrs = hyperp_lrs(cfg, tokens, batch_tokens, recipe)
-    opt = MuonH(looped_param_groups(model, lrs, recipe), lr=lrs['matrix'])
-    opt.hyperp = lrs                                                    # the factors, for logging
+    opt = MuonH(looped_param_groups(model, lrs, recipe), lr=lrs["matrix"])
+    opt.hyperp = lrs  # the factors, for logging
     steps = total_steps if total_steps is not None else max(1, round(tokens / batch_tokens))
     return opt, linear_decay(steps, recipe.final_lr_frac)
-
-

@@ -18,8 +18,16 @@ from typing import Annotated, Callable, Optional
 import numpy as np
 import pandas as pd
 
-from .config import (ARCHS, EXIT_NOT_DONE, ConfigError, ModelConfig, family_of, atomic_write_text, package_dir,
-                                  runs_root)
+from depthbench_nb.config import (
+    ARCHS,
+    EXIT_NOT_DONE,
+    ConfigError,
+    ModelConfig,
+    family_of,
+    atomic_write_text,
+    package_dir,
+    runs_root,
+)
 from .costs import cost_row, measured_costs
 from .runs import list_runs, read_params, read_result
 from .shapes import GRIDS, OFFICIAL_STEPS, PRESETS, count_params, grid_shapes, shape_for
@@ -51,96 +59,126 @@ __all__ = ['REFERENCE_FILES', 'ACCOUNTING_LABEL', 'PAPER_LABEL', 'PAPER_PRESETS'
            'show_missing', 'run_report_notebooks', 'report_command', 'cli_report']
 
 # %% ../nbs/09c_reports.ipynb #68cac690
-REFERENCE_FILES = {'depthbench': 'depthbench_paper.csv', 'looped': 'looped_paper.csv'}
+REFERENCE_FILES = {"depthbench": "depthbench_paper.csv", "looped": "looped_paper.csv"}
 
 
 def reference_table(name: str) -> pd.DataFrame:
     "Reference numbers of a paper: 'depthbench' or 'looped' (each row cites its source)."
-    if name not in REFERENCE_FILES: raise ConfigError(f"unknown reference table {name!r}; valid: {', '.join(REFERENCE_FILES)}")
-    return pd.read_csv(package_dir() / 'resources' / 'reference' / REFERENCE_FILES[name])
+    if name not in REFERENCE_FILES:
+        raise ConfigError(f"unknown reference table {name!r}; valid: {', '.join(REFERENCE_FILES)}")
+    return pd.read_csv(package_dir() / "resources" / "reference" / REFERENCE_FILES[name])
 
 # %% ../nbs/09c_reports.ipynb #169f98d4
-ACCOUNTING_LABEL = 'Accounting from closed forms at the paper shapes: comparable at any scale (no training data involved).'
+ACCOUNTING_LABEL = (
+    "Accounting from closed forms at the paper shapes: comparable at any scale (no training data involved)."
+)
 PAPER_LABEL = "The paper's numbers (reference only), each with its source."
-PAPER_PRESETS = ('400m', '400m-main', '300m-backbone', 'ladder-200m', 'ladder-300m', 'ladder-500m', '1.6b', 'looped', 'looped-flagship')
+PAPER_PRESETS = (
+    "400m",
+    "400m-main",
+    "300m-backbone",
+    "ladder-200m",
+    "ladder-300m",
+    "ladder-500m",
+    "1.6b",
+    "looped",
+    "looped-flagship",
+)
 
 
 @dataclass
 class Scale:
     "What the data of a report is: its presets and whether it is comparable with the paper."
+
     presets: tuple
     comparable: bool
-    provenance: str   # 'runs' | 'imported' | 'demo'
+    provenance: str  # 'runs' | 'imported' | 'demo'
 
     @property
     def label(self) -> str:
-        what = ', '.join(self.presets) if self.presets else 'no runs'
-        if self.comparable: return f'Scale: paper presets ({what}); provenance: {self.provenance}.'
-        return (f'Scale: {what} ({self.provenance}) - a different scale from the paper, NOT comparable; '
-                'paper numbers are shown beside ours for reference only.')
+        what = ", ".join(self.presets) if self.presets else "no runs"
+        if self.comparable:
+            return f"Scale: paper presets ({what}); provenance: {self.provenance}."
+        return (
+            f"Scale: {what} ({self.provenance}) - a different scale from the paper, NOT comparable; "
+            "paper numbers are shown beside ours for reference only."
+        )
 
 
-def study_scale(df: pd.DataFrame, study: str = '') -> Scale:
+def study_scale(df: pd.DataFrame, study: str = "") -> Scale:
     "The scale of a collected study table (its completed runs' presets)."
-    done = df[df['status'] == 'completed'] if len(df) and 'status' in df else df
-    presets = tuple(sorted(set(done['preset'].dropna()))) if 'preset' in done and len(done) else ()
-    provenance = 'demo' if study == 'demo' else ('imported' if 'provenance' in df and (df['provenance'] == 'imported').any() else 'runs')
-    comparable = bool(presets) and all(p in PAPER_PRESETS for p in presets) and provenance != 'demo'
+    done = df[df["status"] == "completed"] if len(df) and "status" in df else df
+    presets = tuple(sorted(set(done["preset"].dropna()))) if "preset" in done and len(done) else ()
+    provenance = (
+        "demo"
+        if study == "demo"
+        else ("imported" if "provenance" in df and (df["provenance"] == "imported").any() else "runs")
+    )
+    comparable = bool(presets) and all(p in PAPER_PRESETS for p in presets) and provenance != "demo"
     return Scale(presets, comparable, provenance)
 
 # %% ../nbs/09c_reports.ipynb #5b14a4a7
-def markdown_table(df: pd.DataFrame, floatfmt: str = '.4g') -> str:
+def markdown_table(df: pd.DataFrame, floatfmt: str = ".4g") -> str:
     "A DataFrame as a GitHub Markdown table (no extra dependency)."
+
     def fmt(v):
         if isinstance(v, (float, np.floating)):
-            return '' if math.isnan(v) else format(v, floatfmt)
-        return '' if v is None else str(v).replace('|', '/')
+            return "" if math.isnan(v) else format(v, floatfmt)
+        return "" if v is None else str(v).replace("|", "/")
+
     cols = [str(c) for c in df.columns]
-    lines = ['| ' + ' | '.join(cols) + ' |', '|' + '|'.join('---' for _ in cols) + '|']
-    lines += ['| ' + ' | '.join(fmt(v) for v in row) + ' |' for row in df.itertuples(index=False)]
-    return '\n'.join(lines)
+    lines = ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
+    lines += ["| " + " | ".join(fmt(v) for v in row) + " |" for row in df.itertuples(index=False)]
+    return "\n".join(lines)
 
 
 @dataclass
 class Report:
     "Artifacts of one report (tables, figures), the verdicts, and what could not be built."
+
     study: str
-    name: str                      # 'depthbench' | 'looped'
+    name: str  # 'depthbench' | 'looped'
     scale: Scale
     out_dir: Path
-    expected: tuple = ()           # artifact stems this report should produce
+    expected: tuple = ()  # artifact stems this report should produce
     artifacts: list = field(default_factory=list)
     missing: list = field(default_factory=list)
     verdicts: list = field(default_factory=list)
-    gaps: dict = field(default_factory=dict)        # paper item -> the panels, designs or scales it lacks (a partial item)
-    paper_index: Optional[pd.DataFrame] = None      # one row per table and figure of the paper (`paper_item_index`)
+    gaps: dict = field(default_factory=dict)  # paper item -> the panels, designs or scales it lacks (a partial item)
+    paper_index: Optional[pd.DataFrame] = None  # one row per table and figure of the paper (`paper_item_index`)
 
-    def _stem(self, name): return name.rsplit('.', 1)[0]
+    def _stem(self, name):
+        return name.rsplit(".", 1)[0]
 
     def table(self, df: pd.DataFrame, name: str, caption: str, label: Optional[str] = None) -> pd.DataFrame:
         "Write a table as CSV + Markdown; `label` replaces the study's scale label (accounting, paper numbers)."
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(self.out_dir / f'{name}.csv', df.to_csv(index=False))
-        atomic_write_text(self.out_dir / f'{name}.md', f'**{caption}**\n\n_{label or self.scale.label}_\n\n{markdown_table(df)}\n')
-        self.artifacts.append((f'{name}.csv', caption))
+        atomic_write_text(self.out_dir / f"{name}.csv", df.to_csv(index=False))
+        atomic_write_text(
+            self.out_dir / f"{name}.md", f"**{caption}**\n\n_{label or self.scale.label}_\n\n{markdown_table(df)}\n"
+        )
+        self.artifacts.append((f"{name}.csv", caption))
         return df
 
     def figure(self, fig, name: str, caption: str):
         import matplotlib.pyplot as plt
+
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        import textwrap   # long captions (what a figure rebuilds and what differs) wrap to the figure's width
+        import textwrap  # long captions (what a figure rebuilds and what differs) wrap to the figure's width
+
         width = max(60, int(fig.get_figwidth() * 17))
         lines = textwrap.wrap(caption, width) + textwrap.wrap(self.scale.label, width)
-        fig.suptitle('\n'.join(lines), fontsize=7)
-        top = max(0.5, 1 - (0.11 * len(lines) + 0.05) / fig.get_figheight())   # about 0.11 inch per 7-point line
-        with warnings.catch_warnings():   # leave room for the title above the panels
-            warnings.simplefilter('ignore'); fig.tight_layout(rect=(0, 0, 1, top))
-        for ext in ('png', 'svg'):
-            tmp = self.out_dir / f'.{name}.tmp.{ext}'
-            fig.savefig(tmp, dpi=110, bbox_inches='tight', format=ext)
-            os.replace(tmp, self.out_dir / f'{name}.{ext}')
+        fig.suptitle("\n".join(lines), fontsize=7)
+        top = max(0.5, 1 - (0.11 * len(lines) + 0.05) / fig.get_figheight())  # about 0.11 inch per 7-point line
+        with warnings.catch_warnings():  # leave room for the title above the panels
+            warnings.simplefilter("ignore")
+            fig.tight_layout(rect=(0, 0, 1, top))
+        for ext in ("png", "svg"):
+            tmp = self.out_dir / f".{name}.tmp.{ext}"
+            fig.savefig(tmp, dpi=110, bbox_inches="tight", format=ext)
+            os.replace(tmp, self.out_dir / f"{name}.{ext}")
         plt.close(fig)
-        self.artifacts.append((f'{name}.png', caption))
+        self.artifacts.append((f"{name}.png", caption))
 
     def gap(self, item: str, *parts: str):
         "Record what a paper item lacks (a panel, a design, a scale): the index then calls it partial and names them."
@@ -149,42 +187,62 @@ class Report:
 
     def note_missing(self, what: str, why: str):
         self.missing.append((what, why))
-        print(f'[report] missing {what}: {why}')
+        print(f"[report] missing {what}: {why}")
 
-    def verdict(self, quantity: str, ours: float, paper: float, rel_tol: float, note: str = '') -> bool:
+    def verdict(self, quantity: str, ours: float, paper: float, rel_tol: float, note: str = "") -> bool:
         "A reproduced / not reproduced verdict for a quantity comparable at any scale: |ours - paper| <= rel_tol * |paper|."
         ok = abs(ours - paper) <= rel_tol * abs(paper)
-        self.verdicts.append(dict(quantity=quantity, ours=ours, paper=paper, tolerance=f'{rel_tol * 100:g}% relative',
-                                  verdict='reproduced' if ok else 'NOT reproduced', note=note))
+        self.verdicts.append(
+            dict(
+                quantity=quantity,
+                ours=ours,
+                paper=paper,
+                tolerance=f"{rel_tol * 100:g}% relative",
+                verdict="reproduced" if ok else "NOT reproduced",
+                note=note,
+            )
+        )
         return ok
 
     def built(self) -> set:
         return {self._stem(a) for a, _ in self.artifacts}
 
     def write_index(self) -> Path:
-        if self.verdicts: self.table(pd.DataFrame(self.verdicts), f'{self.name}_verdicts', 'Quantities comparable at any scale: verdicts (explicit tolerance)',
-                                     label=ACCOUNTING_LABEL)
+        if self.verdicts:
+            self.table(
+                pd.DataFrame(self.verdicts),
+                f"{self.name}_verdicts",
+                "Quantities comparable at any scale: verdicts (explicit tolerance)",
+                label=ACCOUNTING_LABEL,
+            )
         absent = [e for e in self.expected if e not in self.built()]
-        lines = [f'# {self.name} report: study `{self.study}`', '', f'_{self.scale.label}_', '']
+        lines = [f"# {self.name} report: study `{self.study}`", "", f"_{self.scale.label}_", ""]
         if self.paper_index is not None:
-            lines += ["## The paper's tables and figures", '', markdown_table(self.paper_index[['paper', 'status', 'detail', 'artifacts']]), '']
-        lines += ['## Artifacts', ''] + [f'- `{a}`: {c}' for a, c in self.artifacts]
+            lines += [
+                "## The paper's tables and figures",
+                "",
+                markdown_table(self.paper_index[["paper", "status", "detail", "artifacts"]]),
+                "",
+            ]
+        lines += ["## Artifacts", ""] + [f"- `{a}`: {c}" for a, c in self.artifacts]
         if self.missing or absent:
-            lines += ['', '## Missing', ''] + [f'- {w}: {why}' for w, why in self.missing]
-            if absent: lines += [f'- not built: {", ".join(f"`{a}`" for a in absent)} (see the reasons above)']
-        return atomic_write_text(self.out_dir / f'{self.name}_index.md', '\n'.join(lines) + '\n')
+            lines += ["", "## Missing", ""] + [f"- {w}: {why}" for w, why in self.missing]
+            if absent:
+                lines += [f"- not built: {', '.join(f'`{a}`' for a in absent)} (see the reasons above)"]
+        return atomic_write_text(self.out_dir / f"{self.name}_index.md", "\n".join(lines) + "\n")
 
 
 @dataclass(frozen=True)
 class PaperItem:
     "A table or figure of a paper, the artifacts that rebuild it, and the words that name it in the Missing notes."
-    item: str                   # e.g. 'Figure 2', 'Table 10'
-    what: str                   # what the paper shows there
-    artifacts: tuple = ()       # artifact stems that rebuild it (empty: not rebuilt by design)
-    keys: tuple = ()            # substrings of the Missing notes that concern it (default: the item's name)
+
+    item: str  # e.g. 'Figure 2', 'Table 10'
+    what: str  # what the paper shows there
+    artifacts: tuple = ()  # artifact stems that rebuild it (empty: not rebuilt by design)
+    keys: tuple = ()  # substrings of the Missing notes that concern it (default: the item's name)
 
 
-PAPER_STATUSES = ('rebuilt', 'rebuilt with a stated difference', 'partial', 'missing')
+PAPER_STATUSES = ("rebuilt", "rebuilt with a stated difference", "partial", "missing")
 
 
 def paper_item_index(rep: Report, items, notes: dict, scale_free=(), reasons: Optional[dict] = None) -> pd.DataFrame:
@@ -196,48 +254,87 @@ def paper_item_index(rep: Report, items, notes: dict, scale_free=(), reasons: Op
         have = [s for s in it.artifacts if s in built]
         keys = it.keys or (it.item,)
         if not have:
-            why = (reasons or {}).get(it.item) or '; '.join(f'{w}: {y}' for w, y in rep.missing if any(k in w for k in keys))
-            rows.append(dict(paper=it.item, what=it.what, status='missing', detail=why or 'not built (see Missing)', artifacts=''))
+            why = (reasons or {}).get(it.item) or "; ".join(
+                f"{w}: {y}" for w, y in rep.missing if any(k in w for k in keys)
+            )
+            rows.append(
+                dict(
+                    paper=it.item, what=it.what, status="missing", detail=why or "not built (see Missing)", artifacts=""
+                )
+            )
             continue
         diffs = [d for d in notes.get(it.item, []) if d]
         if it.item not in scale_free and not rep.scale.comparable and not any("paper's setting" in d for d in diffs):
             diffs.insert(0, "runs not at the paper's setting (see the scale label)")
         lacking = rep.gaps.get(it.item, [])
-        status = 'partial' if lacking else 'rebuilt with a stated difference' if diffs else 'rebuilt'
-        detail = '; '.join((['missing: ' + '; '.join(lacking)] if lacking else []) + diffs)
-        rows.append(dict(paper=it.item, what=it.what, status=status, detail=detail, artifacts=', '.join(have)))
+        status = "partial" if lacking else "rebuilt with a stated difference" if diffs else "rebuilt"
+        detail = "; ".join((["missing: " + "; ".join(lacking)] if lacking else []) + diffs)
+        rows.append(dict(paper=it.item, what=it.what, status=status, detail=detail, artifacts=", ".join(have)))
     return pd.DataFrame(rows)
 
 # %% ../nbs/09c_reports.ipynb #148a6fdc
-RUN_COLUMNS = ('study', 'run_id', 'status', 'arch', 'n_layer', 'd_model', 'lr', 'seed', 'preset', 'steps', 'tokens',
-               'final_val_loss', 'best_val_loss', 'train_flops', 'wall_time_s', 'params_total', 'params_backbone',
-               'diverged_step', 'error')
+RUN_COLUMNS = (
+    "study",
+    "run_id",
+    "status",
+    "arch",
+    "n_layer",
+    "d_model",
+    "lr",
+    "seed",
+    "preset",
+    "steps",
+    "tokens",
+    "final_val_loss",
+    "best_val_loss",
+    "train_flops",
+    "wall_time_s",
+    "params_total",
+    "params_backbone",
+    "diverged_step",
+    "error",
+)
 
 
 def normalize_runs(df: pd.DataFrame) -> pd.DataFrame:
     "Every column of RUN_COLUMNS present (None where unknown); `n_layer` from `L` / `model.n_layer` when needed."
     df = df.copy()
-    if 'n_layer' not in df:
-        for alt in ('L', 'model.n_layer'):
-            if alt in df: df['n_layer'] = df[alt]; break
+    if "n_layer" not in df:
+        for alt in ("L", "model.n_layer"):
+            if alt in df:
+                df["n_layer"] = df[alt]
+                break
     for c in RUN_COLUMNS:
-        if c not in df: df[c] = None
-    for c in ('n_layer', 'd_model', 'lr', 'final_val_loss', 'tokens', 'train_flops', 'wall_time_s'):
-        df[c] = pd.to_numeric(df[c], errors='coerce')
+        if c not in df:
+            df[c] = None
+    for c in ("n_layer", "d_model", "lr", "final_val_loss", "tokens", "train_flops", "wall_time_s"):
+        df[c] = pd.to_numeric(df[c], errors="coerce")
     return df
 
 
 def scan_study(study: str) -> pd.DataFrame:
     "One row per run folder of a study (any status), read from params.json and result.json."
     from depthbench_nb.sweep import flatten
+
     rows = []
     for r in list_runs(study):
-        folder = Path(r['path'])
-        try: run = read_params(folder)
-        except (ConfigError, ValueError, KeyError, TypeError): continue
+        folder = Path(r["path"])
+        try:
+            run = read_params(folder)
+        except (ConfigError, ValueError, KeyError, TypeError):
+            continue
         res = read_result(folder) or {}
-        row = dict(study=study, run_id=run.run_id, status=r['status'], arch=run.model.arch, n_layer=run.model.n_layer,
-                   d_model=run.model.d_model, lr=run.train.lr, seed=run.train.seed, preset=run.preset)
+        row = dict(
+            study=study,
+            run_id=run.run_id,
+            status=r["status"],
+            arch=run.model.arch,
+            n_layer=run.model.n_layer,
+            d_model=run.model.d_model,
+            lr=run.train.lr,
+            seed=run.train.seed,
+            preset=run.preset,
+        )
         row.update({k: res.get(k) for k in RUN_COLUMNS if k not in row})
         row.update(flatten(run.to_dict()))
         rows.append(row)
@@ -249,47 +346,58 @@ def study_table(study: str) -> pd.DataFrame:
     plan (a shipped study's file, or the plan its last sweep recorded); run folders outside the plan (stale: the study
     file was edited since) are left out and said. A study of runs trained by hand (no plan) is every run folder."""
     from depthbench_nb import sweep
-    if not (runs_root() / study).is_dir(): return normalize_runs(pd.DataFrame())
+
+    if not (runs_root() / study).is_dir():
+        return normalize_runs(pd.DataFrame())
     df = None
     if study in sweep.study_names():
-        try: df = sweep.collect(study)
-        except ConfigError as e: print(f'[report] collect({study!r}) failed ({e}); reading the run folders instead')
+        try:
+            df = sweep.collect(study)
+        except ConfigError as e:
+            print(f"[report] collect({study!r}) failed ({e}); reading the run folders instead")
     if df is None:
         df = scan_study(study)
-        try: plan = sweep.planned_run_ids(study)
-        except ConfigError as e: print(f'[report] the plan of study {study!r} is unreadable ({e}): every run folder is read'); plan = None
+        try:
+            plan = sweep.planned_run_ids(study)
+        except ConfigError as e:
+            print(f"[report] the plan of study {study!r} is unreadable ({e}): every run folder is read")
+            plan = None
         if plan is not None and len(df):
-            stale = sorted(set(df['run_id']) - set(plan))
-            if stale: print(f"[report] left out {len(stale)} stale run(s), not in the study's current plan: {', '.join(stale)}")
-            df = df[df['run_id'].isin(plan)]
+            stale = sorted(set(df["run_id"]) - set(plan))
+            if stale:
+                print(
+                    f"[report] left out {len(stale)} stale run(s), not in the study's current plan: {', '.join(stale)}"
+                )
+            df = df[df["run_id"].isin(plan)]
     return normalize_runs(df)
 
 
 def completed(df: pd.DataFrame) -> pd.DataFrame:
     "The completed runs of a runs table (an empty table when there are none)."
-    return df[df['status'] == 'completed'] if len(df) and 'status' in df else df.iloc[0:0]
+    return df[df["status"] == "completed"] if len(df) and "status" in df else df.iloc[0:0]
 
 
 def run_folder(row) -> Path:
     "The run folder of a row of a runs table."
-    return runs_root() / str(row['study']) / str(row['run_id'])
+    return runs_root() / str(row["study"]) / str(row["run_id"])
 
 
 def load_diagnostics(row) -> Optional[dict]:
     "A run's diagnostics.json, or None when it has not been diagnosed."
-    p = run_folder(row) / 'diagnostics' / 'diagnostics.json'
+    p = run_folder(row) / "diagnostics" / "diagnostics.json"
     return json.loads(p.read_text()) if p.exists() else None
 
 
-def best_lr_rows(df: pd.DataFrame, keys=('arch', 'n_layer', 'd_model')) -> pd.DataFrame:
+def best_lr_rows(df: pd.DataFrame, keys=("arch", "n_layer", "d_model")) -> pd.DataFrame:
     "Per shape of a design: the completed run with the lowest final validation loss (the paper reports the best LR)."
-    done = completed(df).dropna(subset=['final_val_loss'])
-    if not len(done): return done.assign(n_lrs=pd.Series(dtype=int), ratio=pd.Series(dtype=float))
-    idx = done.groupby(list(keys))['final_val_loss'].idxmin()
+    done = completed(df).dropna(subset=["final_val_loss"])
+    if not len(done):
+        return done.assign(n_lrs=pd.Series(dtype=int), ratio=pd.Series(dtype=float))
+    idx = done.groupby(list(keys))["final_val_loss"].idxmin()
     out = done.loc[idx].copy()
-    n_lrs = done.groupby(list(keys))['lr'].nunique()
-    out['n_lrs'] = [int(n_lrs.loc[tuple(k)]) for k in out[list(keys)].itertuples(index=False)]
-    out['ratio'] = out['d_model'] / out['n_layer']
+    n_lrs = done.groupby(list(keys))["lr"].nunique()
+    out["n_lrs"] = [int(n_lrs.loc[tuple(k)]) for k in out[list(keys)].itertuples(index=False)]
+    out["ratio"] = out["d_model"] / out["n_layer"]
     return out.sort_values(list(keys)).reset_index(drop=True)
 
 # %% ../nbs/09c_reports.ipynb #cc53a53d
@@ -297,34 +405,43 @@ def status_section(rep: Report, df: pd.DataFrame, family_mask) -> pd.DataFrame:
     "Counts per status of the report's runs and the non-completed runs; notes a study without runs."
     sub = df[family_mask(df)] if len(df) else df
     if not len(sub):
-        rep.note_missing('every section', f'no run records of this family under {runs_root() / rep.study}: '
-                         f'run `depthbench-nb sweep run {rep.study}` (or train runs with study={rep.study!r})')
+        rep.note_missing(
+            "every section",
+            f"no run records of this family under {runs_root() / rep.study}: "
+            f"run `depthbench-nb sweep run {rep.study}` (or train runs with study={rep.study!r})",
+        )
         return sub
-    counts = sub.groupby('status', as_index=False).size().rename(columns={'size': 'runs'})
-    rep.table(counts, f'{rep.name}_run_status', 'Runs per status')
-    bad = sub[sub['status'] != 'completed'][['run_id', 'status', 'arch', 'n_layer', 'd_model', 'lr', 'error']]
-    if len(bad): rep.table(bad, f'{rep.name}_runs_not_completed', 'Runs that did not complete (not used below)')
+    counts = sub.groupby("status", as_index=False).size().rename(columns={"size": "runs"})
+    rep.table(counts, f"{rep.name}_run_status", "Runs per status")
+    bad = sub[sub["status"] != "completed"][["run_id", "status", "arch", "n_layer", "d_model", "lr", "error"]]
+    if len(bad):
+        rep.table(bad, f"{rep.name}_runs_not_completed", "Runs that did not complete (not used below)")
     if not len(completed(sub)):
-        rep.note_missing('every result section', f'none of the {len(sub)} runs completed (statuses: {", ".join(counts.status)})')
+        rep.note_missing(
+            "every result section", f"none of the {len(sub)} runs completed (statuses: {', '.join(counts.status)})"
+        )
     return sub
 
 # %% ../nbs/09c_reports.ipynb #b4615ec3
 @dataclass(frozen=True)
 class PaperPlan:
     "What the paper trained for the cell one of its numbers belongs to: the run's shape, planned tokens, completed steps."
-    label: str                      # e.g. 'looped grid: C=1e+18, s=10, r=4 (3,621 steps x 262,144 tokens)'
-    shape: dict                     # run fields that must match exactly, e.g. {'d_model': 640, 'recurrence': 4}
+
+    label: str  # e.g. 'looped grid: C=1e+18, s=10, r=4 (3,621 steps x 262,144 tokens)'
+    shape: dict  # run fields that must match exactly, e.g. {'d_model': 640, 'recurrence': 4}
     tokens: Optional[float] = None  # planned training tokens
-    steps: Optional[int] = None     # optimizer steps a run of the paper's completed
-    tokens_rel_tol: float = 0.005   # planned tokens agree within 0.5 %
-    group: str = ''                 # the paper's set of runs the cell belongs to (DepthBench: its scale, e.g. '400M';
-                                    #   looped: 'grid', 'table5', 'lr_sweep' or 'table10')
+    steps: Optional[int] = None  # optimizer steps a run of the paper's completed
+    tokens_rel_tol: float = 0.005  # planned tokens agree within 0.5 %
+    group: str = ""  # the paper's set of runs the cell belongs to (DepthBench: its scale, e.g. '400M';
+    #   looped: 'grid', 'table5', 'lr_sweep' or 'table10')
 
 
 def _num(v) -> Optional[float]:
     "A number from a record's field (None when absent, NaN or not a number)."
-    try: v = float(v)
-    except (TypeError, ValueError): return None
+    try:
+        v = float(v)
+    except (TypeError, ValueError):
+        return None
     return None if math.isnan(v) else v
 
 
@@ -334,68 +451,98 @@ def _present(v) -> bool:
 
 def record_field(record, key: str):
     "A run record's field under its plain, `model.` or `train.` name (collected tables flatten the configs); None if absent."
-    for k in (key, f'model.{key}', f'train.{key}') + (('L',) if key == 'n_layer' else ()):
-        v = record.get(k) if hasattr(record, 'get') else None
-        if _present(v): return v
+    for k in (key, f"model.{key}", f"train.{key}") + (("L",) if key == "n_layer" else ()):
+        v = record.get(k) if hasattr(record, "get") else None
+        if _present(v):
+            return v
     return None
 
 
 def planned_steps(record) -> Optional[int]:
     """The optimizer steps a run planned, as the trainer computes them: `planned_steps` if the record has it, else
     train.max_steps, else train.tokens / (global batch × sequence length), else tokens per parameter × Pre-LN params."""
-    for k in ('planned_steps', 'train.max_steps'):
-        if _present(record.get(k)): return int(record[k])
-    gb, T = record_field(record, 'global_batch'), record_field(record, 'seq_len')
-    if gb is None or T is None: return None
-    if _present(record.get('train.tokens')): return max(1, round(float(record['train.tokens']) / (gb * T)))
-    tpp = record.get('train.tokens_per_param')
-    shape = {k: record_field(record, k) for k in ('n_layer', 'd_model', 'n_head', 'n_kv_head', 'ffn_hidden', 'vocab_size')}
-    if not _present(tpp) or any(v is None for v in shape.values()): return None
-    return max(1, round(float(tpp) * count_params(ModelConfig(arch='preln', **{k: int(v) for k, v in shape.items()})).total / (gb * T)))
+    for k in ("planned_steps", "train.max_steps"):
+        if _present(record.get(k)):
+            return int(record[k])
+    gb, T = record_field(record, "global_batch"), record_field(record, "seq_len")
+    if gb is None or T is None:
+        return None
+    if _present(record.get("train.tokens")):
+        return max(1, round(float(record["train.tokens"]) / (gb * T)))
+    tpp = record.get("train.tokens_per_param")
+    shape = {
+        k: record_field(record, k) for k in ("n_layer", "d_model", "n_head", "n_kv_head", "ffn_hidden", "vocab_size")
+    }
+    if not _present(tpp) or any(v is None for v in shape.values()):
+        return None
+    return max(
+        1,
+        round(
+            float(tpp)
+            * count_params(ModelConfig(arch="preln", **{k: int(v) for k, v in shape.items()})).total
+            / (gb * T)
+        ),
+    )
 
 
 def planned_tokens(record) -> Optional[float]:
     "The training tokens a run planned: planned steps × global batch × sequence length."
-    if _present(record.get('planned_tokens')): return float(record['planned_tokens'])
-    steps, gb, T = planned_steps(record), record_field(record, 'global_batch'), record_field(record, 'seq_len')
+    if _present(record.get("planned_tokens")):
+        return float(record["planned_tokens"])
+    steps, gb, T = planned_steps(record), record_field(record, "global_batch"), record_field(record, "seq_len")
     return None if steps is None or gb is None or T is None else float(steps * gb * T)
 
 
 def _show(v):
-    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer, np.floating)): return str(v)
-    return f'{int(v):,}' if float(v).is_integer() else f'{float(v):g}'
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer, np.floating)):
+        return str(v)
+    return f"{int(v):,}" if float(v).is_integer() else f"{float(v):g}"
 
 
 def run_comparability(record, plan: Optional[PaperPlan]) -> tuple[bool, list[str]]:
     """(comparable, what differs): a run is comparable with a paper number only when it completed, with the paper's
     shape, planned tokens and completed steps for that number's cell (`plan`; None: the paper has no such run)."""
-    if plan is None: return False, ['the paper has no run at this setting']
+    if plan is None:
+        return False, ["the paper has no run at this setting"]
     diffs = []
-    if _present(record.get('status')) and record.get('status') != 'completed': diffs.append(f"status {record.get('status')}")
+    if _present(record.get("status")) and record.get("status") != "completed":
+        diffs.append(f"status {record.get('status')}")
     for key, want in plan.shape.items():
         have = record_field(record, key)
-        if have is None: diffs.append(f'{key} not recorded (the paper: {_show(want)})'); continue
-        same = (float(have) == float(want)) if isinstance(want, (int, float)) and not isinstance(want, bool) else (have == want)
-        if not same: diffs.append(f'{key} {_show(have)} (the paper: {_show(want)})')
+        if have is None:
+            diffs.append(f"{key} not recorded (the paper: {_show(want)})")
+            continue
+        same = (
+            (float(have) == float(want))
+            if isinstance(want, (int, float)) and not isinstance(want, bool)
+            else (have == want)
+        )
+        if not same:
+            diffs.append(f"{key} {_show(have)} (the paper: {_show(want)})")
     if plan.tokens is not None:
         toks = planned_tokens(record)
-        if toks is None: diffs.append(f'planned tokens not recorded (the paper: {plan.tokens:.4g})')
-        elif abs(toks / plan.tokens - 1) > plan.tokens_rel_tol: diffs.append(f'planned tokens {toks:.4g} (the paper: {plan.tokens:.4g})')
+        if toks is None:
+            diffs.append(f"planned tokens not recorded (the paper: {plan.tokens:.4g})")
+        elif abs(toks / plan.tokens - 1) > plan.tokens_rel_tol:
+            diffs.append(f"planned tokens {toks:.4g} (the paper: {plan.tokens:.4g})")
     if plan.steps is not None:
-        done = record.get('steps')
-        if not _present(done): diffs.append(f'completed steps not recorded (the paper: {plan.steps:,})')
-        elif int(done) != plan.steps: diffs.append(f'{int(done):,} steps completed (the paper: {plan.steps:,})')
+        done = record.get("steps")
+        if not _present(done):
+            diffs.append(f"completed steps not recorded (the paper: {plan.steps:,})")
+        elif int(done) != plan.steps:
+            diffs.append(f"{int(done):,} steps completed (the paper: {plan.steps:,})")
     return not diffs, diffs
 
 
 def scale_label(comparable: bool, diffs: list) -> str:
     "The words a table row carries: 'paper scale', or 'reduced scale: ' and what differs from the paper's run."
-    return 'paper scale' if comparable else 'reduced scale: ' + '; '.join(diffs)
+    return "paper scale" if comparable else "reduced scale: " + "; ".join(diffs)
 
 
 @dataclass
 class RunScale(Scale):
     "The scale of a report whose runs are judged one by one against the paper's cells (`run_comparability`)."
+
     n_runs: int = 0
     n_comparable: int = 0
 
@@ -403,77 +550,126 @@ class RunScale(Scale):
     def label(self) -> str:
         what = f"presets {', '.join(self.presets) if self.presets else 'none'}; provenance: {self.provenance}"
         if self.n_runs and self.n_comparable == self.n_runs:
-            return (f"Scale: all {self.n_runs} completed runs are paper scale (the paper's shape, planned tokens and completed "
-                    f"steps for their cell); {what}.")
+            return (
+                f"Scale: all {self.n_runs} completed runs are paper scale (the paper's shape, planned tokens and completed "
+                f"steps for their cell); {what}."
+            )
         if self.n_comparable:
-            return (f"Scale: {self.n_comparable} of {self.n_runs} completed runs are paper scale; the others are reduced scale, "
-                    f"NOT comparable (each row says what differs); {what}.")
-        return (f"Scale: reduced scale ({what}) - no run matches the paper's shape, planned tokens and completed steps: "
-                'NOT comparable; paper numbers are shown beside ours for reference only.')
+            return (
+                f"Scale: {self.n_comparable} of {self.n_runs} completed runs are paper scale; the others are reduced scale, "
+                f"NOT comparable (each row says what differs); {what}."
+            )
+        return (
+            f"Scale: reduced scale ({what}) - no run matches the paper's shape, planned tokens and completed steps: "
+            "NOT comparable; paper numbers are shown beside ours for reference only."
+        )
 
 # %% ../nbs/09c_reports.ipynb #9d54d629
 DEPTHBENCH_ARTIFACTS = (
-    'depthbench_run_status', 'depthbench_val_loss', 'depthbench_paper_val_loss', 'depthbench_loss_vs_ratio',
-    'depthbench_loss_across_scales', 'depthbench_lr_sensitivity', 'depthbench_angular', 'depthbench_causal',
-    'depthbench_permutation', 'depthbench_threshold_fractions', 'depthbench_mixing_erank', 'depthbench_mixing',
-    'depthbench_residual_path', 'depthbench_pruning_logit_lens', 'depthbench_dead_zone', 'depthbench_domain_nll',
-    'depthbench_table3_shapes', 'depthbench_architectures', 'depthbench_costs_400m', 'depthbench_gpu_hours', 'depthbench_gpu_hours_ranking',
-    'depthbench_costs_figure', 'depthbench_costs_measured', 'depthbench_paper_index', 'depthbench_verdicts')
+    "depthbench_run_status",
+    "depthbench_val_loss",
+    "depthbench_paper_val_loss",
+    "depthbench_loss_vs_ratio",
+    "depthbench_loss_across_scales",
+    "depthbench_lr_sensitivity",
+    "depthbench_angular",
+    "depthbench_causal",
+    "depthbench_permutation",
+    "depthbench_threshold_fractions",
+    "depthbench_mixing_erank",
+    "depthbench_mixing",
+    "depthbench_residual_path",
+    "depthbench_pruning_logit_lens",
+    "depthbench_dead_zone",
+    "depthbench_domain_nll",
+    "depthbench_table3_shapes",
+    "depthbench_architectures",
+    "depthbench_costs_400m",
+    "depthbench_gpu_hours",
+    "depthbench_gpu_hours_ranking",
+    "depthbench_costs_figure",
+    "depthbench_costs_measured",
+    "depthbench_paper_index",
+    "depthbench_verdicts",
+)
 PAPER_SOURCE = "DepthBench (arXiv 2609.32534), as on the authors' project page keyu-wang-2002/DepthBench-Website"
-SCALE_PRESETS = ('ladder-200m', 'ladder-300m', '400m', '400m-main', 'ladder-500m', '1.6b')   # the paper's scales, smallest first
+SCALE_PRESETS = (
+    "ladder-200m",
+    "ladder-300m",
+    "400m",
+    "400m-main",
+    "ladder-500m",
+    "1.6b",
+)  # the paper's scales, smallest first
 
 
 def _sns():
     import matplotlib
-    matplotlib.use('Agg')
+
+    matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import seaborn as sns
-    sns.set_theme(style='whitegrid', context='paper')
+
+    sns.set_theme(style="whitegrid", context="paper")
     return plt, sns
 
 
-def lr_sensitivity_figure(rep: 'Report', data: pd.DataFrame, loss_col: str, name: str, caption: str, xlabel: str,
-                          figsize=(6, 4), **line_kw) -> None:
+def lr_sensitivity_figure(
+    rep: "Report", data: pd.DataFrame, loss_col: str, name: str, caption: str, xlabel: str, figsize=(6, 4), **line_kw
+) -> None:
     "Validation loss against learning rate (log axis), one line per `shape` (the LR sensitivity of a sweep), into `rep`."
     plt, sns = _sns()
     fig, ax = plt.subplots(figsize=figsize)
-    sns.lineplot(data=data, x='lr', y=loss_col, hue='shape', marker='o', ax=ax, **line_kw)
-    ax.set_xscale('log'); ax.set_xlabel(xlabel); ax.set_ylabel('validation loss (nats)')
+    sns.lineplot(data=data, x="lr", y=loss_col, hue="shape", marker="o", ax=ax, **line_kw)
+    ax.set_xscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("validation loss (nats)")
     rep.figure(fig, name, caption)
 
 
-def _not_looped(df): return df['arch'].map(family_of) != 'looped'
+def _not_looped(df):
+    return df["arch"].map(family_of) != "looped"
 
 
 def _r_palette(rs) -> dict:
     "One colour per recurrence r (as a string), the same in every looped figure."
     import seaborn as sns
-    colours = sns.color_palette('viridis', 4)
+
+    colours = sns.color_palette("viridis", 4)
     return {str(r): colours[min(int(math.log2(int(r))), 3)] for r in rs}
 
 
 def _arch_palette(archs) -> dict:
     "One colour per design, the same in every DepthBench figure."
     import seaborn as sns
-    order = [a for a in ARCHS if ARCHS[a].family != 'looped']
-    colours = sns.color_palette('tab10', len(order))
+
+    order = [a for a in ARCHS if ARCHS[a].family != "looped"]
+    colours = sns.color_palette("tab10", len(order))
     return {a: colours[order.index(a) % len(colours)] if a in order else (0.4, 0.4, 0.4) for a in archs}
 
 
 def _log_ratio_axis(ax):
     "A log x axis of d_model / n_layer with plain tick labels (1, 2, 5 x 10^k)."
     from matplotlib.ticker import FixedLocator, NullFormatter, ScalarFormatter
-    ax.set_xscale('log')
-    ax.xaxis.set_major_locator(FixedLocator([m * 10 ** k for k in range(-1, 4) for m in (1, 2, 5)]))
-    ax.xaxis.set_major_formatter(ScalarFormatter()); ax.xaxis.set_minor_formatter(NullFormatter())
-    ax.set_xlabel('d_model / n_layer (log)')
+
+    ax.set_xscale("log")
+    ax.xaxis.set_major_locator(FixedLocator([m * 10**k for k in range(-1, 4) for m in (1, 2, 5)]))
+    ax.xaxis.set_major_formatter(ScalarFormatter())
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.set_xlabel("d_model / n_layer (log)")
 
 
 # the paper's grids (keyu-wang-2002/DepthBench configs/README.md; the project page's four suites): scale, what, preset
-DEPTHBENCH_GRIDS = (('400M', '400M main benchmark', '400m'), ('400M', "400M main benchmark (the official code's sweep)", '400m-main'),
-                    ('300M backbone', '300M fixed-backbone control', '300m-backbone'), ('200M', '200M ladder', 'ladder-200m'),
-                    ('300M', '300M ladder', 'ladder-300m'), ('500M', '500M ladder', 'ladder-500m'), ('1.6B', '1.6B validation', '1.6b'))
-DEPTHBENCH_SCALES = ('200M', '300M', '400M', '500M', '1.6B')   # the paper's model scales (Figure 3: the ladder and 1.6B)
+DEPTHBENCH_GRIDS = (
+    ("400M", "400M main benchmark", "400m"),
+    ("400M", "400M main benchmark (the official code's sweep)", "400m-main"),
+    ("300M backbone", "300M fixed-backbone control", "300m-backbone"),
+    ("200M", "200M ladder", "ladder-200m"),
+    ("300M", "300M ladder", "ladder-300m"),
+    ("500M", "500M ladder", "ladder-500m"),
+    ("1.6B", "1.6B validation", "1.6b"),
+)
+DEPTHBENCH_SCALES = ("200M", "300M", "400M", "500M", "1.6B")  # the paper's model scales (Figure 3: the ladder and 1.6B)
 
 
 @functools.lru_cache(maxsize=1)
@@ -483,7 +679,8 @@ def depthbench_paper_cells() -> tuple:
     for scale, what, preset in DEPTHBENCH_GRIDS:
         grid = PRESETS[preset].grid
         shapes = grid_shapes(grid)
-        if grid == 'ladder': shapes = [s for s in shapes if s.group == preset.split('-')[1]]
+        if grid == "ladder":
+            shapes = [s for s in shapes if s.group == preset.split("-")[1]]
         out += [(scale, what, preset, s) for s in shapes]
     return tuple(out)
 
@@ -494,31 +691,45 @@ def depthbench_paper_plan(record) -> Optional[PaperPlan]:
     200M / 300M / 500M ladder and 1.6B, each at its tier's official steps of 512 x 2048 tokens. A shape on several
     grids is judged on the grid of the record's preset. `record` may be a depth alone: the 400M main benchmark's
     shape there. None where no paper grid has the shape."""
-    if not hasattr(record, 'get'):
+    if not hasattr(record, "get"):
         L = _num(record)
-        if L is None or int(L) not in GRIDS['400m'].depths: return None
-        record = dict(n_layer=int(L), d_model=shape_for('400m', int(L)).d_model, preset='400m')
-    L, d = _num(record_field(record, 'n_layer')), _num(record_field(record, 'd_model'))
-    if L is None or d is None: return None
+        if L is None or int(L) not in GRIDS["400m"].depths:
+            return None
+        record = dict(n_layer=int(L), d_model=shape_for("400m", int(L)).d_model, preset="400m")
+    L, d = _num(record_field(record, "n_layer")), _num(record_field(record, "d_model"))
+    if L is None or d is None:
+        return None
     cells = [c for c in depthbench_paper_cells() if c[3].n_layer == int(L) and c[3].d_model == int(d)]
-    if not cells: return None
-    scale, what, preset, s = next((c for c in cells if c[2] == record.get('preset')), cells[0])
+    if not cells:
+        return None
+    scale, what, preset, s = next((c for c in cells if c[2] == record.get("preset")), cells[0])
     p, steps = PRESETS[preset], OFFICIAL_STEPS[preset]
-    return PaperPlan(f'{what}, L{s.n_layer}: d_model {s.d_model}, {steps:,} steps x {p.global_batch} x {p.seq_len} tokens',
-                     dict(n_layer=s.n_layer, d_model=s.d_model, vocab_size=s.vocab_size,
-                          **({'n_kv_head': s.n_kv_head} if s.n_kv_head != s.n_head else {})),   # the 1.6B grid's GQA
-                     tokens=float(steps * p.global_batch * p.seq_len), steps=steps, group=scale)
+    return PaperPlan(
+        f"{what}, L{s.n_layer}: d_model {s.d_model}, {steps:,} steps x {p.global_batch} x {p.seq_len} tokens",
+        dict(
+            n_layer=s.n_layer,
+            d_model=s.d_model,
+            vocab_size=s.vocab_size,
+            **({"n_kv_head": s.n_kv_head} if s.n_kv_head != s.n_head else {}),
+        ),  # the 1.6B grid's GQA
+        tokens=float(steps * p.global_batch * p.seq_len),
+        steps=steps,
+        group=scale,
+    )
 
 
 def _no_paper_cell(r) -> str:
-    L, d = _num(record_field(r, 'n_layer')), _num(record_field(r, 'd_model'))
+    L, d = _num(record_field(r, "n_layer")), _num(record_field(r, "d_model"))
     shape = f"L{int(L) if L is not None else '?'} d_model {int(d) if d is not None else '?'}"
-    return (f"no grid of the paper has the shape {shape} (its grids: 400M main L16-L32, L42, L70; 300M backbone L16-L84; "
-            "200M / 300M / 500M ladder; 1.6B L28, L40, L54), so no paper run to compare with")
+    return (
+        f"no grid of the paper has the shape {shape} (its grids: 400M main L16-L32, L42, L70; 300M backbone L16-L84; "
+        "200M / 300M / 500M ladder; 1.6B L28, L40, L54), so no paper run to compare with"
+    )
 
 
-def with_comparability(rows: pd.DataFrame, plan_for: Callable = depthbench_paper_plan,
-                       no_plan: Callable = _no_paper_cell) -> pd.DataFrame:
+def with_comparability(
+    rows: pd.DataFrame, plan_for: Callable = depthbench_paper_plan, no_plan: Callable = _no_paper_cell
+) -> pd.DataFrame:
     """`rows` plus comparable (bool), what_differs, paper_cell and paper_group (the paper's grid: '400M', '1.6B', ...), each
     from `run_comparability` against the row's paper cell, and paper_shape (the run has its cell's shape)."""
     out = rows.copy()
@@ -527,62 +738,79 @@ def with_comparability(rows: pd.DataFrame, plan_for: Callable = depthbench_paper
         plan = plan_for(r)
         ok, why = run_comparability(r, plan)
         res.append((plan, ok, why if plan is not None else [no_plan(r)]))
-    out['comparable'] = [ok for _, ok, _ in res]
-    out['what_differs'] = ['; '.join(why) for _, _, why in res]
-    out['paper_cell'] = [p.label if p else '' for p, _, _ in res]
-    out['paper_group'] = [p.group if p else '' for p, _, _ in res]
+    out["comparable"] = [ok for _, ok, _ in res]
+    out["what_differs"] = ["; ".join(why) for _, _, why in res]
+    out["paper_cell"] = [p.label if p else "" for p, _, _ in res]
+    out["paper_group"] = [p.group if p else "" for p, _, _ in res]
     rows_ = [out.iloc[i].to_dict() for i in range(len(out))]
-    out['paper_shape'] = [p is not None and all(_num(record_field(r, k)) == _num(v) for k, v in p.shape.items())
-                          for (p, _, _), r in zip(res, rows_)]   # the paper's shape, whatever the budget
+    out["paper_shape"] = [
+        p is not None and all(_num(record_field(r, k)) == _num(v) for k, v in p.shape.items())
+        for (p, _, _), r in zip(res, rows_)
+    ]  # the paper's shape, whatever the budget
     return out
 
 
 def _scale_note(rows: pd.DataFrame) -> str:
     "A difference note for a caption: how many of the rows behind a figure match the paper's setting."
-    if not len(rows) or 'comparable' not in rows: return ''
-    n, k = len(rows), int(rows['comparable'].sum())
-    if k == n: return ''
+    if not len(rows) or "comparable" not in rows:
+        return ""
+    n, k = len(rows), int(rows["comparable"].sum())
+    if k == n:
+        return ""
     return f"{n - k} of {n} runs are not at the paper's setting ({rows.loc[~rows['comparable'], 'what_differs'].iloc[0]}{', ...' if n - k > 1 else ''})"
 
 
 def _caption(paper: str, what: str, diffs: list) -> str:
     diffs = [d for d in diffs if d]
-    return f"{what}. Rebuilds the paper's {paper}" + (f"; differs: {'; '.join(diffs)}" if diffs else '; as the paper computes it')
+    return f"{what}. Rebuilds the paper's {paper}" + (
+        f"; differs: {'; '.join(diffs)}" if diffs else "; as the paper computes it"
+    )
 
 
-def _ratio_panels(rep: Report, data: pd.DataFrame, panels: list, fname: str, caption: str, paper_panel: Optional[pd.DataFrame] = None):
+def _ratio_panels(
+    rep: Report, data: pd.DataFrame, panels: list, fname: str, caption: str, paper_panel: Optional[pd.DataFrame] = None
+):
     "One log-ratio panel per (title, rows) of `panels` (+ the paper's values), one line per design: presets never share a panel."
     plt, sns = _sns()
     n = len(panels) + (paper_panel is not None)
     fig, axes = plt.subplots(1, n, figsize=(4.2 * n, 3.6), squeeze=False, sharey=False)
-    pal = _arch_palette(sorted(set(data['arch']) | (set(paper_panel['arch']) if paper_panel is not None else set())))
+    pal = _arch_palette(sorted(set(data["arch"]) | (set(paper_panel["arch"]) if paper_panel is not None else set())))
     items = list(panels) + ([("the paper (Figure 2 values, 400M)", paper_panel)] if paper_panel is not None else [])
     for ax, (title, rows) in zip(axes[0], items):
-        for arch, g in rows.sort_values('ratio').groupby('arch'):
-            ax.plot(g['ratio'], g['loss'], marker='o', ms=3, lw=1.2, color=pal[arch], label=arch)
-        _log_ratio_axis(ax); ax.set_title(title, fontsize=8)
-        ax.set_ylabel('validation loss (nats)'); ax.legend(fontsize=6)
+        for arch, g in rows.sort_values("ratio").groupby("arch"):
+            ax.plot(g["ratio"], g["loss"], marker="o", ms=3, lw=1.2, color=pal[arch], label=arch)
+        _log_ratio_axis(ax)
+        ax.set_title(title, fontsize=8)
+        ax.set_ylabel("validation loss (nats)")
+        ax.legend(fontsize=6)
     rep.figure(fig, fname, caption)
 
 
 def _cells_text(cells) -> str:
     "(design, depth) cells in words, grouped by design: 'preln L20, L24; hc L70'."
     by = {}
-    for a, L in sorted(cells, key=lambda c: (list(ARCHS).index(c[0]) if c[0] in ARCHS else 99, c[1])): by.setdefault(a, []).append(f'L{L}')
-    return '; '.join(f"{a} {', '.join(Ls)}" for a, Ls in by.items())
+    for a, L in sorted(cells, key=lambda c: (list(ARCHS).index(c[0]) if c[0] in ARCHS else 99, c[1])):
+        by.setdefault(a, []).append(f"L{L}")
+    return "; ".join(f"{a} {', '.join(Ls)}" for a, Ls in by.items())
 
 
 def _lr_notes(done: pd.DataFrame, best: pd.DataFrame) -> list:
     "What a figure's learning rates are: the LRs swept per cell, the winners, and the cells trained at a single LR."
-    keys = ['arch', 'preset', 'n_layer']
-    swept = done.groupby(keys)['lr'].apply(lambda v: tuple(sorted(set(v.round(10)))))
+    keys = ["arch", "preset", "n_layer"]
+    swept = done.groupby(keys)["lr"].apply(lambda v: tuple(sorted(set(v.round(10)))))
     grids = sorted(set(swept))
-    fmt = lambda g: '{' + ', '.join(f'{x:g}' for x in g) + '}'
-    notes = [f"learning rate: the best of each design x shape's swept LRs (swept here: {' or '.join(fmt(g) for g in grids)}; "
-             f"the paper sweeps LRs per design, its grid is not published); winning LRs: {fmt(sorted(set(best['lr'].round(10))))}"]
-    single = [f'{a} L{int(L)} ({p})' for (a, p, L), g in swept.items() if len(g) == 1]
-    if single: notes.append(f'{len(single)} of {len(swept)} design x shape cells trained at a single LR (no sweep): '
-                            + ', '.join(single[:6]) + (', ...' if len(single) > 6 else ''))
+    fmt = lambda g: "{" + ", ".join(f"{x:g}" for x in g) + "}"
+    notes = [
+        f"learning rate: the best of each design x shape's swept LRs (swept here: {' or '.join(fmt(g) for g in grids)}; "
+        f"the paper sweeps LRs per design, its grid is not published); winning LRs: {fmt(sorted(set(best['lr'].round(10))))}"
+    ]
+    single = [f"{a} L{int(L)} ({p})" for (a, p, L), g in swept.items() if len(g) == 1]
+    if single:
+        notes.append(
+            f"{len(single)} of {len(swept)} design x shape cells trained at a single LR (no sweep): "
+            + ", ".join(single[:6])
+            + (", ..." if len(single) > 6 else "")
+        )
     return notes
 
 
@@ -590,56 +818,117 @@ def depthbench_loss_section(rep: Report, df: pd.DataFrame, notes: Optional[dict]
     """Validation loss at the best LR per design x shape x preset beside the paper (Figure 2), loss vs ratio per preset,
     LR sensitivity. Figure 2 is partial where a design x shape of the paper's figure or its fixed-backbone panel has no run."""
     notes = {} if notes is None else notes
-    best = best_lr_rows(df[_not_looped(df)] if len(df) else df, keys=('arch', 'preset', 'n_layer', 'd_model'))
-    ref = reference_table('depthbench').query("quantity == 'val_loss'")
-    paper = ref[['arch', 'n_layer', 'value', 'source']].rename(columns={'value': 'paper_val_loss', 'source': 'paper_source'})
-    rep.table(paper.assign(d_model=[depthbench_paper_plan(L).shape['d_model'] for L in paper.n_layer],
-                           ratio=lambda d: d.d_model / d.n_layer), 'depthbench_paper_val_loss',
-              "The paper's validation loss per design x shape (Figure 2, 400M, 7.6k steps): reference only", label=PAPER_LABEL)
+    best = best_lr_rows(df[_not_looped(df)] if len(df) else df, keys=("arch", "preset", "n_layer", "d_model"))
+    ref = reference_table("depthbench").query("quantity == 'val_loss'")
+    paper = ref[["arch", "n_layer", "value", "source"]].rename(
+        columns={"value": "paper_val_loss", "source": "paper_source"}
+    )
+    rep.table(
+        paper.assign(
+            d_model=[depthbench_paper_plan(L).shape["d_model"] for L in paper.n_layer],
+            ratio=lambda d: d.d_model / d.n_layer,
+        ),
+        "depthbench_paper_val_loss",
+        "The paper's validation loss per design x shape (Figure 2, 400M, 7.6k steps): reference only",
+        label=PAPER_LABEL,
+    )
     if not len(best):
-        rep.note_missing('validation-loss table, loss-vs-ratio and LR figures (Figure 2)', f'no completed DepthBench runs in study {rep.study!r}')
+        rep.note_missing(
+            "validation-loss table, loss-vs-ratio and LR figures (Figure 2)",
+            f"no completed DepthBench runs in study {rep.study!r}",
+        )
         return best
     best = with_comparability(best)
-    same = paper.set_index(['arch', 'n_layer'])['paper_val_loss']
-    tab = best[['arch', 'preset', 'n_layer', 'd_model', 'ratio', 'lr', 'n_lrs', 'final_val_loss', 'steps', 'comparable',
-                'what_differs', 'paper_cell']].rename(columns={'lr': 'best_lr', 'final_val_loss': 'val_loss', 'steps': 'steps_completed'})
-    done = completed(df[_not_looped(df)]).dropna(subset=['final_val_loss'])
-    swept = done.groupby(['arch', 'preset', 'n_layer', 'd_model'])['lr'].apply(lambda v: ', '.join(f'{x:g}' for x in sorted(set(v))))
-    tab.insert(tab.columns.get_loc('n_lrs') + 1, 'lrs_swept', [swept.get((a, p, L, d), '') for a, p, L, d in
-                                                                 zip(best.arch, best.preset, best.n_layer, best.d_model)])
-    tab['planned_tokens'] = [planned_tokens(r) for r in (best.iloc[i].to_dict() for i in range(len(best)))]
+    same = paper.set_index(["arch", "n_layer"])["paper_val_loss"]
+    tab = best[
+        [
+            "arch",
+            "preset",
+            "n_layer",
+            "d_model",
+            "ratio",
+            "lr",
+            "n_lrs",
+            "final_val_loss",
+            "steps",
+            "comparable",
+            "what_differs",
+            "paper_cell",
+        ]
+    ].rename(columns={"lr": "best_lr", "final_val_loss": "val_loss", "steps": "steps_completed"})
+    done = completed(df[_not_looped(df)]).dropna(subset=["final_val_loss"])
+    swept = done.groupby(["arch", "preset", "n_layer", "d_model"])["lr"].apply(
+        lambda v: ", ".join(f"{x:g}" for x in sorted(set(v)))
+    )
+    tab.insert(
+        tab.columns.get_loc("n_lrs") + 1,
+        "lrs_swept",
+        [swept.get((a, p, L, d), "") for a, p, L, d in zip(best.arch, best.preset, best.n_layer, best.d_model)],
+    )
+    tab["planned_tokens"] = [planned_tokens(r) for r in (best.iloc[i].to_dict() for i in range(len(best)))]
     # the paper's number only where the run has the shape of the paper's 400M cell (a 1.6B or tiny row is never compared with it)
-    at_400m = best.paper_shape & (best.paper_group == '400M')
-    tab['paper_val_loss'] = [same.get((a, int(L)), np.nan) if ok else np.nan for a, L, ok in zip(best.arch, best.n_layer, at_400m)]
-    tab['paper_source'] = [PAPER_SOURCE + ', Figure 2' if not math.isnan(v) else '' for v in tab['paper_val_loss']]
-    rep.table(tab.sort_values(['preset', 'arch', 'n_layer']), 'depthbench_val_loss',
-              "Validation loss at the best LR per design x shape x preset; the paper's Figure 2 number where the run has the paper's shape")
-    order = [p for p in SCALE_PRESETS + ('300m-backbone',) if p in set(best.preset)] + sorted(set(best.preset) - set(SCALE_PRESETS) - {'300m-backbone'})
+    at_400m = best.paper_shape & (best.paper_group == "400M")
+    tab["paper_val_loss"] = [
+        same.get((a, int(L)), np.nan) if ok else np.nan for a, L, ok in zip(best.arch, best.n_layer, at_400m)
+    ]
+    tab["paper_source"] = [PAPER_SOURCE + ", Figure 2" if not math.isnan(v) else "" for v in tab["paper_val_loss"]]
+    rep.table(
+        tab.sort_values(["preset", "arch", "n_layer"]),
+        "depthbench_val_loss",
+        "Validation loss at the best LR per design x shape x preset; the paper's Figure 2 number where the run has the paper's shape",
+    )
+    order = [p for p in SCALE_PRESETS + ("300m-backbone",) if p in set(best.preset)] + sorted(
+        set(best.preset) - set(SCALE_PRESETS) - {"300m-backbone"}
+    )
     diffs = [_scale_note(best)] + _lr_notes(done, best)
-    notes['Figure 2'] = diffs
+    notes["Figure 2"] = diffs
     have = {(a, int(L)) for a, L in zip(best.arch[at_400m], best.n_layer[at_400m])}
     lacking = sorted(set(zip(paper.arch, paper.n_layer.astype(int))) - have)
-    if lacking: rep.gap('Figure 2', f"the paper's 400M cells without a run at their shape: {_cells_text(lacking)}")
-    if not (best.paper_group == '300M backbone').any():
-        rep.gap('Figure 2', 'the fixed-backbone panel (300M backbone; `depthbench-nb sweep run backbone-300m`)')
-    data = best.rename(columns={'final_val_loss': 'loss'})
-    panels = [(f'preset {p}' + (' (fixed backbone)' if p == '300m-backbone' else ''), data[data.preset == p]) for p in order]
-    ppanel = paper.assign(ratio=[depthbench_paper_plan(L).shape['d_model'] / L for L in paper.n_layer]).rename(columns={'paper_val_loss': 'loss'})
-    _ratio_panels(rep, data, panels, 'depthbench_loss_vs_ratio',
-                  _caption('Figure 2', 'Validation loss vs width/depth ratio at the best LR, one panel per preset, the paper beside', diffs), ppanel)
-    multi = done.groupby(['arch', 'preset', 'n_layer'])['lr'].transform('nunique') > 1
+    if lacking:
+        rep.gap("Figure 2", f"the paper's 400M cells without a run at their shape: {_cells_text(lacking)}")
+    if not (best.paper_group == "300M backbone").any():
+        rep.gap("Figure 2", "the fixed-backbone panel (300M backbone; `depthbench-nb sweep run backbone-300m`)")
+    data = best.rename(columns={"final_val_loss": "loss"})
+    panels = [
+        (f"preset {p}" + (" (fixed backbone)" if p == "300m-backbone" else ""), data[data.preset == p]) for p in order
+    ]
+    ppanel = paper.assign(ratio=[depthbench_paper_plan(L).shape["d_model"] / L for L in paper.n_layer]).rename(
+        columns={"paper_val_loss": "loss"}
+    )
+    _ratio_panels(
+        rep,
+        data,
+        panels,
+        "depthbench_loss_vs_ratio",
+        _caption(
+            "Figure 2",
+            "Validation loss vs width/depth ratio at the best LR, one panel per preset, the paper beside",
+            diffs,
+        ),
+        ppanel,
+    )
+    multi = done.groupby(["arch", "preset", "n_layer"])["lr"].transform("nunique") > 1
     if multi.any():
-        sub = done[multi].assign(shape=lambda d: d['arch'] + ' L' + d['n_layer'].astype(int).astype(str) + ' (' + d['preset'] + ')')
-        lr_sensitivity_figure(rep, sub, 'final_val_loss', 'depthbench_lr_sensitivity',
-                              'LR sensitivity: validation loss vs peak LR per design x shape x preset (the paper reports the best LR only)',
-                              'peak learning rate (log)', figsize=(6, 4), estimator=None)
+        sub = done[multi].assign(
+            shape=lambda d: d["arch"] + " L" + d["n_layer"].astype(int).astype(str) + " (" + d["preset"] + ")"
+        )
+        lr_sensitivity_figure(
+            rep,
+            sub,
+            "final_val_loss",
+            "depthbench_lr_sensitivity",
+            "LR sensitivity: validation loss vs peak LR per design x shape x preset (the paper reports the best LR only)",
+            "peak learning rate (log)",
+            figsize=(6, 4),
+            estimator=None,
+        )
     else:
-        rep.note_missing('LR sensitivity figure', 'no design x shape was trained at more than one learning rate')
+        rep.note_missing("LR sensitivity figure", "no design x shape was trained at more than one learning rate")
     return best
 
 
-FIGURE3_DESIGNS = ('preln', 'attnres', 'hc')                   # the designs of the paper's Figure 3
-FIGURE3_SCALES = ('200M', '300M', '500M', '1.6B')              # its panels: the 200M-500M ladder and 1.6B
+FIGURE3_DESIGNS = ("preln", "attnres", "hc")  # the designs of the paper's Figure 3
+FIGURE3_SCALES = ("200M", "300M", "500M", "1.6B")  # its panels: the 200M-500M ladder and 1.6B
 
 
 def depthbench_scales_section(rep: Report, best: pd.DataFrame, notes: Optional[dict] = None):
@@ -647,26 +936,47 @@ def depthbench_scales_section(rep: Report, best: pd.DataFrame, notes: Optional[d
     grid its shape belongs to (`depthbench_paper_plan`), so the presets 400m and 400m-main are one scale; the figure is
     partial until Pre-LN, Full AttnRes and HC have runs at 200M, 300M, 500M and 1.6B."""
     notes = {} if notes is None else notes
-    data = best[best.paper_group.isin(DEPTHBENCH_SCALES)] if len(best) and 'paper_group' in best else best.iloc[0:0]
+    data = best[best.paper_group.isin(DEPTHBENCH_SCALES)] if len(best) and "paper_group" in best else best.iloc[0:0]
     scales = [s for s in DEPTHBENCH_SCALES if s in set(data.paper_group)] if len(data) else []
     if len(scales) < 2:
-        rep.note_missing('loss across scales (Figure 3)', f"needs completed runs at two or more of the paper's scales ({', '.join(DEPTHBENCH_SCALES)}: "
-                         f"`depthbench-nb sweep run ladder`, `depthbench-1.6b`; several studies join in one report); this report's runs are at: "
-                         f"{', '.join(scales) or 'none of them (their shapes are not on a paper grid)'}")
+        rep.note_missing(
+            "loss across scales (Figure 3)",
+            f"needs completed runs at two or more of the paper's scales ({', '.join(DEPTHBENCH_SCALES)}: "
+            f"`depthbench-nb sweep run ladder`, `depthbench-1.6b`; several studies join in one report); this report's runs are at: "
+            f"{', '.join(scales) or 'none of them (their shapes are not on a paper grid)'}",
+        )
         return
-    data = data[data.paper_group.isin(scales)].rename(columns={'final_val_loss': 'loss'})
+    data = data[data.paper_group.isin(scales)].rename(columns={"final_val_loss": "loss"})
     # one point per design x shape of a scale: the presets of one scale (400m, 400m-main) share its shapes
-    data = data.sort_values('loss').drop_duplicates(['arch', 'paper_group', 'n_layer', 'd_model']).sort_index()
-    lacking = [f"{s} ({', '.join(a for a in FIGURE3_DESIGNS if a not in set(data.arch[data.paper_group == s]))})" if s in scales else f'{s} (no runs)'
-               for s in FIGURE3_SCALES if s not in scales or not set(FIGURE3_DESIGNS) <= set(data.arch[data.paper_group == s])]
-    if lacking: rep.gap('Figure 3', "scales without Pre-LN, Full AttnRes or HC runs: " + '; '.join(lacking))
-    studies = sorted(set(data['study'].dropna())) if 'study' in data else []
-    diffs = [_scale_note(data), "the paper shows Pre-LN, Full AttnRes and HC; every design with runs is drawn here",
-             '400M drawn as well (the paper shows it in Figure 2)' if '400M' in scales else '',
-             f"runs of the studies {', '.join(studies)}" if len(studies) > 1 else '']
-    notes['Figure 3'] = diffs
-    _ratio_panels(rep, data, [(s, data[data.paper_group == s]) for s in scales], 'depthbench_loss_across_scales',
-                  _caption('Figure 3', "Validation loss vs width/depth ratio at each of the paper's scales (one panel per scale)", diffs))
+    data = data.sort_values("loss").drop_duplicates(["arch", "paper_group", "n_layer", "d_model"]).sort_index()
+    lacking = [
+        f"{s} ({', '.join(a for a in FIGURE3_DESIGNS if a not in set(data.arch[data.paper_group == s]))})"
+        if s in scales
+        else f"{s} (no runs)"
+        for s in FIGURE3_SCALES
+        if s not in scales or not set(FIGURE3_DESIGNS) <= set(data.arch[data.paper_group == s])
+    ]
+    if lacking:
+        rep.gap("Figure 3", "scales without Pre-LN, Full AttnRes or HC runs: " + "; ".join(lacking))
+    studies = sorted(set(data["study"].dropna())) if "study" in data else []
+    diffs = [
+        _scale_note(data),
+        "the paper shows Pre-LN, Full AttnRes and HC; every design with runs is drawn here",
+        "400M drawn as well (the paper shows it in Figure 2)" if "400M" in scales else "",
+        f"runs of the studies {', '.join(studies)}" if len(studies) > 1 else "",
+    ]
+    notes["Figure 3"] = diffs
+    _ratio_panels(
+        rep,
+        data,
+        [(s, data[data.paper_group == s]) for s in scales],
+        "depthbench_loss_across_scales",
+        _caption(
+            "Figure 3",
+            "Validation loss vs width/depth ratio at each of the paper's scales (one panel per scale)",
+            diffs,
+        ),
+    )
 
 # %% ../nbs/09c_reports.ipynb #48a1cdf7
 def _matrix(m) -> np.ndarray:
@@ -675,7 +985,8 @@ def _matrix(m) -> np.ndarray:
 
 def _ref_value(ref: pd.DataFrame, quantity: str, arch: str, n_layer=None) -> float:
     m = ref[(ref.quantity == quantity) & (ref.arch == arch)]
-    if n_layer is not None and m['n_layer'].notna().any(): m = m[m.n_layer == n_layer]
+    if n_layer is not None and m["n_layer"].notna().any():
+        m = m[m.n_layer == n_layer]
     return float(m.value.iloc[0]) if len(m) else np.nan
 
 
@@ -683,23 +994,31 @@ def _deepest(diag: list, key: str, archs=None) -> list:
     "Per design, the deepest diagnosed run with `key` in its diagnostics (paper order of designs)."
     best = {}
     for r, d in diag:
-        if key not in d or (archs and r['arch'] not in archs): continue
-        if r['arch'] not in best or r['n_layer'] > best[r['arch']][0]['n_layer']: best[r['arch']] = (r, d)
+        if key not in d or (archs and r["arch"] not in archs):
+            continue
+        if r["arch"] not in best or r["n_layer"] > best[r["arch"]][0]["n_layer"]:
+            best[r["arch"]] = (r, d)
     return [best[a] for a in ARCHS if a in best]
 
 
-def _tag(r) -> str: return f"{r['arch']} L{int(r['n_layer'])} ({r['preset']})"
+def _tag(r) -> str:
+    return f"{r['arch']} L{int(r['n_layer'])} ({r['preset']})"
 
 
-FIGURE_DESIGNS = {   # the designs a paper figure shows (the project page's captions), where its text names them
-    'Figure 6': ('preln', 'hc', 'attnres'), 'threshold table': ('preln', 'hc', 'attnres'),
-    'Figure 7': ('preln', 'attnres', 'hc'), 'Figure 8': ('preln', 'hc', 'attnres'), 'Figure 10': ('hc', 'mhc')}
+FIGURE_DESIGNS = {  # the designs a paper figure shows (the project page's captions), where its text names them
+    "Figure 6": ("preln", "hc", "attnres"),
+    "threshold table": ("preln", "hc", "attnres"),
+    "Figure 7": ("preln", "attnres", "hc"),
+    "Figure 8": ("preln", "hc", "attnres"),
+    "Figure 10": ("hc", "mhc"),
+}
 
 
-def _design_gap(rep: Report, item: str, archs, what: str = 'not diagnosed'):
+def _design_gap(rep: Report, item: str, archs, what: str = "not diagnosed"):
     "Record the designs of a paper item's figure that `archs` lacks."
     lacking = [a for a in FIGURE_DESIGNS[item] if a not in set(archs)]
-    if lacking: rep.gap(item, f"designs {what}: {', '.join(lacking)}")
+    if lacking:
+        rep.gap(item, f"designs {what}: {', '.join(lacking)}")
 
 
 def _diag_rows(diag: list) -> pd.DataFrame:
@@ -709,251 +1028,489 @@ def _diag_rows(diag: list) -> pd.DataFrame:
 def _comparability_of(diag: list) -> pd.DataFrame:
     "arch, preset, n_layer (int), comparable, what_differs of the runs behind `diag` (pairs of run row and anything)."
     c = with_comparability(_diag_rows(diag))
-    return c.assign(n_layer=c['n_layer'].astype(int))[['arch', 'preset', 'n_layer', 'comparable', 'what_differs']]
+    return c.assign(n_layer=c["n_layer"].astype(int))[["arch", "preset", "n_layer", "comparable", "what_differs"]]
 
 
 def _samples_note(diag: list) -> str:
-    n = sorted({(d.get('n_samples'), d.get('seq_len')) for _, d in diag})
-    return 'held-out windows ' + ', '.join(f'{a} x {b}' for a, b in n)
+    n = sorted({(d.get("n_samples"), d.get("seq_len")) for _, d in diag})
+    return "held-out windows " + ", ".join(f"{a} x {b}" for a, b in n)
 
 
 def depthbench_heatmap_section(rep: Report, diag: list, notes: dict):
     "The paper's Figure 5 (angular distance) and Figure 6's score maps (causal, permutation), deepest diagnosed shape per design."
     plt, sns = _sns()
     for key, title, fname, axes_names, paper, official in (
-            ('angular', 'Angular distance between depth states', 'depthbench_angular', ('state j', 'state i'), 'Figure 5', '128 x 512'),
-            ('causal', 'Causal score C(s, l)', 'depthbench_causal', ('later block l', 'skipped block s'), 'Figure 6 (causal maps)', '16 x 256'),
-            ('permutation', 'Permutation score P(i, j)', 'depthbench_permutation', ('block j', 'block i'), 'Figure 6 (permutation maps)', '12 x 256')):
+        (
+            "angular",
+            "Angular distance between depth states",
+            "depthbench_angular",
+            ("state j", "state i"),
+            "Figure 5",
+            "128 x 512",
+        ),
+        (
+            "causal",
+            "Causal score C(s, l)",
+            "depthbench_causal",
+            ("later block l", "skipped block s"),
+            "Figure 6 (causal maps)",
+            "16 x 256",
+        ),
+        (
+            "permutation",
+            "Permutation score P(i, j)",
+            "depthbench_permutation",
+            ("block j", "block i"),
+            "Figure 6 (permutation maps)",
+            "12 x 256",
+        ),
+    ):
         have = _deepest(diag, key)
-        if not have: rep.note_missing(f'{title} ({paper})', 'no run was diagnosed with this metric'); continue
+        if not have:
+            rep.note_missing(f"{title} ({paper})", "no run was diagnosed with this metric")
+            continue
         fig, axes = plt.subplots(1, len(have), figsize=(3.6 * len(have), 3.0), squeeze=False)
         for ax, (r, d) in zip(axes[0], have):
-            sns.heatmap(_matrix(d[key]['matrix']), ax=ax, cmap='viridis', square=True, cbar=True, vmin=0)
-            ax.set_title(_tag(r), fontsize=8); ax.set_xlabel(axes_names[0], fontsize=7); ax.set_ylabel(axes_names[1], fontsize=7)
-        diffs = [_scale_note(_diag_rows(have)), f"the paper shows L = 32 models; here the deepest diagnosed shape of each design",
-                 f"{_samples_note(have)} (the official script's default: {official})"]
-        item = paper.split(' (')[0]
+            sns.heatmap(_matrix(d[key]["matrix"]), ax=ax, cmap="viridis", square=True, cbar=True, vmin=0)
+            ax.set_title(_tag(r), fontsize=8)
+            ax.set_xlabel(axes_names[0], fontsize=7)
+            ax.set_ylabel(axes_names[1], fontsize=7)
+        diffs = [
+            _scale_note(_diag_rows(have)),
+            f"the paper shows L = 32 models; here the deepest diagnosed shape of each design",
+            f"{_samples_note(have)} (the official script's default: {official})",
+        ]
+        item = paper.split(" (")[0]
         notes[item] = list(dict.fromkeys(notes.get(item, []) + diffs))
-        archs = [r['arch'] for r, _ in have]
-        if key == 'angular' and len(archs) < 9:
-            rep.gap(item, f"the paper draws nine designs at L = 32; diagnosed here: {len(archs)} "
-                          f"(not: {', '.join(a for a in ARCHS if ARCHS[a].family != 'looped' and a not in archs)})")
-        if key != 'angular': _design_gap(rep, item, archs, f'without {key} maps')
-        rep.figure(fig, fname, _caption(paper, title + ' per design', diffs))
+        archs = [r["arch"] for r, _ in have]
+        if key == "angular" and len(archs) < 9:
+            rep.gap(
+                item,
+                f"the paper draws nine designs at L = 32; diagnosed here: {len(archs)} "
+                f"(not: {', '.join(a for a in ARCHS if ARCHS[a].family != 'looped' and a not in archs)})",
+            )
+        if key != "angular":
+            _design_gap(rep, item, archs, f"without {key} maps")
+        rep.figure(fig, fname, _caption(paper, title + " per design", diffs))
 
 
 def depthbench_threshold_section(rep: Report, diag: list, notes: dict):
     "The paper's threshold table: late-layer pairs with causal score > 0.45 and permutation score > 0.15 (its L = 32 models)."
-    ref = reference_table('depthbench')
+    ref = reference_table("depthbench")
     rows = []
     for r, d in diag:
-        if 'causal' not in d and 'permutation' not in d: continue
+        if "causal" not in d and "permutation" not in d:
+            continue
         from depthbench_nb.diagnostics import CAUSAL_THRESHOLD, PERMUTATION_THRESHOLD, late_pair_fraction
-        c, p = d.get('causal') or {}, d.get('permutation') or {}
+
+        c, p = d.get("causal") or {}, d.get("permutation") or {}
         # counted again from the stored matrices: a record diagnosed before the pair count holds a per-layer fraction
-        cf, ca, cn = late_pair_fraction(_matrix(c['matrix']), CAUSAL_THRESHOLD) if c else (np.nan, None, None)
-        pf = late_pair_fraction(_matrix(p['matrix']), PERMUTATION_THRESHOLD)[0] if p else np.nan
-        per_layer = [v for v in (c.get('per_layer') or []) if v is not None]
-        late = [v for k, v in enumerate(c.get('per_layer') or []) if k >= int(r['n_layer']) // 4 and v is not None and not math.isnan(v)]
-        row = dict(arch=r['arch'], preset=r['preset'], n_layer=int(r['n_layer']), causal_frac_pairs_045=cf, causal_late_pairs=cn,
-                   causal_late_pairs_above=ca, perm_frac_pairs_015=pf,
-                   causal_frac_layers_by_mean_not_paper=(sum(v > CAUSAL_THRESHOLD for v in late) / len(late)) if late and per_layer else np.nan)
-        for q, col in (('causal_frac_045', 'paper_causal_frac_L32'), ('perm_frac_015', 'paper_perm_frac_L32')): row[col] = _ref_value(ref, q, r['arch'])
-        ok, why = run_comparability(r, depthbench_paper_plan(32))   # the paper's table is for its 400M L32 models
-        row.update(comparable=ok, what_differs='; '.join(why))
+        cf, ca, cn = late_pair_fraction(_matrix(c["matrix"]), CAUSAL_THRESHOLD) if c else (np.nan, None, None)
+        pf = late_pair_fraction(_matrix(p["matrix"]), PERMUTATION_THRESHOLD)[0] if p else np.nan
+        per_layer = [v for v in (c.get("per_layer") or []) if v is not None]
+        late = [
+            v
+            for k, v in enumerate(c.get("per_layer") or [])
+            if k >= int(r["n_layer"]) // 4 and v is not None and not math.isnan(v)
+        ]
+        row = dict(
+            arch=r["arch"],
+            preset=r["preset"],
+            n_layer=int(r["n_layer"]),
+            causal_frac_pairs_045=cf,
+            causal_late_pairs=cn,
+            causal_late_pairs_above=ca,
+            perm_frac_pairs_015=pf,
+            causal_frac_layers_by_mean_not_paper=(sum(v > CAUSAL_THRESHOLD for v in late) / len(late))
+            if late and per_layer
+            else np.nan,
+        )
+        for q, col in (("causal_frac_045", "paper_causal_frac_L32"), ("perm_frac_015", "paper_perm_frac_L32")):
+            row[col] = _ref_value(ref, q, r["arch"])
+        ok, why = run_comparability(r, depthbench_paper_plan(32))  # the paper's table is for its 400M L32 models
+        row.update(comparable=ok, what_differs="; ".join(why))
         rows.append(row)
-    if not rows: rep.note_missing('threshold table (late-layer pair fractions of Figure 6)', 'no run was diagnosed with the causal or permutation metric'); return
+    if not rows:
+        rep.note_missing(
+            "threshold table (late-layer pair fractions of Figure 6)",
+            "no run was diagnosed with the causal or permutation metric",
+        )
+        return
     t = pd.DataFrame(rows)
-    rep.table(t, 'depthbench_threshold_fractions',
-              "Fraction of late-layer pairs (both in the last 3/4) with causal score > 0.45 and permutation score > 0.15; "
-              "the paper's L = 32 values beside (its table 'Late-layer pairs above threshold')")
+    rep.table(
+        t,
+        "depthbench_threshold_fractions",
+        "Fraction of late-layer pairs (both in the last 3/4) with causal score > 0.45 and permutation score > 0.15; "
+        "the paper's L = 32 values beside (its table 'Late-layer pairs above threshold')",
+    )
     plt, sns = _sns()
-    long = pd.concat([t.assign(score='causal > 0.45', ours=t.causal_frac_pairs_045, paper=t.paper_causal_frac_L32),
-                      t.assign(score='permutation > 0.15', ours=t.perm_frac_pairs_015, paper=t.paper_perm_frac_L32)])
-    long['run'] = long['arch'] + ' L' + long['n_layer'].astype(str)
+    long = pd.concat(
+        [
+            t.assign(score="causal > 0.45", ours=t.causal_frac_pairs_045, paper=t.paper_causal_frac_L32),
+            t.assign(score="permutation > 0.15", ours=t.perm_frac_pairs_015, paper=t.paper_perm_frac_L32),
+        ]
+    )
+    long["run"] = long["arch"] + " L" + long["n_layer"].astype(str)
     fig, axes = plt.subplots(1, 2, figsize=(8.5, 3.4), squeeze=False)
-    for ax, (score, g) in zip(axes[0], long.groupby('score')):
+    for ax, (score, g) in zip(axes[0], long.groupby("score")):
         x = np.arange(len(g))
-        ax.bar(x - 0.2, g['ours'], 0.4, label='ours'); ax.bar(x + 0.2, g['paper'].fillna(0), 0.4, label="paper (400M L32)", alpha=0.6)
-        ax.set_xticks(x); ax.set_xticklabels(g['run'], rotation=30, fontsize=6); ax.set_title(score, fontsize=8)
-        ax.set_ylabel('fraction of late-layer pairs'); ax.legend(fontsize=6)
+        ax.bar(x - 0.2, g["ours"], 0.4, label="ours")
+        ax.bar(x + 0.2, g["paper"].fillna(0), 0.4, label="paper (400M L32)", alpha=0.6)
+        ax.set_xticks(x)
+        ax.set_xticklabels(g["run"], rotation=30, fontsize=6)
+        ax.set_title(score, fontsize=8)
+        ax.set_ylabel("fraction of late-layer pairs")
+        ax.legend(fontsize=6)
     diffs = [_scale_note(t), "the paper's fractions are of its 400M L = 32 models"]
-    for item in ('threshold table', 'Figure 6'): notes[item] = list(dict.fromkeys(notes.get(item, []) + diffs))
-    both = t.dropna(subset=['causal_frac_pairs_045', 'perm_frac_pairs_015'])
-    _design_gap(rep, 'threshold table', both.arch, 'without both causal and permutation scores')
-    rep.figure(fig, 'depthbench_threshold_fractions', _caption('Figure 6 (fractions) and its threshold table', 'Late-layer pairs above the thresholds, ours beside the paper', diffs))
+    for item in ("threshold table", "Figure 6"):
+        notes[item] = list(dict.fromkeys(notes.get(item, []) + diffs))
+    both = t.dropna(subset=["causal_frac_pairs_045", "perm_frac_pairs_015"])
+    _design_gap(rep, "threshold table", both.arch, "without both causal and permutation scores")
+    rep.figure(
+        fig,
+        "depthbench_threshold_fractions",
+        _caption(
+            "Figure 6 (fractions) and its threshold table",
+            "Late-layer pairs above the thresholds, ours beside the paper",
+            diffs,
+        ),
+    )
 
 
 def depthbench_mixing_section(rep: Report, diag: list, notes: dict):
     "HC vs mHC (the paper's Figure 10): both effective-rank conventions, direction overlap and singular spectrum of the residual transport."
-    ref = reference_table('depthbench')
-    mix = [(r, d) for r, d in diag if 'mixing' in d]
-    if not mix: rep.note_missing('HC vs mHC effective rank (Figure 10)', 'no diagnosed hc/mhc run'); return
-    t = pd.DataFrame([dict(arch=r['arch'], preset=r['preset'], n_layer=int(r['n_layer']),
-                           erank_sv=m['mixing_erank'], erank_sv2=m.get('mixing_erank_sv2', np.nan),
-                           direction_overlap=m.get('direction_overlap', np.nan), distance_to_uniform=m.get('distance_to_uniform'),
-                           paper_low_convention_not_stated=_ref_value(ref, 'mixing_erank_low', r['arch']),
-                           paper_high_convention_not_stated=_ref_value(ref, 'mixing_erank_high', r['arch']))
-                      for r, m in ((r, d['mixing']) for r, d in mix)])
-    t = t.merge(_comparability_of(mix), on=['arch', 'preset', 'n_layer'])
-    _design_gap(rep, 'Figure 10', t.arch)
-    rep.table(t, 'depthbench_mixing_erank',
-              'Effective rank of the forward residual product, both conventions: erank_sv = exp H(sigma / sum sigma), '
-              'erank_sv2 = exp H(sigma^2 / sum sigma^2) (the paper does not state its convention); the paper: HC 2.53-2.81, mHC 1.44-1.65')
+    ref = reference_table("depthbench")
+    mix = [(r, d) for r, d in diag if "mixing" in d]
+    if not mix:
+        rep.note_missing("HC vs mHC effective rank (Figure 10)", "no diagnosed hc/mhc run")
+        return
+    t = pd.DataFrame(
+        [
+            dict(
+                arch=r["arch"],
+                preset=r["preset"],
+                n_layer=int(r["n_layer"]),
+                erank_sv=m["mixing_erank"],
+                erank_sv2=m.get("mixing_erank_sv2", np.nan),
+                direction_overlap=m.get("direction_overlap", np.nan),
+                distance_to_uniform=m.get("distance_to_uniform"),
+                paper_low_convention_not_stated=_ref_value(ref, "mixing_erank_low", r["arch"]),
+                paper_high_convention_not_stated=_ref_value(ref, "mixing_erank_high", r["arch"]),
+            )
+            for r, m in ((r, d["mixing"]) for r, d in mix)
+        ]
+    )
+    t = t.merge(_comparability_of(mix), on=["arch", "preset", "n_layer"])
+    _design_gap(rep, "Figure 10", t.arch)
+    rep.table(
+        t,
+        "depthbench_mixing_erank",
+        "Effective rank of the forward residual product, both conventions: erank_sv = exp H(sigma / sum sigma), "
+        "erank_sv2 = exp H(sigma^2 / sum sigma^2) (the paper does not state its convention); the paper: HC 2.53-2.81, mHC 1.44-1.65",
+    )
     plt, sns = _sns()
     pal = _arch_palette(t.arch)
     fig, axes = plt.subplots(1, 3, figsize=(12, 3.5))
     for r, d in mix:
-        m, c = d['mixing'], pal[r['arch']]
-        by = m.get('by_depth') or {}
+        m, c = d["mixing"], pal[r["arch"]]
+        by = m.get("by_depth") or {}
         if by:
-            k = np.arange(1, len(by['erank_sv']) + 1)
-            axes[0].plot(k, by['erank_sv'], color=c, label=f"{_tag(r)} sigma"); axes[0].plot(k, by['erank_sv2'], color=c, ls='--', label=f"{_tag(r)} sigma^2")
-            axes[1].plot(k, by['overlap'], color=c, label=_tag(r))
-        if m.get('spectrum'): axes[2].plot(np.arange(1, len(m['spectrum']) + 1), m['spectrum'], marker='o', color=c, label=_tag(r))
-    for arch, ls in (('hc', ':'), ('mhc', '-.')):
-        lo, hi = _ref_value(ref, 'mixing_erank_low', arch), _ref_value(ref, 'mixing_erank_high', arch)
-        axes[0].axhspan(lo, hi, color=pal.get(arch, (0.5, 0.5, 0.5)), alpha=0.12, label=f'paper {arch} {lo}-{hi}')
-    axes[0].set_xlabel('composed sublayers k (P_k = H_k ... H_1)'); axes[0].set_ylabel('effective rank (solid sigma, dashed sigma^2)')
-    axes[1].set_xlabel('composed sublayers k'); axes[1].set_ylabel('direction overlap (mean |cos| of rows)')
-    axes[2].set_xlabel('singular value index'); axes[2].set_ylabel('sigma / sigma_max of the full product')
-    for ax in axes: ax.legend(fontsize=5)
-    diffs = [_scale_note(t), "the paper's effective-rank convention is not stated: both are drawn (solid sigma, dashed sigma^2)",
-             'direction overlap = mean |cos| between the rows of the composed product (our reading)']
-    notes['Figure 10'] = diffs
-    rep.figure(fig, 'depthbench_mixing', _caption('Figure 10', 'HC vs mHC residual transport: effective rank, direction overlap, singular spectrum', diffs))
+            k = np.arange(1, len(by["erank_sv"]) + 1)
+            axes[0].plot(k, by["erank_sv"], color=c, label=f"{_tag(r)} sigma")
+            axes[0].plot(k, by["erank_sv2"], color=c, ls="--", label=f"{_tag(r)} sigma^2")
+            axes[1].plot(k, by["overlap"], color=c, label=_tag(r))
+        if m.get("spectrum"):
+            axes[2].plot(np.arange(1, len(m["spectrum"]) + 1), m["spectrum"], marker="o", color=c, label=_tag(r))
+    for arch, ls in (("hc", ":"), ("mhc", "-.")):
+        lo, hi = _ref_value(ref, "mixing_erank_low", arch), _ref_value(ref, "mixing_erank_high", arch)
+        axes[0].axhspan(lo, hi, color=pal.get(arch, (0.5, 0.5, 0.5)), alpha=0.12, label=f"paper {arch} {lo}-{hi}")
+    axes[0].set_xlabel("composed sublayers k (P_k = H_k ... H_1)")
+    axes[0].set_ylabel("effective rank (solid sigma, dashed sigma^2)")
+    axes[1].set_xlabel("composed sublayers k")
+    axes[1].set_ylabel("direction overlap (mean |cos| of rows)")
+    axes[2].set_xlabel("singular value index")
+    axes[2].set_ylabel("sigma / sigma_max of the full product")
+    for ax in axes:
+        ax.legend(fontsize=5)
+    diffs = [
+        _scale_note(t),
+        "the paper's effective-rank convention is not stated: both are drawn (solid sigma, dashed sigma^2)",
+        "direction overlap = mean |cos| between the rows of the composed product (our reading)",
+    ]
+    notes["Figure 10"] = diffs
+    rep.figure(
+        fig,
+        "depthbench_mixing",
+        _caption(
+            "Figure 10", "HC vs mHC residual transport: effective rank, direction overlap, singular spectrum", diffs
+        ),
+    )
 
 
 def depthbench_residual_path_section(rep: Report, diag: list, notes: dict):
     "The paper's Figure 7: weight of each sublayer output in each later sublayer input (Pre-LN, Full AttnRes, HC first)."
-    paper_three = ('preln', 'attnres', 'hc')
-    have = _deepest(diag, 'residual_path', paper_three) or _deepest(diag, 'residual_path')
-    if not have: rep.note_missing('residual-path weights (Figure 7)', 'no run was diagnosed with the residual_path metric (`depthbench-nb diagnose RUN --metrics residual_path`)'); return
+    paper_three = ("preln", "attnres", "hc")
+    have = _deepest(diag, "residual_path", paper_three) or _deepest(diag, "residual_path")
+    if not have:
+        rep.note_missing(
+            "residual-path weights (Figure 7)",
+            "no run was diagnosed with the residual_path metric (`depthbench-nb diagnose RUN --metrics residual_path`)",
+        )
+        return
     plt, sns = _sns()
     fig, axes = plt.subplots(1, len(have), figsize=(3.8 * len(have), 3.3), squeeze=False)
     for ax, (r, d) in zip(axes[0], have):
-        sns.heatmap(_matrix(d['residual_path']['matrix']), ax=ax, cmap='viridis', square=True, cbar=True, robust=True)   # an HC sum readout row (n x) does not wash out the rest
-        ax.set_title(_tag(r), fontsize=8); ax.set_xlabel('source: embedding, then f_i (col i+1)', fontsize=7)
-        ax.set_ylabel('input of sublayer l (last row: output)', fontsize=7)
-    _design_gap(rep, 'Figure 7', [r['arch'] for r, _ in have])
-    diffs = [_scale_note(_diag_rows(have)), 'dynamic weights averaged over the tokens of the held-out windows']
-    notes['Figure 7'] = diffs
-    rep.figure(fig, 'depthbench_residual_path', _caption('Figure 7', 'Residual-path weights: mixing weight of each sublayer output in each later input', diffs))
+        sns.heatmap(
+            _matrix(d["residual_path"]["matrix"]), ax=ax, cmap="viridis", square=True, cbar=True, robust=True
+        )  # an HC sum readout row (n x) does not wash out the rest
+        ax.set_title(_tag(r), fontsize=8)
+        ax.set_xlabel("source: embedding, then f_i (col i+1)", fontsize=7)
+        ax.set_ylabel("input of sublayer l (last row: output)", fontsize=7)
+    _design_gap(rep, "Figure 7", [r["arch"] for r, _ in have])
+    diffs = [_scale_note(_diag_rows(have)), "dynamic weights averaged over the tokens of the held-out windows"]
+    notes["Figure 7"] = diffs
+    rep.figure(
+        fig,
+        "depthbench_residual_path",
+        _caption("Figure 7", "Residual-path weights: mixing weight of each sublayer output in each later input", diffs),
+    )
 
 
 def depthbench_pruning_lens_section(rep: Report, diag: list, notes: dict):
     "The paper's Figure 8: loss increase when one layer is removed, and KL(final || layer l) of the logit lens, per depth."
-    have = [(r, d) for r, d in _deepest(diag, 'pruning') + _deepest(diag, 'logit_lens')]
-    have = list({(r['arch'], r['n_layer']): (r, d) for r, d in have}.values())
-    if not have: rep.note_missing('layer pruning and logit-lens KL (Figure 8)', 'no run was diagnosed with the pruning or logit_lens metric'); return
+    have = [(r, d) for r, d in _deepest(diag, "pruning") + _deepest(diag, "logit_lens")]
+    have = list({(r["arch"], r["n_layer"]): (r, d) for r, d in have}.values())
+    if not have:
+        rep.note_missing(
+            "layer pruning and logit-lens KL (Figure 8)", "no run was diagnosed with the pruning or logit_lens metric"
+        )
+        return
     rows = []
     for r, d in have:
-        L = int(r['n_layer'])
-        for l, v in enumerate((d.get('pruning') or {}).get('delta_loss') or []):
-            rows.append(dict(arch=r['arch'], preset=r['preset'], n_layer=L, what='pruning: delta loss', index=l, depth=(l + 1) / L, value=v))
-        for e in d.get('logit_lens') or []:
-            rows.append(dict(arch=r['arch'], preset=r['preset'], n_layer=L, what='logit lens: KL(final || state)', index=e['state'], depth=e['state'] / L,
-                             value=e['kl_to_final'], readout=d.get('logit_lens_readout', 'depth state')))
+        L = int(r["n_layer"])
+        for l, v in enumerate((d.get("pruning") or {}).get("delta_loss") or []):
+            rows.append(
+                dict(
+                    arch=r["arch"],
+                    preset=r["preset"],
+                    n_layer=L,
+                    what="pruning: delta loss",
+                    index=l,
+                    depth=(l + 1) / L,
+                    value=v,
+                )
+            )
+        for e in d.get("logit_lens") or []:
+            rows.append(
+                dict(
+                    arch=r["arch"],
+                    preset=r["preset"],
+                    n_layer=L,
+                    what="logit lens: KL(final || state)",
+                    index=e["state"],
+                    depth=e["state"] / L,
+                    value=e["kl_to_final"],
+                    readout=d.get("logit_lens_readout", "depth state"),
+                )
+            )
     t = pd.DataFrame(rows)
-    for what, key in (('pruning: delta loss', 'the pruning panel'), ('logit lens: KL(final || state)', 'the logit-lens panel')):
-        if what not in set(t['what']): rep.gap('Figure 8', key)
-    _design_gap(rep, 'Figure 8', t.arch)
-    rep.table(t, 'depthbench_pruning_logit_lens', 'Per depth: loss increase when the layer is skipped, and KL of the logit lens to the final prediction')
+    for what, key in (
+        ("pruning: delta loss", "the pruning panel"),
+        ("logit lens: KL(final || state)", "the logit-lens panel"),
+    ):
+        if what not in set(t["what"]):
+            rep.gap("Figure 8", key)
+    _design_gap(rep, "Figure 8", t.arch)
+    rep.table(
+        t,
+        "depthbench_pruning_logit_lens",
+        "Per depth: loss increase when the layer is skipped, and KL of the logit lens to the final prediction",
+    )
     plt, sns = _sns()
     pal = _arch_palette(t.arch)
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.5))
-    for ax, (what, g) in zip(axes, t.groupby('what', sort=False)):
-        for (arch, L, preset), h in g.groupby(['arch', 'n_layer', 'preset']):
-            ax.plot(h['depth'], h['value'], marker='o', ms=3, color=pal[arch], label=f'{arch} L{L} ({preset})')
-        ax.set_xlabel('relative depth l / L'); ax.set_ylabel(what); ax.legend(fontsize=6)
-    diffs = [_scale_note(_diag_rows(have)), 'pruning measures the increase of held-out LM loss (the official compute_layer_pruning '
-             'default; its zero-shot variant is not run)', 'AttnRes states are decoded from the mix their next consumer reads, as the official code']
-    stale = [_tag(r) for r, d in have if r['arch'] == 'block_attnres' and 'logit_lens' in d and 'logit_lens_readout' not in d]
-    if stale: diffs.append(f"diagnosed before the lens decoded the next block's depth mix, so it decodes partial sums: {', '.join(stale)} (re-run diagnose)")
-    notes['Figure 8'] = diffs
-    rep.figure(fig, 'depthbench_pruning_logit_lens', _caption('Figure 8', 'Layer pruning and logit-lens KL per depth', diffs))
+    for ax, (what, g) in zip(axes, t.groupby("what", sort=False)):
+        for (arch, L, preset), h in g.groupby(["arch", "n_layer", "preset"]):
+            ax.plot(h["depth"], h["value"], marker="o", ms=3, color=pal[arch], label=f"{arch} L{L} ({preset})")
+        ax.set_xlabel("relative depth l / L")
+        ax.set_ylabel(what)
+        ax.legend(fontsize=6)
+    diffs = [
+        _scale_note(_diag_rows(have)),
+        "pruning measures the increase of held-out LM loss (the official compute_layer_pruning "
+        "default; its zero-shot variant is not run)",
+        "AttnRes states are decoded from the mix their next consumer reads, as the official code",
+    ]
+    stale = [
+        _tag(r) for r, d in have if r["arch"] == "block_attnres" and "logit_lens" in d and "logit_lens_readout" not in d
+    ]
+    if stale:
+        diffs.append(
+            f"diagnosed before the lens decoded the next block's depth mix, so it decodes partial sums: {', '.join(stale)} (re-run diagnose)"
+        )
+    notes["Figure 8"] = diffs
+    rep.figure(
+        fig, "depthbench_pruning_logit_lens", _caption("Figure 8", "Layer pruning and logit-lens KL per depth", diffs)
+    )
 
 
 def depthbench_dead_zone_section(rep: Report, diag: list, notes: dict):
     "Block AttnRes dead zone (the paper's Figure 9): the threshold is ours and every artifact says so."
     from depthbench_nb.diagnostics import DEAD_ZONE_THRESHOLD_SOURCE
-    ref = reference_table('depthbench')
-    dz = [(r, d['dead_zone']) for r, d in diag if 'dead_zone' in d]
-    if not dz: rep.note_missing('Block AttnRes dead zone (Figure 9)', 'no diagnosed block_attnres run'); return
-    pz = ref[ref.quantity == 'dead_zone_layers']
-    t = pd.DataFrame([dict(arch=r['arch'], preset=r['preset'], n_layer=int(r['n_layer']), dead_zone_layers=z['dead_layers'],
-                           threshold=z['threshold'], threshold_source=z.get('threshold_source', DEAD_ZONE_THRESHOLD_SOURCE), note=z.get('note', ''),
-                           paper_dead_zone_layers=_ref_value(pz, 'dead_zone_layers', 'block_attnres', r['n_layer']))
-                      for r, z in dz])
-    t = t.merge(_comparability_of(dz), on=['arch', 'preset', 'n_layer'])
-    at_shape = {int(r['n_layer']) for r, _ in dz if (depthbench_paper_plan(r) or PaperPlan('', {})).group == '400M'}
-    lacking = [f'L{L}' for L in (16, 24, 32) if L not in at_shape]
-    if lacking: rep.gap('Figure 9', f"Block AttnRes at the paper's 400M shapes {', '.join(lacking)} (the paper: L16, L24, L32)")
-    thr = dz[0][1]['threshold']
-    rep.table(t, 'depthbench_dead_zone', f'Block AttnRes dead zone: leading layers whose depth-softmax mass on the running partial sum stays '
-              f'below {thr:g} (a threshold of ours: the paper gives no number)')
+
+    ref = reference_table("depthbench")
+    dz = [(r, d["dead_zone"]) for r, d in diag if "dead_zone" in d]
+    if not dz:
+        rep.note_missing("Block AttnRes dead zone (Figure 9)", "no diagnosed block_attnres run")
+        return
+    pz = ref[ref.quantity == "dead_zone_layers"]
+    t = pd.DataFrame(
+        [
+            dict(
+                arch=r["arch"],
+                preset=r["preset"],
+                n_layer=int(r["n_layer"]),
+                dead_zone_layers=z["dead_layers"],
+                threshold=z["threshold"],
+                threshold_source=z.get("threshold_source", DEAD_ZONE_THRESHOLD_SOURCE),
+                note=z.get("note", ""),
+                paper_dead_zone_layers=_ref_value(pz, "dead_zone_layers", "block_attnres", r["n_layer"]),
+            )
+            for r, z in dz
+        ]
+    )
+    t = t.merge(_comparability_of(dz), on=["arch", "preset", "n_layer"])
+    at_shape = {int(r["n_layer"]) for r, _ in dz if (depthbench_paper_plan(r) or PaperPlan("", {})).group == "400M"}
+    lacking = [f"L{L}" for L in (16, 24, 32) if L not in at_shape]
+    if lacking:
+        rep.gap("Figure 9", f"Block AttnRes at the paper's 400M shapes {', '.join(lacking)} (the paper: L16, L24, L32)")
+    thr = dz[0][1]["threshold"]
+    rep.table(
+        t,
+        "depthbench_dead_zone",
+        f"Block AttnRes dead zone: leading layers whose depth-softmax mass on the running partial sum stays "
+        f"below {thr:g} (a threshold of ours: the paper gives no number)",
+    )
     plt, sns = _sns()
-    deepest = max(dz, key=lambda x: x[0]['n_layer'])
+    deepest = max(dz, key=lambda x: x[0]["n_layer"])
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
     for r, z in dz:
-        m = z.get('partial_mass') or []
-        axes[0].plot([k / 2 for k in range(len(m)) if m[k] is not None], [v for v in m if v is not None], marker='o', ms=3, label=_tag(r))
-    axes[0].axhline(thr, color='r', ls='--', label=f'threshold {thr:g} (ours, not the paper\'s)')
-    axes[0].set_xlabel('layer (sublayer / 2)'); axes[0].set_ylabel('mass on the running partial sum'); axes[0].legend(fontsize=6)
-    sw = deepest[1].get('site_weights')
+        m = z.get("partial_mass") or []
+        axes[0].plot(
+            [k / 2 for k in range(len(m)) if m[k] is not None],
+            [v for v in m if v is not None],
+            marker="o",
+            ms=3,
+            label=_tag(r),
+        )
+    axes[0].axhline(thr, color="r", ls="--", label=f"threshold {thr:g} (ours, not the paper's)")
+    axes[0].set_xlabel("layer (sublayer / 2)")
+    axes[0].set_ylabel("mass on the running partial sum")
+    axes[0].legend(fontsize=6)
+    sw = deepest[1].get("site_weights")
     if sw:
         S = max(len(w) for w in sw)
         M = np.full((len(sw), S), np.nan)
-        for k, w in enumerate(sw): M[k, :len(w)] = w
-        sns.heatmap(M, ax=axes[1], cmap='viridis', cbar=True)
-        axes[1].set_xlabel('source (embedding, committed blocks, partial last)'); axes[1].set_ylabel('mixing site (sublayer; last: output)')
-        axes[1].set_title(f'depth-mixing weights, {_tag(deepest[0])}', fontsize=8)
-    else: axes[1].set_axis_off()
-    diffs = [_scale_note(t), f'dead-zone threshold {thr:g} is ours (the paper gives no number for "almost no weight")',
-             'the paper shows L = 16, 24, 32; here every diagnosed Block AttnRes shape']
-    notes['Figure 9'] = diffs
-    rep.figure(fig, 'depthbench_dead_zone', _caption('Figure 9', 'Block AttnRes: softmax mass on the running partial sum per sublayer, and the depth-mixing weights', diffs))
+        for k, w in enumerate(sw):
+            M[k, : len(w)] = w
+        sns.heatmap(M, ax=axes[1], cmap="viridis", cbar=True)
+        axes[1].set_xlabel("source (embedding, committed blocks, partial last)")
+        axes[1].set_ylabel("mixing site (sublayer; last: output)")
+        axes[1].set_title(f"depth-mixing weights, {_tag(deepest[0])}", fontsize=8)
+    else:
+        axes[1].set_axis_off()
+    diffs = [
+        _scale_note(t),
+        f'dead-zone threshold {thr:g} is ours (the paper gives no number for "almost no weight")',
+        "the paper shows L = 16, 24, 32; here every diagnosed Block AttnRes shape",
+    ]
+    notes["Figure 9"] = diffs
+    rep.figure(
+        fig,
+        "depthbench_dead_zone",
+        _caption(
+            "Figure 9",
+            "Block AttnRes: softmax mass on the running partial sum per sublayer, and the depth-mixing weights",
+            diffs,
+        ),
+    )
 
 
 def _set_status(v: dict) -> str:
     "How an evaluation set differs from the official full set, in words."
-    note, limit, n = v.get('note') or '', v.get('limit'), v.get('examples')
-    if 'stand-in' in note: return note
-    if v.get('full_set') is False or (limit is not None and n is not None and n >= limit): return f'first {n} examples only (the official script scores the full set)'
-    if v.get('full_set') is None and 'source' not in v: return 'set size and source not recorded'
-    return 'full set' + (f' ({note})' if note else '')
+    note, limit, n = v.get("note") or "", v.get("limit"), v.get("examples")
+    if "stand-in" in note:
+        return note
+    if v.get("full_set") is False or (limit is not None and n is not None and n >= limit):
+        return f"first {n} examples only (the official script scores the full set)"
+    if v.get("full_set") is None and "source" not in v:
+        return "set size and source not recorded"
+    return "full set" + (f" ({note})" if note else "")
 
 
 def depthbench_domain_nll_section(rep: Report, diag: list, notes: dict):
     "Domain NLL (the paper's Figure 4): per set with where it came from, and NLL vs ratio per category and design."
-    rows = [dict(arch=r['arch'], preset=r['preset'], n_layer=int(r['n_layer']), d_model=int(r['d_model']), ratio=r['d_model'] / r['n_layer'],
-                 set=name, category=v.get('category', name), nll_mean=v['nll_mean'], nll_sum=v.get('nll_sum'), tokens=v.get('tokens'),
-                 examples=v.get('examples'), source=v.get('source', ''), set_status=_set_status(v))
-            for r, d in diag for name, v in (d.get('domain_nll') or {}).get('sets', {}).items()]
+    rows = [
+        dict(
+            arch=r["arch"],
+            preset=r["preset"],
+            n_layer=int(r["n_layer"]),
+            d_model=int(r["d_model"]),
+            ratio=r["d_model"] / r["n_layer"],
+            set=name,
+            category=v.get("category", name),
+            nll_mean=v["nll_mean"],
+            nll_sum=v.get("nll_sum"),
+            tokens=v.get("tokens"),
+            examples=v.get("examples"),
+            source=v.get("source", ""),
+            set_status=_set_status(v),
+        )
+        for r, d in diag
+        for name, v in (d.get("domain_nll") or {}).get("sets", {}).items()
+    ]
     if not rows:
-        rep.note_missing('domain NLL (Figure 4)', 'no run was diagnosed with the domain_nll metric (`depthbench-nb diagnose RUN --metrics domain_nll`)'); return
+        rep.note_missing(
+            "domain NLL (Figure 4)",
+            "no run was diagnosed with the domain_nll metric (`depthbench-nb diagnose RUN --metrics domain_nll`)",
+        )
+        return
     t = pd.DataFrame(rows)
-    rep.table(t, 'depthbench_domain_nll', 'Teacher-forced completion-only NLL per evaluation set (nats per target token); '
-              'set_status says where a set is a stand-in or a subset of the official one')
-    cat = t.groupby(['arch', 'preset', 'n_layer', 'ratio', 'category'], as_index=False)[['nll_sum', 'tokens']].sum()
-    cat['nll_mean'] = cat['nll_sum'] / cat['tokens']
+    rep.table(
+        t,
+        "depthbench_domain_nll",
+        "Teacher-forced completion-only NLL per evaluation set (nats per target token); "
+        "set_status says where a set is a stand-in or a subset of the official one",
+    )
+    cat = t.groupby(["arch", "preset", "n_layer", "ratio", "category"], as_index=False)[["nll_sum", "tokens"]].sum()
+    cat["nll_mean"] = cat["nll_sum"] / cat["tokens"]
     plt, sns = _sns()
-    cats = [c for c in ('coding', 'stem', 'math') if c in set(cat.category)] + sorted(set(cat.category) - {'coding', 'stem', 'math'})
+    cats = [c for c in ("coding", "stem", "math") if c in set(cat.category)] + sorted(
+        set(cat.category) - {"coding", "stem", "math"}
+    )
     pal = _arch_palette(cat.arch)
     fig, axes = plt.subplots(1, len(cats), figsize=(4 * len(cats), 3.4), squeeze=False)
     for ax, c in zip(axes[0], cats):
-        for (arch, preset), g in cat[cat.category == c].sort_values('ratio').groupby(['arch', 'preset']):
-            ax.plot(g['ratio'], g['nll_mean'], marker='o', ms=3, color=pal[arch], label=f'{arch} ({preset})')
-        _log_ratio_axis(ax); ax.set_title(c, fontsize=8); ax.set_ylabel('completion NLL (nats / token)')
+        for (arch, preset), g in cat[cat.category == c].sort_values("ratio").groupby(["arch", "preset"]):
+            ax.plot(g["ratio"], g["nll_mean"], marker="o", ms=3, color=pal[arch], label=f"{arch} ({preset})")
+        _log_ratio_axis(ax)
+        ax.set_title(c, fontsize=8)
+        ax.set_ylabel("completion NLL (nats / token)")
         ax.legend(fontsize=6)
-    status = sorted({f"{s}: {st}" for s, st in zip(t['set'], t['set_status']) if st != 'full set'})
-    absent = sorted({'mbpp', 'humaneval', 'sciq', 'gpqa_diamond', 'gsm8k', 'math500'} - set(t['set']))
-    diffs = [_scale_note(pd.DataFrame([r for r, _ in diag])), '; '.join(status)]
-    if absent: rep.gap('Figure 4', f"sets not evaluated (not reachable here): {', '.join(absent)}")
-    designs = [a for a in ARCHS if ARCHS[a].family != 'looped']
-    if not set(designs) <= set(t.arch): rep.gap('Figure 4', f"designs without domain NLL: {', '.join(a for a in designs if a not in set(t.arch))}")
-    notes['Figure 4'] = diffs
-    rep.figure(fig, 'depthbench_domain_nll', _caption('Figure 4', 'Domain NLL vs width/depth ratio per category and design', diffs))
+    status = sorted({f"{s}: {st}" for s, st in zip(t["set"], t["set_status"]) if st != "full set"})
+    absent = sorted({"mbpp", "humaneval", "sciq", "gpqa_diamond", "gsm8k", "math500"} - set(t["set"]))
+    diffs = [_scale_note(pd.DataFrame([r for r, _ in diag])), "; ".join(status)]
+    if absent:
+        rep.gap("Figure 4", f"sets not evaluated (not reachable here): {', '.join(absent)}")
+    designs = [a for a in ARCHS if ARCHS[a].family != "looped"]
+    if not set(designs) <= set(t.arch):
+        rep.gap("Figure 4", f"designs without domain NLL: {', '.join(a for a in designs if a not in set(t.arch))}")
+    notes["Figure 4"] = diffs
+    rep.figure(
+        fig,
+        "depthbench_domain_nll",
+        _caption("Figure 4", "Domain NLL vs width/depth ratio per category and design", diffs),
+    )
 
 
 def depthbench_diagnostics_section(rep: Report, best: pd.DataFrame, notes: Optional[dict] = None):
@@ -962,33 +1519,63 @@ def depthbench_diagnostics_section(rep: Report, best: pd.DataFrame, notes: Optio
     rows = [(r, load_diagnostics(r)) for _, r in best.iterrows()] if len(best) else []
     diag = [(r, d) for r, d in rows if d is not None]
     if not diag:
-        for item in ('Figure 4 (domain NLL)', 'Figure 5 (angular distance)', 'Figure 6 (causal and permutation scores)', 'threshold table',
-                     'Figure 7 (residual-path weights)', 'Figure 8 (pruning, logit lens)', 'Figure 9 (dead zone)', 'Figure 10 (HC vs mHC mixing)'):
-            rep.note_missing(item, 'no diagnosed runs: run `depthbench-nb diagnose RUN_DIR` (or nbs/11_diagnose.ipynb) on the runs')
+        for item in (
+            "Figure 4 (domain NLL)",
+            "Figure 5 (angular distance)",
+            "Figure 6 (causal and permutation scores)",
+            "threshold table",
+            "Figure 7 (residual-path weights)",
+            "Figure 8 (pruning, logit lens)",
+            "Figure 9 (dead zone)",
+            "Figure 10 (HC vs mHC mixing)",
+        ):
+            rep.note_missing(
+                item, "no diagnosed runs: run `depthbench-nb diagnose RUN_DIR` (or nbs/11_diagnose.ipynb) on the runs"
+            )
         return
     undiagnosed = [f"{r['arch']} L{int(r['n_layer'])}" for r, d in rows if d is None]
-    if undiagnosed: rep.note_missing('diagnostics of ' + ', '.join(undiagnosed), 'these runs have no diagnostics/ folder')
-    for section in (depthbench_heatmap_section, depthbench_threshold_section, depthbench_residual_path_section, depthbench_pruning_lens_section,
-                    depthbench_mixing_section, depthbench_dead_zone_section, depthbench_domain_nll_section):
+    if undiagnosed:
+        rep.note_missing("diagnostics of " + ", ".join(undiagnosed), "these runs have no diagnostics/ folder")
+    for section in (
+        depthbench_heatmap_section,
+        depthbench_threshold_section,
+        depthbench_residual_path_section,
+        depthbench_pruning_lens_section,
+        depthbench_mixing_section,
+        depthbench_dead_zone_section,
+        depthbench_domain_nll_section,
+    ):
         section(rep, diag, notes)
 
 # %% ../nbs/09c_reports.ipynb #e4390b5f
-ESTIMATE_LABEL = ('An estimate from the FLOP count under a stated assumption (H100 bf16 dense peak at 40% MFU): not measured, '
-                  "NOT comparable with the paper's measured GPU-hours (A100).")
+ESTIMATE_LABEL = (
+    "An estimate from the FLOP count under a stated assumption (H100 bf16 dense peak at 40% MFU): not measured, "
+    "NOT comparable with the paper's measured GPU-hours (A100)."
+)
 
 
-GPU_HOURS_LABEL = ("GPU-hours: measured (wall time x processes) where a run at the paper's shape has it, else an estimate from the FLOP "
-                   "count (H100 bf16 dense peak at 40% MFU); measured on this study's hardware, the paper's on A100: NOT comparable.")
-PAPER_GPU_HOURS_RANKING = {'hc': 'the most GPU-hours (measured on A100)'}   # the project page's caption of Figure 11
+GPU_HOURS_LABEL = (
+    "GPU-hours: measured (wall time x processes) where a run at the paper's shape has it, else an estimate from the FLOP "
+    "count (H100 bf16 dense peak at 40% MFU); measured on this study's hardware, the paper's on A100: NOT comparable."
+)
+PAPER_GPU_HOURS_RANKING = {"hc": "the most GPU-hours (measured on A100)"}  # the project page's caption of Figure 11
 
 
 def _measured_gpu_hours(run) -> tuple[float, str]:
     "(GPU-hours of the official step count, in words how) from a run's wall time x processes, scaled when it stopped early."
-    wall, steps, procs = _num(run.get('wall_time_s')), _num(run.get('steps')), _num(record_field(run, 'num_processes')) or 1.0
-    if wall is None or not steps or wall <= 0: return np.nan, ''
-    official = OFFICIAL_STEPS['400m']
+    wall, steps, procs = (
+        _num(run.get("wall_time_s")),
+        _num(run.get("steps")),
+        _num(record_field(run, "num_processes")) or 1.0,
+    )
+    if wall is None or not steps or wall <= 0:
+        return np.nan, ""
+    official = OFFICIAL_STEPS["400m"]
     hours = wall * procs / 3600 * official / steps
-    return hours, (f'measured: wall time x {procs:g} process(es)' + ('' if steps == official else f' over {int(steps):,} steps, scaled to {official:,}'))
+    return hours, (
+        f"measured: wall time x {procs:g} process(es)"
+        + ("" if steps == official else f" over {int(steps):,} steps, scaled to {official:,}")
+    )
 
 
 def gpu_hours_frame(costs: pd.DataFrame, done: pd.DataFrame) -> pd.DataFrame:
@@ -996,29 +1583,38 @@ def gpu_hours_frame(costs: pd.DataFrame, done: pd.DataFrame) -> pd.DataFrame:
     processes (scaled to the official 7,600 steps), else the FLOP estimate; `source` says which, `gpu_hours_est` is
     the estimate everywhere."""
     from depthbench_nb.sweep import DEFAULT_MFU, GPU_PEAK_FLOPS
-    tokens = OFFICIAL_STEPS['400m'] * PRESETS['400m'].global_batch * PRESETS['400m'].seq_len
-    gpu = costs[['arch', 'n_layer', 'd_model', 'train_flops_per_token']].copy()
-    gpu['ratio'] = gpu['d_model'] / gpu['n_layer']
-    gpu['gpu_hours_est'] = gpu['train_flops_per_token'] * tokens / (GPU_PEAK_FLOPS * DEFAULT_MFU) / 3600
+
+    tokens = OFFICIAL_STEPS["400m"] * PRESETS["400m"].global_batch * PRESETS["400m"].seq_len
+    gpu = costs[["arch", "n_layer", "d_model", "train_flops_per_token"]].copy()
+    gpu["ratio"] = gpu["d_model"] / gpu["n_layer"]
+    gpu["gpu_hours_est"] = gpu["train_flops_per_token"] * tokens / (GPU_PEAK_FLOPS * DEFAULT_MFU) / 3600
     runs = with_comparability(done) if len(done) else done
-    runs = runs[runs.paper_shape & (runs.paper_group == '400M')] if len(runs) else runs
+    runs = runs[runs.paper_shape & (runs.paper_group == "400M")] if len(runs) else runs
     measured = {}
-    for (arch, L), g in (runs.groupby(['arch', 'n_layer']) if len(runs) else []):
+    for (arch, L), g in runs.groupby(["arch", "n_layer"]) if len(runs) else []:
         got = [h for h in (_measured_gpu_hours(r) for _, r in g.iterrows()) if not math.isnan(h[0])]
-        if got: measured[(arch, int(L))] = (float(np.median([h for h, _ in got])), got[0][1] + (f' (median of {len(got)} runs)' if len(got) > 1 else ''))
-    est = 'estimate: FLOPs / (H100 bf16 peak x 40% MFU)'
-    gpu['gpu_hours'] = [measured.get((a, int(L)), (h, ''))[0] for a, L, h in zip(gpu.arch, gpu.n_layer, gpu.gpu_hours_est)]
-    gpu['source'] = [measured.get((a, int(L)), (0, est))[1] for a, L in zip(gpu.arch, gpu.n_layer)]
-    gpu['measured'] = [(a, int(L)) in measured for a, L in zip(gpu.arch, gpu.n_layer)]
+        if got:
+            measured[(arch, int(L))] = (
+                float(np.median([h for h, _ in got])),
+                got[0][1] + (f" (median of {len(got)} runs)" if len(got) > 1 else ""),
+            )
+    est = "estimate: FLOPs / (H100 bf16 peak x 40% MFU)"
+    gpu["gpu_hours"] = [
+        measured.get((a, int(L)), (h, ""))[0] for a, L, h in zip(gpu.arch, gpu.n_layer, gpu.gpu_hours_est)
+    ]
+    gpu["source"] = [measured.get((a, int(L)), (0, est))[1] for a, L in zip(gpu.arch, gpu.n_layer)]
+    gpu["measured"] = [(a, int(L)) in measured for a, L in zip(gpu.arch, gpu.n_layer)]
     return gpu
 
 
 def gpu_hours_ranking(gpu: pd.DataFrame) -> pd.DataFrame:
     "Designs by mean GPU-hours over the 400m shapes (1: the most), how many cells were measured, the paper's ranking beside."
-    r = gpu.groupby('arch', as_index=False).agg(gpu_hours_mean=('gpu_hours', 'mean'), measured_cells=('measured', 'sum'), cells=('measured', 'size'))
-    r = r.sort_values('gpu_hours_mean', ascending=False).reset_index(drop=True)
-    r.insert(1, 'rank', np.arange(1, len(r) + 1))
-    r['paper'] = [PAPER_GPU_HOURS_RANKING.get(a, '') for a in r.arch]
+    r = gpu.groupby("arch", as_index=False).agg(
+        gpu_hours_mean=("gpu_hours", "mean"), measured_cells=("measured", "sum"), cells=("measured", "size")
+    )
+    r = r.sort_values("gpu_hours_mean", ascending=False).reset_index(drop=True)
+    r.insert(1, "rank", np.arange(1, len(r) + 1))
+    r["paper"] = [PAPER_GPU_HOURS_RANKING.get(a, "") for a in r.arch]
     return r
 
 
@@ -1026,116 +1622,280 @@ def depthbench_costs_section(rep: Report, df: pd.DataFrame, notes: Optional[dict
     """Table 3 and the architecture table (accounting), Figure 11's costs at the paper shapes (with verdicts), GPU-hours
     (measured where the runs have them, else estimated) with the paper's ranking beside, what the runs measured."""
     notes = {} if notes is None else notes
-    ref = reference_table('depthbench')
+    ref = reference_table("depthbench")
     # Table 3: the 400M shapes, from the shape rule, beside the paper's (rounded) numbers
     t3 = []
-    for s in grid_shapes('400m'):
-        pc = count_params(s.model_config('preln'))
-        paper = {q: _ref_value(ref, f'table3_{q}', 'all', s.n_layer) for q in ('d_model', 'ffn', 'backbone_m', 'total_m')}
-        t3.append(dict(n_layer=s.n_layer, d_model=s.d_model, ffn_hidden=s.ffn_hidden, head_dim=s.head_dim, ratio=round(s.ratio, 2),
-                       backbone_m=pc.backbone / 1e6, total_m=pc.total / 1e6, paper_d_model=paper['d_model'], paper_ffn=paper['ffn'],
-                       paper_backbone_m=paper['backbone_m'], paper_total_m=paper['total_m']))
-        rep.verdict(f'Table 3 total parameters, 400m L{s.n_layer} (M)', pc.total / 1e6, paper['total_m'], 0.005,
-                    f"{PAPER_SOURCE}, Table 3 (rounded to 1M); shape d={s.d_model}, ffn={s.ffn_hidden}")
-    rep.table(pd.DataFrame(t3), 'depthbench_table3_shapes', "Table 3: the 400M shapes from the shape rule, beside the paper's", label=ACCOUNTING_LABEL)
-    s24 = shape_for('400m', 24)
+    for s in grid_shapes("400m"):
+        pc = count_params(s.model_config("preln"))
+        paper = {
+            q: _ref_value(ref, f"table3_{q}", "all", s.n_layer) for q in ("d_model", "ffn", "backbone_m", "total_m")
+        }
+        t3.append(
+            dict(
+                n_layer=s.n_layer,
+                d_model=s.d_model,
+                ffn_hidden=s.ffn_hidden,
+                head_dim=s.head_dim,
+                ratio=round(s.ratio, 2),
+                backbone_m=pc.backbone / 1e6,
+                total_m=pc.total / 1e6,
+                paper_d_model=paper["d_model"],
+                paper_ffn=paper["ffn"],
+                paper_backbone_m=paper["backbone_m"],
+                paper_total_m=paper["total_m"],
+            )
+        )
+        rep.verdict(
+            f"Table 3 total parameters, 400m L{s.n_layer} (M)",
+            pc.total / 1e6,
+            paper["total_m"],
+            0.005,
+            f"{PAPER_SOURCE}, Table 3 (rounded to 1M); shape d={s.d_model}, ffn={s.ffn_hidden}",
+        )
+    rep.table(
+        pd.DataFrame(t3),
+        "depthbench_table3_shapes",
+        "Table 3: the 400M shapes from the shape rule, beside the paper's",
+        label=ACCOUNTING_LABEL,
+    )
+    s24 = shape_for("400m", 24)
 
-    def counted(a):   # a design registered at run time without a closed-form count (a notebook's example) has no row
-        try: count_params(s24.model_config(a)); return True
-        except ConfigError: return False
-    archs = [a for a in ARCHS if ARCHS[a].family != 'looped' and counted(a)]
-    rep.table(pd.DataFrame([dict(arch=a, family=ARCHS[a].family, residual_update=ARCHS[a].summary,
-                                 extra_params_at_400m_L24=count_params(s24.model_config(a)).design_extra) for a in archs]),
-              'depthbench_architectures', "The ten designs on one backbone (the paper's architecture table) and what each adds at 400m L24",
-              label=ACCOUNTING_LABEL)
-    ends = {s.n_layer: s for s in grid_shapes('400m')}
-    pre16, pre70 = (cost_row(ends[L].model_config('preln'), seq_len=4096) for L in (16, 70))
-    rep.verdict('prefill TFLOPs, 400m L16, seq 4096', pre16['prefill_flops'] / 1e12, 3.0, 0.1, f'{PAPER_SOURCE}, Figure 11 ("3.0 -> 4.4")')
-    rep.verdict('prefill TFLOPs, 400m L70, seq 4096', pre70['prefill_flops'] / 1e12, 4.4, 0.1, f'{PAPER_SOURCE}, Figure 11 ("3.0 -> 4.4")')
-    kv_ratio = pre70['kv_cache_bytes'] / pre16['kv_cache_bytes']
-    rep.verdicts.append(dict(quantity='KV cache L70 / L16', ours=kv_ratio, paper=2.0, tolerance='must exceed 2',
-                             verdict='reproduced' if kv_ratio > 2 else 'NOT reproduced', note=f'{PAPER_SOURCE}: "> 2x, identical across architectures"'))
-    rows = [cost_row(s.model_config(a), seq_len=4096) for s in grid_shapes('400m') for a in archs]
-    kv = pd.DataFrame(rows).groupby(['n_layer'])['kv_cache_bytes'].nunique()
-    rep.verdicts.append(dict(quantity='KV cache identical across the designs at every 400m shape', ours=float((kv == 1).all()), paper=1.0,
-                             tolerance='exact', verdict='reproduced' if (kv == 1).all() else 'NOT reproduced',
-                             note=f'{PAPER_SOURCE}; MoDA\'s depth cache is the separate depth_cache_bytes column'))
+    def counted(a):  # a design registered at run time without a closed-form count (a notebook's example) has no row
+        try:
+            count_params(s24.model_config(a))
+            return True
+        except ConfigError:
+            return False
+
+    archs = [a for a in ARCHS if ARCHS[a].family != "looped" and counted(a)]
+    rep.table(
+        pd.DataFrame(
+            [
+                dict(
+                    arch=a,
+                    family=ARCHS[a].family,
+                    residual_update=ARCHS[a].summary,
+                    extra_params_at_400m_L24=count_params(s24.model_config(a)).design_extra,
+                )
+                for a in archs
+            ]
+        ),
+        "depthbench_architectures",
+        "The ten designs on one backbone (the paper's architecture table) and what each adds at 400m L24",
+        label=ACCOUNTING_LABEL,
+    )
+    ends = {s.n_layer: s for s in grid_shapes("400m")}
+    pre16, pre70 = (cost_row(ends[L].model_config("preln"), seq_len=4096) for L in (16, 70))
+    rep.verdict(
+        "prefill TFLOPs, 400m L16, seq 4096",
+        pre16["prefill_flops"] / 1e12,
+        3.0,
+        0.1,
+        f'{PAPER_SOURCE}, Figure 11 ("3.0 -> 4.4")',
+    )
+    rep.verdict(
+        "prefill TFLOPs, 400m L70, seq 4096",
+        pre70["prefill_flops"] / 1e12,
+        4.4,
+        0.1,
+        f'{PAPER_SOURCE}, Figure 11 ("3.0 -> 4.4")',
+    )
+    kv_ratio = pre70["kv_cache_bytes"] / pre16["kv_cache_bytes"]
+    rep.verdicts.append(
+        dict(
+            quantity="KV cache L70 / L16",
+            ours=kv_ratio,
+            paper=2.0,
+            tolerance="must exceed 2",
+            verdict="reproduced" if kv_ratio > 2 else "NOT reproduced",
+            note=f'{PAPER_SOURCE}: "> 2x, identical across architectures"',
+        )
+    )
+    rows = [cost_row(s.model_config(a), seq_len=4096) for s in grid_shapes("400m") for a in archs]
+    kv = pd.DataFrame(rows).groupby(["n_layer"])["kv_cache_bytes"].nunique()
+    rep.verdicts.append(
+        dict(
+            quantity="KV cache identical across the designs at every 400m shape",
+            ours=float((kv == 1).all()),
+            paper=1.0,
+            tolerance="exact",
+            verdict="reproduced" if (kv == 1).all() else "NOT reproduced",
+            note=f"{PAPER_SOURCE}; MoDA's depth cache is the separate depth_cache_bytes column",
+        )
+    )
     costs = pd.DataFrame(rows)
-    costs['ratio'] = costs['d_model'] / costs['n_layer']
-    rep.table(costs, 'depthbench_costs_400m',
-              'Accounting at the paper shapes (400m grid, prefill at seq 4096): params, FLOPs, KV cache as the paper defines it '
-              '(every design the same), MoDA\'s depth cache as its own column, memory', label=ACCOUNTING_LABEL)
+    costs["ratio"] = costs["d_model"] / costs["n_layer"]
+    rep.table(
+        costs,
+        "depthbench_costs_400m",
+        "Accounting at the paper shapes (400m grid, prefill at seq 4096): params, FLOPs, KV cache as the paper defines it "
+        "(every design the same), MoDA's depth cache as its own column, memory",
+        label=ACCOUNTING_LABEL,
+    )
     done = completed(df[_not_looped(df)]) if len(df) else df
     gpu = gpu_hours_frame(costs, done)
-    rep.table(gpu, 'depthbench_gpu_hours', f'GPU-hours to train each 400m shape ({OFFICIAL_STEPS["400m"]:,} steps): measured (wall time x '
-              'processes of the runs at that shape) where the records have it, else the FLOP estimate; `source` says which',
-              label=GPU_HOURS_LABEL)
+    rep.table(
+        gpu,
+        "depthbench_gpu_hours",
+        f"GPU-hours to train each 400m shape ({OFFICIAL_STEPS['400m']:,} steps): measured (wall time x "
+        "processes of the runs at that shape) where the records have it, else the FLOP estimate; `source` says which",
+        label=GPU_HOURS_LABEL,
+    )
     rank = gpu_hours_ranking(gpu)
-    rep.table(rank, 'depthbench_gpu_hours_ranking', "Designs ranked by GPU-hours (mean over the 400m shapes), the paper's measured "
-              'ranking beside (Figure 11: HC the most GPU-hours)', label=GPU_HOURS_LABEL)
+    rep.table(
+        rank,
+        "depthbench_gpu_hours_ranking",
+        "Designs ranked by GPU-hours (mean over the 400m shapes), the paper's measured "
+        "ranking beside (Figure 11: HC the most GPU-hours)",
+        label=GPU_HOURS_LABEL,
+    )
     plt, sns = _sns()
     pal = _arch_palette(costs.arch)
-    costs = costs.merge(gpu[['arch', 'n_layer', 'gpu_hours', 'measured']], on=['arch', 'n_layer'])
+    costs = costs.merge(gpu[["arch", "n_layer", "gpu_hours", "measured"]], on=["arch", "n_layer"])
     fig, axes = plt.subplots(1, 4, figsize=(15, 3.4))
-    for arch, g in costs.sort_values('ratio').groupby('arch'):
+    for arch, g in costs.sort_values("ratio").groupby("arch"):
         c = pal[arch]
-        axes[0].plot(g.ratio, g.prefill_flops / 1e12, marker='o', ms=3, color=c, label=arch)
-        axes[1].plot(g.ratio, g.kv_cache_bytes / 2**30, marker='o', ms=3, color=c, label=arch)
-        if (g.depth_cache_bytes > 0).any(): axes[1].plot(g.ratio, g.depth_cache_bytes / 2**30, ls='--', color=c, label=f'{arch} depth cache (separate)')
-        axes[2].plot(g.ratio, (g.param_bytes * 2 + g.optimizer_bytes + g.activation_bytes) / 2**30, marker='o', ms=3, color=c, label=arch)
+        axes[0].plot(g.ratio, g.prefill_flops / 1e12, marker="o", ms=3, color=c, label=arch)
+        axes[1].plot(g.ratio, g.kv_cache_bytes / 2**30, marker="o", ms=3, color=c, label=arch)
+        if (g.depth_cache_bytes > 0).any():
+            axes[1].plot(g.ratio, g.depth_cache_bytes / 2**30, ls="--", color=c, label=f"{arch} depth cache (separate)")
+        axes[2].plot(
+            g.ratio,
+            (g.param_bytes * 2 + g.optimizer_bytes + g.activation_bytes) / 2**30,
+            marker="o",
+            ms=3,
+            color=c,
+            label=arch,
+        )
         axes[3].plot(g.ratio, g.gpu_hours, lw=1, color=c, label=arch)
-        axes[3].scatter(g.ratio[~g.measured], g.gpu_hours[~g.measured], marker='o', s=9, facecolors='none', edgecolors=[c])
-        axes[3].scatter(g.ratio[g.measured], g.gpu_hours[g.measured], marker='o', s=12, color=c)
-    for ax, y in zip(axes, ('prefill TFLOPs (seq 4096)', 'KV cache GiB (seq 4096, bf16)', 'training memory GiB (estimate, 1 sequence)',
-                            'GPU-hours (filled: measured; hollow: estimate)')):
-        _log_ratio_axis(ax); ax.set_ylabel(y, fontsize=7)
-    axes[0].legend(fontsize=5); axes[1].legend(fontsize=5)
+        axes[3].scatter(
+            g.ratio[~g.measured], g.gpu_hours[~g.measured], marker="o", s=9, facecolors="none", edgecolors=[c]
+        )
+        axes[3].scatter(g.ratio[g.measured], g.gpu_hours[g.measured], marker="o", s=12, color=c)
+    for ax, y in zip(
+        axes,
+        (
+            "prefill TFLOPs (seq 4096)",
+            "KV cache GiB (seq 4096, bf16)",
+            "training memory GiB (estimate, 1 sequence)",
+            "GPU-hours (filled: measured; hollow: estimate)",
+        ),
+    ):
+        _log_ratio_axis(ax)
+        ax.set_ylabel(y, fontsize=7)
+    axes[0].legend(fontsize=5)
+    axes[1].legend(fontsize=5)
     n_meas, top = int(gpu.measured.sum()), rank.arch.iloc[0]
-    diffs = ['closed-form accounting at the paper shapes, not measurements on an A100: peak memory is an estimate (bf16 parameters, '
-             'gradients and AdamW states plus one sequence of activations)',
-             f'GPU-hours measured for {n_meas} of {len(gpu)} design x shape cells (wall time x processes, on this study\'s hardware), '
-             f'the FLOP estimate (H100 bf16 peak at 40% MFU) for the rest; ours rank {top} first, the paper measured HC the most on A100'
-             + (' (an estimate from FLOPs cannot see the multi-stream overhead that makes HC slow)' if n_meas < len(gpu) else ''),
-             "MoDA's depth cache is drawn apart from the KV cache (the paper's KV cache is identical across designs)"]
-    notes['Figure 11'] = diffs
-    rep.figure(fig, 'depthbench_costs_figure', _caption('Figure 11', 'Costs of depth at the 400m shapes: prefill FLOPs, KV cache, memory, GPU-hours', diffs))
+    diffs = [
+        "closed-form accounting at the paper shapes, not measurements on an A100: peak memory is an estimate (bf16 parameters, "
+        "gradients and AdamW states plus one sequence of activations)",
+        f"GPU-hours measured for {n_meas} of {len(gpu)} design x shape cells (wall time x processes, on this study's hardware), "
+        f"the FLOP estimate (H100 bf16 peak at 40% MFU) for the rest; ours rank {top} first, the paper measured HC the most on A100"
+        + (
+            " (an estimate from FLOPs cannot see the multi-stream overhead that makes HC slow)"
+            if n_meas < len(gpu)
+            else ""
+        ),
+        "MoDA's depth cache is drawn apart from the KV cache (the paper's KV cache is identical across designs)",
+    ]
+    notes["Figure 11"] = diffs
+    rep.figure(
+        fig,
+        "depthbench_costs_figure",
+        _caption("Figure 11", "Costs of depth at the 400m shapes: prefill FLOPs, KV cache, memory, GPU-hours", diffs),
+    )
     meas = []
     for _, r in done.iterrows():
-        try: m = measured_costs(run_folder(r))
-        except ConfigError: continue
-        meas.append(dict(arch=r['arch'], preset=r.get('preset'), n_layer=r['n_layer'], d_model=r['d_model'], steps=r.get('steps'),
-                         tokens=r.get('tokens'), wall_time_s=r.get('wall_time_s'), device_hours=(r.get('wall_time_s') or np.nan) / 3600,
-                         train_flops=r.get('train_flops'), peak_mem_bytes=m['peak_mem_bytes'], tokens_per_s_median=m['tokens_per_s_median']))
+        try:
+            m = measured_costs(run_folder(r))
+        except ConfigError:
+            continue
+        meas.append(
+            dict(
+                arch=r["arch"],
+                preset=r.get("preset"),
+                n_layer=r["n_layer"],
+                d_model=r["d_model"],
+                steps=r.get("steps"),
+                tokens=r.get("tokens"),
+                wall_time_s=r.get("wall_time_s"),
+                device_hours=(r.get("wall_time_s") or np.nan) / 3600,
+                train_flops=r.get("train_flops"),
+                peak_mem_bytes=m["peak_mem_bytes"],
+                tokens_per_s_median=m["tokens_per_s_median"],
+            )
+        )
     if meas:
-        rep.table(pd.DataFrame(meas), 'depthbench_costs_measured', "Measured on this study's runs: peak memory, tokens/s, wall time, device-hours")
+        rep.table(
+            pd.DataFrame(meas),
+            "depthbench_costs_measured",
+            "Measured on this study's runs: peak memory, tokens/s, wall time, device-hours",
+        )
     else:
-        rep.note_missing('measured costs', 'no completed run with metrics.jsonl')
+        rep.note_missing("measured costs", "no completed run with metrics.jsonl")
 
 # %% ../nbs/09c_reports.ipynb #c02fd37b
-DEPTHBENCH_PAPER_ITEMS = (   # every table and figure of the paper (its project page: Figures 1-11, Table 3, the architecture and threshold tables)
-    PaperItem('Table 3', 'the 400M shapes (L, d, FFN, head_dim, d/L, backbone, total)', ('depthbench_table3_shapes',)),
-    PaperItem('architecture table', 'ten designs on one backbone: residual update, weights, what each reads', ('depthbench_architectures',)),
-    PaperItem('Figure 1', 'overview figure', ()),
-    PaperItem('Figure 2', 'validation loss vs d/L at 400M per design (fixed total, extreme depths L42/L70; fixed backbone)',
-              ('depthbench_val_loss', 'depthbench_loss_vs_ratio'), ('Figure 2',)),
-    PaperItem('Figure 3', 'validation loss vs d/L across scales (Pre-LN, Full AttnRes, HC at 200M-500M and 1.6B)', ('depthbench_loss_across_scales',)),
-    PaperItem('Figure 4', 'NLL on coding, STEM and math vs d/L', ('depthbench_domain_nll',)),
-    PaperItem('Figure 5', 'angular distance between layers, nine designs at L = 32', ('depthbench_angular',)),
-    PaperItem('Figure 6', 'causal and permutation scores: pair maps and late-pair fractions',
-              ('depthbench_causal', 'depthbench_permutation', 'depthbench_threshold_fractions')),
-    PaperItem('threshold table', 'late-layer pairs above causal 0.45 / permutation 0.15: Pre-LN, HC, Full AttnRes at L = 32',
-              ('depthbench_threshold_fractions',)),
-    PaperItem('Figure 7', 'explicit residual-path weights: Pre-LN, Full AttnRes, HC', ('depthbench_residual_path',)),
-    PaperItem('Figure 8', 'layer pruning and logit-lens KL per depth', ('depthbench_pruning_logit_lens',)),
-    PaperItem('Figure 9', 'Block AttnRes depth-mixing weights and the dead segment at L = 16, 24, 32', ('depthbench_dead_zone',)),
-    PaperItem('Figure 10', 'HC vs mHC: effective rank, direction overlap, singular spectrum', ('depthbench_mixing_erank', 'depthbench_mixing')),
-    PaperItem('Figure 11', 'prefill FLOPs, KV cache, peak memory and GPU-hours vs d/L (measured on A100)',
-              ('depthbench_costs_400m', 'depthbench_costs_figure', 'depthbench_gpu_hours')),
+DEPTHBENCH_PAPER_ITEMS = (  # every table and figure of the paper (its project page: Figures 1-11, Table 3, the architecture and threshold tables)
+    PaperItem("Table 3", "the 400M shapes (L, d, FFN, head_dim, d/L, backbone, total)", ("depthbench_table3_shapes",)),
+    PaperItem(
+        "architecture table",
+        "ten designs on one backbone: residual update, weights, what each reads",
+        ("depthbench_architectures",),
+    ),
+    PaperItem("Figure 1", "overview figure", ()),
+    PaperItem(
+        "Figure 2",
+        "validation loss vs d/L at 400M per design (fixed total, extreme depths L42/L70; fixed backbone)",
+        ("depthbench_val_loss", "depthbench_loss_vs_ratio"),
+        ("Figure 2",),
+    ),
+    PaperItem(
+        "Figure 3",
+        "validation loss vs d/L across scales (Pre-LN, Full AttnRes, HC at 200M-500M and 1.6B)",
+        ("depthbench_loss_across_scales",),
+    ),
+    PaperItem("Figure 4", "NLL on coding, STEM and math vs d/L", ("depthbench_domain_nll",)),
+    PaperItem("Figure 5", "angular distance between layers, nine designs at L = 32", ("depthbench_angular",)),
+    PaperItem(
+        "Figure 6",
+        "causal and permutation scores: pair maps and late-pair fractions",
+        ("depthbench_causal", "depthbench_permutation", "depthbench_threshold_fractions"),
+    ),
+    PaperItem(
+        "threshold table",
+        "late-layer pairs above causal 0.45 / permutation 0.15: Pre-LN, HC, Full AttnRes at L = 32",
+        ("depthbench_threshold_fractions",),
+    ),
+    PaperItem("Figure 7", "explicit residual-path weights: Pre-LN, Full AttnRes, HC", ("depthbench_residual_path",)),
+    PaperItem("Figure 8", "layer pruning and logit-lens KL per depth", ("depthbench_pruning_logit_lens",)),
+    PaperItem(
+        "Figure 9",
+        "Block AttnRes depth-mixing weights and the dead segment at L = 16, 24, 32",
+        ("depthbench_dead_zone",),
+    ),
+    PaperItem(
+        "Figure 10",
+        "HC vs mHC: effective rank, direction overlap, singular spectrum",
+        ("depthbench_mixing_erank", "depthbench_mixing"),
+    ),
+    PaperItem(
+        "Figure 11",
+        "prefill FLOPs, KV cache, peak memory and GPU-hours vs d/L (measured on A100)",
+        ("depthbench_costs_400m", "depthbench_costs_figure", "depthbench_gpu_hours"),
+    ),
 )
-_NOT_REBUILT = {'Figure 1': "the project page shows Figure 1 without a caption or data; its message (Pre-LN worse, HC and Full AttnRes "
-                            "better with depth at ~400M) is Figure 2's, rebuilt here"}
-_SCALE_FREE = ('Table 3', 'architecture table')   # accounting: comparable at any scale
-DEPTHBENCH_STUDIES = ('depthbench-400m', 'depthbench-main', 'backbone-300m', 'ladder', 'depthbench-1.6b')   # the paper's suites
+_NOT_REBUILT = {
+    "Figure 1": "the project page shows Figure 1 without a caption or data; its message (Pre-LN worse, HC and Full AttnRes "
+    "better with depth at ~400M) is Figure 2's, rebuilt here"
+}
+_SCALE_FREE = ("Table 3", "architecture table")  # accounting: comparable at any scale
+DEPTHBENCH_STUDIES = (
+    "depthbench-400m",
+    "depthbench-main",
+    "backbone-300m",
+    "ladder",
+    "depthbench-1.6b",
+)  # the paper's suites
 
 
 def depthbench_paper_index(rep: Report, notes: dict) -> pd.DataFrame:
@@ -1146,27 +1906,39 @@ def depthbench_paper_index(rep: Report, notes: dict) -> pd.DataFrame:
 def depthbench_related_studies(study: str) -> list[str]:
     """The other shipped DepthBench studies with run folders, when `study` is one of them: the paper's figures that
     need several suites (Figure 2's fixed-backbone panel, Figure 3's scales) are then built from all of them."""
-    if study not in DEPTHBENCH_STUDIES: return []
+    if study not in DEPTHBENCH_STUDIES:
+        return []
     return [s for s in DEPTHBENCH_STUDIES if s != study and (runs_root() / s).is_dir()]
 
 
-def build_depthbench_report(study: str, df: Optional[pd.DataFrame] = None, out_dir=None, related: Optional[list] = None) -> Report:
+def build_depthbench_report(
+    study: str, df: Optional[pd.DataFrame] = None, out_dir=None, related: Optional[list] = None
+) -> Report:
     """All DepthBench tables and figures of a study into papermill_runs/<study>/report/, comparability decided run by run.
     Runs of the `related` studies join (default: `depthbench_related_studies`), so one report can hold every suite."""
     if df is None:
         related = depthbench_related_studies(study) if related is None else related
         tables = [normalize_runs(study_table(s)) for s in [study] + list(related)]
         tables = [t for t in tables if len(t)]
-        df = pd.concat(tables, ignore_index=True).drop_duplicates('run_id') if tables else pd.DataFrame()
+        df = pd.concat(tables, ignore_index=True).drop_duplicates("run_id") if tables else pd.DataFrame()
     df = normalize_runs(df)
-    if len(df): df = df.assign(preset=df['preset'].fillna('unknown'))
+    if len(df):
+        df = df.assign(preset=df["preset"].fillna("unknown"))
     mine = df[_not_looped(df)] if len(df) else df
     base = study_scale(mine, study)
     done = with_comparability(completed(mine)) if len(completed(mine)) else None
-    n_ok = int(done['comparable'].sum()) if done is not None else 0
+    n_ok = int(done["comparable"].sum()) if done is not None else 0
     n = len(done) if done is not None else 0
-    scale = RunScale(base.presets, bool(n) and n_ok == n and base.provenance != 'demo', base.provenance, n_runs=n, n_comparable=n_ok)
-    rep = Report(study, 'depthbench', scale, Path(out_dir) if out_dir else runs_root() / study / 'report', expected=DEPTHBENCH_ARTIFACTS)
+    scale = RunScale(
+        base.presets, bool(n) and n_ok == n and base.provenance != "demo", base.provenance, n_runs=n, n_comparable=n_ok
+    )
+    rep = Report(
+        study,
+        "depthbench",
+        scale,
+        Path(out_dir) if out_dir else runs_root() / study / "report",
+        expected=DEPTHBENCH_ARTIFACTS,
+    )
     notes: dict = {}
     status_section(rep, df, _not_looped)
     best = depthbench_loss_section(rep, df, notes)
@@ -1174,42 +1946,73 @@ def build_depthbench_report(study: str, df: Optional[pd.DataFrame] = None, out_d
     depthbench_diagnostics_section(rep, best, notes)
     depthbench_costs_section(rep, df, notes)
     rep.paper_index = depthbench_paper_index(rep, notes)
-    rep.table(rep.paper_index, 'depthbench_paper_index',
-              "Every paper table and figure: rebuilt, rebuilt with a stated difference, partial (what it lacks) or missing and why")
+    rep.table(
+        rep.paper_index,
+        "depthbench_paper_index",
+        "Every paper table and figure: rebuilt, rebuilt with a stated difference, partial (what it lacks) or missing and why",
+    )
     rep.write_index()
     return rep
 
 # %% ../nbs/09c_reports.ipynb #436ea776
 LOOPED_ARTIFACTS = (
-    'looped_run_status', 'looped_runs', 'looped_table1_per_r', 'looped_table2_joint', 'looped_table7_residuals',
-    'looped_fig8_joint_residuals', 'looped_fig9_per_r_residuals', 'looped_frontier', 'looped_frontier_exponents',
-    'looped_runs_scatter', 'looped_empirical_optima', 'looped_stability', 'looped_table3_case_studies',
-    'looped_fig10_case_study_residuals', 'looped_table5_injection', 'looped_lr_sweep', 'looped_worked_example',
-    'looped_paper_numbers', 'looped_verdicts', 'looped_table10_extrapolation', 'looped_downstream', 'looped_downstream_matched',
-    'looped_fig3_exponent_definitions', 'looped_phi_on_paper_optima', 'looped_isoflops', 'looped_table4_layout',
-    'looped_table6_grid', 'looped_tables8_9_tasks', 'looped_paper_index')
-PAPER_EXTRAPOLATION = dict(s=34, steps=89_645, batch_tokens=524_288)   # Table 10: the flagship runs (r = 1 and 4)
-EXTRAPOLATION_STUDY = 'looped-extrapolation'                            # the shipped study that plans them
+    "looped_run_status",
+    "looped_runs",
+    "looped_table1_per_r",
+    "looped_table2_joint",
+    "looped_table7_residuals",
+    "looped_fig8_joint_residuals",
+    "looped_fig9_per_r_residuals",
+    "looped_frontier",
+    "looped_frontier_exponents",
+    "looped_runs_scatter",
+    "looped_empirical_optima",
+    "looped_stability",
+    "looped_table3_case_studies",
+    "looped_fig10_case_study_residuals",
+    "looped_table5_injection",
+    "looped_lr_sweep",
+    "looped_worked_example",
+    "looped_paper_numbers",
+    "looped_verdicts",
+    "looped_table10_extrapolation",
+    "looped_downstream",
+    "looped_downstream_matched",
+    "looped_fig3_exponent_definitions",
+    "looped_phi_on_paper_optima",
+    "looped_isoflops",
+    "looped_table4_layout",
+    "looped_table6_grid",
+    "looped_tables8_9_tasks",
+    "looped_paper_index",
+)
+PAPER_EXTRAPOLATION = dict(s=34, steps=89_645, batch_tokens=524_288)  # Table 10: the flagship runs (r = 1 and 4)
+EXTRAPOLATION_STUDY = "looped-extrapolation"  # the shipped study that plans them
 
 
 def _budget_cells(C: np.ndarray, tol: float = 1.3) -> np.ndarray:
     "Group realised budgets F·D into cells: values within a factor `tol` of a cell's smallest value share it."
     order, cells, out = np.argsort(C), [], np.empty(len(C))
     for i in order:
-        if not cells or C[i] > cells[-1] * tol: cells.append(C[i])
+        if not cells or C[i] > cells[-1] * tol:
+            cells.append(C[i])
         out[i] = cells[-1]
     return out
 
 
 def looped_variant(m) -> str:
     "tbptt | hc | baseline | <injection> of a looped ModelConfig."
-    if m.truncated_bptt: return 'tbptt'
-    if m.injection == 'hc': return 'hc'
-    if m.injection == 'linear' or m.recurrence == 1: return 'baseline'
+    if m.truncated_bptt:
+        return "tbptt"
+    if m.injection == "hc":
+        return "hc"
+    if m.injection == "linear" or m.recurrence == 1:
+        return "baseline"
     return m.injection
 
 
-def _same(a: float, b: float) -> bool: return abs(a / b - 1) < 1e-6
+def _same(a: float, b: float) -> bool:
+    return abs(a / b - 1) < 1e-6
 
 
 def looped_paper_plan(record) -> Optional[PaperPlan]:
@@ -1219,45 +2022,82 @@ def looped_paper_plan(record) -> Optional[PaperPlan]:
     without a recorded budget is matched by its planned tokens."""
     from depthbench_nb import looped as L
     from depthbench_nb.trainer import LOOPED_RECIPE
-    r, d = record_field(record, 'recurrence'), record_field(record, 'd_model')
-    if r is None or d is None or int(d) % 64: return None
+
+    r, d = record_field(record, "recurrence"), record_field(record, "d_model")
+    if r is None or d is None or int(d) % 64:
+        return None
     r, s = int(r), int(d) // 64
-    inj, tb = record_field(record, 'injection'), bool(record_field(record, 'truncated_bptt') or False)
-    variant = 'tbptt' if tb else 'hc' if inj == 'hc' else 'baseline' if (r == 1 or inj == 'linear') else inj
-    try: cfg = L.looped_config(s, r, **(dict(truncated_bptt=True) if tb else dict(injection=inj) if variant != 'baseline' else {}))
-    except ConfigError: return None
-    shape = dict(n_layer=L.PAPER_DEPTH, d_model=cfg.d_model, recurrence=r, injection=cfg.injection, truncated_bptt=tb,
-                 vocab_size=L.PAPER_VOCAB, seq_len=L.PAPER_SEQ_LEN, global_batch=L.PAPER_BATCH_TOKENS // L.PAPER_SEQ_LEN)
+    inj, tb = record_field(record, "injection"), bool(record_field(record, "truncated_bptt") or False)
+    variant = "tbptt" if tb else "hc" if inj == "hc" else "baseline" if (r == 1 or inj == "linear") else inj
+    try:
+        cfg = L.looped_config(
+            s, r, **(dict(truncated_bptt=True) if tb else dict(injection=inj) if variant != "baseline" else {})
+        )
+    except ConfigError:
+        return None
+    shape = dict(
+        n_layer=L.PAPER_DEPTH,
+        d_model=cfg.d_model,
+        recurrence=r,
+        injection=cfg.injection,
+        truncated_bptt=tb,
+        vocab_size=L.PAPER_VOCAB,
+        seq_len=L.PAPER_SEQ_LEN,
+        global_batch=L.PAPER_BATCH_TOKENS // L.PAPER_SEQ_LEN,
+    )
     F = L.flops_per_token(cfg)
-    C = float(record['C']) if _present(record.get('C')) else None
-    if C is None:   # a run without a recorded budget: the paper budget whose token count it was set from (train.tokens)
-        toks = [float(t) for t in (record.get('train.tokens'), planned_tokens(record)) if _present(t)]
+    C = float(record["C"]) if _present(record.get("C")) else None
+    if C is None:  # a run without a recorded budget: the paper budget whose token count it was set from (train.tokens)
+        toks = [float(t) for t in (record.get("train.tokens"), planned_tokens(record)) if _present(t)]
         C = next((b for b in L.BASELINE_WIDTHS if any(L.tokens_for_budget(b, F) == t for t in toks)), None)
     if C is not None:
         Cp = next((b for b in L.BASELINE_WIDTHS if _same(C, b)), None)
-        if Cp is None: return None
-        widths = {'baseline': L.BASELINE_WIDTHS, 'tbptt': L.TBPTT_WIDTHS, 'hc': L.HC_WIDTHS}.get(variant)
+        if Cp is None:
+            return None
+        widths = {"baseline": L.BASELINE_WIDTHS, "tbptt": L.TBPTT_WIDTHS, "hc": L.HC_WIDTHS}.get(variant)
         steps = L.steps_for_budget(Cp, F)
-        if widths is not None and (variant == 'baseline' or Cp in L.CASE_STUDY_BUDGETS) and s in widths[Cp]:
-            what = 'the 116-run grid (Table 6)' if variant == 'baseline' else f'the {variant} case-study grid (App. G.1)'
-            return PaperPlan(f'{what}: C={Cp:g}, s={s}, r={r} ({steps:,} steps)', dict(shape, lr=LOOPED_RECIPE['lr']),
-                             tokens=steps * L.PAPER_BATCH_TOKENS, steps=steps, group='grid')
+        if widths is not None and (variant == "baseline" or Cp in L.CASE_STUDY_BUDGETS) and s in widths[Cp]:
+            what = (
+                "the 116-run grid (Table 6)" if variant == "baseline" else f"the {variant} case-study grid (App. G.1)"
+            )
+            return PaperPlan(
+                f"{what}: C={Cp:g}, s={s}, r={r} ({steps:,} steps)",
+                dict(shape, lr=LOOPED_RECIPE["lr"]),
+                tokens=steps * L.PAPER_BATCH_TOKENS,
+                steps=steps,
+                group="grid",
+            )
         if (s, r) == (10, 4) and _same(Cp, 1e18):
-            return PaperPlan(f'injection ablation (Table 5): s=10, r=4, C=1e18, {cfg.injection}', dict(shape, lr=LOOPED_RECIPE['lr']),
-                             tokens=steps * L.PAPER_BATCH_TOKENS, steps=steps, group='table5')
+            return PaperPlan(
+                f"injection ablation (Table 5): s=10, r=4, C=1e18, {cfg.injection}",
+                dict(shape, lr=LOOPED_RECIPE["lr"]),
+                tokens=steps * L.PAPER_BATCH_TOKENS,
+                steps=steps,
+                group="table5",
+            )
         return None
-    if variant != 'baseline' or r not in (1, 4): return None
-    if s == PAPER_EXTRAPOLATION['s']:
+    if variant != "baseline" or r not in (1, 4):
+        return None
+    if s == PAPER_EXTRAPOLATION["s"]:
         e = PAPER_EXTRAPOLATION
-        return PaperPlan(f"extrapolation (Table 10): s=34, r={r}, {e['steps']:,} steps x {e['batch_tokens']:,} tokens",
-                         dict(shape, global_batch=e['batch_tokens'] // L.PAPER_SEQ_LEN), tokens=e['steps'] * e['batch_tokens'], steps=e['steps'],
-                         group='table10')
+        return PaperPlan(
+            f"extrapolation (Table 10): s=34, r={r}, {e['steps']:,} steps x {e['batch_tokens']:,} tokens",
+            dict(shape, global_batch=e["batch_tokens"] // L.PAPER_SEQ_LEN),
+            tokens=e["steps"] * e["batch_tokens"],
+            steps=e["steps"],
+            group="table10",
+        )
     if s in (8, 10, 14):
         toks = planned_tokens(record)
         ratio = next((q for q in (10, 20, 40) if toks is not None and L.tokens_for_param_ratio(cfg, q) == toks), 10)
         t = L.tokens_for_param_ratio(cfg, ratio)
-        return PaperPlan(f'LR sweep (App. D): s={s}, r={r}, {ratio} tokens per effective parameter', shape, tokens=t,
-                         steps=t // L.PAPER_BATCH_TOKENS, group='lr_sweep')
+        return PaperPlan(
+            f"LR sweep (App. D): s={s}, r={r}, {ratio} tokens per effective parameter",
+            shape,
+            tokens=t,
+            steps=t // L.PAPER_BATCH_TOKENS,
+            group="lr_sweep",
+        )
     return None
 
 
@@ -1268,47 +2108,85 @@ def looped_frame(df: pd.DataFrame) -> pd.DataFrame:
     from depthbench_nb.looped import flops_per_token, looped_params
     from depthbench_nb.sweep import flatten
     from depthbench_nb.trainer import total_steps
-    done = completed(df[df['arch'].map(family_of) == 'looped']).dropna(subset=['final_val_loss']) if len(df) else df.iloc[0:0]
+
+    done = (
+        completed(df[df["arch"].map(family_of) == "looped"]).dropna(subset=["final_val_loss"])
+        if len(df)
+        else df.iloc[0:0]
+    )
     rows = []
     for _, r in done.iterrows():
         run = read_params(run_folder(r))
         m, p = run.model, looped_params(run.model)
         F = flops_per_token(m, seq_len=run.train.seq_len)
-        planned = float(r['C']) if 'C' in r and _present(r.get('C')) else np.nan
-        record = {**flatten(run.to_dict()), 'status': r['status'], 'steps': r.get('steps'), 'C': planned,
-                  'lr': run.train.lr, 'planned_steps': total_steps(run)}
+        planned = float(r["C"]) if "C" in r and _present(r.get("C")) else np.nan
+        record = {
+            **flatten(run.to_dict()),
+            "status": r["status"],
+            "steps": r.get("steps"),
+            "C": planned,
+            "lr": run.train.lr,
+            "planned_steps": total_steps(run),
+        }
         plan = looped_paper_plan(record)
         ok, diffs = run_comparability(record, plan)
-        rows.append(dict(study=r['study'], run_id=r['run_id'], r=m.recurrence, d_model=m.d_model, s=max(1, round(m.d_model / 64)),
-                         n_once=p.n_once, n_rec=p.n_rec, D=float(r['tokens']), loss=float(r['final_val_loss']), flops_per_token=F,
-                         C_realised=F * float(r['tokens']), C_planned=planned, variant=looped_variant(m), injection=m.injection,
-                         lr=run.train.lr, vocab=m.vocab_size, seq_len=run.train.seq_len, preset=run.preset,
-                         steps=r.get('steps'), planned_steps=record['planned_steps'], paper_scale=ok, scale=scale_label(ok, diffs),
-                         paper_item=plan.group if plan else ''))
+        rows.append(
+            dict(
+                study=r["study"],
+                run_id=r["run_id"],
+                r=m.recurrence,
+                d_model=m.d_model,
+                s=max(1, round(m.d_model / 64)),
+                n_once=p.n_once,
+                n_rec=p.n_rec,
+                D=float(r["tokens"]),
+                loss=float(r["final_val_loss"]),
+                flops_per_token=F,
+                C_realised=F * float(r["tokens"]),
+                C_planned=planned,
+                variant=looped_variant(m),
+                injection=m.injection,
+                lr=run.train.lr,
+                vocab=m.vocab_size,
+                seq_len=run.train.seq_len,
+                preset=run.preset,
+                steps=r.get("steps"),
+                planned_steps=record["planned_steps"],
+                paper_scale=ok,
+                scale=scale_label(ok, diffs),
+                paper_item=plan.group if plan else "",
+            )
+        )
     out = pd.DataFrame(rows)
-    if len(out):   # cells from the realised budgets; a cell is named by its planned budget where a run of it has one
-        out['C'] = _budget_cells(out['C_realised'].to_numpy())
-        named = out.dropna(subset=['C_planned']).groupby('C')['C_planned'].first()
-        out['C'] = [named.get(c, c) for c in out['C']]
+    if len(out):  # cells from the realised budgets; a cell is named by its planned budget where a run of it has one
+        out["C"] = _budget_cells(out["C_realised"].to_numpy())
+        named = out.dropna(subset=["C_planned"]).groupby("C")["C_planned"].first()
+        out["C"] = [named.get(c, c) for c in out["C"]]
     return out
 
 
 def _best_per_cell(frame: pd.DataFrame) -> pd.DataFrame:
     "One point per (variant, r, s, C) cell: its lowest loss over learning rates (the paper fits each cell at its tuned LR)."
-    if not len(frame): return frame
+    if not len(frame):
+        return frame
     frame = frame.reset_index(drop=True)
-    return frame.loc[frame.groupby(['variant', 'r', 's', 'C'])['loss'].idxmin()].sort_values(['r', 'C', 's'])
+    return frame.loc[frame.groupby(["variant", "r", "s", "C"])["loss"].idxmin()].sort_values(["r", "C", "s"])
 
 
-def _budgets(values) -> str: return ', '.join(f'{c:.3g}' for c in sorted(set(values)))
+def _budgets(values) -> str:
+    return ", ".join(f"{c:.3g}" for c in sorted(set(values)))
 
 
-CASE_STUDY_N_BUDGETS = 4   # the case studies rerun the grid's four lowest budgets (arXiv 2604.21106 §5)
+CASE_STUDY_N_BUDGETS = 4  # the case studies rerun the grid's four lowest budgets (arXiv 2604.21106 §5)
 
 
 def case_study_budgets(lf: pd.DataFrame) -> list:
     "The budgets of the case studies: the four lowest of the baseline grid's (of the study's runs when it has no baseline)."
-    grid = lf[(lf.variant == 'baseline') & (lf.paper_item.isin(['grid', '']) if 'paper_item' in lf else True)] if len(lf) else lf
+    grid = (
+        lf[(lf.variant == "baseline") & (lf.paper_item.isin(["grid", ""]) if "paper_item" in lf else True)]
+        if len(lf)
+        else lf
+    )
     return sorted((grid if len(grid) else lf).C.unique())[:CASE_STUDY_N_BUDGETS] if len(lf) else []
 
 
@@ -1318,70 +2196,97 @@ def case_study_frame(lf: pd.DataFrame, variant: str, drop_r=()) -> pd.DataFrame:
     reuse (on the paper's grids: HC 63 + 20 = 83 runs, truncated BPTT 69 + 20). A variant's run above those budgets is
     left out (the paper has none). `drop_r` leaves recurrences out (Table 3's TBPTT fit without r = 2)."""
     runs = lf[(lf.variant == variant) & (lf.r > 1) & ~lf.r.isin(list(drop_r))] if len(lf) else lf
-    if len(runs): runs = runs[runs.C.isin(case_study_budgets(lf))]
+    if len(runs):
+        runs = runs[runs.C.isin(case_study_budgets(lf))]
     if not len(runs):
-        raise ConfigError(f"case study {variant!r}: no completed {variant} runs with r > 1" + (f' other than r = {list(drop_r)}' if drop_r else '')
-                          + f" at the case studies' budgets C = {_budgets(case_study_budgets(lf))}")
+        raise ConfigError(
+            f"case study {variant!r}: no completed {variant} runs with r > 1"
+            + (f" other than r = {list(drop_r)}" if drop_r else "")
+            + f" at the case studies' budgets C = {_budgets(case_study_budgets(lf))}"
+        )
     budgets = sorted(runs.C.unique())
-    anchors = lf[(lf.variant == 'baseline') & (lf.r == 1) & lf.C.isin(budgets)]
+    anchors = lf[(lf.variant == "baseline") & (lf.r == 1) & lf.C.isin(budgets)]
     if not len(anchors):
-        raise ConfigError(f"case study {variant!r} has no r = 1 runs at its budgets C = {_budgets(budgets)}: the paper fits a case "
-                          "study's runs together with the r = 1 baseline runs of the same budgets. Train them (the `looped-main` "
-                          "study; a case-study study that `reuses` it finds them by run id) or add them to this study")
+        raise ConfigError(
+            f"case study {variant!r} has no r = 1 runs at its budgets C = {_budgets(budgets)}: the paper fits a case "
+            "study's runs together with the r = 1 baseline runs of the same budgets. Train them (the `looped-main` "
+            "study; a case-study study that `reuses` it finds them by run id) or add them to this study"
+        )
     return _best_per_cell(pd.concat([anchors, runs]))
 
 
 def baseline_refit_frame(lf: pd.DataFrame, budgets) -> pd.DataFrame:
     "The baseline runs (every r) of the case studies' budgets: the refit their Δφ is measured against (Table 3's first row)."
-    base = lf[(lf.variant == 'baseline') & lf.C.isin(list(budgets))] if len(lf) else lf
-    if not len(base): raise ConfigError(f'no baseline runs at the case-study budgets C = {_budgets(budgets)}')
+    base = lf[(lf.variant == "baseline") & lf.C.isin(list(budgets))] if len(lf) else lf
+    if not len(base):
+        raise ConfigError(f"no baseline runs at the case-study budgets C = {_budgets(budgets)}")
     return _best_per_cell(base)
 
 # %% ../nbs/09c_reports.ipynb #2f23a191
-FIT_COLUMNS = ('E', 'A', 'B', 'alpha', 'beta', 'phi', 'huber', 'r2', 'n_points', 'provenance')
+FIT_COLUMNS = ("E", "A", "B", "alpha", "beta", "phi", "huber", "r2", "n_points", "provenance")
 
 
 @dataclass(frozen=True)
 class FitEffort:
     "How hard every fit of a report works (the paper's protocol by default: arXiv 2604.21106 §4.2, App. F.2)."
-    restarts: int = 500              # random starts of every fit
-    n_bootstrap: int = 200           # block resamples for the phi CI of the joint law (0: none)
-    bootstrap_restarts: int = 500    # random starts of every bootstrap refit (plus a warm start at the full fit)
+
+    restarts: int = 500  # random starts of every fit
+    n_bootstrap: int = 200  # block resamples for the phi CI of the joint law (0: none)
+    bootstrap_restarts: int = 500  # random starts of every bootstrap refit (plus a warm start at the full fit)
     seed: int = 0
-    workers: Optional[int] = None    # bootstrap processes (None: min(2, CPU cores))
+    workers: Optional[int] = None  # bootstrap processes (None: min(2, CPU cores))
 
 
 def _paper_fit(paper: pd.DataFrame, table: str, form: str, r=None) -> dict:
     sel = paper[(paper.table == table) & (paper.form == form)]
-    if r is not None: sel = sel[pd.to_numeric(sel.r, errors='coerce') == float(r)]
-    return {f'paper_{q}': float(v) for q, v in zip(sel.quantity, sel.value)}
+    if r is not None:
+        sel = sel[pd.to_numeric(sel.r, errors="coerce") == float(r)]
+    return {f"paper_{q}": float(v) for q, v in zip(sel.quantity, sel.value)}
 
 
 def _frame_scale(frame: pd.DataFrame) -> str:
     "A fit's scale from its runs: 'paper scale' when every run is, else how many are not and what differs for one."
-    if 'paper_scale' not in frame or not len(frame): return 'not from run records (a table given directly)'
+    if "paper_scale" not in frame or not len(frame):
+        return "not from run records (a table given directly)"
     bad = frame[~frame.paper_scale.astype(bool)]
-    if not len(bad): return 'paper scale'
-    return f'reduced scale: {len(bad)} of {len(frame)} runs are not paper scale (e.g. {bad.scale.iloc[0][len("reduced scale: "):]})'
+    if not len(bad):
+        return "paper scale"
+    return f"reduced scale: {len(bad)} of {len(frame)} runs are not paper scale (e.g. {bad.scale.iloc[0][len('reduced scale: ') :]})"
 
 
-def _fit_rows(fits: dict, paper: pd.DataFrame, table: str, form_of: Callable = lambda key: (str(key), None)) -> pd.DataFrame:
+def _fit_rows(
+    fits: dict, paper: pd.DataFrame, table: str, form_of: Callable = lambda key: (str(key), None)
+) -> pd.DataFrame:
     """One row per fit (`fits`: key -> (FitResult, the runs it fitted)): our parameters, how the fit was computed (restarts,
     resamples, warm-start wins), its scale, a plain-words note when the runs do not identify the law, then the paper's."""
     from depthbench_nb.scaling import effort_label
+
     rows = []
     for key, (f, frame) in fits.items():
         d = f.to_dict()
         form, r = form_of(key)
         pk = _paper_fit(paper, table, form, r)
         b = f.bootstrap or {}
-        rows.append(dict(fit=str(key), **{k: d.get(k) for k in FIT_COLUMNS},
-                         n_r1=int((frame.r == 1).sum()) if 'r' in frame else np.nan, scale=_frame_scale(frame),
-                         restarts=f.restarts, bootstrap_resamples=b.get('n_resamples', 0), bootstrap_restarts=b.get('restarts', 0),
-                         best_from_warm_start=b.get('best_from_warm_start', np.nan), effort=effort_label(f),
-                         identified=f.identified, note=f.identification_note() or '',
-                         at_bounds=', '.join(map(str, d.get('at_bounds') or [])) or 'none',
-                         **{f'paper_{q}': pk.get(f'paper_{q}', np.nan) for q in ('E', 'A', 'B', 'alpha', 'beta', 'phi', 'huber', 'r2')}))
+        rows.append(
+            dict(
+                fit=str(key),
+                **{k: d.get(k) for k in FIT_COLUMNS},
+                n_r1=int((frame.r == 1).sum()) if "r" in frame else np.nan,
+                scale=_frame_scale(frame),
+                restarts=f.restarts,
+                bootstrap_resamples=b.get("n_resamples", 0),
+                bootstrap_restarts=b.get("restarts", 0),
+                best_from_warm_start=b.get("best_from_warm_start", np.nan),
+                effort=effort_label(f),
+                identified=f.identified,
+                note=f.identification_note() or "",
+                at_bounds=", ".join(map(str, d.get("at_bounds") or [])) or "none",
+                **{
+                    f"paper_{q}": pk.get(f"paper_{q}", np.nan)
+                    for q in ("E", "A", "B", "alpha", "beta", "phi", "huber", "r2")
+                },
+            )
+        )
     return pd.DataFrame(rows)
 
 
@@ -1392,15 +2297,19 @@ def _residual_frame(fit, frame: pd.DataFrame) -> pd.DataFrame:
 
 # %% ../nbs/09c_reports.ipynb #fbaf7025
 def _guard(rep: Report, what: str, fn: Callable):
-    try: return fn()
-    except ConfigError as e: rep.note_missing(what, str(e)); return None
+    try:
+        return fn()
+    except ConfigError as e:
+        rep.note_missing(what, str(e))
+        return None
 
 
-_FIT_COLS = ['n_once', 'n_rec', 'r', 'D', 'loss', 'C', 'provenance']
+_FIT_COLS = ["n_once", "n_rec", "r", "D", "loss", "C", "provenance"]
 
 
-def _fit(frame: pd.DataFrame, effort: FitEffort, law: str = 'looped', **kw):
+def _fit(frame: pd.DataFrame, effort: FitEffort, law: str = "looped", **kw):
     from depthbench_nb import scaling
+
     return scaling.fit_frame(frame, law, restarts=effort.restarts, seed=effort.seed, **kw)
 
 
@@ -1409,8 +2318,11 @@ def per_r_frontier(per_r: dict, base: pd.DataFrame, n_budgets: int = 12) -> pd.D
     width minimising the r-law's loss at D = C/F(d, r) (the paper's FLOP accounting at the runs' vocabulary and
     sequence length). Budgets span the fitted range; a budget outside an r's own runs is flagged `extrapolated`."""
     from depthbench_nb import scaling
-    acc = functools.partial(scaling.paper_accounting, vocab=int(base['vocab'].iloc[0]), seq_len=int(base['seq_len'].iloc[0]))
-    Cs = np.geomspace(base['C'].min(), base['C'].max(), n_budgets)
+
+    acc = functools.partial(
+        scaling.paper_accounting, vocab=int(base["vocab"].iloc[0]), seq_len=int(base["seq_len"].iloc[0])
+    )
+    Cs = np.geomspace(base["C"].min(), base["C"].max(), n_budgets)
     rows = []
     for r, fit in sorted(per_r.items()):
         lo, hi = base[base.r == r].C.min(), base[base.r == r].C.max()
@@ -1418,54 +2330,85 @@ def per_r_frontier(per_r: dict, base: pd.DataFrame, n_budgets: int = 12) -> pd.D
             o = scaling.law_optimum(fit, C, r, d_range=(8.0, 65536.0), accounting=acc)
             rows.append(dict(o, extrapolated=bool(C < lo * (1 - 1e-9) or C > hi * (1 + 1e-9))))
     fr = pd.DataFrame(rows)
-    ref1 = fr[fr.r == 1].set_index('C')['loss'] if (fr.r == 1).any() else pd.Series(dtype=float)
-    fr['gap_to_r1'] = [l - ref1.get(C, np.nan) for C, l in zip(fr.C, fr.loss)]
+    ref1 = fr[fr.r == 1].set_index("C")["loss"] if (fr.r == 1).any() else pd.Series(dtype=float)
+    fr["gap_to_r1"] = [l - ref1.get(C, np.nan) for C, l in zip(fr.C, fr.loss)]
     return fr
 
 
 def _accounting(base: pd.DataFrame) -> Callable:
     "The §3.2 accounting at the runs' vocabulary and sequence length."
     from depthbench_nb import scaling
-    return functools.partial(scaling.paper_accounting, vocab=int(base['vocab'].iloc[0]), seq_len=int(base['seq_len'].iloc[0]))
+
+    return functools.partial(
+        scaling.paper_accounting, vocab=int(base["vocab"].iloc[0]), seq_len=int(base["seq_len"].iloc[0])
+    )
 
 
-def frontier_exponents(per_r: dict, base: pd.DataFrame, paper: pd.DataFrame, fr: Optional[pd.DataFrame] = None) -> pd.DataFrame:
+def frontier_exponents(
+    per_r: dict, base: pd.DataFrame, paper: pd.DataFrame, fr: Optional[pd.DataFrame] = None
+) -> pd.DataFrame:
     """Fig. 3's exponents N* ∝ C^a and D* ∝ C^b per r, as the paper computes them: from the r's law (Table 1) under the
     power-law FLOP model C = k·N^γ·D, γ the log-log slope of the FLOPs per token on N over the r's widths (the runs'
     accounting), so a = β/(α+γβ) and b = α/(α+γβ) (`scaling.power_law_frontier_exponents`; with the paper's Table 1
     this gives its Fig. 3 within 0.004). Beside them: the slopes of the exact frontier `fr` (Eq. 1's FLOPs, over each
     r's fitted budgets), a stated difference, and the paper's."""
     from depthbench_nb import scaling
+
     acc = _accounting(base)
     rows = []
     for r, fit in sorted(per_r.items()):
         widths = sorted(set(base[base.r == r].d_model))
         gamma = scaling.flops_power_law(widths, r, acc)[0] if len(widths) >= 2 else np.nan
         a, b = scaling.power_law_frontier_exponents(fit.alpha, fit.beta, gamma)
-        row = dict(r=int(r), n_widths=len(widths), gamma=gamma, a_N_star=a, b_D_star=b, a_plus_b=a + b,
-                   n_budgets=0, a_exact_frontier=np.nan, b_exact_frontier=np.nan)
+        row = dict(
+            r=int(r),
+            n_widths=len(widths),
+            gamma=gamma,
+            a_N_star=a,
+            b_D_star=b,
+            a_plus_b=a + b,
+            n_budgets=0,
+            a_exact_frontier=np.nan,
+            b_exact_frontier=np.nan,
+        )
         g = fr[(fr.r == r) & ~fr.extrapolated] if fr is not None else None
         if g is not None and len(g) >= 2:
             x = np.log(g.C.to_numpy(float))
-            row.update(n_budgets=len(g), a_exact_frontier=float(np.polyfit(x, np.log(g.N.to_numpy(float)), 1)[0]),
-                       b_exact_frontier=float(np.polyfit(x, np.log(g.D.to_numpy(float)), 1)[0]))
-        pk = _paper_fit(paper, 'fig3', 'exponents', r)
-        rows.append(dict(row, paper_a_N_star=pk.get('paper_n_star_exponent', np.nan), paper_b_D_star=pk.get('paper_d_star_exponent', np.nan)))
+            row.update(
+                n_budgets=len(g),
+                a_exact_frontier=float(np.polyfit(x, np.log(g.N.to_numpy(float)), 1)[0]),
+                b_exact_frontier=float(np.polyfit(x, np.log(g.D.to_numpy(float)), 1)[0]),
+            )
+        pk = _paper_fit(paper, "fig3", "exponents", r)
+        rows.append(
+            dict(
+                row,
+                paper_a_N_star=pk.get("paper_n_star_exponent", np.nan),
+                paper_b_D_star=pk.get("paper_d_star_exponent", np.nan),
+            )
+        )
     return pd.DataFrame(rows)
 
 
 def paper_table1_laws(paper: pd.DataFrame) -> dict:
     "r -> the paper's per-r law (Table 1's A, α, B, β, E) as a FitResult."
     from depthbench_nb import scaling
-    return {int(r): scaling.law_from_params(**{q: _paper_fit(paper, 'table1', 'chinchilla', r)[f'paper_{q}'] for q in ('A', 'alpha', 'B', 'beta', 'E')},
-                                            provenance='real')
-            for r in sorted(pd.to_numeric(paper[paper.table == 'table1'].r).unique())}
+
+    return {
+        int(r): scaling.law_from_params(
+            **{q: _paper_fit(paper, "table1", "chinchilla", r)[f"paper_{q}"] for q in ("A", "alpha", "B", "beta", "E")},
+            provenance="real",
+        )
+        for r in sorted(pd.to_numeric(paper[paper.table == "table1"].r).unique())
+    }
 
 
 def paper_optima(paper: pd.DataFrame) -> pd.DataFrame:
     "The paper's per-(C, r) compute-optimal points (the project page: parabola in log N per cell): C, r, N_star, L_star."
-    opt = paper[paper.table == 'optimum'].assign(r=lambda d: pd.to_numeric(d.r).astype(int), C=lambda d: pd.to_numeric(d.C))
-    wide = opt.pivot_table(index=['r', 'C'], columns='quantity', values='value').reset_index()
+    opt = paper[paper.table == "optimum"].assign(
+        r=lambda d: pd.to_numeric(d.r).astype(int), C=lambda d: pd.to_numeric(d.C)
+    )
+    wide = opt.pivot_table(index=["r", "C"], columns="quantity", values="value").reset_index()
     return pd.DataFrame(dict(C=wide.C, r=wide.r, N_star=wide.N_star_M * 1e6, L_star=wide.L_star))
 
 
@@ -1473,31 +2416,52 @@ def looped_fig3_definitions_section(rep: Report, paper: pd.DataFrame):
     """Which definition of Fig. 3's exponents is the paper's: each plausible one applied to the paper's own Table 1
     (`scaling.frontier_exponent_definitions`), beside Fig. 3; the power-law FLOP model gets a verdict (within ±0.02)."""
     from depthbench_nb import scaling
+
     defs = scaling.frontier_exponent_definitions(paper_table1_laws(paper), paper_optima(paper))
-    fig3 = {r: _paper_fit(paper, 'fig3', 'exponents', r) for r in defs.r.unique()}
-    defs['paper_a_N_star'] = [fig3[r].get('paper_n_star_exponent', np.nan) for r in defs.r]
-    defs['paper_b_D_star'] = [fig3[r].get('paper_d_star_exponent', np.nan) for r in defs.r]
-    defs['max_abs_diff'] = np.maximum((defs.a_N_star - defs.paper_a_N_star).abs(), (defs.b_D_star - defs.paper_b_D_star).abs())
-    rep.table(defs, 'looped_fig3_exponent_definitions', "Fig. 3's exponents from the paper's own Table 1 under each definition tried "
-              '(the paper does not print its derivation); the power-law FLOP model reproduces them', label=ACCOUNTING_LABEL)
-    for row in defs[defs.definition.str.startswith('power-law')].itertuples():
-        for name, ours, theirs in (('a (N* ∝ C^a)', row.a_N_star, row.paper_a_N_star), ('b (D* ∝ C^b)', row.b_D_star, row.paper_b_D_star)):
+    fig3 = {r: _paper_fit(paper, "fig3", "exponents", r) for r in defs.r.unique()}
+    defs["paper_a_N_star"] = [fig3[r].get("paper_n_star_exponent", np.nan) for r in defs.r]
+    defs["paper_b_D_star"] = [fig3[r].get("paper_d_star_exponent", np.nan) for r in defs.r]
+    defs["max_abs_diff"] = np.maximum(
+        (defs.a_N_star - defs.paper_a_N_star).abs(), (defs.b_D_star - defs.paper_b_D_star).abs()
+    )
+    rep.table(
+        defs,
+        "looped_fig3_exponent_definitions",
+        "Fig. 3's exponents from the paper's own Table 1 under each definition tried "
+        "(the paper does not print its derivation); the power-law FLOP model reproduces them",
+        label=ACCOUNTING_LABEL,
+    )
+    for row in defs[defs.definition.str.startswith("power-law")].itertuples():
+        for name, ours, theirs in (
+            ("a (N* ∝ C^a)", row.a_N_star, row.paper_a_N_star),
+            ("b (D* ∝ C^b)", row.b_D_star, row.paper_b_D_star),
+        ):
             ok = abs(ours - theirs) <= 0.02
-            rep.verdicts.append(dict(quantity=f"Fig. 3 exponent {name}, r = {row.r}, from Table 1's coefficients", ours=ours, paper=theirs,
-                                     tolerance='±0.02 absolute', verdict='reproduced' if ok else 'NOT reproduced',
-                                     note=f'power-law FLOP model, γ = {row.gamma:.3f} over the grid\'s 11 widths (arXiv 2604.21106 Fig. 3)'))
+            rep.verdicts.append(
+                dict(
+                    quantity=f"Fig. 3 exponent {name}, r = {row.r}, from Table 1's coefficients",
+                    ours=ours,
+                    paper=theirs,
+                    tolerance="±0.02 absolute",
+                    verdict="reproduced" if ok else "NOT reproduced",
+                    note=f"power-law FLOP model, γ = {row.gamma:.3f} over the grid's 11 widths (arXiv 2604.21106 Fig. 3)",
+                )
+            )
 
 
 def paper_optima_frame(paper: pd.DataFrame) -> pd.DataFrame:
     """The paper's 24 per-(C, r) optima as points of the joint law: the width of N* (§3.2 accounting), its n_once and
     n_rec, D = C / F(d, r) and loss = L*; provenance 'real' (the paper's published numbers)."""
     from depthbench_nb import scaling
+
     opt = paper_optima(paper)
     rows = []
     for o in opt.itertuples():
         acc = scaling.paper_accounting(scaling.width_for_params(o.N_star, o.r), o.r)
-        rows.append(dict(C=o.C, r=o.r, d=acc.d, n_once=acc.n_once, n_rec=acc.n_rec, D=o.C / acc.flops_per_token, loss=o.L_star))
-    return pd.DataFrame(rows).assign(provenance='real')
+        rows.append(
+            dict(C=o.C, r=o.r, d=acc.d, n_once=acc.n_once, n_rec=acc.n_rec, D=o.C / acc.flops_per_token, loss=o.L_star)
+        )
+    return pd.DataFrame(rows).assign(provenance="real")
 
 
 def looped_paper_optima_section(rep: Report, paper: pd.DataFrame, effort: FitEffort = FitEffort()):
@@ -1506,47 +2470,67 @@ def looped_paper_optima_section(rep: Report, paper: pd.DataFrame, effort: FitEff
     per block, do not pin E under resampling (a 200-resample trial put E's interval on the box's edge), and φ is the
     check."""
     frame = paper_optima_frame(paper)
-    fit = _guard(rep, 'phi refitted on the paper\'s optima', lambda: _fit(frame[_FIT_COLS], effort))
-    if fit is None: return
-    t = table2_rows({'phi_free': (fit, frame)}, paper).rename(columns={'fit': 'data'})
-    t['data'] = f"the paper's {len(frame)} per-(C, r) optima (project page: N*, L*; D = C / F at the width of N*)"
-    rep.table(t, 'looped_phi_on_paper_optima', "The joint law refitted on the paper's published compute-optimal points, beside "
-              "the paper's fit on its 116 runs (Table 2: phi 0.459, 95% CI [0.41, 0.53])", label=PAPER_LABEL)
+    fit = _guard(rep, "phi refitted on the paper's optima", lambda: _fit(frame[_FIT_COLS], effort))
+    if fit is None:
+        return
+    t = table2_rows({"phi_free": (fit, frame)}, paper).rename(columns={"fit": "data"})
+    t["data"] = f"the paper's {len(frame)} per-(C, r) optima (project page: N*, L*; D = C / F at the width of N*)"
+    rep.table(
+        t,
+        "looped_phi_on_paper_optima",
+        "The joint law refitted on the paper's published compute-optimal points, beside "
+        "the paper's fit on its 116 runs (Table 2: phi 0.459, 95% CI [0.41, 0.53])",
+        label=PAPER_LABEL,
+    )
     lo, hi = 0.41, 0.53
-    rep.verdicts.append(dict(quantity="phi refitted on the paper's 24 per-(C, r) optima", ours=fit.phi, paper=0.459,
-                             tolerance=f'inside the paper\'s 95% CI [{lo}, {hi}]', verdict='reproduced' if lo <= fit.phi <= hi else 'NOT reproduced',
-                             note='the optima are parabola vertices, not runs: a check of the fitter, not a new measurement'))
+    rep.verdicts.append(
+        dict(
+            quantity="phi refitted on the paper's 24 per-(C, r) optima",
+            ours=fit.phi,
+            paper=0.459,
+            tolerance=f"inside the paper's 95% CI [{lo}, {hi}]",
+            verdict="reproduced" if lo <= fit.phi <= hi else "NOT reproduced",
+            note="the optima are parabola vertices, not runs: a check of the fitter, not a new measurement",
+        )
+    )
 
 
 def table2_rows(fits: dict, paper: pd.DataFrame) -> pd.DataFrame:
     """Table 2: the joint law (`fits['phi_free']`, with its bootstrap) and the restricted laws. The phi CI is printed as
     an interval only when the runs identify the law; otherwise the cell holds the plain-words note instead."""
-    t2 = _fit_rows(fits, paper, 'table2')
-    joint = fits['phi_free'][0]
-    lo, hi = (joint.ci or {}).get('phi', [np.nan, np.nan])
+    t2 = _fit_rows(fits, paper, "table2")
+    joint = fits["phi_free"][0]
+    lo, hi = (joint.ci or {}).get("phi", [np.nan, np.nan])
     ok = joint.ci is not None and not joint.identification_note()
     first = lambda v, rest: [v] + [rest] * (len(t2) - 1)
-    t2.insert(t2.columns.get_loc('phi') + 1, 'phi_ci', first(f'[{lo:.3f}, {hi:.3f}]' if ok else joint.identification_note() if joint.ci
-                                                             else 'no bootstrap', ''))
-    t2['phi_ci_low'], t2['phi_ci_high'] = first(lo if ok else np.nan, np.nan), first(hi if ok else np.nan, np.nan)
-    t2['paper_phi_ci'] = first('[0.41, 0.53]', '')
+    t2.insert(
+        t2.columns.get_loc("phi") + 1,
+        "phi_ci",
+        first(f"[{lo:.3f}, {hi:.3f}]" if ok else joint.identification_note() if joint.ci else "no bootstrap", ""),
+    )
+    t2["phi_ci_low"], t2["phi_ci_high"] = first(lo if ok else np.nan, np.nan), first(hi if ok else np.nan, np.nan)
+    t2["paper_phi_ci"] = first("[0.41, 0.53]", "")
     return t2
 
 
-NOT_GRID_ITEMS = ('table10', 'lr_sweep')   # runs of other paper items (the extrapolation, the LR sweep): never in the grid's fits
+NOT_GRID_ITEMS = (
+    "table10",
+    "lr_sweep",
+)  # runs of other paper items (the extrapolation, the LR sweep): never in the grid's fits
 PAPER_RS = (1, 2, 4, 8)
 
 
 def _grid_runs(frame: pd.DataFrame) -> pd.DataFrame:
     "The runs of a frame that belong to a scaling grid (not the extrapolation or the LR sweep runs of the paper)."
-    return frame[~frame.paper_item.isin(NOT_GRID_ITEMS)] if len(frame) and 'paper_item' in frame else frame
+    return frame[~frame.paper_item.isin(NOT_GRID_ITEMS)] if len(frame) and "paper_item" in frame else frame
 
 
 def _r_gaps(rep: Report, frame: pd.DataFrame, items):
     "Record, for every item drawn from `frame`, the paper's recurrences it has no runs of."
     lacking = [r for r in PAPER_RS if r not in set(frame.r)]
     for item in items:
-        if lacking: rep.gap(item, f"r = {', '.join(map(str, lacking))} (no runs)")
+        if lacking:
+            rep.gap(item, f"r = {', '.join(map(str, lacking))} (no runs)")
 
 
 def looped_isoflops_figure(rep: Report, base: pd.DataFrame, fits: dict):
@@ -1557,231 +2541,462 @@ def looped_isoflops_figure(rep: Report, base: pd.DataFrame, fits: dict):
     rs = sorted(base.r.unique())
     fig, axes = plt.subplots(1, len(rs), figsize=(3.4 * len(rs), 3.2), squeeze=False, sharey=True)
     budgets = sorted(base.C.unique())
-    colours = dict(zip(budgets, sns.color_palette('mako', len(budgets))))
+    colours = dict(zip(budgets, sns.color_palette("mako", len(budgets))))
     ds = np.geomspace(base.d_model.min() / 1.5, base.d_model.max() * 1.5, 60)
     for ax, r in zip(axes[0], rs):
         runs = base[base.r == r]
         for C in budgets:
             cell = runs[runs.C == C]
             ax.scatter(cell.n_once + cell.n_rec, cell.loss, s=14, color=colours[C], zorder=3)
-            for key, ls in (('phi_free', '-'), ('phi_1', '--')):
-                if key not in fits: continue
+            for key, ls in (("phi_free", "-"), ("phi_1", "--")):
+                if key not in fits:
+                    continue
                 f = fits[key][0]
                 a = [acc(d, r) for d in ds]
-                ax.plot([x.n_unique for x in a], f.predict(f.n_eff([x.n_once for x in a], [x.n_rec for x in a], r),
-                                                           [C / x.flops_per_token for x in a]), ls, lw=0.8, color=colours[C])
-        ax.set_xscale('log'); ax.set_title(f'r = {r}', fontsize=8); ax.set_xlabel('unique parameters N (log)')
+                ax.plot(
+                    [x.n_unique for x in a],
+                    f.predict(
+                        f.n_eff([x.n_once for x in a], [x.n_rec for x in a], r), [C / x.flops_per_token for x in a]
+                    ),
+                    ls,
+                    lw=0.8,
+                    color=colours[C],
+                )
+        ax.set_xscale("log")
+        ax.set_title(f"r = {r}", fontsize=8)
+        ax.set_xlabel("unique parameters N (log)")
         lo, hi = runs.loss.min(), runs.loss.max()
         ax.set_ylim(lo - 0.1 * (hi - lo + 1e-3), hi + 0.3 * (hi - lo + 1e-3))
-    axes[0][0].set_ylabel('validation loss (nats)')
-    rep.figure(fig, 'looped_isoflops', "Iso-FLOPs curves: runs per budget (colour) and r, the joint law with phi free (solid) and its "
-               "phi = 1 refit (dashed); the paper's teaser as its project page describes it")
+    axes[0][0].set_ylabel("validation loss (nats)")
+    rep.figure(
+        fig,
+        "looped_isoflops",
+        "Iso-FLOPs curves: runs per budget (colour) and r, the joint law with phi free (solid) and its "
+        "phi = 1 refit (dashed); the paper's teaser as its project page describes it",
+    )
 
 
 def looped_fit_sections(rep: Report, lf: pd.DataFrame, paper: pd.DataFrame, prov: str, effort: FitEffort = FitEffort()):
     """Table 1 (per-r laws), Table 2 (joint law, bootstrap CI, restricted laws), Table 7 and Figs. 8-9 (residuals), Fig. 3
     (frontiers of the per-r laws and their exponents), empirical optima and the stability refits, from the baseline runs."""
     from depthbench_nb import scaling
-    base = _best_per_cell(_grid_runs(lf[lf.variant == 'baseline'])).assign(provenance=prov) if len(lf) else lf
+
+    base = _best_per_cell(_grid_runs(lf[lf.variant == "baseline"])).assign(provenance=prov) if len(lf) else lf
     if not len(base):
-        rep.note_missing('Tables 1, 2 and 7, Figs. 3, 8 and 9, stability refits', 'no completed baseline looped runs in this study'
-                         + (' (its report fits the case studies only; the study it reuses has its own report)' if len(lf) else ''))
+        rep.note_missing(
+            "Tables 1, 2 and 7, Figs. 3, 8 and 9, stability refits",
+            "no completed baseline looped runs in this study"
+            + (" (its report fits the case studies only; the study it reuses has its own report)" if len(lf) else ""),
+        )
         return
     plt, sns = _sns()
-    _r_gaps(rep, base, ('Table 1', 'Table 2', 'Table 7', 'Fig. 3', 'Fig. 8', 'Fig. 9', 'iso-FLOPs curves'))
+    _r_gaps(rep, base, ("Table 1", "Table 2", "Table 7", "Fig. 3", "Fig. 8", "Fig. 9", "iso-FLOPs curves"))
     per_r = {}
-    for r, g in base.groupby('r'):
-        f = _guard(rep, f'per-r Chinchilla fit r={r} (Table 1)', lambda g=g: _fit(
-            pd.DataFrame(dict(N=g.n_once + g.n_rec, D=g.D, loss=g.loss, provenance=prov)), effort, 'chinchilla'))
-        if f is not None: per_r[int(r)] = (f, g)
+    for r, g in base.groupby("r"):
+        f = _guard(
+            rep,
+            f"per-r Chinchilla fit r={r} (Table 1)",
+            lambda g=g: _fit(
+                pd.DataFrame(dict(N=g.n_once + g.n_rec, D=g.D, loss=g.loss, provenance=prov)), effort, "chinchilla"
+            ),
+        )
+        if f is not None:
+            per_r[int(r)] = (f, g)
     if per_r:
-        rep.table(_fit_rows(per_r, paper, 'table1', lambda r: ('chinchilla', r)).rename(columns={'fit': 'r'}).drop(columns='n_r1'), 'looped_table1_per_r',
-                  'Per-r Chinchilla fits on N = n_once + n_rec (Table 1)')
+        rep.table(
+            _fit_rows(per_r, paper, "table1", lambda r: ("chinchilla", r))
+            .rename(columns={"fit": "r"})
+            .drop(columns="n_r1"),
+            "looped_table1_per_r",
+            "Per-r Chinchilla fits on N = n_once + n_rec (Table 1)",
+        )
         fig, axes = plt.subplots(1, len(per_r), figsize=(3.2 * len(per_r), 3.0), squeeze=False)
         for ax, (r, (f, g)) in zip(axes[0], per_r.items()):
-            res = _residual_frame(f, g)                 # a per-r law: N_eff = n_once + n_rec
-            sns.scatterplot(data=res.assign(C=res.C.map('{:.3g}'.format)), x='D', y='residual', hue='C', ax=ax, s=30, legend=r == max(per_r))
-            ax.axhline(0, color='k', lw=0.6); ax.set_xscale('log'); ax.set_title(f'r = {r}: RMSE {np.sqrt((res.residual ** 2).mean()):.4f}', fontsize=8)
-            ax.set_xlabel('tokens D (log)'); ax.set_ylabel('actual − predicted (nats)')
-            ax.tick_params(axis='x', which='minor', labelbottom=False)
-            if r == max(per_r): sns.move_legend(ax, 'upper left', bbox_to_anchor=(1, 1), title='C', fontsize=7)
-        rep.figure(fig, 'looped_fig9_per_r_residuals', "Residuals of the per-r laws (Table 1's fits; the appendix's residual figures, Fig. 9 as we read it)")
+            res = _residual_frame(f, g)  # a per-r law: N_eff = n_once + n_rec
+            sns.scatterplot(
+                data=res.assign(C=res.C.map("{:.3g}".format)),
+                x="D",
+                y="residual",
+                hue="C",
+                ax=ax,
+                s=30,
+                legend=r == max(per_r),
+            )
+            ax.axhline(0, color="k", lw=0.6)
+            ax.set_xscale("log")
+            ax.set_title(f"r = {r}: RMSE {np.sqrt((res.residual**2).mean()):.4f}", fontsize=8)
+            ax.set_xlabel("tokens D (log)")
+            ax.set_ylabel("actual − predicted (nats)")
+            ax.tick_params(axis="x", which="minor", labelbottom=False)
+            if r == max(per_r):
+                sns.move_legend(ax, "upper left", bbox_to_anchor=(1, 1), title="C", fontsize=7)
+        rep.figure(
+            fig,
+            "looped_fig9_per_r_residuals",
+            "Residuals of the per-r laws (Table 1's fits; the appendix's residual figures, Fig. 9 as we read it)",
+        )
         fr = per_r_frontier({r: f for r, (f, _) in per_r.items()}, base)
-        gaps = paper[paper.table == 'fig3']
+        gaps = paper[paper.table == "fig3"]
+
         def gap_range(r):
-            lo, hi = (gaps[(gaps.quantity == q) & (pd.to_numeric(gaps.r, errors='coerce') == r)].value for q in ('gap_low', 'gap_high'))
-            return f'{float(lo.iloc[0]):g}-{float(hi.iloc[0]):g}' if len(lo) and len(hi) else ''
-        fr['paper_gap_range'] = [gap_range(r) for r in fr.r]
-        rep.table(fr, 'looped_frontier', f'Compute-optimal frontiers of the per-r laws (Table 1) over the fitted budgets '
-                  f'{_budgets(base.C)} FLOPs and the gap to r = 1 (Fig. 3; extrapolated = outside that r\'s own runs)')
-        rep.table(frontier_exponents({r: f for r, (f, _) in per_r.items()}, base, paper, fr), 'looped_frontier_exponents',
-                  "Compute-optimal exponents of the per-r laws as the paper defines them (C = k·N^γ·D, γ over each r's widths: "
-                  "a = β/(α+γβ), b = α/(α+γβ)), the slopes of the exact frontier beside them (a stated difference), and the paper's (Fig. 3)")
+            lo, hi = (
+                gaps[(gaps.quantity == q) & (pd.to_numeric(gaps.r, errors="coerce") == r)].value
+                for q in ("gap_low", "gap_high")
+            )
+            return f"{float(lo.iloc[0]):g}-{float(hi.iloc[0]):g}" if len(lo) and len(hi) else ""
+
+        fr["paper_gap_range"] = [gap_range(r) for r in fr.r]
+        rep.table(
+            fr,
+            "looped_frontier",
+            f"Compute-optimal frontiers of the per-r laws (Table 1) over the fitted budgets "
+            f"{_budgets(base.C)} FLOPs and the gap to r = 1 (Fig. 3; extrapolated = outside that r's own runs)",
+        )
+        rep.table(
+            frontier_exponents({r: f for r, (f, _) in per_r.items()}, base, paper, fr),
+            "looped_frontier_exponents",
+            "Compute-optimal exponents of the per-r laws as the paper defines them (C = k·N^γ·D, γ over each r's widths: "
+            "a = β/(α+γβ), b = α/(α+γβ)), the slopes of the exact frontier beside them (a stated difference), and the paper's (Fig. 3)",
+        )
         fig, axes = plt.subplots(1, 2, figsize=(9, 3.5))
         pal = _r_palette(fr.r.unique())
-        for r, g in fr.groupby('r'):
-            for part, ls in ((g[~g.extrapolated], '-'), (g[g.extrapolated], '--')):
+        for r, g in fr.groupby("r"):
+            for part, ls in ((g[~g.extrapolated], "-"), (g[g.extrapolated], "--")):
                 if len(part):
-                    axes[0].plot(part.C, part.loss, ls, marker='o', ms=3, color=pal[str(r)], label=f'r = {r}' + (' (extrapolated)' if ls == '--' else ''))
-                    if r != 1: axes[1].plot(part.C, part.gap_to_r1, ls, marker='o', ms=3, color=pal[str(r)], label=f'r = {r}')
-        for ax, lab in ((axes[0], 'compute-optimal loss L*(C)'), (axes[1], 'frontier gap to r = 1 (nats)')):
-            ax.set_xscale('log'); ax.set_xlabel('budget C (FLOPs)'); ax.set_ylabel(lab); ax.legend(fontsize=7)
-        rep.figure(fig, 'looped_frontier', 'Compute-optimal frontiers of the per-r laws (Fig. 3): L*(C) per r and the gap to r = 1, '
-                   f'over the fitted budgets {_budgets(base.C)} FLOPs (dashed: extrapolated)')
+                    axes[0].plot(
+                        part.C,
+                        part.loss,
+                        ls,
+                        marker="o",
+                        ms=3,
+                        color=pal[str(r)],
+                        label=f"r = {r}" + (" (extrapolated)" if ls == "--" else ""),
+                    )
+                    if r != 1:
+                        axes[1].plot(part.C, part.gap_to_r1, ls, marker="o", ms=3, color=pal[str(r)], label=f"r = {r}")
+        for ax, lab in ((axes[0], "compute-optimal loss L*(C)"), (axes[1], "frontier gap to r = 1 (nats)")):
+            ax.set_xscale("log")
+            ax.set_xlabel("budget C (FLOPs)")
+            ax.set_ylabel(lab)
+            ax.legend(fontsize=7)
+        rep.figure(
+            fig,
+            "looped_frontier",
+            "Compute-optimal frontiers of the per-r laws (Fig. 3): L*(C) per r and the gap to r = 1, "
+            f"over the fitted budgets {_budgets(base.C)} FLOPs (dashed: extrapolated)",
+        )
     fig, ax = plt.subplots(figsize=(5.5, 4))
-    sns.scatterplot(data=base.assign(C=base.C.map('{:.3g}'.format), r=base.r.astype(str)), x='D', y='loss', hue='r', style='C', ax=ax,
-                    palette=_r_palette(base.r.unique()), s=50)
-    ax.set_xscale('log'); ax.set_xlabel('training tokens D (log)'); ax.set_ylabel('validation loss (nats)')
-    rep.figure(fig, 'looped_runs_scatter', 'Looped baseline runs: loss vs tokens per recurrence r and budget C')
-    emp = _guard(rep, 'empirical optima per (C, r) cell', lambda: scaling.empirical_optima(base.assign(N=base.n_once + base.n_rec)))
+    sns.scatterplot(
+        data=base.assign(C=base.C.map("{:.3g}".format), r=base.r.astype(str)),
+        x="D",
+        y="loss",
+        hue="r",
+        style="C",
+        ax=ax,
+        palette=_r_palette(base.r.unique()),
+        s=50,
+    )
+    ax.set_xscale("log")
+    ax.set_xlabel("training tokens D (log)")
+    ax.set_ylabel("validation loss (nats)")
+    rep.figure(fig, "looped_runs_scatter", "Looped baseline runs: loss vs tokens per recurrence r and budget C")
+    emp = _guard(
+        rep,
+        "empirical optima per (C, r) cell",
+        lambda: scaling.empirical_optima(base.assign(N=base.n_once + base.n_rec)),
+    )
     if emp is not None and len(emp):
-        po = paper_optima(paper).set_index(['C', 'r'])
-        at = lambda C, r, q: po[q].get((next((c for c in po.index.get_level_values(0) if abs(c / C - 1) < 1e-6), np.nan), int(r)), np.nan)
-        emp = emp.assign(paper_N_star=[at(C, r, 'N_star') for C, r in zip(emp.C, emp.r)],
-                         paper_L_star=[at(C, r, 'L_star') for C, r in zip(emp.C, emp.r)])
-        rep.table(emp, 'looped_empirical_optima', "Empirical compute-optimal size per (C, r) cell (parabola in log N; edge = optimum not "
-                  "bracketed), the paper's N* and L* beside (its project page's per-cell parabolas)")
-    joint = _guard(rep, 'joint phi fit (Table 2)', lambda: _fit(base[_FIT_COLS], effort))
+        po = paper_optima(paper).set_index(["C", "r"])
+        at = lambda C, r, q: po[q].get(
+            (next((c for c in po.index.get_level_values(0) if abs(c / C - 1) < 1e-6), np.nan), int(r)), np.nan
+        )
+        emp = emp.assign(
+            paper_N_star=[at(C, r, "N_star") for C, r in zip(emp.C, emp.r)],
+            paper_L_star=[at(C, r, "L_star") for C, r in zip(emp.C, emp.r)],
+        )
+        rep.table(
+            emp,
+            "looped_empirical_optima",
+            "Empirical compute-optimal size per (C, r) cell (parabola in log N; edge = optimum not "
+            "bracketed), the paper's N* and L* beside (its project page's per-cell parabolas)",
+        )
+    joint = _guard(rep, "joint phi fit (Table 2)", lambda: _fit(base[_FIT_COLS], effort))
     if joint is not None:
         if effort.n_bootstrap >= 2:
-            boot = _guard(rep, 'phi bootstrap CI', lambda: scaling.block_bootstrap(
-                base[_FIT_COLS], 'looped', block_cols=('C', 'r'), n_resamples=effort.n_bootstrap, restarts=effort.bootstrap_restarts,
-                seed=effort.seed, warm_start=joint, workers=effort.workers))
-            if boot is not None: scaling.attach_bootstrap(joint, boot)
+            boot = _guard(
+                rep,
+                "phi bootstrap CI",
+                lambda: scaling.block_bootstrap(
+                    base[_FIT_COLS],
+                    "looped",
+                    block_cols=("C", "r"),
+                    n_resamples=effort.n_bootstrap,
+                    restarts=effort.bootstrap_restarts,
+                    seed=effort.seed,
+                    warm_start=joint,
+                    workers=effort.workers,
+                ),
+            )
+            if boot is not None:
+                scaling.attach_bootstrap(joint, boot)
         else:
-            rep.note_missing('phi bootstrap CI', f'n_bootstrap={effort.n_bootstrap} (needs >= 2 resamples; the paper: 200)')
-            rep.gap('Table 2', f'the phi CI (n_bootstrap = {effort.n_bootstrap}; the paper: 200 block resamples)')
-        fits = {'phi_free': (joint, base)}
-        for phi in (0.0, 1.0):   # the restricted laws (the paper does not bootstrap them)
-            f = _guard(rep, f'restricted law phi={phi:g}', lambda phi=phi: _fit(base[_FIT_COLS], effort, phi=phi))
-            if f is not None: fits[f'phi_{phi:g}'] = (f, base)
-        rep.table(table2_rows(fits, paper), 'looped_table2_joint', 'Joint law: phi free (block-bootstrap 95% CI) and the restricted laws phi = 0 / 1 (Table 2)')
+            rep.note_missing(
+                "phi bootstrap CI", f"n_bootstrap={effort.n_bootstrap} (needs >= 2 resamples; the paper: 200)"
+            )
+            rep.gap("Table 2", f"the phi CI (n_bootstrap = {effort.n_bootstrap}; the paper: 200 block resamples)")
+        fits = {"phi_free": (joint, base)}
+        for phi in (0.0, 1.0):  # the restricted laws (the paper does not bootstrap them)
+            f = _guard(rep, f"restricted law phi={phi:g}", lambda phi=phi: _fit(base[_FIT_COLS], effort, phi=phi))
+            if f is not None:
+                fits[f"phi_{phi:g}"] = (f, base)
+        rep.table(
+            table2_rows(fits, paper),
+            "looped_table2_joint",
+            "Joint law: phi free (block-bootstrap 95% CI) and the restricted laws phi = 0 / 1 (Table 2)",
+        )
         looped_isoflops_figure(rep, base, fits)
         res = pd.DataFrame(joint.residuals)
-        p7 = paper[paper.table == 'table7']
-        def paper7(q, r):   # Table 7's per-r rows, and the pooled residuals of the joint law for r = 'all'
-            sel = p7[(p7.quantity == q) & ((p7.form == 'pooled') if r == 'all' else (pd.to_numeric(p7.r, errors='coerce') == float(r)))]
+        p7 = paper[paper.table == "table7"]
+
+        def paper7(q, r):  # Table 7's per-r rows, and the pooled residuals of the joint law for r = 'all'
+            sel = p7[
+                (p7.quantity == q)
+                & ((p7.form == "pooled") if r == "all" else (pd.to_numeric(p7.r, errors="coerce") == float(r)))
+            ]
             return float(sel.value.iloc[0]) if len(sel) else np.nan
-        for q in ('mean', 'max_abs', 'rmse'): res[f'paper_{q}'] = [paper7(q, r) for r in res.r]
-        rep.table(res, 'looped_table7_residuals', 'Residuals of the joint law per r, actual − predicted in nats (Table 7)')
+
+        for q in ("mean", "max_abs", "rmse"):
+            res[f"paper_{q}"] = [paper7(q, r) for r in res.r]
+        rep.table(
+            res, "looped_table7_residuals", "Residuals of the joint law per r, actual − predicted in nats (Table 7)"
+        )
         jr = _residual_frame(joint, base)
         fig, axes = plt.subplots(1, 2, figsize=(9, 3.5))
-        sns.scatterplot(data=jr.assign(r=jr.r.astype(str)), x='predicted', y='loss', hue='r', ax=axes[0], palette=_r_palette(jr.r.unique()), s=25)
-        lim = [jr[['predicted', 'loss']].min().min(), jr[['predicted', 'loss']].max().max()]
-        axes[0].plot(lim, lim, 'k-', lw=0.6); axes[0].set_xlabel('predicted loss (joint law)'); axes[0].set_ylabel('actual loss')
-        sns.stripplot(data=jr.assign(r=jr.r.astype(str), C=jr.C.map('{:.3g}'.format)), x='C', y='residual', hue='r', ax=axes[1],
-                      palette=_r_palette(jr.r.unique()), dodge=True, size=4)
-        axes[1].axhline(0, color='k', lw=0.6); axes[1].set_ylabel('actual − predicted (nats)'); axes[1].set_xlabel('budget C (FLOPs)')
-        axes[1].tick_params(axis='x', labelsize=7)
-        sns.move_legend(axes[1], 'upper left', bbox_to_anchor=(1, 1), title='r', fontsize=7)
-        rep.figure(fig, 'looped_fig8_joint_residuals', 'Fit quality of the joint law (phi free): actual vs predicted and residuals per budget '
-                   "and r (the appendix's residual figures, Fig. 8 as we read it; Table 7 has the per-r statistics)")
-    cells = sorted(base['C'].unique())
-    if len(cells) >= 2:   # App. F.3: refits on the low and the high budgets (the paper: C <= 2.15e18 and C >= 4.64e18)
+        sns.scatterplot(
+            data=jr.assign(r=jr.r.astype(str)),
+            x="predicted",
+            y="loss",
+            hue="r",
+            ax=axes[0],
+            palette=_r_palette(jr.r.unique()),
+            s=25,
+        )
+        lim = [jr[["predicted", "loss"]].min().min(), jr[["predicted", "loss"]].max().max()]
+        axes[0].plot(lim, lim, "k-", lw=0.6)
+        axes[0].set_xlabel("predicted loss (joint law)")
+        axes[0].set_ylabel("actual loss")
+        sns.stripplot(
+            data=jr.assign(r=jr.r.astype(str), C=jr.C.map("{:.3g}".format)),
+            x="C",
+            y="residual",
+            hue="r",
+            ax=axes[1],
+            palette=_r_palette(jr.r.unique()),
+            dodge=True,
+            size=4,
+        )
+        axes[1].axhline(0, color="k", lw=0.6)
+        axes[1].set_ylabel("actual − predicted (nats)")
+        axes[1].set_xlabel("budget C (FLOPs)")
+        axes[1].tick_params(axis="x", labelsize=7)
+        sns.move_legend(axes[1], "upper left", bbox_to_anchor=(1, 1), title="r", fontsize=7)
+        rep.figure(
+            fig,
+            "looped_fig8_joint_residuals",
+            "Fit quality of the joint law (phi free): actual vs predicted and residuals per budget "
+            "and r (the appendix's residual figures, Fig. 8 as we read it; Table 7 has the per-r statistics)",
+        )
+    cells = sorted(base["C"].unique())
+    if len(cells) >= 2:  # App. F.3: refits on the low and the high budgets (the paper: C <= 2.15e18 and C >= 4.64e18)
         half = len(cells) // 2
         stab = {}
-        for k, part in (('low_budgets', cells[:half]), ('high_budgets', cells[half:])):
+        for k, part in (("low_budgets", cells[:half]), ("high_budgets", cells[half:])):
             frame = base[base.C.isin(part)]
-            f = _guard(rep, f'stability refit ({k})', lambda frame=frame: _fit(frame[_FIT_COLS], effort))
-            if f is not None: stab[k] = (f, frame)
-        if stab: rep.table(_fit_rows(stab, paper, 'stability'), 'looped_stability', 'Stability refits on the low and high half of the budgets (App. F.3; paper: phi 0.44 / 0.49)')
+            f = _guard(rep, f"stability refit ({k})", lambda frame=frame: _fit(frame[_FIT_COLS], effort))
+            if f is not None:
+                stab[k] = (f, frame)
+        if stab:
+            rep.table(
+                _fit_rows(stab, paper, "stability"),
+                "looped_stability",
+                "Stability refits on the low and high half of the budgets (App. F.3; paper: phi 0.44 / 0.49)",
+            )
     else:
-        rep.note_missing('stability refits', f'need >= 2 budget cells (a low and a high half), the study has {len(cells)}')
+        rep.note_missing(
+            "stability refits", f"need >= 2 budget cells (a low and a high half), the study has {len(cells)}"
+        )
 
 
-def looped_case_study_sections(rep: Report, lf: pd.DataFrame, paper: pd.DataFrame, prov: str, effort: FitEffort = FitEffort()):
+def looped_case_study_sections(
+    rep: Report, lf: pd.DataFrame, paper: pd.DataFrame, prov: str, effort: FitEffort = FitEffort()
+):
     """Table 3 as the paper computes it: each case study fitted on its runs plus the r = 1 runs of its budgets
     (`case_study_frame`), truncated BPTT also without r = 2, and the baseline refitted on the same budgets (Δφ is
     measured against it); Fig. 10, the case-study fits' residuals."""
-    variants = [v for v in ('tbptt', 'hc') if len(lf) and (lf.variant == v).any()]
-    for item in ('Table 3', 'Fig. 10'):
-        for v in ('tbptt', 'hc'):
-            if v not in variants: rep.gap(item, f'the {v} case study (no runs)')
+    variants = [v for v in ("tbptt", "hc") if len(lf) and (lf.variant == v).any()]
+    for item in ("Table 3", "Fig. 10"):
+        for v in ("tbptt", "hc"):
+            if v not in variants:
+                rep.gap(item, f"the {v} case study (no runs)")
     if not variants:
-        rep.note_missing('case studies (Table 3, Fig. 10)', 'no completed truncated-BPTT or hyper-connection runs (the looped-tbptt '
-                         'and looped-hc studies; their reports, and looped-main\'s, fit them with the r = 1 runs of their budgets)')
+        rep.note_missing(
+            "case studies (Table 3, Fig. 10)",
+            "no completed truncated-BPTT or hyper-connection runs (the looped-tbptt "
+            "and looped-hc studies; their reports, and looped-main's, fit them with the r = 1 runs of their budgets)",
+        )
         return
     fits = {}
     for v in variants:
-        for key, drop in ((v, ()),) + (((f'{v}_without_r2', (2,)),) if v == 'tbptt' else ()):
-            if drop and not (lf[(lf.variant == v)].r == 2).any(): continue
-            frame = _guard(rep, f'case study {key} (Table 3)', lambda v=v, drop=drop: case_study_frame(lf, v, drop).assign(provenance=prov))
-            f = frame is not None and _guard(rep, f'case study {key} (Table 3)', lambda frame=frame: _fit(frame[_FIT_COLS], effort))
-            if f: fits[key] = (f, frame)
-            else: rep.gap('Table 3', f'the {key} fit')
-    if not fits: return
+        for key, drop in ((v, ()),) + (((f"{v}_without_r2", (2,)),) if v == "tbptt" else ()):
+            if drop and not (lf[(lf.variant == v)].r == 2).any():
+                continue
+            frame = _guard(
+                rep,
+                f"case study {key} (Table 3)",
+                lambda v=v, drop=drop: case_study_frame(lf, v, drop).assign(provenance=prov),
+            )
+            f = frame is not None and _guard(
+                rep, f"case study {key} (Table 3)", lambda frame=frame: _fit(frame[_FIT_COLS], effort)
+            )
+            if f:
+                fits[key] = (f, frame)
+            else:
+                rep.gap("Table 3", f"the {key} fit")
+    if not fits:
+        return
     refits = {}
-    for key, (f, frame) in list(fits.items()):   # the baseline on the same budgets as each case study (the paper: its 4 lowest)
+    for key, (f, frame) in list(
+        fits.items()
+    ):  # the baseline on the same budgets as each case study (the paper: its 4 lowest)
         budgets = tuple(sorted(frame.C.unique()))
         if budgets not in refits:
-            bf = _guard(rep, f'baseline refit on C = {_budgets(budgets)} (Table 3)', lambda b=budgets: baseline_refit_frame(lf, b).assign(provenance=prov))
-            refits[budgets] = (bf, bf is not None and _guard(rep, 'baseline refit (Table 3)', lambda bf=bf: _fit(bf[_FIT_COLS], effort)))
+            bf = _guard(
+                rep,
+                f"baseline refit on C = {_budgets(budgets)} (Table 3)",
+                lambda b=budgets: baseline_refit_frame(lf, b).assign(provenance=prov),
+            )
+            refits[budgets] = (
+                bf,
+                bf is not None and _guard(rep, "baseline refit (Table 3)", lambda bf=bf: _fit(bf[_FIT_COLS], effort)),
+            )
     rows = {}
     for i, (budgets, (bf, f)) in enumerate(refits.items()):
-        if f: rows['baseline_refit' if len(refits) == 1 else f'baseline_refit_{i + 1}'] = (f, bf)
+        if f:
+            rows["baseline_refit" if len(refits) == 1 else f"baseline_refit_{i + 1}"] = (f, bf)
     rows.update(fits)
-    form = lambda k: ('baseline_low4' if k.startswith('baseline_refit') else k, None)
-    t3 = _fit_rows(rows, paper, 'table3', form)
+    form = lambda k: ("baseline_low4" if k.startswith("baseline_refit") else k, None)
+    t3 = _fit_rows(rows, paper, "table3", form)
     base_phi = {b: f.phi for b, (_, f) in refits.items() if f}
-    t3.insert(1, 'budgets', [_budgets(frame.C) for _, frame in rows.values()])
-    t3.insert(2, 'recurrences', [', '.join(map(str, sorted(frame.r.unique()))) for _, frame in rows.values()])
-    t3['delta_phi'] = [f.phi - base_phi.get(tuple(sorted(frame.C.unique())), np.nan) if not k.startswith('baseline_refit') else 0.0
-                       for k, (f, frame) in rows.items()]
-    t3['paper_delta_phi'] = [t3.paper_phi[i] - _paper_fit(paper, 'table3', 'baseline_low4').get('paper_phi', np.nan) for i in range(len(t3))]
-    rep.table(t3, 'looped_table3_case_studies', "Case studies (Table 3): each fitted on its runs plus the r = 1 runs of its budgets; "
-              'delta_phi against the baseline refitted on the same budgets')
+    t3.insert(1, "budgets", [_budgets(frame.C) for _, frame in rows.values()])
+    t3.insert(2, "recurrences", [", ".join(map(str, sorted(frame.r.unique()))) for _, frame in rows.values()])
+    t3["delta_phi"] = [
+        f.phi - base_phi.get(tuple(sorted(frame.C.unique())), np.nan) if not k.startswith("baseline_refit") else 0.0
+        for k, (f, frame) in rows.items()
+    ]
+    t3["paper_delta_phi"] = [
+        t3.paper_phi[i] - _paper_fit(paper, "table3", "baseline_low4").get("paper_phi", np.nan) for i in range(len(t3))
+    ]
+    rep.table(
+        t3,
+        "looped_table3_case_studies",
+        "Case studies (Table 3): each fitted on its runs plus the r = 1 runs of its budgets; "
+        "delta_phi against the baseline refitted on the same budgets",
+    )
     plt, sns = _sns()
     case = {k: v for k, v in fits.items()}
     fig, axes = plt.subplots(1, len(case), figsize=(5 * len(case), 3.4), squeeze=False)
-    f10 = paper[paper.table == 'fig10']
+    f10 = paper[paper.table == "fig10"]
     for ax, (key, (f, frame)) in zip(axes[0], case.items()):
         res = _residual_frame(f, frame)
-        sns.stripplot(data=res.assign(r=res.r.astype(str), C=res.C.map('{:.3g}'.format)), x='C', y='residual', hue='r', ax=ax,
-                      palette=_r_palette(res.r.unique()), dodge=True, size=4)
-        ax.axhline(0, color='k', lw=0.6); ax.set_ylabel('actual − predicted (nats)'); ax.set_xlabel('budget C (FLOPs)'); ax.tick_params(axis='x', labelsize=7)
-        p = f10[f10.form == key.split('_without')[0]]
-        ref = (f" (paper: {float(p[p.quantity == 'rmse'].value.iloc[0]):g}, {float(p[p.quantity == 'max_abs'].value.iloc[0]):g})"
-               if len(p) and '_without' not in key else '')
-        ax.set_title(f'{key}: RMSE {np.sqrt((res.residual ** 2).mean()):.4f}, max {res.residual.abs().max():.4f}{ref}', fontsize=8)
-        sns.move_legend(ax, 'upper left', bbox_to_anchor=(1, 1), title='r', fontsize=7)
-    rep.figure(fig, 'looped_fig10_case_study_residuals', 'Residuals of the case-study fits, runs + r = 1 anchors (Fig. 10)')
+        sns.stripplot(
+            data=res.assign(r=res.r.astype(str), C=res.C.map("{:.3g}".format)),
+            x="C",
+            y="residual",
+            hue="r",
+            ax=ax,
+            palette=_r_palette(res.r.unique()),
+            dodge=True,
+            size=4,
+        )
+        ax.axhline(0, color="k", lw=0.6)
+        ax.set_ylabel("actual − predicted (nats)")
+        ax.set_xlabel("budget C (FLOPs)")
+        ax.tick_params(axis="x", labelsize=7)
+        p = f10[f10.form == key.split("_without")[0]]
+        ref = (
+            f" (paper: {float(p[p.quantity == 'rmse'].value.iloc[0]):g}, {float(p[p.quantity == 'max_abs'].value.iloc[0]):g})"
+            if len(p) and "_without" not in key
+            else ""
+        )
+        ax.set_title(
+            f"{key}: RMSE {np.sqrt((res.residual**2).mean()):.4f}, max {res.residual.abs().max():.4f}{ref}", fontsize=8
+        )
+        sns.move_legend(ax, "upper left", bbox_to_anchor=(1, 1), title="r", fontsize=7)
+    rep.figure(
+        fig, "looped_fig10_case_study_residuals", "Residuals of the case-study fits, runs + r = 1 anchors (Fig. 10)"
+    )
 
 # %% ../nbs/09c_reports.ipynb #ebfd00c8
 def looped_ablation_sections(rep: Report, lf: pd.DataFrame, paper: pd.DataFrame):
     "Injection ablation (Table 5) and the LR sweep (App. D), each row with its scale."
     looped_runs = lf[lf.r > 1] if len(lf) else lf
-    shown = lambda cols: [c for c in cols if c in lf]       # a table given directly may lack the run columns
-    if len(looped_runs) and looped_runs['injection'].nunique() > 1:
-        inj = looped_runs.loc[looped_runs.groupby(['injection', 'r', 's', 'C'])['loss'].idxmin()][shown(['injection', 'r', 's', 'C', 'D', 'loss', 'scale'])]
-        p5 = paper[paper.table == 'table5'][['form', 'value']].rename(columns={'form': 'injection', 'value': 'paper_val_loss_s10_r4_C1e18'})
-        rep.table(inj.merge(p5, on='injection', how='left'), 'looped_table5_injection', 'Injection ablation: best loss per injection (Table 5)')
-        lacking = [i for i in ('linear', 'additive', 'passthrough', 'hc') if i not in set(inj.injection)]
-        if lacking: rep.gap('Table 5', f"injections without runs: {', '.join(lacking)}")
-    else: rep.note_missing('injection ablation (Table 5)', 'the study trained a single injection variant of the loop')
-    keys = ['r', 's', 'C', 'variant']
-    multi = lf.groupby(keys)['lr'].transform('nunique') > 1 if len(lf) else pd.Series(dtype=bool)
+    shown = lambda cols: [c for c in cols if c in lf]  # a table given directly may lack the run columns
+    if len(looped_runs) and looped_runs["injection"].nunique() > 1:
+        inj = looped_runs.loc[looped_runs.groupby(["injection", "r", "s", "C"])["loss"].idxmin()][
+            shown(["injection", "r", "s", "C", "D", "loss", "scale"])
+        ]
+        p5 = paper[paper.table == "table5"][["form", "value"]].rename(
+            columns={"form": "injection", "value": "paper_val_loss_s10_r4_C1e18"}
+        )
+        rep.table(
+            inj.merge(p5, on="injection", how="left"),
+            "looped_table5_injection",
+            "Injection ablation: best loss per injection (Table 5)",
+        )
+        lacking = [i for i in ("linear", "additive", "passthrough", "hc") if i not in set(inj.injection)]
+        if lacking:
+            rep.gap("Table 5", f"injections without runs: {', '.join(lacking)}")
+    else:
+        rep.note_missing("injection ablation (Table 5)", "the study trained a single injection variant of the loop")
+    keys = ["r", "s", "C", "variant"]
+    multi = lf.groupby(keys)["lr"].transform("nunique") > 1 if len(lf) else pd.Series(dtype=bool)
     if multi.any():
-        sub = lf[multi].assign(shape=lambda d: 'r=' + d.r.astype(str) + ' s=' + d.s.astype(str) + ' ' + d.variant)
-        lr_sensitivity_figure(rep, sub, 'loss', 'looped_lr_sweep',
-                              'Looped LR sweep: loss vs matrix LR per shape (App. D; the paper: optimum about 0.014 for r = 1 and 4)',
-                              'matrix learning rate (log)', figsize=(5.5, 3.5))
+        sub = lf[multi].assign(shape=lambda d: "r=" + d.r.astype(str) + " s=" + d.s.astype(str) + " " + d.variant)
+        lr_sensitivity_figure(
+            rep,
+            sub,
+            "loss",
+            "looped_lr_sweep",
+            "Looped LR sweep: loss vs matrix LR per shape (App. D; the paper: optimum about 0.014 for r = 1 and 4)",
+            "matrix learning rate (log)",
+            figsize=(5.5, 3.5),
+        )
         lacking = [r for r in (1, 4) if r not in set(sub.r)]
-        if lacking: rep.gap('LR sweep', f"r = {', '.join(map(str, lacking))} (the paper sweeps r = 1 and 4)")
-    else: rep.note_missing('looped LR sweep', 'the study trained a single LR per looped shape')
+        if lacking:
+            rep.gap("LR sweep", f"r = {', '.join(map(str, lacking))} (the paper sweeps r = 1 and 4)")
+    else:
+        rep.note_missing("looped LR sweep", "the study trained a single LR per looped shape")
 
 
-PAPER_GROUPS = {'parametric_knowledge': 'parametric knowledge', 'reading_comprehension': 'reading comprehension', 'math': 'math',
-                'reasoning_primitives': 'reasoning primitives', 'compositional_symbolic': 'compositional symbolic',
-                'commonsense': 'commonsense (flagship regime)'}   # the downstream groups, as Table 10 names them
+PAPER_GROUPS = {
+    "parametric_knowledge": "parametric knowledge",
+    "reading_comprehension": "reading comprehension",
+    "math": "math",
+    "reasoning_primitives": "reasoning primitives",
+    "compositional_symbolic": "compositional symbolic",
+    "commonsense": "commonsense (flagship regime)",
+}  # the downstream groups, as Table 10 names them
 
 
 def read_downstream(lf: pd.DataFrame) -> dict:
     "run_id -> the run's downstream results (RUN/downstream/downstream.json, `depthbench-nb downstream`), for runs that have them."
     out = {}
-    if not len(lf) or not {'study', 'run_id'} <= set(lf.columns): return out
+    if not len(lf) or not {"study", "run_id"} <= set(lf.columns):
+        return out
     for _, r in lf.iterrows():
-        p = run_folder(r) / 'downstream' / 'downstream.json'
-        if p.is_file(): out[r['run_id']] = json.loads(p.read_text())
+        p = run_folder(r) / "downstream" / "downstream.json"
+        if p.is_file():
+            out[r["run_id"]] = json.loads(p.read_text())
     return out
 
 
@@ -1789,175 +3004,331 @@ def looped_extrapolation_section(rep: Report, lf: pd.DataFrame, paper: pd.DataFr
     """Table 10 as the paper lays it out (metric x r = 1, r = 4, gap), from the runs of the extrapolation plan only
     (s = 34, 89,645 steps x 524,288 tokens, r = 1 and 4: `looped_paper_plan`, the shipped study `looped-extrapolation`):
     validation loss and the downstream groups where the runs were evaluated, the paper's numbers beside."""
-    runs = lf[lf.paper_item == 'table10'] if len(lf) and 'paper_item' in lf else lf.iloc[0:0]
+    runs = lf[lf.paper_item == "table10"] if len(lf) and "paper_item" in lf else lf.iloc[0:0]
     if not len(runs):
-        rep.note_missing('extrapolation comparison (Table 10)', "needs the runs of Table 10's plan: s = 34 (d = 2176), r = 1 and 4, 89,645 "
-                         f"steps x 524,288 tokens (47B tokens, about 4e20 FLOPs each); `depthbench-nb sweep plan {EXTRAPOLATION_STUDY}` shows "
-                         f"their cost, `depthbench-nb sweep run {EXTRAPOLATION_STUDY}` trains them (a grid run at s = 34 trains about 2.5B tokens "
-                         "at 2.15e19 FLOPs and is not one of them)")
+        rep.note_missing(
+            "extrapolation comparison (Table 10)",
+            "needs the runs of Table 10's plan: s = 34 (d = 2176), r = 1 and 4, 89,645 "
+            f"steps x 524,288 tokens (47B tokens, about 4e20 FLOPs each); `depthbench-nb sweep plan {EXTRAPOLATION_STUDY}` shows "
+            f"their cost, `depthbench-nb sweep run {EXTRAPOLATION_STUDY}` trains them (a grid run at s = 34 trains about 2.5B tokens "
+            "at 2.15e19 FLOPs and is not one of them)",
+        )
         return
-    best = runs.loc[runs.groupby('r')['loss'].idxmin()].set_index('r')
-    p10 = paper[paper.table == 'table10'].assign(r=lambda d: pd.to_numeric(d.r).astype(int))
-    ref = lambda q, r: float(p10[(p10.quantity == q) & (p10.r == r)].value.iloc[0]) if ((p10.quantity == q) & (p10.r == r)).any() else np.nan
-    ours = lambda r, group: (down.get(best.loc[r, 'run_id'], {}).get('groups', {}).get(group, {}).get('loss', np.nan)
-                             if r in best.index and 'run_id' in best else np.nan)
-    rows = [('validation loss', *(best.loss.get(r, np.nan) for r in (1, 4)), ref('val_loss', 1), ref('val_loss', 4))]
-    rows += [(PAPER_GROUPS[g], ours(1, g), ours(4, g), ref(f'{g}_loss', 1), ref(f'{g}_loss', 4)) for g in list(PAPER_GROUPS)[:5]]
-    t = pd.DataFrame(rows, columns=['metric', 'r1', 'r4', 'paper_r1', 'paper_r4'])
-    t.insert(3, 'gap', t.r4 - t.r1)
-    t['paper_gap'] = t.paper_r4 - t.paper_r1
-    t['runs'] = '; '.join(f"r = {r}: {best.loc[r, 'scale']}" for r in best.index)
-    rep.table(t, 'looped_table10_extrapolation', 'Extrapolation (Table 10): the runs of its plan (s = 34, 47B tokens, matched tokens), '
-              'validation loss and downstream continuation loss per group, r = 1 vs r = 4, the paper beside')
-    lacking = [f'r = {r}' for r in (1, 4) if r not in best.index]
-    lacking += [f'the downstream rows of r = {r}' for r in best.index if best.loc[r, 'run_id'] not in down]
-    if lacking: rep.gap('Table 10', ', '.join(lacking))
+    best = runs.loc[runs.groupby("r")["loss"].idxmin()].set_index("r")
+    p10 = paper[paper.table == "table10"].assign(r=lambda d: pd.to_numeric(d.r).astype(int))
+    ref = lambda q, r: (
+        float(p10[(p10.quantity == q) & (p10.r == r)].value.iloc[0])
+        if ((p10.quantity == q) & (p10.r == r)).any()
+        else np.nan
+    )
+    ours = lambda r, group: (
+        down.get(best.loc[r, "run_id"], {}).get("groups", {}).get(group, {}).get("loss", np.nan)
+        if r in best.index and "run_id" in best
+        else np.nan
+    )
+    rows = [("validation loss", *(best.loss.get(r, np.nan) for r in (1, 4)), ref("val_loss", 1), ref("val_loss", 4))]
+    rows += [
+        (PAPER_GROUPS[g], ours(1, g), ours(4, g), ref(f"{g}_loss", 1), ref(f"{g}_loss", 4))
+        for g in list(PAPER_GROUPS)[:5]
+    ]
+    t = pd.DataFrame(rows, columns=["metric", "r1", "r4", "paper_r1", "paper_r4"])
+    t.insert(3, "gap", t.r4 - t.r1)
+    t["paper_gap"] = t.paper_r4 - t.paper_r1
+    t["runs"] = "; ".join(f"r = {r}: {best.loc[r, 'scale']}" for r in best.index)
+    rep.table(
+        t,
+        "looped_table10_extrapolation",
+        "Extrapolation (Table 10): the runs of its plan (s = 34, 47B tokens, matched tokens), "
+        "validation loss and downstream continuation loss per group, r = 1 vs r = 4, the paper beside",
+    )
+    lacking = [f"r = {r}" for r in (1, 4) if r not in best.index]
+    lacking += [f"the downstream rows of r = {r}" for r in best.index if best.loc[r, "run_id"] not in down]
+    if lacking:
+        rep.gap("Table 10", ", ".join(lacking))
 
 
 def _budget_label(row) -> str:
-    return 'Table 10: 47B tokens at s = 34' if row.get('paper_item') == 'table10' else f"C = {row['C']:.3g}"
+    return "Table 10: 47B tokens at s = 34" if row.get("paper_item") == "table10" else f"C = {row['C']:.3g}"
 
 
 def looped_downstream_section(rep: Report, lf: pd.DataFrame, paper: pd.DataFrame, down: dict):
     """The paper's downstream comparison: continuation loss per task group of every evaluated run, and per budget the
     best evaluated run of each r (matched budgets; the extrapolation at matched tokens) with its gap to r = 1, as a
     table and a figure by task group; tasks whose data were absent are named."""
-    runs = lf[lf.run_id.isin(list(down))] if len(lf) and 'run_id' in lf else lf.iloc[0:0]
+    runs = lf[lf.run_id.isin(list(down))] if len(lf) and "run_id" in lf else lf.iloc[0:0]
     if not len(runs):
-        rep.note_missing('downstream results (tasks of Tables 8-9, Table 10 rows 2-6)', 'no looped run of this report has downstream '
-                         'results: evaluate runs with `depthbench-nb downstream RUN --bundles DIR` (the official bundles: the CORE '
-                         'eval_bundle and the Saunshi and owned bundles of kschwethelm/looped-lm-scaling dev/eval_bundles/)')
+        rep.note_missing(
+            "downstream results (tasks of Tables 8-9, Table 10 rows 2-6)",
+            "no looped run of this report has downstream "
+            "results: evaluate runs with `depthbench-nb downstream RUN --bundles DIR` (the official bundles: the CORE "
+            "eval_bundle and the Saunshi and owned bundles of kschwethelm/looped-lm-scaling dev/eval_bundles/)",
+        )
         return
     rows = []
     for _, r in runs.iterrows():
-        rec = down[r['run_id']]
-        for group, v in rec['groups'].items():
-            rows.append(dict(run_id=r['run_id'], study=r.get('study'), r=int(r['r']), s=int(r['s']), budget=_budget_label(r), C=r['C'],
-                             val_loss=r['loss'], group=group, loss=v['loss'], accuracy=v['accuracy'], n_tasks=v['n_tasks'],
-                             tasks_missing=', '.join(v['missing']), limit=rec.get('limit'), scale=r['scale']))
+        rec = down[r["run_id"]]
+        for group, v in rec["groups"].items():
+            rows.append(
+                dict(
+                    run_id=r["run_id"],
+                    study=r.get("study"),
+                    r=int(r["r"]),
+                    s=int(r["s"]),
+                    budget=_budget_label(r),
+                    C=r["C"],
+                    val_loss=r["loss"],
+                    group=group,
+                    loss=v["loss"],
+                    accuracy=v["accuracy"],
+                    n_tasks=v["n_tasks"],
+                    tasks_missing=", ".join(v["missing"]),
+                    limit=rec.get("limit"),
+                    scale=r["scale"],
+                )
+            )
     t = pd.DataFrame(rows)
-    rep.table(t, 'looped_downstream', 'Downstream continuation loss (nats per token of the gold continuation) per task group of every '
-              'evaluated run (tasks of Tables 8-9; a group is the mean of its tasks)')
+    rep.table(
+        t,
+        "looped_downstream",
+        "Downstream continuation loss (nats per token of the gold continuation) per task group of every "
+        "evaluated run (tasks of Tables 8-9; a group is the mean of its tasks)",
+    )
     absent = {}
     for rec in down.values():
-        for label, why in rec.get('missing', {}).items(): absent.setdefault(label, why)
+        for label, why in rec.get("missing", {}).items():
+            absent.setdefault(label, why)
     if absent:
-        rep.note_missing(f"downstream tasks {', '.join(sorted(absent))}", 'not evaluated, their data were not present where the runs were '
-                         f'evaluated (e.g. {next(iter(absent.values()))})')
-        rep.gap('downstream results', f"tasks not evaluated (data not present): {', '.join(sorted(absent))}")
+        rep.note_missing(
+            f"downstream tasks {', '.join(sorted(absent))}",
+            "not evaluated, their data were not present where the runs were "
+            f"evaluated (e.g. {next(iter(absent.values()))})",
+        )
+        rep.gap("downstream results", f"tasks not evaluated (data not present): {', '.join(sorted(absent))}")
     # matched budgets: per budget and r the evaluated run with the lowest validation loss (the compute-optimal width among them)
     pick = runs.assign(budget=[_budget_label(r) for _, r in runs.iterrows()])
-    pick = pick.loc[pick.groupby(['budget', 'r'])['loss'].idxmin()]
-    p10 = paper[(paper.table == 'table10')].assign(r=lambda d: pd.to_numeric(d.r).astype(int))
+    pick = pick.loc[pick.groupby(["budget", "r"])["loss"].idxmin()]
+    p10 = paper[(paper.table == "table10")].assign(r=lambda d: pd.to_numeric(d.r).astype(int))
     matched = []
-    for budget, g in pick.groupby('budget', sort=False):
-        by_r = {int(r): down[rid]['groups'] for r, rid in zip(g.r, g.run_id)}
+    for budget, g in pick.groupby("budget", sort=False):
+        by_r = {int(r): down[rid]["groups"] for r, rid in zip(g.r, g.run_id)}
         for group in dict.fromkeys(k for groups in by_r.values() for k in groups):
-            row = dict(budget=budget, group=group, **{f'loss_r{r}': by_r[r].get(group, {}).get('loss', np.nan) for r in sorted(by_r)})
+            row = dict(
+                budget=budget,
+                group=group,
+                **{f"loss_r{r}": by_r[r].get(group, {}).get("loss", np.nan) for r in sorted(by_r)},
+            )
             for r in sorted(by_r):
-                if r != 1 and 1 in by_r: row[f'gap_r{r}'] = row[f'loss_r{r}'] - row['loss_r1']
-            row['widths'] = ', '.join(f'r = {r}: s = {s}' for r, s in zip(g.r, g.s))
-            if budget.startswith('Table 10'):
+                if r != 1 and 1 in by_r:
+                    row[f"gap_r{r}"] = row[f"loss_r{r}"] - row["loss_r1"]
+            row["widths"] = ", ".join(f"r = {r}: s = {s}" for r, s in zip(g.r, g.s))
+            if budget.startswith("Table 10"):
                 for r in (1, 4):
-                    sel = p10[(p10.quantity == f'{group}_loss') & (p10.r == r)]
-                    row[f'paper_r{r}'] = float(sel.value.iloc[0]) if len(sel) else np.nan
+                    sel = p10[(p10.quantity == f"{group}_loss") & (p10.r == r)]
+                    row[f"paper_r{r}"] = float(sel.value.iloc[0]) if len(sel) else np.nan
             matched.append(row)
     m = pd.DataFrame(matched)
-    rep.table(m, 'looped_downstream_matched', 'Downstream continuation loss per group at matched budgets: per budget the best evaluated run '
-              'of each r and its gap to r = 1 (the paper: looped models close the gap on reading comprehension and commonsense, '
-              'not on parametric knowledge); Table 10 at matched tokens with the paper beside')
-    if not any(f'gap_r{r}' in m and m[f'gap_r{r}'].notna().any() for r in (2, 4, 8)):
-        rep.gap('downstream results', 'no budget with both r = 1 and a looped r evaluated')
+    rep.table(
+        m,
+        "looped_downstream_matched",
+        "Downstream continuation loss per group at matched budgets: per budget the best evaluated run "
+        "of each r and its gap to r = 1 (the paper: looped models close the gap on reading comprehension and commonsense, "
+        "not on parametric knowledge); Table 10 at matched tokens with the paper beside",
+    )
+    if not any(f"gap_r{r}" in m and m[f"gap_r{r}"].notna().any() for r in (2, 4, 8)):
+        rep.gap("downstream results", "no budget with both r = 1 and a looped r evaluated")
     plt, sns = _sns()
     budgets = list(dict.fromkeys(m.budget))[:6]
-    paper_panel = p10[p10.quantity.str.endswith('_loss') & (p10.quantity != 'val_loss')]
+    paper_panel = p10[p10.quantity.str.endswith("_loss") & (p10.quantity != "val_loss")]
     n = len(budgets) + bool(len(paper_panel))
     fig, axes = plt.subplots(1, n, figsize=(4.2 * n, 3.4), squeeze=False, sharey=False)
     for ax, budget in zip(axes[0], budgets):
-        long = m[m.budget == budget].melt(id_vars=['group'], value_vars=[c for c in m if c.startswith('loss_r')], var_name='r', value_name='loss')
-        long = long.dropna(subset=['loss']).assign(r=lambda d: d.r.str[len('loss_r'):], group=lambda d: d.group.map(PAPER_GROUPS))
-        sns.barplot(data=long, x='group', y='loss', hue='r', ax=ax, palette=_r_palette(long.r.unique()))
-        ax.set_title(budget, fontsize=8); ax.set_xlabel(''); ax.set_ylabel('continuation loss (nats / token)'); ax.tick_params(axis='x', labelsize=6, rotation=30)
+        long = m[m.budget == budget].melt(
+            id_vars=["group"], value_vars=[c for c in m if c.startswith("loss_r")], var_name="r", value_name="loss"
+        )
+        long = long.dropna(subset=["loss"]).assign(
+            r=lambda d: d.r.str[len("loss_r") :], group=lambda d: d.group.map(PAPER_GROUPS)
+        )
+        sns.barplot(data=long, x="group", y="loss", hue="r", ax=ax, palette=_r_palette(long.r.unique()))
+        ax.set_title(budget, fontsize=8)
+        ax.set_xlabel("")
+        ax.set_ylabel("continuation loss (nats / token)")
+        ax.tick_params(axis="x", labelsize=6, rotation=30)
     if len(paper_panel):
-        pp = paper_panel.assign(group=lambda d: d.quantity.str[:-len('_loss')].map(PAPER_GROUPS), r=lambda d: d.r.astype(str))
-        sns.barplot(data=pp, x='group', y='value', hue='r', ax=axes[0][-1], palette=_r_palette(pp.r.unique()))
-        axes[0][-1].set_title("the paper (Table 10: s = 34, 47B tokens)", fontsize=8); axes[0][-1].set_xlabel('')
-        axes[0][-1].set_ylabel('continuation loss (nats / token)'); axes[0][-1].tick_params(axis='x', labelsize=6, rotation=30)
-    rep.figure(fig, 'looped_downstream', 'Downstream continuation loss by task group and r at matched budgets, the paper\'s Table 10 beside')
+        pp = paper_panel.assign(
+            group=lambda d: d.quantity.str[: -len("_loss")].map(PAPER_GROUPS), r=lambda d: d.r.astype(str)
+        )
+        sns.barplot(data=pp, x="group", y="value", hue="r", ax=axes[0][-1], palette=_r_palette(pp.r.unique()))
+        axes[0][-1].set_title("the paper (Table 10: s = 34, 47B tokens)", fontsize=8)
+        axes[0][-1].set_xlabel("")
+        axes[0][-1].set_ylabel("continuation loss (nats / token)")
+        axes[0][-1].tick_params(axis="x", labelsize=6, rotation=30)
+    rep.figure(
+        fig,
+        "looped_downstream",
+        "Downstream continuation loss by task group and r at matched budgets, the paper's Table 10 beside",
+    )
 
 
 def looped_accounting_sections(rep: Report):
     "Tables 4, 6 and 8-9: the architecture per r, the 116-run grid and the downstream task list (no runs needed)."
     from depthbench_nb import looped as L, scaling
+
     rows = []
     for r in PAPER_RS:
         lay = L.loop_layout(L.looped_config(10, r))
         acc = scaling.paper_accounting(1e4, r)
-        rows.append(dict(r=r, prelude=lay.n_prelude, recurrent_layers=lay.n_recur, loops=lay.recurrence, coda=lay.n_coda,
-                         executed_layers=lay.n_prelude + lay.recurrence * lay.n_recur + lay.n_coda,
-                         unique_layers=lay.n_prelude + lay.n_recur + lay.n_coda, injection=lay.injection,
-                         unique_params_over_d2=round(acc.n_unique / 1e8, 1)))
-    rep.table(pd.DataFrame(rows), 'looped_table4_layout', 'The architecture per r (§3.1, App. C; Table 4 as we read it): prelude, '
-              'recurrent block x r, coda at effective depth 20; unique non-embedding parameters / d^2', label=ACCOUNTING_LABEL)
-    rep.table(scaling.paper_grid_frame(), 'looped_table6_grid', "The 116-run grid (Table 6): widths, parameters, FLOPs per token, "
-              "steps and tokens per budget (the released code's count)", label=ACCOUNTING_LABEL)
-    try: from depthbench_nb.lmeval import DOWNSTREAM_TASKS, BUNDLES
+        rows.append(
+            dict(
+                r=r,
+                prelude=lay.n_prelude,
+                recurrent_layers=lay.n_recur,
+                loops=lay.recurrence,
+                coda=lay.n_coda,
+                executed_layers=lay.n_prelude + lay.recurrence * lay.n_recur + lay.n_coda,
+                unique_layers=lay.n_prelude + lay.n_recur + lay.n_coda,
+                injection=lay.injection,
+                unique_params_over_d2=round(acc.n_unique / 1e8, 1),
+            )
+        )
+    rep.table(
+        pd.DataFrame(rows),
+        "looped_table4_layout",
+        "The architecture per r (§3.1, App. C; Table 4 as we read it): prelude, "
+        "recurrent block x r, coda at effective depth 20; unique non-embedding parameters / d^2",
+        label=ACCOUNTING_LABEL,
+    )
+    rep.table(
+        scaling.paper_grid_frame(),
+        "looped_table6_grid",
+        "The 116-run grid (Table 6): widths, parameters, FLOPs per token, "
+        "steps and tokens per budget (the released code's count)",
+        label=ACCOUNTING_LABEL,
+    )
+    try:
+        from depthbench_nb.lmeval import DOWNSTREAM_TASKS, BUNDLES
     except ImportError as e:
-        rep.note_missing('downstream task list (Tables 8-9)', f"{e}"); return
-    tasks = pd.DataFrame([dict(group=t.group, group_name=PAPER_GROUPS[t.group], task=t.label, bundle=BUNDLES[t.bundle][0],
-                               regime='flagship only' if t.group == 'commonsense' else 'isoflops and flagship') for t in DOWNSTREAM_TASKS])
-    rep.table(tasks, 'looped_tables8_9_tasks', "The downstream tasks per group (the official code's scripts/base_eval.py OWNED_AXES, "
-              "which the paper's Tables 8-9 list) and the bundle that holds each", label=ACCOUNTING_LABEL)
+        rep.note_missing("downstream task list (Tables 8-9)", f"{e}")
+        return
+    tasks = pd.DataFrame(
+        [
+            dict(
+                group=t.group,
+                group_name=PAPER_GROUPS[t.group],
+                task=t.label,
+                bundle=BUNDLES[t.bundle][0],
+                regime="flagship only" if t.group == "commonsense" else "isoflops and flagship",
+            )
+            for t in DOWNSTREAM_TASKS
+        ]
+    )
+    rep.table(
+        tasks,
+        "looped_tables8_9_tasks",
+        "The downstream tasks per group (the official code's scripts/base_eval.py OWNED_AXES, "
+        "which the paper's Tables 8-9 list) and the bundle that holds each",
+        label=ACCOUNTING_LABEL,
+    )
 
 
-LOOPED_PAPER_ITEMS = (   # every table and figure of the looped paper this project knows of (arXiv 2604.21106; its project page)
-    PaperItem('Table 1', 'per-r Chinchilla fits: A, α, B, β, E, Huber, R²', ('looped_table1_per_r',), ('Table 1', 'Tables 1, 2')),
-    PaperItem('Table 2', 'the joint law: φ free with its 95% block-bootstrap CI; φ = 0 and φ = 1', ('looped_table2_joint',),
-              ('Table 2', 'Tables 1, 2', 'phi bootstrap')),
-    PaperItem('Table 3', 'case studies: truncated BPTT (with and without r = 2), hyperconnections; the baseline refit, Δφ',
-              ('looped_table3_case_studies',), ('Table 3', 'case stud')),
-    PaperItem('Table 4', 'the architecture per r: prelude, recurrent block x r, coda', ('looped_table4_layout',)),
-    PaperItem('Table 5', 'injection ablation at s = 10, r = 4, C = 1e18', ('looped_table5_injection',)),
-    PaperItem('Table 6', 'the 116-run grid: widths and tokens per budget', ('looped_table6_grid',)),
-    PaperItem('Table 7', 'the joint law\'s residuals per r', ('looped_table7_residuals',), ('Table 7', 'Tables 1, 2 and 7')),
-    PaperItem('Tables 8-9', 'the downstream tasks per group', ('looped_tables8_9_tasks',), ('Tables 8-9',)),
-    PaperItem('Table 10', 'extrapolation at s = 34, 47B tokens: validation loss and five downstream groups, r = 1 vs r = 4',
-              ('looped_table10_extrapolation',), ('Table 10',)),
-    PaperItem('Fig. 3', 'compute-optimal frontiers of the per-r laws, the gap to r = 1, the N* and D* exponents',
-              ('looped_frontier', 'looped_frontier_exponents'), ('Fig. 3', 'Figs. 3')),
-    PaperItem('Fig. 8', "the joint law's fit quality (residuals)", ('looped_fig8_joint_residuals',), ('Fig. 8', 'Figs. 3, 8')),
-    PaperItem('Fig. 9', "the per-r laws' residuals", ('looped_fig9_per_r_residuals',), ('Fig. 9', '8 and 9')),
-    PaperItem('Fig. 10', "the case-study fits' residuals", ('looped_fig10_case_study_residuals',), ('Fig. 10', 'case stud')),
-    PaperItem('iso-FLOPs curves', 'the teaser: loss vs N per budget and r, the φ-free law and the φ = 1 refit', ('looped_isoflops',),
-              ('iso-FLOPs', 'joint phi fit')),
-    PaperItem('worked example', 'App. F.4: r = 4 at the width of a 1B r = 1 model', ('looped_worked_example',)),
-    PaperItem('stability refits', 'App. F.3: φ on the low and the high budgets', ('looped_stability',), ('stability',)),
-    PaperItem('LR sweep', 'App. D: loss vs matrix LR for r = 1 and 4', ('looped_lr_sweep',), ('LR sweep',)),
-    PaperItem('downstream results', 'looped vs non-looped per task group at matched budgets (Table 10 rows 2-6)',
-              ('looped_downstream', 'looped_downstream_matched'), ('downstream',)),
-    PaperItem('empirical optima', 'the per-(C, r) compute-optimal N* and L* (the project page), and the φ law refitted on them',
-              ('looped_empirical_optima', 'looped_phi_on_paper_optima'), ('empirical optima', "paper's optima")),
+LOOPED_PAPER_ITEMS = (  # every table and figure of the looped paper this project knows of (arXiv 2604.21106; its project page)
+    PaperItem(
+        "Table 1",
+        "per-r Chinchilla fits: A, α, B, β, E, Huber, R²",
+        ("looped_table1_per_r",),
+        ("Table 1", "Tables 1, 2"),
+    ),
+    PaperItem(
+        "Table 2",
+        "the joint law: φ free with its 95% block-bootstrap CI; φ = 0 and φ = 1",
+        ("looped_table2_joint",),
+        ("Table 2", "Tables 1, 2", "phi bootstrap"),
+    ),
+    PaperItem(
+        "Table 3",
+        "case studies: truncated BPTT (with and without r = 2), hyperconnections; the baseline refit, Δφ",
+        ("looped_table3_case_studies",),
+        ("Table 3", "case stud"),
+    ),
+    PaperItem("Table 4", "the architecture per r: prelude, recurrent block x r, coda", ("looped_table4_layout",)),
+    PaperItem("Table 5", "injection ablation at s = 10, r = 4, C = 1e18", ("looped_table5_injection",)),
+    PaperItem("Table 6", "the 116-run grid: widths and tokens per budget", ("looped_table6_grid",)),
+    PaperItem(
+        "Table 7", "the joint law's residuals per r", ("looped_table7_residuals",), ("Table 7", "Tables 1, 2 and 7")
+    ),
+    PaperItem("Tables 8-9", "the downstream tasks per group", ("looped_tables8_9_tasks",), ("Tables 8-9",)),
+    PaperItem(
+        "Table 10",
+        "extrapolation at s = 34, 47B tokens: validation loss and five downstream groups, r = 1 vs r = 4",
+        ("looped_table10_extrapolation",),
+        ("Table 10",),
+    ),
+    PaperItem(
+        "Fig. 3",
+        "compute-optimal frontiers of the per-r laws, the gap to r = 1, the N* and D* exponents",
+        ("looped_frontier", "looped_frontier_exponents"),
+        ("Fig. 3", "Figs. 3"),
+    ),
+    PaperItem(
+        "Fig. 8", "the joint law's fit quality (residuals)", ("looped_fig8_joint_residuals",), ("Fig. 8", "Figs. 3, 8")
+    ),
+    PaperItem("Fig. 9", "the per-r laws' residuals", ("looped_fig9_per_r_residuals",), ("Fig. 9", "8 and 9")),
+    PaperItem(
+        "Fig. 10", "the case-study fits' residuals", ("looped_fig10_case_study_residuals",), ("Fig. 10", "case stud")
+    ),
+    PaperItem(
+        "iso-FLOPs curves",
+        "the teaser: loss vs N per budget and r, the φ-free law and the φ = 1 refit",
+        ("looped_isoflops",),
+        ("iso-FLOPs", "joint phi fit"),
+    ),
+    PaperItem("worked example", "App. F.4: r = 4 at the width of a 1B r = 1 model", ("looped_worked_example",)),
+    PaperItem("stability refits", "App. F.3: φ on the low and the high budgets", ("looped_stability",), ("stability",)),
+    PaperItem("LR sweep", "App. D: loss vs matrix LR for r = 1 and 4", ("looped_lr_sweep",), ("LR sweep",)),
+    PaperItem(
+        "downstream results",
+        "looped vs non-looped per task group at matched budgets (Table 10 rows 2-6)",
+        ("looped_downstream", "looped_downstream_matched"),
+        ("downstream",),
+    ),
+    PaperItem(
+        "empirical optima",
+        "the per-(C, r) compute-optimal N* and L* (the project page), and the φ law refitted on them",
+        ("looped_empirical_optima", "looped_phi_on_paper_optima"),
+        ("empirical optima", "paper's optima"),
+    ),
 )
-LOOPED_SCALE_FREE = ('Table 4', 'Table 6', 'Tables 8-9', 'worked example')   # accounting and lists: no runs involved
-LOOPED_NOTES = {   # what differs from the paper by construction, item by item
-    'Table 4': ['the layout of §3.1 and App. C; which table of the paper is Table 4 is our reading'],
-    'Table 6': ["token counts of the released code's count (steps = round(C / (F x 2^18))); the paper's Table 6 rounds some "
-                '(s = 34 at 2.15e19: 2.52B in the table, 2.588B for r = 1 by the code)'],
-    'Tables 8-9': ["the task list of the official code (scripts/base_eval.py OWNED_AXES; commonsense: its flagship regime), which "
-                   "the paper's tables list; the paper's text itself is not among the sources read here"],
-    'Fig. 3': ['the exponents as the paper defines them (power-law FLOP model, see looped_fig3_exponent_definitions); the frontier '
-               "curves from Eq. 1's exact FLOPs"],
-    'Fig. 8': ['which residual figure is Fig. 8 and which Fig. 9 is our reading of the appendix'],
-    'Fig. 9': ['which residual figure is Fig. 8 and which Fig. 9 is our reading of the appendix'],
-    'iso-FLOPs curves': ["the teaser as the project page describes it (the restricted φ = 1 refit overlaid); its figure number is "
-                         'not in the sources read here'],
-    'Table 10': ['bf16 training where the official runs used FP8 matmuls (shells/flagship_train/flagship.sh --fp8)'],
-    'downstream results': ["lm-eval's few-shot sampler (seeded, the document excluded) instead of the official Random(1234 + index); "
-                           'no BOS token before a request (the official core_eval prepends one); a limit keeps the first N documents'],
-    'empirical optima': ["the paper's optima are the project page's parabola vertices; refitting φ on them checks the fitter, it is not "
-                         'a measurement'],
+LOOPED_SCALE_FREE = ("Table 4", "Table 6", "Tables 8-9", "worked example")  # accounting and lists: no runs involved
+LOOPED_NOTES = {  # what differs from the paper by construction, item by item
+    "Table 4": ["the layout of §3.1 and App. C; which table of the paper is Table 4 is our reading"],
+    "Table 6": [
+        "token counts of the released code's count (steps = round(C / (F x 2^18))); the paper's Table 6 rounds some "
+        "(s = 34 at 2.15e19: 2.52B in the table, 2.588B for r = 1 by the code)"
+    ],
+    "Tables 8-9": [
+        "the task list of the official code (scripts/base_eval.py OWNED_AXES; commonsense: its flagship regime), which "
+        "the paper's tables list; the paper's text itself is not among the sources read here"
+    ],
+    "Fig. 3": [
+        "the exponents as the paper defines them (power-law FLOP model, see looped_fig3_exponent_definitions); the frontier "
+        "curves from Eq. 1's exact FLOPs"
+    ],
+    "Fig. 8": ["which residual figure is Fig. 8 and which Fig. 9 is our reading of the appendix"],
+    "Fig. 9": ["which residual figure is Fig. 8 and which Fig. 9 is our reading of the appendix"],
+    "iso-FLOPs curves": [
+        "the teaser as the project page describes it (the restricted φ = 1 refit overlaid); its figure number is "
+        "not in the sources read here"
+    ],
+    "Table 10": ["bf16 training where the official runs used FP8 matmuls (shells/flagship_train/flagship.sh --fp8)"],
+    "downstream results": [
+        "lm-eval's few-shot sampler (seeded, the document excluded) instead of the official Random(1234 + index); "
+        "no BOS token before a request (the official core_eval prepends one); a limit keeps the first N documents"
+    ],
+    "empirical optima": [
+        "the paper's optima are the project page's parabola vertices; refitting φ on them checks the fitter, it is not "
+        "a measurement"
+    ],
 }
-COMPANION_STUDIES = {'looped-main': (EXTRAPOLATION_STUDY,)}   # Table 10's runs join the grid's report
+COMPANION_STUDIES = {"looped-main": (EXTRAPOLATION_STUDY,)}  # Table 10's runs join the grid's report
 
 
 def looped_paper_index(rep: Report) -> pd.DataFrame:
@@ -1970,65 +3341,130 @@ def related_studies(study: str) -> list[str]:
     shipped studies that reuse it (so `looped-main`'s report fits the case studies too) and its companions (Table 10's
     runs, `looped-extrapolation`, for `looped-main`), when they have run folders."""
     from depthbench_nb import sweep
+
     names = sweep.study_names()
     out = []
-    if study in names and sweep.load_study(study).reuses: out.append(sweep.load_study(study).reuses)
+    if study in names and sweep.load_study(study).reuses:
+        out.append(sweep.load_study(study).reuses)
     out += [n for n in names if n != study and sweep.load_study(n).reuses == study]
     out += list(COMPANION_STUDIES.get(study, ()))
     return [s for s in dict.fromkeys(out) if (runs_root() / s).is_dir()]
 
 
-LOOPED_INDEX_CAPTION = ("Every table and figure of the looped paper: rebuilt, rebuilt with a stated difference, partial (what it lacks) "
-                        "or missing and why")
+LOOPED_INDEX_CAPTION = (
+    "Every table and figure of the looped paper: rebuilt, rebuilt with a stated difference, partial (what it lacks) "
+    "or missing and why"
+)
 
 
-def build_looped_report(study: str, df: Optional[pd.DataFrame] = None, out_dir=None, restarts: int = 500,
-                        n_bootstrap: int = 200, bootstrap_restarts: int = 500, seed: int = 0, lf: Optional[pd.DataFrame] = None,
-                        provenance: Optional[str] = None, workers: Optional[int] = None, related: Optional[list] = None) -> Report:
+def build_looped_report(
+    study: str,
+    df: Optional[pd.DataFrame] = None,
+    out_dir=None,
+    restarts: int = 500,
+    n_bootstrap: int = 200,
+    bootstrap_restarts: int = 500,
+    seed: int = 0,
+    lf: Optional[pd.DataFrame] = None,
+    provenance: Optional[str] = None,
+    workers: Optional[int] = None,
+    related: Optional[list] = None,
+) -> Report:
     """All looped-LM tables and figures of a study into papermill_runs/<study>/report/, at the paper's fitting effort by
     default (`lf`: a ready looped table instead of runs). Runs of `related` studies (default `related_studies`) join by
     run id: the case studies' r = 1 anchors and Table 10's runs; Tables 1, 2, 7 and Figs. 3, 8, 9 use this study's own
     baseline grid runs. The index lists every table and figure of the paper as rebuilt, rebuilt with a stated
     difference, partial or missing and why."""
     from depthbench_nb import scaling
+
     effort = FitEffort(restarts, n_bootstrap, bootstrap_restarts, seed, workers)
     df = normalize_runs(study_table(study) if df is None else df)
-    out = Path(out_dir) if out_dir else runs_root() / study / 'report'
-    paper = reference_table('looped')
-    is_looped = lambda d: d['arch'].map(family_of) == 'looped'
+    out = Path(out_dir) if out_dir else runs_root() / study / "report"
+    paper = reference_table("looped")
+    is_looped = lambda d: d["arch"].map(family_of) == "looped"
     from_runs = lf is None
     if from_runs:
         related = related_studies(study) if related is None else related
         others = [normalize_runs(study_table(s)) for s in related]
         both = pd.concat([df] + others, ignore_index=True) if others else df
-        both = both.drop_duplicates('run_id', keep='first') if len(both) else both    # a run shared by id counts once
+        both = both.drop_duplicates("run_id", keep="first") if len(both) else both  # a run shared by id counts once
         lf = looped_frame(both)
-    presets = tuple(sorted(set(lf['preset']))) if 'preset' in lf and len(lf) else ()
-    n_ok = int(lf['paper_scale'].sum()) if 'paper_scale' in lf and len(lf) else 0
-    rep = Report(study, 'looped', RunScale(presets, bool(len(lf)) and n_ok == len(lf),
-                                           provenance or ('demo' if study == 'demo' else 'runs'), len(lf), n_ok), out, expected=LOOPED_ARTIFACTS)
-    prov = provenance or ('real' if len(lf) and n_ok == len(lf) and study != 'demo' else 'demo')
+    presets = tuple(sorted(set(lf["preset"]))) if "preset" in lf and len(lf) else ()
+    n_ok = int(lf["paper_scale"].sum()) if "paper_scale" in lf and len(lf) else 0
+    rep = Report(
+        study,
+        "looped",
+        RunScale(
+            presets,
+            bool(len(lf)) and n_ok == len(lf),
+            provenance or ("demo" if study == "demo" else "runs"),
+            len(lf),
+            n_ok,
+        ),
+        out,
+        expected=LOOPED_ARTIFACTS,
+    )
+    prov = provenance or ("real" if len(lf) and n_ok == len(lf) and study != "demo" else "demo")
     # the worked example is accounting (the closed forms of §3.2): comparable at any scale
     we = scaling.worked_example()
-    rep.verdict('worked example: unique params r=4 / r=1 at equal width', we['unique_ratio'], 0.41, 0.02, 'arXiv 2604.21106 App. F.4 ((8+1/6)/20)')
-    rep.verdict('worked example: effective params r=4 / r=1 (phi=0.459)', we['eff_ratio'], 0.58, 0.03, 'arXiv 2604.21106 App. F.4 ((4+4^0.46*4)/20)')
-    rep.verdict('worked example: FLOPs r=4 / r=1', we['flops_ratio'], 1.0, 0.03, 'arXiv 2604.21106 App. F.4 (equal up to the injection overhead)')
-    rep.table(pd.DataFrame([we]), 'looped_worked_example', 'Worked example (App. F.4): r=4 at the width of a 1B r=1 model', label=ACCOUNTING_LABEL)
-    rep.table(paper, 'looped_paper_numbers', 'Paper numbers (reference only; each row cites its source)', label=PAPER_LABEL)
+    rep.verdict(
+        "worked example: unique params r=4 / r=1 at equal width",
+        we["unique_ratio"],
+        0.41,
+        0.02,
+        "arXiv 2604.21106 App. F.4 ((8+1/6)/20)",
+    )
+    rep.verdict(
+        "worked example: effective params r=4 / r=1 (phi=0.459)",
+        we["eff_ratio"],
+        0.58,
+        0.03,
+        "arXiv 2604.21106 App. F.4 ((4+4^0.46*4)/20)",
+    )
+    rep.verdict(
+        "worked example: FLOPs r=4 / r=1",
+        we["flops_ratio"],
+        1.0,
+        0.03,
+        "arXiv 2604.21106 App. F.4 (equal up to the injection overhead)",
+    )
+    rep.table(
+        pd.DataFrame([we]),
+        "looped_worked_example",
+        "Worked example (App. F.4): r=4 at the width of a 1B r=1 model",
+        label=ACCOUNTING_LABEL,
+    )
+    rep.table(
+        paper, "looped_paper_numbers", "Paper numbers (reference only; each row cites its source)", label=PAPER_LABEL
+    )
     looped_accounting_sections(rep)
     looped_fig3_definitions_section(rep, paper)
     looped_paper_optima_section(rep, paper, effort)
-    if from_runs: status_section(rep, df, is_looped)
+    if from_runs:
+        status_section(rep, df, is_looped)
     if not len(lf):
-        why = f'no completed looped runs in study {rep.study!r}'
-        rep.note_missing('all looped fits and figures', why)
-        reasons = {it.item: why for it in LOOPED_PAPER_ITEMS if it.item not in LOOPED_SCALE_FREE and it.item != 'empirical optima'}
+        why = f"no completed looped runs in study {rep.study!r}"
+        rep.note_missing("all looped fits and figures", why)
+        reasons = {
+            it.item: why
+            for it in LOOPED_PAPER_ITEMS
+            if it.item not in LOOPED_SCALE_FREE and it.item != "empirical optima"
+        }
         rep.paper_index = paper_item_index(rep, LOOPED_PAPER_ITEMS, LOOPED_NOTES, LOOPED_SCALE_FREE, reasons)
-        rep.table(rep.paper_index, 'looped_paper_index', LOOPED_INDEX_CAPTION)
-        rep.write_index(); return rep
-    own = lf[lf.study == study] if 'study' in lf else lf
-    rep.table(lf, 'looped_runs', f'Completed looped runs as fitted (n_once, n_rec, r, D, loss; C = budget cell; scale per run; provenance {prov})'
-              + ('' if len(own) == len(lf) else f'; {len(lf) - len(own)} of them from {", ".join(sorted(set(lf.study) - {study}))}, reused by run id'))
+        rep.table(rep.paper_index, "looped_paper_index", LOOPED_INDEX_CAPTION)
+        rep.write_index()
+        return rep
+    own = lf[lf.study == study] if "study" in lf else lf
+    rep.table(
+        lf,
+        "looped_runs",
+        f"Completed looped runs as fitted (n_once, n_rec, r, D, loss; C = budget cell; scale per run; provenance {prov})"
+        + (
+            ""
+            if len(own) == len(lf)
+            else f"; {len(lf) - len(own)} of them from {', '.join(sorted(set(lf.study) - {study}))}, reused by run id"
+        ),
+    )
     looped_fit_sections(rep, own, paper, prov, effort)
     looped_case_study_sections(rep, lf, paper, prov, effort)
     looped_ablation_sections(rep, own, paper)
@@ -2036,7 +3472,7 @@ def build_looped_report(study: str, df: Optional[pd.DataFrame] = None, out_dir=N
     looped_extrapolation_section(rep, lf, paper, down)
     looped_downstream_section(rep, lf, paper, down)
     rep.paper_index = looped_paper_index(rep)
-    rep.table(rep.paper_index, 'looped_paper_index', LOOPED_INDEX_CAPTION)
+    rep.table(rep.paper_index, "looped_paper_index", LOOPED_INDEX_CAPTION)
     rep.write_index()
     return rep
 
@@ -2044,85 +3480,133 @@ def build_looped_report(study: str, df: Optional[pd.DataFrame] = None, out_dir=N
 def show_report(rep: Report, max_rows: int = 30):
     "Display a report's tables and figures inline (in Jupyter), then what is missing."
     from IPython.display import Image, Markdown, display
-    display(Markdown(f'**{rep.scale.label}**'))
+
+    display(Markdown(f"**{rep.scale.label}**"))
     for name, caption in rep.artifacts:
         path = rep.out_dir / name
-        if name.endswith('.png'): display(Markdown(f'### {caption}')); display(Image(filename=str(path)))
-        elif name.endswith('.csv'): display(Markdown(f'### {caption}')); display(pd.read_csv(path).head(max_rows))
-    if rep.missing: display(Markdown('### Missing\n' + '\n'.join(f'- **{w}**: {why}' for w, why in rep.missing)))
+        if name.endswith(".png"):
+            display(Markdown(f"### {caption}"))
+            display(Image(filename=str(path)))
+        elif name.endswith(".csv"):
+            display(Markdown(f"### {caption}"))
+            display(pd.read_csv(path).head(max_rows))
+    if rep.missing:
+        display(Markdown("### Missing\n" + "\n".join(f"- **{w}**: {why}" for w, why in rep.missing)))
+
 
 def show_artifact(rep: Report, *stems: str, max_rows: int = 30):
     "Display the named artifacts of a report inline, each table then its figure under its caption; say so when one was not built."
     from IPython.display import Image, Markdown, display
+
     captions = dict(rep.artifacts)
     for stem in stems:
-        found = [f'{stem}.{ext}' for ext in ('csv', 'png') if f'{stem}.{ext}' in captions]
+        found = [f"{stem}.{ext}" for ext in ("csv", "png") if f"{stem}.{ext}" in captions]
         if not found:
-            display(Markdown(f'`{stem}` was not built for this study: the reasons are under *What is missing* at the end.'))
+            display(
+                Markdown(f"`{stem}` was not built for this study: the reasons are under *What is missing* at the end.")
+            )
         for name in found:
-            display(Markdown(f'**{captions[name]}**'))
-            if name.endswith('.csv'): display(pd.read_csv(rep.out_dir / name).head(max_rows))
-            else: display(Image(filename=str(rep.out_dir / name)))
+            display(Markdown(f"**{captions[name]}**"))
+            if name.endswith(".csv"):
+                display(pd.read_csv(rep.out_dir / name).head(max_rows))
+            else:
+                display(Image(filename=str(rep.out_dir / name)))
 
 
 def show_missing(rep: Report):
     "Display what a report could not build and why (or that nothing is missing)."
     from IPython.display import Markdown, display
+
     absent = [e for e in rep.expected if e not in rep.built()]
-    lines = [f'- **{w}**: {why}' for w, why in rep.missing] + ([f"- not built: {', '.join(f'`{a}`' for a in absent)}"] if absent else [])
-    display(Markdown('\n'.join(lines) if lines else 'Nothing is missing: every table and figure of this report was built.'))
+    lines = [f"- **{w}**: {why}" for w, why in rep.missing] + (
+        [f"- not built: {', '.join(f'`{a}`' for a in absent)}"] if absent else []
+    )
+    display(
+        Markdown("\n".join(lines) if lines else "Nothing is missing: every table and figure of this report was built.")
+    )
 
 # %% ../nbs/09c_reports.ipynb #18284cca
-REPORT_NOTEBOOKS = {'depthbench': '20_depthbench_report', 'looped': '21_looped_report'}
-LOOPED_PARAMETERS = ('restarts', 'n_bootstrap', 'bootstrap_restarts', 'seed', 'workers')   # notebook 21's fitting effort
+REPORT_NOTEBOOKS = {"depthbench": "20_depthbench_report", "looped": "21_looped_report"}
+LOOPED_PARAMETERS = ("restarts", "n_bootstrap", "bootstrap_restarts", "seed", "workers")  # notebook 21's fitting effort
 
 
-def run_report_notebooks(study: str, which=('depthbench', 'looped'), parameters: Optional[dict] = None, progress: bool = True) -> list[Path]:
+def run_report_notebooks(
+    study: str, which=("depthbench", "looped"), parameters: Optional[dict] = None, progress: bool = True
+) -> list[Path]:
     "Execute the report notebooks for a study into papermill_runs/<study>/report/; returns the executed notebooks' paths."
     import papermill as pm
-    out_dir = runs_root() / study / 'report'
+
+    out_dir = runs_root() / study / "report"
     out_dir.mkdir(parents=True, exist_ok=True)
     done = []
     for w in which:
-        if w not in REPORT_NOTEBOOKS: raise ConfigError(f"unknown report {w!r}; valid: {', '.join(REPORT_NOTEBOOKS)}")
+        if w not in REPORT_NOTEBOOKS:
+            raise ConfigError(f"unknown report {w!r}; valid: {', '.join(REPORT_NOTEBOOKS)}")
         src = template_path(REPORT_NOTEBOOKS[w])
         out = out_dir / src.name
-        params = dict(study=study, **{k: v for k, v in (parameters or {}).items() if w == 'looped' or k not in LOOPED_PARAMETERS})
-        if progress: print(f'[report] executing {src.name} -> {out}', flush=True)
-        pm.execute_notebook(str(src), str(out), parameters=params, kernel_name='python3', progress_bar=False, cwd=str(out_dir))
+        params = dict(
+            study=study, **{k: v for k, v in (parameters or {}).items() if w == "looped" or k not in LOOPED_PARAMETERS}
+        )
+        if progress:
+            print(f"[report] executing {src.name} -> {out}", flush=True)
+        pm.execute_notebook(
+            str(src), str(out), parameters=params, kernel_name="python3", progress_bar=False, cwd=str(out_dir)
+        )
         done.append(out)
     return done
 
 
-def report_command(study: str,                                # study name (a folder under the runs root)
-                   only: Annotated[Optional[str], Arg(choices=REPORT_NOTEBOOKS)] = None,  # build one report only
-                   restarts: int = 500,                       # random starts of every law fit (default 500, the paper)
-                   bootstrap: int = 200,                      # block-bootstrap resamples for the phi CI (default 200, the paper; 0: none)
-                   boot_restarts: int = 500,                  # random starts of every bootstrap refit, plus a warm start (default 500)
-                   seed: int = 0,                             # seed of the fits and resamples
-                   workers: Optional[int] = None,             # bootstrap processes (default: min(2, CPU cores))
-                   json: bool = False) -> int:
+def report_command(
+    study: str,  # study name (a folder under the runs root)
+    only: Annotated[Optional[str], Arg(choices=REPORT_NOTEBOOKS)] = None,  # build one report only
+    restarts: int = 500,  # random starts of every law fit (default 500, the paper)
+    bootstrap: int = 200,  # block-bootstrap resamples for the phi CI (default 200, the paper; 0: none)
+    boot_restarts: int = 500,  # random starts of every bootstrap refit, plus a warm start (default 500)
+    seed: int = 0,  # seed of the fits and resamples
+    workers: Optional[int] = None,  # bootstrap processes (default: min(2, CPU cores))
+    json: bool = False,
+) -> int:
     "Rebuild a study's tables and figures (papermill_runs/STUDY/report/)."
     if not (runs_root() / study).is_dir():
         raise ConfigError(f"no study {study!r} under {runs_root()}: run `depthbench-nb sweep run {study}` first")
-    for name, value in (('restarts', restarts), ('boot-restarts', boot_restarts)):
-        if value < 1: raise ConfigError(f"--{name} must be >= 1, got {value}")
-    if bootstrap < 0 or bootstrap == 1: raise ConfigError(f'--bootstrap must be 0 (none) or >= 2 resamples, got {bootstrap}')
-    if workers is not None and workers < 1: raise ConfigError(f'--workers must be >= 1, got {workers}')
+    for name, value in (("restarts", restarts), ("boot-restarts", boot_restarts)):
+        if value < 1:
+            raise ConfigError(f"--{name} must be >= 1, got {value}")
+    if bootstrap < 0 or bootstrap == 1:
+        raise ConfigError(f"--bootstrap must be 0 (none) or >= 2 resamples, got {bootstrap}")
+    if workers is not None and workers < 1:
+        raise ConfigError(f"--workers must be >= 1, got {workers}")
     which = (only,) if only else tuple(REPORT_NOTEBOOKS)
-    nbs = run_report_notebooks(study, which, dict(restarts=restarts, n_bootstrap=bootstrap, bootstrap_restarts=boot_restarts,
-                                                  seed=seed, workers=workers), progress=not json)
-    out = runs_root() / study / 'report'
-    rows = [dict(file=str(f.relative_to(out)), bytes=f.stat().st_size) for f in sorted(out.iterdir()) if f.is_file() and not f.name.startswith('.')]
+    nbs = run_report_notebooks(
+        study,
+        which,
+        dict(restarts=restarts, n_bootstrap=bootstrap, bootstrap_restarts=boot_restarts, seed=seed, workers=workers),
+        progress=not json,
+    )
+    out = runs_root() / study / "report"
+    rows = [
+        dict(file=str(f.relative_to(out)), bytes=f.stat().st_size)
+        for f in sorted(out.iterdir())
+        if f.is_file() and not f.name.startswith(".")
+    ]
     done = sum(len(completed(study_table(s))) for s in [study] + related_studies(study))
-    emit(dict(study=study, report_dir=str(out), notebooks=[str(n) for n in nbs], files=rows, completed_runs=done) if json else rows,
-         json, title=f'report of {study}: {out}')
-    if done: return 0
-    print(f"nothing to report: study {study!r} has no completed run; what is missing and why is in {out} "
-          f"(*_index.md, section Missing) (exit code {EXIT_NOT_DONE})", file=sys.stderr)
+    emit(
+        dict(study=study, report_dir=str(out), notebooks=[str(n) for n in nbs], files=rows, completed_runs=done)
+        if json
+        else rows,
+        json,
+        title=f"report of {study}: {out}",
+    )
+    if done:
+        return 0
+    print(
+        f"nothing to report: study {study!r} has no completed run; what is missing and why is in {out} "
+        f"(*_index.md, section Missing) (exit code {EXIT_NOT_DONE})",
+        file=sys.stderr,
+    )
     return EXIT_NOT_DONE
 
 
 def cli_report(argv=None) -> int:
     "depthbench-nb report STUDY: rebuild a study's tables and figures."
-    return call_parsed(report_command, argv, prog='depthbench-nb report')
+    return call_parsed(report_command, argv, prog="depthbench-nb report")

@@ -24,10 +24,31 @@ from pathlib import Path
 from typing import Callable, Iterable, Optional
 
 # LOCK_FILE, _process_start, describe_holder and holder_alive: the lock's helpers, importable from here as before
-from .config import (LOCK_FILE, ConfigError, CorruptFile, FolderLock, ResourceError, RunBusy, RunConfig,
-                                  RunInterrupted, UnsafeFile, _process_start, atomic_write_json, atomic_write_text,
-                                  config_diff, describe_holder, format_bytes, holder_alive, identity_content, lock_holder,
-                                  operational_changes, repo_root, runs_root, runs_root_reason, short_repr)
+from depthbench_nb.config import (
+    LOCK_FILE,
+    ConfigError,
+    CorruptFile,
+    FolderLock,
+    ResourceError,
+    RunBusy,
+    RunConfig,
+    RunInterrupted,
+    UnsafeFile,
+    _process_start,
+    atomic_write_json,
+    atomic_write_text,
+    config_diff,
+    describe_holder,
+    format_bytes,
+    holder_alive,
+    identity_content,
+    lock_holder,
+    operational_changes,
+    repo_root,
+    runs_root,
+    runs_root_reason,
+    short_repr,
+)
 
 # %% auto #0
 __all__ = ['RECORD_FILES', 'TORCH_STORAGES', 'TORCH_FILE_GLOBALS', 'LEGACY_NUMPY_GLOBALS', 'CHECKSUMS_FILE', 'RECORD_EVIDENCE',
@@ -43,8 +64,15 @@ __all__ = ['RECORD_FILES', 'TORCH_STORAGES', 'TORCH_FILE_GLOBALS', 'LEGACY_NUMPY
            'forwarding_signals', 'papermill_output_path', 'record_executed_notebook']
 
 # %% ../nbs/07a_runs.ipynb #badf4e69
-RECORD_FILES = dict(params='params.json', metrics='metrics.jsonl', result='result.json', layer_stats='layer_stats.jsonl',
-                    checkpoints='checkpoints', figure='loss_curve.png', notebook='train.ipynb')
+RECORD_FILES = dict(
+    params="params.json",
+    metrics="metrics.jsonl",
+    result="result.json",
+    layer_stats="layer_stats.jsonl",
+    checkpoints="checkpoints",
+    figure="loss_curve.png",
+    notebook="train.ipynb",
+)
 
 
 def run_dir(run: RunConfig) -> Path:
@@ -62,36 +90,48 @@ def ensure_writable(folder: Path) -> Path:
     folder = Path(folder)
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        probe = folder / f'.write-probe-{uuid.uuid4().hex[:8]}'
-        probe.write_bytes(b'ok'); probe.unlink()
+        probe = folder / f".write-probe-{uuid.uuid4().hex[:8]}"
+        probe.write_bytes(b"ok")
+        probe.unlink()
     except OSError as e:
         if e.errno == errno.ENOSPC:
-            raise ResourceError(f"no space left on the device of {folder} ({_free(folder)} free): free some space "
-                                f"(old checkpoints, other runs) and run the same command again") from None
-        raise ConfigError(f"output folder {folder} is not writable ({e.strerror or e}); "
-                          f"set DEPTHBENCH_RUNS to a writable folder") from e
+            raise ResourceError(
+                f"no space left on the device of {folder} ({_free(folder)} free): free some space "
+                f"(old checkpoints, other runs) and run the same command again"
+            ) from None
+        raise ConfigError(
+            f"output folder {folder} is not writable ({e.strerror or e}); set DEPTHBENCH_RUNS to a writable folder"
+        ) from e
     return folder
 
 
 def _free(folder) -> str:
     "The free space of the filesystem holding `folder` (or its nearest existing parent), in words."
     p = Path(folder)
-    while not p.exists() and p != p.parent: p = p.parent
-    try: return format_bytes(shutil.disk_usage(p).free)
-    except OSError: return 'unknown'
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    try:
+        return format_bytes(shutil.disk_usage(p).free)
+    except OSError:
+        return "unknown"
 
 # %% ../nbs/07a_runs.ipynb #2447f18a
 def read_json(path, what: Optional[str] = None):
     "A JSON file's content; a file that is not JSON (truncated, binary, a planted pickle) is `CorruptFile` naming it."
     path = Path(path)
-    data = path.read_bytes()                                            # FileNotFoundError stays what it is
-    try: return json.loads(data.decode('utf-8'))
+    data = path.read_bytes()  # FileNotFoundError stays what it is
+    try:
+        return json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as e:
-        raise CorruptFile(f"{what or path} is not valid JSON ({len(data)} bytes; truncated or not written by "
-                          f"depthbench-nb): {str(e)[:120]}") from None
+        raise CorruptFile(
+            f"{what or path} is not valid JSON ({len(data)} bytes; truncated or not written by "
+            f"depthbench-nb): {str(e)[:120]}"
+        ) from None
 
 
-_STRINGS = frozenset({'SHORT_BINUNICODE', 'BINUNICODE', 'BINUNICODE8', 'UNICODE', 'STRING', 'BINSTRING', 'SHORT_BINSTRING'})
+_STRINGS = frozenset(
+    {"SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8", "UNICODE", "STRING", "BINSTRING", "SHORT_BINSTRING"}
+)
 
 
 def pickle_globals(stream) -> list[tuple[str, str]]:
@@ -100,38 +140,55 @@ def pickle_globals(stream) -> list[tuple[str, str]]:
     names come from the stack, is read as exactly as GLOBAL. A name that is not a plain string there (built at load
     time) is `UnsafeFile`; bytes that are not a pickle are `CorruptFile`."""
     import pickletools
+
     mark, stack, memo, found = object(), [], {}, []
+
     def pop_to_mark():
         while stack:
-            if stack.pop() is mark: return
-        raise CorruptFile('a pickle opcode needs a mark that is not there')
+            if stack.pop() is mark:
+                return
+        raise CorruptFile("a pickle opcode needs a mark that is not there")
+
     try:
         for op, arg, _ in pickletools.genops(stream):
             name = op.name
-            if name in ('GLOBAL', 'INST'):
-                module, _, qual = arg.partition(' ')
+            if name in ("GLOBAL", "INST"):
+                module, _, qual = arg.partition(" ")
                 found.append((module, qual))
-                if name == 'INST': pop_to_mark()
+                if name == "INST":
+                    pop_to_mark()
                 stack.append(None)
-            elif name == 'STACK_GLOBAL':
-                if len(stack) < 2: raise CorruptFile('STACK_GLOBAL on a short stack')
+            elif name == "STACK_GLOBAL":
+                if len(stack) < 2:
+                    raise CorruptFile("STACK_GLOBAL on a short stack")
                 qual, module = stack.pop(), stack.pop()
                 if not (isinstance(module, str) and isinstance(qual, str)) or mark in (module, qual):
-                    raise UnsafeFile('a pickle builds the name of what it imports at load time; refused, nothing was executed')
-                found.append((module, qual)); stack.append(None)
-            elif name in _STRINGS: stack.append(arg if isinstance(arg, str) else None)
-            elif name == 'MARK': stack.append(mark)
-            elif name in ('PUT', 'BINPUT', 'LONG_BINPUT'): memo[arg] = stack[-1] if stack else None
-            elif name == 'MEMOIZE': memo[len(memo)] = stack[-1] if stack else None
-            elif name in ('GET', 'BINGET', 'LONG_BINGET'): stack.append(memo.get(arg))
-            elif name == 'STOP': break
+                    raise UnsafeFile(
+                        "a pickle builds the name of what it imports at load time; refused, nothing was executed"
+                    )
+                found.append((module, qual))
+                stack.append(None)
+            elif name in _STRINGS:
+                stack.append(arg if isinstance(arg, str) else None)
+            elif name == "MARK":
+                stack.append(mark)
+            elif name in ("PUT", "BINPUT", "LONG_BINPUT"):
+                memo[arg] = stack[-1] if stack else None
+            elif name == "MEMOIZE":
+                memo[len(memo)] = stack[-1] if stack else None
+            elif name in ("GET", "BINGET", "LONG_BINGET"):
+                stack.append(memo.get(arg))
+            elif name == "STOP":
+                break
             else:
                 for item in op.stack_before:
-                    if item is pickletools.markobject: pop_to_mark()
-                    elif item is not pickletools.stackslice and stack: stack.pop()
+                    if item is pickletools.markobject:
+                        pop_to_mark()
+                    elif item is not pickletools.stackslice and stack:
+                        stack.pop()
                 stack.extend([None] * len(op.stack_after))
     except (ValueError, EOFError, UnicodeDecodeError) as e:
-        raise CorruptFile(f'not a readable pickle ({_first_line(e)})') from None
+        raise CorruptFile(f"not a readable pickle ({_first_line(e)})") from None
     return found
 
 
@@ -139,49 +196,78 @@ def check_pickle(stream, allowed, what: str) -> None:
     "`UnsafeFile` naming the first global of the pickle in `stream` that is not in `allowed` (exact (module, name) pairs)."
     for module, qual in pickle_globals(stream):
         if (module, qual) not in allowed:
-            raise UnsafeFile(f"{what} would run code to be loaded (it names {short_repr(module + '.' + qual, 120)}); refused, "
-                             f"nothing was executed. depthbench-nb writes tensors and plain values only: this file was not "
-                             f"written by it (do not load it with weights_only=False unless you trust its source)")
+            raise UnsafeFile(
+                f"{what} would run code to be loaded (it names {short_repr(module + '.' + qual, 120)}); refused, "
+                f"nothing was executed. depthbench-nb writes tensors and plain values only: this file was not "
+                f"written by it (do not load it with weights_only=False unless you trust its source)"
+            )
 
 
 # what torch.save writes for tensors, parameters and containers: the only globals a PyTorch file may name here
-TORCH_STORAGES = ('DoubleStorage', 'FloatStorage', 'HalfStorage', 'BFloat16Storage', 'LongStorage', 'IntStorage',
-                  'ShortStorage', 'CharStorage', 'ByteStorage', 'BoolStorage', 'ComplexDoubleStorage', 'ComplexFloatStorage',
-                  'UntypedStorage')
-TORCH_FILE_GLOBALS = frozenset({('collections', 'OrderedDict'), ('torch._utils', '_rebuild_tensor_v2'),
-                                ('torch._utils', '_rebuild_parameter')} | {('torch', s) for s in TORCH_STORAGES})
+TORCH_STORAGES = (
+    "DoubleStorage",
+    "FloatStorage",
+    "HalfStorage",
+    "BFloat16Storage",
+    "LongStorage",
+    "IntStorage",
+    "ShortStorage",
+    "CharStorage",
+    "ByteStorage",
+    "BoolStorage",
+    "ComplexDoubleStorage",
+    "ComplexFloatStorage",
+    "UntypedStorage",
+)
+TORCH_FILE_GLOBALS = frozenset(
+    {("collections", "OrderedDict"), ("torch._utils", "_rebuild_tensor_v2"), ("torch._utils", "_rebuild_parameter")}
+    | {("torch", s) for s in TORCH_STORAGES}
+)
 # checkpoints of format 1 kept numpy's RNG state as a numpy array (protocol 2: its bytes through _codecs.encode)
-LEGACY_NUMPY_GLOBALS = frozenset({('numpy.core.multiarray', '_reconstruct'), ('numpy._core.multiarray', '_reconstruct'),
-                                  ('numpy', 'ndarray'), ('numpy', 'dtype'), ('numpy.dtypes', 'UInt32DType'),
-                                  ('_codecs', 'encode')})
+LEGACY_NUMPY_GLOBALS = frozenset(
+    {
+        ("numpy.core.multiarray", "_reconstruct"),
+        ("numpy._core.multiarray", "_reconstruct"),
+        ("numpy", "ndarray"),
+        ("numpy", "dtype"),
+        ("numpy.dtypes", "UInt32DType"),
+        ("_codecs", "encode"),
+    }
+)
 
 
 def check_torch_file(source, what: str, allowed=TORCH_FILE_GLOBALS) -> None:
     """Refuse (`UnsafeFile`) a PyTorch file whose pickles name anything outside `allowed`, before torch reads it: the
     `.pkl` members of a zip file (torch's format), else the pickles at the start of a legacy file."""
     import io, zipfile
-    f = open(source, 'rb') if isinstance(source, (str, Path)) else source
+
+    f = open(source, "rb") if isinstance(source, (str, Path)) else source
     try:
         start = f.tell()
         if zipfile.is_zipfile(f):
             f.seek(start)
             with zipfile.ZipFile(f) as z:
                 for member in z.namelist():
-                    if member.endswith('.pkl'): check_pickle(io.BytesIO(z.read(member)), allowed, what)
+                    if member.endswith(".pkl"):
+                        check_pickle(io.BytesIO(z.read(member)), allowed, what)
             return
         f.seek(start)
-        for i in range(5):                 # legacy: magic number, protocol, system info, the data, its storage keys
-            try: check_pickle(f, allowed, what)
+        for i in range(5):  # legacy: magic number, protocol, system info, the data, its storage keys
+            try:
+                check_pickle(f, allowed, what)
             except CorruptFile:
-                if i == 0: raise
+                if i == 0:
+                    raise
                 return
     except CorruptFile as e:
         raise CorruptFile(f"{what} is not a readable PyTorch file (truncated or another format: {e})") from None
     except (zipfile.BadZipFile, OSError, EOFError, RuntimeError) as e:
         raise CorruptFile(f"{what} is not a readable PyTorch file ({_first_line(e)})") from None
     finally:
-        if f is not source: f.close()
-        else: f.seek(start)
+        if f is not source:
+            f.close()
+        else:
+            f.seek(start)
 
 
 def safe_torch_load(source, what: Optional[str] = None, legacy_numpy: bool = False):
@@ -193,34 +279,43 @@ def safe_torch_load(source, what: Optional[str] = None, legacy_numpy: bool = Fal
     import pickle, warnings, zipfile
     import numpy as np
     import torch
+
     name = what or str(source)
     check_torch_file(source, name, TORCH_FILE_GLOBALS | (LEGACY_NUMPY_GLOBALS if legacy_numpy else frozenset()))
     allowed = []
     if legacy_numpy:
-        core = getattr(np, '_core', None) or np.core
+        core = getattr(np, "_core", None) or np.core
         rec = core.multiarray._reconstruct
-        allowed = [rec, (rec, 'numpy.core.multiarray._reconstruct'), np.ndarray, np.dtype, type(np.dtype(np.uint32))]
+        allowed = [rec, (rec, "numpy.core.multiarray._reconstruct"), np.ndarray, np.dtype, type(np.dtype(np.uint32))]
     try:
         with warnings.catch_warnings(), _allowing(allowed):
-            warnings.simplefilter('ignore')                            # torch's notes on unusual pickle protocols
-            return torch.load(source, map_location='cpu', weights_only=True)
-    except FileNotFoundError: raise
+            warnings.simplefilter("ignore")  # torch's notes on unusual pickle protocols
+            return torch.load(source, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise
     except pickle.UnpicklingError as e:
-        found = re.search(r'GLOBAL ([\w.]+)', str(e))
+        found = re.search(r"GLOBAL ([\w.]+)", str(e))
         if found:
-            raise UnsafeFile(f"{name} would run code to be loaded (it names {found.group(1)}); refused, nothing was "
-                             f"executed. depthbench-nb writes tensors and plain values only: this file was not written "
-                             f"by it (do not load it with weights_only=False unless you trust its source)") from None
+            raise UnsafeFile(
+                f"{name} would run code to be loaded (it names {found.group(1)}); refused, nothing was "
+                f"executed. depthbench-nb writes tensors and plain values only: this file was not written "
+                f"by it (do not load it with weights_only=False unless you trust its source)"
+            ) from None
         raise CorruptFile(f"{name} is not a readable PyTorch file ({_first_line(e)})") from None
     except (RuntimeError, EOFError, ValueError, OSError, zipfile.BadZipFile, AttributeError, TypeError) as e:
-        raise CorruptFile(f"{name} is not a readable PyTorch file (truncated or another format: {_first_line(e)})") from None
+        raise CorruptFile(
+            f"{name} is not a readable PyTorch file (truncated or another format: {_first_line(e)})"
+        ) from None
 
 
 def _allowing(allowed: list):
     "torch's safe_globals context (torch >= 2.5), falling back to names torch can take where it cannot."
     import torch
-    if not allowed: return contextlib.nullcontext()
-    try: return torch.serialization.safe_globals(allowed)
+
+    if not allowed:
+        return contextlib.nullcontext()
+    try:
+        return torch.serialization.safe_globals(allowed)
     except (AttributeError, TypeError):
         torch.serialization.add_safe_globals([a for a in allowed if not isinstance(a, tuple)])
         return contextlib.nullcontext()
@@ -231,40 +326,48 @@ def _first_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {text[0][:160]}" if text else type(e).__name__
 
 # %% ../nbs/07a_runs.ipynb #be92c44f
-CHECKSUMS_FILE = 'SHA256SUMS'
+CHECKSUMS_FILE = "SHA256SUMS"
 
 
 def file_sha256(path, chunk: int = 1 << 22) -> str:
     "The SHA-256 of a file, read in chunks."
     h = hashlib.sha256()
-    with open(path, 'rb') as f:
-        while block := f.read(chunk): h.update(block)
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
     return h.hexdigest()
 
 
 def write_checksums(folder, names: Iterable[str]) -> Path:
     "`SHA256SUMS` of files in `folder`, in the format `sha256sum -c SHA256SUMS` checks."
     folder = Path(folder)
-    return atomic_write_text(folder / CHECKSUMS_FILE, ''.join(f"{file_sha256(folder / n)}  {n}\n" for n in names))
+    return atomic_write_text(folder / CHECKSUMS_FILE, "".join(f"{file_sha256(folder / n)}  {n}\n" for n in names))
 
 
 def verify_checksums(folder, required: Iterable[str] = ()) -> Optional[str]:
     "None when every file listed in `SHA256SUMS` (and each `required` one) is there with its checksum; else why not."
     folder = Path(folder)
-    try: text = (folder / CHECKSUMS_FILE).read_text()
-    except FileNotFoundError: return f"{CHECKSUMS_FILE} is missing"
-    except (OSError, UnicodeDecodeError) as e: return f"{CHECKSUMS_FILE} is unreadable ({_first_line(e)})"
+    try:
+        text = (folder / CHECKSUMS_FILE).read_text()
+    except FileNotFoundError:
+        return f"{CHECKSUMS_FILE} is missing"
+    except (OSError, UnicodeDecodeError) as e:
+        return f"{CHECKSUMS_FILE} is unreadable ({_first_line(e)})"
     listed = {}
     for line in text.splitlines():
-        digest, sep, name = line.partition('  ')
-        if not sep or len(digest) != 64 or not name or '/' in name: return f"{CHECKSUMS_FILE} is damaged (line {line[:60]!r})"
+        digest, sep, name = line.partition("  ")
+        if not sep or len(digest) != 64 or not name or "/" in name:
+            return f"{CHECKSUMS_FILE} is damaged (line {line[:60]!r})"
         listed[name] = digest
     for name in required:
-        if name not in listed: return f"{CHECKSUMS_FILE} does not list {name}"
+        if name not in listed:
+            return f"{CHECKSUMS_FILE} does not list {name}"
     for name, digest in listed.items():
         p = folder / name
-        if not p.is_file(): return f"{name} is missing"
-        if file_sha256(p) != digest: return f"{name} fails its checksum ({p.stat().st_size} bytes; truncated or changed)"
+        if not p.is_file():
+            return f"{name} is missing"
+        if file_sha256(p) != digest:
+            return f"{name} fails its checksum ({p.stat().st_size} bytes; truncated or changed)"
     return None
 
 # %% ../nbs/07a_runs.ipynb #26b5cbc5
@@ -273,8 +376,9 @@ class RunFolderLock(FolderLock):
     dies, a hard-linked record where the filesystem has no `flock`) on `<run folder>/.lock`, held while the run is
     written. `wait=False` refuses a held lock (`RunBusy`, naming the holder); `wait=True` waits for it, a number
     waits at most that many seconds."""
-    what = 'run folder'
-    wait_hint = 'wait for it (depthbench-nb train --wait) or stop that process'
+
+    what = "run folder"
+    wait_hint = "wait for it (depthbench-nb train --wait) or stop that process"
     busy = RunBusy
 
 
@@ -283,7 +387,7 @@ def run_folder_holder(folder) -> Optional[dict]:
     return lock_holder(folder)
 
 # %% ../nbs/07a_runs.ipynb #1204bbe6
-RECORD_EVIDENCE = ('metrics', 'result', 'checkpoints', 'layer_stats', 'notebook', 'figure')
+RECORD_EVIDENCE = ("metrics", "result", "checkpoints", "layer_stats", "notebook", "figure")
 
 
 def has_record(folder) -> bool:
@@ -291,8 +395,10 @@ def has_record(folder) -> bool:
     folder = Path(folder)
     for key in RECORD_EVIDENCE:
         p = folder / RECORD_FILES[key]
-        if p.is_dir() and any(p.iterdir()): return True
-        if p.is_file() and p.stat().st_size > 0: return True
+        if p.is_dir() and any(p.iterdir()):
+            return True
+        if p.is_file() and p.stat().st_size > 0:
+            return True
     return False
 
 
@@ -304,26 +410,34 @@ def writing_run_folder(folder, wait: bool | float = False, say: Callable[[str], 
     temporary checkpoint folders a killed or failed write left (they may be what fills the disk), then checked."""
     folder = Path(folder)
     made = [p for p in (folder.parent, folder) if not p.exists()]
-    if made: ensure_writable(folder)
-    lock = RunFolderLock(folder, wait=wait, say=say).acquire()   # refused: the folder is the holder's, left alone
+    if made:
+        ensure_writable(folder)
+    lock = RunFolderLock(folder, wait=wait, say=say).acquire()  # refused: the folder is the holder's, left alone
     try:
         if not made:
             gone = remove_stale_temporaries(folder)
-            if gone: say(f"removed {len(gone)} temporary checkpoint folder(s) of an interrupted write: {', '.join(gone)}")
+            if gone:
+                say(f"removed {len(gone)} temporary checkpoint folder(s) of an interrupted write: {', '.join(gone)}")
             ensure_writable(folder)
     except BaseException:
-        lock.release(); raise
-    try: yield lock
+        lock.release()
+        raise
+    try:
+        yield lock
     except BaseException:
-        _discard(folder, made); raise
-    finally: lock.release()
+        _discard(folder, made)
+        raise
+    finally:
+        lock.release()
 
 
 def _discard(folder: Path, made: list) -> None:
-    if folder not in made or has_record(folder): return
+    if folder not in made or has_record(folder):
+        return
     shutil.rmtree(folder, ignore_errors=True)
     if folder.parent in made:
-        with contextlib.suppress(OSError): folder.parent.rmdir()       # only when empty
+        with contextlib.suppress(OSError):
+            folder.parent.rmdir()  # only when empty
 
 # %% ../nbs/07a_runs.ipynb #502365d2
 def git_state() -> dict:
@@ -331,12 +445,14 @@ def git_state() -> dict:
     HEAD`), so a result from uncommitted code can be matched to the exact code; all None outside a git checkout."""
     none = dict(commit=None, dirty=None, diff_sha256=None)
     root = repo_root()
-    if root is None or not (root / '.git').exists(): return none
-    git = lambda *a: subprocess.run(['git', *a], cwd=root, capture_output=True, timeout=10)
+    if root is None or not (root / ".git").exists():
+        return none
+    git = lambda *a: subprocess.run(["git", *a], cwd=root, capture_output=True, timeout=10)
     try:
-        sha = git('rev-parse', 'HEAD').stdout.decode().strip()
-        if not sha: return none
-        diff = git('diff', 'HEAD', '--binary').stdout          # tracked files only, as `git status --untracked-files=no`
+        sha = git("rev-parse", "HEAD").stdout.decode().strip()
+        if not sha:
+            return none
+        diff = git("diff", "HEAD", "--binary").stdout  # tracked files only, as `git status --untracked-files=no`
         return dict(commit=sha, dirty=bool(diff), diff_sha256=hashlib.sha256(diff).hexdigest() if diff else None)
     except (OSError, subprocess.SubprocessError):
         return none
@@ -345,25 +461,35 @@ def git_state() -> dict:
 def _git_commit(state: Optional[dict] = None) -> Optional[str]:
     "The commit with a `+dirty` mark when tracked files differ from it (provenance's `git_commit`)."
     st = git_state() if state is None else state
-    return None if st['commit'] is None else st['commit'] + ('+dirty' if st['dirty'] else '')
+    return None if st["commit"] is None else st["commit"] + ("+dirty" if st["dirty"] else "")
 
 
 def device_name() -> str:
     "The accelerator's name, or the CPU's."
     import torch
-    if torch.cuda.is_available(): return torch.cuda.get_device_name(0)
+
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_name(0)
     return f"cpu ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"
 
 
-_SLURM_VARS = dict(job_id='SLURM_JOB_ID', array_job_id='SLURM_ARRAY_JOB_ID', array_task_id='SLURM_ARRAY_TASK_ID',
-                   nodes='SLURM_JOB_NODELIST', nnodes='SLURM_NNODES', partition='SLURM_JOB_PARTITION',
-                   cluster='SLURM_CLUSTER_NAME', restart_count='SLURM_RESTART_COUNT')   # restart_count: a requeued task
+_SLURM_VARS = dict(
+    job_id="SLURM_JOB_ID",
+    array_job_id="SLURM_ARRAY_JOB_ID",
+    array_task_id="SLURM_ARRAY_TASK_ID",
+    nodes="SLURM_JOB_NODELIST",
+    nnodes="SLURM_NNODES",
+    partition="SLURM_JOB_PARTITION",
+    cluster="SLURM_CLUSTER_NAME",
+    restart_count="SLURM_RESTART_COUNT",
+)  # restart_count: a requeued task
 
 
 def slurm_job_info(env=None) -> Optional[dict]:
     "The Slurm job this process runs in (job, array job and task ids, nodes, partition), or None outside Slurm."
     env = os.environ if env is None else env
-    if 'SLURM_JOB_ID' not in env: return None
+    if "SLURM_JOB_ID" not in env:
+        return None
     return {k: env[v] for k, v in _SLURM_VARS.items() if v in env}
 
 
@@ -372,20 +498,42 @@ def provenance() -> dict:
     the Slurm job (if any)."""
     import numpy, torch
     import depthbench_nb
+
     try:
-        import triton; triton_version = triton.__version__
-    except Exception: triton_version = None
+        import triton
+
+        triton_version = triton.__version__
+    except Exception:
+        triton_version = None
     git = git_state()
-    return dict(package_version=depthbench_nb.__version__, git_commit=_git_commit(git), git_dirty=git['dirty'],
-                git_diff_sha256=git['diff_sha256'], torch=torch.__version__, numpy=numpy.__version__,
-                triton=triton_version, cuda=torch.version.cuda, device=device_name(), hostname=socket.gethostname(),
-                python=platform.python_version(), slurm=slurm_job_info(),
-                time=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'))
+    return dict(
+        package_version=depthbench_nb.__version__,
+        git_commit=_git_commit(git),
+        git_dirty=git["dirty"],
+        git_diff_sha256=git["diff_sha256"],
+        torch=torch.__version__,
+        numpy=numpy.__version__,
+        triton=triton_version,
+        cuda=torch.version.cuda,
+        device=device_name(),
+        hostname=socket.gethostname(),
+        python=platform.python_version(),
+        slurm=slurm_job_info(),
+        time=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    )
 
 # %% ../nbs/07a_runs.ipynb #4b288094
 # dense bf16 peak FLOP/s (NVIDIA datasheets; H100/H200: SXM). MFU divides model FLOP/s by these; the sweep's
 # GPU-hour estimate plans for an H100.
-PEAK_BF16_FLOPS = {'H200': 989e12, 'H100': 989e12, 'GH200': 989e12, 'B200': 2250e12, 'A100': 312e12, 'L40S': 362e12, 'A10G': 70e12}
+PEAK_BF16_FLOPS = {
+    "H200": 989e12,
+    "H100": 989e12,
+    "GH200": 989e12,
+    "B200": 2250e12,
+    "A100": 312e12,
+    "L40S": 362e12,
+    "A10G": 70e12,
+}
 
 
 def gpu_peak_flops(name: str) -> Optional[float]:
@@ -393,21 +541,39 @@ def gpu_peak_flops(name: str) -> Optional[float]:
     return next((v for k, v in PEAK_BF16_FLOPS.items() if k in name), None)
 
 # %% ../nbs/07a_runs.ipynb #6100462c
-RESULT_STATUSES = ('completed', 'diverged', 'failed', 'interrupted')   # interrupted: stopped by a signal, checkpointed
-RESULT_KEYS = ('status', 'run_id', 'study', 'arch', 'n_layer', 'd_model', 'preset', 'lr', 'seed', 'steps', 'tokens',
-               'final_val_loss', 'best_val_loss', 'wall_time_s', 'train_flops', 'params_total', 'params_backbone',
-               'provenance')
+RESULT_STATUSES = ("completed", "diverged", "failed", "interrupted")  # interrupted: stopped by a signal, checkpointed
+RESULT_KEYS = (
+    "status",
+    "run_id",
+    "study",
+    "arch",
+    "n_layer",
+    "d_model",
+    "preset",
+    "lr",
+    "seed",
+    "steps",
+    "tokens",
+    "final_val_loss",
+    "best_val_loss",
+    "wall_time_s",
+    "train_flops",
+    "params_total",
+    "params_backbone",
+    "provenance",
+)
 
 
 def format_diff(diff: list) -> str:
     "Config differences (from `config_diff`) on one line."
-    return '; '.join(f"{k}: {a!r} -> {b!r}" for k, a, b in diff)
+    return "; ".join(f"{k}: {a!r} -> {b!r}" for k, a, b in diff)
 
 
 def read_params(folder: Path) -> RunConfig:
     "The RunConfig stored in a run folder's params.json."
-    d = read_json(Path(folder) / RECORD_FILES['params'])
-    if not isinstance(d, dict): raise CorruptFile(f"{Path(folder) / RECORD_FILES['params']} does not hold a run's parameters")
+    d = read_json(Path(folder) / RECORD_FILES["params"])
+    if not isinstance(d, dict):
+        raise CorruptFile(f"{Path(folder) / RECORD_FILES['params']} does not hold a run's parameters")
     return RunConfig.from_dict({k: v for k, v in d.items() if k in RunConfig.__dataclass_fields__})
 
 
@@ -415,15 +581,19 @@ def write_params(folder: Path, run: RunConfig, say: Callable[[str], None] = prin
     """Write params.json (the config, the run id, provenance and `notes`); refuse a folder that already holds a different
     run. Operational options (checkpoint cadence, trackers, ...: `TrainConfig.OPERATIONAL`) may differ from the last
     run of the folder: the run is the same, and what changed is said."""
-    path = Path(folder) / RECORD_FILES['params']
+    path = Path(folder) / RECORD_FILES["params"]
     if path.exists():
         old = read_params(folder).replace(study=run.study, num_processes=run.num_processes)
         changed = operational_changes(old.to_dict(), run.to_dict())
         diff = [d for d in config_diff(old, run) if d not in changed]
-        if diff: raise ConfigError(f"{folder} already holds a different run ({short_repr(format_diff(diff), 300)})")
-        if changed: say(f"same run, operational options changed since its last start: {format_diff(changed)} "
-                        f"(they are not part of the run id)")
-    notes.setdefault('provenance', provenance())
+        if diff:
+            raise ConfigError(f"{folder} already holds a different run ({short_repr(format_diff(diff), 300)})")
+        if changed:
+            say(
+                f"same run, operational options changed since its last start: {format_diff(changed)} "
+                f"(they are not part of the run id)"
+            )
+    notes.setdefault("provenance", provenance())
     return atomic_write_json(path, dict(run.to_dict(), run_id=run.run_id, **notes))
 
 
@@ -432,37 +602,43 @@ def adopt_legacy_folder(run: RunConfig, say: Callable[[str], None] = print) -> O
     its id does not exist and the old one does, rename the old folder (under its lock) to the id, and say so."""
     new = run_dir(run)
     old = new.with_name(run.legacy_run_id)
-    if old == new or new.exists() or not (old / RECORD_FILES['params']).exists(): return None
+    if old == new or new.exists() or not (old / RECORD_FILES["params"]).exists():
+        return None
     with RunFolderLock(old, say=say):
-        if new.exists(): return None
+        if new.exists():
+            return None
         os.rename(old, new)
-    say(f"run {run.legacy_run_id} was recorded under its old id (operational options were part of it then): "
-        f"moved to {new}")
+    say(
+        f"run {run.legacy_run_id} was recorded under its old id (operational options were part of it then): "
+        f"moved to {new}"
+    )
     return new
 
 
 def read_result(folder: Path) -> Optional[dict]:
     "The result of a run folder, or None while the run is unfinished (`CorruptFile` when it is not a result)."
-    path = Path(folder) / RECORD_FILES['result']
-    if not path.exists(): return None
+    path = Path(folder) / RECORD_FILES["result"]
+    if not path.exists():
+        return None
     res = read_json(path)
-    if not isinstance(res, dict) or res.get('status') not in RESULT_STATUSES:
+    if not isinstance(res, dict) or res.get("status") not in RESULT_STATUSES:
         raise CorruptFile(f"{path} is not a run result (no status among {', '.join(RESULT_STATUSES)})")
     return res
 
 
 def write_result(folder: Path, result: dict) -> Path:
     "Write result.json atomically after checking the contract keys and the status."
-    if result.get('status') not in RESULT_STATUSES:
+    if result.get("status") not in RESULT_STATUSES:
         raise ConfigError(f"result status must be one of {RESULT_STATUSES}, got {result.get('status')!r}")
     missing = [k for k in RESULT_KEYS if k not in result]
-    if missing: raise ConfigError(f"result is missing keys {missing}")
-    return atomic_write_json(Path(folder) / RECORD_FILES['result'], result)
+    if missing:
+        raise ConfigError(f"result is missing keys {missing}")
+    return atomic_write_json(Path(folder) / RECORD_FILES["result"], result)
 
 # %% ../nbs/07a_runs.ipynb #3efcadc3
 def metrics_header(run: RunConfig, **extra) -> dict:
     "The header line of metrics.jsonl: what produced the rows below it (provenance and the full config)."
-    return dict(kind='header', run_id=run.run_id, provenance=provenance(), config=run.to_dict(), **extra)
+    return dict(kind="header", run_id=run.run_id, provenance=provenance(), config=run.to_dict(), **extra)
 
 
 class MetricsLog:
@@ -473,79 +649,109 @@ class MetricsLog:
 
     def start(self, header: dict, step: int = 0) -> None:
         "Begin the log at `step`: a fresh log (step 0) is the header alone; a resumed one keeps rows before `step`, then the header."
-        if not self.enabled: return
-        keep = [r for r in read_jsonl(self.path) if r.get('step', -1) < step] if step else []
-        atomic_write_text(self.path, ''.join(json.dumps(r, allow_nan=True) + '\n' for r in keep + [header]))
+        if not self.enabled:
+            return
+        keep = [r for r in read_jsonl(self.path) if r.get("step", -1) < step] if step else []
+        atomic_write_text(self.path, "".join(json.dumps(r, allow_nan=True) + "\n" for r in keep + [header]))
 
     def append(self, row: dict) -> None:
-        if not self.enabled: return
-        line = json.dumps(row, default=float, allow_nan=True) + '\n'
-        with open(self.path, 'a') as f:
-            f.write(line); f.flush()
+        if not self.enabled:
+            return
+        line = json.dumps(row, default=float, allow_nan=True) + "\n"
+        with open(self.path, "a") as f:
+            f.write(line)
+            f.flush()
 
 
 def read_jsonl(path: Path) -> list[dict]:
     "Rows of a JSON-lines file; a partial trailing line (a crash mid-write) is skipped."
     path = Path(path)
-    if not path.exists(): return []
+    if not path.exists():
+        return []
     rows = []
-    for line in path.read_bytes().decode('utf-8', errors='replace').splitlines():
-        if not line.strip(): continue
-        try: row = json.loads(line)
-        except json.JSONDecodeError: continue
-        if isinstance(row, dict): rows.append(row)
+    for line in path.read_bytes().decode("utf-8", errors="replace").splitlines():
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(row, dict):
+            rows.append(row)
     return rows
 
 
 def read_metrics(folder: Path) -> list[dict]:
     "The per-step rows of a run folder's metrics.jsonl (header lines skipped)."
-    return [r for r in read_jsonl(Path(folder) / RECORD_FILES['metrics']) if r.get('kind') != 'header']
+    return [r for r in read_jsonl(Path(folder) / RECORD_FILES["metrics"]) if r.get("kind") != "header"]
 
 
 def read_metrics_headers(folder: Path) -> list[dict]:
     "The header lines of a run folder's metrics.jsonl: the first run's, then one per resume."
-    return [r for r in read_jsonl(Path(folder) / RECORD_FILES['metrics']) if r.get('kind') == 'header']
+    return [r for r in read_jsonl(Path(folder) / RECORD_FILES["metrics"]) if r.get("kind") == "header"]
 
 # %% ../nbs/07a_runs.ipynb #96c8a8ac
-CHECKPOINT_FORMAT_VERSION = 2      # 2: SHA256SUMS, RNG states as tensors and numbers (weights_only loads); 1: before
-_STEP_DIR = re.compile(r'step_(\d+)$')
+CHECKPOINT_FORMAT_VERSION = 2  # 2: SHA256SUMS, RNG states as tensors and numbers (weights_only loads); 1: before
+_STEP_DIR = re.compile(r"step_(\d+)$")
 
 
 def checkpoints_dir(folder: Path) -> Path:
     "The checkpoints folder of a run folder."
-    return Path(folder) / RECORD_FILES['checkpoints']
+    return Path(folder) / RECORD_FILES["checkpoints"]
 
 
 def list_checkpoints(folder: Path) -> list[tuple[int, Path]]:
     "Complete checkpoints of a run folder as (step, path), oldest first (complete: renamed into place; see verify_checkpoint)."
     d = checkpoints_dir(folder)
-    if not d.exists(): return []
-    out = [(int(m.group(1)), p) for p in d.iterdir() if (m := _STEP_DIR.fullmatch(p.name)) and p.is_dir() and (p / 'meta.json').exists()]
+    if not d.exists():
+        return []
+    out = [
+        (int(m.group(1)), p)
+        for p in d.iterdir()
+        if (m := _STEP_DIR.fullmatch(p.name)) and p.is_dir() and (p / "meta.json").exists()
+    ]
     return sorted(out)
 
 
 def _rng_state() -> dict:
     "The RNG states of torch, numpy, Python (and CUDA) as tensors and plain numbers, so weights_only loads them."
     import numpy as np, torch
+
     npst, (version, internal, gauss_next) = np.random.get_state(legacy=False), random.getstate()
-    st = dict(torch=torch.get_rng_state(),
-              numpy=dict(key=torch.from_numpy(npst['state']['key'].astype(np.int64)), pos=int(npst['state']['pos']),
-                         has_gauss=int(npst['has_gauss']), gauss=float(npst['gauss'])),
-              python=dict(version=version, state=torch.tensor(internal, dtype=torch.int64), gauss_next=gauss_next))
-    if torch.cuda.is_available(): st['cuda'] = torch.cuda.get_rng_state_all()
+    st = dict(
+        torch=torch.get_rng_state(),
+        numpy=dict(
+            key=torch.from_numpy(npst["state"]["key"].astype(np.int64)),
+            pos=int(npst["state"]["pos"]),
+            has_gauss=int(npst["has_gauss"]),
+            gauss=float(npst["gauss"]),
+        ),
+        python=dict(version=version, state=torch.tensor(internal, dtype=torch.int64), gauss_next=gauss_next),
+    )
+    if torch.cuda.is_available():
+        st["cuda"] = torch.cuda.get_rng_state_all()
     return st
 
 
 def _set_rng_state(st: dict) -> None:
     import numpy as np, torch
-    torch.set_rng_state(st['torch'])
-    n, p = st['numpy'], st['python']
+
+    torch.set_rng_state(st["torch"])
+    n, p = st["numpy"], st["python"]
     if isinstance(n, dict):
-        np.random.set_state(dict(bit_generator='MT19937', state=dict(key=n['key'].numpy().astype(np.uint32), pos=n['pos']),
-                                 has_gauss=n['has_gauss'], gauss=n['gauss']))
-    else: np.random.set_state(n)                                  # format 1: numpy's own tuple
-    random.setstate((p['version'], tuple(p['state'].tolist()), p['gauss_next']) if isinstance(p, dict) else p)
-    if 'cuda' in st and torch.cuda.is_available(): torch.cuda.set_rng_state_all(st['cuda'])
+        np.random.set_state(
+            dict(
+                bit_generator="MT19937",
+                state=dict(key=n["key"].numpy().astype(np.uint32), pos=n["pos"]),
+                has_gauss=n["has_gauss"],
+                gauss=n["gauss"],
+            )
+        )
+    else:
+        np.random.set_state(n)  # format 1: numpy's own tuple
+    random.setstate((p["version"], tuple(p["state"].tolist()), p["gauss_next"]) if isinstance(p, dict) else p)
+    if "cuda" in st and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(st["cuda"])
 
 
 def checkpoint_content(run: RunConfig) -> dict:
@@ -554,57 +760,97 @@ def checkpoint_content(run: RunConfig) -> dict:
     return run.content()
 
 
-def save_checkpoint(folder: Path, step: int, run: RunConfig, model: torch.nn.Module, optimizers, schedulers,
-                    counters: dict, keep: Optional[int] = None, model_state: Optional[dict] = None) -> Path:
+def save_checkpoint(
+    folder: Path,
+    step: int,
+    run: RunConfig,
+    model: torch.nn.Module,
+    optimizers,
+    schedulers,
+    counters: dict,
+    keep: Optional[int] = None,
+    model_state: Optional[dict] = None,
+) -> Path:
     """Write checkpoint `step` atomically (temporary folder, SHA256SUMS last, then rename); keep the newest `keep`.
     FSDP: `model_state` only."""
     import torch
     from safetensors.torch import save_file, save_model
-    final = checkpoints_dir(folder) / f'step_{step:08d}'
-    tmp = checkpoints_dir(folder) / f'.tmp-step_{step:08d}-{os.getpid()}'
-    files = ['model.safetensors', 'meta.json']
+
+    final = checkpoints_dir(folder) / f"step_{step:08d}"
+    tmp = checkpoints_dir(folder) / f".tmp-step_{step:08d}-{os.getpid()}"
+    files = ["model.safetensors", "meta.json"]
     try:
-        shutil.rmtree(tmp, ignore_errors=True); tmp.mkdir(parents=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
         if model_state is None:
-            save_model(model, str(tmp / 'model.safetensors'))
-            torch.save(dict(optimizers=[o.state_dict() for o in optimizers], schedulers=[s.state_dict() for s in schedulers],
-                            rng=_rng_state()), tmp / 'train_state.pt')
-            files.append('train_state.pt')
-        else:   # FSDP: the gathered full weights only (enough for load_run; resuming is refused)
-            save_file({k: v.detach().contiguous().cpu() for k, v in model_state.items()}, str(tmp / 'model.safetensors'))
-        atomic_write_json(tmp / 'meta.json', dict(step=step, run_id=run.run_id, config=checkpoint_content(run), format=CHECKPOINT_FORMAT_VERSION,
-                                                  weights_only=model_state is not None, **counters))
+            save_model(model, str(tmp / "model.safetensors"))
+            torch.save(
+                dict(
+                    optimizers=[o.state_dict() for o in optimizers],
+                    schedulers=[s.state_dict() for s in schedulers],
+                    rng=_rng_state(),
+                ),
+                tmp / "train_state.pt",
+            )
+            files.append("train_state.pt")
+        else:  # FSDP: the gathered full weights only (enough for load_run; resuming is refused)
+            save_file(
+                {k: v.detach().contiguous().cpu() for k, v in model_state.items()}, str(tmp / "model.safetensors")
+            )
+        atomic_write_json(
+            tmp / "meta.json",
+            dict(
+                step=step,
+                run_id=run.run_id,
+                config=checkpoint_content(run),
+                format=CHECKPOINT_FORMAT_VERSION,
+                weights_only=model_state is not None,
+                **counters,
+            ),
+        )
         write_checksums(tmp, files)
-    except BaseException as e:            # a failed write (a full disk, a second signal's KeyboardInterrupt): no half checkpoint left
-        full = _disk_full(e, tmp)             # judged before the partial checkpoint is removed (that frees the space)
+    except (
+        BaseException
+    ) as e:  # a failed write (a full disk, a second signal's KeyboardInterrupt): no half checkpoint left
+        full = _disk_full(e, tmp)  # judged before the partial checkpoint is removed (that frees the space)
         shutil.rmtree(tmp, ignore_errors=True)
         if full:
-            raise ResourceError(f"checkpoint step {step} could not be written to {checkpoints_dir(folder)}: no space left on the device "
-                                f"(it needs about {format_bytes(_checkpoint_bytes(folder, model, model_state))}, "
-                                f"{_free(checkpoints_dir(folder))} free); the partial checkpoint was removed; free some space "
-                                f"and run the same command again to resume from the last checkpoint") from None
+            raise ResourceError(
+                f"checkpoint step {step} could not be written to {checkpoints_dir(folder)}: no space left on the device "
+                f"(it needs about {format_bytes(_checkpoint_bytes(folder, model, model_state))}, "
+                f"{_free(checkpoints_dir(folder))} free); the partial checkpoint was removed; free some space "
+                f"and run the same command again to resume from the last checkpoint"
+            ) from None
         raise
-    if final.exists(): shutil.rmtree(final)
+    if final.exists():
+        shutil.rmtree(final)
     os.replace(tmp, final)
     if keep:
-        for _, old in list_checkpoints(folder)[:-keep]: shutil.rmtree(old, ignore_errors=True)
+        for _, old in list_checkpoints(folder)[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
     return final
 
 
 def _disk_full(e: BaseException, path: Path) -> bool:
     """Whether a failed write failed for want of space: ENOSPC / EDQUOT, said so in the text of another library's error
     (safetensors), or (torch says only 'iostream error') less than 1 MiB free right after the failure."""
-    if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT): return True
-    if not isinstance(e, Exception): return False
-    if any(s in str(e) for s in (os.strerror(errno.ENOSPC), os.strerror(errno.EDQUOT))): return True
-    try: return shutil.disk_usage(path if Path(path).exists() else Path(path).parent).free < (1 << 20)
-    except OSError: return False
+    if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    if not isinstance(e, Exception):
+        return False
+    if any(s in str(e) for s in (os.strerror(errno.ENOSPC), os.strerror(errno.EDQUOT))):
+        return True
+    try:
+        return shutil.disk_usage(path if Path(path).exists() else Path(path).parent).free < (1 << 20)
+    except OSError:
+        return False
 
 
 def _checkpoint_bytes(folder: Path, model, model_state: Optional[dict] = None) -> int:
     "About how many bytes a checkpoint takes: the newest one written, else the weights and two optimizer moments (fp32)."
     done = list_checkpoints(folder)
-    if done: return sum(f.stat().st_size for f in done[-1][1].iterdir() if f.is_file())
+    if done:
+        return sum(f.stat().st_size for f in done[-1][1].iterdir() if f.is_file())
     tensors = model_state.values() if model_state is not None else model.state_dict().values()
     return 3 * sum(t.numel() * t.element_size() for t in tensors)
 
@@ -615,81 +861,113 @@ def verify_checkpoint(path: Path, need_state: bool = True) -> Optional[str]:
     pass their CRCs. `need_state`: the optimizer/RNG state must be there too (resuming; not for load_run)."""
     path = Path(path)
     if (path / CHECKSUMS_FILE).exists():
-        why = verify_checksums(path, required=['model.safetensors', 'meta.json'])
-        if why: return why
-        meta = read_json(path / 'meta.json')
-        if not isinstance(meta, dict) or not isinstance(meta.get('step'), int): return 'meta.json holds no checkpoint record'
-        if need_state and not meta.get('weights_only') and 'train_state.pt' not in (path / CHECKSUMS_FILE).read_text():
+        why = verify_checksums(path, required=["model.safetensors", "meta.json"])
+        if why:
+            return why
+        meta = read_json(path / "meta.json")
+        if not isinstance(meta, dict) or not isinstance(meta.get("step"), int):
+            return "meta.json holds no checkpoint record"
+        if need_state and not meta.get("weights_only") and "train_state.pt" not in (path / CHECKSUMS_FILE).read_text():
             return f"{CHECKSUMS_FILE} does not list train_state.pt"
         return None
-    try: meta = read_json(path / 'meta.json', f'{path.name}/meta.json')
-    except (CorruptFile, OSError) as e: return str(e)
-    if not isinstance(meta, dict) or not isinstance(meta.get('step'), int): return 'meta.json has no step'
-    if meta.get('format', 1) >= 2: return f'{CHECKSUMS_FILE} is missing'
+    try:
+        meta = read_json(path / "meta.json", f"{path.name}/meta.json")
+    except (CorruptFile, OSError) as e:
+        return str(e)
+    if not isinstance(meta, dict) or not isinstance(meta.get("step"), int):
+        return "meta.json has no step"
+    if meta.get("format", 1) >= 2:
+        return f"{CHECKSUMS_FILE} is missing"
     try:
         from safetensors import safe_open
-        with safe_open(str(path / 'model.safetensors'), 'pt'): pass
-    except Exception as e: return f"model.safetensors: {str(e)[:160]}"
-    if need_state and not meta.get('weights_only'):
+
+        with safe_open(str(path / "model.safetensors"), "pt"):
+            pass
+    except Exception as e:
+        return f"model.safetensors: {str(e)[:160]}"
+    if need_state and not meta.get("weights_only"):
         import zipfile
+
         try:
-            with zipfile.ZipFile(path / 'train_state.pt') as z: bad = z.testzip()
-        except (OSError, zipfile.BadZipFile) as e: return f"train_state.pt: {str(e)[:160]}"
-        if bad is not None: return f"train_state.pt: member {bad} fails its CRC"
+            with zipfile.ZipFile(path / "train_state.pt") as z:
+                bad = z.testzip()
+        except (OSError, zipfile.BadZipFile) as e:
+            return f"train_state.pt: {str(e)[:160]}"
+        if bad is not None:
+            return f"train_state.pt: member {bad} fails its CRC"
     return None
 
 
-def newest_intact_checkpoint(folder: Path, need_state: bool = True, quarantine: bool = False,
-                             say: Callable[[str], None] = print) -> Optional[tuple[int, Path]]:
+def newest_intact_checkpoint(
+    folder: Path, need_state: bool = True, quarantine: bool = False, say: Callable[[str], None] = print
+) -> Optional[tuple[int, Path]]:
     """(step, path) of the newest checkpoint that verifies, saying which newer ones were skipped and why; None when
     none does. `quarantine` (the resuming writer, under the run's lock) moves a damaged one to `corrupt-step_<N>`,
     out of the way of resumes and of `keep_checkpoints`, and kept for inspection."""
     for step, path in reversed(list_checkpoints(folder)):
         why = verify_checkpoint(path, need_state)
-        if why is None: return step, path
+        if why is None:
+            return step, path
         if quarantine:
-            dest = path.with_name(f'corrupt-{path.name}')
-            while dest.exists(): dest = dest.with_name(dest.name + '-x')
+            dest = path.with_name(f"corrupt-{path.name}")
+            while dest.exists():
+                dest = dest.with_name(dest.name + "-x")
             os.replace(path, dest)
             say(f"checkpoint {path.name} is damaged ({why}): moved to {dest} (delete it when you no longer need it)")
-        else: say(f"checkpoint {path.name} is damaged ({why}): skipped")
+        else:
+            say(f"checkpoint {path.name} is damaged ({why}): skipped")
     return None
 
 
 def remove_stale_temporaries(folder: Path) -> list[str]:
     "Delete `.tmp-step_*` folders left by a checkpoint write that was killed (call under the run's lock)."
     d, gone = checkpoints_dir(folder), []
-    for tmp in (d.glob('.tmp-step_*') if d.exists() else ()):
-        shutil.rmtree(tmp, ignore_errors=True); gone.append(tmp.name)
+    for tmp in d.glob(".tmp-step_*") if d.exists() else ():
+        shutil.rmtree(tmp, ignore_errors=True)
+        gone.append(tmp.name)
     return gone
 
 
 def check_checkpoint_config(path: Path, run: RunConfig) -> dict:
     "The checkpoint's meta.json, or ConfigError with the config difference when another config wrote it."
-    meta = read_json(Path(path) / 'meta.json', f'{Path(path).name}/meta.json')
-    if not isinstance(meta, dict) or not isinstance(meta.get('config'), dict):
+    meta = read_json(Path(path) / "meta.json", f"{Path(path).name}/meta.json")
+    if not isinstance(meta, dict) or not isinstance(meta.get("config"), dict):
         raise CorruptFile(f"{Path(path).name}/meta.json holds no checkpoint record (no config)")
-    diff = config_diff(identity_content(meta['config']), identity_content(checkpoint_content(run)))
-    if diff: raise ConfigError(f"checkpoint {path} was written by a different config; refusing to resume "
-                               f"({short_repr(format_diff(diff), 300)})")
+    diff = config_diff(identity_content(meta["config"]), identity_content(checkpoint_content(run)))
+    if diff:
+        raise ConfigError(
+            f"checkpoint {path} was written by a different config; refusing to resume "
+            f"({short_repr(format_diff(diff), 300)})"
+        )
     return meta
 
 
-def load_checkpoint(path: Path, run: RunConfig, model: torch.nn.Module, optimizers=(), schedulers=(), restore_rng: bool = True) -> dict:
+def load_checkpoint(
+    path: Path, run: RunConfig, model: torch.nn.Module, optimizers=(), schedulers=(), restore_rng: bool = True
+) -> dict:
     """Load weights (and optimizer, scheduler and RNG states when given) from a checkpoint of the same config.
     Nothing is unpickled beyond tensors and plain values (safetensors, and torch.load with weights_only=True)."""
     from safetensors import SafetensorError
     from safetensors.torch import load_model
+
     path = Path(path)
     meta = check_checkpoint_config(path, run)
-    try: load_model(model, str(path / 'model.safetensors'), device=str(next(model.parameters()).device))
+    try:
+        load_model(model, str(path / "model.safetensors"), device=str(next(model.parameters()).device))
     except SafetensorError as e:
-        raise CorruptFile(f"{path.name}/model.safetensors is not a readable safetensors file ({str(e)[:160]})") from None
+        raise CorruptFile(
+            f"{path.name}/model.safetensors is not a readable safetensors file ({str(e)[:160]})"
+        ) from None
     if optimizers or schedulers or restore_rng:
-        st = safe_torch_load(path / 'train_state.pt', f'{path.name}/train_state.pt', legacy_numpy=meta.get('format', 1) < 2)
-        for o, s in zip(optimizers, st['optimizers']): o.load_state_dict(s)
-        for o, s in zip(schedulers, st['schedulers']): o.load_state_dict(s)
-        if restore_rng: _set_rng_state(st['rng'])
+        st = safe_torch_load(
+            path / "train_state.pt", f"{path.name}/train_state.pt", legacy_numpy=meta.get("format", 1) < 2
+        )
+        for o, s in zip(optimizers, st["optimizers"]):
+            o.load_state_dict(s)
+        for o, s in zip(schedulers, st["schedulers"]):
+            o.load_state_dict(s)
+        if restore_rng:
+            _set_rng_state(st["rng"])
     return meta
 
 # %% ../nbs/07a_runs.ipynb #d823a59a
@@ -697,12 +975,16 @@ def load_run(folder) -> tuple[torch.nn.Module, RunConfig]:
     """(model in eval mode, RunConfig) from the newest intact checkpoint of a run folder (a damaged newer one is
     skipped, said on stderr). Reads JSON and safetensors only."""
     from depthbench_nb.model import build_model
+
     folder = Path(folder)
-    if not (folder / RECORD_FILES['params']).exists(): raise ConfigError(f"{folder} is not a run folder (no params.json)")
+    if not (folder / RECORD_FILES["params"]).exists():
+        raise ConfigError(f"{folder} is not a run folder (no params.json)")
     run = read_params(folder)
-    if not list_checkpoints(folder): raise ConfigError(f"{folder} has no complete checkpoint yet")
+    if not list_checkpoints(folder):
+        raise ConfigError(f"{folder} has no complete checkpoint yet")
     found = newest_intact_checkpoint(folder, need_state=False, say=lambda m: print(m, file=sys.stderr))
-    if found is None: raise CorruptFile(f"{folder}: every checkpoint is damaged (see the lines above)")
+    if found is None:
+        raise CorruptFile(f"{folder}: every checkpoint is damaged (see the lines above)")
     model = build_model(run.model)
     load_checkpoint(found[1], run, model, restore_rng=False)
     return model.eval(), run
@@ -712,26 +994,28 @@ def run_status(folder: Path) -> str:
     "What a run folder's record says: completed | diverged | failed (result.json), unfinished (params.json only), pending (nothing)."
     folder = Path(folder)
     res = read_result(folder) if folder.exists() else None
-    if res: return res['status']
-    return 'unfinished' if (folder / RECORD_FILES['params']).exists() else 'pending'
+    if res:
+        return res["status"]
+    return "unfinished" if (folder / RECORD_FILES["params"]).exists() else "pending"
 
 
 def list_runs(study: Optional[str] = None) -> list[dict]:
     "One row per run folder under runs_root() (optionally one study): study, run_id, status, path."
     root = runs_root()
-    studies = [root / study] if study else sorted(p for p in root.glob('*') if p.is_dir())
+    studies = [root / study] if study else sorted(p for p in root.glob("*") if p.is_dir())
     rows = []
     for s in studies:
-        for folder in sorted(p for p in s.glob('*') if (p / RECORD_FILES['params']).exists()):
+        for folder in sorted(p for p in s.glob("*") if (p / RECORD_FILES["params"]).exists()):
             rows.append(dict(study=s.name, run_id=folder.name, status=run_status(folder), path=str(folder)))
     return rows
 
 # %% ../nbs/07a_runs.ipynb #279a7f9b
-INTERRUPT_SIGNALS = ('SIGTERM', 'SIGINT', 'SIGUSR1')
+INTERRUPT_SIGNALS = ("SIGTERM", "SIGINT", "SIGUSR1")
 
 
 def _signal_numbers(names=INTERRUPT_SIGNALS) -> list:
     import signal
+
     return [getattr(signal, n) for n in names]
 
 
@@ -746,37 +1030,49 @@ class SignalCatcher:
     @property
     def signal_name(self) -> Optional[str]:
         import signal
+
         return None if self.received is None else signal.Signals(self.received).name
 
     def _handle(self, signum, frame):
         import signal
+
         name = signal.Signals(signum).name
         if self.received is not None:
-            self.say(f"{name} again: already stopping (finishing the step and its checkpoint); waiting is safe"); return
+            self.say(f"{name} again: already stopping (finishing the step and its checkpoint); waiting is safe")
+            return
         self.received = signum
-        if not self.armed: raise RunInterrupted(signum, f"interrupted by {name} before training started; nothing to save")
+        if not self.armed:
+            raise RunInterrupted(signum, f"interrupted by {name} before training started; nothing to save")
         self.say(f"{name}: finishing this step, then writing a checkpoint and stopping")
 
-    def __enter__(self) -> 'SignalCatcher':
+    def __enter__(self) -> "SignalCatcher":
         import signal, threading
+
         if threading.current_thread() is threading.main_thread():
-            for s in _signal_numbers(): self.previous[s] = signal.signal(s, self._handle)
+            for s in _signal_numbers():
+                self.previous[s] = signal.signal(s, self._handle)
         return self
 
     def __exit__(self, *exc) -> None:
         import signal
-        for s, h in self.previous.items(): signal.signal(s, h)
+
+        for s, h in self.previous.items():
+            signal.signal(s, h)
         self.previous = {}
 
 
 def child_pids(pid: int) -> list[int]:
     "The processes whose parent is `pid` (Linux /proc)."
     out = []
-    for p in Path('/proc').iterdir():
-        if not p.name.isdigit(): continue
-        try: ppid = int((p / 'stat').read_text().rsplit(')', 1)[1].split()[1])
-        except (OSError, IndexError, ValueError): continue
-        if ppid == pid: out.append(int(p.name))
+    for p in Path("/proc").iterdir():
+        if not p.name.isdigit():
+            continue
+        try:
+            ppid = int((p / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == pid:
+            out.append(int(p.name))
     return out
 
 
@@ -785,32 +1081,43 @@ def forwarding_signals(targets: Callable[[], Iterable[int]], say: Callable[[str]
     """While the body waits for child processes, SIGTERM, SIGINT and SIGUSR1 are passed on to the pids `targets()`
     gives at that moment instead of ending this process; yields a list that receives the signal numbers."""
     import signal, threading
+
     got, previous = [], {}
+
     def handle(signum, frame):
         got.append(signum)
         pids = [p for p in targets() if p != os.getpid()]
-        say(f"{signal.Signals(signum).name}: passed on to {len(pids)} process(es) ({', '.join(map(str, pids))}); waiting for them")
+        say(
+            f"{signal.Signals(signum).name}: passed on to {len(pids)} process(es) ({', '.join(map(str, pids))}); waiting for them"
+        )
         for p in pids:
-            with contextlib.suppress(ProcessLookupError): os.kill(p, signum)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p, signum)
+
     if threading.current_thread() is threading.main_thread():
-        for s in _signal_numbers(): previous[s] = signal.signal(s, handle)
-    try: yield got
+        for s in _signal_numbers():
+            previous[s] = signal.signal(s, handle)
+    try:
+        yield got
     finally:
-        for s, h in previous.items(): signal.signal(s, h)
+        for s, h in previous.items():
+            signal.signal(s, h)
 
 # %% ../nbs/07a_runs.ipynb #87a393e9
 def papermill_output_path(pid: Optional[int] = None) -> Optional[Path]:
     "The output notebook of the papermill process running this kernel (Linux /proc), or None."
     pid = pid or os.getppid()
     try:
-        argv = Path(f'/proc/{pid}/cmdline').read_bytes().split(b'\0')
-        cwd = Path(os.readlink(f'/proc/{pid}/cwd'))
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        cwd = Path(os.readlink(f"/proc/{pid}/cwd"))
     except OSError:
         return None
-    argv = [a.decode(errors='replace') for a in argv if a]
-    if not any('papermill' in Path(a).name for a in argv[:3]): return None
-    notebooks = [a for a in argv if a.endswith('.ipynb')]
-    if len(notebooks) < 2: return None                                   # output '-' (stdout) or a cloud path
+    argv = [a.decode(errors="replace") for a in argv if a]
+    if not any("papermill" in Path(a).name for a in argv[:3]):
+        return None
+    notebooks = [a for a in argv if a.endswith(".ipynb")]
+    if len(notebooks) < 2:
+        return None  # output '-' (stdout) or a cloud path
     out = Path(notebooks[1]).expanduser()
     return out if out.is_absolute() else cwd / out
 
@@ -829,12 +1136,18 @@ if os.path.exists(src):
 def record_executed_notebook(folder: Path) -> Optional[Path]:
     "When papermill runs this kernel, copy its output notebook into `folder` once papermill exits; returns the target."
     out = papermill_output_path()
-    target = Path(folder) / RECORD_FILES['notebook']
+    target = Path(folder) / RECORD_FILES["notebook"]
     if out is None:
-        print('(not run by papermill to a file: the executed notebook is not copied into the run folder)')
+        print("(not run by papermill to a file: the executed notebook is not copied into the run folder)")
         return None
-    if out.resolve() == target.resolve(): return target                 # papermill writes into the run folder already
-    subprocess.Popen([sys.executable, '-c', _COPY_WHEN_DONE, str(os.getppid()), str(out), str(target)],
-                     start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    if out.resolve() == target.resolve():
+        return target  # papermill writes into the run folder already
+    subprocess.Popen(
+        [sys.executable, "-c", _COPY_WHEN_DONE, str(os.getppid()), str(out), str(target)],
+        start_new_session=True,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     print(f"the executed notebook {out} will be copied to {target} when papermill finishes")
     return target

@@ -19,7 +19,12 @@ from scipy.optimize import minimize, minimize_scalar
 
 from .config import ConfigError, CorruptFile
 from .console import Arg, call_parsed, emit
-from .looped import BASELINE_WIDTHS, PAPER_SEQ_LEN, PAPER_VOCAB, looped_grid_rows   # the paper's padded vocabulary and context
+from depthbench_nb.looped import (
+    BASELINE_WIDTHS,
+    PAPER_SEQ_LEN,
+    PAPER_VOCAB,
+    looped_grid_rows,
+)  # the paper's padded vocabulary and context
 
 # %% auto #0
 __all__ = ['HUBER_DELTA', 'PARAM_NAMES', 'LOWER', 'UPPER', 'LAWS', 'PROVENANCES', 'PAPER_LOOPED', 'SCIPY_OPTIONS', 'FIT_METHODS',
@@ -35,11 +40,11 @@ __all__ = ['HUBER_DELTA', 'PARAM_NAMES', 'LOWER', 'UPPER', 'LAWS', 'PROVENANCES'
 
 # %% ../nbs/09_scaling.ipynb #34c6ab26
 HUBER_DELTA = 1e-3
-PARAM_NAMES = ('a', 'alpha', 'b', 'beta', 'e', 'phi')          # the order of θ everywhere
-LOWER = np.array([-5.0, 0.0, -5.0, 0.0, -3.0, -3.0])           # the box of the fits (arXiv 2604.21106 §4.2)
+PARAM_NAMES = ("a", "alpha", "b", "beta", "e", "phi")  # the order of θ everywhere
+LOWER = np.array([-5.0, 0.0, -5.0, 0.0, -3.0, -3.0])  # the box of the fits (arXiv 2604.21106 §4.2)
 UPPER = np.array([35.0, 2.5, 35.0, 2.5, 2.0, 3.0])
-LAWS = ('chinchilla', 'looped')
-PROVENANCES = ('real', 'demo', 'synthetic', 'unspecified')
+LAWS = ("chinchilla", "looped")
+PROVENANCES = ("real", "demo", "synthetic", "unspecified")
 # the law on the looped paper's project page (kschwethelm.github.io/looped-lm-scaling): synthetic checks only
 PAPER_LOOPED = dict(A=28.027, alpha=0.19924, B=915.82, beta=0.36863, E=1.56773, phi=0.459)
 
@@ -58,20 +63,23 @@ def params_from_theta(theta) -> dict:
 @dataclass(frozen=True)
 class LawData:
     "Per-run inputs of a law fit, in logs (one row per training run)."
-    log_n_once: np.ndarray   # [n]; -inf where N_once = 0
-    log_n_rec: np.ndarray    # [n]; -inf for Chinchilla data (no recurrent part)
-    log_r: np.ndarray        # [n]
-    log_d: np.ndarray        # [n]
-    loss: np.ndarray         # [n] raw loss (nats)
-    r: np.ndarray            # [n] recurrence (1 for Chinchilla data)
-    law: str                 # 'chinchilla' | 'looped'
+
+    log_n_once: np.ndarray  # [n]; -inf where N_once = 0
+    log_n_rec: np.ndarray  # [n]; -inf for Chinchilla data (no recurrent part)
+    log_r: np.ndarray  # [n]
+    log_d: np.ndarray  # [n]
+    loss: np.ndarray  # [n] raw loss (nats)
+    r: np.ndarray  # [n] recurrence (1 for Chinchilla data)
+    law: str  # 'chinchilla' | 'looped'
     provenance: str
 
     @property
-    def n(self) -> int: return len(self.loss)
+    def n(self) -> int:
+        return len(self.loss)
 
     @property
-    def log_loss(self) -> np.ndarray: return np.log(self.loss)
+    def log_loss(self) -> np.ndarray:
+        return np.log(self.loss)
 
 
 def _check_provenance(p: str) -> str:
@@ -81,24 +89,30 @@ def _check_provenance(p: str) -> str:
 
 
 def _column(name: str, values, n: int | None = None) -> np.ndarray:
-    try: x = np.asarray(values, dtype=float).reshape(-1)
-    except (TypeError, ValueError):              # text in a number column: name the first offending row
+    try:
+        x = np.asarray(values, dtype=float).reshape(-1)
+    except (TypeError, ValueError):  # text in a number column: name the first offending row
         for i, v in enumerate(np.asarray(values, dtype=object).reshape(-1)):
-            try: float(v)
-            except (TypeError, ValueError): raise ConfigError(f"column {name!r} must hold numbers; row {i} holds {v!r}") from None
+            try:
+                float(v)
+            except (TypeError, ValueError):
+                raise ConfigError(f"column {name!r} must hold numbers; row {i} holds {v!r}") from None
         raise
     if n is not None and len(x) != n:
         raise ConfigError(f"column {name!r} has {len(x)} values, expected {n} (all columns must have equal length)")
     bad = np.flatnonzero(~np.isfinite(x))
-    if len(bad): raise ConfigError(f"column {name!r} has NaN/inf values at rows {bad[:10].tolist()}; drop or fix them")
+    if len(bad):
+        raise ConfigError(f"column {name!r} has NaN/inf values at rows {bad[:10].tolist()}; drop or fix them")
     return x
 
 
 def _positive(name: str, x: np.ndarray, allow_zero: bool = False) -> np.ndarray:
     bad = np.flatnonzero(x < 0 if allow_zero else x <= 0)
     if len(bad):
-        rule = 'non-negative' if allow_zero else 'strictly positive'
-        raise ConfigError(f"column {name!r} must be {rule}; bad rows {bad[:10].tolist()} (values {x[bad[:3]].tolist()})")
+        rule = "non-negative" if allow_zero else "strictly positive"
+        raise ConfigError(
+            f"column {name!r} must be {rule}; bad rows {bad[:10].tolist()} (values {x[bad[:3]].tolist()})"
+        )
     return x
 
 
@@ -107,69 +121,96 @@ def _enough(n: int, n_free: int, law: str) -> None:
         raise ConfigError(f"too few points for the {law} law: {n} points, need more than its {n_free} free parameters")
 
 
-def chinchilla_data(N, D, loss, provenance: str = 'real') -> LawData:
+def chinchilla_data(N, D, loss, provenance: str = "real") -> LawData:
     "Checked inputs of a Chinchilla fit: model size N, tokens D, loss (nats)."
-    N = _positive('N', _column('N', N)); n = len(N)
-    D = _positive('D', _column('D', D, n)); loss = _positive('loss', _column('loss', loss, n))
-    _enough(n, 5, 'chinchilla')
-    return LawData(np.log(N), np.full(n, -np.inf), np.zeros(n), np.log(D), loss, np.ones(n), 'chinchilla',
-                   _check_provenance(provenance))
+    N = _positive("N", _column("N", N))
+    n = len(N)
+    D = _positive("D", _column("D", D, n))
+    loss = _positive("loss", _column("loss", loss, n))
+    _enough(n, 5, "chinchilla")
+    return LawData(
+        np.log(N),
+        np.full(n, -np.inf),
+        np.zeros(n),
+        np.log(D),
+        loss,
+        np.ones(n),
+        "chinchilla",
+        _check_provenance(provenance),
+    )
 
 
-def looped_data(n_once, n_rec, r, D, loss, provenance: str = 'real') -> LawData:
+def looped_data(n_once, n_rec, r, D, loss, provenance: str = "real") -> LawData:
     "Checked inputs of a looped-law fit: unique params run once / in the loop, recurrence r, tokens, loss."
-    n_once = _positive('n_once', _column('n_once', n_once), allow_zero=True); n = len(n_once)
-    n_rec = _positive('n_rec', _column('n_rec', n_rec, n), allow_zero=True)
-    r = _column('r', r, n); D = _positive('D', _column('D', D, n)); loss = _positive('loss', _column('loss', loss, n))
+    n_once = _positive("n_once", _column("n_once", n_once), allow_zero=True)
+    n = len(n_once)
+    n_rec = _positive("n_rec", _column("n_rec", n_rec, n), allow_zero=True)
+    r = _column("r", r, n)
+    D = _positive("D", _column("D", D, n))
+    loss = _positive("loss", _column("loss", loss, n))
     bad = np.flatnonzero(r < 1)
-    if len(bad): raise ConfigError(f"column 'r' must be >= 1 (the number of loop iterations); bad rows {bad[:10].tolist()}")
+    if len(bad):
+        raise ConfigError(f"column 'r' must be >= 1 (the number of loop iterations); bad rows {bad[:10].tolist()}")
     bad = np.flatnonzero(n_once + n_rec <= 0)
-    if len(bad): raise ConfigError(f"n_once + n_rec must be positive; bad rows {bad[:10].tolist()}")
-    _enough(n, 6, 'looped')
-    with np.errstate(divide='ignore'):   # log 0 = -inf is what the log-sum-exp form wants
-        return LawData(np.log(n_once), np.log(n_rec), np.log(r), np.log(D), loss, r, 'looped', _check_provenance(provenance))
+    if len(bad):
+        raise ConfigError(f"n_once + n_rec must be positive; bad rows {bad[:10].tolist()}")
+    _enough(n, 6, "looped")
+    with np.errstate(divide="ignore"):  # log 0 = -inf is what the log-sum-exp form wants
+        return LawData(
+            np.log(n_once), np.log(n_rec), np.log(r), np.log(D), loss, r, "looped", _check_provenance(provenance)
+        )
 
 # %% ../nbs/09_scaling.ipynb #b95355cf
 def law_objective(theta, data: LawData, delta: float = HUBER_DELTA) -> tuple[np.ndarray, np.ndarray]:
     "Σ Huber(pred − log L) and its gradient for a batch of θ [K, 6] → (J [K], ∇J [K, 6])."
     theta = np.atleast_2d(np.asarray(theta, dtype=float))
-    a, alpha, b, beta, e, phi = (theta[:, i:i + 1] for i in range(6))     # each [K, 1]
-    u = phi * data.log_r + data.log_n_rec                                 # [K, n] log(r^φ N_rec)
-    log_neff = np.logaddexp(data.log_n_once, u)                           # [K, n]
-    w_rec = np.exp(u - log_neff)                                          # [K, n] loop share of N_eff
-    t1 = a - alpha * log_neff                                             # [K, n] log(A N_eff^-α)
-    t2 = b - beta * data.log_d                                            # [K, n] log(B D^-β)
-    m = np.maximum(np.maximum(t1, t2), e)                                 # [K, n] for a stable LSE
+    a, alpha, b, beta, e, phi = (theta[:, i : i + 1] for i in range(6))  # each [K, 1]
+    u = phi * data.log_r + data.log_n_rec  # [K, n] log(r^φ N_rec)
+    log_neff = np.logaddexp(data.log_n_once, u)  # [K, n]
+    w_rec = np.exp(u - log_neff)  # [K, n] loop share of N_eff
+    t1 = a - alpha * log_neff  # [K, n] log(A N_eff^-α)
+    t2 = b - beta * data.log_d  # [K, n] log(B D^-β)
+    m = np.maximum(np.maximum(t1, t2), e)  # [K, n] for a stable LSE
     x1, x2, x3 = np.exp(t1 - m), np.exp(t2 - m), np.exp(e - m)
     s = x1 + x2 + x3
-    res = m + np.log(s) - np.log(data.loss)                               # [K, n] pred − log L
+    res = m + np.log(s) - np.log(data.loss)  # [K, n] pred − log L
     absres = np.abs(res)
     J = np.where(absres <= delta, 0.5 * res * res, delta * (absres - 0.5 * delta)).sum(-1)
-    h = np.clip(res, -delta, delta) / s                                   # Huber'(res) / Σ exp, [K, n]
-    g1, g2 = h * x1, h * x2                                               # h·p1, h·p2
-    grad = np.stack([g1.sum(-1), -(g1 * log_neff).sum(-1), g2.sum(-1), -(g2 * data.log_d).sum(-1),
-                     (h * x3).sum(-1), -(g1 * w_rec * data.log_r).sum(-1) * alpha[:, 0]], -1)
+    h = np.clip(res, -delta, delta) / s  # Huber'(res) / Σ exp, [K, n]
+    g1, g2 = h * x1, h * x2  # h·p1, h·p2
+    grad = np.stack(
+        [
+            g1.sum(-1),
+            -(g1 * log_neff).sum(-1),
+            g2.sum(-1),
+            -(g2 * data.log_d).sum(-1),
+            (h * x3).sum(-1),
+            -(g1 * w_rec * data.log_r).sum(-1) * alpha[:, 0],
+        ],
+        -1,
+    )
     return J, grad
 
 
 def predict_loss(theta, data: LawData) -> np.ndarray:
     "Predicted raw loss E + A·N_eff^−α + B·D^−β at θ for every run of `data`."
     a, alpha, b, beta, e, phi = map(float, theta)
-    with np.errstate(divide='ignore'):
+    with np.errstate(divide="ignore"):
         neff = np.exp(data.log_n_once) + np.exp(phi * data.log_r + data.log_n_rec)
-    return np.exp(e) + np.exp(a) * neff ** -alpha + np.exp(b) * np.exp(data.log_d) ** -beta
+    return np.exp(e) + np.exp(a) * neff**-alpha + np.exp(b) * np.exp(data.log_d) ** -beta
 
 
 def naive_objective(theta, data: LawData, delta: float = HUBER_DELTA) -> float:
     "Reference J(θ) for one θ, written the obvious way (scipy's huber and logsumexp)."
     from scipy.special import huber, logsumexp
+
     a, alpha, b, beta, e, phi = theta
     log_neff = np.logaddexp(data.log_n_once, phi * data.log_r + data.log_n_rec)
     pred = logsumexp([a - alpha * log_neff, b - beta * data.log_d, np.full(data.n, e)], axis=0)
     return float(huber(delta, pred - np.log(data.loss)).sum())
 
 # %% ../nbs/09_scaling.ipynb #a79bfbec
-SCIPY_OPTIONS = dict(maxiter=10_000, ftol=1e-15, gtol=1e-15)   # the defaults stop early on this objective
+SCIPY_OPTIONS = dict(maxiter=10_000, ftol=1e-15, gtol=1e-15)  # the defaults stop early on this objective
 
 
 def single_objective(data: LawData, phi: float | None = None, delta: float = HUBER_DELTA) -> Callable:
@@ -177,37 +218,44 @@ def single_objective(data: LawData, phi: float | None = None, delta: float = HUB
     With φ fixed (or Chinchilla data) log N_eff is computed once and φ is not a coordinate."""
     log_d, log_loss = data.log_d, np.log(data.loss)
     if phi is not None:
-        log_neff = np.logaddexp(data.log_n_once, phi * data.log_r + data.log_n_rec)      # [n], fixed
+        log_neff = np.logaddexp(data.log_n_once, phi * data.log_r + data.log_n_rec)  # [n], fixed
     log_n_once, log_n_rec, log_r = data.log_n_once, data.log_n_rec, data.log_r
 
     def fg(x):
         if phi is None:
             a, alpha, b, beta, e, ph = x
-            u = ph * log_r + log_n_rec                                                 # [n]
+            u = ph * log_r + log_n_rec  # [n]
             ln = np.logaddexp(log_n_once, u)
         else:
             a, alpha, b, beta, e = x
             ln = log_neff
-        t1 = a - alpha * ln; t2 = b - beta * log_d                                     # [n] each
+        t1 = a - alpha * ln
+        t2 = b - beta * log_d  # [n] each
         m = np.maximum(np.maximum(t1, t2), e)
-        x1 = np.exp(t1 - m); x2 = np.exp(t2 - m); x3 = np.exp(e - m)
+        x1 = np.exp(t1 - m)
+        x2 = np.exp(t2 - m)
+        x3 = np.exp(e - m)
         s = x1 + x2 + x3
         res = m + np.log(s) - log_loss
-        c = np.minimum(np.maximum(res, -delta), delta)                                 # Huber'(res)
-        h = c / s; g1 = h * x1; g2 = h * x2
+        c = np.minimum(np.maximum(res, -delta), delta)  # Huber'(res)
+        h = c / s
+        g1 = h * x1
+        g2 = h * x2
         grad = [g1.sum(), -(g1 @ ln), g2.sum(), -(g2 @ log_d), h @ x3]
-        if phi is None: grad.append(-alpha * (g1 @ (np.exp(u - ln) * log_r)))
+        if phi is None:
+            grad.append(-alpha * (g1 @ (np.exp(u - ln) * log_r)))
         return float(c @ (res - 0.5 * c)), np.array(grad)
+
     return fg
 
 # %% ../nbs/09_scaling.ipynb #acaf116b
-FIT_METHODS = ('batched', 'scipy')
-BATCH_STARTS = 64      # starts advanced together (at least): one kernel call sees arrays of starts × runs ...
+FIT_METHODS = ("batched", "scipy")
+BATCH_STARTS = 64  # starts advanced together (at least): one kernel call sees arrays of starts × runs ...
 BATCH_ELEMENTS = 8192  # ... of about this many elements, small enough for the cache (few runs: more starts per call)
-DESCENT_FTOL = 1e-10   # phase 1 ends when a step gains less than this (relative) and the undamped step promises no more
-BASIN_GRID = 1e-4      # endpoints in one cell of this grid on the unit box [0, 1]^6 are one basin (polished once)
+DESCENT_FTOL = 1e-10  # phase 1 ends when a step gains less than this (relative) and the undamped step promises no more
+BASIN_GRID = 1e-4  # endpoints in one cell of this grid on the unit box [0, 1]^6 are one basin (polished once)
 _SPAN = UPPER - LOWER  # θ = LOWER + z·_SPAN: the optimiser works in the unit box z ∈ [0, 1]^6
-_ROW_KEYS = ('n_once', 'l_rec', 'l_r', 'l_d', 'y', 'wt', 'l_n')
+_ROW_KEYS = ("n_once", "l_rec", "l_r", "l_d", "y", "wt", "l_n")
 
 
 def _objective_rows(data: LawData, weights=None, phi: float | None = None) -> dict:
@@ -216,42 +264,52 @@ def _objective_rows(data: LawData, weights=None, phi: float | None = None) -> di
     fixed φ (or Chinchilla data), log N_eff computed once."""
     w = np.ones(data.n) if weights is None else np.asarray(weights, float)
     keep = np.flatnonzero(w > 0)
-    with np.errstate(divide='ignore'):
+    with np.errstate(divide="ignore"):
         l_n = np.logaddexp(data.log_n_once, (0.0 if phi is None else float(phi)) * data.log_r + data.log_n_rec)
-        return dict(n_once=np.exp(data.log_n_once[keep]), l_rec=data.log_n_rec[keep], l_r=data.log_r[keep],
-                    l_d=data.log_d[keep], y=np.log(data.loss[keep]), wt=w[keep], l_n=l_n[keep])
+        return dict(
+            n_once=np.exp(data.log_n_once[keep]),
+            l_rec=data.log_n_rec[keep],
+            l_r=data.log_r[keep],
+            l_d=data.log_d[keep],
+            y=np.log(data.loss[keep]),
+            wt=w[keep],
+            l_n=l_n[keep],
+        )
 
 
 def _stack_rows(problems: list) -> dict:
     "Several objectives' rows padded to one length -> {key: [P, m]} (a padding row copies the first run, weight 0)."
-    m = max(len(p['y']) for p in problems)
+    m = max(len(p["y"]) for p in problems)
     out = {k: np.empty((len(problems), m)) for k in _ROW_KEYS}
     for i, p in enumerate(problems):
         for k in _ROW_KEYS:
-            v = p[k]; out[k][i, :len(v)] = v; out[k][i, len(v):] = 0.0 if k == 'wt' else v[0]
+            v = p[k]
+            out[k][i, : len(v)] = v
+            out[k][i, len(v) :] = 0.0 if k == "wt" else v[0]
     return out
 
 
-def batch_objective(theta, rows: dict, phi_free: bool = True, want: str = 'g', delta: float = HUBER_DELTA):
+def batch_objective(theta, rows: dict, phi_free: bool = True, want: str = "g", delta: float = HUBER_DELTA):
     """J [B], ∇J [B, 6] and a [B, 6, 6] curvature matrix for a batch of θ [B, 6], each on its own rows
     ({key: [B, m]} from `_objective_rows`/`_stack_rows`, weights included). `want`: 'J' (J only), 'g' (J, ∇J),
     'gn' (+ the IRLS Gauss-Newton matrix Σ w·ψ(res)/res·∇pred∇predᵀ) or 'h' (+ the exact Hessian)."""
-    a, alpha, b, beta, e, phi = (theta[:, i:i + 1] for i in range(6))            # each [B, 1]
+    a, alpha, b, beta, e, phi = (theta[:, i : i + 1] for i in range(6))  # each [B, 1]
     if phi_free:
-        e_rec = np.exp(phi * rows['l_r'] + rows['l_rec'])                         # [B, m] r^φ·N_rec
-        n_eff = rows['n_once'] + e_rec
-        l_n = np.log(n_eff)                                                       # log N_eff
+        e_rec = np.exp(phi * rows["l_r"] + rows["l_rec"])  # [B, m] r^φ·N_rec
+        n_eff = rows["n_once"] + e_rec
+        l_n = np.log(n_eff)  # log N_eff
     else:
-        l_n = rows['l_n']
-    x1 = np.exp(a - alpha * l_n)                                                  # [B, m] A·N_eff^−α
-    x2 = np.exp(b - beta * rows['l_d'])                                           # [B, m] B·D^−β
-    x3 = np.exp(e)                                                                # [B, 1] E
-    s = x1 + x2 + x3                                                              # the predicted loss
-    res = np.log(s) - rows['y']                                                   # pred − log L
-    c = np.minimum(np.maximum(res, -delta), delta)                                # Huber′(res)
-    wt = rows['wt']
+        l_n = rows["l_n"]
+    x1 = np.exp(a - alpha * l_n)  # [B, m] A·N_eff^−α
+    x2 = np.exp(b - beta * rows["l_d"])  # [B, m] B·D^−β
+    x3 = np.exp(e)  # [B, 1] E
+    s = x1 + x2 + x3  # the predicted loss
+    res = np.log(s) - rows["y"]  # pred − log L
+    c = np.minimum(np.maximum(res, -delta), delta)  # Huber′(res)
+    wt = rows["wt"]
     J = (wt * c * (res - 0.5 * c)).sum(-1)
-    if want == 'J': return J, None, None
+    if want == "J":
+        return J, None, None
     inv = 1.0 / s
     h = wt * c * inv
     hp1, hp2 = h * x1, h * x2
@@ -259,23 +317,28 @@ def batch_objective(theta, rows: dict, phi_free: bool = True, want: str = 'g', d
     g[:, 0] = hp1.sum(-1)
     g[:, 1] = -(hp1 * l_n).sum(-1)
     g[:, 2] = hp2.sum(-1)
-    g[:, 3] = -(hp2 * rows['l_d']).sum(-1)
+    g[:, 3] = -(hp2 * rows["l_d"]).sum(-1)
     g[:, 4] = h.sum(-1) * x3[:, 0]
     if phi_free:
-        q = e_rec / n_eff * rows['l_r']                                           # ∂ log N_eff / ∂φ = w·log r
+        q = e_rec / n_eff * rows["l_r"]  # ∂ log N_eff / ∂φ = w·log r
         g[:, 5] = -(hp1 * q).sum(-1) * alpha[:, 0]
     else:
         g[:, 5] = 0.0
-    if want == 'g': return J, g, None
-    p1, p2, p3 = x1 * inv, x2 * inv, x3 * inv                                     # softmax shares of the 3 terms
-    grad_pred = np.empty(p1.shape + (6,))                                         # [B, m, 6] ∇pred per run
-    grad_pred[..., 0] = p1; grad_pred[..., 1] = -p1 * l_n; grad_pred[..., 2] = p2
-    grad_pred[..., 3] = -p2 * rows['l_d']; grad_pred[..., 4] = p3
+    if want == "g":
+        return J, g, None
+    p1, p2, p3 = x1 * inv, x2 * inv, x3 * inv  # softmax shares of the 3 terms
+    grad_pred = np.empty(p1.shape + (6,))  # [B, m, 6] ∇pred per run
+    grad_pred[..., 0] = p1
+    grad_pred[..., 1] = -p1 * l_n
+    grad_pred[..., 2] = p2
+    grad_pred[..., 3] = -p2 * rows["l_d"]
+    grad_pred[..., 4] = p3
     grad_pred[..., 5] = -p1 * q * alpha if phi_free else 0.0
-    if want == 'gn':
-        omega = wt * delta / np.maximum(np.abs(res), delta)                       # IRLS weight ψ(res)/res
+    if want == "gn":
+        omega = wt * delta / np.maximum(np.abs(res), delta)  # IRLS weight ψ(res)/res
         return J, g, np.matmul(grad_pred.transpose(0, 2, 1) * omega[:, None, :], grad_pred)
-    if want != 'h': raise ValueError(f"want must be 'J', 'g', 'gn' or 'h', got {want!r}")
+    if want != "h":
+        raise ValueError(f"want must be 'J', 'g', 'gn' or 'h', got {want!r}")
     # exact: Σ w[ψ′·∇pred∇predᵀ + ψ·∇²pred], ∇²pred = Σₖ pₖ∇tₖ∇tₖᵀ − ∇pred∇predᵀ + p₁∇²t₁
     hc = wt * c
     H = np.matmul(grad_pred.transpose(0, 2, 1) * (wt * (np.abs(res) <= delta) - hc)[:, None, :], grad_pred)
@@ -284,15 +347,16 @@ def batch_objective(theta, rows: dict, phi_free: bool = True, want: str = 'g', d
     H[:, 0, 1] -= (u1 * l_n).sum(-1)
     H[:, 1, 1] += (u1 * l_n * l_n).sum(-1)
     H[:, 2, 2] += u2.sum(-1)
-    H[:, 2, 3] -= (u2 * rows['l_d']).sum(-1)
-    H[:, 3, 3] += (u2 * rows['l_d'] ** 2).sum(-1)
+    H[:, 2, 3] -= (u2 * rows["l_d"]).sum(-1)
+    H[:, 3, 3] += (u2 * rows["l_d"] ** 2).sum(-1)
     H[:, 4, 4] += (hc * p3).sum(-1)
-    if phi_free:                                                                  # t₁ = a − α·log N_eff(φ)
+    if phi_free:  # t₁ = a − α·log N_eff(φ)
         aq = alpha * q
         H[:, 0, 5] -= (u1 * aq).sum(-1)
         H[:, 1, 5] += (u1 * l_n * aq).sum(-1) - (u1 * q).sum(-1)
-        H[:, 5, 5] += (u1 * aq * aq).sum(-1) - alpha[:, 0] * (u1 * q * rows['l_r'] * (n_eff - e_rec) / n_eff).sum(-1)
-    for i, j in ((0, 1), (2, 3), (0, 5), (1, 5)): H[:, j, i] = H[:, i, j]
+        H[:, 5, 5] += (u1 * aq * aq).sum(-1) - alpha[:, 0] * (u1 * q * rows["l_r"] * (n_eff - e_rec) / n_eff).sum(-1)
+    for i, j in ((0, 1), (2, 3), (0, 5), (1, 5)):
+        H[:, j, i] = H[:, i, j]
     return J, g, H
 
 # %% ../nbs/09_scaling.ipynb #6c83b7b3
@@ -304,30 +368,34 @@ def _project_linear(theta, rows: dict, phi_free: bool) -> np.ndarray:
     min Σ w (E/L + A·N_eff^−α/L + B·D^−β/L − 1)² over E, A, B ≥ 0 (every support set solved, the best feasible
     kept), logs clipped to the box. The law is linear in (E, A, B), so this step is exact for relative errors."""
     alpha, beta, phi = theta[:, 1:2], theta[:, 3:4], theta[:, 5:6]
-    l_n = np.log(rows['n_once'] + np.exp(phi * rows['l_r'] + rows['l_rec'])) if phi_free else rows['l_n']
-    inv_loss = np.exp(-rows['y'])
-    cols = [inv_loss, np.exp(-alpha * l_n) * inv_loss, np.exp(-beta * rows['l_d']) * inv_loss]   # E, A, B columns
-    w = rows['wt']
-    norm = np.stack([np.sqrt((w * c * c).sum(-1)) + 1e-300 for c in cols], -1)                  # [B, 3] unit columns
-    cols = [c / norm[:, i:i + 1] for i, c in enumerate(cols)]
-    gram = np.empty((len(theta), 3, 3)); rhs = np.empty((len(theta), 3))
+    l_n = np.log(rows["n_once"] + np.exp(phi * rows["l_r"] + rows["l_rec"])) if phi_free else rows["l_n"]
+    inv_loss = np.exp(-rows["y"])
+    cols = [inv_loss, np.exp(-alpha * l_n) * inv_loss, np.exp(-beta * rows["l_d"]) * inv_loss]  # E, A, B columns
+    w = rows["wt"]
+    norm = np.stack([np.sqrt((w * c * c).sum(-1)) + 1e-300 for c in cols], -1)  # [B, 3] unit columns
+    cols = [c / norm[:, i : i + 1] for i, c in enumerate(cols)]
+    gram = np.empty((len(theta), 3, 3))
+    rhs = np.empty((len(theta), 3))
     for i in range(3):
         rhs[:, i] = (w * cols[i]).sum(-1)
-        for j in range(i, 3): gram[:, i, j] = gram[:, j, i] = (w * cols[i] * cols[j]).sum(-1)
+        for j in range(i, 3):
+            gram[:, i, j] = gram[:, j, i] = (w * cols[i] * cols[j]).sum(-1)
     best_gain, coef = np.zeros(len(theta)), np.zeros((len(theta), 3))
     for S in map(list, _SUBSETS):
         G, r = gram[:, S][:, :, S], rhs[:, S]
-        ok = np.linalg.det(G) > 1e-10                                   # well-posed support sets only
+        ok = np.linalg.det(G) > 1e-10  # well-posed support sets only
         x = np.zeros_like(r)
-        if ok.any(): x[ok] = np.linalg.solve(G[ok], r[ok][..., None])[..., 0]
-        gain = (x * r).sum(-1)                                          # Σw·1 − residual sum of squares
+        if ok.any():
+            x[ok] = np.linalg.solve(G[ok], r[ok][..., None])[..., 0]
+        gain = (x * r).sum(-1)  # Σw·1 − residual sum of squares
         better = ok & (x > 0).all(-1) & (gain > best_gain)
         best_gain = np.where(better, gain, best_gain)
-        full = np.zeros((len(theta), 3)); full[:, S] = x
+        full = np.zeros((len(theta), 3))
+        full[:, S] = x
         coef = np.where(better[:, None], full, coef)
     out = theta.copy()
-    with np.errstate(divide='ignore'):
-        for k, col in ((0, 4), (1, 0), (2, 2)):                         # E -> e, A -> a, B -> b
+    with np.errstate(divide="ignore"):
+        for k, col in ((0, 4), (1, 0), (2, 2)):  # E -> e, A -> a, B -> b
             out[:, col] = np.clip(np.log(coef[:, k] / norm[:, k]), LOWER[col], UPPER[col])
     return out
 
@@ -341,42 +409,47 @@ def _gn_terms(z, rows: dict, phi_free: bool, want_gn: bool = True, delta: float 
     """J, and ∇J and the IRLS Gauss-Newton matrix with respect to the unit-box coordinates z [B, 6]: the
     descent's inner loop, `batch_objective`'s 'gn' written lean (√ω folded into ∂pred, one matrix product each)."""
     theta = LOWER + z * _SPAN
-    a, alpha, b, beta, e, phi = (theta[:, i:i + 1] for i in range(6))
+    a, alpha, b, beta, e, phi = (theta[:, i : i + 1] for i in range(6))
     if phi_free:
-        e_rec = np.exp(phi * rows['l_r'] + rows['l_rec'])
-        n_eff = rows['n_once'] + e_rec
+        e_rec = np.exp(phi * rows["l_r"] + rows["l_rec"])
+        n_eff = rows["n_once"] + e_rec
         l_n = np.log(n_eff)
     else:
-        l_n = rows['l_n']
+        l_n = rows["l_n"]
     x1 = np.exp(a - alpha * l_n)
-    x2 = np.exp(b - beta * rows['l_d'])
+    x2 = np.exp(b - beta * rows["l_d"])
     x3 = np.exp(e)
     s = x1 + x2 + x3
-    res = np.log(s) - rows['y']
+    res = np.log(s) - rows["y"]
     c = np.clip(res, -delta, delta)
-    J = (rows['wt'] * c * (res - 0.5 * c)).sum(-1)
-    if not want_gn: return J, None, None
+    J = (rows["wt"] * c * (res - 0.5 * c)).sum(-1)
+    if not want_gn:
+        return J, None, None
     # the model's matrix and gradient in float32: they only shape the step (J, which accepts or rejects it, is float64)
     f = np.float32
-    root = np.sqrt(f(delta) / np.maximum(np.abs(res.astype(f)), f(delta)))          # √(ψ(res)/res)
-    q = rows['sw32'] * root / s.astype(f)                                            # √ω / s   (sw = √weight)
-    Mt = np.empty((len(z), 6, res.shape[1]), f)                                      # √ω·∂pred/∂z, [B, 6, m]
+    root = np.sqrt(f(delta) / np.maximum(np.abs(res.astype(f)), f(delta)))  # √(ψ(res)/res)
+    q = rows["sw32"] * root / s.astype(f)  # √ω / s   (sw = √weight)
+    Mt = np.empty((len(z), 6, res.shape[1]), f)  # √ω·∂pred/∂z, [B, 6, m]
     p1, p2 = x1.astype(f) * q, x2.astype(f) * q
     Mt[:, 0] = p1 * f(_SPAN[0])
     Mt[:, 1] = p1 * l_n.astype(f) * f(-_SPAN[1])
     Mt[:, 2] = p2 * f(_SPAN[2])
-    Mt[:, 3] = p2 * rows['l_d32']                                                    # l_d32 = −log D·span(β)
+    Mt[:, 3] = p2 * rows["l_d32"]  # l_d32 = −log D·span(β)
     Mt[:, 4] = (x3 * _SPAN[4]).astype(f) * q
-    if phi_free: Mt[:, 5] = p1 * (e_rec / n_eff * rows['l_r']).astype(f) * (-_SPAN[5] * alpha).astype(f)
-    else: Mt[:, 5] = 0.0
-    v = (c * rows['sw']).astype(f) / root                                            # ψ·w / √ω
+    if phi_free:
+        Mt[:, 5] = p1 * (e_rec / n_eff * rows["l_r"]).astype(f) * (-_SPAN[5] * alpha).astype(f)
+    else:
+        Mt[:, 5] = 0.0
+    v = (c * rows["sw"]).astype(f) / root  # ψ·w / √ω
     return J, (Mt @ v[..., None])[..., 0].astype(float), (Mt @ Mt.transpose(0, 2, 1)).astype(float)
 
 
 def _solve(M, b):
     "x with M x = b for a batch of 6 x 6 systems; a singular one (a term switched off exactly) by the pseudo-inverse."
-    try: return np.linalg.solve(M, b[..., None])[..., 0]
-    except np.linalg.LinAlgError: return (np.linalg.pinv(M) @ b[..., None])[..., 0]
+    try:
+        return np.linalg.solve(M, b[..., None])[..., 0]
+    except np.linalg.LinAlgError:
+        return (np.linalg.pinv(M) @ b[..., None])[..., 0]
 
 
 def _start_state(theta0, project, rows, phi_free):
@@ -384,33 +457,62 @@ def _start_state(theta0, project, rows, phi_free):
     theta = theta0.copy()
     if project.any():
         proj = _project_linear(theta, rows, phi_free)
-        take = project & (batch_objective(proj, rows, phi_free, 'J')[0] < batch_objective(theta, rows, phi_free, 'J')[0])
+        take = project & (
+            batch_objective(proj, rows, phi_free, "J")[0] < batch_objective(theta, rows, phi_free, "J")[0]
+        )
         theta[take] = proj[take]
     z = np.clip((theta - LOWER) / _SPAN, 0.0, 1.0)
     return (z,) + _gn_terms(z, rows, phi_free)
 
 
-def _descend(rows_pm: dict, pid, theta0, project, fixed, phi_free: bool, batch: int | None = None,
-             ftol: float = DESCENT_FTOL, maxiter: int = 5000):
+def _descend(
+    rows_pm: dict,
+    pid,
+    theta0,
+    project,
+    fixed,
+    phi_free: bool,
+    batch: int | None = None,
+    ftol: float = DESCENT_FTOL,
+    maxiter: int = 5000,
+):
     """Phase 1: every start descends J by Levenberg-Marquardt steps on the IRLS Gauss-Newton model, `batch`
     starts at a time; finished starts leave the batch and waiting ones join it in bulk.
     Returns θ [S, 6], J [S], iterations [S]."""
     S = len(pid)
     theta_out, J_out, nit_out = np.empty((S, 6)), np.empty(S), np.zeros(S, int)
-    rows_pm = dict(rows_pm, sw=np.sqrt(rows_pm['wt']), sw32=np.sqrt(rows_pm['wt']).astype(np.float32),
-                   l_d32=(rows_pm['l_d'] * -_SPAN[3]).astype(np.float32))          # the float32 model's row constants
-    batch = batch or int(np.clip(BATCH_ELEMENTS // rows_pm['y'].shape[1], BATCH_STARTS, 1024))   # few runs: more starts per call
+    rows_pm = dict(
+        rows_pm,
+        sw=np.sqrt(rows_pm["wt"]),
+        sw32=np.sqrt(rows_pm["wt"]).astype(np.float32),
+        l_d32=(rows_pm["l_d"] * -_SPAN[3]).astype(np.float32),
+    )  # the float32 model's row constants
+    batch = batch or int(
+        np.clip(BATCH_ELEMENTS // rows_pm["y"].shape[1], BATCH_STARTS, 1024)
+    )  # few runs: more starts per call
     queue = 0
     eye = np.eye(6)
 
     def take(k):
         nonlocal queue
-        sel = np.arange(queue, min(S, queue + k)); queue += len(sel)
+        sel = np.arange(queue, min(S, queue + k))
+        queue += len(sel)
         rows = {key: v[pid[sel]] for key, v in rows_pm.items()}
         z, J, g, G = _start_state(theta0[sel], project[sel], rows, phi_free)
-        mu = 1e-3 * np.einsum('kii->ki', G).max(-1) + 1e-300            # Nielsen's initial damping
-        return dict(sel=sel, rows=rows, z=z, J=J, g=g, G=G, mu=mu, nu=np.full(len(sel), 2.0),
-                    nit=np.zeros(len(sel), int), live=np.ones(len(sel), bool), A=_active(z, g, fixed))
+        mu = 1e-3 * np.einsum("kii->ki", G).max(-1) + 1e-300  # Nielsen's initial damping
+        return dict(
+            sel=sel,
+            rows=rows,
+            z=z,
+            J=J,
+            g=g,
+            G=G,
+            mu=mu,
+            nu=np.full(len(sel), 2.0),
+            nit=np.zeros(len(sel), int),
+            live=np.ones(len(sel), bool),
+            A=_active(z, g, fixed),
+        )
 
     def merge(a, b):
         return {k: merge(a[k], b[k]) if isinstance(a[k], dict) else np.concatenate([a[k], b[k]]) for k in a}
@@ -419,43 +521,48 @@ def _descend(rows_pm: dict, pid, theta0, project, fixed, phi_free: bool, batch: 
         return {k: subset(v, keep) if isinstance(v, dict) else v[keep] for k, v in st.items()}
 
     st = take(batch)
-    while len(st['sel']):
-        z, J, g, G, mu, nu, live, A = st['z'], st['J'], st['g'], st['G'], st['mu'], st['nu'], st['live'], st['A']
+    while len(st["sel"]):
+        z, J, g, G, mu, nu, live, A = st["z"], st["J"], st["g"], st["G"], st["mu"], st["nu"], st["live"], st["A"]
         free = ~A
-        gf = g * free                                                   # projected gradient
+        gf = g * free  # projected gradient
         Gf = G * (free[:, :, None] & free[:, None, :])
-        diag = np.einsum('kii->ki', Gf)
-        scale = np.maximum(diag, 1e-12 * diag.max(-1, keepdims=True) + 1e-300)   # Marquardt's scaling
+        diag = np.einsum("kii->ki", Gf)
+        scale = np.maximum(diag, 1e-12 * diag.max(-1, keepdims=True) + 1e-300)  # Marquardt's scaling
         step = -_solve(Gf + eye * (mu[:, None] * scale + A)[:, None, :], gf)
         zt = np.clip(z + step, 0.0, 1.0)
         step = zt - z
         predicted = -(gf * step).sum(-1) - 0.5 * (step * (Gf @ step[..., None])[..., 0]).sum(-1)
-        Jt, gt, Gt = _gn_terms(zt, st['rows'], phi_free)
+        Jt, gt, Gt = _gn_terms(zt, st["rows"], phi_free)
         gain = J - Jt
         ok = (gain > 0) & live
         rho = np.clip(gain / np.where(predicted > 0, predicted, np.inf), 0.0, 1.0)
         z[ok], J[ok], g[ok], G[ok] = zt[ok], Jt[ok], gt[ok], Gt[ok]
-        with np.errstate(over='ignore'):   # Nielsen's update, the damping kept in [1e-20, 1e20]
-            st['mu'] = np.clip(np.where(ok, mu * np.maximum(1 / 3, 1 - (2 * rho - 1) ** 3), mu * nu), 1e-20, 1e20)
-        st['nu'] = nu = np.where(ok, 2.0, 2.0 * nu)
-        st['nit'] += live
-        st['A'] = A = _active(z, g, fixed)
-        done = live & ((nu > 2.0 ** 40) | (st['nit'] >= maxiter) | ((g * ~A) == 0).all(-1))
+        with np.errstate(over="ignore"):  # Nielsen's update, the damping kept in [1e-20, 1e20]
+            st["mu"] = np.clip(np.where(ok, mu * np.maximum(1 / 3, 1 - (2 * rho - 1) ** 3), mu * nu), 1e-20, 1e20)
+        st["nu"] = nu = np.where(ok, 2.0, 2.0 * nu)
+        st["nit"] += live
+        st["A"] = A = _active(z, g, fixed)
+        done = live & ((nu > 2.0**40) | (st["nit"] >= maxiter) | ((g * ~A) == 0).all(-1))
         tiny = np.flatnonzero(ok & (gain <= ftol * J) & ~done)
-        if len(tiny):   # a tiny gain ends the descent only if the undamped Gauss-Newton step promises no more (not a plateau)
+        if len(
+            tiny
+        ):  # a tiny gain ends the descent only if the undamped Gauss-Newton step promises no more (not a plateau)
             fr = ~A[tiny]
             gk = g[tiny] * fr
             Gk = G[tiny] * (fr[:, :, None] & fr[:, None, :]) + eye * (A[tiny] + 1e-300)[:, None, :]
             done[tiny] |= (gk * _solve(Gk, gk)).sum(-1) <= 2 * ftol * J[tiny]
         if done.any():
             f = np.flatnonzero(done)
-            sel = st['sel'][f]
-            theta_out[sel] = LOWER + z[f] * _SPAN; J_out[sel] = J[f]; nit_out[sel] = st['nit'][f]
+            sel = st["sel"][f]
+            theta_out[sel] = LOWER + z[f] * _SPAN
+            J_out[sel] = J[f]
+            nit_out[sel] = st["nit"][f]
             live[f] = False
         n_live = int(live.sum())
-        if n_live < 0.75 * len(live) or (n_live < len(live) and queue >= S):   # compact, then refill in bulk
+        if n_live < 0.75 * len(live) or (n_live < len(live) and queue >= S):  # compact, then refill in bulk
             st = subset(st, live)
-            if queue < S: st = merge(st, take(batch - n_live))
+            if queue < S:
+                st = merge(st, take(batch - n_live))
     return theta_out, J_out, nit_out
 
 
@@ -467,10 +574,13 @@ def _tr_subproblem(ev, gv, radius):
     if out.any():
         l, gg, r = lam[out], gv[out], radius[out]
         m = np.maximum(0.0, np.sqrt((gg * gg).sum(-1)) / r - l.max(-1))
-        for _ in range(50):   # Newton on 1/‖s(μ)‖ − 1/radius (Moré-Sorensen)
-            den = l + m[:, None]; s = gg / den
-            ns2 = (s * s).sum(-1); ns = np.sqrt(ns2)
-            if np.all(np.abs(ns - r) <= 1e-2 * r): break
+        for _ in range(50):  # Newton on 1/‖s(μ)‖ − 1/radius (Moré-Sorensen)
+            den = l + m[:, None]
+            s = gg / den
+            ns2 = (s * s).sum(-1)
+            ns = np.sqrt(ns2)
+            if np.all(np.abs(ns - r) <= 1e-2 * r):
+                break
             m = np.maximum(m - (1 / ns - 1 / r) * ns2 / (-(s * s / den).sum(-1) / ns), 0.0)
         mu[out] = m
     return -gv / (lam + mu[:, None]), lam
@@ -481,44 +591,53 @@ def _polish(rows: dict, theta0, fixed, phi_free: bool, maxiter: int = 500, tol: 
     decrement below `tol`·J, or no step lowers J). Returns θ, J, iterations."""
     K = len(theta0)
     z = np.clip((theta0 - LOWER) / _SPAN, 0.0, 1.0)
-    J, g, H = batch_objective(LOWER + z * _SPAN, rows, phi_free, 'h')
+    J, g, H = batch_objective(LOWER + z * _SPAN, rows, phi_free, "h")
     g, H = g * _SPAN, H * _SPAN[:, None] * _SPAN[None, :]
-    radius = np.full(K, 0.05); live = np.ones(K, bool); fails = np.zeros(K, int); nit = np.zeros(K, int)
+    radius = np.full(K, 0.05)
+    live = np.ones(K, bool)
+    fails = np.zeros(K, int)
+    nit = np.zeros(K, int)
     for _ in range(maxiter):
         idx = np.flatnonzero(live)
-        if not len(idx): break
+        if not len(idx):
+            break
         A = _active(z[idx], g[idx], fixed)
-        gf = np.where(A, 0.0, g[idx]); Hf = np.where(A[:, :, None] | A[:, None, :], 0.0, H[idx])
+        gf = np.where(A, 0.0, g[idx])
+        Hf = np.where(A[:, :, None] | A[:, None, :], 0.0, H[idx])
         ev, V = np.linalg.eigh(Hf)
-        gv = np.einsum('kji,kj->ki', V, gf)
+        gv = np.einsum("kji,kj->ki", V, gf)
         nz = gv != 0
         decrement = np.where(nz, gv * gv / np.where(ev > 0, ev, 1.0), 0.0).sum(-1)
         converged = ((ev > 0) | ~nz).all(-1) & (decrement <= tol * J[idx])
         sv, lam = _tr_subproblem(ev, gv, radius[idx])
-        zt = np.clip(z[idx] + np.where(A, 0.0, np.einsum('kij,kj->ki', V, sv)), 0.0, 1.0)
+        zt = np.clip(z[idx] + np.where(A, 0.0, np.einsum("kij,kj->ki", V, sv)), 0.0, 1.0)
         step = zt - z[idx]
-        sp = np.einsum('kji,kj->ki', V, step)
+        sp = np.einsum("kji,kj->ki", V, step)
         predicted = -((gf * step).sum(-1) + 0.5 * (lam * sp * sp).sum(-1))
-        Jt, gt, Ht = batch_objective(LOWER + zt * _SPAN, {k: v[idx] for k, v in rows.items()}, phi_free, 'h')
+        Jt, gt, Ht = batch_objective(LOWER + zt * _SPAN, {k: v[idx] for k, v in rows.items()}, phi_free, "h")
         gain = J[idx] - Jt
         rho = gain / np.where(predicted > 0, predicted, np.inf)
         ok = (gain > 0) & ~converged
         i = idx[ok]
         z[i], J[i], g[i], H[i] = zt[ok], Jt[ok], gt[ok] * _SPAN, Ht[ok] * _SPAN[:, None] * _SPAN[None, :]
         norm, r = np.sqrt((step * step).sum(-1)), radius[idx]
-        radius[idx] = np.maximum(np.where(rho < 0.25, 0.25 * norm, np.where((rho > 0.75) & (norm > 0.8 * r), np.minimum(2 * r, 1.0), r)), 1e-300)
-        fails[idx] = np.where(ok, 0, fails[idx] + 1); nit[idx] += 1
+        radius[idx] = np.maximum(
+            np.where(rho < 0.25, 0.25 * norm, np.where((rho > 0.75) & (norm > 0.8 * r), np.minimum(2 * r, 1.0), r)),
+            1e-300,
+        )
+        fails[idx] = np.where(ok, 0, fails[idx] + 1)
+        nit[idx] += 1
         live[idx[converged | (ok & (gain <= 1e-16 * J[idx])) | (fails[idx] > 40)]] = False
     return LOWER + z * _SPAN, J, nit
 
 # %% ../nbs/09_scaling.ipynb #e54e3457
 @dataclass
 class _Solution:
-    theta: np.ndarray     # [6] best θ
-    J: float              # its objective
-    finals: np.ndarray    # [starts] final J of every start (the random starts, then the extra ones)
-    nit: int              # iterations, all starts and phases
-    n_basins: int = 0     # distinct endpoints polished (batched method)
+    theta: np.ndarray  # [6] best θ
+    J: float  # its objective
+    finals: np.ndarray  # [starts] final J of every start (the random starts, then the extra ones)
+    nit: int  # iterations, all starts and phases
+    n_basins: int = 0  # distinct endpoints polished (batched method)
 
 
 def default_workers() -> int:
@@ -526,7 +645,7 @@ def default_workers() -> int:
     return max(1, min(2, os.cpu_count() or 1))
 
 
-PARALLEL_MIN_ELEMENTS = 20_000   # a fit of fewer starts × runs stays in one process (a worker costs ~30 ms to start)
+PARALLEL_MIN_ELEMENTS = 20_000  # a fit of fewer starts × runs stays in one process (a worker costs ~30 ms to start)
 
 
 def _in_processes(fn, jobs: list, workers: int, on_result: Callable | None = None) -> list:
@@ -536,48 +655,61 @@ def _in_processes(fn, jobs: list, workers: int, on_result: Callable | None = Non
     if workers <= 1 or len(jobs) <= 1:
         for i, j in enumerate(jobs):
             out.append(fn(j))
-            if on_result: on_result(i)
+            if on_result:
+                on_result(i)
         return out
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
-    ctx = multiprocessing.get_context('fork') if sys.platform.startswith('linux') else None
+
+    ctx = multiprocessing.get_context("fork") if sys.platform.startswith("linux") else None
     with ProcessPoolExecutor(min(workers, len(jobs)), mp_context=ctx) as pool:
         for i, res in enumerate(pool.map(fn, jobs)):
             out.append(res)
-            if on_result: on_result(i)
+            if on_result:
+                on_result(i)
     return out
 
 
-def _descend_part(args): return _descend(*args)
+def _descend_part(args):
+    return _descend(*args)
 
 
-def _solve_batched(problems: list, starts: list, n_random: list, phi_free: bool, phi_value: float = 0.0,
-                   workers: int | None = 1) -> list[_Solution]:
+def _solve_batched(
+    problems: list, starts: list, n_random: list, phi_free: bool, phi_value: float = 0.0, workers: int | None = 1
+) -> list[_Solution]:
     """Minimise several objectives at once. Problem p starts from `starts[p]` [S_p, 6]; its first `n_random[p]`
     (random) starts are projected first, the others (warm starts) start as given. Phase 1 runs every start, split
     over `workers` processes (each start's arithmetic does not depend on the others, so neither does the result);
     phase 2 polishes one start per distinct endpoint (basin) of each problem that can hold its best."""
     workers = 1 if workers is None else workers
-    if workers < 1: raise ConfigError(f"workers must be >= 1, got {workers}")
+    if workers < 1:
+        raise ConfigError(f"workers must be >= 1, got {workers}")
     rows_pm = _stack_rows(problems)
     pid = np.concatenate([np.full(len(s), p) for p, s in enumerate(starts)])
     theta0 = np.concatenate(starts).astype(float)
     project = np.concatenate([np.arange(len(s)) < n for s, n in zip(starts, n_random)])
     fixed = np.zeros(6, bool)
-    if not phi_free: fixed[5] = True; theta0[:, 5] = phi_value
+    if not phi_free:
+        fixed[5] = True
+        theta0[:, 5] = phi_value
     parts = [p for p in np.array_split(np.arange(len(pid)), workers) if len(p)]
-    results = _in_processes(_descend_part, [(rows_pm, pid[ix], theta0[ix], project[ix], fixed, phi_free) for ix in parts], workers)
-    theta = np.concatenate([r[0] for r in results]); J = np.concatenate([r[1] for r in results])
+    results = _in_processes(
+        _descend_part, [(rows_pm, pid[ix], theta0[ix], project[ix], fixed, phi_free) for ix in parts], workers
+    )
+    theta = np.concatenate([r[0] for r in results])
+    J = np.concatenate([r[1] for r in results])
     nit = np.concatenate([r[2] for r in results])
     # one basin per grid cell of the unit box (per problem), represented by its lowest endpoint
     cells = np.round((theta - LOWER) / _SPAN / BASIN_GRID).astype(np.int64)
     order = np.lexsort((J, pid))
     _, first, inverse = np.unique(np.column_stack([pid, cells])[order], axis=0, return_index=True, return_inverse=True)
     reps = order[first]
-    basin = np.empty(len(pid), int); basin[order] = inverse.reshape(-1)
+    basin = np.empty(len(pid), int)
+    basin[order] = inverse.reshape(-1)
     # polish every basin that can hold the problem's best: phase 1 stopped where the Gauss-Newton step promised
     # < 1e-10·J more, so a basin more than 1e-6 above the best endpoint cannot overtake it (it keeps its phase-1 J)
-    best = np.full(len(problems), np.inf); np.minimum.at(best, pid, J)
+    best = np.full(len(problems), np.inf)
+    np.minimum.at(best, pid, J)
     near = reps[J[reps] <= best[pid[reps]] * (1 + 1e-6) + 1e-300]
     th_p, J_p, nit_p = theta[reps].copy(), J[reps].copy(), np.zeros(len(reps), int)
     k = np.flatnonzero(np.isin(reps, near))
@@ -587,8 +719,15 @@ def _solve_batched(problems: list, starts: list, n_random: list, phi_free: bool,
         mine = np.flatnonzero(pid == p)
         finals = J_p[basin[mine]]
         b = basin[mine[np.argmin(finals)]]
-        out.append(_Solution(th_p[b], float(J_p[b]), finals, int(nit[mine].sum() + nit_p[np.unique(basin[mine])].sum()),
-                             len(np.unique(basin[mine]))))
+        out.append(
+            _Solution(
+                th_p[b],
+                float(J_p[b]),
+                finals,
+                int(nit[mine].sum() + nit_p[np.unique(basin[mine])].sum()),
+                len(np.unique(basin[mine])),
+            )
+        )
     return out
 
 
@@ -600,12 +739,20 @@ def _random_starts(restarts: int, n_free: int, seed: int) -> np.ndarray:
 
 
 def _check_method(method: str) -> str:
-    if method not in FIT_METHODS: raise ConfigError(f"unknown fit method {method!r}; valid methods: {', '.join(FIT_METHODS)}")
+    if method not in FIT_METHODS:
+        raise ConfigError(f"unknown fit method {method!r}; valid methods: {', '.join(FIT_METHODS)}")
     return method
 
 
-def minimise_law(data: LawData, phi: float | None = None, restarts: int = 500, seed: int = 0,
-                 extra_starts: Sequence | None = None, method: str = 'batched', workers: int | None = None) -> _Solution:
+def minimise_law(
+    data: LawData,
+    phi: float | None = None,
+    restarts: int = 500,
+    seed: int = 0,
+    extra_starts: Sequence | None = None,
+    method: str = "batched",
+    workers: int | None = None,
+) -> _Solution:
     """Best-of-restarts minimum of J. phi=None frees φ (looped data only); a number fixes it. `method`: 'batched'
     (all starts together, two phases, in `workers` processes: default min(2, CPU cores) for a fit of at least
     PARALLEL_MIN_ELEMENTS starts × runs, else 1) or 'scipy' (the paper's L-BFGS-B loop, one start after another:
@@ -613,24 +760,30 @@ def minimise_law(data: LawData, phi: float | None = None, restarts: int = 500, s
     if restarts < 0 or (restarts == 0 and not extra_starts):
         raise ConfigError(f"restarts must be >= 1 (or extra starts given), got {restarts}")
     _check_method(method)
-    phi_free = data.law == 'looped' and phi is None
+    phi_free = data.law == "looped" and phi is None
     n_free = 6 if phi_free else 5
     phi_value = 0.0 if phi is None else float(phi)
     starts = _random_starts(restarts, n_free, seed)
     extra = np.array([np.clip(np.asarray(s, float), LOWER, UPPER) for s in (extra_starts or ())]).reshape(-1, 6)
-    if method == 'batched':
-        if workers is None: workers = default_workers() if (restarts + len(extra)) * data.n >= PARALLEL_MIN_ELEMENTS else 1
-        return _solve_batched([_objective_rows(data, None, phi)], [np.vstack([starts, extra])], [restarts], phi_free,
-                              phi_value, workers)[0]
+    if method == "batched":
+        if workers is None:
+            workers = default_workers() if (restarts + len(extra)) * data.n >= PARALLEL_MIN_ELEMENTS else 1
+        return _solve_batched(
+            [_objective_rows(data, None, phi)], [np.vstack([starts, extra])], [restarts], phi_free, phi_value, workers
+        )[0]
     free = np.arange(n_free)
     lo, hi = LOWER[free], UPPER[free]
     fg = single_objective(data, None if phi_free else phi_value)
     best, finals, nit = None, [], 0
     for x0 in np.vstack([starts, extra])[:, free]:
-        r = minimize(fg, x0, jac=True, method='L-BFGS-B', bounds=list(zip(lo, hi)), options=SCIPY_OPTIONS)
-        finals.append(r.fun); nit += r.nit
-        if best is None or r.fun < best.fun: best = r
-    theta = np.zeros(6); theta[5] = phi_value; theta[free] = best.x
+        r = minimize(fg, x0, jac=True, method="L-BFGS-B", bounds=list(zip(lo, hi)), options=SCIPY_OPTIONS)
+        finals.append(r.fun)
+        nit += r.nit
+        if best is None or r.fun < best.fun:
+            best = r
+    theta = np.zeros(6)
+    theta[5] = phi_value
+    theta[free] = best.x
     return _Solution(theta, float(best.fun), np.array(finals), nit)
 
 
@@ -642,28 +795,31 @@ def _solve_chunk(args) -> list[_Solution]:
 @dataclass
 class FitResult:
     "One fitted law."
-    law: str                       # 'chinchilla' | 'looped'
+
+    law: str  # 'chinchilla' | 'looped'
     E: float
     A: float
     B: float
     alpha: float
     beta: float
-    phi: Optional[float]           # None for Chinchilla fits
-    phi_fixed: bool                # True when φ was held at a given value (restricted law)
-    huber: float                   # the objective J at the optimum (sum of Huber residuals)
-    r2: float                      # on raw loss
+    phi: Optional[float]  # None for Chinchilla fits
+    phi_fixed: bool  # True when φ was held at a given value (restricted law)
+    huber: float  # the objective J at the optimum (sum of Huber residuals)
+    r2: float  # on raw loss
     n_points: int
-    provenance: str                # 'real' | 'demo' | 'synthetic' (a synthetic fit checks the fitter only)
-    theta: list                    # (a, alpha, b, beta, e, phi)
+    provenance: str  # 'real' | 'demo' | 'synthetic' (a synthetic fit checks the fitter only)
+    theta: list  # (a, alpha, b, beta, e, phi)
     restarts: int
     seed: int
-    n_at_best: int                 # starts that ended within 1e-6 (relative) of the best J
-    residuals: list = field(default_factory=list)   # per r: dict(r, n, mean, max_abs, rmse)
-    ci: Optional[dict] = None      # {param: [low, high]} after a bootstrap
-    at_bounds: list = field(default_factory=list)   # fitted θ coordinates on the box's edge: the data do not pin them
-    method: str = 'batched'        # 'batched' | 'scipy' (see minimise_law)
-    n_basins: int = 0              # distinct endpoints the batched method polished
-    bootstrap: Optional[dict] = None   # what the CI came from: resamples, starts per refit, warm-start wins (block_bootstrap)
+    n_at_best: int  # starts that ended within 1e-6 (relative) of the best J
+    residuals: list = field(default_factory=list)  # per r: dict(r, n, mean, max_abs, rmse)
+    ci: Optional[dict] = None  # {param: [low, high]} after a bootstrap
+    at_bounds: list = field(default_factory=list)  # fitted θ coordinates on the box's edge: the data do not pin them
+    method: str = "batched"  # 'batched' | 'scipy' (see minimise_law)
+    n_basins: int = 0  # distinct endpoints the batched method polished
+    bootstrap: Optional[dict] = (
+        None  # what the CI came from: resamples, starts per refit, warm-start wins (block_bootstrap)
+    )
 
     @property
     def identified(self) -> bool:
@@ -674,25 +830,44 @@ class FitResult:
         "A plain-words statement when the fit (or its bootstrap interval) ends on the box's edge; '' otherwise."
         notes = []
         if self.at_bounds:
-            names = ', '.join(self.at_bounds)
-            notes.append(f'these {self.n_points} runs do not identify the law: the best fit puts {names} on the edge of the '
-                         'search box, so the numbers are the box, not a measurement')
+            names = ", ".join(self.at_bounds)
+            notes.append(
+                f"these {self.n_points} runs do not identify the law: the best fit puts {names} on the edge of the "
+                "search box, so the numbers are the box, not a measurement"
+            )
         edge = [p for p, (lo, hi) in (self.ci or {}).items() if p in _BOX_PARAMS and _on_box_edge(p, lo, hi)]
         if edge:
-            notes.append(f"the bootstrap interval of {', '.join(edge)} reaches the box's edge: resamples of these runs do not "
-                         'identify it, so the interval is not a confidence interval')
-        return '; '.join(notes)
+            notes.append(
+                f"the bootstrap interval of {', '.join(edge)} reaches the box's edge: resamples of these runs do not "
+                "identify it, so the interval is not a confidence interval"
+            )
+        return "; ".join(notes)
 
     def to_dict(self) -> dict:
         "The `fit --json` record."
         d = dict(law=self.law, E=self.E, A=self.A, B=self.B, alpha=self.alpha, beta=self.beta)
-        if self.law == 'looped': d['phi'] = self.phi; d['phi_fixed'] = self.phi_fixed
-        d.update(huber=self.huber, r2=self.r2, n_points=self.n_points, provenance=self.provenance, method=self.method,
-                 restarts=self.restarts, seed=self.seed, n_at_best=self.n_at_best, n_basins=self.n_basins,
-                 at_bounds=self.at_bounds, identified=self.identified, note=self.identification_note(),
-                 residuals=self.residuals)
-        if self.ci is not None: d['ci'] = self.ci
-        if self.bootstrap is not None: d['bootstrap'] = self.bootstrap
+        if self.law == "looped":
+            d["phi"] = self.phi
+            d["phi_fixed"] = self.phi_fixed
+        d.update(
+            huber=self.huber,
+            r2=self.r2,
+            n_points=self.n_points,
+            provenance=self.provenance,
+            method=self.method,
+            restarts=self.restarts,
+            seed=self.seed,
+            n_at_best=self.n_at_best,
+            n_basins=self.n_basins,
+            at_bounds=self.at_bounds,
+            identified=self.identified,
+            note=self.identification_note(),
+            residuals=self.residuals,
+        )
+        if self.ci is not None:
+            d["ci"] = self.ci
+        if self.bootstrap is not None:
+            d["bootstrap"] = self.bootstrap
         return d
 
     def predict(self, N_eff, D) -> np.ndarray:
@@ -706,9 +881,14 @@ class FitResult:
 
 
 # the natural parameters whose box is simple: α, β, φ are θ coordinates; E, A, B are exp of one
-_BOX_PARAMS = {'alpha': (LOWER[1], UPPER[1]), 'beta': (LOWER[3], UPPER[3]), 'phi': (LOWER[5], UPPER[5]),
-               'E': tuple(np.exp([LOWER[4], UPPER[4]])), 'A': tuple(np.exp([LOWER[0], UPPER[0]])),
-               'B': tuple(np.exp([LOWER[2], UPPER[2]]))}
+_BOX_PARAMS = {
+    "alpha": (LOWER[1], UPPER[1]),
+    "beta": (LOWER[3], UPPER[3]),
+    "phi": (LOWER[5], UPPER[5]),
+    "E": tuple(np.exp([LOWER[4], UPPER[4]])),
+    "A": tuple(np.exp([LOWER[0], UPPER[0]])),
+    "B": tuple(np.exp([LOWER[2], UPPER[2]])),
+}
 
 
 def _on_box_edge(param: str, lo: float, hi: float, rel: float = 1e-6) -> bool:
@@ -720,10 +900,17 @@ def residual_stats(data: LawData, theta) -> list[dict]:
     "Residuals (actual − predicted, nats) per r: n, mean, max |res|, RMSE; plus the pooled row (r = 'all')."
     res = data.loss - predict_loss(theta, data)
     rows = []
-    for key, m in [(float(r), data.r == r) for r in np.unique(data.r)] + [('all', np.ones(data.n, bool))]:
+    for key, m in [(float(r), data.r == r) for r in np.unique(data.r)] + [("all", np.ones(data.n, bool))]:
         x = res[m]
-        rows.append(dict(r=key if key == 'all' else (int(key) if float(key).is_integer() else key), n=int(m.sum()),
-                         mean=float(x.mean()), max_abs=float(np.abs(x).max()), rmse=float(np.sqrt((x ** 2).mean()))))
+        rows.append(
+            dict(
+                r=key if key == "all" else (int(key) if float(key).is_integer() else key),
+                n=int(m.sum()),
+                mean=float(x.mean()),
+                max_abs=float(np.abs(x).max()),
+                rmse=float(np.sqrt((x**2).mean())),
+            )
+        )
     return rows
 
 
@@ -731,94 +918,167 @@ def r_squared(data: LawData, theta) -> float:
     "R² of the fit on raw loss (arXiv 2604.21106 Table 2)."
     pred = predict_loss(theta, data)
     total = ((data.loss - data.loss.mean()) ** 2).sum()
-    return float(1 - ((data.loss - pred) ** 2).sum() / total) if total > 0 else float('nan')   # constant loss: undefined
+    return float(1 - ((data.loss - pred) ** 2).sum() / total) if total > 0 else float("nan")  # constant loss: undefined
 
 
 def _at_bounds(theta, n_free: int) -> list:
     return [PARAM_NAMES[i] for i in range(n_free) if min(theta[i] - LOWER[i], UPPER[i] - theta[i]) < 1e-6]
 
 
-def fit_law(data: LawData, phi: float | None = None, restarts: int = 500, seed: int = 0,
-            extra_starts: Sequence | None = None, method: str = 'batched', workers: int | None = None) -> FitResult:
+def fit_law(
+    data: LawData,
+    phi: float | None = None,
+    restarts: int = 500,
+    seed: int = 0,
+    extra_starts: Sequence | None = None,
+    method: str = "batched",
+    workers: int | None = None,
+) -> FitResult:
     "Fit the law of `data` (φ free, or fixed at `phi` for the restricted looped laws)."
-    if data.law == 'chinchilla' and phi is not None:
+    if data.law == "chinchilla" and phi is not None:
         raise ConfigError("phi applies to the looped law only (Chinchilla data has no recurrent part)")
-    sol = minimise_law(data, phi=phi, restarts=restarts, seed=seed, extra_starts=extra_starts, method=method, workers=workers)
+    sol = minimise_law(
+        data, phi=phi, restarts=restarts, seed=seed, extra_starts=extra_starts, method=method, workers=workers
+    )
     p = params_from_theta(sol.theta)
-    looped = data.law == 'looped'
-    return FitResult(law=data.law, E=p['E'], A=p['A'], B=p['B'], alpha=p['alpha'], beta=p['beta'],
-                     phi=p['phi'] if looped else None, phi_fixed=looped and phi is not None, huber=sol.J,
-                     r2=r_squared(data, sol.theta), n_points=data.n, provenance=data.provenance,
-                     theta=[float(t) for t in sol.theta], restarts=restarts, seed=seed,
-                     n_at_best=int((sol.finals <= sol.J * (1 + 1e-6) + 1e-18).sum()),
-                     residuals=residual_stats(data, sol.theta), at_bounds=_at_bounds(sol.theta, 6 if looped and phi is None else 5),
-                     method=method, n_basins=sol.n_basins)
+    looped = data.law == "looped"
+    return FitResult(
+        law=data.law,
+        E=p["E"],
+        A=p["A"],
+        B=p["B"],
+        alpha=p["alpha"],
+        beta=p["beta"],
+        phi=p["phi"] if looped else None,
+        phi_fixed=looped and phi is not None,
+        huber=sol.J,
+        r2=r_squared(data, sol.theta),
+        n_points=data.n,
+        provenance=data.provenance,
+        theta=[float(t) for t in sol.theta],
+        restarts=restarts,
+        seed=seed,
+        n_at_best=int((sol.finals <= sol.J * (1 + 1e-6) + 1e-18).sum()),
+        residuals=residual_stats(data, sol.theta),
+        at_bounds=_at_bounds(sol.theta, 6 if looped and phi is None else 5),
+        method=method,
+        n_basins=sol.n_basins,
+    )
 
 
-def fit_chinchilla(N, D, loss, restarts: int = 500, seed: int = 0, provenance: str = 'real', extra_starts=None,
-                   **kw) -> FitResult:
+def fit_chinchilla(
+    N, D, loss, restarts: int = 500, seed: int = 0, provenance: str = "real", extra_starts=None, **kw
+) -> FitResult:
     "Chinchilla fit L = E + A·N^−α + B·D^−β (the looped paper's objective, arXiv 2604.21106 §4.2); `kw`: method, workers."
-    return fit_law(chinchilla_data(N, D, loss, provenance), restarts=restarts, seed=seed, extra_starts=extra_starts, **kw)
+    return fit_law(
+        chinchilla_data(N, D, loss, provenance), restarts=restarts, seed=seed, extra_starts=extra_starts, **kw
+    )
 
 
-def fit_looped(n_once, n_rec, r, D, loss, restarts: int = 500, seed: int = 0, phi: float | None = None,
-               provenance: str = 'real', extra_starts=None, **kw) -> FitResult:
+def fit_looped(
+    n_once,
+    n_rec,
+    r,
+    D,
+    loss,
+    restarts: int = 500,
+    seed: int = 0,
+    phi: float | None = None,
+    provenance: str = "real",
+    extra_starts=None,
+    **kw,
+) -> FitResult:
     "Looped-law fit with N_eff = N_once + r^φ·N_rec; `phi` None (free) or fixed (0 or 1: the restricted laws)."
-    return fit_law(looped_data(n_once, n_rec, r, D, loss, provenance), phi=phi, restarts=restarts, seed=seed,
-                   extra_starts=extra_starts, **kw)
+    return fit_law(
+        looped_data(n_once, n_rec, r, D, loss, provenance),
+        phi=phi,
+        restarts=restarts,
+        seed=seed,
+        extra_starts=extra_starts,
+        **kw,
+    )
 
 # %% ../nbs/09_scaling.ipynb #e75633ee
-LAW_COLUMNS = {'chinchilla': ('N', 'D', 'loss'), 'looped': ('n_once', 'n_rec', 'r', 'D', 'loss')}
+LAW_COLUMNS = {"chinchilla": ("N", "D", "loss"), "looped": ("n_once", "n_rec", "r", "D", "loss")}
 
 
 def _law_name(law: str) -> str:
-    if law not in LAWS: raise ConfigError(f"unknown law {law!r}; valid laws: {', '.join(LAWS)}")
+    if law not in LAWS:
+        raise ConfigError(f"unknown law {law!r}; valid laws: {', '.join(LAWS)}")
     return law
 
 
-def frame_provenance(df: pd.DataFrame, default: str = 'real') -> str:
+def frame_provenance(df: pd.DataFrame, default: str = "real") -> str:
     "The table's provenance: its `provenance` column (a single value) or `default`."
-    if 'provenance' not in df.columns: return _check_provenance(default)
-    vals = sorted(set(map(str, df['provenance'].dropna())))
+    if "provenance" not in df.columns:
+        return _check_provenance(default)
+    vals = sorted(set(map(str, df["provenance"].dropna())))
     if len(vals) != 1:
-        raise ConfigError(f"column 'provenance' must hold one value for the whole table, found {vals}; "
-                          f"valid provenances: {', '.join(PROVENANCES)}")
+        raise ConfigError(
+            f"column 'provenance' must hold one value for the whole table, found {vals}; "
+            f"valid provenances: {', '.join(PROVENANCES)}"
+        )
     return _check_provenance(vals[0])
 
 
-def law_data_from_frame(df: pd.DataFrame, law: str = 'looped', provenance: str | None = None) -> LawData:
+def law_data_from_frame(df: pd.DataFrame, law: str = "looped", provenance: str | None = None) -> LawData:
     "Checked `LawData` from a table with the law's columns."
     cols = LAW_COLUMNS[_law_name(law)]
     missing = [c for c in cols if c not in df.columns]
     if missing:
-        raise ConfigError(f"the {law} law needs columns {', '.join(cols)}; missing {', '.join(missing)} "
-                          f"(found: {', '.join(map(str, df.columns))})")
+        raise ConfigError(
+            f"the {law} law needs columns {', '.join(cols)}; missing {', '.join(missing)} "
+            f"(found: {', '.join(map(str, df.columns))})"
+        )
     prov = provenance or frame_provenance(df)
-    if law == 'chinchilla': return chinchilla_data(df['N'], df['D'], df['loss'], prov)
-    return looped_data(df['n_once'], df['n_rec'], df['r'], df['D'], df['loss'], prov)
+    if law == "chinchilla":
+        return chinchilla_data(df["N"], df["D"], df["loss"], prov)
+    return looped_data(df["n_once"], df["n_rec"], df["r"], df["D"], df["loss"], prov)
 
 
-def fit_frame(df: pd.DataFrame, law: str = 'looped', phi: float | None = None, restarts: int = 500, seed: int = 0,
-              extra_starts=None, provenance: str | None = None, method: str = 'batched', workers: int | None = None) -> FitResult:
+def fit_frame(
+    df: pd.DataFrame,
+    law: str = "looped",
+    phi: float | None = None,
+    restarts: int = 500,
+    seed: int = 0,
+    extra_starts=None,
+    provenance: str | None = None,
+    method: str = "batched",
+    workers: int | None = None,
+) -> FitResult:
     "Fit a law to a table (the entry point of the CLI and the reports)."
-    return fit_law(law_data_from_frame(df, law, provenance), phi=phi, restarts=restarts, seed=seed,
-                   extra_starts=extra_starts, method=method, workers=workers)
+    return fit_law(
+        law_data_from_frame(df, law, provenance),
+        phi=phi,
+        restarts=restarts,
+        seed=seed,
+        extra_starts=extra_starts,
+        method=method,
+        workers=workers,
+    )
 
 
 def fit_per_r(df: pd.DataFrame, restarts: int = 500, seed: int = 0, provenance: str | None = None, **kw) -> dict:
     "One Chinchilla law per recurrence r on N = n_once + n_rec (the per-architecture fits of arXiv 2604.21106 Table 1); `kw`: method, workers."
-    law_data_from_frame(df, 'looped', provenance)            # the same checks as a joint fit
+    law_data_from_frame(df, "looped", provenance)  # the same checks as a joint fit
     out = {}
-    for r, g in df.groupby('r', sort=True):
+    for r, g in df.groupby("r", sort=True):
         out[int(r) if float(r).is_integer() else float(r)] = fit_frame(
-            pd.DataFrame(dict(N=g['n_once'] + g['n_rec'], D=g['D'], loss=g['loss'])), 'chinchilla',
-            restarts=restarts, seed=seed, provenance=provenance or frame_provenance(df), **kw)
+            pd.DataFrame(dict(N=g["n_once"] + g["n_rec"], D=g["D"], loss=g["loss"])),
+            "chinchilla",
+            restarts=restarts,
+            seed=seed,
+            provenance=provenance or frame_provenance(df),
+            **kw,
+        )
     return out
 
 # %% ../nbs/09_scaling.ipynb #613c339c
 @dataclass(frozen=True)
 class LoopedAccounting:
     "Unique non-embedding params run once / in the loop, and training FLOPs per token, of one (d, r)."
+
     d: float
     r: int
     n_once: float
@@ -826,184 +1086,320 @@ class LoopedAccounting:
     flops_per_token: float
 
     @property
-    def n_unique(self) -> float: return self.n_once + self.n_rec
+    def n_unique(self) -> float:
+        return self.n_once + self.n_rec
 
 
 def paper_accounting(d: float, r: int, vocab: int = PAPER_VOCAB, seq_len: int = PAPER_SEQ_LEN) -> LoopedAccounting:
     "The closed forms of arXiv 2604.21106 §3.2 (Eq. 1) at any width d (continuous d allowed, for law optima)."
     n_b, n_i = 12 * d * d + 2 * d, 2 * d * d
-    if r == 1: n_once, n_rec, executed = 0.0, 20 * n_b, 20 * n_b             # no loop, no injection
-    else: n_once, n_rec = 4 * n_b, 16 / r * n_b + n_i; executed = n_once + r * n_rec
+    if r == 1:
+        n_once, n_rec, executed = 0.0, 20 * n_b, 20 * n_b  # no loop, no injection
+    else:
+        n_once, n_rec = 4 * n_b, 16 / r * n_b + n_i
+        executed = n_once + r * n_rec
     F = 6 * (executed + d * vocab) + 12 * 20 * d * seq_len
     return LoopedAccounting(d, r, n_once, n_rec, F)
 
 
-def paper_grid_frame(variant: str = 'baseline') -> pd.DataFrame:
+def paper_grid_frame(variant: str = "baseline") -> pd.DataFrame:
     "The paper's grid (116 runs for 'baseline') as a table: C, s, r, d_model, n_once, n_rec, flops_per_token, D."
-    return pd.DataFrame(looped_grid_rows(variant)).rename(columns={'tokens': 'D'})
+    return pd.DataFrame(looped_grid_rows(variant)).rename(columns={"tokens": "D"})
 
 
-def synthetic_looped_frame(truth: dict = PAPER_LOOPED, noise: float = 0.005, seed: int = 0,
-                           grid: pd.DataFrame | None = None) -> pd.DataFrame:
+def synthetic_looped_frame(
+    truth: dict = PAPER_LOOPED, noise: float = 0.005, seed: int = 0, grid: pd.DataFrame | None = None
+) -> pd.DataFrame:
     "Losses from a known looped law on the paper grid plus Gaussian noise (nats); provenance 'synthetic'."
     df = (paper_grid_frame() if grid is None else grid).copy()
-    neff = df['n_once'] + df['r'] ** truth['phi'] * df['n_rec']
-    clean = truth['E'] + truth['A'] * neff ** -truth['alpha'] + truth['B'] * df['D'] ** -truth['beta']
+    neff = df["n_once"] + df["r"] ** truth["phi"] * df["n_rec"]
+    clean = truth["E"] + truth["A"] * neff ** -truth["alpha"] + truth["B"] * df["D"] ** -truth["beta"]
     rng = np.random.default_rng(seed)
-    return df.assign(loss=clean + noise * rng.standard_normal(len(df)), loss_clean=clean, provenance='synthetic')
+    return df.assign(loss=clean + noise * rng.standard_normal(len(df)), loss_clean=clean, provenance="synthetic")
 
 # %% ../nbs/09_scaling.ipynb #9a7e1290
-BOOT_PARAMS = ('E', 'A', 'B', 'alpha', 'beta', 'phi')
-BOOT_CHUNK = 8   # resamples minimised together (the progress bar moves per chunk)
+BOOT_PARAMS = ("E", "A", "B", "alpha", "beta", "phi")
+BOOT_CHUNK = 8  # resamples minimised together (the progress bar moves per chunk)
 
 
-def table_blocks(data: pd.DataFrame, block_cols: Sequence[str] | None = ('C', 'r')) -> list[np.ndarray]:
+def table_blocks(data: pd.DataFrame, block_cols: Sequence[str] | None = ("C", "r")) -> list[np.ndarray]:
     "Row positions of each block: the runs sharing a value of `block_cols` (None: every run its own block)."
-    if not block_cols: return [np.array([i]) for i in range(len(data))]
+    if not block_cols:
+        return [np.array([i]) for i in range(len(data))]
     missing = [c for c in block_cols if c not in data.columns]
-    if missing: raise ConfigError(f"block columns {missing} not in the table (found: {', '.join(map(str, data.columns))})")
+    if missing:
+        raise ConfigError(f"block columns {missing} not in the table (found: {', '.join(map(str, data.columns))})")
     return [np.asarray(v) for v in data.groupby(list(block_cols), sort=True).indices.values()]
 
 
-def law_bootstrap(data: LawData, blocks: list, phi: float | None = None, n_resamples: int = 200, restarts: int = 500,
-                  seed: int = 0, warm_start=None, method: str = 'batched', workers: int | None = None,
-                  progress: bool = False) -> pd.DataFrame:
+def law_bootstrap(
+    data: LawData,
+    blocks: list,
+    phi: float | None = None,
+    n_resamples: int = 200,
+    restarts: int = 500,
+    seed: int = 0,
+    warm_start=None,
+    method: str = "batched",
+    workers: int | None = None,
+    progress: bool = False,
+) -> pd.DataFrame:
     """Refits of `n_resamples` block resamples of `data` (each draws len(blocks) blocks with replacement; a drawn
     block's runs count once per draw). Each refit: `restarts` seeded random starts (seed·100003 + resample + 1)
     plus, with `warm_start` (a FitResult or θ), one start there; the lowest J wins. Chunks of `BOOT_CHUNK` resamples
     are minimised together, in `workers` processes (default min(2, CPU cores)). One row per resample."""
     if len(blocks) < 2:
-        raise ConfigError(f"a block bootstrap needs at least 2 blocks, the data have {len(blocks)}: resampling a single block "
-                          "only repeats the same runs. Add runs of another block (another (C, r) cell), or bootstrap runs "
-                          "(block_cols=None)")
-    if n_resamples < 1: raise ConfigError(f"n_resamples must be >= 1, got {n_resamples}")
+        raise ConfigError(
+            f"a block bootstrap needs at least 2 blocks, the data have {len(blocks)}: resampling a single block "
+            "only repeats the same runs. Add runs of another block (another (C, r) cell), or bootstrap runs "
+            "(block_cols=None)"
+        )
+    if n_resamples < 1:
+        raise ConfigError(f"n_resamples must be >= 1, got {n_resamples}")
     _check_method(method)
     rng = np.random.default_rng(seed)
     weights = []
-    for _ in range(n_resamples):        # drawn up front: a resample never depends on chunking or workers
+    for _ in range(n_resamples):  # drawn up front: a resample never depends on chunking or workers
         w = np.zeros(data.n)
-        for j in rng.integers(0, len(blocks), len(blocks)): w[blocks[j]] += 1
+        for j in rng.integers(0, len(blocks), len(blocks)):
+            w[blocks[j]] += 1
         weights.append(w)
-    phi_free = data.law == 'looped' and phi is None
+    phi_free = data.law == "looped" and phi is None
     n_free, phi_value = (6 if phi_free else 5), (0.0 if phi is None else float(phi))
     warm = np.zeros((0, 6))
     if warm_start is not None:
-        warm = np.clip(np.asarray(getattr(warm_start, 'theta', warm_start), float).reshape(1, 6), LOWER, UPPER)
+        warm = np.clip(np.asarray(getattr(warm_start, "theta", warm_start), float).reshape(1, 6), LOWER, UPPER)
     seeds = [seed * 100_003 + i + 1 for i in range(n_resamples)]
     from tqdm.auto import tqdm
-    bar = tqdm(total=n_resamples, desc=f'bootstrap ({restarts} + {len(warm)} starts per refit)', disable=not progress)
+
+    bar = tqdm(total=n_resamples, desc=f"bootstrap ({restarts} + {len(warm)} starts per refit)", disable=not progress)
     chunks = [range(c0, min(n_resamples, c0 + BOOT_CHUNK)) for c0 in range(0, n_resamples, BOOT_CHUNK)]
     sols = []
-    if method == 'batched':
-        jobs = [([_objective_rows(data, weights[i], phi) for i in ch],
-                 [np.vstack([_random_starts(restarts, n_free, seeds[i]), warm]) for i in ch], [restarts] * len(ch),
-                 phi_free, phi_value) for ch in chunks]
+    if method == "batched":
+        jobs = [
+            (
+                [_objective_rows(data, weights[i], phi) for i in ch],
+                [np.vstack([_random_starts(restarts, n_free, seeds[i]), warm]) for i in ch],
+                [restarts] * len(ch),
+                phi_free,
+                phi_value,
+            )
+            for ch in chunks
+        ]
         workers = default_workers() if workers is None else workers
-        if workers < 1: raise ConfigError(f"workers must be >= 1, got {workers}")
-        for out in _in_processes(_solve_chunk, jobs, workers, lambda i: bar.update(len(chunks[i]))): sols += out
-    else:   # the reference: each resample's runs concatenated (duplicates kept) and refitted by the scipy loop
+        if workers < 1:
+            raise ConfigError(f"workers must be >= 1, got {workers}")
+        for out in _in_processes(_solve_chunk, jobs, workers, lambda i: bar.update(len(chunks[i]))):
+            sols += out
+    else:  # the reference: each resample's runs concatenated (duplicates kept) and refitted by the scipy loop
         for ch in chunks:
-            sols += [minimise_law(_repeat_runs(data, weights[i]), phi=phi, restarts=restarts, seed=seeds[i],
-                                  extra_starts=list(warm), method='scipy') for i in ch]
+            sols += [
+                minimise_law(
+                    _repeat_runs(data, weights[i]),
+                    phi=phi,
+                    restarts=restarts,
+                    seed=seeds[i],
+                    extra_starts=list(warm),
+                    method="scipy",
+                )
+                for i in ch
+            ]
             bar.update(len(ch))
     bar.close()
     rows = []
     for i, sol in enumerate(sols):
         p = params_from_theta(sol.theta)
         tol = sol.J * (1 + 1e-9) + 1e-18
-        rows.append(dict(resample=i, seed=seeds[i], huber=sol.J, **{k: p[k] for k in BOOT_PARAMS},
-                         phi_free=phi_free, n_at_best=int((sol.finals <= sol.J * (1 + 1e-6) + 1e-18).sum()),
-                         n_basins=sol.n_basins, at_bounds=', '.join(_at_bounds(sol.theta, n_free)),
-                         best_from_warm_start=bool(len(warm) and sol.finals[restarts:].min() <= tol
-                                                   and sol.finals[:restarts].min() > tol)))
+        rows.append(
+            dict(
+                resample=i,
+                seed=seeds[i],
+                huber=sol.J,
+                **{k: p[k] for k in BOOT_PARAMS},
+                phi_free=phi_free,
+                n_at_best=int((sol.finals <= sol.J * (1 + 1e-6) + 1e-18).sum()),
+                n_basins=sol.n_basins,
+                at_bounds=", ".join(_at_bounds(sol.theta, n_free)),
+                best_from_warm_start=bool(
+                    len(warm) and sol.finals[restarts:].min() <= tol and sol.finals[:restarts].min() > tol
+                ),
+            )
+        )
     return pd.DataFrame(rows)
 
 
 def _repeat_runs(data: LawData, weights) -> LawData:
     "The runs of a resample concatenated, each repeated by its weight (what the scipy reference refits)."
     idx = np.repeat(np.arange(data.n), np.asarray(weights, int))
-    return LawData(*(getattr(data, f)[idx] for f in ('log_n_once', 'log_n_rec', 'log_r', 'log_d', 'loss', 'r')),
-                   data.law, data.provenance)
+    return LawData(
+        *(getattr(data, f)[idx] for f in ("log_n_once", "log_n_rec", "log_r", "log_d", "loss", "r")),
+        data.law,
+        data.provenance,
+    )
 
 
-def block_bootstrap(data: pd.DataFrame, law: str = 'looped', phi: float | None = None,
-                    block_cols: Sequence[str] | None = ('C', 'r'), n_resamples: int = 200, restarts: int = 500,
-                    seed: int = 0, warm_start: FitResult | None = None, level: float = 0.95, progress: bool = False,
-                    workers: int | None = None, provenance: str | None = None, method: str = 'batched') -> dict:
+def block_bootstrap(
+    data: pd.DataFrame,
+    law: str = "looped",
+    phi: float | None = None,
+    block_cols: Sequence[str] | None = ("C", "r"),
+    n_resamples: int = 200,
+    restarts: int = 500,
+    seed: int = 0,
+    warm_start: FitResult | None = None,
+    level: float = 0.95,
+    progress: bool = False,
+    workers: int | None = None,
+    provenance: str | None = None,
+    method: str = "batched",
+) -> dict:
     """Percentile CIs of a law's parameters from refits of block resamples of a table (arXiv 2604.21106 App. F.2: blocks are (C, r) cells;
     `block_cols=None`: each run a block). Returns the CIs, what they came from, and the refits (`samples`)."""
-    if not 0 < level < 1: raise ConfigError(f"level must be in (0, 1), got {level}")
-    if n_resamples < 2: raise ConfigError(f"a percentile interval needs n_resamples >= 2, got {n_resamples}")
+    if not 0 < level < 1:
+        raise ConfigError(f"level must be in (0, 1), got {level}")
+    if n_resamples < 2:
+        raise ConfigError(f"a percentile interval needs n_resamples >= 2, got {n_resamples}")
     blocks = table_blocks(data.reset_index(drop=True), block_cols)
-    samples = law_bootstrap(law_data_from_frame(data, law, provenance), blocks, phi=phi, n_resamples=n_resamples,
-                            restarts=restarts, seed=seed, warm_start=warm_start, method=method, workers=workers,
-                            progress=progress)
+    samples = law_bootstrap(
+        law_data_from_frame(data, law, provenance),
+        blocks,
+        phi=phi,
+        n_resamples=n_resamples,
+        restarts=restarts,
+        seed=seed,
+        warm_start=warm_start,
+        method=method,
+        workers=workers,
+        progress=progress,
+    )
     q = [(1 - level) / 2 * 100, (1 + level) / 2 * 100]
-    params = [p for p in BOOT_PARAMS if p != 'phi' or (law == 'looped' and phi is None)]
+    params = [p for p in BOOT_PARAMS if p != "phi" or (law == "looped" and phi is None)]
     ci = {p: [float(v) for v in np.percentile(samples[p], q)] for p in params}
-    return dict(ci=ci, level=level, n_resamples=n_resamples, n_blocks=len(blocks), block_cols=list(block_cols or []),
-                restarts=restarts, warm_start=warm_start is not None, method=method,
-                best_from_warm_start=int(samples['best_from_warm_start'].sum()), samples=samples)
+    return dict(
+        ci=ci,
+        level=level,
+        n_resamples=n_resamples,
+        n_blocks=len(blocks),
+        block_cols=list(block_cols or []),
+        restarts=restarts,
+        warm_start=warm_start is not None,
+        method=method,
+        best_from_warm_start=int(samples["best_from_warm_start"].sum()),
+        samples=samples,
+    )
 
 
 def attach_bootstrap(fit: FitResult, boot: dict) -> FitResult:
     "Put a bootstrap's CIs and what they came from on the fit it was warm-started at."
-    fit.ci = boot['ci']
-    fit.bootstrap = {k: boot[k] for k in ('n_resamples', 'restarts', 'warm_start', 'best_from_warm_start', 'n_blocks',
-                                          'block_cols', 'level', 'method')}
+    fit.ci = boot["ci"]
+    fit.bootstrap = {
+        k: boot[k]
+        for k in (
+            "n_resamples",
+            "restarts",
+            "warm_start",
+            "best_from_warm_start",
+            "n_blocks",
+            "block_cols",
+            "level",
+            "method",
+        )
+    }
     return fit
 
 
 def effort_label(fit: FitResult) -> str:
     "The fitting effort of a fit in words (restarts; resamples, starts per refit, warm-start wins), for tables."
-    s = f'best of {fit.restarts} random starts ({fit.method})'
+    s = f"best of {fit.restarts} random starts ({fit.method})"
     b = fit.bootstrap
-    if b: s += (f"; {b['n_resamples']} block resamples of {b['n_blocks']} blocks, each refit from {b['restarts']} random starts"
-                + (f" + 1 warm start at this fit; the warm start alone found the best in {b['best_from_warm_start']} of "
-                   f"{b['n_resamples']}" if b['warm_start'] else ''))
+    if b:
+        s += (
+            f"; {b['n_resamples']} block resamples of {b['n_blocks']} blocks, each refit from {b['restarts']} random starts"
+            + (
+                f" + 1 warm start at this fit; the warm start alone found the best in {b['best_from_warm_start']} of "
+                f"{b['n_resamples']}"
+                if b["warm_start"]
+                else ""
+            )
+        )
     return s
 
 # %% ../nbs/09_scaling.ipynb #e23a1b17
-def empirical_optima(df: pd.DataFrame, cell_cols: Sequence[str] = ('C', 'r'), size_col: str = 'N',
-                     loss_col: str = 'loss') -> pd.DataFrame:
+def empirical_optima(
+    df: pd.DataFrame, cell_cols: Sequence[str] = ("C", "r"), size_col: str = "N", loss_col: str = "loss"
+) -> pd.DataFrame:
     "Per cell: parabola in log N through its runs -> N*, L*, curvature, edge/convex flags."
     missing = [c for c in (*cell_cols, size_col, loss_col) if c not in df.columns]
-    if missing: raise ConfigError(f"empirical_optima needs columns {missing} (found: {', '.join(map(str, df.columns))})")
+    if missing:
+        raise ConfigError(f"empirical_optima needs columns {missing} (found: {', '.join(map(str, df.columns))})")
     rows = []
     for key, g in df.groupby(list(cell_cols), sort=True):
         key = key if isinstance(key, tuple) else (key,)
         x, y = np.log(g[size_col].to_numpy(float)), g[loss_col].to_numpy(float)
-        row = dict(zip(cell_cols, key), n_points=len(g), best_sampled_N=float(np.exp(x[np.argmin(y)])),
-                   best_sampled_loss=float(y.min()))
+        row = dict(
+            zip(cell_cols, key),
+            n_points=len(g),
+            best_sampled_N=float(np.exp(x[np.argmin(y)])),
+            best_sampled_loss=float(y.min()),
+        )
         if len(np.unique(x)) < 3:
-            rows.append(dict(row, N_star=np.nan, L_star=np.nan, curvature=np.nan, convex=False, edge=True)); continue
+            rows.append(dict(row, N_star=np.nan, L_star=np.nan, curvature=np.nan, convex=False, edge=True))
+            continue
         a, b, c = np.polyfit(x, y, 2)
         if a <= 0:
-            rows.append(dict(row, N_star=row['best_sampled_N'], L_star=row['best_sampled_loss'], curvature=float(a),
-                             convex=False, edge=True)); continue
+            rows.append(
+                dict(
+                    row,
+                    N_star=row["best_sampled_N"],
+                    L_star=row["best_sampled_loss"],
+                    curvature=float(a),
+                    convex=False,
+                    edge=True,
+                )
+            )
+            continue
         xs = -b / (2 * a)
-        rows.append(dict(row, N_star=float(np.exp(xs)), L_star=float(c - b * b / (4 * a)), curvature=float(a),
-                         convex=True, edge=bool(xs < x.min() or xs > x.max())))
+        rows.append(
+            dict(
+                row,
+                N_star=float(np.exp(xs)),
+                L_star=float(c - b * b / (4 * a)),
+                curvature=float(a),
+                convex=True,
+                edge=bool(xs < x.min() or xs > x.max()),
+            )
+        )
     return pd.DataFrame(rows)
 
 
-def law_optimum(fit: FitResult, C: float, r: int, d_range: tuple = (64.0, 65536.0),
-                accounting: Callable = paper_accounting) -> dict:
+def law_optimum(
+    fit: FitResult, C: float, r: int, d_range: tuple = (64.0, 65536.0), accounting: Callable = paper_accounting
+) -> dict:
     "The width d minimising the fitted loss at budget C and recurrence r; with N, N_eff, D and the loss there."
+
     def loss_at(log_d):
         acc = accounting(math.exp(log_d), r)
         return float(fit.predict(fit.n_eff(acc.n_once, acc.n_rec, r), C / acc.flops_per_token))
-    res = minimize_scalar(loss_at, bounds=tuple(map(math.log, d_range)), method='bounded', options=dict(xatol=1e-8))
+
+    res = minimize_scalar(loss_at, bounds=tuple(map(math.log, d_range)), method="bounded", options=dict(xatol=1e-8))
     acc = accounting(math.exp(res.x), r)
-    return dict(C=C, r=r, d=acc.d, N=acc.n_unique, N_eff=float(fit.n_eff(acc.n_once, acc.n_rec, r)),
-                D=C / acc.flops_per_token, loss=float(res.fun),
-                at_bound=bool(min(abs(res.x - math.log(d_range[0])), abs(res.x - math.log(d_range[1]))) < 1e-3))
+    return dict(
+        C=C,
+        r=r,
+        d=acc.d,
+        N=acc.n_unique,
+        N_eff=float(fit.n_eff(acc.n_once, acc.n_rec, r)),
+        D=C / acc.flops_per_token,
+        loss=float(res.fun),
+        at_bound=bool(min(abs(res.x - math.log(d_range[0])), abs(res.x - math.log(d_range[1]))) < 1e-3),
+    )
 
 # %% ../nbs/09_scaling.ipynb #81cbfb09
 def flops_power_law(widths: Sequence[float], r: int, accounting: Callable = paper_accounting) -> tuple[float, float]:
     """(γ, log k) of the power-law FLOP model F(d, r) ≈ k·N(d, r)^γ: the least-squares line of log F on log N over
     `widths` (the paper's Fig. 3: the grid's 11 widths; F per token and N unique non-embedding, §3.2)."""
-    if len(set(widths)) < 2: raise ConfigError(f"a power law of the FLOPs needs two or more widths, got {sorted(set(widths))}")
+    if len(set(widths)) < 2:
+        raise ConfigError(f"a power law of the FLOPs needs two or more widths, got {sorted(set(widths))}")
     acc = [accounting(float(d), r) for d in sorted(set(widths))]
     gamma, log_k = np.polyfit(np.log([a.n_unique for a in acc]), np.log([a.flops_per_token for a in acc]), 1)
     return float(gamma), float(log_k)
@@ -1015,139 +1411,235 @@ def power_law_frontier_exponents(alpha: float, beta: float, gamma: float) -> tup
     return beta / denominator, alpha / denominator
 
 
-PAPER_GRID_WIDTHS = tuple(sorted({s for widths in BASELINE_WIDTHS.values() for s in widths}))   # s of the 116-run grid
+PAPER_GRID_WIDTHS = tuple(sorted({s for widths in BASELINE_WIDTHS.values() for s in widths}))  # s of the 116-run grid
 
 
 def _exact_frontier_slopes(fit: FitResult, r: int, budgets, accounting: Callable) -> tuple[float, float]:
     "Log-log slopes of N* and D* of the law's numeric optimum (Eq. 1's FLOPs) over `budgets`."
     opt = [law_optimum(fit, C, r, d_range=(8.0, 65536.0), accounting=accounting) for C in budgets]
     x = np.log(budgets)
-    return (float(np.polyfit(x, np.log([o['N'] for o in opt]), 1)[0]),
-            float(np.polyfit(x, np.log([o['D'] for o in opt]), 1)[0]))
+    return (
+        float(np.polyfit(x, np.log([o["N"] for o in opt]), 1)[0]),
+        float(np.polyfit(x, np.log([o["D"] for o in opt]), 1)[0]),
+    )
 
 
-def law_from_params(A: float, alpha: float, B: float, beta: float, E: float, phi: Optional[float] = None,
-                    provenance: str = 'unspecified') -> FitResult:
+def law_from_params(
+    A: float,
+    alpha: float,
+    B: float,
+    beta: float,
+    E: float,
+    phi: Optional[float] = None,
+    provenance: str = "unspecified",
+) -> FitResult:
     "A FitResult holding given coefficients (a paper's), to compute with them as with a fit (no data, no objective)."
-    law = 'chinchilla' if phi is None else 'looped'
-    return FitResult(law, E, A, B, alpha, beta, phi, phi is not None, huber=np.nan, r2=np.nan, n_points=0,
-                     provenance=provenance, theta=list(theta_from_params(A, alpha, B, beta, E, phi or 0.0)),
-                     restarts=0, seed=0, n_at_best=0)
+    law = "chinchilla" if phi is None else "looped"
+    return FitResult(
+        law,
+        E,
+        A,
+        B,
+        alpha,
+        beta,
+        phi,
+        phi is not None,
+        huber=np.nan,
+        r2=np.nan,
+        n_points=0,
+        provenance=provenance,
+        theta=list(theta_from_params(A, alpha, B, beta, E, phi or 0.0)),
+        restarts=0,
+        seed=0,
+        n_at_best=0,
+    )
 
 
-def frontier_exponent_definitions(per_r: dict, optima: pd.DataFrame | None = None,
-                                  budgets: Sequence[float] = tuple(BASELINE_WIDTHS)) -> pd.DataFrame:
+def frontier_exponent_definitions(
+    per_r: dict, optima: pd.DataFrame | None = None, budgets: Sequence[float] = tuple(BASELINE_WIDTHS)
+) -> pd.DataFrame:
     """Fig. 3's exponents a (N* ∝ C^a) and b (D* ∝ C^b) under each plausible definition, from per-r laws
     (`per_r`: r -> FitResult, e.g. Table 1's coefficients through `law_from_params`): C = 6ND; the exact FLOPs of
     Eq. 1 with the numeric optimum over the grid's budgets, and over 1e17-1e24; the empirical optima (`optima`:
     C, r, N_star; D* = C / F at the width of N*); the power-law FLOP model over the grid's 11 widths (its γ in
     `gamma`). One row per (definition, r)."""
     rows = []
+
     def add(definition, r, a, b, gamma=np.nan):
         rows.append(dict(definition=definition, r=int(r), gamma=gamma, a_N_star=a, b_D_star=b, a_plus_b=a + b))
+
     for r, fit in sorted(per_r.items()):
         al, be = fit.alpha, fit.beta
-        add('C = 6ND (Chinchilla closed form)', r, be / (al + be), al / (al + be))
-        add("exact FLOPs (Eq. 1), numeric optimum, slope over the grid's budgets", r,
-            *_exact_frontier_slopes(fit, r, np.geomspace(min(budgets), max(budgets), 12), paper_accounting))
-        add('exact FLOPs (Eq. 1), numeric optimum, slope over 1e17-1e24', r,
-            *_exact_frontier_slopes(fit, r, np.geomspace(1e17, 1e24, 15), paper_accounting))
+        add("C = 6ND (Chinchilla closed form)", r, be / (al + be), al / (al + be))
+        add(
+            "exact FLOPs (Eq. 1), numeric optimum, slope over the grid's budgets",
+            r,
+            *_exact_frontier_slopes(fit, r, np.geomspace(min(budgets), max(budgets), 12), paper_accounting),
+        )
+        add(
+            "exact FLOPs (Eq. 1), numeric optimum, slope over 1e17-1e24",
+            r,
+            *_exact_frontier_slopes(fit, r, np.geomspace(1e17, 1e24, 15), paper_accounting),
+        )
         if optima is not None and (optima.r == r).any():
-            g = optima[optima.r == r].sort_values('C')
+            g = optima[optima.r == r].sort_values("C")
             d = [width_for_params(n, r) for n in g.N_star]
             D = [C / paper_accounting(w, r).flops_per_token for C, w in zip(g.C, d)]
             x = np.log(g.C.to_numpy(float))
-            add('empirical optima (per-cell parabola N*), slope over the budgets', r,
-                float(np.polyfit(x, np.log(g.N_star.to_numpy(float)), 1)[0]), float(np.polyfit(x, np.log(D), 1)[0]))
+            add(
+                "empirical optima (per-cell parabola N*), slope over the budgets",
+                r,
+                float(np.polyfit(x, np.log(g.N_star.to_numpy(float)), 1)[0]),
+                float(np.polyfit(x, np.log(D), 1)[0]),
+            )
         gamma, _ = flops_power_law([64 * s for s in PAPER_GRID_WIDTHS], r)
-        add("power-law FLOPs C = k·N^γ·D (γ over the grid's 11 widths), closed form", r,
-            *power_law_frontier_exponents(al, be, gamma), gamma=gamma)
+        add(
+            "power-law FLOPs C = k·N^γ·D (γ over the grid's 11 widths), closed form",
+            r,
+            *power_law_frontier_exponents(al, be, gamma),
+            gamma=gamma,
+        )
     return pd.DataFrame(rows)
 
 
 def width_for_params(n_unique: float, r: int) -> float:
     "The width d whose unique non-embedding parameters (§3.2) are `n_unique` at recurrence r."
     from scipy.optimize import brentq
+
     return float(brentq(lambda d: paper_accounting(d, r).n_unique - n_unique, 1.0, 1e6, xtol=1e-9))
 
 # %% ../nbs/09_scaling.ipynb #68bc8842
-def worked_example(phi: float = PAPER_LOOPED['phi'], n_r1: float = 1e9, r: int = 4) -> dict:
+def worked_example(phi: float = PAPER_LOOPED["phi"], n_r1: float = 1e9, r: int = 4) -> dict:
     "App. F.4: an r-loop model at the width of an `n_r1`-parameter r = 1 model: unique, effective size and FLOPs."
-    d = minimize_scalar(lambda d: (paper_accounting(d, 1).n_unique - n_r1) ** 2, bounds=(64, 65536), method='bounded',
-                        options=dict(xatol=1e-6)).x
+    d = minimize_scalar(
+        lambda d: (paper_accounting(d, 1).n_unique - n_r1) ** 2,
+        bounds=(64, 65536),
+        method="bounded",
+        options=dict(xatol=1e-6),
+    ).x
     one, loop = paper_accounting(d, 1), paper_accounting(d, r)
-    n_eff = loop.n_once + r ** phi * loop.n_rec
-    return {k: float(v) if k != 'r' else v for k, v in dict(
-        d=d, r=r, phi=phi, N_r1=one.n_unique, N_unique=loop.n_unique, N_eff=n_eff, unique_ratio=loop.n_unique / one.n_unique,
-        eff_ratio=n_eff / one.n_unique, eff_ratio_paper=(4 + r ** phi * 4) / 20,
-        flops_ratio=loop.flops_per_token / one.flops_per_token, r_phi=r ** phi).items()}
+    n_eff = loop.n_once + r**phi * loop.n_rec
+    return {
+        k: float(v) if k != "r" else v
+        for k, v in dict(
+            d=d,
+            r=r,
+            phi=phi,
+            N_r1=one.n_unique,
+            N_unique=loop.n_unique,
+            N_eff=n_eff,
+            unique_ratio=loop.n_unique / one.n_unique,
+            eff_ratio=n_eff / one.n_unique,
+            eff_ratio_paper=(4 + r**phi * 4) / 20,
+            flops_ratio=loop.flops_per_token / one.flops_per_token,
+            r_phi=r**phi,
+        ).items()
+    }
 
 # %% ../nbs/09_scaling.ipynb #f41b2dd2
 def _parse_phi(v: str) -> float | None:
-    if v == 'free': return None
-    try: return float(v)
-    except ValueError: raise ConfigError(f"--phi must be 'free' or a number (0 or 1 for the restricted laws), got {v!r}")
+    if v == "free":
+        return None
+    try:
+        return float(v)
+    except ValueError:
+        raise ConfigError(f"--phi must be 'free' or a number (0 or 1 for the restricted laws), got {v!r}")
 
 
 def read_runs_csv(path) -> pd.DataFrame:
     "A runs table from a CSV file; a missing, empty, binary or unparsable file is a clear error naming it."
     path = Path(path)
-    if not path.is_file(): raise FileNotFoundError(f"no such CSV: {path}")
+    if not path.is_file():
+        raise FileNotFoundError(f"no such CSV: {path}")
     data = path.read_bytes()
-    if not data.strip(): raise ConfigError(f"{path} is empty: the fit needs a CSV with a header row and one row per run")
+    if not data.strip():
+        raise ConfigError(f"{path} is empty: the fit needs a CSV with a header row and one row per run")
     try:
-        if b'\x00' in data: raise UnicodeDecodeError('utf-8', data, data.index(b'\x00'), data.index(b'\x00') + 1, 'NUL byte')
-        data.decode('utf-8')
+        if b"\x00" in data:
+            raise UnicodeDecodeError("utf-8", data, data.index(b"\x00"), data.index(b"\x00") + 1, "NUL byte")
+        data.decode("utf-8")
     except UnicodeDecodeError:
         raise CorruptFile(f"{path} is not a text CSV ({len(data)} bytes of binary data)") from None
-    try: df = pd.read_csv(io.BytesIO(data))
+    try:
+        df = pd.read_csv(io.BytesIO(data))
     except (pd.errors.ParserError, pd.errors.EmptyDataError, ValueError) as e:
         raise ConfigError(f"{path} is not a readable CSV ({str(e).strip().splitlines()[0][:160]})") from None
-    if df.empty: raise ConfigError(f"{path} has a header but no rows")
+    if df.empty:
+        raise ConfigError(f"{path} has a header but no rows")
     return df
 
 
-def fit_command(*, csv: str,                               # runs table: N,D,loss (chinchilla) or n_once,n_rec,r,D,loss (looped)
-                law: Annotated[str, Arg(choices=LAWS)] = 'looped',  # law to fit (default looped)
-                phi: str = 'free',                         # looped law: 'free' (default) or a fixed value (0, 1)
-                restarts: int = 500,                       # random starts of the fit (default 500, the paper)
-                bootstrap: Optional[int] = None,           # block-bootstrap resamples (default: 200 for the looped law with phi free, as the paper; 0 otherwise)
-                boot_restarts: int = 500,                  # random starts per bootstrap refit, plus a warm start (default 500)
-                block_cols: Optional[str] = None,          # bootstrap block columns (default 'C,r' when present, else rows)
-                seed: int = 0,                             # seed of the starts and resamples
-                provenance: Annotated[Optional[str], Arg(choices=PROVENANCES)] = None,  # data provenance (default: the CSV's provenance column, else 'unspecified')
-                method: Annotated[str, Arg(choices=FIT_METHODS)] = 'batched',  # batched (all starts at once; default) or scipy (the paper's L-BFGS-B loop, start by start: slow)
-                workers: Optional[int] = None,             # processes for the bootstrap refits (default: min(2, CPU cores))
-                per_r: bool = False,                       # looped CSVs: also one Chinchilla fit per r
-                json: bool = False) -> int:
+def fit_command(
+    *,
+    csv: str,  # runs table: N,D,loss (chinchilla) or n_once,n_rec,r,D,loss (looped)
+    law: Annotated[str, Arg(choices=LAWS)] = "looped",  # law to fit (default looped)
+    phi: str = "free",  # looped law: 'free' (default) or a fixed value (0, 1)
+    restarts: int = 500,  # random starts of the fit (default 500, the paper)
+    bootstrap: Optional[
+        int
+    ] = None,  # block-bootstrap resamples (default: 200 for the looped law with phi free, as the paper; 0 otherwise)
+    boot_restarts: int = 500,  # random starts per bootstrap refit, plus a warm start (default 500)
+    block_cols: Optional[str] = None,  # bootstrap block columns (default 'C,r' when present, else rows)
+    seed: int = 0,  # seed of the starts and resamples
+    provenance: Annotated[
+        Optional[str], Arg(choices=PROVENANCES)
+    ] = None,  # data provenance (default: the CSV's provenance column, else 'unspecified')
+    method: Annotated[
+        str, Arg(choices=FIT_METHODS)
+    ] = "batched",  # batched (all starts at once; default) or scipy (the paper's L-BFGS-B loop, start by start: slow)
+    workers: Optional[int] = None,  # processes for the bootstrap refits (default: min(2, CPU cores))
+    per_r: bool = False,  # looped CSVs: also one Chinchilla fit per r
+    json: bool = False,
+) -> int:
     """Fit the Chinchilla or the looped (phi) scaling law to a CSV of runs, with block-bootstrap CIs; defaults are the
     looped paper's protocol (arXiv 2604.21106 §4.2, App. F): 500 restarts; 200 resamples, each refit from 500 restarts +
     a warm start at the full fit."""
-    for name, value in (('restarts', restarts), ('boot-restarts', boot_restarts)):
-        if value < 1: raise ConfigError(f"--{name} must be >= 1, got {value}")
-    if workers is not None and workers < 1: raise ConfigError(f'--workers must be >= 1, got {workers}')
+    for name, value in (("restarts", restarts), ("boot-restarts", boot_restarts)):
+        if value < 1:
+            raise ConfigError(f"--{name} must be >= 1, got {value}")
+    if workers is not None and workers < 1:
+        raise ConfigError(f"--workers must be >= 1, got {workers}")
     path = Path(csv)
     df = read_runs_csv(path)
     phi_value = _parse_phi(phi)
-    if law == 'chinchilla' and phi_value is not None: raise ConfigError("--phi applies to --law looped only")
-    provenance = provenance or frame_provenance(df, default='unspecified')   # a bare CSV is not assumed to be real runs
-    n_boot = bootstrap if bootstrap is not None else (200 if law == 'looped' and phi_value is None else 0)
-    if n_boot < 0: raise ConfigError(f'--bootstrap must be >= 0, got {n_boot}')
+    if law == "chinchilla" and phi_value is not None:
+        raise ConfigError("--phi applies to --law looped only")
+    provenance = provenance or frame_provenance(df, default="unspecified")  # a bare CSV is not assumed to be real runs
+    n_boot = bootstrap if bootstrap is not None else (200 if law == "looped" and phi_value is None else 0)
+    if n_boot < 0:
+        raise ConfigError(f"--bootstrap must be >= 0, got {n_boot}")
     fit = fit_frame(df, law, phi=phi_value, restarts=restarts, seed=seed, provenance=provenance, method=method)
     if n_boot:
-        cols = block_cols.split(',') if block_cols else (['C', 'r'] if {'C', 'r'} <= set(df.columns) else None)
-        attach_bootstrap(fit, block_bootstrap(df, law, phi=phi_value, block_cols=cols, n_resamples=n_boot, restarts=boot_restarts,
-                                              seed=seed, warm_start=fit, progress=not json, workers=workers,
-                                              provenance=fit.provenance, method=method))
+        cols = block_cols.split(",") if block_cols else (["C", "r"] if {"C", "r"} <= set(df.columns) else None)
+        attach_bootstrap(
+            fit,
+            block_bootstrap(
+                df,
+                law,
+                phi=phi_value,
+                block_cols=cols,
+                n_resamples=n_boot,
+                restarts=boot_restarts,
+                seed=seed,
+                warm_start=fit,
+                progress=not json,
+                workers=workers,
+                provenance=fit.provenance,
+                method=method,
+            ),
+        )
     out = fit.to_dict()
-    out['effort'] = effort_label(fit)
+    out["effort"] = effort_label(fit)
     if per_r:
-        if law != 'looped': raise ConfigError("--per-r needs --law looped (the per-r fits split a looped table by r)")
-        out['per_r'] = {str(r): f.to_dict() for r, f in fit_per_r(df, restarts=restarts, seed=seed, provenance=provenance,
-                                                                 method=method).items()}
-    return emit(out, json, title=f'{law} fit of {path} ({fit.provenance} data, {fit.n_points} runs)')
+        if law != "looped":
+            raise ConfigError("--per-r needs --law looped (the per-r fits split a looped table by r)")
+        out["per_r"] = {
+            str(r): f.to_dict()
+            for r, f in fit_per_r(df, restarts=restarts, seed=seed, provenance=provenance, method=method).items()
+        }
+    return emit(out, json, title=f"{law} fit of {path} ({fit.provenance} data, {fit.n_points} runs)")
 
 
 def cli_fit(argv=None) -> int:
     "depthbench-nb fit: fit a scaling law to a CSV of runs."
-    return call_parsed(fit_command, argv, prog='depthbench-nb fit')
+    return call_parsed(fit_command, argv, prog="depthbench-nb fit")

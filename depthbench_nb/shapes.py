@@ -21,12 +21,16 @@ __all__ = ['GRIDS', 'TINY_DEFAULT_DEPTHS', 'OFFICIAL_STEPS', 'PRESETS', 'SHAPE_C
 @dataclass(frozen=True)
 class ParamCount:
     "Closed-form parameter counts of one model."
+
     total: int
-    backbone: int      # blocks only (design extras inside blocks included; embeddings, final norm, final mixers excluded)
-    embeddings: int    # input table + LM head
+    backbone: int  # blocks only (design extras inside blocks included; embeddings, final norm, final mixers excluded)
+    embeddings: int  # input table + LM head
     design_extra: int  # what the design adds over Pre-LN at the same shape
 
-    def as_dict(self): return dict(total=self.total, backbone=self.backbone, embeddings=self.embeddings, design_extra=self.design_extra)
+    def as_dict(self):
+        return dict(
+            total=self.total, backbone=self.backbone, embeddings=self.embeddings, design_extra=self.design_extra
+        )
 
 
 def preln_block_params(d: int, ffn: int, n_head: int, n_kv_head: int) -> int:
@@ -38,83 +42,130 @@ def preln_block_params(d: int, ffn: int, n_head: int, n_kv_head: int) -> int:
 def count_params(cfg: ModelConfig) -> ParamCount:
     "Closed-form parameter counts of any registered design: Pre-LN blocks plus what the design's entry adds."
     design = resolve_arch(cfg.arch)
-    if design.count_params is not None: return design.count_params(cfg)   # a design with its own layout (looped)
+    if design.count_params is not None:
+        return design.count_params(cfg)  # a design with its own layout (looped)
     d, L, V = cfg.d_model, cfg.n_layer, cfg.vocab_size
     inside, outside = design.extra_params(cfg)
     backbone = L * preln_block_params(d, cfg.ffn_hidden, cfg.n_head, cfg.n_kv_head) + inside
     embeddings = 2 * V * d
-    return ParamCount(total=backbone + embeddings + d + outside, backbone=backbone, embeddings=embeddings,
-                      design_extra=inside + outside)
-
+    return ParamCount(
+        total=backbone + embeddings + d + outside,
+        backbone=backbone,
+        embeddings=embeddings,
+        design_extra=inside + outside,
+    )
 
 # %% ../nbs/01_shapes.ipynb #7fa00cdf
 @dataclass(frozen=True)
 class Shape:
     "One model shape of a grid."
+
     n_layer: int
     d_model: int
     n_head: int
     n_kv_head: int
     ffn_hidden: int
     vocab_size: int
-    group: str = ''      # e.g. the ladder size ('200m')
+    group: str = ""  # e.g. the ladder size ('200m')
 
     @property
-    def head_dim(self) -> int: return self.d_model // self.n_head
+    def head_dim(self) -> int:
+        return self.d_model // self.n_head
 
     @property
-    def ratio(self) -> float: return self.d_model / self.n_layer
+    def ratio(self) -> float:
+        return self.d_model / self.n_layer
 
-    def model_config(self, arch: str = 'preln', **options) -> ModelConfig:
+    def model_config(self, arch: str = "preln", **options) -> ModelConfig:
         "A ModelConfig of this shape for `arch` (design options as keywords)."
-        return ModelConfig(arch=arch, n_layer=self.n_layer, d_model=self.d_model, n_head=self.n_head,
-                           n_kv_head=self.n_kv_head, ffn_hidden=self.ffn_hidden, vocab_size=self.vocab_size, **options)
+        return ModelConfig(
+            arch=arch,
+            n_layer=self.n_layer,
+            d_model=self.d_model,
+            n_head=self.n_head,
+            n_kv_head=self.n_kv_head,
+            ffn_hidden=self.ffn_hidden,
+            vocab_size=self.vocab_size,
+            **options,
+        )
 
 
 @dataclass(frozen=True)
 class GridSpec:
     "A family of shapes solved by the nearest-size rule."
+
     name: str
-    depths: tuple           # () = any depth (tiny)
-    target: float           # parameters
-    measure: str = 'total'  # 'total' or 'backbone'
+    depths: tuple  # () = any depth (tiny)
+    target: float  # parameters
+    measure: str = "total"  # 'total' or 'backbone'
     n_head: int = 16
     n_kv_head: Optional[int] = None
-    ffn_rule: str = '8/3'
+    ffn_rule: str = "8/3"
     vocab_size: int = 50280
-    description: str = ''
-    groups: tuple = ()      # ladder: ((group, nominal, (depths...)), ...)
+    description: str = ""
+    groups: tuple = ()  # ladder: ((group, nominal, (depths...)), ...)
 
 
 def _measure(L: int, d: int, g: GridSpec) -> int:
     kv = g.n_kv_head or g.n_head
     ffn = ffn_hidden_default(d, g.ffn_rule)
     bb = L * preln_block_params(d, ffn, g.n_head, kv)
-    return bb if g.measure == 'backbone' else bb + 2 * g.vocab_size * d + d
+    return bb if g.measure == "backbone" else bb + 2 * g.vocab_size * d + d
 
 
 def solve_d_model(L: int, g: GridSpec, target: Optional[float] = None) -> int:
     "The d = n_head·head_dim (head_dim even) whose size is nearest `target` at depth L."
-    if not isinstance(L, int) or isinstance(L, bool) or L < 1: raise ConfigError(f"n_layer must be an integer >= 1, got {L!r}")
+    if not isinstance(L, int) or isinstance(L, bool) or L < 1:
+        raise ConfigError(f"n_layer must be an integer >= 1, got {L!r}")
     target = g.target if target is None else target
     best, best_err = None, math.inf
     for hd in range(2, 1026, 2):
         d = g.n_head * hd
         err = abs(_measure(L, d, g) - target)
-        if err < best_err: best, best_err = d, err
-        elif _measure(L, d, g) > target: break  # sizes grow with d: past the target, stop
+        if err < best_err:
+            best, best_err = d, err
+        elif _measure(L, d, g) > target:
+            break  # sizes grow with d: past the target, stop
     return best
 
 
-GRIDS: dict[str, GridSpec] = {g.name: g for g in [
-    GridSpec('400m', (16, 20, 24, 28, 32, 42, 70), 405e6, description="the paper's 7 shapes (ratio 76.0 -> 9.1)"),
-    GridSpec('400m-main', (16, 20, 24, 26, 28, 30, 32), 405e6, description="the code's main sweep"),
-    GridSpec('300m-backbone', (16, 24, 32, 42, 70, 84), 302e6, measure='backbone', description='fixed 302M backbone (blocks only)'),
-    GridSpec('1.6b', (28, 40, 54), 1.615e9, n_kv_head=8, ffn_rule='3d', description='Qwen3-1.7B-like, GQA 16q/8kv, FFN = 3d'),
-    GridSpec('ladder', (12, 18, 24, 14, 21, 28, 17, 26, 34), 0, description='200M/300M/500M x 3 ratios (~75, 43, 28)',
-             groups=(('200m', 200e6, (12, 18, 24)), ('300m', 300e6, (14, 21, 28)), ('500m', 500e6, (17, 26, 34)))),
-    GridSpec('tiny', (), 4e6, n_head=4, vocab_size=4096, description='CPU-sized, any depth (4 heads, 4096-token local BPE)'),
-]}
+GRIDS: dict[str, GridSpec] = {
+    g.name: g
+    for g in [
+        GridSpec("400m", (16, 20, 24, 28, 32, 42, 70), 405e6, description="the paper's 7 shapes (ratio 76.0 -> 9.1)"),
+        GridSpec("400m-main", (16, 20, 24, 26, 28, 30, 32), 405e6, description="the code's main sweep"),
+        GridSpec(
+            "300m-backbone",
+            (16, 24, 32, 42, 70, 84),
+            302e6,
+            measure="backbone",
+            description="fixed 302M backbone (blocks only)",
+        ),
+        GridSpec(
+            "1.6b",
+            (28, 40, 54),
+            1.615e9,
+            n_kv_head=8,
+            ffn_rule="3d",
+            description="Qwen3-1.7B-like, GQA 16q/8kv, FFN = 3d",
+        ),
+        GridSpec(
+            "ladder",
+            (12, 18, 24, 14, 21, 28, 17, 26, 34),
+            0,
+            description="200M/300M/500M x 3 ratios (~75, 43, 28)",
+            groups=(("200m", 200e6, (12, 18, 24)), ("300m", 300e6, (14, 21, 28)), ("500m", 500e6, (17, 26, 34))),
+        ),
+        GridSpec(
+            "tiny",
+            (),
+            4e6,
+            n_head=4,
+            vocab_size=4096,
+            description="CPU-sized, any depth (4 heads, 4096-token local BPE)",
+        ),
+    ]
+}
 
 TINY_DEFAULT_DEPTHS = (4, 8, 16, 32)
 
@@ -127,13 +178,16 @@ def design_grids() -> dict[str, Callable]:
 def get_grid(name: str) -> GridSpec:
     "A paper grid by name; a design's own preset or an unknown name is an error naming the valid ones."
     if name in design_grids():
-        raise ConfigError(f"the {name} grid has no d_model rule: its models take the design's own shape parameters "
-                          f"(`depthbench-nb shapes --grid {name}` lists its runs); preset {name!r} trains arch {name!r} only")
-    if name not in GRIDS: raise _choice_error('grid', name, list(GRIDS) + list(design_grids()))
+        raise ConfigError(
+            f"the {name} grid has no d_model rule: its models take the design's own shape parameters "
+            f"(`depthbench-nb shapes --grid {name}` lists its runs); preset {name!r} trains arch {name!r} only"
+        )
+    if name not in GRIDS:
+        raise _choice_error("grid", name, list(GRIDS) + list(design_grids()))
     return GRIDS[name]
 
 
-def _shape(L: int, d: int, g: GridSpec, group: str = '') -> Shape:
+def _shape(L: int, d: int, g: GridSpec, group: str = "") -> Shape:
     return Shape(L, d, g.n_head, g.n_kv_head or g.n_head, ffn_hidden_default(d, g.ffn_rule), g.vocab_size, group)
 
 
@@ -150,114 +204,257 @@ def grid_shapes(name: str, depths=None) -> list[Shape]:
     Ls = depths if depths is not None else (g.depths or TINY_DEFAULT_DEPTHS)
     if g.depths:
         bad = [L for L in Ls if L not in g.depths]
-        if bad: raise ConfigError(f"depth(s) {bad} not in grid {name!r} (depths: {list(g.depths)}); pass d_model explicitly for other shapes")
+        if bad:
+            raise ConfigError(
+                f"depth(s) {bad} not in grid {name!r} (depths: {list(g.depths)}); pass d_model explicitly for other shapes"
+            )
     return [_shape(L, solve_d_model(L, g), g) for L in Ls]
 
 
 def shape_for(grid: str, L: int) -> Shape:
     "The grid's shape at depth L (tiny: any L >= 1); a depth outside the grid names the valid ones."
     g = get_grid(grid)
-    if not isinstance(L, int) or isinstance(L, bool) or L < 1: raise ConfigError(f"L must be an integer >= 1, got {L!r}")
+    if not isinstance(L, int) or isinstance(L, bool) or L < 1:
+        raise ConfigError(f"L must be an integer >= 1, got {L!r}")
     if g.depths and L not in g.depths:
-        raise ConfigError(f"L={L} is not in grid {grid!r} (depths: {sorted(g.depths)}); pass d_model to train another shape")
+        raise ConfigError(
+            f"L={L} is not in grid {grid!r} (depths: {sorted(g.depths)}); pass d_model to train another shape"
+        )
     return grid_shapes(grid, depths=(L,))[0]
 
 # %% ../nbs/01_shapes.ipynb #29fd60de
 @dataclass(frozen=True)
 class Preset:
     "A grid with its training budget and batch."
+
     name: str
     grid: str
     seq_len: int
     global_batch: int
     lr: float
     tokens_per_param: Optional[float] = 20.0
-    max_steps: Optional[int] = None        # fixed step budget (ladder, 1.6B, tiny)
+    max_steps: Optional[int] = None  # fixed step budget (ladder, 1.6B, tiny)
     eval_every: int = 200
     eval_batches: int = 8
-    data_source: str = 'fineweb-edu'
-    tokenizer: str = 'neox'
-    description: str = ''
-    eval_set: str = 'documents'             # the held-out set: windows | rows | documents (depthbench_nb.data)
-    eval_rows: Optional[int] = None         # rows / documents of the final evaluation (None: all)
-    eval_rows_fast: Optional[int] = None    # of the evaluations before the last step (None: the final set)
+    data_source: str = "fineweb-edu"
+    tokenizer: str = "neox"
+    description: str = ""
+    eval_set: str = "documents"  # the held-out set: windows | rows | documents (depthbench_nb.data)
+    eval_rows: Optional[int] = None  # rows / documents of the final evaluation (None: all)
+    eval_rows_fast: Optional[int] = None  # of the evaluations before the last step (None: the final set)
 
 
 # the official step count of each DepthBench tier (configs/README.md "Training budgets"; pretrain_400m.sh --max-steps=7600)
-OFFICIAL_STEPS = {'400m': 7600, '400m-main': 7600, '300m-backbone': 7600, 'ladder-200m': 3800, 'ladder-300m': 5700,
-                  'ladder-500m': 9500, '1.6b': 30400}
+OFFICIAL_STEPS = {
+    "400m": 7600,
+    "400m-main": 7600,
+    "300m-backbone": 7600,
+    "ladder-200m": 3800,
+    "ladder-300m": 5700,
+    "ladder-500m": 9500,
+    "1.6b": 30400,
+}
 
-PRESETS: dict[str, Preset] = {p.name: p for p in [
-    Preset('400m', '400m', 2048, 512, 2e-3, tokens_per_param=None, max_steps=OFFICIAL_STEPS['400m'],
-           description='paper main benchmark: 7.6k steps x 512 x 2048 (~8B tokens) for every shape, as the official runs'),
-    Preset('400m-main', '400m-main', 2048, 512, 2e-3, tokens_per_param=None, max_steps=OFFICIAL_STEPS['400m-main'],
-           description="the official code's main sweep (L16-L32 incl. L26/L30), 7.6k steps"),
-    Preset('300m-backbone', '300m-backbone', 2048, 512, 2e-3, tokens_per_param=None, max_steps=OFFICIAL_STEPS['300m-backbone'],
-           description='fixed-backbone control, 7.6k steps (the 400M tier budget)'),
-    Preset('ladder-200m', 'ladder', 2048, 512, 2e-3, tokens_per_param=None, max_steps=OFFICIAL_STEPS['ladder-200m'], description='200M ladder, 3.8k steps'),
-    Preset('ladder-300m', 'ladder', 2048, 512, 2e-3, tokens_per_param=None, max_steps=OFFICIAL_STEPS['ladder-300m'], description='300M ladder, 5.7k steps'),
-    Preset('ladder-500m', 'ladder', 2048, 512, 2e-3, tokens_per_param=None, max_steps=OFFICIAL_STEPS['ladder-500m'], description='500M ladder, 9.5k steps'),
-    Preset('1.6b', '1.6b', 2048, 512, 2e-3, tokens_per_param=None, max_steps=OFFICIAL_STEPS['1.6b'], description='1.6B, 32B tokens (30.4k steps)'),
-    Preset('looped', 'looped', 2048, 128, 0.014, tokens_per_param=None, data_source='fineweb-edu-100b-shuffle',
-           tokenizer='meta-llama/Llama-2-7b-hf', description='looped paper: B = 2^18 tokens per step, budget set by C (arch looped only)',
-           eval_set='rows', eval_rows=34560, eval_rows_fast=4992),
-    Preset('looped-flagship', 'looped', 2048, 256, 0.014, tokens_per_param=None, max_steps=89_645,
-           data_source='fineweb-edu-100b-shuffle', tokenizer='meta-llama/Llama-2-7b-hf',
-           description="looped paper's extrapolation runs (Table 10): 89,645 steps x 2^19 tokens (47B tokens), arch looped only",
-           eval_set='rows', eval_rows=34560, eval_rows_fast=4992),
-    Preset('tiny', 'tiny', 128, 8, 2e-3, tokens_per_param=None, max_steps=100, eval_every=25, eval_batches=2,
-           data_source='sample', tokenizer='bpe:4096', description='CPU-sized: about a minute on 2 cores', eval_set='windows'),
-]}
+PRESETS: dict[str, Preset] = {
+    p.name: p
+    for p in [
+        Preset(
+            "400m",
+            "400m",
+            2048,
+            512,
+            2e-3,
+            tokens_per_param=None,
+            max_steps=OFFICIAL_STEPS["400m"],
+            description="paper main benchmark: 7.6k steps x 512 x 2048 (~8B tokens) for every shape, as the official runs",
+        ),
+        Preset(
+            "400m-main",
+            "400m-main",
+            2048,
+            512,
+            2e-3,
+            tokens_per_param=None,
+            max_steps=OFFICIAL_STEPS["400m-main"],
+            description="the official code's main sweep (L16-L32 incl. L26/L30), 7.6k steps",
+        ),
+        Preset(
+            "300m-backbone",
+            "300m-backbone",
+            2048,
+            512,
+            2e-3,
+            tokens_per_param=None,
+            max_steps=OFFICIAL_STEPS["300m-backbone"],
+            description="fixed-backbone control, 7.6k steps (the 400M tier budget)",
+        ),
+        Preset(
+            "ladder-200m",
+            "ladder",
+            2048,
+            512,
+            2e-3,
+            tokens_per_param=None,
+            max_steps=OFFICIAL_STEPS["ladder-200m"],
+            description="200M ladder, 3.8k steps",
+        ),
+        Preset(
+            "ladder-300m",
+            "ladder",
+            2048,
+            512,
+            2e-3,
+            tokens_per_param=None,
+            max_steps=OFFICIAL_STEPS["ladder-300m"],
+            description="300M ladder, 5.7k steps",
+        ),
+        Preset(
+            "ladder-500m",
+            "ladder",
+            2048,
+            512,
+            2e-3,
+            tokens_per_param=None,
+            max_steps=OFFICIAL_STEPS["ladder-500m"],
+            description="500M ladder, 9.5k steps",
+        ),
+        Preset(
+            "1.6b",
+            "1.6b",
+            2048,
+            512,
+            2e-3,
+            tokens_per_param=None,
+            max_steps=OFFICIAL_STEPS["1.6b"],
+            description="1.6B, 32B tokens (30.4k steps)",
+        ),
+        Preset(
+            "looped",
+            "looped",
+            2048,
+            128,
+            0.014,
+            tokens_per_param=None,
+            data_source="fineweb-edu-100b-shuffle",
+            tokenizer="meta-llama/Llama-2-7b-hf",
+            description="looped paper: B = 2^18 tokens per step, budget set by C (arch looped only)",
+            eval_set="rows",
+            eval_rows=34560,
+            eval_rows_fast=4992,
+        ),
+        Preset(
+            "looped-flagship",
+            "looped",
+            2048,
+            256,
+            0.014,
+            tokens_per_param=None,
+            max_steps=89_645,
+            data_source="fineweb-edu-100b-shuffle",
+            tokenizer="meta-llama/Llama-2-7b-hf",
+            description="looped paper's extrapolation runs (Table 10): 89,645 steps x 2^19 tokens (47B tokens), arch looped only",
+            eval_set="rows",
+            eval_rows=34560,
+            eval_rows_fast=4992,
+        ),
+        Preset(
+            "tiny",
+            "tiny",
+            128,
+            8,
+            2e-3,
+            tokens_per_param=None,
+            max_steps=100,
+            eval_every=25,
+            eval_batches=2,
+            data_source="sample",
+            tokenizer="bpe:4096",
+            description="CPU-sized: about a minute on 2 cores",
+            eval_set="windows",
+        ),
+    ]
+}
 
 
 def cuda_available() -> bool:
     "Whether torch sees a CUDA GPU (False when torch cannot be imported)."
     try:
         import torch
+
         return torch.cuda.is_available()
     except Exception:
         return False
 
 
-def resolve_preset(name: str = 'auto') -> tuple[Preset, str]:
+def resolve_preset(name: str = "auto") -> tuple[Preset, str]:
     "(preset, why): `auto` is `400m` with a CUDA GPU and `tiny` without one."
-    if name == 'auto':
-        return (PRESETS['400m'], 'auto: a CUDA GPU is present') if cuda_available() else (PRESETS['tiny'], 'auto: no CUDA GPU, CPU-sized tiny preset')
-    if name not in PRESETS: raise _choice_error('preset', name, ['auto'] + list(PRESETS))
-    return PRESETS[name], f'preset {name!r} requested'
+    if name == "auto":
+        return (
+            (PRESETS["400m"], "auto: a CUDA GPU is present")
+            if cuda_available()
+            else (PRESETS["tiny"], "auto: no CUDA GPU, CPU-sized tiny preset")
+        )
+    if name not in PRESETS:
+        raise _choice_error("preset", name, ["auto"] + list(PRESETS))
+    return PRESETS[name], f"preset {name!r} requested"
 
 # %% ../nbs/01_shapes.ipynb #bf6e418b
-SHAPE_COLUMNS = ('n_layer', 'd_model', 'ffn_hidden', 'head_dim', 'n_head', 'n_kv_head', 'ratio', 'params_total', 'params_backbone')
+SHAPE_COLUMNS = (
+    "n_layer",
+    "d_model",
+    "ffn_hidden",
+    "head_dim",
+    "n_head",
+    "n_kv_head",
+    "ratio",
+    "params_total",
+    "params_backbone",
+)
 
 
-def shape_rows(grid: str, arch: str = 'preln', depths=None, **options) -> list[dict]:
+def shape_rows(grid: str, arch: str = "preln", depths=None, **options) -> list[dict]:
     "Rows of `depthbench-nb shapes` for a grid and a design."
     arch = resolve_arch(arch).name
     rows = []
     for s in grid_shapes(grid, depths):
         pc = count_params(s.model_config(arch, **options))
-        row = dict(n_layer=s.n_layer, d_model=s.d_model, ffn_hidden=s.ffn_hidden, head_dim=s.head_dim, n_head=s.n_head,
-                   n_kv_head=s.n_kv_head, ratio=round(s.ratio, 2), params_total=pc.total, params_backbone=pc.backbone)
-        if s.group: row['group'] = s.group
-        row['arch'] = arch
+        row = dict(
+            n_layer=s.n_layer,
+            d_model=s.d_model,
+            ffn_hidden=s.ffn_hidden,
+            head_dim=s.head_dim,
+            n_head=s.n_head,
+            n_kv_head=s.n_kv_head,
+            ratio=round(s.ratio, 2),
+            params_total=pc.total,
+            params_backbone=pc.backbone,
+        )
+        if s.group:
+            row["group"] = s.group
+        row["arch"] = arch
         rows.append(row)
     return rows
 
 
-def shapes_command(grid: Annotated[str, Arg(help=f"one of: {', '.join(list(GRIDS) + list(design_grids()))} (default 400m)")] = '400m',
-                   arch: str = 'preln',                 # design whose parameters are counted (default preln)
-                   depths: Annotated[Optional[tuple], Arg(parse=comma_ints)] = None,  # comma-separated depths (tiny grid: any; others: a subset)
-                   variant: str = 'baseline',           # looped grid only: baseline | tbptt | hc
-                   json: bool = False) -> int:          # machine-readable JSON output
+def shapes_command(
+    grid: Annotated[str, Arg(help=f"one of: {', '.join(list(GRIDS) + list(design_grids()))} (default 400m)")] = "400m",
+    arch: str = "preln",  # design whose parameters are counted (default preln)
+    depths: Annotated[
+        Optional[tuple], Arg(parse=comma_ints)
+    ] = None,  # comma-separated depths (tiny grid: any; others: a subset)
+    variant: str = "baseline",  # looped grid only: baseline | tbptt | hc
+    json: bool = False,
+) -> int:  # machine-readable JSON output
     "List the shapes of a grid with their parameter counts."
     if grid in design_grids():
         rows = design_grids()[grid](variant)
-        return emit(rows, json, title=f'{grid} grid ({variant}): {len(rows)} runs')
-    if variant != 'baseline': raise ConfigError(f"--variant applies only to the grids {', '.join(design_grids())}")
+        return emit(rows, json, title=f"{grid} grid ({variant}): {len(rows)} runs")
+    if variant != "baseline":
+        raise ConfigError(f"--variant applies only to the grids {', '.join(design_grids())}")
     rows = shape_rows(grid, arch, depths)
     return emit(rows, json, title=f"grid {grid} ({GRIDS[grid].description}), arch {rows[0]['arch'] if rows else arch}")
 
 
 def cli_shapes(argv=None) -> int:
     "depthbench-nb shapes: list a grid's shapes with parameter counts."
-    return call_parsed(shapes_command, argv, prog='depthbench-nb shapes')
+    return call_parsed(shapes_command, argv, prog="depthbench-nb shapes")

@@ -34,59 +34,69 @@ __all__ = ['SLURM_TOOLS', 'SINFO_FORMAT', 'DEFAULT_CPUS_PER_TASK', 'DEFAULT_TIME
            'cli_slurm']
 
 # %% ../nbs/09i_slurm.ipynb #7e07d427
-_TIME_RE = re.compile(r'^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$')
+_TIME_RE = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
 
 
 def parse_time_minutes(text) -> Optional[float]:
     "A Slurm time limit in minutes (None: no limit); ConfigError names the accepted forms."
     t = str(text).strip()
-    if t.lower() in ('infinite', 'unlimited'): return None
+    if t.lower() in ("infinite", "unlimited"):
+        return None
     m = _TIME_RE.match(t)
     if not m:
         raise ConfigError(f"{text!r} is not a Slurm time: use minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS")
     days, a, b, c = m.groups()
-    if days is not None:                                # D-HH[:MM[:SS]]
+    if days is not None:  # D-HH[:MM[:SS]]
         return int(days) * 1440 + int(a) * 60 + int(b or 0) + int(c or 0) / 60
-    if c is not None: return int(a) * 60 + int(b) + int(c) / 60    # HH:MM:SS
-    if b is not None: return int(a) + int(b) / 60                  # MM:SS
-    return float(a)                                                # minutes
+    if c is not None:
+        return int(a) * 60 + int(b) + int(c) / 60  # HH:MM:SS
+    if b is not None:
+        return int(a) + int(b) / 60  # MM:SS
+    return float(a)  # minutes
 
 
 def format_minutes(minutes: float) -> str:
     "Minutes as Slurm's D-HH:MM:SS (HH:MM:SS under a day)."
     s = int(round(minutes * 60))
-    d, s = divmod(s, 86400); h, s = divmod(s, 3600); m, s = divmod(s, 60)
-    return (f'{d}-' if d else '') + f'{h:02d}:{m:02d}:{s:02d}'
+    d, s = divmod(s, 86400)
+    h, s = divmod(s, 3600)
+    m, s = divmod(s, 60)
+    return (f"{d}-" if d else "") + f"{h:02d}:{m:02d}:{s:02d}"
 
 
-_MEM_RE = re.compile(r'^(\d+(?:\.\d+)?)([KMGT]?)B?$', re.IGNORECASE)
+_MEM_RE = re.compile(r"^(\d+(?:\.\d+)?)([KMGT]?)B?$", re.IGNORECASE)
 
 
 def parse_mem_mb(text) -> float:
     "A Slurm memory size (`4000`, `4000M`, `32G`, `1T`) in megabytes."
     m = _MEM_RE.match(str(text).strip())
-    if not m: raise ConfigError(f"{text!r} is not a Slurm memory size: a number of megabytes, or with a K, M, G or T suffix (e.g. 32G)")
-    return float(m.group(1)) * {'K': 1 / 1024, '': 1, 'M': 1, 'G': 1024, 'T': 1024 ** 2}[m.group(2).upper()]
+    if not m:
+        raise ConfigError(
+            f"{text!r} is not a Slurm memory size: a number of megabytes, or with a K, M, G or T suffix (e.g. 32G)"
+        )
+    return float(m.group(1)) * {"K": 1 / 1024, "": 1, "M": 1, "G": 1024, "T": 1024**2}[m.group(2).upper()]
 
 # %% ../nbs/09i_slurm.ipynb #0dcd7bb1
-SLURM_TOOLS = ('sbatch', 'sinfo', 'squeue', 'scontrol', 'scancel', 'srun', 'sacct')
-SINFO_FORMAT = '%P|%N|%c|%m|%G|%f|%l|%s|%a|%t'
+SLURM_TOOLS = ("sbatch", "sinfo", "squeue", "scontrol", "scancel", "srun", "sacct")
+SINFO_FORMAT = "%P|%N|%c|%m|%G|%f|%l|%s|%a|%t"
 
 
 @dataclass(frozen=True)
 class SlurmNode:
     "One node of a partition as sinfo shows it."
+
     name: str
     cpus: int
     memory_mb: int
     gpus: int
     features: tuple[str, ...] = ()
-    state: str = ''
+    state: str = ""
 
 
 @dataclass(frozen=True)
 class SlurmPartition:
     "One partition: its nodes and limits (max_time_min None: no limit; max_nodes None: any number)."
+
     name: str
     default: bool
     available: str
@@ -98,11 +108,11 @@ class SlurmPartition:
 
 def parse_gres_gpus(gres: str) -> int:
     "GPUs in a node's GRES string: 'gpu:4', 'gpu:a100:4(S:0-1)', 'gpu:a100:2,gpu:v100:2' or '(null)'."
-    return sum(int(n) for n in re.findall(r'(?:^|,)gpu(?::[^:,(]+)?:(\d+)', gres or ''))
+    return sum(int(n) for n in re.findall(r"(?:^|,)gpu(?::[^:,(]+)?:(\d+)", gres or ""))
 
 
 def _int(text: str, default: int = 0) -> int:
-    m = re.match(r'\d+', text.strip())
+    m = re.match(r"\d+", text.strip())
     return int(m.group()) if m else default
 
 
@@ -110,17 +120,27 @@ def parse_sinfo(text: str) -> dict[str, SlurmPartition]:
     "Partitions from `sinfo -h -N -o SINFO_FORMAT` (the default partition's name carries a '*')."
     rows: dict[str, dict] = {}
     for line in text.splitlines():
-        parts = line.strip().split('|')
-        if len(parts) != 10: continue
+        parts = line.strip().split("|")
+        if len(parts) != 10:
+            continue
         part, node, cpus, mem, gres, feats, limit, size, avail, state = (p.strip() for p in parts)
-        name = part.rstrip('*')
-        hi = size.split('-')[-1]
-        p = rows.setdefault(name, dict(name=name, default=part.endswith('*'), available=avail, max_time=limit,
-                                       max_time_min=parse_time_minutes(limit) if limit else None,
-                                       max_nodes=None if not hi.isdigit() else int(hi), nodes=[]))
-        features = tuple(f for f in feats.split(',') if f and f != '(null)')
-        p['nodes'].append(SlurmNode(node, _int(cpus), _int(mem), parse_gres_gpus(gres), features, state))
-    return {k: SlurmPartition(**dict(v, nodes=tuple(v['nodes']))) for k, v in rows.items()}
+        name = part.rstrip("*")
+        hi = size.split("-")[-1]
+        p = rows.setdefault(
+            name,
+            dict(
+                name=name,
+                default=part.endswith("*"),
+                available=avail,
+                max_time=limit,
+                max_time_min=parse_time_minutes(limit) if limit else None,
+                max_nodes=None if not hi.isdigit() else int(hi),
+                nodes=[],
+            ),
+        )
+        features = tuple(f for f in feats.split(",") if f and f != "(null)")
+        p["nodes"].append(SlurmNode(node, _int(cpus), _int(mem), parse_gres_gpus(gres), features, state))
+    return {k: SlurmPartition(**dict(v, nodes=tuple(v["nodes"]))) for k, v in rows.items()}
 
 
 def _call(args: list[str], timeout: float = 60) -> subprocess.CompletedProcess:
@@ -130,42 +150,53 @@ def _call(args: list[str], timeout: float = 60) -> subprocess.CompletedProcess:
 @dataclass
 class SlurmProbe:
     "What this machine can reach: the Slurm programs found on PATH, whether the controller answers, the partitions."
+
     tools: dict
-    controller: Optional[bool]          # None: no scontrol to ask
+    controller: Optional[bool]  # None: no scontrol to ask
     message: str
-    partitions: Optional[dict] = None   # None: not read (controller down, or no sinfo)
+    partitions: Optional[dict] = None  # None: not read (controller down, or no sinfo)
 
     @property
-    def reachable(self) -> bool: return bool(self.controller) and self.partitions is not None
+    def reachable(self) -> bool:
+        return bool(self.controller) and self.partitions is not None
 
-    def missing(self, *names) -> list[str]: return [n for n in names if not self.tools.get(n)]
+    def missing(self, *names) -> list[str]:
+        return [n for n in names if not self.tools.get(n)]
 
 
 def controller_status(scontrol: str) -> tuple[bool, str]:
     "(answers, message) from `scontrol ping`: instant where a dead controller makes sinfo retry for seconds."
-    try: r = _call([scontrol, 'ping'], timeout=30)
-    except subprocess.TimeoutExpired: return False, '`scontrol ping` timed out'
-    lines = [x.strip() for x in (r.stdout + '\n' + r.stderr).splitlines() if x.strip() and not x.strip().startswith('*')]
-    state = [x for x in lines if re.search(r' is (UP|DOWN)', x)]       # 'Slurmctld(primary) at HOST is UP'
-    if any(' is UP' in x for x in state): return True, next(x for x in state if ' is UP' in x)
+    try:
+        r = _call([scontrol, "ping"], timeout=30)
+    except subprocess.TimeoutExpired:
+        return False, "`scontrol ping` timed out"
+    lines = [
+        x.strip() for x in (r.stdout + "\n" + r.stderr).splitlines() if x.strip() and not x.strip().startswith("*")
+    ]
+    state = [x for x in lines if re.search(r" is (UP|DOWN)", x)]  # 'Slurmctld(primary) at HOST is UP'
+    if any(" is UP" in x for x in state):
+        return True, next(x for x in state if " is UP" in x)
     return False, f"`scontrol ping`: {(state or lines or [f'exit code {r.returncode}'])[-1]}"
 
 
 def probe_slurm(read_partitions: bool = True) -> SlurmProbe:
     "Find the Slurm programs, ask the controller, read the partitions (each step only when the previous worked)."
     tools = {t: shutil.which(t) for t in SLURM_TOOLS}
-    if not tools['scontrol']:
-        return SlurmProbe(tools, None, 'Slurm is not installed here (no scontrol on PATH)')
-    up, msg = controller_status(tools['scontrol'])
-    if not up: return SlurmProbe(tools, False, msg)
-    if not (read_partitions and tools['sinfo']): return SlurmProbe(tools, True, msg)
-    r = _call([tools['sinfo'], '-h', '-N', '-o', SINFO_FORMAT])
-    if r.returncode: return SlurmProbe(tools, True, f"sinfo failed: {r.stderr.strip()}")
+    if not tools["scontrol"]:
+        return SlurmProbe(tools, None, "Slurm is not installed here (no scontrol on PATH)")
+    up, msg = controller_status(tools["scontrol"])
+    if not up:
+        return SlurmProbe(tools, False, msg)
+    if not (read_partitions and tools["sinfo"]):
+        return SlurmProbe(tools, True, msg)
+    r = _call([tools["sinfo"], "-h", "-N", "-o", SINFO_FORMAT])
+    if r.returncode:
+        return SlurmProbe(tools, True, f"sinfo failed: {r.stderr.strip()}")
     return SlurmProbe(tools, True, msg, parse_sinfo(r.stdout))
 
 # %% ../nbs/09i_slurm.ipynb #7b0ced53
 DEFAULT_CPUS_PER_TASK = 8
-DEFAULT_TIME = '24:00:00'
+DEFAULT_TIME = "24:00:00"
 
 
 def _opt(help: str, default=None, flag: Optional[str] = None):
@@ -176,34 +207,51 @@ def _opt(help: str, default=None, flag: Optional[str] = None):
 @dataclass(frozen=True)
 class SlurmRequest(Config):
     "What each array task asks Slurm for (None: a default that fits the partition, see fit_request)."
+
     # the help and flags are the sweep command's options (`depthbench-nb sweep run --launcher slurm --slurm-...`)
     partition: Optional[str] = _opt("partition (default: the cluster's default partition)")
-    account: Optional[str] = _opt('account to charge')
-    qos: Optional[str] = _opt('quality of service')
-    constraint: Optional[str] = _opt('node feature(s) (--constraint, or an expression left to Slurm), e.g. a100')
+    account: Optional[str] = _opt("account to charge")
+    qos: Optional[str] = _opt("quality of service")
+    constraint: Optional[str] = _opt("node feature(s) (--constraint, or an expression left to Slurm), e.g. a100")
     time: Optional[str] = _opt("time limit per task, e.g. 12:00:00 (default 24:00:00, capped at the partition's)")
-    cpus_per_task: Optional[int] = _opt('CPUs per task (per node for multi-node runs; default 8, capped at the largest node)', flag='cpus')
+    cpus_per_task: Optional[int] = _opt(
+        "CPUs per task (per node for multi-node runs; default 8, capped at the largest node)", flag="cpus"
+    )
     mem: Optional[str] = _opt("memory per node, e.g. 64G (default: the CPUs' share of a node's memory)")
-    gpus: int = _opt('GPUs per node (--gres=gpu:N); 0 for CPU nodes (no --gres line)', 1)
-    nodes: int = 1                       # nodes per run (> 1: one launcher per node through srun); the sweep's --nodes
-    parallel: Optional[int] = _opt('at most this many tasks at once (--array=...%%N)')
-    setup: tuple[str, ...] = _opt("environment set-up line run first in each task (repeatable), e.g. 'module load cuda/12.4' "
-                                  "or 'source /path/to/.venv/bin/activate'", ())
-    extra: tuple[str, ...] = _opt('another sbatch option (repeatable), e.g. --slurm-extra=--mail-type=END', ())
-    signal_before: int = _opt('seconds before the time limit at which Slurm sends the task SIGUSR1 (--signal=B:USR1@N): the run '
-                              'checkpoints and, with --slurm-requeue, the task goes back in the queue; 0: no warning', 300)
-    requeue: Optional[bool] = _opt('requeue the task after the time-limit warning (scontrol requeue) and let Slurm requeue it '
-                                   'when it is preempted (--requeue); --no-slurm-requeue: the next submission resumes it', True)
+    gpus: int = _opt("GPUs per node (--gres=gpu:N); 0 for CPU nodes (no --gres line)", 1)
+    nodes: int = 1  # nodes per run (> 1: one launcher per node through srun); the sweep's --nodes
+    parallel: Optional[int] = _opt("at most this many tasks at once (--array=...%%N)")
+    setup: tuple[str, ...] = _opt(
+        "environment set-up line run first in each task (repeatable), e.g. 'module load cuda/12.4' "
+        "or 'source /path/to/.venv/bin/activate'",
+        (),
+    )
+    extra: tuple[str, ...] = _opt("another sbatch option (repeatable), e.g. --slurm-extra=--mail-type=END", ())
+    signal_before: int = _opt(
+        "seconds before the time limit at which Slurm sends the task SIGUSR1 (--signal=B:USR1@N): the run "
+        "checkpoints and, with --slurm-requeue, the task goes back in the queue; 0: no warning",
+        300,
+    )
+    requeue: Optional[bool] = _opt(
+        "requeue the task after the time-limit warning (scontrol requeue) and let Slurm requeue it "
+        "when it is preempted (--requeue); --no-slurm-requeue: the next submission resumes it",
+        True,
+    )
 
     def validate(self):
-        for name in ('cpus_per_task', 'nodes', 'parallel'):
+        for name in ("cpus_per_task", "nodes", "parallel"):
             v = getattr(self, name)
-            if v is not None and v < 1: raise ConfigError(f"SlurmRequest.{name} must be >= 1, got {v}")
-        if self.gpus < 0: raise ConfigError(f"SlurmRequest.gpus must be >= 0, got {self.gpus}")
-        if not 0 <= self.signal_before <= 65535: raise ConfigError(f"SlurmRequest.signal_before must be 0..65535 seconds, got {self.signal_before}")
-        if self.time is not None: parse_time_minutes(self.time)
-        if self.mem is not None: parse_mem_mb(self.mem)
-        for name in ('partition', 'account', 'qos', 'constraint'):
+            if v is not None and v < 1:
+                raise ConfigError(f"SlurmRequest.{name} must be >= 1, got {v}")
+        if self.gpus < 0:
+            raise ConfigError(f"SlurmRequest.gpus must be >= 0, got {self.gpus}")
+        if not 0 <= self.signal_before <= 65535:
+            raise ConfigError(f"SlurmRequest.signal_before must be 0..65535 seconds, got {self.signal_before}")
+        if self.time is not None:
+            parse_time_minutes(self.time)
+        if self.mem is not None:
+            parse_mem_mb(self.mem)
+        for name in ("partition", "account", "qos", "constraint"):
             v = getattr(self, name)
             if v is not None and (not v.strip() or any(c.isspace() for c in v)):
                 raise ConfigError(f"SlurmRequest.{name} must be a non-empty word without spaces, got {v!r}")
@@ -217,53 +265,80 @@ class SlurmRequest(Config):
 def fit_request(req: SlurmRequest, partitions: Optional[dict]) -> tuple[SlurmRequest, list[str]]:
     "The request with its defaults filled in, checked against the partitions (None: not checked); notes say what was chosen."
     if partitions is None:
-        return req.replace(time=req.time or DEFAULT_TIME, cpus_per_task=req.cpus_per_task or DEFAULT_CPUS_PER_TASK), \
-            ['not checked against the cluster (its controller was not reachable): defaults of 8 CPUs per task, '
-             "24 hours and the cluster's default memory"]
-    if not partitions: raise ConfigError('sinfo lists no partitions on this cluster')
+        return req.replace(time=req.time or DEFAULT_TIME, cpus_per_task=req.cpus_per_task or DEFAULT_CPUS_PER_TASK), [
+            "not checked against the cluster (its controller was not reachable): defaults of 8 CPUs per task, "
+            "24 hours and the cluster's default memory"
+        ]
+    if not partitions:
+        raise ConfigError("sinfo lists no partitions on this cluster")
     name = req.partition or next((p.name for p in partitions.values() if p.default), None)
     if name is None:
-        raise ConfigError(f"the cluster has no default partition: choose one with --slurm-partition ({', '.join(partitions)})")
-    if name not in partitions: raise _choice_error('partition', name, list(partitions))
+        raise ConfigError(
+            f"the cluster has no default partition: choose one with --slurm-partition ({', '.join(partitions)})"
+        )
+    if name not in partitions:
+        raise _choice_error("partition", name, list(partitions))
     part = partitions[name]
     where, notes = f"partition {name!r}", [f"checked against partition {name!r} ({len(part.nodes)} nodes)"]
     nodes = list(part.nodes)
-    if req.constraint and re.fullmatch(r'[\w.\-]+', req.constraint):
+    if req.constraint and re.fullmatch(r"[\w.\-]+", req.constraint):
         nodes = [n for n in nodes if req.constraint in n.features]
         if not nodes:
             have = sorted({f for n in part.nodes for f in n.features})
-            raise ConfigError(f"{where}: no node has the feature {req.constraint!r} (--slurm-constraint); "
-                              f"features there: {', '.join(have) or 'none'}")
-    elif req.constraint: notes.append(f"constraint {req.constraint!r} is an expression: Slurm checks it")
+            raise ConfigError(
+                f"{where}: no node has the feature {req.constraint!r} (--slurm-constraint); "
+                f"features there: {', '.join(have) or 'none'}"
+            )
+    elif req.constraint:
+        notes.append(f"constraint {req.constraint!r} is an expression: Slurm checks it")
     most = max(n.gpus for n in nodes)
     if req.gpus > most:
-        raise ConfigError(f"{where}: " + (f"its nodes have no GPUs, asked --slurm-gpus {req.gpus}; use --slurm-gpus 0 for CPU nodes"
-                                          if most == 0 else f"the most GPUs on one node is {most}, asked --slurm-gpus {req.gpus}"))
+        raise ConfigError(
+            f"{where}: "
+            + (
+                f"its nodes have no GPUs, asked --slurm-gpus {req.gpus}; use --slurm-gpus 0 for CPU nodes"
+                if most == 0
+                else f"the most GPUs on one node is {most}, asked --slurm-gpus {req.gpus}"
+            )
+        )
     nodes = [n for n in nodes if n.gpus >= req.gpus]
-    with_gpus = f" with {req.gpus} GPUs" if req.gpus else ''
+    with_gpus = f" with {req.gpus} GPUs" if req.gpus else ""
     most = max(n.cpus for n in nodes)
     if req.cpus_per_task is not None and req.cpus_per_task > most:
-        raise ConfigError(f"{where}: the largest node{with_gpus} has {most} CPUs, asked --slurm-cpus {req.cpus_per_task}")
+        raise ConfigError(
+            f"{where}: the largest node{with_gpus} has {most} CPUs, asked --slurm-cpus {req.cpus_per_task}"
+        )
     cpus = req.cpus_per_task or min(DEFAULT_CPUS_PER_TASK, most)
     if req.cpus_per_task is None and cpus < DEFAULT_CPUS_PER_TASK:
-        notes.append(f"CPUs per task: {cpus} (the default {DEFAULT_CPUS_PER_TASK} capped at the {most} CPUs of the largest node)")
+        notes.append(
+            f"CPUs per task: {cpus} (the default {DEFAULT_CPUS_PER_TASK} capped at the {most} CPUs of the largest node)"
+        )
     nodes = [n for n in nodes if n.cpus >= cpus]
     if req.mem is not None:
         want, most = parse_mem_mb(req.mem), max(n.memory_mb for n in nodes)
         if want > most:
-            raise ConfigError(f"{where}: the most memory on a node{with_gpus} with {cpus} CPUs is {most} MB, asked --slurm-mem {req.mem}")
+            raise ConfigError(
+                f"{where}: the most memory on a node{with_gpus} with {cpus} CPUs is {most} MB, asked --slurm-mem {req.mem}"
+            )
         mem = req.mem
         nodes = [n for n in nodes if n.memory_mb >= want]
     else:
         share = min(n.memory_mb * cpus // max(n.cpus, 1) for n in nodes)
-        mem = f'{share}M' if share >= 1024 else None        # nodes without a RealMemory (1 MB): Slurm's default
-        notes.append(f"memory per node: {mem} (the share of {cpus} CPUs of a node's memory)" if mem else
-                     "memory: the cluster's default (its nodes report no memory size)")
+        mem = f"{share}M" if share >= 1024 else None  # nodes without a RealMemory (1 MB): Slurm's default
+        notes.append(
+            f"memory per node: {mem} (the share of {cpus} CPUs of a node's memory)"
+            if mem
+            else "memory: the cluster's default (its nodes report no memory size)"
+        )
     if req.nodes > len(nodes):
-        raise ConfigError(f"{where}: {len(nodes)} node(s) can take a task of {cpus} CPUs{with_gpus} and {mem or 'default'} memory, "
-                          f"asked --nodes {req.nodes}")
+        raise ConfigError(
+            f"{where}: {len(nodes)} node(s) can take a task of {cpus} CPUs{with_gpus} and {mem or 'default'} memory, "
+            f"asked --nodes {req.nodes}"
+        )
     if part.max_nodes is not None and req.nodes > part.max_nodes:
-        raise ConfigError(f"{where}: a job may use at most {part.max_nodes} node(s) (its job size limit), asked --nodes {req.nodes}")
+        raise ConfigError(
+            f"{where}: a job may use at most {part.max_nodes} node(s) (its job size limit), asked --nodes {req.nodes}"
+        )
     limit = part.max_time_min
     if req.time is not None:
         if limit is not None and parse_time_minutes(req.time) > limit:
@@ -272,167 +347,256 @@ def fit_request(req: SlurmRequest, partitions: Optional[dict]) -> tuple[SlurmReq
     elif limit is not None and limit < parse_time_minutes(DEFAULT_TIME):
         time_ = format_minutes(limit)
         notes.append(f"time: {time_} (the default {DEFAULT_TIME} capped at the partition's limit)")
-    else: time_ = DEFAULT_TIME
-    if part.available != 'up': notes.append(f"{where} is {part.available}: tasks wait until it is up")
+    else:
+        time_ = DEFAULT_TIME
+    if part.available != "up":
+        notes.append(f"{where} is {part.available}: tasks wait until it is up")
     return req.replace(cpus_per_task=cpus, mem=mem, time=time_), notes
 
 # %% ../nbs/09i_slurm.ipynb #903bf377
 def sbatch_options(req: SlurmRequest) -> list[str]:
     "The resource options of the request, as sbatch takes them."
-    out = [f'--{k}={v}' for k, v in (('partition', req.partition), ('account', req.account), ('qos', req.qos),
-                                     ('constraint', req.constraint)) if v]
-    if req.nodes > 1: out += [f'--nodes={req.nodes}', '--ntasks-per-node=1']
-    if req.cpus_per_task: out.append(f'--cpus-per-task={req.cpus_per_task}')
-    if req.mem: out.append(f'--mem={req.mem}')
-    if req.gpus: out.append(f'--gres=gpu:{req.gpus}')
-    if req.time: out.append(f'--time={req.time}')
+    out = [
+        f"--{k}={v}"
+        for k, v in (
+            ("partition", req.partition),
+            ("account", req.account),
+            ("qos", req.qos),
+            ("constraint", req.constraint),
+        )
+        if v
+    ]
+    if req.nodes > 1:
+        out += [f"--nodes={req.nodes}", "--ntasks-per-node=1"]
+    if req.cpus_per_task:
+        out.append(f"--cpus-per-task={req.cpus_per_task}")
+    if req.mem:
+        out.append(f"--mem={req.mem}")
+    if req.gpus:
+        out.append(f"--gres=gpu:{req.gpus}")
+    if req.time:
+        out.append(f"--time={req.time}")
     return out + list(req.extra)
 
 
-def array_script(job_name: str, run_ids: list[str], command: str, req: SlurmRequest, output: str, workdir: str,
-                 comment: str, exports: dict, header: list[str] = ()) -> str:
+def array_script(
+    job_name: str,
+    run_ids: list[str],
+    command: str,
+    req: SlurmRequest,
+    output: str,
+    workdir: str,
+    comment: str,
+    exports: dict,
+    header: list[str] = (),
+) -> str:
     "A job-array script: task i runs `command` with RUN_ID set to run_ids[i]."
-    if not run_ids: raise ConfigError('a job array needs at least one run')
-    lines = ['#!/bin/bash', f'#SBATCH --job-name={job_name}',
-             f'#SBATCH --array=0-{len(run_ids) - 1}' + (f'%{req.parallel}' if req.parallel else '')]
-    lines += [f'#SBATCH {o}' for o in sbatch_options(req)]
-    if req.signal_before: lines.append(f'#SBATCH --signal=B:USR1@{req.signal_before}')   # to the batch shell: the driver (exec)
-    lines.append('#SBATCH --requeue' if req.requeue else '#SBATCH --no-requeue')
-    lines.append('#SBATCH --open-mode=append')          # a requeued task adds to its log instead of replacing it
-    lines += [f'#SBATCH --output={output}', f'#SBATCH --chdir={workdir}', f'#SBATCH --comment={comment}', '']
-    lines += [f'# {h}' for h in header]
-    if req.setup: lines += ['', '# environment set-up (--slurm-setup)'] + list(req.setup)
-    lines += ['', 'set -euo pipefail']
-    lines += [f'export {k}={shlex.quote(str(v))}' for k, v in exports.items()]
-    lines += ['RUN_IDS=(' + ' '.join(run_ids) + ')', 'RUN_ID=${RUN_IDS[$SLURM_ARRAY_TASK_ID]}',
-              'echo "array task $SLURM_ARRAY_TASK_ID of job $SLURM_ARRAY_JOB_ID on $(hostname): run $RUN_ID'
-              ' (restart ${SLURM_RESTART_COUNT:-0})"',
-              '# exec: the driver becomes the batch shell, so the warning signal (B:USR1) reaches it and it passes it on',
-              f'exec {command}']
-    return '\n'.join(lines) + '\n'
+    if not run_ids:
+        raise ConfigError("a job array needs at least one run")
+    lines = [
+        "#!/bin/bash",
+        f"#SBATCH --job-name={job_name}",
+        f"#SBATCH --array=0-{len(run_ids) - 1}" + (f"%{req.parallel}" if req.parallel else ""),
+    ]
+    lines += [f"#SBATCH {o}" for o in sbatch_options(req)]
+    if req.signal_before:
+        lines.append(f"#SBATCH --signal=B:USR1@{req.signal_before}")  # to the batch shell: the driver (exec)
+    lines.append("#SBATCH --requeue" if req.requeue else "#SBATCH --no-requeue")
+    lines.append("#SBATCH --open-mode=append")  # a requeued task adds to its log instead of replacing it
+    lines += [f"#SBATCH --output={output}", f"#SBATCH --chdir={workdir}", f"#SBATCH --comment={comment}", ""]
+    lines += [f"# {h}" for h in header]
+    if req.setup:
+        lines += ["", "# environment set-up (--slurm-setup)"] + list(req.setup)
+    lines += ["", "set -euo pipefail"]
+    lines += [f"export {k}={shlex.quote(str(v))}" for k, v in exports.items()]
+    lines += [
+        "RUN_IDS=(" + " ".join(run_ids) + ")",
+        "RUN_ID=${RUN_IDS[$SLURM_ARRAY_TASK_ID]}",
+        'echo "array task $SLURM_ARRAY_TASK_ID of job $SLURM_ARRAY_JOB_ID on $(hostname): run $RUN_ID'
+        ' (restart ${SLURM_RESTART_COUNT:-0})"',
+        "# exec: the driver becomes the batch shell, so the warning signal (B:USR1) reaches it and it passes it on",
+        f"exec {command}",
+    ]
+    return "\n".join(lines) + "\n"
 
 
 def requeue_this_job(env=None) -> str:
     "Put this Slurm job (an array task) back in the queue (`scontrol requeue`); returns what happened, in words."
     env = os.environ if env is None else env
-    job = env.get('SLURM_JOB_ID')
-    if not job: return 'not requeued: not inside a Slurm job'
-    scontrol = shutil.which('scontrol', path=env.get('PATH'))
-    if not scontrol: return f'not requeued: scontrol is not on PATH (job {job})'
-    r = _call([scontrol, 'requeue', job])
-    if r.returncode: return f"not requeued: scontrol requeue {job} failed ({(r.stderr or r.stdout).strip()[:200]})"
+    job = env.get("SLURM_JOB_ID")
+    if not job:
+        return "not requeued: not inside a Slurm job"
+    scontrol = shutil.which("scontrol", path=env.get("PATH"))
+    if not scontrol:
+        return f"not requeued: scontrol is not on PATH (job {job})"
+    r = _call([scontrol, "requeue", job])
+    if r.returncode:
+        return f"not requeued: scontrol requeue {job} failed ({(r.stderr or r.stdout).strip()[:200]})"
     print(f"job {job} requeued: it resumes from its checkpoint when it starts again", flush=True)
-    return f'requeued job {job}'
+    return f"requeued job {job}"
 
 # %% ../nbs/09i_slurm.ipynb #2482a8d3
 def submit_script(path: Path, probe: SlurmProbe) -> str:
     "sbatch the script; returns the job id. Errors say what is missing and how to submit the kept script."
     keep = f"The script is kept: {path}; submit it with `sbatch {path}`"
-    if probe.missing('sbatch'):
-        raise ConfigError(f"--submit needs Slurm's sbatch, which is not on PATH here. {keep} on a machine of the cluster "
-                          f"(or run this command there).")
+    if probe.missing("sbatch"):
+        raise ConfigError(
+            f"--submit needs Slurm's sbatch, which is not on PATH here. {keep} on a machine of the cluster "
+            f"(or run this command there)."
+        )
     if probe.controller is False:
-        raise ConfigError(f"cannot submit: the Slurm controller (slurmctld) does not answer: {probe.message}. "
-                          f"{keep} once `scontrol ping` reports it UP.")
-    r = _call([probe.tools['sbatch'], '--parsable', str(path)])
+        raise ConfigError(
+            f"cannot submit: the Slurm controller (slurmctld) does not answer: {probe.message}. "
+            f"{keep} once `scontrol ping` reports it UP."
+        )
+    r = _call([probe.tools["sbatch"], "--parsable", str(path)])
     if r.returncode:
-        raise ConfigError(f"sbatch refused the script: {r.stderr.strip() or r.stdout.strip()}. {keep} after fixing the request.")
-    return r.stdout.strip().split(';')[0]
+        raise ConfigError(
+            f"sbatch refused the script: {r.stderr.strip() or r.stdout.strip()}. {keep} after fixing the request."
+        )
+    return r.stdout.strip().split(";")[0]
 
 # %% ../nbs/09i_slurm.ipynb #c642c614
-SQUEUE_FORMAT = '%A|%F|%K|%T|%r|%N|%k'
-QUEUED_STATES = frozenset({'PENDING', 'REQUEUED', 'REQUEUE_HOLD', 'REQUEUE_FED', 'RESV_DEL_HOLD', 'SPECIAL_EXIT'})
-RUNNING_STATES = frozenset({'RUNNING', 'CONFIGURING', 'COMPLETING', 'SUSPENDED', 'STAGE_OUT', 'SIGNALING', 'RESIZING', 'STOPPED'})
+SQUEUE_FORMAT = "%A|%F|%K|%T|%r|%N|%k"
+QUEUED_STATES = frozenset({"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD", "SPECIAL_EXIT"})
+RUNNING_STATES = frozenset(
+    {"RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "STAGE_OUT", "SIGNALING", "RESIZING", "STOPPED"}
+)
 
 
 def parse_squeue(text: str) -> list[dict]:
     "Rows of `squeue -h -r -o SQUEUE_FORMAT`."
     rows = []
     for line in text.splitlines():
-        parts = line.strip().split('|', 6)
-        if len(parts) != 7: continue
+        parts = line.strip().split("|", 6)
+        if len(parts) != 7:
+            continue
         job, array_job, task, state, reason, nodes, comment = parts
-        rows.append(dict(job_id=job, array_job_id=array_job, array_task_id=int(task) if task.isdigit() else None,
-                         state=state, reason=reason, nodes=nodes, comment=comment))
+        rows.append(
+            dict(
+                job_id=job,
+                array_job_id=array_job,
+                array_task_id=int(task) if task.isdigit() else None,
+                state=state,
+                reason=reason,
+                nodes=nodes,
+                comment=comment,
+            )
+        )
     return rows
 
 
 def queue_tasks(comment_prefix: str, probe: SlurmProbe) -> Optional[list[dict]]:
     "This user's array tasks whose job comment starts with the prefix (None: squeue unavailable)."
-    if probe.missing('squeue') or not probe.controller: return None
-    import getpass                                      # --user rather than --me (Slurm 20.11+): older clusters too
-    r = _call([probe.tools['squeue'], '-h', '-r', f'--user={getpass.getuser()}', '--states=all', '-o', SQUEUE_FORMAT])
-    if r.returncode: return None
-    return [row for row in parse_squeue(r.stdout) if row['comment'].startswith(comment_prefix)]
+    if probe.missing("squeue") or not probe.controller:
+        return None
+    import getpass  # --user rather than --me (Slurm 20.11+): older clusters too
+
+    r = _call([probe.tools["squeue"], "-h", "-r", f"--user={getpass.getuser()}", "--states=all", "-o", SQUEUE_FORMAT])
+    if r.returncode:
+        return None
+    return [row for row in parse_squeue(r.stdout) if row["comment"].startswith(comment_prefix)]
 
 
 def accounting_tasks(job_ids: list[str], probe: SlurmProbe) -> tuple[Optional[list[dict]], str]:
     "(rows of sacct for these jobs' array tasks, note); rows None where Slurm keeps no accounting."
-    if not job_ids: return [], ''
-    if probe.missing('sacct'): return None, 'sacct is not installed here'
-    r = _call([probe.tools['sacct'], '-n', '-P', '-X', '-j', ','.join(job_ids), '-o', 'JobID,State,ExitCode'])
-    if r.returncode or 'disabled' in (r.stderr + r.stdout).lower():
-        return None, ('Slurm accounting (sacct) is not configured on this cluster: finished tasks are read from the run '
-                      'records and from squeue while the controller remembers them')
+    if not job_ids:
+        return [], ""
+    if probe.missing("sacct"):
+        return None, "sacct is not installed here"
+    r = _call([probe.tools["sacct"], "-n", "-P", "-X", "-j", ",".join(job_ids), "-o", "JobID,State,ExitCode"])
+    if r.returncode or "disabled" in (r.stderr + r.stdout).lower():
+        return None, (
+            "Slurm accounting (sacct) is not configured on this cluster: finished tasks are read from the run "
+            "records and from squeue while the controller remembers them"
+        )
     rows = []
     for line in r.stdout.splitlines():
-        parts = line.split('|')
-        if len(parts) < 3 or '_' not in parts[0]: continue
-        array_job, task = parts[0].split('_', 1)
-        if not task.isdigit(): continue               # a pending range such as 12_[3-9]
-        rows.append(dict(job_id=parts[0], array_job_id=array_job, array_task_id=int(task),
-                         state=parts[1].split()[0], exit_code=parts[2]))
-    return rows, ''
+        parts = line.split("|")
+        if len(parts) < 3 or "_" not in parts[0]:
+            continue
+        array_job, task = parts[0].split("_", 1)
+        if not task.isdigit():
+            continue  # a pending range such as 12_[3-9]
+        rows.append(
+            dict(
+                job_id=parts[0],
+                array_job_id=array_job,
+                array_task_id=int(task),
+                state=parts[1].split()[0],
+                exit_code=parts[2],
+            )
+        )
+    return rows, ""
 
 # %% ../nbs/09i_slurm.ipynb #e4f2635c
 def head_node(nodelist: str, scontrol: Optional[str] = None) -> str:
     "The first host of a Slurm node list (`scontrol show hostnames`: 'gpu[003-004,010]' -> 'gpu003')."
-    scontrol = scontrol or shutil.which('scontrol')
-    if not scontrol: raise ConfigError("a multi-node launch needs Slurm's scontrol on PATH (to expand the job's node list)")
-    r = _call([scontrol, 'show', 'hostnames', nodelist])
+    scontrol = scontrol or shutil.which("scontrol")
+    if not scontrol:
+        raise ConfigError("a multi-node launch needs Slurm's scontrol on PATH (to expand the job's node list)")
+    r = _call([scontrol, "show", "hostnames", nodelist])
     hosts = r.stdout.split()
-    if r.returncode or not hosts: raise ConfigError(f"`scontrol show hostnames {nodelist}` failed: {r.stderr.strip()}")
+    if r.returncode or not hosts:
+        raise ConfigError(f"`scontrol show hostnames {nodelist}` failed: {r.stderr.strip()}")
     return hosts[0]
 
 
 def node_address(host: str, scontrol: Optional[str] = None) -> str:
     "The host itself when it resolves, else its NodeAddr from `scontrol show node`."
     try:
-        socket.getaddrinfo(host, None); return host
+        socket.getaddrinfo(host, None)
+        return host
     except OSError:
-        scontrol = scontrol or shutil.which('scontrol')
-        r = _call([scontrol, 'show', 'node', host]) if scontrol else None
-        m = re.search(r'NodeAddr=(\S+)', r.stdout) if r is not None else None
-        if m: return m.group(1)
+        scontrol = scontrol or shutil.which("scontrol")
+        r = _call([scontrol, "show", "node", host]) if scontrol else None
+        m = re.search(r"NodeAddr=(\S+)", r.stdout) if r is not None else None
+        if m:
+            return m.group(1)
         raise ConfigError(f"the first node of the job, {host!r}, does not resolve and Slurm knows no NodeAddr for it")
 
 
 def main_port(env) -> int:
     "The rendezvous port: DEPTHBENCH_MAIN_PORT, else 20000 + job id mod 20000 (the same on every node of a job)."
-    if env.get('DEPTHBENCH_MAIN_PORT'): return int(env['DEPTHBENCH_MAIN_PORT'])
-    return 20000 + int(env.get('SLURM_JOB_ID', '0')) % 20000
+    if env.get("DEPTHBENCH_MAIN_PORT"):
+        return int(env["DEPTHBENCH_MAIN_PORT"])
+    return 20000 + int(env.get("SLURM_JOB_ID", "0")) % 20000
 
 
 def node_launch_args(env=None, first_host=None) -> list[str]:
     "accelerate launch's multi-machine arguments for this node, from the Slurm environment of a job step."
     env = os.environ if env is None else env
     first_host = first_host or (lambda nodelist: node_address(head_node(nodelist)))
-    need = ('SLURM_NNODES', 'SLURM_NODEID', 'SLURM_JOB_ID')
-    missing = [k for k in need if k not in env] + ([] if env.get('SLURM_JOB_NODELIST') or env.get('SLURM_NODELIST') else ['SLURM_JOB_NODELIST'])
-    if missing: raise ConfigError(f"node-launch runs inside a Slurm job step (srun); missing {', '.join(missing)}")
-    host = first_host(env.get('SLURM_JOB_NODELIST') or env['SLURM_NODELIST'])
-    return ['--num_machines', env['SLURM_NNODES'], '--machine_rank', env['SLURM_NODEID'],
-            '--main_process_ip', host, '--main_process_port', str(main_port(env))]
+    need = ("SLURM_NNODES", "SLURM_NODEID", "SLURM_JOB_ID")
+    missing = [k for k in need if k not in env] + (
+        [] if env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") else ["SLURM_JOB_NODELIST"]
+    )
+    if missing:
+        raise ConfigError(f"node-launch runs inside a Slurm job step (srun); missing {', '.join(missing)}")
+    host = first_host(env.get("SLURM_JOB_NODELIST") or env["SLURM_NODELIST"])
+    return [
+        "--num_machines",
+        env["SLURM_NNODES"],
+        "--machine_rank",
+        env["SLURM_NODEID"],
+        "--main_process_ip",
+        host,
+        "--main_process_port",
+        str(main_port(env)),
+    ]
 
 
 def require_allocation(nodes: int, env=None) -> str:
     "The srun to start one launcher per node with; ConfigError outside a Slurm allocation or without srun."
     env = os.environ if env is None else env
-    if 'SLURM_JOB_ID' not in env:
-        raise ConfigError(f"--nodes {nodes} runs inside a Slurm allocation of {nodes} nodes: use --launcher slurm (the array "
-                          "tasks pass --nodes on)")
-    srun = shutil.which('srun', path=env.get('PATH'))
-    if not srun: raise ConfigError("a multi-node run needs Slurm's srun on PATH (it runs inside the array task's allocation)")
+    if "SLURM_JOB_ID" not in env:
+        raise ConfigError(
+            f"--nodes {nodes} runs inside a Slurm allocation of {nodes} nodes: use --launcher slurm (the array "
+            "tasks pass --nodes on)"
+        )
+    srun = shutil.which("srun", path=env.get("PATH"))
+    if not srun:
+        raise ConfigError("a multi-node run needs Slurm's srun on PATH (it runs inside the array task's allocation)")
     return srun
 
 
@@ -440,105 +604,145 @@ def srun_command(nodes: int, command: list[str], env=None) -> list[str]:
     "srun with one task per node running `command` (the step inherits the job's CPUs per task explicitly)."
     env = os.environ if env is None else env
     srun = require_allocation(nodes, env)
-    cmd = [srun, f'--nodes={nodes}', f'--ntasks={nodes}', '--ntasks-per-node=1', '--kill-on-bad-exit=1']
-    if env.get('SLURM_CPUS_PER_TASK'): cmd.append(f"--cpus-per-task={env['SLURM_CPUS_PER_TASK']}")
+    cmd = [srun, f"--nodes={nodes}", f"--ntasks={nodes}", "--ntasks-per-node=1", "--kill-on-bad-exit=1"]
+    if env.get("SLURM_CPUS_PER_TASK"):
+        cmd.append(f"--cpus-per-task={env['SLURM_CPUS_PER_TASK']}")
     return cmd + list(command)
 
 
 def node_launch(run_config: str) -> int:
     "Start this node's `accelerate launch` for the run in `run_config` (a RunConfig JSON); returns its exit code."
     from depthbench_nb.trainer import launch_command
+
     path = Path(run_config)
-    if not path.is_file(): raise ConfigError(f"run config {path} does not exist")
-    run = RunConfig.from_dict({k: v for k, v in json.loads(path.read_text()).items() if k != 'run_id'})
+    if not path.is_file():
+        raise ConfigError(f"run config {path} does not exist")
+    run = RunConfig.from_dict({k: v for k, v in json.loads(path.read_text()).items() if k != "run_id"})
     args = node_launch_args()
-    cmd = launch_command(run, path, launch_args=args)    # the multi-machine arguments override its single-machine ones
+    cmd = launch_command(run, path, launch_args=args)  # the multi-machine arguments override its single-machine ones
     nnodes, rank = args[1], args[3]
     print(f"node {rank}/{nnodes} ({socket.gethostname()}): {shlex.join(cmd[1:])}", flush=True)
-    env = dict(os.environ, DEPTHBENCH_LAUNCHED='1', PYTHONUNBUFFERED='1')
-    env.setdefault('OMP_NUM_THREADS', '1')
+    env = dict(os.environ, DEPTHBENCH_LAUNCHED="1", PYTHONUNBUFFERED="1")
+    env.setdefault("OMP_NUM_THREADS", "1")
     return subprocess.call(cmd, env=env)
 
 # %% ../nbs/09i_slurm.ipynb #b13ab564
 def cli_prefix() -> str:
     "How a compute node calls this package's CLI: this environment's console script by absolute path, else this Python."
-    exe = Path(sys.executable).parent / 'depthbench-nb'
-    if exe.is_file() and os.access(exe, os.X_OK): return shlex.quote(str(exe.absolute()))
-    found = shutil.which('depthbench-nb')
-    if found: return shlex.quote(str(Path(found).absolute()))
+    exe = Path(sys.executable).parent / "depthbench-nb"
+    if exe.is_file() and os.access(exe, os.X_OK):
+        return shlex.quote(str(exe.absolute()))
+    found = shutil.which("depthbench-nb")
+    if found:
+        return shlex.quote(str(Path(found).absolute()))
     return f"{shlex.quote(sys.executable)} -c 'import sys; from depthbench_nb.cli import main; sys.exit(main())'"
 
 
 @dataclass(frozen=True)
 class DataSlurmRequest(SlurmRequest):
     "What each task of a data-preparation array asks for: CPUs (one tokenizing worker per CPU), no GPU."
-    gpus: int = _opt('GPUs per node (default 0: tokenizing needs none)', 0)
+
+    gpus: int = _opt("GPUs per node (default 0: tokenizing needs none)", 0)
 
 
 def _data_options(cfg: DataConfig) -> str:
     "The `data prepare` options that say what a folder holds: the same in every task (the folder's plan checks them)."
-    opts = ['--source', cfg.source, '--tokenizer', cfg.tokenizer, '--out', str(data_dir(cfg))]
-    if cfg.max_tokens: opts += ['--max-tokens', str(cfg.max_tokens)]
-    if cfg.val_tokens: opts += ['--val-tokens', str(cfg.val_tokens)]
+    opts = ["--source", cfg.source, "--tokenizer", cfg.tokenizer, "--out", str(data_dir(cfg))]
+    if cfg.max_tokens:
+        opts += ["--max-tokens", str(cfg.max_tokens)]
+    if cfg.val_tokens:
+        opts += ["--val-tokens", str(cfg.val_tokens)]
     return shlex.join(opts)
 
 
-def data_prepare_script(cfg: DataConfig, req: SlurmRequest, tasks: int, final: bool = False,
-                        after: Optional[str] = None, comment: str = 'depthbench-nb:data', header: list[str] = ()) -> str:
+def data_prepare_script(
+    cfg: DataConfig,
+    req: SlurmRequest,
+    tasks: int,
+    final: bool = False,
+    after: Optional[str] = None,
+    comment: str = "depthbench-nb:data",
+    header: list[str] = (),
+) -> str:
     """A data preparation as Slurm jobs. `final=False`: a job array of `tasks` tasks, each tokenizing source shards
     with one worker per CPU (`--no-pack`: only the shard locks, so the tasks share the folder). `final=True`: the job
     that packs, after the array (`after`: its job id) whatever became of its tasks: it tokenizes what a failed task
     left (with the same resumable command) and writes the manifest."""
     out = data_dir(cfg)
-    lines = ['#!/bin/bash', f"#SBATCH --job-name=depthbench-data-{'pack' if final else 'tokenize'}"]
-    if not final: lines.append(f'#SBATCH --array=0-{tasks - 1}' + (f'%{req.parallel}' if req.parallel else ''))
-    if after: lines.append(f'#SBATCH --dependency=afterany:{after}')
-    lines += [f'#SBATCH {o}' for o in sbatch_options(req)]
-    log = out / 'slurm' / ('slurm-%j-pack.out' if final else 'slurm-%A_%a.out')
-    lines += [f'#SBATCH --output={log}', f'#SBATCH --chdir={Path.cwd()}', f'#SBATCH --comment={comment}', '']
-    lines += [f'# {h}' for h in header]
-    if req.setup: lines += ['', '# environment set-up (--slurm-setup)'] + list(req.setup)
-    lines += ['', 'set -euo pipefail']
-    if os.environ.get('DEPTHBENCH_CACHE'):
+    lines = ["#!/bin/bash", f"#SBATCH --job-name=depthbench-data-{'pack' if final else 'tokenize'}"]
+    if not final:
+        lines.append(f"#SBATCH --array=0-{tasks - 1}" + (f"%{req.parallel}" if req.parallel else ""))
+    if after:
+        lines.append(f"#SBATCH --dependency=afterany:{after}")
+    lines += [f"#SBATCH {o}" for o in sbatch_options(req)]
+    log = out / "slurm" / ("slurm-%j-pack.out" if final else "slurm-%A_%a.out")
+    lines += [f"#SBATCH --output={log}", f"#SBATCH --chdir={Path.cwd()}", f"#SBATCH --comment={comment}", ""]
+    lines += [f"# {h}" for h in header]
+    if req.setup:
+        lines += ["", "# environment set-up (--slurm-setup)"] + list(req.setup)
+    lines += ["", "set -euo pipefail"]
+    if os.environ.get("DEPTHBENCH_CACHE"):
         lines.append(f"export DEPTHBENCH_CACHE={shlex.quote(str(Path(os.environ['DEPTHBENCH_CACHE']).resolve()))}")
-    what = 'packing job' if final else 'array task $SLURM_ARRAY_TASK_ID of job $SLURM_ARRAY_JOB_ID'
-    lines += [f'echo "{what} on $(hostname): {out}, ${{SLURM_CPUS_PER_TASK:-1}} workers"',
-              f"{cli_prefix()} data prepare {_data_options(cfg)} --workers \"${{SLURM_CPUS_PER_TASK:-1}}\" "
-              f"--no-progress {'--wait' if final else '--no-pack'}"]
-    return '\n'.join(lines) + '\n'
+    what = "packing job" if final else "array task $SLURM_ARRAY_TASK_ID of job $SLURM_ARRAY_JOB_ID"
+    lines += [
+        f'echo "{what} on $(hostname): {out}, ${{SLURM_CPUS_PER_TASK:-1}} workers"',
+        f'{cli_prefix()} data prepare {_data_options(cfg)} --workers "${{SLURM_CPUS_PER_TASK:-1}}" '
+        f"--no-progress {'--wait' if final else '--no-pack'}",
+    ]
+    return "\n".join(lines) + "\n"
 
 
-def prepare_on_slurm(cfg: DataConfig, request: Optional[SlurmRequest] = None, tasks: Optional[int] = None,
-                     submit: bool = False, progress: bool = True, say=print) -> dict:
+def prepare_on_slurm(
+    cfg: DataConfig,
+    request: Optional[SlurmRequest] = None,
+    tasks: Optional[int] = None,
+    submit: bool = False,
+    progress: bool = True,
+    say=print,
+) -> dict:
     """Write (and with `submit`, sbatch) a data preparation as a job array over its source shards and a final packing
     job that runs after it. The plan (tokenizer, the list of source shards) is written here first, so the tasks only
     read and tokenize. Submitted again later, it plans only what is left (every tokenized shard is kept)."""
     req = request or DataSlurmRequest()
-    if tasks is not None and tasks < 1: raise ConfigError(f"--tasks must be >= 1, got {tasks}")
+    if tasks is not None and tasks < 1:
+        raise ConfigError(f"--tasks must be >= 1, got {tasks}")
     state = prepare_folder(cfg, progress=progress, plan_only=True, say=say)
     out = state.path
     result = dict(path=str(out), source_shards=state.source_shards, done=state.kept, script=None, submitted=False)
     if state.complete:
-        result['message'] = (f"nothing to submit: {out} is prepared already (complete manifest); "
-                             f"no script written, no job queued")
+        result["message"] = (
+            f"nothing to submit: {out} is prepared already (complete manifest); no script written, no job queued"
+        )
         return result
     probe = probe_slurm()
-    fit, notes = fit_request(req, probe.partitions if probe.reachable else None)   # a request no node meets: error here
-    if not probe.reachable: notes.append(f"Slurm: {probe.message}")
+    fit, notes = fit_request(req, probe.partitions if probe.reachable else None)  # a request no node meets: error here
+    if not probe.reachable:
+        notes.append(f"Slurm: {probe.message}")
     todo = state.source_shards - state.kept
-    tasks = tasks or max(1, min(todo, -(-todo // fit.cpus_per_task)))    # one CPU (one worker) per source shard to do
+    tasks = tasks or max(1, min(todo, -(-todo // fit.cpus_per_task)))  # one CPU (one worker) per source shard to do
     comment = f"depthbench-nb:data:{hashlib.sha256(str(out).encode()).hexdigest()[:10]}"
-    header = [f"data preparation of {out}: {todo} of {state.source_shards} source shards to tokenize "
-              f"({time.strftime('%Y-%m-%d %H:%M')}); follow it with: depthbench-nb data inspect {out}", *notes]
-    logs = out / 'slurm'
-    logs.mkdir(parents=True, exist_ok=True)          # Slurm does not create the log folder: a task would die silently
-    array, final = logs / 'prepare_array.sh', logs / 'prepare_pack.sh'
-    for path, text in ((array, data_prepare_script(cfg, fit, tasks, comment=comment, header=header)),
-                       (final, data_prepare_script(cfg, fit, tasks, final=True, comment=comment, header=header))):
+    header = [
+        f"data preparation of {out}: {todo} of {state.source_shards} source shards to tokenize "
+        f"({time.strftime('%Y-%m-%d %H:%M')}); follow it with: depthbench-nb data inspect {out}",
+        *notes,
+    ]
+    logs = out / "slurm"
+    logs.mkdir(parents=True, exist_ok=True)  # Slurm does not create the log folder: a task would die silently
+    array, final = logs / "prepare_array.sh", logs / "prepare_pack.sh"
+    for path, text in (
+        (array, data_prepare_script(cfg, fit, tasks, comment=comment, header=header)),
+        (final, data_prepare_script(cfg, fit, tasks, final=True, comment=comment, header=header)),
+    ):
         atomic_write_text(path, text)
         path.chmod(0o755)
-    result.update(tasks=tasks, script=str(array), final_script=str(final), request=' '.join(sbatch_options(fit)),
-                  logs=str(logs / 'slurm-<job>_<task>.out'), notes=notes)
+    result.update(
+        tasks=tasks,
+        script=str(array),
+        final_script=str(final),
+        request=" ".join(sbatch_options(fit)),
+        logs=str(logs / "slurm-<job>_<task>.out"),
+        notes=notes,
+    )
     if submit:
         job = submit_script(array, probe)
         text = data_prepare_script(cfg, fit, tasks, final=True, after=job, comment=comment, header=header)
@@ -547,92 +751,144 @@ def prepare_on_slurm(cfg: DataConfig, request: Optional[SlurmRequest] = None, ta
     return result
 
 # %% ../nbs/09i_slurm.ipynb #3f813623
-def data_prepare_command(source: Annotated[str, Arg(help=f"{', '.join(NAMED_SOURCES)}, or a .txt/.jsonl/.parquet file or folder (default sample)")] = 'sample',
-                         tokenizer: str = 'bpe:4096',     # neox | bpe:N | a tokenizer.json path | a Hugging Face id (default bpe:4096)
-                         out: Optional[str] = None,       # prepared folder (default: the cache folder for source and tokenizer)
-                         max_tokens: Optional[int] = None,  # cap on training tokens
-                         val_tokens: Optional[int] = None,  # cap on held-out tokens
-                         workers: int = 1,                # processes tokenizing source shards at once (e.g. the cores)
-                         wait: bool = False,              # wait for another prepare of the same folder, not refuse
-                         no_pack: bool = False,           # only tokenize, beside other preparers (the Slurm array tasks)
-                         launcher: Literal['local', 'slurm'] = 'local',  # local: here; slurm: a job array + packing job
-                         submit: bool = False,            # with --launcher slurm: submit both with sbatch
-                         tasks: Optional[int] = None,     # with --launcher slurm: array tasks (default: a CPU a shard)
-                         slurm: Annotated[Optional[dict], Arg(fields=DataSlurmRequest, group='Slurm (--launcher slurm)',
-                             help='what each task asks for (a tokenizing worker per CPU); the defaults fit the '
-                                  'partition')] = None,
-                         no_progress: bool = False,       # no progress bars
-                         json: bool = False) -> int:
+def data_prepare_command(
+    source: Annotated[
+        str, Arg(help=f"{', '.join(NAMED_SOURCES)}, or a .txt/.jsonl/.parquet file or folder (default sample)")
+    ] = "sample",
+    tokenizer: str = "bpe:4096",  # neox | bpe:N | a tokenizer.json path | a Hugging Face id (default bpe:4096)
+    out: Optional[str] = None,  # prepared folder (default: the cache folder for source and tokenizer)
+    max_tokens: Optional[int] = None,  # cap on training tokens
+    val_tokens: Optional[int] = None,  # cap on held-out tokens
+    workers: int = 1,  # processes tokenizing source shards at once (e.g. the cores)
+    wait: bool = False,  # wait for another prepare of the same folder, not refuse
+    no_pack: bool = False,  # only tokenize, beside other preparers (the Slurm array tasks)
+    launcher: Literal["local", "slurm"] = "local",  # local: here; slurm: a job array + packing job
+    submit: bool = False,  # with --launcher slurm: submit both with sbatch
+    tasks: Optional[int] = None,  # with --launcher slurm: array tasks (default: a CPU a shard)
+    slurm: Annotated[
+        Optional[dict],
+        Arg(
+            fields=DataSlurmRequest,
+            group="Slurm (--launcher slurm)",
+            help="what each task asks for (a tokenizing worker per CPU); the defaults fit the partition",
+        ),
+    ] = None,
+    no_progress: bool = False,  # no progress bars
+    json: bool = False,
+) -> int:
     "tokenize and pack a source into token shards + manifest, resumably, in parallel here or over a Slurm job array"
     cfg = DataConfig(source=source, tokenizer=tokenizer, path=out, max_tokens=max_tokens, val_tokens=val_tokens)
     progress = not no_progress and not json
     say = lambda msg: print(msg, file=sys.stderr, flush=True)
-    if launcher == 'slurm':
+    if launcher == "slurm":
         if workers != 1 or wait or no_pack:
-            raise ConfigError('--workers, --wait and --no-pack apply to --launcher local; each array task runs one '
-                              'worker per CPU (--slurm-cpus)')
+            raise ConfigError(
+                "--workers, --wait and --no-pack apply to --launcher local; each array task runs one "
+                "worker per CPU (--slurm-cpus)"
+            )
         res = prepare_on_slurm(cfg, DataSlurmRequest(**(slurm or {})), tasks, submit, progress=progress, say=say)
-        if json: return emit(res, True)
-        if res['script'] is None: print(res['message']); return 0
-        print(f"slurm jobs for data {res['path']}: {res['tasks']} array tasks over {res['source_shards'] - res['done']} of "
-              f"{res['source_shards']} source shards ({res['done']} done), then a packing job\n  array      {res['script']}\n"
-              f"  packing    {res['final_script']}\n  requests   {res['request']}\n  logs       {res['logs']}")
-        for n in res['notes']: print(f'  note       {n}')
-        if res['submitted']:
-            print(f"  submitted  array job {res['job_id']}, packing job {res['final_job_id']} after it; follow: "
-                  f"depthbench-nb data inspect {res['path']}")
+        if json:
+            return emit(res, True)
+        if res["script"] is None:
+            print(res["message"])
+            return 0
+        print(
+            f"slurm jobs for data {res['path']}: {res['tasks']} array tasks over {res['source_shards'] - res['done']} of "
+            f"{res['source_shards']} source shards ({res['done']} done), then a packing job\n  array      {res['script']}\n"
+            f"  packing    {res['final_script']}\n  requests   {res['request']}\n  logs       {res['logs']}"
+        )
+        for n in res["notes"]:
+            print(f"  note       {n}")
+        if res["submitted"]:
+            print(
+                f"  submitted  array job {res['job_id']}, packing job {res['final_job_id']} after it; follow: "
+                f"depthbench-nb data inspect {res['path']}"
+            )
         else:
-            print(f"  submit     job=$(sbatch --parsable {res['script']}) && "
-                  f"sbatch --dependency=afterany:$job {res['final_script']}")
+            print(
+                f"  submit     job=$(sbatch --parsable {res['script']}) && "
+                f"sbatch --dependency=afterany:$job {res['final_script']}"
+            )
         return 0
-    if submit or tasks is not None: raise ConfigError('--submit and --tasks need --launcher slurm')
+    if submit or tasks is not None:
+        raise ConfigError("--submit and --tasks need --launcher slurm")
     res = prepare_folder(cfg, progress=progress, workers=workers, wait=wait, pack=not no_pack, say=say)
-    counts = {k: v for k, v in res.describe().items() if k in ('source_shards', 'kept', 'tokenized', 'unused')}
+    counts = {k: v for k, v in res.describe().items() if k in ("source_shards", "kept", "tokenized", "unused")}
     if not res.complete:
-        title = f'tokenized source shards of {res.path}'
-        return emit(dict(path=str(res.path), state='preparing', **counts), json, title=title)
-    return emit(dict(TokenData(res.path, verify=False).summary(), **counts), json, title=f'prepared {res.path}')
+        title = f"tokenized source shards of {res.path}"
+        return emit(dict(path=str(res.path), state="preparing", **counts), json, title=title)
+    return emit(dict(TokenData(res.path, verify=False).summary(), **counts), json, title=f"prepared {res.path}")
 
 
 def cli_data(argv=None) -> int:
     "depthbench-nb data: prepare or inspect tokenized data."
-    return call_parsed(dict(prepare=data_prepare_command, inspect=data_inspect_command), argv, prog='depthbench-nb data',
-                       description='Prepare or inspect tokenized data (DepthBench data: keyu-wang-2002/DepthBench, '
-                                   'data_utils/tokenize_from_pretrain_datasets.py).')
+    return call_parsed(
+        dict(prepare=data_prepare_command, inspect=data_inspect_command),
+        argv,
+        prog="depthbench-nb data",
+        description="Prepare or inspect tokenized data (DepthBench data: keyu-wang-2002/DepthBench, "
+        "data_utils/tokenize_from_pretrain_datasets.py).",
+    )
 
 # %% ../nbs/09i_slurm.ipynb #a1a89345
-def slurm_info_command(partition: Optional[str] = None,
-                       gpus: Optional[int] = None,      # GPUs per node asked (default: 1 where the partition has GPUs, else 0)
-                       json: bool = False) -> int:
+def slurm_info_command(
+    partition: Optional[str] = None,
+    gpus: Optional[int] = None,  # GPUs per node asked (default: 1 where the partition has GPUs, else 0)
+    json: bool = False,
+) -> int:
     "partitions and limits (sinfo), and the defaults an array task would get"
     probe = probe_slurm()
-    if not probe.reachable: raise ConfigError(f"no Slurm cluster reachable from here: {probe.message}")
-    rows = [dict(partition=n + ('*' if q.default else ''), state=q.available, nodes=len(q.nodes),
-                 cpus=max(x.cpus for x in q.nodes), memory_mb=max(x.memory_mb for x in q.nodes),
-                 gpus=max(x.gpus for x in q.nodes), time_limit=q.max_time,
-                 features=','.join(sorted({f for x in q.nodes for f in x.features}))) for n, q in probe.partitions.items()]
-    part = probe.partitions.get(partition) if partition else next((q for q in probe.partitions.values() if q.default), None)
+    if not probe.reachable:
+        raise ConfigError(f"no Slurm cluster reachable from here: {probe.message}")
+    rows = [
+        dict(
+            partition=n + ("*" if q.default else ""),
+            state=q.available,
+            nodes=len(q.nodes),
+            cpus=max(x.cpus for x in q.nodes),
+            memory_mb=max(x.memory_mb for x in q.nodes),
+            gpus=max(x.gpus for x in q.nodes),
+            time_limit=q.max_time,
+            features=",".join(sorted({f for x in q.nodes for f in x.features})),
+        )
+        for n, q in probe.partitions.items()
+    ]
+    part = (
+        probe.partitions.get(partition)
+        if partition
+        else next((q for q in probe.partitions.values() if q.default), None)
+    )
     gpus = gpus if gpus is not None else int(part is not None and any(x.gpus for x in part.nodes))
     fit, notes = fit_request(SlurmRequest(partition=partition, gpus=gpus), probe.partitions)
     out = dict(controller=probe.message, partitions=rows, defaults=fit.to_dict(), notes=notes)
-    if json: return emit(out, True)
-    emit(rows, False, title=f'Slurm: {probe.message}')
-    print(f"\nan array task would ask for: {' '.join(sbatch_options(fit))}" + ''.join(f'\n  {n}' for n in notes))
+    if json:
+        return emit(out, True)
+    emit(rows, False, title=f"Slurm: {probe.message}")
+    print(f"\nan array task would ask for: {' '.join(sbatch_options(fit))}" + "".join(f"\n  {n}" for n in notes))
     return 0
 
 
-def slurm_node_launch_command(*, run_config: str,   # the RunConfig JSON the sweep driver wrote
-                              ) -> int:
+def slurm_node_launch_command(
+    *,
+    run_config: str,  # the RunConfig JSON the sweep driver wrote
+) -> int:
     "(run by srun on each node of a multi-node array task) start accelerate launch"
     return node_launch(run_config)
 
 
 def cli_slurm(argv=None) -> int:
     "depthbench-nb slurm info | node-launch."
-    return call_parsed({'info': slurm_info_command, 'node-launch': slurm_node_launch_command}, argv, prog='depthbench-nb slurm',
-                       description="The Slurm cluster as the sweep driver sees it.")
+    return call_parsed(
+        {"info": slurm_info_command, "node-launch": slurm_node_launch_command},
+        argv,
+        prog="depthbench-nb slurm",
+        description="The Slurm cluster as the sweep driver sees it.",
+    )
 
 
-if __name__ == '__main__' and '__file__' in globals():   # `python -m depthbench_nb.slurm node-launch ...` (srun); not in notebooks
+if (
+    __name__ == "__main__" and "__file__" in globals()
+):  # `python -m depthbench_nb.slurm node-launch ...` (srun); not in notebooks
     from depthbench_nb.cli import main
-    sys.exit(main(['slurm'] + sys.argv[1:]))              # clean errors, as from the console script
+
+    sys.exit(main(["slurm"] + sys.argv[1:]))  # clean errors, as from the console script

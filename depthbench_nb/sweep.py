@@ -9,7 +9,7 @@ import contextlib
 import fcntl
 import itertools
 import json
-import json as _json           # `json` is also the --json switch of the command functions
+import json as _json  # `json` is also the --json switch of the command functions
 import math
 import os
 import shlex
@@ -26,14 +26,55 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from .config import (ARCHS, EXIT_INTERRUPTED, EXIT_NOT_DONE, EXIT_OK, Config, ConfigError, CorruptFile,
-                                  DESIGN_OPTIONS, RunConfig, _choice_error, atomic_write_bytes, atomic_write_json,
-                                  atomic_write_text, family_of, package_dir, runs_root, short_repr)
-from .runs import (PEAK_BF16_FLOPS, RECORD_FILES, child_pids, ensure_writable, forwarding_signals, read_json,
-                                read_params, read_result, run_dir, run_folder_holder, run_status)
-from .slurm import (QUEUED_STATES, RUNNING_STATES, SlurmProbe, SlurmRequest, accounting_tasks, array_script,
-                                 cli_prefix, fit_request, probe_slurm, queue_tasks, require_allocation, requeue_this_job,
-                                 sbatch_options, srun_command, submit_script)
+from depthbench_nb.config import (
+    ARCHS,
+    EXIT_INTERRUPTED,
+    EXIT_NOT_DONE,
+    EXIT_OK,
+    Config,
+    ConfigError,
+    CorruptFile,
+    DESIGN_OPTIONS,
+    RunConfig,
+    _choice_error,
+    atomic_write_bytes,
+    atomic_write_json,
+    atomic_write_text,
+    family_of,
+    package_dir,
+    runs_root,
+    short_repr,
+)
+from depthbench_nb.runs import (
+    PEAK_BF16_FLOPS,
+    RECORD_FILES,
+    child_pids,
+    ensure_writable,
+    forwarding_signals,
+    read_json,
+    read_params,
+    read_result,
+    run_dir,
+    run_folder_holder,
+    run_status,
+)
+from depthbench_nb.slurm import (
+    QUEUED_STATES,
+    RUNNING_STATES,
+    SlurmProbe,
+    SlurmRequest,
+    accounting_tasks,
+    array_script,
+    cli_prefix,
+    fit_request,
+    probe_slurm,
+    queue_tasks,
+    require_allocation,
+    requeue_this_job,
+    sbatch_options,
+    srun_command,
+    submit_script,
+)
 from .shapes import count_params, get_grid, resolve_preset
 from .costs import train_flops_per_token
 from .console import Arg, call_parsed, emit, template_path
@@ -53,88 +94,111 @@ __all__ = ['MAX_STUDY_BYTES', 'MAX_STUDY_NODES', 'GPU_PEAK_FLOPS', 'DEFAULT_MFU'
 @dataclass(frozen=True)
 class StudyGroup(Config):
     "One block of a study: the cartesian product of its lists (empty list: the preset's default)."
+
     name: str
-    archs: tuple[str, ...] = ()              # designs (ARCHS); 'looped' for looped groups
-    preset: Optional[str] = None             # overrides the study's preset
-    depths: tuple[int, ...] = ()             # L values; empty: every depth of the preset's grid
-    lrs: tuple[float, ...] = ()              # peak LRs; empty: the preset's (or the looped recipe's) LR
+    archs: tuple[str, ...] = ()  # designs (ARCHS); 'looped' for looped groups
+    preset: Optional[str] = None  # overrides the study's preset
+    depths: tuple[int, ...] = ()  # L values; empty: every depth of the preset's grid
+    lrs: tuple[float, ...] = ()  # peak LRs; empty: the preset's (or the looped recipe's) LR
     seeds: tuple[int, ...] = (42,)
     max_steps: Optional[int] = None
     tokens: Optional[int] = None
-    checkpoint_every: Optional[int] = None   # steps between checkpoints (None: the trainer's default); a cancelled,
-                                             #   preempted or timed-out Slurm task resumes from the last one
-    option_sets: tuple[dict, ...] = ({},)    # design options, one run per set (e.g. the injection ablation)
-    r: tuple[int, ...] = ()                  # looped: recurrences
-    s: tuple[int, ...] = ()                  # looped: width scales (d = 64 s)
-    C: tuple[float, ...] = ()                # looped: FLOP budgets (tokens = C / FLOPs per token)
-    looped_grid: Optional[str] = None        # 'baseline' | 'tbptt' | 'hc': the rows of the paper's grid
-    include_reused: bool = False             # looped_grid: also the r = 1 rows reused from the baseline grid
-    param_data_ratio: Optional[float] = None # looped: tokens = ratio x effective params (the LR sweep's rule, App. D)
+    checkpoint_every: Optional[int] = None  # steps between checkpoints (None: the trainer's default); a cancelled,
+    #   preempted or timed-out Slurm task resumes from the last one
+    option_sets: tuple[dict, ...] = ({},)  # design options, one run per set (e.g. the injection ablation)
+    r: tuple[int, ...] = ()  # looped: recurrences
+    s: tuple[int, ...] = ()  # looped: width scales (d = 64 s)
+    C: tuple[float, ...] = ()  # looped: FLOP budgets (tokens = C / FLOPs per token)
+    looped_grid: Optional[str] = None  # 'baseline' | 'tbptt' | 'hc': the rows of the paper's grid
+    include_reused: bool = False  # looped_grid: also the r = 1 rows reused from the baseline grid
+    param_data_ratio: Optional[float] = None  # looped: tokens = ratio x effective params (the LR sweep's rule, App. D)
 
     def validate(self):
-        if not self.name: raise ConfigError("StudyGroup.name must be a non-empty string")
+        if not self.name:
+            raise ConfigError("StudyGroup.name must be a non-empty string")
         if self.checkpoint_every is not None and self.checkpoint_every < 1:
             raise ConfigError(f"group {self.name!r}: checkpoint_every must be >= 1, got {self.checkpoint_every}")
         for a in self.archs:
-            if a not in ARCHS: raise _choice_error('design', a, list(ARCHS))
+            if a not in ARCHS:
+                raise _choice_error("design", a, list(ARCHS))
         for lr in self.lrs:
             if not (math.isfinite(lr) and 0 < lr < 1):
                 raise ConfigError(f"group {self.name!r}: learning rate {lr!r} must be a number in (0, 1)")
         looped = self.looped_grid is not None or self.r or self.s or self.C
-        if looped and tuple(self.archs) not in ((), ('looped',)):
-            raise ConfigError(f"group {self.name!r}: r/s/C/looped_grid apply to arch 'looped' only, got archs {list(self.archs)}")
-        if not looped and not self.archs: raise ConfigError(f"group {self.name!r}: set archs (valid: {', '.join(ARCHS)})")
+        if looped and tuple(self.archs) not in ((), ("looped",)):
+            raise ConfigError(
+                f"group {self.name!r}: r/s/C/looped_grid apply to arch 'looped' only, got archs {list(self.archs)}"
+            )
+        if not looped and not self.archs:
+            raise ConfigError(f"group {self.name!r}: set archs (valid: {', '.join(ARCHS)})")
         if self.looped_grid is not None and (self.r or self.s or self.C):
             raise ConfigError(f"group {self.name!r}: looped_grid gives r, s and C; do not set them too")
         if self.param_data_ratio is not None:
-            if not looped or self.looped_grid is not None or self.C or self.tokens is not None or self.max_steps is not None:
-                raise ConfigError(f"group {self.name!r}: param_data_ratio sets a looped group's tokens; it cannot be combined with "
-                                  "looped_grid, C, tokens or max_steps, nor used outside looped groups")
-            if not self.param_data_ratio > 0: raise ConfigError(f"group {self.name!r}: param_data_ratio must be > 0")
+            if (
+                not looped
+                or self.looped_grid is not None
+                or self.C
+                or self.tokens is not None
+                or self.max_steps is not None
+            ):
+                raise ConfigError(
+                    f"group {self.name!r}: param_data_ratio sets a looped group's tokens; it cannot be combined with "
+                    "looped_grid, C, tokens or max_steps, nor used outside looped groups"
+                )
+            if not self.param_data_ratio > 0:
+                raise ConfigError(f"group {self.name!r}: param_data_ratio must be > 0")
 
 
 @dataclass(frozen=True)
 class StudySpec(Config):
     "A named study: groups of runs sharing a preset, data and retry policy."
+
     name: str
-    description: str = ''
-    preset: str = 'auto'
-    data: Optional[str] = None               # a data source or prepared folder (None: the preset's)
-    max_attempts: int = 2                    # a failed run is retried until it has failed this many times
+    description: str = ""
+    preset: str = "auto"
+    data: Optional[str] = None  # a data source or prepared folder (None: the preset's)
+    max_attempts: int = 2  # a failed run is retried until it has failed this many times
     groups: tuple[StudyGroup, ...] = ()
-    reuses: Optional[str] = None             # a study whose runs this one reuses by run id (a case study's r = 1 anchors)
+    reuses: Optional[str] = None  # a study whose runs this one reuses by run id (a case study's r = 1 anchors)
 
     def validate(self):
-        if not self.name or '/' in self.name: raise ConfigError(f"study name must be a non-empty folder name, got {self.name!r}")
-        if self.max_attempts < 1: raise ConfigError(f"max_attempts must be >= 1, got {self.max_attempts}")
-        if not self.groups: raise ConfigError(f"study {self.name!r} has no groups")
+        if not self.name or "/" in self.name:
+            raise ConfigError(f"study name must be a non-empty folder name, got {self.name!r}")
+        if self.max_attempts < 1:
+            raise ConfigError(f"max_attempts must be >= 1, got {self.max_attempts}")
+        if not self.groups:
+            raise ConfigError(f"study {self.name!r} has no groups")
         names = [g.name for g in self.groups]
         dup = sorted({n for n in names if names.count(n) > 1})
-        if dup: raise ConfigError(f"study {self.name!r}: duplicate group names {dup}")
-        if self.reuses is not None and (not self.reuses or '/' in self.reuses or self.reuses == self.name):
+        if dup:
+            raise ConfigError(f"study {self.name!r}: duplicate group names {dup}")
+        if self.reuses is not None and (not self.reuses or "/" in self.reuses or self.reuses == self.name):
             raise ConfigError(f"study {self.name!r}: reuses must name another study, got {self.reuses!r}")
 
 # %% ../nbs/09a_sweep.ipynb #b02f183e
 def studies_dir() -> Path:
     "Folder of the shipped study files."
-    return package_dir() / 'resources' / 'studies'
+    return package_dir() / "resources" / "studies"
 
 
 def study_names() -> list[str]:
     "Names of the shipped studies."
-    return sorted(p.stem for p in studies_dir().glob('*.yaml'))
+    return sorted(p.stem for p in studies_dir().glob("*.yaml"))
 
 
 class _StudyLoader(yaml.SafeLoader):
     "YAML 1.1 reads 2e-3 as a string; studies mean a number."
 
 
-_StudyLoader.add_implicit_resolver('tag:yaml.org,2002:float', __import__('re').compile(
-    r'^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$'), list('-+0123456789'))
+_StudyLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    __import__("re").compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"),
+)
 
 
-MAX_STUDY_BYTES = 1 << 20      # a study file is a few kilobytes
-MAX_STUDY_NODES = 100_000      # YAML nodes once every alias is expanded
+MAX_STUDY_BYTES = 1 << 20  # a study file is a few kilobytes
+MAX_STUDY_NODES = 100_000  # YAML nodes once every alias is expanded
 
 
 def _expanded_nodes(node, memo: dict) -> int:
@@ -142,13 +206,20 @@ def _expanded_nodes(node, memo: dict) -> int:
     stack = [(node, False)]
     while stack:
         n, ready = stack.pop()
-        if id(n) in memo: continue
-        kids = ([c for kv in n.value for c in kv] if isinstance(n, yaml.MappingNode) else
-                list(n.value) if isinstance(n, yaml.SequenceNode) else [])
+        if id(n) in memo:
+            continue
+        kids = (
+            [c for kv in n.value for c in kv]
+            if isinstance(n, yaml.MappingNode)
+            else list(n.value)
+            if isinstance(n, yaml.SequenceNode)
+            else []
+        )
         if ready or not kids:
             memo[id(n)] = min(1 + sum(memo[id(c)] for c in kids), MAX_STUDY_NODES + 1)
             continue
-        stack.append((n, True)); stack.extend((c, False) for c in kids if id(c) not in memo)
+        stack.append((n, True))
+        stack.extend((c, False) for c in kids if id(c) not in memo)
     return memo[id(node)]
 
 
@@ -157,93 +228,132 @@ def _load_yaml(text: str, where) -> Any:
     loader = _StudyLoader(text)
     try:
         node = loader.get_single_node()
-        if node is None: return None
+        if node is None:
+            return None
         size = _expanded_nodes(node, {})
         if size > MAX_STUDY_NODES:
-            raise ConfigError(f"study file {where} expands to more than {MAX_STUDY_NODES:,} YAML nodes (aliases counted where "
-                              f"they are used); a study has a few dozen: refused before building anything from it")
+            raise ConfigError(
+                f"study file {where} expands to more than {MAX_STUDY_NODES:,} YAML nodes (aliases counted where "
+                f"they are used); a study has a few dozen: refused before building anything from it"
+            )
         return loader.construct_document(node)
-    except ConfigError: raise
+    except ConfigError:
+        raise
     except (yaml.YAMLError, ValueError, RecursionError) as e:
         raise ConfigError(f"study file {where} is not valid YAML: {short_repr(str(e), 300)}") from None
-    finally: loader.dispose()
+    finally:
+        loader.dispose()
 
 
 def load_study(name_or_path) -> StudySpec:
     "A StudySpec from a shipped study name or a YAML/JSON file (checked: types, keys, designs, LRs; size bounded)."
     p = Path(name_or_path)
-    if str(name_or_path) in study_names(): p = studies_dir() / f'{name_or_path}.yaml'
-    elif p.suffix.lower() not in ('.yaml', '.yml', '.json'):
-        raise _choice_error('study', name_or_path, study_names() + ['a .yaml/.json path'])
-    if not p.is_file(): raise ConfigError(f"study file {p} does not exist")
+    if str(name_or_path) in study_names():
+        p = studies_dir() / f"{name_or_path}.yaml"
+    elif p.suffix.lower() not in (".yaml", ".yml", ".json"):
+        raise _choice_error("study", name_or_path, study_names() + ["a .yaml/.json path"])
+    if not p.is_file():
+        raise ConfigError(f"study file {p} does not exist")
     if p.stat().st_size > MAX_STUDY_BYTES:
-        raise ConfigError(f"study file {p} is {p.stat().st_size:,} bytes; a study is a few kilobytes (at most {MAX_STUDY_BYTES:,})")
+        raise ConfigError(
+            f"study file {p} is {p.stat().st_size:,} bytes; a study is a few kilobytes (at most {MAX_STUDY_BYTES:,})"
+        )
     data = p.read_bytes()
-    try: text = data.decode('utf-8')
+    try:
+        text = data.decode("utf-8")
     except UnicodeDecodeError:
-        raise CorruptFile(f"study file {p} is not text ({len(data)} bytes of binary data); a study is a YAML file "
-                          f"with name and groups (see the shipped ones: {studies_dir()})") from None
-    raw = _load_yaml(text, p)                                  # a safe, bounded loader: no Python objects, no bombs
-    if not isinstance(raw, dict): raise ConfigError(f"study file {p} must hold a mapping with name, groups, ...")
-    groups = raw.get('groups') or []
-    if not isinstance(groups, list): raise ConfigError(f"study file {p}: 'groups' must be a list")
+        raise CorruptFile(
+            f"study file {p} is not text ({len(data)} bytes of binary data); a study is a YAML file "
+            f"with name and groups (see the shipped ones: {studies_dir()})"
+        ) from None
+    raw = _load_yaml(text, p)  # a safe, bounded loader: no Python objects, no bombs
+    if not isinstance(raw, dict):
+        raise ConfigError(f"study file {p} must hold a mapping with name, groups, ...")
+    groups = raw.get("groups") or []
+    if not isinstance(groups, list):
+        raise ConfigError(f"study file {p}: 'groups' must be a list")
     parsed = []
     for i, g in enumerate(groups):
-        label = short_repr(g.get('name', f'#{i}'), 60) if isinstance(g, dict) else f'#{i}'
-        try: parsed.append(StudyGroup.from_dict(g))
-        except ConfigError as e: raise ConfigError(f"study file {p}, group {label}: {e}") from e
-    try: return StudySpec.from_dict({**raw, 'groups': tuple(parsed)})
-    except ConfigError as e: raise ConfigError(f"study file {p}: {e}") from e
+        label = short_repr(g.get("name", f"#{i}"), 60) if isinstance(g, dict) else f"#{i}"
+        try:
+            parsed.append(StudyGroup.from_dict(g))
+        except ConfigError as e:
+            raise ConfigError(f"study file {p}, group {label}: {e}") from e
+    try:
+        return StudySpec.from_dict({**raw, "groups": tuple(parsed)})
+    except ConfigError as e:
+        raise ConfigError(f"study file {p}: {e}") from e
 
 # %% ../nbs/09a_sweep.ipynb #09d70960
 @dataclass
 class RunEntry:
     "One run of a study."
+
     index: int
     group: str
-    params: dict           # RunParams by name (design options too): make_run_config keyword arguments
+    params: dict  # RunParams by name (design options too): make_run_config keyword arguments
     run: RunConfig
 
     @property
-    def run_id(self) -> str: return self.run.run_id
+    def run_id(self) -> str:
+        return self.run.run_id
 
     def label(self) -> str:
-        keys = ('arch', 'L', 'r', 's', 'C', 'lr', 'seed')
+        keys = ("arch", "L", "r", "s", "C", "lr", "seed")
         vals = dict(self.params, lr=self.run.train.lr)
-        return ' '.join(f'{k}={vals[k]:g}' if isinstance(vals[k], float) else f'{k}={vals[k]}' for k in keys if vals.get(k) is not None) + \
-            ''.join(f' {k}={v}' for k, v in self.params.items() if k in DESIGN_OPTIONS)
+        return " ".join(
+            f"{k}={vals[k]:g}" if isinstance(vals[k], float) else f"{k}={vals[k]}"
+            for k in keys
+            if vals.get(k) is not None
+        ) + "".join(f" {k}={v}" for k, v in self.params.items() if k in DESIGN_OPTIONS)
 
 
 def _group_params(spec: StudySpec, g: StudyGroup) -> list[dict]:
     "The make_run_config keyword arguments of every run of a group."
     preset = g.preset or spec.preset
     base = dict(preset=preset, study=spec.name)
-    if spec.data is not None: base['data'] = spec.data
-    if g.max_steps is not None: base['max_steps'] = g.max_steps
-    if g.tokens is not None: base['tokens'] = g.tokens
-    if g.checkpoint_every is not None: base['checkpoint_every'] = g.checkpoint_every
+    if spec.data is not None:
+        base["data"] = spec.data
+    if g.max_steps is not None:
+        base["max_steps"] = g.max_steps
+    if g.tokens is not None:
+        base["tokens"] = g.tokens
+    if g.checkpoint_every is not None:
+        base["checkpoint_every"] = g.checkpoint_every
     lrs, seeds, opts = (g.lrs or (None,)), g.seeds, g.option_sets or ({},)
     out = []
     if g.looped_grid is not None:
         from depthbench_nb.looped import looped_grid_rows
-        rows = [row for row in looped_grid_rows(g.looped_grid) if g.include_reused or not row['reused']]
-        extra = lambda row: (dict(truncated_bptt=True) if row['r_bwd'] < row['r'] else {}) | \
-            (dict(injection='hc') if row['injection'] == 'hc' else {})
+
+        rows = [row for row in looped_grid_rows(g.looped_grid) if g.include_reused or not row["reused"]]
+        extra = lambda row: (
+            (dict(truncated_bptt=True) if row["r_bwd"] < row["r"] else {})
+            | (dict(injection="hc") if row["injection"] == "hc" else {})
+        )
         for row, lr, seed, o in itertools.product(rows, lrs, seeds, opts):
-            out.append(dict(base, arch='looped', s=row['s'], r=row['r'], C=row['C'], lr=lr, seed=seed, **extra(row), **o))
+            out.append(
+                dict(base, arch="looped", s=row["s"], r=row["r"], C=row["C"], lr=lr, seed=seed, **extra(row), **o)
+            )
     elif g.r or g.s or g.C:
         for r, s, C, lr, seed, o in itertools.product(g.r or (None,), g.s or (None,), g.C or (None,), lrs, seeds, opts):
-            out.append(dict(base, arch='looped', r=r, s=s, C=C, lr=lr, seed=seed, **o))
-        if g.param_data_ratio is not None:   # the horizon of the released code's --target-param-data-ratio, per run
+            out.append(dict(base, arch="looped", r=r, s=s, C=C, lr=lr, seed=seed, **o))
+        if g.param_data_ratio is not None:  # the horizon of the released code's --target-param-data-ratio, per run
             from depthbench_nb.looped import tokens_for_param_ratio
             from depthbench_nb.trainer import make_run_config
+
             for d in out:
-                with contextlib.redirect_stdout(None): run = make_run_config(**{k: v for k, v in d.items() if v is not None}, tokens=1, verbose=False)   # the shape
-                d['tokens'] = tokens_for_param_ratio(run.model, g.param_data_ratio, run.train.global_batch * run.train.seq_len)
+                with contextlib.redirect_stdout(None):
+                    run = make_run_config(
+                        **{k: v for k, v in d.items() if v is not None}, tokens=1, verbose=False
+                    )  # the shape
+                d["tokens"] = tokens_for_param_ratio(
+                    run.model, g.param_data_ratio, run.train.global_batch * run.train.seq_len
+                )
     else:
         p, _ = resolve_preset(preset)
         depths = g.depths or get_grid(p.grid).depths
-        if not depths: raise ConfigError(f"group {g.name!r}: the {p.grid!r} grid has no fixed depths; list them in 'depths'")
+        if not depths:
+            raise ConfigError(f"group {g.name!r}: the {p.grid!r} grid has no fixed depths; list them in 'depths'")
         for arch, L, lr, seed, o in itertools.product(g.archs, depths, lrs, seeds, opts):
             out.append(dict(base, arch=arch, L=L, lr=lr, seed=seed, **o))
     return [{k: v for k, v in d.items() if v is not None} for d in out]
@@ -252,33 +362,39 @@ def _group_params(spec: StudySpec, g: StudyGroup) -> list[dict]:
 def expand_study(spec: StudySpec) -> list[RunEntry]:
     "Every run of a study, resolved and checked (ConfigError names the offending entry)."
     from depthbench_nb.trainer import make_run_config
+
     entries, seen = [], {}
     for g in spec.groups:
-        try: params_list = _group_params(spec, g)
-        except ConfigError as e: raise ConfigError(f"study {spec.name!r}, group {g.name!r}: {e}") from e
+        try:
+            params_list = _group_params(spec, g)
+        except ConfigError as e:
+            raise ConfigError(f"study {spec.name!r}, group {g.name!r}: {e}") from e
         for params in params_list:
             try:
                 with contextlib.redirect_stdout(None):
                     run = make_run_config(**params, verbose=False)
             except (ConfigError, TypeError) as e:
-                shown = {k: v for k, v in params.items() if k not in ('study', 'preset', 'data')}
+                shown = {k: v for k, v in params.items() if k not in ("study", "preset", "data")}
                 raise ConfigError(f"study {spec.name!r}, group {g.name!r}, entry {shown}: {e}") from e
             e = RunEntry(len(entries), g.name, params, run)
             if e.run_id in seen:
-                raise ConfigError(f"study {spec.name!r}: entries {seen[e.run_id]} and {e.label()!r} (group {g.name!r}) "
-                                  f"are the same run {e.run_id}")
+                raise ConfigError(
+                    f"study {spec.name!r}: entries {seen[e.run_id]} and {e.label()!r} (group {g.name!r}) "
+                    f"are the same run {e.run_id}"
+                )
             seen[e.run_id] = f"{e.label()!r} (group {g.name!r})"
             entries.append(e)
     return entries
 
 # %% ../nbs/09a_sweep.ipynb #07a2351e
-GPU_PEAK_FLOPS = PEAK_BF16_FLOPS['H100']   # the planning GPU: H100 SXM dense bf16 (depthbench_nb.runs)
+GPU_PEAK_FLOPS = PEAK_BF16_FLOPS["H100"]  # the planning GPU: H100 SXM dense bf16 (depthbench_nb.runs)
 DEFAULT_MFU = 0.40
 
 
 def plan_rows(entries: list[RunEntry], gpu_peak_flops: float = GPU_PEAK_FLOPS, mfu: float = DEFAULT_MFU) -> list[dict]:
     "One row per run: id, settings, params, tokens, estimated FLOPs and GPU-hours."
     from depthbench_nb.trainer import total_steps
+
     rows = []
     for e in entries:
         run, t = e.run, e.run.train
@@ -286,168 +402,258 @@ def plan_rows(entries: list[RunEntry], gpu_peak_flops: float = GPU_PEAK_FLOPS, m
         tokens = steps * t.global_batch * t.seq_len
         flops = train_flops_per_token(run.model, t.seq_len) * tokens
         p = e.params
-        rows.append(dict(index=e.index, run_id=e.run_id, group=e.group, arch=run.model.arch, L=run.model.n_layer,
-                         d_model=run.model.d_model, r=p.get('r'), s=p.get('s'), C=p.get('C'), lr=t.lr, seed=t.seed,
-                         params=count_params(run.model).total, steps=steps, tokens=tokens, train_flops=flops,
-                         gpu_hours=flops / (gpu_peak_flops * mfu) / 3600))
+        rows.append(
+            dict(
+                index=e.index,
+                run_id=e.run_id,
+                group=e.group,
+                arch=run.model.arch,
+                L=run.model.n_layer,
+                d_model=run.model.d_model,
+                r=p.get("r"),
+                s=p.get("s"),
+                C=p.get("C"),
+                lr=t.lr,
+                seed=t.seed,
+                params=count_params(run.model).total,
+                steps=steps,
+                tokens=tokens,
+                train_flops=flops,
+                gpu_hours=flops / (gpu_peak_flops * mfu) / 3600,
+            )
+        )
     return rows
 
 # %% ../nbs/09a_sweep.ipynb #ec2010de
-RUN_STATUSES = ('completed', 'diverged', 'failed', 'interrupted', 'running', 'queued', 'unfinished', 'pending')   # queued: waiting in Slurm
+RUN_STATUSES = (
+    "completed",
+    "diverged",
+    "failed",
+    "interrupted",
+    "running",
+    "queued",
+    "unfinished",
+    "pending",
+)  # queued: waiting in Slurm
 
 
 def sweep_dir(study: str) -> Path:
     "The driver's own folder for a study."
-    return runs_root() / study / '.sweep'
+    return runs_root() / study / ".sweep"
 
 
 class RunLock:
     "Non-blocking exclusive lock of one run (`acquired` tells whether this process got it)."
+
     def __init__(self, study: str, run_id: str):
-        self.path = sweep_dir(study) / 'locks' / f'{run_id}.lock'
+        self.path = sweep_dir(study) / "locks" / f"{run_id}.lock"
         self.fd, self.acquired = None, False
 
     def __enter__(self):
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB); self.acquired = True
-            os.ftruncate(self.fd, 0); os.write(self.fd, f'{os.getpid()}\n'.encode())
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            self.acquired = True
+            os.ftruncate(self.fd, 0)
+            os.write(self.fd, f"{os.getpid()}\n".encode())
         except BlockingIOError:
             self.acquired = False
         return self
 
     def __exit__(self, *exc):
-        if self.fd is not None: os.close(self.fd)   # closing the last descriptor releases the lock
+        if self.fd is not None:
+            os.close(self.fd)  # closing the last descriptor releases the lock
         self.fd = None
 
 
 def is_running(study: str, run_id: str) -> bool:
     "True when some process holds the run's driver lock, or writes its run folder (a `train` started by hand)."
-    if run_folder_holder(runs_root() / study / run_id) is not None: return True
-    if not (sweep_dir(study) / 'locks' / f'{run_id}.lock').exists(): return False
+    if run_folder_holder(runs_root() / study / run_id) is not None:
+        return True
+    if not (sweep_dir(study) / "locks" / f"{run_id}.lock").exists():
+        return False
     try:
-        with RunLock(study, run_id) as lk: return not lk.acquired
-    except OSError: return False           # an unusable lock path: nobody can hold it (the driver reports the run)
+        with RunLock(study, run_id) as lk:
+            return not lk.acquired
+    except OSError:
+        return False  # an unusable lock path: nobody can hold it (the driver reports the run)
 
 
-def _attempts_path(study: str, run_id: str) -> Path: return sweep_dir(study) / 'attempts' / f'{run_id}.json'
+def _attempts_path(study: str, run_id: str) -> Path:
+    return sweep_dir(study) / "attempts" / f"{run_id}.json"
 
 
 def _read_state(path: Path):
     "A JSON file of the driver's state (attempts, extra entries); a damaged one is CorruptFile naming it and the fix."
-    try: return read_json(path)
-    except CorruptFile as e: raise CorruptFile(f"{e}; it is the sweep driver's own state: delete it to reset") from None
+    try:
+        return read_json(path)
+    except CorruptFile as e:
+        raise CorruptFile(f"{e}; it is the sweep driver's own state: delete it to reset") from None
 
 
 def attempts(study: str, run_id: str) -> int:
     "How many times the driver has started this run without it completing or diverging."
     p = _attempts_path(study, run_id)
-    return _read_state(p)['attempts'] if p.exists() else 0
+    return _read_state(p)["attempts"] if p.exists() else 0
 
 
 def _record_attempt(study: str, run_id: str, status: str, rc: int) -> None:
     p = _attempts_path(study, run_id)
     old = _read_state(p) if p.exists() else dict(attempts=0, history=[])
-    ok = status in ('completed', 'diverged', 'interrupted')        # a signal is not a failure: it does not use up an attempt
-    atomic_write_json(p, dict(attempts=old['attempts'] + (0 if ok else 1),
-                              history=old['history'] + [dict(status=status, rc=rc, time=time.time(), pid=os.getpid())]))
+    ok = status in ("completed", "diverged", "interrupted")  # a signal is not a failure: it does not use up an attempt
+    atomic_write_json(
+        p,
+        dict(
+            attempts=old["attempts"] + (0 if ok else 1),
+            history=old["history"] + [dict(status=status, rc=rc, time=time.time(), pid=os.getpid())],
+        ),
+    )
 
 
 def entry_status(e: RunEntry) -> str:
     """completed | diverged | failed (result.json, or the driver saw it die), interrupted (stopped by a signal, checkpointed),
     running (locked), unfinished (started), pending."""
     status = run_status(run_dir(e.run))
-    if status not in ('unfinished', 'pending', 'interrupted'): return status
-    if is_running(e.run.study, e.run_id): return 'running'
-    if status == 'interrupted': return status
+    if status not in ("unfinished", "pending", "interrupted"):
+        return status
+    if is_running(e.run.study, e.run_id):
+        return "running"
+    if status == "interrupted":
+        return status
     att = _attempts_path(e.run.study, e.run_id)
-    if att.exists() and _read_state(att)['history'][-1]['status'] == 'failed': return 'failed'   # died without a record
+    if att.exists() and _read_state(att)["history"][-1]["status"] == "failed":
+        return "failed"  # died without a record
     return status
 
 
 def entry_progress(e: RunEntry) -> tuple[int, int]:
     "(steps done, total steps) from the run's metrics log."
     from depthbench_nb.trainer import total_steps
-    path, done = run_dir(e.run) / RECORD_FILES['metrics'], 0
+
+    path, done = run_dir(e.run) / RECORD_FILES["metrics"], 0
     if path.exists():
-        with open(path, 'rb') as f:
-            f.seek(0, 2); f.seek(max(0, f.tell() - 4096))
-            for line in f.read().decode(errors='ignore').splitlines()[::-1]:
-                try: done = int(json.loads(line)['step']); break
-                except (ValueError, KeyError, TypeError): continue
+        with open(path, "rb") as f:
+            f.seek(0, 2)
+            f.seek(max(0, f.tell() - 4096))
+            for line in f.read().decode(errors="ignore").splitlines()[::-1]:
+                try:
+                    done = int(json.loads(line)["step"])
+                    break
+                except (ValueError, KeyError, TypeError):
+                    continue
     return done, total_steps(e.run)
 
 # %% ../nbs/09a_sweep.ipynb #92661f5e
-EXECUTORS = ('papermill', 'python', 'worker')
+EXECUTORS = ("papermill", "python", "worker")
 
 
-def run_command(e: RunEntry, executor: str = 'papermill', nodes: int = 1, procs_per_node: int = 1) -> list[str]:
+def run_command(e: RunEntry, executor: str = "papermill", nodes: int = 1, procs_per_node: int = 1) -> list[str]:
     "The command that trains one entry on nodes × procs_per_node processes (nodes > 1: srun, inside a Slurm allocation)."
     sd = sweep_dir(e.run.study)
-    world = nodes * procs_per_node                                     # not in the run id: the same run on any count
-    if executor == 'papermill':
-        if nodes > 1: raise ConfigError(f'--nodes {nodes}: multi-node runs go through the trainer module (--executor python)')
-        params = sd / 'params' / f'{e.run_id}.yaml'
+    world = nodes * procs_per_node  # not in the run id: the same run on any count
+    if executor == "papermill":
+        if nodes > 1:
+            raise ConfigError(f"--nodes {nodes}: multi-node runs go through the trainer module (--executor python)")
+        params = sd / "params" / f"{e.run_id}.yaml"
         from depthbench_nb.trainer import RunParams
-        values = RunParams.of(**e.params).notebook_values()                 # every parameter: no template default leaks in
-        if world > 1: values['num_processes'] = world
+
+        values = RunParams.of(**e.params).notebook_values()  # every parameter: no template default leaks in
+        if world > 1:
+            values["num_processes"] = world
         atomic_write_text(params, yaml.safe_dump(values, sort_keys=True))
-        return [sys.executable, '-c', _PAPERMILL_PASSING_SIGNALS, str(template_path('10')),
-                str(run_dir(e.run) / RECORD_FILES['notebook']), '-f', str(params), '--no-progress-bar', '--log-output']
-    if executor in ('python', 'worker'):
-        if executor == 'worker' and world > 1:
-            raise ConfigError(f'--executor worker trains one process per run; {world} processes need --executor python')
-        cfg = sd / 'params' / f'{e.run_id}.json'
+        return [
+            sys.executable,
+            "-c",
+            _PAPERMILL_PASSING_SIGNALS,
+            str(template_path("10")),
+            str(run_dir(e.run) / RECORD_FILES["notebook"]),
+            "-f",
+            str(params),
+            "--no-progress-bar",
+            "--log-output",
+        ]
+    if executor in ("python", "worker"):
+        if executor == "worker" and world > 1:
+            raise ConfigError(f"--executor worker trains one process per run; {world} processes need --executor python")
+        cfg = sd / "params" / f"{e.run_id}.json"
         atomic_write_json(cfg, (e.run.replace(num_processes=world) if world > 1 else e.run).to_dict())
-        if nodes > 1:                                                  # one accelerate launcher per node
-            return srun_command(nodes, [sys.executable, '-m', 'depthbench_nb.slurm', 'node-launch', '--run-config', str(cfg)])
-        return [sys.executable, '-m', 'depthbench_nb.trainer', '--run-config', str(cfg), '--no-progress']
-    raise _choice_error('executor', executor, EXECUTORS)
+        if nodes > 1:  # one accelerate launcher per node
+            return srun_command(
+                nodes, [sys.executable, "-m", "depthbench_nb.slurm", "node-launch", "--run-config", str(cfg)]
+            )
+        return [sys.executable, "-m", "depthbench_nb.trainer", "--run-config", str(cfg), "--no-progress"]
+    raise _choice_error("executor", executor, EXECUTORS)
 
 
 # papermill, with SIGTERM / SIGINT / SIGUSR1 passed on to its kernel (the training process), which checkpoints and stops;
 # papermill itself would die at once and take the kernel with it (the kernel exits when its parent is gone)
-_PAPERMILL_PASSING_SIGNALS = '''import os, sys
+_PAPERMILL_PASSING_SIGNALS = """import os, sys
 from depthbench_nb.runs import child_pids, forwarding_signals
 from papermill.cli import papermill
 with forwarding_signals(lambda: child_pids(os.getpid()), say=lambda m: print(f"papermill: {m}", file=sys.stderr, flush=True)):
     papermill.main(args=sys.argv[1:], prog_name="papermill")
-'''
+"""
 
 _CHILDREN: set = set()
 
 
-def execute_entry(e: RunEntry, lock: RunLock, executor: str = 'papermill', device: str | None = None,
-                  nodes: int = 1, procs_per_node: int = 1) -> tuple[str, int]:
+def execute_entry(
+    e: RunEntry,
+    lock: RunLock,
+    executor: str = "papermill",
+    device: str | None = None,
+    nodes: int = 1,
+    procs_per_node: int = 1,
+) -> tuple[str, int]:
     "Run one entry under its (held) lock; returns (status after the run, return code)."
     folder = run_dir(e.run)
     made = not folder.exists()
-    if executor == 'papermill': folder.mkdir(parents=True, exist_ok=True)   # papermill writes its notebook into it
+    if executor == "papermill":
+        folder.mkdir(parents=True, exist_ok=True)  # papermill writes its notebook into it
     cmd = run_command(e, executor, nodes, procs_per_node)
     env = dict(os.environ)
-    if device is not None: env['CUDA_VISIBLE_DEVICES'] = str(device)
-    log = sweep_dir(e.run.study) / 'logs' / f'{e.run_id}.log'
+    if device is not None:
+        env["CUDA_VISIBLE_DEVICES"] = str(device)
+    log = sweep_dir(e.run.study) / "logs" / f"{e.run_id}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
-    with open(log, 'ab') as out:
-        worker = _thread_worker(env) if executor == 'worker' else None
-        where = f'worker pid {worker.proc.pid}: ' if worker else ''
-        out.write(f'\n=== {time.strftime("%Y-%m-%d %H:%M:%S")} pid {os.getpid()}: {where}{shlex.join(cmd)}\n'.encode()); out.flush()
-        if worker is not None: rc = worker.train(cmd[-2], log, lock.fd)
+    with open(log, "ab") as out:
+        worker = _thread_worker(env) if executor == "worker" else None
+        where = f"worker pid {worker.proc.pid}: " if worker else ""
+        out.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} pid {os.getpid()}: {where}{shlex.join(cmd)}\n".encode())
+        out.flush()
+        if worker is not None:
+            rc = worker.train(cmd[-2], log, lock.fd)
         else:
             proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, pass_fds=(lock.fd,))
             _CHILDREN.add(proc)
-            try: rc = proc.wait()
-            finally: _CHILDREN.discard(proc)
+            try:
+                rc = proc.wait()
+            finally:
+                _CHILDREN.discard(proc)
     if made:
-        with contextlib.suppress(OSError): folder.rmdir()                 # a child that failed at once: no empty folder
+        with contextlib.suppress(OSError):
+            folder.rmdir()  # a child that failed at once: no empty folder
     status = entry_status_locked(e)
-    if status in ('unfinished', 'pending'): status = 'failed'      # the child died without a result
+    if status in ("unfinished", "pending"):
+        status = "failed"  # the child died without a result
     _record_attempt(e.run.study, e.run_id, status, rc)
-    with open(sweep_dir(e.run.study) / 'executions.jsonl', 'a') as f:   # one line per execution (audit, tests)
-        f.write(json.dumps(dict(run_id=e.run_id, pid=os.getpid(), status=status, rc=rc, time=time.time(),
-                                seconds=round(time.time() - t0, 2), executor=executor)) + '\n')
+    with open(sweep_dir(e.run.study) / "executions.jsonl", "a") as f:  # one line per execution (audit, tests)
+        f.write(
+            json.dumps(
+                dict(
+                    run_id=e.run_id,
+                    pid=os.getpid(),
+                    status=status,
+                    rc=rc,
+                    time=time.time(),
+                    seconds=round(time.time() - t0, 2),
+                    executor=executor,
+                )
+            )
+            + "\n"
+        )
     return status, rc
 
 
@@ -460,77 +666,105 @@ class TrainingWorker:
 
     def __init__(self, env: Optional[dict] = None):
         import socket
+
         self.sock, child = socket.socketpair()
-        self.proc = subprocess.Popen([sys.executable, '-m', 'depthbench_nb.sweep', '--worker-fd', str(child.fileno())],
-                                     pass_fds=(child.fileno(),), env=env, stdin=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "depthbench_nb.sweep", "--worker-fd", str(child.fileno())],
+            pass_fds=(child.fileno(),),
+            env=env,
+            stdin=subprocess.DEVNULL,
+        )
         child.close()
         _CHILDREN.add(self.proc)
 
     def train(self, run_config, log: Path, lock_fd: int) -> int:
         "Train the RunConfig in `run_config` (a params JSON); the trainer's exit status (-1: the worker died)."
         import socket
+
         job = json.dumps(dict(run_config=str(run_config), log=str(log))).encode()
         try:
             socket.send_fds(self.sock, [job], [lock_fd])
-            reply = self.sock.makefile('rb').readline()
-        except OSError: reply = b''
-        if not reply:                                                  # the worker died with the run (killed, out of memory)
+            reply = self.sock.makefile("rb").readline()
+        except OSError:
+            reply = b""
+        if not reply:  # the worker died with the run (killed, out of memory)
             self.close()
             return -1
-        return int(json.loads(reply)['rc'])
+        return int(json.loads(reply)["rc"])
 
-    def alive(self) -> bool: return self.proc.poll() is None
+    def alive(self) -> bool:
+        return self.proc.poll() is None
 
     def close(self) -> None:
         "End the worker (it exits when its socket closes) and wait for it."
-        with contextlib.suppress(OSError): self.sock.close()
-        with contextlib.suppress(subprocess.TimeoutExpired): self.proc.wait(timeout=60)
-        if self.proc.poll() is None: self.proc.kill(); self.proc.wait()
+        with contextlib.suppress(OSError):
+            self.sock.close()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=60)
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
         _CHILDREN.discard(self.proc)
 
 
-_WORKERS: dict = {}                 # driver thread -> its TrainingWorker (one worker per training slot)
+_WORKERS: dict = {}  # driver thread -> its TrainingWorker (one worker per training slot)
 
 
 def _thread_worker(env: dict) -> TrainingWorker:
     "This driver thread's worker, started on first use (or again after one died)."
     key = threading.get_ident()
     w = _WORKERS.get(key)
-    if w is None or not w.alive(): w = _WORKERS[key] = TrainingWorker(env)
+    if w is None or not w.alive():
+        w = _WORKERS[key] = TrainingWorker(env)
     return w
 
 
 def close_workers() -> None:
     "End every worker of this driver (run_study calls it when its runs are done)."
-    while _WORKERS: _WORKERS.popitem()[1].close()
+    while _WORKERS:
+        _WORKERS.popitem()[1].close()
 
 
 def worker_main(fd: int) -> int:
     "The loop of a TrainingWorker process: train each job that arrives, answer its exit status; stop when the socket closes."
     import socket, traceback
     from depthbench_nb.trainer import cli_train
+
     sock = socket.socket(fileno=fd)
-    replies = sock.makefile('wb')
+    replies = sock.makefile("wb")
     saved = os.dup(1), os.dup(2)
     while True:
         msg, fds, _, _ = socket.recv_fds(sock, 1 << 16, 1)
-        if not msg: return 0
+        if not msg:
+            return 0
         job = json.loads(msg)
-        sys.stdout.flush(); sys.stderr.flush()
-        with open(job['log'], 'ab') as log:
-            os.dup2(log.fileno(), 1); os.dup2(log.fileno(), 2)        # this run's output goes to its log
-            try: rc = cli_train(['--run-config', job['run_config'], '--no-progress'])
-            except SystemExit as e: rc = e.code if isinstance(e.code, int) else 1
-            except Exception: traceback.print_exc(); rc = 1
+        sys.stdout.flush()
+        sys.stderr.flush()
+        with open(job["log"], "ab") as log:
+            os.dup2(log.fileno(), 1)
+            os.dup2(log.fileno(), 2)  # this run's output goes to its log
+            try:
+                rc = cli_train(["--run-config", job["run_config"], "--no-progress"])
+            except SystemExit as e:
+                rc = e.code if isinstance(e.code, int) else 1
+            except Exception:
+                traceback.print_exc()
+                rc = 1
             finally:
-                sys.stdout.flush(); sys.stderr.flush()
-                os.dup2(saved[0], 1); os.dup2(saved[1], 2)
-                for f in fds: os.close(f)                                 # the run's lock: released with the driver's copy
-        replies.write(json.dumps(dict(rc=rc)).encode() + b'\n'); replies.flush()
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os.dup2(saved[0], 1)
+                os.dup2(saved[1], 2)
+                for f in fds:
+                    os.close(f)  # the run's lock: released with the driver's copy
+        replies.write(json.dumps(dict(rc=rc)).encode() + b"\n")
+        replies.flush()
 
 
-if __name__ == '__main__' and '__file__' in globals():   # `python -m depthbench_nb.sweep --worker-fd N`: a TrainingWorker
-    sys.exit(worker_main(int(sys.argv[sys.argv.index('--worker-fd') + 1])))
+if (
+    __name__ == "__main__" and "__file__" in globals()
+):  # `python -m depthbench_nb.sweep --worker-fd N`: a TrainingWorker
+    sys.exit(worker_main(int(sys.argv[sys.argv.index("--worker-fd") + 1])))
 
 
 def entry_status_locked(e: RunEntry) -> str:
@@ -538,87 +772,141 @@ def entry_status_locked(e: RunEntry) -> str:
     return run_status(run_dir(e.run))
 
 # %% ../nbs/09a_sweep.ipynb #72de0860
-def run_study(study, workers: int = 1, devices: list[str] | None = None, executor: str = 'papermill',
-              max_attempts: int | None = None, run_ids: list[str] | None = None, extra: list[RunEntry] | None = None,
-              progress: bool = True, nodes: int = 1, procs_per_node: int = 1) -> dict:
+def run_study(
+    study,
+    workers: int = 1,
+    devices: list[str] | None = None,
+    executor: str = "papermill",
+    max_attempts: int | None = None,
+    run_ids: list[str] | None = None,
+    extra: list[RunEntry] | None = None,
+    progress: bool = True,
+    nodes: int = 1,
+    procs_per_node: int = 1,
+) -> dict:
     "Run every missing run of a study (see above); returns counts and the per-run outcomes of this driver."
     spec = study if isinstance(study, StudySpec) else load_study(study)
-    if executor not in EXECUTORS: raise _choice_error('executor', executor, EXECUTORS)
-    if workers < 1: raise ConfigError(f"workers must be >= 1, got {workers}")
-    if nodes < 1 or procs_per_node < 1: raise ConfigError(f"nodes and procs_per_node must be >= 1, got {nodes} and {procs_per_node}")
-    if nodes > 1 and executor == 'papermill': raise ConfigError(f'--nodes {nodes}: multi-node runs use --executor python')
-    if nodes > 1: require_allocation(nodes)                       # inside a Slurm allocation, with srun: before any run
-    if extra: add_extra_entries(spec, list(extra))
-    entries = study_entries(spec)                                 # every entry checked before any run starts
+    if executor not in EXECUTORS:
+        raise _choice_error("executor", executor, EXECUTORS)
+    if workers < 1:
+        raise ConfigError(f"workers must be >= 1, got {workers}")
+    if nodes < 1 or procs_per_node < 1:
+        raise ConfigError(f"nodes and procs_per_node must be >= 1, got {nodes} and {procs_per_node}")
+    if nodes > 1 and executor == "papermill":
+        raise ConfigError(f"--nodes {nodes}: multi-node runs use --executor python")
+    if nodes > 1:
+        require_allocation(nodes)  # inside a Slurm allocation, with srun: before any run
+    if extra:
+        add_extra_entries(spec, list(extra))
+    entries = study_entries(spec)  # every entry checked before any run starts
     if run_ids:
         known = {e.run_id for e in entries}
         bad = [r for r in run_ids if r not in known]
-        if bad: raise ConfigError(f"run ids not in study {spec.name!r}: {bad}")
+        if bad:
+            raise ConfigError(f"run ids not in study {spec.name!r}: {bad}")
         entries = [e for e in entries if e.run_id in set(run_ids)]
-    try: ensure_writable(sweep_dir(spec.name))
-    except ConfigError as e: raise ConfigError(f"{e}; none of the {len(entries)} runs of study {spec.name!r} started") from None
+    try:
+        ensure_writable(sweep_dir(spec.name))
+    except ConfigError as e:
+        raise ConfigError(f"{e}; none of the {len(entries)} runs of study {spec.name!r} started") from None
     limit = max_attempts or spec.max_attempts
     record_plan(spec)
-    todo = iter(entries); take = threading.Lock()
+    todo = iter(entries)
+    take = threading.Lock()
     outcomes, out_lock = [], threading.Lock()
-    stopping: list = []                                           # the signals this driver received (forwarding_signals)
+    stopping: list = []  # the signals this driver received (forwarding_signals)
     bar = None
     if progress:
         from tqdm.auto import tqdm
-        bar = tqdm(total=len(entries), desc=f'sweep {spec.name}', unit='run')
+
+        bar = tqdm(total=len(entries), desc=f"sweep {spec.name}", unit="run")
 
     def note(e, what, status=None, error=None):
         with out_lock:
-            outcomes.append(dict(run_id=e.run_id, label=e.label(), action=what, status=status, **({'error': error} if error else {})))
-            if bar is not None: bar.update(1); bar.set_postfix_str(f'{what}: {e.label()}'[:60])
+            outcomes.append(
+                dict(
+                    run_id=e.run_id, label=e.label(), action=what, status=status, **({"error": error} if error else {})
+                )
+            )
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix_str(f"{what}: {e.label()}"[:60])
 
     def one(e, device):
         st = entry_status(e)
-        if st in ('completed', 'diverged'): return note(e, 'skipped', st)
-        if st == 'running': return note(e, 'busy', st)
-        if attempts(spec.name, e.run_id) >= limit: return note(e, 'gave up', st)
+        if st in ("completed", "diverged"):
+            return note(e, "skipped", st)
+        if st == "running":
+            return note(e, "busy", st)
+        if attempts(spec.name, e.run_id) >= limit:
+            return note(e, "gave up", st)
         with RunLock(spec.name, e.run_id) as lk:
-            if not lk.acquired or run_folder_holder(run_dir(e.run)) is not None: return note(e, 'busy', 'running')
+            if not lk.acquired or run_folder_holder(run_dir(e.run)) is not None:
+                return note(e, "busy", "running")
             st = entry_status_locked(e)
-            if st in ('completed', 'diverged'): return note(e, 'skipped', st)
+            if st in ("completed", "diverged"):
+                return note(e, "skipped", st)
             while True:
                 st, rc = execute_entry(e, lk, executor, device, nodes, procs_per_node)
-                if st in ('completed', 'diverged') or stopping or attempts(spec.name, e.run_id) >= limit: break
-            note(e, 'ran', st)
+                if st in ("completed", "diverged") or stopping or attempts(spec.name, e.run_id) >= limit:
+                    break
+            note(e, "ran", st)
 
     def worker(i: int):
         device = devices[i % len(devices)] if devices else None
         while True:
-            with take: e = next(todo, None)
-            if e is None: return
-            if stopping:                                          # a signal: start nothing new
-                note(e, 'not started', entry_status(e)); continue
-            try: one(e, device)
-            except Exception as exc:      # this run's trouble (a folder in the way, a full disk): noted, the others go on
-                note(e, 'error', 'failed', error=f"{type(exc).__name__}: {exc}")
+            with take:
+                e = next(todo, None)
+            if e is None:
+                return
+            if stopping:  # a signal: start nothing new
+                note(e, "not started", entry_status(e))
+                continue
+            try:
+                one(e, device)
+            except Exception as exc:  # this run's trouble (a folder in the way, a full disk): noted, the others go on
+                note(e, "error", "failed", error=f"{type(exc).__name__}: {exc}")
 
     threads = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(workers)]
-    say = lambda m: print(f'sweep {spec.name}: {m}', file=sys.stderr, flush=True)
-    try:   # SIGTERM / SIGINT / SIGUSR1: passed on to the training children, which checkpoint; then nothing new starts
+    say = lambda m: print(f"sweep {spec.name}: {m}", file=sys.stderr, flush=True)
+    try:  # SIGTERM / SIGINT / SIGUSR1: passed on to the training children, which checkpoint; then nothing new starts
         with forwarding_signals(lambda: [p.pid for p in list(_CHILDREN)], say=say) as got:
-            stopping = got                                        # the workers read it (a closure over this name)
-            for t in threads: t.start()
-            for t in threads: t.join()
+            stopping = got  # the workers read it (a closure over this name)
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
     finally:
-        if bar is not None: bar.close()
+        if bar is not None:
+            bar.close()
         close_workers()
     counts = {}
-    for o in outcomes: counts[o['action']] = counts.get(o['action'], 0) + 1
-    return dict(study=spec.name, runs=len(entries), counts=counts, outcomes=outcomes, run_ids=[e.run_id for e in entries],
-                interrupted=signal.Signals(stopping[0]).name if stopping else None)
+    for o in outcomes:
+        counts[o["action"]] = counts.get(o["action"], 0) + 1
+    return dict(
+        study=spec.name,
+        runs=len(entries),
+        counts=counts,
+        outcomes=outcomes,
+        run_ids=[e.run_id for e in entries],
+        interrupted=signal.Signals(stopping[0]).name if stopping else None,
+    )
 
 
 def unfinished_runs(study, outcome: dict) -> list[dict]:
     "The runs a driver was given that are not completed or diverged now (failed, never started, running elsewhere), with the driver's error."
-    errors = {o['run_id']: o['error'] for o in outcome['outcomes'] if o.get('error')}
-    wanted = set(outcome['run_ids'])
-    return [dict(run_id=r['run_id'], label=r['label'], status=r['status'], **({'error': errors[r['run_id']]} if r['run_id'] in errors else {}))
-            for r in study_status(study)['runs'] if r['run_id'] in wanted and r['status'] not in ('completed', 'diverged')]
+    errors = {o["run_id"]: o["error"] for o in outcome["outcomes"] if o.get("error")}
+    wanted = set(outcome["run_ids"])
+    return [
+        dict(
+            run_id=r["run_id"],
+            label=r["label"],
+            status=r["status"],
+            **({"error": errors[r["run_id"]]} if r["run_id"] in errors else {}),
+        )
+        for r in study_status(study)["runs"]
+        if r["run_id"] in wanted and r["status"] not in ("completed", "diverged")
+    ]
 
 # %% ../nbs/09a_sweep.ipynb #398962ec
 def study_status(study, slurm: bool | None = None) -> dict:
@@ -629,20 +917,25 @@ def study_status(study, slurm: bool | None = None) -> dict:
     extra = {}
     if slurm or (slurm is None and _slurm_arrays(spec.name)):
         q = slurm_tasks(spec)
-        extra['slurm'] = dict(controller=q['controller'], notes=q['notes'])
+        extra["slurm"] = dict(controller=q["controller"], notes=q["notes"])
         for row in rows:
-            t = q['runs'].get(row['run_id'])
-            if t is None: continue
-            row.update(slurm_job=f"{t['array_job_id']}_{t['array_task_id']}", slurm_state=t['state'])
-            if t['state'] in QUEUED_STATES: row['slurm_reason'] = t.get('reason')
-            if row['status'] in ('completed', 'diverged'): continue      # the run record wins over the queue
-            if t['state'] in QUEUED_STATES: row['status'] = 'queued'
-            elif t['state'] in RUNNING_STATES: row['status'] = 'running'
+            t = q["runs"].get(row["run_id"])
+            if t is None:
+                continue
+            row.update(slurm_job=f"{t['array_job_id']}_{t['array_task_id']}", slurm_state=t["state"])
+            if t["state"] in QUEUED_STATES:
+                row["slurm_reason"] = t.get("reason")
+            if row["status"] in ("completed", "diverged"):
+                continue  # the run record wins over the queue
+            if t["state"] in QUEUED_STATES:
+                row["status"] = "queued"
+            elif t["state"] in RUNNING_STATES:
+                row["status"] = "running"
     counts, by_id = {s: 0 for s in RUN_STATUSES}, {e.run_id: e for e in entries}
     for row in rows:
-        counts[row['status']] = counts.get(row['status'], 0) + 1
-        if row['status'] in ('running', 'unfinished', 'interrupted'):
-            done, total = entry_progress(by_id[row['run_id']])
+        counts[row["status"]] = counts.get(row["status"], 0) + 1
+        if row["status"] in ("running", "unfinished", "interrupted"):
+            done, total = entry_progress(by_id[row["run_id"]])
             row.update(steps_done=done, steps_total=total, progress=_bar(done / max(total, 1)))
     return dict(study=spec.name, total=len(rows), counts=counts, runs=rows, stale=stale_runs(spec, entries), **extra)
 
@@ -652,54 +945,65 @@ def stale_runs(spec: StudySpec, entries: list[RunEntry] | None = None) -> list[d
     design...): listed so that nothing is lost, never counted, collected, fitted or reported. Reads no params.json."""
     planned = {e.run_id for e in (entries if entries is not None else study_entries(spec))}
     root, rows = runs_root() / spec.name, []
-    for folder in sorted(p for p in root.glob('*') if p.is_dir() and p.name not in planned and (p / RECORD_FILES['params']).exists()):
-        try: status = run_status(folder)
-        except CorruptFile: status = 'damaged record'
+    for folder in sorted(
+        p for p in root.glob("*") if p.is_dir() and p.name not in planned and (p / RECORD_FILES["params"]).exists()
+    ):
+        try:
+            status = run_status(folder)
+        except CorruptFile:
+            status = "damaged record"
         rows.append(dict(run_id=folder.name, status=status, path=str(folder)))
     return rows
 
 
-def _plan_path(study: str) -> Path: return sweep_dir(study) / 'plan.json'
+def _plan_path(study: str) -> Path:
+    return sweep_dir(study) / "plan.json"
 
 
 def record_plan(spec: StudySpec) -> None:
     "Keep the study's current plan (its run ids) in .sweep/plan.json for readers that know the study by name only (report)."
     ids, p = [e.run_id for e in study_entries(spec)], _plan_path(spec.name)
-    try: old = _read_state(p) if p.exists() else None
-    except CorruptFile: old = None
-    if not isinstance(old, dict) or old.get('run_ids') != ids: atomic_write_json(p, dict(study=spec.name, run_ids=ids, time=time.time()))
+    try:
+        old = _read_state(p) if p.exists() else None
+    except CorruptFile:
+        old = None
+    if not isinstance(old, dict) or old.get("run_ids") != ids:
+        atomic_write_json(p, dict(study=spec.name, run_ids=ids, time=time.time()))
 
 
 def planned_run_ids(study: str) -> Optional[list[str]]:
     "The run ids of a study's current plan: a shipped study's entries, else the plan its last sweep or collect recorded."
-    if study in study_names(): return [e.run_id for e in study_entries(load_study(study))]
+    if study in study_names():
+        return [e.run_id for e in study_entries(load_study(study))]
     p = _plan_path(study)
-    if not p.exists(): return None
+    if not p.exists():
+        return None
     plan = _read_state(p)
-    return list(plan['run_ids']) if isinstance(plan, dict) and isinstance(plan.get('run_ids'), list) else None
+    return list(plan["run_ids"]) if isinstance(plan, dict) and isinstance(plan.get("run_ids"), list) else None
 
 
 def _bar(frac: float, width: int = 20) -> str:
     n = int(round(max(0.0, min(1.0, frac)) * width))
-    return '[' + '#' * n + '.' * (width - n) + f'] {100 * frac:5.1f}%'
+    return "[" + "#" * n + "." * (width - n) + f"] {100 * frac:5.1f}%"
 
 # %% ../nbs/09a_sweep.ipynb #8547590c
-def _slurm_dir(study: str) -> Path: return sweep_dir(study) / 'slurm'
+def _slurm_dir(study: str) -> Path:
+    return sweep_dir(study) / "slurm"
 
 
 def _slurm_tag(study: str) -> str:
     "The job-comment prefix of a study's arrays (the study name with anything but letters, digits, '._-' as '_')."
-    return 'depthbench-nb:' + ''.join(c if c.isalnum() or c in '._-' else '_' for c in study) + ':'
+    return "depthbench-nb:" + "".join(c if c.isalnum() or c in "._-" else "_" for c in study) + ":"
 
 
 def _slurm_arrays(study: str) -> dict:
     "The job arrays written for a study: array id -> its record (run ids in task order, script, time)."
-    d = _slurm_dir(study) / 'arrays'
-    return {q.stem: json.loads(q.read_text()) for q in sorted(d.glob('*.json'))} if d.is_dir() else {}
+    d = _slurm_dir(study) / "arrays"
+    return {q.stem: json.loads(q.read_text()) for q in sorted(d.glob("*.json"))} if d.is_dir() else {}
 
 
 def _slurm_submissions(study: str) -> list[dict]:
-    p = _slurm_dir(study) / 'submissions.jsonl'
+    p = _slurm_dir(study) / "submissions.jsonl"
     return [json.loads(x) for x in p.read_text().splitlines() if x.strip()] if p.exists() else []
 
 
@@ -708,18 +1012,21 @@ def slurm_tasks(spec: StudySpec, probe: SlurmProbe | None = None) -> dict:
     probe = probe or probe_slurm(read_partitions=False)
     arrays, tag, notes, tasks = _slurm_arrays(spec.name), _slurm_tag(spec.name), [], []
     rows = queue_tasks(tag, probe)
-    if rows is None: notes.append(f"the Slurm queue was not read ({probe.message}): statuses come from the run records")
-    tasks += [dict(r, array_id=r['comment'][len(tag):]) for r in rows or []]
-    seen = {r['array_job_id'] for r in rows or []}
-    unseen = {s['job_id']: s['array_id'] for s in _slurm_submissions(spec.name) if s['job_id'] not in seen}
-    if unseen and probe.controller:                      # finished jobs the controller forgot: accounting, if kept
+    if rows is None:
+        notes.append(f"the Slurm queue was not read ({probe.message}): statuses come from the run records")
+    tasks += [dict(r, array_id=r["comment"][len(tag) :]) for r in rows or []]
+    seen = {r["array_job_id"] for r in rows or []}
+    unseen = {s["job_id"]: s["array_id"] for s in _slurm_submissions(spec.name) if s["job_id"] not in seen}
+    if unseen and probe.controller:  # finished jobs the controller forgot: accounting, if kept
         acct, note = accounting_tasks(list(unseen), probe)
-        if note: notes.append(note)
-        tasks += [dict(r, array_id=unseen.get(r['array_job_id'])) for r in acct or []]
+        if note:
+            notes.append(note)
+        tasks += [dict(r, array_id=unseen.get(r["array_job_id"])) for r in acct or []]
     runs = {}
-    for t in sorted(tasks, key=lambda t: int(t['array_job_id']) if str(t['array_job_id']).isdigit() else 0):
-        ids, i = arrays.get(t['array_id'], {}).get('run_ids', []), t['array_task_id']
-        if i is not None and i < len(ids): runs[ids[i]] = t                 # a later submission wins
+    for t in sorted(tasks, key=lambda t: int(t["array_job_id"]) if str(t["array_job_id"]).isdigit() else 0):
+        ids, i = arrays.get(t["array_id"], {}).get("run_ids", []), t["array_task_id"]
+        if i is not None and i < len(ids):
+            runs[ids[i]] = t  # a later submission wins
     return dict(controller=probe.message, notes=notes, runs=runs)
 
 
@@ -727,103 +1034,179 @@ def _study_ref(study, spec: StudySpec, study_ref) -> str:
     "How an array task names the study: a shipped name as is, a study file by its absolute path."
     ref = study_ref if study_ref is not None else (None if isinstance(study, StudySpec) else study)
     if ref is None:
-        if spec.name in study_names(): return spec.name
-        raise ConfigError(f"study {spec.name!r} is not shipped: pass study_ref, the path of its file, for the array tasks")
+        if spec.name in study_names():
+            return spec.name
+        raise ConfigError(
+            f"study {spec.name!r} is not shipped: pass study_ref, the path of its file, for the array tasks"
+        )
     ref = str(ref)
     return ref if ref in study_names() else str(Path(ref).expanduser().resolve())
 
 
-def slurm_script(study, run_ids: list[str], request: SlurmRequest, study_ref: str | None = None, executor: str = 'papermill',
-                 notes: list[str] = ()) -> tuple[str, str]:
+def slurm_script(
+    study,
+    run_ids: list[str],
+    request: SlurmRequest,
+    study_ref: str | None = None,
+    executor: str = "papermill",
+    notes: list[str] = (),
+) -> tuple[str, str]:
     "The job-array script that runs `run_ids` of the study (one task each) with `request`, and the array's id."
     import hashlib
+
     spec = study if isinstance(study, StudySpec) else load_study(study)
     ref = _study_ref(study, spec, study_ref)
-    array_id = hashlib.sha256('\n'.join(run_ids).encode()).hexdigest()[:10]
+    array_id = hashlib.sha256("\n".join(run_ids).encode()).hexdigest()[:10]
     task = f'{cli_prefix()} sweep run {shlex.quote(ref)} --run-id "$RUN_ID" --executor {executor} --no-progress'
     if request.nodes > 1 or request.procs_per_node > 1:
-        task += f' --nodes {request.nodes} --procs-per-node {request.procs_per_node}'
-    if request.requeue: task += ' --requeue'         # SIGUSR1 before the time limit: checkpoint, then back in the queue
+        task += f" --nodes {request.nodes} --procs-per-node {request.procs_per_node}"
+    if request.requeue:
+        task += " --requeue"  # SIGUSR1 before the time limit: checkpoint, then back in the queue
     exports = dict(DEPTHBENCH_RUNS=str(runs_root()))
-    if os.environ.get('DEPTHBENCH_CACHE'): exports['DEPTHBENCH_CACHE'] = str(Path(os.environ['DEPTHBENCH_CACHE']).resolve())
+    if os.environ.get("DEPTHBENCH_CACHE"):
+        exports["DEPTHBENCH_CACHE"] = str(Path(os.environ["DEPTHBENCH_CACHE"]).resolve())
     root = runs_root() / spec.name
-    header = [f"{len(run_ids)} runs of study {spec.name!r} not completed when this script was written ({time.strftime('%Y-%m-%d %H:%M')});",
-              'each array task runs one through `depthbench-nb sweep run` (lock, skip, retry and resume included);',
-              f"training logs: {sweep_dir(spec.name) / 'logs'}/<run_id>.log; the queue: depthbench-nb sweep status {ref}"]
-    text = array_script(f"depthbench-{_slurm_tag(spec.name).split(':')[1]}", run_ids, task, request,
-                        output=str(root / 'logs' / 'slurm-%A_%a.out'), workdir=str(Path.cwd()),
-                        comment=_slurm_tag(spec.name) + array_id, exports=exports, header=header + list(notes))
+    header = [
+        f"{len(run_ids)} runs of study {spec.name!r} not completed when this script was written ({time.strftime('%Y-%m-%d %H:%M')});",
+        "each array task runs one through `depthbench-nb sweep run` (lock, skip, retry and resume included);",
+        f"training logs: {sweep_dir(spec.name) / 'logs'}/<run_id>.log; the queue: depthbench-nb sweep status {ref}",
+    ]
+    text = array_script(
+        f"depthbench-{_slurm_tag(spec.name).split(':')[1]}",
+        run_ids,
+        task,
+        request,
+        output=str(root / "logs" / "slurm-%A_%a.out"),
+        workdir=str(Path.cwd()),
+        comment=_slurm_tag(spec.name) + array_id,
+        exports=exports,
+        header=header + list(notes),
+    )
     return text, array_id
 
 
-def write_slurm_script(study, submit: bool = False, request: SlurmRequest | None = None, study_ref: str | None = None,
-                       executor: str | None = None, run_ids: list[str] | None = None) -> dict:
+def write_slurm_script(
+    study,
+    submit: bool = False,
+    request: SlurmRequest | None = None,
+    study_ref: str | None = None,
+    executor: str | None = None,
+    run_ids: list[str] | None = None,
+) -> dict:
     "Write (and with submit, sbatch) the job array of the study's runs still to do; returns what was done."
     spec = study if isinstance(study, StudySpec) else load_study(study)
     req = request or SlurmRequest()
-    executor = executor or ('python' if req.nodes > 1 else 'papermill')
-    if executor not in EXECUTORS: raise _choice_error('executor', executor, EXECUTORS)
-    if req.nodes > 1 and executor == 'papermill': raise ConfigError(f'--nodes {req.nodes}: multi-node runs use --executor python')
+    executor = executor or ("python" if req.nodes > 1 else "papermill")
+    if executor not in EXECUTORS:
+        raise _choice_error("executor", executor, EXECUTORS)
+    if req.nodes > 1 and executor == "papermill":
+        raise ConfigError(f"--nodes {req.nodes}: multi-node runs use --executor python")
     entries = study_entries(spec)
     if run_ids:
         bad = [r for r in run_ids if r not in {e.run_id for e in entries}]
-        if bad: raise ConfigError(f"run ids not in study {spec.name!r}: {bad}")
+        if bad:
+            raise ConfigError(f"run ids not in study {spec.name!r}: {bad}")
         entries = [e for e in entries if e.run_id in set(run_ids)]
-    todo = [e.run_id for e in entries if entry_status(e) not in ('completed', 'diverged')]
+    todo = [e.run_id for e in entries if entry_status(e) not in ("completed", "diverged")]
     probe = probe_slurm()
     busy = {}
-    if todo and _slurm_arrays(spec.name) and probe.controller:       # never queue a run twice
-        live = slurm_tasks(spec, probe)['runs']
-        busy = {r: live[r] for r in todo if r in live and live[r]['state'] in QUEUED_STATES | RUNNING_STATES}
+    if todo and _slurm_arrays(spec.name) and probe.controller:  # never queue a run twice
+        live = slurm_tasks(spec, probe)["runs"]
+        busy = {r: live[r] for r in todo if r in live and live[r]["state"] in QUEUED_STATES | RUNNING_STATES}
     ids = [r for r in todo if r not in busy]
-    out = dict(study=spec.name, runs=len(entries), completed=len(entries) - len(todo), to_submit=len(ids), script=None,
-               submitted=False)
-    if busy: out['in_slurm'] = {r: f"{t['array_job_id']}_{t['array_task_id']} {t['state']}" for r, t in busy.items()}
+    out = dict(
+        study=spec.name,
+        runs=len(entries),
+        completed=len(entries) - len(todo),
+        to_submit=len(ids),
+        script=None,
+        submitted=False,
+    )
+    if busy:
+        out["in_slurm"] = {r: f"{t['array_job_id']}_{t['array_task_id']} {t['state']}" for r, t in busy.items()}
     if not ids:
-        why = (f"all {len(entries)} runs of study {spec.name!r} are completed or diverged" if not busy else
-               f"{len(entries) - len(todo)} runs of study {spec.name!r} are completed and {len(busy)} queued or running in Slurm")
-        out['message'] = f"nothing to submit: {why}; no script written, no job queued"
+        why = (
+            f"all {len(entries)} runs of study {spec.name!r} are completed or diverged"
+            if not busy
+            else f"{len(entries) - len(todo)} runs of study {spec.name!r} are completed and {len(busy)} queued or running in Slurm"
+        )
+        out["message"] = f"nothing to submit: {why}; no script written, no job queued"
         return out
-    fit, notes = fit_request(req, probe.partitions if probe.reachable else None)   # a request no node meets: error here
-    if not probe.reachable: notes.append(f"Slurm: {probe.message}")
+    fit, notes = fit_request(req, probe.partitions if probe.reachable else None)  # a request no node meets: error here
+    if not probe.reachable:
+        notes.append(f"Slurm: {probe.message}")
     text, array_id = slurm_script(study, ids, fit, study_ref=study_ref, executor=executor, notes=notes)
-    path, logs = sweep_dir(spec.name) / f'slurm_{spec.name}.sh', runs_root() / spec.name / 'logs'
-    logs.mkdir(parents=True, exist_ok=True)                # Slurm does not create the log folder: a task would die silently
-    atomic_write_text(path, text); path.chmod(0o755)
-    atomic_write_json(_slurm_dir(spec.name) / 'arrays' / f'{array_id}.json',
-                      dict(array_id=array_id, run_ids=ids, script=str(path), written=time.time()))
-    out.update(script=str(path), request=' '.join(sbatch_options(fit)), logs=str(logs / 'slurm-<job>_<task>.out'), notes=notes)
+    path, logs = sweep_dir(spec.name) / f"slurm_{spec.name}.sh", runs_root() / spec.name / "logs"
+    logs.mkdir(parents=True, exist_ok=True)  # Slurm does not create the log folder: a task would die silently
+    atomic_write_text(path, text)
+    path.chmod(0o755)
+    atomic_write_json(
+        _slurm_dir(spec.name) / "arrays" / f"{array_id}.json",
+        dict(array_id=array_id, run_ids=ids, script=str(path), written=time.time()),
+    )
+    out.update(
+        script=str(path), request=" ".join(sbatch_options(fit)), logs=str(logs / "slurm-<job>_<task>.out"), notes=notes
+    )
     if submit:
-        job = submit_script(path, probe)                   # missing sbatch / controller down: an error naming it, script kept
+        job = submit_script(path, probe)  # missing sbatch / controller down: an error naming it, script kept
         _slurm_dir(spec.name).mkdir(parents=True, exist_ok=True)
-        with open(_slurm_dir(spec.name) / 'submissions.jsonl', 'a') as f:
-            f.write(json.dumps(dict(job_id=job, array_id=array_id, script=str(path), runs=len(ids), time=time.time())) + '\n')
-        out.update(submitted=True, job_id=job, logs=str(logs / f'slurm-{job}_<task>.out'))
+        with open(_slurm_dir(spec.name) / "submissions.jsonl", "a") as f:
+            f.write(
+                json.dumps(dict(job_id=job, array_id=array_id, script=str(path), runs=len(ids), time=time.time()))
+                + "\n"
+            )
+        out.update(submitted=True, job_id=job, logs=str(logs / f"slurm-{job}_<task>.out"))
     return out
 
 # %% ../nbs/09a_sweep.ipynb #3b5d2de7
-def flatten(d: dict, prefix: str = '') -> dict:
+def flatten(d: dict, prefix: str = "") -> dict:
     "Nested dicts as dotted columns; lists and tuples as JSON strings."
     out = {}
     for k, v in d.items():
-        key = f'{prefix}{k}'
-        if isinstance(v, dict): out.update(flatten(v, key + '.'))
-        elif isinstance(v, (list, tuple)): out[key] = json.dumps(list(v))
-        else: out[key] = v
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(flatten(v, key + "."))
+        elif isinstance(v, (list, tuple)):
+            out[key] = json.dumps(list(v))
+        else:
+            out[key] = v
     return out
 
 
-RESULT_FIELDS = ('final_val_loss', 'best_val_loss', 'steps', 'tokens', 'wall_time_s', 'train_flops', 'params_total',
-                 'params_backbone', 'diverged_step', 'error')
+RESULT_FIELDS = (
+    "final_val_loss",
+    "best_val_loss",
+    "steps",
+    "tokens",
+    "wall_time_s",
+    "train_flops",
+    "params_total",
+    "params_backbone",
+    "diverged_step",
+    "error",
+)
 
 
 def _record_row(study: str, group, status: str, run: RunConfig, params: dict, res: dict | None) -> dict:
     m = run.model
-    row = dict(study=study, group=group, run_id=run.run_id, status=status, arch=m.arch, L=m.n_layer, d_model=m.d_model,
-               r=params.get('r', m.recurrence if m.family == 'looped' else None), s=params.get('s'), C=params.get('C'),
-               lr=run.train.lr, seed=run.train.seed, preset=run.preset)
+    row = dict(
+        study=study,
+        group=group,
+        run_id=run.run_id,
+        status=status,
+        arch=m.arch,
+        L=m.n_layer,
+        d_model=m.d_model,
+        r=params.get("r", m.recurrence if m.family == "looped" else None),
+        s=params.get("s"),
+        C=params.get("C"),
+        lr=run.train.lr,
+        seed=run.train.seed,
+        preset=run.preset,
+    )
     row.update({k: (res or {}).get(k) for k in RESULT_FIELDS})
-    if res and isinstance(res.get('provenance'), dict): row['device'] = res['provenance'].get('device')
+    if res and isinstance(res.get("provenance"), dict):
+        row["device"] = res["provenance"].get("device")
     row.update(flatten(run.to_dict()))
     return row
 
@@ -832,60 +1215,85 @@ def collect(study, write: bool = True) -> pd.DataFrame:
     "The run records of the study's current plan as one table (and collect.parquet / collect.csv in the study folder)."
     spec = study if isinstance(study, StudySpec) else load_study(study)
     rows = []
-    for e in study_entries(spec):                              # the current plan only: stale runs are listed, not collected
+    for e in study_entries(spec):  # the current plan only: stale runs are listed, not collected
         folder = run_dir(e.run)
         res = read_result(folder) if folder.exists() else None
-        status = entry_status(e) if not res or res['status'] == 'interrupted' else res['status']
+        status = entry_status(e) if not res or res["status"] == "interrupted" else res["status"]
         rows.append(_record_row(spec.name, e.group, status, e.run, e.params, res))
     root = runs_root() / spec.name
     df = pd.DataFrame(rows)
     if write:
         record_plan(spec)
         import io
-        buf = io.BytesIO(); df.to_parquet(buf, index=False); atomic_write_bytes(root / 'collect.parquet', buf.getvalue())
-        atomic_write_text(root / 'collect.csv', df.to_csv(index=False))
-        fit = looped_fit_table(df, provenance='demo' if spec.name == 'demo' else 'real') if 'arch' in df else None
-        if fit is not None and len(fit): atomic_write_text(root / 'fit_looped.csv', fit.to_csv(index=False))
+
+        buf = io.BytesIO()
+        df.to_parquet(buf, index=False)
+        atomic_write_bytes(root / "collect.parquet", buf.getvalue())
+        atomic_write_text(root / "collect.csv", df.to_csv(index=False))
+        fit = looped_fit_table(df, provenance="demo" if spec.name == "demo" else "real") if "arch" in df else None
+        if fit is not None and len(fit):
+            atomic_write_text(root / "fit_looped.csv", fit.to_csv(index=False))
     return df
 
 # %% ../nbs/09a_sweep.ipynb #ce756b1f
-def looped_fit_table(df: pd.DataFrame, provenance: str = 'real') -> pd.DataFrame:
+def looped_fit_table(df: pd.DataFrame, provenance: str = "real") -> pd.DataFrame:
     "The `fit --law looped` table of a collected study's completed looped runs (configs read from params.json)."
     from depthbench_nb.looped import looped_params
-    done = df[(df.arch.map(family_of) == 'looped') & (df.status == 'completed')]
+
+    done = df[(df.arch.map(family_of) == "looped") & (df.status == "completed")]
     rows = []
     for _, row in done.iterrows():
         cfg = read_params(runs_root() / row.study / row.run_id).model
         p = looped_params(cfg)
-        rows.append(dict(run_id=row.run_id, C=row.C, s=row.s, r=cfg.recurrence, n_once=p.n_once, n_rec=p.n_rec,
-                         D=row.tokens, loss=row.final_val_loss, provenance=provenance))
-    return pd.DataFrame(rows, columns=['run_id', 'C', 's', 'r', 'n_once', 'n_rec', 'D', 'loss', 'provenance'])
+        rows.append(
+            dict(
+                run_id=row.run_id,
+                C=row.C,
+                s=row.s,
+                r=cfg.recurrence,
+                n_once=p.n_once,
+                n_rec=p.n_rec,
+                D=row.tokens,
+                loss=row.final_val_loss,
+                provenance=provenance,
+            )
+        )
+    return pd.DataFrame(rows, columns=["run_id", "C", "s", "r", "n_once", "n_rec", "D", "loss", "provenance"])
 
 # %% ../nbs/09a_sweep.ipynb #5f7cd847
-SHAPE_KEYS = ('arch', 'L', 'd_model', 'r', 's', 'C')
+SHAPE_KEYS = ("arch", "L", "d_model", "r", "s", "C")
 
 
-def lr_optima(df: pd.DataFrame, loss_col: str = 'final_val_loss', delta: float = 0.01) -> pd.DataFrame:
+def lr_optima(df: pd.DataFrame, loss_col: str = "final_val_loss", delta: float = 0.01) -> pd.DataFrame:
     "Best LR, edge flag and log-LR parabola per (design, shape) of a collected table."
     keys = [k for k in SHAPE_KEYS if k in df.columns]
     out = []
     for key, g in df.groupby(keys, dropna=False, sort=True):
-        ok = g[(g.status == 'completed') & np.isfinite(pd.to_numeric(g[loss_col], errors='coerce'))]
-        lrs_tried = sorted(set(g.lr[g.status.isin(['completed', 'diverged'])]))
-        row = dict(zip(keys, key), n_lrs=len(lrs_tried), n_diverged=int((g.status == 'diverged').sum()))
+        ok = g[(g.status == "completed") & np.isfinite(pd.to_numeric(g[loss_col], errors="coerce"))]
+        lrs_tried = sorted(set(g.lr[g.status.isin(["completed", "diverged"])]))
+        row = dict(zip(keys, key), n_lrs=len(lrs_tried), n_diverged=int((g.status == "diverged").sum()))
         if ok.empty or len(lrs_tried) < 1:
-            out.append(dict(row, best_lr=np.nan, best_loss=np.nan, edge=None, extend=None)); continue
+            out.append(dict(row, best_lr=np.nan, best_loss=np.nan, edge=None, extend=None))
+            continue
         best = ok.loc[pd.to_numeric(ok[loss_col]).idxmin()]
         lo_edge, hi_edge = best.lr == lrs_tried[0], best.lr == lrs_tried[-1]
-        row.update(best_lr=float(best.lr), best_loss=float(best[loss_col]), edge=bool(len(lrs_tried) > 1 and (lo_edge or hi_edge))
-                   or len(lrs_tried) == 1, extend='lower' if lo_edge and len(lrs_tried) > 1 else 'higher' if hi_edge and len(lrs_tried) > 1 else None)
+        row.update(
+            best_lr=float(best.lr),
+            best_loss=float(best[loss_col]),
+            edge=bool(len(lrs_tried) > 1 and (lo_edge or hi_edge)) or len(lrs_tried) == 1,
+            extend="lower" if lo_edge and len(lrs_tried) > 1 else "higher" if hi_edge and len(lrs_tried) > 1 else None,
+        )
         x, y = np.log(ok.lr.to_numpy(float)), pd.to_numeric(ok[loss_col]).to_numpy(float)
         if len(np.unique(x)) >= 3:
             a, b, c = np.polyfit(x, y, 2)
             if a > 0:
                 xs = -b / (2 * a)
-                row.update(parabola_lr=float(np.exp(xs)), parabola_loss=float(c - b * b / (4 * a)),
-                           basin_factor=float(np.exp(np.sqrt(delta / a))), curvature=float(a))
+                row.update(
+                    parabola_lr=float(np.exp(xs)),
+                    parabola_loss=float(c - b * b / (4 * a)),
+                    basin_factor=float(np.exp(np.sqrt(delta / a))),
+                    curvature=float(a),
+                )
             else:
                 row.update(parabola_lr=np.nan, parabola_loss=np.nan, basin_factor=np.nan, curvature=float(a))
         out.append(row)
@@ -894,160 +1302,269 @@ def lr_optima(df: pd.DataFrame, loss_col: str = 'final_val_loss', delta: float =
 
 def _norm(v):
     "A shape-key value comparable across int/float/NaN/None."
-    if v is None or (isinstance(v, float) and math.isnan(v)): return None
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return None
     return float(v) if isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool) else v
 
 
-def _extras_path(study: str) -> Path: return sweep_dir(study) / 'extra_entries.json'
+def _extras_path(study: str) -> Path:
+    return sweep_dir(study) / "extra_entries.json"
 
 
 def study_entries(spec: StudySpec) -> list[RunEntry]:
     "The study's runs: its file's entries plus extra entries the driver was given or added (kept in .sweep/)."
     from depthbench_nb.trainer import make_run_config
+
     entries = expand_study(spec)
     p = _extras_path(spec.name)
     if p.exists():
         known = {e.run_id for e in entries}
         for item in _read_state(p):
-            with contextlib.redirect_stdout(None): run = make_run_config(**item['params'], verbose=False)
+            with contextlib.redirect_stdout(None):
+                run = make_run_config(**item["params"], verbose=False)
             if run.run_id not in known:
-                entries.append(RunEntry(len(entries), item['group'], item['params'], run)); known.add(run.run_id)
+                entries.append(RunEntry(len(entries), item["group"], item["params"], run))
+                known.add(run.run_id)
     return entries
 
 
 def add_extra_entries(spec: StudySpec, extra: list[RunEntry]) -> None:
     "Remember runs outside the study file (LR extensions, a report's extra runs) so status and collect see them."
     bad = [e.label() for e in extra if e.run.study != spec.name]
-    if bad: raise ConfigError(f"extra entries must belong to study {spec.name!r}: {bad}")
+    if bad:
+        raise ConfigError(f"extra entries must belong to study {spec.name!r}: {bad}")
     p = _extras_path(spec.name)
     old = _read_state(p) if p.exists() else []
-    have = {json.dumps(x['params'], sort_keys=True) for x in old}
+    have = {json.dumps(x["params"], sort_keys=True) for x in old}
     new = [dict(group=e.group, params=e.params) for e in extra if json.dumps(e.params, sort_keys=True) not in have]
-    if new: atomic_write_json(p, old + new)
+    if new:
+        atomic_write_json(p, old + new)
 
 
 def extend_lr_entries(spec: StudySpec, df: pd.DataFrame, factor: float = 2.0, save: bool = True) -> list[RunEntry]:
     "New entries one LR step (×factor or ÷factor) beyond the grid for every (design, shape) whose best LR is at the edge."
     from depthbench_nb.trainer import make_run_config
+
     opt = lr_optima(df)
     planned = {e.run_id: e for e in study_entries(spec)}
     by_shape = {}
     for e in planned.values():
         m = e.run.model
-        by_shape.setdefault(tuple(map(_norm, (m.arch, m.n_layer, m.d_model, e.params.get('r'), e.params.get('s'), e.params.get('C')))), e)
+        by_shape.setdefault(
+            tuple(map(_norm, (m.arch, m.n_layer, m.d_model, e.params.get("r"), e.params.get("s"), e.params.get("C")))),
+            e,
+        )
     new = []
     for row in opt[opt.extend.notna()].itertuples():
         base = by_shape.get(tuple(map(_norm, (row.arch, row.L, row.d_model, row.r, row.s, row.C))))
-        if base is None: continue
-        lr = row.best_lr * factor if row.extend == 'higher' else row.best_lr / factor
-        params = dict(base.params, lr=float(f'{lr:.6g}'))
-        with contextlib.redirect_stdout(None): run = make_run_config(**params, verbose=False)
-        if run.run_id not in planned: new.append(RunEntry(len(planned) + len(new), 'lr-extension', params, run))
-    if save and new: add_extra_entries(spec, new)
+        if base is None:
+            continue
+        lr = row.best_lr * factor if row.extend == "higher" else row.best_lr / factor
+        params = dict(base.params, lr=float(f"{lr:.6g}"))
+        with contextlib.redirect_stdout(None):
+            run = make_run_config(**params, verbose=False)
+        if run.run_id not in planned:
+            new.append(RunEntry(len(planned) + len(new), "lr-extension", params, run))
+    if save and new:
+        add_extra_entries(spec, new)
     return new
 
 # %% ../nbs/09a_sweep.ipynb #9fbc344f
-def sweep_plan_command(study: Annotated[Optional[str], Arg(positional=True)] = None,  # study name or YAML path
-                       list: bool = False,                          # list the shipped studies
-                       gpu_tflops: float = GPU_PEAK_FLOPS / 1e12,   # peak TFLOP/s for the GPU-hour estimate (default: H100 dense bf16)
-                       mfu: float = DEFAULT_MFU,                    # assumed model FLOP utilisation (default 0.4)
-                       json: bool = False) -> int:
+def sweep_plan_command(
+    study: Annotated[Optional[str], Arg(positional=True)] = None,  # study name or YAML path
+    list: bool = False,  # list the shipped studies
+    gpu_tflops: float = GPU_PEAK_FLOPS / 1e12,  # peak TFLOP/s for the GPU-hour estimate (default: H100 dense bf16)
+    mfu: float = DEFAULT_MFU,  # assumed model FLOP utilisation (default 0.4)
+    json: bool = False,
+) -> int:
     "list the runs with ids, tokens and estimated FLOPs / GPU-hours"
     if list or not study:
-        return emit([dict(study=n, runs=len(expand_study(s := load_study(n))), description=s.description) for n in study_names()],
-                    json, title='shipped studies')
+        return emit(
+            [
+                dict(study=n, runs=len(expand_study(s := load_study(n))), description=s.description)
+                for n in study_names()
+            ],
+            json,
+            title="shipped studies",
+        )
     spec = load_study(study)
     rows = plan_rows(study_entries(spec), gpu_tflops * 1e12, mfu)
-    if json: return emit(dict(study=spec.name, runs=rows), True)
+    if json:
+        return emit(dict(study=spec.name, runs=rows), True)
     df = pd.DataFrame(rows)
-    emit(rows, False, title=f'study {spec.name}: {spec.description}',
-         columns=['index', 'run_id', 'group', 'arch', 'L', 'd_model', 'r', 's', 'C', 'lr', 'params', 'steps', 'tokens', 'train_flops', 'gpu_hours'])
-    print(f"\n{len(rows)} runs, {df.tokens.sum():.4g} tokens, {df.train_flops.sum():.4g} training FLOPs, about "
-          f"{df.gpu_hours.sum():.4g} GPU-hours at {gpu_tflops:g} TFLOP/s and {mfu:.0%} MFU (an estimate)")
+    emit(
+        rows,
+        False,
+        title=f"study {spec.name}: {spec.description}",
+        columns=[
+            "index",
+            "run_id",
+            "group",
+            "arch",
+            "L",
+            "d_model",
+            "r",
+            "s",
+            "C",
+            "lr",
+            "params",
+            "steps",
+            "tokens",
+            "train_flops",
+            "gpu_hours",
+        ],
+    )
+    print(
+        f"\n{len(rows)} runs, {df.tokens.sum():.4g} tokens, {df.train_flops.sum():.4g} training FLOPs, about "
+        f"{df.gpu_hours.sum():.4g} GPU-hours at {gpu_tflops:g} TFLOP/s and {mfu:.0%} MFU (an estimate)"
+    )
     return 0
 
 
-def sweep_run_command(study: str,
-                      workers: int = 1,                        # runs in parallel on this machine
-                      devices: Optional[str] = None,           # comma-separated device ids; worker i gets device i mod n (CUDA_VISIBLE_DEVICES)
-                      executor: Annotated[Optional[str], Arg(choices=EXECUTORS)] = None,  # papermill (nbs/10_train.ipynb; the default) or python (trainer module; the default with --nodes > 1)
-                      max_attempts: Optional[int] = None,      # retry limit for failed runs (default: the study's)
-                      run_id: Optional[list] = None,           # only this run (repeatable); used by Slurm array tasks
-                      extend_lr: bool = False,                 # first add one LR beyond the grid where the collected optimum is at its edge
-                      launcher: Literal['local', 'slurm'] = 'local',  # local: run here; slurm: write a job-array script
-                      submit: bool = False,                    # with --launcher slurm: submit the script with sbatch
-                      nodes: int = 1,                          # nodes per run; > 1 with --launcher slurm: one accelerate launcher per node (srun)
-                      procs_per_node: Optional[int] = None,    # training processes per node (default 1; with --launcher slurm one per GPU, set by --slurm-gpus)
-                      # --slurm-gpus, --slurm-cpus, ...: one option per field of the Slurm request, handed over as a dict
-                      requeue: bool = False,                   # inside a Slurm job: after SIGUSR1 (the time-limit warning) requeue this task once its run is checkpointed (the array script passes it)
-                      slurm: Annotated[Optional[dict], Arg(fields=SlurmRequest, group='Slurm (--launcher slurm)',
-                          help='what each array task asks for; the defaults fit the partition (checked against sinfo when the '
-                               'controller answers: a request no node can meet is an error)')] = None,
-                      no_progress: bool = False,
-                      json: bool = False) -> int:
+def sweep_run_command(
+    study: str,
+    workers: int = 1,  # runs in parallel on this machine
+    devices: Optional[str] = None,  # comma-separated device ids; worker i gets device i mod n (CUDA_VISIBLE_DEVICES)
+    executor: Annotated[
+        Optional[str], Arg(choices=EXECUTORS)
+    ] = None,  # papermill (nbs/10_train.ipynb; the default) or python (trainer module; the default with --nodes > 1)
+    max_attempts: Optional[int] = None,  # retry limit for failed runs (default: the study's)
+    run_id: Optional[list] = None,  # only this run (repeatable); used by Slurm array tasks
+    extend_lr: bool = False,  # first add one LR beyond the grid where the collected optimum is at its edge
+    launcher: Literal["local", "slurm"] = "local",  # local: run here; slurm: write a job-array script
+    submit: bool = False,  # with --launcher slurm: submit the script with sbatch
+    nodes: int = 1,  # nodes per run; > 1 with --launcher slurm: one accelerate launcher per node (srun)
+    procs_per_node: Optional[
+        int
+    ] = None,  # training processes per node (default 1; with --launcher slurm one per GPU, set by --slurm-gpus)
+    # --slurm-gpus, --slurm-cpus, ...: one option per field of the Slurm request, handed over as a dict
+    requeue: bool = False,  # inside a Slurm job: after SIGUSR1 (the time-limit warning) requeue this task once its run is checkpointed (the array script passes it)
+    slurm: Annotated[
+        Optional[dict],
+        Arg(
+            fields=SlurmRequest,
+            group="Slurm (--launcher slurm)",
+            help="what each array task asks for; the defaults fit the partition (checked against sinfo when the "
+            "controller answers: a request no node can meet is an error)",
+        ),
+    ] = None,
+    no_progress: bool = False,
+    json: bool = False,
+) -> int:
     "run every missing run (skip completed, resume unfinished, retry failed)"
     spec = load_study(study)
-    if launcher == 'slurm':
-        if workers != 1 or devices: raise ConfigError('--workers/--devices apply to --launcher local; Slurm tasks run one run each')
-        if procs_per_node: raise ConfigError('with --launcher slurm the processes per node follow --slurm-gpus (one per GPU)')
+    if launcher == "slurm":
+        if workers != 1 or devices:
+            raise ConfigError("--workers/--devices apply to --launcher local; Slurm tasks run one run each")
+        if procs_per_node:
+            raise ConfigError("with --launcher slurm the processes per node follow --slurm-gpus (one per GPU)")
         req = SlurmRequest(**(slurm or {}), nodes=nodes)
         out = write_slurm_script(spec, submit=submit, request=req, study_ref=study, executor=executor, run_ids=run_id)
-        if json: return emit(out, True)
-        if out['script'] is None: print(out['message']); return 0
-        print(f"slurm job array for study {spec.name}: {out['to_submit']} of {out['runs']} runs ({out['completed']} completed)\n"
-              f"  script     {out['script']}\n  requests   {out['request']}\n  logs       {out['logs']}")
-        for n in out['notes']: print(f'  note       {n}')
-        if out.get('in_slurm'): print(f"  in Slurm   {len(out['in_slurm'])} runs already queued or running: not submitted again")
-        print(f"  submitted  job {out['job_id']}; follow it with: depthbench-nb sweep status {study}" if out['submitted'] else
-              f"  submit it  sbatch {out['script']}")
+        if json:
+            return emit(out, True)
+        if out["script"] is None:
+            print(out["message"])
+            return 0
+        print(
+            f"slurm job array for study {spec.name}: {out['to_submit']} of {out['runs']} runs ({out['completed']} completed)\n"
+            f"  script     {out['script']}\n  requests   {out['request']}\n  logs       {out['logs']}"
+        )
+        for n in out["notes"]:
+            print(f"  note       {n}")
+        if out.get("in_slurm"):
+            print(f"  in Slurm   {len(out['in_slurm'])} runs already queued or running: not submitted again")
+        print(
+            f"  submitted  job {out['job_id']}; follow it with: depthbench-nb sweep status {study}"
+            if out["submitted"]
+            else f"  submit it  sbatch {out['script']}"
+        )
         return 0
-    if submit: raise ConfigError('--submit needs --launcher slurm')
+    if submit:
+        raise ConfigError("--submit needs --launcher slurm")
     if extend_lr:
         new = extend_lr_entries(spec, collect(spec, write=False))
-        print(f'LR extensions added: {len(new)}' + ''.join(f'\n  {e.label()}' for e in new), file=sys.stderr)
-    device_ids = devices.split(',') if devices else None
-    executor = executor or ('python' if nodes > 1 else 'papermill')
-    out = run_study(spec, workers=workers, devices=device_ids, executor=executor, max_attempts=max_attempts,
-                    run_ids=run_id, progress=not (no_progress or json), nodes=nodes, procs_per_node=procs_per_node or 1)
+        print(f"LR extensions added: {len(new)}" + "".join(f"\n  {e.label()}" for e in new), file=sys.stderr)
+    device_ids = devices.split(",") if devices else None
+    executor = executor or ("python" if nodes > 1 else "papermill")
+    out = run_study(
+        spec,
+        workers=workers,
+        devices=device_ids,
+        executor=executor,
+        max_attempts=max_attempts,
+        run_ids=run_id,
+        progress=not (no_progress or json),
+        nodes=nodes,
+        procs_per_node=procs_per_node or 1,
+    )
     st = study_status(spec)
     left = unfinished_runs(spec, out)
-    summary = dict(study=spec.name, this_driver=out['counts'], status=st['counts'])
-    if out['interrupted']:
-        summary['interrupted'] = out['interrupted']
-        if requeue and out['interrupted'] == 'SIGUSR1': summary['requeue'] = requeue_this_job()
-    if json: emit(dict(summary, outcomes=out['outcomes'], not_done=left, stale=st['stale']), True)
+    summary = dict(study=spec.name, this_driver=out["counts"], status=st["counts"])
+    if out["interrupted"]:
+        summary["interrupted"] = out["interrupted"]
+        if requeue and out["interrupted"] == "SIGUSR1":
+            summary["requeue"] = requeue_this_job()
+    if json:
+        emit(dict(summary, outcomes=out["outcomes"], not_done=left, stale=st["stale"]), True)
     else:
-        emit(summary, False, title=f'sweep {spec.name}')
-        if left: print(); emit(left, False, title=f"{len(left)} run(s) not completed or diverged (exit code {EXIT_INTERRUPTED if out['interrupted'] else EXIT_NOT_DONE}):")
-        _say_stale(st['stale'])
-    if out['interrupted']: return EXIT_INTERRUPTED                   # stopped by a signal: the runs are checkpointed
-    return EXIT_NOT_DONE if left or st['counts'].get('failed') else EXIT_OK   # anything failed or not started: non-zero for scripts
+        emit(summary, False, title=f"sweep {spec.name}")
+        if left:
+            print()
+            emit(
+                left,
+                False,
+                title=f"{len(left)} run(s) not completed or diverged (exit code {EXIT_INTERRUPTED if out['interrupted'] else EXIT_NOT_DONE}):",
+            )
+        _say_stale(st["stale"])
+    if out["interrupted"]:
+        return EXIT_INTERRUPTED  # stopped by a signal: the runs are checkpointed
+    return (
+        EXIT_NOT_DONE if left or st["counts"].get("failed") else EXIT_OK
+    )  # anything failed or not started: non-zero for scripts
 
 
 def _say_stale(stale: list[dict], file=None) -> None:
-    if stale: print(f"\n{len(stale)} stale run folder(s), not in the study's current plan (kept, never counted, collected "
-                    f"or reported): " + ', '.join(f"{r['run_id']} ({r['status']})" for r in stale), file=file or sys.stdout)
+    if stale:
+        print(
+            f"\n{len(stale)} stale run folder(s), not in the study's current plan (kept, never counted, collected "
+            f"or reported): " + ", ".join(f"{r['run_id']} ({r['status']})" for r in stale),
+            file=file or sys.stdout,
+        )
 
 
 def sweep_status_command(study: str, json: bool = False) -> int:
     "completed / diverged / failed / interrupted / running / unfinished / pending, with progress; stale runs listed"
     st = study_status(study)
-    if json: return emit(st, True)
-    emit(st['runs'], False, title=f"study {st['study']}: {st['total']} runs; " + ', '.join(f'{k} {v}' for k, v in st['counts'].items() if v))
-    _say_stale(st['stale'])
-    if 'slurm' in st: print('\n'.join([f"\nSlurm: {st['slurm']['controller']}"] + [f'  {n}' for n in st['slurm']['notes']]))
+    if json:
+        return emit(st, True)
+    emit(
+        st["runs"],
+        False,
+        title=f"study {st['study']}: {st['total']} runs; "
+        + ", ".join(f"{k} {v}" for k, v in st["counts"].items() if v),
+    )
+    _say_stale(st["stale"])
+    if "slurm" in st:
+        print("\n".join([f"\nSlurm: {st['slurm']['controller']}"] + [f"  {n}" for n in st["slurm"]["notes"]]))
     return 0
 
 
 def cli_sweep(argv=None) -> int:
     "depthbench-nb sweep plan | run | status STUDY."
-    return call_parsed(dict(plan=sweep_plan_command, run=sweep_run_command, status=sweep_status_command), argv,
-                       prog='depthbench-nb sweep',
-                       description='Plan, run and monitor a study (a YAML file of runs; shipped studies: ' + ', '.join(study_names()) + ').')
+    return call_parsed(
+        dict(plan=sweep_plan_command, run=sweep_run_command, status=sweep_status_command),
+        argv,
+        prog="depthbench-nb sweep",
+        description="Plan, run and monitor a study (a YAML file of runs; shipped studies: "
+        + ", ".join(study_names())
+        + ").",
+    )
 
 
-def collect_command(study: str,            # study name or YAML path
-                    json: bool = False) -> int:
+def collect_command(
+    study: str,  # study name or YAML path
+    json: bool = False,
+) -> int:
     """Gather a study's run records (all statuses) into <runs>/<study>/collect.parquet and collect.csv, and report LR
     optima per (design, shape)."""
     spec = load_study(study)
@@ -1055,17 +1572,25 @@ def collect_command(study: str,            # study name or YAML path
     root = runs_root() / spec.name
     opt = lr_optima(df)
     stale = stale_runs(spec)
-    out = dict(study=spec.name, rows=len(df), status=df.status.value_counts().to_dict(),
-               files=[str(root / 'collect.parquet'), str(root / 'collect.csv')],
-               lr_optima=_json.loads(opt.to_json(orient='records')), stale=stale)
-    if json: return emit(out, True)
-    emit({k: v for k, v in out.items() if k not in ('lr_optima', 'stale')}, False, title=f'collected study {spec.name}')
+    out = dict(
+        study=spec.name,
+        rows=len(df),
+        status=df.status.value_counts().to_dict(),
+        files=[str(root / "collect.parquet"), str(root / "collect.csv")],
+        lr_optima=_json.loads(opt.to_json(orient="records")),
+        stale=stale,
+    )
+    if json:
+        return emit(out, True)
+    emit({k: v for k, v in out.items() if k not in ("lr_optima", "stale")}, False, title=f"collected study {spec.name}")
     _say_stale(stale)
-    multi = opt[opt.n_lrs > 1] if 'n_lrs' in opt else opt
-    if len(multi): print(); emit(_json.loads(multi.to_json(orient='records')), False, title='LR optima (shapes with more than one LR)')
+    multi = opt[opt.n_lrs > 1] if "n_lrs" in opt else opt
+    if len(multi):
+        print()
+        emit(_json.loads(multi.to_json(orient="records")), False, title="LR optima (shapes with more than one LR)")
     return 0
 
 
 def cli_collect(argv=None) -> int:
     "depthbench-nb collect STUDY: one tidy table of the study's run records, and the LR optima."
-    return call_parsed(collect_command, argv, prog='depthbench-nb collect')
+    return call_parsed(collect_command, argv, prog="depthbench-nb collect")

@@ -20,6 +20,7 @@ renders them itself: static HTML pages with a sidebar in the notebooks' order, a
 files, and a search box over `search.json` (Quarto's format: one entry per section). Every internal link is checked
 before the build succeeds.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,10 +37,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-ASSETS = Path(__file__).resolve().parent / 'docs_site'
-EXAMPLE_STUDY = ROOT / 'docs' / 'example_study'
-BUILD = ROOT / '.cache' / 'docs-build'          # the example study's run records are copied here (reports write beside them)
-SECTIONS = (('Library', '0'), ('Papermill templates', '1'), ('Reports', '2'))
+ASSETS = Path(__file__).resolve().parent / "docs_site"
+EXAMPLE_STUDY = ROOT / "docs" / "example_study"
+BUILD = ROOT / ".cache" / "docs-build"  # the example study's run records are copied here (reports write beside them)
+SECTIONS = (("Library", "0"), ("Papermill templates", "1"), ("Reports", "2"))
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -47,35 +48,39 @@ SECTIONS = (('Library', '0'), ('Papermill templates', '1'), ('Reports', '2'))
 # ----------------------------------------------------------------------------------------------------------------------
 def notebooks(nbs: Path) -> list[Path]:
     "The notebooks that become pages: index first, then the numbered notebooks in the order of their numbers."
-    found = sorted(p for p in nbs.glob('*.ipynb') if not p.name.startswith(('_', '.')))
-    return sorted(found, key=lambda p: (p.name != 'index.ipynb', p.name))
+    found = sorted(p for p in nbs.glob("*.ipynb") if not p.name.startswith(("_", ".")))
+    return sorted(found, key=lambda p: (p.name != "index.ipynb", p.name))
 
 
 def kind_of(nb_path: Path) -> str:
     "index, library (00-09), template (10-19) or report (20-29)."
-    if nb_path.stem == 'index': return 'index'
-    return {'0': 'library', '1': 'template', '2': 'report'}.get(nb_path.name[0], 'library')
+    if nb_path.stem == "index":
+        return "index"
+    return {"0": "library", "1": "template", "2": "report"}.get(nb_path.name[0], "library")
 
 
 def page_name(nb_path: Path) -> str:
     "The page's file name, as nbdev names it (and links to it): the number prefix dropped."
     from nbdev.doclinks import _nbpath2html
+
     return _nbpath2html(Path(nb_path.name)).name
 
 
 # ----------------------------------------------------------------------------------------------------------------------
 # nbdev's processing, every cell run
 # ----------------------------------------------------------------------------------------------------------------------
-REPORT_PARAMETERS = {'20_depthbench_report': dict(study='demo'),
-                     # a lighter fitting effort than the paper's (500 starts, 200 x 501-start resamples) to keep the
-                     # build short: the page states the effort it used
-                     '21_looped_report': dict(study='demo', restarts=100, n_bootstrap=20, bootstrap_restarts=100, workers=2)}
+REPORT_PARAMETERS = {
+    "20_depthbench_report": dict(study="demo"),
+    # a lighter fitting effort than the paper's (500 starts, 200 x 501-start resamples) to keep the
+    # build short: the page states the effort it used
+    "21_looped_report": dict(study="demo", restarts=100, n_bootstrap=20, bootstrap_restarts=100, workers=2),
+}
 
 
 # show_doc evaluates string annotations (`from __future__ import annotations`) in the defining namespace; one that names
 # a module imported only inside functions (torch in runs.py, say) raises NameError there: show it as written instead
 # (names kept in a closure: the notebook's own globals may rebind any name)
-SIGNATURE_FALLBACK = '''
+SIGNATURE_FALLBACK = """
 def _docs_signature_fallback():
     import inspect, fastcore.docments
     def signature(obj, *args, eval_str=False, **kwargs):
@@ -84,7 +89,7 @@ def _docs_signature_fallback():
     fastcore.docments.signature = signature
 _docs_signature_fallback()
 del _docs_signature_fallback
-'''
+"""
 
 
 def _procs(nb_path: Path, kind: str, skip_flags: set, budget: float):
@@ -92,47 +97,64 @@ def _procs(nb_path: Path, kind: str, skip_flags: set, budget: float):
     from execnb.nbio import mk_cell
     from fastcore.foundation import L
     from nbdev.process import NbCell
-    from nbdev.processors import (FilterDefaults, _def_names, _get_nm, _show_docs, _want_doc, add_show_docs,
-                                  exec_show_docs, strip_ansi)
+    from nbdev.processors import (
+        FilterDefaults,
+        _def_names,
+        _get_nm,
+        _show_docs,
+        _want_doc,
+        add_show_docs,
+        exec_show_docs,
+        strip_ansi,
+    )
 
     class show_docs_in_order(add_show_docs):
         "nbdev's add_show_docs, with each exported cell's entries in the order the cell defines them (nbdev reverses them)."
+
         def begin(self):
             nb = self.nb
             exports = L(cell for cell in nb.cells if _want_doc(cell))
             shown = {_get_nm(t) for t in _show_docs(L(nb.cells).map(NbCell.parsed_).concat())}
             for cell in reversed(exports):
                 for nm in reversed(_def_names(cell, shown)):
-                    new_cell = mk_cell(f'show_doc({nm})')
+                    new_cell = mk_cell(f"show_doc({nm})")
                     new_cell.has_sd = True
                     nb.cells.insert(cell.idx_ + 1, new_cell)
             nb.has_docs_ = shown or exports
 
     class run_cells(exec_show_docs):
         "Run every code cell of the page (nbdev runs only those show_doc needs), except flagged ones; time each."
+
         def begin(self):
             super().begin()
-            if not hasattr(self, 'k'): return
+            if not hasattr(self, "k"):
+                return
             self.k.timeout = int(budget)
             self.k.run_cell(SIGNATURE_FALLBACK)
 
         def __call__(self, cell):
-            if not hasattr(self, 'k') or cell.cell_type != 'code' or not cell.source.strip(): return
+            if not hasattr(self, "k") or cell.cell_type != "code" or not cell.source.strip():
+                return
             flags = sorted(cell.directives_.keys() & skip_flags)
-            if kind == 'template': flags = ['template']
-            if cell.directives_.get('eval:', [''])[0].lower() == 'false': flags = ['eval: false']
+            if kind == "template":
+                flags = ["template"]
+            if cell.directives_.get("eval:", [""])[0].lower() == "false":
+                flags = ["eval: false"]
             if flags:
-                cell.metadata['docs_not_run'] = flags[0]
+                cell.metadata["docs_not_run"] = flags[0]
                 return
             start = time.time()
             self.k.cell(cell)
-            cell.metadata['docs_seconds'] = round(time.time() - start, 3)
+            cell.metadata["docs_seconds"] = round(time.time() - start, 3)
             if self.k.exc:
-                raise RuntimeError(f'cell {cell.idx_} failed:\n{cell.source}\n{self.k.prettytb(fname=nb_path)}') from self.k.exc
+                raise RuntimeError(
+                    f"cell {cell.idx_} failed:\n{cell.source}\n{self.k.prettytb(fname=nb_path)}"
+                ) from self.k.exc
 
     procs = []
     for p in FilterDefaults().base_procs():
-        if p is strip_ansi: continue                       # outputs exist only after the run: stripped when rendered
+        if p is strip_ansi:
+            continue  # outputs exist only after the run: stripped when rendered
         procs.append({add_show_docs: show_docs_in_order, exec_show_docs: run_cells}.get(p, p))
     return procs
 
@@ -141,42 +163,64 @@ def _inject_parameters(nb, parameters: dict) -> None:
     "Add the page's parameters after the `parameters` cell, as papermill does (a visible cell saying what the page shows)."
     from execnb.nbio import mk_cell
     from fastcore.basics import AttrDict
-    idx = next(i for i, c in enumerate(nb.cells) if 'parameters' in c.metadata.get('tags', []))
-    lines = ["# Parameters of this page: the CPU demo's run records shipped with the documentation (docs/example_study/)"]
-    lines += [f'{k} = {v!r}' for k, v in parameters.items()]
-    cell = mk_cell('\n'.join(lines))
-    cell.metadata = AttrDict(tags=['injected-parameters'])
+
+    idx = next(i for i, c in enumerate(nb.cells) if "parameters" in c.metadata.get("tags", []))
+    lines = [
+        "# Parameters of this page: the CPU demo's run records shipped with the documentation (docs/example_study/)"
+    ]
+    lines += [f"{k} = {v!r}" for k, v in parameters.items()]
+    cell = mk_cell("\n".join(lines))
+    cell.metadata = AttrDict(tags=["injected-parameters"])
     nb.cells.insert(idx + 1, cell)
 
 
 def process_notebook(nb_path: Path, proc_dir: Path, runs_root: Path, budget: float) -> dict:
     "Process one notebook into the _proc folder (in a process of its own, as nbdev_test runs one); returns its timings."
-    os.environ['DEPTHBENCH_RUNS'] = str(runs_root)
+    os.environ["DEPTHBENCH_RUNS"] = str(runs_root)
     from execnb.nbio import read_nb, write_nb
     from nbdev.config import get_config
     from nbdev.process import NBProcessor
-    skip_flags = set(get_config().get('tst_flags', '').split())
+
+    skip_flags = set(get_config().get("tst_flags", "").split())
     kind = kind_of(nb_path)
     start = time.time()
     nb = read_nb(nb_path)
-    if nb_path.stem in REPORT_PARAMETERS: _inject_parameters(nb, REPORT_PARAMETERS[nb_path.stem])
-    os.chdir(nb_path.parent)                            # as nbdev_test runs a notebook
-    module = next((m.group(1) for c in nb.cells if c.cell_type == 'code'
-                   for m in [re.search(r'^#\|\s*default_exp\s+(\S+)', ''.join(c.source), re.M)] if m), None)
+    if nb_path.stem in REPORT_PARAMETERS:
+        _inject_parameters(nb, REPORT_PARAMETERS[nb_path.stem])
+    os.chdir(nb_path.parent)  # as nbdev_test runs a notebook
+    module = next(
+        (
+            m.group(1)
+            for c in nb.cells
+            if c.cell_type == "code"
+            for m in [re.search(r"^#\|\s*default_exp\s+(\S+)", "".join(c.source), re.M)]
+            if m
+        ),
+        None,
+    )
     procs = _procs(nb_path, kind, skip_flags, budget)
-    if module: procs.insert(procs.index(next(p for p in procs if p.__name__ == 'show_docs_in_order')) + 1,
-                            constants_table(module))
+    if module:
+        procs.insert(
+            procs.index(next(p for p in procs if p.__name__ == "show_docs_in_order")) + 1, constants_table(module)
+        )
     try:
         NBProcessor(nb=nb, procs=procs).process()
     except Exception as e:
-        return dict(notebook=nb_path.name, error=f'{type(e).__name__}: {e}', seconds=time.time() - start)
+        return dict(notebook=nb_path.name, error=f"{type(e).__name__}: {e}", seconds=time.time() - start)
     finally:
         os.chdir(ROOT)
-    nb.metadata['docs'] = dict(kind=kind, module=module, notebook=nb_path.name)
+    nb.metadata["docs"] = dict(kind=kind, module=module, notebook=nb_path.name)
     write_nb(nb, Path(proc_dir) / nb_path.name)
-    cells = sorted(((c.metadata.get('docs_seconds', 0), c.idx_) for c in nb.cells if c.cell_type == 'code'), reverse=True)
-    return dict(notebook=nb_path.name, seconds=time.time() - start, cells_run=sum('docs_seconds' in c.metadata for c in nb.cells),
-                slowest=cells[:3], not_run=sum('docs_not_run' in c.metadata for c in nb.cells))
+    cells = sorted(
+        ((c.metadata.get("docs_seconds", 0), c.idx_) for c in nb.cells if c.cell_type == "code"), reverse=True
+    )
+    return dict(
+        notebook=nb_path.name,
+        seconds=time.time() - start,
+        cells_run=sum("docs_seconds" in c.metadata for c in nb.cells),
+        slowest=cells[:3],
+        not_run=sum("docs_not_run" in c.metadata for c in nb.cells),
+    )
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -185,24 +229,28 @@ def process_notebook(nb_path: Path, proc_dir: Path, runs_root: Path, budget: flo
 def _short_value(v, width: int = 90) -> str:
     "A value in a table cell: short reprs as they are, containers by their length and first keys."
     import reprlib
+
     if isinstance(v, dict):
-        keys = ', '.join(str(k) for k in list(v)[:6]) + (', ...' if len(v) > 6 else '')
-        return f'dict of {len(v)}: {keys}' if len(repr(v)) > width else repr(v)
+        keys = ", ".join(str(k) for k in list(v)[:6]) + (", ..." if len(v) > 6 else "")
+        return f"dict of {len(v)}: {keys}" if len(repr(v)) > width else repr(v)
     r = repr(v)
-    if len(r) <= width: return r
-    if isinstance(v, (tuple, list, set, frozenset)): return f'{type(v).__name__} of {len(v)}: ' + reprlib.repr(v)[:width]
-    return r[:width] + ' ...'
+    if len(r) <= width:
+        return r
+    if isinstance(v, (tuple, list, set, frozenset)):
+        return f"{type(v).__name__} of {len(v)}: " + reprlib.repr(v)[:width]
+    return r[:width] + " ..."
 
 
 def _comments(source: str) -> dict:
     "Line number -> comment text of a cell's source (tokenized, so a '#' inside a string is not a comment)."
     import io
     import tokenize
+
     out = {}
     try:
         for tok in tokenize.generate_tokens(io.StringIO(source).readline):
-            if tok.type == tokenize.COMMENT and not tok.string.startswith('#|'):
-                out[tok.start[0]] = tok.string.lstrip('#').strip()
+            if tok.type == tokenize.COMMENT and not tok.string.startswith("#|"):
+                out[tok.start[0]] = tok.string.lstrip("#").strip()
     except (tokenize.TokenError, IndentationError, SyntaxError):
         pass
     return out
@@ -211,22 +259,32 @@ def _comments(source: str) -> dict:
 def constant_entries(source: str, module) -> list[dict]:
     "The exported names a cell assigns at top level (not functions or classes): name, type, value, their comment."
     import ast
-    try: tree = ast.parse(source)
-    except SyntaxError: return []
-    public, comments, lines = set(getattr(module, '__all__', ())), _comments(source), source.splitlines()
+
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return []
+    public, comments, lines = set(getattr(module, "__all__", ())), _comments(source), source.splitlines()
     rows = []
     for node in tree.body:
-        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+        targets = (
+            node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+        )
         for t in targets:
             for name in [e.id for e in (t.elts if isinstance(t, ast.Tuple) else [t]) if isinstance(e, ast.Name)]:
-                if name not in public or not hasattr(module, name): continue
+                if name not in public or not hasattr(module, name):
+                    continue
                 above, n = [], node.lineno - 1
-                while n >= 1 and lines[n - 1].strip().startswith('#') and n in comments:
+                while n >= 1 and lines[n - 1].strip().startswith("#") and n in comments:
                     above.insert(0, comments[n])
                     n -= 1
-                beside = [comments[i] for i in range(node.lineno, (node.end_lineno or node.lineno) + 1) if i in comments]
+                beside = [
+                    comments[i] for i in range(node.lineno, (node.end_lineno or node.lineno) + 1) if i in comments
+                ]
                 value = getattr(module, name)
-                rows.append(dict(name=name, type=type(value).__name__, value=_short_value(value), doc=' '.join(above + beside)))
+                rows.append(
+                    dict(name=name, type=type(value).__name__, value=_short_value(value), doc=" ".join(above + beside))
+                )
     return rows
 
 
@@ -236,43 +294,91 @@ def constants_table(module_name: str):
     from execnb.nbio import mk_cell
     from nbdev.config import get_config
     from nbdev.processors import Processor, _want_doc
+
     module = importlib.import_module(f"{get_config().lib_name}.{module_name}")
 
-    def cell_md(s: str) -> str: return s.replace('|', '\\|').replace('\n', ' ')
+    def cell_md(s: str) -> str:
+        return s.replace("|", "\\|").replace("\n", " ")
 
     class constant_docs(Processor):
         def begin(self):
             cells = self.nb.cells
             for cell in reversed([c for c in cells if _want_doc(c)]):
                 rows = constant_entries(cell.source, module)
-                if not rows: continue
-                head = '| constant | type | value | what it is |\n|---|---|---|---|\n'
-                body = ''.join(f'| <span id="{r["name"].lower()}" class="doc-constant">`{r["name"]}`</span> | `{r["type"]}` '
-                               f'| `{cell_md(r["value"]).replace("`", "")}` | {cell_md(r["doc"])} |\n' for r in rows)
-                table = mk_cell(head + body, cell_type='markdown')
-                table.metadata['docs_constants'] = [r['name'] for r in rows]
+                if not rows:
+                    continue
+                head = "| constant | type | value | what it is |\n|---|---|---|---|\n"
+                body = "".join(
+                    f'| <span id="{r["name"].lower()}" class="doc-constant">`{r["name"]}`</span> | `{r["type"]}` '
+                    f"| `{cell_md(r['value']).replace('`', '')}` | {cell_md(r['doc'])} |\n"
+                    for r in rows
+                )
+                table = mk_cell(head + body, cell_type="markdown")
+                table.metadata["docs_constants"] = [r["name"] for r in rows]
                 cells.insert(cell.idx_ + 1, table)
-    constant_docs.__name__ = 'constant_docs'
+
+    constant_docs.__name__ = "constant_docs"
     return constant_docs
 
 
 # ----------------------------------------------------------------------------------------------------------------------
 # Rendering: markdown, code, outputs
 # ----------------------------------------------------------------------------------------------------------------------
-INLINE_TAGS = {'a', 'b', 'i', 'em', 'strong', 'code', 'sup', 'sub', 'br', 'span', 'div', 'img', 'details', 'summary',
-               'kbd', 'small', 'p', 'table', 'thead', 'tbody', 'tr', 'td', 'th', 'ul', 'ol', 'li', 'pre', 'hr', 'figure',
-               'figcaption', 'center', 'u', 's', 'del', 'blockquote', 'h1', 'h2', 'h3', 'h4', 'style'}
-_re_ansi = re.compile(r'\x1B(?:[@-Z\\-_]|\[[0-?]*[ -/]*[@-~])')
-_re_link_attrs = re.compile(r'\[([^\]\n]+)\]\(([^)\s]+)\)\{([^}\n]*)\}')      # pandoc's [text](url){attrs}, as show_doc writes
-_re_options = re.compile(r'^#\|\s*([\w-]+)\s*:\s*(.*?)\s*$')
+INLINE_TAGS = {
+    "a",
+    "b",
+    "i",
+    "em",
+    "strong",
+    "code",
+    "sup",
+    "sub",
+    "br",
+    "span",
+    "div",
+    "img",
+    "details",
+    "summary",
+    "kbd",
+    "small",
+    "p",
+    "table",
+    "thead",
+    "tbody",
+    "tr",
+    "td",
+    "th",
+    "ul",
+    "ol",
+    "li",
+    "pre",
+    "hr",
+    "figure",
+    "figcaption",
+    "center",
+    "u",
+    "s",
+    "del",
+    "blockquote",
+    "h1",
+    "h2",
+    "h3",
+    "h4",
+    "style",
+}
+_re_ansi = re.compile(r"\x1B(?:[@-Z\\-_]|\[[0-?]*[ -/]*[@-~])")
+_re_link_attrs = re.compile(
+    r"\[([^\]\n]+)\]\(([^)\s]+)\)\{([^}\n]*)\}"
+)  # pandoc's [text](url){attrs}, as show_doc writes
+_re_options = re.compile(r"^#\|\s*([\w-]+)\s*:\s*(.*?)\s*$")
 
 
 def slug(text: str) -> str:
     "A heading's id as pandoc (and so Quarto, and nbdev's links) makes it."
-    s = re.sub(r'[^\w\s.-]', '', text, flags=re.UNICODE).strip().lower()
-    s = re.sub(r'\s+', '-', s)
-    s = re.sub(r'^[^a-z\u00c0-\uffff]+', '', s)
-    return s or 'section'
+    s = re.sub(r"[^\w\s.-]", "", text, flags=re.UNICODE).strip().lower()
+    s = re.sub(r"\s+", "-", s)
+    s = re.sub(r"^[^a-z\u00c0-\uffff]+", "", s)
+    return s or "section"
 
 
 class Renderer:
@@ -281,20 +387,28 @@ class Renderer:
     def __init__(self, site_url: str):
         from markdown_it import MarkdownIt
         from pygments.formatters import HtmlFormatter
-        self.site_url = site_url.rstrip('/') + '/'
-        self.md = MarkdownIt('commonmark', {'html': True, 'highlight': self.highlight}).enable('table').enable('strikethrough')
+
+        self.site_url = site_url.rstrip("/") + "/"
+        self.md = (
+            MarkdownIt("commonmark", {"html": True, "highlight": self.highlight})
+            .enable("table")
+            .enable("strikethrough")
+        )
         self.formatter = HtmlFormatter(nowrap=True)
 
-    def highlight(self, code: str, lang: str = 'python', attrs=None) -> str:
+    def highlight(self, code: str, lang: str = "python", attrs=None) -> str:
         from pygments import highlight
         from pygments.lexers import TextLexer, get_lexer_by_name
-        try: lexer = get_lexer_by_name(lang or 'text')
-        except Exception: lexer = TextLexer()
+
+        try:
+            lexer = get_lexer_by_name(lang or "text")
+        except Exception:
+            lexer = TextLexer()
         return f'<pre class="highlight sourceCode"><code>{highlight(code, lexer, self.formatter)}</code></pre>'
 
     def link(self, url: str) -> str:
         "A link to the published site becomes relative, so the site works wherever it is served."
-        return url[len(self.site_url):] if url.startswith(self.site_url) else url
+        return url[len(self.site_url) :] if url.startswith(self.site_url) else url
 
     def markdown(self, text: str, headings: list | None = None, ids: set | None = None) -> str:
         "Render markdown; record headings (level, id, text) in `headings`, keeping ids unique through `ids`."
@@ -302,140 +416,165 @@ class Renderer:
         tokens = self.md.parse(text)
         ids = set() if ids is None else ids
         for i, tok in enumerate(tokens):
-            if tok.type == 'heading_open':
+            if tok.type == "heading_open":
                 inline = tokens[i + 1]
-                plain = ''.join(c.content for c in inline.children if c.type in ('text', 'code_inline'))
+                plain = "".join(c.content for c in inline.children if c.type in ("text", "code_inline"))
                 hid = base = slug(plain)
                 n = 1
                 while hid in ids:
-                    hid, n = f'{base}-{n}', n + 1
+                    hid, n = f"{base}-{n}", n + 1
                 ids.add(hid)
-                tok.attrSet('id', hid)
-                if headings is not None: headings.append((int(tok.tag[1]), hid, plain))
-            elif tok.type == 'html_block' and not self._allowed(tok.content):
-                tokens[i] = self._escaped_block(tok.content)          # `<study>` in prose is text, not a tag
+                tok.attrSet("id", hid)
+                if headings is not None:
+                    headings.append((int(tok.tag[1]), hid, plain))
+            elif tok.type == "html_block" and not self._allowed(tok.content):
+                tokens[i] = self._escaped_block(tok.content)  # `<study>` in prose is text, not a tag
             for child in tok.children or []:
-                if child.type == 'html_inline' and not self._allowed(child.content):
-                    child.type = 'text'
-                if child.type == 'link_open':
-                    child.attrSet('href', self.link(child.attrGet('href') or ''))
+                if child.type == "html_inline" and not self._allowed(child.content):
+                    child.type = "text"
+                if child.type == "link_open":
+                    child.attrSet("href", self.link(child.attrGet("href") or ""))
         return self.md.renderer.render(tokens, self.md.options, {})
 
     @staticmethod
     def _allowed(raw: str) -> bool:
-        m = re.match(r'\s*</?([A-Za-z][\w-]*)', raw)
-        return raw.lstrip().startswith('<!--') or bool(m and m.group(1).lower() in INLINE_TAGS)
+        m = re.match(r"\s*</?([A-Za-z][\w-]*)", raw)
+        return raw.lstrip().startswith("<!--") or bool(m and m.group(1).lower() in INLINE_TAGS)
 
     def _escaped_block(self, content: str):
         from markdown_it.token import Token
-        t = Token('html_block', '', 0)
-        t.content = f'<p>{html.escape(content)}</p>\n'
+
+        t = Token("html_block", "", 0)
+        t.content = f"<p>{html.escape(content)}</p>\n"
         return t
 
     def _link_with_attrs(self, m) -> str:
-        attrs = ' '.join(f'{k}="{html.escape(v)}"' for k, v in re.findall(r'([\w-]+)="([^"]*)"', m.group(3)))
+        attrs = " ".join(f'{k}="{html.escape(v)}"' for k, v in re.findall(r'([\w-]+)="([^"]*)"', m.group(3)))
         return f'<a href="{html.escape(self.link(m.group(2)))}" {attrs}>{html.escape(m.group(1))}</a>'
 
 
-def _text(v) -> str: return ''.join(v) if isinstance(v, list) else str(v)
+def _text(v) -> str:
+    return "".join(v) if isinstance(v, list) else str(v)
 
 
 def inline(text: str) -> str:
     "A title or description as HTML: escaped, `code` spans kept."
-    return re.sub(r'`([^`]+)`', r'<code>\1</code>', html.escape(text))
+    return re.sub(r"`([^`]+)`", r"<code>\1</code>", html.escape(text))
 
 
 def _stream_text(text: str) -> str:
     "A stream as a terminal shows it: ANSI codes dropped, a line rewritten by carriage returns shown as it ended."
-    lines = [line.rsplit('\r', 1)[-1] if '\r' in line.rstrip('\r') else line.rstrip('\r') for line in _re_ansi.sub('', text).split('\n')]
-    return '\n'.join(lines)
+    lines = [
+        line.rsplit("\r", 1)[-1] if "\r" in line.rstrip("\r") else line.rstrip("\r")
+        for line in _re_ansi.sub("", text).split("\n")
+    ]
+    return "\n".join(lines)
 
 
 class Page:
     "One notebook rendered: its HTML body, headings, figures and search entries."
 
-    def __init__(self, nb_path: Path, site: 'Site'):
+    def __init__(self, nb_path: Path, site: "Site"):
         import yaml
+
         self.nb = json.loads(nb_path.read_text())
-        self.meta = self.nb['metadata'].get('docs', {})
-        self.kind, self.source = self.meta.get('kind', 'library'), self.meta.get('notebook', nb_path.name)
+        self.meta = self.nb["metadata"].get("docs", {})
+        self.kind, self.source = self.meta.get("kind", "library"), self.meta.get("notebook", nb_path.name)
         self.name = page_name(Path(self.source))
         self.site, self.headings, self.ids, self.figures = site, [], set(), []
-        front = next((yaml.safe_load(_text(c['source']).strip().strip('-')) for c in self.nb['cells'][:1] if c['cell_type'] == 'raw'), None)
+        front = next(
+            (
+                yaml.safe_load(_text(c["source"]).strip().strip("-"))
+                for c in self.nb["cells"][:1]
+                if c["cell_type"] == "raw"
+            ),
+            None,
+        )
         self.front = front if isinstance(front, dict) else {}
-        self.title = str(self.front.get('title') or Path(self.source).stem)
-        self.description = str(self.front.get('description') or '')
+        self.title = str(self.front.get("title") or Path(self.source).stem)
+        self.description = str(self.front.get("description") or "")
         self.body = self.render()
 
     def render(self) -> str:
         parts = []
-        for i, cell in enumerate(self.nb['cells']):
-            if cell['cell_type'] == 'markdown':
-                src = _text(cell['source'])
-                if src.strip().startswith('<!-- WARNING: THIS FILE WAS AUTOGENERATED'): continue
-                cls = ' doc-constants' if 'docs_constants' in cell.get('metadata', {}) else ''
-                parts.append(f'<div class="cell markdown{cls}">{self.site.renderer.markdown(src, self.headings, self.ids)}</div>')
-            elif cell['cell_type'] == 'code':
+        for i, cell in enumerate(self.nb["cells"]):
+            if cell["cell_type"] == "markdown":
+                src = _text(cell["source"])
+                if src.strip().startswith("<!-- WARNING: THIS FILE WAS AUTOGENERATED"):
+                    continue
+                cls = " doc-constants" if "docs_constants" in cell.get("metadata", {}) else ""
+                parts.append(
+                    f'<div class="cell markdown{cls}">{self.site.renderer.markdown(src, self.headings, self.ids)}</div>'
+                )
+            elif cell["cell_type"] == "code":
                 parts.append(self.code_cell(i, cell))
-        return '\n'.join(p for p in parts if p)
+        return "\n".join(p for p in parts if p)
 
     def code_cell(self, i: int, cell: dict) -> str:
-        lines, options = _text(cell['source']).splitlines(), {}
+        lines, options = _text(cell["source"]).splitlines(), {}
         while lines and (m := _re_options.match(lines[0])):
-            options[m.group(1)] = m.group(2).strip('"\'')
+            options[m.group(1)] = m.group(2).strip("\"'")
             lines.pop(0)
-        if options.get('include') == 'false': return ''
-        src = '\n'.join(lines).strip('\n')
+        if options.get("include") == "false":
+            return ""
+        src = "\n".join(lines).strip("\n")
         out = []
-        show_doc = options.get('output') == 'asis'
-        if src and options.get('echo') != 'false':
-            code = self.site.renderer.highlight(src, 'python')
-            if options.get('code-fold'):
+        show_doc = options.get("output") == "asis"
+        if src and options.get("echo") != "false":
+            code = self.site.renderer.highlight(src, "python")
+            if options.get("code-fold"):
                 code = f'<details class="code-fold" open><summary>{html.escape(options.get("code-summary", "Code"))}</summary>{code}</details>'
             out.append(f'<div class="cell-input">{code}</div>')
-        not_run = cell.get('metadata', {}).get('docs_not_run')
+        not_run = cell.get("metadata", {}).get("docs_not_run")
         if not_run and src:
-            why = {'template': 'a papermill template: run it with papermill or its command',
-                   'eval: false': 'marked eval: false'}.get(not_run, f'a <code>{html.escape(not_run)}</code> cell, skipped as nbdev_test skips it')
+            why = {
+                "template": "a papermill template: run it with papermill or its command",
+                "eval: false": "marked eval: false",
+            }.get(not_run, f"a <code>{html.escape(not_run)}</code> cell, skipped as nbdev_test skips it")
             out.append(f'<div class="not-run">Not run when this page was built ({why}).</div>')
-        if options.get('output') != 'false':
-            for j, o in enumerate(cell.get('outputs', [])):
+        if options.get("output") != "false":
+            for j, o in enumerate(cell.get("outputs", [])):
                 out.append(self.output(i, j, o, show_doc))
-        if not out: return ''
-        cls = 'cell doc-entry' if show_doc else 'cell code'
+        if not out:
+            return ""
+        cls = "cell doc-entry" if show_doc else "cell code"
         return f'<div class="{cls}">{"".join(out)}</div>'
 
     def output(self, i: int, j: int, o: dict, asis: bool) -> str:
-        kind = o.get('output_type')
-        if kind == 'stream':
-            text = _stream_text(_text(o.get('text', '')))
-            if not text.strip(): return ''
+        kind = o.get("output_type")
+        if kind == "stream":
+            text = _stream_text(_text(o.get("text", "")))
+            if not text.strip():
+                return ""
             return f'<pre class="cell-output {o.get("name", "stdout")}"><code>{html.escape(text)}</code></pre>'
-        if kind == 'error':
+        if kind == "error":
             return f'<pre class="cell-output error"><code>{html.escape(_re_ansi.sub("", chr(10).join(o.get("traceback", []))))}</code></pre>'
-        data, meta = o.get('data', {}), o.get('metadata', {})
-        if 'text/markdown' in data:
-            body = self.site.renderer.markdown(_text(data['text/markdown']), self.headings, self.ids)
+        data, meta = o.get("data", {}), o.get("metadata", {})
+        if "text/markdown" in data:
+            body = self.site.renderer.markdown(_text(data["text/markdown"]), self.headings, self.ids)
             return body if asis else f'<div class="cell-output markdown">{body}</div>'
-        if 'text/html' in data:
+        if "text/html" in data:
             return f'<div class="cell-output html">{_text(data["text/html"])}</div>'
-        for mime, ext in (('image/png', 'png'), ('image/jpeg', 'jpg')):
+        for mime, ext in (("image/png", "png"), ("image/jpeg", "jpg")):
             if mime in data:
-                name = f'{Path(self.name).stem}_files/figure-html/cell-{i + 1}-output-{j + 1}.{ext}'
+                name = f"{Path(self.name).stem}_files/figure-html/cell-{i + 1}-output-{j + 1}.{ext}"
                 self.figures.append((name, base64.b64decode(_text(data[mime]))))
                 m = meta.get(mime, {}) if isinstance(meta.get(mime), dict) else {}
-                size = ''.join(f' {k}="{int(m[k])}"' for k in ('width', 'height') if k in m)
-                return f'<div class="cell-output figure"><img src="{name}"{size} alt="figure {len(self.figures)}"></div>'
-        if 'image/svg+xml' in data:
+                size = "".join(f' {k}="{int(m[k])}"' for k in ("width", "height") if k in m)
+                return (
+                    f'<div class="cell-output figure"><img src="{name}"{size} alt="figure {len(self.figures)}"></div>'
+                )
+        if "image/svg+xml" in data:
             return f'<div class="cell-output figure">{_text(data["image/svg+xml"])}</div>'
-        if 'text/plain' in data:
+        if "text/plain" in data:
             return f'<pre class="cell-output plain"><code>{html.escape(_text(data["text/plain"]))}</code></pre>'
-        return ''
+        return ""
 
     def search_entries(self) -> list[dict]:
         "Quarto's search.json entries: the page's text split at its h2/h3 headings."
         from html.parser import HTMLParser
-        sections, current = [], dict(id='', section='', text=[])
+
+        sections, current = [], dict(id="", section="", text=[])
 
         class Split(HTMLParser):
             def __init__(self):
@@ -444,30 +583,45 @@ class Page:
 
             def handle_starttag(self, tag, attrs):
                 nonlocal current
-                if tag in ('h2', 'h3'):
+                if tag in ("h2", "h3"):
                     sections.append(current)
-                    current = dict(id=dict(attrs).get('id', ''), section='', text=[])
+                    current = dict(id=dict(attrs).get("id", ""), section="", text=[])
                     self.heading = tag
-                if tag in ('style', 'script'): self.skip += 1
+                if tag in ("style", "script"):
+                    self.skip += 1
 
             def handle_endtag(self, tag):
-                if tag == self.heading: self.heading = None
-                if tag in ('style', 'script'): self.skip -= 1
+                if tag == self.heading:
+                    self.heading = None
+                if tag in ("style", "script"):
+                    self.skip -= 1
 
             def handle_data(self, data):
-                if self.skip: return
-                if self.heading: current['section'] += data
-                else: current['text'].append(data)
+                if self.skip:
+                    return
+                if self.heading:
+                    current["section"] += data
+                else:
+                    current["text"].append(data)
 
         Split().feed(self.body)
         sections.append(current)
         out = []
         for s in sections:
-            text = re.sub(r'\s+', ' ', ' '.join(s['text'])).strip()
-            if not text and not s['section']: continue
-            href = f'{self.name}#{s["id"]}' if s['id'] else self.name
-            out.append(dict(objectID=href, href=href, title=self.title, section=s['section'].strip(), text=text[:4000],
-                            crumbs=[self.site.section_of(self)]))
+            text = re.sub(r"\s+", " ", " ".join(s["text"])).strip()
+            if not text and not s["section"]:
+                continue
+            href = f"{self.name}#{s['id']}" if s["id"] else self.name
+            out.append(
+                dict(
+                    objectID=href,
+                    href=href,
+                    title=self.title,
+                    section=s["section"].strip(),
+                    text=text[:4000],
+                    crumbs=[self.site.section_of(self)],
+                )
+            )
         return out
 
 
@@ -480,19 +634,29 @@ class Site:
         self.pages = [Page(p, self) for p in notebooks(proc_dir)]
 
     def section_of(self, page: Page) -> str:
-        if page.kind == 'index': return 'Home'
-        return dict(library='Library', template='Papermill templates', report='Reports')[page.kind]
+        if page.kind == "index":
+            return "Home"
+        return dict(library="Library", template="Papermill templates", report="Reports")[page.kind]
 
     def sidebar(self, current: Page) -> str:
         items = []
-        for title, kinds in (('', ('index',)), ('Library', ('library',)), ('Papermill templates', ('template',)), ('Reports', ('report',))):
+        for title, kinds in (
+            ("", ("index",)),
+            ("Library", ("library",)),
+            ("Papermill templates", ("template",)),
+            ("Reports", ("report",)),
+        ):
             pages = [p for p in self.pages if p.kind in kinds]
-            if not pages: continue
-            links = ''.join(f'<li><a href="{p.name}"{" class=active aria-current=page" if p is current else ""}>'
-                            f'<span class="nb">{html.escape(Path(p.source).stem)}</span> {inline(p.title)}</a></li>' for p in pages)
-            head = f'<div class="sidebar-section">{title}</div>' if title else ''
-            items.append(f'{head}<ul>{links}</ul>')
-        return ''.join(items)
+            if not pages:
+                continue
+            links = "".join(
+                f'<li><a href="{p.name}"{" class=active aria-current=page" if p is current else ""}>'
+                f'<span class="nb">{html.escape(Path(p.source).stem)}</span> {inline(p.title)}</a></li>'
+                for p in pages
+            )
+            head = f'<div class="sidebar-section">{title}</div>' if title else ""
+            items.append(f"{head}<ul>{links}</ul>")
+        return "".join(items)
 
     def resolve_member_links(self) -> None:
         """nbdev links every name of its index: a method or attribute without an entry of its own
@@ -501,47 +665,66 @@ class Site:
 
         def fix(m):
             page, anchor, rest, text = m.groups()
-            while page in ids and anchor not in ids[page] and '.' in anchor: anchor = anchor.rsplit('.', 1)[0]
-            if page in ids and anchor not in ids[page] and anchor.rsplit('.', 1)[-1].startswith('_'): return text
+            while page in ids and anchor not in ids[page] and "." in anchor:
+                anchor = anchor.rsplit(".", 1)[0]
+            if page in ids and anchor not in ids[page] and anchor.rsplit(".", 1)[-1].startswith("_"):
+                return text
             return f'<a href="{page}#{anchor}"{rest}>{text}</a>'
-        for p in self.pages: p.body = re.sub(r'<a href="([\w.-]+\.html)#([^"]+)"([^>]*)>(.*?)</a>', fix, p.body, flags=re.S)
+
+        for p in self.pages:
+            p.body = re.sub(r'<a href="([\w.-]+\.html)#([^"]+)"([^>]*)>(.*?)</a>', fix, p.body, flags=re.S)
 
     def write(self) -> None:
-        if self.out.exists(): shutil.rmtree(self.out)
-        (self.out / 'site_libs').mkdir(parents=True)
+        if self.out.exists():
+            shutil.rmtree(self.out)
+        (self.out / "site_libs").mkdir(parents=True)
         from pygments.formatters import HtmlFormatter
-        css = (ASSETS / 'docs.css').read_text() + '\n' + HtmlFormatter(style='default').get_style_defs('.highlight')
-        (self.out / 'site_libs' / 'docs.css').write_text(css)
-        shutil.copy(ASSETS / 'docs.js', self.out / 'site_libs' / 'docs.js')
-        template = (ASSETS / 'page.html').read_text()
+
+        css = (ASSETS / "docs.css").read_text() + "\n" + HtmlFormatter(style="default").get_style_defs(".highlight")
+        (self.out / "site_libs" / "docs.css").write_text(css)
+        shutil.copy(ASSETS / "docs.js", self.out / "site_libs" / "docs.js")
+        template = (ASSETS / "page.html").read_text()
         self.resolve_member_links()
         entries = []
         for page in self.pages:
-            toc = ''.join(f'<li class="toc-h{lvl}"><a href="#{hid}">{html.escape(text)}</a></li>'
-                          for lvl, hid, text in page.headings if lvl in (2, 3))
-            desc = f'<p class="description">{inline(page.description)}</p>' if page.description else ''
-            source = f'nbs/{page.source}'
-            doc = (template.replace('{{site_title}}', html.escape(self.cfg.title))
-                   .replace('{{title_html}}', inline(page.title))
-                   .replace('{{title}}', html.escape(page.title.replace('`', '')))
-                   .replace('{{description}}', desc)
-                   .replace('{{meta_description}}', html.escape(page.description.replace('`', '')))
-                   .replace('{{sidebar}}', self.sidebar(page))
-                   .replace('{{toc}}', f'<nav class="toc"><h2 class="toc-title">On this page</h2><ul>{toc}</ul></nav>' if toc else '')
-                   .replace('{{source}}', html.escape(source))
-                   .replace('{{source_url}}', html.escape(f'{self.cfg.git_url}/blob/{self.cfg.branch}/{source}'))
-                   .replace('{{kind}}', page.kind)
-                   .replace('{{body}}', page.body))
+            toc = "".join(
+                f'<li class="toc-h{lvl}"><a href="#{hid}">{html.escape(text)}</a></li>'
+                for lvl, hid, text in page.headings
+                if lvl in (2, 3)
+            )
+            desc = f'<p class="description">{inline(page.description)}</p>' if page.description else ""
+            source = f"nbs/{page.source}"
+            doc = (
+                template.replace("{{site_title}}", html.escape(self.cfg.title))
+                .replace("{{title_html}}", inline(page.title))
+                .replace("{{title}}", html.escape(page.title.replace("`", "")))
+                .replace("{{description}}", desc)
+                .replace("{{meta_description}}", html.escape(page.description.replace("`", "")))
+                .replace("{{sidebar}}", self.sidebar(page))
+                .replace(
+                    "{{toc}}",
+                    f'<nav class="toc"><h2 class="toc-title">On this page</h2><ul>{toc}</ul></nav>' if toc else "",
+                )
+                .replace("{{source}}", html.escape(source))
+                .replace("{{source_url}}", html.escape(f"{self.cfg.git_url}/blob/{self.cfg.branch}/{source}"))
+                .replace("{{kind}}", page.kind)
+                .replace("{{body}}", page.body)
+            )
             (self.out / page.name).write_text(doc)
             for name, data in page.figures:
                 (self.out / name).parent.mkdir(parents=True, exist_ok=True)
                 (self.out / name).write_bytes(data)
             entries += page.search_entries()
-        (self.out / 'search.json').write_text(json.dumps(entries, ensure_ascii=False, indent=0))
-        (self.out / '.nojekyll').write_text('')
-        urls = ''.join(f'<url><loc>{html.escape(self.cfg.doc_host + self.cfg.doc_baseurl)}/{p.name}</loc></url>' for p in self.pages)
-        (self.out / 'sitemap.xml').write_text(f'<?xml version="1.0" encoding="UTF-8"?>\n'
-                                              f'<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">{urls}</urlset>\n')
+        (self.out / "search.json").write_text(json.dumps(entries, ensure_ascii=False, indent=0))
+        (self.out / ".nojekyll").write_text("")
+        urls = "".join(
+            f"<url><loc>{html.escape(self.cfg.doc_host + self.cfg.doc_baseurl)}/{p.name}</loc></url>"
+            for p in self.pages
+        )
+        (self.out / "sitemap.xml").write_text(
+            f'<?xml version="1.0" encoding="UTF-8"?>\n'
+            f'<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">{urls}</urlset>\n'
+        )
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -559,13 +742,16 @@ def broken_links(site_dir: Path) -> list[str]:
 
         def handle_starttag(self, tag, attrs):
             a = dict(attrs)
-            if a.get('id'): self.ids.add(a['id'])
-            if tag == 'a' and a.get('name'): self.ids.add(a['name'])
-            for key in ('href', 'src'):
-                if a.get(key) is not None and not (tag == 'a' and key == 'src'): self.links.append(a[key])
+            if a.get("id"):
+                self.ids.add(a["id"])
+            if tag == "a" and a.get("name"):
+                self.ids.add(a["name"])
+            for key in ("href", "src"):
+                if a.get(key) is not None and not (tag == "a" and key == "src"):
+                    self.links.append(a[key])
 
     pages = {}
-    for f in sorted(site_dir.rglob('*.html')):
+    for f in sorted(site_dir.rglob("*.html")):
         c = Collect()
         c.feed(f.read_text())
         pages[f.resolve()] = c
@@ -573,13 +759,14 @@ def broken_links(site_dir: Path) -> list[str]:
     for f, c in pages.items():
         for link in c.links:
             u = urlsplit(link)
-            if u.scheme or u.netloc or link.startswith(('mailto:', 'javascript:', 'data:')): continue
+            if u.scheme or u.netloc or link.startswith(("mailto:", "javascript:", "data:")):
+                continue
             target = (f.parent / unquote(u.path)).resolve() if u.path else f
             rel = f.relative_to(site_dir.resolve())
             if not str(target).startswith(str(site_dir.resolve())) or not target.exists():
-                bad.append(f'{rel}: {link} (no such file)')
-            elif u.fragment and target.suffix == '.html' and unquote(u.fragment) not in pages[target].ids:
-                bad.append(f'{rel}: {link} (no such anchor)')
+                bad.append(f"{rel}: {link} (no such file)")
+            elif u.fragment and target.suffix == ".html" and unquote(u.fragment) not in pages[target].ids:
+                bad.append(f"{rel}: {link} (no such anchor)")
     return bad
 
 
@@ -589,78 +776,124 @@ def broken_links(site_dir: Path) -> list[str]:
 def inputs_digest() -> str:
     "A digest of everything the site is built from: a site whose digest matches is up to date."
     import hashlib
+
     h = hashlib.sha256()
-    files = [ROOT / 'settings.ini', *sorted((ROOT / 'nbs').glob('*.ipynb')), *sorted((ROOT / 'depthbench_nb').rglob('*.py')),
-             *sorted(ASSETS.parent.glob('docs*.py')), *sorted(ASSETS.rglob('*')), *sorted(EXAMPLE_STUDY.rglob('*'))]
+    files = [
+        ROOT / "settings.ini",
+        *sorted((ROOT / "nbs").glob("*.ipynb")),
+        *sorted((ROOT / "depthbench_nb").rglob("*.py")),
+        *sorted(ASSETS.parent.glob("docs*.py")),
+        *sorted(ASSETS.rglob("*")),
+        *sorted(EXAMPLE_STUDY.rglob("*")),
+    ]
     for f in files:
-        if f.is_file() and '__pycache__' not in f.parts:
-            h.update(str(f.relative_to(ROOT)).encode() + b'\0' + f.read_bytes() + b'\0')
+        if f.is_file() and "__pycache__" not in f.parts:
+            h.update(str(f.relative_to(ROOT)).encode() + b"\0" + f.read_bytes() + b"\0")
     return h.hexdigest()
 
 
-EXAMPLE_FILES = ('params.json', 'result.json', 'metrics.jsonl', 'layer_stats.jsonl', 'diagnostics/diagnostics.json',
-                 'diagnostics/summary.json', 'diagnostics/per_layer.csv')
+EXAMPLE_FILES = (
+    "params.json",
+    "result.json",
+    "metrics.jsonl",
+    "layer_stats.jsonl",
+    "diagnostics/diagnostics.json",
+    "diagnostics/summary.json",
+    "diagnostics/per_layer.csv",
+)
 
 
 def record_example(study_dir: Path) -> None:
     "Replace docs/example_study/ by the records of a finished demo study (what the reports read, with the extra runs of its plan; no checkpoints)."
     study_dir = Path(study_dir)
-    runs = sorted(d for d in study_dir.iterdir() if (d / 'result.json').is_file())
-    if not runs: raise SystemExit(f'[docs] no run records in {study_dir}')
-    bad = [d.name for d in runs if json.loads((d / 'result.json').read_text()).get('status') != 'completed']
-    if bad: raise SystemExit(f'[docs] runs not completed in {study_dir}: {bad}')
-    readme = (EXAMPLE_STUDY / 'README.md').read_text() if (EXAMPLE_STUDY / 'README.md').exists() else None
-    if EXAMPLE_STUDY.exists(): shutil.rmtree(EXAMPLE_STUDY)
+    runs = sorted(d for d in study_dir.iterdir() if (d / "result.json").is_file())
+    if not runs:
+        raise SystemExit(f"[docs] no run records in {study_dir}")
+    bad = [d.name for d in runs if json.loads((d / "result.json").read_text()).get("status") != "completed"]
+    if bad:
+        raise SystemExit(f"[docs] runs not completed in {study_dir}: {bad}")
+    readme = (EXAMPLE_STUDY / "README.md").read_text() if (EXAMPLE_STUDY / "README.md").exists() else None
+    if EXAMPLE_STUDY.exists():
+        shutil.rmtree(EXAMPLE_STUDY)
     for d in runs:
         for name in EXAMPLE_FILES:
             if (d / name).is_file():
                 (EXAMPLE_STUDY / study_dir.name / d.name / name).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(d / name, EXAMPLE_STUDY / study_dir.name / d.name / name)
-    extras = study_dir / '.sweep' / 'extra_entries.json'      # the demo's extra runs belong to the study's plan:
-    if extras.is_file():                                        # without them the reports leave those runs out as stale
-        (EXAMPLE_STUDY / study_dir.name / '.sweep').mkdir(parents=True, exist_ok=True)
-        shutil.copy2(extras, EXAMPLE_STUDY / study_dir.name / '.sweep' / 'extra_entries.json')
-    if readme: (EXAMPLE_STUDY / 'README.md').write_text(readme)
-    size = sum(f.stat().st_size for f in EXAMPLE_STUDY.rglob('*') if f.is_file())
-    print(f'[docs] {len(runs)} run records of {study_dir} -> {EXAMPLE_STUDY.relative_to(ROOT)} ({size / 1e6:.1f} MB)')
+    extras = study_dir / ".sweep" / "extra_entries.json"  # the demo's extra runs belong to the study's plan:
+    if extras.is_file():  # without them the reports leave those runs out as stale
+        (EXAMPLE_STUDY / study_dir.name / ".sweep").mkdir(parents=True, exist_ok=True)
+        shutil.copy2(extras, EXAMPLE_STUDY / study_dir.name / ".sweep" / "extra_entries.json")
+    if readme:
+        (EXAMPLE_STUDY / "README.md").write_text(readme)
+    size = sum(f.stat().st_size for f in EXAMPLE_STUDY.rglob("*") if f.is_file())
+    print(f"[docs] {len(runs)} run records of {study_dir} -> {EXAMPLE_STUDY.relative_to(ROOT)} ({size / 1e6:.1f} MB)")
 
 
 def prepare_example_runs() -> Path:
     "A fresh copy of the shipped example study's run records, for the report pages to read and write beside."
-    runs = BUILD / 'runs'
-    if runs.exists(): shutil.rmtree(runs)
-    if not EXAMPLE_STUDY.exists(): raise SystemExit(f'[docs] the example study is missing: {EXAMPLE_STUDY}')
-    shutil.copytree(EXAMPLE_STUDY, runs, ignore=shutil.ignore_patterns('README.md'))
+    runs = BUILD / "runs"
+    if runs.exists():
+        shutil.rmtree(runs)
+    if not EXAMPLE_STUDY.exists():
+        raise SystemExit(f"[docs] the example study is missing: {EXAMPLE_STUDY}")
+    shutil.copytree(EXAMPLE_STUDY, runs, ignore=shutil.ignore_patterns("README.md"))
     return runs
 
 
 def run_one(nb_path: Path, proc: Path, runs: Path, budget: float) -> dict:
     "Process one notebook in a fresh interpreter (a notebook may start processes of its own); its result as a dict."
-    result = proc / f'.{nb_path.stem}.result.json'
-    cmd = [sys.executable, __file__, '--one', str(nb_path), '--proc', str(proc), '--runs', str(runs), '--budget', str(budget)]
+    result = proc / f".{nb_path.stem}.result.json"
+    cmd = [
+        sys.executable,
+        __file__,
+        "--one",
+        str(nb_path),
+        "--proc",
+        str(proc),
+        "--runs",
+        str(runs),
+        "--budget",
+        str(budget),
+    ]
     start = time.time()
     try:
         done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=budget + 120)
     except subprocess.TimeoutExpired:
-        return dict(notebook=nb_path.name, error=f'still running after {budget + 120:.0f} s', seconds=time.time() - start)
+        return dict(
+            notebook=nb_path.name, error=f"still running after {budget + 120:.0f} s", seconds=time.time() - start
+        )
     if result.exists():
         out = json.loads(result.read_text())
         result.unlink()
         return out
-    return dict(notebook=nb_path.name, error=f'exit {done.returncode}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}',
-                seconds=time.time() - start)
+    return dict(
+        notebook=nb_path.name,
+        error=f"exit {done.returncode}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}",
+        seconds=time.time() - start,
+    )
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
-    ap.add_argument('--workers', type=int, default=min(2, os.cpu_count() or 1), help='notebooks processed at once')
-    ap.add_argument('--budget', type=float, default=300.0, help='seconds a notebook may take to run (the build fails past it)')
-    ap.add_argument('--only', default='', help='a regular expression: process only the notebooks it matches (the site then has only those)')
-    ap.add_argument('--record-example', metavar='STUDY_DIR', help='replace docs/example_study/ by the records of a finished '
-                    'demo study (e.g. papermill_runs/demo after `depthbench-nb demo`), then exit')
-    ap.add_argument('--one', help=argparse.SUPPRESS)                       # internal: process one notebook, then exit
-    ap.add_argument('--proc', help=argparse.SUPPRESS)
-    ap.add_argument('--runs', help=argparse.SUPPRESS)
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1), help="notebooks processed at once")
+    ap.add_argument(
+        "--budget", type=float, default=300.0, help="seconds a notebook may take to run (the build fails past it)"
+    )
+    ap.add_argument(
+        "--only",
+        default="",
+        help="a regular expression: process only the notebooks it matches (the site then has only those)",
+    )
+    ap.add_argument(
+        "--record-example",
+        metavar="STUDY_DIR",
+        help="replace docs/example_study/ by the records of a finished "
+        "demo study (e.g. papermill_runs/demo after `depthbench-nb demo`), then exit",
+    )
+    ap.add_argument("--one", help=argparse.SUPPRESS)  # internal: process one notebook, then exit
+    ap.add_argument("--proc", help=argparse.SUPPRESS)
+    ap.add_argument("--runs", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     os.chdir(ROOT)
     if args.record_example:
@@ -668,52 +901,72 @@ def main(argv=None) -> int:
         return 0
     if args.one:
         r = process_notebook(Path(args.one), Path(args.proc), Path(args.runs), args.budget)
-        (Path(args.proc) / f'.{Path(args.one).stem}.result.json').write_text(json.dumps(r))
+        (Path(args.proc) / f".{Path(args.one).stem}.result.json").write_text(json.dumps(r))
         return 0
     from nbdev.config import get_config
+
     cfg = get_config()
     nbs, out = cfg.nbs_path, cfg.doc_path
-    proc = ROOT / '_proc'
+    proc = ROOT / "_proc"
     start, digest = time.time(), inputs_digest()
     import nbdev.doclinks
-    nbdev.doclinks._build_modidx()                      # the doc links (as nbdev_docs does first)
+
+    nbdev.doclinks._build_modidx()  # the doc links (as nbdev_docs does first)
     runs = prepare_example_runs()
     todo = [p for p in notebooks(nbs) if re.search(args.only, p.name)]
-    if proc.exists(): shutil.rmtree(proc)
+    if proc.exists():
+        shutil.rmtree(proc)
     proc.mkdir(parents=True)
     # the longest first (the reports, then the biggest notebooks), each in a fresh interpreter
-    todo.sort(key=lambda p: (kind_of(p) != 'report', -p.stat().st_size))
-    print(f'[docs] processing {len(todo)} notebooks with nbdev ({args.workers} at once, every cell run but the '
-          f'{cfg.get("tst_flags", "")} ones; budget {args.budget:.0f} s a notebook)', flush=True)
+    todo.sort(key=lambda p: (kind_of(p) != "report", -p.stat().st_size))
+    print(
+        f"[docs] processing {len(todo)} notebooks with nbdev ({args.workers} at once, every cell run but the "
+        f"{cfg.get('tst_flags', '')} ones; budget {args.budget:.0f} s a notebook)",
+        flush=True,
+    )
     results = []
     with ThreadPoolExecutor(args.workers) as pool:
         for r in pool.map(lambda p: run_one(p, proc, runs, args.budget), todo):
             results.append(r)
-            state = 'FAILED' if 'error' in r else f'{r["cells_run"]} cells run, {r["not_run"]} not run'
-            print(f'[docs] {r["notebook"]:32s} {r["seconds"]:6.1f} s  {state}', flush=True)
-    failed = [r for r in results if 'error' in r]
-    for r in failed: print(f'\n[docs] {r["notebook"]} failed:\n{r["error"]}', file=sys.stderr)
-    over = [r for r in results if 'error' not in r and r['seconds'] > args.budget]
+            state = "FAILED" if "error" in r else f"{r['cells_run']} cells run, {r['not_run']} not run"
+            print(f"[docs] {r['notebook']:32s} {r['seconds']:6.1f} s  {state}", flush=True)
+    failed = [r for r in results if "error" in r]
+    for r in failed:
+        print(f"\n[docs] {r['notebook']} failed:\n{r['error']}", file=sys.stderr)
+    over = [r for r in results if "error" not in r and r["seconds"] > args.budget]
     for r in over:
-        print(f'[docs] {r["notebook"]} took {r["seconds"]:.0f} s, over the {args.budget:.0f} s budget; slowest cells '
-              f'(seconds, index): {r["slowest"]}', file=sys.stderr)
-    if failed or over: return 1
+        print(
+            f"[docs] {r['notebook']} took {r['seconds']:.0f} s, over the {args.budget:.0f} s budget; slowest cells "
+            f"(seconds, index): {r['slowest']}",
+            file=sys.stderr,
+        )
+    if failed or over:
+        return 1
     processed = time.time() - start
     site = Site(proc, out, cfg)
     site.write()
     bad = broken_links(out)
-    for b in bad: print(f'[docs] broken link: {b}', file=sys.stderr)
-    if bad: return 1
+    for b in bad:
+        print(f"[docs] broken link: {b}", file=sys.stderr)
+    if bad:
+        return 1
     n_fig = sum(len(p.figures) for p in site.pages)
-    if not args.only:                                    # a complete site: the tests reuse it while its inputs are unchanged
-        stamp = dict(inputs=digest, seconds=round(time.time() - start, 1), notebooks_seconds=round(processed, 1),
-                     timings={r['notebook']: round(r['seconds'], 1) for r in results})
-        (out / '.build.json').write_text(json.dumps(stamp, indent=1) + '\n')
-    print(f'[docs] {len(site.pages)} pages, {n_fig} figures, search.json with '
-          f'{len(json.loads((out / "search.json").read_text()))} entries, no broken internal link -> {out.relative_to(ROOT)}/ '
-          f'(notebooks {processed:.0f} s, total {time.time() - start:.0f} s)', flush=True)
+    if not args.only:  # a complete site: the tests reuse it while its inputs are unchanged
+        stamp = dict(
+            inputs=digest,
+            seconds=round(time.time() - start, 1),
+            notebooks_seconds=round(processed, 1),
+            timings={r["notebook"]: round(r["seconds"], 1) for r in results},
+        )
+        (out / ".build.json").write_text(json.dumps(stamp, indent=1) + "\n")
+    print(
+        f"[docs] {len(site.pages)} pages, {n_fig} figures, search.json with "
+        f"{len(json.loads((out / 'search.json').read_text()))} entries, no broken internal link -> {out.relative_to(ROOT)}/ "
+        f"(notebooks {processed:.0f} s, total {time.time() - start:.0f} s)",
+        flush=True,
+    )
     return 0
 
 
-if __name__ == '__main__':
+if __name__ == "__main__":
     sys.exit(main())

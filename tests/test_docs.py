@@ -9,6 +9,7 @@ Screenshots are kept in .cache/test-artifacts/.
 
 The site is built once (scripts/docs.sh, which the test command runs before pytest) and reused while nothing it is built
 from has changed; otherwise the first test that needs it builds it."""
+
 import fcntl
 import functools
 import http.server
@@ -28,26 +29,27 @@ from urllib.parse import unquote, urlsplit
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-SITE = ROOT / '_docs'
-NBS = ROOT / 'nbs'
-sys.path.insert(0, str(ROOT / 'scripts'))
-sys.path.insert(0, str(ROOT / 'tests'))
+SITE = ROOT / "_docs"
+NBS = ROOT / "nbs"
+sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "tests"))
 import docs  # noqa: E402  (scripts/docs.py: the builder)
 from test_jupyterlab import ARTIFACTS, _browser_or_skip, _chromium  # noqa: E402
 
 
 def page_of(nb: Path) -> str:
     "The page nbdev names after a notebook: the number prefix dropped (nbs/05a_checks.ipynb -> checks.html)."
-    return re.sub(r'^\d+[a-zA-Z0-9]*_', '', nb.stem.lower()) + '.html'
+    return re.sub(r"^\d+[a-zA-Z0-9]*_", "", nb.stem.lower()) + ".html"
 
 
 def module_pages() -> dict[str, str]:
     "Exported module -> its page, from each notebook's default_exp."
     out = {}
-    for nb in sorted(NBS.glob('*.ipynb')):
-        for cell in json.loads(nb.read_text())['cells']:
-            m = re.search(r'^#\|\s*default_exp\s+(\S+)', ''.join(cell['source']), re.M)
-            if cell['cell_type'] == 'code' and m: out[m.group(1)] = page_of(nb)
+    for nb in sorted(NBS.glob("*.ipynb")):
+        for cell in json.loads(nb.read_text())["cells"]:
+            m = re.search(r"^#\|\s*default_exp\s+(\S+)", "".join(cell["source"]), re.M)
+            if cell["cell_type"] == "code" and m:
+                out[m.group(1)] = page_of(nb)
     return out
 
 
@@ -55,91 +57,106 @@ def module_pages() -> dict[str, str]:
 # The index page and README agree (README is written by hand; nbs/index.ipynb is the site's front page)
 # ------------------------------------------------------------------------------------------------------------------
 def _readme_section(text: str, title: str) -> str:
-    m = re.search(rf'^## {re.escape(title)}\n(.*?)(?=^## |\Z)', text, re.S | re.M)
+    m = re.search(rf"^## {re.escape(title)}\n(.*?)(?=^## |\Z)", text, re.S | re.M)
     assert m, f'README.md has no section "## {title}"'
     return m.group(1)
 
 
 def _plain(md: str) -> str:
     "Markdown without links' targets and code backticks, whitespace collapsed: what a reader reads."
-    md = re.sub(r'\[([^\]]*)\]\([^)]*\)', r'\1', md)
-    return re.sub(r'\s+', ' ', md.replace('`', '')).strip()
+    md = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", md)
+    return re.sub(r"\s+", " ", md.replace("`", "")).strip()
 
 
 def _table(md: str) -> list[list[str]]:
-    return [[_plain(c) for c in line.strip().strip('|').split(' | ')] for line in md.splitlines()
-            if line.startswith('|') and not re.match(r'^\|[-| ]+\|$', line.strip())]
+    return [
+        [_plain(c) for c in line.strip().strip("|").split(" | ")]
+        for line in md.splitlines()
+        if line.startswith("|") and not re.match(r"^\|[-| ]+\|$", line.strip())
+    ]
 
 
-def _code_blocks(md: str) -> list[str]: return [b.strip() for b in re.findall(r'```\w*\n(.*?)```', md, re.S)]
+def _code_blocks(md: str) -> list[str]:
+    return [b.strip() for b in re.findall(r"```\w*\n(.*?)```", md, re.S)]
 
 
 def index_markdown() -> str:
-    nb = json.loads((NBS / 'index.ipynb').read_text())
-    assert all(c['cell_type'] == 'markdown' for c in nb['cells']), 'nbs/index.ipynb is prose: markdown cells only'
-    return '\n\n'.join(''.join(c['source']) for c in nb['cells'])
+    nb = json.loads((NBS / "index.ipynb").read_text())
+    assert all(c["cell_type"] == "markdown" for c in nb["cells"]), "nbs/index.ipynb is prose: markdown cells only"
+    return "\n\n".join("".join(c["source"]) for c in nb["cells"])
 
 
 def test_index_agrees_with_readme():
-    readme, index = (ROOT / 'README.md').read_text(), index_markdown()
+    readme, index = (ROOT / "README.md").read_text(), index_markdown()
     # what the project is: README's opening paragraphs, word for word
-    intro = readme.split('\n## ')[0].split('\n', 1)[1]
-    assert _plain(intro) in _plain(index), 'the opening of nbs/index.ipynb differs from README.md\'s: copy it over'
+    intro = readme.split("\n## ")[0].split("\n", 1)[1]
+    assert _plain(intro) in _plain(index), "the opening of nbs/index.ipynb differs from README.md's: copy it over"
     # the two commands, as README gives them
-    commands = _code_blocks(_readme_section(readme, 'The two commands'))
-    assert commands == ['bash scripts/setup.sh && .venv/bin/depthbench-nb demo', 'bash scripts/test.sh'], commands
-    assert all(c in _code_blocks(index) for c in commands), 'nbs/index.ipynb lacks one of README\'s two commands'
+    commands = _code_blocks(_readme_section(readme, "The two commands"))
+    assert commands == ["bash scripts/setup.sh && .venv/bin/depthbench-nb demo", "bash scripts/test.sh"], commands
+    assert all(c in _code_blocks(index) for c in commands), "nbs/index.ipynb lacks one of README's two commands"
     # the two papers, by arXiv id and official code
-    for ref in ('arXiv 2609.32534', 'keyu-wang-2002/DepthBench', 'arXiv 2604.21106', 'kschwethelm/looped-lm-scaling'):
+    for ref in ("arXiv 2609.32534", "keyu-wang-2002/DepthBench", "arXiv 2604.21106", "kschwethelm/looped-lm-scaling"):
         assert ref in index, ref
     # the map of the notebooks: README's table, row for row, and it names every notebook there is
-    tour = _table(_readme_section(readme, 'A tour of the notebooks'))
-    mine = _table(index.split('## A map of the notebooks')[1])
-    assert mine == tour, 'the notebook map of nbs/index.ipynb differs from README\'s "A tour of the notebooks": ' + \
-        str([r for r in tour if r not in mine] + [r for r in mine if r not in tour])
-    named = {n.strip() for row in tour[1:] for n in row[0].split(',')}
-    assert named == {p.stem for p in NBS.glob('*.ipynb')} - {'index'}, named ^ ({p.stem for p in NBS.glob('*.ipynb')} - {'index'})
+    tour = _table(_readme_section(readme, "A tour of the notebooks"))
+    mine = _table(index.split("## A map of the notebooks")[1])
+    assert mine == tour, 'the notebook map of nbs/index.ipynb differs from README\'s "A tour of the notebooks": ' + str(
+        [r for r in tour if r not in mine] + [r for r in mine if r not in tour]
+    )
+    named = {n.strip() for row in tour[1:] for n in row[0].split(",")}
+    assert named == {p.stem for p in NBS.glob("*.ipynb")} - {"index"}, named ^ (
+        {p.stem for p in NBS.glob("*.ipynb")} - {"index"}
+    )
     # how to build and look at the site, in both
     for doc in (readme, index):
-        assert 'bash scripts/docs.sh' in doc and 'python -m http.server -d _docs' in doc
+        assert "bash scripts/docs.sh" in doc and "python -m http.server -d _docs" in doc
 
 
 def test_exported_functions_and_classes_have_docstrings():
     "show_doc shows a docstring under every signature: none may be missing (a dataclass's generated one does not count)."
     import inspect
+
     missing = []
     for mod_name in module_pages():
-        mod = importlib.import_module(f'depthbench_nb.{mod_name}')
+        mod = importlib.import_module(f"depthbench_nb.{mod_name}")
         for name in mod.__all__:
             obj = getattr(mod, name)
-            if not (inspect.isfunction(obj) or inspect.isclass(obj)): continue
-            doc = obj.__dict__.get('__doc__') if inspect.isclass(obj) else obj.__doc__
-            if not (doc or '').strip() or (inspect.isclass(obj) and doc.startswith(f'{name}(')): missing.append(f'{mod_name}.{name}')
-    assert not missing, f'{len(missing)} exported functions/classes without a docstring: {missing}'
+            if not (inspect.isfunction(obj) or inspect.isclass(obj)):
+                continue
+            doc = obj.__dict__.get("__doc__") if inspect.isclass(obj) else obj.__doc__
+            if not (doc or "").strip() or (inspect.isclass(obj) and doc.startswith(f"{name}(")):
+                missing.append(f"{mod_name}.{name}")
+    assert not missing, f"{len(missing)} exported functions/classes without a docstring: {missing}"
 
 
 # ------------------------------------------------------------------------------------------------------------------
 # The built site
 # ------------------------------------------------------------------------------------------------------------------
-@pytest.fixture(scope='session')
+@pytest.fixture(scope="session")
 def site():
     "The built site: reused while its inputs are unchanged, else built here (one build, whatever the number of workers)."
+
     def fresh():
-        stamp = SITE / '.build.json'
-        return stamp.exists() and json.loads(stamp.read_text()).get('inputs') == docs.inputs_digest()
+        stamp = SITE / ".build.json"
+        return stamp.exists() and json.loads(stamp.read_text()).get("inputs") == docs.inputs_digest()
+
     if not fresh():
-        (ROOT / '.cache').mkdir(exist_ok=True)
-        with open(ROOT / '.cache' / 'docs-build.lock', 'w') as lock:
+        (ROOT / ".cache").mkdir(exist_ok=True)
+        with open(ROOT / ".cache" / "docs-build.lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             if not fresh():
-                done = subprocess.run(['bash', str(ROOT / 'scripts' / 'docs.sh')], cwd=ROOT, capture_output=True, text=True)
-                assert done.returncode == 0, f'scripts/docs.sh failed:\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}'
+                done = subprocess.run(
+                    ["bash", str(ROOT / "scripts" / "docs.sh")], cwd=ROOT, capture_output=True, text=True
+                )
+                assert done.returncode == 0, f"scripts/docs.sh failed:\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
     assert fresh()
     return SITE
 
 
 class Page(HTMLParser):
     "The ids, links, images and text of one HTML page (an independent reading of what scripts/docs.py wrote)."
+
     def __init__(self, path: Path):
         super().__init__(convert_charrefs=True)
         self.ids, self.links, self.imgs, self.classes, self.text = set(), [], [], [], []
@@ -147,51 +164,62 @@ class Page(HTMLParser):
 
     def handle_starttag(self, tag, attrs):
         a = dict(attrs)
-        if 'id' in a: self.ids.add(a['id'])
-        if tag == 'a' and 'href' in a: self.links.append(a['href'])
-        if tag in ('img', 'script', 'link') and (a.get('src') or a.get('href')): self.links.append(a.get('src') or a.get('href'))
-        if tag == 'img': self.imgs.append(a.get('src'))
-        self.classes.append(a.get('class') or '')
+        if "id" in a:
+            self.ids.add(a["id"])
+        if tag == "a" and "href" in a:
+            self.links.append(a["href"])
+        if tag in ("img", "script", "link") and (a.get("src") or a.get("href")):
+            self.links.append(a.get("src") or a.get("href"))
+        if tag == "img":
+            self.imgs.append(a.get("src"))
+        self.classes.append(a.get("class") or "")
 
-    def handle_data(self, data): self.text.append(data)
+    def handle_data(self, data):
+        self.text.append(data)
 
 
 def internal_link_problems(site: Path) -> list[str]:
-    pages = {p.resolve(): Page(p) for p in site.rglob('*.html')}
+    pages = {p.resolve(): Page(p) for p in site.rglob("*.html")}
     bad = []
     for path, page in pages.items():
         for link in page.links:
             u = urlsplit(link)
-            if u.scheme or u.netloc or link.startswith(('mailto:', 'data:', 'javascript:')): continue
+            if u.scheme or u.netloc or link.startswith(("mailto:", "data:", "javascript:")):
+                continue
             target = (path.parent / unquote(u.path)).resolve() if u.path else path
             if not target.is_file() or site.resolve() not in target.parents:
-                bad.append(f'{path.name} -> {link}: no such file')
-            elif u.fragment and target.suffix == '.html' and unquote(u.fragment) not in pages[target].ids:
-                bad.append(f'{path.name} -> {link}: no such anchor')
+                bad.append(f"{path.name} -> {link}: no such file")
+            elif u.fragment and target.suffix == ".html" and unquote(u.fragment) not in pages[target].ids:
+                bad.append(f"{path.name} -> {link}: no such anchor")
     return bad
 
 
 def test_link_checker_finds_a_broken_link(tmp_path):
-    (tmp_path / 'a.html').write_text('<a href="b.html#here">ok</a><a href="b.html#gone">x</a><a href="c.html">y</a>'
-                                     '<img src="a_files/f.png"><a href="https://example.org/x">out</a>')
-    (tmp_path / 'b.html').write_text('<h2 id="here">Here</h2>')
-    assert internal_link_problems(tmp_path) == ['a.html -> b.html#gone: no such anchor', 'a.html -> c.html: no such file',
-                                                'a.html -> a_files/f.png: no such file']
+    (tmp_path / "a.html").write_text(
+        '<a href="b.html#here">ok</a><a href="b.html#gone">x</a><a href="c.html">y</a>'
+        '<img src="a_files/f.png"><a href="https://example.org/x">out</a>'
+    )
+    (tmp_path / "b.html").write_text('<h2 id="here">Here</h2>')
+    assert internal_link_problems(tmp_path) == [
+        "a.html -> b.html#gone: no such anchor",
+        "a.html -> c.html: no such file",
+        "a.html -> a_files/f.png: no such file",
+    ]
 
 
 def test_no_broken_internal_link(site):
     bad = internal_link_problems(site)
-    assert not bad, f'{len(bad)} broken internal links:\n' + '\n'.join(bad[:50])
+    assert not bad, f"{len(bad)} broken internal links:\n" + "\n".join(bad[:50])
 
 
 def test_every_notebook_is_a_page_and_searchable(site):
-    notebooks = sorted(NBS.glob('*.ipynb'))
-    assert (site / 'index.html').is_file()
+    notebooks = sorted(NBS.glob("*.ipynb"))
+    assert (site / "index.html").is_file()
     missing = [nb.name for nb in notebooks if not (site / page_of(nb)).is_file()]
     assert not missing, missing
-    entries = json.loads((site / 'search.json').read_text())
-    assert {'objectID', 'href', 'title', 'section', 'text'} <= set(entries[0])
-    searched = {e['href'].split('#')[0] for e in entries}
+    entries = json.loads((site / "search.json").read_text())
+    assert {"objectID", "href", "title", "section", "text"} <= set(entries[0])
+    searched = {e["href"].split("#")[0] for e in entries}
     assert searched >= {page_of(nb) for nb in notebooks}, {page_of(nb) for nb in notebooks} - searched
 
 
@@ -200,28 +228,29 @@ def test_every_exported_name_has_a_doc_entry(site):
     missing = []
     for mod_name, page in module_pages().items():
         ids = Page(site / page).ids
-        mod = importlib.import_module(f'depthbench_nb.{mod_name}')
-        missing += [f'{mod_name}.{n} ({page})' for n in mod.__all__ if n.lower() not in ids]
-    assert not missing, f'{len(missing)} exported names without a doc entry: {missing}'
+        mod = importlib.import_module(f"depthbench_nb.{mod_name}")
+        missing += [f"{mod_name}.{n} ({page})" for n in mod.__all__ if n.lower() not in ids]
+    assert not missing, f"{len(missing)} exported names without a doc entry: {missing}"
 
 
 def test_library_pages_show_executed_examples(site):
     "Each library page shows its examples run: outputs of code cells, not only show_doc entries."
-    build = json.loads((site / '.build.json').read_text())
+    build = json.loads((site / ".build.json").read_text())
     empty = []
-    for nb in sorted(NBS.glob('0*.ipynb')):
+    for nb in sorted(NBS.glob("0*.ipynb")):
         page = Page(site / page_of(nb))
-        if not any(c.startswith('cell-output') for c in page.classes): empty.append(nb.name)
-        assert nb.name in build['timings'], nb.name
-    assert not empty, f'library pages without any executed output: {empty}'
+        if not any(c.startswith("cell-output") for c in page.classes):
+            empty.append(nb.name)
+        assert nb.name in build["timings"], nb.name
+    assert not empty, f"library pages without any executed output: {empty}"
 
 
 def test_report_pages_show_figures_labelled_with_their_scale(site):
     """The report pages show the reports' own figures, each under its caption: the figures the report wrote (whose title
     carries the study's scale label, Report.figure), on the demo's records, whose scale label the page prints first."""
-    report_dir = docs.BUILD / 'runs' / 'demo' / 'report'
-    written = {f.read_bytes(): f.name for f in report_dir.glob('*.png')}
-    for page in ('depthbench_report.html', 'looped_report.html'):
+    report_dir = docs.BUILD / "runs" / "demo" / "report"
+    written = {f.read_bytes(): f.name for f in report_dir.glob("*.png")}
+    for page in ("depthbench_report.html", "looped_report.html"):
         html = (site / page).read_text()
         figures = re.findall(r'<div class="cell-output figure"><img src="([^"]+)"', html)
         assert len(figures) >= 5, (page, len(figures))
@@ -229,32 +258,35 @@ def test_report_pages_show_figures_labelled_with_their_scale(site):
         shown = [written.get((site / src).read_bytes()) for src in figures]
         assert None not in shown and len(set(shown)) == len(shown), (page, shown)
         # each comes under its caption (a bold line), as show_artifact displays it
-        captions = re.findall(r'<div class="cell-output markdown"><p>(.+?)</p>\s*</div>\s*<div class="cell-output figure">', html)
+        captions = re.findall(
+            r'<div class="cell-output markdown"><p>(.+?)</p>\s*</div>\s*<div class="cell-output figure">', html
+        )
         assert len(captions) == len(figures), (page, len(captions), len(figures))
         # the page says whose records these are and at which scale: the demo's tiny runs, not comparable with the paper
-        text = re.sub(r'\s+', ' ', re.sub(r'<[^>]+>', ' ', html))
+        text = re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", html))
         assert "the CPU demo's run records" in text
-        assert re.search(r'NOT comparable', text) and 'tiny' in text, page
+        assert re.search(r"NOT comparable", text) and "tiny" in text, page
 
 
 # ------------------------------------------------------------------------------------------------------------------
 # In headless Chromium
 # ------------------------------------------------------------------------------------------------------------------
-@pytest.fixture(scope='module')
+@pytest.fixture(scope="module")
 def browser(site, tmp_path_factory):
     "The site served over HTTP on loopback (the search fetches search.json) and a headless Chromium reading it."
     _browser_or_skip()
-    os.environ['SE_OFFLINE'] = 'true'          # Selenium must not look for drivers on the network: both are given
+    os.environ["SE_OFFLINE"] = "true"  # Selenium must not look for drivers on the network: both are given
 
     class Quiet(http.server.SimpleHTTPRequestHandler):
-        def log_message(self, *args): pass
+        def log_message(self, *args):
+            pass
 
-    server = socketserver.ThreadingTCPServer(('127.0.0.1', 0), functools.partial(Quiet, directory=str(site)))
+    server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(site)))
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    driver = _chromium(tmp_path_factory.mktemp('chromium-profile'))
+    driver = _chromium(tmp_path_factory.mktemp("chromium-profile"))
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     try:
-        yield driver, f'http://127.0.0.1:{server.server_address[1]}'
+        yield driver, f"http://127.0.0.1:{server.server_address[1]}"
     finally:
         driver.quit()
         server.shutdown()
@@ -265,73 +297,94 @@ def _wait(driver, what: str, cond, timeout: float = 30):
     end = time.time() + timeout
     while time.time() < end:
         try:
-            if (v := cond()): return v
-        except Exception: pass
+            if v := cond():
+                return v
+        except Exception:
+            pass
         time.sleep(0.2)
-    driver.save_screenshot(str(ARTIFACTS / 'docs_failed.png'))
-    raise AssertionError(f'timed out waiting for {what} (screenshot: docs_failed.png)')
+    driver.save_screenshot(str(ARTIFACTS / "docs_failed.png"))
+    raise AssertionError(f"timed out waiting for {what} (screenshot: docs_failed.png)")
 
 
 def test_browser_index_renders(browser):
     from selenium.webdriver.common.by import By
+
     driver, url = browser
-    driver.get(f'{url}/index.html')
-    title = _wait(driver, 'the title', lambda: driver.find_element(By.CSS_SELECTOR, 'h1.title'))
-    assert title.text == 'depthbench-nb' and title.is_displayed()
-    sidebar = driver.find_elements(By.CSS_SELECTOR, 'nav.sidebar a')
-    assert [a.get_attribute('href').rsplit('/', 1)[1] for a in sidebar] == \
-        [page_of(nb) for nb in docs.notebooks(NBS)]            # every notebook, in the notebooks' order
+    driver.get(f"{url}/index.html")
+    title = _wait(driver, "the title", lambda: driver.find_element(By.CSS_SELECTOR, "h1.title"))
+    assert title.text == "depthbench-nb" and title.is_displayed()
+    sidebar = driver.find_elements(By.CSS_SELECTOR, "nav.sidebar a")
+    assert [a.get_attribute("href").rsplit("/", 1)[1] for a in sidebar] == [
+        page_of(nb) for nb in docs.notebooks(NBS)
+    ]  # every notebook, in the notebooks' order
     assert all(a.is_displayed() for a in sidebar)
     # the map of the notebooks links every notebook's page, and the styles are in use (the navbar is coloured)
-    links = {a.get_attribute('href').rsplit('/', 1)[1] for a in driver.find_elements(By.CSS_SELECTOR, '#content table a')}
-    assert {page_of(nb) for nb in NBS.glob('*.ipynb') if nb.stem != 'index'} <= links
-    assert driver.find_element(By.CSS_SELECTOR, 'header.navbar').value_of_css_property('background-color') != 'rgba(0, 0, 0, 0)'
-    driver.save_screenshot(str(ARTIFACTS / 'docs_index.png'))
+    links = {
+        a.get_attribute("href").rsplit("/", 1)[1] for a in driver.find_elements(By.CSS_SELECTOR, "#content table a")
+    }
+    assert {page_of(nb) for nb in NBS.glob("*.ipynb") if nb.stem != "index"} <= links
+    assert (
+        driver.find_element(By.CSS_SELECTOR, "header.navbar").value_of_css_property("background-color")
+        != "rgba(0, 0, 0, 0)"
+    )
+    driver.save_screenshot(str(ARTIFACTS / "docs_index.png"))
 
 
 def test_browser_module_page_shows_a_signature(browser):
     from selenium.webdriver.common.by import By
+
     driver, url = browser
-    driver.get(f'{url}/config.html#register_design')
-    heading = _wait(driver, 'the register_design entry', lambda: driver.find_element(By.ID, 'register_design'))
-    assert heading.tag_name == 'h3' and heading.text.strip() == 'register_design' and heading.is_displayed()
+    driver.get(f"{url}/config.html#register_design")
+    heading = _wait(driver, "the register_design entry", lambda: driver.find_element(By.ID, "register_design"))
+    assert heading.tag_name == "h3" and heading.text.strip() == "register_design" and heading.is_displayed()
     entry = heading.find_element(By.XPATH, './ancestor::div[contains(@class, "doc-entry")]')
-    signature = entry.find_element(By.CSS_SELECTOR, 'pre').text
-    assert re.search(r'register_design\(\s*design:\s*Design,\s*overwrite:\s*bool\s*=\s*False\s*\)\s*->\s*Design', signature), signature
-    assert 'Add a design to the registry' in entry.text                     # the docstring under it
-    source = entry.find_element(By.LINK_TEXT, 'source').get_attribute('href')       # the line in the exported module
-    assert re.search(r'/blob/main/depthbench_nb/config\.py#L\d+$', source), source
-    driver.save_screenshot(str(ARTIFACTS / 'docs_config_register_design.png'))
+    signature = entry.find_element(By.CSS_SELECTOR, "pre").text
+    assert re.search(
+        r"register_design\(\s*design:\s*Design,\s*overwrite:\s*bool\s*=\s*False\s*\)\s*->\s*Design", signature
+    ), signature
+    assert "Add a design to the registry" in entry.text  # the docstring under it
+    source = entry.find_element(By.LINK_TEXT, "source").get_attribute("href")  # the line in the exported module
+    assert re.search(r"/blob/main/depthbench_nb/config\.py#L\d+$", source), source
+    driver.save_screenshot(str(ARTIFACTS / "docs_config_register_design.png"))
 
 
 def test_browser_search_finds_register_design(browser):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.common.keys import Keys
+
     driver, url = browser
-    driver.get(f'{url}/index.html')
-    box = _wait(driver, 'the search box', lambda: driver.find_element(By.ID, 'search-input'))
+    driver.get(f"{url}/index.html")
+    box = _wait(driver, "the search box", lambda: driver.find_element(By.ID, "search-input"))
     box.click()
-    box.send_keys('register_design')
+    box.send_keys("register_design")
     # the results are redrawn at each key typed: read them once they answer the whole word (a stale read is retried)
-    first = lambda: driver.find_elements(By.CSS_SELECTOR, '#search-results a.search-result')[0]
-    _wait(driver, 'config.html#register_design as the first result',
-          lambda: first().get_attribute('href').endswith('/config.html#register_design') and 'register_design' in first().text)
-    driver.save_screenshot(str(ARTIFACTS / 'docs_search.png'))
-    box.send_keys(Keys.ENTER)                                               # the first result, as a reader would open it
-    _wait(driver, 'the result page', lambda: driver.current_url.endswith('/config.html#register_design'))
-    assert _wait(driver, 'the entry', lambda: driver.find_element(By.ID, 'register_design')).is_displayed()
+    first = lambda: driver.find_elements(By.CSS_SELECTOR, "#search-results a.search-result")[0]
+    _wait(
+        driver,
+        "config.html#register_design as the first result",
+        lambda: (
+            first().get_attribute("href").endswith("/config.html#register_design") and "register_design" in first().text
+        ),
+    )
+    driver.save_screenshot(str(ARTIFACTS / "docs_search.png"))
+    box.send_keys(Keys.ENTER)  # the first result, as a reader would open it
+    _wait(driver, "the result page", lambda: driver.current_url.endswith("/config.html#register_design"))
+    assert _wait(driver, "the entry", lambda: driver.find_element(By.ID, "register_design")).is_displayed()
 
 
-@pytest.mark.parametrize('page', ['depthbench_report.html', 'looped_report.html'])
+@pytest.mark.parametrize("page", ["depthbench_report.html", "looped_report.html"])
 def test_browser_report_page_shows_its_figures(browser, page):
     from selenium.webdriver.common.by import By
+
     driver, url = browser
-    driver.get(f'{url}/{page}')
-    _wait(driver, 'the figures', lambda: driver.find_elements(By.CSS_SELECTOR, '.cell-output.figure img'))
-    imgs = driver.find_elements(By.CSS_SELECTOR, '.cell-output.figure img')
+    driver.get(f"{url}/{page}")
+    _wait(driver, "the figures", lambda: driver.find_elements(By.CSS_SELECTOR, ".cell-output.figure img"))
+    imgs = driver.find_elements(By.CSS_SELECTOR, ".cell-output.figure img")
     assert len(imgs) >= 5
-    loaded = lambda: all(driver.execute_script('return arguments[0].complete && arguments[0].naturalWidth > 100', i) for i in imgs)
-    _wait(driver, 'every figure to load', loaded)
-    assert all(i.size['width'] > 100 for i in imgs)                          # shown, not collapsed
+    loaded = lambda: all(
+        driver.execute_script("return arguments[0].complete && arguments[0].naturalWidth > 100", i) for i in imgs
+    )
+    _wait(driver, "every figure to load", loaded)
+    assert all(i.size["width"] > 100 for i in imgs)  # shown, not collapsed
     driver.execute_script('arguments[0].scrollIntoView({block: "center"})', imgs[0])
-    driver.save_screenshot(str(ARTIFACTS / f'docs_{page.replace(".html", "")}.png'))
+    driver.save_screenshot(str(ARTIFACTS / f"docs_{page.replace('.html', '')}.png"))

@@ -7,11 +7,12 @@ Two rules, checked on every depthbench_nb/*.py (imports inside functions include
    can never close a cycle, so "needed to break a cycle" is no reason left for a function-level import.
 Script entry points (`if __name__ == '__main__':`) are not imports of the module and are not checked.
 Read from the source with `ast` (nothing is imported), so the test reports every violation at once."""
+
 import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PKG = ROOT / 'depthbench_nb'
+PKG = ROOT / "depthbench_nb"
 
 # The flow, earliest first. A module may import only modules EARLIER in this list (never itself-later ones).
 #   console      a leaf: output helpers (emit, ...) that import nothing from the package
@@ -26,20 +27,66 @@ PKG = ROOT / 'depthbench_nb'
 #   diagnostics -> hf_diagnostics (the same diagnostics on any Transformers model, and the diagnose command)
 #     -> lmeval (scores with the diagnostics' NLL) -> scaling (fits what the diagnostics measure)
 #   slurm -> sweep -> reports -> demo (drives a whole study into both reports) -> cli (dispatches to all)
-FLOW = ['console', 'config', 'data', 'shapes', 'kernels', 'layers', 'model', 'looped', 'runs', 'checks', 'costs', 'optim',
-        'trainer', 'interop', 'hf_config', 'hf', 'hf_export', '_hooks', 'diagnostics', 'hf_diagnostics', 'lmeval', 'scaling',
-        'slurm', 'sweep', 'reports', 'demo', 'cli']
-NOT_IN_FLOW = {'__init__', '_modidx'}   # the package root (version, hook install) and nbdev's index
+FLOW = [
+    "console",
+    "config",
+    "data",
+    "shapes",
+    "kernels",
+    "layers",
+    "model",
+    "looped",
+    "runs",
+    "checks",
+    "costs",
+    "optim",
+    "trainer",
+    "interop",
+    "hf_config",
+    "hf",
+    "hf_export",
+    "_hooks",
+    "diagnostics",
+    "hf_diagnostics",
+    "lmeval",
+    "scaling",
+    "slurm",
+    "sweep",
+    "reports",
+    "demo",
+    "cli",
+]
+NOT_IN_FLOW = {"__init__", "_modidx"}  # the package root (version, hook install) and nbdev's index
 
 # Libraries whose import costs seconds or may be missing: a function-level import of a package module is
 # justified only when that module pulls in one of these that the importing module does not pull in already.
-HEAVY = {'torch', 'triton', 'transformers', 'lm_eval', 'accelerate', 'scipy', 'pandas', 'matplotlib', 'seaborn',
-         'papermill', 'nbformat', 'tokenizers', 'datasets', 'safetensors', 'pyarrow', 'wandb', 'tensorboard',
-         'numpy', 'yaml', 'tqdm', 'jax'}
+HEAVY = {
+    "torch",
+    "triton",
+    "transformers",
+    "lm_eval",
+    "accelerate",
+    "scipy",
+    "pandas",
+    "matplotlib",
+    "seaborn",
+    "papermill",
+    "nbformat",
+    "tokenizers",
+    "datasets",
+    "safetensors",
+    "pyarrow",
+    "wandb",
+    "tensorboard",
+    "numpy",
+    "yaml",
+    "tqdm",
+    "jax",
+}
 
 
 def package_modules() -> dict[str, ast.Module]:
-    return {p.stem: ast.parse(p.read_text(), str(p)) for p in sorted(PKG.glob('*.py'))}
+    return {p.stem: ast.parse(p.read_text(), str(p)) for p in sorted(PKG.glob("*.py"))}
 
 
 def _top_level_nodes(tree):
@@ -47,10 +94,11 @@ def _top_level_nodes(tree):
     todo = list(tree.body)
     while todo:
         node = todo.pop(0)
-        if isinstance(node, (ast.Import, ast.ImportFrom)): yield node
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            yield node
         elif isinstance(node, (ast.If, ast.Try, ast.With)) and not _is_main_guard(node):
-            todo[:0] = [n for part in ('body', 'orelse', 'finalbody') for n in getattr(node, part, [])]
-            todo[:0] = [n for h in getattr(node, 'handlers', []) for n in h.body]
+            todo[:0] = [n for part in ("body", "orelse", "finalbody") for n in getattr(node, part, [])]
+            todo[:0] = [n for h in getattr(node, "handlers", []) for n in h.body]
 
 
 def imported(node, modules) -> tuple[list[str], list[str]]:
@@ -58,16 +106,19 @@ def imported(node, modules) -> tuple[list[str], list[str]]:
     pkg, ext = [], []
     if isinstance(node, ast.Import):
         for a in node.names:
-            parts = a.name.split('.')
-            if parts[0] == 'depthbench_nb':
-                if len(parts) > 1: pkg.append(parts[1])
-            else: ext.append(parts[0])
+            parts = a.name.split(".")
+            if parts[0] == "depthbench_nb":
+                if len(parts) > 1:
+                    pkg.append(parts[1])
+            else:
+                ext.append(parts[0])
         return pkg, ext
-    if node.level == 0 and not (node.module or '').startswith('depthbench_nb'):
-        return pkg, [node.module.split('.')[0]]
-    parts = (node.module or '').split('.')
+    if node.level == 0 and not (node.module or "").startswith("depthbench_nb"):
+        return pkg, [node.module.split(".")[0]]
+    parts = (node.module or "").split(".")
     sub = parts[1] if node.level == 0 and len(parts) > 1 else (parts[0] if node.level and node.module else None)
-    if sub: pkg.append(sub)
+    if sub:
+        pkg.append(sub)
     else:  # `from depthbench_nb import looped` / `from . import runs`: names that are modules; others (__version__) are the root
         pkg += [a.name for a in node.names if a.name in modules]
     return pkg, ext
@@ -75,7 +126,7 @@ def imported(node, modules) -> tuple[list[str], list[str]]:
 
 def _is_main_guard(node) -> bool:
     "`if __name__ == '__main__' ...:` runs the module as a script (e.g. under srun), never when it is imported."
-    return isinstance(node, ast.If) and '__main__' in ast.unparse(node.test)
+    return isinstance(node, ast.If) and "__main__" in ast.unparse(node.test)
 
 
 def _import_nodes(tree):
@@ -83,8 +134,10 @@ def _import_nodes(tree):
     todo = [tree]
     while todo:
         node = todo.pop()
-        if _is_main_guard(node): continue
-        if isinstance(node, (ast.Import, ast.ImportFrom)): yield node
+        if _is_main_guard(node):
+            continue
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            yield node
         todo.extend(ast.iter_child_nodes(node))
 
 
@@ -96,41 +149,52 @@ def import_graph():
         top = set(map(id, _top_level_nodes(tree)))
         edges[name], top_ext[name] = [], set()
         for node in _import_nodes(tree):
-            if not isinstance(node, (ast.Import, ast.ImportFrom)): continue
+            if not isinstance(node, (ast.Import, ast.ImportFrom)):
+                continue
             pkg, ext = imported(node, modules)
             edges[name] += [(node.lineno, m, id(node) in top) for m in pkg]
-            if id(node) in top: top_ext[name] |= set(ext)
+            if id(node) in top:
+                top_ext[name] |= set(ext)
     return modules, edges, top_ext
 
 
 def heavy_at_import(name, edges, top_ext, seen=None) -> set[str]:
     "The heavy libraries that importing `name` loads (its own top-level imports and those of the modules it imports)."
     seen = set() if seen is None else seen
-    if name in seen or name not in top_ext: return set()
+    if name in seen or name not in top_ext:
+        return set()
     seen.add(name)
     out = top_ext[name] & HEAVY
     for _, m, at_top in edges[name]:
-        if at_top: out |= heavy_at_import(m, edges, top_ext, seen)
+        if at_top:
+            out |= heavy_at_import(m, edges, top_ext, seen)
     return out
 
 
 def flow_violations() -> list[str]:
     modules, edges, top_ext = import_graph()
     rank = {m: i for i, m in enumerate(FLOW)}
-    out = [f"depthbench_nb/{m}.py: not placed in FLOW (tests/test_import_flow.py)"
-           for m in modules if m not in rank and m not in NOT_IN_FLOW]
+    out = [
+        f"depthbench_nb/{m}.py: not placed in FLOW (tests/test_import_flow.py)"
+        for m in modules
+        if m not in rank and m not in NOT_IN_FLOW
+    ]
     for name, es in sorted(edges.items()):
-        if name not in rank: continue
+        if name not in rank:
+            continue
         for line, m, at_top in sorted(es):
-            if m not in rank: continue
-            where = 'top' if at_top else 'function'
+            if m not in rank:
+                continue
+            where = "top" if at_top else "function"
             if rank[m] >= rank[name] and m != name:
                 out.append(f"depthbench_nb/{name}.py:{line}: imports {m} ({where}), which comes later in the flow")
             elif not at_top and rank[m] < rank[name]:
                 extra = heavy_at_import(m, edges, top_ext) - heavy_at_import(name, edges, top_ext)
                 if not extra:
-                    out.append(f"depthbench_nb/{name}.py:{line}: imports {m} inside a function; it loads no heavy "
-                               f"library that {name} does not load already, so the import belongs at the top")
+                    out.append(
+                        f"depthbench_nb/{name}.py:{line}: imports {m} inside a function; it loads no heavy "
+                        f"library that {name} does not load already, so the import belongs at the top"
+                    )
     return out
 
 
@@ -140,10 +204,12 @@ def test_the_flow_lists_every_module_once():
 
 
 def test_the_reader_sees_every_kind_of_import():
-    src = ("from .config import A\nfrom depthbench_nb.shapes import B\nimport depthbench_nb.model as m\n"
-           "from depthbench_nb import looped as L, __version__\nfrom . import runs\nimport torch\n"
-           "def f():\n    from depthbench_nb.trainer import x\n")
-    tree, mods = ast.parse(src), {'config', 'shapes', 'model', 'looped', 'runs', 'trainer'}
+    src = (
+        "from .config import A\nfrom depthbench_nb.shapes import B\nimport depthbench_nb.model as m\n"
+        "from depthbench_nb import looped as L, __version__\nfrom . import runs\nimport torch\n"
+        "def f():\n    from depthbench_nb.trainer import x\n"
+    )
+    tree, mods = ast.parse(src), {"config", "shapes", "model", "looped", "runs", "trainer"}
     found = [imported(n, mods) for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))]
     assert sorted(m for pkg, _ in found for m in pkg) == sorted(mods)
     assert sum(1 for n in _top_level_nodes(tree)) == 6
@@ -151,4 +217,4 @@ def test_the_reader_sees_every_kind_of_import():
 
 def test_imports_flow_one_way():
     v = flow_violations()
-    assert not v, f"{len(v)} import(s) against the flow {' -> '.join(FLOW)}:\n" + '\n'.join(v)
+    assert not v, f"{len(v)} import(s) against the flow {' -> '.join(FLOW)}:\n" + "\n".join(v)

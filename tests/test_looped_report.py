@@ -6,6 +6,7 @@ from the per-r laws; scale labels from the runs; the paper's fitting effort by d
 The records are written with `runs.write_params/write_result` at the `looped` preset's exact shapes and budgets (248
 runs of the paper would take GPU-years); their losses come from the paper's law with each variant's phi plus noise.
 """
+
 import json
 
 import numpy as np
@@ -19,274 +20,439 @@ from depthbench_nb.runs import provenance, run_dir, write_params, write_result
 from depthbench_nb.sweep import expand_study, load_study, plan_rows
 from depthbench_nb.trainer import make_run_config
 
-LAW = dict(E=1.56773, A=28.027, B=915.82, alpha=0.19924, beta=0.36863)      # the project page's fit
-PHI = {'baseline': 0.459, 'hc': 0.646, 'tbptt': 0.380}                     # Table 2 and Table 3
+LAW = dict(E=1.56773, A=28.027, B=915.82, alpha=0.19924, beta=0.36863)  # the project page's fit
+PHI = {"baseline": 0.459, "hc": 0.646, "tbptt": 0.380}  # Table 2 and Table 3
 RESTARTS = 24
 
 
 def record(run, loss: float, steps=None):
     "A completed run record; by default it completed every planned step (the trainer's count)."
-    folder = run_dir(run); folder.mkdir(parents=True, exist_ok=True)
+    folder = run_dir(run)
+    folder.mkdir(parents=True, exist_ok=True)
     write_params(folder, run)
-    tokens = run.train.tokens if run.train.max_steps is None else run.train.max_steps * run.train.global_batch * run.train.seq_len
-    write_result(folder, dict(status='completed', run_id=run.run_id, study=run.study, arch='looped', n_layer=run.model.n_layer,
-                              d_model=run.model.d_model, preset=run.preset, lr=run.train.lr, seed=run.train.seed,
-                              steps=steps if steps is not None else tokens // (run.train.seq_len * run.train.global_batch),
-                              tokens=tokens, final_val_loss=loss, best_val_loss=loss, wall_time_s=0.0, train_flops=None,
-                              params_total=None, params_backbone=None,
-                              provenance=dict(provenance(), note='test fixture: loss from the paper law')))
+    tokens = (
+        run.train.tokens
+        if run.train.max_steps is None
+        else run.train.max_steps * run.train.global_batch * run.train.seq_len
+    )
+    write_result(
+        folder,
+        dict(
+            status="completed",
+            run_id=run.run_id,
+            study=run.study,
+            arch="looped",
+            n_layer=run.model.n_layer,
+            d_model=run.model.d_model,
+            preset=run.preset,
+            lr=run.train.lr,
+            seed=run.train.seed,
+            steps=steps if steps is not None else tokens // (run.train.seq_len * run.train.global_batch),
+            tokens=tokens,
+            final_val_loss=loss,
+            best_val_loss=loss,
+            wall_time_s=0.0,
+            train_flops=None,
+            params_total=None,
+            params_backbone=None,
+            provenance=dict(provenance(), note="test fixture: loss from the paper law"),
+        ),
+    )
 
 
 def grid_run(study: str, row: dict):
-    opts = dict(truncated_bptt=True) if row['r_bwd'] < row['r'] else dict(injection='hc') if row['injection'] == 'hc' else {}
-    return make_run_config('looped', preset='looped', r=row['r'], s=row['s'], C=row['C'], study=study, verbose=False, **opts)
+    opts = (
+        dict(truncated_bptt=True)
+        if row["r_bwd"] < row["r"]
+        else dict(injection="hc")
+        if row["injection"] == "hc"
+        else {}
+    )
+    return make_run_config(
+        "looped", preset="looped", r=row["r"], s=row["s"], C=row["C"], study=study, verbose=False, **opts
+    )
 
 
 def law_loss(run, phi: float, rng) -> float:
     p = looped_params(run.model)
-    n_eff = p.n_once + run.model.recurrence ** phi * p.n_rec
-    return float(LAW['E'] + LAW['A'] * n_eff ** -LAW['alpha'] + LAW['B'] * run.train.tokens ** -LAW['beta'] + 0.003 * rng.standard_normal())
+    n_eff = p.n_once + run.model.recurrence**phi * p.n_rec
+    return float(
+        LAW["E"]
+        + LAW["A"] * n_eff ** -LAW["alpha"]
+        + LAW["B"] * run.train.tokens ** -LAW["beta"]
+        + 0.003 * rng.standard_normal()
+    )
 
 
-@pytest.fixture(scope='module')
+@pytest.fixture(scope="module")
 def paper_studies(tmp_path_factory):
     "looped-main (116 runs), looped-hc (63) and looped-tbptt (69), as their shipped studies plan them."
     with pytest.MonkeyPatch.context() as mp:
-        root = tmp_path_factory.mktemp('paper-runs')
-        mp.setenv('DEPTHBENCH_RUNS', str(root))
+        root = tmp_path_factory.mktemp("paper-runs")
+        mp.setenv("DEPTHBENCH_RUNS", str(root))
         rng = np.random.default_rng(0)
-        for study, variant in (('looped-main', 'baseline'), ('looped-hc', 'hc'), ('looped-tbptt', 'tbptt')):
+        for study, variant in (("looped-main", "baseline"), ("looped-hc", "hc"), ("looped-tbptt", "tbptt")):
             planned = {e.run_id for e in expand_study(load_study(study))}
             for row in looped_grid_rows(variant):
-                if row['reused']: continue          # the case studies' r = 1 rows are looped-main's runs
+                if row["reused"]:
+                    continue  # the case studies' r = 1 rows are looped-main's runs
                 run = grid_run(study, row)
-                assert run.run_id in planned        # exactly the runs the shipped study plans
+                assert run.run_id in planned  # exactly the runs the shipped study plans
                 record(run, law_loss(run, PHI[variant], rng))
         yield root
 
 
 def test_case_studies_are_fitted_with_their_r1_anchors(paper_studies, tmp_path):
-    rep = reports.build_looped_report('looped-hc', out_dir=tmp_path, restarts=RESTARTS, n_bootstrap=0)
-    t3 = pd.read_csv(tmp_path / 'looped_table3_case_studies.csv').set_index('fit')
-    assert t3.loc['hc', 'n_points'] == 83 and t3.loc['hc', 'n_r1'] == 20          # 63 HC runs + the r = 1 runs of 4 budgets
-    assert t3.loc['baseline_refit', 'n_points'] == 80 and t3.loc['baseline_refit', 'n_r1'] == 20
-    assert t3.loc['hc', 'budgets'] == t3.loc['baseline_refit', 'budgets'] == ', '.join(f'{c:.3g}' for c in CASE_STUDY_BUDGETS)
+    rep = reports.build_looped_report("looped-hc", out_dir=tmp_path, restarts=RESTARTS, n_bootstrap=0)
+    t3 = pd.read_csv(tmp_path / "looped_table3_case_studies.csv").set_index("fit")
+    assert t3.loc["hc", "n_points"] == 83 and t3.loc["hc", "n_r1"] == 20  # 63 HC runs + the r = 1 runs of 4 budgets
+    assert t3.loc["baseline_refit", "n_points"] == 80 and t3.loc["baseline_refit", "n_r1"] == 20
+    assert (
+        t3.loc["hc", "budgets"]
+        == t3.loc["baseline_refit", "budgets"]
+        == ", ".join(f"{c:.3g}" for c in CASE_STUDY_BUDGETS)
+    )
     # the law these records came from: phi 0.646 with HC, 0.459 without; delta phi measured against the refit
-    assert abs(t3.loc['hc', 'phi'] - 0.646) < 0.05 and abs(t3.loc['baseline_refit', 'phi'] - 0.459) < 0.05
-    assert t3.loc['hc', 'delta_phi'] == pytest.approx(t3.loc['hc', 'phi'] - t3.loc['baseline_refit', 'phi'])
-    assert t3.loc['hc', 'paper_phi'] == 0.646 and t3.loc['hc', 'paper_delta_phi'] == pytest.approx(0.646 - 0.453)
-    assert (t3.scale == 'paper scale').all() and (t3.provenance == 'real').all()
+    assert abs(t3.loc["hc", "phi"] - 0.646) < 0.05 and abs(t3.loc["baseline_refit", "phi"] - 0.459) < 0.05
+    assert t3.loc["hc", "delta_phi"] == pytest.approx(t3.loc["hc", "phi"] - t3.loc["baseline_refit", "phi"])
+    assert t3.loc["hc", "paper_phi"] == 0.646 and t3.loc["hc", "paper_delta_phi"] == pytest.approx(0.646 - 0.453)
+    assert (t3.scale == "paper scale").all() and (t3.provenance == "real").all()
     # the anchors are looped-main's runs, found by run id: the planned r = 1 rows of the HC grid
-    lf = pd.read_csv(tmp_path / 'looped_runs.csv')
-    anchors = reports.case_study_frame(lf, 'hc')
+    lf = pd.read_csv(tmp_path / "looped_runs.csv")
+    anchors = reports.case_study_frame(lf, "hc")
     anchors = anchors[anchors.r == 1]
-    planned = {grid_run('looped-main', row).run_id for row in looped_grid_rows('hc') if row['reused']}
-    assert set(anchors.run_id) == planned and set(anchors.study) == {'looped-main'}
-    assert not any(e.run.model.recurrence == 1 for e in expand_study(load_study('looped-hc')))   # never trained twice
-    assert {'looped_table3_case_studies', 'looped_fig10_case_study_residuals'} <= rep.built()
-    index = (tmp_path / 'looped_index.md').read_text()
-    assert 'no completed baseline looped runs' in index                       # Tables 1/2 belong to looped-main's report
+    planned = {grid_run("looped-main", row).run_id for row in looped_grid_rows("hc") if row["reused"]}
+    assert set(anchors.run_id) == planned and set(anchors.study) == {"looped-main"}
+    assert not any(e.run.model.recurrence == 1 for e in expand_study(load_study("looped-hc")))  # never trained twice
+    assert {"looped_table3_case_studies", "looped_fig10_case_study_residuals"} <= rep.built()
+    index = (tmp_path / "looped_index.md").read_text()
+    assert "no completed baseline looped runs" in index  # Tables 1/2 belong to looped-main's report
 
 
 def test_looped_main_report(paper_studies, tmp_path):
     "looped-main's report: Tables 1, 2, 7, Fig. 3 from the per-r laws, and the case studies of the studies reusing it."
-    rep = reports.build_looped_report('looped-main', out_dir=tmp_path, restarts=RESTARTS, n_bootstrap=0)
-    t3 = pd.read_csv(tmp_path / 'looped_table3_case_studies.csv').set_index('fit')
-    assert t3.loc['tbptt', 'n_points'] == 89 and t3.loc['tbptt_without_r2', 'n_points'] == 66 and t3.loc['hc', 'n_points'] == 83
-    assert (t3.n_r1 == 20).all()                                               # every case-study fit has its r = 1 anchors
-    assert t3.loc['tbptt_without_r2', 'recurrences'] == '1, 4, 8' and abs(t3.loc['tbptt', 'phi'] - 0.38) < 0.06
-    t2 = pd.read_csv(tmp_path / 'looped_table2_joint.csv').set_index('fit')
-    assert t2.loc['phi_free', 'n_points'] == 116 and abs(t2.loc['phi_free', 'phi'] - 0.459) < 0.03
-    t7 = pd.read_csv(tmp_path / 'looped_table7_residuals.csv')
-    assert list(t7.r) == ['1', '2', '4', '8', 'all'] and (t7.rmse < 0.006).all() and t7.paper_rmse.notna().all()
+    rep = reports.build_looped_report("looped-main", out_dir=tmp_path, restarts=RESTARTS, n_bootstrap=0)
+    t3 = pd.read_csv(tmp_path / "looped_table3_case_studies.csv").set_index("fit")
+    assert (
+        t3.loc["tbptt", "n_points"] == 89
+        and t3.loc["tbptt_without_r2", "n_points"] == 66
+        and t3.loc["hc", "n_points"] == 83
+    )
+    assert (t3.n_r1 == 20).all()  # every case-study fit has its r = 1 anchors
+    assert t3.loc["tbptt_without_r2", "recurrences"] == "1, 4, 8" and abs(t3.loc["tbptt", "phi"] - 0.38) < 0.06
+    t2 = pd.read_csv(tmp_path / "looped_table2_joint.csv").set_index("fit")
+    assert t2.loc["phi_free", "n_points"] == 116 and abs(t2.loc["phi_free", "phi"] - 0.459) < 0.03
+    t7 = pd.read_csv(tmp_path / "looped_table7_residuals.csv")
+    assert list(t7.r) == ["1", "2", "4", "8", "all"] and (t7.rmse < 0.006).all() and t7.paper_rmse.notna().all()
     # Fig. 3 comes from the per-r laws: the exponents are those of each r's own fit, not of the joint law
-    lf = pd.read_csv(tmp_path / 'looped_runs.csv')
-    base = lf[(lf.study == 'looped-main')]
-    per_r = scaling.fit_per_r(base.assign(provenance='real'), restarts=RESTARTS)
-    paper = reports.reference_table('looped')
-    mine = reports.frontier_exponents(per_r, base, paper, reports.per_r_frontier(per_r, base)).set_index('r')
-    shown = pd.read_csv(tmp_path / 'looped_frontier_exponents.csv').set_index('r')
-    assert np.allclose(shown.a_N_star, mine.a_N_star, rtol=1e-6) and np.allclose(shown.b_D_star, mine.b_D_star, rtol=1e-6)
-    for r, f in per_r.items():   # the paper's definition: the closed form under C = k N^gamma D, gamma over the r's 11 widths
-        gamma = np.polyfit(np.log(base[base.r == r].groupby('d_model').apply(lambda g: g.n_once.iloc[0] + g.n_rec.iloc[0])),
-                           np.log(base[base.r == r].groupby('d_model').flops_per_token.first()), 1)[0]
-        assert shown.loc[r, 'gamma'] == pytest.approx(gamma, rel=1e-9)
-        assert shown.loc[r, 'a_N_star'] == pytest.approx(f.beta / (f.alpha + gamma * f.beta), rel=1e-9)
-    joint = scaling.fit_frame(base.assign(provenance='real'), 'looped', restarts=RESTARTS)
+    lf = pd.read_csv(tmp_path / "looped_runs.csv")
+    base = lf[(lf.study == "looped-main")]
+    per_r = scaling.fit_per_r(base.assign(provenance="real"), restarts=RESTARTS)
+    paper = reports.reference_table("looped")
+    mine = reports.frontier_exponents(per_r, base, paper, reports.per_r_frontier(per_r, base)).set_index("r")
+    shown = pd.read_csv(tmp_path / "looped_frontier_exponents.csv").set_index("r")
+    assert np.allclose(shown.a_N_star, mine.a_N_star, rtol=1e-6) and np.allclose(
+        shown.b_D_star, mine.b_D_star, rtol=1e-6
+    )
+    for (
+        r,
+        f,
+    ) in per_r.items():  # the paper's definition: the closed form under C = k N^gamma D, gamma over the r's 11 widths
+        gamma = np.polyfit(
+            np.log(base[base.r == r].groupby("d_model").apply(lambda g: g.n_once.iloc[0] + g.n_rec.iloc[0])),
+            np.log(base[base.r == r].groupby("d_model").flops_per_token.first()),
+            1,
+        )[0]
+        assert shown.loc[r, "gamma"] == pytest.approx(gamma, rel=1e-9)
+        assert shown.loc[r, "a_N_star"] == pytest.approx(f.beta / (f.alpha + gamma * f.beta), rel=1e-9)
+    joint = scaling.fit_frame(base.assign(provenance="real"), "looped", restarts=RESTARTS)
     via_joint = reports.frontier_exponents({r: joint for r in per_r}, base, paper)
-    assert not np.allclose(via_joint.set_index('r').b_D_star, shown.b_D_star, atol=1e-3)
+    assert not np.allclose(via_joint.set_index("r").b_D_star, shown.b_D_star, atol=1e-3)
     assert ((shown.a_N_star + shown.b_D_star) > 1.0).all() and shown.paper_b_D_star.tolist() == [0.53, 0.42, 0.37, 0.44]
     assert shown.a_exact_frontier.notna().all() and (shown.n_widths == 11).all()
-    fr = pd.read_csv(tmp_path / 'looped_frontier.csv')
+    fr = pd.read_csv(tmp_path / "looped_frontier.csv")
     assert fr.C.min() == pytest.approx(4.64e17) and fr.C.max() == pytest.approx(2.15e19) and not fr.extrapolated.any()
-    assert {'looped_table1_per_r', 'looped_fig8_joint_residuals', 'looped_fig9_per_r_residuals', 'looped_frontier',
-            'looped_stability'} <= rep.built()
-    assert rep.scale.n_runs == 248 and rep.scale.n_comparable == 248 and 'all 248 completed runs are paper scale' in rep.scale.label
+    assert {
+        "looped_table1_per_r",
+        "looped_fig8_joint_residuals",
+        "looped_fig9_per_r_residuals",
+        "looped_frontier",
+        "looped_stability",
+    } <= rep.built()
+    assert (
+        rep.scale.n_runs == 248
+        and rep.scale.n_comparable == 248
+        and "all 248 completed runs are paper scale" in rep.scale.label
+    )
     # Table 1 carries the paper's A, B and Huber beside ours; the empirical optima the paper's N* and L* (project page)
-    t1 = pd.read_csv(tmp_path / 'looped_table1_per_r.csv').set_index('r')
-    assert t1.loc[1, ['paper_A', 'paper_B', 'paper_huber']].tolist() == [58, 150, 5.84e-5] and t1.loc[8, 'paper_B'] == 780
-    emp = pd.read_csv(tmp_path / 'looped_empirical_optima.csv')
+    t1 = pd.read_csv(tmp_path / "looped_table1_per_r.csv").set_index("r")
+    assert (
+        t1.loc[1, ["paper_A", "paper_B", "paper_huber"]].tolist() == [58, 150, 5.84e-5] and t1.loc[8, "paper_B"] == 780
+    )
+    emp = pd.read_csv(tmp_path / "looped_empirical_optima.csv")
     cell = emp[(emp.r == 4) & (emp.C.sub(1e19).abs() < 1e9)].iloc[0]
     assert cell.paper_N_star == pytest.approx(183.437985e6) and cell.paper_L_star == pytest.approx(2.458229, abs=1e-6)
     # the index lists every table and figure of the paper, each rebuilt / with a stated difference / partial / missing and why
-    index = pd.read_csv(tmp_path / 'looped_paper_index.csv').set_index('paper')
-    assert {'Table 1', 'Table 2', 'Table 3', 'Table 5', 'Table 7', 'Tables 8-9', 'Table 10', 'Fig. 3', 'Fig. 8', 'Fig. 9', 'Fig. 10',
-            'worked example', 'downstream results'} <= set(index.index)
+    index = pd.read_csv(tmp_path / "looped_paper_index.csv").set_index("paper")
+    assert {
+        "Table 1",
+        "Table 2",
+        "Table 3",
+        "Table 5",
+        "Table 7",
+        "Tables 8-9",
+        "Table 10",
+        "Fig. 3",
+        "Fig. 8",
+        "Fig. 9",
+        "Fig. 10",
+        "worked example",
+        "downstream results",
+    } <= set(index.index)
     assert set(index.status) <= set(reports.PAPER_STATUSES)
-    assert index[index.status != 'rebuilt'].detail.fillna('').ne('').all()     # every other status says why
-    assert index.loc['Table 1', 'status'] == 'rebuilt' and index.loc['Table 7', 'status'] == 'rebuilt'
-    assert index.loc['Table 2', 'status'] == 'partial' and 'the phi CI (n_bootstrap = 0' in index.loc['Table 2', 'detail']
-    assert index.loc['Table 3', 'status'] == 'rebuilt' and index.loc['Fig. 3', 'status'] == 'rebuilt with a stated difference'
-    assert index.loc['Table 10', 'status'] == 'missing' and 'sweep run looped-extrapolation' in index.loc['Table 10', 'detail']
-    assert index.loc['downstream results', 'status'] == 'missing' and 'depthbench-nb downstream' in index.loc['downstream results', 'detail']
-    assert index.loc['Table 5', 'status'] == 'missing' and 'single injection' in index.loc['Table 5', 'detail']
-    text = (tmp_path / 'looped_index.md').read_text()
-    assert "## The paper's tables and figures" in text and '| Tables 8-9 | rebuilt with a stated difference |' in text
+    assert index[index.status != "rebuilt"].detail.fillna("").ne("").all()  # every other status says why
+    assert index.loc["Table 1", "status"] == "rebuilt" and index.loc["Table 7", "status"] == "rebuilt"
+    assert (
+        index.loc["Table 2", "status"] == "partial" and "the phi CI (n_bootstrap = 0" in index.loc["Table 2", "detail"]
+    )
+    assert (
+        index.loc["Table 3", "status"] == "rebuilt"
+        and index.loc["Fig. 3", "status"] == "rebuilt with a stated difference"
+    )
+    assert (
+        index.loc["Table 10", "status"] == "missing"
+        and "sweep run looped-extrapolation" in index.loc["Table 10", "detail"]
+    )
+    assert (
+        index.loc["downstream results", "status"] == "missing"
+        and "depthbench-nb downstream" in index.loc["downstream results", "detail"]
+    )
+    assert index.loc["Table 5", "status"] == "missing" and "single injection" in index.loc["Table 5", "detail"]
+    text = (tmp_path / "looped_index.md").read_text()
+    assert "## The paper's tables and figures" in text and "| Tables 8-9 | rebuilt with a stated difference |" in text
 
 
 def test_scale_comes_from_the_runs(tmp_path, monkeypatch):
     "A looped-preset run capped at 20 steps, or stopped early, is not paper scale; the table says what differs."
-    monkeypatch.setenv('DEPTHBENCH_RUNS', str(tmp_path / 'runs'))
-    full = make_run_config('looped', preset='looped', r=4, s=10, C=1e18, study='scales', verbose=False)
-    capped = make_run_config('looped', preset='looped', r=4, s=12, C=1e18, study='scales', max_steps=20, verbose=False)
-    short = make_run_config('looped', preset='looped', r=2, s=10, C=1e18, study='scales', verbose=False)
-    record(full, 2.8); record(capped, 3.1); record(short, 2.9, steps=100)
-    lf = reports.looped_frame(reports.study_table('scales')).set_index('run_id')
-    assert lf.loc[full.run_id, 'scale'] == 'paper scale' and lf.loc[full.run_id, 'paper_scale']
-    assert lf.loc[capped.run_id, 'scale'].startswith('reduced scale: planned tokens') and '20 steps completed' in lf.loc[capped.run_id, 'scale']
-    assert lf.loc[short.run_id, 'scale'] == 'reduced scale: 100 steps completed (the paper: 3,677)'
-    rep = reports.build_looped_report('scales', out_dir=tmp_path / 'report', restarts=2, n_bootstrap=0)
-    assert rep.scale.n_comparable == 1 and '1 of 3 completed runs are paper scale' in rep.scale.label
+    monkeypatch.setenv("DEPTHBENCH_RUNS", str(tmp_path / "runs"))
+    full = make_run_config("looped", preset="looped", r=4, s=10, C=1e18, study="scales", verbose=False)
+    capped = make_run_config("looped", preset="looped", r=4, s=12, C=1e18, study="scales", max_steps=20, verbose=False)
+    short = make_run_config("looped", preset="looped", r=2, s=10, C=1e18, study="scales", verbose=False)
+    record(full, 2.8)
+    record(capped, 3.1)
+    record(short, 2.9, steps=100)
+    lf = reports.looped_frame(reports.study_table("scales")).set_index("run_id")
+    assert lf.loc[full.run_id, "scale"] == "paper scale" and lf.loc[full.run_id, "paper_scale"]
+    assert (
+        lf.loc[capped.run_id, "scale"].startswith("reduced scale: planned tokens")
+        and "20 steps completed" in lf.loc[capped.run_id, "scale"]
+    )
+    assert lf.loc[short.run_id, "scale"] == "reduced scale: 100 steps completed (the paper: 3,677)"
+    rep = reports.build_looped_report("scales", out_dir=tmp_path / "report", restarts=2, n_bootstrap=0)
+    assert rep.scale.n_comparable == 1 and "1 of 3 completed runs are paper scale" in rep.scale.label
 
 
 def test_case_study_without_r1_runs_is_a_clear_error(paper_studies, tmp_path):
-    lf = reports.looped_frame(pd.concat([reports.study_table('looped-hc')]))   # the HC runs alone, without looped-main
-    with pytest.raises(ConfigError, match=r'no r = 1 runs at its budgets C = 4\.64e\+17, 1e\+18, 2\.15e\+18, 4\.64e\+18'):
-        reports.case_study_frame(lf, 'hc')
-    reports.build_looped_report('looped-hc', out_dir=tmp_path, restarts=2, n_bootstrap=0, related=[])
-    index = (tmp_path / 'looped_index.md').read_text()
-    assert 'case study hc (Table 3)' in index and 'no r = 1 runs at its budgets' in index and 'looped-main' in index
+    lf = reports.looped_frame(pd.concat([reports.study_table("looped-hc")]))  # the HC runs alone, without looped-main
+    with pytest.raises(
+        ConfigError, match=r"no r = 1 runs at its budgets C = 4\.64e\+17, 1e\+18, 2\.15e\+18, 4\.64e\+18"
+    ):
+        reports.case_study_frame(lf, "hc")
+    reports.build_looped_report("looped-hc", out_dir=tmp_path, restarts=2, n_bootstrap=0, related=[])
+    index = (tmp_path / "looped_index.md").read_text()
+    assert "case study hc (Table 3)" in index and "no r = 1 runs at its budgets" in index and "looped-main" in index
 
 
 def test_fit_on_the_box_edge_is_said_in_words():
     "Runs that do not identify the law (phi on the box's edge): Table 2 says so instead of printing an interval."
     syn = scaling.synthetic_looped_frame(dict(scaling.PAPER_LOOPED, phi=3.5), noise=0.0, seed=0)
-    joint = scaling.fit_frame(syn, 'looped', restarts=4)
-    scaling.attach_bootstrap(joint, scaling.block_bootstrap(syn, 'looped', n_resamples=3, restarts=2, warm_start=joint, workers=1))
-    t2 = reports.table2_rows({'phi_free': (joint, syn)}, reports.reference_table('looped')).set_index('fit')
-    assert not t2.loc['phi_free', 'identified'] and 'do not identify the law' in t2.loc['phi_free', 'note']
-    assert t2.loc['phi_free', 'phi_ci'].startswith('these 116 runs do not identify') and np.isnan(t2.loc['phi_free', 'phi_ci_low'])
-    assert t2.loc['phi_free', 'bootstrap_resamples'] == 3 and t2.loc['phi_free', 'best_from_warm_start'] >= 0
-    good = scaling.fit_frame(scaling.synthetic_looped_frame(seed=1), 'looped', restarts=8)
-    scaling.attach_bootstrap(good, scaling.block_bootstrap(scaling.synthetic_looped_frame(seed=1), 'looped', n_resamples=4, restarts=4,
-                                                           warm_start=good, workers=1))
-    t2 = reports.table2_rows({'phi_free': (good, syn)}, reports.reference_table('looped')).set_index('fit')
-    lo, hi = good.ci['phi']
-    assert t2.loc['phi_free', 'phi_ci'] == f'[{lo:.3f}, {hi:.3f}]' and t2.loc['phi_free', 'note'] == ''
+    joint = scaling.fit_frame(syn, "looped", restarts=4)
+    scaling.attach_bootstrap(
+        joint, scaling.block_bootstrap(syn, "looped", n_resamples=3, restarts=2, warm_start=joint, workers=1)
+    )
+    t2 = reports.table2_rows({"phi_free": (joint, syn)}, reports.reference_table("looped")).set_index("fit")
+    assert not t2.loc["phi_free", "identified"] and "do not identify the law" in t2.loc["phi_free", "note"]
+    assert t2.loc["phi_free", "phi_ci"].startswith("these 116 runs do not identify") and np.isnan(
+        t2.loc["phi_free", "phi_ci_low"]
+    )
+    assert t2.loc["phi_free", "bootstrap_resamples"] == 3 and t2.loc["phi_free", "best_from_warm_start"] >= 0
+    good = scaling.fit_frame(scaling.synthetic_looped_frame(seed=1), "looped", restarts=8)
+    scaling.attach_bootstrap(
+        good,
+        scaling.block_bootstrap(
+            scaling.synthetic_looped_frame(seed=1), "looped", n_resamples=4, restarts=4, warm_start=good, workers=1
+        ),
+    )
+    t2 = reports.table2_rows({"phi_free": (good, syn)}, reports.reference_table("looped")).set_index("fit")
+    lo, hi = good.ci["phi"]
+    assert t2.loc["phi_free", "phi_ci"] == f"[{lo:.3f}, {hi:.3f}]" and t2.loc["phi_free", "note"] == ""
 
 
 def test_report_command_defaults_to_the_papers_effort(runs_dir, monkeypatch, capsys):
-    (runs_dir / 'some-study' / 'report').mkdir(parents=True)
+    (runs_dir / "some-study" / "report").mkdir(parents=True)
     seen = {}
-    monkeypatch.setattr(reports, 'run_report_notebooks', lambda study, which, params, progress: seen.update(params) or [])
-    assert reports.cli_report(['some-study', '--only', 'looped', '--json']) == 1   # no completed run: nothing reported
+    monkeypatch.setattr(
+        reports, "run_report_notebooks", lambda study, which, params, progress: seen.update(params) or []
+    )
+    assert reports.cli_report(["some-study", "--only", "looped", "--json"]) == 1  # no completed run: nothing reported
     assert seen == dict(restarts=500, n_bootstrap=200, bootstrap_restarts=500, seed=0, workers=None)
     json.loads(capsys.readouterr().out)
-    with pytest.raises(ConfigError, match='--bootstrap'):
-        reports.cli_report(['some-study', '--bootstrap', '1'])
+    with pytest.raises(ConfigError, match="--bootstrap"):
+        reports.cli_report(["some-study", "--bootstrap", "1"])
 
 
 def test_fig3_exponents_from_the_papers_table1():
     "The paper's own Table 1 coefficients give its Fig. 3 exponents under the report's definition, to 0.02 (the old one: no)."
-    paper = reports.reference_table('looped')
+    paper = reports.reference_table("looped")
     laws = reports.paper_table1_laws(paper)
     grid = scaling.paper_grid_frame().assign(vocab=32064, seq_len=2048)
-    ex = reports.frontier_exponents(laws, grid, paper, reports.per_r_frontier(laws, grid)).set_index('r')
-    assert ex.paper_a_N_star.tolist() == [0.57, 0.70, 0.76, 0.67] and ex.paper_b_D_star.tolist() == [0.53, 0.42, 0.37, 0.44]
-    assert (ex.a_N_star - ex.paper_a_N_star).abs().max() <= 0.02 and (ex.b_D_star - ex.paper_b_D_star).abs().max() <= 0.02
+    ex = reports.frontier_exponents(laws, grid, paper, reports.per_r_frontier(laws, grid)).set_index("r")
+    assert ex.paper_a_N_star.tolist() == [0.57, 0.70, 0.76, 0.67] and ex.paper_b_D_star.tolist() == [
+        0.53,
+        0.42,
+        0.37,
+        0.44,
+    ]
+    assert (ex.a_N_star - ex.paper_a_N_star).abs().max() <= 0.02 and (
+        ex.b_D_star - ex.paper_b_D_star
+    ).abs().max() <= 0.02
     # the slopes of the exact frontier (the report's definition before) miss them by more than 0.05
     assert ((ex.a_exact_frontier - ex.paper_a_N_star).abs() > 0.05).all()
 
 
 def test_phi_refitted_on_the_papers_optima(tmp_path):
     "The joint law refitted on the paper's 24 published per-(C, r) optima lands inside the paper's CI, as scipy's loop finds it."
-    paper = reports.reference_table('looped')
+    paper = reports.reference_table("looped")
     frame = reports.paper_optima_frame(paper)
     opt = reports.paper_optima(paper)
     assert len(frame) == 24 and np.allclose(frame.n_once + frame.n_rec, opt.N_star, rtol=1e-9)
     from depthbench_nb.scaling import paper_accounting
-    assert np.allclose(frame.D, [C / paper_accounting(d, r).flops_per_token for C, d, r in zip(frame.C, frame.d, frame.r)])
-    cols = ['n_once', 'n_rec', 'r', 'D', 'loss', 'provenance']
-    ours = scaling.fit_frame(frame[cols], 'looped', restarts=50)
-    ref = scaling.fit_frame(frame[cols], 'looped', restarts=100, method='scipy')    # the paper's L-BFGS-B loop, tight tolerances
-    assert 0.41 <= ours.phi <= 0.53 and ours.phi == pytest.approx(ref.phi, abs=1e-4) and ours.huber <= ref.huber * (1 + 1e-6)
-    reports.build_looped_report('no-runs', df=pd.DataFrame(), out_dir=tmp_path, restarts=50, n_bootstrap=0)
-    t = pd.read_csv(tmp_path / 'looped_phi_on_paper_optima.csv').iloc[0]
-    assert t.phi == pytest.approx(ours.phi, abs=1e-4) and t.n_points == 24 and t.paper_phi == 0.459 and t.paper_phi_ci == '[0.41, 0.53]'
-    v = pd.read_csv(tmp_path / 'looped_verdicts.csv').set_index('quantity')
-    assert v.loc["phi refitted on the paper's 24 per-(C, r) optima", 'verdict'] == 'reproduced'
-    assert (v.filter(like='Fig. 3 exponent', axis=0).verdict == 'reproduced').sum() == 8
+
+    assert np.allclose(
+        frame.D, [C / paper_accounting(d, r).flops_per_token for C, d, r in zip(frame.C, frame.d, frame.r)]
+    )
+    cols = ["n_once", "n_rec", "r", "D", "loss", "provenance"]
+    ours = scaling.fit_frame(frame[cols], "looped", restarts=50)
+    ref = scaling.fit_frame(
+        frame[cols], "looped", restarts=100, method="scipy"
+    )  # the paper's L-BFGS-B loop, tight tolerances
+    assert (
+        0.41 <= ours.phi <= 0.53
+        and ours.phi == pytest.approx(ref.phi, abs=1e-4)
+        and ours.huber <= ref.huber * (1 + 1e-6)
+    )
+    reports.build_looped_report("no-runs", df=pd.DataFrame(), out_dir=tmp_path, restarts=50, n_bootstrap=0)
+    t = pd.read_csv(tmp_path / "looped_phi_on_paper_optima.csv").iloc[0]
+    assert (
+        t.phi == pytest.approx(ours.phi, abs=1e-4)
+        and t.n_points == 24
+        and t.paper_phi == 0.459
+        and t.paper_phi_ci == "[0.41, 0.53]"
+    )
+    v = pd.read_csv(tmp_path / "looped_verdicts.csv").set_index("quantity")
+    assert v.loc["phi refitted on the paper's 24 per-(C, r) optima", "verdict"] == "reproduced"
+    assert (v.filter(like="Fig. 3 exponent", axis=0).verdict == "reproduced").sum() == 8
 
 
 def test_case_study_frame_keeps_the_four_lowest_budgets():
     "A TBPTT run above the grid's four lowest budgets does not enter Table 3's fit (the paper has none there)."
-    grid, tb = scaling.paper_grid_frame(), scaling.paper_grid_frame('tbptt')
+    grid, tb = scaling.paper_grid_frame(), scaling.paper_grid_frame("tbptt")
     above = tb[tb.r > 1].iloc[:1].assign(C=1e19)
     lf = pd.concat([grid, tb[tb.r > 1], above]).assign(loss=2.5, lr=0.014)
-    cs = reports.case_study_frame(lf, 'tbptt')
+    cs = reports.case_study_frame(lf, "tbptt")
     assert set(cs.C) == set(CASE_STUDY_BUDGETS) and len(cs) == 89 and (cs.r == 1).sum() == 20
 
 
 def flagship(study: str, r: int):
-    return make_run_config('looped', preset='looped-flagship', r=r, s=34, study=study, verbose=False)
+    return make_run_config("looped", preset="looped-flagship", r=r, s=34, study=study, verbose=False)
 
 
-def downstream_record(run, losses: dict, missing=('drop', 'coqa')):
+def downstream_record(run, losses: dict, missing=("drop", "coqa")):
     "A downstream.json as `depthbench-nb downstream` writes it: per group its loss, accuracy, tasks and missing tasks."
-    groups = {g: dict(loss=v, accuracy=0.5, n_tasks=1, tasks=['t'], missing=[m for m in missing if g == 'reading_comprehension'])
-              for g, v in losses.items()}
-    folder = run_dir(run) / 'downstream'
+    groups = {
+        g: dict(
+            loss=v, accuracy=0.5, n_tasks=1, tasks=["t"], missing=[m for m in missing if g == "reading_comprehension"]
+        )
+        for g, v in losses.items()
+    }
+    folder = run_dir(run) / "downstream"
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / 'downstream.json').write_text(json.dumps(dict(groups=groups, missing={m: 'data file x is not there' for m in missing},
-                                                            tasks={}, limit=None)))
+    (folder / "downstream.json").write_text(
+        json.dumps(dict(groups=groups, missing={m: "data file x is not there" for m in missing}, tasks={}, limit=None))
+    )
 
 
 def test_table10_and_the_downstream_results(tmp_path, monkeypatch):
     """Table 10 compares the runs of its plan (s = 34, 89,645 steps x 524,288 tokens, r = 1 and 4: the study
     looped-extrapolation, whose `sweep plan` shows the cost), never the grid's s = 34 runs at 2.15e19 FLOPs; the
     downstream results per r at matched budgets, a figure by task group, and the absent tasks named in the index."""
-    monkeypatch.setenv('DEPTHBENCH_RUNS', str(tmp_path / 'runs'))
-    plan = plan_rows(expand_study(load_study('looped-extrapolation')))
-    assert [(p['r'], p['s'], p['steps'], p['tokens']) for p in plan] == [(r, 34, 89_645, 89_645 * 524_288) for r in (1, 4)]
-    assert all(3.8e20 < p['train_flops'] < 4.1e20 for p in plan) and all(p['gpu_hours'] > 100 for p in plan)
-    assert {e.run_id for e in expand_study(load_study('looped-extrapolation'))} == {flagship('looped-extrapolation', r).run_id for r in (1, 4)}
-    grid = {(row['r'], row['s'], row['C']): grid_run('looped-main', row) for row in looped_grid_rows('baseline')
-            if row['s'] in (10, 12, 34) and row['r'] in (1, 4)}
-    for (r, s, C), run in grid.items(): record(run, 2.3 + 0.01 * r + (0.02 if s == 12 else 0.0) + (0.5 if C < 2e19 else 0.0))
-    lf = reports.looped_frame(reports.study_table('looped-main'))
-    before = reports.Report('looped-main', 'looped', reports.Scale((), True, 'runs'), tmp_path / 'before')
-    reports.looped_extrapolation_section(before, lf, reports.reference_table('looped'), {})
-    assert set(lf[lf.s == 34].paper_item) == {'grid'} and not before.built()   # the grid's s = 34 runs are not Table 10's
-    assert 'sweep run looped-extrapolation' in dict(before.missing)['extrapolation comparison (Table 10)']
-    for r, loss in ((1, 2.05), (4, 2.11)): record(flagship('looped-extrapolation', r), loss)
-    paper_like = dict(parametric_knowledge=2.6, reading_comprehension=1.0, math=1.5, reasoning_primitives=0.9, compositional_symbolic=1.5)
-    downstream_record(flagship('looped-extrapolation', 1), paper_like)
-    downstream_record(flagship('looped-extrapolation', 4), {g: v + 0.1 for g, v in paper_like.items()})
+    monkeypatch.setenv("DEPTHBENCH_RUNS", str(tmp_path / "runs"))
+    plan = plan_rows(expand_study(load_study("looped-extrapolation")))
+    assert [(p["r"], p["s"], p["steps"], p["tokens"]) for p in plan] == [
+        (r, 34, 89_645, 89_645 * 524_288) for r in (1, 4)
+    ]
+    assert all(3.8e20 < p["train_flops"] < 4.1e20 for p in plan) and all(p["gpu_hours"] > 100 for p in plan)
+    assert {e.run_id for e in expand_study(load_study("looped-extrapolation"))} == {
+        flagship("looped-extrapolation", r).run_id for r in (1, 4)
+    }
+    grid = {
+        (row["r"], row["s"], row["C"]): grid_run("looped-main", row)
+        for row in looped_grid_rows("baseline")
+        if row["s"] in (10, 12, 34) and row["r"] in (1, 4)
+    }
     for (r, s, C), run in grid.items():
-        if C == 1e18: downstream_record(run, {g: v + 0.2 * (r == 4) + 0.05 * (s == 12) for g, v in paper_like.items()})
-    rep = reports.build_looped_report('looped-main', out_dir=tmp_path / 'after', restarts=2, n_bootstrap=0)
-    t10 = pd.read_csv(tmp_path / 'after' / 'looped_table10_extrapolation.csv').set_index('metric')
-    assert t10.loc['validation loss', ['r1', 'r4', 'paper_r1', 'paper_r4']].tolist() == pytest.approx([2.05, 2.11, 2.047, 2.108])
-    assert t10.loc['validation loss', 'gap'] == pytest.approx(0.06) and t10.loc['validation loss', 'runs'] == 'r = 1: paper scale; r = 4: paper scale'
-    assert t10.loc['parametric knowledge', ['r1', 'r4', 'paper_r1', 'paper_r4']].tolist() == pytest.approx([2.6, 2.7, 2.585, 2.693])
-    assert t10.loc['compositional symbolic', 'paper_gap'] == pytest.approx(-0.004)
-    m = pd.read_csv(tmp_path / 'after' / 'looped_downstream_matched.csv')
-    at = m[(m.budget == 'C = 1e+18') & (m.group == 'math')].iloc[0]           # the better (lower val loss) width of each r: s = 10
-    assert (at.loss_r1, at.loss_r4, at.gap_r4) == pytest.approx((1.5, 1.7, 0.2)) and at.widths == 'r = 1: s = 10, r = 4: s = 10'
-    top = m[m.budget.str.startswith('Table 10') & (m.group == 'reading_comprehension')].iloc[0]
+        record(run, 2.3 + 0.01 * r + (0.02 if s == 12 else 0.0) + (0.5 if C < 2e19 else 0.0))
+    lf = reports.looped_frame(reports.study_table("looped-main"))
+    before = reports.Report("looped-main", "looped", reports.Scale((), True, "runs"), tmp_path / "before")
+    reports.looped_extrapolation_section(before, lf, reports.reference_table("looped"), {})
+    assert (
+        set(lf[lf.s == 34].paper_item) == {"grid"} and not before.built()
+    )  # the grid's s = 34 runs are not Table 10's
+    assert "sweep run looped-extrapolation" in dict(before.missing)["extrapolation comparison (Table 10)"]
+    for r, loss in ((1, 2.05), (4, 2.11)):
+        record(flagship("looped-extrapolation", r), loss)
+    paper_like = dict(
+        parametric_knowledge=2.6,
+        reading_comprehension=1.0,
+        math=1.5,
+        reasoning_primitives=0.9,
+        compositional_symbolic=1.5,
+    )
+    downstream_record(flagship("looped-extrapolation", 1), paper_like)
+    downstream_record(flagship("looped-extrapolation", 4), {g: v + 0.1 for g, v in paper_like.items()})
+    for (r, s, C), run in grid.items():
+        if C == 1e18:
+            downstream_record(run, {g: v + 0.2 * (r == 4) + 0.05 * (s == 12) for g, v in paper_like.items()})
+    rep = reports.build_looped_report("looped-main", out_dir=tmp_path / "after", restarts=2, n_bootstrap=0)
+    t10 = pd.read_csv(tmp_path / "after" / "looped_table10_extrapolation.csv").set_index("metric")
+    assert t10.loc["validation loss", ["r1", "r4", "paper_r1", "paper_r4"]].tolist() == pytest.approx(
+        [2.05, 2.11, 2.047, 2.108]
+    )
+    assert (
+        t10.loc["validation loss", "gap"] == pytest.approx(0.06)
+        and t10.loc["validation loss", "runs"] == "r = 1: paper scale; r = 4: paper scale"
+    )
+    assert t10.loc["parametric knowledge", ["r1", "r4", "paper_r1", "paper_r4"]].tolist() == pytest.approx(
+        [2.6, 2.7, 2.585, 2.693]
+    )
+    assert t10.loc["compositional symbolic", "paper_gap"] == pytest.approx(-0.004)
+    m = pd.read_csv(tmp_path / "after" / "looped_downstream_matched.csv")
+    at = m[(m.budget == "C = 1e+18") & (m.group == "math")].iloc[
+        0
+    ]  # the better (lower val loss) width of each r: s = 10
+    assert (at.loss_r1, at.loss_r4, at.gap_r4) == pytest.approx(
+        (1.5, 1.7, 0.2)
+    ) and at.widths == "r = 1: s = 10, r = 4: s = 10"
+    top = m[m.budget.str.startswith("Table 10") & (m.group == "reading_comprehension")].iloc[0]
     assert (top.gap_r4, top.paper_r1, top.paper_r4) == pytest.approx((0.1, 0.980, 1.030))
-    assert {'looped_downstream', 'looped_downstream_matched', 'looped_table10_extrapolation'} <= rep.built()
-    index = pd.read_csv(tmp_path / 'after' / 'looped_paper_index.csv').set_index('paper')
-    assert index.loc['downstream results', 'status'] == 'partial' and 'tasks not evaluated (data not present): coqa, drop' in index.loc['downstream results', 'detail']
-    assert index.loc['Table 10', 'status'] == 'rebuilt with a stated difference' and 'FP8' in index.loc['Table 10', 'detail']
-    assert 'downstream tasks coqa, drop' in (tmp_path / 'after' / 'looped_index.md').read_text()
+    assert {"looped_downstream", "looped_downstream_matched", "looped_table10_extrapolation"} <= rep.built()
+    index = pd.read_csv(tmp_path / "after" / "looped_paper_index.csv").set_index("paper")
+    assert (
+        index.loc["downstream results", "status"] == "partial"
+        and "tasks not evaluated (data not present): coqa, drop" in index.loc["downstream results", "detail"]
+    )
+    assert (
+        index.loc["Table 10", "status"] == "rebuilt with a stated difference"
+        and "FP8" in index.loc["Table 10", "detail"]
+    )
+    assert "downstream tasks coqa, drop" in (tmp_path / "after" / "looped_index.md").read_text()
