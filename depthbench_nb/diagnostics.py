@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
-import json
 import math
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Collection, Optional, Sequence
@@ -85,7 +83,8 @@ def contributions(states: Sequence[Tensor]) -> list[Tensor]:
 
 
 def causal_entry(u: Tensor, v: Tensor) -> float:
-    "C(s, l) from block l's contribution without (u) and with (v) block s skipped, [B, T, D]: mean over tokens of |v - u| / max(|u|, 1e-8)."
+    """C(s, l) from block l's contribution without (u) and with (v) block s skipped, [B, T, D]:
+    mean over tokens of |v - u| / max(|u|, 1e-8)."""
     num = (v - u).double().norm(dim=-1)  # [B, T]
     return float((num / u.double().norm(dim=-1).clamp_min(1e-8)).mean())
 
@@ -95,8 +94,8 @@ def causal_row(base_states: Sequence[Tensor], skipped_states: Sequence[Tensor], 
     u, v = contributions(base_states), contributions(skipped_states)
     L = len(u)
     row = torch.full((L,), float("nan"), dtype=torch.float64)
-    for l in range(s + 1, L):
-        row[l] = causal_entry(u[l], v[l])
+    for layer in range(s + 1, L):
+        row[layer] = causal_entry(u[layer], v[layer])
     return row
 
 
@@ -133,7 +132,8 @@ def late_pair_fraction(M: Tensor, threshold: float) -> tuple[float, int, int]:
 
 
 def summarize_causal(C: Tensor, threshold: float = CAUSAL_THRESHOLD) -> ScoreSummary:
-    "Summaries of a causal matrix C[s, l] (NaN outside s < l); `frac_above` counts late pairs (s, l) above the threshold."
+    """Summaries of a causal matrix C[s, l] (NaN outside s < l);
+    `frac_above` counts late pairs (s, l) above the threshold."""
     L = C.shape[0]
     vals = C[~C.isnan()]
     per_layer = [float(C[s, s + 1 :].mean()) if s < L - 1 else float("nan") for s in range(L)]
@@ -213,7 +213,10 @@ class _SharedSwapRunner:
     def losses(self, i: int, js: list[int], y: Tensor) -> list[float]:
         "Mean loss of each swap (i, j) for j in js."
         model, K, blocks = self.model, len(js), self.model.blocks
-        tile = lambda t: torch.cat([t] * K) if isinstance(t, Tensor) else t
+
+        def tile(t):
+            return torch.cat([t] * K) if isinstance(t, Tensor) else t
+
         busy = [False]  # set while a hook runs a block itself
 
         def recompute(p, args, kwargs, out, pairs):
@@ -221,7 +224,10 @@ class _SharedSwapRunner:
             rows_total = _first_tensor(out).shape[0]
             if rows_total % K:
                 raise RuntimeError("batched rows do not split into candidates")
-            pick = lambda k: lambda t: self._rows(t, K, k) if t.shape[:1] == (rows_total,) else t
+
+            def pick(k):
+                return lambda t: self._rows(t, K, k) if t.shape[:1] == (rows_total,) else t
+
             out = _map_tensors(out, lambda t: t.clone())
             for k, partner in pairs:
                 model.swap_blocks(p, partner)
@@ -292,7 +298,8 @@ def permutation_matrix(
     max_rows: Optional[int] = None,
     pairs: Optional[Collection[tuple[int, int]]] = None,
 ) -> tuple[Tensor, float, str]:
-    "(P [L, L] with NaN outside the tested i < j, base loss, method used). method: 'auto' | 'shared' | 'naive'; max_rows caps a batch (default: ~1 GiB of logits)."
+    """(P [L, L] with NaN outside the tested i < j, base loss, method used).
+    method: 'auto' | 'shared' | 'naive'; max_rows caps a batch (default: ~1 GiB of logits)."""
     if method not in ("auto", "shared", "naive"):
         raise ConfigError(f"method must be 'auto', 'shared' or 'naive', got {method!r}")
     L = model.n_blocks
@@ -368,7 +375,7 @@ def layer_pruning(model, x: Tensor, y: Tensor) -> dict:
     "Base loss and Δ loss per skipped block."
     with torch.no_grad():
         base = float(lm_loss(model(x), y))
-        delta = [float(lm_loss(model(x, skip={l}), y)) - base for l in range(model.n_blocks)]
+        delta = [float(lm_loss(model(x, skip={block}), y)) - base for block in range(model.n_blocks)]
     return dict(base_loss=base, delta_loss=delta)
 
 
@@ -391,7 +398,7 @@ def usefulness(model, x: Tensor, y: Tensor, ratio_threshold: float = USEFULNESS_
     with torch.no_grad():
         base = float(lm_loss(model(x), y))
     ratios = []
-    for l, blk in enumerate(blocks):
+    for index, blk in enumerate(blocks):
         seen = {}
 
         def grab(module, args, out, seen=seen):
@@ -404,7 +411,8 @@ def usefulness(model, x: Tensor, y: Tensor, ratio_threshold: float = USEFULNESS_
         inp, out = seen.get("in"), seen.get("out")
         if not (isinstance(inp, Tensor) and isinstance(out, Tensor) and inp.shape == out.shape):
             raise ConfigError(
-                f"usefulness does not apply to this design: block {l} is not a map from one state tensor to one of the same shape"
+                f"usefulness does not apply to this design: block {index} is not a map from one state tensor "
+                "to one of the same shape"
             )
         n_tok, dim = inp.shape[0] * inp.shape[1], inp[0, 0].numel()
         if n_tok <= dim + 1:
@@ -435,11 +443,12 @@ def last_token_angular(states: Sequence[Tensor]) -> Tensor:
 
 
 def angular_pruning_plan(A_last: Tensor) -> list[dict]:
-    "For n = 1..L-1 blocks to drop: the start l*(n) = argmin_l A_last[l, l + n] (ties: the smallest l) and its distance."
+    """For n = 1..L-1 blocks to drop:
+    the start l*(n) = argmin_l A_last[l, l + n] (ties: the smallest l) and its distance."""
     L = A_last.shape[0] - 1
     plan = []
     for n in range(1, L):
-        d = torch.stack([A_last[l, l + n] for l in range(L - n + 1)])
+        d = torch.stack([A_last[start, start + n] for start in range(L - n + 1)])
         start = int(torch.argmin(d))  # torch returns the first minimum
         plan.append(dict(n_dropped=n, start=start, blocks=list(range(start, start + n)), distance=float(d[start])))
     return plan
@@ -489,7 +498,8 @@ def token_collapse(states: Sequence[Tensor]) -> list[dict]:
 # %% ../nbs/08_diagnostics.ipynb #6f5ec253
 @contextlib.contextmanager
 def _capture_depth_mixes(queries: dict, mixes: dict):
-    "While active, the raw (pre-output-norm) AttnRes mix of every site whose pseudo-query id is a key of `queries` lands in mixes[queries[id]]."
+    """While active, the raw (pre-output-norm) AttnRes mix of every site whose pseudo-query id is a key of `queries`
+    lands in mixes[queries[id]]."""
     import depthbench_nb.model as model_module
 
     original = model_module.attnres_mix
@@ -509,7 +519,8 @@ def _capture_depth_mixes(queries: dict, mixes: dict):
 
 
 def readout_states(model, x: Tensor) -> tuple[Tensor, list[Tensor]]:
-    "(logits, states the logit lens decodes): AttnRes designs give the mix each state's next consumer reads; others their depth states."
+    """(logits, states the logit lens decodes):
+    AttnRes designs give the mix each state's next consumer reads; others their depth states."""
     if getattr(model, "family", None) != "attnres":
         return model(x, return_states=True)
     queries = {id(blk.attn_mix.query): b for b, blk in enumerate(model.blocks) if b > 0 and hasattr(blk, "attn_mix")}
@@ -524,7 +535,7 @@ def readout_states(model, x: Tensor) -> tuple[Tensor, list[Tensor]]:
     missing = sorted(set(queries.values()) - set(mixes))
     if missing:
         raise ConfigError(f"readout_states: no depth mix was recorded for states {missing}")
-    return logits, [mixes.get(l, s) for l, s in enumerate(states)]
+    return logits, [mixes.get(index, s) for index, s in enumerate(states)]
 
 
 def logit_lens(model, states: Sequence[Tensor], targets: Tensor, final_logits: Tensor) -> list[dict]:
@@ -533,14 +544,16 @@ def logit_lens(model, states: Sequence[Tensor], targets: Tensor, final_logits: T
     top_final = final_logits.topk(5, -1).indices  # [B, T, 5]
     out = []
     with torch.no_grad():
-        for l, z in enumerate(states):
-            logits = model.readout(l, z).float()
+        for index, z in enumerate(states):
+            logits = model.readout(index, z).float()
             logp = F.log_softmax(logits, -1)
             kl = (logp_final.exp() * (logp_final - logp)).sum(-1).mean()
             top = logits.topk(5, -1).indices
             overlap = (top.unsqueeze(-1) == top_final.unsqueeze(-2)).any(-1).float().sum(-1).mean() / 5
             out.append(
-                dict(state=l, ce=float(lm_loss(logits, targets)), kl_to_final=float(kl), top5_overlap=float(overlap))
+                dict(
+                    state=index, ce=float(lm_loss(logits, targets)), kl_to_final=float(kl), top5_overlap=float(overlap)
+                )
             )
     return out
 
@@ -580,7 +593,8 @@ def direction_overlap(P: Tensor) -> Tensor:
 
 
 def mixing_stats(mix: Tensor) -> dict:
-    "Both eranks of the forward product (mean over tokens), their curves over composed depth, direction overlap, spectrum, distance to uniform, Amax."
+    """Both eranks of the forward product (mean over tokens), their curves over composed depth, direction overlap,
+    spectrum, distance to uniform, Amax."""
     n = mix.shape[-1]
     P = mix[0].double()
     curves = dict(erank_sv=[], erank_sv2=[], overlap=[])
@@ -593,7 +607,10 @@ def mixing_stats(mix: Tensor) -> dict:
     er, er2 = effective_rank(P, "sv"), effective_rank(P, "sv2")
     s = torch.linalg.svdvals(P)
     U = torch.full((n, n), 1.0 / n, dtype=P.dtype, device=P.device)
-    flat = lambda t: t.reshape(-1, *t.shape[-1:]) if t.ndim > 1 else t.reshape(1, -1)
+
+    def flat(t):
+        return t.reshape(-1, *t.shape[-1:]) if t.ndim > 1 else t.reshape(1, -1)
+
     return dict(
         mixing_erank=float(er.mean()),
         mixing_erank_std=float(er.std()) if er.numel() > 1 else 0.0,
@@ -612,8 +629,8 @@ def mixing_stats(mix: Tensor) -> dict:
 # %% ../nbs/08_diagnostics.ipynb #8d9197d8
 def _plain_sum_weights(n_sub: int) -> Tensor:
     W = torch.full((n_sub + 1, n_sub + 1), float("nan"), dtype=torch.float64)
-    for l in range(n_sub + 1):
-        W[l, : l + 1] = 1.0
+    for site in range(n_sub + 1):
+        W[site, : site + 1] = 1.0
     return W
 
 
@@ -635,17 +652,17 @@ def _stream_transport_weights(model, x: Tensor) -> Tensor:
         torch.ones(*lead, n, dtype=torch.float64, device=x.device)
     ]  # per source: its coefficient vector over the streams
     W = torch.full((n_sub + 1, n_sub + 1), float("nan"), dtype=torch.float64)
-    for l in range(n_sub + 1):
-        if l < n_sub:
-            read = sites[l][0].expand(*lead, n)
+    for site in range(n_sub + 1):
+        if site < n_sub:
+            read = sites[site][0].expand(*lead, n)
         else:
             read = torch.full(
                 (*lead, n), 1.0 if model.collapse == "sum" else 1.0 / n, dtype=torch.float64, device=x.device
             )
         for j, v in enumerate(vecs):
-            W[l, j] = float((read * v).sum(-1).mean())
-        if l < n_sub:
-            _, mix, write = sites[l]
+            W[site, j] = float((read * v).sum(-1).mean())
+        if site < n_sub:
+            _, mix, write = sites[site]
             mix = mix.expand(*lead, n, n)
             vecs = [(mix @ v.unsqueeze(-1)).squeeze(-1) for v in vecs] + [write.expand(*lead, n)]
     return W
@@ -663,19 +680,20 @@ def _depth_softmax_weights(model, x: Tensor) -> Tensor:
         )
     group = [g for g, size in enumerate(model.group_sizes) for _ in range(size)]  # group of each sublayer
     W = torch.full((n_sub + 1, n_sub + 1), float("nan"), dtype=torch.float64)
-    for l, p in enumerate(weights):
+    for site, p in enumerate(weights):
         p = p.reshape(-1, p.shape[-1]).mean(0)  # [S] mean over tokens
-        W[l, 0] = p[0]  # the embedding, always source 0
-        for i in range(l if l < n_sub else n_sub):
+        W[site, 0] = p[0]  # the embedding, always source 0
+        for i in range(site if site < n_sub else n_sub):
             src = 1 + group[i]  # committed groups 1.., then the partial
             if src >= len(p):
-                raise ConfigError(f"site {l} has {len(p)} sources; sublayer {i} would be source {src}")
-            W[l, 1 + i] = p[src]
+                raise ConfigError(f"site {site} has {len(p)} sources; sublayer {i} would be source {src}")
+            W[site, 1 + i] = p[src]
     return W
 
 
 def residual_path_weights(model, x: Tensor) -> dict:
-    "W [2L+1, 2L+1]: weight of the embedding (col 0) and of each sublayer output f_i (col i+1) in each sublayer input (row l; row 2L: the output)."
+    """W [2L+1, 2L+1]: weight of the embedding (col 0) and of each sublayer output f_i (col i+1) in each sublayer input
+    (row l; row 2L: the output)."""
     family = getattr(model, "family", "residual")
     n_sub = 2 * model.n_blocks
     if family == "residual":
@@ -702,7 +720,8 @@ def residual_path_weights(model, x: Tensor) -> dict:
 
 # %% ../nbs/08_diagnostics.ipynb #68364682
 def dead_zone(partial_mass: Sequence[Optional[float]], threshold: float = DEAD_ZONE_THRESHOLD) -> dict:
-    "Sublayers from 1 up to the first site whose partial-sum mass reaches `threshold` (mass[k] per sublayer k; None = no partial)."
+    """Sublayers from 1 up to the first site whose partial-sum mass reaches `threshold` (mass[k] per sublayer k;
+    None = no partial)."""
     source = DEAD_ZONE_THRESHOLD_SOURCE if threshold == DEAD_ZONE_THRESHOLD else "ours (set by the caller)"
     if all(m is None for m in partial_mass):  # one sublayer per block (Full AttnRes): there is no running partial sum
         return dict(
@@ -719,7 +738,8 @@ def dead_zone(partial_mass: Sequence[Optional[float]], threshold: float = DEAD_Z
 
 
 def site_weights(weights: Sequence[Tensor]) -> list[list[float]]:
-    "Mean depth-softmax weights over the sources of every site (sources in order: embedding, committed blocks, partial)."
+    """Mean depth-softmax weights over the sources of every site (sources in order:
+    embedding, committed blocks, partial)."""
     return [w.reshape(-1, w.shape[-1]).double().mean(0).tolist() for w in weights]
 
 
@@ -750,7 +770,8 @@ def sublayer_partial_mass(weights: Sequence[Tensor], cfg: ModelConfig) -> list[O
 def completion_nll(
     model, pairs: Sequence[tuple[Sequence[int], Sequence[int]]], max_len: Optional[int] = None, batch_size: int = 8
 ) -> dict:
-    "Completion-only NLL over (context ids, completion ids) pairs, scored as lm-eval does (left-cut to max_len + 1 tokens), in batches."
+    """Completion-only NLL over (context ids, completion ids) pairs,
+    scored as lm-eval does (left-cut to max_len + 1 tokens), in batches."""
     if not pairs:
         raise ConfigError("completion_nll needs at least one (context, completion) pair")
     if batch_size < 1:
@@ -839,7 +860,10 @@ def _applies(m: str, cfg: ModelConfig) -> bool:
 _WHY = {
     "mixing": " (the effective rank of residual mixing needs several streams)",
     "dead_zone": " (the partial-sum dead zone needs block-grouped depth sources)",
-    "usefulness": " (the affine replacement needs blocks that map one state tensor to the next; AttnRes blocks read depth sources and looped blocks are reused)",
+    "usefulness": (
+        " (the affine replacement needs blocks that map one state tensor to the next; "
+        "AttnRes blocks read depth sources and looped blocks are reused)"
+    ),
     "residual_path": (
         " (fixed weights of sublayer outputs in later inputs exist only where the stream is a plain sum of them or a "
         "linear transport; post-norm designs renormalise it, looped models reuse their sublayers)"
@@ -878,6 +902,57 @@ def check_metrics(metrics, cfg: ModelConfig) -> tuple[str, ...]:
     return tuple(dict.fromkeys(metrics))
 
 
+def _diagnosis_header(model, cfg: ModelConfig, x: Tensor, metrics: Sequence[str]) -> dict:
+    "What a diagnosis ran on: the design, its shape, the held-out windows and the metrics."
+    return dict(
+        arch=cfg.arch,
+        n_layer=cfg.n_layer,
+        d_model=cfg.d_model,
+        n_blocks=model.n_blocks,
+        n_samples=int(x.shape[0]),
+        seq_len=int(x.shape[1]),
+        metrics=list(metrics),
+    )
+
+
+def _skip_metrics(model, x: Tensor, y: Tensor, states: Sequence[Tensor], base_loss: float, metrics) -> dict:
+    "Causal score and layer pruning from the same forwards, one per skipped block."
+    rows, delta = [], []
+    with torch.no_grad():
+        for s in range(model.n_blocks):
+            lg, st = model(x, skip={s}, return_states=True)
+            delta.append(float(lm_loss(lg, y)) - base_loss)
+            rows.append(causal_row(states, st, s))
+    out = {}
+    if "causal" in metrics:
+        out["causal"] = asdict(summarize_causal(torch.stack(rows)))
+    if "pruning" in metrics:
+        out["pruning"] = dict(base_loss=base_loss, delta_loss=delta)
+    return out
+
+
+def _nll_metrics(model, cfg: ModelConfig, metrics, domain_sets: Optional[dict], progress) -> dict:
+    "The requested completion-NLL metrics, each over its group of evaluation sets, per set and per category."
+    out = {}
+    for m, group in NLL_METRICS.items():
+        if m not in metrics:
+            continue
+        sets = (domain_sets or {}).get(group)
+        if not sets:
+            raise ConfigError(
+                f"metric {m} needs evaluation sets: "
+                f"domain_sets={{'{group}': {{name: (category, [(context ids, completion ids), ...][, meta])}}}}"
+            )
+        progress(f"{group} NLL")
+        per_set = {}
+        for name, (cat, pairs, *meta) in sets.items():  # meta (optional): where the rows came from, stand-ins, limits
+            per_set[name] = (
+                completion_nll(model, pairs, max_len=cfg.max_seq_len) | dict(category=cat) | (meta[0] if meta else {})
+            )
+        out[m] = dict(sets=per_set, by_category=nll_by_category(per_set, {n: v[0] for n, v in sets.items()}))
+    return out
+
+
 def diagnose_model(
     model,
     cfg: ModelConfig,
@@ -893,15 +968,7 @@ def diagnose_model(
     explicit = metrics is not None
     metrics = check_metrics(metrics, cfg)
     model.eval()
-    out: dict = dict(
-        arch=cfg.arch,
-        n_layer=cfg.n_layer,
-        d_model=cfg.d_model,
-        n_blocks=model.n_blocks,
-        n_samples=int(x.shape[0]),
-        seq_len=int(x.shape[1]),
-        metrics=list(metrics),
-    )
+    out: dict = _diagnosis_header(model, cfg, x, metrics)
     with torch.no_grad():
         logits, states = model(x, return_states=True)
     out["loss"] = float(lm_loss(logits, y))
@@ -909,22 +976,13 @@ def diagnose_model(
     if "angular" in metrics:
         progress("angular distance")
         A = angular_distance_matrix(states)
-        out["angular"] = dict(matrix=A.tolist(), consecutive=[float(A[l, l + 1]) for l in range(L)])
+        out["angular"] = dict(matrix=A.tolist(), consecutive=[float(A[b, b + 1]) for b in range(L)])
     if "block_influence" in metrics:
         progress("block influence")
         out["block_influence"] = block_influence(states)
     if "causal" in metrics or "pruning" in metrics:
         progress("causal score / pruning")
-        rows, delta = [], []
-        with torch.no_grad():
-            for s in range(L):
-                lg, st = model(x, skip={s}, return_states=True)
-                delta.append(float(lm_loss(lg, y)) - out["loss"])
-                rows.append(causal_row(states, st, s))
-        if "causal" in metrics:
-            out["causal"] = asdict(summarize_causal(torch.stack(rows)))
-        if "pruning" in metrics:
-            out["pruning"] = dict(base_loss=out["loss"], delta_loss=delta)
+        out.update(_skip_metrics(model, x, y, states, out["loss"], metrics))
     if "angular_pruning" in metrics:
         progress("angular-distance pruning")
         out["angular_pruning"] = angular_pruning(model, x, y, states)
@@ -969,45 +1027,31 @@ def diagnose_model(
     if "latency" in metrics:
         progress("latency")
         out["latency"] = measure_latency(model, latency_seq_len or int(x.shape[1]), cfg.vocab_size, decode_tokens=8)
-    for m, group in NLL_METRICS.items():
-        if m not in metrics:
-            continue
-        sets = (domain_sets or {}).get(group)
-        if not sets:
-            raise ConfigError(
-                f"metric {m} needs evaluation sets: domain_sets={{'{group}': {{name: (category, [(context ids, completion ids), ...][, meta])}}}}"
-            )
-        progress(f"{group} NLL")
-        per_set = {}
-        for name, (cat, pairs, *meta) in sets.items():  # meta (optional): where the rows came from, stand-ins, limits
-            per_set[name] = (
-                completion_nll(model, pairs, max_len=cfg.max_seq_len) | dict(category=cat) | (meta[0] if meta else {})
-            )
-        out[m] = dict(sets=per_set, by_category=nll_by_category(per_set, {n: v[0] for n, v in sets.items()}))
+    out.update(_nll_metrics(model, cfg, metrics, domain_sets, progress))
     return out
 
 # %% ../nbs/08_diagnostics.ipynb #84167ea7
 def per_layer_rows(res: dict) -> list[dict]:
     "One row per block with the per-layer figures of every metric that ran."
     rows = []
-    for l in range(res["n_blocks"]):
-        r = dict(layer=l)
+    for block in range(res["n_blocks"]):
+        r = dict(layer=block)
         if "angular" in res:
-            r["angular_to_next"] = res["angular"]["consecutive"][l]
+            r["angular_to_next"] = res["angular"]["consecutive"][block]
         if "block_influence" in res:
-            r["block_influence"] = res["block_influence"][l]
+            r["block_influence"] = res["block_influence"][block]
         if "causal" in res:
-            r["causal"] = res["causal"]["per_layer"][l]
+            r["causal"] = res["causal"]["per_layer"][block]
         if "permutation" in res:
-            r["permutation"] = res["permutation"]["per_layer"][l]
+            r["permutation"] = res["permutation"]["per_layer"][block]
         if "pruning" in res:
-            r["pruning_delta_loss"] = res["pruning"]["delta_loss"][l]
+            r["pruning_delta_loss"] = res["pruning"]["delta_loss"][block]
         if "usefulness" in res:
-            r["usefulness_ratio"] = res["usefulness"]["loss_ratio"][l]
+            r["usefulness_ratio"] = res["usefulness"]["loss_ratio"][block]
         if "logit_lens" in res:
-            r["logit_lens_ce"] = res["logit_lens"][l + 1]["ce"]
+            r["logit_lens_ce"] = res["logit_lens"][block + 1]["ce"]
         if "collapse" in res:
-            r["erank"] = res["collapse"][l + 1]["erank"]
+            r["erank"] = res["collapse"][block + 1]["erank"]
         rows.append({k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in r.items()})
     return rows
 
@@ -1076,7 +1120,8 @@ def _quarter_point(ap: dict) -> Optional[dict]:
 
 
 def paper_late_fractions(quantity: str) -> dict:
-    "The paper's late-pair fractions at L = 32 by design ('causal_frac_045' or 'perm_frac_015'), from the package's reference table."
+    """The paper's late-pair fractions at L = 32 by design ('causal_frac_045' or 'perm_frac_015'),
+    from the package's reference table."""
     with open(package_dir() / "resources" / "reference" / "depthbench_paper.csv", newline="") as f:
         return {r["arch"]: float(r["value"]) for r in csv.DictReader(f) if r["quantity"] == quantity}
 
@@ -1088,14 +1133,16 @@ def _paper_line(quantity: str) -> str:
 
 
 def markdown_summary(res: dict) -> str:
-    "A short Markdown summary of a diagnostics result: the headline numbers, the papers' thresholds applied, how to read each."
+    """A short Markdown summary of a diagnostics result:
+    the headline numbers, the papers' thresholds applied, how to read each."""
     L = res["n_blocks"]
     late = last_three_quarters(L)
     name = (res.get("model") or {}).get("name") or res.get("run_dir") or res["arch"]
     lines = [
         f"# Layer diagnostics: {name}",
         "",
-        f"`{res['arch']}`, {L} blocks, d_model {res['d_model']}; {res['n_samples']} windows of {res['seq_len']} tokens; "
+        f"`{res['arch']}`, {L} blocks, d_model {res['d_model']}; "
+        f"{res['n_samples']} windows of {res['seq_len']} tokens; "
         f"loss {res['loss']:.4f} nats/token. Late blocks (the papers' last 3/4): {late.start}..{L - 1} (0-based).",
         "",
         "| diagnostic | result | how to read it |",
@@ -1105,36 +1152,41 @@ def markdown_summary(res: dict) -> str:
         c = res["causal"]
         lines.append(
             f"| causal score C(s, l) | {c['extra']['late_pairs_above']} of {c['extra']['late_pairs']} late pairs above "
-            f"{c['threshold']} ({c['frac_above']:.0%}); mean {c['mean']:.3f}, max {c['max']:.3f} | how much skipping block s "
+            f"{c['threshold']} ({c['frac_above']:.0%}); mean {c['mean']:.3f}, max {c['max']:.3f} | "
+            "how much skipping block s "
             f"changes what later block l writes; DepthBench at L = 32: {_paper_line('causal_frac_045')} |"
         )
     if "permutation" in res:
         p = res["permutation"]
         frac, above, pairs = late_pair_fraction(_matrix_of(p["matrix"]), p["threshold"])
         lines.append(
-            f"| permutation score P(i, j) | {above} of {pairs} late pairs above {p['threshold']} ({frac:.0%}); mean {p['mean']:.3f} | "
+            f"| permutation score P(i, j) | {above} of {pairs} late pairs above {p['threshold']} ({frac:.0%}); "
+            f"mean {p['mean']:.3f} | "
             f"relative loss change when blocks i and j trade weights; order matters where it is high; "
             f"DepthBench at L = 32: {_paper_line('perm_frac_015')} |"
         )
     if "block_influence" in res:
         bi = res["block_influence"]
-        low = ", ".join(f"{l} ({bi[l]:.3g})" for l in _lowest(bi, 3))
+        low = ", ".join(f"{b} ({bi[b]:.3g})" for b in _lowest(bi, 3))
         lines.append(
-            f"| Block Influence | lowest: {low}; highest: {max(range(L), key=lambda l: bi[l])} ({max(bi):.3g}) | "
+            f"| Block Influence | lowest: {low}; highest: {max(range(L), key=lambda b: bi[b])} ({max(bi):.3g}) | "
             "1 − cos(input, output) of a block; ShortGPT removes the lowest first |"
         )
     if "pruning" in res:
         d = res["pruning"]["delta_loss"]
-        cheap = ", ".join(f"{l} ({d[l]:+.3g})" for l in _lowest(d, 3))
+        cheap = ", ".join(f"{b} ({d[b]:+.3g})" for b in _lowest(d, 3))
         lines.append(
-            f"| layer pruning | cheapest blocks to skip: {cheap}; costliest: {max(range(L), key=lambda l: d[l])} ({max(d):+.3g}) | "
+            f"| layer pruning | cheapest blocks to skip: {cheap}; "
+            f"costliest: {max(range(L), key=lambda b: d[b])} ({max(d):+.3g}) | "
             "Δ loss (nats/token) when one block is skipped |"
         )
     if res.get("angular_pruning") and _quarter_point(res["angular_pruning"]):
         q = _quarter_point(res["angular_pruning"])
         lines.append(
-            f"| angular-distance pruning | dropping {q['n_dropped']} of {L} blocks ({q['blocks'][0]}..{q['blocks'][-1]}): "
-            f"Δ loss {q['delta_loss']:+.3g} | Gromov et al.: drop the n consecutive blocks whose ends are closest in angle "
+            f"| angular-distance pruning | dropping {q['n_dropped']} of {L} blocks "
+            f"({q['blocks'][0]}..{q['blocks'][-1]}): "
+            f"Δ loss {q['delta_loss']:+.3g} | "
+            "Gromov et al.: drop the n consecutive blocks whose ends are closest in angle "
             "(last token); the full curve is in pruning.png |"
         )
     if "usefulness" in res:
@@ -1147,7 +1199,8 @@ def markdown_summary(res: dict) -> str:
         ll = res["logit_lens"]
         first = next((r["state"] for r in ll if r["top5_overlap"] >= 0.5), None)
         lines.append(
-            f"| logit lens | CE {ll[0]['ce']:.3f} at the embedding, {ll[-1]['ce']:.3f} at the output; top-5 overlap with the "
+            f"| logit lens | CE {ll[0]['ce']:.3f} at the embedding, {ll[-1]['ce']:.3f} at the output; "
+            "top-5 overlap with the "
             f"output reaches 0.5 at depth state {first} of {L} | what the output head reads from each depth state |"
         )
     for name, why in (res.get("skipped") or {}).items():
@@ -1155,7 +1208,8 @@ def markdown_summary(res: dict) -> str:
     lines += [
         "",
         "Thresholds: causal > 0.45 and permutation > 0.15 over pairs of late blocks are the DepthBench paper's; the "
-        "official scripts report the matrices only. All numbers are in `diagnostics.json`, one row per block in `per_layer.csv`.",
+        "official scripts report the matrices only. "
+        "All numbers are in `diagnostics.json`, one row per block in `per_layer.csv`.",
     ]
     return "\n".join(lines) + "\n"
 
@@ -1168,7 +1222,8 @@ def _heatmap(M, title, path, xlabel="", ylabel="", **kw):
     import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt, seaborn as sns
+    import matplotlib.pyplot as plt
+    import seaborn as sns
 
     fig, ax = plt.subplots(figsize=(5.5, 4.5))
     sns.heatmap(
@@ -1186,104 +1241,118 @@ def _heatmap(M, title, path, xlabel="", ylabel="", **kw):
     plt.close(fig)
 
 
-def write_diagnostics(res: dict, out_dir, figures: bool = True) -> list[Path]:
-    "diagnostics.json, per_layer.csv and PNG figures into out_dir; returns the written paths."
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    written = [atomic_write_json(out_dir / "diagnostics.json", res)]
-    rows = per_layer_rows(res)
+def _per_layer_csv(rows: list[dict]) -> str:
+    "per_layer.csv's text: every column any row has, floats to 6 significant digits, None as an empty cell."
     cols = list(dict.fromkeys(k for r in rows for k in r))
-    csv = "\n".join(
+    return "\n".join(
         [",".join(cols)]
         + [
             ",".join("" if r.get(c) is None else f"{r[c]:.6g}" if isinstance(r[c], float) else str(r[c]) for c in cols)
             for r in rows
         ]
     )
-    written.append(atomic_write_text(out_dir / "per_layer.csv", csv + "\n"))
+
+
+_SCORE_HEATMAPS = (  # (metric, title, x label, y label); each figure is <metric>.png
+    ("angular", "angular distance", "depth state j", "depth state i"),
+    ("causal", "causal score C(s, l)", "later block l", "skipped block s"),
+    ("permutation", "permutation score P(i, j)", "block j", "block i"),
+)
+
+
+def _score_heatmaps(res: dict, out_dir: Path, tag: str) -> list[Path]:
+    "Heatmaps of the pairwise matrices (angular, causal, permutation) that the result holds."
+    written = []
+    for metric, title, xlabel, ylabel in _SCORE_HEATMAPS:
+        if metric in res:
+            path = out_dir / f"{metric}.png"
+            _heatmap(res[metric]["matrix"], f"{title} ({tag})", path, xlabel, ylabel, vmin=0)
+            written.append(path)
+    return written
+
+
+def write_diagnostics(res: dict, out_dir, figures: bool = True) -> list[Path]:
+    "diagnostics.json, per_layer.csv and PNG figures into out_dir; returns the written paths."
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = [atomic_write_json(out_dir / "diagnostics.json", res)]
+    written.append(atomic_write_text(out_dir / "per_layer.csv", _per_layer_csv(per_layer_rows(res)) + "\n"))
     written.append(atomic_write_json(out_dir / "summary.json", summary(res)))
     written.append(atomic_write_text(out_dir / "summary.md", markdown_summary(res)))
     if not figures:
         return written
+    tag = f"{res['arch']} L{res['n_layer']}"
+    written += _score_heatmaps(res, out_dir, tag)
+    if "block_influence" in res:
+        written.append(_block_influence_figure(res, out_dir / "block_influence.png", tag))
+    if "pruning" in res or "angular_pruning" in res:
+        written.append(_pruning_figure(res, out_dir / "pruning.png", tag))
+    if "logit_lens" in res:
+        written.append(_logit_lens_figure(res, out_dir / "logit_lens.png", tag))
+    if "dead_zone" in res:
+        written.append(_dead_zone_figure(res, out_dir / "dead_zone.png", tag))
+    return written
+
+
+def _block_influence_figure(res: dict, path: Path, tag: str) -> Path:
+    "Block Influence per block (bars)."
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
-    tag = f"{res['arch']} L{res['n_layer']}"
-    L = res["n_blocks"]
-    if "angular" in res:
-        _heatmap(
-            res["angular"]["matrix"],
-            f"angular distance ({tag})",
-            out_dir / "angular.png",
-            "depth state j",
-            "depth state i",
-            vmin=0,
-        )
-        written.append(out_dir / "angular.png")
-    if "causal" in res:
-        _heatmap(
-            res["causal"]["matrix"],
-            f"causal score C(s, l) ({tag})",
-            out_dir / "causal.png",
-            "later block l",
-            "skipped block s",
-            vmin=0,
-        )
-        written.append(out_dir / "causal.png")
-    if "permutation" in res:
-        _heatmap(
-            res["permutation"]["matrix"],
-            f"permutation score P(i, j) ({tag})",
-            out_dir / "permutation.png",
-            "block j",
-            "block i",
-            vmin=0,
-        )
-        written.append(out_dir / "permutation.png")
-    if "block_influence" in res:
-        fig, ax = plt.subplots(figsize=(5.5, 3.5))
-        ax.bar(range(L), res["block_influence"])
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_xlabel("block")
-        ax.set_ylabel("1 − cos(input, output)")
-        ax.set_title(f"Block Influence ({tag})")
-        fig.tight_layout()
-        fig.savefig(out_dir / "block_influence.png", dpi=110)
-        plt.close(fig)
-        written.append(out_dir / "block_influence.png")
-    if "pruning" in res or "angular_pruning" in res:
-        written.append(_pruning_figure(res, out_dir / "pruning.png", tag))
-    if "logit_lens" in res:
-        fig, ax = plt.subplots(figsize=(5.5, 3.5))
-        ll = res["logit_lens"]
-        ax.plot([r["state"] for r in ll], [r["ce"] for r in ll], marker="o", label="early-exit CE")
-        ax.plot([r["state"] for r in ll], [r["kl_to_final"] for r in ll], marker="s", label="KL to final")
-        ax.set_xlabel("depth state")
-        ax.set_title(f"logit lens ({tag})")
-        ax.legend()
-        fig.tight_layout()
-        fig.savefig(out_dir / "logit_lens.png", dpi=110)
-        plt.close(fig)
-        written.append(out_dir / "logit_lens.png")
-    if "dead_zone" in res:
-        fig, ax = plt.subplots(figsize=(5.5, 3.5))
-        m = res["dead_zone"]["partial_mass"]
-        sites = [
-            (k / 2, v) for k, v in enumerate(m) if v is not None
-        ]  # sites without a partial (block starts) are left out
-        ax.bar([k for k, _ in sites], [v for _, v in sites], width=0.4)
-        ax.axhline(res["dead_zone"]["threshold"], color="r", ls="--")
-        ax.set_xlabel("layer (sublayer / 2)")
-        ax.set_ylabel("mass on partial sum")
-        ax.set_title(f"dead zone {res['dead_zone']['dead_layers']} layers ({tag})")
-        fig.tight_layout()
-        fig.savefig(out_dir / "dead_zone.png", dpi=110)
-        plt.close(fig)
-        written.append(out_dir / "dead_zone.png")
-    return written
+    fig, ax = plt.subplots(figsize=(5.5, 3.5))
+    ax.bar(range(res["n_blocks"]), res["block_influence"])
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("block")
+    ax.set_ylabel("1 − cos(input, output)")
+    ax.set_title(f"Block Influence ({tag})")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _logit_lens_figure(res: dict, path: Path, tag: str) -> Path:
+    "Early-exit CE and KL to the final distribution over depth states."
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.5, 3.5))
+    ll = res["logit_lens"]
+    ax.plot([r["state"] for r in ll], [r["ce"] for r in ll], marker="o", label="early-exit CE")
+    ax.plot([r["state"] for r in ll], [r["kl_to_final"] for r in ll], marker="s", label="KL to final")
+    ax.set_xlabel("depth state")
+    ax.set_title(f"logit lens ({tag})")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _dead_zone_figure(res: dict, path: Path, tag: str) -> Path:
+    "Depth-softmax mass on the partial sum per layer, with the dead-zone threshold."
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.5, 3.5))
+    m = res["dead_zone"]["partial_mass"]
+    sites = [(k / 2, v) for k, v in enumerate(m) if v is not None]  # sites without a partial (block starts): left out
+    ax.bar([k for k, _ in sites], [v for _, v in sites], width=0.4)
+    ax.axhline(res["dead_zone"]["threshold"], color="r", ls="--")
+    ax.set_xlabel("layer (sublayer / 2)")
+    ax.set_ylabel("mass on partial sum")
+    ax.set_title(f"dead zone {res['dead_zone']['dead_layers']} layers ({tag})")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 def _pruning_figure(res: dict, path: Path, tag: str) -> Path:
@@ -1324,7 +1393,8 @@ def load_checkpointed_run(run_dir):
         return load_run(run_dir)
     except FileNotFoundError as e:
         raise ConfigError(
-            f"no complete checkpoint in {run_dir}: train it first (depthbench-nb train ... or papermill nbs/10_train.ipynb); {e}"
+            f"no complete checkpoint in {run_dir}: "
+            f"train it first (depthbench-nb train ... or papermill nbs/10_train.ipynb); {e}"
         ) from e
 
 
@@ -1338,14 +1408,16 @@ def heldout_windows(run, n_samples: int, seq_len: int, seed: int = 0) -> tuple[T
 
 
 def load_nll_sets(run, groups, limit: Optional[int] = None) -> dict:
-    "Evaluation sets of `depthbench_nb.data` for the NLL metrics, tokenized with the run's tokenizer: {group: {name: (category, pairs, meta)}}."
+    """Evaluation sets of `depthbench_nb.data` for the NLL metrics, tokenized with the run's tokenizer:
+    {group: {name: (category, pairs, meta)}}."""
     from depthbench_nb.data import TokenData, resolve_data
 
     return nll_sets(TokenData(resolve_data(run.data, auto_prepare=False)).tokenizer(), groups, limit)
 
 
 def nll_sets(tok, groups, limit: Optional[int] = None) -> dict:
-    "The NLL metrics' evaluation sets tokenized with `tok` (a tokenizers.Tokenizer): {group: {name: (category, pairs, meta)}}."
+    """The NLL metrics' evaluation sets tokenized with `tok` (a tokenizers.Tokenizer):
+    {group: {name: (category, pairs, meta)}}."""
     from depthbench_nb.data import encode_pairs, eval_sets
 
     out = {}

@@ -146,7 +146,8 @@ def _device_of(module: nn.Module, default: torch.device) -> torch.device:
 
 
 class HFDepthModel(nn.Module):
-    "A Transformers causal LM behind the analysis interface of `depthbench_nb.model.DepthModel` (states, skip, swap, readout)."
+    """A Transformers causal LM behind the analysis interface of `depthbench_nb.model.DepthModel` (states, skip, swap,
+    readout)."""
 
     family = "residual"
 
@@ -176,7 +177,8 @@ class HFDepthModel(nn.Module):
         return t.detach().to(device=self.input_device, dtype=torch.float32)
 
     def forward(self, idx: Tensor, skip: Iterable[int] = (), return_states: bool = False):
-        "logits [B, T, V] of the model's own forward (and its depth states z_0..z_L); blocks in `skip` pass their input through."
+        """logits [B, T, V] of the model's own forward (and its depth states z_0..z_L);
+        blocks in `skip` pass their input through."""
         skip = {int(s) for s in skip}
         bad = sorted(s for s in skip if not 0 <= s < self.n_blocks)
         if bad:
@@ -209,7 +211,8 @@ class HFDepthModel(nn.Module):
 
     @torch.no_grad()
     def swap_blocks(self, i: int, j: int) -> None:
-        "Exchange the weights of blocks i and j in place (every tensor with the same name and shape); twice restores the model."
+        """Exchange the weights of blocks i and j in place (every tensor with the same name and shape);
+        twice restores the model."""
         if i == j:
             return
         theirs = dict(self.blocks[j].named_parameters())
@@ -233,7 +236,8 @@ Action = Callable[[Tensor], Tensor]  # a variant's rows [B, T, D] entering one b
 
 @dataclass
 class LayerCall:
-    "How the model called one decoder layer in the unperturbed forward: the other arguments, and the form of its output."
+    """How the model called one decoder layer in the unperturbed forward:
+    the other arguments, and the form of its output."""
 
     args: tuple  # positional arguments after the hidden state
     kwargs: dict  # keyword arguments (masks, positions, rotary tables)
@@ -246,7 +250,8 @@ class LayerCall:
 
 @contextlib.contextmanager
 def _replaced_forward(module: nn.Module, forward: Callable):
-    "Context: `module.forward` is `forward` (an instance attribute, as accelerate's device hooks also use); restored after."
+    """Context: `module.forward` is `forward` (an instance attribute, as accelerate's device hooks also use);
+    restored after."""
     had, old = "forward" in module.__dict__, module.__dict__.get("forward")
     module.forward = forward
     try:
@@ -259,9 +264,10 @@ def _replaced_forward(module: nn.Module, forward: Callable):
 
 
 def _take_rows(now, then, idx: Tensor, rows_now: int, rows_then: int):
-    """An argument of a batched layer call restricted to the rows `idx`: a tensor is cut where it carries the batch, i.e.
-    where its first dimension is the batched row count now and the unperturbed forward's row count in the recorded call
-    (`then`, the same argument there); masks broadcast over the batch, positions and rotary tables pass unchanged."""
+    """An argument of a batched layer call restricted to the rows `idx`: a tensor is cut where it carries the batch,
+    i.e. where its first dimension is the batched row count now and the unperturbed forward's row count in the
+    recorded call (`then`, the same argument there); masks broadcast over the batch, positions and rotary tables pass
+    unchanged."""
     if isinstance(now, Tensor):
         batched = (
             isinstance(then, Tensor)
@@ -345,12 +351,15 @@ class BatchedRuns:
 
     # ---- running variants ----------------------------------------------------------------------------------------
     def _route(self, p: int, plans: Sequence[dict], firsts: list[int], observe: Optional[Callable]) -> Callable:
-        "Block p's forward in a batch of K variants: each variant's rows wait (unperturbed so far), act (its change) or run the block."
+        """Block p's forward in a batch of K variants:
+        each variant's rows wait (unperturbed so far), act (its change) or run the block."""
         original, call, B, K = self.model.blocks[p].forward, self.calls[p], self.B, len(plans)
         acting = {k: plan[p] for k, plan in enumerate(plans) if p in plan}
         waiting = [k for k in range(K) if p < firsts[k]]
         running = [k for k in range(K) if k not in acting and p >= firsts[k]]
-        rows = lambda ks: torch.cat([torch.arange(k * B, (k + 1) * B) for k in ks])
+
+        def rows(ks):
+            return torch.cat([torch.arange(k * B, (k + 1) * B) for k in ks])
 
         def forward(*args, **kwargs):
             if self._busy:
@@ -438,7 +447,8 @@ class BatchedRuns:
         return P
 
     def usefulness(self, ratio_threshold: float = USEFULNESS_RATIO, progress: bool = False) -> dict:
-        "The native usefulness: each block replaced by its in-sample affine fit (input state -> output state), in batches."
+        """The native usefulness: each block replaced by its in-sample affine fit (input state -> output state),
+        in batches."""
         n_tok, dim = self.states[0].shape[0] * self.states[0].shape[1], self.states[0].shape[-1]
         if n_tok <= dim + 1:
             raise ConfigError(
@@ -447,8 +457,8 @@ class BatchedRuns:
             )
         ratios = []
         for blocks in self._batches(list(range(self.model.n_blocks)), "affine stand-ins", progress):
-            fits = {l: _affine_fit(self.states[l], self.states[l + 1]) for l in blocks}
-            ratios += [v / self.loss for v in self.losses([{l: self.affine(*fits[l])} for l in blocks])]
+            fits = {b: _affine_fit(self.states[b], self.states[b + 1]) for b in blocks}
+            ratios += [v / self.loss for v in self.losses([{b: self.affine(*fits[b])} for b in blocks])]
         significant = [r > ratio_threshold for r in ratios]
         return dict(
             base_loss=self.loss,
@@ -464,9 +474,12 @@ class BatchedRuns:
         cases = [("skip", (0,)), ("skip", (L - 1,))] + (
             [("swap", (0, L - 1)), ("swap", (L - 2, L - 1))] if L > 1 else []
         )
-        plan = lambda kind, b: (
-            {b[0]: self.identity} if kind == "skip" else {b[0]: self.weights_of(*b), b[1]: self.weights_of(b[1], b[0])}
-        )
+
+        def plan(kind, b):
+            if kind == "skip":
+                return {b[0]: self.identity}
+            return {b[0]: self.weights_of(*b), b[1]: self.weights_of(b[1], b[0])}
+
         y, worst = self.y.to(self.logits.device), 0.0
         for (kind, b), got in zip(cases, self.losses([plan(*case) for case in cases])):
             with torch.no_grad():
@@ -500,7 +513,9 @@ HF_METRICS = (
     "downstream_nll",
 )
 _NOT_FOR_HF = {
-    "mixing": "the effective rank of residual mixing needs several residual streams (the HC/mHC designs of depthbench-nb)",
+    "mixing": (
+        "the effective rank of residual mixing needs several residual streams (the HC/mHC designs of depthbench-nb)"
+    ),
     "dead_zone": "the partial-sum dead zone needs the block-grouped depth sources of Block AttnRes",
     "residual_path": (
         "fixed weights of sublayer outputs need the sublayer structure of a depthbench-nb design; a "
@@ -527,11 +542,95 @@ def check_hf_metrics(metrics) -> tuple[str, ...]:
 
 
 def readout_error(model: HFDepthModel, states: Sequence[Tensor], logits: Tensor) -> tuple[float, float]:
-    "(max |readout(z_L) - logits|, the tolerance): the logit lens reads states as the model reads its output only if small."
+    """(max |readout(z_L) - logits|, the tolerance):
+    the logit lens reads states as the model reads its output only if small."""
     with torch.no_grad():
         err = float((model.readout(len(states) - 1, states[-1]).float() - logits.float()).abs().max())
     scale = float(logits.float().abs().max())
     return err, (1e-4 if model.dtype == torch.float32 else 2e-2) * max(scale, 1.0)
+
+
+def _hf_method(runs: BatchedRuns, model: HFDepthModel, method: str, say: Callable) -> dict:
+    "`method` (and, for 'auto', `method_check`): 'auto' becomes 'shared' where the batched runs agree with plain ones."
+    out = {}
+    if method == "auto":
+        say("checking the batched runs against plain forwards")
+        try:
+            ok, how = runs.agrees_with_naive(1e-4 if model.dtype == torch.float32 else 1e-2)
+        except Exception as e:
+            ok, how = False, f"the batched run failed: {type(e).__name__}: {e}"
+        method = "shared" if ok else "naive"
+        out["method_check"] = how
+    out["method"] = method
+    return out
+
+
+def _hf_skip_metrics(runs: BatchedRuns, model, x, y, metrics, batched: bool, progress: bool) -> dict:
+    "Causal score and layer pruning from one skipped forward per block (batched, or one plain forward each)."
+    if batched:
+        C, delta = runs.skip_scores(progress)
+    else:
+        rows, delta = [], []
+        with torch.no_grad():
+            for s in tqdm(range(model.n_blocks), desc="skip each block", disable=not progress, leave=False):
+                lg, st = model(x, skip={s}, return_states=True)
+                delta.append(float(lm_loss(lg, y)) - runs.loss)
+                rows.append(causal_row(runs.states, st, s))
+        C = torch.stack(rows)
+    out = {}
+    if "causal" in metrics:
+        out["causal"] = asdict(summarize_causal(C))
+    if "pruning" in metrics:
+        out["pruning"] = dict(base_loss=runs.loss, delta_loss=delta)
+    return out
+
+
+def _hf_angular_pruning(runs: BatchedRuns, model, x, y, batched: bool, progress: bool) -> dict:
+    "Gromov et al.'s pruning curve, its dropped-block runs batched or one plain forward each."
+    if not batched:
+        return angular_pruning(model, x, y, runs.states)
+    A_last = last_token_angular(runs.states)
+    plan = angular_pruning_plan(A_last)
+    return angular_pruning_result(A_last, plan, runs.loss, runs.drop_losses([p["blocks"] for p in plan], progress))
+
+
+def _hf_logit_lens(model: HFDepthModel, states, y, logits, explicit: bool, skipped: dict) -> dict:
+    """The logit lens where the model reads its output as final norm then unembedding;
+    otherwise why not (in `skipped`), or a ConfigError when it was asked for."""
+    err, tol = readout_error(model, states, logits)
+    out: dict = dict(logit_lens_check=dict(max_abs_logit_diff=err, tolerance=tol))
+    readout = f"{model.layout.names['final_norm']} then {model.layout.names['unembed']}"
+    if err <= tol:
+        return out | dict(logit_lens=logit_lens(model, states, y, logits), logit_lens_readout=readout)
+    why = (
+        f"the model does more after its unembedding than {readout} "
+        f"(max |readout(z_L) - logits| = {err:.3g} > {tol:.3g}; "
+        f"e.g. a logit soft-cap): early exits would not be read as the model reads its output"
+    )
+    if explicit:
+        raise ConfigError(f"logit lens: {why}")
+    return out | dict(skipped=skipped | dict(logit_lens=why))
+
+
+def _hf_nll_metrics(model: HFDepthModel, metrics, domain_sets: Optional[dict], say: Callable) -> dict:
+    "The requested completion-NLL metrics, scored within the model's context length."
+    out = {}
+    for m, group in NLL_METRICS.items():
+        if m not in metrics:
+            continue
+        sets = (domain_sets or {}).get(group)
+        if not sets:
+            raise ConfigError(
+                f"metric {m} needs evaluation sets: domain_sets={{'{group}': {{name: (category, pairs[, meta])}}}}"
+            )
+        say(f"{group} NLL")
+        ctx = getattr(text_config(model.hf), "max_position_embeddings", None)
+        per_set = {
+            name: completion_nll(model, pairs, max_len=ctx) | dict(category=cat) | (meta[0] if meta else {})
+            for name, (cat, pairs, *meta) in sets.items()
+        }
+        out[m] = dict(sets=per_set, by_category=nll_by_category(per_set, {n: v[0] for n, v in sets.items()}))
+    return out
 
 
 def diagnose_hf_model(
@@ -544,7 +643,8 @@ def diagnose_hf_model(
     domain_sets: Optional[dict] = None,
     progress: bool = False,
 ) -> dict:
-    "Run the requested diagnostics on a wrapped Transformers model and windows x, y [B, T]; the layout of `diagnose_model`."
+    """Run the requested diagnostics on a wrapped Transformers model and windows x, y [B, T];
+    the layout of `diagnose_model`."""
     if method not in METHODS:
         raise ConfigError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
     explicit, metrics = metrics is not None, check_hf_metrics(metrics)
@@ -564,48 +664,21 @@ def diagnose_hf_model(
         loss=runs.loss,
     )
     if any(m in metrics for m in PERTURBING):
-        if method == "auto":
-            say("checking the batched runs against plain forwards")
-            try:
-                ok, how = runs.agrees_with_naive(1e-4 if model.dtype == torch.float32 else 1e-2)
-            except Exception as e:
-                ok, how = False, f"the batched run failed: {type(e).__name__}: {e}"
-            method = "shared" if ok else "naive"
-            out["method_check"] = how
-        out["method"] = method
+        out.update(_hf_method(runs, model, method, say))
+        method = out["method"]
     batched = method == "shared"
     if "angular" in metrics:
         say("angular distance")
         A = angular_distance_matrix(states)
-        out["angular"] = dict(matrix=A.tolist(), consecutive=[float(A[l, l + 1]) for l in range(L)])
+        out["angular"] = dict(matrix=A.tolist(), consecutive=[float(A[b, b + 1]) for b in range(L)])
     if "block_influence" in metrics:
         out["block_influence"] = block_influence(states)
     if "causal" in metrics or "pruning" in metrics:
         say("causal score / pruning")
-        if batched:
-            C, delta = runs.skip_scores(progress)
-        else:
-            rows, delta = [], []
-            with torch.no_grad():
-                for s in tqdm(range(L), desc="skip each block", disable=not progress, leave=False):
-                    lg, st = model(x, skip={s}, return_states=True)
-                    delta.append(float(lm_loss(lg, y)) - runs.loss)
-                    rows.append(causal_row(states, st, s))
-            C = torch.stack(rows)
-        if "causal" in metrics:
-            out["causal"] = asdict(summarize_causal(C))
-        if "pruning" in metrics:
-            out["pruning"] = dict(base_loss=runs.loss, delta_loss=delta)
+        out.update(_hf_skip_metrics(runs, model, x, y, metrics, batched, progress))
     if "angular_pruning" in metrics:
         say("angular-distance pruning")
-        if batched:
-            A_last = last_token_angular(states)
-            plan = angular_pruning_plan(A_last)
-            out["angular_pruning"] = angular_pruning_result(
-                A_last, plan, runs.loss, runs.drop_losses([p["blocks"] for p in plan], progress)
-            )
-        else:
-            out["angular_pruning"] = angular_pruning(model, x, y, states)
+        out["angular_pruning"] = _hf_angular_pruning(runs, model, x, y, batched, progress)
     if "permutation" in metrics:
         say("permutation score")
         P = runs.permutation(progress) if batched else permutation_matrix(model, x, y, method="naive")[0]
@@ -623,39 +696,13 @@ def diagnose_hf_model(
         out["collapse"] = token_collapse(states)
     if "logit_lens" in metrics:
         say("logit lens")
-        err, tol = readout_error(model, states, logits)
-        out["logit_lens_check"] = dict(max_abs_logit_diff=err, tolerance=tol)
-        readout = f"{model.layout.names['final_norm']} then {model.layout.names['unembed']}"
-        if err <= tol:
-            out |= dict(logit_lens=logit_lens(model, states, y, logits), logit_lens_readout=readout)
-        else:
-            why = (
-                f"the model does more after its unembedding than {readout} (max |readout(z_L) - logits| = {err:.3g} > {tol:.3g}; "
-                f"e.g. a logit soft-cap): early exits would not be read as the model reads its output"
-            )
-            if explicit:
-                raise ConfigError(f"logit lens: {why}")
-            out["skipped"] = out.get("skipped", {}) | dict(logit_lens=why)
+        out.update(_hf_logit_lens(model, states, y, logits, explicit, out.get("skipped", {})))
     if "latency" in metrics:
         say("latency")
         out["latency"] = measure_latency(
             model, int(x.shape[1]), model.hf.get_input_embeddings().weight.shape[0]
         )  # prefill only
-    for m, group in NLL_METRICS.items():
-        if m not in metrics:
-            continue
-        sets = (domain_sets or {}).get(group)
-        if not sets:
-            raise ConfigError(
-                f"metric {m} needs evaluation sets: domain_sets={{'{group}': {{name: (category, pairs[, meta])}}}}"
-            )
-        say(f"{group} NLL")
-        ctx = getattr(text_config(model.hf), "max_position_embeddings", None)
-        per_set = {
-            name: completion_nll(model, pairs, max_len=ctx) | dict(category=cat) | (meta[0] if meta else {})
-            for name, (cat, pairs, *meta) in sets.items()
-        }
-        out[m] = dict(sets=per_set, by_category=nll_by_category(per_set, {n: v[0] for n, v in sets.items()}))
+    out.update(_hf_nll_metrics(model, metrics, domain_sets, say))
     return out
 
 # %% ../nbs/08b_hf_diagnostics.ipynb #1f21ed09
@@ -663,7 +710,8 @@ TEXT_STREAM_TOKENS = 1 << 22  # held-out documents are read until the stream hol
 
 
 def eval_documents(source: str = "sample", text: Optional[str] = None) -> tuple[Iterator[str], dict]:
-    "(documents, where they come from): every document of the file or folder `text`, else the held-out documents of `source`."
+    """(documents, where they come from): every document of the file or folder `text`,
+    else the held-out documents of `source`."""
     if text is not None:
         path = Path(text).expanduser()
         if not path.exists():
@@ -679,7 +727,8 @@ def _chunked(items: Iterable, n: int) -> Iterator[list]:
 
 
 def token_stream(tokenizer, documents: Iterable[str], max_tokens: int = TEXT_STREAM_TOKENS) -> np.ndarray:
-    "The documents tokenized as the package prepares data (no special tokens, EOS appended unless last), concatenated, cut at max_tokens."
+    """The documents tokenized as the package prepares data (no special tokens, EOS appended unless last),
+    concatenated, cut at max_tokens."""
     eos, parts, n = tokenizer.eos_token_id, [], 0
     for batch in _chunked(documents, 256):
         for ids in tokenizer(batch, add_special_tokens=False, verbose=False)["input_ids"]:
@@ -693,7 +742,8 @@ def token_stream(tokenizer, documents: Iterable[str], max_tokens: int = TEXT_STR
 
 
 def text_windows(stream: np.ndarray, n_samples: int, seq_len: int, seed: int = 0) -> tuple[Tensor, Tensor]:
-    "Seeded windows (x, y) [n_samples, seq_len] of a token stream, drawn as `TokenData.val_batches` draws a run's held-out windows."
+    """Seeded windows (x, y) [n_samples, seq_len] of a token stream,
+    drawn as `TokenData.val_batches` draws a run's held-out windows."""
     n_starts = len(stream) - seq_len
     if n_starts < 1:
         raise ConfigError(
@@ -740,7 +790,8 @@ def load_hf_model(
     revision: Optional[str] = None,
     trust_remote_code: bool = False,
 ) -> nn.Module:
-    "The model of a hub name or local folder in eval mode: AutoModelForCausalLM, or our own class for a depthbench-nb export."
+    """The model of a hub name or local folder in eval mode:
+    AutoModelForCausalLM, or our own class for a depthbench-nb export."""
     from transformers import AutoModelForCausalLM
 
     if dtype not in HF_DTYPES:
@@ -789,6 +840,50 @@ def load_tokenizer_of(
         raise ConfigError(f"no tokenizer could be loaded from {source!r}: pass --tokenizer NAME_OR_FOLDER ({e})") from e
 
 
+def _check_hf_options(n_samples: int, seq_len: int, permutation_method: str, dtype: str) -> None:
+    "Clear errors for bad sizes, methods and dtypes, before anything loads."
+    if n_samples < 1 or seq_len < 1:
+        raise ConfigError(f"n_samples and seq_len must be >= 1, got {n_samples} and {seq_len}")
+    if permutation_method not in METHODS:
+        raise ConfigError(f"permutation_method must be one of {', '.join(METHODS)}, got {permutation_method!r}")
+    if dtype not in HF_DTYPES:
+        raise ConfigError(f"unknown dtype {dtype!r}; valid dtypes: {', '.join(HF_DTYPES)}")
+
+
+def _check_token_ids(x: Tensor, y: Tensor, vocab: int) -> None:
+    "Every token id of the windows must have a row in the model's embedding."
+    if int(x.max()) >= vocab or int(y.max()) >= vocab:
+        raise ConfigError(
+            f"the tokenizer gives token id {max(int(x.max()), int(y.max()))}, beyond the model's {vocab:,} embeddings: "
+            f"pass the model's own tokenizer (--tokenizer)"
+        )
+
+
+def _hf_nll_sets(tok, metrics, eval_limit: Optional[int]) -> Optional[dict]:
+    "The evaluation sets of the requested NLL metrics, split as lm-eval splits them (a fast tokenizer), or None."
+    groups = [NLL_METRICS[m] for m in metrics if m in NLL_METRICS]
+    if groups and not hasattr(tok, "backend_tokenizer"):
+        raise ConfigError(
+            "the NLL metrics split context and completion as lm-eval does, which needs a fast tokenizer; "
+            f"{type(tok).__name__} is not one"
+        )
+    return nll_sets(tok.backend_tokenizer, groups, eval_limit) if groups else None
+
+
+def _model_record(name: str, revision: Optional[str], hf_model: nn.Module, config, layout) -> dict:
+    "What was diagnosed: the model's name, revision, class, type, dtype, device, size and block layout."
+    return dict(
+        name=name,
+        revision=revision,
+        model_class=type(hf_model).__name__,
+        model_type=config.model_type,
+        dtype=str(next(hf_model.parameters()).dtype).replace("torch.", ""),
+        device=str(next(hf_model.parameters()).device),
+        parameters=sum(p.numel() for p in hf_model.parameters()),
+        layout=layout,
+    )
+
+
 def diagnose_hf(
     name: str,
     metrics=None,
@@ -810,15 +905,11 @@ def diagnose_hf(
     trust_remote_code: bool = False,
     progress: bool = False,
 ) -> dict:
-    "Diagnose a Transformers causal LM (hub name or folder) on held-out or user text; writes tables and figures into out_dir."
+    """Diagnose a Transformers causal LM (hub name or folder) on held-out or user text;
+    writes tables and figures into out_dir."""
     if tokens is not None:
         n_samples = math.ceil(tokens / seq_len)
-    if n_samples < 1 or seq_len < 1:
-        raise ConfigError(f"n_samples and seq_len must be >= 1, got {n_samples} and {seq_len}")
-    if permutation_method not in METHODS:
-        raise ConfigError(f"permutation_method must be one of {', '.join(METHODS)}, got {permutation_method!r}")
-    if dtype not in HF_DTYPES:
-        raise ConfigError(f"unknown dtype {dtype!r}; valid dtypes: {', '.join(HF_DTYPES)}")
+    _check_hf_options(n_samples, seq_len, permutation_method, dtype)
     device = resolve_device(device)
     config = load_hf_config(
         name, revision, trust_remote_code
@@ -833,18 +924,8 @@ def diagnose_hf(
     stream = token_stream(tok, docs)
     x, y = text_windows(stream, n_samples, seq_len, seed)
     hf_model = load_hf_model(name, config, dtype, device, revision, trust_remote_code)
-    vocab = hf_model.get_input_embeddings().weight.shape[0]
-    if int(x.max()) >= vocab or int(y.max()) >= vocab:
-        raise ConfigError(
-            f"the tokenizer gives token id {max(int(x.max()), int(y.max()))}, beyond the model's {vocab:,} embeddings: "
-            f"pass the model's own tokenizer (--tokenizer)"
-        )
-    groups = [NLL_METRICS[m] for m in metrics if m in NLL_METRICS]
-    if groups and not hasattr(tok, "backend_tokenizer"):
-        raise ConfigError(
-            f"the NLL metrics split context and completion as lm-eval does, which needs a fast tokenizer; {type(tok).__name__} is not one"
-        )
-    sets = nll_sets(tok.backend_tokenizer, groups, eval_limit) if groups else None
+    _check_token_ids(x, y, hf_model.get_input_embeddings().weight.shape[0])
+    sets = _hf_nll_sets(tok, metrics, eval_limit)
     if native:
         model = hf_model.model
         dev = next(model.parameters()).device
@@ -863,16 +944,8 @@ def diagnose_hf(
         res = diagnose_hf_model(
             model, x, y, metrics, method=permutation_method, max_rows=max_rows, domain_sets=sets, progress=progress
         )
-    res["model"] = dict(
-        name=name,
-        revision=revision,
-        model_class=type(hf_model).__name__,
-        model_type=config.model_type,
-        dtype=str(next(hf_model.parameters()).dtype).replace("torch.", ""),
-        device=str(next(hf_model.parameters()).device),
-        parameters=sum(p.numel() for p in hf_model.parameters()),
-        layout=model.layout.names if not native else "depthbench-nb native model",
-    )
+    layout = model.layout.names if not native else "depthbench-nb native model"
+    res["model"] = _model_record(name, revision, hf_model, config, layout)
     res["eval_text"] = where | dict(
         tokenizer=tokenizer or name, stream_tokens=int(len(stream)), windows=n_samples, seq_len=seq_len
     )
@@ -911,7 +984,8 @@ def diagnose_command(
     seq_len: int = 256,  # window length (default 256, capped at the training length or the model's context)
     tokens: Optional[int] = None,  # evaluate about N tokens: ceil(N / seq_len) windows (replaces --n-samples)
     seed: int = 0,  # seed of the windows (default 0)
-    source: str = "sample",  # --hf: held-out documents of a project source: sample (offline), fineweb-edu, ... (default sample)
+    # --hf: held-out documents of a project source: sample (offline), fineweb-edu, ... (default sample)
+    source: str = "sample",
     text: Optional[str] = None,  # --hf: evaluate on every document of this .txt/.jsonl/.parquet file or folder instead
     tokenizer: Optional[str] = None,  # --hf: a tokenizer name or folder (default: the model's own)
     dtype: Literal[
@@ -935,35 +1009,23 @@ def diagnose_command(
     "Layer diagnostics of a run's last checkpoint (RUN_DIR) or of any Transformers causal LM (--hf NAME_OR_PATH)."
     if (run_dir is None) == (hf is None):
         raise ConfigError("give a run folder (RUN_DIR) or --hf NAME_OR_PATH, exactly one")
+    hf_options = dict(
+        source=source,
+        text=text,
+        tokenizer=tokenizer,
+        dtype=dtype,
+        out=out,
+        revision=revision,
+        trust_remote_code=trust_remote_code,
+    )
+    shared = dict(figures=not no_figures, permutation_method=permutation_method, eval_limit=eval_limit)
     if hf is None:
-        options = dict(
-            source=source,
-            text=text,
-            tokenizer=tokenizer,
-            dtype=dtype,
-            out=out,
-            revision=revision,
-            trust_remote_code=trust_remote_code,
-        )
-        given = [f"--{k.replace('_', '-')}" for k, v in options.items() if v != _HF_ONLY[k]]
-        if given:
-            raise ConfigError(f"{', '.join(given)} apply to --hf only (a run is diagnosed on its own held-out data)")
+        _refuse_hf_options(hf_options)
         if tokens is not None:
             n_samples = math.ceil(tokens / seq_len)
-        res = run_diagnostics(
-            run_dir,
-            metrics,
-            n_samples,
-            seq_len,
-            seed,
-            figures=not no_figures,
-            permutation_method=permutation_method,
-            eval_limit=eval_limit,
-            device=device,
-            progress=not json,
-        )
-        title = f"diagnostics of {res['run_dir']}"
+        res = run_diagnostics(run_dir, metrics, n_samples, seq_len, seed, **shared, device=device, progress=not json)
     else:
+        hf_args = (source, text, tokenizer, dtype, device, out)
         res = diagnose_hf(
             hf,
             metrics,
@@ -971,26 +1033,34 @@ def diagnose_command(
             seq_len,
             tokens,
             seed,
-            source,
-            text,
-            tokenizer,
-            dtype,
-            device,
-            out,
-            figures=not no_figures,
-            permutation_method=permutation_method,
-            eval_limit=eval_limit,
+            *hf_args,
+            **shared,
             revision=revision,
             trust_remote_code=trust_remote_code,
             progress=not json,
         )
+    return _print_diagnosis(res, hf, json)
+
+
+def _refuse_hf_options(options: dict) -> None:
+    "A run folder is diagnosed on its own held-out data: the --hf options, when given, are an error."
+    given = [f"--{k.replace('_', '-')}" for k, v in options.items() if v != _HF_ONLY[k]]
+    if given:
+        raise ConfigError(f"{', '.join(given)} apply to --hf only (a run is diagnosed on its own held-out data)")
+
+
+def _print_diagnosis(res: dict, hf: Optional[str], as_json: bool) -> int:
+    "The summary and one row per block, as tables or as one JSON object with the written files."
+    if hf is not None:
         title = f"diagnostics of {hf} -> {Path(res['files'][0]).parent}"
+    else:
+        title = f"diagnostics of {res['run_dir']}"
     head = (
         ({"model": hf} if hf else {})
         | summary(res)
         | dict(metrics=[m for m in res["metrics"] if m in res], skipped=res.get("skipped") or {})
     )
-    if json:
+    if as_json:
         return emit(head | dict(per_layer=per_layer_rows(res), files=res["files"]), True)
     emit(head | dict(files=res["files"]), False, title=title)
     return emit(per_layer_rows(res), False, title="per block")

@@ -19,7 +19,6 @@ from depthbench_nb.diagnostics import (
     effective_rank,
     forward_product,
     last_three_quarters,
-    layer_pruning,
     lm_loss,
     logit_lens,
     mixing_stats,
@@ -96,12 +95,12 @@ def test_causal_row_matches_a_naive_loop(xy):
         _, base = model(x, return_states=True)
         _, skipped = model(x, skip={1}, return_states=True)
     row = causal_row(base, skipped, 1)
-    for l in range(2, 4):
-        u, v = base[l + 1] - base[l], skipped[l + 1] - skipped[l]
+    for layer in range(2, 4):
+        u, v = base[layer + 1] - base[layer], skipped[layer + 1] - skipped[layer]
         ratios = [
             float((v[b, t] - u[b, t]).norm() / max(float(u[b, t].norm()), 1e-8)) for b in range(3) for t in range(12)
         ]
-        assert float(row[l]) == pytest.approx(sum(ratios) / len(ratios), rel=1e-5)
+        assert float(row[layer]) == pytest.approx(sum(ratios) / len(ratios), rel=1e-5)
     assert torch.isnan(row[:2]).all()
 
 
@@ -112,7 +111,7 @@ def test_identity_block_has_zero_causal_pruning_and_permutation_scores(xy):
     x, y = xy
     res = diagnose_model(model, cfg, x, y, metrics=["causal", "pruning", "permutation"])
     C = res["causal"]["matrix"]
-    assert all(abs(C[1][l]) < 1e-6 for l in range(2, 5)) and all(abs(C[3][l]) < 1e-6 for l in range(4, 5))
+    assert all(abs(C[1][b]) < 1e-6 for b in range(2, 5)) and all(abs(C[3][b]) < 1e-6 for b in range(4, 5))
     assert abs(res["pruning"]["delta_loss"][1]) < 1e-6 and abs(res["pruning"]["delta_loss"][3]) < 1e-6
     assert abs(res["permutation"]["matrix"][1][3]) < 1e-6  # swapping two identity blocks changes nothing
     assert res["causal"]["matrix"][0][2] > 1e-3  # ... while a real block does matter
@@ -128,9 +127,11 @@ def test_summaries_and_thresholds():
     # the paper counts late pairs (s, l), s < l, both in 2..7: C(6, 2) = 15; above 0.45 those with s >= 4: 3 + 2 + 1 = 6
     assert sc.frac_above == pytest.approx(6 / 15) and (sc.extra["late_pairs"], sc.extra["late_pairs_above"]) == (15, 6)
     assert sc.per_layer[4] == 0.5 and math.isnan(sc.per_layer[7])
-    # by per-layer means (not the paper's summary, kept under its own name): late layers with a successor 2..6, above: 4, 5, 6
+    # by per-layer means (not the paper's summary, kept under its own name):
+    # late layers with a successor 2..6, above: 4, 5, 6
     assert sc.extra["frac_layers_mean_above"] == pytest.approx(3 / 5)
-    # a single late pair above the threshold among 15 moves the fraction by exactly 1/15; one outside the late blocks not at all
+    # a single late pair above the threshold among 15 moves the fraction by exactly 1/15;
+    # one outside the late blocks not at all
     C2 = C.clone()
     C2[2, 3] = 0.9
     C2[0, 1] = 0.9
@@ -144,7 +145,7 @@ def test_summaries_and_thresholds():
     assert sp.frac_above == pytest.approx(5 / 15) and sp.per_layer[7] == pytest.approx(0.2)
 
 
-# ---- permutation score -------------------------------------------------------------------------------------------------
+# ---- permutation score -----------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("arch", ["preln", "lns", "keel", "hc", "mhc"])
 def test_shared_prefix_permutation_equals_the_naive_loop(arch, xy):
     model, _ = tiny(arch)
@@ -178,7 +179,7 @@ def test_identical_blocks_swaps_change_nothing(arch, xy):
     assert P.nan_to_num().abs().max() < 1e-6
 
 
-# ---- usefulness, collapse, logit lens -----------------------------------------------------------------------------------
+# ---- usefulness, collapse, logit lens --------------------------------------------------------------------------------
 def test_usefulness_identity_block_is_exactly_affine(xy):
     model, _ = tiny()
     make_identity(model, 2)
@@ -206,7 +207,7 @@ def test_logit_lens_final_state_agrees_with_the_output(xy):
         assert ll[-1]["ce"] == pytest.approx(float(lm_loss(logits, y)), rel=1e-5)
 
 
-# ---- mixing structure, dead zone -----------------------------------------------------------------------------------------
+# ---- mixing structure, dead zone -------------------------------------------------------------------------------------
 def test_mixing_erank_known_answers():
     n = 4
     assert mixing_stats(torch.eye(n).repeat(10, 2, 3, 1, 1))["mixing_erank"] == pytest.approx(n)
@@ -252,7 +253,7 @@ def test_dead_zone_on_block_attnres(xy):
     assert res["dead_zone"]["dead_layers"] == 0
 
 
-# ---- applicability and bad input --------------------------------------------------------------------------------------------
+# ---- applicability and bad input -------------------------------------------------------------------------------------
 def test_metrics_that_do_not_apply_are_clear_errors():
     pre = ModelConfig(arch="preln", n_layer=4, d_model=32, n_head=2)
     with pytest.raises(ConfigError, match="multistream"):
@@ -274,7 +275,7 @@ def test_completion_nll_scores_only_the_completion():
     assert r["tokens"] == 2 and r["nll_sum"] == pytest.approx(float(-logp[1, 7] - logp[2, 8]), rel=1e-5)
 
 
-# ---- a run folder in, diagnostics out ---------------------------------------------------------------------------------------
+# ---- a run folder in, diagnostics out --------------------------------------------------------------------------------
 def _checkpointed_run(arch="preln", data=None):
     from depthbench_nb.runs import write_params
     from depthbench_nb.runs import save_checkpoint
@@ -329,7 +330,7 @@ def test_run_diagnostics_writes_tables_and_figures(runs_dir, tiny_data):
         run_diagnostics(folder.parent / folder.name, metrics=["dead_zone"])
 
 
-# ---- looped models and the NLL metrics ---------------------------------------------------------------------------------------
+# ---- looped models and the NLL metrics -------------------------------------------------------------------------------
 def test_looped_model_through_the_interface(xy):
     cfg = ModelConfig(arch="looped", n_layer=20, d_model=32, n_head=2, vocab_size=V, max_seq_len=64, recurrence=8)
     model = build_model(cfg).eval()

@@ -69,7 +69,8 @@ def tokenizer(tiny_data):
 
 @pytest.fixture(scope="session")
 def hf_folder(tokenizer, tmp_path_factory):
-    "Factory: a saved random-weight model of a family (weights std 0.2, so that every block matters) with the tokenizer."
+    """Factory: a saved random-weight model of a family (weights std 0.2,
+    so that every block matters) with the tokenizer."""
     root, done = tmp_path_factory.mktemp("hf-models"), {}
 
     def make(family: str) -> Path:
@@ -114,7 +115,8 @@ def load(folder) -> torch.nn.Module:
 
 
 class layers_as:
-    "The model's decoder runs its layers at `order` (indices into its own list): the model's forward, a modified layer list."
+    """The model's decoder runs its layers at `order` (indices into its own list):
+    the model's forward, a modified layer list."""
 
     def __init__(self, model, order):
         self.model, self.order = model, order
@@ -132,7 +134,8 @@ class layers_as:
 
 
 def number_pairs(a, b, path=""):
-    "Every (path, x, y) of numbers at the same place in two JSON-like values (lists of the same length, shared dict keys)."
+    """Every (path, x, y) of numbers at the same place in two JSON-like values (lists of the same length,
+    shared dict keys)."""
     if isinstance(a, dict):
         for k in a.keys() & b.keys():
             yield from number_pairs(a[k], b[k], f"{path}.{k}")
@@ -163,8 +166,8 @@ def test_states_and_readout_are_the_models_own(family, hf_folder):
         logits, states = m(x, return_states=True)
         ref = model(x, output_hidden_states=True, use_cache=False)
     assert len(states) == 5 and (logits - ref.logits).abs().max() < 1e-5
-    for l in range(4):
-        assert (states[l] - ref.hidden_states[l]).abs().max() < 1e-5, l  # every layer's input
+    for layer in range(4):
+        assert (states[layer] - ref.hidden_states[layer]).abs().max() < 1e-5, layer  # every layer's input
     with torch.no_grad():
         assert (
             m.layout.final_norm(states[4]) - ref.hidden_states[4]
@@ -331,7 +334,8 @@ def preln_run(tiny_data, tmp_path_factory):
 
 
 def test_export_round_trip_equals_the_native_diagnostics(preln_run, tiny_data, tmp_path, capsys):
-    "diagnose --hf on the LLaMA export of a Pre-LN run = diagnose on the run: every number of every metric both compute, to 1e-5."
+    """diagnose --hf on the LLaMA export of a Pre-LN run = diagnose on the run:
+    every number of every metric both compute, to 1e-5."""
     export = tmp_path / "llama"
     assert main(["export-hf", str(preln_run), str(export), "--format", "llama", "--json"]) == 0
     assert AutoConfig.from_pretrained(export).model_type == "llama"
@@ -455,7 +459,8 @@ def test_bad_input_is_a_clear_error(hf_folder, tmp_path, capsys):
 
 
 def test_bfloat16_model_keeps_float32_states(hf_folder):
-    "The GPU default dtype, on the CPU: states in float32, batched runs checked at bfloat16's tolerance, the lens trusted."
+    """The GPU default dtype, on the CPU: states in float32, batched runs checked at bfloat16's tolerance,
+    the lens trusted."""
     model = AutoModelForCausalLM.from_pretrained(hf_folder("qwen2"), dtype=torch.bfloat16).eval()
     m = HFDepthModel(model)
     x, y = windows()
@@ -470,7 +475,8 @@ def test_bfloat16_model_keeps_float32_states(hf_folder):
 
 
 def test_a_readout_beyond_norm_and_unembedding_leaves_the_logit_lens_out():
-    "Gemma2 soft-caps its logits after the unembedding: the lens would misread early exits, so it is left out and says why."
+    """Gemma2 soft-caps its logits after the unembedding:
+    the lens would misread early exits, so it is left out and says why."""
     from transformers import Gemma2Config
 
     torch.manual_seed(0)
