@@ -9,7 +9,7 @@ import io
 import math
 import os
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Callable, Optional, Sequence
 
@@ -453,7 +453,8 @@ def _solve(M, b):
 
 
 def _start_state(theta0, project, rows, phi_free):
-    "Unit-box coordinates, J, ∇J and the Gauss-Newton matrix of new starts (random ones first projected, if that lowers J)."
+    """Unit-box coordinates, J, ∇J and the Gauss-Newton matrix of new starts (random ones first projected,
+    if that lowers J)."""
     theta = theta0.copy()
     if project.any():
         proj = _project_linear(theta, rows, phi_free)
@@ -463,6 +464,81 @@ def _start_state(theta0, project, rows, phi_free):
         theta[take] = proj[take]
     z = np.clip((theta - LOWER) / _SPAN, 0.0, 1.0)
     return (z,) + _gn_terms(z, rows, phi_free)
+
+
+def _descent_constants(rows_pm: dict) -> dict:
+    "The runs' rows with the row constants of the float32 model added."
+    return dict(
+        rows_pm,
+        sw=np.sqrt(rows_pm["wt"]),
+        sw32=np.sqrt(rows_pm["wt"]).astype(np.float32),
+        l_d32=(rows_pm["l_d"] * -_SPAN[3]).astype(np.float32),
+    )
+
+
+def _descent_starts(sel, theta0, project, pid, rows_pm: dict, phi_free: bool, fixed) -> dict:
+    "The descent state of the starts `sel`: their rows, box coordinates, J, ∇J, Gauss-Newton matrix and damping."
+    rows = {key: v[pid[sel]] for key, v in rows_pm.items()}
+    z, J, g, G = _start_state(theta0[sel], project[sel], rows, phi_free)
+    mu = 1e-3 * np.einsum("kii->ki", G).max(-1) + 1e-300  # Nielsen's initial damping
+    return dict(
+        sel=sel,
+        rows=rows,
+        z=z,
+        J=J,
+        g=g,
+        G=G,
+        mu=mu,
+        nu=np.full(len(sel), 2.0),
+        nit=np.zeros(len(sel), int),
+        live=np.ones(len(sel), bool),
+        A=_active(z, g, fixed),
+    )
+
+
+def _merge_states(a: dict, b: dict) -> dict:
+    "Two descent states as one batch (a's starts first)."
+    return {k: _merge_states(a[k], b[k]) if isinstance(a[k], dict) else np.concatenate([a[k], b[k]]) for k in a}
+
+
+def _subset_state(st: dict, keep) -> dict:
+    "The starts `keep` of a descent state."
+    return {k: _subset_state(v, keep) if isinstance(v, dict) else v[keep] for k, v in st.items()}
+
+
+def _lm_iteration(st: dict, phi_free: bool, fixed, ftol: float, maxiter: int) -> np.ndarray:
+    """One Levenberg-Marquardt step of every start of the batch, the state updated in place;
+    returns which live starts have finished."""
+    eye = np.eye(6)
+    z, J, g, G, mu, nu, live, A = st["z"], st["J"], st["g"], st["G"], st["mu"], st["nu"], st["live"], st["A"]
+    free = ~A
+    gf = g * free  # projected gradient
+    Gf = G * (free[:, :, None] & free[:, None, :])
+    diag = np.einsum("kii->ki", Gf)
+    scale = np.maximum(diag, 1e-12 * diag.max(-1, keepdims=True) + 1e-300)  # Marquardt's scaling
+    step = -_solve(Gf + eye * (mu[:, None] * scale + A)[:, None, :], gf)
+    zt = np.clip(z + step, 0.0, 1.0)
+    step = zt - z
+    predicted = -(gf * step).sum(-1) - 0.5 * (step * (Gf @ step[..., None])[..., 0]).sum(-1)
+    Jt, gt, Gt = _gn_terms(zt, st["rows"], phi_free)
+    gain = J - Jt
+    ok = (gain > 0) & live
+    rho = np.clip(gain / np.where(predicted > 0, predicted, np.inf), 0.0, 1.0)
+    z[ok], J[ok], g[ok], G[ok] = zt[ok], Jt[ok], gt[ok], Gt[ok]
+    with np.errstate(over="ignore"):  # Nielsen's update, the damping kept in [1e-20, 1e20]
+        st["mu"] = np.clip(np.where(ok, mu * np.maximum(1 / 3, 1 - (2 * rho - 1) ** 3), mu * nu), 1e-20, 1e20)
+    st["nu"] = nu = np.where(ok, 2.0, 2.0 * nu)
+    st["nit"] += live
+    st["A"] = A = _active(z, g, fixed)
+    done = live & ((nu > 2.0**40) | (st["nit"] >= maxiter) | ((g * ~A) == 0).all(-1))
+    tiny = np.flatnonzero(ok & (gain <= ftol * J) & ~done)
+    # a tiny gain ends the descent only if the undamped Gauss-Newton step promises no more (not a plateau)
+    if len(tiny):
+        fr = ~A[tiny]
+        gk = g[tiny] * fr
+        Gk = G[tiny] * (fr[:, :, None] & fr[:, None, :]) + eye * (A[tiny] + 1e-300)[:, None, :]
+        done[tiny] |= (gk * _solve(Gk, gk)).sum(-1) <= 2 * ftol * J[tiny]
+    return done
 
 
 def _descend(
@@ -481,76 +557,22 @@ def _descend(
     Returns θ [S, 6], J [S], iterations [S]."""
     S = len(pid)
     theta_out, J_out, nit_out = np.empty((S, 6)), np.empty(S), np.zeros(S, int)
-    rows_pm = dict(
-        rows_pm,
-        sw=np.sqrt(rows_pm["wt"]),
-        sw32=np.sqrt(rows_pm["wt"]).astype(np.float32),
-        l_d32=(rows_pm["l_d"] * -_SPAN[3]).astype(np.float32),
-    )  # the float32 model's row constants
+    rows_pm = _descent_constants(rows_pm)
     batch = batch or int(
         np.clip(BATCH_ELEMENTS // rows_pm["y"].shape[1], BATCH_STARTS, 1024)
     )  # few runs: more starts per call
     queue = 0
-    eye = np.eye(6)
 
     def take(k):
         nonlocal queue
         sel = np.arange(queue, min(S, queue + k))
         queue += len(sel)
-        rows = {key: v[pid[sel]] for key, v in rows_pm.items()}
-        z, J, g, G = _start_state(theta0[sel], project[sel], rows, phi_free)
-        mu = 1e-3 * np.einsum("kii->ki", G).max(-1) + 1e-300  # Nielsen's initial damping
-        return dict(
-            sel=sel,
-            rows=rows,
-            z=z,
-            J=J,
-            g=g,
-            G=G,
-            mu=mu,
-            nu=np.full(len(sel), 2.0),
-            nit=np.zeros(len(sel), int),
-            live=np.ones(len(sel), bool),
-            A=_active(z, g, fixed),
-        )
-
-    def merge(a, b):
-        return {k: merge(a[k], b[k]) if isinstance(a[k], dict) else np.concatenate([a[k], b[k]]) for k in a}
-
-    def subset(st, keep):
-        return {k: subset(v, keep) if isinstance(v, dict) else v[keep] for k, v in st.items()}
+        return _descent_starts(sel, theta0, project, pid, rows_pm, phi_free, fixed)
 
     st = take(batch)
     while len(st["sel"]):
-        z, J, g, G, mu, nu, live, A = st["z"], st["J"], st["g"], st["G"], st["mu"], st["nu"], st["live"], st["A"]
-        free = ~A
-        gf = g * free  # projected gradient
-        Gf = G * (free[:, :, None] & free[:, None, :])
-        diag = np.einsum("kii->ki", Gf)
-        scale = np.maximum(diag, 1e-12 * diag.max(-1, keepdims=True) + 1e-300)  # Marquardt's scaling
-        step = -_solve(Gf + eye * (mu[:, None] * scale + A)[:, None, :], gf)
-        zt = np.clip(z + step, 0.0, 1.0)
-        step = zt - z
-        predicted = -(gf * step).sum(-1) - 0.5 * (step * (Gf @ step[..., None])[..., 0]).sum(-1)
-        Jt, gt, Gt = _gn_terms(zt, st["rows"], phi_free)
-        gain = J - Jt
-        ok = (gain > 0) & live
-        rho = np.clip(gain / np.where(predicted > 0, predicted, np.inf), 0.0, 1.0)
-        z[ok], J[ok], g[ok], G[ok] = zt[ok], Jt[ok], gt[ok], Gt[ok]
-        with np.errstate(over="ignore"):  # Nielsen's update, the damping kept in [1e-20, 1e20]
-            st["mu"] = np.clip(np.where(ok, mu * np.maximum(1 / 3, 1 - (2 * rho - 1) ** 3), mu * nu), 1e-20, 1e20)
-        st["nu"] = nu = np.where(ok, 2.0, 2.0 * nu)
-        st["nit"] += live
-        st["A"] = A = _active(z, g, fixed)
-        done = live & ((nu > 2.0**40) | (st["nit"] >= maxiter) | ((g * ~A) == 0).all(-1))
-        tiny = np.flatnonzero(ok & (gain <= ftol * J) & ~done)
-        if len(
-            tiny
-        ):  # a tiny gain ends the descent only if the undamped Gauss-Newton step promises no more (not a plateau)
-            fr = ~A[tiny]
-            gk = g[tiny] * fr
-            Gk = G[tiny] * (fr[:, :, None] & fr[:, None, :]) + eye * (A[tiny] + 1e-300)[:, None, :]
-            done[tiny] |= (gk * _solve(Gk, gk)).sum(-1) <= 2 * ftol * J[tiny]
+        done = _lm_iteration(st, phi_free, fixed, ftol, maxiter)
+        z, J, live = st["z"], st["J"], st["live"]
         if done.any():
             f = np.flatnonzero(done)
             sel = st["sel"][f]
@@ -560,9 +582,9 @@ def _descend(
             live[f] = False
         n_live = int(live.sum())
         if n_live < 0.75 * len(live) or (n_live < len(live) and queue >= S):  # compact, then refill in bulk
-            st = subset(st, live)
+            st = _subset_state(st, live)
             if queue < S:
-                st = merge(st, take(batch - n_live))
+                st = _merge_states(st, take(batch - n_live))
     return theta_out, J_out, nit_out
 
 
@@ -572,10 +594,10 @@ def _tr_subproblem(ev, gv, radius):
     mu = np.zeros(len(ev))
     out = np.sqrt(((gv / lam) ** 2).sum(-1)) > radius
     if out.any():
-        l, gg, r = lam[out], gv[out], radius[out]
-        m = np.maximum(0.0, np.sqrt((gg * gg).sum(-1)) / r - l.max(-1))
+        lam_out, gg, r = lam[out], gv[out], radius[out]
+        m = np.maximum(0.0, np.sqrt((gg * gg).sum(-1)) / r - lam_out.max(-1))
         for _ in range(50):  # Newton on 1/‖s(μ)‖ − 1/radius (Moré-Sorensen)
-            den = l + m[:, None]
+            den = lam_out + m[:, None]
             s = gg / den
             ns2 = (s * s).sum(-1)
             ns = np.sqrt(ns2)
@@ -969,7 +991,8 @@ def fit_law(
 def fit_chinchilla(
     N, D, loss, restarts: int = 500, seed: int = 0, provenance: str = "real", extra_starts=None, **kw
 ) -> FitResult:
-    "Chinchilla fit L = E + A·N^−α + B·D^−β (the looped paper's objective, arXiv 2604.21106 §4.2); `kw`: method, workers."
+    """Chinchilla fit L = E + A·N^−α + B·D^−β (the looped paper's objective, arXiv 2604.21106 §4.2); `kw`:
+    method, workers."""
     return fit_law(
         chinchilla_data(N, D, loss, provenance), restarts=restarts, seed=seed, extra_starts=extra_starts, **kw
     )
@@ -1060,7 +1083,8 @@ def fit_frame(
 
 
 def fit_per_r(df: pd.DataFrame, restarts: int = 500, seed: int = 0, provenance: str | None = None, **kw) -> dict:
-    "One Chinchilla law per recurrence r on N = n_once + n_rec (the per-architecture fits of arXiv 2604.21106 Table 1); `kw`: method, workers."
+    """One Chinchilla law per recurrence r on N = n_once + n_rec (the per-architecture fits of arXiv 2604.21106 Table
+    1); `kw`: method, workers."""
     law_data_from_frame(df, "looped", provenance)  # the same checks as a joint fit
     out = {}
     for r, g in df.groupby("r", sort=True):
@@ -1132,6 +1156,75 @@ def table_blocks(data: pd.DataFrame, block_cols: Sequence[str] | None = ("C", "r
     return [np.asarray(v) for v in data.groupby(list(block_cols), sort=True).indices.values()]
 
 
+def _resample_weights(rng, blocks: list, n_runs: int, n_resamples: int) -> list[np.ndarray]:
+    "Each resample's weight per run: len(blocks) blocks drawn with replacement, a run counted once per draw."
+    weights = []
+    for _ in range(n_resamples):
+        w = np.zeros(n_runs)
+        for j in rng.integers(0, len(blocks), len(blocks)):
+            w[blocks[j]] += 1
+        weights.append(w)
+    return weights
+
+
+def _batched_refits(data, weights, chunks, seeds, warm, restarts, phi, phi_free, workers, bar) -> list:
+    "The resamples' refits by the batched minimiser, a chunk of resamples per job, in `workers` processes."
+    n_free, phi_value = (6 if phi_free else 5), (0.0 if phi is None else float(phi))
+    jobs = [
+        (
+            [_objective_rows(data, weights[i], phi) for i in ch],
+            [np.vstack([_random_starts(restarts, n_free, seeds[i]), warm]) for i in ch],
+            [restarts] * len(ch),
+            phi_free,
+            phi_value,
+        )
+        for ch in chunks
+    ]
+    workers = default_workers() if workers is None else workers
+    if workers < 1:
+        raise ConfigError(f"workers must be >= 1, got {workers}")
+    sols = []
+    for out in _in_processes(_solve_chunk, jobs, workers, lambda i: bar.update(len(chunks[i]))):
+        sols += out
+    return sols
+
+
+def _scipy_refits(data, weights, chunks, seeds, warm, restarts, phi, bar) -> list:
+    "The reference: each resample's runs concatenated (duplicates kept) and refitted by the scipy loop."
+    sols = []
+    for ch in chunks:
+        sols += [
+            minimise_law(
+                _repeat_runs(data, weights[i]),
+                phi=phi,
+                restarts=restarts,
+                seed=seeds[i],
+                extra_starts=list(warm),
+                method="scipy",
+            )
+            for i in ch
+        ]
+        bar.update(len(ch))
+    return sols
+
+
+def _bootstrap_row(i: int, seed: int, sol, phi_free: bool, n_free: int, n_warm: int, restarts: int) -> dict:
+    "One resample's refit: its parameters, J, how many starts reached the best, and whether the warm start won."
+    p = params_from_theta(sol.theta)
+    tol = sol.J * (1 + 1e-9) + 1e-18
+    return dict(
+        resample=i,
+        seed=seed,
+        huber=sol.J,
+        **{k: p[k] for k in BOOT_PARAMS},
+        phi_free=phi_free,
+        n_at_best=int((sol.finals <= sol.J * (1 + 1e-6) + 1e-18).sum()),
+        n_basins=sol.n_basins,
+        at_bounds=", ".join(_at_bounds(sol.theta, n_free)),
+        best_from_warm_start=bool(n_warm and sol.finals[restarts:].min() <= tol and sol.finals[:restarts].min() > tol),
+    )
+
+
 def law_bootstrap(
     data: LawData,
     blocks: list,
@@ -1157,15 +1250,9 @@ def law_bootstrap(
     if n_resamples < 1:
         raise ConfigError(f"n_resamples must be >= 1, got {n_resamples}")
     _check_method(method)
-    rng = np.random.default_rng(seed)
-    weights = []
-    for _ in range(n_resamples):  # drawn up front: a resample never depends on chunking or workers
-        w = np.zeros(data.n)
-        for j in rng.integers(0, len(blocks), len(blocks)):
-            w[blocks[j]] += 1
-        weights.append(w)
+    # drawn up front: a resample never depends on chunking or workers
+    weights = _resample_weights(np.random.default_rng(seed), blocks, data.n, n_resamples)
     phi_free = data.law == "looped" and phi is None
-    n_free, phi_value = (6 if phi_free else 5), (0.0 if phi is None else float(phi))
     warm = np.zeros((0, 6))
     if warm_start is not None:
         warm = np.clip(np.asarray(getattr(warm_start, "theta", warm_start), float).reshape(1, 6), LOWER, UPPER)
@@ -1174,58 +1261,15 @@ def law_bootstrap(
 
     bar = tqdm(total=n_resamples, desc=f"bootstrap ({restarts} + {len(warm)} starts per refit)", disable=not progress)
     chunks = [range(c0, min(n_resamples, c0 + BOOT_CHUNK)) for c0 in range(0, n_resamples, BOOT_CHUNK)]
-    sols = []
     if method == "batched":
-        jobs = [
-            (
-                [_objective_rows(data, weights[i], phi) for i in ch],
-                [np.vstack([_random_starts(restarts, n_free, seeds[i]), warm]) for i in ch],
-                [restarts] * len(ch),
-                phi_free,
-                phi_value,
-            )
-            for ch in chunks
-        ]
-        workers = default_workers() if workers is None else workers
-        if workers < 1:
-            raise ConfigError(f"workers must be >= 1, got {workers}")
-        for out in _in_processes(_solve_chunk, jobs, workers, lambda i: bar.update(len(chunks[i]))):
-            sols += out
-    else:  # the reference: each resample's runs concatenated (duplicates kept) and refitted by the scipy loop
-        for ch in chunks:
-            sols += [
-                minimise_law(
-                    _repeat_runs(data, weights[i]),
-                    phi=phi,
-                    restarts=restarts,
-                    seed=seeds[i],
-                    extra_starts=list(warm),
-                    method="scipy",
-                )
-                for i in ch
-            ]
-            bar.update(len(ch))
+        sols = _batched_refits(data, weights, chunks, seeds, warm, restarts, phi, phi_free, workers, bar)
+    else:
+        sols = _scipy_refits(data, weights, chunks, seeds, warm, restarts, phi, bar)
     bar.close()
-    rows = []
-    for i, sol in enumerate(sols):
-        p = params_from_theta(sol.theta)
-        tol = sol.J * (1 + 1e-9) + 1e-18
-        rows.append(
-            dict(
-                resample=i,
-                seed=seeds[i],
-                huber=sol.J,
-                **{k: p[k] for k in BOOT_PARAMS},
-                phi_free=phi_free,
-                n_at_best=int((sol.finals <= sol.J * (1 + 1e-6) + 1e-18).sum()),
-                n_basins=sol.n_basins,
-                at_bounds=", ".join(_at_bounds(sol.theta, n_free)),
-                best_from_warm_start=bool(
-                    len(warm) and sol.finals[restarts:].min() <= tol and sol.finals[:restarts].min() > tol
-                ),
-            )
-        )
-    return pd.DataFrame(rows)
+    n_free = 6 if phi_free else 5
+    return pd.DataFrame(
+        [_bootstrap_row(i, seeds[i], sol, phi_free, n_free, len(warm), restarts) for i, sol in enumerate(sols)]
+    )
 
 
 def _repeat_runs(data: LawData, weights) -> LawData:
@@ -1253,8 +1297,9 @@ def block_bootstrap(
     provenance: str | None = None,
     method: str = "batched",
 ) -> dict:
-    """Percentile CIs of a law's parameters from refits of block resamples of a table (arXiv 2604.21106 App. F.2: blocks are (C, r) cells;
-    `block_cols=None`: each run a block). Returns the CIs, what they came from, and the refits (`samples`)."""
+    """Percentile CIs of a law's parameters from refits of block resamples of a table
+    (arXiv 2604.21106 App. F.2: blocks are (C, r) cells; `block_cols=None`: each run a block).
+    Returns the CIs, what they came from, and the refits (`samples`)."""
     if not 0 < level < 1:
         raise ConfigError(f"level must be in (0, 1), got {level}")
     if n_resamples < 2:
@@ -1314,7 +1359,8 @@ def effort_label(fit: FitResult) -> str:
     b = fit.bootstrap
     if b:
         s += (
-            f"; {b['n_resamples']} block resamples of {b['n_blocks']} blocks, each refit from {b['restarts']} random starts"
+            f"; {b['n_resamples']} block resamples of {b['n_blocks']} blocks, "
+            f"each refit from {b['restarts']} random starts"
             + (
                 f" + 1 warm start at this fit; the warm start alone found the best in {b['best_from_warm_start']} of "
                 f"{b['n_resamples']}"

@@ -104,7 +104,8 @@ def test_chinchilla_replication_matches_besiroglu():
 
 
 def test_tight_tolerances_beat_scipy_defaults():
-    "arXiv 2604.21106 §4.2, App. F (docs/scaling_fit.md): the default L-BFGS-B tolerances stop early on this objective; the tight ones reach a lower J."
+    """arXiv 2604.21106 §4.2, App. F (docs/scaling_fit.md):
+    the default L-BFGS-B tolerances stop early on this objective; the tight ones reach a lower J."""
     from scipy.optimize import minimize
 
     df = chinchilla_frame()
@@ -179,7 +180,8 @@ def test_bootstrap_ci_covers_truth(synthetic, synthetic_fit):
 
 
 def check_against_scipy(synthetic, n_resamples: int):
-    "The acceptance check (the benchmark runs all 200 resamples): J <= scipy's best of 500 x (1 + 1e-12), phi within 1e-4."
+    """The acceptance check (the benchmark runs all 200 resamples):
+    J <= scipy's best of 500 x (1 + 1e-12), phi within 1e-4."""
     data = law_data_from_frame(synthetic, "looped")
     full = fit_frame(synthetic, "looped", restarts=500, seed=0)
     ref = minimise_law(data, restarts=500, seed=0, method="scipy")
