@@ -75,8 +75,9 @@ class DepthBenchLM(TemplateLM):
         super().__init__()
         if unknown:
             raise ConfigError(
-                f"depthbench: unknown model_args {sorted(unknown)}; valid: pretrained, dtype, max_length, max_gen_toks, "
-                f"tokenizer (and lm-eval's --batch_size, --device)"
+                f"depthbench: unknown model_args {sorted(unknown)}; "
+                "valid: pretrained, dtype, max_length, max_gen_toks, "
+                "tokenizer (and lm-eval's --batch_size, --device)"
             )
         if dtype not in DTYPES:
             raise ConfigError(f"depthbench: dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
@@ -144,7 +145,8 @@ class DepthBenchLM(TemplateLM):
         return self.model(x.to(self._device)).float()  # [B, T, V]
 
     def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs) -> list[tuple[float, bool]]:
-        "(cache key, context ids, continuation ids) -> (summed log-probability, greedy?) per request, batched longest first."
+        """(cache key, context ids, continuation ids) -> (summed log-probability, greedy?) per request,
+        batched longest first."""
         out: list = [None] * len(requests)
         order = sorted(range(len(requests)), key=lambda i: -(len(requests[i][1]) + len(requests[i][2])))
         bar = tqdm(total=len(order), disable=disable_tqdm, desc="depthbench loglikelihood")
@@ -156,7 +158,8 @@ class DepthBenchLM(TemplateLM):
                 ids = (list(ctx) + list(cont))[-(self.max_length + 1) :]  # the context is cut from the left
                 if len(cont) > len(ids) - 1:
                     raise ConfigError(
-                        f"a continuation of {len(cont)} tokens does not fit the context window of {self.max_length} tokens"
+                        f"a continuation of {len(cont)} tokens does not fit "
+                        f"the context window of {self.max_length} tokens"
                     )
                 rows.append(ids[:-1])
                 spans.append((len(ids) - 1 - len(cont), ids[len(ids) - len(cont) :]))  # first scored position, targets
@@ -177,7 +180,8 @@ class DepthBenchLM(TemplateLM):
         return out
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
-        "Summed log-probability of whole documents over lm-eval's rolling windows (all windows of all documents batched)."
+        """Summed log-probability of whole documents over lm-eval's rolling windows (all windows of all documents
+        batched)."""
         windows, owner = [], []
         for k, (string,) in enumerate(req.args for req in requests):
             pairs = lm_utils.get_rolling_token_windows(
@@ -198,7 +202,8 @@ class DepthBenchLM(TemplateLM):
         return totals
 
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
-        "Continuations up to a stop string, EOS or max_gen_toks; equal-length contexts with equal options decode as one batch."
+        """Continuations up to a stop string, EOS or max_gen_toks;
+        equal-length contexts with equal options decode as one batch."""
         out: list = [None] * len(requests)
         groups: dict = {}
         for i, req in enumerate(requests):
@@ -237,7 +242,8 @@ class DepthBenchLM(TemplateLM):
     def _generate(
         self, contexts: list[list[int]], max_new: int, until: list[str], temperature: float = 0.0
     ) -> list[str]:
-        "Equal-length contexts [B, T] continued with our KV cache until every row met EOS, a stop string or max_new tokens."
+        """Equal-length contexts [B, T] continued with our KV cache until every row met EOS,
+        a stop string or max_new tokens."""
         step_in = torch.tensor(contexts, dtype=torch.long, device=self._device)  # [B, T]
         cache, new, done = KVCache(), [[] for _ in contexts], [False] * len(contexts)
         for _ in range(max_new):
@@ -279,7 +285,8 @@ NLL_ROUTES = ("native", "lm-eval")
 
 
 def lm_eval_nll(lm: DepthBenchLM, pairs) -> dict:
-    "The official route: (prompt, target) pairs as lm-eval loglikelihood requests; target tokens counted by lm-eval's encoding."
+    """The official route: (prompt, target) pairs as lm-eval loglikelihood requests;
+    target tokens counted by lm-eval's encoding."""
     reqs = [Instance(request_type="loglikelihood", doc={}, arguments=(c, x), idx=i) for i, (c, x) in enumerate(pairs)]
     scored = lm.loglikelihood(reqs, disable_tqdm=True)
     docs = [
@@ -331,7 +338,8 @@ def domain_nll(
 def compare_nll_routes(
     pretrained, names=None, limit: Optional[int] = 64, batch_size: int = 8, device: Optional[str] = None
 ) -> list[dict]:
-    "Both routes on the same documents, per set: NLLs, documents tokenized alike, and the largest per-document differences."
+    """Both routes on the same documents, per set:
+    NLLs, documents tokenized alike, and the largest per-document differences."""
     from depthbench_nb.data import domain_eval_sets, encode_pairs
 
     lm = DepthBenchLM(str(pretrained), batch_size=batch_size, device=device)
@@ -346,7 +354,10 @@ def compare_nll_routes(
             list(a) + list(b) == list(c) + list(d) and len(b) == len(d)
             for (a, b), (c, d) in zip(lm_ids, encode_pairs(es.pairs, lm.tokenizer))
         ]
-        rel = lambda a, b: abs(a - b) / max(abs(b), 1e-12)
+
+        def rel(a, b):
+            return abs(a - b) / max(abs(b), 1e-12)
+
         rows.append(
             dict(
                 set=name,
@@ -383,7 +394,10 @@ def domain_nll_command(
             rows, json, title=f"domain NLL of {path}: our scorer vs lm-eval loglikelihood (nats per target token)"
         )
     res = domain_nll(path, route, names, limit, batch_size, device)
-    strip = lambda d: {k: v for k, v in d.items() if k != "docs"}
+
+    def strip(d):
+        return {k: v for k, v in d.items() if k != "docs"}
+
     out = dict(route=res["route"], by_category=res["by_category"], sets={k: strip(v) for k, v in res["sets"].items()})
     if json:
         return emit(out, True)
@@ -395,7 +409,8 @@ def domain_nll_command(
 
 
 def cli_domain_nll(argv=None) -> int:
-    "depthbench-nb domain-nll PATH: the domain NLL of a run or export, through our scorer and/or lm-eval's loglikelihood."
+    """depthbench-nb domain-nll PATH: the domain NLL of a run or export,
+    through our scorer and/or lm-eval's loglikelihood."""
     return call_parsed(domain_nll_command, argv, prog="depthbench-nb domain-nll")
 
 # %% ../nbs/09g_lm_eval.ipynb #cf01eb53
@@ -606,18 +621,22 @@ def continuation_scores(lm: DepthBenchLM, samples: list[dict], task_type: str) -
 
 
 def group_scores(tasks: dict, wanted: list[DownstreamTask], missing: dict) -> dict:
-    "Per group: the plain mean of its tasks' loss and accuracy (the official evaluate_owned), its tasks and the missing ones."
+    """Per group: the plain mean of its tasks' loss and accuracy (the official evaluate_owned),
+    its tasks and the missing ones."""
     out = {}
     for group in dict.fromkeys(t.group for t in wanted):
         labels = [t.label for t in wanted if t.group == group]
-        have = [tasks[l] for l in labels if l in tasks]
-        mean = lambda key: sum(t[key] for t in have) / len(have) if have else float("nan")
+        have = [tasks[label] for label in labels if label in tasks]
+
+        def mean(key):
+            return sum(t[key] for t in have) / len(have) if have else float("nan")
+
         out[group] = dict(
             loss=mean("loss"),
             accuracy=mean("accuracy"),
             n_tasks=len(have),
-            tasks=[l for l in labels if l in tasks],
-            missing=[l for l in labels if l in missing],
+            tasks=[label for label in labels if label in tasks],
+            missing=[label for label in labels if label in missing],
         )
     return out
 
@@ -683,7 +702,8 @@ def looped_downstream(
     atomic_write_text(out / "downstream.json", json.dumps(record, indent=1, default=float))
     if progress:
         print(
-            f"[downstream] {len(tasks)} of {len(wanted)} tasks evaluated, {len(missing)} missing -> {out / 'downstream.json'}"
+            f"[downstream] {len(tasks)} of {len(wanted)} tasks evaluated, {len(missing)} missing "
+            f"-> {out / 'downstream.json'}"
         )
     return record
 

@@ -60,7 +60,8 @@ class Reference:
         return self.tok.encode(s, add_special_tokens=False).ids
 
     def pair(self, ctx: str, cont: str):
-        "lm-eval's rule, written out: trailing context spaces join the continuation; the whole string encoded, then split."
+        """lm-eval's rule, written out: trailing context spaces join the continuation;
+        the whole string encoded, then split."""
         n = len(ctx) - len(ctx.rstrip())
         if n:
             ctx, cont = ctx[:-n], ctx[-n:] + cont
@@ -137,8 +138,8 @@ def test_domain_nll_through_lm_eval_agrees_with_our_scorer(trained_run):
     for r in rows.values():
         assert r["max_rel_diff_same_ids"] < 1e-5  # the same token ids: the scorers agree
         assert r["max_rel_diff_alike_docs"] < 1e-5  # the same documents tokenized alike: the routes agree
-    # our scorer splits (context, completion) as lm-eval's _encode_pair does: every document is tokenized alike, HumanEval's
-    # prompts that end in an indent (moved into the target before encoding) included
+    # our scorer splits (context, completion) as lm-eval's _encode_pair does: every document is tokenized alike,
+    # HumanEval's prompts that end in an indent (moved into the target before encoding) included
     assert rows["sciq"]["docs_tokenized_alike"] == 8 and rows["humaneval"]["docs_tokenized_alike"] == 8
     official = domain_nll(run, "lm-eval", limit=8)
     assert set(official["by_category"]) == {"coding", "stem"}
@@ -270,7 +271,8 @@ def test_looped_downstream_on_local_bundles(trained_run, tmp_path, monkeypatch, 
     ref = Reference(run)
 
     def official(context: str, continuation: str):
-        "nats and tokens of the gold continuation of the official 0-shot prompt: the trimmed context, ' ', the continuation."
+        """nats and tokens of the gold continuation of the official 0-shot prompt:
+        the trimmed context, ' ', the continuation."""
         ctx, cont = ref.pair(context.strip(), " " + continuation)
         return -ref.score(ctx, cont), len(cont)
 
