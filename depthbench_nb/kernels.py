@@ -897,6 +897,36 @@ def _attnres_fwd_kernel(
 
 
 @triton.jit
+def _attnres_draw_tile(
+    dout_ptr,
+    draw_ptr,
+    wo_ptr,
+    raw_ptr,
+    gwo_ptr,
+    rho,
+    g_raw_mean,
+    row,
+    cols,
+    D,
+    HAS_DOUT: tl.constexpr,
+    HAS_DRAW: tl.constexpr,
+    STORE_GWO: tl.constexpr,
+):
+    "d raw on one tile of a row's columns: the output RMSNorm's backward of d out, plus the incoming d raw."
+    raw = tl.load(raw_ptr + row * D + cols, mask=cols < D, other=0.0)
+    draw = tl.zeros_like(raw)
+    if HAS_DOUT:
+        dout = tl.load(dout_ptr + row * D + cols, mask=cols < D, other=0.0).to(tl.float32)
+        g = dout * tl.load(wo_ptr + cols, mask=cols < D, other=0.0)
+        draw += rho * (g - raw * rho * rho * g_raw_mean)
+        if STORE_GWO:  # the row's terms of d out_weight, once (the first of the two passes)
+            tl.store(gwo_ptr + row * D + cols, dout * raw * rho, mask=cols < D)
+    if HAS_DRAW:
+        draw += tl.load(draw_ptr + row * D + cols, mask=cols < D, other=0.0).to(tl.float32)
+    return draw
+
+
+@triton.jit
 def _attnres_bwd_kernel(
     dout_ptr,
     draw_ptr,
@@ -945,15 +975,9 @@ def _attnres_bwd_kernel(
     dp = tl.zeros([BLOCK_S], dtype=tl.float32)
     for d0 in range(0, D, BLOCK_D):
         cols = d0 + tl.arange(0, BLOCK_D)
-        raw = tl.load(raw_ptr + row * D + cols, mask=cols < D, other=0.0)
-        draw = tl.zeros([BLOCK_D], dtype=tl.float32)
-        if HAS_DOUT:
-            dout = tl.load(dout_ptr + row * D + cols, mask=cols < D, other=0.0).to(tl.float32)
-            g = dout * tl.load(wo_ptr + cols, mask=cols < D, other=0.0)
-            draw += rho * (g - raw * rho * rho * g_raw_mean)
-            tl.store(gwo_ptr + row * D + cols, dout * raw * rho, mask=cols < D)
-        if HAS_DRAW:
-            draw += tl.load(draw_ptr + row * D + cols, mask=cols < D, other=0.0).to(tl.float32)
+        draw = _attnres_draw_tile(
+            dout_ptr, draw_ptr, wo_ptr, raw_ptr, gwo_ptr, rho, g_raw_mean, row, cols, D, HAS_DOUT, HAS_DRAW, True
+        )
         v = tl.load(v_ptr + src + cols[None, :], mask=s_mask[:, None] & (cols[None, :] < D), other=0.0).to(tl.float32)
         dp += tl.sum(v * draw[None, :], axis=1)
     if HAS_DP:
@@ -963,15 +987,9 @@ def _attnres_bwd_kernel(
     k = scale * dz * r  # du_s * r_s
     for d0 in range(0, D, BLOCK_D):
         cols = d0 + tl.arange(0, BLOCK_D)
-        raw = tl.load(raw_ptr + row * D + cols, mask=cols < D, other=0.0)
-        draw = tl.zeros([BLOCK_D], dtype=tl.float32)
-        if HAS_DOUT:
-            g = tl.load(dout_ptr + row * D + cols, mask=cols < D, other=0.0).to(tl.float32) * tl.load(
-                wo_ptr + cols, mask=cols < D, other=0.0
-            )
-            draw += rho * (g - raw * rho * rho * g_raw_mean)
-        if HAS_DRAW:
-            draw += tl.load(draw_ptr + row * D + cols, mask=cols < D, other=0.0).to(tl.float32)
+        draw = _attnres_draw_tile(
+            dout_ptr, draw_ptr, wo_ptr, raw_ptr, gwo_ptr, rho, g_raw_mean, row, cols, D, HAS_DOUT, HAS_DRAW, False
+        )
         vmask = s_mask[:, None] & (cols[None, :] < D)
         v = tl.load(v_ptr + src + cols[None, :], mask=vmask, other=0.0).to(tl.float32)
         c = tl.load(c_ptr + cols, mask=cols < D, other=0.0)
@@ -1703,6 +1721,67 @@ def _attnres_site_fwd_kernel(
 
 
 @triton.jit
+def _attnres_site_draw(
+    dout_ptr,
+    draw_ptr,
+    wo_ptr,
+    dwo_ptr,
+    raw,
+    rho,
+    row,
+    cols,
+    D,
+    HAS_DOUT: tl.constexpr,
+    HAS_DRAW: tl.constexpr,
+):
+    "d raw of one token (the whole width): the output RMSNorm's backward of d out, plus the incoming d raw."
+    cmask = cols < D
+    draw = tl.zeros_like(raw)
+    if HAS_DOUT:
+        dout = tl.load(dout_ptr + row * D + cols, mask=cmask, other=0.0)
+        g = dout * tl.load(wo_ptr + cols, mask=cmask, other=0.0)
+        draw += rho * (g - raw * rho * rho * (tl.sum(g * raw, axis=0) / D))
+        tl.store(dwo_ptr + row * D + cols, dout * raw * rho, mask=cmask)
+    if HAS_DRAW:
+        draw += tl.load(draw_ptr + row * D + cols, mask=cmask, other=0.0)
+    return draw
+
+
+@triton.jit
+def _attnres_site_dprob(
+    v_ptr,
+    dp_ptr,
+    p_ptr,
+    dprob_ptr,
+    draw,
+    row,
+    cols,
+    n,
+    R,
+    D,
+    HAS_DP: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+):
+    "The first pass over one token's stored sources: d p_s = d raw . v_s (+ the incoming d p); returns sum_s p_s d p_s."
+    cmask = cols < D
+    pdp = tl.sum(tl.zeros([BLOCK_S], tl.float32), axis=0)  # sum_s p_s dprob_s
+    for s0 in range(0, n, BLOCK_S):
+        s = s0 + tl.arange(0, BLOCK_S)
+        smask = s < n
+        v = tl.load(
+            v_ptr + s[:, None].to(tl.int64) * R * D + row * D + cols[None, :],
+            mask=smask[:, None] & cmask[None, :],
+            other=0.0,
+        )
+        dprob = tl.sum(v * draw[None, :], axis=1)
+        if HAS_DP:
+            dprob += tl.load(dp_ptr + s * R + row, mask=smask, other=0.0)
+        tl.store(dprob_ptr + s * R + row, dprob, mask=smask)
+        pdp += tl.sum(tl.load(p_ptr + s * R + row, mask=smask, other=0.0) * dprob, axis=0)
+    return pdp
+
+
+@triton.jit
 def _attnres_site_bwd_kernel(
     dout_ptr,
     draw_ptr,
@@ -1740,28 +1819,8 @@ def _attnres_site_bwd_kernel(
     c = tl.load(c_ptr + cols, mask=cmask, other=0.0)
     raw = tl.load(raw_ptr + row * D + cols, mask=cmask, other=0.0)
     rho = tl.load(rho_ptr + row)
-    draw = tl.zeros([BLOCK_D], tl.float32)
-    if HAS_DOUT:
-        dout = tl.load(dout_ptr + row * D + cols, mask=cmask, other=0.0)
-        g = dout * tl.load(wo_ptr + cols, mask=cmask, other=0.0)
-        draw += rho * (g - raw * rho * rho * (tl.sum(g * raw, axis=0) / D))
-        tl.store(dwo_ptr + row * D + cols, dout * raw * rho, mask=cmask)
-    if HAS_DRAW:
-        draw += tl.load(draw_ptr + row * D + cols, mask=cmask, other=0.0)
-    pdp = tl.sum(tl.zeros([BLOCK_S], tl.float32), axis=0)  # sum_s p_s dprob_s
-    for s0 in range(0, n, BLOCK_S):
-        s = s0 + tl.arange(0, BLOCK_S)
-        smask = s < n
-        v = tl.load(
-            v_ptr + s[:, None].to(tl.int64) * R * D + row * D + cols[None, :],
-            mask=smask[:, None] & cmask[None, :],
-            other=0.0,
-        )
-        dprob = tl.sum(v * draw[None, :], axis=1)
-        if HAS_DP:
-            dprob += tl.load(dp_ptr + s * R + row, mask=smask, other=0.0)
-        tl.store(dprob_ptr + s * R + row, dprob, mask=smask)
-        pdp += tl.sum(tl.load(p_ptr + s * R + row, mask=smask, other=0.0) * dprob, axis=0)
+    draw = _attnres_site_draw(dout_ptr, draw_ptr, wo_ptr, dwo_ptr, raw, rho, row, cols, D, HAS_DOUT, HAS_DRAW)
+    pdp = _attnres_site_dprob(v_ptr, dp_ptr, p_ptr, dprob_ptr, draw, row, cols, n, R, D, HAS_DP, BLOCK_S)
     if HAS_PARTIAL:
         x = tl.load(part_ptr + row * D + cols, mask=cmask, other=0.0)
         dprob_p = tl.sum(x * draw, axis=0)
