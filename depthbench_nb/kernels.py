@@ -1529,8 +1529,9 @@ def _attnres_partial_terms(partial: Tensor, c: Tensor, eps: float) -> tuple[Tens
 
 
 def _attnres_site_fwd_torch(store: AttnResStore, n: int, c: Tensor, out_weight: Tensor, partial: Optional[Tensor]):
-    """One mixing site over the n stored sources (+ the partial sum), weights over sources first: (out [R, d], raw [R,
-    d], p [S, R], dot [S, R], 1/rms [S, R], 1/rms(raw) [R, 1]). The stored 1/rms are reused, never recomputed."""
+    """One mixing site over the n stored sources (+ the partial sum), weights over sources first: (out [R, d],
+    raw [R, d], p [S, R], dot [S, R], 1/rms [S, R], 1/rms(raw) [R, 1]). The stored 1/rms are reused, never
+    recomputed."""
     V = store.values[:n]  # [n, R, d]: a view, nothing is stacked
     R, d = V.shape[1], V.shape[2]
     dot = torch.mv(V.view(-1, d), c).view(n, R)  # one pass over the sources
