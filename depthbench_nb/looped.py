@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 import math
-import statistics
 from dataclasses import dataclass
 from typing import Collection, Optional, Union
 
@@ -14,7 +13,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .config import ConfigError, Design, ModelConfig, _choice_error, register_design, resolve_arch
+from .config import ConfigError, Design, ModelConfig, _choice_error, register_design
+from .kernels import relu_squared, rms_norm
+from .layers import KVCache, RMSNorm, causal_mask, rope_angles
+from .model import DepthModel
 from .shapes import ParamCount
 
 # %% auto #0
@@ -75,7 +77,8 @@ def backward_window(r: int, truncated_bptt: bool) -> int:
 
 
 def _looped_options(cfg: ModelConfig) -> dict:
-    "The looped design's option rules (run by ModelConfig): r divides 16, loop hyper-connections need a loop and full BPTT."
+    """The looped design's option rules (run by ModelConfig): r divides 16, loop hyper-connections need a loop and full
+    BPTT."""
     if 16 % cfg.recurrence:
         raise ConfigError(
             f"recurrence r={cfg.recurrence} must divide 16 (the recurrent block has 16/r layers: r in 1, 2, 4, 8, 16)"
@@ -104,7 +107,8 @@ def _looped_options(cfg: ModelConfig) -> dict:
 
 
 def loop_layout(cfg: ModelConfig) -> LoopLayout:
-    "The layout of a looped `ModelConfig` (its options were checked by `_looped_options`; raises when the depth cannot be split)."
+    """The layout of a looped `ModelConfig` (its options were checked by `_looped_options`; raises when the depth cannot
+    be split)."""
     if cfg.family != "looped":
         raise ConfigError(f"loop_layout needs a looped config, got arch {cfg.arch!r}")
     r, L = cfg.recurrence, cfg.n_layer
@@ -112,7 +116,8 @@ def loop_layout(cfg: ModelConfig) -> LoopLayout:
         return LoopLayout(0, L, 0, 1, "none", 1)
     if L <= N_PRELUDE + N_CODA or (L - N_PRELUDE - N_CODA) % r:
         raise ConfigError(
-            f"n_layer={L} cannot be split as 2 + (n_layer-4)/r * r + 2 with r={r}: n_layer - 4 must be a positive multiple of r (the paper uses n_layer=20)"
+            f"n_layer={L} cannot be split as 2 + (n_layer-4)/r * r + 2 with r={r}: "
+            "n_layer - 4 must be a positive multiple of r (the paper uses n_layer=20)"
         )
     return LoopLayout(
         N_PRELUDE,
@@ -220,7 +225,8 @@ def count_looped_params(cfg: ModelConfig) -> ParamCount:
 def flops_per_token(
     cfg_or_s: Union[ModelConfig, int], r: Optional[int] = None, seq_len: int = PAPER_SEQ_LEN, **config_kw
 ) -> float:
-    "Training FLOPs per token (§3.2; Eq. 6 under truncated BPTT). Pass a looped ModelConfig, or (s, r, **looped_config options)."
+    """Training FLOPs per token (§3.2; Eq. 6 under truncated BPTT). Pass a looped ModelConfig, or (s, r, **looped_config
+    options)."""
     cfg = cfg_or_s if isinstance(cfg_or_s, ModelConfig) else looped_config(cfg_or_s, r, **config_kw)
     if isinstance(cfg_or_s, ModelConfig) and (r is not None or config_kw):
         raise ConfigError("flops_per_token(cfg) takes no r or options: they are in the config")
@@ -317,7 +323,8 @@ def looped_grid_row(C: float, s: int, r: int, variant: str = "baseline", reused:
 
 
 def looped_grid_rows(variant: str = "baseline", budgets: Union[str, Collection[float], None] = None) -> list[dict]:
-    "The runs of a grid: 'baseline' (116 runs, §4, Table 6), 'tbptt' (§5.1) or 'hc' (§5.2; r = 1 rows are the reused baseline runs)."
+    """The runs of a grid: 'baseline' (116 runs, §4, Table 6), 'tbptt' (§5.1) or 'hc' (§5.2; r = 1 rows are the reused
+    baseline runs)."""
     if variant not in GRID_VARIANTS:
         raise _choice_error("looped grid variant", variant, GRID_VARIANTS)
     widths = dict(baseline=BASELINE_WIDTHS, tbptt=TBPTT_WIDTHS, hc=HC_WIDTHS)[variant]
@@ -340,13 +347,9 @@ def looped_grid_rows(variant: str = "baseline", budgets: Union[str, Collection[f
     return rows
 
 # %% ../nbs/06_looped.ipynb #48b088c2
-from .kernels import relu_squared, rms_norm
-from .layers import KVCache, RMSNorm, apply_rope, causal_mask, rope_angles
-from .model import DepthModel
-
-
 def looped_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    "RoPE as the released code: bf16 tables, y1 = x1 cos + x2 sin, y2 = x2 cos − x1 sin, in x's dtype promoted with bf16."
+    """RoPE as the released code: bf16 tables, y1 = x1 cos + x2 sin, y2 = x2 cos − x1 sin, in x's dtype promoted with
+    bf16."""
     h = x.shape[-1] // 2
     x1, x2 = x[..., :h], x[..., h:]  # [B, T, H, hd/2]
     c = cos[None, :, None, :h].to(torch.bfloat16)  # [1, T, 1, hd/2]: the code's bf16 table
@@ -485,7 +488,7 @@ class LoopedLM(DepthModel):
         kv_cache: Optional[KVCache] = None,
     ):
         "idx [B, T] -> logits [B, T, V] (fp32), or (logits, states z_0..z_n_blocks) with return_states."
-        lay, cfg = self.layout, self.config
+        lay = self.layout
         skip, ctx = self._begin(idx, skip, kv_cache)  # checks idx, skip, max_seq_len
         T = idx.shape[1]
         cos, sin = (
@@ -582,7 +585,8 @@ def build_looped(cfg: ModelConfig) -> LoopedLM:
 
 # %% ../nbs/06_looped.ipynb #a40663e1
 def _looped_prefill(cfg: ModelConfig, seq_len: int) -> float:
-    "Forward FLOPs of a T-token prefill: a third of the full-BPTT training count less its (non-causal) attention, then the causal term."
+    """Forward FLOPs of a T-token prefill: a third of the full-BPTT training count less its (non-causal) attention, then
+    the causal term."""
     T, d, head = seq_len, cfg.d_model, cfg.vocab_size * cfg.d_model
     full = float(flops_per_token(cfg.replace(truncated_bptt=False), seq_len=T)) / 3.0
     matmul = full - 4.0 * cfg.n_layer * d * T - 2.0 * head

@@ -6,7 +6,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Annotated, Callable, Optional
 
 from .config import ARCHS, ConfigError, ModelConfig, _choice_error, ffn_hidden_default, resolve_arch
@@ -206,7 +206,8 @@ def grid_shapes(name: str, depths=None) -> list[Shape]:
         bad = [L for L in Ls if L not in g.depths]
         if bad:
             raise ConfigError(
-                f"depth(s) {bad} not in grid {name!r} (depths: {list(g.depths)}); pass d_model explicitly for other shapes"
+                f"depth(s) {bad} not in grid {name!r} (depths: {list(g.depths)}); "
+                "pass d_model explicitly for other shapes"
             )
     return [_shape(L, solve_d_model(L, g), g) for L in Ls]
 
@@ -244,7 +245,8 @@ class Preset:
     eval_rows_fast: Optional[int] = None  # of the evaluations before the last step (None: the final set)
 
 
-# the official step count of each DepthBench tier (configs/README.md "Training budgets"; pretrain_400m.sh --max-steps=7600)
+# the official step count of each DepthBench tier
+# (configs/README.md "Training budgets"; pretrain_400m.sh --max-steps=7600)
 OFFICIAL_STEPS = {
     "400m": 7600,
     "400m-main": 7600,
@@ -266,7 +268,8 @@ PRESETS: dict[str, Preset] = {
             2e-3,
             tokens_per_param=None,
             max_steps=OFFICIAL_STEPS["400m"],
-            description="paper main benchmark: 7.6k steps x 512 x 2048 (~8B tokens) for every shape, as the official runs",
+            description="paper main benchmark: 7.6k steps x 512 x 2048 (~8B tokens) for every shape, "
+            "as the official runs",
         ),
         Preset(
             "400m-main",
@@ -352,7 +355,8 @@ PRESETS: dict[str, Preset] = {
             max_steps=89_645,
             data_source="fineweb-edu-100b-shuffle",
             tokenizer="meta-llama/Llama-2-7b-hf",
-            description="looped paper's extrapolation runs (Table 10): 89,645 steps x 2^19 tokens (47B tokens), arch looped only",
+            description="looped paper's extrapolation runs (Table 10): 89,645 steps x 2^19 tokens (47B tokens), "
+            "arch looped only",
             eval_set="rows",
             eval_rows=34560,
             eval_rows_fast=4992,

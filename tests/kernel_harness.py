@@ -30,7 +30,9 @@ DEFAULT_INTERPRETER_CASES = tuple(dict(kernel=k) for k in KERNEL_NAMES)
 
 def _interpreter_worker() -> None:
     "Body of the interpreter subprocess: read cases (JSON on stdin), print {case index: errors} as JSON."
-    import json, sys, time
+    import json
+    import sys
+    import time
 
     if not TRITON_INTERPRETED:
         raise RuntimeError("the interpreter worker needs TRITON_INTERPRET=1 before import")
@@ -102,12 +104,17 @@ def _model_kernels_vs_torch(case: dict) -> dict[str, float]:
 
 def interpreter_report(cases=DEFAULT_INTERPRETER_CASES, timeout: float = 300.0) -> list[dict]:
     "Run kernel-vs-reference cases in a subprocess with Triton's CPU interpreter; one dict per case (errors, seconds)."
-    import json, subprocess, sys
+    import json
+    import subprocess
+    import sys
 
     if not HAS_TRITON:
         raise ConfigError("interpreter_report needs triton installed (pip install triton)")
     env = dict(os.environ, TRITON_INTERPRET="1", **{KERNELS_ENV: "triton"})
-    code = f"import sys; sys.path.insert(0, {str(HERE)!r}); from kernel_harness import _interpreter_worker; _interpreter_worker()"
+    code = (
+        f"import sys; sys.path.insert(0, {str(HERE)!r}); "
+        "from kernel_harness import _interpreter_worker; _interpreter_worker()"
+    )
     proc = subprocess.run(
         [sys.executable, "-c", code],
         input=json.dumps(list(cases)),
@@ -116,7 +123,7 @@ def interpreter_report(cases=DEFAULT_INTERPRETER_CASES, timeout: float = 300.0) 
         env=env,
         timeout=timeout,
     )
-    lines = [l for l in proc.stdout.splitlines() if l.startswith("INTERPRETER-REPORT ")]
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("INTERPRETER-REPORT ")]
     if proc.returncode != 0 or not lines:
         raise RuntimeError(f"interpreter subprocess failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
     return json.loads(lines[-1][len("INTERPRETER-REPORT ") :])

@@ -198,7 +198,7 @@ def test_vocab_too_large_for_dtype(tmp_path):
     with pytest.raises(ConfigError, match="vocab too large for dtype"):
         D.token_dtype(70_000, "uint16")
     # a real tokenizer with ids above 65,535: prepare picks uint32, and refuses uint16
-    from tokenizers import Tokenizer, models, pre_tokenizers, decoders
+    from tokenizers import Tokenizer, models, pre_tokenizers
 
     words = ["<|endoftext|>", "<unk>"] + [f"w{i}" for i in range(69_994)] + ["alpha", "beta", "gamma", "delta"]
     tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
@@ -266,7 +266,8 @@ def test_bpe_training_is_deterministic():
 
 
 def test_local_sources_txt_jsonl_parquet(tmp_path):
-    import pyarrow as pa, pyarrow.parquet as pq
+    import pyarrow as pa
+    import pyarrow.parquet as pq
 
     docs = [f"Document number {i}.\nIt has two lines about topic {i * 7 % 13}." for i in range(300)]
     folder = tmp_path / "corpus"
@@ -359,7 +360,8 @@ def test_hub_formats_on_records_shaped_like_the_hub():
     ctx, comp = D.EVAL_TASKS["mbpp"].fmt(mbpp)
     assert ctx == (
         "You are an expert Python programmer, and here is your task: Write a function to add two numbers. "
-        "Your code should pass these tests:\n\nassert add(1, 2) == 3\nassert add(0, 0) == 0\nassert add(-1, 1) == 0\n[BEGIN]\n"
+        "Your code should pass these tests:\n\n"
+        "assert add(1, 2) == 3\nassert add(0, 0) == 0\nassert add(-1, 1) == 0\n[BEGIN]\n"
     )
     assert comp == "def add(a, b):\n    return a + b\n"  # the official script: the code and one newline, no [DONE]
     two = D.EVAL_TASKS["mbpp"].fmt({**mbpp, "test_list": mbpp["test_list"][:2], "code": "x = 1\n"})
@@ -376,12 +378,14 @@ def test_hub_formats_on_records_shaped_like_the_hub():
         "Explanation": "Addition.",
     }
     ctx, comp = D.EVAL_TASKS["gpqa_diamond"].fmt(g)
-    import hashlib, random  # the official order: random.Random(seed).shuffle, seed = first 8 bytes of sha256(Record ID), big-endian
+    # the official order: random.Random(seed).shuffle, seed = first 8 bytes of sha256(Record ID), big-endian
+    import hashlib
+    import random
 
     order = ["4", "3", "5", "22"]
     random.Random(int(hashlib.sha256(b"recXYZ").hexdigest()[:16], 16)).shuffle(order)
     assert (
-        ctx == "Question: What is 2+2?\nChoices:\n" + "".join(f"{l}. {c}\n" for l, c in zip("ABCD", order)) + "Answer:"
+        ctx == "Question: What is 2+2?\nChoices:\n" + "".join(f"{k}. {c}\n" for k, c in zip("ABCD", order)) + "Answer:"
     )
     assert comp == " 4\nExplanation: Addition."  # the answer text after a space, then the explanation
     assert (
@@ -428,8 +432,10 @@ def test_downstream_categories_offline():
 
 
 def test_hub_sources_hold_out_whole_files(monkeypatch):
-    "The split rule of the hub sources, with the hub replaced by a fake listing (DepthBench holds out shard 013_00008; the looped code, the last 2 shards)."
-    import datasets, huggingface_hub
+    """The split rule of the hub sources, with the hub replaced by a fake listing (DepthBench holds out shard 013_00008;
+    the looped code, the last 2 shards)."""
+    import datasets
+    import huggingface_hub
 
     listing = {
         "HuggingFaceFW/fineweb-edu": [f"sample/100BT/{i:03d}_{j:05d}.parquet" for i in range(14) for j in range(10)]
@@ -512,7 +518,8 @@ N_FILES = 4
 
 def write_fineweb_like(folder, names=None):
     "600 KJV chapters as N_FILES parquet files with FineWeb-Edu's columns; returns the chapters of each file."
-    import pyarrow as pa, pyarrow.parquet as pq
+    import pyarrow as pa
+    import pyarrow.parquet as pq
 
     chapters = list(D._kjv_chapters())[:600]
     per = -(-len(chapters) // N_FILES)
@@ -617,9 +624,9 @@ KILLER = textwrap.dedent("""
     from depthbench_nb.config import DataConfig
     source, tokenizer, out, workers, where = sys.argv[1:6]
     die = lambda: os.kill(os.getpid(), signal.SIGKILL)            # kill -9: no cleanup code runs
-    if where == 'plan':                                           # after the plan, before any shard
+    if where == 'plan':                          # after the plan, before any shard
         D._tokenize_shards = lambda *a, **k: die()
-    elif where == 'second-shard':                                 # when the second shard is recorded; the others are in hand
+    elif where == 'second-shard':                # when the second shard is recorded; the others are in hand
         real, seen = D._ShardPool.get, []
         def get(self, timeout):
             msg = real(self, timeout)
@@ -627,20 +634,21 @@ KILLER = textwrap.dedent("""
             if len(seen) == 2: die()
             return msg
         D._ShardPool.get = get
-    elif where == 'mid-shard':                                    # inside shard 1, after its first batch is written
+    elif where == 'mid-shard':                   # inside shard 1, after its first batch is written
         real_write = D._SplitWriter.write
         def write(self, ids, lengths):
             real_write(self, ids, lengths)
             if '00001' in str(self.folder): die()
         D._SplitWriter.write = write
-    elif where == 'pack':                                         # packing: after the training stream's index, before the manifest
+    elif where == 'pack':                        # packing: after the training stream's index, before the manifest
         real_pack = D._pack_split
         def pack(out, split, *a):
             res = real_pack(out, split, *a)
             if split == 'train': die()
             return res
         D._pack_split = pack
-    D.prepare_folder(DataConfig(source=source, tokenizer=tokenizer, path=out), progress=False, workers=int(workers), say=print)
+    cfg = DataConfig(source=source, tokenizer=tokenizer, path=out)
+    D.prepare_folder(cfg, progress=False, workers=int(workers), say=print)
 """)
 
 
@@ -738,7 +746,8 @@ def test_kill_and_resume_invariance(fineweb, reference):
 
 
 def test_kill_9_of_the_process_group_at_a_random_point(fineweb, reference):
-    "kill -9 of the whole group (coordinator and workers, as Slurm or Ctrl-C) at a seeded random moment, twice; then resume."
+    """kill -9 of the whole group (coordinator and workers, as Slurm or Ctrl-C) at a seeded random moment, twice; then
+    resume."""
     import random
 
     out, rng = fineweb["root"] / "killed-group", random.Random(27)
@@ -828,7 +837,8 @@ def test_concurrent_prepare_waits_or_refuses(fineweb, reference):
 def test_hub_source_streams_one_file_per_shard(fineweb, reference, monkeypatch, tmp_path):
     """The hub code path with the hub replaced by the local files under hub names: each source shard is one parquet
     file streamed by `datasets`; the last file of sample-10BT is held out whole; 1 and 2 workers agree."""
-    import datasets, huggingface_hub
+    import datasets
+    import huggingface_hub
 
     names = [f"sample/10BT/{i:03d}_00000.parquet" for i in range(N_FILES)]
     parts = write_fineweb_like(tmp_path / "hub", names)
@@ -860,7 +870,10 @@ def test_hub_source_streams_one_file_per_shard(fineweb, reference, monkeypatch, 
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(fineweb["tokenizer"])
-    want = lambda docs: np.array([i for d in docs for i in tok.encode(d, add_special_tokens=False).ids + [0]])
+
+    def want(docs):
+        return np.array([i for d in docs for i in tok.encode(d, add_special_tokens=False).ids + [0]])
+
     assert np.array_equal(t.tokens("train", 0, t.n_train_tokens), want([d for p in parts[:-1] for d in p]))
     assert np.array_equal(t.tokens("val", 0, t.n_val_tokens), want(parts[-1]))
 

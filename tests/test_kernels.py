@@ -54,7 +54,10 @@ def test_gradcheck_attnres():
         _rand(5, seed=4),
         _rand(3, seed=5),
     )
-    f = lambda src, q, wk, wo, bias: K.attnres_mix_ref(src, q, wk, wo, 1e-5, bias=bias, scale=0.7, return_all=True)
+
+    def f(src, q, wk, wo, bias):
+        return K.attnres_mix_ref(src, q, wk, wo, 1e-5, bias=bias, scale=0.7, return_all=True)
+
     assert torch.autograd.gradcheck(f, (src, q, wk, wo, bias))
 
 
@@ -175,7 +178,8 @@ INTERP_CASES = {
     "model-attnres-deep": dict(model="attnres", n_layer=3),
     # the looped model (squared-ReLU MLP, RMSNorms, QK-norm): 2 + 1x2 + 2 layers
     "model-looped": dict(model="looped", n_layer=6, options=dict(recurrence=2)),
-    # the fused AttnRes site against its torch twin: a partial sum; none; no stored source; d over one tile, many sources
+    # the fused AttnRes site against its torch twin: a partial sum; none; no stored source;
+    # d over one tile, many sources
     "fused-attnres_site": dict(fused="attnres_site"),
     "fused-attnres_site-no-partial": dict(fused="attnres_site", example=dict(partial=False)),
     "fused-attnres_site-n0": dict(fused="attnres_site", example=dict(n=0)),
@@ -287,7 +291,8 @@ def test_mixed_precision_promotes_like_torch():
 
 
 def test_gpu_benchmark_refuses_without_cuda():
-    import subprocess, sys
+    import subprocess
+    import sys
     from pathlib import Path
 
     script = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_kernels_gpu.py"

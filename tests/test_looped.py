@@ -1,4 +1,5 @@
-"""Looped LMs (arXiv 2604.21106; code: kschwethelm/looped-lm-scaling): accounting against the paper's numbers, the model, truncated BPTT, bad input."""
+"""Looped LMs (arXiv 2604.21106; code: kschwethelm/looped-lm-scaling): accounting against the paper's numbers, the
+model, truncated BPTT, bad input."""
 
 import json
 import math
@@ -8,9 +9,13 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
-from depthbench_nb.config import ConfigError, ModelConfig
+from depthbench_nb.checks import check_design, failures, tiny_config
+from depthbench_nb.config import ConfigError, ModelConfig, TrainConfig, resolve_arch
 from depthbench_nb.looped import (
+    LoopedLM,
+    build_looped,
     count_looped_params,
     flops_per_token,
     loop_layout,
@@ -18,6 +23,14 @@ from depthbench_nb.looped import (
     looped_grid_rows,
     looped_params,
     tokens_for_budget,
+)
+from depthbench_nb.optim import (
+    POLAR_EXPRESS_COEFFS,
+    HyperP,
+    MuonH,
+    build_looped_optimizer,
+    hyperp_lrs,
+    reference_tokens,
 )
 from depthbench_nb.shapes import count_params
 
@@ -127,14 +140,6 @@ def test_bad_layouts():
 
 
 # ---------------------------------------------------------------- the model (§3.1, §5.1, §5.2, App. C)
-import importlib
-
-import torch
-
-from depthbench_nb.config import resolve_arch
-from depthbench_nb.looped import LoopedLM, build_looped
-
-
 def tiny(r=2, n_layer=8, **kw):
     return ModelConfig(
         arch="looped", n_layer=n_layer, d_model=64, n_head=2, vocab_size=97, max_seq_len=64, recurrence=r, **kw
@@ -289,15 +294,6 @@ def test_swap_and_skip_over_executed_layers():
 
 
 # ---------------------------------------------------------------- MuonH and the HyperP recipe (§4.1, App. D)
-from depthbench_nb.config import TrainConfig
-from depthbench_nb.optim import (
-    POLAR_EXPRESS_COEFFS,
-    HyperP,
-    MuonH,
-    build_looped_optimizer,
-    hyperp_lrs,
-    reference_tokens,
-)
 
 
 def naive_muonh(W, grads, lr, mu=0.95):
@@ -427,7 +423,6 @@ def test_muonh_bad_input():
 
 
 # ---------------------------------------------------------------- the models' shared check suite
-from depthbench_nb.checks import check_design, failures, tiny_config
 
 
 @pytest.mark.parametrize(
@@ -444,11 +439,11 @@ from depthbench_nb.checks import check_design, failures, tiny_config
     ids=lambda o: "-".join(f"{k}{v}" for k, v in o.items()),
 )
 def test_shared_check_suite(opts):
-    """param count, finite grads, causality, states, KV cache, skip and swap from depthbench_nb.checks (d 32, GQA 4q/2kv).
-    The suite's 'init' check is the DepthBench truncated normal (std init_std); the looped paper's init (N(0, 1)
-    embedding, uniform matrices) is checked by test_init_follows_the_paper instead. The model is moved off its
-    init (make): at init W_inj = [I | 0] ignores the state, so skipping a layer of a non-final iteration has no
-    effect on the logits, which the suite's skip check (rightly, for the other designs) calls a failure."""
+    """param count, finite grads, causality, states, KV cache, skip and swap from depthbench_nb.checks (d 32,
+    GQA 4q/2kv). The suite's 'init' check is the DepthBench truncated normal (std init_std); the looped paper's init
+    (N(0, 1) embedding, uniform matrices) is checked by test_init_follows_the_paper instead. The model is moved off its
+    init (make): at init W_inj = [I | 0] ignores the state, so skipping a layer of a non-final iteration has no effect
+    on the logits, which the suite's skip check (rightly, for the other designs) calls a failure."""
     cfg = tiny_config("looped", **opts)
     report = check_design(cfg, build=lambda c: make(c))
     assert set(report) >= {"param_count", "finite", "causal", "states", "kv_cache", "skip", "swap"}
@@ -462,7 +457,8 @@ def test_shared_check_suite(opts):
     ids=lambda o: "-".join(f"{k}{v}" for k, v in o.items()),
 )
 def test_shared_suite_checks_the_looped_paper_init(opts):
-    "At init the suite's 'init' check applies the looped paper's init (not DepthBench's); a model off its init fails it."
+    """At init the suite's 'init' check applies the looped paper's init (not DepthBench's); a model off its init fails
+    it."""
     from depthbench_nb.checks import check_init
 
     cfg = tiny_config("looped", **opts)
