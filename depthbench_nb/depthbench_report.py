@@ -49,12 +49,13 @@ from depthbench_nb.report_common import (
 # %% auto #0
 __all__ = ['DEPTHBENCH_ARTIFACTS', 'PAPER_SOURCE', 'SCALE_PRESETS', 'DEPTHBENCH_GRIDS', 'DEPTHBENCH_SCALES', 'FIGURE3_DESIGNS',
            'FIGURE3_SCALES', 'FIGURE_DESIGNS', 'ESTIMATE_LABEL', 'GPU_HOURS_LABEL', 'PAPER_GPU_HOURS_RANKING',
-           'DEPTHBENCH_PAPER_ITEMS', 'DEPTHBENCH_STUDIES', 'depthbench_paper_cells', 'depthbench_paper_plan',
-           'with_comparability', 'depthbench_loss_section', 'depthbench_scales_section', 'depthbench_heatmap_section',
-           'depthbench_threshold_section', 'depthbench_mixing_section', 'depthbench_residual_path_section',
-           'depthbench_pruning_lens_section', 'depthbench_dead_zone_section', 'depthbench_domain_nll_section',
-           'depthbench_diagnostics_section', 'gpu_hours_frame', 'gpu_hours_ranking', 'depthbench_costs_section',
-           'depthbench_paper_index', 'depthbench_related_studies', 'build_depthbench_report']
+           'PAPER_DESIGNS', 'DEPTHBENCH_PAPER_ITEMS', 'DEPTHBENCH_STUDIES', 'depthbench_paper_cells',
+           'depthbench_paper_plan', 'with_comparability', 'depthbench_loss_section', 'depthbench_scales_section',
+           'depthbench_heatmap_section', 'depthbench_threshold_section', 'depthbench_mixing_section',
+           'depthbench_residual_path_section', 'depthbench_pruning_lens_section', 'depthbench_dead_zone_section',
+           'depthbench_domain_nll_section', 'depthbench_diagnostics_section', 'gpu_hours_frame', 'gpu_hours_ranking',
+           'depthbench_costs_section', 'depthbench_paper_index', 'depthbench_related_studies',
+           'build_depthbench_report']
 
 # %% ../nbs/09c1_depthbench_report.ipynb #9d54d629
 DEPTHBENCH_ARTIFACTS = (
@@ -190,8 +191,8 @@ def _no_paper_cell(r) -> str:
 def with_comparability(
     rows: pd.DataFrame, plan_for: Callable = depthbench_paper_plan, no_plan: Callable = _no_paper_cell
 ) -> pd.DataFrame:
-    """`rows` plus comparable (bool), what_differs, paper_cell and paper_group (the paper's grid: '400M', '1.6B', ...), each
-    from `run_comparability` against the row's paper cell, and paper_shape (the run has its cell's shape)."""
+    """`rows` plus comparable (bool), what_differs, paper_cell and paper_group (the paper's grid: '400M', '1.6B', ...),
+    each from `run_comparability` against the row's paper cell, and paper_shape (the run has its cell's shape)."""
     out = rows.copy()
     res = []
     for r in (out.iloc[i].to_dict() for i in range(len(out))):
@@ -230,7 +231,8 @@ def _caption(paper: str, what: str, diffs: list) -> str:
 def _ratio_panels(
     rep: Report, data: pd.DataFrame, panels: list, fname: str, caption: str, paper_panel: Optional[pd.DataFrame] = None
 ):
-    "One log-ratio panel per (title, rows) of `panels` (+ the paper's values), one line per design: presets never share a panel."
+    """One log-ratio panel per (title, rows) of `panels` (+ the paper's values), one line per design: presets never
+    share a panel."""
     plt, sns = themed_pyplot()
     n = len(panels) + (paper_panel is not None)
     fig, axes = plt.subplots(1, n, figsize=(4.2 * n, 3.6), squeeze=False, sharey=False)
@@ -259,10 +261,14 @@ def _lr_notes(done: pd.DataFrame, best: pd.DataFrame) -> list:
     keys = ["arch", "preset", "n_layer"]
     swept = done.groupby(keys)["lr"].apply(lambda v: tuple(sorted(set(v.round(10)))))
     grids = sorted(set(swept))
-    fmt = lambda g: "{" + ", ".join(f"{x:g}" for x in g) + "}"
+
+    def fmt(g):
+        return "{" + ", ".join(f"{x:g}" for x in g) + "}"
+
     notes = [
-        f"learning rate: the best of each design x shape's swept LRs (swept here: {' or '.join(fmt(g) for g in grids)}; "
-        f"the paper sweeps LRs per design, its grid is not published); winning LRs: {fmt(sorted(set(best['lr'].round(10))))}"
+        "learning rate: the best of each design x shape's swept LRs (swept here: "
+        f"{' or '.join(fmt(g) for g in grids)}; the paper sweeps LRs per design, its grid is not published); "
+        f"winning LRs: {fmt(sorted(set(best['lr'].round(10))))}"
     ]
     single = [f"{a} L{int(L)} ({p})" for (a, p, L), g in swept.items() if len(g) == 1]
     if single:
@@ -274,11 +280,8 @@ def _lr_notes(done: pd.DataFrame, best: pd.DataFrame) -> list:
     return notes
 
 
-def depthbench_loss_section(rep: Report, df: pd.DataFrame, notes: Optional[dict] = None) -> pd.DataFrame:
-    """Validation loss at the best LR per design x shape x preset beside the paper (Figure 2), loss vs ratio per preset,
-    LR sensitivity. Figure 2 is partial where a design x shape of the paper's figure or its fixed-backbone panel has no run."""
-    notes = {} if notes is None else notes
-    best = best_lr_rows(df[_not_looped(df)] if len(df) else df, keys=("arch", "preset", "n_layer", "d_model"))
+def _paper_val_loss_table(rep: Report) -> pd.DataFrame:
+    "The paper's Figure 2 losses (400M, 7.6k steps) as a reference table; returns them (arch, n_layer, paper_val_loss)."
     ref = reference_table("depthbench").query("quantity == 'val_loss'")
     paper = ref[["arch", "n_layer", "value", "source"]].rename(
         columns={"value": "paper_val_loss", "source": "paper_source"}
@@ -292,31 +295,31 @@ def depthbench_loss_section(rep: Report, df: pd.DataFrame, notes: Optional[dict]
         "The paper's validation loss per design x shape (Figure 2, 400M, 7.6k steps): reference only",
         label=PAPER_LABEL,
     )
-    if not len(best):
-        rep.note_missing(
-            "validation-loss table, loss-vs-ratio and LR figures (Figure 2)",
-            f"no completed DepthBench runs in study {rep.study!r}",
-        )
-        return best
-    best = with_comparability(best)
+    return paper
+
+
+_VAL_LOSS_COLUMNS = [
+    "arch",
+    "preset",
+    "n_layer",
+    "d_model",
+    "ratio",
+    "lr",
+    "n_lrs",
+    "final_val_loss",
+    "steps",
+    "comparable",
+    "what_differs",
+    "paper_cell",
+]
+
+
+def _val_loss_table(rep: Report, best: pd.DataFrame, done: pd.DataFrame, paper: pd.DataFrame) -> pd.Series:
+    """The best-LR loss per design x shape x preset, the LRs swept, and the paper's number where the run has the shape
+    of the paper's 400M cell; returns that mask (a 1.6B or tiny row is never compared with the paper's number)."""
     same = paper.set_index(["arch", "n_layer"])["paper_val_loss"]
-    tab = best[
-        [
-            "arch",
-            "preset",
-            "n_layer",
-            "d_model",
-            "ratio",
-            "lr",
-            "n_lrs",
-            "final_val_loss",
-            "steps",
-            "comparable",
-            "what_differs",
-            "paper_cell",
-        ]
-    ].rename(columns={"lr": "best_lr", "final_val_loss": "val_loss", "steps": "steps_completed"})
-    done = completed(df[_not_looped(df)]).dropna(subset=["final_val_loss"])
+    renames = {"lr": "best_lr", "final_val_loss": "val_loss", "steps": "steps_completed"}
+    tab = best[_VAL_LOSS_COLUMNS].rename(columns=renames)
     swept = done.groupby(["arch", "preset", "n_layer", "d_model"])["lr"].apply(
         lambda v: ", ".join(f"{x:g}" for x in sorted(set(v)))
     )
@@ -326,7 +329,6 @@ def depthbench_loss_section(rep: Report, df: pd.DataFrame, notes: Optional[dict]
         [swept.get((a, p, L, d), "") for a, p, L, d in zip(best.arch, best.preset, best.n_layer, best.d_model)],
     )
     tab["planned_tokens"] = [planned_tokens(r) for r in (best.iloc[i].to_dict() for i in range(len(best)))]
-    # the paper's number only where the run has the shape of the paper's 400M cell (a 1.6B or tiny row is never compared with it)
     at_400m = best.paper_shape & (best.paper_group == "400M")
     tab["paper_val_loss"] = [
         same.get((a, int(L)), np.nan) if ok else np.nan for a, L, ok in zip(best.arch, best.n_layer, at_400m)
@@ -335,19 +337,27 @@ def depthbench_loss_section(rep: Report, df: pd.DataFrame, notes: Optional[dict]
     rep.table(
         tab.sort_values(["preset", "arch", "n_layer"]),
         "depthbench_val_loss",
-        "Validation loss at the best LR per design x shape x preset; the paper's Figure 2 number where the run has the paper's shape",
+        "Validation loss at the best LR per design x shape x preset; the paper's Figure 2 number where the run has "
+        "the paper's shape",
     )
-    order = [p for p in SCALE_PRESETS + ("300m-backbone",) if p in set(best.preset)] + sorted(
-        set(best.preset) - set(SCALE_PRESETS) - {"300m-backbone"}
-    )
-    diffs = [_scale_note(best)] + _lr_notes(done, best)
-    notes["Figure 2"] = diffs
+    return at_400m
+
+
+def _figure2_gaps(rep: Report, best: pd.DataFrame, paper: pd.DataFrame, at_400m: pd.Series) -> None:
+    "What Figure 2 lacks: the paper's 400M cells without a run at their shape, the fixed-backbone panel."
     have = {(a, int(L)) for a, L in zip(best.arch[at_400m], best.n_layer[at_400m])}
     lacking = sorted(set(zip(paper.arch, paper.n_layer.astype(int))) - have)
     if lacking:
         rep.gap("Figure 2", f"the paper's 400M cells without a run at their shape: {_cells_text(lacking)}")
     if not (best.paper_group == "300M backbone").any():
         rep.gap("Figure 2", "the fixed-backbone panel (300M backbone; `depthbench-nb sweep run backbone-300m`)")
+
+
+def _loss_vs_ratio_figure(rep: Report, best: pd.DataFrame, paper: pd.DataFrame, diffs: list) -> None:
+    "Figure 2: loss vs d/L at the best LR, one panel per preset (the paper's scales first), the paper beside."
+    order = [p for p in SCALE_PRESETS + ("300m-backbone",) if p in set(best.preset)] + sorted(
+        set(best.preset) - set(SCALE_PRESETS) - {"300m-backbone"}
+    )
     data = best.rename(columns={"final_val_loss": "loss"})
     panels = [
         (f"preset {p}" + (" (fixed backbone)" if p == "300m-backbone" else ""), data[data.preset == p]) for p in order
@@ -367,23 +377,50 @@ def depthbench_loss_section(rep: Report, df: pd.DataFrame, notes: Optional[dict]
         ),
         ppanel,
     )
+
+
+def _depthbench_lr_figure(rep: Report, done: pd.DataFrame) -> None:
+    "Loss vs peak LR for every design x shape x preset trained at more than one LR (the paper reports the best only)."
     multi = done.groupby(["arch", "preset", "n_layer"])["lr"].transform("nunique") > 1
-    if multi.any():
-        sub = done[multi].assign(
-            shape=lambda d: d["arch"] + " L" + d["n_layer"].astype(int).astype(str) + " (" + d["preset"] + ")"
-        )
-        lr_sensitivity_figure(
-            rep,
-            sub,
-            "final_val_loss",
-            "depthbench_lr_sensitivity",
-            "LR sensitivity: validation loss vs peak LR per design x shape x preset (the paper reports the best LR only)",
-            "peak learning rate (log)",
-            figsize=(6, 4),
-            estimator=None,
-        )
-    else:
+    if not multi.any():
         rep.note_missing("LR sensitivity figure", "no design x shape was trained at more than one learning rate")
+        return
+    sub = done[multi].assign(
+        shape=lambda d: d["arch"] + " L" + d["n_layer"].astype(int).astype(str) + " (" + d["preset"] + ")"
+    )
+    lr_sensitivity_figure(
+        rep,
+        sub,
+        "final_val_loss",
+        "depthbench_lr_sensitivity",
+        "LR sensitivity: validation loss vs peak LR per design x shape x preset (the paper reports the best LR only)",
+        "peak learning rate (log)",
+        figsize=(6, 4),
+        estimator=None,
+    )
+
+
+def depthbench_loss_section(rep: Report, df: pd.DataFrame, notes: Optional[dict] = None) -> pd.DataFrame:
+    """Validation loss at the best LR per design x shape x preset beside the paper (Figure 2), loss vs ratio per
+    preset, LR sensitivity. Figure 2 is partial where a design x shape of the paper's figure or its fixed-backbone
+    panel has no run."""
+    notes = {} if notes is None else notes
+    best = best_lr_rows(df[_not_looped(df)] if len(df) else df, keys=("arch", "preset", "n_layer", "d_model"))
+    paper = _paper_val_loss_table(rep)
+    if not len(best):
+        rep.note_missing(
+            "validation-loss table, loss-vs-ratio and LR figures (Figure 2)",
+            f"no completed DepthBench runs in study {rep.study!r}",
+        )
+        return best
+    best = with_comparability(best)
+    done = completed(df[_not_looped(df)]).dropna(subset=["final_val_loss"])
+    at_400m = _val_loss_table(rep, best, done, paper)
+    diffs = [_scale_note(best)] + _lr_notes(done, best)
+    notes["Figure 2"] = diffs
+    _figure2_gaps(rep, best, paper, at_400m)
+    _loss_vs_ratio_figure(rep, best, paper, diffs)
+    _depthbench_lr_figure(rep, done)
     return best
 
 
@@ -392,9 +429,9 @@ FIGURE3_SCALES = ("200M", "300M", "500M", "1.6B")  # its panels: the 200M-500M l
 
 
 def depthbench_scales_section(rep: Report, best: pd.DataFrame, notes: Optional[dict] = None):
-    """The paper's Figure 3: loss vs ratio at each of the paper's scales, one panel per scale. A run's scale is the paper
-    grid its shape belongs to (`depthbench_paper_plan`), so the presets 400m and 400m-main are one scale; the figure is
-    partial until Pre-LN, Full AttnRes and HC have runs at 200M, 300M, 500M and 1.6B."""
+    """The paper's Figure 3: loss vs ratio at each of the paper's scales, one panel per scale. A run's scale is the
+    paper grid its shape belongs to (`depthbench_paper_plan`), so the presets 400m and 400m-main are one scale; the
+    figure is partial until Pre-LN, Full AttnRes and HC have runs at 200M, 300M, 500M and 1.6B."""
     notes = {} if notes is None else notes
     data = best[best.paper_group.isin(DEPTHBENCH_SCALES)] if len(best) and "paper_group" in best else best.iloc[0:0]
     scales = [s for s in DEPTHBENCH_SCALES if s in set(data.paper_group)] if len(data) else []
@@ -497,7 +534,8 @@ def _samples_note(diag: list) -> str:
 
 
 def depthbench_heatmap_section(rep: Report, diag: list, notes: dict):
-    "The paper's Figure 5 (angular distance) and Figure 6's score maps (causal, permutation), deepest diagnosed shape per design."
+    """The paper's Figure 5 (angular distance) and Figure 6's score maps (causal, permutation), deepest diagnosed shape
+    per design."""
     plt, sns = themed_pyplot()
     for key, title, fname, axes_names, paper, official in (
         (
@@ -554,42 +592,45 @@ def depthbench_heatmap_section(rep: Report, diag: list, notes: dict):
         rep.figure(fig, fname, _caption(paper, title + " per design", diffs))
 
 
-def depthbench_threshold_section(rep: Report, diag: list, notes: dict):
-    "The paper's threshold table: late-layer pairs with causal score > 0.45 and permutation score > 0.15 (its L = 32 models)."
-    ref = reference_table("depthbench")
-    rows = []
-    for r, d in diag:
-        if "causal" not in d and "permutation" not in d:
-            continue
-        from depthbench_nb.diagnostics import CAUSAL_THRESHOLD, PERMUTATION_THRESHOLD, late_pair_fraction
+def _threshold_row(r, d: dict, ref: pd.DataFrame) -> dict:
+    """One run's late-layer pair fractions above the causal (0.45) and permutation (0.15) thresholds, the paper's
+    L = 32 values beside, and whether the run is comparable with the paper's 400M L32 models."""
+    from depthbench_nb.diagnostics import CAUSAL_THRESHOLD, PERMUTATION_THRESHOLD, late_pair_fraction
 
-        c, p = d.get("causal") or {}, d.get("permutation") or {}
-        # counted again from the stored matrices: a record diagnosed before the pair count holds a per-layer fraction
-        cf, ca, cn = late_pair_fraction(_matrix(c["matrix"]), CAUSAL_THRESHOLD) if c else (np.nan, None, None)
-        pf = late_pair_fraction(_matrix(p["matrix"]), PERMUTATION_THRESHOLD)[0] if p else np.nan
-        per_layer = [v for v in (c.get("per_layer") or []) if v is not None]
-        late = [
-            v
-            for k, v in enumerate(c.get("per_layer") or [])
-            if k >= int(r["n_layer"]) // 4 and v is not None and not math.isnan(v)
-        ]
-        row = dict(
-            arch=r["arch"],
-            preset=r["preset"],
-            n_layer=int(r["n_layer"]),
-            causal_frac_pairs_045=cf,
-            causal_late_pairs=cn,
-            causal_late_pairs_above=ca,
-            perm_frac_pairs_015=pf,
-            causal_frac_layers_by_mean_not_paper=(sum(v > CAUSAL_THRESHOLD for v in late) / len(late))
-            if late and per_layer
-            else np.nan,
-        )
-        for q, col in (("causal_frac_045", "paper_causal_frac_L32"), ("perm_frac_015", "paper_perm_frac_L32")):
-            row[col] = _ref_value(ref, q, r["arch"])
-        ok, why = run_comparability(r, depthbench_paper_plan(32))  # the paper's table is for its 400M L32 models
-        row.update(comparable=ok, what_differs="; ".join(why))
-        rows.append(row)
+    c, p = d.get("causal") or {}, d.get("permutation") or {}
+    # counted again from the stored matrices: a record diagnosed before the pair count holds a per-layer fraction
+    cf, ca, cn = late_pair_fraction(_matrix(c["matrix"]), CAUSAL_THRESHOLD) if c else (np.nan, None, None)
+    pf = late_pair_fraction(_matrix(p["matrix"]), PERMUTATION_THRESHOLD)[0] if p else np.nan
+    per_layer = [v for v in (c.get("per_layer") or []) if v is not None]
+    late = [
+        v
+        for k, v in enumerate(c.get("per_layer") or [])
+        if k >= int(r["n_layer"]) // 4 and v is not None and not math.isnan(v)
+    ]
+    row = dict(
+        arch=r["arch"],
+        preset=r["preset"],
+        n_layer=int(r["n_layer"]),
+        causal_frac_pairs_045=cf,
+        causal_late_pairs=cn,
+        causal_late_pairs_above=ca,
+        perm_frac_pairs_015=pf,
+        causal_frac_layers_by_mean_not_paper=(sum(v > CAUSAL_THRESHOLD for v in late) / len(late))
+        if late and per_layer
+        else np.nan,
+    )
+    for q, col in (("causal_frac_045", "paper_causal_frac_L32"), ("perm_frac_015", "paper_perm_frac_L32")):
+        row[col] = _ref_value(ref, q, r["arch"])
+    ok, why = run_comparability(r, depthbench_paper_plan(32))  # the paper's table is for its 400M L32 models
+    row.update(comparable=ok, what_differs="; ".join(why))
+    return row
+
+
+def depthbench_threshold_section(rep: Report, diag: list, notes: dict):
+    """The paper's threshold table: late-layer pairs with causal score > 0.45 and permutation score > 0.15 (its
+    L = 32 models)."""
+    ref = reference_table("depthbench")
+    rows = [_threshold_row(r, d, ref) for r, d in diag if "causal" in d or "permutation" in d]
     if not rows:
         rep.note_missing(
             "threshold table (late-layer pair fractions of Figure 6)",
@@ -638,7 +679,8 @@ def depthbench_threshold_section(rep: Report, diag: list, notes: dict):
 
 
 def depthbench_mixing_section(rep: Report, diag: list, notes: dict):
-    "HC vs mHC (the paper's Figure 10): both effective-rank conventions, direction overlap and singular spectrum of the residual transport."
+    """HC vs mHC (the paper's Figure 10): both effective-rank conventions, direction overlap and singular spectrum of
+    the residual transport."""
     ref = reference_table("depthbench")
     mix = [(r, d) for r, d in diag if "mixing" in d]
     if not mix:
@@ -708,7 +750,8 @@ def depthbench_mixing_section(rep: Report, diag: list, notes: dict):
 
 
 def depthbench_residual_path_section(rep: Report, diag: list, notes: dict):
-    "The paper's Figure 7: weight of each sublayer output in each later sublayer input (Pre-LN, Full AttnRes, HC first)."
+    """The paper's Figure 7: weight of each sublayer output in each later sublayer input (Pre-LN, Full AttnRes, HC
+    first)."""
     paper_three = ("preln", "attnres", "hc")
     have = _deepest(diag, "residual_path", paper_three) or _deepest(diag, "residual_path")
     if not have:
@@ -737,7 +780,8 @@ def depthbench_residual_path_section(rep: Report, diag: list, notes: dict):
 
 
 def depthbench_pruning_lens_section(rep: Report, diag: list, notes: dict):
-    "The paper's Figure 8: loss increase when one layer is removed, and KL(final || layer l) of the logit lens, per depth."
+    """The paper's Figure 8: loss increase when one layer is removed, and KL(final || layer l) of the logit lens, per
+    depth."""
     have = [(r, d) for r, d in _deepest(diag, "pruning") + _deepest(diag, "logit_lens")]
     have = list({(r["arch"], r["n_layer"]): (r, d) for r, d in have}.values())
     if not have:
@@ -1022,7 +1066,8 @@ PAPER_GPU_HOURS_RANKING = {"hc": "the most GPU-hours (measured on A100)"}  # the
 
 
 def _measured_gpu_hours(run) -> tuple[float, str]:
-    "(GPU-hours of the official step count, in words how) from a run's wall time x processes, scaled when it stopped early."
+    """(GPU-hours of the official step count, in words how) from a run's wall time x processes, scaled when it stopped
+    early."""
     wall, steps, procs = (
         as_number(run.get("wall_time_s")),
         as_number(run.get("steps")),
@@ -1068,7 +1113,8 @@ def gpu_hours_frame(costs: pd.DataFrame, done: pd.DataFrame) -> pd.DataFrame:
 
 
 def gpu_hours_ranking(gpu: pd.DataFrame) -> pd.DataFrame:
-    "Designs by mean GPU-hours over the 400m shapes (1: the most), how many cells were measured, the paper's ranking beside."
+    """Designs by mean GPU-hours over the 400m shapes (1: the most), how many cells were measured, the paper's ranking
+    beside."""
     r = gpu.groupby("arch", as_index=False).agg(
         gpu_hours_mean=("gpu_hours", "mean"), measured_cells=("measured", "sum"), cells=("measured", "size")
     )
@@ -1078,12 +1124,8 @@ def gpu_hours_ranking(gpu: pd.DataFrame) -> pd.DataFrame:
     return r
 
 
-def depthbench_costs_section(rep: Report, df: pd.DataFrame, notes: Optional[dict] = None):
-    """Table 3 and the architecture table (accounting), Figure 11's costs at the paper shapes (with verdicts), GPU-hours
-    (measured where the runs have them, else estimated) with the paper's ranking beside, what the runs measured."""
-    notes = {} if notes is None else notes
-    ref = reference_table("depthbench")
-    # Table 3: the 400M shapes, from the shape rule, beside the paper's (rounded) numbers
+def _table3_section(rep: Report, ref: pd.DataFrame) -> None:
+    "Table 3: the 400M shapes from the shape rule beside the paper's (rounded) numbers, a verdict on each total."
     t3 = []
     for s in grid_shapes("400m"):
         pc = count_params(s.model_config("preln"))
@@ -1118,6 +1160,10 @@ def depthbench_costs_section(rep: Report, df: pd.DataFrame, notes: Optional[dict
         "Table 3: the 400M shapes from the shape rule, beside the paper's",
         label=ACCOUNTING_LABEL,
     )
+
+
+def _costed_designs() -> list[str]:
+    "The registered non-looped designs with a closed-form parameter count (the rows of the cost tables)."
     s24 = shape_for("400m", 24)
 
     def counted(a):  # a design registered at run time without a closed-form count (a notebook's example) has no row
@@ -1127,39 +1173,53 @@ def depthbench_costs_section(rep: Report, df: pd.DataFrame, notes: Optional[dict
         except ConfigError:
             return False
 
-    archs = [a for a in ARCHS if ARCHS[a].family != "looped" and counted(a)]
+    return [a for a in ARCHS if ARCHS[a].family != "looped" and counted(a)]
+
+
+# The designs of the paper's architecture table (arXiv 2609.32534; keyu-wang-2002/DepthBench, `configs/*.json`):
+# the table lists these ten only, never a design registered later (a plugin or a notebook's example), which the
+# cost tables and figures still include.
+PAPER_DESIGNS = ("preln", "periln", "lns", "deepnorm", "keel", "hc", "mhc", "attnres", "block_attnres", "moda")
+
+
+def _architecture_table(rep: Report, archs: list[str]) -> None:
+    "The paper's architecture table: its designs on one backbone and the parameters each adds at 400m L24."
+    s24 = shape_for("400m", 24)
+    rows = [
+        dict(
+            arch=a,
+            family=ARCHS[a].family,
+            residual_update=ARCHS[a].summary,
+            extra_params_at_400m_L24=count_params(s24.model_config(a)).design_extra,
+        )
+        for a in archs
+        if a in PAPER_DESIGNS
+    ]
     rep.table(
-        pd.DataFrame(
-            [
-                dict(
-                    arch=a,
-                    family=ARCHS[a].family,
-                    residual_update=ARCHS[a].summary,
-                    extra_params_at_400m_L24=count_params(s24.model_config(a)).design_extra,
-                )
-                for a in archs
-            ]
-        ),
+        pd.DataFrame(rows),
         "depthbench_architectures",
         "The ten designs on one backbone (the paper's architecture table) and what each adds at 400m L24",
         label=ACCOUNTING_LABEL,
     )
+
+
+def _prefill_verdicts(rep: Report) -> tuple[dict, dict]:
+    "Figure 11's prefill FLOPs at the 400m endpoints (seq 4096) against the paper's 3.0 -> 4.4 TFLOPs."
     ends = {s.n_layer: s for s in grid_shapes("400m")}
     pre16, pre70 = (cost_row(ends[L].model_config("preln"), seq_len=4096) for L in (16, 70))
-    rep.verdict(
-        "prefill TFLOPs, 400m L16, seq 4096",
-        pre16["prefill_flops"] / 1e12,
-        3.0,
-        0.1,
-        f'{PAPER_SOURCE}, Figure 11 ("3.0 -> 4.4")',
-    )
-    rep.verdict(
-        "prefill TFLOPs, 400m L70, seq 4096",
-        pre70["prefill_flops"] / 1e12,
-        4.4,
-        0.1,
-        f'{PAPER_SOURCE}, Figure 11 ("3.0 -> 4.4")',
-    )
+    for L, row, paper in ((16, pre16, 3.0), (70, pre70, 4.4)):
+        rep.verdict(
+            f"prefill TFLOPs, 400m L{L}, seq 4096",
+            row["prefill_flops"] / 1e12,
+            paper,
+            0.1,
+            f'{PAPER_SOURCE}, Figure 11 ("3.0 -> 4.4")',
+        )
+    return pre16, pre70
+
+
+def _kv_cache_verdicts(rep: Report, pre16: dict, pre70: dict, rows: list[dict]) -> None:
+    "Figure 11's KV cache: more than doubled from L16 to L70, and identical across the designs at every shape."
     kv_ratio = pre70["kv_cache_bytes"] / pre16["kv_cache_bytes"]
     rep.verdicts.append(
         dict(
@@ -1171,7 +1231,6 @@ def depthbench_costs_section(rep: Report, df: pd.DataFrame, notes: Optional[dict
             note=f'{PAPER_SOURCE}: "> 2x, identical across architectures"',
         )
     )
-    rows = [cost_row(s.model_config(a), seq_len=4096) for s in grid_shapes("400m") for a in archs]
     kv = pd.DataFrame(rows).groupby(["n_layer"])["kv_cache_bytes"].nunique()
     rep.verdicts.append(
         dict(
@@ -1183,16 +1242,10 @@ def depthbench_costs_section(rep: Report, df: pd.DataFrame, notes: Optional[dict
             note=f"{PAPER_SOURCE}; MoDA's depth cache is the separate depth_cache_bytes column",
         )
     )
-    costs = pd.DataFrame(rows)
-    costs["ratio"] = costs["d_model"] / costs["n_layer"]
-    rep.table(
-        costs,
-        "depthbench_costs_400m",
-        "Accounting at the paper shapes (400m grid, prefill at seq 4096): params, FLOPs, KV cache as the paper defines it "
-        "(every design the same), MoDA's depth cache as its own column, memory",
-        label=ACCOUNTING_LABEL,
-    )
-    done = completed(df[_not_looped(df)]) if len(df) else df
+
+
+def _gpu_hours_tables(rep: Report, costs: pd.DataFrame, done: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    "GPU-hours per 400m design x shape (measured where the runs have them), and the designs ranked by them."
     gpu = gpu_hours_frame(costs, done)
     rep.table(
         gpu,
@@ -1209,10 +1262,12 @@ def depthbench_costs_section(rep: Report, df: pd.DataFrame, notes: Optional[dict
         "ranking beside (Figure 11: HC the most GPU-hours)",
         label=GPU_HOURS_LABEL,
     )
-    plt, sns = themed_pyplot()
+    return gpu, rank
+
+
+def _draw_costs(axes, costs: pd.DataFrame) -> None:
+    "Figure 11's four panels, one line per design: prefill FLOPs, KV (and depth) cache, memory, GPU-hours."
     pal = _arch_palette(costs.arch)
-    costs = costs.merge(gpu[["arch", "n_layer", "gpu_hours", "measured"]], on=["arch", "n_layer"])
-    fig, axes = plt.subplots(1, 4, figsize=(15, 3.4))
     for arch, g in costs.sort_values("ratio").groupby("arch"):
         c = pal[arch]
         axes[0].plot(g.ratio, g.prefill_flops / 1e12, marker="o", ms=3, color=c, label=arch)
@@ -1245,17 +1300,22 @@ def depthbench_costs_section(rep: Report, df: pd.DataFrame, notes: Optional[dict
         ax.set_ylabel(y, fontsize=7)
     axes[0].legend(fontsize=5)
     axes[1].legend(fontsize=5)
+
+
+def _costs_figure(rep: Report, costs: pd.DataFrame, gpu: pd.DataFrame, rank: pd.DataFrame, notes: dict) -> None:
+    "Figure 11 at the 400m shapes, its differences from the paper's in the caption and in `notes`."
+    plt, sns = themed_pyplot()
+    costs = costs.merge(gpu[["arch", "n_layer", "gpu_hours", "measured"]], on=["arch", "n_layer"])
+    fig, axes = plt.subplots(1, 4, figsize=(15, 3.4))
+    _draw_costs(axes, costs)
     n_meas, top = int(gpu.measured.sum()), rank.arch.iloc[0]
+    hc_overhead = " (an estimate from FLOPs cannot see the multi-stream overhead that makes HC slow)"
     diffs = [
-        "closed-form accounting at the paper shapes, not measurements on an A100: peak memory is an estimate (bf16 parameters, "
-        "gradients and AdamW states plus one sequence of activations)",
-        f"GPU-hours measured for {n_meas} of {len(gpu)} design x shape cells (wall time x processes, on this study's hardware), "
-        f"the FLOP estimate (H100 bf16 peak at 40% MFU) for the rest; ours rank {top} first, the paper measured HC the most on A100"
-        + (
-            " (an estimate from FLOPs cannot see the multi-stream overhead that makes HC slow)"
-            if n_meas < len(gpu)
-            else ""
-        ),
+        "closed-form accounting at the paper shapes, not measurements on an A100: peak memory is an estimate "
+        "(bf16 parameters, gradients and AdamW states plus one sequence of activations)",
+        f"GPU-hours measured for {n_meas} of {len(gpu)} design x shape cells (wall time x processes, on this "
+        f"study's hardware), the FLOP estimate (H100 bf16 peak at 40% MFU) for the rest; ours rank {top} first, "
+        "the paper measured HC the most on A100" + (hc_overhead if n_meas < len(gpu) else ""),
         "MoDA's depth cache is drawn apart from the KV cache (the paper's KV cache is identical across designs)",
     ]
     notes["Figure 11"] = diffs
@@ -1264,6 +1324,10 @@ def depthbench_costs_section(rep: Report, df: pd.DataFrame, notes: Optional[dict
         "depthbench_costs_figure",
         _caption("Figure 11", "Costs of depth at the 400m shapes: prefill FLOPs, KV cache, memory, GPU-hours", diffs),
     )
+
+
+def _measured_costs_table(rep: Report, done: pd.DataFrame) -> None:
+    "What the completed runs measured (peak memory, tokens/s, wall time), or why there is nothing."
     meas = []
     for _, r in done.iterrows():
         try:
@@ -1293,6 +1357,31 @@ def depthbench_costs_section(rep: Report, df: pd.DataFrame, notes: Optional[dict
         )
     else:
         rep.note_missing("measured costs", "no completed run with metrics.jsonl")
+
+
+def depthbench_costs_section(rep: Report, df: pd.DataFrame, notes: Optional[dict] = None):
+    """Table 3 and the architecture table (accounting), Figure 11's costs at the paper shapes (with verdicts), GPU-hours
+    (measured where the runs have them, else estimated) with the paper's ranking beside, what the runs measured."""
+    notes = {} if notes is None else notes
+    _table3_section(rep, reference_table("depthbench"))
+    archs = _costed_designs()
+    _architecture_table(rep, archs)
+    pre16, pre70 = _prefill_verdicts(rep)
+    rows = [cost_row(s.model_config(a), seq_len=4096) for s in grid_shapes("400m") for a in archs]
+    _kv_cache_verdicts(rep, pre16, pre70, rows)
+    costs = pd.DataFrame(rows)
+    costs["ratio"] = costs["d_model"] / costs["n_layer"]
+    rep.table(
+        costs,
+        "depthbench_costs_400m",
+        "Accounting at the paper shapes (400m grid, prefill at seq 4096): params, FLOPs, KV cache as the paper "
+        "defines it (every design the same), MoDA's depth cache as its own column, memory",
+        label=ACCOUNTING_LABEL,
+    )
+    done = completed(df[_not_looped(df)]) if len(df) else df
+    gpu, rank = _gpu_hours_tables(rep, costs, done)
+    _costs_figure(rep, costs, gpu, rank, notes)
+    _measured_costs_table(rep, done)
 
 # %% ../nbs/09c1_depthbench_report.ipynb #c02fd37b
 DEPTHBENCH_PAPER_ITEMS = (  # every table and figure of the paper (its project page: Figures 1-11, Table 3, the architecture and threshold tables)
@@ -1359,7 +1448,8 @@ DEPTHBENCH_STUDIES = (
 
 
 def depthbench_paper_index(rep: Report, notes: dict) -> pd.DataFrame:
-    "One row per paper table and figure: rebuilt, rebuilt with a stated difference, partial (what it lacks) or missing and why."
+    """One row per paper table and figure: rebuilt, rebuilt with a stated difference, partial (what it lacks) or missing
+    and why."""
     return paper_item_index(rep, DEPTHBENCH_PAPER_ITEMS, notes, _SCALE_FREE, _NOT_REBUILT)
 
 
@@ -1374,8 +1464,9 @@ def depthbench_related_studies(study: str) -> list[str]:
 def build_depthbench_report(
     study: str, df: Optional[pd.DataFrame] = None, out_dir=None, related: Optional[list] = None
 ) -> Report:
-    """All DepthBench tables and figures of a study into papermill_runs/<study>/report/, comparability decided run by run.
-    Runs of the `related` studies join (default: `depthbench_related_studies`), so one report can hold every suite."""
+    """All DepthBench tables and figures of a study into papermill_runs/<study>/report/, comparability decided run by
+    run. Runs of the `related` studies join (default: `depthbench_related_studies`), so one report can hold every
+    suite."""
     if df is None:
         related = depthbench_related_studies(study) if related is None else related
         tables = [normalize_runs(study_table(s)) for s in [study] + list(related)]

@@ -124,13 +124,72 @@ def _same(a: float, b: float) -> bool:
     return abs(a / b - 1) < 1e-6
 
 
+def _grid_budget_plan(shape: dict, cfg, variant: str, s: int, r: int, C: float) -> Optional[PaperPlan]:
+    """The paper's run at a recorded budget C: a cell of the 116-run grid or of a case-study grid, or the injection
+    ablation (Table 5: s = 10, r = 4, C = 1e18); None where the paper has no run at that budget and shape."""
+    from depthbench_nb import looped as L
+    from depthbench_nb.trainer import LOOPED_RECIPE
+
+    Cp = next((b for b in L.BASELINE_WIDTHS if _same(C, b)), None)
+    if Cp is None:
+        return None
+    F = L.flops_per_token(cfg)
+    widths = {"baseline": L.BASELINE_WIDTHS, "tbptt": L.TBPTT_WIDTHS, "hc": L.HC_WIDTHS}.get(variant)
+    steps = L.steps_for_budget(Cp, F)
+    if widths is not None and (variant == "baseline" or Cp in L.CASE_STUDY_BUDGETS) and s in widths[Cp]:
+        what = "the 116-run grid (Table 6)" if variant == "baseline" else f"the {variant} case-study grid (App. G.1)"
+        return PaperPlan(
+            f"{what}: C={Cp:g}, s={s}, r={r} ({steps:,} steps)",
+            dict(shape, lr=LOOPED_RECIPE["lr"]),
+            tokens=steps * L.PAPER_BATCH_TOKENS,
+            steps=steps,
+            group="grid",
+        )
+    if (s, r) == (10, 4) and _same(Cp, 1e18):
+        return PaperPlan(
+            f"injection ablation (Table 5): s=10, r=4, C=1e18, {cfg.injection}",
+            dict(shape, lr=LOOPED_RECIPE["lr"]),
+            tokens=steps * L.PAPER_BATCH_TOKENS,
+            steps=steps,
+            group="table5",
+        )
+    return None
+
+
+def _budget_free_plan(record, shape: dict, cfg, s: int, r: int) -> Optional[PaperPlan]:
+    """The paper's baseline run without a budget: the extrapolation runs (Table 10, s = 34) or the LR sweep (App. D:
+    s in {8, 10, 14} at 10, 20 or 40 tokens per effective parameter, found from the run's planned tokens)."""
+    from depthbench_nb import looped as L
+
+    if s == PAPER_EXTRAPOLATION["s"]:
+        e = PAPER_EXTRAPOLATION
+        return PaperPlan(
+            f"extrapolation (Table 10): s=34, r={r}, {e['steps']:,} steps x {e['batch_tokens']:,} tokens",
+            dict(shape, global_batch=e["batch_tokens"] // L.PAPER_SEQ_LEN),
+            tokens=e["steps"] * e["batch_tokens"],
+            steps=e["steps"],
+            group="table10",
+        )
+    if s in (8, 10, 14):
+        toks = planned_tokens(record)
+        ratio = next((q for q in (10, 20, 40) if toks is not None and L.tokens_for_param_ratio(cfg, q) == toks), 10)
+        t = L.tokens_for_param_ratio(cfg, ratio)
+        return PaperPlan(
+            f"LR sweep (App. D): s={s}, r={r}, {ratio} tokens per effective parameter",
+            shape,
+            tokens=t,
+            steps=t // L.PAPER_BATCH_TOKENS,
+            group="lr_sweep",
+        )
+    return None
+
+
 def looped_paper_plan(record) -> Optional[PaperPlan]:
     """The paper's run for a looped run's cell (None: the paper has none), decided from the run: the 116-run grid and
     the case-study grids (budget C, width s, recurrence r), the injection ablation (Table 5), the LR sweep (App. D:
     s ∈ {8, 10, 14}, 10, 20 or 40 tokens per effective parameter) and the extrapolation runs (Table 10). A run
     without a recorded budget is matched by its planned tokens."""
     from depthbench_nb import looped as L
-    from depthbench_nb.trainer import LOOPED_RECIPE
 
     r, d = record_field(record, "recurrence"), record_field(record, "d_model")
     if r is None or d is None or int(d) % 64:
@@ -160,60 +219,17 @@ def looped_paper_plan(record) -> Optional[PaperPlan]:
         toks = [float(t) for t in (record.get("train.tokens"), planned_tokens(record)) if is_present(t)]
         C = next((b for b in L.BASELINE_WIDTHS if any(L.tokens_for_budget(b, F) == t for t in toks)), None)
     if C is not None:
-        Cp = next((b for b in L.BASELINE_WIDTHS if _same(C, b)), None)
-        if Cp is None:
-            return None
-        widths = {"baseline": L.BASELINE_WIDTHS, "tbptt": L.TBPTT_WIDTHS, "hc": L.HC_WIDTHS}.get(variant)
-        steps = L.steps_for_budget(Cp, F)
-        if widths is not None and (variant == "baseline" or Cp in L.CASE_STUDY_BUDGETS) and s in widths[Cp]:
-            what = (
-                "the 116-run grid (Table 6)" if variant == "baseline" else f"the {variant} case-study grid (App. G.1)"
-            )
-            return PaperPlan(
-                f"{what}: C={Cp:g}, s={s}, r={r} ({steps:,} steps)",
-                dict(shape, lr=LOOPED_RECIPE["lr"]),
-                tokens=steps * L.PAPER_BATCH_TOKENS,
-                steps=steps,
-                group="grid",
-            )
-        if (s, r) == (10, 4) and _same(Cp, 1e18):
-            return PaperPlan(
-                f"injection ablation (Table 5): s=10, r=4, C=1e18, {cfg.injection}",
-                dict(shape, lr=LOOPED_RECIPE["lr"]),
-                tokens=steps * L.PAPER_BATCH_TOKENS,
-                steps=steps,
-                group="table5",
-            )
-        return None
+        return _grid_budget_plan(shape, cfg, variant, s, r, C)
     if variant != "baseline" or r not in (1, 4):
         return None
-    if s == PAPER_EXTRAPOLATION["s"]:
-        e = PAPER_EXTRAPOLATION
-        return PaperPlan(
-            f"extrapolation (Table 10): s=34, r={r}, {e['steps']:,} steps x {e['batch_tokens']:,} tokens",
-            dict(shape, global_batch=e["batch_tokens"] // L.PAPER_SEQ_LEN),
-            tokens=e["steps"] * e["batch_tokens"],
-            steps=e["steps"],
-            group="table10",
-        )
-    if s in (8, 10, 14):
-        toks = planned_tokens(record)
-        ratio = next((q for q in (10, 20, 40) if toks is not None and L.tokens_for_param_ratio(cfg, q) == toks), 10)
-        t = L.tokens_for_param_ratio(cfg, ratio)
-        return PaperPlan(
-            f"LR sweep (App. D): s={s}, r={r}, {ratio} tokens per effective parameter",
-            shape,
-            tokens=t,
-            steps=t // L.PAPER_BATCH_TOKENS,
-            group="lr_sweep",
-        )
-    return None
+    return _budget_free_plan(record, shape, cfg, s, r)
 
 
 def looped_frame(df: pd.DataFrame) -> pd.DataFrame:
-    """Completed looped runs as the fitter's table: n_once, n_rec, r, D, loss, C (budget cell), s, variant, lr, and
-    each run's scale: `paper_scale` and `scale` ('paper scale' or 'reduced scale: ' and what differs, `looped_paper_plan`),
-    and `paper_item`, the set of the paper's runs its plan belongs to ('grid', 'table5', 'lr_sweep', 'table10'; '' none)."""
+    """Completed looped runs as the fitter's table: n_once, n_rec, r, D, loss, C (budget cell), s, variant, lr, and each
+    run's scale: `paper_scale` and `scale` ('paper scale' or 'reduced scale: ' and what differs,
+    `looped_paper_plan`), and `paper_item`, the set of the paper's runs its plan belongs to ('grid', 'table5',
+    'lr_sweep', 'table10'; '' none)."""
     from depthbench_nb.looped import flops_per_token, looped_params
     from depthbench_nb.sweep import flatten
     from depthbench_nb.trainer import total_steps
@@ -275,7 +291,8 @@ def looped_frame(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def _best_per_cell(frame: pd.DataFrame) -> pd.DataFrame:
-    "One point per (variant, r, s, C) cell: its lowest loss over learning rates (the paper fits each cell at its tuned LR)."
+    """One point per (variant, r, s, C) cell: its lowest loss over learning rates (the paper fits each cell at its tuned
+    LR)."""
     if not len(frame):
         return frame
     frame = frame.reset_index(drop=True)
@@ -290,7 +307,8 @@ CASE_STUDY_N_BUDGETS = 4  # the case studies rerun the grid's four lowest budget
 
 
 def case_study_budgets(lf: pd.DataFrame) -> list:
-    "The budgets of the case studies: the four lowest of the baseline grid's (of the study's runs when it has no baseline)."
+    """The budgets of the case studies: the four lowest of the baseline grid's (of the study's runs when it has no
+    baseline)."""
     grid = (
         lf[(lf.variant == "baseline") & (lf.paper_item.isin(["grid", ""]) if "paper_item" in lf else True)]
         if len(lf)
@@ -325,7 +343,8 @@ def case_study_frame(lf: pd.DataFrame, variant: str, drop_r=()) -> pd.DataFrame:
 
 
 def baseline_refit_frame(lf: pd.DataFrame, budgets) -> pd.DataFrame:
-    "The baseline runs (every r) of the case studies' budgets: the refit their Δφ is measured against (Table 3's first row)."
+    """The baseline runs (every r) of the case studies' budgets: the refit their Δφ is measured against (Table 3's first
+    row)."""
     base = lf[(lf.variant == "baseline") & lf.C.isin(list(budgets))] if len(lf) else lf
     if not len(base):
         raise ConfigError(f"no baseline runs at the case-study budgets C = {_budgets(budgets)}")
@@ -366,8 +385,9 @@ def _frame_scale(frame: pd.DataFrame) -> str:
 def _fit_rows(
     fits: dict, paper: pd.DataFrame, table: str, form_of: Callable = lambda key: (str(key), None)
 ) -> pd.DataFrame:
-    """One row per fit (`fits`: key -> (FitResult, the runs it fitted)): our parameters, how the fit was computed (restarts,
-    resamples, warm-start wins), its scale, a plain-words note when the runs do not identify the law, then the paper's."""
+    """One row per fit (`fits`: key -> (FitResult, the runs it fitted)): our parameters, how the fit was computed
+    (restarts, resamples, warm-start wins), its scale, a plain-words note when the runs do not identify the law, then
+    the paper's."""
     from depthbench_nb.scaling import effort_label
 
     rows = []
@@ -513,7 +533,8 @@ def paper_table1_laws(paper: pd.DataFrame) -> dict:
 
 
 def paper_optima(paper: pd.DataFrame) -> pd.DataFrame:
-    "The paper's per-(C, r) compute-optimal points (the project page: parabola in log N per cell): C, r, N_star, L_star."
+    """The paper's per-(C, r) compute-optimal points (the project page: parabola in log N per cell): C, r, N_star,
+    L_star."""
     opt = paper[paper.table == "optimum"].assign(
         r=lambda d: pd.to_numeric(d.r).astype(int), C=lambda d: pd.to_numeric(d.C)
     )
@@ -574,10 +595,10 @@ def paper_optima_frame(paper: pd.DataFrame) -> pd.DataFrame:
 
 
 def looped_paper_optima_section(rep: Report, paper: pd.DataFrame, effort: FitEffort = FitEffort()):
-    """The fitter on the paper's own points: the joint law refitted (`effort.restarts` random starts) on the 24 published
-    per-(C, r) optima, beside the paper's φ = 0.459 and CI [0.41, 0.53] of its 116 runs. No bootstrap: 24 vertices, one
-    per block, do not pin E under resampling (a 200-resample trial put E's interval on the box's edge), and φ is the
-    check."""
+    """The fitter on the paper's own points: the joint law refitted (`effort.restarts` random starts) on the 24
+    published per-(C, r) optima, beside the paper's φ = 0.459 and CI [0.41, 0.53] of its 116 runs. No bootstrap: 24
+    vertices, one per block, do not pin E under resampling (a 200-resample trial put E's interval on the box's edge),
+    and φ is the check."""
     frame = paper_optima_frame(paper)
     fit = _guard(rep, "phi refitted on the paper's optima", lambda: _fit(frame[_FIT_COLS], effort))
     if fit is None:
@@ -685,21 +706,8 @@ def looped_isoflops_figure(rep: Report, base: pd.DataFrame, fits: dict):
     )
 
 
-def looped_fit_sections(rep: Report, lf: pd.DataFrame, paper: pd.DataFrame, prov: str, effort: FitEffort = FitEffort()):
-    """Table 1 (per-r laws), Table 2 (joint law, bootstrap CI, restricted laws), Table 7 and Figs. 8-9 (residuals), Fig. 3
-    (frontiers of the per-r laws and their exponents), empirical optima and the stability refits, from the baseline runs."""
-    from depthbench_nb import scaling
-
-    base = _best_per_cell(_grid_runs(lf[lf.variant == "baseline"])).assign(provenance=prov) if len(lf) else lf
-    if not len(base):
-        rep.note_missing(
-            "Tables 1, 2 and 7, Figs. 3, 8 and 9, stability refits",
-            "no completed baseline looped runs in this study"
-            + (" (its report fits the case studies only; the study it reuses has its own report)" if len(lf) else ""),
-        )
-        return
-    plt, sns = themed_pyplot()
-    _r_gaps(rep, base, ("Table 1", "Table 2", "Table 7", "Fig. 3", "Fig. 8", "Fig. 9", "iso-FLOPs curves"))
+def _per_r_fits(rep: Report, base: pd.DataFrame, prov: str, effort: FitEffort) -> dict:
+    "Table 1's laws: a Chinchilla fit on N = n_once + n_rec per recurrence r, {r: (fit, its runs)}."
     per_r = {}
     for r, g in base.groupby("r"):
         f = _guard(
@@ -711,89 +719,109 @@ def looped_fit_sections(rep: Report, lf: pd.DataFrame, paper: pd.DataFrame, prov
         )
         if f is not None:
             per_r[int(r)] = (f, g)
-    if per_r:
-        rep.table(
-            _fit_rows(per_r, paper, "table1", lambda r: ("chinchilla", r))
-            .rename(columns={"fit": "r"})
-            .drop(columns="n_r1"),
-            "looped_table1_per_r",
-            "Per-r Chinchilla fits on N = n_once + n_rec (Table 1)",
-        )
-        fig, axes = plt.subplots(1, len(per_r), figsize=(3.2 * len(per_r), 3.0), squeeze=False)
-        for ax, (r, (f, g)) in zip(axes[0], per_r.items()):
-            res = _residual_frame(f, g)  # a per-r law: N_eff = n_once + n_rec
-            sns.scatterplot(
-                data=res.assign(C=res.C.map("{:.3g}".format)),
-                x="D",
-                y="residual",
-                hue="C",
-                ax=ax,
-                s=30,
-                legend=r == max(per_r),
-            )
-            ax.axhline(0, color="k", lw=0.6)
-            ax.set_xscale("log")
-            ax.set_title(f"r = {r}: RMSE {np.sqrt((res.residual**2).mean()):.4f}", fontsize=8)
-            ax.set_xlabel("tokens D (log)")
-            ax.set_ylabel("actual − predicted (nats)")
-            ax.tick_params(axis="x", which="minor", labelbottom=False)
-            if r == max(per_r):
-                sns.move_legend(ax, "upper left", bbox_to_anchor=(1, 1), title="C", fontsize=7)
-        rep.figure(
-            fig,
-            "looped_fig9_per_r_residuals",
-            "Residuals of the per-r laws (Table 1's fits; the appendix's residual figures, Fig. 9 as we read it)",
-        )
-        fr = per_r_frontier({r: f for r, (f, _) in per_r.items()}, base)
-        gaps = paper[paper.table == "fig3"]
+    return per_r
 
-        def gap_range(r):
-            lo, hi = (
-                gaps[(gaps.quantity == q) & (pd.to_numeric(gaps.r, errors="coerce") == r)].value
-                for q in ("gap_low", "gap_high")
-            )
-            return f"{float(lo.iloc[0]):g}-{float(hi.iloc[0]):g}" if len(lo) and len(hi) else ""
 
-        fr["paper_gap_range"] = [gap_range(r) for r in fr.r]
-        rep.table(
-            fr,
-            "looped_frontier",
-            f"Compute-optimal frontiers of the per-r laws (Table 1) over the fitted budgets "
-            f"{_budgets(base.C)} FLOPs and the gap to r = 1 (Fig. 3; extrapolated = outside that r's own runs)",
+def _table1_sections(rep: Report, paper: pd.DataFrame, per_r: dict) -> None:
+    "Table 1 (the per-r laws beside the paper's) and the residuals of each per-r law (Fig. 9)."
+    plt, sns = themed_pyplot()
+    rep.table(
+        _fit_rows(per_r, paper, "table1", lambda r: ("chinchilla", r))
+        .rename(columns={"fit": "r"})
+        .drop(columns="n_r1"),
+        "looped_table1_per_r",
+        "Per-r Chinchilla fits on N = n_once + n_rec (Table 1)",
+    )
+    fig, axes = plt.subplots(1, len(per_r), figsize=(3.2 * len(per_r), 3.0), squeeze=False)
+    for ax, (r, (f, g)) in zip(axes[0], per_r.items()):
+        res = _residual_frame(f, g)  # a per-r law: N_eff = n_once + n_rec
+        sns.scatterplot(
+            data=res.assign(C=res.C.map("{:.3g}".format)),
+            x="D",
+            y="residual",
+            hue="C",
+            ax=ax,
+            s=30,
+            legend=r == max(per_r),
         )
-        rep.table(
-            frontier_exponents({r: f for r, (f, _) in per_r.items()}, base, paper, fr),
-            "looped_frontier_exponents",
-            "Compute-optimal exponents of the per-r laws as the paper defines them (C = k·N^γ·D, γ over each r's widths: "
-            "a = β/(α+γβ), b = α/(α+γβ)), the slopes of the exact frontier beside them (a stated difference), and the paper's (Fig. 3)",
+        ax.axhline(0, color="k", lw=0.6)
+        ax.set_xscale("log")
+        ax.set_title(f"r = {r}: RMSE {np.sqrt((res.residual**2).mean()):.4f}", fontsize=8)
+        ax.set_xlabel("tokens D (log)")
+        ax.set_ylabel("actual − predicted (nats)")
+        ax.tick_params(axis="x", which="minor", labelbottom=False)
+        if r == max(per_r):
+            sns.move_legend(ax, "upper left", bbox_to_anchor=(1, 1), title="C", fontsize=7)
+    rep.figure(
+        fig,
+        "looped_fig9_per_r_residuals",
+        "Residuals of the per-r laws (Table 1's fits; the appendix's residual figures, Fig. 9 as we read it)",
+    )
+
+
+def _frontier_tables(rep: Report, base: pd.DataFrame, paper: pd.DataFrame, per_r: dict) -> pd.DataFrame:
+    "Fig. 3's frontiers of the per-r laws with the paper's gap ranges, and their exponents; returns the frontiers."
+    fr = per_r_frontier({r: f for r, (f, _) in per_r.items()}, base)
+    gaps = paper[paper.table == "fig3"]
+
+    def gap_range(r):
+        lo, hi = (
+            gaps[(gaps.quantity == q) & (pd.to_numeric(gaps.r, errors="coerce") == r)].value
+            for q in ("gap_low", "gap_high")
         )
-        fig, axes = plt.subplots(1, 2, figsize=(9, 3.5))
-        pal = _r_palette(fr.r.unique())
-        for r, g in fr.groupby("r"):
-            for part, ls in ((g[~g.extrapolated], "-"), (g[g.extrapolated], "--")):
-                if len(part):
-                    axes[0].plot(
-                        part.C,
-                        part.loss,
-                        ls,
-                        marker="o",
-                        ms=3,
-                        color=pal[str(r)],
-                        label=f"r = {r}" + (" (extrapolated)" if ls == "--" else ""),
-                    )
-                    if r != 1:
-                        axes[1].plot(part.C, part.gap_to_r1, ls, marker="o", ms=3, color=pal[str(r)], label=f"r = {r}")
-        for ax, lab in ((axes[0], "compute-optimal loss L*(C)"), (axes[1], "frontier gap to r = 1 (nats)")):
-            ax.set_xscale("log")
-            ax.set_xlabel("budget C (FLOPs)")
-            ax.set_ylabel(lab)
-            ax.legend(fontsize=7)
-        rep.figure(
-            fig,
-            "looped_frontier",
-            "Compute-optimal frontiers of the per-r laws (Fig. 3): L*(C) per r and the gap to r = 1, "
-            f"over the fitted budgets {_budgets(base.C)} FLOPs (dashed: extrapolated)",
-        )
+        return f"{float(lo.iloc[0]):g}-{float(hi.iloc[0]):g}" if len(lo) and len(hi) else ""
+
+    fr["paper_gap_range"] = [gap_range(r) for r in fr.r]
+    rep.table(
+        fr,
+        "looped_frontier",
+        f"Compute-optimal frontiers of the per-r laws (Table 1) over the fitted budgets "
+        f"{_budgets(base.C)} FLOPs and the gap to r = 1 (Fig. 3; extrapolated = outside that r's own runs)",
+    )
+    rep.table(
+        frontier_exponents({r: f for r, (f, _) in per_r.items()}, base, paper, fr),
+        "looped_frontier_exponents",
+        "Compute-optimal exponents of the per-r laws as the paper defines them (C = k·N^γ·D, γ over each r's widths: "
+        "a = β/(α+γβ), b = α/(α+γβ)), the slopes of the exact frontier beside them (a stated difference), and the paper's (Fig. 3)",
+    )
+    return fr
+
+
+def _frontier_figure(rep: Report, base: pd.DataFrame, fr: pd.DataFrame) -> None:
+    "Fig. 3: the compute-optimal loss per r and its gap to r = 1 (dashed where extrapolated)."
+    plt, sns = themed_pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.5))
+    pal = _r_palette(fr.r.unique())
+    for r, g in fr.groupby("r"):
+        for part, ls in ((g[~g.extrapolated], "-"), (g[g.extrapolated], "--")):
+            if len(part):
+                axes[0].plot(
+                    part.C,
+                    part.loss,
+                    ls,
+                    marker="o",
+                    ms=3,
+                    color=pal[str(r)],
+                    label=f"r = {r}" + (" (extrapolated)" if ls == "--" else ""),
+                )
+                if r != 1:
+                    axes[1].plot(part.C, part.gap_to_r1, ls, marker="o", ms=3, color=pal[str(r)], label=f"r = {r}")
+    for ax, lab in ((axes[0], "compute-optimal loss L*(C)"), (axes[1], "frontier gap to r = 1 (nats)")):
+        ax.set_xscale("log")
+        ax.set_xlabel("budget C (FLOPs)")
+        ax.set_ylabel(lab)
+        ax.legend(fontsize=7)
+    rep.figure(
+        fig,
+        "looped_frontier",
+        "Compute-optimal frontiers of the per-r laws (Fig. 3): L*(C) per r and the gap to r = 1, "
+        f"over the fitted budgets {_budgets(base.C)} FLOPs (dashed: extrapolated)",
+    )
+
+
+def _runs_scatter(rep: Report, base: pd.DataFrame) -> None:
+    "The baseline runs: loss vs tokens, coloured by r, marked by budget."
+    plt, sns = themed_pyplot()
     fig, ax = plt.subplots(figsize=(5.5, 4))
     sns.scatterplot(
         data=base.assign(C=base.C.map("{:.3g}".format), r=base.r.astype(str)),
@@ -809,6 +837,12 @@ def looped_fit_sections(rep: Report, lf: pd.DataFrame, paper: pd.DataFrame, prov
     ax.set_xlabel("training tokens D (log)")
     ax.set_ylabel("validation loss (nats)")
     rep.figure(fig, "looped_runs_scatter", "Looped baseline runs: loss vs tokens per recurrence r and budget C")
+
+
+def _empirical_optima_table(rep: Report, base: pd.DataFrame, paper: pd.DataFrame) -> None:
+    "The empirical compute-optimal size per (C, r) cell, the paper's N* and L* beside."
+    from depthbench_nb import scaling
+
     emp = _guard(
         rep,
         "empirical optima per (C, r) cell",
@@ -816,9 +850,11 @@ def looped_fit_sections(rep: Report, lf: pd.DataFrame, paper: pd.DataFrame, prov
     )
     if emp is not None and len(emp):
         po = paper_optima(paper).set_index(["C", "r"])
-        at = lambda C, r, q: po[q].get(
-            (next((c for c in po.index.get_level_values(0) if abs(c / C - 1) < 1e-6), np.nan), int(r)), np.nan
-        )
+
+        def at(C, r, q):  # the paper's optimum of the cell (C, r), budgets matched to 1e-6
+            C_paper = next((c for c in po.index.get_level_values(0) if abs(c / C - 1) < 1e-6), np.nan)
+            return po[q].get((C_paper, int(r)), np.nan)
+
         emp = emp.assign(
             paper_N_star=[at(C, r, "N_star") for C, r in zip(emp.C, emp.r)],
             paper_L_star=[at(C, r, "L_star") for C, r in zip(emp.C, emp.r)],
@@ -829,92 +865,109 @@ def looped_fit_sections(rep: Report, lf: pd.DataFrame, paper: pd.DataFrame, prov
             "Empirical compute-optimal size per (C, r) cell (parabola in log N; edge = optimum not "
             "bracketed), the paper's N* and L* beside (its project page's per-cell parabolas)",
         )
-    joint = _guard(rep, "joint phi fit (Table 2)", lambda: _fit(base[_FIT_COLS], effort))
-    if joint is not None:
-        if effort.n_bootstrap >= 2:
-            boot = _guard(
-                rep,
-                "phi bootstrap CI",
-                lambda: scaling.block_bootstrap(
-                    base[_FIT_COLS],
-                    "looped",
-                    block_cols=("C", "r"),
-                    n_resamples=effort.n_bootstrap,
-                    restarts=effort.bootstrap_restarts,
-                    seed=effort.seed,
-                    warm_start=joint,
-                    workers=effort.workers,
-                ),
-            )
-            if boot is not None:
-                scaling.attach_bootstrap(joint, boot)
-        else:
-            rep.note_missing(
-                "phi bootstrap CI", f"n_bootstrap={effort.n_bootstrap} (needs >= 2 resamples; the paper: 200)"
-            )
-            rep.gap("Table 2", f"the phi CI (n_bootstrap = {effort.n_bootstrap}; the paper: 200 block resamples)")
-        fits = {"phi_free": (joint, base)}
-        for phi in (0.0, 1.0):  # the restricted laws (the paper does not bootstrap them)
-            f = _guard(rep, f"restricted law phi={phi:g}", lambda phi=phi: _fit(base[_FIT_COLS], effort, phi=phi))
-            if f is not None:
-                fits[f"phi_{phi:g}"] = (f, base)
-        rep.table(
-            table2_rows(fits, paper),
-            "looped_table2_joint",
-            "Joint law: phi free (block-bootstrap 95% CI) and the restricted laws phi = 0 / 1 (Table 2)",
-        )
-        looped_isoflops_figure(rep, base, fits)
-        res = pd.DataFrame(joint.residuals)
-        p7 = paper[paper.table == "table7"]
 
-        def paper7(q, r):  # Table 7's per-r rows, and the pooled residuals of the joint law for r = 'all'
-            sel = p7[
-                (p7.quantity == q)
-                & ((p7.form == "pooled") if r == "all" else (pd.to_numeric(p7.r, errors="coerce") == float(r)))
-            ]
-            return float(sel.value.iloc[0]) if len(sel) else np.nan
 
-        for q in ("mean", "max_abs", "rmse"):
-            res[f"paper_{q}"] = [paper7(q, r) for r in res.r]
-        rep.table(
-            res, "looped_table7_residuals", "Residuals of the joint law per r, actual − predicted in nats (Table 7)"
+def _phi_bootstrap(rep: Report, base: pd.DataFrame, joint, effort: FitEffort) -> None:
+    "Table 2's block-bootstrap CI of phi attached to the joint fit, or why there is none."
+    from depthbench_nb import scaling
+
+    if effort.n_bootstrap >= 2:
+        boot = _guard(
+            rep,
+            "phi bootstrap CI",
+            lambda: scaling.block_bootstrap(
+                base[_FIT_COLS],
+                "looped",
+                block_cols=("C", "r"),
+                n_resamples=effort.n_bootstrap,
+                restarts=effort.bootstrap_restarts,
+                seed=effort.seed,
+                warm_start=joint,
+                workers=effort.workers,
+            ),
         )
-        jr = _residual_frame(joint, base)
-        fig, axes = plt.subplots(1, 2, figsize=(9, 3.5))
-        sns.scatterplot(
-            data=jr.assign(r=jr.r.astype(str)),
-            x="predicted",
-            y="loss",
-            hue="r",
-            ax=axes[0],
-            palette=_r_palette(jr.r.unique()),
-            s=25,
-        )
-        lim = [jr[["predicted", "loss"]].min().min(), jr[["predicted", "loss"]].max().max()]
-        axes[0].plot(lim, lim, "k-", lw=0.6)
-        axes[0].set_xlabel("predicted loss (joint law)")
-        axes[0].set_ylabel("actual loss")
-        sns.stripplot(
-            data=jr.assign(r=jr.r.astype(str), C=jr.C.map("{:.3g}".format)),
-            x="C",
-            y="residual",
-            hue="r",
-            ax=axes[1],
-            palette=_r_palette(jr.r.unique()),
-            dodge=True,
-            size=4,
-        )
-        axes[1].axhline(0, color="k", lw=0.6)
-        axes[1].set_ylabel("actual − predicted (nats)")
-        axes[1].set_xlabel("budget C (FLOPs)")
-        axes[1].tick_params(axis="x", labelsize=7)
-        sns.move_legend(axes[1], "upper left", bbox_to_anchor=(1, 1), title="r", fontsize=7)
-        rep.figure(
-            fig,
-            "looped_fig8_joint_residuals",
-            "Fit quality of the joint law (phi free): actual vs predicted and residuals per budget "
-            "and r (the appendix's residual figures, Fig. 8 as we read it; Table 7 has the per-r statistics)",
-        )
+        if boot is not None:
+            scaling.attach_bootstrap(joint, boot)
+    else:
+        rep.note_missing("phi bootstrap CI", f"n_bootstrap={effort.n_bootstrap} (needs >= 2 resamples; the paper: 200)")
+        rep.gap("Table 2", f"the phi CI (n_bootstrap = {effort.n_bootstrap}; the paper: 200 block resamples)")
+
+
+def _table2_fits(rep: Report, base: pd.DataFrame, paper: pd.DataFrame, joint, effort: FitEffort) -> None:
+    "Table 2: the joint law (phi free) beside the restricted laws phi = 0 and 1; the iso-FLOPs curves of them all."
+    fits = {"phi_free": (joint, base)}
+    for phi in (0.0, 1.0):  # the restricted laws (the paper does not bootstrap them)
+        f = _guard(rep, f"restricted law phi={phi:g}", lambda phi=phi: _fit(base[_FIT_COLS], effort, phi=phi))
+        if f is not None:
+            fits[f"phi_{phi:g}"] = (f, base)
+    rep.table(
+        table2_rows(fits, paper),
+        "looped_table2_joint",
+        "Joint law: phi free (block-bootstrap 95% CI) and the restricted laws phi = 0 / 1 (Table 2)",
+    )
+    looped_isoflops_figure(rep, base, fits)
+
+
+def _table7_residuals(rep: Report, paper: pd.DataFrame, joint) -> None:
+    "Table 7: the joint law's residuals per r beside the paper's."
+    res = pd.DataFrame(joint.residuals)
+    p7 = paper[paper.table == "table7"]
+
+    def paper7(q, r):  # Table 7's per-r rows, and the pooled residuals of the joint law for r = 'all'
+        sel = p7[
+            (p7.quantity == q)
+            & ((p7.form == "pooled") if r == "all" else (pd.to_numeric(p7.r, errors="coerce") == float(r)))
+        ]
+        return float(sel.value.iloc[0]) if len(sel) else np.nan
+
+    for q in ("mean", "max_abs", "rmse"):
+        res[f"paper_{q}"] = [paper7(q, r) for r in res.r]
+    rep.table(res, "looped_table7_residuals", "Residuals of the joint law per r, actual − predicted in nats (Table 7)")
+
+
+def _fig8_joint_residuals(rep: Report, base: pd.DataFrame, joint) -> None:
+    "Fig. 8: the joint law's predicted vs actual loss, and its residuals per budget and r."
+    plt, sns = themed_pyplot()
+    jr = _residual_frame(joint, base)
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.5))
+    sns.scatterplot(
+        data=jr.assign(r=jr.r.astype(str)),
+        x="predicted",
+        y="loss",
+        hue="r",
+        ax=axes[0],
+        palette=_r_palette(jr.r.unique()),
+        s=25,
+    )
+    lim = [jr[["predicted", "loss"]].min().min(), jr[["predicted", "loss"]].max().max()]
+    axes[0].plot(lim, lim, "k-", lw=0.6)
+    axes[0].set_xlabel("predicted loss (joint law)")
+    axes[0].set_ylabel("actual loss")
+    sns.stripplot(
+        data=jr.assign(r=jr.r.astype(str), C=jr.C.map("{:.3g}".format)),
+        x="C",
+        y="residual",
+        hue="r",
+        ax=axes[1],
+        palette=_r_palette(jr.r.unique()),
+        dodge=True,
+        size=4,
+    )
+    axes[1].axhline(0, color="k", lw=0.6)
+    axes[1].set_ylabel("actual − predicted (nats)")
+    axes[1].set_xlabel("budget C (FLOPs)")
+    axes[1].tick_params(axis="x", labelsize=7)
+    sns.move_legend(axes[1], "upper left", bbox_to_anchor=(1, 1), title="r", fontsize=7)
+    rep.figure(
+        fig,
+        "looped_fig8_joint_residuals",
+        "Fit quality of the joint law (phi free): actual vs predicted and residuals per budget "
+        "and r (the appendix's residual figures, Fig. 8 as we read it; Table 7 has the per-r statistics)",
+    )
+
+
+def _stability_refits(rep: Report, base: pd.DataFrame, paper: pd.DataFrame, effort: FitEffort) -> None:
+    "App. F.3: the joint law refitted on the low and on the high half of the budgets."
     cells = sorted(base["C"].unique())
     if len(cells) >= 2:  # App. F.3: refits on the low and the high budgets (the paper: C <= 2.15e18 and C >= 4.64e18)
         half = len(cells) // 2
@@ -936,24 +989,37 @@ def looped_fit_sections(rep: Report, lf: pd.DataFrame, paper: pd.DataFrame, prov
         )
 
 
-def looped_case_study_sections(
-    rep: Report, lf: pd.DataFrame, paper: pd.DataFrame, prov: str, effort: FitEffort = FitEffort()
-):
-    """Table 3 as the paper computes it: each case study fitted on its runs plus the r = 1 runs of its budgets
-    (`case_study_frame`), truncated BPTT also without r = 2, and the baseline refitted on the same budgets (Δφ is
-    measured against it); Fig. 10, the case-study fits' residuals."""
-    variants = [v for v in ("tbptt", "hc") if len(lf) and (lf.variant == v).any()]
-    for item in ("Table 3", "Fig. 10"):
-        for v in ("tbptt", "hc"):
-            if v not in variants:
-                rep.gap(item, f"the {v} case study (no runs)")
-    if not variants:
+def looped_fit_sections(rep: Report, lf: pd.DataFrame, paper: pd.DataFrame, prov: str, effort: FitEffort = FitEffort()):
+    """Table 1 (per-r laws), Table 2 (joint law, bootstrap CI, restricted laws), Table 7 and Figs. 8-9 (residuals), Fig.
+    3 (frontiers of the per-r laws and their exponents), empirical optima and the stability refits, from the baseline
+    runs."""
+    base = _best_per_cell(_grid_runs(lf[lf.variant == "baseline"])).assign(provenance=prov) if len(lf) else lf
+    if not len(base):
         rep.note_missing(
-            "case studies (Table 3, Fig. 10)",
-            "no completed truncated-BPTT or hyper-connection runs (the looped-tbptt "
-            "and looped-hc studies; their reports, and looped-main's, fit them with the r = 1 runs of their budgets)",
+            "Tables 1, 2 and 7, Figs. 3, 8 and 9, stability refits",
+            "no completed baseline looped runs in this study"
+            + (" (its report fits the case studies only; the study it reuses has its own report)" if len(lf) else ""),
         )
         return
+    _r_gaps(rep, base, ("Table 1", "Table 2", "Table 7", "Fig. 3", "Fig. 8", "Fig. 9", "iso-FLOPs curves"))
+    per_r = _per_r_fits(rep, base, prov, effort)
+    if per_r:
+        _table1_sections(rep, paper, per_r)
+        _frontier_figure(rep, base, _frontier_tables(rep, base, paper, per_r))
+    _runs_scatter(rep, base)
+    _empirical_optima_table(rep, base, paper)
+    joint = _guard(rep, "joint phi fit (Table 2)", lambda: _fit(base[_FIT_COLS], effort))
+    if joint is not None:
+        _phi_bootstrap(rep, base, joint, effort)
+        _table2_fits(rep, base, paper, joint, effort)
+        _table7_residuals(rep, paper, joint)
+        _fig8_joint_residuals(rep, base, joint)
+    _stability_refits(rep, base, paper, effort)
+
+
+def _case_study_fits(rep: Report, lf: pd.DataFrame, variants: list, prov: str, effort: FitEffort) -> dict:
+    """Each case study fitted on its runs plus the r = 1 runs of its budgets (`case_study_frame`), truncated BPTT also
+    without r = 2: {key: (fit, its frame)}; a fit that fails is a gap of Table 3."""
     fits = {}
     for v in variants:
         for key, drop in ((v, ()),) + (((f"{v}_without_r2", (2,)),) if v == "tbptt" else ()):
@@ -971,12 +1037,14 @@ def looped_case_study_sections(
                 fits[key] = (f, frame)
             else:
                 rep.gap("Table 3", f"the {key} fit")
-    if not fits:
-        return
+    return fits
+
+
+def _baseline_refits(rep: Report, lf: pd.DataFrame, fits: dict, prov: str, effort: FitEffort) -> dict:
+    """The baseline refitted on the budgets of each case study (the paper: its 4 lowest), once per set of budgets:
+    {budgets: (frame, fit)}, the fit False or None where it failed."""
     refits = {}
-    for key, (f, frame) in list(
-        fits.items()
-    ):  # the baseline on the same budgets as each case study (the paper: its 4 lowest)
+    for _, frame in fits.values():
         budgets = tuple(sorted(frame.C.unique()))
         if budgets not in refits:
             bf = _guard(
@@ -988,12 +1056,20 @@ def looped_case_study_sections(
                 bf,
                 bf is not None and _guard(rep, "baseline refit (Table 3)", lambda bf=bf: _fit(bf[_FIT_COLS], effort)),
             )
+    return refits
+
+
+def _table3_case_studies(rep: Report, paper: pd.DataFrame, fits: dict, refits: dict) -> None:
+    "Table 3: the case-study fits and the baseline refits, with delta_phi against the refit on the same budgets."
     rows = {}
     for i, (budgets, (bf, f)) in enumerate(refits.items()):
         if f:
             rows["baseline_refit" if len(refits) == 1 else f"baseline_refit_{i + 1}"] = (f, bf)
     rows.update(fits)
-    form = lambda k: ("baseline_low4" if k.startswith("baseline_refit") else k, None)
+
+    def form(k):
+        return ("baseline_low4" if k.startswith("baseline_refit") else k, None)
+
     t3 = _fit_rows(rows, paper, "table3", form)
     base_phi = {b: f.phi for b, (_, f) in refits.items() if f}
     t3.insert(1, "budgets", [_budgets(frame.C) for _, frame in rows.values()])
@@ -1011,6 +1087,10 @@ def looped_case_study_sections(
         "Case studies (Table 3): each fitted on its runs plus the r = 1 runs of its budgets; "
         "delta_phi against the baseline refitted on the same budgets",
     )
+
+
+def _fig10_case_study_residuals(rep: Report, paper: pd.DataFrame, fits: dict) -> None:
+    "Fig. 10: the residuals of each case-study fit per budget and r, the paper's RMSE and max beside."
     plt, sns = themed_pyplot()
     case = {k: v for k, v in fits.items()}
     fig, axes = plt.subplots(1, len(case), figsize=(5 * len(case), 3.4), squeeze=False)
@@ -1032,11 +1112,10 @@ def looped_case_study_sections(
         ax.set_xlabel("budget C (FLOPs)")
         ax.tick_params(axis="x", labelsize=7)
         p = f10[f10.form == key.split("_without")[0]]
-        ref = (
-            f" (paper: {float(p[p.quantity == 'rmse'].value.iloc[0]):g}, {float(p[p.quantity == 'max_abs'].value.iloc[0]):g})"
-            if len(p) and "_without" not in key
-            else ""
-        )
+        ref = ""
+        if len(p) and "_without" not in key:
+            rmse, max_abs = (float(p[p.quantity == q].value.iloc[0]) for q in ("rmse", "max_abs"))
+            ref = f" (paper: {rmse:g}, {max_abs:g})"
         ax.set_title(
             f"{key}: RMSE {np.sqrt((res.residual**2).mean()):.4f}, max {res.residual.abs().max():.4f}{ref}", fontsize=8
         )
@@ -1044,6 +1123,32 @@ def looped_case_study_sections(
     rep.figure(
         fig, "looped_fig10_case_study_residuals", "Residuals of the case-study fits, runs + r = 1 anchors (Fig. 10)"
     )
+
+
+def looped_case_study_sections(
+    rep: Report, lf: pd.DataFrame, paper: pd.DataFrame, prov: str, effort: FitEffort = FitEffort()
+):
+    """Table 3 as the paper computes it: each case study fitted on its runs plus the r = 1 runs of its budgets
+    (`case_study_frame`), truncated BPTT also without r = 2, and the baseline refitted on the same budgets (Δφ is
+    measured against it); Fig. 10, the case-study fits' residuals."""
+    variants = [v for v in ("tbptt", "hc") if len(lf) and (lf.variant == v).any()]
+    for item in ("Table 3", "Fig. 10"):
+        for v in ("tbptt", "hc"):
+            if v not in variants:
+                rep.gap(item, f"the {v} case study (no runs)")
+    if not variants:
+        rep.note_missing(
+            "case studies (Table 3, Fig. 10)",
+            "no completed truncated-BPTT or hyper-connection runs (the looped-tbptt "
+            "and looped-hc studies; their reports, and looped-main's, fit them with the r = 1 runs of their budgets)",
+        )
+        return
+    fits = _case_study_fits(rep, lf, variants, prov, effort)
+    if not fits:
+        return
+    refits = _baseline_refits(rep, lf, fits, prov, effort)
+    _table3_case_studies(rep, paper, fits, refits)
+    _fig10_case_study_residuals(rep, paper, fits)
 
 # %% ../nbs/09c2_looped_report.ipynb #ebfd00c8
 def looped_ablation_sections(rep: Report, lf: pd.DataFrame, paper: pd.DataFrame):
@@ -1098,7 +1203,8 @@ PAPER_GROUPS = {
 
 
 def read_downstream(lf: pd.DataFrame) -> dict:
-    "run_id -> the run's downstream results (RUN/downstream/downstream.json, `depthbench-nb downstream`), for runs that have them."
+    """run_id -> the run's downstream results (RUN/downstream/downstream.json, `depthbench-nb downstream`), for runs
+    that have them."""
     out = {}
     if not len(lf) or not {"study", "run_id"} <= set(lf.columns):
         return out
@@ -1160,19 +1266,13 @@ def _budget_label(row) -> str:
     return "Table 10: 47B tokens at s = 34" if row.get("paper_item") == "table10" else f"C = {row['C']:.3g}"
 
 
-def looped_downstream_section(rep: Report, lf: pd.DataFrame, paper: pd.DataFrame, down: dict):
-    """The paper's downstream comparison: continuation loss per task group of every evaluated run, and per budget the
-    best evaluated run of each r (matched budgets; the extrapolation at matched tokens) with its gap to r = 1, as a
-    table and a figure by task group; tasks whose data were absent are named."""
-    runs = lf[lf.run_id.isin(list(down))] if len(lf) and "run_id" in lf else lf.iloc[0:0]
-    if not len(runs):
-        rep.note_missing(
-            "downstream results (tasks of Tables 8-9, Table 10 rows 2-6)",
-            "no looped run of this report has downstream "
-            "results: evaluate runs with `depthbench-nb downstream RUN --bundles DIR` (the official bundles: the CORE "
-            "eval_bundle and the Saunshi and owned bundles of kschwethelm/looped-lm-scaling dev/eval_bundles/)",
-        )
-        return
+def _table10(paper: pd.DataFrame) -> pd.DataFrame:
+    "The paper's Table 10 rows with r as an integer."
+    return paper[(paper.table == "table10")].assign(r=lambda d: pd.to_numeric(d.r).astype(int))
+
+
+def _downstream_table(rep: Report, runs: pd.DataFrame, down: dict) -> None:
+    "Continuation loss and accuracy per task group of every evaluated run."
     rows = []
     for _, r in runs.iterrows():
         rec = down[r["run_id"]]
@@ -1202,6 +1302,17 @@ def looped_downstream_section(rep: Report, lf: pd.DataFrame, paper: pd.DataFrame
         "Downstream continuation loss (nats per token of the gold continuation) per task group of every "
         "evaluated run (tasks of Tables 8-9; a group is the mean of its tasks)",
     )
+    t = pd.DataFrame(rows)
+    rep.table(
+        t,
+        "looped_downstream",
+        "Downstream continuation loss (nats per token of the gold continuation) per task group of every "
+        "evaluated run (tasks of Tables 8-9; a group is the mean of its tasks)",
+    )
+
+
+def _downstream_absent(rep: Report, down: dict) -> None:
+    "The tasks whose data were not present where the runs were evaluated."
     absent = {}
     for rec in down.values():
         for label, why in rec.get("missing", {}).items():
@@ -1213,39 +1324,54 @@ def looped_downstream_section(rep: Report, lf: pd.DataFrame, paper: pd.DataFrame
             f"evaluated (e.g. {next(iter(absent.values()))})",
         )
         rep.gap("downstream results", f"tasks not evaluated (data not present): {', '.join(sorted(absent))}")
-    # matched budgets: per budget and r the evaluated run with the lowest validation loss (the compute-optimal width among them)
+
+
+def _matched_row(budget: str, group: str, g: pd.DataFrame, by_r: dict, p10: pd.DataFrame) -> dict:
+    "One task group at one budget: each r's loss, its gap to r = 1, the widths, and Table 10's numbers beside."
+    row = dict(
+        budget=budget,
+        group=group,
+        **{f"loss_r{r}": by_r[r].get(group, {}).get("loss", np.nan) for r in sorted(by_r)},
+    )
+    for r in sorted(by_r):
+        if r != 1 and 1 in by_r:
+            row[f"gap_r{r}"] = row[f"loss_r{r}"] - row["loss_r1"]
+    row["widths"] = ", ".join(f"r = {r}: s = {s}" for r, s in zip(g.r, g.s))
+    if budget.startswith("Table 10"):
+        for r in (1, 4):
+            sel = p10[(p10.quantity == f"{group}_loss") & (p10.r == r)]
+            row[f"paper_r{r}"] = float(sel.value.iloc[0]) if len(sel) else np.nan
+    return row
+
+
+def _downstream_matched_table(rep: Report, runs: pd.DataFrame, paper: pd.DataFrame, down: dict) -> pd.DataFrame:
+    """Per budget the evaluated run of each r with the lowest validation loss (the compute-optimal width among them),
+    their losses per task group and the gaps to r = 1; returns the table."""
     pick = runs.assign(budget=[_budget_label(r) for _, r in runs.iterrows()])
     pick = pick.loc[pick.groupby(["budget", "r"])["loss"].idxmin()]
-    p10 = paper[(paper.table == "table10")].assign(r=lambda d: pd.to_numeric(d.r).astype(int))
+    p10 = _table10(paper)
     matched = []
     for budget, g in pick.groupby("budget", sort=False):
         by_r = {int(r): down[rid]["groups"] for r, rid in zip(g.r, g.run_id)}
         for group in dict.fromkeys(k for groups in by_r.values() for k in groups):
-            row = dict(
-                budget=budget,
-                group=group,
-                **{f"loss_r{r}": by_r[r].get(group, {}).get("loss", np.nan) for r in sorted(by_r)},
-            )
-            for r in sorted(by_r):
-                if r != 1 and 1 in by_r:
-                    row[f"gap_r{r}"] = row[f"loss_r{r}"] - row["loss_r1"]
-            row["widths"] = ", ".join(f"r = {r}: s = {s}" for r, s in zip(g.r, g.s))
-            if budget.startswith("Table 10"):
-                for r in (1, 4):
-                    sel = p10[(p10.quantity == f"{group}_loss") & (p10.r == r)]
-                    row[f"paper_r{r}"] = float(sel.value.iloc[0]) if len(sel) else np.nan
-            matched.append(row)
+            matched.append(_matched_row(budget, group, g, by_r, p10))
     m = pd.DataFrame(matched)
     rep.table(
         m,
         "looped_downstream_matched",
         "Downstream continuation loss per group at matched budgets: per budget the best evaluated run "
-        "of each r and its gap to r = 1 (the paper: looped models close the gap on reading comprehension and commonsense, "
-        "not on parametric knowledge); Table 10 at matched tokens with the paper beside",
+        "of each r and its gap to r = 1 (the paper: looped models close the gap on reading comprehension and "
+        "commonsense, not on parametric knowledge); Table 10 at matched tokens with the paper beside",
     )
     if not any(f"gap_r{r}" in m and m[f"gap_r{r}"].notna().any() for r in (2, 4, 8)):
         rep.gap("downstream results", "no budget with both r = 1 and a looped r evaluated")
+    return m
+
+
+def _downstream_figure(rep: Report, m: pd.DataFrame, paper: pd.DataFrame) -> None:
+    "Continuation loss by task group and r, one panel per budget (at most six), the paper's Table 10 beside."
     plt, sns = themed_pyplot()
+    p10 = _table10(paper)
     budgets = list(dict.fromkeys(m.budget))[:6]
     paper_panel = p10[p10.quantity.str.endswith("_loss") & (p10.quantity != "val_loss")]
     n = len(budgets) + bool(len(paper_panel))
@@ -1276,6 +1402,25 @@ def looped_downstream_section(rep: Report, lf: pd.DataFrame, paper: pd.DataFrame
         "looped_downstream",
         "Downstream continuation loss by task group and r at matched budgets, the paper's Table 10 beside",
     )
+
+
+def looped_downstream_section(rep: Report, lf: pd.DataFrame, paper: pd.DataFrame, down: dict):
+    """The paper's downstream comparison: continuation loss per task group of every evaluated run, and per budget the
+    best evaluated run of each r (matched budgets; the extrapolation at matched tokens) with its gap to r = 1, as a
+    table and a figure by task group; tasks whose data were absent are named."""
+    runs = lf[lf.run_id.isin(list(down))] if len(lf) and "run_id" in lf else lf.iloc[0:0]
+    if not len(runs):
+        rep.note_missing(
+            "downstream results (tasks of Tables 8-9, Table 10 rows 2-6)",
+            "no looped run of this report has downstream "
+            "results: evaluate runs with `depthbench-nb downstream RUN --bundles DIR` (the official bundles: the CORE "
+            "eval_bundle and the Saunshi and owned bundles of kschwethelm/looped-lm-scaling dev/eval_bundles/)",
+        )
+        return
+    _downstream_table(rep, runs, down)
+    _downstream_absent(rep, down)
+    m = _downstream_matched_table(rep, runs, paper, down)
+    _downstream_figure(rep, m, paper)
 
 
 def looped_accounting_sections(rep: Report):
@@ -1441,7 +1586,8 @@ COMPANION_STUDIES = {"looped-main": (EXTRAPOLATION_STUDY,)}  # Table 10's runs j
 
 
 def looped_paper_index(rep: Report) -> pd.DataFrame:
-    "One row per table and figure of the looped paper: rebuilt, rebuilt with a stated difference, partial or missing and why."
+    """One row per table and figure of the looped paper: rebuilt, rebuilt with a stated difference, partial or missing
+    and why."""
     return paper_item_index(rep, LOOPED_PAPER_ITEMS, LOOPED_NOTES, LOOPED_SCALE_FREE)
 
 
@@ -1466,38 +1612,20 @@ LOOPED_INDEX_CAPTION = (
 )
 
 
-def build_looped_report(
-    study: str,
-    df: Optional[pd.DataFrame] = None,
-    out_dir=None,
-    restarts: int = 500,
-    n_bootstrap: int = 200,
-    bootstrap_restarts: int = 500,
-    seed: int = 0,
-    lf: Optional[pd.DataFrame] = None,
-    provenance: Optional[str] = None,
-    workers: Optional[int] = None,
-    related: Optional[list] = None,
-) -> Report:
-    """All looped-LM tables and figures of a study into papermill_runs/<study>/report/, at the paper's fitting effort by
-    default (`lf`: a ready looped table instead of runs). Runs of `related` studies (default `related_studies`) join by
-    run id: the case studies' r = 1 anchors and Table 10's runs; Tables 1, 2, 7 and Figs. 3, 8, 9 use this study's own
-    baseline grid runs. The index lists every table and figure of the paper as rebuilt, rebuilt with a stated
-    difference, partial or missing and why."""
-    from depthbench_nb import scaling
+def _is_looped(d: pd.DataFrame) -> pd.Series:
+    return d["arch"].map(family_of) == "looped"
 
-    effort = FitEffort(restarts, n_bootstrap, bootstrap_restarts, seed, workers)
-    df = normalize_runs(study_table(study) if df is None else df)
-    out = Path(out_dir) if out_dir else runs_root() / study / "report"
-    paper = reference_table("looped")
-    is_looped = lambda d: d["arch"].map(family_of) == "looped"
-    from_runs = lf is None
-    if from_runs:
-        related = related_studies(study) if related is None else related
-        others = [normalize_runs(study_table(s)) for s in related]
-        both = pd.concat([df] + others, ignore_index=True) if others else df
-        both = both.drop_duplicates("run_id", keep="first") if len(both) else both  # a run shared by id counts once
-        lf = looped_frame(both)
+
+def _looped_runs_with_related(df: pd.DataFrame, related: list) -> pd.DataFrame:
+    "The looped table of a study's runs joined by run id with the runs of `related` studies (a shared run counts once)."
+    others = [normalize_runs(study_table(s)) for s in related]
+    both = pd.concat([df] + others, ignore_index=True) if others else df
+    both = both.drop_duplicates("run_id", keep="first") if len(both) else both  # a run shared by id counts once
+    return looped_frame(both)
+
+
+def _new_looped_report(study: str, lf: pd.DataFrame, out: Path, provenance: Optional[str]) -> tuple[Report, str]:
+    "The report folder with its scale counted from the runs of `lf`, and the fits' provenance ('real' or 'demo')."
     presets = tuple(sorted(set(lf["preset"]))) if "preset" in lf and len(lf) else ()
     n_ok = int(lf["paper_scale"].sum()) if "paper_scale" in lf and len(lf) else 0
     rep = Report(
@@ -1514,7 +1642,13 @@ def build_looped_report(
         expected=LOOPED_ARTIFACTS,
     )
     prov = provenance or ("real" if len(lf) and n_ok == len(lf) and study != "demo" else "demo")
-    # the worked example is accounting (the closed forms of §3.2): comparable at any scale
+    return rep, prov
+
+
+def _worked_example_section(rep: Report) -> None:
+    "The worked example of App. F.4 with its verdicts: accounting (the closed forms of §3.2), comparable at any scale."
+    from depthbench_nb import scaling
+
     we = scaling.worked_example()
     rep.verdict(
         "worked example: unique params r=4 / r=1 at equal width",
@@ -1543,6 +1677,63 @@ def build_looped_report(
         "Worked example (App. F.4): r=4 at the width of a 1B r=1 model",
         label=ACCOUNTING_LABEL,
     )
+
+
+def _finish_without_runs(rep: Report) -> Report:
+    "A study without completed looped runs: every run-based item of the index missing, and why."
+    why = f"no completed looped runs in study {rep.study!r}"
+    rep.note_missing("all looped fits and figures", why)
+    reasons = {
+        it.item: why for it in LOOPED_PAPER_ITEMS if it.item not in LOOPED_SCALE_FREE and it.item != "empirical optima"
+    }
+    rep.paper_index = paper_item_index(rep, LOOPED_PAPER_ITEMS, LOOPED_NOTES, LOOPED_SCALE_FREE, reasons)
+    rep.table(rep.paper_index, "looped_paper_index", LOOPED_INDEX_CAPTION)
+    rep.write_index()
+    return rep
+
+
+def _looped_runs_table(rep: Report, lf: pd.DataFrame, own: pd.DataFrame, prov: str) -> None:
+    "The completed looped runs as fitted, saying how many came from other studies by run id."
+    reused = (
+        ""
+        if len(own) == len(lf)
+        else f"; {len(lf) - len(own)} of them from {', '.join(sorted(set(lf.study) - {rep.study}))}, reused by run id"
+    )
+    rep.table(
+        lf,
+        "looped_runs",
+        "Completed looped runs as fitted (n_once, n_rec, r, D, loss; C = budget cell; scale per run; "
+        f"provenance {prov})" + reused,
+    )
+
+
+def build_looped_report(
+    study: str,
+    df: Optional[pd.DataFrame] = None,
+    out_dir=None,
+    restarts: int = 500,
+    n_bootstrap: int = 200,
+    bootstrap_restarts: int = 500,
+    seed: int = 0,
+    lf: Optional[pd.DataFrame] = None,
+    provenance: Optional[str] = None,
+    workers: Optional[int] = None,
+    related: Optional[list] = None,
+) -> Report:
+    """All looped-LM tables and figures of a study into papermill_runs/<study>/report/, at the paper's fitting effort
+    by default (`lf`: a ready looped table instead of runs). Runs of `related` studies (default `related_studies`) join
+    by run id: the case studies' r = 1 anchors and Table 10's runs; Tables 1, 2, 7 and Figs. 3, 8, 9 use this study's
+    own baseline grid runs. The index lists every table and figure of the paper as rebuilt, rebuilt with a stated
+    difference, partial or missing and why."""
+    effort = FitEffort(restarts, n_bootstrap, bootstrap_restarts, seed, workers)
+    df = normalize_runs(study_table(study) if df is None else df)
+    out = Path(out_dir) if out_dir else runs_root() / study / "report"
+    paper = reference_table("looped")
+    from_runs = lf is None
+    if from_runs:
+        lf = _looped_runs_with_related(df, related_studies(study) if related is None else related)
+    rep, prov = _new_looped_report(study, lf, out, provenance)
+    _worked_example_section(rep)
     rep.table(
         paper, "looped_paper_numbers", "Paper numbers (reference only; each row cites its source)", label=PAPER_LABEL
     )
@@ -1550,30 +1741,11 @@ def build_looped_report(
     looped_fig3_definitions_section(rep, paper)
     looped_paper_optima_section(rep, paper, effort)
     if from_runs:
-        status_section(rep, df, is_looped)
+        status_section(rep, df, _is_looped)
     if not len(lf):
-        why = f"no completed looped runs in study {rep.study!r}"
-        rep.note_missing("all looped fits and figures", why)
-        reasons = {
-            it.item: why
-            for it in LOOPED_PAPER_ITEMS
-            if it.item not in LOOPED_SCALE_FREE and it.item != "empirical optima"
-        }
-        rep.paper_index = paper_item_index(rep, LOOPED_PAPER_ITEMS, LOOPED_NOTES, LOOPED_SCALE_FREE, reasons)
-        rep.table(rep.paper_index, "looped_paper_index", LOOPED_INDEX_CAPTION)
-        rep.write_index()
-        return rep
+        return _finish_without_runs(rep)
     own = lf[lf.study == study] if "study" in lf else lf
-    rep.table(
-        lf,
-        "looped_runs",
-        f"Completed looped runs as fitted (n_once, n_rec, r, D, loss; C = budget cell; scale per run; provenance {prov})"
-        + (
-            ""
-            if len(own) == len(lf)
-            else f"; {len(lf) - len(own)} of them from {', '.join(sorted(set(lf.study) - {study}))}, reused by run id"
-        ),
-    )
+    _looped_runs_table(rep, lf, own, prov)
     looped_fit_sections(rep, own, paper, prov, effort)
     looped_case_study_sections(rep, lf, paper, prov, effort)
     looped_ablation_sections(rep, own, paper)

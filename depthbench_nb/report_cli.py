@@ -30,7 +30,8 @@ LOOPED_PARAMETERS = ("restarts", "n_bootstrap", "bootstrap_restarts", "seed", "w
 def run_report_notebooks(
     study: str, which=("depthbench", "looped"), parameters: Optional[dict] = None, progress: bool = True
 ) -> list[Path]:
-    "Execute the report notebooks for a study into papermill_runs/<study>/report/; returns the executed notebooks' paths."
+    """Execute the report notebooks for a study into papermill_runs/<study>/report/; returns the executed notebooks'
+    paths."""
     import papermill as pm
 
     out_dir = runs_root() / study / "report"

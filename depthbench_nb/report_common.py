@@ -166,7 +166,8 @@ class Report:
         print(f"[report] missing {what}: {why}")
 
     def verdict(self, quantity: str, ours: float, paper: float, rel_tol: float, note: str = "") -> bool:
-        "A reproduced / not reproduced verdict for a quantity comparable at any scale: |ours - paper| <= rel_tol * |paper|."
+        """A reproduced / not reproduced verdict for a quantity comparable at any scale: |ours - paper| <= rel_tol *
+        |paper|."""
         ok = abs(ours - paper) <= rel_tol * abs(paper)
         self.verdicts.append(
             dict(
@@ -401,7 +402,8 @@ def status_section(rep: Report, df: pd.DataFrame, family_mask) -> pd.DataFrame:
 # %% ../nbs/09c_reports.ipynb #b4615ec3
 @dataclass(frozen=True)
 class PaperPlan:
-    "What the paper trained for the cell one of its numbers belongs to: the run's shape, planned tokens, completed steps."
+    """What the paper trained for the cell one of its numbers belongs to: the run's shape, planned tokens, completed
+    steps."""
 
     label: str  # e.g. 'looped grid: C=1e+18, s=10, r=4 (3,621 steps x 262,144 tokens)'
     shape: dict  # run fields that must match exactly, e.g. {'d_model': 640, 'recurrence': 4}
@@ -426,7 +428,8 @@ def is_present(v) -> bool:
 
 
 def record_field(record, key: str):
-    "A run record's field under its plain, `model.` or `train.` name (collected tables flatten the configs); None if absent."
+    """A run record's field under its plain, `model.` or `train.` name (collected tables flatten the configs); None if
+    absent."""
     for k in (key, f"model.{key}", f"train.{key}") + (("L",) if key == "n_layer" else ()):
         v = record.get(k) if hasattr(record, "get") else None
         if is_present(v):
@@ -555,7 +558,8 @@ def themed_pyplot():
 def lr_sensitivity_figure(
     rep: "Report", data: pd.DataFrame, loss_col: str, name: str, caption: str, xlabel: str, figsize=(6, 4), **line_kw
 ) -> None:
-    "Validation loss against learning rate (log axis), one line per `shape` (the LR sensitivity of a sweep), into `rep`."
+    """Validation loss against learning rate (log axis), one line per `shape` (the LR sensitivity of a sweep), into
+    `rep`."""
     plt, sns = themed_pyplot()
     fig, ax = plt.subplots(figsize=figsize)
     sns.lineplot(data=data, x="lr", y=loss_col, hue="shape", marker="o", ax=ax, **line_kw)
@@ -583,7 +587,8 @@ def show_report(rep: Report, max_rows: int = 30):
 
 
 def show_artifact(rep: Report, *stems: str, max_rows: int = 30):
-    "Display the named artifacts of a report inline, each table then its figure under its caption; say so when one was not built."
+    """Display the named artifacts of a report inline, each table then its figure under its caption; say so when one was
+    not built."""
     from IPython.display import Image, Markdown, display
 
     captions = dict(rep.artifacts)
