@@ -530,13 +530,13 @@ class RunScale(Scale):
         what = f"presets {', '.join(self.presets) if self.presets else 'none'}; provenance: {self.provenance}"
         if self.n_runs and self.n_comparable == self.n_runs:
             return (
-                f"Scale: all {self.n_runs} completed runs are paper scale (the paper's shape, planned tokens and completed "
-                f"steps for their cell); {what}."
+                f"Scale: all {self.n_runs} completed runs are paper scale (the paper's shape, planned tokens and "
+                f"completed steps for their cell); {what}."
             )
         if self.n_comparable:
             return (
-                f"Scale: {self.n_comparable} of {self.n_runs} completed runs are paper scale; the others are reduced scale, "
-                f"NOT comparable (each row says what differs); {what}."
+                f"Scale: {self.n_comparable} of {self.n_runs} completed runs are paper scale; the others are reduced "
+                f"scale, NOT comparable (each row says what differs); {what}."
             )
         return (
             f"Scale: reduced scale ({what}) - no run matches the paper's shape, planned tokens and completed steps: "

@@ -74,7 +74,8 @@ def record(arch, L, preset, loss, steps=None, max_steps=None, study=STUDY, wall_
 
 
 def diagnosed_record(arch, loss, **options):
-    "A tiny record whose diagnostics are those of its freshly built model (every applicable metric, domain NLL included)."
+    """A tiny record whose diagnostics are those of its freshly built model (every applicable metric, domain NLL
+    included)."""
     run, folder = record(arch, 4, "tiny", loss, d_model=32, **options)
     g = torch.Generator().manual_seed(0)
     model = build_model(run.model)
@@ -134,8 +135,8 @@ def build_report(tmp_path_factory):
             diagnosed_record(arch, 8.0, **opts)
         out = tmp_path_factory.mktemp("depthbench-report")
         rep = depthbench_report.build_depthbench_report(STUDY, out_dir=out, related=[OTHER])
-        # the sections of Figures 3, 6 and 10 on parts of the same records: only the 400M runs (400m and 400m-main are one
-        # scale), only HC diagnosed; each part's index rows as the report computes them
+        # the sections of Figures 3, 6 and 10 on parts of the same records: only the 400M runs (400m and 400m-main are
+        # one scale), only HC diagnosed; each part's index rows as the report computes them
         whole = report_common.normalize_runs(report_common.study_table(STUDY))
         parts = {}
         for name, keep, sections in (
@@ -224,7 +225,8 @@ def check_comparability(rep, out):
     tiny = val.loc[("preln", "tiny", 4)]
     assert not tiny.comparable and "no grid of the paper has the shape L4 d_model 32" in tiny.what_differs
     assert int(val.comparable.sum()) == 9  # best-LR rows: 400m L16, L32; 400m-main L26; 1.6b L28; the ladder's 5
-    # the label counts every completed run: those nine and the second-LR run at L16 match; HC capped at 100 steps and the 5 tiny do not
+    # the label counts every completed run: those nine and the second-LR run at L16 match; HC capped at 100 steps and
+    # the 5 tiny do not
     assert (rep.scale.n_runs, rep.scale.n_comparable) == (16, 10) and not rep.scale.comparable
     assert "10 of 16 completed runs are paper scale" in rep.scale.label and "NOT comparable" in rep.scale.label
     # the rule itself: the preset's name plays no part, the record's shape, planned tokens and completed steps do
@@ -293,7 +295,10 @@ def check_every_paper_figure(rep, out, parts):
     )
     assert "## The paper's tables and figures" in (out / "depthbench_index.md").read_text()
     # "rebuilt" only with every panel, design and scale of the figure: otherwise partial, naming what it lacks
-    detail = lambda item: index.loc[item, "detail"]
+
+    def detail(item):
+        return index.loc[item, "detail"]
+
     assert index.loc["Figure 2", "status"] == "partial" and "the fixed-backbone panel (300M backbone" in detail(
         "Figure 2"
     )
@@ -304,8 +309,8 @@ def check_every_paper_figure(rep, out, parts):
     )
     assert index.loc["Figure 3", "status"] == "partial"
     assert (
-        "scales without Pre-LN, Full AttnRes or HC runs: 200M (attnres, hc); 300M (attnres, hc); 500M (attnres, hc); 1.6B (attnres, hc)"
-        in detail("Figure 3")
+        "scales without Pre-LN, Full AttnRes or HC runs: 200M (attnres, hc); 300M (attnres, hc); 500M (attnres, hc); "
+        "1.6B (attnres, hc)" in detail("Figure 3")
     )
     assert f"runs of the studies {STUDY}, {OTHER}" in detail("Figure 3")  # built from two studies
     assert index.loc[
@@ -332,7 +337,8 @@ def check_every_paper_figure(rep, out, parts):
 
 
 def check_tables(rep, out):
-    "Tables say what they are: our dead-zone threshold, late-pair counts, stand-in sets, the paper's KV cache, estimates."
+    """Tables say what they are: our dead-zone threshold, late-pair counts, stand-in sets, the paper's KV cache,
+    estimates."""
     dz = pd.read_csv(out / "depthbench_dead_zone.csv")
     assert list(dz.arch) == ["block_attnres"] and dz.threshold_source.str.startswith("ours").all()
     thr = pd.read_csv(out / "depthbench_threshold_fractions.csv").set_index("arch")
@@ -352,7 +358,8 @@ def check_tables(rep, out):
         costs[costs.arch != "moda"].depth_cache_bytes == 0
     ).all()
     gpu = pd.read_csv(out / "depthbench_gpu_hours.csv").set_index(["arch", "n_layer"])
-    # measured where a run at the paper's shape recorded its wall time (x its processes; scaled when it stopped early), else the estimate
+    # measured where a run at the paper's shape recorded its wall time (x its processes; scaled when it stopped early),
+    # else the estimate
     assert gpu.loc[("preln", 32), "source"] == "measured: wall time x 1 process(es)" and gpu.loc[
         ("preln", 32), "gpu_hours"
     ] == pytest.approx(1 / 3600)

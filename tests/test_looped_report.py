@@ -194,7 +194,8 @@ def test_looped_main_report(paper_studies, tmp_path):
     emp = pd.read_csv(tmp_path / "looped_empirical_optima.csv")
     cell = emp[(emp.r == 4) & (emp.C.sub(1e19).abs() < 1e9)].iloc[0]
     assert cell.paper_N_star == pytest.approx(183.437985e6) and cell.paper_L_star == pytest.approx(2.458229, abs=1e-6)
-    # the index lists every table and figure of the paper, each rebuilt / with a stated difference / partial / missing and why
+    # the index lists every table and figure of the paper, each rebuilt / with a stated difference / partial / missing
+    # and why
     index = pd.read_csv(tmp_path / "looped_paper_index.csv").set_index("paper")
     assert {
         "Table 1",
@@ -308,7 +309,8 @@ def test_report_command_defaults_to_the_papers_effort(runs_dir, monkeypatch, cap
 
 
 def test_fig3_exponents_from_the_papers_table1():
-    "The paper's own Table 1 coefficients give its Fig. 3 exponents under the report's definition, to 0.02 (the old one: no)."
+    """The paper's own Table 1 coefficients give its Fig. 3 exponents under the report's definition, to 0.02 (the old
+    one: no)."""
     paper = report_common.reference_table("looped")
     laws = looped_report.paper_table1_laws(paper)
     grid = scaling.paper_grid_frame().assign(vocab=32064, seq_len=2048)
@@ -327,7 +329,8 @@ def test_fig3_exponents_from_the_papers_table1():
 
 
 def test_phi_refitted_on_the_papers_optima(tmp_path):
-    "The joint law refitted on the paper's 24 published per-(C, r) optima lands inside the paper's CI, as scipy's loop finds it."
+    """The joint law refitted on the paper's 24 published per-(C, r) optima lands inside the paper's CI, as scipy's
+    loop finds it."""
     paper = report_common.reference_table("looped")
     frame = looped_report.paper_optima_frame(paper)
     opt = looped_report.paper_optima(paper)

@@ -9,7 +9,6 @@ may hold an error, and scale labels must say "NOT comparable".
 """
 
 import json
-import math
 
 import nbformat
 import numpy as np
@@ -85,7 +84,8 @@ def write_looped_record(run, loss: float):
 
 def looped_records(data, seed=0):
     """Looped records: r in {1,2,4} x s in {1,2,3} x 2 budgets (6 per r); truncated-BPTT and HC runs at r in {2, 4},
-    s in {1, 2} of the first budget (with its 3 r = 1 runs: 7 points per case-study fit); an additive and a second-LR run."""
+    s in {1, 2} of the first budget (with its 3 r = 1 runs: 7 points per case-study fit); an additive and a second-LR
+    run."""
     rng = np.random.default_rng(seed)
 
     def loss(run, offset=0.0):
@@ -99,7 +99,9 @@ def looped_records(data, seed=0):
             + 0.002 * rng.standard_normal()
         )
 
-    mk = lambda **kw: make_run_config("looped", preset="tiny", study=STUDY, data=str(data), verbose=False, **kw)
+    def mk(**kw):
+        return make_run_config("looped", preset="tiny", study=STUDY, data=str(data), verbose=False, **kw)
+
     for r in (1, 2, 4):
         for s in (1, 2, 3):
             for C in (5e11, 1e12):
@@ -235,7 +237,7 @@ def test_study_without_runs_says_what_is_missing(runs_dir, tmp_path):
         (depthbench_report.build_depthbench_report, "depthbench"),
         (looped_report.build_looped_report, "looped"),
     ):
-        rep = build("empty", out_dir=tmp_path / "empty")
+        build("empty", out_dir=tmp_path / "empty")
         index = (tmp_path / "empty" / f"{name}_index.md").read_text()
         assert "no run records" in index and "not built" in index and "## Missing" in index
         assert (tmp_path / "empty" / f"{name}_verdicts.csv").exists()  # accounting needs no runs
