@@ -9,12 +9,7 @@ import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
-
-from depthbench_nb.config import (
-    EXIT_NOT_DONE,
-    ConfigError,
-    runs_root,
-)
+from .config import EXIT_NOT_DONE, ConfigError, runs_root
 from .console import Arg, call_parsed, emit, template_path
 from .report_common import completed, study_table
 from .looped_report import related_studies
