@@ -12,7 +12,7 @@ from typing import Annotated, Optional
 from .config import EXIT_NOT_DONE, ConfigError, runs_root
 from .console import Arg, call_parsed, emit, template_path
 from .report_common import completed, study_table
-from .looped_report import related_studies
+from .report_looped import related_studies
 
 # %% auto #0
 __all__ = ['REPORT_NOTEBOOKS', 'LOOPED_PARAMETERS', 'run_report_notebooks', 'report_command', 'cli_report']

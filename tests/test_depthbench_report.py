@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 import torch
 
-from depthbench_nb import depthbench_report, report_common
+from depthbench_nb import report_depthbench, report_common
 from depthbench_nb.diagnostics import applicable_metrics, diagnose_model, write_diagnostics
 from depthbench_nb.model import build_model
 from depthbench_nb.runs import provenance, run_dir, write_params, write_result
@@ -134,17 +134,17 @@ def build_report(tmp_path_factory):
         ):
             diagnosed_record(arch, 8.0, **opts)
         out = tmp_path_factory.mktemp("depthbench-report")
-        rep = depthbench_report.build_depthbench_report(STUDY, out_dir=out, related=[OTHER])
+        rep = report_depthbench.build_depthbench_report(STUDY, out_dir=out, related=[OTHER])
         # the sections of Figures 3, 6 and 10 on parts of the same records: only the 400M runs (400m and 400m-main are
         # one scale), only HC diagnosed; each part's index rows as the report computes them
         whole = report_common.normalize_runs(report_common.study_table(STUDY))
         parts = {}
         for name, keep, sections in (
-            ("400m", whole.preset.isin(["400m", "400m-main"]), [depthbench_report.depthbench_scales_section]),
+            ("400m", whole.preset.isin(["400m", "400m-main"]), [report_depthbench.depthbench_scales_section]),
             (
                 "hc-only",
                 whole.arch.isin(["hc"]) & (whole.preset == "tiny"),
-                [depthbench_report.depthbench_diagnostics_section],
+                [report_depthbench.depthbench_diagnostics_section],
             ),
         ):
             part = report_common.Report(
@@ -152,13 +152,13 @@ def build_report(tmp_path_factory):
             )
             notes, best = (
                 {},
-                depthbench_report.with_comparability(
+                report_depthbench.with_comparability(
                     report_common.best_lr_rows(whole[keep], keys=("arch", "preset", "n_layer", "d_model"))
                 ),
             )
             for section in sections:
                 section(part, best, notes)
-            parts[name] = depthbench_report.depthbench_paper_index(part, notes).set_index("paper")
+            parts[name] = report_depthbench.depthbench_paper_index(part, notes).set_index("paper")
     return rep, out, parts
 
 
@@ -230,7 +230,7 @@ def check_comparability(rep, out):
     assert (rep.scale.n_runs, rep.scale.n_comparable) == (16, 10) and not rep.scale.comparable
     assert "10 of 16 completed runs are paper scale" in rep.scale.label and "NOT comparable" in rep.scale.label
     # the rule itself: the preset's name plays no part, the record's shape, planned tokens and completed steps do
-    plan = depthbench_report.depthbench_paper_plan(32)
+    plan = report_depthbench.depthbench_paper_plan(32)
     rec = {
         "status": "completed",
         "n_layer": 32,
@@ -263,7 +263,7 @@ def check_presets_kept_apart(rep, out):
 
 def check_every_paper_figure(rep, out, parts):
     "Every artifact, each figure's caption naming its paper figure, and the index of the paper's tables and figures."
-    for stem in depthbench_report.DEPTHBENCH_ARTIFACTS:
+    for stem in report_depthbench.DEPTHBENCH_ARTIFACTS:
         assert (out / f"{stem}.csv").exists() or (out / f"{stem}.png").exists(), stem
     captions = dict(rep.artifacts)
     for n, stem in (
@@ -283,7 +283,7 @@ def check_every_paper_figure(rep, out, parts):
             stem
         )  # each caption names its paper figure
     index = pd.read_csv(out / "depthbench_paper_index.csv").set_index("paper")
-    assert set(index.index) == {p.item for p in depthbench_report.DEPTHBENCH_PAPER_ITEMS} and set(index.status) <= set(
+    assert set(index.index) == {p.item for p in report_depthbench.DEPTHBENCH_PAPER_ITEMS} and set(index.status) <= set(
         report_common.PAPER_STATUSES
     )
     assert index.loc["Figure 1", "status"] == "missing" and "caption" in index.loc["Figure 1", "detail"]

@@ -26,7 +26,7 @@ PKG = ROOT / "depthbench_nb"
 #   interop, hf_config, hf, hf_export, _hooks: interoperability with other code bases, after the trainer
 #   diagnostics -> hf_diagnostics (the same diagnostics on any Transformers model, and the diagnose command)
 #     -> lmeval (scores with the diagnostics' NLL) -> scaling (fits what the diagnostics measure)
-#   slurm -> sweep -> report_common (shared report helpers) -> depthbench_report -> looped_report
+#   slurm -> sweep -> report_common (shared report helpers) -> report_depthbench -> report_looped
 #     -> report_cli (executes both report notebooks) -> demo (drives a whole study into both reports) -> cli
 FLOW = [
     "console",
@@ -54,8 +54,8 @@ FLOW = [
     "slurm",
     "sweep",
     "report_common",
-    "depthbench_report",
-    "looped_report",
+    "report_depthbench",
+    "report_looped",
     "report_cli",
     "demo",
     "cli",

@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from depthbench_nb import demo, depthbench_report, looped_report, report_cli, report_common
+from depthbench_nb import demo, report_depthbench, report_looped, report_cli, report_common
 from depthbench_nb.config import ConfigError
 from depthbench_nb.looped import looped_params
 from depthbench_nb.runs import provenance, run_dir, write_params, write_result
@@ -160,7 +160,7 @@ def test_report_notebooks_build_every_artifact(fixture_study, capsys):
         "looped_downstream_matched",  # needs runs evaluated downstream (tests/test_looped_report.py)
         "depthbench_loss_across_scales",
     }  # needs runs at two of the paper's scales (tests/test_depthbench_report.py)
-    for stem in depthbench_report.DEPTHBENCH_ARTIFACTS + looped_report.LOOPED_ARTIFACTS:
+    for stem in report_depthbench.DEPTHBENCH_ARTIFACTS + report_looped.LOOPED_ARTIFACTS:
         if stem in expected_missing:
             continue
         assert (out / f"{stem}.csv").exists() or (out / f"{stem}.png").exists(), stem
@@ -234,8 +234,8 @@ def test_cli_report_refuses_an_unknown_study(runs_dir):
 def test_study_without_runs_says_what_is_missing(runs_dir, tmp_path):
     (runs_dir / "empty").mkdir(parents=True)
     for build, name in (
-        (depthbench_report.build_depthbench_report, "depthbench"),
-        (looped_report.build_looped_report, "looped"),
+        (report_depthbench.build_depthbench_report, "depthbench"),
+        (report_looped.build_looped_report, "looped"),
     ):
         build("empty", out_dir=tmp_path / "empty")
         index = (tmp_path / "empty" / f"{name}_index.md").read_text()
@@ -278,7 +278,7 @@ def test_study_with_only_failed_runs_and_missing_diagnostics(runs_dir, tmp_path,
             error="RuntimeError: boom",
         ),
     )
-    rep = depthbench_report.build_depthbench_report("broken", out_dir=tmp_path)
+    rep = report_depthbench.build_depthbench_report("broken", out_dir=tmp_path)
     index = (tmp_path / "depthbench_index.md").read_text()
     assert "no diagnosed runs" in index and "depthbench-nb diagnose" in index
     failed = pd.read_csv(tmp_path / "depthbench_runs_not_completed.csv")
@@ -302,14 +302,14 @@ def test_demo_extras_complete_the_looped_grid():
     extra = demo.demo_extra_entries()
     assert not {e.run_id for e in planned} & {e.run_id for e in extra}
     looped = [e.run.model for e in planned + extra if e.run.model.arch == "looped"]
-    base = [m for m in looped if looped_report.looped_variant(m) == "baseline"]
+    base = [m for m in looped if report_looped.looped_variant(m) == "baseline"]
     assert all(sum(m.recurrence == r for m in base) >= 6 for r in (1, 2, 4))
-    assert {looped_report.looped_variant(m) for m in looped} == {"baseline", "tbptt", "hc", "additive"}
+    assert {report_looped.looped_variant(m) for m in looped} == {"baseline", "tbptt", "hc", "additive"}
     for v in (
         "tbptt",
         "hc",
     ):  # each case study: r in {2, 4} x s in {1, 2} at the first budget, + 3 r = 1 runs there: 7 points
-        assert sorted((m.recurrence, m.d_model) for m in looped if looped_report.looped_variant(m) == v) == [
+        assert sorted((m.recurrence, m.d_model) for m in looped if report_looped.looped_variant(m) == v) == [
             (2, 64),
             (2, 128),
             (4, 64),
