@@ -7,13 +7,15 @@ of the tiny preset for Pre-LN, HC, mHC, Full and Block AttnRes: their diagnostic
 freshly built model of the record (every metric that applies, and domain NLL on hand-made token pairs).
 """
 
+import dataclasses
 import math
 
 import pandas as pd
 import pytest
 import torch
 
-from depthbench_nb import report_depthbench, report_common
+from depthbench_nb import report_common, report_depthbench
+from depthbench_nb.config import ARCHS, register_design, unregister_design
 from depthbench_nb.diagnostics import applicable_metrics, diagnose_model, write_diagnostics
 from depthbench_nb.model import build_model
 from depthbench_nb.runs import provenance, run_dir, write_params, write_result
@@ -393,3 +395,15 @@ def check_tables(rep, out):
     )
     mix = pd.read_csv(out / "depthbench_mixing_erank.csv")
     assert set(mix.arch) == {"hc", "mhc"} and (mix.erank_sv2 <= mix.erank_sv + 1e-9).all()
+
+
+def test_the_architecture_table_lists_the_papers_designs_only(runs_dir, tmp_path):
+    "A design registered later (a plugin's, a notebook's) joins the cost tables, never the paper's architecture table."
+    register_design(dataclasses.replace(ARCHS["preln"], name="preln_twin", aliases=()))
+    try:
+        report_depthbench.build_depthbench_report("no-runs", df=pd.DataFrame(), out_dir=tmp_path)
+    finally:
+        unregister_design("preln_twin")
+    table = pd.read_csv(tmp_path / "depthbench_architectures.csv")
+    assert list(table.arch) == list(report_depthbench.PAPER_DESIGNS) and len(table) == 10
+    assert "preln_twin" in set(pd.read_csv(tmp_path / "depthbench_costs_400m.csv").arch)
