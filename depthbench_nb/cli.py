@@ -35,7 +35,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "depthbench_nb.hf_diagnostics:cli_diagnose",
         "layer diagnostics of a run, or of any Transformers causal LM (--hf)",
     ),
-    "report": ("depthbench_nb.reports:cli_report", "rebuild a study's tables and figures"),
+    "report": ("depthbench_nb.report_cli:cli_report", "rebuild a study's tables and figures"),
     "demo": ("depthbench_nb.demo:cli_demo", "the embedded default: CPU demo study end to end"),
     "notebooks": ("depthbench_nb.cli:cli_notebooks", "copy the papermill templates and report notebooks to a folder"),
     "import-checkpoint": (

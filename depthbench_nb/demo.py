@@ -18,7 +18,8 @@ from . import sweep
 from .config import ConfigError, DataConfig, RunInterrupted, family_of, runs_root
 from .data import prepare
 from .diagnostics import applicable_metrics, run_diagnostics
-from .reports import completed, normalize_runs, run_folder, run_report_notebooks
+from .report_cli import run_report_notebooks
+from .report_common import completed, normalize_runs, run_folder
 from .runs import read_params, read_result
 from .shapes import PRESETS
 from .console import Arg, call_parsed, emit

@@ -179,7 +179,7 @@ def _tables(folder: Path) -> dict:
 
 
 def _depthbench_report(tmp: Path) -> dict:
-    from depthbench_nb.reports import build_depthbench_report
+    from depthbench_nb.report_depthbench import build_depthbench_report
 
     build_depthbench_report("behaviour", out_dir=tmp / "depthbench-report")
     return _tables(tmp / "depthbench-report")
@@ -189,7 +189,7 @@ def _looped_report(tmp: Path) -> dict:
     "looped-main's 116 runs as its study plans them, losses from the looped paper's law with seeded noise."
     import numpy as np
     from depthbench_nb.looped import looped_grid_rows, looped_params
-    from depthbench_nb.reports import build_looped_report
+    from depthbench_nb.report_looped import build_looped_report
     from depthbench_nb.runs import provenance, run_dir, write_params, write_result
     from depthbench_nb.trainer import make_run_config
 

@@ -7,13 +7,15 @@ of the tiny preset for Pre-LN, HC, mHC, Full and Block AttnRes: their diagnostic
 freshly built model of the record (every metric that applies, and domain NLL on hand-made token pairs).
 """
 
+import dataclasses
 import math
 
 import pandas as pd
 import pytest
 import torch
 
-from depthbench_nb import reports
+from depthbench_nb import report_common, report_depthbench
+from depthbench_nb.config import ARCHS, register_design, unregister_design
 from depthbench_nb.diagnostics import applicable_metrics, diagnose_model, write_diagnostics
 from depthbench_nb.model import build_model
 from depthbench_nb.runs import provenance, run_dir, write_params, write_result
@@ -74,7 +76,8 @@ def record(arch, L, preset, loss, steps=None, max_steps=None, study=STUDY, wall_
 
 
 def diagnosed_record(arch, loss, **options):
-    "A tiny record whose diagnostics are those of its freshly built model (every applicable metric, domain NLL included)."
+    """A tiny record whose diagnostics are those of its freshly built model (every applicable metric, domain NLL
+    included)."""
     run, folder = record(arch, 4, "tiny", loss, d_model=32, **options)
     g = torch.Generator().manual_seed(0)
     model = build_model(run.model)
@@ -133,25 +136,31 @@ def build_report(tmp_path_factory):
         ):
             diagnosed_record(arch, 8.0, **opts)
         out = tmp_path_factory.mktemp("depthbench-report")
-        rep = reports.build_depthbench_report(STUDY, out_dir=out, related=[OTHER])
-        # the sections of Figures 3, 6 and 10 on parts of the same records: only the 400M runs (400m and 400m-main are one
-        # scale), only HC diagnosed; each part's index rows as the report computes them
-        whole = reports.normalize_runs(reports.study_table(STUDY))
+        rep = report_depthbench.build_depthbench_report(STUDY, out_dir=out, related=[OTHER])
+        # the sections of Figures 3, 6 and 10 on parts of the same records: only the 400M runs (400m and 400m-main are
+        # one scale), only HC diagnosed; each part's index rows as the report computes them
+        whole = report_common.normalize_runs(report_common.study_table(STUDY))
         parts = {}
         for name, keep, sections in (
-            ("400m", whole.preset.isin(["400m", "400m-main"]), [reports.depthbench_scales_section]),
-            ("hc-only", whole.arch.isin(["hc"]) & (whole.preset == "tiny"), [reports.depthbench_diagnostics_section]),
+            ("400m", whole.preset.isin(["400m", "400m-main"]), [report_depthbench.depthbench_scales_section]),
+            (
+                "hc-only",
+                whole.arch.isin(["hc"]) & (whole.preset == "tiny"),
+                [report_depthbench.depthbench_diagnostics_section],
+            ),
         ):
-            part = reports.Report(STUDY, "depthbench", rep.scale, tmp_path_factory.mktemp(f"depthbench-report-{name}"))
+            part = report_common.Report(
+                STUDY, "depthbench", rep.scale, tmp_path_factory.mktemp(f"depthbench-report-{name}")
+            )
             notes, best = (
                 {},
-                reports.with_comparability(
-                    reports.best_lr_rows(whole[keep], keys=("arch", "preset", "n_layer", "d_model"))
+                report_depthbench.with_comparability(
+                    report_common.best_lr_rows(whole[keep], keys=("arch", "preset", "n_layer", "d_model"))
                 ),
             )
             for section in sections:
                 section(part, best, notes)
-            parts[name] = reports.depthbench_paper_index(part, notes).set_index("paper")
+            parts[name] = report_depthbench.depthbench_paper_index(part, notes).set_index("paper")
     return rep, out, parts
 
 
@@ -218,11 +227,12 @@ def check_comparability(rep, out):
     tiny = val.loc[("preln", "tiny", 4)]
     assert not tiny.comparable and "no grid of the paper has the shape L4 d_model 32" in tiny.what_differs
     assert int(val.comparable.sum()) == 9  # best-LR rows: 400m L16, L32; 400m-main L26; 1.6b L28; the ladder's 5
-    # the label counts every completed run: those nine and the second-LR run at L16 match; HC capped at 100 steps and the 5 tiny do not
+    # the label counts every completed run: those nine and the second-LR run at L16 match; HC capped at 100 steps and
+    # the 5 tiny do not
     assert (rep.scale.n_runs, rep.scale.n_comparable) == (16, 10) and not rep.scale.comparable
     assert "10 of 16 completed runs are paper scale" in rep.scale.label and "NOT comparable" in rep.scale.label
     # the rule itself: the preset's name plays no part, the record's shape, planned tokens and completed steps do
-    plan = reports.depthbench_paper_plan(32)
+    plan = report_depthbench.depthbench_paper_plan(32)
     rec = {
         "status": "completed",
         "n_layer": 32,
@@ -234,8 +244,8 @@ def check_comparability(rep, out):
         "train.seq_len": 2048,
         "preset": "my-own-name",
     }
-    assert reports.run_comparability(rec, plan) == (True, [])
-    assert reports.run_comparability({**rec, "steps": 7000, "status": "diverged"}, plan)[1] == [
+    assert report_common.run_comparability(rec, plan) == (True, [])
+    assert report_common.run_comparability({**rec, "steps": 7000, "status": "diverged"}, plan)[1] == [
         "status diverged",
         "7,000 steps completed (the paper: 7,600)",
     ]
@@ -255,7 +265,7 @@ def check_presets_kept_apart(rep, out):
 
 def check_every_paper_figure(rep, out, parts):
     "Every artifact, each figure's caption naming its paper figure, and the index of the paper's tables and figures."
-    for stem in reports.DEPTHBENCH_ARTIFACTS:
+    for stem in report_depthbench.DEPTHBENCH_ARTIFACTS:
         assert (out / f"{stem}.csv").exists() or (out / f"{stem}.png").exists(), stem
     captions = dict(rep.artifacts)
     for n, stem in (
@@ -275,8 +285,8 @@ def check_every_paper_figure(rep, out, parts):
             stem
         )  # each caption names its paper figure
     index = pd.read_csv(out / "depthbench_paper_index.csv").set_index("paper")
-    assert set(index.index) == {p.item for p in reports.DEPTHBENCH_PAPER_ITEMS} and set(index.status) <= set(
-        reports.PAPER_STATUSES
+    assert set(index.index) == {p.item for p in report_depthbench.DEPTHBENCH_PAPER_ITEMS} and set(index.status) <= set(
+        report_common.PAPER_STATUSES
     )
     assert index.loc["Figure 1", "status"] == "missing" and "caption" in index.loc["Figure 1", "detail"]
     assert (index.drop("Figure 1").status != "missing").all()
@@ -287,7 +297,10 @@ def check_every_paper_figure(rep, out, parts):
     )
     assert "## The paper's tables and figures" in (out / "depthbench_index.md").read_text()
     # "rebuilt" only with every panel, design and scale of the figure: otherwise partial, naming what it lacks
-    detail = lambda item: index.loc[item, "detail"]
+
+    def detail(item):
+        return index.loc[item, "detail"]
+
     assert index.loc["Figure 2", "status"] == "partial" and "the fixed-backbone panel (300M backbone" in detail(
         "Figure 2"
     )
@@ -298,8 +311,8 @@ def check_every_paper_figure(rep, out, parts):
     )
     assert index.loc["Figure 3", "status"] == "partial"
     assert (
-        "scales without Pre-LN, Full AttnRes or HC runs: 200M (attnres, hc); 300M (attnres, hc); 500M (attnres, hc); 1.6B (attnres, hc)"
-        in detail("Figure 3")
+        "scales without Pre-LN, Full AttnRes or HC runs: 200M (attnres, hc); 300M (attnres, hc); 500M (attnres, hc); "
+        "1.6B (attnres, hc)" in detail("Figure 3")
     )
     assert f"runs of the studies {STUDY}, {OTHER}" in detail("Figure 3")  # built from two studies
     assert index.loc[
@@ -326,7 +339,8 @@ def check_every_paper_figure(rep, out, parts):
 
 
 def check_tables(rep, out):
-    "Tables say what they are: our dead-zone threshold, late-pair counts, stand-in sets, the paper's KV cache, estimates."
+    """Tables say what they are: our dead-zone threshold, late-pair counts, stand-in sets, the paper's KV cache,
+    estimates."""
     dz = pd.read_csv(out / "depthbench_dead_zone.csv")
     assert list(dz.arch) == ["block_attnres"] and dz.threshold_source.str.startswith("ours").all()
     thr = pd.read_csv(out / "depthbench_threshold_fractions.csv").set_index("arch")
@@ -346,7 +360,8 @@ def check_tables(rep, out):
         costs[costs.arch != "moda"].depth_cache_bytes == 0
     ).all()
     gpu = pd.read_csv(out / "depthbench_gpu_hours.csv").set_index(["arch", "n_layer"])
-    # measured where a run at the paper's shape recorded its wall time (x its processes; scaled when it stopped early), else the estimate
+    # measured where a run at the paper's shape recorded its wall time (x its processes; scaled when it stopped early),
+    # else the estimate
     assert gpu.loc[("preln", 32), "source"] == "measured: wall time x 1 process(es)" and gpu.loc[
         ("preln", 32), "gpu_hours"
     ] == pytest.approx(1 / 3600)
@@ -357,7 +372,8 @@ def check_tables(rep, out):
         and gpu.loc[("preln", 20), "gpu_hours"] == gpu.loc[("preln", 20), "gpu_hours_est"]
     )
     assert (
-        int(gpu.measured.sum()) == 3 and reports.ACCOUNTING_LABEL not in (out / "depthbench_gpu_hours.md").read_text()
+        int(gpu.measured.sum()) == 3
+        and report_common.ACCOUNTING_LABEL not in (out / "depthbench_gpu_hours.md").read_text()
     )
     ranking = pd.read_csv(out / "depthbench_gpu_hours_ranking.csv").set_index("arch")
     assert (
@@ -379,3 +395,15 @@ def check_tables(rep, out):
     )
     mix = pd.read_csv(out / "depthbench_mixing_erank.csv")
     assert set(mix.arch) == {"hc", "mhc"} and (mix.erank_sv2 <= mix.erank_sv + 1e-9).all()
+
+
+def test_the_architecture_table_lists_the_papers_designs_only(runs_dir, tmp_path):
+    "A design registered later (a plugin's, a notebook's) joins the cost tables, never the paper's architecture table."
+    register_design(dataclasses.replace(ARCHS["preln"], name="preln_twin", aliases=()))
+    try:
+        report_depthbench.build_depthbench_report("no-runs", df=pd.DataFrame(), out_dir=tmp_path)
+    finally:
+        unregister_design("preln_twin")
+    table = pd.read_csv(tmp_path / "depthbench_architectures.csv")
+    assert list(table.arch) == list(report_depthbench.PAPER_DESIGNS) and len(table) == 10
+    assert "preln_twin" in set(pd.read_csv(tmp_path / "depthbench_costs_400m.csv").arch)

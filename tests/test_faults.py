@@ -1178,7 +1178,7 @@ def test_an_edited_study_never_mixes_stale_runs(tiny_data, runs_dir, tmp_path, c
     """A 2-run study (LRs 1e-3, 2e-3; 2 steps) trained, then edited (LR 2e-3 -> 4e-3, 3 steps) and trained again:
     status counts the 2 planned runs and lists the 2 stale ones; collect returns the 2 planned rows (the same counts);
     the LR optimum and the report's table use only them."""
-    from depthbench_nb.reports import study_table
+    from depthbench_nb.report_common import study_table
     from depthbench_nb.sweep import collect, expand_study, load_study, lr_optima, study_status
 
     study = tmp_path / "edit.yaml"

@@ -26,7 +26,8 @@ PKG = ROOT / "depthbench_nb"
 #   interop, hf_config, hf, hf_export, _hooks: interoperability with other code bases, after the trainer
 #   diagnostics -> hf_diagnostics (the same diagnostics on any Transformers model, and the diagnose command)
 #     -> lmeval (scores with the diagnostics' NLL) -> scaling (fits what the diagnostics measure)
-#   slurm -> sweep -> reports -> demo (drives a whole study into both reports) -> cli (dispatches to all)
+#   slurm -> sweep -> report_common (shared report helpers) -> report_depthbench -> report_looped
+#     -> report_cli (executes both report notebooks) -> demo (drives a whole study into both reports) -> cli
 FLOW = [
     "console",
     "config",
@@ -52,7 +53,10 @@ FLOW = [
     "scaling",
     "slurm",
     "sweep",
-    "reports",
+    "report_common",
+    "report_depthbench",
+    "report_looped",
+    "report_cli",
     "demo",
     "cli",
 ]

@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from depthbench_nb import reports, scaling
+from depthbench_nb import report_looped, report_cli, report_common, scaling
 from depthbench_nb.config import ConfigError
 from depthbench_nb.looped import CASE_STUDY_BUDGETS, looped_grid_rows, looped_params
 from depthbench_nb.runs import provenance, run_dir, write_params, write_result
@@ -103,7 +103,7 @@ def paper_studies(tmp_path_factory):
 
 
 def test_case_studies_are_fitted_with_their_r1_anchors(paper_studies, tmp_path):
-    rep = reports.build_looped_report("looped-hc", out_dir=tmp_path, restarts=RESTARTS, n_bootstrap=0)
+    rep = report_looped.build_looped_report("looped-hc", out_dir=tmp_path, restarts=RESTARTS, n_bootstrap=0)
     t3 = pd.read_csv(tmp_path / "looped_table3_case_studies.csv").set_index("fit")
     assert t3.loc["hc", "n_points"] == 83 and t3.loc["hc", "n_r1"] == 20  # 63 HC runs + the r = 1 runs of 4 budgets
     assert t3.loc["baseline_refit", "n_points"] == 80 and t3.loc["baseline_refit", "n_r1"] == 20
@@ -119,7 +119,7 @@ def test_case_studies_are_fitted_with_their_r1_anchors(paper_studies, tmp_path):
     assert (t3.scale == "paper scale").all() and (t3.provenance == "real").all()
     # the anchors are looped-main's runs, found by run id: the planned r = 1 rows of the HC grid
     lf = pd.read_csv(tmp_path / "looped_runs.csv")
-    anchors = reports.case_study_frame(lf, "hc")
+    anchors = report_looped.case_study_frame(lf, "hc")
     anchors = anchors[anchors.r == 1]
     planned = {grid_run("looped-main", row).run_id for row in looped_grid_rows("hc") if row["reused"]}
     assert set(anchors.run_id) == planned and set(anchors.study) == {"looped-main"}
@@ -131,7 +131,7 @@ def test_case_studies_are_fitted_with_their_r1_anchors(paper_studies, tmp_path):
 
 def test_looped_main_report(paper_studies, tmp_path):
     "looped-main's report: Tables 1, 2, 7, Fig. 3 from the per-r laws, and the case studies of the studies reusing it."
-    rep = reports.build_looped_report("looped-main", out_dir=tmp_path, restarts=RESTARTS, n_bootstrap=0)
+    rep = report_looped.build_looped_report("looped-main", out_dir=tmp_path, restarts=RESTARTS, n_bootstrap=0)
     t3 = pd.read_csv(tmp_path / "looped_table3_case_studies.csv").set_index("fit")
     assert (
         t3.loc["tbptt", "n_points"] == 89
@@ -148,8 +148,10 @@ def test_looped_main_report(paper_studies, tmp_path):
     lf = pd.read_csv(tmp_path / "looped_runs.csv")
     base = lf[(lf.study == "looped-main")]
     per_r = scaling.fit_per_r(base.assign(provenance="real"), restarts=RESTARTS)
-    paper = reports.reference_table("looped")
-    mine = reports.frontier_exponents(per_r, base, paper, reports.per_r_frontier(per_r, base)).set_index("r")
+    paper = report_common.reference_table("looped")
+    mine = report_looped.frontier_exponents(per_r, base, paper, report_looped.per_r_frontier(per_r, base)).set_index(
+        "r"
+    )
     shown = pd.read_csv(tmp_path / "looped_frontier_exponents.csv").set_index("r")
     assert np.allclose(shown.a_N_star, mine.a_N_star, rtol=1e-6) and np.allclose(
         shown.b_D_star, mine.b_D_star, rtol=1e-6
@@ -166,7 +168,7 @@ def test_looped_main_report(paper_studies, tmp_path):
         assert shown.loc[r, "gamma"] == pytest.approx(gamma, rel=1e-9)
         assert shown.loc[r, "a_N_star"] == pytest.approx(f.beta / (f.alpha + gamma * f.beta), rel=1e-9)
     joint = scaling.fit_frame(base.assign(provenance="real"), "looped", restarts=RESTARTS)
-    via_joint = reports.frontier_exponents({r: joint for r in per_r}, base, paper)
+    via_joint = report_looped.frontier_exponents({r: joint for r in per_r}, base, paper)
     assert not np.allclose(via_joint.set_index("r").b_D_star, shown.b_D_star, atol=1e-3)
     assert ((shown.a_N_star + shown.b_D_star) > 1.0).all() and shown.paper_b_D_star.tolist() == [0.53, 0.42, 0.37, 0.44]
     assert shown.a_exact_frontier.notna().all() and (shown.n_widths == 11).all()
@@ -192,7 +194,8 @@ def test_looped_main_report(paper_studies, tmp_path):
     emp = pd.read_csv(tmp_path / "looped_empirical_optima.csv")
     cell = emp[(emp.r == 4) & (emp.C.sub(1e19).abs() < 1e9)].iloc[0]
     assert cell.paper_N_star == pytest.approx(183.437985e6) and cell.paper_L_star == pytest.approx(2.458229, abs=1e-6)
-    # the index lists every table and figure of the paper, each rebuilt / with a stated difference / partial / missing and why
+    # the index lists every table and figure of the paper, each rebuilt / with a stated difference / partial / missing
+    # and why
     index = pd.read_csv(tmp_path / "looped_paper_index.csv").set_index("paper")
     assert {
         "Table 1",
@@ -209,7 +212,7 @@ def test_looped_main_report(paper_studies, tmp_path):
         "worked example",
         "downstream results",
     } <= set(index.index)
-    assert set(index.status) <= set(reports.PAPER_STATUSES)
+    assert set(index.status) <= set(report_common.PAPER_STATUSES)
     assert index[index.status != "rebuilt"].detail.fillna("").ne("").all()  # every other status says why
     assert index.loc["Table 1", "status"] == "rebuilt" and index.loc["Table 7", "status"] == "rebuilt"
     assert (
@@ -241,24 +244,26 @@ def test_scale_comes_from_the_runs(tmp_path, monkeypatch):
     record(full, 2.8)
     record(capped, 3.1)
     record(short, 2.9, steps=100)
-    lf = reports.looped_frame(reports.study_table("scales")).set_index("run_id")
+    lf = report_looped.looped_frame(report_common.study_table("scales")).set_index("run_id")
     assert lf.loc[full.run_id, "scale"] == "paper scale" and lf.loc[full.run_id, "paper_scale"]
     assert (
         lf.loc[capped.run_id, "scale"].startswith("reduced scale: planned tokens")
         and "20 steps completed" in lf.loc[capped.run_id, "scale"]
     )
     assert lf.loc[short.run_id, "scale"] == "reduced scale: 100 steps completed (the paper: 3,677)"
-    rep = reports.build_looped_report("scales", out_dir=tmp_path / "report", restarts=2, n_bootstrap=0)
+    rep = report_looped.build_looped_report("scales", out_dir=tmp_path / "report", restarts=2, n_bootstrap=0)
     assert rep.scale.n_comparable == 1 and "1 of 3 completed runs are paper scale" in rep.scale.label
 
 
 def test_case_study_without_r1_runs_is_a_clear_error(paper_studies, tmp_path):
-    lf = reports.looped_frame(pd.concat([reports.study_table("looped-hc")]))  # the HC runs alone, without looped-main
+    lf = report_looped.looped_frame(
+        pd.concat([report_common.study_table("looped-hc")])
+    )  # the HC runs alone, without looped-main
     with pytest.raises(
         ConfigError, match=r"no r = 1 runs at its budgets C = 4\.64e\+17, 1e\+18, 2\.15e\+18, 4\.64e\+18"
     ):
-        reports.case_study_frame(lf, "hc")
-    reports.build_looped_report("looped-hc", out_dir=tmp_path, restarts=2, n_bootstrap=0, related=[])
+        report_looped.case_study_frame(lf, "hc")
+    report_looped.build_looped_report("looped-hc", out_dir=tmp_path, restarts=2, n_bootstrap=0, related=[])
     index = (tmp_path / "looped_index.md").read_text()
     assert "case study hc (Table 3)" in index and "no r = 1 runs at its budgets" in index and "looped-main" in index
 
@@ -270,7 +275,7 @@ def test_fit_on_the_box_edge_is_said_in_words():
     scaling.attach_bootstrap(
         joint, scaling.block_bootstrap(syn, "looped", n_resamples=3, restarts=2, warm_start=joint, workers=1)
     )
-    t2 = reports.table2_rows({"phi_free": (joint, syn)}, reports.reference_table("looped")).set_index("fit")
+    t2 = report_looped.table2_rows({"phi_free": (joint, syn)}, report_common.reference_table("looped")).set_index("fit")
     assert not t2.loc["phi_free", "identified"] and "do not identify the law" in t2.loc["phi_free", "note"]
     assert t2.loc["phi_free", "phi_ci"].startswith("these 116 runs do not identify") and np.isnan(
         t2.loc["phi_free", "phi_ci_low"]
@@ -283,7 +288,7 @@ def test_fit_on_the_box_edge_is_said_in_words():
             scaling.synthetic_looped_frame(seed=1), "looped", n_resamples=4, restarts=4, warm_start=good, workers=1
         ),
     )
-    t2 = reports.table2_rows({"phi_free": (good, syn)}, reports.reference_table("looped")).set_index("fit")
+    t2 = report_looped.table2_rows({"phi_free": (good, syn)}, report_common.reference_table("looped")).set_index("fit")
     lo, hi = good.ci["phi"]
     assert t2.loc["phi_free", "phi_ci"] == f"[{lo:.3f}, {hi:.3f}]" and t2.loc["phi_free", "note"] == ""
 
@@ -292,21 +297,24 @@ def test_report_command_defaults_to_the_papers_effort(runs_dir, monkeypatch, cap
     (runs_dir / "some-study" / "report").mkdir(parents=True)
     seen = {}
     monkeypatch.setattr(
-        reports, "run_report_notebooks", lambda study, which, params, progress: seen.update(params) or []
+        report_cli, "run_report_notebooks", lambda study, which, params, progress: seen.update(params) or []
     )
-    assert reports.cli_report(["some-study", "--only", "looped", "--json"]) == 1  # no completed run: nothing reported
+    assert (
+        report_cli.cli_report(["some-study", "--only", "looped", "--json"]) == 1
+    )  # no completed run: nothing reported
     assert seen == dict(restarts=500, n_bootstrap=200, bootstrap_restarts=500, seed=0, workers=None)
     json.loads(capsys.readouterr().out)
     with pytest.raises(ConfigError, match="--bootstrap"):
-        reports.cli_report(["some-study", "--bootstrap", "1"])
+        report_cli.cli_report(["some-study", "--bootstrap", "1"])
 
 
 def test_fig3_exponents_from_the_papers_table1():
-    "The paper's own Table 1 coefficients give its Fig. 3 exponents under the report's definition, to 0.02 (the old one: no)."
-    paper = reports.reference_table("looped")
-    laws = reports.paper_table1_laws(paper)
+    """The paper's own Table 1 coefficients give its Fig. 3 exponents under the report's definition, to 0.02 (the old
+    one: no)."""
+    paper = report_common.reference_table("looped")
+    laws = report_looped.paper_table1_laws(paper)
     grid = scaling.paper_grid_frame().assign(vocab=32064, seq_len=2048)
-    ex = reports.frontier_exponents(laws, grid, paper, reports.per_r_frontier(laws, grid)).set_index("r")
+    ex = report_looped.frontier_exponents(laws, grid, paper, report_looped.per_r_frontier(laws, grid)).set_index("r")
     assert ex.paper_a_N_star.tolist() == [0.57, 0.70, 0.76, 0.67] and ex.paper_b_D_star.tolist() == [
         0.53,
         0.42,
@@ -321,10 +329,11 @@ def test_fig3_exponents_from_the_papers_table1():
 
 
 def test_phi_refitted_on_the_papers_optima(tmp_path):
-    "The joint law refitted on the paper's 24 published per-(C, r) optima lands inside the paper's CI, as scipy's loop finds it."
-    paper = reports.reference_table("looped")
-    frame = reports.paper_optima_frame(paper)
-    opt = reports.paper_optima(paper)
+    """The joint law refitted on the paper's 24 published per-(C, r) optima lands inside the paper's CI, as scipy's
+    loop finds it."""
+    paper = report_common.reference_table("looped")
+    frame = report_looped.paper_optima_frame(paper)
+    opt = report_looped.paper_optima(paper)
     assert len(frame) == 24 and np.allclose(frame.n_once + frame.n_rec, opt.N_star, rtol=1e-9)
     from depthbench_nb.scaling import paper_accounting
 
@@ -341,7 +350,7 @@ def test_phi_refitted_on_the_papers_optima(tmp_path):
         and ours.phi == pytest.approx(ref.phi, abs=1e-4)
         and ours.huber <= ref.huber * (1 + 1e-6)
     )
-    reports.build_looped_report("no-runs", df=pd.DataFrame(), out_dir=tmp_path, restarts=50, n_bootstrap=0)
+    report_looped.build_looped_report("no-runs", df=pd.DataFrame(), out_dir=tmp_path, restarts=50, n_bootstrap=0)
     t = pd.read_csv(tmp_path / "looped_phi_on_paper_optima.csv").iloc[0]
     assert (
         t.phi == pytest.approx(ours.phi, abs=1e-4)
@@ -359,7 +368,7 @@ def test_case_study_frame_keeps_the_four_lowest_budgets():
     grid, tb = scaling.paper_grid_frame(), scaling.paper_grid_frame("tbptt")
     above = tb[tb.r > 1].iloc[:1].assign(C=1e19)
     lf = pd.concat([grid, tb[tb.r > 1], above]).assign(loss=2.5, lr=0.014)
-    cs = reports.case_study_frame(lf, "tbptt")
+    cs = report_looped.case_study_frame(lf, "tbptt")
     assert set(cs.C) == set(CASE_STUDY_BUDGETS) and len(cs) == 89 and (cs.r == 1).sum() == 20
 
 
@@ -402,9 +411,9 @@ def test_table10_and_the_downstream_results(tmp_path, monkeypatch):
     }
     for (r, s, C), run in grid.items():
         record(run, 2.3 + 0.01 * r + (0.02 if s == 12 else 0.0) + (0.5 if C < 2e19 else 0.0))
-    lf = reports.looped_frame(reports.study_table("looped-main"))
-    before = reports.Report("looped-main", "looped", reports.Scale((), True, "runs"), tmp_path / "before")
-    reports.looped_extrapolation_section(before, lf, reports.reference_table("looped"), {})
+    lf = report_looped.looped_frame(report_common.study_table("looped-main"))
+    before = report_common.Report("looped-main", "looped", report_common.Scale((), True, "runs"), tmp_path / "before")
+    report_looped.looped_extrapolation_section(before, lf, report_common.reference_table("looped"), {})
     assert (
         set(lf[lf.s == 34].paper_item) == {"grid"} and not before.built()
     )  # the grid's s = 34 runs are not Table 10's
@@ -423,7 +432,7 @@ def test_table10_and_the_downstream_results(tmp_path, monkeypatch):
     for (r, s, C), run in grid.items():
         if C == 1e18:
             downstream_record(run, {g: v + 0.2 * (r == 4) + 0.05 * (s == 12) for g, v in paper_like.items()})
-    rep = reports.build_looped_report("looped-main", out_dir=tmp_path / "after", restarts=2, n_bootstrap=0)
+    rep = report_looped.build_looped_report("looped-main", out_dir=tmp_path / "after", restarts=2, n_bootstrap=0)
     t10 = pd.read_csv(tmp_path / "after" / "looped_table10_extrapolation.csv").set_index("metric")
     assert t10.loc["validation loss", ["r1", "r4", "paper_r1", "paper_r4"]].tolist() == pytest.approx(
         [2.05, 2.11, 2.047, 2.108]

@@ -9,14 +9,13 @@ may hold an error, and scale labels must say "NOT comparable".
 """
 
 import json
-import math
 
 import nbformat
 import numpy as np
 import pandas as pd
 import pytest
 
-from depthbench_nb import demo, reports
+from depthbench_nb import demo, report_depthbench, report_looped, report_cli, report_common
 from depthbench_nb.config import ConfigError
 from depthbench_nb.looped import looped_params
 from depthbench_nb.runs import provenance, run_dir, write_params, write_result
@@ -85,7 +84,8 @@ def write_looped_record(run, loss: float):
 
 def looped_records(data, seed=0):
     """Looped records: r in {1,2,4} x s in {1,2,3} x 2 budgets (6 per r); truncated-BPTT and HC runs at r in {2, 4},
-    s in {1, 2} of the first budget (with its 3 r = 1 runs: 7 points per case-study fit); an additive and a second-LR run."""
+    s in {1, 2} of the first budget (with its 3 r = 1 runs: 7 points per case-study fit); an additive and a second-LR
+    run."""
     rng = np.random.default_rng(seed)
 
     def loss(run, offset=0.0):
@@ -99,7 +99,9 @@ def looped_records(data, seed=0):
             + 0.002 * rng.standard_normal()
         )
 
-    mk = lambda **kw: make_run_config("looped", preset="tiny", study=STUDY, data=str(data), verbose=False, **kw)
+    def mk(**kw):
+        return make_run_config("looped", preset="tiny", study=STUDY, data=str(data), verbose=False, **kw)
+
     for r in (1, 2, 4):
         for s in (1, 2, 3):
             for C in (5e11, 1e12):
@@ -123,7 +125,7 @@ def fixture_study(tmp_path_factory, tiny_data):
         runs = design_runs(tiny_data)
         for run in runs:
             assert train(run, progress=False)["status"] == "completed"
-        df = reports.study_table(STUDY)
+        df = report_common.study_table(STUDY)
         done = demo.diagnose_study(STUDY, df, n_samples=2, seq_len=16, eval_limit=2, progress=False)
         assert len(done) == len(runs)
         looped_records(tiny_data)
@@ -132,7 +134,7 @@ def fixture_study(tmp_path_factory, tiny_data):
 
 def test_report_notebooks_build_every_artifact(fixture_study, capsys):
     assert (
-        reports.cli_report([STUDY, "--restarts", "4", "--bootstrap", "3", "--boot-restarts", "2", "--json"]) == 0
+        report_cli.cli_report([STUDY, "--restarts", "4", "--bootstrap", "3", "--boot-restarts", "2", "--json"]) == 0
     )  # `depthbench-nb report STUDY`
     printed = json.loads(capsys.readouterr().out)
     out = fixture_study / STUDY / "report"
@@ -158,7 +160,7 @@ def test_report_notebooks_build_every_artifact(fixture_study, capsys):
         "looped_downstream_matched",  # needs runs evaluated downstream (tests/test_looped_report.py)
         "depthbench_loss_across_scales",
     }  # needs runs at two of the paper's scales (tests/test_depthbench_report.py)
-    for stem in reports.DEPTHBENCH_ARTIFACTS + reports.LOOPED_ARTIFACTS:
+    for stem in report_depthbench.DEPTHBENCH_ARTIFACTS + report_looped.LOOPED_ARTIFACTS:
         if stem in expected_missing:
             continue
         assert (out / f"{stem}.csv").exists() or (out / f"{stem}.png").exists(), stem
@@ -169,7 +171,9 @@ def test_report_notebooks_build_every_artifact(fixture_study, capsys):
         ).exists():  # every table states its scale: ours (not comparable), accounting or the paper's
             md = (out / f"{stem}.md").read_text()
             assert (
-                md.count("NOT comparable") + md.count(reports.ACCOUNTING_LABEL) + md.count(reports.PAPER_LABEL)
+                md.count("NOT comparable")
+                + md.count(report_common.ACCOUNTING_LABEL)
+                + md.count(report_common.PAPER_LABEL)
             ) == 1, stem
     assert not any((out / f"{s}.csv").exists() for s in expected_missing)
     looped_index = (out / "looped_index.md").read_text()
@@ -224,13 +228,16 @@ def test_report_notebooks_build_every_artifact(fixture_study, capsys):
 
 def test_cli_report_refuses_an_unknown_study(runs_dir):
     with pytest.raises(ConfigError, match="sweep run"):
-        reports.cli_report(["no-such-study"])
+        report_cli.cli_report(["no-such-study"])
 
 
 def test_study_without_runs_says_what_is_missing(runs_dir, tmp_path):
     (runs_dir / "empty").mkdir(parents=True)
-    for build, name in ((reports.build_depthbench_report, "depthbench"), (reports.build_looped_report, "looped")):
-        rep = build("empty", out_dir=tmp_path / "empty")
+    for build, name in (
+        (report_depthbench.build_depthbench_report, "depthbench"),
+        (report_looped.build_looped_report, "looped"),
+    ):
+        build("empty", out_dir=tmp_path / "empty")
         index = (tmp_path / "empty" / f"{name}_index.md").read_text()
         assert "no run records" in index and "not built" in index and "## Missing" in index
         assert (tmp_path / "empty" / f"{name}_verdicts.csv").exists()  # accounting needs no runs
@@ -271,7 +278,7 @@ def test_study_with_only_failed_runs_and_missing_diagnostics(runs_dir, tmp_path,
             error="RuntimeError: boom",
         ),
     )
-    rep = reports.build_depthbench_report("broken", out_dir=tmp_path)
+    rep = report_depthbench.build_depthbench_report("broken", out_dir=tmp_path)
     index = (tmp_path / "depthbench_index.md").read_text()
     assert "no diagnosed runs" in index and "depthbench-nb diagnose" in index
     failed = pd.read_csv(tmp_path / "depthbench_runs_not_completed.csv")
@@ -295,14 +302,14 @@ def test_demo_extras_complete_the_looped_grid():
     extra = demo.demo_extra_entries()
     assert not {e.run_id for e in planned} & {e.run_id for e in extra}
     looped = [e.run.model for e in planned + extra if e.run.model.arch == "looped"]
-    base = [m for m in looped if reports.looped_variant(m) == "baseline"]
+    base = [m for m in looped if report_looped.looped_variant(m) == "baseline"]
     assert all(sum(m.recurrence == r for m in base) >= 6 for r in (1, 2, 4))
-    assert {reports.looped_variant(m) for m in looped} == {"baseline", "tbptt", "hc", "additive"}
+    assert {report_looped.looped_variant(m) for m in looped} == {"baseline", "tbptt", "hc", "additive"}
     for v in (
         "tbptt",
         "hc",
     ):  # each case study: r in {2, 4} x s in {1, 2} at the first budget, + 3 r = 1 runs there: 7 points
-        assert sorted((m.recurrence, m.d_model) for m in looped if reports.looped_variant(m) == v) == [
+        assert sorted((m.recurrence, m.d_model) for m in looped if report_looped.looped_variant(m) == v) == [
             (2, 64),
             (2, 128),
             (4, 64),
