@@ -2021,7 +2021,7 @@ def looped_paper_plan(record) -> Optional[PaperPlan]:
     s ∈ {8, 10, 14}, 10, 20 or 40 tokens per effective parameter) and the extrapolation runs (Table 10). A run
     without a recorded budget is matched by its planned tokens."""
     from depthbench_nb import looped as L
-    from depthbench_nb.trainer import LOOPED_RECIPE
+    from depthbench_nb.run_params import LOOPED_RECIPE
 
     r, d = record_field(record, "recurrence"), record_field(record, "d_model")
     if r is None or d is None or int(d) % 64:
@@ -2107,7 +2107,7 @@ def looped_frame(df: pd.DataFrame) -> pd.DataFrame:
     and `paper_item`, the set of the paper's runs its plan belongs to ('grid', 'table5', 'lr_sweep', 'table10'; '' none)."""
     from depthbench_nb.looped import flops_per_token, looped_params
     from depthbench_nb.sweep import flatten
-    from depthbench_nb.trainer import total_steps
+    from depthbench_nb.run_params import total_steps
 
     done = (
         completed(df[df["arch"].map(family_of) == "looped"]).dropna(subset=["final_val_loss"])
