@@ -169,12 +169,25 @@ class RunParams:
         and help."""
         rows = [(f.name, values.get(f.name, f.default), f.metadata["help"]) for f in fields(cls) if f.name != "options"]
         rows += [(k, values.get(k), rule) for k, (_, rule) in DESIGN_OPTIONS.items() if k != "recurrence"]
-        w = max(len(f"{k} = {v!r}") for k, v, _ in rows)
-        return "\n".join(f"{f'{k} = {v!r}'.ljust(w)}  # {h}" for k, v, h in rows)
+        return "\n".join(_assignment(k, v, h) for k, v, h in rows)
 
     def resolve(self, verbose: bool = True) -> RunConfig:
         "The validated RunConfig: preset, shape, design options, data and recipe resolved (bad input: ConfigError)."
         return _resolve(self, verbose)
+
+
+def _literal(value) -> str:
+    "A value as ruff format writes it: strings in double quotes where they hold none."
+    text = repr(value)
+    if isinstance(value, str) and '"' not in value and text.startswith("'"):
+        return '"' + text[1:-1] + '"'
+    return text
+
+
+def _assignment(name: str, value, help: str) -> str:
+    "One line of the parameters cell, `name = value  # help`, wrapped in parentheses as ruff format does past 120."
+    line = f"{name} = {_literal(value)}  # {help}"
+    return line if len(line) <= 120 else f"{name} = (\n    {_literal(value)}  # {help}\n)"
 
 
 def make_run_config(*args, verbose: bool = True, **kw) -> RunConfig:
