@@ -21,7 +21,7 @@ from .runs import gpu_peak_flops
 # %% auto #0
 __all__ = ['resolve_precision', 'autocast_context', 'resolve_compile', 'compile_unavailable', 'check_compile', 'Dist',
            'in_launched_process', 'make_dist', 'tracker_init_kwargs', 'shard_model', 'average_replicated_grads',
-           'full_state_dict', 'clip_grad_norm', 'check_trackers', 'peak_flops', 'peak_memory_bytes']
+           'full_state_dict', 'clip_grad_norm', 'gather_objects', 'check_trackers', 'peak_flops', 'peak_memory_bytes']
 
 # %% ../nbs/07c_parallel.ipynb #ac161e2f
 def resolve_precision(precision: str, device: torch.device) -> str:
@@ -184,7 +184,8 @@ def clip_grad_norm(params, max_norm: float) -> float:
     return total
 
 
-def _gather(dist: Dist, obj) -> list:
+def gather_objects(dist: Dist, obj) -> list:
+    "Every process's `obj` (any picklable value), in rank order; one process: [obj]."
     if dist.world == 1:
         return [obj]
     out = [None] * dist.world

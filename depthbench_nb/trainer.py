@@ -67,7 +67,7 @@ from .optim import build_optimizers
 from .run_params import RunParams, open_data, total_steps
 from depthbench_nb.parallel import (
     Dist,
-    _gather,
+    gather_objects,
     autocast_context,
     average_replicated_grads,
     check_compile,
@@ -448,7 +448,7 @@ def _finish(state: TrainState, call: Callable) -> dict:
     "After the last step (or a divergence): result.json, then the callbacks' end."
     dist = state.dist
     digests = (
-        None if state.fsdp or dist.world == 1 else _gather(dist, _param_digest(state.raw))
+        None if state.fsdp or dist.world == 1 else gather_objects(dist, _param_digest(state.raw))
     )  # FSDP ranks hold different shards
     result = _write_final(
         state,
