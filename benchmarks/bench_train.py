@@ -40,14 +40,10 @@ import torch.nn.functional as F
 
 from depthbench_nb.config import ARCHS
 from depthbench_nb.costs import copy_bandwidth, roofline, top_ops, train_flops_per_token
-from depthbench_nb.trainer import (
-    autocast_context,
-    build_optimizers,
-    init_model,
-    make_run_config,
-    peak_flops,
-    resolve_precision,
-)
+from depthbench_nb.parallel import autocast_context, peak_flops, resolve_precision
+from depthbench_nb.optim import build_optimizers
+from depthbench_nb.trainer import init_model
+from depthbench_nb.run_params import make_run_config
 
 
 class Bench:

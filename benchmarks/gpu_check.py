@@ -270,7 +270,7 @@ def add_roofline(rows: list[dict], shape, a, copy_gbs: float) -> None:
 def mfu_row(rows, shape, a, dev) -> dict:
     "MFU of compiled Pre-LN: train FLOPs per token x tokens/s / dense bf16 peak (None on a CPU or an unknown GPU)."
     from depthbench_nb.costs import train_flops_per_token
-    from depthbench_nb.trainer import peak_flops
+    from depthbench_nb.parallel import peak_flops
 
     pre = next((r for r in rows if r["arch"] == "preln" and r["mode"] == "compiled" and "tokens_per_s" in r), None)
     fpt = float(train_flops_per_token(shape.model_config("preln", max_seq_len=a.seq_len), a.seq_len))

@@ -5,11 +5,10 @@
 # %% ../nbs/08a_costs.ipynb #f6a38779
 from __future__ import annotations
 
-import json
 import math
 import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -26,7 +25,8 @@ __all__ = ['backbone_matmul_params', 'lm_head_params', 'olmo_core_flops_per_toke
 
 # %% ../nbs/08a_costs.ipynb #c13fd6ab
 def backbone_matmul_params(cfg: ModelConfig) -> int:
-    "Weights of the matmuls one token passes through in the blocks (attention, FFN, a design's own such as MoDA's W_kv); no norms, no connectors."
+    """Weights of the matmuls one token passes through in the blocks (attention, FFN, a design's own such as MoDA's
+    W_kv); no norms, no connectors."""
     d, L, kv = cfg.d_model, cfg.n_layer, cfg.n_kv_head * cfg.head_dim
     per_block = 2 * d * d + 2 * d * kv + 3 * d * cfg.ffn_hidden  # W_q, W_o, W_k, W_v, SwiGLU
     return L * per_block + resolve_arch(cfg.arch).matmul_params(cfg)
@@ -65,7 +65,8 @@ def train_flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
 
 
 def prefill_flops(cfg: ModelConfig, seq_len: int) -> float:
-    "Forward FLOPs of a T-token prefill (batch 1): matmuls 2·N·T, causal attention 2·L·T²·d, design extras, LM head at the last position."
+    """Forward FLOPs of a T-token prefill (batch 1): matmuls 2·N·T, causal attention 2·L·T²·d, design extras, LM head at
+    the last position."""
     _check_seq_len(seq_len)
     T, d = seq_len, cfg.d_model
     design = resolve_arch(cfg.arch)
@@ -80,7 +81,8 @@ def prefill_flops(cfg: ModelConfig, seq_len: int) -> float:
 
 # %% ../nbs/08a_costs.ipynb #545361ac
 def kv_cache_bytes(cfg: ModelConfig, seq_len: int, bytes_per_elem: int = 2) -> int:
-    "KV-cache bytes for one T-token sequence, as the paper defines it (the same for every design at a shape; looped: every executed layer)."
+    """KV-cache bytes for one T-token sequence, as the paper defines it (the same for every design at a shape; looped:
+    every executed layer)."""
     _check_seq_len(seq_len)
     kv = cfg.n_kv_head * cfg.head_dim
     return int(2 * cfg.n_layer * seq_len * kv * bytes_per_elem)  # n_layer = executed layers for looped models too
@@ -88,7 +90,8 @@ def kv_cache_bytes(cfg: ModelConfig, seq_len: int, bytes_per_elem: int = 2) -> i
 
 def mixing_bytes_per_token(cfg: ModelConfig, bytes_per_elem: int = 4) -> tuple[int, int]:
     """(forward, backward) bytes of depth states the design's depth mixing reads and writes per token in a training step
-    (AttnRes sources, MoDA depth keys and values, HC/mHC streams; 0 for designs that only add to the residual stream)."""
+    (AttnRes sources, MoDA depth keys and values, HC/mHC streams; 0 for designs that only add to the residual
+    stream)."""
     forward, backward = resolve_arch(cfg.arch).mixing_bytes(cfg, bytes_per_elem)
     return int(forward), int(backward)
 
@@ -229,7 +232,8 @@ def latency_row(
 # %% ../nbs/08a_costs.ipynb #00ca17a9
 @dataclass(frozen=True)
 class Roofline:
-    "The step-time model of one design at one shape: matmul FLOPs at Pre-LN's measured rate plus mixing bytes at the copy bandwidth."
+    """The step-time model of one design at one shape: matmul FLOPs at Pre-LN's measured rate plus mixing bytes at the
+    copy bandwidth."""
 
     flops_per_token: float  # training FLOPs (`train_flops_per_token`)
     mixing_bytes_per_token: int  # forward + backward depth-state traffic (`mixing_bytes_per_token`)
@@ -255,7 +259,8 @@ def roofline(
 
 
 def copy_bandwidth(device="cpu", n_bytes: int = 1 << 28, reps: int = 5) -> float:
-    "The device's copy bandwidth (bytes read + written per second, best of `reps`) on a buffer beyond its caches (256 MiB)."
+    """The device's copy bandwidth (bytes read + written per second, best of `reps`) on a buffer beyond its caches (256
+    MiB)."""
     import torch
 
     src = torch.empty(n_bytes // 4, dtype=torch.float32, device=device).normal_()
@@ -272,7 +277,8 @@ def copy_bandwidth(device="cpu", n_bytes: int = 1 << 28, reps: int = 5) -> float
 
 
 def top_ops(step, n: int = 5) -> list[tuple[str, float]]:
-    "Where a step's time goes: the n aten ops with the most self time under torch.profiler, as (name, share of the step)."
+    """Where a step's time goes: the n aten ops with the most self time under torch.profiler, as (name, share of the
+    step)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -303,7 +309,8 @@ def costs_command(
     archs = [n for n, s in ARCHS.items() if not s.grids] if arch == "all" else [resolve_arch(arch).name]
     if any(ARCHS[x].grids for x in archs):
         raise ConfigError(
-            f"--arch {arch}: its shapes are not on these grids (it brings its own: {', '.join(ARCHS[archs[0]].grids)}); "
+            f"--arch {arch}: its shapes are not on these grids "
+            f"(it brings its own: {', '.join(ARCHS[archs[0]].grids)}); "
             "use depthbench_nb.costs on its configs"
         )
     pairs = [(a, s) for a in archs for s in grid_shapes(grid, depths)]

@@ -128,7 +128,7 @@ def _grid_budget_plan(shape: dict, cfg, variant: str, s: int, r: int, C: float) 
     """The paper's run at a recorded budget C: a cell of the 116-run grid or of a case-study grid, or the injection
     ablation (Table 5: s = 10, r = 4, C = 1e18); None where the paper has no run at that budget and shape."""
     from depthbench_nb import looped as L
-    from depthbench_nb.trainer import LOOPED_RECIPE
+    from depthbench_nb.run_params import LOOPED_RECIPE
 
     Cp = next((b for b in L.BASELINE_WIDTHS if _same(C, b)), None)
     if Cp is None:
@@ -232,7 +232,7 @@ def looped_frame(df: pd.DataFrame) -> pd.DataFrame:
     'lr_sweep', 'table10'; '' none)."""
     from depthbench_nb.looped import flops_per_token, looped_params
     from depthbench_nb.sweep import flatten
-    from depthbench_nb.trainer import total_steps
+    from depthbench_nb.run_params import total_steps
 
     done = (
         completed(df[df["arch"].map(family_of) == "looped"]).dropna(subset=["final_val_loss"])

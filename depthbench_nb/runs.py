@@ -770,9 +770,10 @@ def save_checkpoint(
     counters: dict,
     keep: Optional[int] = None,
     model_state: Optional[dict] = None,
+    callbacks: Optional[dict] = None,
 ) -> Path:
     """Write checkpoint `step` atomically (temporary folder, SHA256SUMS last, then rename); keep the newest `keep`.
-    FSDP: `model_state` only."""
+    FSDP: `model_state` only. `callbacks`: the training callbacks' state (JSON values), kept in meta.json."""
     import torch
     from safetensors.torch import save_file, save_model
 
@@ -806,6 +807,7 @@ def save_checkpoint(
                 format=CHECKPOINT_FORMAT_VERSION,
                 weights_only=model_state is not None,
                 **counters,
+                **({"callbacks": callbacks} if callbacks else {}),
             ),
         )
         write_checksums(tmp, files)

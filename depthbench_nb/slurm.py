@@ -612,7 +612,7 @@ def srun_command(nodes: int, command: list[str], env=None) -> list[str]:
 
 def node_launch(run_config: str) -> int:
     "Start this node's `accelerate launch` for the run in `run_config` (a RunConfig JSON); returns its exit code."
-    from depthbench_nb.trainer import launch_command
+    from depthbench_nb.launch import launch_command
 
     path = Path(run_config)
     if not path.is_file():

@@ -339,7 +339,7 @@ def _group_params(spec: StudySpec, g: StudyGroup) -> list[dict]:
             out.append(dict(base, arch="looped", r=r, s=s, C=C, lr=lr, seed=seed, **o))
         if g.param_data_ratio is not None:  # the horizon of the released code's --target-param-data-ratio, per run
             from depthbench_nb.looped import tokens_for_param_ratio
-            from depthbench_nb.trainer import make_run_config
+            from depthbench_nb.run_params import make_run_config
 
             for d in out:
                 with contextlib.redirect_stdout(None):
@@ -361,7 +361,7 @@ def _group_params(spec: StudySpec, g: StudyGroup) -> list[dict]:
 
 def expand_study(spec: StudySpec) -> list[RunEntry]:
     "Every run of a study, resolved and checked (ConfigError names the offending entry)."
-    from depthbench_nb.trainer import make_run_config
+    from depthbench_nb.run_params import make_run_config
 
     entries, seen = [], {}
     for g in spec.groups:
@@ -393,7 +393,7 @@ DEFAULT_MFU = 0.40
 
 def plan_rows(entries: list[RunEntry], gpu_peak_flops: float = GPU_PEAK_FLOPS, mfu: float = DEFAULT_MFU) -> list[dict]:
     "One row per run: id, settings, params, tokens, estimated FLOPs and GPU-hours."
-    from depthbench_nb.trainer import total_steps
+    from depthbench_nb.run_params import total_steps
 
     rows = []
     for e in entries:
@@ -529,7 +529,7 @@ def entry_status(e: RunEntry) -> str:
 
 def entry_progress(e: RunEntry) -> tuple[int, int]:
     "(steps done, total steps) from the run's metrics log."
-    from depthbench_nb.trainer import total_steps
+    from depthbench_nb.run_params import total_steps
 
     path, done = run_dir(e.run) / RECORD_FILES["metrics"], 0
     if path.exists():
@@ -556,7 +556,7 @@ def run_command(e: RunEntry, executor: str = "papermill", nodes: int = 1, procs_
         if nodes > 1:
             raise ConfigError(f"--nodes {nodes}: multi-node runs go through the trainer module (--executor python)")
         params = sd / "params" / f"{e.run_id}.yaml"
-        from depthbench_nb.trainer import RunParams
+        from depthbench_nb.run_params import RunParams
 
         values = RunParams.of(**e.params).notebook_values()  # every parameter: no template default leaks in
         if world > 1:
@@ -1313,7 +1313,7 @@ def _extras_path(study: str) -> Path:
 
 def study_entries(spec: StudySpec) -> list[RunEntry]:
     "The study's runs: its file's entries plus extra entries the driver was given or added (kept in .sweep/)."
-    from depthbench_nb.trainer import make_run_config
+    from depthbench_nb.run_params import make_run_config
 
     entries = expand_study(spec)
     p = _extras_path(spec.name)
@@ -1343,7 +1343,7 @@ def add_extra_entries(spec: StudySpec, extra: list[RunEntry]) -> None:
 
 def extend_lr_entries(spec: StudySpec, df: pd.DataFrame, factor: float = 2.0, save: bool = True) -> list[RunEntry]:
     "New entries one LR step (×factor or ÷factor) beyond the grid for every (design, shape) whose best LR is at the edge."
-    from depthbench_nb.trainer import make_run_config
+    from depthbench_nb.run_params import make_run_config
 
     opt = lr_optima(df)
     planned = {e.run_id: e for e in study_entries(spec)}

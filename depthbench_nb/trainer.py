@@ -9,57 +9,41 @@ import argparse
 import contextlib
 import hashlib
 import json
-import math
 import os
 import random
-import resource
 import shlex
-import shutil
-import subprocess
+import signal
 import sys
 import time
 import traceback
-from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from depthbench_nb.config import (
-    ARCHS,
     DESIGN_OPTIONS,
     EXIT_INTERRUPTED,
     EXIT_NOT_DONE,
     EXIT_OK,
     ConfigError,
     CorruptFile,
-    DataConfig,
-    ModelConfig,
     ResourceError,
     RunConfig,
-    RunInterrupted,
-    TrainConfig,
-    _choice_error,
     available_memory,
-    ffn_hidden_default,
     format_bytes,
     memory_check_enabled,
     resolve_arch,
 )
 from .console import add_dataclass_options, dataclass_values, emit, parse_literal
-from .optim import build_looped_optimizer
 from depthbench_nb.runs import (
     RECORD_FILES,
     MetricsLog,
     SignalCatcher,
     adopt_legacy_folder,
     check_checkpoint_config,
-    child_pids,
-    ensure_writable,
-    forwarding_signals,
-    gpu_peak_flops,
     list_checkpoints,
     load_checkpoint,
     metrics_header,
@@ -71,662 +55,38 @@ from depthbench_nb.runs import (
     read_result,
     remove_stale_temporaries,
     run_dir,
-    save_checkpoint,
     where_runs_go,
     write_params,
     write_result,
     writing_run_folder,
 )
-from depthbench_nb.shapes import (
-    GRIDS,
-    PRESETS,
-    TINY_DEFAULT_DEPTHS,
-    Shape,
-    count_params,
-    get_grid,
-    grid_shapes,
-    resolve_preset,
-    shape_for,
-)
-from .data import TokenData, held_out_set, read_manifest, resolve_data
+from .shapes import count_params, resolve_preset
 from .model import build_model
 from .costs import activation_bytes, memory_estimate, train_flops_per_token
-from .looped import PAPER_VOCAB, looped_config, tokens_for_budget
-from depthbench_nb.looped import (
-    flops_per_token as looped_flops_per_token,
-)  # the trainer's own flops_per_token reads a run
+from .optim import build_optimizers
+from .run_params import RunParams, open_data, total_steps
+from depthbench_nb.parallel import (
+    Dist,
+    gather_objects,
+    autocast_context,
+    average_replicated_grads,
+    check_compile,
+    check_trackers,
+    clip_grad_norm,
+    in_launched_process,
+    make_dist,
+    resolve_compile,
+    resolve_precision,
+    shard_model,
+)
+from .callbacks import Callback, TrainState, default_callbacks, load_callbacks_state, save_state
+from .launch import launch
 
 # %% auto #0
-__all__ = ['LOOPED_RECIPE', 'LOOPED_TINY', 'INIT_SEEDS', 'DEFAULT_CHECKPOINT_EVERY', 'RunParams', 'make_run_config',
-           'total_steps', 'lr_multiplier', 'build_adamw', 'build_optimizers', 'resolve_precision', 'autocast_context',
-           'resolve_compile', 'compile_unavailable', 'check_compile', 'LayerStats', 'Dist', 'in_launched_process',
-           'make_dist', 'tracker_init_kwargs', 'shard_model', 'average_replicated_grads', 'full_state_dict',
-           'clip_grad_norm', 'check_trackers', 'open_data', 'init_model', 'default_micro_batch', 'plot_loss_curves',
-           'peak_flops', 'peak_memory_bytes', 'flops_per_token', 'evaluate', 'TrainState', 'Callback', 'save_state',
-           'StopAfter', 'DivergenceGuard', 'SpeedMeter', 'Evaluator', 'MetricsWriter', 'LayerStatsRecorder', 'Trackers',
-           'ProgressBar', 'Checkpointer', 'default_callbacks', 'train', 'training_memory_bytes', 'check_run_fits',
-           'fit', 'out_of_memory', 'free_port', 'launch_command', 'launch', 'train_parser', 'cli_train']
-
-# %% ../nbs/07_trainer.ipynb #895e7da2
-LOOPED_RECIPE = dict(
-    optimizer="muonh",
-    schedule="linear",
-    warmup_frac=0.0,
-    final_lr_frac=0.1,
-    grad_clip=None,
-    weight_decay=0.0,
-    betas=(0.8, 0.95),
-    eps=1e-10,
-    lr=0.014,
-    tokens_per_param=None,
-)
-LOOPED_TINY = dict(s=2, r=4, head_dim=32)  # CPU-sized looped model: d = 128, 4 heads of 32
-INIT_SEEDS = ("official", "tied")
-
-
-def _param(help: str, default=None, **cli) -> Any:
-    "A RunParams field: its default and its one-line help (the train command's --help, the notebook's comment)."
-    return field(default=default, metadata=dict(help=help, **cli))
-
-
-def _init_seed_arg(text: str):
-    "--init-seed: 'official', 'tied' or an integer."
-    return text if text in INIT_SEEDS else parse_literal(text)
-
-
-@dataclass
-class RunParams:
-    """What a user chooses for one run. The one list of a run's parameters: `make_run_config` takes them, the
-    `train` command's options and the parameters cell of `nbs/10_train.ipynb` are generated from them, and the
-    sweep's entries are sets of them. `resolve` turns them into a RunConfig against the preset; design options
-    (`config.DESIGN_OPTIONS`) go in `options`."""
-
-    arch: Optional[str] = _param(f"design: {', '.join(ARCHS)}")
-    L: Optional[int] = _param(
-        "depth: a depth of the preset's grid (any depth with d_model, or on the tiny grid)", flags=("--L", "-L")
-    )
-    d_model: Optional[int] = _param("explicit width (off-grid shapes)")
-    preset: str = _param("auto | tiny | 400m | ... (auto: 400m with a CUDA GPU, tiny otherwise)", "auto")
-    lr: Optional[float] = _param("peak LR (None: the preset's, 2e-3; looped: the 0.014 matrix LR)")
-    seed: int = _param("data order and training RNG", 42)
-    study: str = _param("folder under the runs root", "default")
-    data: Optional[str] = _param(
-        "None: the preset's data; or a source (sample, fineweb-edu[:sample-10BT], a text path) or a prepared folder"
-    )
-    num_processes: int = _param("> 1: accelerate launch (DDP, or FSDP2 with fsdp)", 1)
-    tokens: Optional[int] = _param("token budget override")
-    max_steps: Optional[int] = _param("step budget override (wins over tokens)")
-    ratio: Optional[float] = _param("instead of L: the grid depth whose d_model / L is nearest this ratio")
-    r: Optional[int] = _param("looped: recurrences (1, 2, 4, 8)")
-    s: Optional[int] = _param("looped: width scale (d_model = 64 s)")
-    C: Optional[float] = _param("looped: FLOP budget (sets the tokens)")
-    precision: Optional[str] = _param(
-        "None (auto: bf16-mixed on CUDA, fp32 elsewhere) | fp32 | bf16-mixed | bf16-pure (the official setting)"
-    )
-    init_seed: Any = _param(
-        "'official' (fixed 0, as DepthBench) | 'tied' (the training seed) | an integer",
-        "official",
-        parse=_init_seed_arg,
-    )
-    micro_batch: Optional[int] = _param(
-        "sequences per forward pass per process (None: the whole batch on CPU, 16 on GPUs, 8 for HC/mHC)"
-    )
-    eval_every: Optional[int] = _param("steps between evaluations (None: the preset's)")
-    checkpoint_every: Optional[int] = _param("steps between checkpoints (None: 1000, and always at the end)")
-    layer_stats_every: Optional[int] = _param("per-layer forward/backward statistics every N steps (None: off)")
-    divergence_factor: Optional[float] = _param(
-        "also stop as diverged when the loss exceeds this factor x the best loss so far"
-    )
-    trackers: Any = _param("comma-separated Accelerate trackers: tensorboard, wandb (off by default)", "")
-    compile: Optional[bool] = _param("torch.compile the model (None: on with a CUDA GPU, off on CPU)")
-    fsdp: bool = _param("num_processes > 1: FSDP2 (fully_shard) instead of DDP (AdamW recipe only)", False)
-    eval_set: Optional[str] = _param(
-        "held-out set (None: the preset's): windows | rows (looped paper) | documents (DepthBench)"
-    )
-    eval_rows: Optional[int] = _param("rows / documents of the final evaluation (None: the preset's; all)")
-    eval_rows_fast: Optional[int] = _param(
-        "rows / documents of the evaluations before the last step (None: the preset's)"
-    )
-    ortho_dtype: Optional[str] = _param(
-        "looped MuonH orthogonalisation: None = bfloat16 (the paper) | float32 (exact comparisons)"
-    )
-    options: dict = field(default_factory=dict)  # design options: config.DESIGN_OPTIONS (looped: r is `recurrence`)
-
-    @classmethod
-    def names(cls) -> list[str]:
-        "The parameter names (design options not included)."
-        return [f.name for f in fields(cls) if f.name != "options"]
-
-    @classmethod
-    def of(cls, *args, **kw) -> "RunParams":
-        "Parameters from make_run_config's arguments: the fields by position or name; any other name is a design option."
-        if len(args) > len(cls.names()):
-            raise ConfigError(f"too many positional parameters ({len(args)})")
-        named = dict(zip(cls.names(), args))
-        clash = sorted(set(named) & set(kw))
-        if clash:
-            raise ConfigError(f"parameter(s) {clash} given twice")
-        kw = named | kw
-        opts = {k: kw.pop(k) for k in list(kw) if k not in cls.names() and k != "options"}
-        return cls(**kw, options=dict(kw.pop("options", None) or {}, **opts))
-
-    @classmethod
-    def from_namespace(cls, ns: dict) -> "RunParams":
-        "Parameters from a namespace holding every name (the parameters cell's globals); design options left at None are dropped."
-        return cls(
-            **{k: ns[k] for k in cls.names()}, options={k: ns[k] for k in DESIGN_OPTIONS if ns.get(k) is not None}
-        )
-
-    def notebook_values(self) -> dict:
-        "Every parameter as papermill's -p/-f values for nbs/10_train.ipynb (unset design options as None)."
-        out = {k: getattr(self, k) for k in self.names()}
-        out["trackers"] = ",".join(_tracker_list(self.trackers))
-        return out | {k: self.options.get(k) for k in DESIGN_OPTIONS if k != "recurrence"}
-
-    @classmethod
-    def parameters_cell(cls, **values) -> str:
-        "The source of 10_train's parameters cell: every parameter and design option with its default (or `values`) and help."
-        rows = [(f.name, values.get(f.name, f.default), f.metadata["help"]) for f in fields(cls) if f.name != "options"]
-        rows += [(k, values.get(k), rule) for k, (_, rule) in DESIGN_OPTIONS.items() if k != "recurrence"]
-        w = max(len(f"{k} = {v!r}") for k, v, _ in rows)
-        return "\n".join(f"{f'{k} = {v!r}'.ljust(w)}  # {h}" for k, v, h in rows)
-
-    def resolve(self, verbose: bool = True) -> RunConfig:
-        "The validated RunConfig: preset, shape, design options, data and recipe resolved (bad input: ConfigError)."
-        return _resolve(self, verbose)
-
-
-def make_run_config(*args, verbose: bool = True, **kw) -> RunConfig:
-    """Resolve preset, shape, design options, data and recipe into a validated RunConfig (bad input: ConfigError).
-    Takes the `RunParams` (`arch`, `L`, `d_model`, `preset`, `lr`, `seed`, `study`, `data`, `num_processes`, `tokens`,
-    `max_steps` also by position) and any design option by name."""
-    return RunParams.of(*args, **kw).resolve(verbose)
-
-
-def _tracker_list(trackers) -> list[str]:
-    "Trackers as given: a comma-separated string (command line, papermill) or a sequence."
-    return [t.strip() for t in trackers.split(",") if t.strip()] if isinstance(trackers, str) else list(trackers)
-
-
-def _need(name: str, value, types: tuple, rule: str):
-    "Type check of one parameter (bool is not an int here)."
-    if value is None:
-        return value
-    if isinstance(value, bool) and bool not in types:
-        raise ConfigError(f"{name} must be {rule}, got {value!r} (bool)")
-    if not isinstance(value, types):
-        raise ConfigError(f"{name} must be {rule}, got {value!r} ({type(value).__name__})")
-    return value
-
-
-def _resolve(p: RunParams, verbose: bool) -> RunConfig:
-    if p.arch is None:
-        raise ConfigError(f"arch is required: one of {', '.join(ARCHS)}")
-    _need("arch", p.arch, (str,), "a design name")
-    spec = resolve_arch(p.arch)
-    for name in (
-        "L",
-        "d_model",
-        "seed",
-        "num_processes",
-        "tokens",
-        "max_steps",
-        "r",
-        "s",
-        "micro_batch",
-        "eval_every",
-        "checkpoint_every",
-        "layer_stats_every",
-        "eval_rows",
-        "eval_rows_fast",
-    ):
-        _need(name, getattr(p, name), (int,), "an integer")
-    for name in ("lr", "ratio", "C", "divergence_factor"):
-        _need(name, getattr(p, name), (int, float), "a number")
-    for name in ("preset", "study", "precision", "eval_set", "ortho_dtype"):
-        _need(name, getattr(p, name), (str,), "a string")
-    _need("compile", p.compile, (bool,), "True, False or None (None: on with CUDA)")
-    _need("fsdp", p.fsdp, (bool,), "a bool")
-    design_options = dict(p.options)
-    unknown = sorted(set(design_options) - set(DESIGN_OPTIONS))
-    if unknown:
-        raise ConfigError(f"unknown option(s) {unknown}; design options: {', '.join(DESIGN_OPTIONS)}; looped: r, s, C")
-    if isinstance(p.init_seed, str):
-        if p.init_seed not in INIT_SEEDS:
-            raise _choice_error("init_seed", p.init_seed, INIT_SEEDS + ("an integer",))
-        init_seed_value = 0 if p.init_seed == "official" else None
-    else:
-        init_seed_value = _need("init_seed", p.init_seed, (int,), "'official', 'tied' or an integer")
-    pre, why = resolve_preset(p.preset)
-    if verbose:
-        print(f"*** PRESET: {pre.name}  ({why}) ***")
-    train_kw = dict(
-        lr=pre.lr,
-        seq_len=pre.seq_len,
-        global_batch=pre.global_batch,
-        max_steps=pre.max_steps,
-        tokens=None,
-        tokens_per_param=pre.tokens_per_param,
-        eval_every=pre.eval_every,
-        eval_batches=pre.eval_batches,
-    )
-    kind = p.eval_set or pre.eval_set  # the preset's held-out set, its row counts unless another set is asked for
-    rows = (
-        (p.eval_rows, p.eval_rows_fast)
-        if p.eval_set not in (None, pre.eval_set)
-        else (p.eval_rows or pre.eval_rows, p.eval_rows_fast or pre.eval_rows_fast)
-    )
-    train_kw.update(eval_set=None if kind == "windows" else kind, eval_rows=rows[0], eval_rows_fast=rows[1])
-    if spec.family == "looped":
-        model, looped_tokens = _looped_model(pre, p.L, p.d_model, p.ratio, p.r, p.s, p.C, design_options)
-        train_kw.update(LOOPED_RECIPE)
-        if looped_tokens is not None:
-            train_kw.update(tokens=looped_tokens, max_steps=None)
-    else:
-        if p.r is not None or p.s is not None or p.C is not None:
-            raise ConfigError(f"r, s and C apply only to arch 'looped', not {spec.name!r}")
-        model = _shape_from(pre.grid, p.L, p.d_model, p.ratio).model_config(spec.name, **design_options)
-    if p.tokens is not None:
-        train_kw.update(tokens=p.tokens, max_steps=None)
-    if p.max_steps is not None:
-        train_kw.update(max_steps=p.max_steps)
-    for k in (
-        "lr",
-        "precision",
-        "micro_batch",
-        "eval_every",
-        "ortho_dtype",
-        "checkpoint_every",
-        "layer_stats_every",
-        "divergence_factor",
-    ):
-        if getattr(p, k) is not None:
-            train_kw[k] = getattr(p, k)
-    train = TrainConfig(seed=p.seed, init_seed=init_seed_value, trackers=tuple(_tracker_list(p.trackers)), **train_kw)
-    return RunConfig(
-        model=model,
-        data=_data_config(p.data, pre),
-        train=train,
-        study=p.study,
-        preset=pre.name,
-        num_processes=p.num_processes,
-        compile=p.compile,
-        fsdp=p.fsdp,
-    )
-
-
-def _shape_from(grid: str, L, d_model, ratio) -> Shape:
-    g = get_grid(grid)
-    if L is None and ratio is None:
-        raise ConfigError(f"set L (grid {grid!r} depths: {list(g.depths) or 'any'}) or ratio (d_model / L)")
-    if L is not None and ratio is not None:
-        raise ConfigError("set L or ratio, not both")
-    if ratio is not None:
-        if d_model is not None:
-            raise ConfigError("ratio picks a grid shape; it cannot be combined with d_model")
-        shapes = grid_shapes(grid, None if g.depths or g.groups else TINY_DEFAULT_DEPTHS)
-        return min(shapes, key=lambda s: abs(math.log(s.ratio / ratio)))
-    if d_model is None:
-        return shape_for(grid, L)
-    if L < 1 or d_model < 1:
-        raise ConfigError(f"L and d_model must be >= 1, got L={L}, d_model={d_model}")
-    if d_model % (2 * g.n_head):
-        raise ConfigError(
-            f"d_model={d_model} must be a multiple of 2·n_head = {2 * g.n_head} (grid {grid!r}: {g.n_head} heads, even head_dim)"
-        )
-    return Shape(L, d_model, g.n_head, g.n_kv_head or g.n_head, ffn_hidden_default(d_model, g.ffn_rule), g.vocab_size)
-
-
-def _data_config(data, preset) -> DataConfig:
-    if data is None:
-        return DataConfig(source=preset.data_source, tokenizer=preset.tokenizer)
-    if isinstance(data, DataConfig):
-        return data
-    if isinstance(data, dict):
-        return DataConfig.from_dict(data)
-    if isinstance(data, str):
-        p = Path(data).expanduser()
-        if p.is_dir() and (p / "manifest.json").exists():  # a prepared folder: its own source and tokenizer
-            man = read_manifest(p)
-            if man is None:
-                raise ConfigError(
-                    f"data folder {p} is not a complete prepared folder; prepare it with: depthbench-nb data prepare --out {p}"
-                )
-            inp = man["inputs"]
-            return DataConfig(
-                source=man["source"]["name"],
-                tokenizer=inp["tokenizer"],
-                path=str(p.resolve()),
-                max_tokens=inp.get("max_tokens"),
-                val_tokens=inp.get("val_tokens"),
-            )
-        return DataConfig(source=data, tokenizer=preset.tokenizer)
-    raise ConfigError(
-        f"data must be None, a source name, a prepared folder, a dict or a DataConfig, got {type(data).__name__}"
-    )
-
-
-def _looped_model(p, L, d_model, ratio, r, s, C, opts) -> tuple[ModelConfig, Optional[int]]:
-    "Looped shape: width scale s (d = 64·s), recurrence r, effective depth 20; a FLOP budget C sets the tokens."
-    if d_model is not None or ratio is not None:
-        raise ConfigError("looped models take the width scale s (d = 64·s), not d_model or ratio")
-    if L is not None and L != 20:
-        raise ConfigError(f"looped models have effective depth 20 (arXiv 2604.21106 §3.1); got L={L}")
-    tiny = p.name == "tiny"
-    s = s if s is not None else (LOOPED_TINY["s"] if tiny else None)
-    r = r if r is not None else opts.pop("recurrence", LOOPED_TINY["r"] if tiny else None)
-    if s is None or r is None:
-        raise ConfigError("looped models need s (width scale) and r (recurrences) outside the tiny preset")
-    kw = dict(head_dim=LOOPED_TINY["head_dim"]) if tiny else {}
-    opts = {k: v for k, v in opts.items() if k != "recurrence"}
-    cfg = looped_config(s, r, vocab_size=GRIDS[p.grid].vocab_size if tiny else PAPER_VOCAB, **kw, **opts)
-    if C is None:
-        return cfg, None
-    return cfg, tokens_for_budget(C, looped_flops_per_token(cfg, seq_len=p.seq_len), p.seq_len * p.global_batch)
-
-# %% ../nbs/07_trainer.ipynb #1aaf25a2
-def total_steps(run: RunConfig) -> int:
-    "Optimizer steps of a run: max_steps, else tokens / tokens per step, else tokens_per_param × Pre-LN params of the shape."
-    t = run.train
-    per_step = t.global_batch * t.seq_len
-    if t.max_steps is not None:
-        return t.max_steps
-    if t.tokens is not None:
-        return max(1, round(t.tokens / per_step))
-    m = run.model
-    n = count_params(
-        m
-        if m.family == "looped"
-        else ModelConfig(
-            arch="preln",
-            n_layer=m.n_layer,
-            d_model=m.d_model,
-            n_head=m.n_head,
-            n_kv_head=m.n_kv_head,
-            ffn_hidden=m.ffn_hidden,
-            vocab_size=m.vocab_size,
-        )
-    ).total
-    return max(1, round(t.tokens_per_param * n / per_step))
-
-
-def lr_multiplier(
-    step: int, total: int, schedule: str = "cosine", warmup_frac: float = 0.1, final_lr_frac: float = 0.1
-) -> float:
-    "LR / peak LR at update `step` of `total` (0-based)."
-    warmup = int(warmup_frac * total)
-    if step < warmup:
-        return step / warmup
-    progress = (step - warmup) / max(1, total - warmup)
-    if schedule == "cosine":
-        return final_lr_frac + (1 - final_lr_frac) * (1 + math.cos(math.pi * progress)) / 2
-    if schedule == "linear":
-        return 1 - (1 - final_lr_frac) * progress
-    raise _choice_error("schedule", schedule, ("cosine", "linear"))
-
-# %% ../nbs/07_trainer.ipynb #67ee01c8
-def build_adamw(model: torch.nn.Module, t: TrainConfig) -> torch.optim.AdamW:
-    "AdamW with weight decay on everything except model.no_weight_decay_names()."
-    exempt = set(model.no_weight_decay_names()) if hasattr(model, "no_weight_decay_names") else set()
-    named = {n.replace("_fsdp_wrapped_module.", ""): p for n, p in model.named_parameters()}  # FSDP wraps names
-    missing = exempt - set(named)
-    if missing:
-        raise ConfigError(f"no_weight_decay_names() lists parameters the model does not have: {sorted(missing)[:5]}")
-    decay = [p for n, p in named.items() if p.requires_grad and n not in exempt]
-    keep = [p for n, p in named.items() if p.requires_grad and n in exempt]
-    groups = [dict(params=decay, weight_decay=t.weight_decay, group="decay")]
-    if keep:
-        groups.append(dict(params=keep, weight_decay=0.0, group="no_decay"))
-    return torch.optim.AdamW(groups, lr=t.lr, betas=tuple(t.betas), eps=t.eps, fused=False)
-
-
-def build_optimizers(
-    model: torch.nn.Module, run: RunConfig, steps: int
-) -> tuple[list[torch.optim.Optimizer], Callable[[int], float]]:
-    "The run's optimizer(s) and its LR multiplier (AdamW recipe, or the looped MuonH recipe)."
-    t = run.train
-    if t.optimizer == "muonh":
-        opt, lr_lambda = build_looped_optimizer(model, t, steps * t.global_batch * t.seq_len)
-        return [opt], lr_lambda
-    return [build_adamw(model, t)], lambda s: lr_multiplier(s, steps, t.schedule, t.warmup_frac, t.final_lr_frac)
-
-# %% ../nbs/07_trainer.ipynb #ac161e2f
-def resolve_precision(precision: str, device: torch.device) -> str:
-    "auto -> bf16-mixed on CUDA, fp32 elsewhere."
-    if precision == "auto":
-        return "bf16-mixed" if device.type == "cuda" else "fp32"
-    return precision
-
-
-def autocast_context(precision: str, device: torch.device):
-    "The forward-pass context for a precision: autocast to bf16 for bf16-mixed, nothing otherwise."
-    if precision == "bf16-mixed":
-        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
-    return contextlib.nullcontext()
-
-
-def resolve_compile(compile: Optional[bool], device: torch.device) -> bool:
-    "None -> torch.compile on with CUDA, off elsewhere."
-    return device.type == "cuda" if compile is None else bool(compile)
-
-
-def compile_unavailable(device: torch.device) -> Optional[str]:
-    "What torch.compile lacks to build kernels for `device` here, in words (None: nothing)."
-    if not hasattr(torch, "compile"):
-        return f"torch {torch.__version__} has no torch.compile (it needs torch >= 2.0)"
-    if device.type == "cuda":
-        try:
-            from torch.utils._triton import has_triton
-        except ImportError:
-            return "inductor's CUDA backend needs Triton (pip install triton)"
-        return None if has_triton() else "inductor's CUDA backend needs a working Triton (pip install triton)"
-    import torch._inductor.config as inductor_config
-
-    cxx = inductor_config.cpp.cxx
-    names = [c for c in (cxx if isinstance(cxx, (list, tuple)) else (cxx,)) if c]
-    if not any(shutil.which(c) for c in names):
-        return (
-            f"inductor's CPU backend needs a C++ compiler, and none of {names} is on PATH "
-            "(install one, e.g. apt-get install g++, or point the CXX environment variable at it)"
-        )
-    return None
-
-
-def _compile_probe(x: torch.Tensor) -> torch.Tensor:
-    return torch.sin(x) * 2 + 1
-
-
-def check_compile(device: torch.device) -> None:
-    "Refuse compile=True where torch.compile cannot work: the missing piece named, or the error of a test compile."
-    why = compile_unavailable(device)
-    if why is None:
-        try:
-            torch.compile(_compile_probe)(
-                torch.linspace(0, 1, 8, device=device)
-            )  # a real build catches a broken toolchain
-        except Exception as e:
-            why = f"a test compile failed ({type(e).__name__}: {str(e).strip().splitlines()[0][:300]})"
-    if why:
-        raise ConfigError(
-            f"compile=True, but torch.compile cannot work here: {why}. Train without it (--no-compile, compile=False)"
-        )
-
-# %% ../nbs/07_trainer.ipynb #384ee52b
-class LayerStats:
-    "Forward/backward statistics of each block's output tensor over one optimizer step."
-
-    def __init__(self, blocks: Sequence[torch.nn.Module]):
-        self.blocks, self.handles, self.sums = list(blocks), [], {}
-
-    def _acc(self, key, x: torch.Tensor):
-        x = x.detach().double()
-        s = self.sums.setdefault(key, torch.zeros(4, dtype=torch.float64, device=x.device))
-        s += torch.stack(
-            [
-                x.sum(),
-                (x * x).sum(),
-                x.abs().sum(),
-                torch.tensor(float(x.numel()), dtype=torch.float64, device=x.device),
-            ]
-        )
-
-    def attach(self):
-        for i, b in enumerate(self.blocks):
-
-            def hook(mod, inp, out, i=i):
-                out = out[0] if isinstance(out, (tuple, list)) else out
-                if not isinstance(out, torch.Tensor):
-                    return
-                self._acc((i, "forward"), out)
-                if out.requires_grad:
-                    out.register_hook(lambda g, i=i: self._acc((i, "backward"), g))
-
-            self.handles.append(b.register_forward_hook(hook))
-
-    def detach(self):
-        for h in self.handles:
-            h.remove()
-        self.handles = []
-
-    def collect(self, reduce: Callable[[torch.Tensor], torch.Tensor] = lambda t: t) -> dict:
-        "{block_XX: {forward|backward: {mean, variance, magnitude, norm}}}; `reduce` sums across processes."
-        out = {}
-        for (i, kind), s in sorted(self.sums.items()):
-            s = reduce(s.clone())
-            tot, sq, ab, n = s.tolist()
-            mean = tot / n
-            out.setdefault(f"block_{i:02d}", {})[kind] = dict(
-                mean=mean, variance=sq / n - mean * mean, magnitude=ab / n, norm=math.sqrt(sq)
-            )
-        self.sums = {}
-        return out
-
-# %% ../nbs/07_trainer.ipynb #70e92348
-@dataclass
-class Dist:
-    "Who we are in the process group."
-
-    accelerator: object
-    rank: int
-    world: int
-    device: torch.device
-
-    @property
-    def main(self) -> bool:
-        return self.rank == 0
-
-    def sum_(self, t: torch.Tensor) -> torch.Tensor:
-        "Sum a tensor over processes (identity for one process)."
-        if self.world > 1:
-            torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.SUM)
-        return t
-
-
-def in_launched_process() -> bool:
-    "True inside a process started by accelerate launch / torchrun (WORLD_SIZE is set)."
-    return int(os.environ.get("WORLD_SIZE", "1")) > 1
-
-
-def make_dist(run: RunConfig, folder: Path) -> Dist:
-    "The run's Accelerate state: the accelerator, this process's rank, the number of processes and the device."
-    from accelerate import Accelerator
-
-    trackers = list(run.train.trackers)
-    acc = Accelerator(
-        cpu=not torch.cuda.is_available(),
-        mixed_precision="no",
-        log_with=trackers or None,
-        project_dir=str(folder / "trackers") if trackers else None,
-    )
-    if acc.num_processes != run.num_processes and in_launched_process():
-        raise ConfigError(f"run.num_processes={run.num_processes} but {acc.num_processes} processes were launched")
-    return Dist(acc, acc.process_index, acc.num_processes, acc.device)
-
-
-def tracker_init_kwargs(run: RunConfig, folder: Path) -> dict:
-    "Per-tracker start options: W&B writes its run into the run folder (not the working directory), named by the run id."
-    return dict(wandb=dict(dir=str(folder / "trackers"), name=run.run_id))
-
-
-def shard_model(model: torch.nn.Module, dist: Dist) -> list[torch.nn.Parameter]:
-    """FSDP2 in place: fully_shard every unit of model.fsdp_units(), then the root, over all processes. Returns the
-    parameters left replicated — the 0-d ones (HC's gate scales, mHC's alphas), since fully_shard shards along dim 0 —
-    whose gradients the caller averages (`average_replicated_grads`)."""
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-
-    mesh = init_device_mesh(dist.device.type, (dist.world,))
-    scalars = [p for p in model.parameters() if p.ndim == 0]
-    units = model.fsdp_units() if hasattr(model, "fsdp_units") else list(getattr(model, "blocks", []))
-    for unit in units:
-        fully_shard(unit, mesh=mesh, ignored_params=set(scalars))
-    fully_shard(model, mesh=mesh, ignored_params=set(scalars))
-    return scalars
-
-
-def average_replicated_grads(params: Sequence[torch.nn.Parameter], dist: Dist) -> None:
-    "Average the gradients of parameters FSDP does not manage over the processes (one all-reduce)."
-    grads = [p.grad for p in params if p.grad is not None]
-    if not grads or dist.world == 1:
-        return
-    flat = dist.sum_(torch.cat([g.reshape(-1) for g in grads])) / dist.world
-    for g, v in zip(grads, flat.split([g.numel() for g in grads])):
-        g.copy_(v.view_as(g))
-
-
-def full_state_dict(model: torch.nn.Module) -> dict:
-    "The gathered full weights of an FSDP2 model on CPU (rank 0 gets them; every rank must call this)."
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-
-
-def clip_grad_norm(params, max_norm: float) -> float:
-    "Clip to max_norm (inf: only measure); returns the total norm. FSDP2: sharded (DTensor) and replicated gradients together."
-    params = [p for p in params if p.grad is not None]
-    sharded = [p.grad for p in params if hasattr(p.grad, "full_tensor")]
-    if not sharded:
-        return float(torch.nn.utils.clip_grad_norm_(params, max_norm))  # DDP, one process
-    plain = [p.grad for p in params if not hasattr(p.grad, "full_tensor")]
-    sq = torch.nn.utils.get_total_norm(sharded).full_tensor().double() ** 2
-    if plain:
-        sq = sq + torch.nn.utils.get_total_norm(plain).double() ** 2
-    total = float(sq.sqrt())
-    coef = max_norm / (total + 1e-6)
-    if coef < 1:
-        for p in params:
-            p.grad.mul_(coef)
-    return total
-
-
-def check_trackers(trackers: Sequence[str]) -> None:
-    "Refuse a tracker whose package is not installed (before training)."
-    from accelerate.utils import is_tensorboard_available, is_wandb_available
-
-    ok = dict(tensorboard=is_tensorboard_available, wandb=is_wandb_available)
-    for t in trackers:
-        if t not in ok:
-            raise _choice_error("tracker", t, list(ok))
-        if not ok[t]():
-            raise ConfigError(f"tracker {t!r} needs its package: pip install 'depthbench-nb[{t}]'")
+__all__ = ['init_model', 'default_micro_batch', 'training_memory_bytes', 'check_run_fits', 'plot_loss_curves', 'train',
+           'train_loop', 'out_of_memory', 'train_parser', 'cli_train']
 
 # %% ../nbs/07_trainer.ipynb #040e5f48
-def open_data(run: RunConfig, progress: bool = True):
-    "The run's TokenData (tiny preset: prepared automatically), with the vocabulary checked against the model."
-    td = TokenData(resolve_data(run.data, auto_prepare=(run.preset == "tiny"), progress=progress))
-    if td.vocab_size > run.model.vocab_size:
-        raise ConfigError(
-            f"the data's vocabulary ({td.vocab_size}, {td.tokenizer_id}) does not fit the model's vocab_size ({run.model.vocab_size})"
-        )
-    real = getattr(run.model, "real_vocab_size", None)
-    if real is not None and td.vocab_size > real:
-        raise ConfigError(
-            f"the data's vocabulary ({td.vocab_size}, {td.tokenizer_id}) does not fit the model's logits "
-            f"(real_vocab_size {real}: the padded head's rows past it are never scored)"
-        )
-    return td
-
-
 def init_model(run: RunConfig) -> torch.nn.Module:
     "Build the run's model from the init seed (fixed 0 = official, or tied to the training seed)."
     t = run.train
@@ -739,7 +99,8 @@ def init_model(run: RunConfig) -> torch.nn.Module:
 
 
 def default_micro_batch(run: RunConfig, device: torch.device) -> int:
-    "Sequences per forward pass per process: the whole per-process batch on CPU; on GPUs the official 16 (multi-stream designs: 8)."
+    """Sequences per forward pass per process: the whole per-process batch on CPU; on GPUs the official 16 (multi-stream
+    designs: 8)."""
     per_rank = run.train.global_batch // run.num_processes
     if run.train.micro_batch is not None:
         return run.train.micro_batch
@@ -748,10 +109,44 @@ def default_micro_batch(run: RunConfig, device: torch.device) -> int:
     cap = resolve_arch(run.model.arch).micro_batch_cap  # the official launchers: 16 (HC/mHC: 8)
     return max(m for m in range(1, min(per_rank, cap) + 1) if per_rank % m == 0)
 
+
+def training_memory_bytes(run: RunConfig, micro: int, precision: str, world: int = 1) -> dict:
+    """What one process of a run holds in memory by the cost model (`depthbench_nb.costs`): weights, gradients and
+    optimizer state in the training precision (FSDP: a 1/world shard of them) and the activations of one micro-batch."""
+    width = 2 if precision == "bf16-pure" else 4
+    est = memory_estimate(run.model, run.train.seq_len, param_bytes=width, state_bytes=width)
+    static = est.static // (world if run.fsdp and world > 1 else 1)
+    act = micro * activation_bytes(
+        run.model, run.train.seq_len, bytes_per_elem=2 if precision.startswith("bf16") else 4
+    )
+    return dict(static=static, activations=act, total=static + act)
+
+
+def check_run_fits(run: RunConfig, device: torch.device, micro: int, precision: str, world: int = 1) -> None:
+    """Refuse (`ResourceError`, one line with both figures) a run whose estimated memory exceeds what is available
+    on its device, before the model is built. On a CPU the processes of this machine share its memory.
+    `DEPTHBENCH_MEMORY_CHECK=0` (`train --no-memory-check`) skips the check."""
+    if not memory_check_enabled():
+        return
+    need = training_memory_bytes(run, micro, precision, world)
+    per_host = int(os.environ.get("LOCAL_WORLD_SIZE", "1")) if device.type == "cpu" else 1
+    free, where = available_memory(str(device))
+    if free is None or need["total"] * per_host <= free:
+        return
+    raise ResourceError(
+        f"run {run.run_id} needs about {format_bytes(need['total'] * per_host)} "
+        f"({format_bytes(need['static'])} of weights, gradients and optimizer state, "
+        f"{format_bytes(need['activations'])} "
+        f"of activations for a micro-batch of {micro}{f', x {per_host} processes' if per_host > 1 else ''}), "
+        f"{where} on {device} is {format_bytes(free)}: choose a smaller shape or --micro-batch, or pass "
+        f"--no-memory-check (DEPTHBENCH_MEMORY_CHECK=0) to try anyway"
+    )
+
 # %% ../nbs/07_trainer.ipynb #fc99bca9
 def plot_loss_curves(folder: Path, smooth: int = 10) -> Optional[Path]:
     "Draw train/val loss against tokens into folder/loss_curve.png; returns the path (None without metrics)."
-    import pandas as pd, seaborn as sns
+    import pandas as pd
+    import seaborn as sns
     from matplotlib.figure import Figure
 
     rows = read_metrics(folder)
@@ -781,370 +176,6 @@ def plot_loss_curves(folder: Path, smooth: int = 10) -> Optional[Path]:
     fig.savefig(path)
     return path
 
-# %% ../nbs/07_trainer.ipynb #683200ea
-DEFAULT_CHECKPOINT_EVERY = 1000
-
-
-def peak_flops(device: torch.device) -> Optional[float]:
-    "Dense bf16 peak FLOP/s of the GPU (for MFU; `depthbench_nb.runs.PEAK_BF16_FLOPS`), None when unknown or on CPU."
-    if device.type != "cuda":
-        return None
-    return gpu_peak_flops(torch.cuda.get_device_name(device))
-
-
-def peak_memory_bytes(device: torch.device) -> int:
-    "Peak memory of this process: CUDA memory allocated on a GPU, the peak resident set size on a CPU."
-    if device.type == "cuda":
-        return int(torch.cuda.max_memory_allocated(device))
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux reports KiB
-
-
-def flops_per_token(run: RunConfig) -> float:
-    "Training FLOPs per token of the run's model (depthbench_nb.costs)."
-    return float(train_flops_per_token(run.model, run.train.seq_len))
-
-
-def _param_digest(model: torch.nn.Module) -> str:
-    h = hashlib.sha256()
-    for n, p in sorted(model.state_dict().items()):
-        h.update(n.encode())
-        h.update(p.detach().float().cpu().numpy().tobytes())
-    return h.hexdigest()[:16]
-
-
-@torch.no_grad()
-def evaluate(model, held_out, dist: Dist, precision: str, micro: int) -> float:
-    "Mean held-out cross-entropy (nats per predicted token) over a HeldOutSet (or global batches (x, y)); rows rank::world each."
-    was = model.training
-    model.eval()
-    tot = torch.zeros(2, dtype=torch.float64, device=dist.device)
-    batches = (
-        held_out.batches(dist.rank, dist.world)
-        if hasattr(held_out, "batches")
-        else ((x[dist.rank :: dist.world], y[dist.rank :: dist.world]) for x, y in held_out)
-    )
-    for x, y in batches:  # [G/world, T]; y = -100: no target
-        for i in range(0, len(x), micro):
-            xb, yb = x[i : i + micro].to(dist.device), y[i : i + micro].to(dist.device)  # [m, T]
-            with autocast_context(precision, dist.device):
-                logits = model(xb)  # [m, T, V]
-            tot[0] += F.cross_entropy(
-                logits.float().flatten(0, 1), yb.flatten(), reduction="sum", ignore_index=-100
-            ).double()
-            tot[1] += (yb != -100).sum()
-    dist.sum_(tot)
-    model.train(was)
-    return (tot[0] / tot[1]).item()
-
-# %% ../nbs/07_trainer.ipynb #9e1f088d
-@dataclass
-class TrainState:
-    """What the loop and its callbacks share. The loop owns `step`, `row` and the counters; callbacks read them,
-    add columns to `row`, and end the run by setting `status` and `should_stop`."""
-
-    run: RunConfig
-    folder: Path
-    dist: Dist
-    data: object  # TokenData: the step's batch is a function of (seed, step)
-    steps: int  # optimizer steps of the whole run
-    precision: str
-    micro: int  # sequences per forward pass per process
-    model: torch.nn.Module  # what runs forward: DDP / FSDP / compiled wrapper of `raw`
-    raw: torch.nn.Module  # the model itself: its weights are the checkpoint's
-    optimizers: list
-    schedulers: list
-    metrics: MetricsLog
-    fsdp: bool = False
-    compiled: bool = False
-    flops_per_token: Optional[float] = None
-    n_params: tuple[int, int] = (0, 0)  # (all parameters, the blocks')
-    start: int = 0  # the step this segment resumed at
-    step: int = 0  # the step being trained
-    steps_done: int = 0
-    counters: dict = field(
-        default_factory=lambda: dict(best_val_loss=None, last_val_loss=None, wall_time_s=0.0, tokens=0)
-    )
-    seg_start: float = 0.0  # wall clock at this segment's first step
-    row: dict = field(default_factory=dict)  # this step's metrics.jsonl row
-    status: str = "completed"
-    diverged_step: Optional[int] = None
-    should_stop: bool = False
-    record: dict = field(default_factory=dict)  # extra result.json keys (the held-out set's description)
-    replicated: list = field(default_factory=list)  # FSDP2: 0-d parameters it leaves alone (their grads averaged by us)
-    preset_reason: Optional[str] = None
-    last_checkpoint: Optional[int] = None  # the step of the newest checkpoint on disk (resumed from or written)
-    signals: Optional[SignalCatcher] = None  # SIGTERM / SIGINT / SIGUSR1 received (train installs it)
-    interrupted: Optional[int] = None  # the signal that stopped the run (the same on every process)
-
-    @property
-    def last(self) -> bool:
-        return self.step + 1 == self.steps
-
-    def wall_time(self) -> float:
-        return self.counters["wall_time_s"] + time.time() - self.seg_start
-
-
-class Callback:
-    """A piece of the training loop with hooks at fixed points of a step; `order` sorts callbacks (lower first).
-    Every process runs every callback (collectives such as evaluation must run on all); write files on `dist.main`."""
-
-    order = 50
-
-    def on_train_start(self, state: TrainState) -> None:
-        pass
-
-    def on_step_start(self, state: TrainState) -> None:
-        pass  # may stop the run before the step
-
-    def on_backward_end(self, state: TrainState) -> None:
-        pass  # gradients of the step are there
-
-    def on_before_optimizer_step(self, state: TrainState) -> None:
-        pass  # row has loss, lr, grad_norm; may stop the run
-
-    def on_step_end(self, state: TrainState) -> None:
-        pass  # after the update: add to / read `state.row`
-
-    def on_train_end(self, state: TrainState) -> None:
-        pass  # the result is written (status known)
-
-    def on_exception(self, state: TrainState, error: BaseException) -> None:
-        pass
-
-# %% ../nbs/07_trainer.ipynb #51a5c5d1
-def save_state(state: TrainState, step: int, counters: dict) -> None:
-    "Checkpoint the run at `step` (every process takes part: FSDP gathers the full weights first)."
-    full = full_state_dict(state.raw) if state.fsdp else None
-    if state.dist.main:
-        save_checkpoint(
-            state.folder,
-            step,
-            state.run,
-            state.raw,
-            state.optimizers,
-            state.schedulers,
-            counters,
-            state.run.train.keep_checkpoints,
-            full,
-        )
-    state.last_checkpoint = step
-
-
-class StopAfter(Callback):
-    "End the run before step `n` with a checkpoint there, as a killed job would have left it (tests, time-limited jobs)."
-
-    order = 0
-
-    def __init__(self, n: int):
-        self.n = n
-
-    def on_step_start(self, state):
-        if state.step < self.n:
-            return
-        state.counters["wall_time_s"] += time.time() - state.seg_start
-        save_state(state, state.step, state.counters)
-        state.status, state.should_stop = "stopped", True
-
-
-class DivergenceGuard(Callback):
-    """Before the update: a non-finite loss or gradient norm, or (with `divergence_factor`) a loss above factor × the
-    best loss so far, ends the run as `diverged` at this step without applying the update."""
-
-    order = 10
-
-    def on_before_optimizer_step(self, state):
-        loss, gn, best, factor = (
-            state.row["loss"],
-            state.row["grad_norm"],
-            state.counters.get("best_train_loss"),
-            state.run.train.divergence_factor,
-        )
-        spike = factor is not None and best is not None and loss > factor * best
-        if not math.isfinite(loss) or not math.isfinite(gn) or spike:
-            state.status, state.diverged_step, state.should_stop = "diverged", state.step, True
-            state.metrics.append(dict(state.row, tokens=state.counters["tokens"]))
-            if state.dist.main:
-                print(
-                    f"DIVERGED at step {state.step}: loss {loss}, grad norm {gn}" + (" (loss spike)" if spike else "")
-                )
-            return
-        state.counters["best_train_loss"] = loss if best is None else min(best, loss)
-
-
-class SpeedMeter(Callback):
-    "Tokens per second of each step, peak memory, and MFU (model FLOPs / the GPU's dense bf16 peak) where the GPU is known."
-
-    order = 10
-
-    def on_train_start(self, state):
-        self.peak = peak_flops(state.dist.device)
-
-    def on_step_start(self, state):
-        self.t0 = time.time()
-
-    def on_step_end(self, state):
-        t = state.run.train
-        state.row["tokens_per_s"] = t.global_batch * t.seq_len / (time.time() - self.t0)
-        state.row["peak_mem_bytes"] = peak_memory_bytes(state.dist.device)
-        if self.peak:
-            state.row["mfu"] = state.flops_per_token * state.row["tokens_per_s"] / (self.peak * state.dist.world)
-
-
-class Evaluator(Callback):
-    """Held-out loss every `eval_every` steps and after the last: the run's held-out set (the same instances for any
-    process count), its fast subset before the last step. A non-finite held-out loss ends the run as `diverged`."""
-
-    order = 20
-
-    def on_train_start(self, state):
-        t = state.run.train
-        held_out = lambda n: held_out_set(
-            state.data, t.eval_set or "windows", t.seq_len, t.global_batch, n=n, n_batches=t.eval_batches, seed=0
-        )
-        self.final = held_out(t.eval_rows)
-        self.fast = self.final if t.eval_rows_fast is None else held_out(t.eval_rows_fast)
-        state.record.update(self.final.describe())
-        if state.dist.main:
-            d = state.record
-            print(
-                f"held-out set: {d['eval_set']}, {d['eval_instances']:,} instances, {d['eval_tokens']:,} predicted tokens "
-                f"from {d['eval_documents']:,} documents"
-                + (f" ({len(self.fast):,} instances before the last step)" if self.fast is not self.final else "")
-            )
-
-    def on_step_end(self, state):
-        if (state.step + 1) % state.run.train.eval_every and not state.last:
-            return
-        v = evaluate(state.model, self.final if state.last else self.fast, state.dist, state.precision, state.micro)
-        c = state.counters
-        state.row["val_loss"] = c["last_val_loss"] = v
-        c["best_val_loss"] = v if c["best_val_loss"] is None else min(c["best_val_loss"], v)
-        if not math.isfinite(v):
-            state.status, state.diverged_step, state.should_stop = "diverged", state.step, True
-
-
-class MetricsWriter(Callback):
-    "Append the step's row to metrics.jsonl (before the step's checkpoint, so a resume never loses a row)."
-
-    order = 30
-
-    def on_step_end(self, state):
-        state.metrics.append(state.row)
-
-
-class LayerStatsRecorder(Callback):
-    "Every `layer_stats_every` steps: forward/backward statistics of each block's output, to layer_stats.jsonl."
-
-    order = 40
-
-    def __init__(self, every: int):
-        self.every, self.stats, self.tracking = every, None, False
-
-    def on_train_start(self, state):
-        self.stats = LayerStats(state.raw.blocks)
-
-    def on_step_start(self, state):
-        self.tracking = state.step % self.every == 0
-        if self.tracking:
-            self.stats.attach()
-
-    def on_backward_end(self, state):
-        if self.tracking:
-            self.stats.detach()  # evaluation forwards are not the step's
-
-    def on_step_end(self, state):
-        if not self.tracking:
-            return
-        st = self.stats.collect(state.dist.sum_)  # every process: a sum over processes
-        if state.dist.main:
-            with open(state.folder / RECORD_FILES["layer_stats"], "a") as f:
-                f.write(json.dumps(dict(step=state.step, layers=st)) + "\n")
-
-
-class Trackers(Callback):
-    "The Accelerate trackers of the run (TensorBoard, W&B): the config at the start, each row, the end."
-
-    order = 50
-
-    def on_train_start(self, state):
-        run = state.run
-        state.dist.accelerator.init_trackers(
-            run.study,
-            config=dict(run_id=run.run_id, **_flat(run.to_dict())),
-            init_kwargs=tracker_init_kwargs(run, state.folder),
-        )
-
-    def on_step_end(self, state):
-        state.dist.accelerator.log({k: v for k, v in state.row.items() if k != "step"}, step=state.step)
-
-    def on_train_end(self, state):
-        if state.status != "stopped":
-            state.dist.accelerator.end_training()
-
-
-class ProgressBar(Callback):
-    "A tqdm bar of the steps (main process, not under accelerate launch) and a line per evaluation."
-
-    order = 60
-
-    def __init__(self, enabled: bool = True):
-        self.enabled, self.bar = enabled, None
-
-    def on_train_start(self, state):
-        from tqdm import tqdm
-
-        on = self.enabled and state.dist.main and not os.environ.get("DEPTHBENCH_LAUNCHED")
-        self.bar = tqdm(
-            total=state.steps,
-            initial=state.start,
-            disable=not on,
-            desc="train",
-            unit="step",
-            mininterval=1.0,
-            dynamic_ncols=True,
-        )
-
-    def on_step_end(self, state):
-        r = state.row
-        self.bar.update(1)
-        self.bar.set_postfix(loss=f"{r['loss']:.3f}", lr=f"{r['lr']:.2e}")
-        if "val_loss" in r and state.dist.main:
-            self.bar.write(
-                f"step {state.step + 1}/{state.steps}  loss {r['loss']:.4f}  val {r['val_loss']:.4f}  "
-                f"{r['tokens_per_s']:,.0f} tok/s"
-            )
-
-    def on_train_end(self, state):
-        self.bar.close()
-
-    def on_exception(self, state, error):
-        self.bar.close()
-
-
-class Checkpointer(Callback):
-    "A checkpoint every `checkpoint_every` steps (default 1000) and after the last, keeping the newest `keep_checkpoints`."
-
-    order = 70
-
-    def on_step_end(self, state):
-        every = state.run.train.checkpoint_every or DEFAULT_CHECKPOINT_EVERY
-        if state.status == "diverged" or ((state.step + 1) % every and not state.last):
-            return
-        save_state(state, state.step + 1, dict(state.counters, wall_time_s=state.wall_time()))
-
-
-def default_callbacks(run: RunConfig, progress: bool = True, stop_after: Optional[int] = None) -> list[Callback]:
-    "The callbacks every run has; `train(callbacks=...)` adds to them."
-    t = run.train
-    cbs = [DivergenceGuard(), SpeedMeter(), Evaluator(), MetricsWriter(), ProgressBar(progress), Checkpointer()]
-    if stop_after is not None:
-        cbs.append(StopAfter(stop_after))
-    if t.layer_stats_every:
-        cbs.append(LayerStatsRecorder(t.layer_stats_every))
-    if t.trackers:
-        cbs.append(Trackers())
-    return cbs
-
 # %% ../nbs/07_trainer.ipynb #02f1fd69
 def train(
     run: RunConfig,
@@ -1155,7 +186,8 @@ def train(
     wait: bool | float = False,
     callbacks: Sequence[Callback] = (),
 ) -> dict:
-    """Train (resuming when a checkpoint exists) and return result.json's content; N processes go through accelerate launch.
+    """Train (resuming when a checkpoint exists) and return result.json's content; N processes go through accelerate
+    launch.
     One writer per run folder: when another live process trains this run, `RunBusy` names it (`wait=True`: wait
     for it, then return its result). `callbacks` join the default ones (`default_callbacks`) in this process."""
     if not isinstance(run, RunConfig):
@@ -1164,7 +196,7 @@ def train(
     launched_rank = in_launched_process() and (
         os.environ.get("DEPTHBENCH_LAUNCHED") or int(os.environ.get("RANK", "0")) != 0
     )
-    with SignalCatcher() as signals:  # SIGTERM / SIGINT / SIGUSR1: checkpoint and stop (see fit)
+    with SignalCatcher() as signals:  # SIGTERM / SIGINT / SIGUSR1: checkpoint and stop (see train_loop)
         if not launched_rank:
             adopt_legacy_folder(run)
         with (
@@ -1198,41 +230,9 @@ def train(
             cbs = sorted([*default_callbacks(run, progress, stop_after), *callbacks], key=lambda c: c.order)
             signals.armed = True  # from here a signal is a checkpoint at the next step boundary
             try:
-                return fit(state, cbs)
+                return train_loop(state, cbs)
             finally:
                 signals.armed = False
-
-
-def training_memory_bytes(run: RunConfig, micro: int, precision: str, world: int = 1) -> dict:
-    """What one process of a run holds in memory by the cost model (`depthbench_nb.costs`): weights, gradients and
-    optimizer state in the training precision (FSDP: a 1/world shard of them) and the activations of one micro-batch."""
-    width = 2 if precision == "bf16-pure" else 4
-    est = memory_estimate(run.model, run.train.seq_len, param_bytes=width, state_bytes=width)
-    static = est.static // (world if run.fsdp and world > 1 else 1)
-    act = micro * activation_bytes(
-        run.model, run.train.seq_len, bytes_per_elem=2 if precision.startswith("bf16") else 4
-    )
-    return dict(static=static, activations=act, total=static + act)
-
-
-def check_run_fits(run: RunConfig, device: torch.device, micro: int, precision: str, world: int = 1) -> None:
-    """Refuse (`ResourceError`, one line with both figures) a run whose estimated memory exceeds what is available
-    on its device, before the model is built. On a CPU the processes of this machine share its memory.
-    `DEPTHBENCH_MEMORY_CHECK=0` (`train --no-memory-check`) skips the check."""
-    if not memory_check_enabled():
-        return
-    need = training_memory_bytes(run, micro, precision, world)
-    per_host = int(os.environ.get("LOCAL_WORLD_SIZE", "1")) if device.type == "cpu" else 1
-    free, where = available_memory(str(device))
-    if free is None or need["total"] * per_host <= free:
-        return
-    raise ResourceError(
-        f"run {run.run_id} needs about {format_bytes(need['total'] * per_host)} "
-        f"({format_bytes(need['static'])} of weights, gradients and optimizer state, {format_bytes(need['activations'])} "
-        f"of activations for a micro-batch of {micro}{f', x {per_host} processes' if per_host > 1 else ''}), "
-        f"{where} on {device} is {format_bytes(free)}: choose a smaller shape or --micro-batch, or pass "
-        f"--no-memory-check (DEPTHBENCH_MEMORY_CHECK=0) to try anyway"
-    )
 
 
 def _forget_interruption(folder: Path) -> None:
@@ -1256,16 +256,9 @@ def _finished_result(folder: Path) -> Optional[dict]:
     return done if done and done["status"] in ("completed", "diverged") else None
 
 
-def _setup(run: RunConfig, folder: Path, progress: bool, preset_reason: Optional[str]) -> TrainState:
-    """Everything before step 0: data (bad data fails here, before any training), processes, params.json, the model on
-    its device (sharded / wrapped / compiled), optimizers, and the newest intact checkpoint when resuming."""
-    data = open_data(run, progress)
-    dist = make_dist(run, folder)
-    t, steps = run.train, total_steps(run)
-    if dist.main:
-        print(where_runs_go())
-        print(f"run folder: {folder}")
-        write_params(folder, run, **({"preset_reason": preset_reason} if preset_reason else {}))
+def _device_plan(run: RunConfig, dist: Dist) -> tuple[str, int, bool]:
+    "(precision, micro-batch, compile) of this process, checked: the batch splits, compile works, the run fits."
+    t = run.train
     precision = resolve_precision(t.precision, dist.device)
     micro = default_micro_batch(run, dist.device)
     if t.global_batch % dist.world or (t.global_batch // dist.world) % micro:
@@ -1276,26 +269,40 @@ def _setup(run: RunConfig, folder: Path, progress: bool, preset_reason: Optional
     if use_compile:
         check_compile(dist.device)  # a missing compiler is a clear error before any step
     check_run_fits(run, dist.device, micro, precision, dist.world)  # before the model is built
+    return precision, micro, use_compile
+
+
+def _model_on_device(run: RunConfig, dist: Dist, precision: str) -> torch.nn.Module:
+    "The initialised model in the training precision on this process's device."
     model = init_model(run)
     if precision == "bf16-pure":
         model = model.to(torch.bfloat16)
     model.to(dist.device)
     if hasattr(model, "prepare_for_device"):
         model.prepare_for_device(dist.device)  # e.g. the looped bf16 embedding on CUDA
+    return model
+
+
+def _checkpoint_to_resume(run: RunConfig, folder: Path, dist: Dist) -> tuple[Optional[dict], Optional[Path]]:
+    "(meta, path) of the newest intact checkpoint of this config, or (None, None); a foreign one is refused early."
     if dist.main:
         _prepare_resume(folder)  # verify checkpoints newest first; set damaged ones aside
     if dist.world > 1:
         dist.accelerator.wait_for_everyone()
     ckpts = list_checkpoints(folder)
-    meta = check_checkpoint_config(ckpts[-1][1], run) if ckpts else None  # refuse a foreign checkpoint early
-    fsdp = run.fsdp and dist.world > 1
-    if meta is not None and meta.get("weights_only"):
+    if not ckpts:
+        return None, None
+    meta = check_checkpoint_config(ckpts[-1][1], run)
+    if meta.get("weights_only"):
         raise ConfigError(
-            f"{ckpts[-1][1]} holds weights only (an FSDP run): resuming FSDP runs is not supported; delete the checkpoints to restart"
+            f"{ckpts[-1][1]} holds weights only (an FSDP run): resuming FSDP runs is not supported; "
+            "delete the checkpoints to restart"
         )
-    if fsdp and t.optimizer != "adamw":
-        raise ConfigError("FSDP supports the AdamW recipe only (MuonH needs whole matrices)")
-    n_params = (sum(p.numel() for p in model.parameters()), sum(p.numel() for p in model.blocks.parameters()))
+    return meta, ckpts[-1][1]
+
+
+def _wrap_model(model: torch.nn.Module, dist: Dist, fsdp: bool, use_compile: bool) -> tuple[torch.nn.Module, list]:
+    "(what runs forward, FSDP's replicated parameters): sharded in place (FSDP2), DDP-wrapped, then compiled."
     replicated = []
     if fsdp:
         replicated = shard_model(model, dist)
@@ -1304,8 +311,38 @@ def _setup(run: RunConfig, folder: Path, progress: bool, preset_reason: Optional
         wrapped = dist.accelerator.prepare_model(model) if dist.world > 1 else model
     if use_compile:
         wrapped = torch.compile(wrapped)  # the wrapped model (DDP's optimizer splits the graph at buckets)
+    return wrapped, replicated
+
+
+def _resume_from(state: TrainState, path: Path) -> None:
+    "Load the checkpoint at `path` into the run: weights, optimizers, schedulers, RNG, counters, callbacks' state."
+    meta = load_checkpoint(path, state.run, state.raw, state.optimizers, state.schedulers)
+    state.start = state.last_checkpoint = meta["step"]
+    state.counters.update({k: meta[k] for k in state.counters if k in meta})
+    state.callback_state = meta.get("callbacks", {})  # absent in checkpoints older than callback state: fresh
+    if state.dist.main:
+        print(f"resuming from checkpoint step {state.start} ({path.name})")
+
+
+def _setup(run: RunConfig, folder: Path, progress: bool, preset_reason: Optional[str]) -> TrainState:
+    """Everything before step 0: data (bad data fails here, before any training), processes, params.json, the model on
+    its device (sharded / wrapped / compiled), optimizers, and the newest intact checkpoint when resuming."""
+    data = open_data(run, progress)
+    dist = make_dist(run, folder)
+    steps = total_steps(run)
+    if dist.main:
+        print(where_runs_go())
+        print(f"run folder: {folder}")
+        write_params(folder, run, **({"preset_reason": preset_reason} if preset_reason else {}))
+    precision, micro, use_compile = _device_plan(run, dist)
+    model = _model_on_device(run, dist, precision)
+    meta, ckpt = _checkpoint_to_resume(run, folder, dist)
+    fsdp = run.fsdp and dist.world > 1
+    if fsdp and run.train.optimizer != "adamw":
+        raise ConfigError("FSDP supports the AdamW recipe only (MuonH needs whole matrices)")
+    n_params = (sum(p.numel() for p in model.parameters()), sum(p.numel() for p in model.blocks.parameters()))
+    wrapped, replicated = _wrap_model(model, dist, fsdp, use_compile)
     optimizers, lr_lambda = build_optimizers(model, run, steps)
-    schedulers = [torch.optim.lr_scheduler.LambdaLR(o, lr_lambda) for o in optimizers]
     state = TrainState(
         run=run,
         folder=folder,
@@ -1317,7 +354,7 @@ def _setup(run: RunConfig, folder: Path, progress: bool, preset_reason: Optional
         model=wrapped,
         raw=model,
         optimizers=optimizers,
-        schedulers=schedulers,
+        schedulers=[torch.optim.lr_scheduler.LambdaLR(o, lr_lambda) for o in optimizers],
         fsdp=fsdp,
         compiled=use_compile,
         metrics=MetricsLog(folder / RECORD_FILES["metrics"], enabled=dist.main),
@@ -1326,90 +363,92 @@ def _setup(run: RunConfig, folder: Path, progress: bool, preset_reason: Optional
         preset_reason=preset_reason,
     )
     if meta is not None:
-        meta = load_checkpoint(ckpts[-1][1], run, model, optimizers, schedulers)
-        state.start = state.last_checkpoint = meta["step"]
-        state.counters.update({k: meta[k] for k in state.counters if k in meta})
-        if dist.main:
-            print(f"resuming from checkpoint step {state.start} ({ckpts[-1][1].name})")
+        _resume_from(state, ckpt)
     if dist.main:  # before step 0: what produced the rows below
         state.metrics.start(
             metrics_header(run, **({"resumed_at_step": state.start} if state.start else {})), state.start
         )
-    state.flops_per_token = flops_per_token(run)
+    state.flops_per_token = float(train_flops_per_token(run.model, run.train.seq_len))  # the cost model's (MFU)
     state.step = state.steps_done = state.start
     return state
 
 
-def fit(state: TrainState, callbacks: Sequence[Callback]) -> dict:
-    "The training loop: one optimizer step per iteration, the callbacks at its hooks; returns result.json's content."
-    run, dist, t = state.run, state.dist, state.run.train
-    call = lambda hook, *a: [getattr(cb, hook)(state, *a) for cb in callbacks]
-    if dist.main:
-        print(
-            f"training {run.run_id}: {state.steps} steps × {t.global_batch} × {t.seq_len} tokens, {dist.world} process(es), "
-            f"micro-batch {state.micro}, precision {state.precision}, {state.n_params[0]:,} parameters"
-            + (" (FSDP)" if state.fsdp else "")
-            + (" (compiled)" if state.compiled else "")
-        )
-    call("on_train_start")
-    state.seg_start = time.time()
-    try:
-        for step in range(state.start, state.steps):
-            if _stop_requested(state):
-                break  # a signal: stop at this step boundary (every process)
-            state.step, state.row = step, {}
-            call("on_step_start")
-            if state.should_stop:
-                break
-            lr_now = state.optimizers[0].param_groups[0]["lr"]
-            loss_val = _forward_backward(state)
-            call("on_backward_end")
-            if state.fsdp:
-                average_replicated_grads(state.replicated, dist)
-            grad_norm = clip_grad_norm(state.raw.parameters(), t.grad_clip if t.grad_clip is not None else float("inf"))
-            state.row = dict(step=step, loss=loss_val, lr=lr_now, grad_norm=grad_norm)
-            call("on_before_optimizer_step")
-            if state.should_stop:
-                break
-            for o in state.optimizers:
-                o.step()
-            for s in state.schedulers:
-                s.step()
-            for o in state.optimizers:
-                o.zero_grad(set_to_none=True)
-            state.counters["tokens"] += t.global_batch * t.seq_len
-            state.steps_done = step + 1
-            state.row["tokens"] = state.counters["tokens"]
-            call("on_step_end")
-            if state.should_stop:
-                break
-    except BaseException as e:
-        call("on_exception", e)
-        oom = out_of_memory(e)
-        if isinstance(e, Exception) and dist.main:
-            try:
-                _write_final(
-                    state,
-                    "failed",
-                    state.step,
-                    error=oom or f"{type(e).__name__}: {e}",
-                    traceback=traceback.format_exc()[-4000:],
-                )
-            except OSError as w:
-                print(f"(result.json not written: {w})")  # a full disk: the error below says what matters
-        if oom:
-            raise ResourceError(
-                f"{oom} at step {state.step} of run {run.run_id}; the run is recorded as failed; a smaller "
-                f"micro-batch (--micro-batch) or shape needs less memory"
-            ) from None
-        raise
-    if state.interrupted is not None:
-        return _interrupt(state, call)
-    if state.status == "stopped":
-        call("on_train_end")
-        return dict(status="stopped", step=state.step, run_id=run.run_id)
+def _banner(state: TrainState) -> str:
+    "The line that says what this segment trains."
+    run, t = state.run, state.run.train
+    return (
+        f"training {run.run_id}: {state.steps} steps × {t.global_batch} × {t.seq_len} tokens, "
+        f"{state.dist.world} process(es), micro-batch {state.micro}, precision {state.precision}, "
+        f"{state.n_params[0]:,} parameters"
+        + (" (FSDP)" if state.fsdp else "")
+        + (" (compiled)" if state.compiled else "")
+    )
+
+
+def _optimizer_step(state: TrainState) -> None:
+    "The update of every optimizer, the schedules' step, gradients cleared, the tokens counted."
+    t = state.run.train
+    for o in state.optimizers:
+        o.step()
+    for s in state.schedulers:
+        s.step()
+    for o in state.optimizers:
+        o.zero_grad(set_to_none=True)
+    state.counters["tokens"] += t.global_batch * t.seq_len
+
+
+def _run_steps(state: TrainState, call: Callable) -> None:
+    "The steps from `state.start` until the last one, a signal, or a callback's stop."
+    t = state.run.train
+    for step in range(state.start, state.steps):
+        if _stop_requested(state):
+            break  # a signal: stop at this step boundary (every process)
+        state.step, state.row = step, {}
+        call("on_step_start")
+        if state.should_stop:
+            break
+        lr_now = state.optimizers[0].param_groups[0]["lr"]
+        loss_val = _forward_backward(state)
+        call("on_backward_end")
+        if state.fsdp:
+            average_replicated_grads(state.replicated, state.dist)
+        grad_norm = clip_grad_norm(state.raw.parameters(), t.grad_clip if t.grad_clip is not None else float("inf"))
+        state.row = dict(step=step, loss=loss_val, lr=lr_now, grad_norm=grad_norm)
+        call("on_before_optimizer_step")
+        if state.should_stop:
+            break
+        _optimizer_step(state)
+        state.steps_done = step + 1
+        state.row["tokens"] = state.counters["tokens"]
+        call("on_step_end")
+        if state.should_stop:
+            break
+
+
+def _record_failure(state: TrainState, call: Callable, e: BaseException) -> Optional[str]:
+    """The callbacks told, the run recorded as failed (main process); returns the out-of-memory description, if it is
+    one."""
+    call("on_exception", e)
+    oom = out_of_memory(e)
+    if isinstance(e, Exception) and state.dist.main:
+        try:
+            _write_final(
+                state,
+                "failed",
+                state.step,
+                error=oom or f"{type(e).__name__}: {e}",
+                traceback=traceback.format_exc()[-4000:],
+            )
+        except OSError as w:
+            print(f"(result.json not written: {w})")  # a full disk: the error below says what matters
+    return oom
+
+
+def _finish(state: TrainState, call: Callable) -> dict:
+    "After the last step (or a divergence): result.json, then the callbacks' end."
+    dist = state.dist
     digests = (
-        None if state.fsdp or dist.world == 1 else _gather(dist, _param_digest(state.raw))
+        None if state.fsdp or dist.world == 1 else gather_objects(dist, _param_digest(state.raw))
     )  # FSDP ranks hold different shards
     result = _write_final(
         state,
@@ -1425,8 +464,41 @@ def fit(state: TrainState, callbacks: Sequence[Callback]) -> dict:
     return result
 
 
+def train_loop(state: TrainState, callbacks: Sequence[Callback]) -> dict:
+    """The training loop: one optimizer step per iteration, the callbacks at its hooks (their saved state restored
+    first when resuming); returns result.json's content."""
+    state.callbacks = list(callbacks)
+    load_callbacks_state(state.callbacks, state.callback_state)
+
+    def call(hook: str, *args) -> None:
+        for cb in state.callbacks:
+            getattr(cb, hook)(state, *args)
+
+    if state.dist.main:
+        print(_banner(state))
+    call("on_train_start")
+    state.seg_start = time.time()
+    try:
+        _run_steps(state, call)
+    except BaseException as e:
+        oom = _record_failure(state, call, e)
+        if oom:
+            raise ResourceError(
+                f"{oom} at step {state.step} of run {state.run.run_id}; the run is recorded as failed; a smaller "
+                f"micro-batch (--micro-batch) or shape needs less memory"
+            ) from None
+        raise
+    if state.interrupted is not None:
+        return _interrupt(state, call)
+    if state.status == "stopped":
+        call("on_train_end")
+        return dict(status="stopped", step=state.step, run_id=state.run.run_id)
+    return _finish(state, call)
+
+
 def _stop_requested(state: TrainState) -> bool:
-    "Whether a signal asked this run to stop (on any process: the flag is all-reduced, so every process stops at the same step)."
+    """Whether a signal asked this run to stop (on any process: the flag is all-reduced, so every process stops at the
+    same step)."""
     sc = state.signals
     flag = (sc.received or 0) if sc is not None else 0
     if state.dist.world > 1:
@@ -1439,9 +511,8 @@ def _stop_requested(state: TrainState) -> bool:
 
 
 def _interrupt(state: TrainState, call) -> dict:
-    "Stopped by a signal after `steps_done` steps: checkpoint there (unless one is), record the run as interrupted, say so."
-    import signal
-
+    """Stopped by a signal after `steps_done` steps: checkpoint there (unless one is), record the run as interrupted,
+    say so."""
     done, name = state.steps_done, signal.Signals(state.interrupted).name
     state.status = "interrupted"
     if done > 0 and state.last_checkpoint != done:
@@ -1475,7 +546,8 @@ def out_of_memory(e: BaseException) -> Optional[str]:
 
 
 def _forward_backward(state: TrainState) -> float:
-    "Forward and backward of the step's global batch in micro-batches (gradients accumulate); the mean loss over processes."
+    """Forward and backward of the step's global batch in micro-batches (gradients accumulate); the mean loss over
+    processes."""
     dist, t, micro = state.dist, state.run.train, state.micro
     x, y = state.data.train_batch(
         state.step,
@@ -1518,22 +590,12 @@ def _prepare_resume(folder: Path) -> None:
         print(f"resuming from the newest intact checkpoint instead, {found[1].name}")
 
 
-def _gather(dist: Dist, obj) -> list:
-    if dist.world == 1:
-        return [obj]
-    out = [None] * dist.world
-    torch.distributed.all_gather_object(out, obj)
-    return out
-
-
-def _flat(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(_flat(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v if isinstance(v, (int, float, str, bool)) else str(v)
-    return out
+def _param_digest(model: torch.nn.Module) -> str:
+    h = hashlib.sha256()
+    for n, p in sorted(model.state_dict().items()):
+        h.update(n.encode())
+        h.update(p.detach().float().cpu().numpy().tobytes())
+    return h.hexdigest()[:16]
 
 
 def _write_final(state: TrainState, status: str, steps_done: int, **extra) -> dict:
@@ -1574,77 +636,6 @@ def _write_final(state: TrainState, status: str, steps_done: int, **extra) -> di
             plot_loss_curves(state.folder)
         except Exception as e:
             print(f"(loss-curve figure not drawn: {e})")
-    return result
-
-# %% ../nbs/07_trainer.ipynb #3432c75c
-def free_port() -> int:
-    "A TCP port nobody listens on now (the OS picks it): the rendezvous of one single-machine launch."
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def launch_command(run: RunConfig, params_path: Path, launch_args: Sequence[str] = ()) -> list[str]:
-    "The accelerate launch command line that trains `params_path` on run.num_processes processes (FSDP: run.fsdp, applied inside)."
-    cmd = [
-        sys.executable,
-        "-m",
-        "accelerate.commands.launch",
-        "--num_processes",
-        str(run.num_processes),
-        "--num_machines",
-        "1",
-        "--mixed_precision",
-        "no",
-        "--dynamo_backend",
-        "no",
-        "--multi_gpu",
-    ]
-    if not any(a.split("=")[0] in ("--main_process_port", "--num_machines", "--config_file") for a in launch_args):
-        cmd += ["--main_process_port", str(free_port())]  # not the fixed 29500: launches can share a machine
-    cmd += list(launch_args)
-    return cmd + ["-m", "depthbench_nb.trainer", "--run-config", str(params_path)]
-
-
-def launch(
-    run: RunConfig,
-    progress: bool = True,
-    preset_reason: Optional[str] = None,
-    launch_args: Sequence[str] = (),
-    lock=None,
-) -> dict:
-    """Train on run.num_processes processes through accelerate launch, streaming logs; returns the result.
-    `lock` (the run folder's, held by `train`) is shared with the launcher, so it stays held while the launched
-    processes write even if this process is killed."""
-    folder = ensure_writable(run_dir(run))
-    open_data(run, progress)  # prepare / check the data once, before any process starts
-    params = write_params(folder, run, **({"preset_reason": preset_reason} if preset_reason else {}))
-    cmd = launch_command(run, params, launch_args=launch_args)
-    print("launching:", " ".join(cmd[1:]))
-    env = dict(os.environ, DEPTHBENCH_LAUNCHED="1", PYTHONUNBUFFERED="1")
-    env.setdefault("OMP_NUM_THREADS", "1")
-    keep = (lock.fd,) if lock is not None and getattr(lock, "fd", None) is not None else ()
-    proc = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1, env=env, pass_fds=keep
-    )
-    # a signal goes to the training processes (the launcher's children), not to the launcher: they checkpoint and stop
-    with forwarding_signals(lambda: child_pids(proc.pid)) as got:
-        for line in proc.stdout:
-            print(line, end="", flush=True)
-        rc = proc.wait()
-    result = read_result(folder)
-    if result is not None and result["status"] == "interrupted":
-        return result
-    if got:
-        raise RunInterrupted(
-            got[0], f"interrupted before the {run.num_processes} processes started training; nothing to save"
-        )
-    if rc != 0 or result is None:
-        raise RuntimeError(
-            f"accelerate launch exited with code {rc}; see the log above (result: {result and result.get('status')})"
-        )
     return result
 
 # %% ../nbs/07_trainer.ipynb #e1eb3e1f

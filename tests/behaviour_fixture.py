@@ -92,7 +92,7 @@ def _clean(obj):
 
 
 def _run_config(arch: str, opts: dict):
-    from depthbench_nb.trainer import make_run_config
+    from depthbench_nb.run_params import make_run_config
 
     opts = dict(opts)
     shape = {} if arch == "looped" else dict(L=4 if arch == "block_attnres" else 2, d_model=32)
@@ -124,7 +124,8 @@ def _model_numbers(cfg) -> dict:
 
 def _training() -> dict:
     from depthbench_nb.runs import read_metrics, read_result
-    from depthbench_nb.trainer import run_dir, train
+    from depthbench_nb.runs import run_dir
+    from depthbench_nb.trainer import train
 
     out = {}
     for name, arch, opts in VARIANTS:
@@ -191,7 +192,7 @@ def _looped_report(tmp: Path) -> dict:
     from depthbench_nb.looped import looped_grid_rows, looped_params
     from depthbench_nb.report_looped import build_looped_report
     from depthbench_nb.runs import provenance, run_dir, write_params, write_result
-    from depthbench_nb.trainer import make_run_config
+    from depthbench_nb.run_params import make_run_config
 
     law = dict(E=1.56773, A=28.027, B=915.82, alpha=0.19924, beta=0.36863, phi=0.459)
     rng = np.random.default_rng(0)

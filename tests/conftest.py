@@ -91,7 +91,9 @@ def pytest_unconfigure(config):
 def trained_run(tiny_data, tmp_path_factory):
     """Factory: a real run folder of a design, trained for two steps by the trainer (L2 d32; looped: the tiny looped
     model), once per design and test session; returns the run folder."""
-    from depthbench_nb.trainer import make_run_config, run_dir, train
+    from depthbench_nb.run_params import make_run_config
+    from depthbench_nb.runs import run_dir
+    from depthbench_nb.trainer import train
 
     root, done = tmp_path_factory.mktemp("trained-runs"), {}
 

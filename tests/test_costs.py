@@ -28,7 +28,8 @@ TINY = dict(n_layer=2, d_model=8, n_head=2, ffn_hidden=16, vocab_size=32, max_se
 
 def test_hand_count_tiny_preln():
     cfg = ModelConfig(arch="preln", **TINY)
-    # by hand: per block W_q, W_k, W_v, W_o 4*8*8 = 256 and SwiGLU 3*8*16 = 384 -> 640; two blocks 1280; LM head 32*8 = 256
+    # by hand: per block W_q, W_k, W_v, W_o 4*8*8 = 256 and SwiGLU 3*8*16 = 384 -> 640; two blocks 1280;
+    # LM head 32*8 = 256
     assert train_flops_per_token(cfg, 4) == 6 * (1280 + 256) + 12 * 2 * 8 * 4  # = 9984
     assert train_flops_per_token(cfg, 4) == 9984
     # prefill of 4 tokens: matmuls 2*1280*4, causal attention 2*L*T^2*d = 2*2*16*8, LM head at the last position 2*256
@@ -68,7 +69,8 @@ def test_against_torch_flop_counter_on_the_backbone():
 
 def test_paper_prefill_and_kv_cache():
     s16, s70 = (shape_for("400m", L).model_config("preln") for L in (16, 70))
-    # the DepthBench paper (arXiv 2609.32534), costs of depth: prefill about 3.0 -> 4.4 TFLOPs per 4096-token sequence; the KV cache more than doubles
+    # the DepthBench paper (arXiv 2609.32534), costs of depth: prefill about 3.0 -> 4.4 TFLOPs per 4096-token
+    # sequence; the KV cache more than doubles
     assert prefill_flops(s16, 4096) == pytest.approx(3.0e12, rel=0.02)
     assert prefill_flops(s70, 4096) == pytest.approx(4.4e12, rel=0.02)
     assert kv_cache_bytes(s70, 4096) > 2 * kv_cache_bytes(s16, 4096)
@@ -163,3 +165,17 @@ def test_every_design_states_its_costs():
         cfg = ModelConfig(arch=arch, **TINY) if design.family != "looped" else None
         if cfg is not None:
             assert train_flops_per_token(cfg, 4) > 0 and cost_row(cfg, 4, 4)["train_flops_per_token"] > 0
+
+
+def test_one_flops_per_token_for_the_budget_and_the_mfu():
+    """The looped FLOP budget (`make_run_config(C=...)`) and the trainer's MFU read the cost model's count; for a looped
+    model that is the looped paper's own count (arXiv 2604.21106 §3.2), so the budget's tokens are the paper's."""
+    from depthbench_nb.looped import flops_per_token as looped_flops_per_token
+    from depthbench_nb.looped import tokens_for_budget
+    from depthbench_nb.run_params import make_run_config
+
+    run = make_run_config("looped", preset="tiny", C=1e13, verbose=False)
+    t = run.train
+    paper = looped_flops_per_token(run.model, seq_len=t.seq_len)
+    assert train_flops_per_token(run.model, t.seq_len) == paper
+    assert t.tokens == tokens_for_budget(1e13, paper, t.seq_len * t.global_batch)

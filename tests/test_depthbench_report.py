@@ -20,7 +20,7 @@ from depthbench_nb.diagnostics import applicable_metrics, diagnose_model, write_
 from depthbench_nb.model import build_model
 from depthbench_nb.runs import provenance, run_dir, write_params, write_result
 from depthbench_nb.shapes import OFFICIAL_STEPS, PRESETS
-from depthbench_nb.trainer import make_run_config, total_steps
+from depthbench_nb.run_params import make_run_config, total_steps
 
 STUDY = "depthbench-report-fixture"
 OTHER = "depthbench-report-fixture-500m"  # a second study: the 500M ladder, joined into STUDY's report

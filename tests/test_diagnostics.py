@@ -279,7 +279,8 @@ def test_completion_nll_scores_only_the_completion():
 def _checkpointed_run(arch="preln", data=None):
     from depthbench_nb.runs import write_params
     from depthbench_nb.runs import save_checkpoint
-    from depthbench_nb.trainer import make_run_config, run_dir
+    from depthbench_nb.run_params import make_run_config
+    from depthbench_nb.runs import run_dir
 
     run = make_run_config(arch, L=4, d_model=32, preset="tiny", max_steps=1, verbose=False, data=data)
     folder = run_dir(run)

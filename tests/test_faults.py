@@ -32,7 +32,8 @@ import yaml
 
 from depthbench_nb.cli import main
 from depthbench_nb.runs import list_checkpoints, load_run, read_metrics, read_result, run_dir
-from depthbench_nb.trainer import make_run_config, train
+from depthbench_nb.run_params import make_run_config
+from depthbench_nb.trainer import train
 
 pytestmark = pytest.mark.faults
 
@@ -159,6 +160,7 @@ point, step = os.environ['DEPTHBENCH_TEST_KILL'].split(':'); step = int(step)
 import torch
 import depthbench_nb.runs as R
 import depthbench_nb.trainer as T
+import depthbench_nb.callbacks as CB
 die = lambda: os.kill(os.getpid(), signal.SIGKILL)
 if point == 'row':                 # between checkpoints: after step's row, half of the next row on disk
     append = R.MetricsLog.append
@@ -183,12 +185,12 @@ elif point == 'before-rename':     # checkpoint `step` complete with its checksu
         return out
     R.write_checksums = hook
 elif point == 'at-checkpoint':     # right after checkpoint `step` landed
-    save_ckpt = T.save_checkpoint
+    save_ckpt = CB.save_checkpoint
     def hook(folder, s, *a, **k):
         out = save_ckpt(folder, s, *a, **k)
         if s == step: die()
         return out
-    T.save_checkpoint = hook
+    CB.save_checkpoint = hook
 elif point == 'before-result':     # the last checkpoint written, result.json not yet
     T.write_result = lambda *a, **k: die()
 from depthbench_nb.cli import main

@@ -306,7 +306,9 @@ def test_text_file_tokens_and_progress(hf_folder, tmp_path, capsys):
 @pytest.fixture(scope="module")
 def preln_run(tiny_data, tmp_path_factory):
     "A Pre-LN run of 4 blocks trained for two steps by the trainer on the offline data."
-    from depthbench_nb.trainer import make_run_config, run_dir, train
+    from depthbench_nb.run_params import make_run_config
+    from depthbench_nb.runs import run_dir
+    from depthbench_nb.trainer import train
 
     root = tmp_path_factory.mktemp("roundtrip-runs")
     run = make_run_config(

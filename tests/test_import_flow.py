@@ -22,7 +22,9 @@ PKG = ROOT / "depthbench_nb"
 #   runs         run records and checkpoint I/O (loading a run builds its model)
 #   checks       the init/invariant checks read every model family
 #   costs        closed-form FLOPs, caches and memory, and measured latency: the trainer's MFU meter reads its FLOPs
-#   optim -> trainer
+#   optim        the optimisers and LR schedules of both recipes
+#   run_params -> parallel -> callbacks -> launch -> trainer: a run's parameters (and its step budget and data),
+#                precision / compile / processes, the loop's callbacks, the N-process launch, the loop and `train`
 #   interop, hf_config, hf, hf_export, _hooks: interoperability with other code bases, after the trainer
 #   diagnostics -> hf_diagnostics (the same diagnostics on any Transformers model, and the diagnose command)
 #     -> lmeval (scores with the diagnostics' NLL) -> scaling (fits what the diagnostics measure)
@@ -41,6 +43,10 @@ FLOW = [
     "checks",
     "costs",
     "optim",
+    "run_params",
+    "parallel",
+    "callbacks",
+    "launch",
     "trainer",
     "interop",
     "hf_config",

@@ -18,7 +18,7 @@ from depthbench_nb.config import ConfigError
 from depthbench_nb.looped import CASE_STUDY_BUDGETS, looped_grid_rows, looped_params
 from depthbench_nb.runs import provenance, run_dir, write_params, write_result
 from depthbench_nb.sweep import expand_study, load_study, plan_rows
-from depthbench_nb.trainer import make_run_config
+from depthbench_nb.run_params import make_run_config
 
 LAW = dict(E=1.56773, A=28.027, B=915.82, alpha=0.19924, beta=0.36863)  # the project page's fit
 PHI = {"baseline": 0.459, "hc": 0.646, "tbptt": 0.380}  # Table 2 and Table 3

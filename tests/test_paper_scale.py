@@ -318,7 +318,8 @@ def test_two_ranks_match_one_process(arch, runs_dir, tiny_data):
 
 
 def test_launch_picks_a_free_port_unless_told():
-    from depthbench_nb.trainer import launch_command, make_run_config
+    from depthbench_nb.launch import launch_command
+    from depthbench_nb.run_params import make_run_config
 
     run = make_run_config("preln", L=2, preset="tiny", num_processes=2, verbose=False)
     cmd = launch_command(run, Path("p.json"))
@@ -331,7 +332,9 @@ def test_launch_picks_a_free_port_unless_told():
 # ================================================================================================ compile
 def test_compiled_training_equals_eager(runs_dir, tiny_data):
     "The trainer's compile option (inductor on CPU): the same per-step losses and validation loss as eager, fp32."
-    from depthbench_nb.trainer import make_run_config, run_dir, train
+    from depthbench_nb.run_params import make_run_config
+    from depthbench_nb.runs import run_dir
+    from depthbench_nb.trainer import train
 
     out = {}
     for compiled in (False, True):
@@ -403,7 +406,7 @@ def test_compile_without_a_compiler_names_what_is_missing(runs_dir, tiny_data, m
 
 
 def test_compile_on_a_torch_without_it(monkeypatch):
-    from depthbench_nb.trainer import check_compile
+    from depthbench_nb.parallel import check_compile
 
     monkeypatch.delattr(torch, "compile")
     with pytest.raises(ConfigError, match=r"has no torch.compile \(it needs torch >= 2.0\)"):
@@ -465,7 +468,7 @@ def test_kernel_fallbacks_accept_bf16(name, monkeypatch):
 def test_paper_presets_evaluate_the_papers_held_out_sets():
     from depthbench_nb.data import DEFAULT_VAL_TOKENS, _inputs, resolve_source
     from depthbench_nb.config import DataConfig
-    from depthbench_nb.trainer import make_run_config
+    from depthbench_nb.run_params import make_run_config
 
     db = make_run_config("preln", L=24, preset="400m", verbose=False).train
     assert (db.eval_set, db.eval_rows, db.eval_rows_fast) == ("documents", None, None)  # every held-out document
@@ -487,7 +490,9 @@ def test_documents_set_and_its_record(runs_dir, tiny_data):
     per-document computation with no padding, and result.json records the set's tokens and documents."""
     from depthbench_nb.data import TokenData, held_out_set
     from depthbench_nb.runs import load_run
-    from depthbench_nb.trainer import make_run_config, run_dir, train
+    from depthbench_nb.run_params import make_run_config
+    from depthbench_nb.runs import run_dir
+    from depthbench_nb.trainer import train
 
     run = make_run_config(
         "preln",
@@ -522,7 +527,8 @@ def test_documents_set_and_its_record(runs_dir, tiny_data):
 
 def test_rows_set_final_and_fast(runs_dir, tiny_data):
     "The looped reference's scheme: the fast rows before the last step, the full rows at the end (recorded)."
-    from depthbench_nb.trainer import make_run_config, train
+    from depthbench_nb.run_params import make_run_config
+    from depthbench_nb.trainer import train
 
     run = make_run_config(
         "preln",

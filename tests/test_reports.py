@@ -19,7 +19,8 @@ from depthbench_nb import demo, report_depthbench, report_looped, report_cli, re
 from depthbench_nb.config import ConfigError
 from depthbench_nb.looped import looped_params
 from depthbench_nb.runs import provenance, run_dir, write_params, write_result
-from depthbench_nb.trainer import make_run_config, train
+from depthbench_nb.run_params import make_run_config
+from depthbench_nb.trainer import train
 
 STUDY = "report-fixture"
 PAPER_LAW = dict(E=1.57, A=28.027, B=915.82, alpha=0.199, beta=0.369, phi=0.459)  # arXiv 2604.21106 Table 2

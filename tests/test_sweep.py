@@ -245,7 +245,7 @@ def test_collect_all_statuses_and_lr_optimum(killed_and_resumed, monkeypatch):
     # study's plan as extra entries (as an LR extension is): a run outside the plan is stale and never collected
     from depthbench_nb.runs import run_dir, write_params
     from depthbench_nb.sweep import RunEntry, add_extra_entries
-    from depthbench_nb.trainer import make_run_config
+    from depthbench_nb.run_params import make_run_config
 
     for lr, status in ((8e-3, "diverged"), (1.6e-2, "failed")):
         params = dict(
@@ -352,7 +352,7 @@ def test_lr_optimum_parabola_and_extension(tmp_path, runs_dir, tiny_data):
     assert len(study_entries(spec)) == 3 and extend_lr_entries(spec, d) == []
     # other extra runs (e.g. a report's) are remembered with their group and parameters
     from depthbench_nb.sweep import RunEntry, add_extra_entries
-    from depthbench_nb.trainer import make_run_config
+    from depthbench_nb.run_params import make_run_config
 
     params = dict(new[0].params, arch="looped", r=2, s=1, C=5e11)
     params.pop("L")

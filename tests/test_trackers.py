@@ -116,7 +116,7 @@ def test_tensorboard_and_wandb_offline_record_the_run(tiny_data, tmp_path):
 
 def test_a_missing_tracker_package_names_the_extra(monkeypatch):
     import accelerate.utils
-    from depthbench_nb.trainer import check_trackers
+    from depthbench_nb.parallel import check_trackers
 
     monkeypatch.setattr(accelerate.utils, "is_wandb_available", lambda: False)
     with pytest.raises(ConfigError, match=r"tracker 'wandb' needs its package: pip install 'depthbench-nb\[wandb\]'"):

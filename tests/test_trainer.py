@@ -4,7 +4,6 @@ the CLI and the papermill template. Shapes are tiny (L2, d32, 4 x 32 tokens) so 
 import ast
 import json
 import math
-import os
 import shutil
 import subprocess
 import sys
@@ -14,10 +13,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from depthbench_nb.config import ARCHS, DESIGN_OPTIONS, ConfigError, RunConfig, runs_root
+from depthbench_nb.config import ARCHS, DESIGN_OPTIONS, ConfigError, RunConfig
 from depthbench_nb.runs import list_checkpoints, load_run, read_metrics, read_result, run_dir
 from depthbench_nb.shapes import count_params, shape_for
-from depthbench_nb.trainer import build_adamw, init_model, lr_multiplier, make_run_config, total_steps, train
+from depthbench_nb.callbacks import Callback, DivergenceGuard
+from depthbench_nb.optim import build_adamw, lr_multiplier
+from depthbench_nb.trainer import init_model, train
+from depthbench_nb.run_params import make_run_config
 
 REPO = Path(__file__).resolve().parents[1]
 DESIGNS = list(ARCHS)  # the ten residual designs and the looped model
@@ -57,6 +59,10 @@ def test_auto_preset_is_tiny_on_cpu_and_said(capsys):
         (dict(arch="preln", L=8, hc_streams=4), "does not apply"),
         (dict(arch="preln", L=8, preset="huge"), "unknown preset"),
         (dict(arch="preln"), "set L"),
+        (dict(arch="preln", L=True), r"L must be an integer, got True \(bool\)"),
+        (dict(arch="preln", L=8, compile="yes"), "compile must be True, False or None"),
+        (dict(arch=3, L=8), "arch must be a design name"),
+        (dict(arch="preln", L=8, init_seed=1.5), "init_seed must be 'official', 'tied' or an integer"),
     ],
 )
 def test_bad_config_is_refused(kw, rule):
@@ -234,7 +240,7 @@ def test_precisions_and_layer_stats(runs_dir, tiny_data):
     assert train(pure, progress=False)["status"] == "completed"
     model, _ = load_run(run_dir(pure))
     assert next(model.parameters()).dtype == torch.float32  # load_run builds fp32; bf16 weights load into it
-    stats = [json.loads(l) for l in (run_dir(pure) / "layer_stats.jsonl").read_text().splitlines()]
+    stats = [json.loads(line) for line in (run_dir(pure) / "layer_stats.jsonl").read_text().splitlines()]
     assert [s["step"] for s in stats] == [0, 1]
     assert sorted(stats[0]["layers"]) == ["block_00", "block_01"]
     for kind in ("forward", "backward"):
@@ -361,7 +367,7 @@ def test_papermill_template_end_to_end(runs_dir, tiny_data, tmp_path):
 
 # ------------------------------------------------------------------------------ one definition of a run's parameters
 def test_the_parameters_cell_is_generated_from_run_params():
-    from depthbench_nb.trainer import RunParams
+    from depthbench_nb.run_params import RunParams
 
     nb = json.loads((REPO / "nbs" / "10_train.ipynb").read_text())
     (cell,) = [c for c in nb["cells"] if "parameters" in c.get("metadata", {}).get("tags", [])]
@@ -372,7 +378,8 @@ def test_the_parameters_cell_is_generated_from_run_params():
 
 def test_train_options_are_the_run_params():
     from dataclasses import fields
-    from depthbench_nb.trainer import RunParams, train_parser
+    from depthbench_nb.run_params import RunParams
+    from depthbench_nb.trainer import train_parser
 
     p = train_parser()
     dests = {a.dest: a for a in p._actions}
@@ -401,7 +408,7 @@ def test_train_options_are_the_run_params():
 
 
 def test_make_run_config_takes_run_params_by_position_and_name():
-    from depthbench_nb.trainer import RunParams
+    from depthbench_nb.run_params import RunParams
 
     a = make_run_config("hc", 4, 32, "tiny", verbose=False, hc_streams=2)
     b = RunParams(arch="hc", L=4, d_model=32, preset="tiny", options=dict(hc_streams=2)).resolve(verbose=False)
@@ -414,7 +421,6 @@ def test_make_run_config_takes_run_params_by_position_and_name():
 
 # ------------------------------------------------------------------------------------------ callbacks and provenance
 def test_a_user_callback_adds_a_column_and_sees_every_hook(runs_dir, tiny_data):
-    from depthbench_nb.trainer import Callback
     from depthbench_nb.runs import read_metrics_headers
 
     seen = []
@@ -444,8 +450,6 @@ def test_a_user_callback_adds_a_column_and_sees_every_hook(runs_dir, tiny_data):
 
 
 def test_params_json_is_written_before_step_0(runs_dir, tiny_data):
-    from depthbench_nb.trainer import Callback
-
     class Peek(Callback):
         def on_train_start(self, state):
             self.params = json.loads((state.folder / "params.json").read_text())
@@ -456,3 +460,73 @@ def test_params_json_is_written_before_step_0(runs_dir, tiny_data):
     train(run, progress=False, callbacks=[peek])
     assert peek.params["run_id"] == run.run_id and "provenance" in peek.params
     assert len(peek.lines) == 1 and json.loads(peek.lines[0])["kind"] == "header"
+
+
+# ------------------------------------------------------------------------------------- callbacks across a resume
+class LossLedger(Callback):
+    "A user's stateful callback: the steps it saw and the sum of their losses."
+
+    order = 35
+
+    def __init__(self):
+        self.steps, self.loss_sum = 0, 0.0
+
+    def state_dict(self):
+        return dict(steps=self.steps, loss_sum=self.loss_sum)
+
+    def load_state_dict(self, state):
+        self.steps, self.loss_sum = state["steps"], state["loss_sum"]
+
+    def on_step_end(self, state):
+        self.steps += 1
+        self.loss_sum += state.row["loss"]
+
+
+class GuardProbe(Callback):
+    "The divergence guard's state at the start of each segment and after every step."
+
+    order = 90
+
+    def __init__(self):
+        self.at_start, self.after, self.guard = [], {}, None
+
+    def on_train_start(self, state):
+        self.guard = next(cb for cb in state.callbacks if isinstance(cb, DivergenceGuard))
+        self.at_start.append(self.guard.state_dict())
+
+    def on_step_end(self, state):
+        self.after[state.step] = self.guard.state_dict()
+
+
+def test_callbacks_continue_where_they_stopped_on_resume(tmp_path, monkeypatch, tiny_data):
+    run = tiny_run("preln", data=tiny_data, steps=6, checkpoint_every=2)
+    monkeypatch.setenv("DEPTHBENCH_RUNS", str(tmp_path / "a"))
+    ledger_full, probe_full = LossLedger(), GuardProbe()
+    train(run, progress=False, callbacks=[ledger_full, probe_full])
+    monkeypatch.setenv("DEPTHBENCH_RUNS", str(tmp_path / "b"))
+    first = LossLedger()
+    assert train(run, progress=False, stop_after=4, callbacks=[first])["status"] == "stopped"
+    meta = json.loads((dict(list_checkpoints(run_dir(run)))[4] / "meta.json").read_text())
+    assert meta["callbacks"]["LossLedger"] == dict(steps=4, loss_sum=first.loss_sum)
+    ledger, probe = LossLedger(), GuardProbe()  # new objects: their state comes from the checkpoint
+    assert train(run, progress=False, callbacks=[ledger, probe])["status"] == "completed"
+    assert probe.at_start == [probe_full.after[3]] and probe.at_start[0]  # the best loss of steps 0-3, not fresh
+    assert ledger.state_dict() == ledger_full.state_dict()  # 6 steps, the same sum to the last bit
+    assert probe.after[5] == probe_full.after[5]
+
+
+def test_a_checkpoint_without_callback_state_resumes_with_fresh_callbacks(runs_dir, tiny_data):
+    from depthbench_nb.runs import write_checksums
+
+    run = tiny_run("preln", data=tiny_data, steps=4, checkpoint_every=2)
+    assert train(run, progress=False, stop_after=2, callbacks=[LossLedger()])["status"] == "stopped"
+    ckpt = dict(list_checkpoints(run_dir(run)))[2]
+    meta = json.loads((ckpt / "meta.json").read_text())
+    del meta["callbacks"]  # as checkpoints were written before callbacks had state
+    (ckpt / "meta.json").write_text(json.dumps(meta))
+    write_checksums(ckpt, ["model.safetensors", "meta.json", "train_state.pt"])
+    ledger, probe = LossLedger(), GuardProbe()
+    assert train(run, progress=False, callbacks=[ledger, probe])["status"] == "completed"
+    rows = read_metrics(run_dir(run))
+    assert probe.at_start == [{}]  # the guard starts fresh
+    assert ledger.state_dict() == dict(steps=2, loss_sum=rows[2]["loss"] + rows[3]["loss"])  # steps 2 and 3 only
