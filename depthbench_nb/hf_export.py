@@ -228,12 +228,15 @@ def model_card(record: dict, cfg: ModelConfig, fmt: str, tokenizer: str) -> str:
         f"| shape | L = {cfg.n_layer}, d_model = {cfg.d_model}, heads = {cfg.n_head} (KV heads {cfg.n_kv_head}), FFN = "
         f"{cfg.ffn_hidden}, vocabulary = {cfg.vocab_size}, context = {cfg.max_seq_len} |",
         f"| parameters | {_fmt(res.get('params_total'))} |",
-        f"| training tokens | {_fmt(res.get('tokens'))} ({_fmt(res.get('steps'))} steps; this checkpoint: step {record['checkpoint_step']}) |",
-        f"| final validation loss | {_fmt(res.get('final_val_loss'), ' nats/token')} (best {_fmt(res.get('best_val_loss'), ' nats/token')}) |",
-        f"| run | status {res.get('status', 'unfinished')}, preset `{record['config'].get('preset')}`, study `{record['study']}` |",
+        f"| training tokens | {_fmt(res.get('tokens'))} ({_fmt(res.get('steps'))} steps; "
+        f"this checkpoint: step {record['checkpoint_step']}) |",
+        f"| final validation loss | {_fmt(res.get('final_val_loss'), ' nats/token')} "
+        f"(best {_fmt(res.get('best_val_loss'), ' nats/token')}) |",
+        f"| run | status {res.get('status', 'unfinished')}, preset `{record['config'].get('preset')}`, "
+        f"study `{record['study']}` |",
         f"| tokenizer | {tokenizer} |",
-        f"| provenance | depthbench-nb {prov.get('package_version')}, commit {prov.get('git_commit')}, torch {prov.get('torch')}, "
-        f"{prov.get('device')}, {prov.get('time')} |",
+        f"| provenance | depthbench-nb {prov.get('package_version')}, commit {prov.get('git_commit')}, "
+        f"torch {prov.get('torch')}, {prov.get('device')}, {prov.get('time')} |",
         "",
         "## Use",
         "",
@@ -241,8 +244,8 @@ def model_card(record: dict, cfg: ModelConfig, fmt: str, tokenizer: str) -> str:
         *use,
         "```",
         "",
-        f"Evaluate with lm-eval: `lm_eval --model depthbench --model_args pretrained=THIS_FOLDER --tasks hellaswag` "
-        f"(pip install 'depthbench-nb[eval]').",
+        "Evaluate with lm-eval: `lm_eval --model depthbench --model_args pretrained=THIS_FOLDER --tasks hellaswag` "
+        "(pip install 'depthbench-nb[eval]').",
         "",
         f"The complete run record (configuration, result, provenance) is `{RECORD_NAME}`.",
         "",
@@ -359,7 +362,8 @@ def export_hf(
 
 # %% ../nbs/09f_hf_export.ipynb #76a474ab
 def load_for_eval(path, tokenizer=None) -> dict:
-    "A run folder or an export folder -> dict(model (eval mode), tokenizer, eos_id, pad_id, kind, name, tokenizer_from)."
+    """A run folder or an export folder -> dict(model (eval mode), tokenizer, eos_id, pad_id, kind, name,
+    tokenizer_from)."""
     from tokenizers import Tokenizer
 
     p = Path(path).expanduser()
