@@ -439,8 +439,12 @@ def export_hf_command(
     run_dir: str,  # a run folder <runs root>/<study>/<run_id> with a complete checkpoint
     out: str,  # output folder (created; must be empty unless --force)
     format: Annotated[
-        str, Arg(choices=EXPORT_FORMATS)
-    ] = "depthbench",  # depthbench (any design, default) | llama (LlamaForCausalLM, Pre-LN and LNS only)
+        str,
+        Arg(
+            choices=EXPORT_FORMATS,
+            help="depthbench (any design, default) | llama (LlamaForCausalLM, Pre-LN and LNS only)",
+        ),
+    ] = "depthbench",
     tokenizer: Optional[str] = None,  # a tokenizer.json to ship instead of the run's own (default: the run's)
     dtype: Literal["float32", "bfloat16"] = "float32",  # weights dtype (default float32)
     force: bool = False,  # replace a non-empty output folder

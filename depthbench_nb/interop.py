@@ -983,8 +983,8 @@ def import_checkpoint_command(
         ),
     ],
     n_layer: Annotated[
-        Optional[int], Arg(flags=("--L",))
-    ] = None,  # declared number of blocks (checked against the checkpoint)
+        Optional[int], Arg(flags=("--L",), help="declared number of blocks (checked against the checkpoint)")
+    ] = None,
     n_head: Optional[int] = None,  # attention heads (default: OLMo-core config.json, else 16 as in DepthBench)
     step: Optional[int] = None,  # which step<N>/ checkpoint of a run folder or release repo (default: the latest)
     max_seq_len: int = 2048,  # context length of the imported model (default 2048)

@@ -1471,17 +1471,22 @@ def sweep_run_command(
     workers: int = 1,  # runs in parallel on this machine
     devices: Optional[str] = None,  # comma-separated device ids; worker i gets device i mod n (CUDA_VISIBLE_DEVICES)
     executor: Annotated[
-        Optional[str], Arg(choices=EXECUTORS)
-    ] = None,  # papermill (nbs/10_train.ipynb; the default) or python (trainer module; the default with --nodes > 1)
+        Optional[str],
+        Arg(
+            choices=EXECUTORS,
+            help="papermill (nbs/10_train.ipynb; the default) or python (trainer module; the default with --nodes > 1)",
+        ),
+    ] = None,
     max_attempts: Optional[int] = None,  # retry limit for failed runs (default: the study's)
     run_id: Optional[list] = None,  # only this run (repeatable); used by Slurm array tasks
     extend_lr: bool = False,  # first add one LR beyond the grid where the collected optimum is at its edge
     launcher: Literal["local", "slurm"] = "local",  # local: run here; slurm: write a job-array script
     submit: bool = False,  # with --launcher slurm: submit the script with sbatch
     nodes: int = 1,  # nodes per run; > 1 with --launcher slurm: one accelerate launcher per node (srun)
-    procs_per_node: Optional[
-        int
-    ] = None,  # training processes per node (default 1; with --launcher slurm one per GPU, set by --slurm-gpus)
+    procs_per_node: Annotated[
+        Optional[int],
+        Arg(help="training processes per node (default 1; with --launcher slurm one per GPU, set by --slurm-gpus)"),
+    ] = None,
     # --slurm-gpus, --slurm-cpus, ...: one option per field of the Slurm request, handed over as a dict
     requeue: Annotated[
         bool,
