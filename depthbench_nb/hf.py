@@ -62,7 +62,8 @@ class DepthBenchForCausalLM(PreTrainedModel, GenerationMixin):
 
     @classmethod
     def from_pretrained(cls, *args, **kwargs):
-        "Transformers' loader; then the derived buffers (not in the weights file) are computed on the loaded weights' device."
+        """Transformers' loader; then the derived buffers (not in the weights file) are computed on the loaded
+        weights' device."""
         loaded = super().from_pretrained(*args, **kwargs)
         if hasattr(loaded.model, "init_buffers"):
             loaded.model.init_buffers()

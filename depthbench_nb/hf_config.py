@@ -14,7 +14,8 @@ __all__ = ['DepthBenchConfig']
 
 # %% ../nbs/09d_hf_config.ipynb #241910fb
 class DepthBenchConfig(PretrainedConfig):
-    "Transformers' view of a depthbench-nb model: our ModelConfig whole in `depthbench`, the usual HF names mirrored from it."
+    """Transformers' view of a depthbench-nb model: our ModelConfig whole in `depthbench`, the usual HF names mirrored
+    from it."""
 
     model_type = "depthbench"
     depthbench: dict | None = None  # ModelConfig.to_dict(): the source of truth

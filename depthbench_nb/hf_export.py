@@ -228,12 +228,15 @@ def model_card(record: dict, cfg: ModelConfig, fmt: str, tokenizer: str) -> str:
         f"| shape | L = {cfg.n_layer}, d_model = {cfg.d_model}, heads = {cfg.n_head} (KV heads {cfg.n_kv_head}), FFN = "
         f"{cfg.ffn_hidden}, vocabulary = {cfg.vocab_size}, context = {cfg.max_seq_len} |",
         f"| parameters | {_fmt(res.get('params_total'))} |",
-        f"| training tokens | {_fmt(res.get('tokens'))} ({_fmt(res.get('steps'))} steps; this checkpoint: step {record['checkpoint_step']}) |",
-        f"| final validation loss | {_fmt(res.get('final_val_loss'), ' nats/token')} (best {_fmt(res.get('best_val_loss'), ' nats/token')}) |",
-        f"| run | status {res.get('status', 'unfinished')}, preset `{record['config'].get('preset')}`, study `{record['study']}` |",
+        f"| training tokens | {_fmt(res.get('tokens'))} ({_fmt(res.get('steps'))} steps; "
+        f"this checkpoint: step {record['checkpoint_step']}) |",
+        f"| final validation loss | {_fmt(res.get('final_val_loss'), ' nats/token')} "
+        f"(best {_fmt(res.get('best_val_loss'), ' nats/token')}) |",
+        f"| run | status {res.get('status', 'unfinished')}, preset `{record['config'].get('preset')}`, "
+        f"study `{record['study']}` |",
         f"| tokenizer | {tokenizer} |",
-        f"| provenance | depthbench-nb {prov.get('package_version')}, commit {prov.get('git_commit')}, torch {prov.get('torch')}, "
-        f"{prov.get('device')}, {prov.get('time')} |",
+        f"| provenance | depthbench-nb {prov.get('package_version')}, commit {prov.get('git_commit')}, "
+        f"torch {prov.get('torch')}, {prov.get('device')}, {prov.get('time')} |",
         "",
         "## Use",
         "",
@@ -241,8 +244,8 @@ def model_card(record: dict, cfg: ModelConfig, fmt: str, tokenizer: str) -> str:
         *use,
         "```",
         "",
-        f"Evaluate with lm-eval: `lm_eval --model depthbench --model_args pretrained=THIS_FOLDER --tasks hellaswag` "
-        f"(pip install 'depthbench-nb[eval]').",
+        "Evaluate with lm-eval: `lm_eval --model depthbench --model_args pretrained=THIS_FOLDER --tasks hellaswag` "
+        "(pip install 'depthbench-nb[eval]').",
         "",
         f"The complete run record (configuration, result, provenance) is `{RECORD_NAME}`.",
         "",
@@ -262,18 +265,12 @@ def _check_output(out: Path, force: bool) -> None:
         raise ConfigError(f"output folder {out} is not empty; pass --force to replace it")
 
 
-def export_hf(
-    run_dir, out, fmt: str = "depthbench", tokenizer=None, force: bool = False, dtype: str = "float32"
-) -> dict:
-    "Write a Hugging Face folder of a run's newest complete checkpoint (atomic); returns a summary."
-    import torch
-    from transformers import PreTrainedTokenizerFast
-
+def _check_export_args(run_dir: Path, fmt: str, dtype: str) -> None:
+    "One-line errors for an unknown format or dtype, and for a folder that is not a run with a complete checkpoint."
     if fmt not in EXPORT_FORMATS:
         raise ConfigError(f"unknown export format {fmt!r}; valid formats: {', '.join(EXPORT_FORMATS)}")
     if dtype not in ("float32", "bfloat16"):
         raise ConfigError(f"unknown dtype {dtype!r}; valid dtypes: float32, bfloat16")
-    run_dir, out = Path(run_dir).expanduser(), Path(out).expanduser()
     if not run_dir.is_dir():
         raise ConfigError(f"{run_dir} is not a folder: pass a run folder <runs root>/<study>/<run_id>")
     if not (run_dir / "params.json").is_file():
@@ -283,16 +280,76 @@ def export_hf(
             f"{run_dir} has no complete checkpoint to export yet: train it first (rerunning the same "
             f"train command resumes an unfinished run)"
         )
+
+
+def _check_llama_exportable(arch: str) -> None:
+    "A one-line error for a design whose block Llama's cannot hold."
+    from depthbench_nb.interop import llama_exportable
+
+    if arch not in llama_exportable():
+        raise ConfigError(
+            f"--format llama exports {', '.join(llama_exportable())} only (arch {arch!r} changes the block); "
+            f"use the default --format depthbench"
+        )
+
+
+def _write_depthbench_weights(folder: Path, model, cfg, tok: dict, dtype: str) -> None:
+    "Our config (with its auto_map), the weights and the vendored modeling code, for any design."
+    from depthbench_nb.hf import DepthBenchForCausalLM
+    from depthbench_nb.hf_config import DepthBenchConfig
+
+    hf_cfg = DepthBenchConfig(
+        depthbench=cfg.to_dict(), eos_token_id=tok["eos_id"], pad_token_id=tok["pad_id"], dtype=dtype
+    )
+    hf_cfg.auto_map = dict(AUTO_MAP)
+    DepthBenchForCausalLM(hf_cfg, model=model).save_pretrained(folder)
+    for name, source in vendored_code(cfg.arch).items():
+        atomic_write_text(folder / name, source)
+
+
+def _write_llama_weights(folder: Path, model, cfg, tok: dict, dtype: str) -> None:
+    "LlamaForCausalLM's weights and config.json (Pre-LN and LNS only)."
+    from depthbench_nb.interop import export_llama, llama_config_dict
+
+    export_llama(model, folder)
+    atomic_write_json(
+        folder / "config.json",
+        dict(
+            llama_config_dict(cfg),
+            eos_token_id=tok["eos_id"],
+            pad_token_id=tok["pad_id"],
+            bos_token_id=None,
+            torch_dtype=dtype,
+        ),
+    )
+
+
+def _write_tokenizer(folder: Path, tok: dict, max_seq_len: int) -> None:
+    "The tokenizer as Transformers' fast tokenizer, with its end-of-text and padding tokens named."
+    from transformers import PreTrainedTokenizerFast
+
+    specials = {
+        name: tok["tokenizer"].id_to_token(i)
+        for name, i in (("eos_token", tok["eos_id"]), ("pad_token", tok["pad_id"]))
+        if i is not None
+    }
+    PreTrainedTokenizerFast(
+        tokenizer_object=tok["tokenizer"], model_max_length=max_seq_len, **specials
+    ).save_pretrained(folder)
+
+
+def export_hf(
+    run_dir, out, fmt: str = "depthbench", tokenizer=None, force: bool = False, dtype: str = "float32"
+) -> dict:
+    "Write a Hugging Face folder of a run's newest complete checkpoint (atomic); returns a summary."
+    import torch
+
+    run_dir, out = Path(run_dir).expanduser(), Path(out).expanduser()
+    _check_export_args(run_dir, fmt, dtype)
     model, run = load_run(run_dir)  # the trainer's own loader: the newest complete checkpoint
     cfg = run.model
     if fmt == "llama":
-        from depthbench_nb.interop import llama_exportable
-
-        if cfg.arch not in llama_exportable():
-            raise ConfigError(
-                f"--format llama exports {', '.join(llama_exportable())} only (arch {cfg.arch!r} changes the block); "
-                f"use the default --format depthbench"
-            )
+        _check_llama_exportable(cfg.arch)
     tok = run_tokenizer(run, tokenizer)
     n_tok = tok["tokenizer"].get_vocab_size(with_added_tokens=True)
     if n_tok > cfg.vocab_size:
@@ -306,38 +363,10 @@ def export_hf(
     try:
         model = model.to(getattr(torch, dtype))
         if fmt == "depthbench":
-            from depthbench_nb.hf import DepthBenchForCausalLM
-            from depthbench_nb.hf_config import DepthBenchConfig
-
-            hf_cfg = DepthBenchConfig(
-                depthbench=cfg.to_dict(), eos_token_id=tok["eos_id"], pad_token_id=tok["pad_id"], dtype=dtype
-            )
-            hf_cfg.auto_map = dict(AUTO_MAP)
-            DepthBenchForCausalLM(hf_cfg, model=model).save_pretrained(tmp)
-            for name, source in vendored_code(cfg.arch).items():
-                atomic_write_text(tmp / name, source)
+            _write_depthbench_weights(tmp, model, cfg, tok, dtype)
         else:
-            from depthbench_nb.interop import export_llama, llama_config_dict
-
-            export_llama(model, tmp)
-            atomic_write_json(
-                tmp / "config.json",
-                dict(
-                    llama_config_dict(cfg),
-                    eos_token_id=tok["eos_id"],
-                    pad_token_id=tok["pad_id"],
-                    bos_token_id=None,
-                    torch_dtype=dtype,
-                ),
-            )
-        specials = {
-            name: tok["tokenizer"].id_to_token(i)
-            for name, i in (("eos_token", tok["eos_id"]), ("pad_token", tok["pad_id"]))
-            if i is not None
-        }
-        PreTrainedTokenizerFast(
-            tokenizer_object=tok["tokenizer"], model_max_length=cfg.max_seq_len, **specials
-        ).save_pretrained(tmp)
+            _write_llama_weights(tmp, model, cfg, tok, dtype)
+        _write_tokenizer(tmp, tok, cfg.max_seq_len)
         atomic_write_json(tmp / RECORD_NAME, record)
         atomic_write_text(tmp / "README.md", model_card(record, cfg, fmt, tok["description"]))
         if out.exists():
@@ -359,7 +388,8 @@ def export_hf(
 
 # %% ../nbs/09f_hf_export.ipynb #76a474ab
 def load_for_eval(path, tokenizer=None) -> dict:
-    "A run folder or an export folder -> dict(model (eval mode), tokenizer, eos_id, pad_id, kind, name, tokenizer_from)."
+    """A run folder or an export folder -> dict(model (eval mode), tokenizer, eos_id, pad_id, kind, name,
+    tokenizer_from)."""
     from tokenizers import Tokenizer
 
     p = Path(path).expanduser()
@@ -409,8 +439,12 @@ def export_hf_command(
     run_dir: str,  # a run folder <runs root>/<study>/<run_id> with a complete checkpoint
     out: str,  # output folder (created; must be empty unless --force)
     format: Annotated[
-        str, Arg(choices=EXPORT_FORMATS)
-    ] = "depthbench",  # depthbench (any design, default) | llama (LlamaForCausalLM, Pre-LN and LNS only)
+        str,
+        Arg(
+            choices=EXPORT_FORMATS,
+            help="depthbench (any design, default) | llama (LlamaForCausalLM, Pre-LN and LNS only)",
+        ),
+    ] = "depthbench",
     tokenizer: Optional[str] = None,  # a tokenizer.json to ship instead of the run's own (default: the run's)
     dtype: Literal["float32", "bfloat16"] = "float32",  # weights dtype (default float32)
     force: bool = False,  # replace a non-empty output folder

@@ -39,7 +39,6 @@ from .layers import KVCache
 from .model import SAME, DepthModel, build_model
 from depthbench_nb.runs import (
     CHECKPOINT_FORMAT_VERSION,
-    RECORD_FILES,
     checkpoint_content,
     checkpoints_dir,
     load_run,
@@ -96,7 +95,11 @@ def dcp_index_globals() -> dict:
     tensor properties (dtypes, layouts, memory formats, sizes) and plain containers. No prefix, no dotted name."""
     if _DCP_GLOBALS:
         return _DCP_GLOBALS
-    import builtins, collections, copyreg, importlib, pathlib
+    import builtins
+    import collections
+    import copyreg
+    import importlib
+    import pathlib
 
     out = {
         ("collections", "OrderedDict"): collections.OrderedDict,
@@ -131,7 +134,8 @@ def dcp_index_globals() -> dict:
 
 
 class _DCPIndexUnpickler(pickle.Unpickler):
-    "Unpickles a DCP `.metadata` index: exactly the pairs of `dcp_index_globals`, looked up (never imported), nothing else."
+    """Unpickles a DCP `.metadata` index: exactly the pairs of `dcp_index_globals`, looked up (never imported), nothing
+    else."""
 
     def find_class(self, module, name):
         found = dcp_index_globals().get((module, name))
@@ -332,14 +336,18 @@ def _fork_names(cfg: ModelConfig) -> ForkNames:
 
 
 def _fork_tensors(cfg: ModelConfig) -> dict[str, tuple]:
-    "Every tensor of the fork's model, name -> (shape, our name or None for the backbone, layout change), in module order."
+    """Every tensor of the fork's model, name -> (shape, our name or None for the backbone, layout change), in module
+    order."""
     names = _fork_names(cfg)
     d, L, V, ffn = cfg.d_model, cfg.n_layer, cfg.vocab_size, cfg.ffn_hidden
     kv = cfg.n_kv_head * cfg.head_dim
     att, ff = (
         ("attention.attention.", "feed_forward.feed_forward.") if names.nested else ("attention.", "feed_forward.")
     )
-    backbone = lambda shape: (shape, None, None)
+
+    def backbone(shape):
+        return (shape, None, None)
+
     out = {"embeddings.weight": backbone((V, d))}
     for b in range(L):
         p = f"blocks.{b}."
@@ -469,7 +477,8 @@ def check_fork_layout(sd: dict[str, torch.Tensor], cfg: ModelConfig) -> None:
 
 
 def detect_arch(names) -> str | None:
-    "The design a set of fork tensor names belongs to (None if not recognised): the designs with tensors of their own first."
+    """The design a set of fork tensor names belongs to (None if not recognised): the designs with tensors of their own
+    first."""
     names = set(names)
     entries = [d for d in ARCHS.values() if isinstance(d.importer, ForkNames) and d.importer.detect]
     own = [d for d in entries if d.importer.block or d.importer.top]
@@ -627,7 +636,8 @@ def load_pretrained(folder) -> DepthModel:
     meta = read_json(folder / "config.json")
     if not isinstance(meta, dict) or meta.get("format") != CHECKPOINT_FORMAT:
         raise ConfigError(
-            f"{folder}/config.json has format {(meta or {}).get('format') if isinstance(meta, dict) else None!r}, expected {CHECKPOINT_FORMAT!r}"
+            f"{folder}/config.json has format {(meta or {}).get('format') if isinstance(meta, dict) else None!r}, "
+            f"expected {CHECKPOINT_FORMAT!r}"
         )
     cfg = ModelConfig.from_dict(meta["model"])
     sd = _read_safetensors(folder / "model.safetensors")
@@ -641,7 +651,8 @@ IMPORTED_STUDY = "imported"
 
 
 def _source_hints(source: str, path: Path) -> dict:
-    "LR and step read off DepthBench/OLMo-core names (`…-lr2e-3-…`, `step7600`), and OLMo-core's config.json if present."
+    """LR and step read off DepthBench/OLMo-core names (`…-lr2e-3-…`, `step7600`), and OLMo-core's config.json if
+    present."""
     hints = {}
     text = f"{source} {path}"
     if m := re.search(r"lr(\d+(?:\.\d+)?e-?\d+)", text):
@@ -708,6 +719,25 @@ def import_checkpoint(
     raw, fmt = read_state_dict(path)
     sd = canonical_fork_state_dict(raw)
     hints = _source_hints(source, path)
+    cfg, notes = _imported_model_config(spec, sd, hints, n_layer, n_head, max_seq_len, design_options)
+    model = model_from_fork_state_dict(sd, cfg)
+    run = _imported_run_config(cfg, hints, data, study, max_seq_len)
+    folder = run_dir(run)
+    step = hints.get("step", 0)
+    tensors = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
+    with writing_run_folder(folder):  # one writer; a failed import leaves no empty run folder
+        _write_imported(folder, run, step, tensors, source)
+        source_info = dict(source=str(source), source_path=str(path), source_format=fmt, source_tensors=len(raw))
+        result = _imported_result(run, tensors, hints, time.time() - t0, source_info, notes)
+        write_result(folder, result)
+    return folder, result
+
+
+def _imported_model_config(
+    spec, sd: dict, hints: dict, n_layer, n_head, max_seq_len: int, design_options: dict
+) -> tuple[ModelConfig, list]:
+    """The ModelConfig the fork's tensors and the source's hints settle, and the notes on what they cannot settle
+    (the design's `prepare` may fill `design_options` from the hints)."""
     n_head = n_head or hints.get("n_heads") or hints.get("num_attention_heads")
     extra = {
         k: v
@@ -723,54 +753,52 @@ def import_checkpoint(
     cfg = infer_model_config(
         spec.name, sd, n_layer=n_layer, n_head=n_head, max_seq_len=max_seq_len, **extra, **design_options
     )
-    model = model_from_fork_state_dict(sd, cfg)
-    seq_len = min(2048, max_seq_len)
+    return cfg, notes
+
+
+def _imported_run_config(
+    cfg: ModelConfig, hints: dict, data: Optional[DataConfig], study: str, max_seq_len: int
+) -> RunConfig:
+    """The run an imported checkpoint stands for: the LR and step its name gives, DepthBench's data and preset for
+    DepthBench's vocabulary (50,280), else the package's defaults."""
     if data is None:
         data = DataConfig(source="fineweb-edu", tokenizer="neox") if cfg.vocab_size == 50280 else DataConfig()
-    run = RunConfig(
+    return RunConfig(
         model=cfg,
         data=data,
-        train=TrainConfig(lr=hints.get("lr", 2e-3), seq_len=seq_len, max_steps=hints.get("step") or 1),
+        train=TrainConfig(lr=hints.get("lr", 2e-3), seq_len=min(2048, max_seq_len), max_steps=hints.get("step") or 1),
         study=study,
         preset="400m" if cfg.vocab_size == 50280 else "tiny",
     )
-    folder = run_dir(run)
-    step = hints.get("step", 0)
-    tensors = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
-    with writing_run_folder(folder):  # one writer; a failed import leaves no empty run folder
-        _write_imported(folder, run, step, tensors, source)
-        pc = count_params(cfg)
-        result = dict(
-            status="completed",
-            run_id=run.run_id,
-            study=study,
-            arch=cfg.arch,
-            n_layer=cfg.n_layer,
-            d_model=cfg.d_model,
-            preset=run.preset,
-            lr=run.train.lr,
-            seed=run.train.seed,
-            steps=hints.get("step"),
-            tokens=None,
-            final_val_loss=None,
-            best_val_loss=None,
-            wall_time_s=time.time() - t0,
-            train_flops=None,
-            params_total=sum(t.numel() for t in tensors.values()),
-            params_backbone=sum(t.numel() for k, t in tensors.items() if k.startswith("blocks.")),
-            params_closed_form=pc.total,
-            provenance=dict(
-                provenance(),
-                origin="imported",
-                source=str(source),
-                source_path=str(path),
-                source_format=fmt,
-                source_tensors=len(raw),
-            ),
-            notes=notes,
-        )
-        write_result(folder, result)
-    return folder, result
+
+
+def _imported_result(
+    run: RunConfig, tensors: dict, hints: dict, wall_time_s: float, source_info: dict, notes: list
+) -> dict:
+    "The result record of an imported run: counts of its tensors, no training figures, the source in its provenance."
+    cfg = run.model
+    return dict(
+        status="completed",
+        run_id=run.run_id,
+        study=run.study,
+        arch=cfg.arch,
+        n_layer=cfg.n_layer,
+        d_model=cfg.d_model,
+        preset=run.preset,
+        lr=run.train.lr,
+        seed=run.train.seed,
+        steps=hints.get("step"),
+        tokens=None,
+        final_val_loss=None,
+        best_val_loss=None,
+        wall_time_s=wall_time_s,
+        train_flops=None,
+        params_total=sum(t.numel() for t in tensors.values()),
+        params_backbone=sum(t.numel() for k, t in tensors.items() if k.startswith("blocks.")),
+        params_closed_form=count_params(cfg).total,
+        provenance=dict(provenance(), origin="imported", **source_info),
+        notes=notes,
+    )
 
 
 def _write_imported(folder: Path, run: RunConfig, step: int, tensors: dict, source) -> None:
@@ -881,7 +909,8 @@ def generate(
         raise ConfigError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
     if idx.shape[1] + max_new_tokens > model.config.max_seq_len:
         raise ConfigError(
-            f"prompt ({idx.shape[1]}) + max_new_tokens ({max_new_tokens}) exceeds max_seq_len {model.config.max_seq_len}"
+            f"prompt ({idx.shape[1]}) + max_new_tokens ({max_new_tokens}) exceeds max_seq_len "
+            f"{model.config.max_seq_len}"
         )
     was_training = model.training
     model.eval()
@@ -902,7 +931,8 @@ def generate(
 def decode_throughput(
     model: DepthModel, batch_size: int = 1, prompt_len: int = 128, new_tokens: int = 64, repeats: int = 1, seed: int = 0
 ) -> dict:
-    "Prefill and cached greedy-decode timing of one shape: seconds, decode tokens/s, KV cache bytes (best of `repeats`)."
+    """Prefill and cached greedy-decode timing of one shape: seconds, decode tokens/s, KV cache bytes (best of
+    `repeats`)."""
     cfg = model.config
     device = next(model.parameters()).device
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
@@ -945,18 +975,28 @@ def decode_throughput(
 def import_checkpoint_command(
     source: str,  # local checkpoint folder/file, or a hub id owner/name[@revision]
     *,
-    arch: str,  # the design the checkpoint was trained as (preln, periln, lns, deepnorm, keel, hc, mhc, attnres, block_attnres, moda)
+    arch: Annotated[
+        str,
+        Arg(
+            help="the design the checkpoint was trained as (preln, periln, lns, deepnorm, keel, hc, mhc, attnres, "
+            "block_attnres, moda)"
+        ),
+    ],
     n_layer: Annotated[
-        Optional[int], Arg(flags=("--L",))
-    ] = None,  # declared number of blocks (checked against the checkpoint)
+        Optional[int], Arg(flags=("--L",), help="declared number of blocks (checked against the checkpoint)")
+    ] = None,
     n_head: Optional[int] = None,  # attention heads (default: OLMo-core config.json, else 16 as in DepthBench)
     step: Optional[int] = None,  # which step<N>/ checkpoint of a run folder or release repo (default: the latest)
     max_seq_len: int = 2048,  # context length of the imported model (default 2048)
     study: Annotated[str, Arg(help=f"study folder under the runs root (default {IMPORTED_STUDY!r})")] = IMPORTED_STUDY,
     option: Annotated[list, Arg(metavar="KEY=VALUE")] = (),  # a design option, repeatable
-    data_source: Optional[
-        str
-    ] = None,  # token data diagnostics will use (default: fineweb-edu for DepthBench's 50,280 vocabulary, else the package default 'sample')
+    data_source: Annotated[
+        Optional[str],
+        Arg(
+            help="token data diagnostics will use (default: fineweb-edu for DepthBench's 50,280 vocabulary, else the "
+            "package default 'sample')"
+        ),
+    ] = None,
     tokenizer: Optional[str] = None,  # tokenizer of that data (default: neox for 50,280, else bpe:4096)
     json: bool = False,
 ) -> int:

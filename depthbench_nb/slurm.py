@@ -262,13 +262,8 @@ class SlurmRequest(Config):
         return max(self.gpus, 1)
 
 
-def fit_request(req: SlurmRequest, partitions: Optional[dict]) -> tuple[SlurmRequest, list[str]]:
-    "The request with its defaults filled in, checked against the partitions (None: not checked); notes say what was chosen."
-    if partitions is None:
-        return req.replace(time=req.time or DEFAULT_TIME, cpus_per_task=req.cpus_per_task or DEFAULT_CPUS_PER_TASK), [
-            "not checked against the cluster (its controller was not reachable): defaults of 8 CPUs per task, "
-            "24 hours and the cluster's default memory"
-        ]
+def _chosen_partition(req: SlurmRequest, partitions: dict):
+    "The partition the request names, else the cluster's default one; a one-line error when there is none."
     if not partitions:
         raise ConfigError("sinfo lists no partitions on this cluster")
     name = req.partition or next((p.name for p in partitions.values() if p.default), None)
@@ -278,8 +273,11 @@ def fit_request(req: SlurmRequest, partitions: Optional[dict]) -> tuple[SlurmReq
         )
     if name not in partitions:
         raise _choice_error("partition", name, list(partitions))
-    part = partitions[name]
-    where, notes = f"partition {name!r}", [f"checked against partition {name!r} ({len(part.nodes)} nodes)"]
+    return name, partitions[name]
+
+
+def _nodes_with_feature(req: SlurmRequest, part, where: str, notes: list) -> list:
+    "The partition's nodes that have the requested feature (a plain feature name; Slurm checks an expression)."
     nodes = list(part.nodes)
     if req.constraint and re.fullmatch(r"[\w.\-]+", req.constraint):
         nodes = [n for n in nodes if req.constraint in n.features]
@@ -291,6 +289,12 @@ def fit_request(req: SlurmRequest, partitions: Optional[dict]) -> tuple[SlurmReq
             )
     elif req.constraint:
         notes.append(f"constraint {req.constraint!r} is an expression: Slurm checks it")
+    return nodes
+
+
+def _fit_gpus_and_cpus(req: SlurmRequest, nodes: list, where: str, notes: list) -> tuple[list, int, str]:
+    """The nodes with the requested GPUs and CPUs, the CPUs per task (the default capped at the largest node) and the
+    ' with N GPUs' the later messages say."""
     most = max(n.gpus for n in nodes)
     if req.gpus > most:
         raise ConfigError(
@@ -313,23 +317,59 @@ def fit_request(req: SlurmRequest, partitions: Optional[dict]) -> tuple[SlurmReq
         notes.append(
             f"CPUs per task: {cpus} (the default {DEFAULT_CPUS_PER_TASK} capped at the {most} CPUs of the largest node)"
         )
-    nodes = [n for n in nodes if n.cpus >= cpus]
+    return [n for n in nodes if n.cpus >= cpus], cpus, with_gpus
+
+
+def _fit_memory(
+    req: SlurmRequest, nodes: list, cpus: int, where: str, with_gpus: str, notes: list
+) -> tuple[list, Optional[str]]:
+    """The nodes with the requested memory and the memory to ask for: the request's, else the share of `cpus` CPUs of
+    a node's memory (None: the cluster's default)."""
     if req.mem is not None:
         want, most = parse_mem_mb(req.mem), max(n.memory_mb for n in nodes)
         if want > most:
             raise ConfigError(
-                f"{where}: the most memory on a node{with_gpus} with {cpus} CPUs is {most} MB, asked --slurm-mem {req.mem}"
+                f"{where}: the most memory on a node{with_gpus} with {cpus} CPUs is {most} MB, "
+                f"asked --slurm-mem {req.mem}"
             )
-        mem = req.mem
-        nodes = [n for n in nodes if n.memory_mb >= want]
-    else:
-        share = min(n.memory_mb * cpus // max(n.cpus, 1) for n in nodes)
-        mem = f"{share}M" if share >= 1024 else None  # nodes without a RealMemory (1 MB): Slurm's default
-        notes.append(
-            f"memory per node: {mem} (the share of {cpus} CPUs of a node's memory)"
-            if mem
-            else "memory: the cluster's default (its nodes report no memory size)"
-        )
+        return [n for n in nodes if n.memory_mb >= want], req.mem
+    share = min(n.memory_mb * cpus // max(n.cpus, 1) for n in nodes)
+    mem = f"{share}M" if share >= 1024 else None  # nodes without a RealMemory (1 MB): Slurm's default
+    notes.append(
+        f"memory per node: {mem} (the share of {cpus} CPUs of a node's memory)"
+        if mem
+        else "memory: the cluster's default (its nodes report no memory size)"
+    )
+    return nodes, mem
+
+
+def _fit_time(req: SlurmRequest, part, where: str, notes: list) -> str:
+    "The time limit to ask for: the request's (within the partition's limit), else the default capped at that limit."
+    limit = part.max_time_min
+    if req.time is not None:
+        if limit is not None and parse_time_minutes(req.time) > limit:
+            raise ConfigError(f"{where}: the time limit is {part.max_time}, asked --slurm-time {req.time}")
+        return req.time
+    if limit is not None and limit < parse_time_minutes(DEFAULT_TIME):
+        time_ = format_minutes(limit)
+        notes.append(f"time: {time_} (the default {DEFAULT_TIME} capped at the partition's limit)")
+        return time_
+    return DEFAULT_TIME
+
+
+def fit_request(req: SlurmRequest, partitions: Optional[dict]) -> tuple[SlurmRequest, list[str]]:
+    """The request with its defaults filled in, checked against the partitions (None: not checked); notes say what was
+    chosen."""
+    if partitions is None:
+        return req.replace(time=req.time or DEFAULT_TIME, cpus_per_task=req.cpus_per_task or DEFAULT_CPUS_PER_TASK), [
+            "not checked against the cluster (its controller was not reachable): defaults of 8 CPUs per task, "
+            "24 hours and the cluster's default memory"
+        ]
+    name, part = _chosen_partition(req, partitions)
+    where, notes = f"partition {name!r}", [f"checked against partition {name!r} ({len(part.nodes)} nodes)"]
+    nodes = _nodes_with_feature(req, part, where, notes)
+    nodes, cpus, with_gpus = _fit_gpus_and_cpus(req, nodes, where, notes)
+    nodes, mem = _fit_memory(req, nodes, cpus, where, with_gpus, notes)
     if req.nodes > len(nodes):
         raise ConfigError(
             f"{where}: {len(nodes)} node(s) can take a task of {cpus} CPUs{with_gpus} and {mem or 'default'} memory, "
@@ -339,16 +379,7 @@ def fit_request(req: SlurmRequest, partitions: Optional[dict]) -> tuple[SlurmReq
         raise ConfigError(
             f"{where}: a job may use at most {part.max_nodes} node(s) (its job size limit), asked --nodes {req.nodes}"
         )
-    limit = part.max_time_min
-    if req.time is not None:
-        if limit is not None and parse_time_minutes(req.time) > limit:
-            raise ConfigError(f"{where}: the time limit is {part.max_time}, asked --slurm-time {req.time}")
-        time_ = req.time
-    elif limit is not None and limit < parse_time_minutes(DEFAULT_TIME):
-        time_ = format_minutes(limit)
-        notes.append(f"time: {time_} (the default {DEFAULT_TIME} capped at the partition's limit)")
-    else:
-        time_ = DEFAULT_TIME
+    time_ = _fit_time(req, part, where, notes)
     if part.available != "up":
         notes.append(f"{where} is {part.available}: tasks wait until it is up")
     return req.replace(cpus_per_task=cpus, mem=mem, time=time_), notes
@@ -779,7 +810,10 @@ def data_prepare_command(
     "tokenize and pack a source into token shards + manifest, resumably, in parallel here or over a Slurm job array"
     cfg = DataConfig(source=source, tokenizer=tokenizer, path=out, max_tokens=max_tokens, val_tokens=val_tokens)
     progress = not no_progress and not json
-    say = lambda msg: print(msg, file=sys.stderr, flush=True)
+
+    def say(msg):
+        print(msg, file=sys.stderr, flush=True)
+
     if launcher == "slurm":
         if workers != 1 or wait or no_pack:
             raise ConfigError(
@@ -793,8 +827,9 @@ def data_prepare_command(
             print(res["message"])
             return 0
         print(
-            f"slurm jobs for data {res['path']}: {res['tasks']} array tasks over {res['source_shards'] - res['done']} of "
-            f"{res['source_shards']} source shards ({res['done']} done), then a packing job\n  array      {res['script']}\n"
+            f"slurm jobs for data {res['path']}: {res['tasks']} array tasks over "
+            f"{res['source_shards'] - res['done']} of {res['source_shards']} source shards ({res['done']} done), "
+            f"then a packing job\n  array      {res['script']}\n"
             f"  packing    {res['final_script']}\n  requests   {res['request']}\n  logs       {res['logs']}"
         )
         for n in res["notes"]:

@@ -18,7 +18,7 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal, Optional
 
@@ -48,7 +48,6 @@ from depthbench_nb.config import (
 from depthbench_nb.runs import (
     PEAK_BF16_FLOPS,
     RECORD_FILES,
-    child_pids,
     ensure_writable,
     forwarding_signals,
     read_json,
@@ -326,10 +325,12 @@ def _group_params(spec: StudySpec, g: StudyGroup) -> list[dict]:
         from depthbench_nb.looped import looped_grid_rows
 
         rows = [row for row in looped_grid_rows(g.looped_grid) if g.include_reused or not row["reused"]]
-        extra = lambda row: (
-            (dict(truncated_bptt=True) if row["r_bwd"] < row["r"] else {})
-            | (dict(injection="hc") if row["injection"] == "hc" else {})
-        )
+
+        def extra(row):
+            return (dict(truncated_bptt=True) if row["r_bwd"] < row["r"] else {}) | (
+                dict(injection="hc") if row["injection"] == "hc" else {}
+            )
+
         for row, lr, seed, o in itertools.product(rows, lrs, seeds, opts):
             out.append(
                 dict(base, arch="looped", s=row["s"], r=row["r"], C=row["C"], lr=lr, seed=seed, **extra(row), **o)
@@ -512,8 +513,8 @@ def _record_attempt(study: str, run_id: str, status: str, rc: int) -> None:
 
 
 def entry_status(e: RunEntry) -> str:
-    """completed | diverged | failed (result.json, or the driver saw it die), interrupted (stopped by a signal, checkpointed),
-    running (locked), unfinished (started), pending."""
+    """completed | diverged | failed (result.json, or the driver saw it die), interrupted (stopped by a signal,
+    checkpointed), running (locked), unfinished (started), pending."""
     status = run_status(run_dir(e.run))
     if status not in ("unfinished", "pending", "interrupted"):
         return status
@@ -549,7 +550,8 @@ EXECUTORS = ("papermill", "python", "worker")
 
 
 def run_command(e: RunEntry, executor: str = "papermill", nodes: int = 1, procs_per_node: int = 1) -> list[str]:
-    "The command that trains one entry on nodes × procs_per_node processes (nodes > 1: srun, inside a Slurm allocation)."
+    """The command that trains one entry on nodes × procs_per_node processes (nodes > 1: srun, inside a Slurm
+    allocation)."""
     sd = sweep_dir(e.run.study)
     world = nodes * procs_per_node  # not in the run id: the same run on any count
     if executor == "papermill":
@@ -586,14 +588,16 @@ def run_command(e: RunEntry, executor: str = "papermill", nodes: int = 1, procs_
     raise _choice_error("executor", executor, EXECUTORS)
 
 
-# papermill, with SIGTERM / SIGINT / SIGUSR1 passed on to its kernel (the training process), which checkpoints and stops;
-# papermill itself would die at once and take the kernel with it (the kernel exits when its parent is gone)
-_PAPERMILL_PASSING_SIGNALS = """import os, sys
-from depthbench_nb.runs import child_pids, forwarding_signals
-from papermill.cli import papermill
-with forwarding_signals(lambda: child_pids(os.getpid()), say=lambda m: print(f"papermill: {m}", file=sys.stderr, flush=True)):
-    papermill.main(args=sys.argv[1:], prog_name="papermill")
-"""
+# papermill, with SIGTERM / SIGINT / SIGUSR1 passed on to its kernel (the training process), which checkpoints and
+# stops; papermill itself would die at once and take the kernel with it (the kernel exits when its parent is gone)
+_PAPERMILL_PASSING_SIGNALS = (
+    "import os, sys\n"
+    "from depthbench_nb.runs import child_pids, forwarding_signals\n"
+    "from papermill.cli import papermill\n"
+    "with forwarding_signals(lambda: child_pids(os.getpid()), "
+    'say=lambda m: print(f"papermill: {m}", file=sys.stderr, flush=True)):\n'
+    '    papermill.main(args=sys.argv[1:], prog_name="papermill")\n'
+)
 
 _CHILDREN: set = set()
 
@@ -726,8 +730,11 @@ def close_workers() -> None:
 
 
 def worker_main(fd: int) -> int:
-    "The loop of a TrainingWorker process: train each job that arrives, answer its exit status; stop when the socket closes."
-    import socket, traceback
+    """The loop of a TrainingWorker process: train each job that arrives, answer its exit status; stop when the socket
+    closes."""
+    import socket
+    import traceback
+
     from depthbench_nb.trainer import cli_train
 
     sock = socket.socket(fileno=fd)
@@ -772,6 +779,118 @@ def entry_status_locked(e: RunEntry) -> str:
     return run_status(run_dir(e.run))
 
 # %% ../nbs/09a_sweep.ipynb #72de0860
+def _check_driver_args(executor: str, workers: int, nodes: int, procs_per_node: int) -> None:
+    "One-line errors for an executor, worker count or process layout the driver cannot run."
+    if executor not in EXECUTORS:
+        raise _choice_error("executor", executor, EXECUTORS)
+    if workers < 1:
+        raise ConfigError(f"workers must be >= 1, got {workers}")
+    if nodes < 1 or procs_per_node < 1:
+        raise ConfigError(f"nodes and procs_per_node must be >= 1, got {nodes} and {procs_per_node}")
+    if nodes > 1 and executor == "papermill":
+        raise ConfigError(f"--nodes {nodes}: multi-node runs use --executor python")
+
+
+def _selected_entries(spec: StudySpec, run_ids: list[str] | None) -> list[RunEntry]:
+    "The study's entries (every one checked before any run starts), only those of `run_ids` when given."
+    entries = study_entries(spec)
+    if run_ids:
+        known = {e.run_id for e in entries}
+        bad = [r for r in run_ids if r not in known]
+        if bad:
+            raise ConfigError(f"run ids not in study {spec.name!r}: {bad}")
+        entries = [e for e in entries if e.run_id in set(run_ids)]
+    return entries
+
+
+class _StudyDriver:
+    """The state the worker threads of one `run_study` share: the queue of entries, the outcomes, the progress bar and
+    the signals received (`stopping`, which the workers read before each run and between attempts)."""
+
+    def __init__(self, spec, entries, limit, executor, devices, nodes, procs_per_node, progress):
+        self.spec, self.limit, self.executor, self.devices = spec, limit, executor, devices
+        self.nodes, self.procs_per_node = nodes, procs_per_node
+        self.todo = iter(entries)
+        self.take = threading.Lock()
+        self.outcomes, self.out_lock = [], threading.Lock()
+        self.stopping: list = []  # the signals this driver received (forwarding_signals)
+        self.bar = None
+        if progress:
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=len(entries), desc=f"sweep {spec.name}", unit="run")
+
+    def note(self, e, what, status=None, error=None):
+        "Record what this driver did with one entry (and advance the bar)."
+        with self.out_lock:
+            self.outcomes.append(
+                dict(
+                    run_id=e.run_id, label=e.label(), action=what, status=status, **({"error": error} if error else {})
+                )
+            )
+            if self.bar is not None:
+                self.bar.update(1)
+                self.bar.set_postfix_str(f"{what}: {e.label()}"[:60])
+
+    def run_entry(self, e, device):
+        "Skip a settled or busy entry; else train it under its lock, retried until settled, stopped or out of attempts."
+        name = self.spec.name
+        st = entry_status(e)
+        if st in ("completed", "diverged"):
+            return self.note(e, "skipped", st)
+        if st == "running":
+            return self.note(e, "busy", st)
+        if attempts(name, e.run_id) >= self.limit:
+            return self.note(e, "gave up", st)
+        with RunLock(name, e.run_id) as lk:
+            if not lk.acquired or run_folder_holder(run_dir(e.run)) is not None:
+                return self.note(e, "busy", "running")
+            st = entry_status_locked(e)
+            if st in ("completed", "diverged"):
+                return self.note(e, "skipped", st)
+            while True:
+                st, rc = execute_entry(e, lk, self.executor, device, self.nodes, self.procs_per_node)
+                if st in ("completed", "diverged") or self.stopping or attempts(name, e.run_id) >= self.limit:
+                    break
+            self.note(e, "ran", st)
+
+    def worker(self, i: int):
+        "One worker thread: take entries until none is left; after a signal, start nothing new."
+        device = self.devices[i % len(self.devices)] if self.devices else None
+        while True:
+            with self.take:
+                e = next(self.todo, None)
+            if e is None:
+                return
+            if self.stopping:  # a signal: start nothing new
+                self.note(e, "not started", entry_status(e))
+                continue
+            try:
+                self.run_entry(e, device)
+            except Exception as exc:  # this run's trouble (a folder in the way, a full disk): noted, the others go on
+                self.note(e, "error", "failed", error=f"{type(exc).__name__}: {exc}")
+
+    def run(self, workers: int) -> None:
+        "Run `workers` threads to the end, signals passed on to the training children; then close bar and workers."
+        threads = [threading.Thread(target=self.worker, args=(i,), daemon=True) for i in range(workers)]
+
+        def say(m):
+            print(f"sweep {self.spec.name}: {m}", file=sys.stderr, flush=True)
+
+        # SIGTERM / SIGINT / SIGUSR1: passed on to the training children, which checkpoint; then nothing new starts
+        try:
+            with forwarding_signals(lambda: [p.pid for p in list(_CHILDREN)], say=say) as got:
+                self.stopping = got  # the workers read it
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join()
+        finally:
+            if self.bar is not None:
+                self.bar.close()
+            close_workers()
+
+
 def run_study(
     study,
     workers: int = 1,
@@ -786,115 +905,36 @@ def run_study(
 ) -> dict:
     "Run every missing run of a study (see above); returns counts and the per-run outcomes of this driver."
     spec = study if isinstance(study, StudySpec) else load_study(study)
-    if executor not in EXECUTORS:
-        raise _choice_error("executor", executor, EXECUTORS)
-    if workers < 1:
-        raise ConfigError(f"workers must be >= 1, got {workers}")
-    if nodes < 1 or procs_per_node < 1:
-        raise ConfigError(f"nodes and procs_per_node must be >= 1, got {nodes} and {procs_per_node}")
-    if nodes > 1 and executor == "papermill":
-        raise ConfigError(f"--nodes {nodes}: multi-node runs use --executor python")
+    _check_driver_args(executor, workers, nodes, procs_per_node)
     if nodes > 1:
         require_allocation(nodes)  # inside a Slurm allocation, with srun: before any run
     if extra:
         add_extra_entries(spec, list(extra))
-    entries = study_entries(spec)  # every entry checked before any run starts
-    if run_ids:
-        known = {e.run_id for e in entries}
-        bad = [r for r in run_ids if r not in known]
-        if bad:
-            raise ConfigError(f"run ids not in study {spec.name!r}: {bad}")
-        entries = [e for e in entries if e.run_id in set(run_ids)]
+    entries = _selected_entries(spec, run_ids)
     try:
         ensure_writable(sweep_dir(spec.name))
     except ConfigError as e:
         raise ConfigError(f"{e}; none of the {len(entries)} runs of study {spec.name!r} started") from None
     limit = max_attempts or spec.max_attempts
     record_plan(spec)
-    todo = iter(entries)
-    take = threading.Lock()
-    outcomes, out_lock = [], threading.Lock()
-    stopping: list = []  # the signals this driver received (forwarding_signals)
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=len(entries), desc=f"sweep {spec.name}", unit="run")
-
-    def note(e, what, status=None, error=None):
-        with out_lock:
-            outcomes.append(
-                dict(
-                    run_id=e.run_id, label=e.label(), action=what, status=status, **({"error": error} if error else {})
-                )
-            )
-            if bar is not None:
-                bar.update(1)
-                bar.set_postfix_str(f"{what}: {e.label()}"[:60])
-
-    def one(e, device):
-        st = entry_status(e)
-        if st in ("completed", "diverged"):
-            return note(e, "skipped", st)
-        if st == "running":
-            return note(e, "busy", st)
-        if attempts(spec.name, e.run_id) >= limit:
-            return note(e, "gave up", st)
-        with RunLock(spec.name, e.run_id) as lk:
-            if not lk.acquired or run_folder_holder(run_dir(e.run)) is not None:
-                return note(e, "busy", "running")
-            st = entry_status_locked(e)
-            if st in ("completed", "diverged"):
-                return note(e, "skipped", st)
-            while True:
-                st, rc = execute_entry(e, lk, executor, device, nodes, procs_per_node)
-                if st in ("completed", "diverged") or stopping or attempts(spec.name, e.run_id) >= limit:
-                    break
-            note(e, "ran", st)
-
-    def worker(i: int):
-        device = devices[i % len(devices)] if devices else None
-        while True:
-            with take:
-                e = next(todo, None)
-            if e is None:
-                return
-            if stopping:  # a signal: start nothing new
-                note(e, "not started", entry_status(e))
-                continue
-            try:
-                one(e, device)
-            except Exception as exc:  # this run's trouble (a folder in the way, a full disk): noted, the others go on
-                note(e, "error", "failed", error=f"{type(exc).__name__}: {exc}")
-
-    threads = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(workers)]
-    say = lambda m: print(f"sweep {spec.name}: {m}", file=sys.stderr, flush=True)
-    try:  # SIGTERM / SIGINT / SIGUSR1: passed on to the training children, which checkpoint; then nothing new starts
-        with forwarding_signals(lambda: [p.pid for p in list(_CHILDREN)], say=say) as got:
-            stopping = got  # the workers read it (a closure over this name)
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
-    finally:
-        if bar is not None:
-            bar.close()
-        close_workers()
+    driver = _StudyDriver(spec, entries, limit, executor, devices, nodes, procs_per_node, progress)
+    driver.run(workers)
     counts = {}
-    for o in outcomes:
+    for o in driver.outcomes:
         counts[o["action"]] = counts.get(o["action"], 0) + 1
     return dict(
         study=spec.name,
         runs=len(entries),
         counts=counts,
-        outcomes=outcomes,
+        outcomes=driver.outcomes,
         run_ids=[e.run_id for e in entries],
-        interrupted=signal.Signals(stopping[0]).name if stopping else None,
+        interrupted=signal.Signals(driver.stopping[0]).name if driver.stopping else None,
     )
 
 
 def unfinished_runs(study, outcome: dict) -> list[dict]:
-    "The runs a driver was given that are not completed or diverged now (failed, never started, running elsewhere), with the driver's error."
+    """The runs a driver was given that are not completed or diverged now (failed, never started, running elsewhere),
+    with the driver's error."""
     errors = {o["run_id"]: o["error"] for o in outcome["outcomes"] if o.get("error")}
     wanted = set(outcome["run_ids"])
     return [
@@ -961,7 +1001,8 @@ def _plan_path(study: str) -> Path:
 
 
 def record_plan(spec: StudySpec) -> None:
-    "Keep the study's current plan (its run ids) in .sweep/plan.json for readers that know the study by name only (report)."
+    """Keep the study's current plan (its run ids) in .sweep/plan.json for readers that know the study by name only
+    (report)."""
     ids, p = [e.run_id for e in study_entries(spec)], _plan_path(spec.name)
     try:
         old = _read_state(p) if p.exists() else None
@@ -972,7 +1013,8 @@ def record_plan(spec: StudySpec) -> None:
 
 
 def planned_run_ids(study: str) -> Optional[list[str]]:
-    "The run ids of a study's current plan: a shipped study's entries, else the plan its last sweep or collect recorded."
+    """The run ids of a study's current plan: a shipped study's entries, else the plan its last sweep or collect
+    recorded."""
     if study in study_names():
         return [e.run_id for e in study_entries(load_study(study))]
     p = _plan_path(study)
@@ -1067,7 +1109,8 @@ def slurm_script(
         exports["DEPTHBENCH_CACHE"] = str(Path(os.environ["DEPTHBENCH_CACHE"]).resolve())
     root = runs_root() / spec.name
     header = [
-        f"{len(run_ids)} runs of study {spec.name!r} not completed when this script was written ({time.strftime('%Y-%m-%d %H:%M')});",
+        f"{len(run_ids)} runs of study {spec.name!r} not completed when this script was written "
+        f"({time.strftime('%Y-%m-%d %H:%M')});",
         "each array task runs one through `depthbench-nb sweep run` (lock, skip, retry and resume included);",
         f"training logs: {sweep_dir(spec.name) / 'logs'}/<run_id>.log; the queue: depthbench-nb sweep status {ref}",
     ]
@@ -1128,7 +1171,8 @@ def write_slurm_script(
         why = (
             f"all {len(entries)} runs of study {spec.name!r} are completed or diverged"
             if not busy
-            else f"{len(entries) - len(todo)} runs of study {spec.name!r} are completed and {len(busy)} queued or running in Slurm"
+            else f"{len(entries) - len(todo)} runs of study {spec.name!r} are completed and {len(busy)} queued or "
+            "running in Slurm"
         )
         out["message"] = f"nothing to submit: {why}; no script written, no job queued"
         return out
@@ -1342,7 +1386,8 @@ def add_extra_entries(spec: StudySpec, extra: list[RunEntry]) -> None:
 
 
 def extend_lr_entries(spec: StudySpec, df: pd.DataFrame, factor: float = 2.0, save: bool = True) -> list[RunEntry]:
-    "New entries one LR step (×factor or ÷factor) beyond the grid for every (design, shape) whose best LR is at the edge."
+    """New entries one LR step (×factor or ÷factor) beyond the grid for every (design, shape) whose best LR is at the
+    edge."""
     from depthbench_nb.run_params import make_run_config
 
     opt = lr_optima(df)
@@ -1426,19 +1471,30 @@ def sweep_run_command(
     workers: int = 1,  # runs in parallel on this machine
     devices: Optional[str] = None,  # comma-separated device ids; worker i gets device i mod n (CUDA_VISIBLE_DEVICES)
     executor: Annotated[
-        Optional[str], Arg(choices=EXECUTORS)
-    ] = None,  # papermill (nbs/10_train.ipynb; the default) or python (trainer module; the default with --nodes > 1)
+        Optional[str],
+        Arg(
+            choices=EXECUTORS,
+            help="papermill (nbs/10_train.ipynb; the default) or python (trainer module; the default with --nodes > 1)",
+        ),
+    ] = None,
     max_attempts: Optional[int] = None,  # retry limit for failed runs (default: the study's)
     run_id: Optional[list] = None,  # only this run (repeatable); used by Slurm array tasks
     extend_lr: bool = False,  # first add one LR beyond the grid where the collected optimum is at its edge
     launcher: Literal["local", "slurm"] = "local",  # local: run here; slurm: write a job-array script
     submit: bool = False,  # with --launcher slurm: submit the script with sbatch
     nodes: int = 1,  # nodes per run; > 1 with --launcher slurm: one accelerate launcher per node (srun)
-    procs_per_node: Optional[
-        int
-    ] = None,  # training processes per node (default 1; with --launcher slurm one per GPU, set by --slurm-gpus)
+    procs_per_node: Annotated[
+        Optional[int],
+        Arg(help="training processes per node (default 1; with --launcher slurm one per GPU, set by --slurm-gpus)"),
+    ] = None,
     # --slurm-gpus, --slurm-cpus, ...: one option per field of the Slurm request, handed over as a dict
-    requeue: bool = False,  # inside a Slurm job: after SIGUSR1 (the time-limit warning) requeue this task once its run is checkpointed (the array script passes it)
+    requeue: Annotated[
+        bool,
+        Arg(
+            help="inside a Slurm job: after SIGUSR1 (the time-limit warning) requeue this task once its run is "
+            "checkpointed (the array script passes it)"
+        ),
+    ] = False,
     slurm: Annotated[
         Optional[dict],
         Arg(
@@ -1460,25 +1516,7 @@ def sweep_run_command(
             raise ConfigError("with --launcher slurm the processes per node follow --slurm-gpus (one per GPU)")
         req = SlurmRequest(**(slurm or {}), nodes=nodes)
         out = write_slurm_script(spec, submit=submit, request=req, study_ref=study, executor=executor, run_ids=run_id)
-        if json:
-            return emit(out, True)
-        if out["script"] is None:
-            print(out["message"])
-            return 0
-        print(
-            f"slurm job array for study {spec.name}: {out['to_submit']} of {out['runs']} runs ({out['completed']} completed)\n"
-            f"  script     {out['script']}\n  requests   {out['request']}\n  logs       {out['logs']}"
-        )
-        for n in out["notes"]:
-            print(f"  note       {n}")
-        if out.get("in_slurm"):
-            print(f"  in Slurm   {len(out['in_slurm'])} runs already queued or running: not submitted again")
-        print(
-            f"  submitted  job {out['job_id']}; follow it with: depthbench-nb sweep status {study}"
-            if out["submitted"]
-            else f"  submit it  sbatch {out['script']}"
-        )
-        return 0
+        return _say_slurm_array(out, spec, study, json)
     if submit:
         raise ConfigError("--submit needs --launcher slurm")
     if extend_lr:
@@ -1497,6 +1535,36 @@ def sweep_run_command(
         nodes=nodes,
         procs_per_node=procs_per_node or 1,
     )
+    return _say_sweep_outcome(spec, out, requeue, json)
+
+
+def _say_slurm_array(out: dict, spec: StudySpec, study: str, json: bool) -> int:
+    "What `sweep run --launcher slurm` wrote (and submitted): JSON, or the script, its request, logs and notes."
+    if json:
+        return emit(out, True)
+    if out["script"] is None:
+        print(out["message"])
+        return 0
+    print(
+        f"slurm job array for study {spec.name}: {out['to_submit']} of {out['runs']} runs "
+        f"({out['completed']} completed)\n"
+        f"  script     {out['script']}\n  requests   {out['request']}\n  logs       {out['logs']}"
+    )
+    for n in out["notes"]:
+        print(f"  note       {n}")
+    if out.get("in_slurm"):
+        print(f"  in Slurm   {len(out['in_slurm'])} runs already queued or running: not submitted again")
+    print(
+        f"  submitted  job {out['job_id']}; follow it with: depthbench-nb sweep status {study}"
+        if out["submitted"]
+        else f"  submit it  sbatch {out['script']}"
+    )
+    return 0
+
+
+def _say_sweep_outcome(spec: StudySpec, out: dict, requeue: bool, json: bool) -> int:
+    """What a local driver did and where the study stands (requeueing this Slurm task after SIGUSR1 when asked); the
+    exit status: interrupted, not done (anything failed or not started) or OK."""
     st = study_status(spec)
     left = unfinished_runs(spec, out)
     summary = dict(study=spec.name, this_driver=out["counts"], status=st["counts"])
@@ -1513,7 +1581,8 @@ def sweep_run_command(
             emit(
                 left,
                 False,
-                title=f"{len(left)} run(s) not completed or diverged (exit code {EXIT_INTERRUPTED if out['interrupted'] else EXIT_NOT_DONE}):",
+                title=f"{len(left)} run(s) not completed or diverged "
+                f"(exit code {EXIT_INTERRUPTED if out['interrupted'] else EXIT_NOT_DONE}):",
             )
         _say_stale(st["stale"])
     if out["interrupted"]:

@@ -14,7 +14,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
 from depthbench_nb.cli import main
-from depthbench_nb.config import ARCHS, ConfigError
+from depthbench_nb.config import ARCHS
 from depthbench_nb.hf import DepthBenchForCausalLM, GenerationCache
 from depthbench_nb.hf_config import DepthBenchConfig
 from depthbench_nb.hf_export import PAPERS, RECORD_NAME, export_hf, load_for_eval
@@ -117,7 +117,8 @@ def test_remote_code_without_the_package(exported, tmp_path):
     job.write_text(json.dumps({arch: dict(out=str(out), ids=ids[arch]) for arch, (_, out) in outs.items()}))
     script = f"""
 import json, sys
-sys.path.append({sysconfig.get_paths()["purelib"]!r})      # site-packages without its .pth files: no editable finder, no hooks
+# site-packages without its .pth files: no editable finder, no hooks
+sys.path.append({sysconfig.get_paths()["purelib"]!r})
 try:
     import depthbench_nb
     raise SystemExit('depthbench_nb is importable: the test would not prove anything')
@@ -228,7 +229,8 @@ def test_registration_on_package_import_in_any_order(tmp_path):
     load = f"print(type(AutoModelForCausalLM.from_pretrained({str(tmp_path / 'm')!r})).__name__)\n"
     orders = {  # the hook installed before Transformers loads, and after it has (the first try fails: the control)
         "package first": "import depthbench_nb\nfrom transformers import AutoModelForCausalLM\n",
-        "transformers first": "import transformers.modeling_utils\nfrom transformers import AutoConfig, AutoModelForCausalLM\n"
+        "transformers first": "import transformers.modeling_utils\n"
+        "from transformers import AutoConfig, AutoModelForCausalLM\n"
         f"try: AutoConfig.from_pretrained({str(tmp_path / 'm')!r}); print('KNOWN BEFORE IMPORT')\n"
         "except ValueError: pass\nimport depthbench_nb\n",
     }

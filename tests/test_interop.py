@@ -110,7 +110,8 @@ def olmo_core_model(cfg: ModelConfig, seed: int = 0, fix_ln_scale: bool = True):
 
 @pytest.mark.parametrize("arch", list(OLMO_BLOCKS))
 def test_olmo_core_parity_through_importer(arch, tmp_path, runs_dir, capsys):
-    "OLMo-core writes its DCP checkpoint; the CLI imports it; the run folder's model gives OLMo-core's logits (fp32, 1e-5)."
+    """OLMo-core writes its DCP checkpoint; the CLI imports it; the run folder's model gives OLMo-core's logits (fp32,
+    1e-5)."""
     from olmo_core.distributed.checkpoint import save_model_and_optim_state
 
     cfg = tiny(arch, n_layer=3)
@@ -133,7 +134,8 @@ def test_olmo_core_parity_through_importer(arch, tmp_path, runs_dir, capsys):
 
 
 def test_olmo_core_state_dict_names_are_the_fork_layout():
-    "The fork layout of the shared blocks is exactly upstream OLMo-core's state dict (names and shapes), LNS buffer aside."
+    """The fork layout of the shared blocks is exactly upstream OLMo-core's state dict (names and shapes), LNS buffer
+    aside."""
     for arch in OLMO_BLOCKS:
         cfg = tiny(arch)
         sd = olmo_core_model(cfg).state_dict()
@@ -185,7 +187,8 @@ def test_fork_layout_round_trip(name):
 
 @pytest.mark.parametrize("name", list(DESIGNS))
 def test_fork_layout_counts_match_closed_form(name):
-    "Parameter count of the fork layout = shapes.count_params, every design (AttnRes: 4Ld mixer parameters on both sides)."
+    """Parameter count of the fork layout = shapes.count_params, every design (AttnRes: 4Ld mixer parameters on both
+    sides)."""
     cfg = tiny(name, n_layer=3)
     fork = sum(math.prod(s) for s in fork_layout(cfg).values())
     assert fork == count_params(cfg).total
@@ -218,7 +221,8 @@ def _preln_twin(sd: dict, cfg: ModelConfig):
 
 @pytest.mark.parametrize("update", ["mixed", "unmixed"])
 def test_imported_hc_at_fork_init_is_n_times_preln(update):
-    "HC at the fork's init is Pre-LN on n equal streams; the sum readout gives n x the Pre-LN logits (official nn/hyper_connections.py)."
+    """HC at the fork's init is Pre-LN on n equal streams; the sum readout gives n x the Pre-LN logits (official
+    nn/hyper_connections.py)."""
     cfg = tiny("hc", hc_update=update)
     sd = _set_fork_init(random_fork_sd(cfg, seed=3, scale=0.5), cfg)
     idx = torch.randint(0, 64, (2, 10))
@@ -229,7 +233,8 @@ def test_imported_hc_at_fork_init_is_n_times_preln(update):
 
 @pytest.mark.parametrize("name", ["attnres", "block_attnres"])
 def test_imported_attnres_with_zero_queries_is_preln(name):
-    "Zero pseudo-queries mix uniformly; RMSNorm of the mean = RMSNorm of the Pre-LN sum (up to eps) (official AttnResTransformerBlock)."
+    """Zero pseudo-queries mix uniformly; RMSNorm of the mean = RMSNorm of the Pre-LN sum (up to eps) (official
+    AttnResTransformerBlock)."""
     cfg = tiny(name)
     sd = _set_fork_init(random_fork_sd(cfg, seed=4), cfg)  # unit-scale weights: eps (1e-5 vs 1e-6) is negligible
     idx = torch.randint(0, 64, (2, 10))

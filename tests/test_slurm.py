@@ -28,7 +28,7 @@ from depthbench_nb.runs import read_metrics, read_result
 from depthbench_nb.sweep import expand_study, load_study, study_status, write_slurm_script
 
 sys.path.insert(0, str(Path(__file__).parent))
-from slurm_cluster import SlurmCluster, free_port, node_line, why_not_available  # noqa: E402
+from slurm_cluster import SlurmCluster, free_port, why_not_available  # noqa: E402
 
 pytestmark = pytest.mark.slurm
 
@@ -460,7 +460,8 @@ def test_two_node_run_matches_one_process(cluster, dead_conf, tiny_data, tmp_pat
     shim.chmod(0o755)
     env = dict(os.environ, PATH=f"{shim.parent}{os.pathsep}{os.environ['PATH']}", DEPTHBENCH_MAIN_PORT=str(free_port()))
     # one node with two task slots stands in for two nodes (command-line options override the script's #SBATCH lines)
-    # (and the time the partition allows: the unchecked script asks for the 24-hour default, over this partition's limit)
+    # (and the time the partition allows: the unchecked script asks for the 24-hour default, over this partition's
+    # limit)
     sub = subprocess.run(
         [
             "sbatch",
@@ -480,11 +481,14 @@ def test_two_node_run_matches_one_process(cluster, dead_conf, tiny_data, tmp_pat
     assert sub.returncode == 0, sub.stderr
     job = sub.stdout.strip().split(";")[0]
     folder = cluster.runs / "twonode" / entry.run_id
-    logs = lambda: "\n".join(
-        p.read_text()[-3000:]
-        for p in sorted((cluster.runs / "twonode").rglob("*.log"))
-        + sorted((cluster.runs / "twonode" / "logs").glob("*.out"))
-    )
+
+    def logs():
+        return "\n".join(
+            p.read_text()[-3000:]
+            for p in sorted((cluster.runs / "twonode").rglob("*.log"))
+            + sorted((cluster.runs / "twonode" / "logs").glob("*.out"))
+        )
+
     try:
         wait_for(lambda: job_done(job), 300, "the two-node task to finish")
         assert reference.wait(timeout=600) == 0, reference.stderr.read()[-2000:]
@@ -526,7 +530,8 @@ def test_data_prepare_as_a_job_array(cluster, tiny_data, tmp_path):
     """A four-file parquet source prepared with `data prepare --launcher slurm --submit`: a two-task array (one CPU,
     one worker each) tokenizes the source shards, the packing job after it writes the manifest; the folder holds the
     streams of a local one-worker preparation, checksum for checksum. Submitting again queues nothing."""
-    import pyarrow as pa, pyarrow.parquet as pq
+    import pyarrow as pa
+    import pyarrow.parquet as pq
     from depthbench_nb.data import TokenData, _kjv_chapters, prepare
 
     chapters = list(_kjv_chapters())[:400]
@@ -574,7 +579,8 @@ def test_data_prepare_as_a_job_array(cluster, tiny_data, tmp_path):
 
 # ------------------------------------------------------------------------------------------------ without a cluster
 def test_script_without_a_reachable_cluster(tiny_data, tmp_path, runs_dir, monkeypatch, capsys):
-    "No Slurm reachable (a laptop, a login node with the controller down): the script is written with unchecked defaults."
+    """No Slurm reachable (a laptop, a login node with the controller down): the script is written with unchecked
+    defaults."""
     bash = shutil.which("bash")
     monkeypatch.setenv("PATH", str(Path(sys.executable).parent))  # no Slurm programs
     monkeypatch.delenv("SLURM_CONF", raising=False)
@@ -636,7 +642,8 @@ if os.environ.get('DEPTHBENCH_TEST_PAUSE'):
     import time
     from pathlib import Path
     import depthbench_nb.runs as _R
-    _mark, _pause, _append = Path(os.environ['DEPTHBENCH_TEST_MARK']), int(os.environ['DEPTHBENCH_TEST_PAUSE']), _R.MetricsLog.append
+    _mark, _pause = Path(os.environ['DEPTHBENCH_TEST_MARK']), int(os.environ['DEPTHBENCH_TEST_PAUSE'])
+    _append = _R.MetricsLog.append
     def _paused_append(self, row):
         _append(self, row)
         if row.get('step') == _pause and not (_mark / 'paused').exists():

@@ -314,7 +314,10 @@ def test_run_lock_excludes_a_second_holder(runs_dir):
 
 def test_lr_optimum_parabola_and_extension(tmp_path, runs_dir, tiny_data):
     lrs = [5e-4, 1e-3, 2e-3, 4e-3]
-    loss = lambda lr: 3.0 + 0.04 * (np.log(lr) - np.log(1.3e-3)) ** 2
+
+    def loss(lr):
+        return 3.0 + 0.04 * (np.log(lr) - np.log(1.3e-3)) ** 2
+
     df = pd.DataFrame(
         dict(
             arch="preln",
@@ -476,7 +479,10 @@ def test_worker_executor_writes_the_records_a_fresh_process_writes(tmp_path, tin
         records[executor] = {f.parent.name: read_metrics_rows(f.parent) for f in (runs / "w").glob("*/metrics.jsonl")}
         logs = list((runs / "w" / ".sweep" / "logs").glob("*.log"))
         assert len(logs) == 3 and all("step" in p.read_text() or "completed" in p.read_text() for p in logs)
-    keep = lambda rows: [{k: r.get(k) for k in ("step", "loss", "grad_norm", "val_loss", "lr")} for r in rows]
+
+    def keep(rows):
+        return [{k: r.get(k) for k in ("step", "loss", "grad_norm", "val_loss", "lr")} for r in rows]
+
     assert set(records["python"]) == set(records["worker"]) and len(records["python"]) == 3
     for run_id, rows in records["python"].items():
         assert rows and keep(rows) == keep(records["worker"][run_id]), run_id
