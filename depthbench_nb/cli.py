@@ -214,3 +214,8 @@ def notebooks_command(
 def cli_notebooks(argv=None) -> int:
     "depthbench-nb notebooks DIR: copy the templates and reports out of the package."
     return call_parsed(notebooks_command, argv, prog="depthbench-nb notebooks")
+
+# %% ../nbs/00a_cli.ipynb #9da8631f
+#| eval: false
+if __name__ == "__main__" and "__file__" in globals():  # `python -m depthbench_nb.cli ...`, not a notebook kernel
+    sys.exit(main())

@@ -77,7 +77,7 @@ from depthbench_nb.slurm import (
 )
 from .shapes import count_params, get_grid, resolve_preset
 from .costs import train_flops_per_token
-from .console import Arg, call_parsed, emit, template_path
+from .console import Arg, call_parsed, emit, flatten, template_path
 
 # %% auto #0
 __all__ = ['MAX_STUDY_BYTES', 'MAX_STUDY_NODES', 'GPU_PEAK_FLOPS', 'DEFAULT_MFU', 'RUN_STATUSES', 'EXECUTORS', 'RESULT_FIELDS',
@@ -85,10 +85,9 @@ __all__ = ['MAX_STUDY_BYTES', 'MAX_STUDY_NODES', 'GPU_PEAK_FLOPS', 'DEFAULT_MFU'
            'expand_study', 'plan_rows', 'sweep_dir', 'RunLock', 'is_running', 'attempts', 'entry_status',
            'entry_progress', 'run_command', 'execute_entry', 'TrainingWorker', 'close_workers', 'worker_main',
            'entry_status_locked', 'run_study', 'unfinished_runs', 'study_status', 'stale_runs', 'record_plan',
-           'planned_run_ids', 'slurm_tasks', 'slurm_script', 'write_slurm_script', 'flatten', 'collect',
-           'looped_fit_table', 'lr_optima', 'study_entries', 'add_extra_entries', 'extend_lr_entries',
-           'sweep_plan_command', 'sweep_run_command', 'sweep_status_command', 'cli_sweep', 'collect_command',
-           'cli_collect']
+           'planned_run_ids', 'slurm_tasks', 'slurm_script', 'write_slurm_script', 'collect', 'looped_fit_table',
+           'lr_optima', 'study_entries', 'add_extra_entries', 'extend_lr_entries', 'sweep_plan_command',
+           'sweep_run_command', 'sweep_status_command', 'cli_sweep', 'collect_command', 'cli_collect']
 
 # %% ../nbs/09a_sweep.ipynb #a94f1d9d
 @dataclass(frozen=True)
@@ -1159,20 +1158,6 @@ def write_slurm_script(
     return out
 
 # %% ../nbs/09a_sweep.ipynb #3b5d2de7
-def flatten(d: dict, prefix: str = "") -> dict:
-    "Nested dicts as dotted columns; lists and tuples as JSON strings."
-    out = {}
-    for k, v in d.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict):
-            out.update(flatten(v, key + "."))
-        elif isinstance(v, (list, tuple)):
-            out[key] = json.dumps(list(v))
-        else:
-            out[key] = v
-    return out
-
-
 RESULT_FIELDS = (
     "final_val_loss",
     "best_val_loss",

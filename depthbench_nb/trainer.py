@@ -48,7 +48,7 @@ from depthbench_nb.config import (
     memory_check_enabled,
     resolve_arch,
 )
-from .console import add_dataclass_options, dataclass_values, emit, parse_literal
+from .console import add_dataclass_options, dataclass_values, emit, flatten, parse_literal, scalar_or_str
 from .optim import build_looped_optimizer
 from depthbench_nb.runs import (
     RECORD_FILES,
@@ -1070,7 +1070,7 @@ class Trackers(Callback):
         run = state.run
         state.dist.accelerator.init_trackers(
             run.study,
-            config=dict(run_id=run.run_id, **_flat(run.to_dict())),
+            config=dict(run_id=run.run_id, **flatten(run.to_dict(), leaf=scalar_or_str)),
             init_kwargs=tracker_init_kwargs(run, state.folder),
         )
 
@@ -1523,16 +1523,6 @@ def _gather(dist: Dist, obj) -> list:
         return [obj]
     out = [None] * dist.world
     torch.distributed.all_gather_object(out, obj)
-    return out
-
-
-def _flat(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(_flat(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v if isinstance(v, (int, float, str, bool)) else str(v)
     return out
 
 

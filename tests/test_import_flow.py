@@ -55,6 +55,7 @@ FLOW = [
     "reports",
     "demo",
     "cli",
+    "__main__",
 ]
 NOT_IN_FLOW = {"__init__", "_modidx"}  # the package root (version, hook install) and nbdev's index
 
