@@ -101,7 +101,8 @@ class UsageError(ConfigError):
 
 
 def error_kind(e: BaseException) -> str:
-    "The `kind` of an error in `--json` output: config, usage, corrupt, unsafe, busy, resources, not_found, io or internal (and interrupted)."
+    """The `kind` of an error in `--json` output: config, usage, corrupt, unsafe, busy, resources, not_found, io or
+    internal (and interrupted)."""
     if isinstance(e, ConfigError):
         return e.kind
     if isinstance(e, FileNotFoundError):

@@ -38,7 +38,10 @@ def format_table(rows: list[dict], columns=None) -> str:
 
     cells = [[fmt(r.get(c)) for c in columns] for r in rows]
     widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
-    line = lambda vals: "  ".join(v.rjust(w) for v, w in zip(vals, widths))
+
+    def line(vals: list[str]) -> str:
+        return "  ".join(v.rjust(w) for v, w in zip(vals, widths))
+
     return "\n".join([line(columns), line(["-" * w for w in widths])] + [line(r) for r in cells])
 
 
