@@ -379,7 +379,8 @@ class RunFolderLock(FolderLock):
     """One writer per run folder: `FolderLock` (`nbs/00_config.ipynb`: a `flock` the kernel drops when its holder
     dies, a hard-linked record where the filesystem has no `flock`) on `<run folder>/.lock`, held while the run is
     written. `wait=False` refuses a held lock (`RunBusy`, naming the holder); `wait=True` waits for it, a number
-    waits at most that many seconds."""
+    waits at most that many seconds. A run has this one kind of lock: the sweep driver's claim on a run it launches
+    (`sweep.RunLock`) is a `FolderLock` too, on its own file, and `lock_holder` reads either."""
 
     what = "run folder"
     wait_hint = "wait for it (depthbench-nb train --wait) or stop that process"
