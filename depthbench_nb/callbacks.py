@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from .config import RunConfig
+from .console import flatten, scalar_or_str
 from .data import held_out_set
 from .runs import RECORD_FILES, MetricsLog, SignalCatcher, save_checkpoint
 from depthbench_nb.parallel import (
@@ -395,7 +396,7 @@ class Trackers(Callback):
         run = state.run
         state.dist.accelerator.init_trackers(
             run.study,
-            config=dict(run_id=run.run_id, **_flat(run.to_dict())),
+            config=dict(run_id=run.run_id, **flatten(run.to_dict(), leaf=scalar_or_str)),
             init_kwargs=tracker_init_kwargs(run, state.folder),
         )
 
@@ -470,13 +471,3 @@ def default_callbacks(run: RunConfig, progress: bool = True, stop_after: Optiona
     if t.trackers:
         cbs.append(Trackers())
     return cbs
-
-
-def _flat(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(_flat(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v if isinstance(v, (int, float, str, bool)) else str(v)
-    return out

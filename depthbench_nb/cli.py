@@ -101,7 +101,8 @@ class UsageError(ConfigError):
 
 
 def error_kind(e: BaseException) -> str:
-    "The `kind` of an error in `--json` output: config, usage, corrupt, unsafe, busy, resources, not_found, io or internal (and interrupted)."
+    """The `kind` of an error in `--json` output: config, usage, corrupt, unsafe, busy, resources, not_found, io or
+    internal (and interrupted)."""
     if isinstance(e, ConfigError):
         return e.kind
     if isinstance(e, FileNotFoundError):
@@ -214,3 +215,8 @@ def notebooks_command(
 def cli_notebooks(argv=None) -> int:
     "depthbench-nb notebooks DIR: copy the templates and reports out of the package."
     return call_parsed(notebooks_command, argv, prog="depthbench-nb notebooks")
+
+# %% ../nbs/00a_cli.ipynb #9da8631f
+#| eval: false
+if __name__ == "__main__" and "__file__" in globals():  # `python -m depthbench_nb.cli ...`, not a notebook kernel
+    sys.exit(main())

@@ -894,9 +894,16 @@ class FolderLock:
     wait_hint = "wait for it or stop that process"
     busy = FolderBusy
 
-    def __init__(self, folder, wait: bool | float = False, poll_s: float = 0.5, say: Callable[[str], None] = print):
+    def __init__(
+        self,
+        folder,
+        wait: bool | float = False,
+        poll_s: float = 0.5,
+        say: Callable[[str], None] = print,
+        name: str = LOCK_FILE,
+    ):
         self.folder, self.wait, self.poll_s, self.say = Path(folder), wait, poll_s, say
-        self.path = self.folder / LOCK_FILE
+        self.path = self.folder / name  # another name than LOCK_FILE where one folder holds several locks
         self.fd, self.mode, self.took_over = None, "flock", None
 
     # -- the two mechanisms: each returns True (held), False (someone else holds it) or None (try again now)
@@ -924,7 +931,7 @@ class FolderLock:
         return True
 
     def _try_link(self) -> Optional[bool]:
-        tmp = self.path.with_name(f"{LOCK_FILE}.{socket.gethostname()}.{os.getpid()}")
+        tmp = self.path.with_name(f"{self.path.name}.{socket.gethostname()}.{os.getpid()}")
         tmp.write_text(json.dumps(self._record()))
         try:
             os.link(tmp, self.path)
@@ -1019,24 +1026,27 @@ class FolderLock:
         self.release()
 
 
-def lock_holder(folder) -> Optional[dict]:
-    "The record of the live process holding a folder's lock, or None. A look only: it takes no lock and writes nothing."
-    rec = FolderLock(folder).holder()
-    if not rec or rec.get("released"):
+def lock_holder(folder, name: str = LOCK_FILE) -> Optional[dict]:
+    """The record of the live process holding a folder's lock (`name`: its file), or None. A look only: it takes no lock
+    and writes nothing. A held lock whose file holds no record (being written, or a bare pid, as the sweep driver's
+    lock held it before it was a `FolderLock`) is `{}`."""
+    rec = FolderLock(folder, name=name).holder()
+    if rec is not None and rec.get("released"):
         return None
-    if holder_alive(rec):
+    if rec and holder_alive(rec):
         return rec
-    # another host, or a holder that died while a process it launched (accelerate's launcher) keeps the lock: ask it
+    # another host, a holder that died while a process it launched (accelerate's launcher) keeps the lock, or no
+    # record: ask the lock
     try:
-        fd = os.open(Path(folder) / LOCK_FILE, os.O_RDONLY)
+        fd = os.open(Path(folder) / name, os.O_RDONLY)
     except FileNotFoundError:
         return None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         return None
     except BlockingIOError:
-        return rec  # held
+        return rec or {}  # held
     except OSError:
-        return rec if holder_alive(rec) is None else None  # no flock here: the record is the lock
+        return rec if rec and holder_alive(rec) is None else None  # no flock here: the record is the lock
     finally:
         os.close(fd)

@@ -15,12 +15,12 @@ import sys
 import types
 import typing
 from pathlib import Path
-from typing import Iterable, Iterator, Optional
+from typing import Any, Callable, Iterable, Iterator, Optional
 
 # %% auto #0
 __all__ = ['format_table', 'parse_literal', 'json_stdout', 'emit', 'add_dataclass_options', 'dataclass_values', 'Arg',
-           'comma_ints', 'parser_from_signature', 'parser_from_commands', 'call_parsed', 'notebooks_dir',
-           'template_notebooks', 'template_path']
+           'comma_ints', 'parser_from_signature', 'parser_from_commands', 'call_parsed', 'sequences_as_json',
+           'scalar_or_str', 'flatten', 'notebooks_dir', 'template_notebooks', 'template_path']
 
 # %% ../nbs/00b_console.ipynb #1ec7e9ec
 def format_table(rows: list[dict], columns=None) -> str:
@@ -38,7 +38,10 @@ def format_table(rows: list[dict], columns=None) -> str:
 
     cells = [[fmt(r.get(c)) for c in columns] for r in rows]
     widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
-    line = lambda vals: "  ".join(v.rjust(w) for v, w in zip(vals, widths))
+
+    def line(vals: list[str]) -> str:
+        return "  ".join(v.rjust(w) for v, w in zip(vals, widths))
+
     return "\n".join([line(columns), line(["-" * w for w in widths])] + [line(r) for r in cells])
 
 
@@ -265,6 +268,28 @@ def call_parsed(target, argv=None, prog: str | None = None, description: str | N
         for field in values[name]:
             values.pop(name + "_" + field)
     return fn(**values)
+
+# %% ../nbs/00b_console.ipynb #3c55f596
+def sequences_as_json(value):
+    "A table cell: lists and tuples as JSON strings, everything else as it is."
+    return json.dumps(list(value)) if isinstance(value, (list, tuple)) else value
+
+
+def scalar_or_str(value):
+    "A tracker's config value: numbers, strings and booleans as they are, everything else as its `str`."
+    return value if isinstance(value, (int, float, str, bool)) else str(value)
+
+
+def flatten(d: dict, prefix: str = "", leaf: Callable[[Any], Any] = sequences_as_json) -> dict:
+    "Nested dicts as dotted keys (`train.lr`), each other value through `leaf`."
+    out = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(flatten(v, key + ".", leaf))
+        else:
+            out[key] = leaf(v)
+    return out
 
 # %% ../nbs/00b_console.ipynb #d0eb53d0
 def _package_dir() -> Path:

@@ -18,14 +18,14 @@ import shutil
 import socket
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
-from typing import Callable, Iterable, Optional
+from typing import TYPE_CHECKING, Callable, Iterable, Optional
 
-# LOCK_FILE, _process_start, describe_holder and holder_alive: the lock's helpers, importable from here as before
+if TYPE_CHECKING:  # annotations only: importing runs does not load torch
+    import torch
+
 from depthbench_nb.config import (
-    LOCK_FILE,
     ConfigError,
     CorruptFile,
     FolderLock,
@@ -34,13 +34,10 @@ from depthbench_nb.config import (
     RunConfig,
     RunInterrupted,
     UnsafeFile,
-    _process_start,
     atomic_write_json,
     atomic_write_text,
     config_diff,
-    describe_holder,
     format_bytes,
-    holder_alive,
     identity_content,
     lock_holder,
     operational_changes,
@@ -49,6 +46,9 @@ from depthbench_nb.config import (
     runs_root_reason,
     short_repr,
 )
+
+# the lock's helpers, importable from here as before (tests/test_faults.py imports two of them from here)
+from .config import LOCK_FILE, _process_start, describe_holder, holder_alive  # noqa: F401
 
 # %% auto #0
 __all__ = ['RECORD_FILES', 'TORCH_STORAGES', 'TORCH_FILE_GLOBALS', 'LEGACY_NUMPY_GLOBALS', 'CHECKSUMS_FILE', 'RECORD_EVIDENCE',
@@ -193,7 +193,8 @@ def pickle_globals(stream) -> list[tuple[str, str]]:
 
 
 def check_pickle(stream, allowed, what: str) -> None:
-    "`UnsafeFile` naming the first global of the pickle in `stream` that is not in `allowed` (exact (module, name) pairs)."
+    """`UnsafeFile` naming the first global of the pickle in `stream` that is not in `allowed` (exact (module, name)
+    pairs)."""
     for module, qual in pickle_globals(stream):
         if (module, qual) not in allowed:
             raise UnsafeFile(
@@ -239,7 +240,8 @@ LEGACY_NUMPY_GLOBALS = frozenset(
 def check_torch_file(source, what: str, allowed=TORCH_FILE_GLOBALS) -> None:
     """Refuse (`UnsafeFile`) a PyTorch file whose pickles name anything outside `allowed`, before torch reads it: the
     `.pkl` members of a zip file (torch's format), else the pickles at the start of a legacy file."""
-    import io, zipfile
+    import io
+    import zipfile
 
     f = open(source, "rb") if isinstance(source, (str, Path)) else source
     try:
@@ -276,7 +278,9 @@ def safe_torch_load(source, what: Optional[str] = None, legacy_numpy: bool = Fal
     `check_torch_file`) is `UnsafeFile`, refused before anything ran; a file torch cannot read is `CorruptFile`.
     `legacy_numpy` also admits numpy arrays (the RNG state of checkpoints written before checkpoint format 2), by the
     numpy names torch's documentation gives for that."""
-    import pickle, warnings, zipfile
+    import pickle
+    import warnings
+    import zipfile
     import numpy as np
     import torch
 
@@ -375,7 +379,8 @@ class RunFolderLock(FolderLock):
     """One writer per run folder: `FolderLock` (`nbs/00_config.ipynb`: a `flock` the kernel drops when its holder
     dies, a hard-linked record where the filesystem has no `flock`) on `<run folder>/.lock`, held while the run is
     written. `wait=False` refuses a held lock (`RunBusy`, naming the holder); `wait=True` waits for it, a number
-    waits at most that many seconds."""
+    waits at most that many seconds. A run has this one kind of lock: the sweep driver's claim on a run it launches
+    (`sweep.RunLock`) is a `FolderLock` too, on its own file, and `lock_holder` reads either."""
 
     what = "run folder"
     wait_hint = "wait for it (depthbench-nb train --wait) or stop that process"
@@ -391,7 +396,8 @@ RECORD_EVIDENCE = ("metrics", "result", "checkpoints", "layer_stats", "notebook"
 
 
 def has_record(folder) -> bool:
-    "True when a run folder holds something of a run (metrics, a result, checkpoints, ...), not just params.json or its lock."
+    """True when a run folder holds something of a run (metrics, a result, checkpoints, ...), not just params.json or
+    its lock."""
     folder = Path(folder)
     for key in RECORD_EVIDENCE:
         p = folder / RECORD_FILES[key]
@@ -447,7 +453,10 @@ def git_state() -> dict:
     root = repo_root()
     if root is None or not (root / ".git").exists():
         return none
-    git = lambda *a: subprocess.run(["git", *a], cwd=root, capture_output=True, timeout=10)
+
+    def git(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["git", *args], cwd=root, capture_output=True, timeout=10)
+
     try:
         sha = git("rev-parse", "HEAD").stdout.decode().strip()
         if not sha:
@@ -496,7 +505,8 @@ def slurm_job_info(env=None) -> Optional[dict]:
 def provenance() -> dict:
     """Package version, git commit (dirty flag and diff hash), library versions, device, host, Python, UTC time and
     the Slurm job (if any)."""
-    import numpy, torch
+    import numpy
+    import torch
     import depthbench_nb
 
     try:
@@ -578,9 +588,9 @@ def read_params(folder: Path) -> RunConfig:
 
 
 def write_params(folder: Path, run: RunConfig, say: Callable[[str], None] = print, **notes) -> Path:
-    """Write params.json (the config, the run id, provenance and `notes`); refuse a folder that already holds a different
-    run. Operational options (checkpoint cadence, trackers, ...: `TrainConfig.OPERATIONAL`) may differ from the last
-    run of the folder: the run is the same, and what changed is said."""
+    """Write params.json (the config, the run id, provenance and `notes`); refuse a folder that already holds a
+    different run. Operational options (checkpoint cadence, trackers, ...: `TrainConfig.OPERATIONAL`) may differ from
+    the last run of the folder: the run is the same, and what changed is said."""
     path = Path(folder) / RECORD_FILES["params"]
     if path.exists():
         old = read_params(folder).replace(study=run.study, num_processes=run.num_processes)
@@ -648,7 +658,8 @@ class MetricsLog:
         self.path, self.enabled = Path(path), enabled
 
     def start(self, header: dict, step: int = 0) -> None:
-        "Begin the log at `step`: a fresh log (step 0) is the header alone; a resumed one keeps rows before `step`, then the header."
+        """Begin the log at `step`: a fresh log (step 0) is the header alone; a resumed one keeps rows before `step`,
+        then the header."""
         if not self.enabled:
             return
         keep = [r for r in read_jsonl(self.path) if r.get("step", -1) < step] if step else []
@@ -701,7 +712,8 @@ def checkpoints_dir(folder: Path) -> Path:
 
 
 def list_checkpoints(folder: Path) -> list[tuple[int, Path]]:
-    "Complete checkpoints of a run folder as (step, path), oldest first (complete: renamed into place; see verify_checkpoint)."
+    """Complete checkpoints of a run folder as (step, path), oldest first (complete: renamed into place; see
+    verify_checkpoint)."""
     d = checkpoints_dir(folder)
     if not d.exists():
         return []
@@ -715,7 +727,8 @@ def list_checkpoints(folder: Path) -> list[tuple[int, Path]]:
 
 def _rng_state() -> dict:
     "The RNG states of torch, numpy, Python (and CUDA) as tensors and plain numbers, so weights_only loads them."
-    import numpy as np, torch
+    import numpy as np
+    import torch
 
     npst, (version, internal, gauss_next) = np.random.get_state(legacy=False), random.getstate()
     st = dict(
@@ -734,7 +747,8 @@ def _rng_state() -> dict:
 
 
 def _set_rng_state(st: dict) -> None:
-    import numpy as np, torch
+    import numpy as np
+    import torch
 
     torch.set_rng_state(st["torch"])
     n, p = st["numpy"], st["python"]
@@ -818,7 +832,8 @@ def save_checkpoint(
         shutil.rmtree(tmp, ignore_errors=True)
         if full:
             raise ResourceError(
-                f"checkpoint step {step} could not be written to {checkpoints_dir(folder)}: no space left on the device "
+                f"checkpoint step {step} could not be written to {checkpoints_dir(folder)}: "
+                "no space left on the device "
                 f"(it needs about {format_bytes(_checkpoint_bytes(folder, model, model_state))}, "
                 f"{_free(checkpoints_dir(folder))} free); the partial checkpoint was removed; free some space "
                 f"and run the same command again to resume from the last checkpoint"
@@ -849,7 +864,8 @@ def _disk_full(e: BaseException, path: Path) -> bool:
 
 
 def _checkpoint_bytes(folder: Path, model, model_state: Optional[dict] = None) -> int:
-    "About how many bytes a checkpoint takes: the newest one written, else the weights and two optimizer moments (fp32)."
+    """About how many bytes a checkpoint takes: the newest one written, else the weights and two optimizer moments
+    (fp32)."""
     done = list_checkpoints(folder)
     if done:
         return sum(f.stat().st_size for f in done[-1][1].iterdir() if f.is_file())
@@ -993,7 +1009,8 @@ def load_run(folder) -> tuple[torch.nn.Module, RunConfig]:
 
 # %% ../nbs/07a_runs.ipynb #17c93493
 def run_status(folder: Path) -> str:
-    "What a run folder's record says: completed | diverged | failed (result.json), unfinished (params.json only), pending (nothing)."
+    """What a run folder's record says: completed | diverged | failed (result.json), unfinished (params.json only),
+    pending (nothing)."""
     folder = Path(folder)
     res = read_result(folder) if folder.exists() else None
     if res:
@@ -1048,7 +1065,8 @@ class SignalCatcher:
         self.say(f"{name}: finishing this step, then writing a checkpoint and stopping")
 
     def __enter__(self) -> "SignalCatcher":
-        import signal, threading
+        import signal
+        import threading
 
         if threading.current_thread() is threading.main_thread():
             for s in _signal_numbers():
@@ -1082,7 +1100,8 @@ def child_pids(pid: int) -> list[int]:
 def forwarding_signals(targets: Callable[[], Iterable[int]], say: Callable[[str], None] = print):
     """While the body waits for child processes, SIGTERM, SIGINT and SIGUSR1 are passed on to the pids `targets()`
     gives at that moment instead of ending this process; yields a list that receives the signal numbers."""
-    import signal, threading
+    import signal
+    import threading
 
     got, previous = [], {}
 
@@ -1090,7 +1109,8 @@ def forwarding_signals(targets: Callable[[], Iterable[int]], say: Callable[[str]
         got.append(signum)
         pids = [p for p in targets() if p != os.getpid()]
         say(
-            f"{signal.Signals(signum).name}: passed on to {len(pids)} process(es) ({', '.join(map(str, pids))}); waiting for them"
+            f"{signal.Signals(signum).name}: passed on to {len(pids)} process(es) ({', '.join(map(str, pids))}); "
+            "waiting for them"
         )
         for p in pids:
             with contextlib.suppress(ProcessLookupError):

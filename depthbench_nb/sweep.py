@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import itertools
 import json
 import json as _json  # `json` is also the --json switch of the command functions
@@ -35,12 +34,15 @@ from depthbench_nb.config import (
     ConfigError,
     CorruptFile,
     DESIGN_OPTIONS,
+    FolderBusy,
+    FolderLock,
     RunConfig,
     _choice_error,
     atomic_write_bytes,
     atomic_write_json,
     atomic_write_text,
     family_of,
+    lock_holder,
     package_dir,
     runs_root,
     short_repr,
@@ -76,7 +78,7 @@ from depthbench_nb.slurm import (
 )
 from .shapes import count_params, get_grid, resolve_preset
 from .costs import train_flops_per_token
-from .console import Arg, call_parsed, emit, template_path
+from .console import Arg, call_parsed, emit, flatten, template_path
 
 # %% auto #0
 __all__ = ['MAX_STUDY_BYTES', 'MAX_STUDY_NODES', 'GPU_PEAK_FLOPS', 'DEFAULT_MFU', 'RUN_STATUSES', 'EXECUTORS', 'RESULT_FIELDS',
@@ -84,10 +86,9 @@ __all__ = ['MAX_STUDY_BYTES', 'MAX_STUDY_NODES', 'GPU_PEAK_FLOPS', 'DEFAULT_MFU'
            'expand_study', 'plan_rows', 'sweep_dir', 'RunLock', 'is_running', 'attempts', 'entry_status',
            'entry_progress', 'run_command', 'execute_entry', 'TrainingWorker', 'close_workers', 'worker_main',
            'entry_status_locked', 'run_study', 'unfinished_runs', 'study_status', 'stale_runs', 'record_plan',
-           'planned_run_ids', 'slurm_tasks', 'slurm_script', 'write_slurm_script', 'flatten', 'collect',
-           'looped_fit_table', 'lr_optima', 'study_entries', 'add_extra_entries', 'extend_lr_entries',
-           'sweep_plan_command', 'sweep_run_command', 'sweep_status_command', 'cli_sweep', 'collect_command',
-           'cli_collect']
+           'planned_run_ids', 'slurm_tasks', 'slurm_script', 'write_slurm_script', 'collect', 'looped_fit_table',
+           'lr_optima', 'study_entries', 'add_extra_entries', 'extend_lr_entries', 'sweep_plan_command',
+           'sweep_run_command', 'sweep_status_command', 'cli_sweep', 'collect_command', 'cli_collect']
 
 # %% ../nbs/09a_sweep.ipynb #a94f1d9d
 @dataclass(frozen=True)
@@ -443,42 +444,38 @@ def sweep_dir(study: str) -> Path:
     return runs_root() / study / ".sweep"
 
 
-class RunLock:
-    "Non-blocking exclusive lock of one run (`acquired` tells whether this process got it)."
+class RunLock(FolderLock):
+    """The sweep driver's claim on one run, taken without waiting (`acquired` tells whether this process got it): the
+    lock of a run folder (`FolderLock`: a `flock` and its holder's record) on `<study>/.sweep/locks/<run_id>.lock`.
+    The driver passes its descriptor to the run's process, so the claim lasts as long as the run, also when the
+    driver dies first. A lock file of an older driver (its pid alone) reads as a holder without a record."""
+
+    what = "run"
+    wait_hint = "another sweep driver runs it"
 
     def __init__(self, study: str, run_id: str):
-        self.path = sweep_dir(study) / "locks" / f"{run_id}.lock"
-        self.fd, self.acquired = None, False
+        super().__init__(sweep_dir(study) / "locks", name=f"{run_id}.lock", say=lambda message: None)
+        self.acquired = False
 
-    def __enter__(self):
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+    def __enter__(self) -> "RunLock":
         try:
-            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            self.acquire()
             self.acquired = True
-            os.ftruncate(self.fd, 0)
-            os.write(self.fd, f"{os.getpid()}\n".encode())
-        except BlockingIOError:
+        except FolderBusy:
             self.acquired = False
         return self
 
-    def __exit__(self, *exc):
-        if self.fd is not None:
-            os.close(self.fd)  # closing the last descriptor releases the lock
-        self.fd = None
+    def __exit__(self, *exc) -> None:
+        if self.acquired:
+            self.release()
+        self.acquired = False
 
 
 def is_running(study: str, run_id: str) -> bool:
-    "True when some process holds the run's driver lock, or writes its run folder (a `train` started by hand)."
-    if run_folder_holder(runs_root() / study / run_id) is not None:
-        return True
-    if not (sweep_dir(study) / "locks" / f"{run_id}.lock").exists():
-        return False
-    try:
-        with RunLock(study, run_id) as lk:
-            return not lk.acquired
-    except OSError:
-        return False  # an unusable lock path: nobody can hold it (the driver reports the run)
+    "True when a process holds the run: the driver's claim (`RunLock`) or its run folder (a `train` started by hand)."
+    claim = RunLock(study, run_id)
+    held = lock_holder(claim.folder, name=claim.path.name), run_folder_holder(runs_root() / study / run_id)
+    return any(holder is not None for holder in held)
 
 
 def _attempts_path(study: str, run_id: str) -> Path:
@@ -630,7 +627,8 @@ def execute_entry(
         if worker is not None:
             rc = worker.train(cmd[-2], log, lock.fd)
         else:
-            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, pass_fds=(lock.fd,))
+            fds = () if lock.fd is None else (lock.fd,)  # None: a filesystem without flock, the record is the lock
+            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, pass_fds=fds)
             _CHILDREN.add(proc)
             try:
                 rc = proc.wait()
@@ -1203,20 +1201,6 @@ def write_slurm_script(
     return out
 
 # %% ../nbs/09a_sweep.ipynb #3b5d2de7
-def flatten(d: dict, prefix: str = "") -> dict:
-    "Nested dicts as dotted columns; lists and tuples as JSON strings."
-    out = {}
-    for k, v in d.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict):
-            out.update(flatten(v, key + "."))
-        elif isinstance(v, (list, tuple)):
-            out[key] = json.dumps(list(v))
-        else:
-            out[key] = v
-    return out
-
-
 RESULT_FIELDS = (
     "final_val_loss",
     "best_val_loss",

@@ -1,28 +1,42 @@
 """The behaviour fixture: what the package computes, recorded so that a redesign can show it changed nothing.
 
-`compute(data)` trains short tiny-preset runs of every design, their option variants and the looped model (losses,
-gradient norms and validation losses per step), counts their parameters (closed form and instantiated), costs them
-(training and prefill FLOPs, KV and depth cache, the cost-table row of the paper shape), lists the shape grids, the
-looped grids and their accounting, and builds both reports' tables from records made here (the DepthBench report on
-the short runs, the looped report on the 116 runs of `looped-main` with losses from the paper's law).
+`compute()` trains short tiny-preset runs of every registered design, the option variants the papers study and the
+looped model (losses, gradient norms and validation losses per step), counts their parameters (closed form and
+instantiated), costs them (training and prefill FLOPs, KV and depth cache, the cost-table row of the paper shape), lists
+the shape grids, the looped grids and their accounting, and builds both reports' tables from records made here (the
+DepthBench report on the short runs, the looped report on the 116 runs of `looped-main` with losses from the paper's
+law).
 
-    .venv/bin/python tests/behaviour_fixture.py --record     # writes tests/data/behaviour_fixture.json
+The recording is keyed per design (`by_design`): `designs.<name>` holds everything of one design (its runs, shape rows,
+cost row and its rows of the report tables; the looped model's entry also holds its grids and the looped report), and
+`shared` the report tables that belong to no design. A new design adds its own entry and leaves the recorded ones
+alone: until it is recorded the comparison reports it as not recorded yet, with the command that records it:
+
+    .venv/bin/python tests/behaviour_fixture.py                        # compare; list designs not recorded yet
+    .venv/bin/python tests/behaviour_fixture.py --record-design NAME   # add NAME's entry to the recordings
+
+`--record-design` refuses while a recorded entry differs, and re-records only the shared tables that summarise all
+designs (`DESIGN_SPANNING`: the paper index, the run count, the verdicts), which a new design changes by existing.
 
 `tests/test_behaviour_fixture.py` recomputes it and compares value by value: integers and strings exactly, floats
 within `CROSS_MACHINE_RTOL` (another CPU's kernels round differently: two AVX512 machines with torch 2.13.0 gave
 1e-7 on the design runs' losses, 2e-6 on the looped runs' losses and 1.2e-4 on their gradient norms, which the bf16
-Polar Express step of MuonH amplifies). Bit for bit needs the same numerics: `numerics_probe()` hashes a battery of plain torch
-fp32 operations (no project code), and a machine whose probe has its own recording,
+Polar Express step of MuonH amplifies). Bit for bit needs the same numerics: `numerics_probe()` hashes a battery of
+plain torch fp32 operations (no project code), and a machine whose probe has its own recording,
 `tests/data/behaviour_fixture.<probe>.json`, is compared with it bit for bit, except the looped report's float64
-scipy fits (`NUMPY_SECTIONS`), whose BLAS kernels the torch probe cannot see: those stay within `CROSS_MACHINE_RTOL`. Such a recording is made only from
-code before the redesign (commit f5501bb, the commit that recorded the main fixture):
+scipy fits (`NUMPY_SECTIONS`), whose BLAS kernels the torch probe cannot see: those stay within `CROSS_MACHINE_RTOL`.
+Both recordings were made from code before the redesign (commit f5501bb) in one flat layout and converted to the keyed
+one without changing a value (`flat_layout` gives the flat files back byte for byte; `FLAT_RECORDINGS` holds their
+hashes). A machine's own recording of all designs is made from such code:
 
-    .venv/bin/python tests/behaviour_fixture.py --record-environment   # writes tests/data/behaviour_fixture.<probe>.json
+    .venv/bin/python tests/behaviour_fixture.py --record-environment  # tests/data/behaviour_fixture.<probe>.json
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import importlib
 import json
 import math
 import os
@@ -32,10 +46,8 @@ from pathlib import Path
 
 FIXTURE = Path(__file__).parent / "data" / "behaviour_fixture.json"
 STEPS = 4
-# every design at its defaults plus the option variants the paper studies (name, arch, options)
-VARIANTS = [
-    (a, a, {}) for a in ("preln", "periln", "lns", "deepnorm", "keel", "hc", "mhc", "attnres", "block_attnres", "moda")
-] + [
+# the option variants the papers study (name, arch, options); every registered design also runs at its defaults
+OPTION_VARIANTS = [
     ("hc-unmixed", "hc", dict(hc_update="unmixed")),
     ("mhc-native", "mhc", dict(mhc_backend="native")),
     ("mhc-static", "mhc", dict(mhc_backend="static")),
@@ -49,6 +61,23 @@ VARIANTS = [
     ("looped-hc", "looped", dict(injection="hc")),
     ("looped-tbptt", "looped", dict(truncated_bptt=True)),
 ]
+
+
+def residual_designs() -> list[str]:
+    "The registered designs on the DepthBench backbone (every one but the looped model), in registry order."
+    from depthbench_nb.config import ARCHS
+
+    for module in ("depthbench_nb.model", "depthbench_nb.looped"):
+        importlib.import_module(module)  # importing a design's module registers it
+
+    return [a for a in ARCHS if a != "looped"]
+
+
+def variants() -> list[tuple[str, str, dict]]:
+    "Every residual design at its defaults, then the option variants: (name, arch, options)."
+    return [(a, a, {}) for a in residual_designs()] + OPTION_VARIANTS
+
+
 # columns that measure the machine, not the computation
 VOLATILE = (
     "wall",
@@ -96,8 +125,8 @@ def _run_config(arch: str, opts: dict):
 
     opts = dict(opts)
     shape = {} if arch == "looped" else dict(L=4 if arch == "block_attnres" else 2, d_model=32)
-    # data=None: the tiny preset's offline corpus in the cache folder, prepared on first use; its path is not part of the
-    # config, so run ids do not depend on where a test session keeps its files
+    # data=None: the tiny preset's offline corpus in the cache folder, prepared on first use; its path is not part of
+    # the config, so run ids do not depend on where a test session keeps its files
     run = make_run_config(
         arch, preset="tiny", max_steps=STEPS, eval_every=2, study="behaviour", verbose=False, **shape, **opts
     )
@@ -128,7 +157,7 @@ def _training() -> dict:
     from depthbench_nb.trainer import train
 
     out = {}
-    for name, arch, opts in VARIANTS:
+    for name, arch, opts in variants():
         run = _run_config(arch, opts)
         res = train(run, progress=False)
         rows = read_metrics(run_dir(run))
@@ -154,7 +183,7 @@ def _paper_shapes() -> dict:
     from depthbench_nb.looped import looped_grid_rows
     from depthbench_nb.shapes import shape_for, shape_rows
 
-    designs = [n for n, _, o in VARIANTS if not n.startswith("looped") and not o]
+    designs = residual_designs()
     out = {"shape_rows": {}, "cost_rows": {}, "looped_grids": {}}
     for grid in ("400m", "400m-main", "300m-backbone", "1.6b", "ladder"):
         for arch in designs:
@@ -271,12 +300,11 @@ CROSS_MACHINE_RTOL = dict(grad_norm=1e-3, other=1e-5)
 # are picked per CPU model (OpenBLAS dispatch), which the torch probe cannot see: on an AMD EPYC whose torch probe
 # equals the recording machine's, the fits moved by up to 2.2e-7 relative. They are compared to CROSS_MACHINE_RTOL
 # even where the rest is compared bit for bit.
-NUMPY_SECTIONS = ("looped_report",)
+NUMPY_SECTIONS = ("designs/looped/looped_report",)
 
 
 def numerics_probe() -> str:
     "A hash of how this machine's torch rounds fp32 work like the fixture's (matmuls, softmax, norms, an AdamW step)."
-    import hashlib
     import torch
 
     g = torch.Generator().manual_seed(0)
@@ -317,7 +345,7 @@ def environment_fixture() -> Path:
 
 
 def differences(recorded, now, exact: bool, path: str = "") -> list[str]:
-    "Where `now` differs from `recorded`: exact for everything but floats, floats bit for bit or to `CROSS_MACHINE_RTOL`."
+    "Where `now` differs from `recorded`: exact but for floats, which are bit for bit or within `CROSS_MACHINE_RTOL`."
     if isinstance(recorded, dict) and isinstance(now, dict):
         out = [f"{path}/{k}: missing now" for k in recorded if k not in now]
         out += [f"{path}/{k}: new" for k in now if k not in recorded]
@@ -343,27 +371,165 @@ def differences(recorded, now, exact: bool, path: str = "") -> list[str]:
     return [] if recorded == now else [f"{path}: {recorded!r} recorded, {now!r} now"]
 
 
-if __name__ == "__main__":
+# The DepthBench report's tables with a row per design (their `arch` column) are split into the designs' entries; the
+# shared tables that summarise all designs change when a design is added, by the new design's existence alone.
+DESIGN_COLUMN = "arch"
+DESIGN_SPANNING = ("depthbench_paper_index", "depthbench_run_status", "depthbench_verdicts")
+RECORD_DESIGN = ".venv/bin/python tests/behaviour_fixture.py --record-design"
+# sha256 of the two recordings as they were written in the flat layout of `compute()`, before they were keyed per
+# design: `flat_layout` of the keyed files must give these bytes back
+FLAT_RECORDINGS = {
+    "behaviour_fixture.json": "60c4f91c959bc5a4d3375f7b30216845345d24aaa2566a76eee6e7001abacf42",
+    "behaviour_fixture.d8666b2b557d.json": "32a71150e263b658b2c23a4687a731baf0d6311a59996c9199cc36dd2fd98024",
+}
+
+
+def dump(data: dict) -> str:
+    "A recording's text (the flat files were written so too)."
+    return json.dumps(data, indent=1, sort_keys=True) + "\n"
+
+
+def by_design(flat: dict) -> dict:
+    "`compute()`'s flat layout keyed per design: `environment`, `designs.<name>` (all of one design), `shared`."
+    arch_of = {name: arch for name, arch, _ in variants()}
+    designs: dict[str, dict] = {}
+    for name, run in flat["training"].items():
+        designs.setdefault(arch_of[name], {}).setdefault("training", {})[name] = run
+    for key, rows in flat["paper_shapes"]["shape_rows"].items():
+        grid, arch = key.split("/")
+        designs.setdefault(arch, {}).setdefault("shape_rows", {})[grid] = rows
+    for arch, row in flat["paper_shapes"]["cost_rows"].items():
+        designs.setdefault(arch, {})["cost_row"] = row
+    designs.setdefault("looped", {}).update(
+        looped_grids=flat["paper_shapes"]["looped_grids"], looped_report=flat["looped_report"]
+    )
+    shared = {}
+    for name, table in flat["depthbench_report"].items():
+        if DESIGN_COLUMN not in table["columns"]:
+            shared[name] = table
+            continue
+        shared[name] = dict(columns=table["columns"], index=[], data=[])  # its rows go to their designs
+        column = table["columns"].index(DESIGN_COLUMN)
+        for position, row in zip(table["index"], table["data"]):
+            rows = designs.setdefault(row[column], {}).setdefault("depthbench_report", {})
+            rows = rows.setdefault(name, dict(index=[], data=[]))
+            rows["index"].append(position)
+            rows["data"].append(row)
+    environment = dict(cpu_capability=flat["cpu_capability"], torch=flat["torch"])
+    return dict(environment=environment, designs=designs, shared=dict(depthbench_report=shared))
+
+
+def flat_layout(keyed: dict) -> dict:
+    "The inverse of `by_design`: the layout `compute()` returns (the report rows in their recorded positions)."
+    designs = keyed["designs"]
+    report = {}
+    for name, table in keyed["shared"]["depthbench_report"].items():
+        rows = list(zip(table["index"], table["data"]))
+        for entry in designs.values():
+            mine = entry.get("depthbench_report", {}).get(name)
+            rows += list(zip(mine["index"], mine["data"])) if mine else []
+        rows.sort(key=lambda position_row: position_row[0])
+        report[name] = dict(columns=table["columns"], index=[i for i, _ in rows], data=[row for _, row in rows])
+    shape_rows = {
+        f"{grid}/{arch}": rows for arch, e in designs.items() for grid, rows in e.get("shape_rows", {}).items()
+    }
+    return dict(
+        keyed["environment"],
+        training={name: run for e in designs.values() for name, run in e.get("training", {}).items()},
+        paper_shapes=dict(
+            shape_rows=shape_rows,
+            cost_rows={arch: e["cost_row"] for arch, e in designs.items() if "cost_row" in e},
+            looped_grids=designs["looped"]["looped_grids"],
+        ),
+        depthbench_report=report,
+        looped_report=designs["looped"]["looped_report"],
+    )
+
+
+def _positionless(entry: dict) -> dict:
+    "A design's entry without the positions of its report rows (a new design's rows move them)."
+    tables = {name: table["data"] for name, table in entry.get("depthbench_report", {}).items()}
+    return dict(entry, depthbench_report=tables) if tables else entry
+
+
+def compare(recorded: dict, now: dict, exact: bool) -> tuple[list[str], list[str]]:
+    """(differences, notes) of two keyed recordings. Each recorded design is compared with its entry now; a design
+    not recorded yet is a note naming the command that records it, and so is a change of a shared table that
+    summarises all designs (`DESIGN_SPANNING`) while such a design exists."""
+    new = [name for name in now["designs"] if name not in recorded["designs"]]
+    notes = [f"design {name!r}: not recorded yet: record with {RECORD_DESIGN} {name}" for name in new]
+    diffs = []
+    for name, entry in recorded["designs"].items():
+        if name not in now["designs"]:
+            diffs.append(f"/designs/{name}: missing now")
+            continue
+        diffs += differences(_positionless(entry), _positionless(now["designs"][name]), exact, f"/designs/{name}")
+    tables, tables_now = recorded["shared"]["depthbench_report"], now["shared"]["depthbench_report"]
+    diffs += [f"/shared/depthbench_report/{name}: new" for name in tables_now if name not in tables]
+    for name, table in tables.items():
+        path = f"/shared/depthbench_report/{name}"
+        found = differences(table, tables_now[name], exact, path) if name in tables_now else [f"{path}: missing now"]
+        if found and new and name in DESIGN_SPANNING:
+            notes.append(f"{path} summarises all designs and changed with {', '.join(new)}: recorded with them")
+        else:
+            diffs += found
+    return diffs, notes
+
+
+def recordings() -> list[tuple[Path, bool]]:
+    "The recordings this machine compares with: (path, bit for bit)."
+    return [(FIXTURE, False)] + ([(environment_fixture(), True)] if environment_fixture().exists() else [])
+
+
+def record_design(name: str) -> None:
+    "Add one design's entry to the recordings, after checking that every recorded entry still holds."
+    now = by_design(compute())
+    if name not in now["designs"]:
+        sys.exit(f"no design {name!r} here; the designs: {', '.join(now['designs'])}")
+    keyed = {path: json.loads(path.read_text()) for path, _ in recordings()}
+    for path, exact in recordings():
+        if name in keyed[path]["designs"]:
+            sys.exit(f"{name!r} is recorded in {path.name} already; a recorded entry is not re-recorded")
+        diffs, _ = compare(keyed[path], now, exact)
+        if diffs:
+            sys.exit(f"{len(diffs)} differences from {path.name}, e.g. {diffs[0]}: not recording while they exist")
+    for path, recorded in keyed.items():
+        recorded["designs"][name] = now["designs"][name]
+        for table in DESIGN_SPANNING:
+            recorded["shared"]["depthbench_report"][table] = now["shared"]["depthbench_report"][table]
+        path.write_text(dump(recorded))
+        print(f"recorded {name!r} in {path}")
+
+
+def _arguments() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument(
         "--record",
         action="store_true",
-        help=f"write {FIXTURE.relative_to(Path.cwd()) if FIXTURE.is_relative_to(Path.cwd()) else FIXTURE}",
+        help=f"write {FIXTURE.relative_to(Path.cwd()) if FIXTURE.is_relative_to(Path.cwd()) else FIXTURE}, all designs",
     )
     ap.add_argument(
         "--record-environment",
         action="store_true",
         help="write this machine's bit-for-bit recording (only from code before the redesign)",
     )
-    a = ap.parse_args()
+    ap.add_argument("--record-design", metavar="NAME", help="add the entry of a design not recorded yet")
+    return ap.parse_args()
+
+
+if __name__ == "__main__":
+    a = _arguments()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    result = compute()
+    if a.record_design:
+        record_design(a.record_design)
+        sys.exit(0)
+    result = by_design(compute())
     if a.record or a.record_environment:
         target = environment_fixture() if a.record_environment else FIXTURE
-        target.write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
+        target.write_text(dump(result))
         print(f"recorded {target} ({target.stat().st_size:,} bytes)")
     else:
-        diffs = differences(json.loads(FIXTURE.read_text()), result, exact=False)
-        print("\n".join(diffs[:50]) or "no differences")
+        diffs, notes = compare(json.loads(FIXTURE.read_text()), result, exact=False)
+        print("\n".join(diffs[:50] + notes) or "no differences")
         sys.exit(1 if diffs else 0)

@@ -65,6 +65,7 @@ FLOW = [
     "report_cli",
     "demo",
     "cli",
+    "__main__",
 ]
 NOT_IN_FLOW = {"__init__", "_modidx"}  # the package root (version, hook install) and nbdev's index
 
@@ -106,7 +107,7 @@ def _top_level_nodes(tree):
         node = todo.pop(0)
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             yield node
-        elif isinstance(node, (ast.If, ast.Try, ast.With)) and not _is_main_guard(node):
+        elif isinstance(node, (ast.If, ast.Try, ast.With)) and not _is_main_guard(node) and not _is_type_checking(node):
             todo[:0] = [n for part in ("body", "orelse", "finalbody") for n in getattr(node, part, [])]
             todo[:0] = [n for h in getattr(node, "handlers", []) for n in h.body]
 
@@ -137,6 +138,11 @@ def imported(node, modules) -> tuple[list[str], list[str]]:
 def _is_main_guard(node) -> bool:
     "`if __name__ == '__main__' ...:` runs the module as a script (e.g. under srun), never when it is imported."
     return isinstance(node, ast.If) and "__main__" in ast.unparse(node.test)
+
+
+def _is_type_checking(node) -> bool:
+    "`if TYPE_CHECKING:` imports for annotations only, never when the module is imported."
+    return isinstance(node, ast.If) and ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING")
 
 
 def _import_nodes(tree):
