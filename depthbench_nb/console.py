@@ -177,15 +177,41 @@ def _peel(annotation):
     return annotation, arg
 
 
+def _end_line_comments(fn) -> dict:
+    """The comment at the end of each parameter's last line: where `ruff format` wraps a long annotation, the comment
+    follows the default (`] = None,  # ...`), on a line fastcore's docments does not read."""
+    import ast
+    import io
+    import textwrap
+    import tokenize
+
+    source = textwrap.dedent(inspect.getsource(fn))
+    tokens = tokenize.generate_tokens(io.StringIO(source).readline)
+    comments = {t.start[0]: t.string.lstrip("#").strip() for t in tokens if t.type == tokenize.COMMENT}
+    node = ast.parse(source).body[0]
+    params = node.args.posonlyargs + node.args.args + node.args.kwonlyargs
+    positional = node.args.posonlyargs + node.args.args
+    defaults = [None] * (len(positional) - len(node.args.defaults)) + node.args.defaults + node.args.kw_defaults
+    starts = {p.lineno for p in params}
+    out = {}
+    for param, default in zip(params, defaults):
+        end = max(param.end_lineno, default.end_lineno if default is not None else 0)
+        if end in comments and end not in starts:
+            out[param.arg] = comments[end]
+    return out
+
+
 def _comments(fn) -> dict:
-    "The comment after each parameter (fastcore's docments); none where the source cannot be read."
+    """The comment after each parameter (fastcore's docments, else the comment that ends a wrapped parameter); none
+    where the source cannot be read."""
     # imported here: a Hugging Face export ships this module as remote code, which must not need fastcore
     from fastcore.docments import docments
 
     try:
-        return docments(fn)
+        found = docments(fn)
     except (OSError, TypeError):
         return {}
+    return found | {k: v for k, v in _end_line_comments(fn).items() if not found.get(k)}
 
 
 _STANDARD_HELP = dict(json="machine-readable JSON output")  # the help of a parameter every command has
