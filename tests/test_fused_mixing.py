@@ -95,14 +95,18 @@ def test_fused_path_is_as_accurate_as_the_reference_far_from_init(arch):
     m32, m64 = trained_like(config(arch, 5), scale=0.3), trained_like(config(arch, 5), torch.float64, scale=0.3)
     _, exact = logits_and_grads(m64, IDX, "reference")
     scale = max(g.abs().max().item() for g in exact.values())
-    err = lambda grads: max((grads[n].double() - exact[n]).abs().max().item() for n in exact) / scale
+
+    def err(grads):
+        return max((grads[n].double() - exact[n]).abs().max().item() for n in exact) / scale
+
     reference, fused = err(logits_and_grads(m32, IDX, "reference")[1]), err(logits_and_grads(m32, IDX, "fused")[1])
     assert fused <= 2 * reference + 1e-7, f"fused {fused:.1e} vs reference {reference:.1e} (relative to fp64)"
 
 
 @pytest.mark.parametrize("arch", ["attnres", "block_attnres", "moda", "hc", "mhc"])
 def test_fused_path_is_the_same_math_in_fp64(arch):
-    "In fp64 the two paths agree to rounding (1e-12): the fused ops compute the reference's function, not an approximation."
+    """In fp64 the two paths agree to rounding (1e-12): the fused ops compute the reference's function, not an
+    approximation."""
     assert_same(trained_like(config(arch, 4), torch.float64), IDX, 1e-12)
 
 
@@ -117,7 +121,8 @@ def test_fused_path_with_skips_and_states(arch):
 
 @pytest.mark.parametrize("arch", ["attnres", "moda"])
 def test_a_second_backward_through_the_stores_sums_like_the_reference(arch):
-    "retain_graph and a second backward: the slot gradients are summed afresh, not carried over (the store clears them)."
+    """retain_graph and a second backward: the slot gradients are summed afresh, not carried over (the store clears
+    them)."""
     model = trained_like(config(arch, 3))
     grads = {}
     for mixing in ("reference", "fused"):
@@ -235,7 +240,10 @@ def test_mixing_bytes_of_the_stores_match_a_traced_step(arch, options, monkeypat
     "Forward + backward bytes of AttnRes sources / MoDA depth slots touched per mixing call, summed over a step."
     cfg = config(arch, 4, **options)
     mode = StateTraffic()
-    grads = lambda st: (st.values, st.grad_buffer())
+
+    def grads(st):
+        return (st.values, st.grad_buffer())
+
     if arch == "moda":
         wrap(
             monkeypatch,
