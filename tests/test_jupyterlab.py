@@ -210,7 +210,8 @@ def test_train_template_runs_in_jupyterlab_in_chromium(tmp_path, tiny_data, monk
 
         wait("the notebook", lambda: len(cells()) == n_cells)
         # as a user would: type the overrides at the end of the parameters cell (a CPU-sized run on the test data)
-        params = next(c for c in cells() if "arch = 'attnres'" in c.text)
+        # the parameters cell (either quote: the template is as `ruff format` leaves it)
+        params = next(c for c in cells() if any(f"arch = {q}attnres{q}" in c.text for q in "\"'"))
         params.find_element(By.CSS_SELECTOR, ".cm-content").click()
         ActionChains(driver).key_down(Keys.CONTROL).send_keys(Keys.END).key_up(Keys.CONTROL).perform()
         ActionChains(driver).send_keys(
