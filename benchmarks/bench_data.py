@@ -225,10 +225,16 @@ def memory(tmp: Path, tokenizer: str, files: int, copies: int) -> dict:
         out[f"{scale}x"] = dict(tokens=res["tokens"], **mem)
         shutil.rmtree(corpus, ignore_errors=True)
         shutil.rmtree(tmp / f"mem-out-{scale}x", ignore_errors=True)
-    peak = lambda s, k: max(out[s][k]) if out[s][k] else 0.0
+
+    def peak(s, k):
+        return max(out[s][k]) if out[s][k] else 0.0
+
     out["worker_uss_ratio_4x_over_1x"] = round(peak("4x", "worker_uss_mb") / max(peak("1x", "worker_uss_mb"), 1e-9), 3)
     out["worker_rss_ratio_4x_over_1x"] = round(peak("4x", "worker_rss_mb") / max(peak("1x", "worker_rss_mb"), 1e-9), 3)
-    coordinator = lambda s: out[s]["coordinator_rss_mb"]
+
+    def coordinator(s):
+        return out[s]["coordinator_rss_mb"]
+
     out["coordinator_rss_ratio_4x_over_1x"] = round(coordinator("4x") / max(coordinator("1x"), 1e-9), 3)
     return out
 

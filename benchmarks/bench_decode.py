@@ -12,7 +12,6 @@ A benchmark, not a test: nothing is asserted. --out writes the rows as JSON.
 from __future__ import annotations
 
 import argparse
-import json
 
 import torch
 
@@ -58,7 +57,8 @@ def main(argv=None) -> int:
             r["decode_vs_preln"] = r["decode_tokens_per_s"] / base
             rows.append(r)
             print(
-                f"L{L:<3} {arch:14s} prefill {r['prefill_tokens_per_s']:10.1f} tok/s  decode {r['decode_tokens_per_s']:8.1f} tok/s"
+                f"L{L:<3} {arch:14s} prefill {r['prefill_tokens_per_s']:10.1f} tok/s  "
+                f"decode {r['decode_tokens_per_s']:8.1f} tok/s"
                 f"  x{r['decode_vs_preln']:.2f} vs preln  KV {r['kv_cache_bytes'] / 2**20:8.2f} MiB",
                 flush=True,
             )

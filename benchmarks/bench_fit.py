@@ -23,11 +23,12 @@ Times: wall-clock and CPU seconds (this process and its worker processes; ours r
 `--workers` processes). On a shared machine the
 neighbours' load inflates both; the ratios of ours to scipy, measured in the same run, are the robust figures.
 
-Run:  OMP_NUM_THREADS=1 python benchmarks/bench_fit.py                      (about 2-4 minutes)
-      OMP_NUM_THREADS=1 python benchmarks/bench_fit.py --check-all --scipy-workers 2 --scipy-cache scipy.json --json out.json
+Run:  OMP_NUM_THREADS=1 python benchmarks/bench_fit.py                 (about 2-4 minutes)
+      OMP_NUM_THREADS=1 python benchmarks/bench_fit.py --check-all --scipy-workers 2 \
+          --scipy-cache scipy.json --json out.json
 
-`--scipy-cache FILE` keeps each scipy refit (its optimum and CPU seconds) as it finishes, keyed by the resample, its seed
-and the data: an interrupted check resumes, and a later run compares a changed fitter with the same scipy optima.
+`--scipy-cache FILE` keeps each scipy refit (its optimum and CPU seconds) as it finishes, keyed by the resample, its
+seed and the data: an interrupted check resumes, and a later run compares a changed fitter with the same scipy optima.
 """
 
 import argparse
@@ -40,7 +41,6 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import numpy as np
 
 from depthbench_nb.scaling import (
-    PAPER_LOOPED,
     _repeat_runs,
     fit_frame,
     law_bootstrap,
@@ -130,7 +130,8 @@ def main():
         loadavg_start=load,
     )
     print(
-        f"data: {len(df)} synthetic runs (paper grid, project-page law + {a.noise} nats noise), {len(blocks)} (C, r) blocks"
+        f"data: {len(df)} synthetic runs (paper grid, project-page law + {a.noise} nats noise), "
+        f"{len(blocks)} (C, r) blocks"
     )
     print(
         f"machine: {os.cpu_count()} CPUs, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} at the start "
@@ -184,12 +185,16 @@ def main():
     print(
         f"  ours   {w_b:8.2f} s wall {c_b:8.2f} s CPU   phi 95% CI [{np.percentile(boot.phi, 2.5):.4f}, "
         f"{np.percentile(boot.phi, 97.5):.4f}] (paper, real data: [0.41, 0.53]); best from the warm start alone in "
-        f"{int(boot.best_from_warm_start.sum())} of {a.resamples}; min starts at a resample's best {int(boot.n_at_best.min())}"
+        f"{int(boot.best_from_warm_start.sum())} of {a.resamples}; "
+        f"min starts at a resample's best {int(boot.n_at_best.min())}"
     )
     weights = resample_weights(data, blocks, a.resamples, a.seed)
     todo = list(range(a.resamples)) if a.check_all else list(range(min(a.scipy_resamples, a.resamples)))
     jobs = [(data, weights[i], a.restarts, int(boot.seed[i]), np.array(full.theta)) for i in todo]
-    key = lambda i: f"{i}/{int(boot.seed[i])}/{a.restarts}/{a.noise}/{a.seed}"  # the resample, its starts and the data
+
+    def key(i):  # the resample, its starts and the data
+        return f"{i}/{int(boot.seed[i])}/{a.restarts}/{a.noise}/{a.seed}"
+
     cache = json.loads(open(a.scipy_cache).read()) if a.scipy_cache and os.path.exists(a.scipy_cache) else {}
     results = {i: (np.array(cache[key(i)]["theta"]), cache[key(i)]["cpu_s"]) for i in todo if key(i) in cache}
     missing = [(i, job) for i, job in zip(todo, jobs) if i not in results]
@@ -237,17 +242,20 @@ def main():
         + (
             "(ran every resample"
             if a.check_all
-            else f"(TIMED ON {len(todo)} of the {a.resamples} resamples, x{f_b:g} extrapolated; wall = CPU / scipy workers"
+            else f"(TIMED ON {len(todo)} of the {a.resamples} resamples, x{f_b:g} extrapolated; "
+            "wall = CPU / scipy workers"
         )
         + (
-            f"; {cached} of them read from the cache with the CPU seconds of the run that made them: NOT a same-run time)"
+            f"; {cached} of them read from the cache with the CPU seconds of the run that made them: "
+            "NOT a same-run time)"
             if cached
             else ")"
         )
     )
     print(f"  ratio  scipy/ours {c_sb * f_b / c_b:6.1f}x CPU")
     print(
-        f"  agreement on the {len(todo)} resamples scipy ran: J(ours)/J(scipy) - 1 in [{rel.min():+.2e}, {rel.max():+.2e}], "
+        f"  agreement on the {len(todo)} resamples scipy ran: "
+        f"J(ours)/J(scipy) - 1 in [{rel.min():+.2e}, {rel.max():+.2e}], "
         f"|phi(ours) - phi(scipy)| <= {np.abs(dphi).max():.2e}; criterion (J <= scipy x (1 + 1e-12), |dphi| <= 1e-4) "
         f"met on {ok.sum()} of {len(todo)}"
     )
@@ -272,7 +280,8 @@ def main():
     )
     out["loadavg_end"] = os.getloadavg()
     print(
-        f"\nload average at the end {out['loadavg_end'][0]:.2f}; targets (2 idle cores): full fit <= 0.5 s, bootstrap <= 60 s"
+        f"\nload average at the end {out['loadavg_end'][0]:.2f}; "
+        "targets (2 idle cores): full fit <= 0.5 s, bootstrap <= 60 s"
     )
     if a.json:
         with open(a.json, "w") as f:

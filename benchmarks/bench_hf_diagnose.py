@@ -1,13 +1,14 @@
 """Diagnostics of a Transformers model: the batched perturbed forwards against one plain forward each, in one run.
 
-    OMP_NUM_THREADS=1 python benchmarks/bench_hf_diagnose.py [--family llama] [--L 16] [--d-model 64] [--batch 4] [--seq-len 64]
+    OMP_NUM_THREADS=1 python benchmarks/bench_hf_diagnose.py [--family llama] [--L 16] [--d-model 64] \
+        [--batch 4] [--seq-len 64]
 
 Builds a random-weight model of a Transformers family from its config (no download), then runs each perturbing
 diagnostic (causal score with pruning, angular-distance pruning, permutation score) with `method='naive'` (the plain
 loop of depthbench_nb.diagnostics: one forward per perturbation, weights swapped in place) and `method='shared'`
 (BatchedRuns: variants batched, each computed from its first change on), checks that they agree and prints the wall
-and CPU time of each and their ratios (the baseline is measured in the same process; on a shared machine the CPU-time ratio
-is the steadier figure).
+and CPU time of each and their ratios (the baseline is measured in the same process; on a shared machine the CPU-time
+ratio is the steadier figure).
 """
 
 import argparse
@@ -58,9 +59,13 @@ def main(argv=None):
     x = torch.randint(0, a.vocab, (a.batch, a.seq_len), generator=g)
     y = torch.randint(0, a.vocab, (a.batch, a.seq_len), generator=g)
     print(
-        f"family={a.family} L={a.L} d_model={a.d_model} batch={a.batch} seq_len={a.seq_len} threads={torch.get_num_threads()}"
+        f"family={a.family} L={a.L} d_model={a.d_model} batch={a.batch} seq_len={a.seq_len} "
+        f"threads={torch.get_num_threads()}"
     )
-    mat = lambda rows: torch.tensor([[0.0 if v is None else v for v in r] for r in rows])
+
+    def mat(rows):
+        return torch.tensor([[0.0 if v is None else v for v in r] for r in rows])
+
     total = {"naive": [0.0, 0.0], "shared": [0.0, 0.0]}
     for group, forwards in GROUPS.items():
         metrics = group.split("+")
@@ -84,13 +89,15 @@ def main(argv=None):
             diff = float((mat(results["naive"][key]["matrix"]) - mat(results["shared"][key]["matrix"])).abs().max())
         n, s = times["naive"], times["shared"]
         print(
-            f"{group:<16} {forwards(a.L):>4} perturbed forwards: naive wall {n[0]:6.2f} s cpu {n[1]:6.2f} s | shared wall {s[0]:6.2f} s "
-            f"cpu {s[1]:6.2f} s | naive/shared wall {n[0] / s[0]:.2f}x cpu {n[1] / s[1]:.2f}x | max diff {diff:.1e}"
+            f"{group:<16} {forwards(a.L):>4} perturbed forwards: naive wall {n[0]:6.2f} s cpu {n[1]:6.2f} s | "
+            f"shared wall {s[0]:6.2f} s cpu {s[1]:6.2f} s | "
+            f"naive/shared wall {n[0] / s[0]:.2f}x cpu {n[1] / s[1]:.2f}x | max diff {diff:.1e}"
         )
         assert diff < 1e-4, "the two methods disagree"
     n, s = total["naive"], total["shared"]
     print(
-        f"{'all':<16} {sum(f(a.L) for f in GROUPS.values()):>4} perturbed forwards: naive wall {n[0]:6.2f} s cpu {n[1]:6.2f} s | "
+        f"{'all':<16} {sum(f(a.L) for f in GROUPS.values()):>4} perturbed forwards: "
+        f"naive wall {n[0]:6.2f} s cpu {n[1]:6.2f} s | "
         f"shared wall {s[0]:6.2f} s cpu {s[1]:6.2f} s | naive/shared wall {n[0] / s[0]:.2f}x cpu {n[1] / s[1]:.2f}x"
     )
 

@@ -58,7 +58,8 @@ def parse_args(argv=None):
     p.add_argument(
         "--cpu-smoke",
         action="store_true",
-        help="run every code path on a CPU with tiny shapes in the Triton interpreter (needs TRITON_INTERPRET=1); timings meaningless",
+        help="run every code path on a CPU with tiny shapes in the Triton interpreter (needs TRITON_INTERPRET=1); "
+        "timings meaningless",
     )
     a = p.parse_args(argv)
     if a.quick:
@@ -232,61 +233,69 @@ def liger_variants(name):
 # per-step overhead of the designs
 
 
-def bench_models(archs, grid, L, micro_batch, seq_len, dev, reps, smoke):
+def arch_step_rows(arch, shape, micro_batch, seq_len, dev, reps, smoke) -> list[dict]:
+    "One design's training step under each kernel backend; its model and optimiser are freed when this returns."
     import torch
     import torch.nn.functional as F
     from depthbench_nb.model import build_model
+
+    rows = []
+    cfg = shape.model_config(arch, max_seq_len=seq_len)
+    model = build_model(cfg, seed=0, device=dev)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=dev.type == "cuda")
+    g = torch.Generator().manual_seed(0)
+    idx = torch.randint(0, cfg.vocab_size, (micro_batch, seq_len + 1), generator=g).to(dev)
+    x, y = idx[:, :-1], idx[:, 1:]
+
+    def step():
+        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda"):
+            logits = model(x)
+        loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    for backend in ("torch", "triton"):
+        os.environ["DEPTHBENCH_KERNELS"] = backend
+        if dev.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(dev)
+        try:
+            ms = time_ms(step, dev, reps, warmup=1 if smoke else 3)
+        except Exception as e:
+            # e.g. a kernel failing its self-check under DEPTHBENCH_KERNELS=triton: report, go on
+            print(f"  {arch:>8} {backend:>6}: failed: {type(e).__name__}: {str(e)[:200]}", flush=True)
+            rows.append(dict(arch=arch, backend=backend, error=f"{type(e).__name__}: {e}"))
+            opt.zero_grad(set_to_none=True)
+            continue
+        peak = torch.cuda.max_memory_allocated(dev) if dev.type == "cuda" else 0
+        rows.append(
+            dict(
+                arch=arch,
+                backend=backend,
+                step_ms=ms,
+                peak_mem_gib=peak / 2**30,
+                tokens_per_s=micro_batch * seq_len / (ms * 1e-3),
+            )
+        )
+        print(
+            f"  {arch:>8} {backend:>6}: {ms:9.2f} ms/step  {rows[-1]['tokens_per_s']:10.0f} tok/s  "
+            f"peak {peak / 2**30:6.2f} GiB",
+            flush=True,
+        )
+    os.environ.pop("DEPTHBENCH_KERNELS", None)
+    return rows
+
+
+def bench_models(archs, grid, L, micro_batch, seq_len, dev, reps, smoke):
+    import torch
     from depthbench_nb.shapes import shape_for
 
     rows = []
     shape = shape_for(grid, L)
     for arch in archs:
-        cfg = shape.model_config(arch, max_seq_len=seq_len)
-        model = build_model(cfg, seed=0, device=dev)
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=dev.type == "cuda")
-        g = torch.Generator().manual_seed(0)
-        idx = torch.randint(0, cfg.vocab_size, (micro_batch, seq_len + 1), generator=g).to(dev)
-        x, y = idx[:, :-1], idx[:, 1:]
-
-        def step():
-            with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda"):
-                logits = model(x)
-            loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-
-        for backend in ("torch", "triton"):
-            os.environ["DEPTHBENCH_KERNELS"] = backend
-            if dev.type == "cuda":
-                torch.cuda.reset_peak_memory_stats(dev)
-            try:
-                ms = time_ms(step, dev, reps, warmup=1 if smoke else 3)
-            except (
-                Exception
-            ) as e:  # e.g. a kernel failing its self-check under DEPTHBENCH_KERNELS=triton: report, go on
-                print(f"  {arch:>8} {backend:>6}: failed: {type(e).__name__}: {str(e)[:200]}", flush=True)
-                rows.append(dict(arch=arch, backend=backend, error=f"{type(e).__name__}: {e}"))
-                opt.zero_grad(set_to_none=True)
-                continue
-            peak = torch.cuda.max_memory_allocated(dev) if dev.type == "cuda" else 0
-            rows.append(
-                dict(
-                    arch=arch,
-                    backend=backend,
-                    step_ms=ms,
-                    peak_mem_gib=peak / 2**30,
-                    tokens_per_s=micro_batch * seq_len / (ms * 1e-3),
-                )
-            )
-            print(
-                f"  {arch:>8} {backend:>6}: {ms:9.2f} ms/step  {rows[-1]['tokens_per_s']:10.0f} tok/s  peak {peak / 2**30:6.2f} GiB",
-                flush=True,
-            )
-        os.environ.pop("DEPTHBENCH_KERNELS", None)
-        del model, opt
+        rows += arch_step_rows(arch, shape, micro_batch, seq_len, dev, reps, smoke)
         if dev.type == "cuda":
-            torch.cuda.empty_cache()
+            torch.cuda.empty_cache()  # the design's model and optimiser went with arch_step_rows
     base = {r["backend"]: r["step_ms"] for r in rows if r["arch"] == archs[0] and "error" not in r}
     for r in rows:
         if "error" not in r:
@@ -301,7 +310,8 @@ def main(argv=None) -> int:
     a = parse_args(argv)
     if a.cpu_smoke and os.environ.get("TRITON_INTERPRET") != "1":
         print(
-            "bench_kernels_gpu: --cpu-smoke needs TRITON_INTERPRET=1 in the environment (set before triton is imported)",
+            "bench_kernels_gpu: --cpu-smoke needs TRITON_INTERPRET=1 in the environment "
+            "(set before triton is imported)",
             file=sys.stderr,
         )
         return 2
@@ -379,7 +389,8 @@ def main(argv=None) -> int:
 
     print("\n## kernels (median ms; GB/s over the ideal traffic; % of copy bandwidth)")
     print(
-        f"  {'kernel':>20} {'impl':>8} | {'fwd ms':>8} {'GB/s':>7} {'%copy':>6} | {'fwd+bwd ms':>10} {'GB/s':>7} {'%copy':>6} | {'fwd+bwd vs eager':>16}"
+        f"  {'kernel':>20} {'impl':>8} | {'fwd ms':>8} {'GB/s':>7} {'%copy':>6} | "
+        f"{'fwd+bwd ms':>10} {'GB/s':>7} {'%copy':>6} | {'fwd+bwd vs eager':>16}"
     )
     rows = []
     for label, (name, args, kwargs, gout) in cases.items():
@@ -387,7 +398,6 @@ def main(argv=None) -> int:
         if not a.skip_compile:
             impls["compile"] = torch.compile(K.REFERENCES[name], dynamic=False)
         impls.update(liger_variants(name))
-        eager_ms = None
         for impl, fn in impls.items():
             try:
                 m = bench_kernel(fn, args, kwargs, gout, dev, a.reps)
@@ -407,8 +417,10 @@ def main(argv=None) -> int:
         for m in [r for r in rows if r["kernel"] == label and "error" not in r]:
             m["fwd_bwd_speedup_vs_eager"] = eager["fwd_bwd_ms"] / m["fwd_bwd_ms"] if eager else float("nan")
             print(
-                f"  {label:>20} {m['impl']:>8} | {m['fwd_ms']:8.3f} {m['fwd_gbs']:7.0f} {100 * m['fwd_frac_copy']:5.0f}% | "
-                f"{m['fwd_bwd_ms']:10.3f} {m['fwd_bwd_gbs']:7.0f} {100 * m['fwd_bwd_frac_copy']:5.0f}% | {m['fwd_bwd_speedup_vs_eager']:15.2f}x",
+                f"  {label:>20} {m['impl']:>8} | "
+                f"{m['fwd_ms']:8.3f} {m['fwd_gbs']:7.0f} {100 * m['fwd_frac_copy']:5.0f}% | "
+                f"{m['fwd_bwd_ms']:10.3f} {m['fwd_bwd_gbs']:7.0f} {100 * m['fwd_bwd_frac_copy']:5.0f}% | "
+                f"{m['fwd_bwd_speedup_vs_eager']:15.2f}x",
                 flush=True,
             )
     result["kernels"] = rows
@@ -417,7 +429,8 @@ def main(argv=None) -> int:
     if not a.skip_models:
         archs = [x.strip() for x in a.archs.split(",") if x.strip()]
         print(
-            f"\n## per-step overhead ({grid} L={L}, {B}x{T} tokens, bf16 autocast, AdamW): ratio over {archs[0]} with the same backend"
+            f"\n## per-step overhead ({grid} L={L}, {B}x{T} tokens, bf16 autocast, AdamW): "
+            f"ratio over {archs[0]} with the same backend"
         )
         try:
             mrows, mfail = bench_models(archs, grid, L, B, T, dev, a.step_reps, a.cpu_smoke)
@@ -426,7 +439,8 @@ def main(argv=None) -> int:
             mrows, mfail = [], []
         for r in mrows:
             print(
-                f"  {r['arch']:>8} {r['backend']:>6}: {r['step_ms']:9.2f} ms  x{r['ratio_over_' + archs[0]]:.3f} over {archs[0]} "
+                f"  {r['arch']:>8} {r['backend']:>6}: {r['step_ms']:9.2f} ms  "
+                f"x{r['ratio_over_' + archs[0]]:.3f} over {archs[0]} "
                 f"({100 * (r['ratio_over_' + archs[0]] - 1):+.1f}%)"
             )
         for arch in archs:

@@ -12,7 +12,6 @@ after --warmup steps. This is a benchmark, not a test: nothing is asserted.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -62,6 +61,14 @@ def saved_activation_bytes(model, idx, autocast) -> int:
 
 
 def bench(arch: str, shape: str, device: str, steps: int, warmup: int) -> dict:
+    row = measure(arch, shape, device, steps, warmup)
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()  # the design's model went with measure()
+    return row
+
+
+def measure(arch: str, shape: str, device: str, steps: int, warmup: int) -> dict:
+    "One design's step time and memory; its model is freed when this returns."
     cfg = model_config(shape, arch)
     _, batch, seq = SHAPES[shape]
     model = build_model(cfg).to(device)
@@ -100,9 +107,6 @@ def bench(arch: str, shape: str, device: str, steps: int, warmup: int) -> dict:
     )
     if cuda:
         row["peak_bytes"] = torch.cuda.max_memory_allocated()
-    del model
-    if cuda:
-        torch.cuda.empty_cache()
     return row
 
 

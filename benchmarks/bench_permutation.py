@@ -1,6 +1,7 @@
 """Permutation score: the shared-prefix, batched evaluation against the plain swap-and-rerun loop, in one run.
 
-    OMP_NUM_THREADS=1 python benchmarks/bench_permutation.py [--L 32] [--d-model 32] [--batch 4] [--seq-len 32] [--arch preln]
+    OMP_NUM_THREADS=1 python benchmarks/bench_permutation.py [--L 32] [--d-model 32] [--batch 4] [--seq-len 32] \
+        [--arch preln]
 
 Both methods evaluate all L(L-1)/2 swaps of a tiny-width model on the same windows; the script checks that they
 agree and prints the wall and CPU time of each and their ratios (the baseline is measured in the same process;
@@ -51,7 +52,8 @@ def main(argv=None):
     diff = float((results["naive"].nan_to_num() - results["shared"].nan_to_num()).abs().max())
     pairs = a.L * (a.L - 1) // 2
     print(
-        f"arch={a.arch} L={a.L} d_model={a.d_model} batch={a.batch} seq_len={a.seq_len} pairs={pairs} threads={torch.get_num_threads()}"
+        f"arch={a.arch} L={a.L} d_model={a.d_model} batch={a.batch} seq_len={a.seq_len} pairs={pairs} "
+        f"threads={torch.get_num_threads()}"
     )
     print(f"naive  (swap, full forward, swap back): wall {times['naive']:.2f} s, cpu {cpu['naive']:.2f} s")
     print(f"shared (prefix replayed, swaps batched): wall {times['shared']:.2f} s, cpu {cpu['shared']:.2f} s")

@@ -2,7 +2,8 @@
 
 CPU (default): the tiny preset's shape at depth L, its batch (global_batch x seq_len tokens per step), fp32:
 
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_train.py --L 8,32 --archs preln,hc,mhc,attnres,block_attnres,moda --steps 4
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_train.py --L 8,32 \
+        --archs preln,hc,mhc,attnres,block_attnres,moda --steps 4
 
 GPU: the paper shapes in bf16 autocast, with MFU (dense bf16 peak of the GPU) and the overhead ratios of
 HC / mHC / AttnRes against Pre-LN at the same shape:
@@ -20,8 +21,10 @@ of a buffer beyond the caches), applied to the design's FLOPs and the bytes of d
 (`costs.mixing_bytes_per_token`). `roofline` = model time / achieved time (1: at the roofline; 0.5: twice as slow as
 the model); `top_ops` = where one profiled step's time goes (share of the aten ops' self time).
 
-    --mixing fused,reference   time both depth-mixing paths side by side (`DEPTHBENCH_MIXING`; default: the default path)
-    --compile                  also time torch.compile'd steps next to eager (each compiled model is built and warmed first)
+    --mixing fused,reference   time both depth-mixing paths side by side (`DEPTHBENCH_MIXING`; default: the
+                               default path)
+    --compile                  also time torch.compile'd steps next to eager (each compiled model is built and
+                               warmed first)
     --memory                   peak RSS of one step per design and mixing path, each in a fresh process (CPU)
 """
 
@@ -129,7 +132,8 @@ class Bench:
 
 
 def add_roofline(rows: list[dict], runs: dict, copy_bps: float, bytes_per_elem: int) -> None:
-    "Ratios over Pre-LN of the same depth and mode, and the roofline built from Pre-LN's FLOP rate and the copy bandwidth."
+    """Ratios over Pre-LN of the same depth and mode, and the roofline built from Pre-LN's FLOP rate and the copy
+    bandwidth."""
     for row in rows:
         base = next(
             r for r in rows if r["arch"] == "preln" and r["n_layer"] == row["n_layer"] and r["mode"] == row["mode"]
@@ -244,7 +248,8 @@ def main(argv=None):
     load = os.getloadavg()
     copy_bps = copy_bandwidth(device)
     print(
-        f"# {device}, copy bandwidth {copy_bps / 1e9:.1f} GB/s, load average {load[0]:.1f} (1 min), {os.cpu_count()} cores",
+        f"# {device}, copy bandwidth {copy_bps / 1e9:.1f} GB/s, load average {load[0]:.1f} (1 min), "
+        f"{os.cpu_count()} cores",
         flush=True,
     )
     rows, runs = [], {}
@@ -260,13 +265,16 @@ def main(argv=None):
                     mixings if arch != "preln" and mode == "eager" else mixings[:1]
                 ):  # Pre-LN has no depth mixing; compiled: one path
                     plans.append((run, mixing, mode == "compiled"))
-        micro = lambda run: (
-            a.micro_batch or (run.train.global_batch if device.type == "cpu" else min(8, run.train.global_batch))
-        )
-        make = lambda run, mixing, compiled: Bench(run, micro(run), device, mixing, compiled, a.compile_backend)
-        profile = lambda b: ", ".join(
-            f"{name} {share:.0%}" for name, share in top_ops(lambda: b.step(timed=False), a.top)
-        )
+
+        def micro(run):
+            return a.micro_batch or (run.train.global_batch if device.type == "cpu" else min(8, run.train.global_batch))
+
+        def make(run, mixing, compiled):
+            return Bench(run, micro(run), device, mixing, compiled, a.compile_backend)
+
+        def profile(b):
+            return ", ".join(f"{name} {share:.0%}" for name, share in top_ops(lambda: b.step(timed=False), a.top))
+
         if a.sequential or device.type == "cuda":  # one model at a time (paper shapes do not all fit at once)
             measured = []
             for plan in plans:
@@ -291,13 +299,15 @@ def main(argv=None):
             print(json.dumps(row), flush=True)
         rows += measured
     print(
-        f"\n{'arch':>14} {'L':>3} {'d':>5} {'mode':>8} {'mixing':>9} {'tok/s':>9} {'vs preln':>8} {'FLOPs vs':>8} {'roofline':>8}"
+        f"\n{'arch':>14} {'L':>3} {'d':>5} {'mode':>8} {'mixing':>9} "
+        f"{'tok/s':>9} {'vs preln':>8} {'FLOPs vs':>8} {'roofline':>8}"
         + ("   MFU" if "mfu" in rows[0] else "")
         + ("  top ops" if a.top else "")
     )
     for r in rows:
         print(
-            f"{r['arch']:>14} {r['n_layer']:>3} {r['d_model']:>5} {r['mode']:>8} {r['mixing']:>9} {r['tokens_per_s']:>9.1f} "
+            f"{r['arch']:>14} {r['n_layer']:>3} {r['d_model']:>5} {r['mode']:>8} {r['mixing']:>9} "
+            f"{r['tokens_per_s']:>9.1f} "
             f"{r['ratio_vs_preln']:>8.3f} {r['flops_vs_preln']:>8.3f} {r['roofline']:>8.3f}"
             + (f"  {r['mfu']:.3f}" if "mfu" in r else "")
             + (f"  {r['top_ops']}" if a.top else "")

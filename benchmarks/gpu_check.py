@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import platform
 import statistics
 import sys
@@ -247,11 +246,14 @@ def add_ratios(rows: list[dict]) -> None:
 
 
 def add_roofline(rows: list[dict], shape, a, copy_gbs: float) -> None:
-    "Each row's FLOP throughput over Pre-LN's and its roofline fraction (Pre-LN's FLOP rate in the same mode, the copy bandwidth)."
+    """Each row's FLOP throughput over Pre-LN's and its roofline fraction (Pre-LN's FLOP rate in the same mode, the
+    copy bandwidth)."""
     from depthbench_nb.costs import roofline, train_flops_per_token
     from depthbench_nb.config import family_of
 
-    flops = lambda arch: float(train_flops_per_token(shape.model_config(arch, max_seq_len=a.seq_len), a.seq_len))
+    def flops(arch):
+        return float(train_flops_per_token(shape.model_config(arch, max_seq_len=a.seq_len), a.seq_len))
+
     base = {r["mode"]: r for r in rows if r["arch"] == "preln" and "tokens_per_s" in r}
     for r in rows:
         b = base.get(r["mode"])
@@ -337,17 +339,21 @@ def markdown(res: dict) -> str:
         v = t["value"]
         shown = "—" if v is None else (f"{v:.1%}" if "MFU" in t["name"] else f"{v:.3f}x")
         lines.append(
-            f"| {t['name']} | {shown} | {t['target']} | {'—' if t['met'] is None else ('yes' if t['met'] else '**no**')} |"
+            f"| {t['name']} | {shown} | {t['target']} | "
+            f"{'—' if t['met'] is None else ('yes' if t['met'] else '**no**')} |"
         )
     m = res["mfu"]
     lines += [
         "",
         f"MFU row: Pre-LN {res['shape']}, compiled, {m['precision']}: {_f(m['tokens_per_s'], ',.0f')} tokens/s × "
-        f"{m['flops_per_token']:.3e} FLOPs/token / peak {_f(m['peak_flops'], '.3e')} FLOP/s = **{_f(m['mfu'], '.1%')}**.",
+        f"{m['flops_per_token']:.3e} FLOPs/token / peak {_f(m['peak_flops'], '.3e')} FLOP/s "
+        f"= **{_f(m['mfu'], '.1%')}**.",
         "",
-        f"## Designs at {res['shape']} ({res['tokens_per_step']:,} tokens per step; ratios over Pre-LN in the same mode)",
+        f"## Designs at {res['shape']} ({res['tokens_per_step']:,} tokens per step; "
+        "ratios over Pre-LN in the same mode)",
         "",
-        "| design | mode | seqs/step | step ms | × Pre-LN (per token) | tokens/s | × Pre-LN | FLOP/s × Pre-LN | roofline | peak GiB | × Pre-LN | top ops |",
+        "| design | mode | seqs/step | step ms | × Pre-LN (per token) | tokens/s | × Pre-LN | FLOP/s × Pre-LN "
+        "| roofline | peak GiB | × Pre-LN | top ops |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in res["designs"]:
@@ -355,9 +361,12 @@ def markdown(res: dict) -> str:
             lines.append(f"| {r['arch']} | {r['mode']} | | {r.get('skipped') or r.get('error')} | | | | | | | | |")
             continue
         lines.append(
-            f"| {r['arch']} | {r['mode']} | {r['micro_batch']} | {r['step_ms']:.1f} | {_f(r.get('step_ratio_vs_preln'), '.3f')} | "
-            f"{r['tokens_per_s']:,.0f} | {_f(r.get('tokens_per_s_ratio_vs_preln'), '.3f')} | {_f(r.get('flops_vs_preln'), '.3f')} | "
-            f"{_f(r.get('roofline'), '.3f')} | {_f(r['peak_mem_gib'], '.2f')} | {_f(r.get('mem_ratio_vs_preln'), '.3f')} | "
+            f"| {r['arch']} | {r['mode']} | {r['micro_batch']} | {r['step_ms']:.1f} | "
+            f"{_f(r.get('step_ratio_vs_preln'), '.3f')} | "
+            f"{r['tokens_per_s']:,.0f} | {_f(r.get('tokens_per_s_ratio_vs_preln'), '.3f')} | "
+            f"{_f(r.get('flops_vs_preln'), '.3f')} | "
+            f"{_f(r.get('roofline'), '.3f')} | {_f(r['peak_mem_gib'], '.2f')} | "
+            f"{_f(r.get('mem_ratio_vs_preln'), '.3f')} | "
             f"{r.get('top_ops') or ''} |"
         )
     lines += [
@@ -372,7 +381,8 @@ def markdown(res: dict) -> str:
             lines.append(f"| {r['kernel']} | {r['impl']} | {r['error']} | | | |")
             continue
         lines.append(
-            f"| {r['kernel']} | {r['impl']} | {r['fwd_bwd_ms']:.3f} | {r['fwd_bwd_gbs']:.0f} | {r['pct_of_copy']:.0f}% | "
+            f"| {r['kernel']} | {r['impl']} | {r['fwd_bwd_ms']:.3f} | {r['fwd_bwd_gbs']:.0f} | "
+            f"{r['pct_of_copy']:.0f}% | "
             f"{_f(r.get('speedup_vs_torch'), '.2f')} |"
         )
     if res["skipped"]:
@@ -387,7 +397,8 @@ def main(argv=None) -> int:
 
     if not a.smoke and not torch.cuda.is_available():
         print(
-            "gpu_check: no CUDA GPU here (torch.cuda.is_available() is False): nothing measured. Run it on one CUDA GPU; "
+            "gpu_check: no CUDA GPU here (torch.cuda.is_available() is False): nothing measured. "
+            "Run it on one CUDA GPU; "
             "GPU figures are never estimated. (--smoke runs the same code at tiny sizes on a CPU.)",
             file=sys.stderr,
         )
@@ -437,7 +448,8 @@ def main(argv=None) -> int:
             atomic_write_text(out.with_suffix(".md"), markdown(res))
 
     print(
-        f"# gpu_check on {env['device']} (torch {env['torch']}); {res['shape']}, {res['tokens_per_step']:,} tokens per step",
+        f"# gpu_check on {env['device']} (torch {env['torch']}); {res['shape']}, "
+        f"{res['tokens_per_step']:,} tokens per step",
         flush=True,
     )
     res["copy_bandwidth_gbs"] = bk.copy_bandwidth_gbs(dev, (1 << 20) if a.smoke else (1 << 30), max(3, a.reps))

@@ -1,7 +1,9 @@
 """Check that the notebooks are the source: `export` runs nbdev_export, `clean` runs nbdev_clean, and each
 fails if it changed a file (the package did not match the notebooks, or a notebook was not clean)."""
 
-import hashlib, subprocess, sys
+import hashlib
+import subprocess
+import sys
 from pathlib import Path
 
 root = Path(__file__).resolve().parent.parent

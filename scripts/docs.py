@@ -109,7 +109,8 @@ def _procs(nb_path: Path, kind: str, skip_flags: set, budget: float):
     )
 
     class show_docs_in_order(add_show_docs):
-        "nbdev's add_show_docs, with each exported cell's entries in the order the cell defines them (nbdev reverses them)."
+        """nbdev's add_show_docs, with each exported cell's entries in the order the cell defines them (nbdev reverses
+        them)."""
 
         def begin(self):
             nb = self.nb
@@ -160,7 +161,8 @@ def _procs(nb_path: Path, kind: str, skip_flags: set, budget: float):
 
 
 def _inject_parameters(nb, parameters: dict) -> None:
-    "Add the page's parameters after the `parameters` cell, as papermill does (a visible cell saying what the page shows)."
+    """Add the page's parameters after the `parameters` cell, as papermill does (a visible cell saying what the page
+    shows)."""
     from execnb.nbio import mk_cell
     from fastcore.basics import AttrDict
 
@@ -523,7 +525,8 @@ class Page:
         if src and options.get("echo") != "false":
             code = self.site.renderer.highlight(src, "python")
             if options.get("code-fold"):
-                code = f'<details class="code-fold" open><summary>{html.escape(options.get("code-summary", "Code"))}</summary>{code}</details>'
+                summary = html.escape(options.get("code-summary", "Code"))
+                code = f'<details class="code-fold" open><summary>{summary}</summary>{code}</details>'
             out.append(f'<div class="cell-input">{code}</div>')
         not_run = cell.get("metadata", {}).get("docs_not_run")
         if not_run and src:
@@ -548,7 +551,8 @@ class Page:
                 return ""
             return f'<pre class="cell-output {o.get("name", "stdout")}"><code>{html.escape(text)}</code></pre>'
         if kind == "error":
-            return f'<pre class="cell-output error"><code>{html.escape(_re_ansi.sub("", chr(10).join(o.get("traceback", []))))}</code></pre>'
+            trace = _re_ansi.sub("", "\n".join(o.get("traceback", [])))
+            return f'<pre class="cell-output error"><code>{html.escape(trace)}</code></pre>'
         data, meta = o.get("data", {}), o.get("metadata", {})
         if "text/markdown" in data:
             body = self.site.renderer.markdown(_text(data["text/markdown"]), self.headings, self.ids)
@@ -804,7 +808,8 @@ EXAMPLE_FILES = (
 
 
 def record_example(study_dir: Path) -> None:
-    "Replace docs/example_study/ by the records of a finished demo study (what the reports read, with the extra runs of its plan; no checkpoints)."
+    """Replace docs/example_study/ by the records of a finished demo study (what the reports read, with the extra runs
+    of its plan; no checkpoints)."""
     study_dir = Path(study_dir)
     runs = sorted(d for d in study_dir.iterdir() if (d / "result.json").is_file())
     if not runs:
@@ -961,7 +966,8 @@ def main(argv=None) -> int:
         (out / ".build.json").write_text(json.dumps(stamp, indent=1) + "\n")
     print(
         f"[docs] {len(site.pages)} pages, {n_fig} figures, search.json with "
-        f"{len(json.loads((out / 'search.json').read_text()))} entries, no broken internal link -> {out.relative_to(ROOT)}/ "
+        f"{len(json.loads((out / 'search.json').read_text()))} entries, "
+        f"no broken internal link -> {out.relative_to(ROOT)}/ "
         f"(notebooks {processed:.0f} s, total {time.time() - start:.0f} s)",
         flush=True,
     )

@@ -183,7 +183,10 @@ class SlurmCluster:
         self.root.mkdir(parents=True, exist_ok=True)
         key = self._munge_key()
         self.write_conf()
-        log = lambda name: open(self.root / "log" / f"{name}.stdout", "ab")
+
+        def log(name):
+            return open(self.root / "log" / f"{name}.stdout", "ab")
+
         m = self.root / "munge"
         try:
             # all three in the foreground (-F / -D), so the pids are ours: stop() signals exactly these

@@ -114,7 +114,8 @@ def test_index_agrees_with_readme():
 
 
 def test_exported_functions_and_classes_have_docstrings():
-    "show_doc shows a docstring under every signature: none may be missing (a dataclass's generated one does not count)."
+    """show_doc shows a docstring under every signature: none may be missing (a dataclass's generated one does not
+    count)."""
     import inspect
 
     missing = []
@@ -135,7 +136,8 @@ def test_exported_functions_and_classes_have_docstrings():
 # ------------------------------------------------------------------------------------------------------------------
 @pytest.fixture(scope="session")
 def site():
-    "The built site: reused while its inputs are unchanged, else built here (one build, whatever the number of workers)."
+    """The built site: reused while its inputs are unchanged, else built here (one build, whatever the number of
+    workers)."""
 
     def fresh():
         stamp = SITE / ".build.json"
@@ -357,8 +359,11 @@ def test_browser_search_finds_register_design(browser):
     box = _wait(driver, "the search box", lambda: driver.find_element(By.ID, "search-input"))
     box.click()
     box.send_keys("register_design")
+
     # the results are redrawn at each key typed: read them once they answer the whole word (a stale read is retried)
-    first = lambda: driver.find_elements(By.CSS_SELECTOR, "#search-results a.search-result")[0]
+    def first():
+        return driver.find_elements(By.CSS_SELECTOR, "#search-results a.search-result")[0]
+
     _wait(
         driver,
         "config.html#register_design as the first result",
@@ -381,9 +386,12 @@ def test_browser_report_page_shows_its_figures(browser, page):
     _wait(driver, "the figures", lambda: driver.find_elements(By.CSS_SELECTOR, ".cell-output.figure img"))
     imgs = driver.find_elements(By.CSS_SELECTOR, ".cell-output.figure img")
     assert len(imgs) >= 5
-    loaded = lambda: all(
-        driver.execute_script("return arguments[0].complete && arguments[0].naturalWidth > 100", i) for i in imgs
-    )
+
+    def loaded():
+        return all(
+            driver.execute_script("return arguments[0].complete && arguments[0].naturalWidth > 100", i) for i in imgs
+        )
+
     _wait(driver, "every figure to load", loaded)
     assert all(i.size["width"] > 100 for i in imgs)  # shown, not collapsed
     driver.execute_script('arguments[0].scrollIntoView({block: "center"})', imgs[0])

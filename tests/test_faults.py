@@ -256,7 +256,7 @@ def test_kill_minus_9_anywhere_resumes_to_the_uninterrupted_record(reference, tm
                 if not later:
                     break
                 step = rng.choice(later)
-            res = kill_run(params, folder, env, point, step, rng)
+            kill_run(params, folder, env, point, step, rng)  # asserts that the child died of its SIGKILL
             kills.append((point, step))
             faults += 1
             last = max(step, len(read_metrics(folder))) + 1
@@ -305,7 +305,10 @@ def test_two_identical_train_commands_have_one_writer(tiny_data, runs_dir, tmp_p
         subprocess.Popen(CLI + args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         for _ in range(2)
     ]
-    folders = lambda: [p for p in (runs_dir / "default").glob("preln-*") if p.is_dir()]
+
+    def folders():
+        return [p for p in (runs_dir / "default").glob("preln-*") if p.is_dir()]
+
     deadline = time.time() + 120  # until one of them is training
     while time.time() < deadline and not (folders() and read_metrics(folders()[0])):
         assert any(p.poll() is None for p in procs), [p.communicate() for p in procs]
@@ -531,10 +534,10 @@ PLACES = [
 
 @pytest.mark.parametrize("place", PLACES)
 def test_a_planted_pickle_runs_nowhere(place, reference, tiny_data, runs_dir, tmp_path, capsys):
-    "Each place the project reads from, fed a pickle whose __reduce__ calls os.system: nothing runs, the error is clear."
+    """Each place the project reads from, fed a pickle whose __reduce__ calls os.system: nothing runs, the error is
+    clear."""
     marker = tmp_path / "ran"
     evil, evil_zip = planted_pickle(marker), planted_pickle(marker, zip_format=True)
-    run = reference["run"]
     study = tmp_path / "study.yaml"
     study.write_text(
         yaml.safe_dump(
@@ -776,7 +779,8 @@ def test_usage_errors_are_json_too(capsys):
 
 
 def study_entries_in(study, runs):
-    "The entries (run ids) of a study file as a driver with DEPTHBENCH_RUNS=runs expands them; the session's folder after."
+    """The entries (run ids) of a study file as a driver with DEPTHBENCH_RUNS=runs expands them; the session's folder
+    after."""
     from depthbench_nb.sweep import expand_study, load_study
 
     with pytest.MonkeyPatch.context() as mp:
@@ -870,7 +874,8 @@ def test_a_killed_holder_not_yet_reaped_holds_nothing():
 # A hook every Python process of a test's process tree loads (sitecustomize on PYTHONPATH): the training process
 # (the CLI, an accelerate rank, a papermill kernel) pauses after the row of step DEPTHBENCH_TEST_PAUSE so that the test
 # can send a real signal at a known step; DEPTHBENCH_TEST_SLOW_SAVE holds the next checkpoint write for 2 s (a second
-# signal then arrives while it is saved); DEPTHBENCH_TEST_MEMORY_LIMIT caps the address space at the first training step.
+# signal then arrives while it is saved); DEPTHBENCH_TEST_MEMORY_LIMIT caps the address space at the first training
+# step.
 HOOK = r"""
 import os
 if os.environ.get('DEPTHBENCH_TEST_PAUSE') or os.environ.get('DEPTHBENCH_TEST_MEMORY_LIMIT'):
@@ -883,7 +888,8 @@ if os.environ.get('DEPTHBENCH_TEST_PAUSE') or os.environ.get('DEPTHBENCH_TEST_ME
         def _paused_append(self, row):
             _append(self, row)
             if row.get('step') == _pause and not (_mark / 'paused').exists():
-                (_mark / 'paused').write_text(str(os.getpid())); time.sleep(float(os.environ.get('DEPTHBENCH_TEST_PAUSE_S', '3')))
+                (_mark / 'paused').write_text(str(os.getpid()))
+                time.sleep(float(os.environ.get('DEPTHBENCH_TEST_PAUSE_S', '3')))
         _R.MetricsLog.append = _paused_append
     if os.environ.get('DEPTHBENCH_TEST_SLOW_SAVE'):
         _sums = _R.write_checksums
@@ -959,8 +965,8 @@ SIGNAL_CASES = [
 
 @pytest.mark.parametrize("sig,twice", SIGNAL_CASES, ids=[s for s, _ in SIGNAL_CASES])
 def test_a_signal_checkpoints_at_its_step_and_the_resume_is_exact(sig, twice, reference, runs_dir, tmp_path, capsys):
-    """`depthbench-nb train`, sent SIGTERM (preemption, scancel), SIGINT (Ctrl-C) or SIGUSR1 (Slurm's warning) after step
-    4: it finishes the step, writes checkpoint step 5 (not one of its every-3 checkpoints), records result.json as
+    """`depthbench-nb train`, sent SIGTERM (preemption, scancel), SIGINT (Ctrl-C) or SIGUSR1 (Slurm's warning) after
+    step 4: it finishes the step, writes checkpoint step 5 (not one of its every-3 checkpoints), records result.json as
     interrupted with the signal and the step, prints one JSON line and exits 3. A second Ctrl-C while the checkpoint
     is written changes nothing. Training again resumes there and ends with the uninterrupted record."""
     from depthbench_nb.runs import verify_checkpoint
@@ -1181,7 +1187,7 @@ def test_an_edited_study_never_mixes_stale_runs(tiny_data, runs_dir, tmp_path, c
     status counts the 2 planned runs and lists the 2 stale ones; collect returns the 2 planned rows (the same counts);
     the LR optimum and the report's table use only them."""
     from depthbench_nb.report_common import study_table
-    from depthbench_nb.sweep import collect, expand_study, load_study, lr_optima, study_status
+    from depthbench_nb.sweep import collect, expand_study, load_study, lr_optima
 
     study = tmp_path / "edit.yaml"
 
@@ -1244,7 +1250,10 @@ def exploit_corpus(marker: Path) -> dict:
 
     corpus = {f"os.system, protocol {p}": pickle.dumps(Reduce(), protocol=p) for p in range(6)}
     corpus["nested __reduce__ in an OrderedDict"] = pickle.dumps({"model": Nested()}, protocol=2)
-    call = lambda module, name, arg: b"\x80\x04" + _su(module) + _su(name) + b"\x93" + _su(arg) + b"\x85R."
+
+    def call(module, name, arg):
+        return b"\x80\x04" + _su(module) + _su(name) + b"\x93" + _su(arg) + b"\x85R."
+
     corpus["dotted name through an allowed module (DCP)"] = call(
         "torch.distributed.checkpoint.filesystem", "os.system", cmd
     )
@@ -1381,7 +1390,8 @@ def test_every_unpickler_refuses_the_exploit_corpus(reference, tiny_data, runs_d
 
 # ------------------------------------------------------------------------ 6. memory: refused before, caught during
 def test_a_run_that_cannot_fit_is_refused_before_anything_is_built(tiny_data, runs_dir):
-    "--L 100000 (82 GB of activations by the cost model): refused in seconds, one line naming both figures and the override."
+    """--L 100000 (82 GB of activations by the cost model): refused in seconds, one line naming both figures and the
+    override."""
     t0 = time.time()
     res = run_cli(
         ["train", "--arch", "preln", "--L", "100000", "--preset", "tiny", "--data", str(tiny_data), "--json"],

@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from depthbench_nb.config import ConfigError, ModelConfig, RunConfig, arch_names, repo_root
-from depthbench_nb.shapes import count_params, grid_shapes, shape_rows
+from depthbench_nb.config import ConfigError, ModelConfig, RunConfig, arch_names
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -214,11 +213,11 @@ def test_wheel_builds_installs_and_ships_templates(tmp_path):
     assert templates, "the checkout has no papermill templates (nbs/10-29)"
     assert sorted(n.split("/")[-1] for n in names if n.startswith("depthbench_nb/notebooks/")) == templates
     meta = zipfile.ZipFile(wheels[0]).read(next(n for n in names if n.endswith("METADATA"))).decode()
-    requires = [l for l in meta.splitlines() if l.startswith("Requires-Dist:")]
-    assert any(l.startswith("Requires-Dist: torch>=") for l in requires), requires
+    requires = [line for line in meta.splitlines() if line.startswith("Requires-Dist:")]
+    assert any(line.startswith("Requires-Dist: torch>=") for line in requires), requires
     from packaging.requirements import Requirement
 
-    runtime = [Requirement(l.split(":", 1)[1].strip()) for l in requires if "extra ==" not in l]
+    runtime = [Requirement(line.split(":", 1)[1].strip()) for line in requires if "extra ==" not in line]
     pinned = [str(r) for r in runtime if any(sp.operator in ("==", "===") for sp in r.specifier)]
     assert not pinned, pinned  # runtime deps are ranges; exact pins live in requirements-dev.txt
     triton = [r for r in runtime if r.name == "triton"]

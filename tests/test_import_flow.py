@@ -130,7 +130,9 @@ def imported(node, modules) -> tuple[list[str], list[str]]:
     sub = parts[1] if node.level == 0 and len(parts) > 1 else (parts[0] if node.level and node.module else None)
     if sub:
         pkg.append(sub)
-    else:  # `from depthbench_nb import looped` / `from . import runs`: names that are modules; others (__version__) are the root
+    else:
+        # `from depthbench_nb import looped` / `from . import runs`: names that are modules; others (__version__) are
+        # the root
         pkg += [a.name for a in node.names if a.name in modules]
     return pkg, ext
 

@@ -91,7 +91,10 @@ def _browser_or_skip():
     except ImportError:
         missing.append("selenium (requirements-dev.txt)")
     if missing:
-        why = f"JupyterLab browser test needs {', '.join(missing)} (apt-get install -y chromium chromium-driver; .ci/run does)"
+        why = (
+            f"JupyterLab browser test needs {', '.join(missing)} "
+            "(apt-get install -y chromium chromium-driver; .ci/run does)"
+        )
         if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
             pytest.fail(why)
         pytest.skip(why)
@@ -201,10 +204,14 @@ def test_train_template_runs_in_jupyterlab_in_chromium(tmp_path, tiny_data, monk
             "the server", lambda: urllib.request.urlopen(f"http://127.0.0.1:{port}/api/status?token={token}", timeout=2)
         )
         driver.get(f"http://127.0.0.1:{port}/lab/tree/nbs/10_train.ipynb?token={token}")
-        cells = lambda: driver.find_elements(By.CSS_SELECTOR, ".jp-NotebookPanel .jp-Notebook .jp-Cell")
+
+        def cells():
+            return driver.find_elements(By.CSS_SELECTOR, ".jp-NotebookPanel .jp-Notebook .jp-Cell")
+
         wait("the notebook", lambda: len(cells()) == n_cells)
         # as a user would: type the overrides at the end of the parameters cell (a CPU-sized run on the test data)
-        params = next(c for c in cells() if "arch = 'attnres'" in c.text)
+        # the parameters cell (either quote: the template is as `ruff format` leaves it)
+        params = next(c for c in cells() if any(f"arch = {q}attnres{q}" in c.text for q in "\"'"))
         params.find_element(By.CSS_SELECTOR, ".cm-content").click()
         ActionChains(driver).key_down(Keys.CONTROL).send_keys(Keys.END).key_up(Keys.CONTROL).perform()
         ActionChains(driver).send_keys(
@@ -223,10 +230,13 @@ def test_train_template_runs_in_jupyterlab_in_chromium(tmp_path, tiny_data, monk
         ).perform()
         wait("the typed parameters", lambda: 'study = "lab"' in params.text, 20)
         menu("Run", "Run All Cells")
-        prompts = lambda: [
-            p.text.strip()
-            for p in driver.find_elements(By.CSS_SELECTOR, ".jp-NotebookPanel .jp-CodeCell .jp-InputArea-prompt")
-        ]
+
+        def prompts():
+            return [
+                p.text.strip()
+                for p in driver.find_elements(By.CSS_SELECTOR, ".jp-NotebookPanel .jp-CodeCell .jp-InputArea-prompt")
+            ]
+
         wait("every cell to run", lambda: all(p not in ("", "[ ]:", "[*]:") for p in prompts()), 600)
         menu("File", "Save Notebook")
         wait(

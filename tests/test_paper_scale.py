@@ -24,10 +24,10 @@ import torch.nn.functional as F
 
 from depthbench_nb.checks import check_gradients, tiny_config
 from depthbench_nb.cli import main
-from depthbench_nb.config import ARCHS, ConfigError, ModelConfig, TrainConfig
-from depthbench_nb.layers import KVCache, LayerNorm, RMSNorm, apply_rope, rope_angles
+from depthbench_nb.config import ARCHS, ConfigError, ModelConfig
+from depthbench_nb.layers import LayerNorm, RMSNorm, apply_rope, rope_angles
 from depthbench_nb.model import build_model, n_params
-from depthbench_nb.runs import read_metrics, read_result
+from depthbench_nb.runs import read_metrics
 from depthbench_nb.shapes import count_params, shape_for
 
 REPO = Path(__file__).resolve().parents[1]
@@ -76,7 +76,8 @@ def test_gradient_check_catches_an_unused_parameter():
 
 
 def test_deepnorm_final_norm_is_rmsnorm():
-    "pretrain_deepnorm.py switches only the block norm config (after .merge() the LM head's is separate): RMSNorm, eps 1e-6."
+    """pretrain_deepnorm.py switches only the block norm config (after .merge() the LM head's is separate): RMSNorm,
+    eps 1e-6."""
     m = build_model(tiny_config("deepnorm"))
     assert isinstance(m.final_norm, RMSNorm) and m.final_norm.eps == 1e-6
     assert all(isinstance(x, LayerNorm) for b in m.blocks for x in (b.attn_norm, b.ffn_norm))
@@ -122,7 +123,8 @@ def test_rope_rotates_in_fp32_like_olmo_core():
 
 
 def test_moda_without_ffn_kv_keeps_zero_slots_in_the_softmax():
-    "moda.py: no kv_proj writes nothing, and the kernel attends to all 2b slots (current_depth = 2b), on both mixing paths."
+    """moda.py: no kv_proj writes nothing, and the kernel attends to all 2b slots (current_depth = 2b), on both mixing
+    paths."""
     m = build_model(tiny_config("moda", moda_ffn_kv=False))
     idx = torch.randint(0, 64, (1, 5))
     seen = []
@@ -222,7 +224,8 @@ def reference_muonh(W, grads, lr, mu=0.95):
 
 @pytest.mark.parametrize("shape", [(24, 40), (40, 24)])
 def test_muonh_rescales_in_the_dtypes_of_the_reference(shape):
-    "The update is scaled to c_W and multiplied by lr in bf16 (the ortho dtype); the sphere projection in the param dtype."
+    """The update is scaled to c_W and multiplied by lr in bf16 (the ortho dtype); the sphere projection in the param
+    dtype."""
     from depthbench_nb.optim import MuonH
 
     torch.manual_seed(3)
@@ -276,8 +279,8 @@ def test_two_ranks_match_one_process(arch, runs_dir, tiny_data):
     validation loss equal a single process with the same global batch within 1e-5 (fp32). DDP keeps Accelerate's
     find_unused_parameters=False, so a parameter without a gradient (the old AttnRes) fails here at the second step.
     The designs also train with FSDP2 (fully_shard; HC's and mHC's 0-d gates stay replicated) and match DDP within
-    1e-5. CI runs AttnRes (the old defect), HC (the replicated gates) and the looped model (MuonH). The looped model uses fp32
-    orthogonalisation here: bf16 MuonH turns 1e-7 reduction-order differences into 1e-4 after three steps."""
+    1e-5. CI runs AttnRes (the old defect), HC (the replicated gates) and the looped model (MuonH). The looped model
+    uses fp32 orthogonalisation here: bf16 MuonH turns 1e-7 reduction-order differences into 1e-4 after three steps."""
     one, one_losses = _train(runs_dir, arch, tiny_data, "one")
     ddp, ddp_losses = _train(runs_dir, arch, tiny_data, "ddp", "--num-processes", "2")
     assert (
@@ -360,8 +363,9 @@ def test_compiled_training_equals_eager(runs_dir, tiny_data):
 
 @pytest.mark.parametrize("arch", subset(FAMILIES, ()))
 def test_compiled_model_equals_eager(arch):
-    """torch.compile (inductor) of every family on CPU: logits and every gradient within 1e-5 of eager, fp32. All exhaustive:
-    a cold inductor build costs minutes per family on 2 cores; CI compiles Pre-LN through the trainer (the test above)."""
+    """torch.compile (inductor) of every family on CPU: logits and every gradient within 1e-5 of eager, fp32. All
+    exhaustive: a cold inductor build costs minutes per family on 2 cores; CI compiles Pre-LN through the trainer (the
+    test above)."""
     torch._dynamo.reset()
     m = build_model(family_config(arch))
     idx = torch.randint(0, 64, (2, 17), generator=torch.Generator().manual_seed(0))
@@ -453,7 +457,10 @@ def test_kernel_fallbacks_accept_bf16(name, monkeypatch):
     args, kwargs = K.kernel_example(name, dtype=torch.bfloat16)
     outs = fn(*args, **kwargs)
     outs = outs if isinstance(outs, tuple) else (outs,)
-    up = lambda t: t.detach().float().requires_grad_(t.requires_grad) if isinstance(t, torch.Tensor) else t
+
+    def up(t):
+        return t.detach().float().requires_grad_(t.requires_grad) if isinstance(t, torch.Tensor) else t
+
     ref = fn(*[up(a) for a in args], **{k: up(v) for k, v in kwargs.items()})
     ref = ref if isinstance(ref, tuple) else (ref,)
     acts = [a for a in list(args) + list(kwargs.values()) if isinstance(a, torch.Tensor) and a.dtype == torch.bfloat16]
@@ -627,7 +634,8 @@ def test_gpu_check_smoke_runs_on_cpu(tmp_path):
 
 
 def test_bench_train_reports_flops_roofline_and_memory(tmp_path):
-    "benchmarks/bench_train.py: per design, depth and mixing path tokens/s, FLOP throughput and roofline against Pre-LN."
+    """benchmarks/bench_train.py: per design, depth and mixing path tokens/s, FLOP throughput and roofline against
+    Pre-LN."""
     out = tmp_path / "bench.json"
     p = subprocess.run(
         [

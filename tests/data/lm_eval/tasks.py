@@ -1,4 +1,5 @@
-"""The documents of the offline lm-eval test tasks: rows of depthbench_tiny.jsonl beside this file (no hub, no cache)."""
+"""The documents of the offline lm-eval test tasks: rows of depthbench_tiny.jsonl beside this file (no hub, no
+cache)."""
 
 import json
 from pathlib import Path
