@@ -41,9 +41,9 @@ console_scripts = cfg.get("console_scripts", "").split()
 
 
 # A startup hook (site-packages/depthbench_nb-hooks.pth): in every interpreter of the environment it imports
-# depthbench_nb._hooks, which only watches for Transformers' Auto classes and lm-eval's model registry to load and then
-# registers the 'depthbench' model type with them, so `lm_eval --model depthbench` works from the shell. It imports nothing
-# heavy and does nothing if the package is gone.
+# depthbench_nb._hooks, which only watches for Transformers' Auto classes and lm-eval's model registry to load and
+# then registers the 'depthbench' model type with them, so `lm_eval --model depthbench` works from the shell. It
+# imports nothing heavy and does nothing if the package is gone.
 HOOK_PTH = "depthbench_nb-hooks.pth"
 HOOK_LINE = "import sys; exec('try:\\n import depthbench_nb._hooks\\nexcept Exception:\\n pass')\n"
 
