@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # The test command (README, CI): formatted and lint-clean (ruff, scripts/lint.sh), notebooks and package agree,
-# notebooks are clean, the notebooks' own
-# tests (nbdev_test), the documentation site built (scripts/docs.sh) and the pytest suite, which reads the site in
-# headless Chromium (tests/test_docs.py). Offline and single-threaded per worker by design.
+# notebooks are clean, the notebooks' own tests (nbdev_test), the documentation site built (scripts/docs.sh) and the
+# pytest suite, which reads the site in headless Chromium (tests/test_docs.py). Offline and single-threaded per worker by design.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 BIN=.venv/bin
