@@ -16,10 +16,7 @@ import torch.nn.functional as F
 from .config import ARCHS, ConfigError, ModelConfig, resolve_arch
 from .layers import KVCache, LayerNorm, RMSNorm
 from depthbench_nb.model import (
-    AttnResTransformer,
     DepthModel,
-    MultiStreamTransformer,
-    ResidualTransformer,
     _close,
     build_model,
     n_params,
@@ -121,11 +118,6 @@ def check_causal(model: DepthModel, idx: torch.Tensor, atol: float = 1e-5) -> Ch
     return _ok()
 
 
-def _exact_readout(model: DepthModel) -> bool:
-    "Families whose logit lens of the last state is the forward's output (not sum-collapse HC, the official analysis scripts INF)."
-    return not (isinstance(model, MultiStreamTransformer) and model.collapse == "sum")
-
-
 def check_states(model: DepthModel, idx: torch.Tensor, atol: float = 1e-5) -> CheckResult:
     "The depth states: n_blocks + 1 of the input's shape, without changing the logits (the last one reads out to them)."
     with torch.no_grad():
@@ -138,7 +130,7 @@ def check_states(model: DepthModel, idx: torch.Tensor, atol: float = 1e-5) -> Ch
         return _fail(f"state shapes {shapes}")
     if not torch.equal(plain, logits):
         return _fail("return_states changed the logits")
-    if isinstance(model, (ResidualTransformer, MultiStreamTransformer, AttnResTransformer)) and _exact_readout(model):
+    if getattr(model, "exact_readout", False):  # declared by the model (DepthModel: True; sum-collapse HC: False)
         ok, err = _close(model.readout(model.n_blocks, states[-1]), logits, atol)
         if not ok:
             return _fail(f"readout of the last state differs from the logits by {err:.2e}")
@@ -182,7 +174,7 @@ def check_swap(model: DepthModel, idx: torch.Tensor) -> CheckResult:
 class IdentityBlock(nn.Module):
     "Stands in for a block: returns its state unchanged (and writes nothing)."
 
-    def forward(self, x, ctx=None):
+    def forward(self, x, *args, **kwargs):
         return x
 
 
@@ -197,11 +189,12 @@ def check_skip(model: DepthModel, idx: torch.Tensor, atol: float = 1e-5) -> Chec
             return _fail(f"skipping block {l} changed state {k} (before the block)")
     if torch.equal(logits, s_logits):
         return _fail(f"skipping block {l} did not change the logits")
-    if isinstance(model, AttnResTransformer):
+    rule = getattr(model, "skip_rule", "block")  # declared by the model: 'block' (default), 'state', 'depth_mix'
+    if rule == "depth_mix":
         return _check_attnres_skip(model, idx, l, s_states, atol)
     if not torch.equal(s_states[l + 1], s_states[l]):
         return _fail(f"a skipped block {l} is not the identity on the state")
-    if isinstance(model, (ResidualTransformer, MultiStreamTransformer)):
+    if rule == "block":
         twin = copy.deepcopy(model)
         twin.blocks[l] = IdentityBlock()
         with torch.no_grad():
@@ -213,7 +206,7 @@ def check_skip(model: DepthModel, idx: torch.Tensor, atol: float = 1e-5) -> Chec
     return _ok("identity on the state")
 
 
-def _check_attnres_skip(model: AttnResTransformer, idx, l, s_states, atol) -> CheckResult:
+def _check_attnres_skip(model: DepthModel, idx, l, s_states, atol) -> CheckResult:
     if 2 * (l + 1) not in model.boundaries and l + 1 < model.n_blocks:
         return _ok("next consumer is inside a group")
     if any(size != 1 for size in model.group_sizes):

@@ -11,7 +11,7 @@ import functools
 import math
 import re
 import operator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Collection, Optional
 
 import torch
@@ -62,13 +62,17 @@ __all__ = ['SAME', 'SQUEEZE0', 'FLATTEN', 'PLAIN_FORK', 'PERILN_FORK', 'KEEL_FOR
 # %% ../nbs/05_model.ipynb #b4af3bf2
 @dataclass
 class ForwardContext:
-    "What a block needs besides its input: positions, the KV cache, MoDA depth slots, a mixing recorder."
+    """What a block needs besides its input: positions, the KV cache, a mixing recorder, and the state a design's
+    blocks share across one forward pass. A design keeps that state in `state` under its own key, set up by its
+    block class's `begin_forward` (the DenseFormer example in `examples/` keeps its past block outputs there);
+    MoDA's depth slots have their own slot, which the fused kernels read."""
 
     offset: int = 0  # position of the first token of this call
     cache: Optional[KVCache] = None
     depth: Optional[list] = None  # MoDA: 2L slots of (k before RoPE, v) [B, T, H_kv, hd], None = never written
     mixes: Optional[list] = None  # HC/mHC: each sublayer's residual mixing matrix, in forward order
     fused: bool = False  # the fused depth-mixing path (`mixing_path`), else the reference ops
+    state: dict = field(default_factory=dict)  # per-design state across blocks, under the design's own key
 
 
 class DepthModel(nn.Module):
@@ -76,6 +80,10 @@ class DepthModel(nn.Module):
 
     family = "residual"
     mixing: Optional[str] = None  # 'fused' | 'reference' for this model; None: DEPTHBENCH_MIXING (default 'fused')
+    # what the shared checks (nbs/05a_checks.ipynb) may assume: the strongest unless a design says otherwise
+    exact_readout: bool = True  # the logit lens of the last depth state reproduces the forward's logits
+    skip_rule: str = "block"  # a skipped block is the identity on the state, as an identity block in its place
+    # ('state': only the identity on the state, blocks shared by positions (looped); 'depth_mix': AttnRes)
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -90,19 +98,18 @@ class DepthModel(nn.Module):
     # ---- init ---------------------------------------------------------------------------------
     @torch.no_grad()
     def init_weights(self, generator: Optional[torch.Generator] = None) -> "DepthModel":
-        "Truncated-normal linear layers and embedding, unit norm gains, then the design's own init (the official `init_weights`)."
+        """Truncated-normal linear layers and embedding, unit norm gains (the official `init_weights`), then the
+        design's init: the one entry point `init_design(generator)` of every module that has one (the model, its
+        blocks, their connectors and mixers), in module order, after the shared init."""
         for m in self.modules():
             if isinstance(m, (nn.Linear, nn.Embedding)):
                 trunc_normal_(m.weight, self.config.init_std, generator)
             elif isinstance(m, (RMSNorm, LayerNorm)):
                 m.weight.fill_(1.0)
-            if hasattr(m, "reset_design_parameters"):
-                m.reset_design_parameters()
-        self._design_init(generator)
+        for m in self.modules():
+            if hasattr(m, "init_design"):
+                m.init_design(generator)
         return self
-
-    def _design_init(self, generator: Optional[torch.Generator] = None) -> None:
-        pass
 
     def init_buffers(self) -> None:
         "Recompute derived buffers that are not saved with the weights (none here; the looped model's RoPE tables)."
@@ -312,7 +319,6 @@ class Block(nn.Module):
 
     Norm: type = RMSNorm
     swap_attributes: tuple = ()  # Python constants that travel with the weights on a swap
-    uses_depth_slots: bool = False  # the model hands the block MoDA's depth slots
 
     def __init__(self, cfg: ModelConfig, index: int):
         super().__init__()
@@ -325,8 +331,11 @@ class Block(nn.Module):
         "Attention of this block's position in the cache: (output [B, T, d], (k before RoPE, v))."
         return self.attn(u, ctx.offset, ctx.cache, self.index, **depth)
 
-    def init_design(self, generator: Optional[torch.Generator] = None) -> None:
         "The design's init after the shared truncated normal (none here)."
+
+    @classmethod
+    def begin_forward(cls, ctx: ForwardContext, model: nn.Module) -> None:
+        "Set up the state the design's blocks share across one forward pass, in `ctx` (none here)."
 
 # %% ../nbs/05_model.ipynb #c33181a5
 class ResidualTransformer(DepthModel):
@@ -344,8 +353,7 @@ class ResidualTransformer(DepthModel):
 
     def forward(self, idx, skip: Collection[int] = (), return_states: bool = False, kv_cache: Optional[KVCache] = None):
         skip, ctx = self._begin(idx, skip, kv_cache)
-        if self.block_cls.uses_depth_slots:
-            ctx.depth = DepthSlots(2 * self.n_blocks) if ctx.fused else [None] * (2 * self.n_blocks)
+        self.block_cls.begin_forward(ctx, self)
         x = self.tok_emb(idx)  # [B, T, d]
         states = [x]
         for b, block in enumerate(self.blocks):
@@ -355,10 +363,6 @@ class ResidualTransformer(DepthModel):
                 states.append(x)
         logits = self.lm_head(self.final_norm(x))  # [B, T, V]
         return self._end(logits, states, return_states, kv_cache, idx.shape[1])
-
-    def _design_init(self, generator: Optional[torch.Generator] = None):
-        for blk in self.blocks:
-            blk.init_design(generator)
 
     def _swap_attributes(self):
         return self.block_cls.swap_attributes
@@ -388,6 +392,7 @@ register_design(
         "preln",
         "residual",
         "Pre-LN baseline: h = x + A(N(x))",
+        paper="depthbench",
         build=build_preln,
         extra_params=no_extra_params,
         forward_flops=no_extra_flops,
@@ -436,6 +441,7 @@ register_design(
         "periln",
         "residual",
         "Peri-LN / Sandwich-LN: h = x + N_out(A(N_in(x))), no embedding norm",
+        paper="depthbench",
         build=build_periln,
         extra_params=lambda cfg: (2 * cfg.d_model * cfg.n_layer, 0),
         forward_flops=no_extra_flops,
@@ -496,6 +502,7 @@ register_design(
         "lns",
         "residual",
         "LayerNorm Scaling: pre-norm output scaled by 1/sqrt(block index, 1-based)",
+        paper="depthbench",
         build=build_lns,
         extra_params=no_extra_params,
         forward_flops=no_extra_flops,
@@ -556,6 +563,7 @@ register_design(
         "deepnorm",
         "residual",
         "DeepNorm: Post-LN (LayerNorm) with alpha=(2L)^1/4 shortcut, beta=(8L)^-1/4 init",
+        paper="depthbench",
         build=build_deepnorm,
         extra_params=no_extra_params,
         forward_flops=no_extra_flops,
@@ -616,6 +624,7 @@ register_design(
         "keel",
         "residual",
         "KEEL: Post-LN highway alpha = 2L with inner norm; block 0 special",
+        paper="depthbench",
         build=build_keel,
         extra_params=lambda cfg: (2 * cfg.d_model * cfg.n_layer - cfg.d_model, 0),
         forward_flops=no_extra_flops,
@@ -642,7 +651,7 @@ class HCConnector(nn.Module):
         self.dynamic_beta_scale = nn.Parameter(torch.empty(()))
 
     @torch.no_grad()
-    def reset_design_parameters(self):
+    def init_design(self, generator: Optional[torch.Generator] = None):
         self.static_alpha.zero_()
         self.static_alpha[self.k % self.n, 0] = 1.0
         self.static_alpha[:, 1:] = torch.eye(self.n)
@@ -694,7 +703,7 @@ class MHCConnector(nn.Module):
         self.alpha_pre, self.alpha_post, self.alpha_res = (nn.Parameter(torch.empty(())) for _ in range(3))
 
     @torch.no_grad()
-    def reset_design_parameters(self):
+    def init_design(self, generator: Optional[torch.Generator] = None):
         n = self.n
         self.phi.zero_()
         self.b.copy_(torch.cat([_gap8_read_bias(n, self.k), torch.zeros(n), _gap8_res_bias(n).flatten()]))
@@ -758,7 +767,7 @@ class MHCNativeConnector(nn.Module):
         self.alpha_pre, self.alpha_post, self.alpha_res = (nn.Parameter(torch.empty(())) for _ in range(3))
 
     @torch.no_grad()
-    def reset_design_parameters(self):
+    def init_design(self, generator: Optional[torch.Generator] = None):
         for p in (self.phi_pre, self.phi_post, self.phi_res):
             p.zero_()
         self.b_pre.copy_(_gap8_read_bias(self.n, self.k))
@@ -793,7 +802,7 @@ class MHCStaticConnector(nn.Module):
         self.pre_logits, self.post_logits = nn.Parameter(torch.empty(n)), nn.Parameter(torch.empty(n))
 
     @torch.no_grad()
-    def reset_design_parameters(self):
+    def init_design(self, generator: Optional[torch.Generator] = None):
         self.res_logits.copy_(_gap8_res_bias(self.n))
         self.pre_logits.fill_(-8.0)
         self.pre_logits[self.k % self.n] = 0.0
@@ -846,6 +855,11 @@ class MultiStreamTransformer(DepthModel):
 
     family = "multistream"
 
+    @property
+    def exact_readout(self) -> bool:
+        "Sum collapse reads out N_f(sum H), not the forward's sum N_f(H) (the official analysis scripts)."
+        return self.collapse != "sum"
+
     def __init__(self, cfg: ModelConfig, connector: Callable[[ModelConfig, int], nn.Module], collapse: str = "sum"):
         super().__init__(cfg)
         self.n_streams = cfg.hc_streams
@@ -877,7 +891,8 @@ class MultiStreamTransformer(DepthModel):
             h = self.final_norm(H.mean(-2))  # N_f(mean_i H_i)
         return self._end(self.lm_head(h), states, return_states, kv_cache, idx.shape[1])
 
-    def _design_init(self, generator: Optional[torch.Generator] = None):
+    @torch.no_grad()
+    def init_design(self, generator: Optional[torch.Generator] = None):
         for blk in self.blocks:  # scale_output_init_by_sqrt_n
             blk.attn.wo.weight.div_(math.sqrt(self.n_streams))
             blk.ffn.w2.weight.div_(math.sqrt(self.n_streams))
@@ -1027,6 +1042,7 @@ register_design(
         "hc",
         "multistream",
         "Hyper-Connections: n=4 dynamic (tanh) streams, per-stream final norm then sum",
+        paper="depthbench",
         build=build_hc,
         extra_params=_hc_params,
         forward_flops=_hc_flops,
@@ -1166,6 +1182,7 @@ register_design(
         "mhc",
         "multistream",
         "Manifold-constrained HC: n=4, Sinkhorn (20 it.) doubly stochastic mixing, gap-8 init, mean collapse",
+        paper="depthbench",
         build=build_mhc,
         extra_params=_mhc_params,
         forward_flops=_mhc_flops,
@@ -1228,7 +1245,7 @@ class AttnResMixer(nn.Module):
         self.key_weight = nn.Parameter(torch.empty(d))
 
     @torch.no_grad()
-    def reset_design_parameters(self):
+    def init_design(self, generator: Optional[torch.Generator] = None):
         self.query.zero_()
         self.key_weight.fill_(1.0)
 
@@ -1314,6 +1331,7 @@ class AttnResTransformer(DepthModel):
     "Attention Residuals over sublayer groups (the design gives the group sizes: Full, Block)."
 
     family = "attnres"
+    skip_rule = "depth_mix"  # a skip changes what the next consumer's depth mix reads
 
     def __init__(self, cfg: ModelConfig, group_sizes: list[int]):
         super().__init__(cfg)
@@ -1471,6 +1489,7 @@ register_design(
         "attnres",
         "attnres",
         "Full Attention Residuals: every sublayer output a depth source",
+        paper="depthbench",
         build=build_attnres,
         extra_params=_attnres_params,
         forward_flops=lambda cfg: attnres_flops(full_attnres_groups(cfg), cfg.d_model),
@@ -1535,6 +1554,7 @@ register_design(
         "block_attnres",
         "attnres",
         "Block Attention Residuals: sources are block sums (8 blocks over 2L sublayers by default)",
+        paper="depthbench",
         build=build_block_attnres,
         extra_params=_attnres_params,
         forward_flops=lambda cfg: attnres_flops(block_attnres_groups(cfg), cfg.d_model),
@@ -1554,7 +1574,6 @@ register_design(
 class MoDABlock(Block):
     "Pre-LN whose attention also reads the depth slots of earlier sublayers; writes its own (and an FFN pair via W_kv)."
 
-    uses_depth_slots = True
     default_init_modules = ("depth_kv",)  # W_kv keeps nn.Linear's default init: exempt from the shared ±3σ rule
 
     def __init__(self, cfg: ModelConfig, index: int):
@@ -1578,6 +1597,11 @@ class MoDABlock(Block):
             kv = self.depth_kv(u).unflatten(-1, (2, *self._kv_shape))  # [B, T, 2, H_kv, hd]
             _write_depth(ctx, 2 * b + 1, kv[:, :, 0], kv[:, :, 1])
         return h + self.ffn(u)
+
+    @classmethod
+    def begin_forward(cls, ctx: ForwardContext, model: nn.Module) -> None:
+        "2L empty depth slots (the fused path's stores, or a list for the reference ops)."
+        ctx.depth = DepthSlots(2 * model.n_blocks) if ctx.fused else [None] * (2 * model.n_blocks)
 
     @torch.no_grad()
     def init_design(self, generator: Optional[torch.Generator] = None):
@@ -1680,6 +1704,7 @@ register_design(
         "moda",
         "residual",
         "Mixture-of-Depths Attention: depth KV of earlier sublayers under one softmax (+2d^2 per block)",
+        paper="depthbench",
         build=build_moda,
         extra_params=lambda cfg: (_moda_matmul(cfg), 0),
         forward_flops=lambda cfg: 4.0 * cfg.d_model * cfg.n_layer * (cfg.n_layer - 1),
