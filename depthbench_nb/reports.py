@@ -24,6 +24,7 @@ from depthbench_nb.config import (
     ConfigError,
     ModelConfig,
     family_of,
+    paper_designs,
     atomic_write_text,
     package_dir,
     runs_root,
@@ -1667,7 +1668,7 @@ def depthbench_costs_section(rep: Report, df: pd.DataFrame, notes: Optional[dict
         except ConfigError:
             return False
 
-    archs = [a for a in ARCHS if ARCHS[a].family != "looped" and counted(a)]
+    archs = [a for a in paper_designs() if counted(a)]  # the paper's designs only (not ones added by users or plugins)
     rep.table(
         pd.DataFrame(
             [

@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from depthbench_nb.config import (
     ARCHS,
     DESIGN_OPTIONS,
+    RECORDED_OPTIONS,
     EXIT_INTERRUPTED,
     EXIT_NOT_DONE,
     EXIT_OK,
@@ -227,7 +228,7 @@ class RunParams:
     def parameters_cell(cls, **values) -> str:
         "The source of 10_train's parameters cell: every parameter and design option with its default (or `values`) and help."
         rows = [(f.name, values.get(f.name, f.default), f.metadata["help"]) for f in fields(cls) if f.name != "options"]
-        rows += [(k, values.get(k), rule) for k, (_, rule) in DESIGN_OPTIONS.items() if k != "recurrence"]
+        rows += [(k, values.get(k), rule) for k, (_, rule) in RECORDED_OPTIONS.items() if k != "recurrence"]
         w = max(len(f"{k} = {v!r}") for k, v, _ in rows)
         return "\n".join(f"{f'{k} = {v!r}'.ljust(w)}  # {h}" for k, v, h in rows)
 

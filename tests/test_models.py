@@ -6,6 +6,7 @@ import json
 import math
 import subprocess
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,17 @@ import torch
 import torch.nn.functional as F
 
 from depthbench_nb.checks import check_design, failures, tiny_config
-from depthbench_nb.config import ARCHS, ConfigError, Design, ModelConfig, register_design, unregister_design
+from depthbench_nb.config import (
+    ARCHS,
+    ConfigError,
+    Design,
+    DesignOptions,
+    ModelConfig,
+    config_hash,
+    paper_designs,
+    register_design,
+    unregister_design,
+)
 from depthbench_nb.layers import KVCache
 from depthbench_nb.model import (
     PreLNBlock,
@@ -552,8 +563,9 @@ def test_bf16_pure_and_autocast(kw):
 
 
 # ---- the registry ------------------------------------------------------------------------------------------------------
-def test_the_registry_holds_the_ten_designs_and_refuses_incomplete_ones():
-    assert DESIGNS == ["preln", "periln", "lns", "deepnorm", "keel", "hc", "mhc", "attnres", "block_attnres", "moda"]
+def test_the_registry_holds_the_papers_designs_and_refuses_incomplete_ones():
+    assert len(paper_designs()) == 10 and set(paper_designs()) <= set(DESIGNS)  # DepthBench's architecture table
+    assert paper_designs("looped") == ["looped"]
     with pytest.raises(
         ConfigError, match=r"design 'half' is incomplete: it needs extra_params \(or count_params\), forward_flops"
     ):
@@ -605,3 +617,69 @@ def test_family_of_reads_the_registry():
         "looped",
         None,
     ]
+
+
+@dataclass(frozen=True)
+class _GateOptions(DesignOptions):
+    gate_start: float = field(default=1.0, metadata={"help": "a positive number: where the gates start"})
+
+    def validate(self):
+        if not self.gate_start > 0:
+            raise ConfigError(f"gate_start must be > 0, got {self.gate_start}")
+
+
+class _GateBlock(PreLNBlock):
+    "Pre-LN with a learned gate on the FFN branch, started at the design's option."
+
+    def __init__(self, cfg, index):
+        super().__init__(cfg, index)
+        self.gate = torch.nn.Parameter(torch.empty(()))
+        self.start = cfg.gate_start
+
+    def forward(self, x, ctx):
+        h = x + self.attend(self.attn_norm(x), ctx)[0]
+        return h + self.gate * self.ffn(self.ffn_norm(h))
+
+    @torch.no_grad()
+    def init_design(self, generator=None):
+        self.gate.fill_(self.start)
+
+
+def _gate_init(model, idx, atol):
+    starts = {float(b.gate.detach()) for b in model.blocks}
+    return None if starts == {model.config.gate_start} else f"gates start at {starts}"
+
+
+def test_a_design_declares_its_own_options():
+    "Options in the design's own dataclass: defaults, rules, records and hashes, with no edit of ModelConfig."
+    before = config_hash(tiny_config("preln"))
+    register_design(
+        Design(
+            "gate_opt",
+            "residual",
+            "Pre-LN with a gated FFN branch",
+            build=lambda cfg: ResidualTransformer(cfg, _GateBlock),
+            extra_params=lambda cfg: (cfg.n_layer, 0),
+            forward_flops=no_extra_flops,
+            check_init=_gate_init,
+            metrics=(),
+            importer="a test",
+            options=_GateOptions,
+        )
+    )
+    try:
+        assert tiny_config("gate_opt").gate_start == 1.0  # the default, filled in and recorded
+        cfg = tiny_config("gate_opt", gate_start=0.5)
+        assert cfg.to_dict()["gate_start"] == 0.5 and "options" not in cfg.to_dict()
+        assert ModelConfig.from_json(cfg.to_json()) == cfg and cfg.replace(gate_start=0.25).gate_start == 0.25
+        assert config_hash(cfg) != config_hash(tiny_config("gate_opt"))
+        assert not failures(check_design(cfg))
+        with pytest.raises(ConfigError, match=r"gate_start=0.5 does not apply to arch 'preln' \(it applies to: gate_opt"):
+            tiny_config("preln", gate_start=0.5)
+        with pytest.raises(ConfigError, match="gate_opt options: gate_start must be > 0"):
+            tiny_config("gate_opt", gate_start=-1.0)
+        with pytest.raises(ConfigError, match="gate_start must be float"):
+            tiny_config("gate_opt", gate_start="big")
+    finally:
+        unregister_design("gate_opt")
+    assert config_hash(tiny_config("preln")) == before and "options" not in tiny_config("preln").to_dict()
