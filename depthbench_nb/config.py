@@ -122,7 +122,8 @@ def _no_extra(cfg, *args) -> int:
 
 @dataclass(frozen=True)
 class ForkNames:
-    "How the official OLMo-core fork names a design's own tensors beyond the shared backbone (depthbench_nb.interop reads it)."
+    """How the official OLMo-core fork names a design's own tensors beyond the shared backbone (depthbench_nb.interop
+    reads it)."""
 
     block: Optional[Callable] = (
         None  # (cfg, b) -> {fork name in block b: (shape, our name in block b, (to ours, to fork))}
@@ -511,8 +512,9 @@ class Config:
             v = getattr(self, f.name)
             ok, conv = _type_ok(v, hints[f.name])
             if not ok:
+                want = _type_name(hints[f.name])
                 raise ConfigError(
-                    f"{type(self).__name__}.{f.name} must be {_type_name(hints[f.name])}, got {short_repr(v)} ({type(v).__name__})"
+                    f"{type(self).__name__}.{f.name} must be {want}, got {short_repr(v)} ({type(v).__name__})"
                 )
             object.__setattr__(self, f.name, conv)
         self.validate()
@@ -591,7 +593,8 @@ def _option_error(opt: str, v, spec: Design) -> ConfigError:
 
 
 def ffn_hidden_default(d_model: int, rule: str = "8/3") -> int:
-    "FFN hidden size: '8/3' = ceil(8d/3) rounded up to a multiple of 16 (DepthBench the official configs), '3d' (1.6B grid), '4d' (looped)."
+    """FFN hidden size: '8/3' = ceil(8d/3) rounded up to a multiple of 16 (DepthBench the official configs), '3d' (1.6B
+    grid), '4d' (looped)."""
     if rule == "8/3":
         return int(math.ceil(8 * d_model / 3 / 16) * 16)
     if rule == "3d":
@@ -989,7 +992,8 @@ def runs_root_reason() -> str:
 
 
 def cache_dir() -> Path:
-    "Cache for tokenizers and prepared data: $DEPTHBENCH_CACHE, $XDG_CACHE_HOME/depthbench-nb or ~/.cache/depthbench-nb."
+    """Cache for tokenizers and prepared data: $DEPTHBENCH_CACHE, $XDG_CACHE_HOME/depthbench-nb or
+    ~/.cache/depthbench-nb."""
     env = os.environ.get("DEPTHBENCH_CACHE")
     if env:
         return Path(env).expanduser().resolve()

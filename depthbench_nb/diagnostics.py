@@ -972,9 +972,7 @@ def diagnose_model(
         with torch.no_grad():
             _, readable = readout_states(model, x)
         out["logit_lens"] = logit_lens(model, readable, y, logits)
-        out["logit_lens_readout"] = (
-            FAMILIES[getattr(model, "family", "residual")].readout_kind
-        )
+        out["logit_lens_readout"] = FAMILIES[getattr(model, "family", "residual")].readout_kind
     if "mixing" in metrics:
         progress("residual mixing")
         with torch.no_grad():

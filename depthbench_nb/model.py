@@ -164,7 +164,8 @@ class DepthModel(nn.Module):
         return self.lm_head(self.final_norm(state))
 
     def no_weight_decay_names(self) -> set[str]:
-        "Parameters exempt from weight decay: only the HC/mHC static routing tensors (official `nn/hyper_connections.py` and launcher)."
+        """Parameters exempt from weight decay: only the HC/mHC static routing tensors (official
+        `nn/hyper_connections.py` and launcher)."""
         return set()
 
     def _swap_unit(self, i: int) -> dict[str, nn.Parameter]:
@@ -575,7 +576,8 @@ register_design(
 
 # %% ../nbs/05_model.ipynb #e1ece184
 class KEELBlock(Block):
-    "b >= 1: h = N_pa(alpha x + A(N_a(x))), y = N_pm(alpha h + M(N_m(h))), alpha = 2L; block 0: h = x + A(N_a(x)), alpha 1"
+    """b >= 1: h = N_pa(alpha x + A(N_a(x))), y = N_pm(alpha h + M(N_m(h))), alpha = 2L; block 0: h = x + A(N_a(x)),
+    alpha 1"""
 
     def __init__(self, cfg: ModelConfig, index: int):
         super().__init__(cfg, index)
@@ -737,7 +739,8 @@ def log_sinkhorn(logits: torch.Tensor, n_iter: int = 20) -> torch.Tensor:
 
 
 def log_sinkhorn_fused(logits: torch.Tensor, n_iter: int = 20) -> torch.Tensor:
-    "`log_sinkhorn` with the tokens on the last axis ([n, n, tokens]): each round vectorised over the tokens (as `sinkhorn_fused`)."
+    """`log_sinkhorn` with the tokens on the last axis ([n, n, tokens]): each round vectorised over the tokens (as
+    `sinkhorn_fused`)."""
     lead, n = logits.shape[:-2], logits.shape[-1]
     z = logits.reshape(-1, n, n).permute(1, 2, 0)  # [n, n, R]: rows, columns, tokens
     log_marginal = -math.log(n)
@@ -778,7 +781,10 @@ class MHCNativeConnector(nn.Module):
 
     def forward(self, H: torch.Tensor, fused: bool = False):
         n = self.n
-        f = lambda p: p.float()  # the native backend computes in fp32
+
+        def f(p):
+            return p.float()  # the native backend computes in fp32
+
         x = H.flatten(-2).float()  # [B, T, n*d]
         r = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-8)
         read = torch.sigmoid(f(self.alpha_pre) * (x @ f(self.phi_pre)) * r + f(self.b_pre))
@@ -812,7 +818,8 @@ class MHCStaticConnector(nn.Module):
         lead = H.shape[:-2]
         read = torch.softmax(self.pre_logits, -1).expand(*lead, self.n)  # [B, T, n]
         write = torch.softmax(self.post_logits, -1).expand(*lead, self.n)  # [B, T, n]
-        # the fork's static backend: P = log-domain Sinkhorn of the logits, streams mixed with P^T (x'_t = Σ_s P[s,t] x_s)
+        # the fork's static backend: P = log-domain Sinkhorn of the logits, streams mixed with P^T (x'_t = Σ_s P[s,t]
+        # x_s)
         mix = log_sinkhorn(self.res_logits, self.iters).transpose(-1, -2).expand(*lead, self.n, self.n)  # [B, T, n, n]
         return read, mix, write
 
@@ -946,7 +953,10 @@ def multistream_init(
         if not torch.allclose(H, H[..., :1, :].expand_as(H), atol=atol):
             return f"streams differ at init in state {k}"
     twin = _preln_twin(model, write)
-    norms = lambda m: [x for blk in m.blocks for x in (blk.attn_norm, blk.ffn_norm)]
+
+    def norms(m):
+        return [x for blk in m.blocks for x in (blk.attn_norm, blk.ffn_norm)]
+
     got, want = _capture(norms(model), lambda: model(idx)), _capture(norms(twin), lambda: twin(idx))
     for k, (g, w) in enumerate(zip(got, want)):
         ok, err = _close(g, w, atol)
@@ -956,7 +966,8 @@ def multistream_init(
 
 
 def connector_fork_names(table: dict) -> Callable:
-    "Block tensors of a connector design: `table` maps the fork's connector parameter to (our name, shape of (n, d), layout)."
+    """Block tensors of a connector design: `table` maps the fork's connector parameter to (our name, shape of (n, d),
+    layout)."""
 
     def block(cfg: ModelConfig, b: int) -> dict:
         n, d = cfg.hc_streams, cfg.d_model
@@ -1202,7 +1213,8 @@ ATTNRES_EPS = 1e-5
 
 
 def attnres_sources_per_site(group_sizes: list[int]) -> list[int]:
-    "Depth sources each mixing site sees: sublayers 0..2L-1, then the output mix (sublayer 0 reads the embedding directly: 0)."
+    """Depth sources each mixing site sees: sublayers 0..2L-1, then the output mix (sublayer 0 reads the embedding
+    directly: 0)."""
     n_sub = sum(group_sizes)
     starts = {sum(group_sizes[:g]) for g in range(1, len(group_sizes))}  # sublayers that start a new group
     out, completed = [0], 0
@@ -1307,7 +1319,8 @@ class _FusedDepthSources(_DepthSources):
         self.shape = embedding.shape[:-1]  # [B, T]
 
     def commit(self):
-        "Write the partial into its slot; the list keeps the newest source (a skip reads it) and, for older ones, only the dtype."
+        """Write the partial into its slot; the list keeps the newest source (a skip reads it) and, for older ones, only
+        the dtype."""
         if self.partial is None:
             return
         self.store.write(len(self.sources), self.partial)
@@ -1316,7 +1329,8 @@ class _FusedDepthSources(_DepthSources):
         super().commit()
 
     def mix(self, mixer: AttnResMixer, out_weight: torch.Tensor, identity: bool = False):
-        "(normalized input [B, T, d], raw mix [B, T, d], weights [B, T, S]) in the sources' common dtype, as the reference"
+        """(normalized input [B, T, d], raw mix [B, T, d], weights [B, T, S]) in the sources' common dtype, as the
+        reference"""
         srcs = self.all()
         if identity:
             return super().mix(mixer, out_weight, identity=True)
@@ -1389,7 +1403,8 @@ class AttnResTransformer(DepthModel):
         return self.lm_head(rms_norm(state, self.final_norm.weight, ATTNRES_EPS))
 
     def fsdp_units(self) -> list[nn.Module]:
-        "The forward calls each block's attention and FFN, not the block: those are the FSDP units (mixers stay with the root)."
+        """The forward calls each block's attention and FFN, not the block: those are the FSDP units (mixers stay with
+        the root)."""
         return [m for blk in self.blocks for m in (blk.attn, blk.ffn)]
 
     def _swap_unit(self, i: int) -> dict[str, nn.Parameter]:
@@ -1400,7 +1415,8 @@ class AttnResTransformer(DepthModel):
 
     @torch.no_grad()
     def depth_mix_weights(self, idx: torch.Tensor) -> list[torch.Tensor]:
-        "Softmax weights over sources [B, T, S] of every sublayer in forward order, then the final mix (2L + 1 entries)."
+        """Softmax weights over sources [B, T, S] of every sublayer in forward order, then the final mix (2L + 1
+        entries)."""
         weights = []
         self.forward(idx, _weights=weights)
         return weights
@@ -1611,7 +1627,8 @@ class MoDABlock(Block):
 
 
 class DepthSlots:
-    "MoDA's depth keys and values of one forward, each in one store [2L, hd, B*T*H_kv] (zeros where a slot is never written)."
+    """MoDA's depth keys and values of one forward, each in one store [2L, hd, B*T*H_kv] (zeros where a slot is never
+    written)."""
 
     def __init__(self, n_slots: int):
         self.n_slots = n_slots
@@ -1641,7 +1658,8 @@ def _write_depth(ctx: ForwardContext, slot: int, k: torch.Tensor, v: torch.Tenso
 
 
 def _read_depth(ctx: ForwardContext, b: int, like: torch.Tensor) -> dict:
-    "MoDA depth keys/values of block b: all slots 0..2b-1, zeros where unwritten (skipped blocks; FFN slots without W_kv)."
+    """MoDA depth keys/values of block b: all slots 0..2b-1, zeros where unwritten (skipped blocks; FFN slots without
+    W_kv)."""
     slots = ctx.depth[: 2 * b]
     zeros = torch.zeros_like(like)  # [B, T, H_kv, hd]: an unwritten slot
     ks = [s[0] if s is not None else zeros for s in slots]
