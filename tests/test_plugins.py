@@ -60,12 +60,17 @@ def test_plugin_trains_through_the_cli(plugin_site, tiny_data, tmp_path):
 
 
 SEEN_BY_EVERYTHING = """
+import contextlib
+import tempfile
+from pathlib import Path
+
 import torch
 from depthbench_nb.checks import assert_design_ok, tiny_config
 from depthbench_nb.config import ModelConfig, arch_names, paper_designs, DESIGN_OPTIONS
 from depthbench_nb.costs import cost_row
 from depthbench_nb.model import build_model, n_params
 from depthbench_nb.shapes import count_params
+from depthbench_nb.sweep import expand_study, load_study
 from depthbench_nb.trainer import train_parser
 
 assert "denseformer" in arch_names() and "denseformer" not in paper_designs(), arch_names()
@@ -81,6 +86,16 @@ assert row["arch"] == "denseformer", row
 x = torch.randint(0, cfg.vocab_size, (2, 8))
 assert torch.equal(build_model(cfg)(x), build_model(tiny_config("preln"))(x))  # its init is Pre-LN
 assert "--dwa-dilation" in train_parser().format_help()
+# sweeps: a study file names the plugin design and its option like any built-in one
+study = Path(tempfile.mkdtemp()) / "plug.yaml"
+study.write_text(
+    "name: plug\npreset: tiny\ngroups:\n  - name: dwa\n    archs: [denseformer]\n    depths: [2, 4]\n"
+    "    max_steps: 2\n    option_sets: [{dwa_dilation: 2}]\n"
+)
+with contextlib.redirect_stdout(None):
+    entries = expand_study(load_study(study))
+assert [e.run.model.dwa_dilation for e in entries] == [2, 2] and "dwa_dilation=2" in entries[0].label()
+assert entries[0].run_id.startswith("denseformer-L2-")
 for bad in (dict(arch="preln", dwa_dilation=2), dict(arch="denseformer", dwa_dilation=0)):
     try:
         ModelConfig(**bad)
@@ -92,7 +107,7 @@ print("ok")
 """
 
 
-def test_plugin_is_seen_by_checks_shapes_costs(plugin_site, tmp_path):
+def test_plugin_is_seen_by_checks_shapes_costs_sweeps(plugin_site, tmp_path):
     done = _python(SEEN_BY_EVERYTHING, _env(plugin_site, runs=tmp_path / "runs"))
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
     assert "does not apply to arch 'preln' (it applies to: denseformer)" in done.stdout
