@@ -6,20 +6,17 @@
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Optional
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .config import ARCHS, ConfigError, ModelConfig, resolve_arch
+from .config import ConfigError, ModelConfig, resolve_arch
 from .layers import KVCache, LayerNorm, RMSNorm
 from depthbench_nb.model import (
-    AttnResTransformer,
     DepthModel,
-    MultiStreamTransformer,
-    ResidualTransformer,
     _close,
     build_model,
     n_params,
@@ -74,7 +71,8 @@ def check_param_count(model: DepthModel, cfg: ModelConfig, expected: Optional[in
 
 
 def check_finite(model: DepthModel, idx: torch.Tensor) -> CheckResult:
-    "One forward and backward pass: a finite loss, finite gradients, and gradients that reach the embedding and the head."
+    """One forward and backward pass: a finite loss, finite gradients, and gradients that reach the embedding and the
+    head."""
     model.zero_grad(set_to_none=True)
     loss = _loss(model, idx)
     if not torch.isfinite(loss):
@@ -121,11 +119,6 @@ def check_causal(model: DepthModel, idx: torch.Tensor, atol: float = 1e-5) -> Ch
     return _ok()
 
 
-def _exact_readout(model: DepthModel) -> bool:
-    "Families whose logit lens of the last state is the forward's output (not sum-collapse HC, the official analysis scripts INF)."
-    return not (isinstance(model, MultiStreamTransformer) and model.collapse == "sum")
-
-
 def check_states(model: DepthModel, idx: torch.Tensor, atol: float = 1e-5) -> CheckResult:
     "The depth states: n_blocks + 1 of the input's shape, without changing the logits (the last one reads out to them)."
     with torch.no_grad():
@@ -138,7 +131,7 @@ def check_states(model: DepthModel, idx: torch.Tensor, atol: float = 1e-5) -> Ch
         return _fail(f"state shapes {shapes}")
     if not torch.equal(plain, logits):
         return _fail("return_states changed the logits")
-    if isinstance(model, (ResidualTransformer, MultiStreamTransformer, AttnResTransformer)) and _exact_readout(model):
+    if getattr(model, "exact_readout", False):  # declared by the model (DepthModel: True; sum-collapse HC: False)
         ok, err = _close(model.readout(model.n_blocks, states[-1]), logits, atol)
         if not ok:
             return _fail(f"readout of the last state differs from the logits by {err:.2e}")
@@ -182,28 +175,30 @@ def check_swap(model: DepthModel, idx: torch.Tensor) -> CheckResult:
 class IdentityBlock(nn.Module):
     "Stands in for a block: returns its state unchanged (and writes nothing)."
 
-    def forward(self, x, ctx=None):
+    def forward(self, x, *args, **kwargs):
         return x
 
 
 def check_skip(model: DepthModel, idx: torch.Tensor, atol: float = 1e-5) -> CheckResult:
-    "Skipping a block leaves the states before it unchanged and changes the logits; the skipped block acts as the identity."
-    l = model.n_blocks // 2
+    """Skipping a block leaves the states before it unchanged and changes the logits; the skipped block acts as the
+    identity."""
+    b = model.n_blocks // 2
     with torch.no_grad():
         logits, states = model(idx, return_states=True)
-        s_logits, s_states = model(idx, skip=[l], return_states=True)
-    for k in range(l + 1):
+        s_logits, s_states = model(idx, skip=[b], return_states=True)
+    for k in range(b + 1):
         if not torch.equal(states[k], s_states[k]):
-            return _fail(f"skipping block {l} changed state {k} (before the block)")
+            return _fail(f"skipping block {b} changed state {k} (before the block)")
     if torch.equal(logits, s_logits):
-        return _fail(f"skipping block {l} did not change the logits")
-    if isinstance(model, AttnResTransformer):
-        return _check_attnres_skip(model, idx, l, s_states, atol)
-    if not torch.equal(s_states[l + 1], s_states[l]):
-        return _fail(f"a skipped block {l} is not the identity on the state")
-    if isinstance(model, (ResidualTransformer, MultiStreamTransformer)):
+        return _fail(f"skipping block {b} did not change the logits")
+    rule = getattr(model, "skip_rule", "block")  # declared by the model: 'block' (default), 'state', 'depth_mix'
+    if rule == "depth_mix":
+        return _check_attnres_skip(model, idx, b, s_states, atol)
+    if not torch.equal(s_states[b + 1], s_states[b]):
+        return _fail(f"a skipped block {b} is not the identity on the state")
+    if rule == "block":
         twin = copy.deepcopy(model)
-        twin.blocks[l] = IdentityBlock()
+        twin.blocks[b] = IdentityBlock()
         with torch.no_grad():
             ref = twin(idx)
         ok, err = _close(s_logits, ref, atol)
@@ -213,24 +208,24 @@ def check_skip(model: DepthModel, idx: torch.Tensor, atol: float = 1e-5) -> Chec
     return _ok("identity on the state")
 
 
-def _check_attnres_skip(model: AttnResTransformer, idx, l, s_states, atol) -> CheckResult:
-    if 2 * (l + 1) not in model.boundaries and l + 1 < model.n_blocks:
+def _check_attnres_skip(model: DepthModel, idx, b, s_states, atol) -> CheckResult:
+    if 2 * (b + 1) not in model.boundaries and b + 1 < model.n_blocks:
         return _ok("next consumer is inside a group")
     if any(size != 1 for size in model.group_sizes):
         return _ok()  # only single-sublayer groups: the boundary is the next sublayer
     captured = {}
-    src_block = model.blocks[l - 1].ffn if l > 0 else model.tok_emb  # the newest source: the previous FFN output
+    src_block = model.blocks[b - 1].ffn if b > 0 else model.tok_emb  # the newest source: the previous FFN output
     h = src_block.register_forward_hook(lambda m, i, o: captured.__setitem__("v", o))
     try:
         with torch.no_grad():
-            model(idx, skip=[l])
+            model(idx, skip=[b])
     finally:
         h.remove()
-    ok, err = _close(s_states[l + 1], captured["v"], atol)
+    ok, err = _close(s_states[b + 1], captured["v"], atol)
     return (
         _ok("boundary mix after the skip is the identity on its newest source")
         if ok
-        else _fail(f"the boundary state after skipping block {l} is not the newest source (diff {err:.2e})")
+        else _fail(f"the boundary state after skipping block {b} is not the newest source (diff {err:.2e})")
     )
 
 # %% ../nbs/05a_checks.ipynb #bed63f8e

@@ -10,7 +10,9 @@ import dataclasses
 import datetime
 import errno
 import fcntl
+import functools
 import hashlib
+import importlib.metadata
 import json
 import math
 import os
@@ -20,19 +22,22 @@ import tempfile
 import time
 import types
 import typing
+import warnings
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable, Optional
 
 # %% auto #0
-__all__ = ['EXIT_OK', 'EXIT_NOT_DONE', 'EXIT_ERROR', 'EXIT_INTERRUPTED', 'MESSAGE_LIMIT', 'ARCHS', 'FAMILIES', 'DESIGN_OPTIONS',
-           'OPTIMIZERS', 'SCHEDULES', 'PRECISIONS', 'EVAL_SETS', 'LOCK_FILE', 'ConfigError', 'CorruptFile',
-           'UnsafeFile', 'FolderBusy', 'RunBusy', 'ResourceError', 'RunInterrupted', 'short_repr', 'ForkNames',
-           'Design', 'register_design', 'unregister_design', 'arch_names', 'resolve_arch', 'family_of', 'Config',
-           'config_hash', 'config_diff', 'ffn_hidden_default', 'ModelConfig', 'DataConfig', 'TrainConfig', 'RunConfig',
-           'identity_content', 'operational_changes', 'package_dir', 'repo_root', 'runs_root', 'runs_root_reason',
-           'cache_dir', 'atomic_write_bytes', 'atomic_write_text', 'atomic_write_json', 'available_memory',
-           'memory_check_enabled', 'format_bytes', 'holder_alive', 'describe_holder', 'FolderLock', 'lock_holder']
+__all__ = ['EXIT_OK', 'EXIT_NOT_DONE', 'EXIT_ERROR', 'EXIT_INTERRUPTED', 'MESSAGE_LIMIT', 'PLUGIN_GROUP', 'ARCHS', 'FAMILIES',
+           'RECORDED_OPTIONS', 'DESIGN_OPTIONS', 'OPTIMIZERS', 'SCHEDULES', 'PRECISIONS', 'EVAL_SETS', 'LOCK_FILE',
+           'ConfigError', 'CorruptFile', 'UnsafeFile', 'FolderBusy', 'RunBusy', 'ResourceError', 'RunInterrupted',
+           'short_repr', 'ForkNames', 'Design', 'Family', 'register_family', 'load_plugins', 'paper_designs',
+           'register_design', 'unregister_design', 'arch_names', 'resolve_arch', 'family_of', 'Config', 'config_hash',
+           'config_diff', 'ffn_hidden_default', 'DesignOptions', 'ModelConfig', 'DataConfig', 'TrainConfig',
+           'RunConfig', 'identity_content', 'operational_changes', 'package_dir', 'repo_root', 'runs_root',
+           'runs_root_reason', 'cache_dir', 'atomic_write_bytes', 'atomic_write_text', 'atomic_write_json',
+           'available_memory', 'memory_check_enabled', 'format_bytes', 'holder_alive', 'describe_holder', 'FolderLock',
+           'lock_holder']
 
 # %% ../nbs/00_config.ipynb #535214f5
 class ConfigError(ValueError):
@@ -117,7 +122,8 @@ def _no_extra(cfg, *args) -> int:
 
 @dataclass(frozen=True)
 class ForkNames:
-    "How the official OLMo-core fork names a design's own tensors beyond the shared backbone (depthbench_nb.interop reads it)."
+    """How the official OLMo-core fork names a design's own tensors beyond the shared backbone (depthbench_nb.interop
+    reads it)."""
 
     block: Optional[Callable] = (
         None  # (cfg, b) -> {fork name in block b: (shape, our name in block b, (to ours, to fork))}
@@ -144,8 +150,10 @@ class Design:
     metrics: Optional[tuple] = None  # the design-restricted diagnostics that apply (() says: none)
     importer: Any = None  # its ForkNames (the fork checkpoints' layout), or a str: why none
     # ---- optional -----------------------------------------------------------------------------------------
-    options: tuple = ()  # ModelConfig design-option fields this design accepts
-    defaults: dict = field(default_factory=dict)  # default values of those options
+    options: Any = ()  # its options: a `DesignOptions` dataclass (new designs), or names of ModelConfig's recorded
+    # option fields (the designs whose options predate design-owned options; `RECORDED_OPTIONS`)
+    defaults: dict = field(default_factory=dict)  # default values of recorded option fields
+    paper: Optional[str] = None  # the paper whose architecture table lists it ('depthbench', 'looped'); None: added
     aliases: tuple = ()
     validate: Optional[Callable] = None  # cfg -> {option: filled value} or None; raises ConfigError
     count_params: Optional[Callable] = None  # cfg -> ParamCount, replacing Pre-LN + extra_params (looped)
@@ -179,10 +187,131 @@ class Design:
         }
         return [k for k, v in need.items() if v is None]
 
+    @property
+    def option_names(self) -> tuple:
+        "The names of the options this design takes."
+        if isinstance(self.options, type):
+            return tuple(f.name for f in fields(self.options))
+        return tuple(self.options)
 
-ARCHS: dict[str, Design] = {}
+
+PLUGIN_GROUP = "depthbench_nb.designs"  # entry points of installed packages that add designs
+_PLUGINS: dict = dict(loaded=False, failed={})  # whether the plugins were loaded; name -> why one failed
+
+
+class _Registry(dict):
+    "The registered designs by name. The first lookup loads the installed plugins' designs (`load_plugins`)."
+
+    def __getitem__(self, name):
+        load_plugins()
+        return super().__getitem__(name)
+
+    def __contains__(self, name):
+        load_plugins()
+        return super().__contains__(name)
+
+    def __iter__(self):
+        load_plugins()
+        return super().__iter__()
+
+    def __len__(self):
+        load_plugins()
+        return super().__len__()
+
+    def get(self, name, default=None):
+        load_plugins()
+        return super().get(name, default)
+
+    def keys(self):
+        load_plugins()
+        return super().keys()
+
+    def values(self):
+        load_plugins()
+        return super().values()
+
+    def items(self):
+        load_plugins()
+        return super().items()
+
+
+ARCHS: dict[str, Design] = _Registry()
 _ALIASES: dict[str, str] = {}
-FAMILIES = ("residual", "multistream", "attnres", "looped")
+
+
+@dataclass
+class Family:
+    """How generic code reads the models of a group of designs (`Design.family` names one). The diagnostics attach
+    their readers to it (`path_weights`, `readout_states`) in their own notebook, so no code compares family names."""
+
+    name: str
+    summary: str
+    shared_recipe: bool = True  # trained, costed and tabled with DepthBench's recipe (False: the looped paper's own)
+    path_weights: Optional[Callable] = None  # (model, x) -> (W, kind): residual-path weights, set by diagnostics
+    readout_states: Optional[Callable] = None  # (model, x) -> (logits, states the logit lens decodes); None: states
+    readout_kind: str = "depth state"  # what the logit lens decodes, in words
+
+
+FAMILIES: dict[str, Family] = {}
+
+
+def register_family(family: Family) -> Family:
+    "Add a family (a plugin may bring its own); a design names it in `Design.family`."
+    FAMILIES[family.name] = family
+    return family
+
+
+for _family in (
+    Family("residual", "one residual stream, added to (norm placement, KEEL, MoDA)"),
+    Family("multistream", "n residual streams mixed by learned connectors (HC, mHC)"),
+    Family(
+        "attnres",
+        "each sublayer reads a softmax mix of earlier outputs (AttnRes)",
+        readout_kind="next consumer depth mix",
+    ),
+    Family("looped", "a shared block run r times (looped LMs)", shared_recipe=False),
+):
+    register_family(_family)
+
+
+def load_plugins() -> dict[str, str]:
+    """Register the designs of installed plugins, once: each entry point of group `depthbench_nb.designs` is named
+    after its design and points to a `Design` (or a function returning one, or registering it). A plugin that fails
+    to load is reported by a warning and by every lookup of its name; the other designs stay usable. Returns the
+    failures (name -> why)."""
+    if _PLUGINS["loaded"]:
+        return _PLUGINS["failed"]
+    _PLUGINS["loaded"] = True  # before loading: a plugin's own lookups must not load it again
+    for ep in importlib.metadata.entry_points(group=PLUGIN_GROUP):
+        if dict.__contains__(ARCHS, ep.name):
+            continue
+        try:
+            _register_plugin(ep)
+        except Exception as e:  # any failure of foreign code: named, and the rest of the registry still works
+            dist = getattr(getattr(ep, "dist", None), "name", "?")
+            why = f"design plugin {ep.name!r} ({ep.value}, package {dist}) failed to load: {type(e).__name__}: {e}"
+            _PLUGINS["failed"][ep.name] = why
+            warnings.warn(why, stacklevel=2)
+    return _PLUGINS["failed"]
+
+
+def _register_plugin(ep) -> None:
+    "Load one entry point and register the design it gives under its name."
+    obj = ep.load()
+    design = obj() if callable(obj) and not isinstance(obj, Design) else obj
+    if design is None and dict.__contains__(ARCHS, ep.name):
+        return  # the function registered it
+    if not isinstance(design, Design):
+        raise ConfigError(f"the entry point must give a Design, got {type(design).__name__}")
+    if design.name != ep.name:
+        raise ConfigError(f"the entry point is named {ep.name!r} but its design is {design.name!r}")
+    if dict.get(ARCHS, design.name) is not design:
+        register_design(design)
+
+
+def paper_designs(paper: str = "depthbench") -> list[str]:
+    "The designs of a paper's architecture table, in registry order (designs added by users or plugins are not)."
+    return [name for name, d in ARCHS.items() if d.paper == paper]
 
 
 def register_design(design: Design, overwrite: bool = False) -> Design:
@@ -191,17 +320,15 @@ def register_design(design: Design, overwrite: bool = False) -> Design:
         raise ConfigError(f"register_design expects a Design, got {type(design).__name__}")
     if design.family not in FAMILIES:
         raise _choice_error("family", design.family, FAMILIES)
-    if not overwrite and (design.name in ARCHS or design.name in _ALIASES):
+    if not overwrite and (dict.__contains__(ARCHS, design.name) or design.name in _ALIASES):
         raise ConfigError(f"architecture {design.name!r} is already registered")
     missing = design.missing()
     if missing:
         raise ConfigError(f"design {design.name!r} is incomplete: it needs {', '.join(missing)}")
-    unknown = set(design.options) - set(DESIGN_OPTIONS)
-    if unknown:
-        raise ConfigError(f"{design.name}: unknown design options {sorted(unknown)}; valid: {sorted(DESIGN_OPTIONS)}")
+    _check_option_names(design)
     if not isinstance(design.metrics, tuple):
         raise ConfigError(f"{design.name}: metrics must be a tuple of metric names")
-    ARCHS[design.name] = design
+    dict.__setitem__(ARCHS, design.name, design)
     for a in design.aliases:
         _ALIASES[a] = design.name
     return design
@@ -210,7 +337,7 @@ def register_design(design: Design, overwrite: bool = False) -> Design:
 def unregister_design(name: str) -> None:
     "Remove a design (and its aliases) from the registry."
     design = resolve_arch(name)
-    del ARCHS[design.name]
+    dict.__delitem__(ARCHS, design.name)
     for a in design.aliases:
         _ALIASES.pop(a, None)
 
@@ -226,6 +353,8 @@ def resolve_arch(name: str) -> Design:
         raise ConfigError(f"arch must be a string, got {type(name).__name__}")
     key = name.strip().lower().replace("-", "_")
     key = _ALIASES.get(key, key)
+    if key not in ARCHS and key in _PLUGINS["failed"]:
+        raise ConfigError(_PLUGINS["failed"][key])
     if key not in ARCHS:
         raise _choice_error("architecture", name, arch_names(include_aliases=True))
     return ARCHS[key]
@@ -243,8 +372,8 @@ def _pos_int(v):
     return isinstance(v, int) and not isinstance(v, bool) and v >= 1
 
 
-DESIGN_OPTIONS: dict[str, tuple] = {
-    # name: (check, rule in words)
+RECORDED_OPTIONS: dict[str, tuple] = {
+    # name: (check, rule in words): ModelConfig fields, in every recorded run's config (new designs: DesignOptions)
     "hc_streams": (_pos_int, "a positive integer (number of residual streams n)"),
     "hc_update": (("mixed", "unmixed").__contains__, "'mixed' (H' = C_{t+1} + beta F) or 'unmixed' (H' = H + beta F)"),
     "hc_tanh": (lambda v: isinstance(v, bool), "a bool (tanh on the dynamic HC terms)"),
@@ -269,6 +398,58 @@ DESIGN_OPTIONS: dict[str, tuple] = {
         "a positive integer <= vocab_size (the tokenizer's vocabulary; the LM head is padded to vocab_size)",
     ),
 }
+
+
+class _OptionTable(typing.Mapping):
+    "Every design option of the registry, name -> (check, rule in words): recorded fields, then design-owned ones."
+
+    def _table(self) -> dict:
+        table = dict(RECORDED_OPTIONS)
+        for design in ARCHS.values():
+            if isinstance(design.options, type):
+                hints = typing.get_type_hints(design.options)
+                for f in fields(design.options):
+                    table.setdefault(f.name, _option_rule(f, hints[f.name]))
+        return table
+
+    def __getitem__(self, name):
+        return self._table()[name]
+
+    def __iter__(self):
+        return iter(self._table())
+
+    def __len__(self):
+        return len(self._table())
+
+
+def _option_rule(f, hint) -> tuple:
+    "(check, rule) of a design-owned option field: its annotation, and its help (field metadata) in words."
+
+    def check(value):
+        return _type_ok(value, hint)[0]
+
+    return check, f.metadata.get("help", _type_name(hint))
+
+
+DESIGN_OPTIONS = _OptionTable()  # live: a design registered later (a plugin's) brings its options with it
+
+
+def _check_option_names(design: Design) -> None:
+    "A design takes recorded option fields by name, or declares its own in a DesignOptions dataclass."
+    if isinstance(design.options, type):
+        if not (dataclasses.is_dataclass(design.options) and issubclass(design.options, DesignOptions)):
+            raise ConfigError(f"{design.name}: options must be a DesignOptions dataclass, got {design.options!r}")
+        taken = {f.name for f in fields(ModelConfig)} - set(RECORDED_OPTIONS)
+        clash = sorted(set(design.option_names) & (taken | {"options"}))
+        if clash:
+            raise ConfigError(f"{design.name}: option names {clash} are ModelConfig fields; choose other names")
+        return
+    unknown = set(design.options) - set(RECORDED_OPTIONS)
+    if unknown:
+        raise ConfigError(
+            f"{design.name}: unknown design options {sorted(unknown)}; declare them in a DesignOptions dataclass "
+            f"(recorded option fields: {sorted(RECORDED_OPTIONS)})"
+        )
 
 # %% ../nbs/00_config.ipynb #2bff4ade
 def _type_ok(value, tp) -> tuple[bool, Any]:
@@ -331,8 +512,9 @@ class Config:
             v = getattr(self, f.name)
             ok, conv = _type_ok(v, hints[f.name])
             if not ok:
+                want = _type_name(hints[f.name])
                 raise ConfigError(
-                    f"{type(self).__name__}.{f.name} must be {_type_name(hints[f.name])}, got {short_repr(v)} ({type(v).__name__})"
+                    f"{type(self).__name__}.{f.name} must be {want}, got {short_repr(v)} ({type(v).__name__})"
                 )
             object.__setattr__(self, f.name, conv)
         self.validate()
@@ -400,8 +582,19 @@ def config_diff(a: Config | dict, b: Config | dict, prefix: str = "") -> list[tu
     return out
 
 # %% ../nbs/00_config.ipynb #429f0198
+def _option_error(opt: str, v, spec: Design) -> ConfigError:
+    "A design option given to a design that does not take it: say which designs do."
+    takers = [a for a, s in ARCHS.items() if opt in s.option_names]
+    if not takers:
+        return _choice_error("design option", opt, DESIGN_OPTIONS)
+    return ConfigError(
+        f"option {opt}={short_repr(v)} does not apply to arch {spec.name!r} (it applies to: {', '.join(takers)})"
+    )
+
+
 def ffn_hidden_default(d_model: int, rule: str = "8/3") -> int:
-    "FFN hidden size: '8/3' = ceil(8d/3) rounded up to a multiple of 16 (DepthBench the official configs), '3d' (1.6B grid), '4d' (looped)."
+    """FFN hidden size: '8/3' = ceil(8d/3) rounded up to a multiple of 16 (DepthBench the official configs), '3d' (1.6B
+    grid), '4d' (looped)."""
     if rule == "8/3":
         return int(math.ceil(8 * d_model / 3 / 16) * 16)
     if rule == "3d":
@@ -411,6 +604,30 @@ def ffn_hidden_default(d_model: int, rule: str = "8/3") -> int:
     raise _choice_error("FFN rule", rule, ("8/3", "3d", "4d"))
 
 
+@dataclass(frozen=True)
+class DesignOptions(Config):
+    """Base of a design's own options: typed fields with their defaults, each field's rule in words as metadata
+    `help`, rules between them in `validate`. A design names its class in `Design.options`; the values live in
+    `ModelConfig.options`, sit flat beside the backbone fields in the run record, and read as `cfg.<option>`.
+    The train command (`--<option>`), papermill (`-p <option>`) and `RunParams` take them by name."""
+
+
+def _takes_design_options(cls):
+    "ModelConfig(..., dilation=2): keywords that are not fields are design options, gathered into `options`."
+    init, names = cls.__init__, {f.name for f in fields(cls)}
+
+    @functools.wraps(init)
+    def __init__(self, *args, **kw):
+        owned = {k: kw.pop(k) for k in list(kw) if k not in names}
+        if owned:
+            kw["options"] = dict(kw.get("options") or {}) | owned
+        init(self, *args, **kw)
+
+    cls.__init__ = __init__
+    return cls
+
+
+@_takes_design_options
 @dataclass(frozen=True)
 class ModelConfig(Config):
     "One model: the shared backbone plus the design and its options."
@@ -441,8 +658,31 @@ class ModelConfig(Config):
     hc_lanes: Optional[int] = None
     logit_softcap: Optional[float] = None
     real_vocab_size: Optional[int] = None  # looped: logits sliced to the tokenizer's vocabulary (None: vocab_size)
+    options: dict = field(default_factory=dict, hash=False)  # design-owned options (DesignOptions) by name
 
     _OMIT_WHEN_NONE = frozenset({"real_vocab_size"})
+
+    def __getattr__(self, name):
+        "A design-owned option by name (`cfg.dilation`): its value; None when unset or not this design's."
+        if name.startswith("_") or name == "options" or name not in DESIGN_OPTIONS:
+            raise AttributeError(f"ModelConfig has no attribute {name!r}")
+        return self.__dict__.get("options", {}).get(name)
+
+    def to_dict(self) -> dict:
+        "Flat: design-owned options beside the fields, no `options` key (a config without them hashes as before)."
+        out = super().to_dict()
+        owned = out.pop("options")
+        return out | {k: v for k, v in owned.items() if v is not None}
+
+    @classmethod
+    def from_dict(cls, d: dict):
+        if not isinstance(d, dict):
+            raise ConfigError(f"{cls.__name__} expects a dict, got {type(d).__name__}")
+        names = [f.name for f in fields(cls)]
+        unknown = [k for k in d if k not in names and k not in DESIGN_OPTIONS]
+        if unknown:
+            raise ConfigError(f"{cls.__name__}: unknown keys {short_repr(unknown)}; valid keys: {', '.join(names)}")
+        return cls(**d)
 
     def validate(self):
         spec = resolve_arch(self.arch)
@@ -468,23 +708,43 @@ class ModelConfig(Config):
         for name, v in (("norm_eps", self.norm_eps), ("init_std", self.init_std), ("rope_theta", self.rope_theta)):
             if not v > 0:
                 raise ConfigError(f"{name} must be > 0, got {v}")
-        # design options: reject the ones the design does not take, fill its defaults, check values
-        for opt, (check, rule) in DESIGN_OPTIONS.items():
+        self._validate_recorded_options(spec)
+        self._validate_owned_options(spec)
+        for opt, v in ((spec.validate(self) if spec.validate else None) or {}).items():
+            self._set_option(opt, v)  # the design's own rules
+
+    def _validate_recorded_options(self, spec: Design) -> None:
+        "Recorded option fields: reject the ones the design does not take, fill its defaults, check values."
+        for opt, (check, rule) in RECORDED_OPTIONS.items():
             v = getattr(self, opt)
-            if opt not in spec.options:
+            if opt not in spec.option_names:
                 if v is not None:
-                    takers = [a for a, s in ARCHS.items() if opt in s.options]
-                    raise ConfigError(
-                        f"option {opt}={short_repr(v)} does not apply to arch {spec.name!r} (it applies to: {', '.join(takers)})"
-                    )
+                    raise _option_error(opt, v, spec)
                 continue
             if v is None and opt in spec.defaults:
                 v = spec.defaults[opt]
-                set_(self, opt, v)
+                object.__setattr__(self, opt, v)
             if v is not None and not check(v):
                 raise ConfigError(f"{opt}={short_repr(v)} is invalid for {spec.name}: must be {rule}")
-        for opt, v in ((spec.validate(self) if spec.validate else None) or {}).items():
-            set_(self, opt, v)  # the design's own rules
+
+    def _validate_owned_options(self, spec: Design) -> None:
+        "Design-owned options: only the design's own; its DesignOptions class fills defaults and checks them."
+        for opt, v in self.options.items():
+            if opt not in spec.option_names or not isinstance(spec.options, type):
+                raise _option_error(opt, v, spec)
+        if not isinstance(spec.options, type):
+            return
+        try:
+            values = spec.options(**self.options)
+        except ConfigError as e:
+            raise ConfigError(f"{spec.name} options: {e}") from None
+        object.__setattr__(self, "options", {f.name: getattr(values, f.name) for f in fields(values)})
+
+    def _set_option(self, opt: str, v) -> None:
+        if opt in self.options:
+            self.options[opt] = v
+        else:
+            object.__setattr__(self, opt, v)
 
     @property
     def head_dim(self) -> int:
@@ -732,7 +992,8 @@ def runs_root_reason() -> str:
 
 
 def cache_dir() -> Path:
-    "Cache for tokenizers and prepared data: $DEPTHBENCH_CACHE, $XDG_CACHE_HOME/depthbench-nb or ~/.cache/depthbench-nb."
+    """Cache for tokenizers and prepared data: $DEPTHBENCH_CACHE, $XDG_CACHE_HOME/depthbench-nb or
+    ~/.cache/depthbench-nb."""
     env = os.environ.get("DEPTHBENCH_CACHE")
     if env:
         return Path(env).expanduser().resolve()

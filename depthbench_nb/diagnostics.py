@@ -16,7 +16,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .config import ARCHS, ConfigError, ModelConfig, atomic_write_json, atomic_write_text, package_dir
+from depthbench_nb.config import (
+    ARCHS,
+    FAMILIES,
+    ConfigError,
+    ModelConfig,
+    atomic_write_json,
+    atomic_write_text,
+    package_dir,
+)
 from .costs import cost_row, measure_latency, measured_costs
 from .runs import load_run
 
@@ -521,7 +529,7 @@ def _capture_depth_mixes(queries: dict, mixes: dict):
 def readout_states(model, x: Tensor) -> tuple[Tensor, list[Tensor]]:
     """(logits, states the logit lens decodes):
     AttnRes designs give the mix each state's next consumer reads; others their depth states."""
-    if getattr(model, "family", None) != "attnres":
+    if FAMILIES[getattr(model, "family", "residual")].readout_kind == "depth state":
         return model(x, return_states=True)
     queries = {id(blk.attn_mix.query): b for b, blk in enumerate(model.blocks) if b > 0 and hasattr(blk, "attn_mix")}
     queries[id(model.final_mix.query)] = model.n_blocks
@@ -691,26 +699,39 @@ def _depth_softmax_weights(model, x: Tensor) -> Tensor:
     return W
 
 
-def residual_path_weights(model, x: Tensor) -> dict:
-    """W [2L+1, 2L+1]: weight of the embedding (col 0) and of each sublayer output f_i (col i+1) in each sublayer input
-    (row l; row 2L: the output)."""
-    family = getattr(model, "family", "residual")
-    n_sub = 2 * model.n_blocks
-    if family == "residual":
-        if any(getattr(b, "alpha", 1.0) != 1.0 for b in model.blocks):
-            raise ConfigError(
-                f"residual-path weights need a stream that is a plain sum of sublayer outputs; {model.config.arch} "
-                "scales and renormalises its stream after every sublayer (post-norm), so no fixed weights exist"
-            )
-        W, kind = _plain_sum_weights(n_sub), "plain sum: every earlier output with weight 1"
-    elif family == "multistream":
-        W, kind = _stream_transport_weights(model, x), "stream transport a_l^T M ... M b_i, mean over tokens"
-    elif family == "attnres":
-        W, kind = _depth_softmax_weights(model, x), "depth-softmax weight of the source holding f_i, mean over tokens"
-    else:
+def _plain_sum_path(model, x: Tensor) -> tuple[Tensor, str]:
+    "One stream added to: every earlier output with weight 1 (post-norm designs rescale it: no fixed weights)."
+    if any(getattr(b, "alpha", 1.0) != 1.0 for b in model.blocks):
         raise ConfigError(
-            f"residual-path weights apply to the residual, multistream and attnres families, not {family!r}"
+            f"residual-path weights need a stream that is a plain sum of sublayer outputs; {model.config.arch} "
+            "scales and renormalises its stream after every sublayer (post-norm), so no fixed weights exist"
         )
+    return _plain_sum_weights(2 * model.n_blocks), "plain sum: every earlier output with weight 1"
+
+
+def _stream_transport_path(model, x: Tensor) -> tuple[Tensor, str]:
+    return _stream_transport_weights(model, x), "stream transport a_l^T M ... M b_i, mean over tokens"
+
+
+def _depth_softmax_path(model, x: Tensor) -> tuple[Tensor, str]:
+    return _depth_softmax_weights(model, x), "depth-softmax weight of the source holding f_i, mean over tokens"
+
+
+# each family's reader of residual paths lives in its registry entry (a family without one has no path weights)
+FAMILIES["residual"].path_weights = _plain_sum_path
+FAMILIES["multistream"].path_weights = _stream_transport_path
+FAMILIES["attnres"].path_weights = _depth_softmax_path
+
+
+def residual_path_weights(model, x: Tensor) -> dict:
+    """W [2L+1, 2L+1]: weight of the embedding (col 0) and of each sublayer output f_i (col i+1) in each sublayer
+    input (row l; row 2L: the output), read by the model's family (`Family.path_weights`)."""
+    name = getattr(model, "family", "residual")
+    family = FAMILIES.get(name)
+    if family is None or family.path_weights is None:
+        readers = ", ".join(f for f, entry in FAMILIES.items() if entry.path_weights is not None)
+        raise ConfigError(f"residual-path weights apply to the {readers} families, not {name!r}")
+    W, kind = family.path_weights(model, x)
     return dict(
         matrix=_nan_to_none(W),
         kind=kind,
@@ -1008,9 +1029,7 @@ def diagnose_model(
         with torch.no_grad():
             _, readable = readout_states(model, x)
         out["logit_lens"] = logit_lens(model, readable, y, logits)
-        out["logit_lens_readout"] = (
-            "next consumer depth mix" if getattr(model, "family", None) == "attnres" else "depth state"
-        )
+        out["logit_lens_readout"] = FAMILIES[getattr(model, "family", "residual")].readout_kind
     if "mixing" in metrics:
         progress("residual mixing")
         with torch.no_grad():
@@ -1476,7 +1495,8 @@ def run_diagnostics(
     )
     res["run_dir"] = str(Path(run_dir).resolve())
     res["seed"] = seed
-    res["costs"] = cost_row(cfg, seq_len=4096, train_seq_len=run.train.seq_len) if cfg.family != "looped" else None
+    costed = FAMILIES[cfg.family].shared_recipe  # the looped paper's models have no DepthBench cost row
+    res["costs"] = cost_row(cfg, seq_len=4096, train_seq_len=run.train.seq_len) if costed else None
     if (Path(run_dir) / "metrics.jsonl").exists():
         res["measured"] = measured_costs(run_dir)  # what training measured
     res["files"] = [str(p) for p in write_diagnostics(res, Path(run_dir) / "diagnostics", figures=figures)]

@@ -416,6 +416,7 @@ class LoopedLM(DepthModel):
     "Looped language model (Looped LMs, arXiv 2604.21106 §3.1, §5) with the DepthModel interface over executed layers."
 
     family = "looped"
+    skip_rule = "state"  # the shared checks: a skipped position is the identity; its layer runs at other positions
 
     def __init__(self, cfg: ModelConfig):
         super().__init__(cfg)  # tok_emb and the untied lm_head
@@ -626,6 +627,7 @@ register_design(
         "looped",
         "looped",
         "Looped LM: prelude -> shared recurrent block x r -> coda (effective depth 20)",
+        paper="looped",
         build=build_looped,
         count_params=count_looped_params,
         train_flops=lambda cfg, seq_len: flops_per_token(cfg, seq_len=seq_len),

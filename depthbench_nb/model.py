@@ -11,7 +11,7 @@ import functools
 import math
 import re
 import operator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Collection, Optional
 
 import torch
@@ -62,13 +62,17 @@ __all__ = ['SAME', 'SQUEEZE0', 'FLATTEN', 'PLAIN_FORK', 'PERILN_FORK', 'KEEL_FOR
 # %% ../nbs/05_model.ipynb #b4af3bf2
 @dataclass
 class ForwardContext:
-    "What a block needs besides its input: positions, the KV cache, MoDA depth slots, a mixing recorder."
+    """What a block needs besides its input: positions, the KV cache, a mixing recorder, and the state a design's
+    blocks share across one forward pass. A design keeps that state in `state` under its own key, set up by its
+    block class's `begin_forward` (the DenseFormer example in `examples/` keeps its past block outputs there);
+    MoDA's depth slots have their own slot, which the fused kernels read."""
 
     offset: int = 0  # position of the first token of this call
     cache: Optional[KVCache] = None
     depth: Optional[list] = None  # MoDA: 2L slots of (k before RoPE, v) [B, T, H_kv, hd], None = never written
     mixes: Optional[list] = None  # HC/mHC: each sublayer's residual mixing matrix, in forward order
     fused: bool = False  # the fused depth-mixing path (`mixing_path`), else the reference ops
+    state: dict = field(default_factory=dict)  # per-design state across blocks, under the design's own key
 
 
 class DepthModel(nn.Module):
@@ -76,6 +80,10 @@ class DepthModel(nn.Module):
 
     family = "residual"
     mixing: Optional[str] = None  # 'fused' | 'reference' for this model; None: DEPTHBENCH_MIXING (default 'fused')
+    # what the shared checks (nbs/05a_checks.ipynb) may assume: the strongest unless a design says otherwise
+    exact_readout: bool = True  # the logit lens of the last depth state reproduces the forward's logits
+    skip_rule: str = "block"  # a skipped block is the identity on the state, as an identity block in its place
+    # ('state': only the identity on the state, blocks shared by positions (looped); 'depth_mix': AttnRes)
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -90,19 +98,18 @@ class DepthModel(nn.Module):
     # ---- init ---------------------------------------------------------------------------------
     @torch.no_grad()
     def init_weights(self, generator: Optional[torch.Generator] = None) -> "DepthModel":
-        "Truncated-normal linear layers and embedding, unit norm gains, then the design's own init (the official `init_weights`)."
+        """Truncated-normal linear layers and embedding, unit norm gains (the official `init_weights`), then the
+        design's init: the one entry point `init_design(generator)` of every module that has one (the model, its
+        blocks, their connectors and mixers), in module order, after the shared init."""
         for m in self.modules():
             if isinstance(m, (nn.Linear, nn.Embedding)):
                 trunc_normal_(m.weight, self.config.init_std, generator)
             elif isinstance(m, (RMSNorm, LayerNorm)):
                 m.weight.fill_(1.0)
-            if hasattr(m, "reset_design_parameters"):
-                m.reset_design_parameters()
-        self._design_init(generator)
+        for m in self.modules():
+            if hasattr(m, "init_design"):
+                m.init_design(generator)
         return self
-
-    def _design_init(self, generator: Optional[torch.Generator] = None) -> None:
-        pass
 
     def init_buffers(self) -> None:
         "Recompute derived buffers that are not saved with the weights (none here; the looped model's RoPE tables)."
@@ -157,7 +164,8 @@ class DepthModel(nn.Module):
         return self.lm_head(self.final_norm(state))
 
     def no_weight_decay_names(self) -> set[str]:
-        "Parameters exempt from weight decay: only the HC/mHC static routing tensors (official `nn/hyper_connections.py` and launcher)."
+        """Parameters exempt from weight decay: only the HC/mHC static routing tensors (official
+        `nn/hyper_connections.py` and launcher)."""
         return set()
 
     def _swap_unit(self, i: int) -> dict[str, nn.Parameter]:
@@ -312,7 +320,6 @@ class Block(nn.Module):
 
     Norm: type = RMSNorm
     swap_attributes: tuple = ()  # Python constants that travel with the weights on a swap
-    uses_depth_slots: bool = False  # the model hands the block MoDA's depth slots
 
     def __init__(self, cfg: ModelConfig, index: int):
         super().__init__()
@@ -325,8 +332,11 @@ class Block(nn.Module):
         "Attention of this block's position in the cache: (output [B, T, d], (k before RoPE, v))."
         return self.attn(u, ctx.offset, ctx.cache, self.index, **depth)
 
-    def init_design(self, generator: Optional[torch.Generator] = None) -> None:
         "The design's init after the shared truncated normal (none here)."
+
+    @classmethod
+    def begin_forward(cls, ctx: ForwardContext, model: nn.Module) -> None:
+        "Set up the state the design's blocks share across one forward pass, in `ctx` (none here)."
 
 # %% ../nbs/05_model.ipynb #c33181a5
 class ResidualTransformer(DepthModel):
@@ -344,8 +354,7 @@ class ResidualTransformer(DepthModel):
 
     def forward(self, idx, skip: Collection[int] = (), return_states: bool = False, kv_cache: Optional[KVCache] = None):
         skip, ctx = self._begin(idx, skip, kv_cache)
-        if self.block_cls.uses_depth_slots:
-            ctx.depth = DepthSlots(2 * self.n_blocks) if ctx.fused else [None] * (2 * self.n_blocks)
+        self.block_cls.begin_forward(ctx, self)
         x = self.tok_emb(idx)  # [B, T, d]
         states = [x]
         for b, block in enumerate(self.blocks):
@@ -355,10 +364,6 @@ class ResidualTransformer(DepthModel):
                 states.append(x)
         logits = self.lm_head(self.final_norm(x))  # [B, T, V]
         return self._end(logits, states, return_states, kv_cache, idx.shape[1])
-
-    def _design_init(self, generator: Optional[torch.Generator] = None):
-        for blk in self.blocks:
-            blk.init_design(generator)
 
     def _swap_attributes(self):
         return self.block_cls.swap_attributes
@@ -388,6 +393,7 @@ register_design(
         "preln",
         "residual",
         "Pre-LN baseline: h = x + A(N(x))",
+        paper="depthbench",
         build=build_preln,
         extra_params=no_extra_params,
         forward_flops=no_extra_flops,
@@ -436,6 +442,7 @@ register_design(
         "periln",
         "residual",
         "Peri-LN / Sandwich-LN: h = x + N_out(A(N_in(x))), no embedding norm",
+        paper="depthbench",
         build=build_periln,
         extra_params=lambda cfg: (2 * cfg.d_model * cfg.n_layer, 0),
         forward_flops=no_extra_flops,
@@ -496,6 +503,7 @@ register_design(
         "lns",
         "residual",
         "LayerNorm Scaling: pre-norm output scaled by 1/sqrt(block index, 1-based)",
+        paper="depthbench",
         build=build_lns,
         extra_params=no_extra_params,
         forward_flops=no_extra_flops,
@@ -556,6 +564,7 @@ register_design(
         "deepnorm",
         "residual",
         "DeepNorm: Post-LN (LayerNorm) with alpha=(2L)^1/4 shortcut, beta=(8L)^-1/4 init",
+        paper="depthbench",
         build=build_deepnorm,
         extra_params=no_extra_params,
         forward_flops=no_extra_flops,
@@ -567,7 +576,8 @@ register_design(
 
 # %% ../nbs/05_model.ipynb #e1ece184
 class KEELBlock(Block):
-    "b >= 1: h = N_pa(alpha x + A(N_a(x))), y = N_pm(alpha h + M(N_m(h))), alpha = 2L; block 0: h = x + A(N_a(x)), alpha 1"
+    """b >= 1: h = N_pa(alpha x + A(N_a(x))), y = N_pm(alpha h + M(N_m(h))), alpha = 2L; block 0: h = x + A(N_a(x)),
+    alpha 1"""
 
     def __init__(self, cfg: ModelConfig, index: int):
         super().__init__(cfg, index)
@@ -616,6 +626,7 @@ register_design(
         "keel",
         "residual",
         "KEEL: Post-LN highway alpha = 2L with inner norm; block 0 special",
+        paper="depthbench",
         build=build_keel,
         extra_params=lambda cfg: (2 * cfg.d_model * cfg.n_layer - cfg.d_model, 0),
         forward_flops=no_extra_flops,
@@ -642,7 +653,7 @@ class HCConnector(nn.Module):
         self.dynamic_beta_scale = nn.Parameter(torch.empty(()))
 
     @torch.no_grad()
-    def reset_design_parameters(self):
+    def init_design(self, generator: Optional[torch.Generator] = None):
         self.static_alpha.zero_()
         self.static_alpha[self.k % self.n, 0] = 1.0
         self.static_alpha[:, 1:] = torch.eye(self.n)
@@ -694,7 +705,7 @@ class MHCConnector(nn.Module):
         self.alpha_pre, self.alpha_post, self.alpha_res = (nn.Parameter(torch.empty(())) for _ in range(3))
 
     @torch.no_grad()
-    def reset_design_parameters(self):
+    def init_design(self, generator: Optional[torch.Generator] = None):
         n = self.n
         self.phi.zero_()
         self.b.copy_(torch.cat([_gap8_read_bias(n, self.k), torch.zeros(n), _gap8_res_bias(n).flatten()]))
@@ -728,7 +739,8 @@ def log_sinkhorn(logits: torch.Tensor, n_iter: int = 20) -> torch.Tensor:
 
 
 def log_sinkhorn_fused(logits: torch.Tensor, n_iter: int = 20) -> torch.Tensor:
-    "`log_sinkhorn` with the tokens on the last axis ([n, n, tokens]): each round vectorised over the tokens (as `sinkhorn_fused`)."
+    """`log_sinkhorn` with the tokens on the last axis ([n, n, tokens]): each round vectorised over the tokens (as
+    `sinkhorn_fused`)."""
     lead, n = logits.shape[:-2], logits.shape[-1]
     z = logits.reshape(-1, n, n).permute(1, 2, 0)  # [n, n, R]: rows, columns, tokens
     log_marginal = -math.log(n)
@@ -758,7 +770,7 @@ class MHCNativeConnector(nn.Module):
         self.alpha_pre, self.alpha_post, self.alpha_res = (nn.Parameter(torch.empty(())) for _ in range(3))
 
     @torch.no_grad()
-    def reset_design_parameters(self):
+    def init_design(self, generator: Optional[torch.Generator] = None):
         for p in (self.phi_pre, self.phi_post, self.phi_res):
             p.zero_()
         self.b_pre.copy_(_gap8_read_bias(self.n, self.k))
@@ -769,7 +781,10 @@ class MHCNativeConnector(nn.Module):
 
     def forward(self, H: torch.Tensor, fused: bool = False):
         n = self.n
-        f = lambda p: p.float()  # the native backend computes in fp32
+
+        def f(p):
+            return p.float()  # the native backend computes in fp32
+
         x = H.flatten(-2).float()  # [B, T, n*d]
         r = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-8)
         read = torch.sigmoid(f(self.alpha_pre) * (x @ f(self.phi_pre)) * r + f(self.b_pre))
@@ -793,7 +808,7 @@ class MHCStaticConnector(nn.Module):
         self.pre_logits, self.post_logits = nn.Parameter(torch.empty(n)), nn.Parameter(torch.empty(n))
 
     @torch.no_grad()
-    def reset_design_parameters(self):
+    def init_design(self, generator: Optional[torch.Generator] = None):
         self.res_logits.copy_(_gap8_res_bias(self.n))
         self.pre_logits.fill_(-8.0)
         self.pre_logits[self.k % self.n] = 0.0
@@ -803,7 +818,8 @@ class MHCStaticConnector(nn.Module):
         lead = H.shape[:-2]
         read = torch.softmax(self.pre_logits, -1).expand(*lead, self.n)  # [B, T, n]
         write = torch.softmax(self.post_logits, -1).expand(*lead, self.n)  # [B, T, n]
-        # the fork's static backend: P = log-domain Sinkhorn of the logits, streams mixed with P^T (x'_t = Σ_s P[s,t] x_s)
+        # the fork's static backend: P = log-domain Sinkhorn of the logits, streams mixed with P^T (x'_t = Σ_s P[s,t]
+        # x_s)
         mix = log_sinkhorn(self.res_logits, self.iters).transpose(-1, -2).expand(*lead, self.n, self.n)  # [B, T, n, n]
         return read, mix, write
 
@@ -846,6 +862,11 @@ class MultiStreamTransformer(DepthModel):
 
     family = "multistream"
 
+    @property
+    def exact_readout(self) -> bool:
+        "Sum collapse reads out N_f(sum H), not the forward's sum N_f(H) (the official analysis scripts)."
+        return self.collapse != "sum"
+
     def __init__(self, cfg: ModelConfig, connector: Callable[[ModelConfig, int], nn.Module], collapse: str = "sum"):
         super().__init__(cfg)
         self.n_streams = cfg.hc_streams
@@ -877,7 +898,8 @@ class MultiStreamTransformer(DepthModel):
             h = self.final_norm(H.mean(-2))  # N_f(mean_i H_i)
         return self._end(self.lm_head(h), states, return_states, kv_cache, idx.shape[1])
 
-    def _design_init(self, generator: Optional[torch.Generator] = None):
+    @torch.no_grad()
+    def init_design(self, generator: Optional[torch.Generator] = None):
         for blk in self.blocks:  # scale_output_init_by_sqrt_n
             blk.attn.wo.weight.div_(math.sqrt(self.n_streams))
             blk.ffn.w2.weight.div_(math.sqrt(self.n_streams))
@@ -931,7 +953,10 @@ def multistream_init(
         if not torch.allclose(H, H[..., :1, :].expand_as(H), atol=atol):
             return f"streams differ at init in state {k}"
     twin = _preln_twin(model, write)
-    norms = lambda m: [x for blk in m.blocks for x in (blk.attn_norm, blk.ffn_norm)]
+
+    def norms(m):
+        return [x for blk in m.blocks for x in (blk.attn_norm, blk.ffn_norm)]
+
     got, want = _capture(norms(model), lambda: model(idx)), _capture(norms(twin), lambda: twin(idx))
     for k, (g, w) in enumerate(zip(got, want)):
         ok, err = _close(g, w, atol)
@@ -941,7 +966,8 @@ def multistream_init(
 
 
 def connector_fork_names(table: dict) -> Callable:
-    "Block tensors of a connector design: `table` maps the fork's connector parameter to (our name, shape of (n, d), layout)."
+    """Block tensors of a connector design: `table` maps the fork's connector parameter to (our name, shape of (n, d),
+    layout)."""
 
     def block(cfg: ModelConfig, b: int) -> dict:
         n, d = cfg.hc_streams, cfg.d_model
@@ -1027,6 +1053,7 @@ register_design(
         "hc",
         "multistream",
         "Hyper-Connections: n=4 dynamic (tanh) streams, per-stream final norm then sum",
+        paper="depthbench",
         build=build_hc,
         extra_params=_hc_params,
         forward_flops=_hc_flops,
@@ -1166,6 +1193,7 @@ register_design(
         "mhc",
         "multistream",
         "Manifold-constrained HC: n=4, Sinkhorn (20 it.) doubly stochastic mixing, gap-8 init, mean collapse",
+        paper="depthbench",
         build=build_mhc,
         extra_params=_mhc_params,
         forward_flops=_mhc_flops,
@@ -1185,7 +1213,8 @@ ATTNRES_EPS = 1e-5
 
 
 def attnres_sources_per_site(group_sizes: list[int]) -> list[int]:
-    "Depth sources each mixing site sees: sublayers 0..2L-1, then the output mix (sublayer 0 reads the embedding directly: 0)."
+    """Depth sources each mixing site sees: sublayers 0..2L-1, then the output mix (sublayer 0 reads the embedding
+    directly: 0)."""
     n_sub = sum(group_sizes)
     starts = {sum(group_sizes[:g]) for g in range(1, len(group_sizes))}  # sublayers that start a new group
     out, completed = [0], 0
@@ -1228,7 +1257,7 @@ class AttnResMixer(nn.Module):
         self.key_weight = nn.Parameter(torch.empty(d))
 
     @torch.no_grad()
-    def reset_design_parameters(self):
+    def init_design(self, generator: Optional[torch.Generator] = None):
         self.query.zero_()
         self.key_weight.fill_(1.0)
 
@@ -1290,7 +1319,8 @@ class _FusedDepthSources(_DepthSources):
         self.shape = embedding.shape[:-1]  # [B, T]
 
     def commit(self):
-        "Write the partial into its slot; the list keeps the newest source (a skip reads it) and, for older ones, only the dtype."
+        """Write the partial into its slot; the list keeps the newest source (a skip reads it) and, for older ones, only
+        the dtype."""
         if self.partial is None:
             return
         self.store.write(len(self.sources), self.partial)
@@ -1299,7 +1329,8 @@ class _FusedDepthSources(_DepthSources):
         super().commit()
 
     def mix(self, mixer: AttnResMixer, out_weight: torch.Tensor, identity: bool = False):
-        "(normalized input [B, T, d], raw mix [B, T, d], weights [B, T, S]) in the sources' common dtype, as the reference"
+        """(normalized input [B, T, d], raw mix [B, T, d], weights [B, T, S]) in the sources' common dtype, as the
+        reference"""
         srcs = self.all()
         if identity:
             return super().mix(mixer, out_weight, identity=True)
@@ -1314,6 +1345,7 @@ class AttnResTransformer(DepthModel):
     "Attention Residuals over sublayer groups (the design gives the group sizes: Full, Block)."
 
     family = "attnres"
+    skip_rule = "depth_mix"  # a skip changes what the next consumer's depth mix reads
 
     def __init__(self, cfg: ModelConfig, group_sizes: list[int]):
         super().__init__(cfg)
@@ -1371,7 +1403,8 @@ class AttnResTransformer(DepthModel):
         return self.lm_head(rms_norm(state, self.final_norm.weight, ATTNRES_EPS))
 
     def fsdp_units(self) -> list[nn.Module]:
-        "The forward calls each block's attention and FFN, not the block: those are the FSDP units (mixers stay with the root)."
+        """The forward calls each block's attention and FFN, not the block: those are the FSDP units (mixers stay with
+        the root)."""
         return [m for blk in self.blocks for m in (blk.attn, blk.ffn)]
 
     def _swap_unit(self, i: int) -> dict[str, nn.Parameter]:
@@ -1382,7 +1415,8 @@ class AttnResTransformer(DepthModel):
 
     @torch.no_grad()
     def depth_mix_weights(self, idx: torch.Tensor) -> list[torch.Tensor]:
-        "Softmax weights over sources [B, T, S] of every sublayer in forward order, then the final mix (2L + 1 entries)."
+        """Softmax weights over sources [B, T, S] of every sublayer in forward order, then the final mix (2L + 1
+        entries)."""
         weights = []
         self.forward(idx, _weights=weights)
         return weights
@@ -1471,6 +1505,7 @@ register_design(
         "attnres",
         "attnres",
         "Full Attention Residuals: every sublayer output a depth source",
+        paper="depthbench",
         build=build_attnres,
         extra_params=_attnres_params,
         forward_flops=lambda cfg: attnres_flops(full_attnres_groups(cfg), cfg.d_model),
@@ -1535,6 +1570,7 @@ register_design(
         "block_attnres",
         "attnres",
         "Block Attention Residuals: sources are block sums (8 blocks over 2L sublayers by default)",
+        paper="depthbench",
         build=build_block_attnres,
         extra_params=_attnres_params,
         forward_flops=lambda cfg: attnres_flops(block_attnres_groups(cfg), cfg.d_model),
@@ -1554,7 +1590,6 @@ register_design(
 class MoDABlock(Block):
     "Pre-LN whose attention also reads the depth slots of earlier sublayers; writes its own (and an FFN pair via W_kv)."
 
-    uses_depth_slots = True
     default_init_modules = ("depth_kv",)  # W_kv keeps nn.Linear's default init: exempt from the shared ±3σ rule
 
     def __init__(self, cfg: ModelConfig, index: int):
@@ -1579,6 +1614,11 @@ class MoDABlock(Block):
             _write_depth(ctx, 2 * b + 1, kv[:, :, 0], kv[:, :, 1])
         return h + self.ffn(u)
 
+    @classmethod
+    def begin_forward(cls, ctx: ForwardContext, model: nn.Module) -> None:
+        "2L empty depth slots (the fused path's stores, or a list for the reference ops)."
+        ctx.depth = DepthSlots(2 * model.n_blocks) if ctx.fused else [None] * (2 * model.n_blocks)
+
     @torch.no_grad()
     def init_design(self, generator: Optional[torch.Generator] = None):
         if hasattr(self, "depth_kv"):  # nn.Linear's default U(±1/sqrt(d)): the official init never touches W_kv
@@ -1587,7 +1627,8 @@ class MoDABlock(Block):
 
 
 class DepthSlots:
-    "MoDA's depth keys and values of one forward, each in one store [2L, hd, B*T*H_kv] (zeros where a slot is never written)."
+    """MoDA's depth keys and values of one forward, each in one store [2L, hd, B*T*H_kv] (zeros where a slot is never
+    written)."""
 
     def __init__(self, n_slots: int):
         self.n_slots = n_slots
@@ -1617,7 +1658,8 @@ def _write_depth(ctx: ForwardContext, slot: int, k: torch.Tensor, v: torch.Tenso
 
 
 def _read_depth(ctx: ForwardContext, b: int, like: torch.Tensor) -> dict:
-    "MoDA depth keys/values of block b: all slots 0..2b-1, zeros where unwritten (skipped blocks; FFN slots without W_kv)."
+    """MoDA depth keys/values of block b: all slots 0..2b-1, zeros where unwritten (skipped blocks; FFN slots without
+    W_kv)."""
     slots = ctx.depth[: 2 * b]
     zeros = torch.zeros_like(like)  # [B, T, H_kv, hd]: an unwritten slot
     ks = [s[0] if s is not None else zeros for s in slots]
@@ -1680,6 +1722,7 @@ register_design(
         "moda",
         "residual",
         "Mixture-of-Depths Attention: depth KV of earlier sublayers under one softmax (+2d^2 per block)",
+        paper="depthbench",
         build=build_moda,
         extra_params=lambda cfg: (_moda_matmul(cfg), 0),
         forward_flops=lambda cfg: 4.0 * cfg.d_model * cfg.n_layer * (cfg.n_layer - 1),

@@ -17,6 +17,7 @@ from depthbench_nb.config import (
     ARCHS,
     ConfigError,
     family_of,
+    paper_designs,
     runs_root,
 )
 from .costs import cost_row, measured_costs
@@ -49,13 +50,12 @@ from depthbench_nb.report_common import (
 # %% auto #0
 __all__ = ['DEPTHBENCH_ARTIFACTS', 'PAPER_SOURCE', 'SCALE_PRESETS', 'DEPTHBENCH_GRIDS', 'DEPTHBENCH_SCALES', 'FIGURE3_DESIGNS',
            'FIGURE3_SCALES', 'FIGURE_DESIGNS', 'ESTIMATE_LABEL', 'GPU_HOURS_LABEL', 'PAPER_GPU_HOURS_RANKING',
-           'PAPER_DESIGNS', 'DEPTHBENCH_PAPER_ITEMS', 'DEPTHBENCH_STUDIES', 'depthbench_paper_cells',
-           'depthbench_paper_plan', 'with_comparability', 'depthbench_loss_section', 'depthbench_scales_section',
-           'depthbench_heatmap_section', 'depthbench_threshold_section', 'depthbench_mixing_section',
-           'depthbench_residual_path_section', 'depthbench_pruning_lens_section', 'depthbench_dead_zone_section',
-           'depthbench_domain_nll_section', 'depthbench_diagnostics_section', 'gpu_hours_frame', 'gpu_hours_ranking',
-           'depthbench_costs_section', 'depthbench_paper_index', 'depthbench_related_studies',
-           'build_depthbench_report']
+           'DEPTHBENCH_PAPER_ITEMS', 'DEPTHBENCH_STUDIES', 'depthbench_paper_cells', 'depthbench_paper_plan',
+           'with_comparability', 'depthbench_loss_section', 'depthbench_scales_section', 'depthbench_heatmap_section',
+           'depthbench_threshold_section', 'depthbench_mixing_section', 'depthbench_residual_path_section',
+           'depthbench_pruning_lens_section', 'depthbench_dead_zone_section', 'depthbench_domain_nll_section',
+           'depthbench_diagnostics_section', 'gpu_hours_frame', 'gpu_hours_ranking', 'depthbench_costs_section',
+           'depthbench_paper_index', 'depthbench_related_studies', 'build_depthbench_report']
 
 # %% ../nbs/09c1_report_depthbench.ipynb #9d54d629
 DEPTHBENCH_ARTIFACTS = (
@@ -1181,12 +1181,6 @@ def _costed_designs() -> list[str]:
     return [a for a in ARCHS if ARCHS[a].family != "looped" and counted(a)]
 
 
-# The designs of the paper's architecture table (arXiv 2609.32534; keyu-wang-2002/DepthBench, `configs/*.json`):
-# the table lists these ten only, never a design registered later (a plugin or a notebook's example), which the
-# cost tables and figures still include.
-PAPER_DESIGNS = ("preln", "periln", "lns", "deepnorm", "keel", "hc", "mhc", "attnres", "block_attnres", "moda")
-
-
 def _architecture_table(rep: Report, archs: list[str]) -> None:
     "The paper's architecture table: its designs on one backbone and the parameters each adds at 400m L24."
     s24 = shape_for("400m", 24)
@@ -1198,7 +1192,7 @@ def _architecture_table(rep: Report, archs: list[str]) -> None:
             extra_params_at_400m_L24=count_params(s24.model_config(a)).design_extra,
         )
         for a in archs
-        if a in PAPER_DESIGNS
+        if a in paper_designs()  # the paper's ten only, never a design a user or a plugin registered
     ]
     rep.table(
         pd.DataFrame(rows),

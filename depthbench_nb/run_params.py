@@ -14,6 +14,7 @@ from typing import Any, Optional
 from depthbench_nb.config import (
     ARCHS,
     DESIGN_OPTIONS,
+    RECORDED_OPTIONS,
     ConfigError,
     DataConfig,
     ModelConfig,
@@ -168,7 +169,7 @@ class RunParams:
         """The source of 10_train's parameters cell: every parameter and design option with its default (or `values`)
         and help."""
         rows = [(f.name, values.get(f.name, f.default), f.metadata["help"]) for f in fields(cls) if f.name != "options"]
-        rows += [(k, values.get(k), rule) for k, (_, rule) in DESIGN_OPTIONS.items() if k != "recurrence"]
+        rows += [(k, values.get(k), rule) for k, (_, rule) in RECORDED_OPTIONS.items() if k != "recurrence"]
         return "\n".join(_assignment(k, v, h) for k, v, h in rows)
 
     def resolve(self, verbose: bool = True) -> RunConfig:

@@ -1,11 +1,11 @@
 """The model zoo: every design through the shared check suite, parameter counts at the paper's shapes, independent
 reference implementations of the backbone and of the HC/mHC/AttnRes/MoDA equations, the analysis hooks, bad input."""
 
-import copy
 import json
 import math
 import subprocess
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -13,7 +13,17 @@ import torch
 import torch.nn.functional as F
 
 from depthbench_nb.checks import check_design, failures, tiny_config
-from depthbench_nb.config import ARCHS, ConfigError, Design, ModelConfig, register_design, unregister_design
+from depthbench_nb.config import (
+    ARCHS,
+    ConfigError,
+    Design,
+    DesignOptions,
+    ModelConfig,
+    config_hash,
+    paper_designs,
+    register_design,
+    unregister_design,
+)
 from depthbench_nb.layers import KVCache
 from depthbench_nb.model import (
     PreLNBlock,
@@ -133,8 +143,13 @@ def _rope_complex(x, theta=1e4):
 def _naive_preln(model, idx):
     cfg = model.config
     H, Hk, hd = cfg.n_head, cfg.n_kv_head, cfg.head_dim
-    rms = lambda x, w: x / torch.sqrt((x * x).mean(-1, keepdim=True) + cfg.norm_eps) * w.double()
-    W = lambda lin: lin.weight.double()
+
+    def rms(x, w):
+        return x / torch.sqrt((x * x).mean(-1, keepdim=True) + cfg.norm_eps) * w.double()
+
+    def W(lin):
+        return lin.weight.double()
+
     x = model.tok_emb.weight.double()[idx]
     B, T, _ = x.shape
     for blk in model.blocks:
@@ -171,7 +186,8 @@ def test_init_is_the_spec_init():
     assert not torch.equal(build_model(m.config, seed=1).lm_head.weight, m.lm_head.weight)
 
 
-# ---- residual designs: equations against hand-written forwards ----------------------------------------------------------
+# ---- residual designs: equations against hand-written forwards
+# ----------------------------------------------------------
 def _block_io(model, idx, b):
     "(input, output) of block b."
     with torch.no_grad():
@@ -205,7 +221,10 @@ def test_block_equations(arch):
                 want = h + blk.ffn(blk.ffn_norm(h) * s)
             elif arch == "deepnorm":
                 a = (2 * L) ** 0.25
-                ln = lambda m, t: F.layer_norm(t, t.shape[-1:], m.weight, None, 1e-6)
+
+                def ln(m, t):
+                    return F.layer_norm(t, t.shape[-1:], m.weight, None, 1e-6)
+
                 h = ln(blk.attn_norm, a * x + _attn(blk, x))
                 want = ln(blk.ffn_norm, a * h + blk.ffn(h))
             else:
@@ -219,7 +238,8 @@ def test_block_equations(arch):
         assert torch.allclose(y, want, atol=1e-5), (arch, b)
 
 
-def test_deepnorm_values_of_the_spec():  # DeepNormTransformerBlock, pretrain/OLMo-core/src/olmo_core/nn/transformer/block.py
+# DeepNormTransformerBlock, pretrain/OLMo-core/src/olmo_core/nn/transformer/block.py
+def test_deepnorm_values_of_the_spec():
     for L, a, b in ((16, 2.378, 0.297), (24, 2.632, 0.269), (70, 3.440, 0.206)):
         m = build_model(ModelConfig(arch="deepnorm", n_layer=L, d_model=32, n_head=4, vocab_size=64), device="meta")
         assert abs(m.blocks[0].alpha - a) < 1e-3 and abs((8 * L) ** -0.25 - b) < 1e-3
@@ -230,7 +250,8 @@ def test_keel_alpha_is_2L():
     assert m.blocks[0].alpha == 1.0 and {blk.alpha for blk in m.blocks[1:]} == {48.0}
 
 
-# ---- MoDA: depth attention against an explicit per-token computation --------------------------------------------------
+# ---- MoDA: depth attention against an explicit per-token computation
+# --------------------------------------------------
 def test_moda_depth_attention_reference():
     model = build_model(tiny_config("moda", n_layer=3, n_kv_head=4), seed=2)
     cfg, idx = model.config, torch.randint(0, 64, (1, 5))
@@ -259,7 +280,8 @@ def test_moda_depth_attention_reference():
             assert torch.allclose(hmid + blk.ffn(uf), states[b + 1][0], atol=1e-5), b
 
 
-# ---- HC / mHC: the connector equations per token ------------------------------------------------------------------------
+# ---- HC / mHC: the connector equations per token
+# ------------------------------------------------------------------------
 def _perturb(model, scale=0.3):
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -362,11 +384,15 @@ def test_hc_weight_decay_exclusions():
     assert {n.rsplit(".", 1)[-1] for n in nat} == {"b_pre", "b_post", "b_res"}
 
 
-# ---- AttnRes ------------------------------------------------------------------------------------------------------------
+# ---- AttnRes
+# ------------------------------------------------------------------------------------------------------------
 def _naive_attnres(model, idx):
-    "Full/Block AttnRes written from the official AttnResTransformerBlock (nn/transformer/block.py, kernels/attnres.py) with explicit source lists."
+    """Full/Block AttnRes written from the official AttnResTransformerBlock (nn/transformer/block.py,
+    kernels/attnres.py) with explicit source lists."""
     eps = 1e-5
-    nrm = lambda x, w: x / torch.sqrt((x * x).mean(-1, keepdim=True) + eps) * w
+
+    def nrm(x, w):
+        return x / torch.sqrt((x * x).mean(-1, keepdim=True) + eps) * w
 
     def mix(srcs, mixer, w):
         V = torch.stack(srcs)  # [S, B, T, d]
@@ -431,7 +457,8 @@ def test_attnres_states_and_readout():
     assert len(model.depth_mix_weights(idx)) == 9
 
 
-# ---- analysis hooks ----------------------------------------------------------------------------------------------------
+# ---- analysis hooks
+# ----------------------------------------------------------------------------------------------------
 def test_swap_rules():
     lns = build_model(tiny_config("lns"))
     lns.swap_blocks(0, 3)
@@ -459,7 +486,10 @@ def test_swap_rules():
             blk.ffn_mix.query.fill_(10 + i)
         ar.final_mix.query.fill_(99)
     ar.swap_blocks(1, 3)  # block 1's right boundary = block 2's attention mixer; block 3's = the final mixer
-    q = lambda m: m.query[0].item()
+
+    def q(m):
+        return m.query[0].item()
+
     assert [q(b.attn_mix) for b in ar.blocks[1:]] == [1, 99, 3] and q(ar.final_mix) == 2
     assert [q(b.ffn_mix) for b in ar.blocks] == [10, 13, 12, 11]
     ar.swap_blocks(
@@ -507,7 +537,8 @@ def test_generation_with_cache_equals_without():
                 seq, nxt = torch.cat([seq, plain], 1), plain
 
 
-# ---- bad input ---------------------------------------------------------------------------------------------------------
+# ---- bad input
+# ---------------------------------------------------------------------------------------------------------
 def test_bad_input_errors():
     with pytest.raises(ConfigError, match="unknown architecture.*preln"):
         ModelConfig(arch="resnet")
@@ -534,7 +565,8 @@ def test_bad_input_errors():
 
 @pytest.mark.parametrize("kw", [dict(arch=a) for a in DESIGNS] + VARIANTS[:4], ids=_id)
 def test_bf16_pure_and_autocast(kw):
-    "The GPU recipe runs bf16 autocast (and optionally pure bf16 weights): both must run forward, backward and the cache."
+    """The GPU recipe runs bf16 autocast (and optionally pure bf16 weights): both must run forward, backward and the
+    cache."""
     model = build_model(tiny_config(**kw))
     idx = torch.randint(0, 64, (2, 9))
     with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -551,9 +583,11 @@ def test_bf16_pure_and_autocast(kw):
     )
 
 
-# ---- the registry ------------------------------------------------------------------------------------------------------
-def test_the_registry_holds_the_ten_designs_and_refuses_incomplete_ones():
-    assert DESIGNS == ["preln", "periln", "lns", "deepnorm", "keel", "hc", "mhc", "attnres", "block_attnres", "moda"]
+# ---- the registry
+# ------------------------------------------------------------------------------------------------------
+def test_the_registry_holds_the_papers_designs_and_refuses_incomplete_ones():
+    assert len(paper_designs()) == 10 and set(paper_designs()) <= set(DESIGNS)  # DepthBench's architecture table
+    assert paper_designs("looped") == ["looped"]
     with pytest.raises(
         ConfigError, match=r"design 'half' is incomplete: it needs extra_params \(or count_params\), forward_flops"
     ):
@@ -605,3 +639,69 @@ def test_family_of_reads_the_registry():
         "looped",
         None,
     ]
+
+
+@dataclass(frozen=True)
+class _GateOptions(DesignOptions):
+    gate_start: float = field(default=1.0, metadata={"help": "a positive number: where the gates start"})
+
+    def validate(self):
+        if not self.gate_start > 0:
+            raise ConfigError(f"gate_start must be > 0, got {self.gate_start}")
+
+
+class _GateBlock(PreLNBlock):
+    "Pre-LN with a learned gate on the FFN branch, started at the design's option."
+
+    def __init__(self, cfg, index):
+        super().__init__(cfg, index)
+        self.gate = torch.nn.Parameter(torch.empty(()))
+        self.start = cfg.gate_start
+
+    def forward(self, x, ctx):
+        h = x + self.attend(self.attn_norm(x), ctx)[0]
+        return h + self.gate * self.ffn(self.ffn_norm(h))
+
+    @torch.no_grad()
+    def init_design(self, generator=None):
+        self.gate.fill_(self.start)
+
+
+def _gate_init(model, idx, atol):
+    starts = {float(b.gate.detach()) for b in model.blocks}
+    return None if starts == {model.config.gate_start} else f"gates start at {starts}"
+
+
+def test_a_design_declares_its_own_options():
+    "Options in the design's own dataclass: defaults, rules, records and hashes, with no edit of ModelConfig."
+    before = config_hash(tiny_config("preln"))
+    register_design(
+        Design(
+            "gate_opt",
+            "residual",
+            "Pre-LN with a gated FFN branch",
+            build=lambda cfg: ResidualTransformer(cfg, _GateBlock),
+            extra_params=lambda cfg: (cfg.n_layer, 0),
+            forward_flops=no_extra_flops,
+            check_init=_gate_init,
+            metrics=(),
+            importer="a test",
+            options=_GateOptions,
+        )
+    )
+    try:
+        assert tiny_config("gate_opt").gate_start == 1.0  # the default, filled in and recorded
+        cfg = tiny_config("gate_opt", gate_start=0.5)
+        assert cfg.to_dict()["gate_start"] == 0.5 and "options" not in cfg.to_dict()
+        assert ModelConfig.from_json(cfg.to_json()) == cfg and cfg.replace(gate_start=0.25).gate_start == 0.25
+        assert config_hash(cfg) != config_hash(tiny_config("gate_opt"))
+        assert not failures(check_design(cfg))
+        with pytest.raises(ConfigError, match=r"gate_start=0.5 does not apply to arch 'preln' \(it applies to: gate"):
+            tiny_config("preln", gate_start=0.5)
+        with pytest.raises(ConfigError, match="gate_opt options: gate_start must be > 0"):
+            tiny_config("gate_opt", gate_start=-1.0)
+        with pytest.raises(ConfigError, match="gate_start must be float"):
+            tiny_config("gate_opt", gate_start="big")
+    finally:
+        unregister_design("gate_opt")
+    assert config_hash(tiny_config("preln")) == before and "options" not in tiny_config("preln").to_dict()
