@@ -59,7 +59,7 @@ def test_plugin_trains_through_the_cli(plugin_site, tiny_data, tmp_path):
     assert json.loads((folder / "result.json").read_text())["status"] == "completed"
 
 
-SEEN_BY_EVERYTHING = """
+SEEN_BY_EVERYTHING = r"""
 import contextlib
 import tempfile
 from pathlib import Path
