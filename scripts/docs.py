@@ -53,7 +53,7 @@ def notebooks(nbs: Path) -> list[Path]:
 
 
 def kind_of(nb_path: Path) -> str:
-    "index, library (00-09), template (10-19) or report (20-29)."
+    "index, library (00-07), template (10-19) or report (20-29)."
     if nb_path.stem == "index":
         return "index"
     return {"0": "library", "1": "template", "2": "report"}.get(nb_path.name[0], "library")

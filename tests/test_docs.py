@@ -38,7 +38,7 @@ from test_jupyterlab import ARTIFACTS, _browser_or_skip, _chromium  # noqa: E402
 
 
 def page_of(nb: Path) -> str:
-    "The page nbdev names after a notebook: the number prefix dropped (nbs/05a_checks.ipynb -> checks.html)."
+    "The page nbdev names after a notebook: the number prefix dropped (nbs/02b_checks.ipynb -> checks.html)."
     return re.sub(r"^\d+[a-zA-Z0-9]*_", "", nb.stem.lower()) + ".html"
 
 
