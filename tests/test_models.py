@@ -3,6 +3,7 @@ reference implementations of the backbone and of the HC/mHC/AttnRes/MoDA equatio
 
 import json
 import math
+import re
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -705,3 +706,23 @@ def test_a_design_declares_its_own_options():
     finally:
         unregister_design("gate_opt")
     assert config_hash(tiny_config("preln")) == before and "options" not in tiny_config("preln").to_dict()
+
+
+def test_the_readme_design_with_an_option_runs_as_written():
+    """README's "Adding a residual design" example, executed as written: the design registers, passes the shared
+    checks with its option, and the train command offers the option with no edit of depthbench-nb."""
+    from depthbench_nb.trainer import train_parser
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = readme.split("## Adding a residual design", 1)[1].split("\n## ", 1)[0]
+    example = re.findall(r"```python\n(.*?)```", section, re.S)[0]
+    try:
+        exec(compile(example, "README.md", "exec"), {})
+        assert not failures(check_design(tiny_config("gated", gate_start=0.5)))
+        model = build_model(tiny_config("gated", gate_start=0.5))
+        assert all(float(b.gate) == 0.5 for b in model.blocks)  # the one init entry point used the option
+        assert "--gate-start" in train_parser().format_help()
+        with pytest.raises(ConfigError, match="gate_start must be > 0"):
+            tiny_config("gated", gate_start=0.0)
+    finally:
+        unregister_design("gated")
