@@ -375,7 +375,7 @@ def _pos_int(v):
 RECORDED_OPTIONS: dict[str, tuple] = {
     # name: (check, rule in words): ModelConfig fields, in every recorded run's config (new designs: DesignOptions)
     "hc_streams": (_pos_int, "a positive integer (number of residual streams n)"),
-    "hc_update": (("mixed", "unmixed").__contains__, "'mixed' (H' = C_{t+1} + beta F) or 'unmixed' (H' = H + beta F)"),
+    "hc_update": (("mixed", "unmixed").__contains__, "'mixed' (H' ← C_{t+1} + beta F) or 'unmixed' (H' ← H + beta F)"),
     "hc_tanh": (lambda v: isinstance(v, bool), "a bool (tanh on the dynamic HC terms)"),
     "mhc_backend": (
         ("liger", "native", "static").__contains__,
@@ -395,7 +395,7 @@ RECORDED_OPTIONS: dict[str, tuple] = {
     "logit_softcap": (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0, "a positive number"),
     "real_vocab_size": (
         _pos_int,
-        "a positive integer <= vocab_size (the tokenizer's vocabulary; the LM head is padded to vocab_size)",
+        "a positive integer ≤ vocab_size (the tokenizer's; the LM head is padded to vocab_size)",
     ),
 }
 

@@ -87,17 +87,17 @@ class RunParams:
     seed: int = _param("data order and training RNG", 42)
     study: str = _param("folder under the runs root", "default")
     data: Any = _param(  # a source or folder name; make_run_config also takes a dict or a DataConfig
-        "None: the preset's data; or a source (sample, fineweb-edu[:sample-10BT], a text path) or a prepared folder"
+        "None: the preset's data; a source (sample, fineweb-edu[:sample-10BT], a text path) or a prepared folder"
     )
     num_processes: int = _param("> 1: accelerate launch (DDP, or FSDP2 with fsdp)", 1)
     tokens: Optional[int] = _param("token budget override")
     max_steps: Optional[int] = _param("step budget override (wins over tokens)")
     ratio: Optional[float] = _param("instead of L: the grid depth whose d_model / L is nearest this ratio")
     r: Optional[int] = _param("looped: recurrences (1, 2, 4, 8)")
-    s: Optional[int] = _param("looped: width scale (d_model = 64 s)")
+    s: Optional[int] = _param("looped: width scale (d_model is 64 s)")
     C: Optional[float] = _param("looped: FLOP budget (sets the tokens)")
     precision: Optional[str] = _param(
-        "None (auto: bf16-mixed on CUDA, fp32 elsewhere) | fp32 | bf16-mixed | bf16-pure (the official setting)"
+        "None (auto: bf16-mixed on CUDA, else fp32) | fp32 | bf16-mixed | bf16-pure (the official setting)"
     )
     init_seed: Any = _param(
         "'official' (fixed 0, as DepthBench) | 'tied' (the training seed) | an integer",
@@ -127,7 +127,7 @@ class RunParams:
         "rows / documents of the evaluations before the last step (None: the preset's)"
     )
     ortho_dtype: Optional[str] = _param(
-        "looped MuonH orthogonalisation: None = bfloat16 (the paper) | float32 (exact comparisons)"
+        "looped MuonH orthogonalisation: None is bfloat16 (the paper) | float32 (exact comparisons)"
     )
     options: dict = field(default_factory=dict)  # design options: config.DESIGN_OPTIONS (looped: r is `recurrence`)
 
@@ -186,9 +186,10 @@ def _literal(value) -> str:
 
 
 def _assignment(name: str, value, help: str) -> str:
-    "One line of the parameters cell, `name = value  # help`, wrapped in parentheses as ruff format does past 120."
-    line = f"{name} = {_literal(value)}  # {help}"
-    return line if len(line) <= 120 else f"{name} = (\n    {_literal(value)}  # {help}\n)"
+    """One line of the parameters cell, `name = value  # help`: papermill reads a parameter's help from the comment on
+    its line (`papermill --help-notebook`), so a help is kept short enough for the line to stay within 120 characters,
+    where ruff format leaves it as it is."""
+    return f"{name} = {_literal(value)}  # {help}"
 
 
 def make_run_config(*args, verbose: bool = True, **kw) -> RunConfig:

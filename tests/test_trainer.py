@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import papermill
 import pytest
 import torch
 
@@ -374,6 +375,10 @@ def test_the_parameters_cell_is_generated_from_run_params():
     assert "".join(cell["source"]) == RunParams.parameters_cell(arch="attnres", L=32), (
         "regenerate the cell: print(RunParams.parameters_cell(arch='attnres', L=32))"
     )
+    # papermill reads every parameter with its help from the cell (`papermill --help-notebook`)
+    inferred = papermill.inspect_notebook(str(REPO / "nbs" / "10_train.ipynb"))
+    assert list(inferred) == [line.split(" = ")[0] for line in "".join(cell["source"]).splitlines()]
+    assert all(p["help"] for p in inferred.values()), [name for name, p in inferred.items() if not p["help"]]
 
 
 def test_train_options_are_the_run_params():
