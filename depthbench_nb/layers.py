@@ -25,7 +25,6 @@ from depthbench_nb.kernels import (
     rms_norm,
     swiglu,
 )
-from .kernels import attnres_mix, hc_read, hc_write, sinkhorn  # noqa: F401  (re-exported to model)
 
 # %% ../nbs/01b_layers.ipynb #bdc706e6
 def trunc_normal_(weight: torch.Tensor, std: float, generator: Optional[torch.Generator] = None) -> torch.Tensor:

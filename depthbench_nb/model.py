@@ -36,13 +36,10 @@ from depthbench_nb.layers import (
     LayerNorm,
     RMSNorm,
     SwiGLU,
-    attnres_mix,
-    hc_read,
-    hc_write,
     rms_norm,
-    sinkhorn,
     trunc_normal_,
 )
+from .kernels import attnres_mix, hc_read, hc_write, sinkhorn
 from .shapes import count_params
 
 # %% auto #0

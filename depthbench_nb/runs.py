@@ -47,9 +47,6 @@ from depthbench_nb.config import (
     short_repr,
 )
 
-# the lock's helpers, importable from here as before (tests/test_faults.py imports two of them from here)
-from .config import LOCK_FILE, _process_start, describe_holder, holder_alive  # noqa: F401
-
 # %% auto #0
 __all__ = ['RECORD_FILES', 'TORCH_STORAGES', 'TORCH_FILE_GLOBALS', 'LEGACY_NUMPY_GLOBALS', 'CHECKSUMS_FILE', 'RECORD_EVIDENCE',
            'PEAK_BF16_FLOPS', 'RESULT_STATUSES', 'RESULT_KEYS', 'CHECKPOINT_FORMAT_VERSION', 'INTERRUPT_SIGNALS',

@@ -854,7 +854,7 @@ def test_a_sweep_whose_driver_is_killed_twice_finishes_every_run_once(tiny_data,
 def test_a_killed_holder_not_yet_reaped_holds_nothing():
     "A lock holder killed but not yet reaped (a zombie: its parent died, init reaps it later) is dead, not busy."
     import socket
-    from depthbench_nb.runs import _process_start, holder_alive
+    from depthbench_nb.config import _process_start, holder_alive
 
     child = subprocess.Popen(["sleep", "60"])
     record = dict(host=socket.gethostname(), pid=child.pid, start=_process_start(child.pid))
