@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from transformers.configuration_utils import PretrainedConfig
 
-from .config import ModelConfig
+from .config import ARCHS, ConfigError, ModelConfig
 
 # %% auto #0
-__all__ = ['DepthBenchConfig']
+__all__ = ['DepthBenchConfig', 'plugin_missing']
 
 # %% ../nbs/03b_hf_config.ipynb #241910fb
 class DepthBenchConfig(PretrainedConfig):
@@ -30,6 +30,7 @@ class DepthBenchConfig(PretrainedConfig):
     bos_token_id: int | None = None
     eos_token_id: int | None = None
     pad_token_id: int | None = None
+    design_plugin: dict | None = None  # a plugin's design: distribution, version, module, entry point (else None)
 
     def __post_init__(self, **kwargs):
         cfg = self.model_config()  # validates: a bad dict is a ConfigError here
@@ -41,4 +42,18 @@ class DepthBenchConfig(PretrainedConfig):
 
     def model_config(self) -> ModelConfig:
         "The ModelConfig this config holds (the package default when none was given, as Transformers sometimes asks)."
-        return ModelConfig.from_dict(self.depthbench) if self.depthbench else ModelConfig()
+        if not self.depthbench:
+            return ModelConfig()
+        arch = self.depthbench.get("arch")
+        if self.design_plugin and arch not in ARCHS:  # the plugin that provides the design is not installed here
+            raise ConfigError(plugin_missing(arch, self.design_plugin))
+        return ModelConfig.from_dict(self.depthbench)
+
+
+def plugin_missing(arch: str, plugin: dict) -> str:
+    "The one-line error for an export whose design comes from a plugin that is not installed: what to pip install."
+    dist, version = plugin.get("distribution"), plugin.get("version")
+    return (
+        f"design {arch!r} comes from the plugin {dist} {version} (module {plugin.get('module')}), which is not "
+        f"installed here: pip install '{dist}=={version}' (it brings depthbench-nb), then load the export again"
+    )

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import importlib.metadata
 import json
 import os
 import re
@@ -17,6 +18,7 @@ from typing import Annotated, Literal, Optional
 
 from depthbench_nb.config import (
     DESIGN_OPTIONS,
+    PLUGIN_GROUP,
     ConfigError,
     ModelConfig,
     RunConfig,
@@ -30,8 +32,8 @@ from .console import Arg, call_parsed, emit
 
 # %% auto #0
 __all__ = ['HF_CODE_ENTRIES', 'AUTO_MAP', 'PAPERS', 'EXPORT_FORMATS', 'RECORD_NAME', 'vendored_source', 'builder_of',
-           'vendored_code', 'run_tokenizer', 'paper_of', 'public_record', 'model_card', 'export_hf', 'load_for_eval',
-           'export_hf_command', 'cli_export_hf']
+           'vendored_code', 'design_plugin', 'plugin_remote_code', 'run_tokenizer', 'paper_of', 'public_record',
+           'model_card', 'export_hf', 'load_for_eval', 'export_hf_command', 'cli_export_hf']
 
 # %% ../nbs/03d_hf_export.ipynb #472b9568
 HF_CODE_ENTRIES = ("hf_config", "hf")  # the modules that define the Transformers classes
@@ -73,8 +75,8 @@ def builder_of(arch: str) -> tuple[str, str]:
         or getattr(sys.modules.get(mod), fn, None) is not build
     ):
         raise ConfigError(
-            f"design {arch!r} is built by {mod}.{fn}, outside depthbench-nb: its code cannot travel with the export "
-            f"(load the export with that code installed, without trust_remote_code)"
+            f"design {arch!r} is built by {mod}.{fn}, outside depthbench-nb and not by an installed plugin: its code "
+            f"cannot travel with the export (package it as a plugin, entry point group {PLUGIN_GROUP})"
         )
     return mod.split(".", 1)[1], fn
 
@@ -102,6 +104,45 @@ def vendored_code(arch: str) -> dict[str, str]:
         f"from .{builder_module} import {builder}  # noqa: F401  (the registry builder of {arch!r}: "
         "makes the loader copy its module)\n"
     )
+    return files
+
+
+def design_plugin(arch: str) -> Optional[dict]:
+    "The installed plugin that provides `arch` (distribution, version, module, entry point); None for our own designs."
+    spec = resolve_arch(arch)
+    if (getattr(spec.build, "__module__", "") or "").startswith("depthbench_nb."):
+        return None
+    for ep in importlib.metadata.entry_points(group=PLUGIN_GROUP, name=spec.name):
+        dist = getattr(ep, "dist", None)
+        return dict(
+            distribution=dist.name if dist else ep.module.split(".")[0],
+            version=dist.version if dist else None,
+            module=ep.module,
+            entry_point=ep.value,
+        )
+    return None
+
+
+def plugin_remote_code(arch: str, plugin: dict) -> dict[str, str]:
+    """File name -> source of the remote code of an export of a plugin's design: the two auto_map entry files, which
+    use the installed depthbench-nb and plugin (a plugin's package is not copied: it imports depthbench-nb by name)
+    and otherwise stop with the one-line `plugin_missing` error naming what to pip install."""
+    from depthbench_nb.hf_config import plugin_missing
+
+    top = plugin["module"].split(".")[0]
+    files = {}
+    for name, what, module, cls in (
+        ("configuration_depthbench.py", "the configuration", "hf_config", "DepthBenchConfig"),
+        ("modeling_depthbench.py", "the model", "hf", "DepthBenchForCausalLM"),
+    ):
+        files[name] = (
+            f'"Transformers remote code of a depthbench-nb export of the plugin design {arch!r}: {what}."\n'
+            "try:  # Transformers does not require the imports of a try block: the error below names them\n"
+            f"    import {top}  # noqa: F401  (the plugin: depthbench-nb registers its design from its entry point)\n"
+            f"    from depthbench_nb.{module} import {cls}  # noqa: F401\n"
+            "except ImportError:\n"
+            f"    raise ImportError({plugin_missing(arch, plugin)!r}) from None\n"
+        )
     return files
 
 # %% ../nbs/03d_hf_export.ipynb #5d3ebb10
@@ -186,13 +227,22 @@ def _fmt(v, unit="") -> str:
     return f"{v:,}{unit}" if isinstance(v, int) else f"{v:.4f}{unit}"
 
 
-def model_card(record: dict, cfg: ModelConfig, fmt: str, tokenizer: str) -> str:
+def model_card(record: dict, cfg: ModelConfig, fmt: str, tokenizer: str, plugin: Optional[dict] = None) -> str:
     "README.md of an export (Hugging Face model card with YAML front matter)."
     spec, paper, res, prov = resolve_arch(cfg.arch), paper_of(cfg), record["result"], record["provenance"]
     options = ", ".join(f"{k}={getattr(cfg, k)}" for k in DESIGN_OPTIONS if getattr(cfg, k) is not None) or "none"
     cite = f"arXiv:{paper['arxiv']}" if paper["arxiv"] else "no arXiv id yet"
     tags = ["depthbench-nb", cfg.arch, cfg.family] + (["custom_code"] if fmt == "depthbench" else ["llama"])
-    if fmt == "depthbench":
+    if fmt == "depthbench" and plugin is not None:
+        use = [
+            f"# the design {cfg.arch!r} comes from the plugin {plugin['distribution']} {plugin['version']}:",
+            f"#   pip install '{plugin['distribution']}=={plugin['version']}'   (it brings depthbench-nb)",
+            "from transformers import AutoModelForCausalLM, AutoTokenizer",
+            "import depthbench_nb   # registers the model type 'depthbench' and loads the plugin's design",
+            "model = AutoModelForCausalLM.from_pretrained('THIS_FOLDER')",
+            "tokenizer = AutoTokenizer.from_pretrained('THIS_FOLDER')",
+        ]
+    elif fmt == "depthbench":
         use = [
             "from transformers import AutoModelForCausalLM, AutoTokenizer",
             "import depthbench_nb   # registers the model type 'depthbench' (pip install depthbench-nb)",
@@ -298,12 +348,18 @@ def _write_depthbench_weights(folder: Path, model, cfg, tok: dict, dtype: str) -
     from depthbench_nb.hf import DepthBenchForCausalLM
     from depthbench_nb.hf_config import DepthBenchConfig
 
+    plugin = design_plugin(cfg.arch)  # a plugin's design: named in config.json, its remote code uses the plugin
     hf_cfg = DepthBenchConfig(
-        depthbench=cfg.to_dict(), eos_token_id=tok["eos_id"], pad_token_id=tok["pad_id"], dtype=dtype
+        depthbench=cfg.to_dict(),
+        eos_token_id=tok["eos_id"],
+        pad_token_id=tok["pad_id"],
+        dtype=dtype,
+        design_plugin=plugin,
     )
     hf_cfg.auto_map = dict(AUTO_MAP)
     DepthBenchForCausalLM(hf_cfg, model=model).save_pretrained(folder)
-    for name, source in vendored_code(cfg.arch).items():
+    code = vendored_code(cfg.arch) if plugin is None else plugin_remote_code(cfg.arch, plugin)
+    for name, source in code.items():
         atomic_write_text(folder / name, source)
 
 
@@ -368,7 +424,8 @@ def export_hf(
             _write_llama_weights(tmp, model, cfg, tok, dtype)
         _write_tokenizer(tmp, tok, cfg.max_seq_len)
         atomic_write_json(tmp / RECORD_NAME, record)
-        atomic_write_text(tmp / "README.md", model_card(record, cfg, fmt, tok["description"]))
+        card = model_card(record, cfg, fmt, tok["description"], plugin=design_plugin(cfg.arch))
+        atomic_write_text(tmp / "README.md", card)
         if out.exists():
             shutil.rmtree(out)
         os.replace(tmp, out)

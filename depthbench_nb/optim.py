@@ -12,7 +12,7 @@ from typing import Callable, Optional
 import torch
 import torch.nn as nn
 
-from .config import ConfigError, RunConfig, TrainConfig, _choice_error
+from .config import FAMILIES, ConfigError, RunConfig, TrainConfig, _choice_error
 from .looped import PAPER_BATCH_TOKENS, looped_config, looped_params
 
 # %% auto #0
@@ -262,7 +262,8 @@ def build_looped_optimizer(
 ) -> tuple[MuonH, Callable[[int], float]]:
     "MuonH + AdamW groups with the HyperP LRs, and the linear-decay LR multiplier (Looped LMs, arXiv 2604.21106 §4.1)."
     cfg = getattr(model, "config", None)
-    if cfg is None or getattr(cfg, "family", None) != "looped":
+    family = FAMILIES.get(getattr(cfg, "family", None))
+    if family is None or family.shared_recipe:  # MuonH is the looped paper's own recipe
         raise ConfigError(
             """the MuonH recipe (optimizer='muonh') is for looped models (arch='looped'); use optimizer='adamw' for the
             others"""

@@ -14,6 +14,7 @@ from typing import Any, Optional
 from depthbench_nb.config import (
     ARCHS,
     DESIGN_OPTIONS,
+    FAMILIES,
     RECORDED_OPTIONS,
     ConfigError,
     DataConfig,
@@ -272,7 +273,7 @@ def _resolve(p: RunParams, verbose: bool) -> RunConfig:
     if verbose:
         print(f"*** PRESET: {pre.name}  ({why}) ***")
     train_kw = _preset_train_kwargs(p, pre)
-    if spec.family == "looped":
+    if not FAMILIES[spec.family].shared_recipe:  # the looped paper's own model, recipe and budget
         model, looped_tokens = _looped_model(pre, p.L, p.d_model, p.ratio, p.r, p.s, p.C, design_options)
         train_kw.update(LOOPED_RECIPE)
         if looped_tokens is not None:
@@ -394,7 +395,7 @@ def total_steps(run: RunConfig) -> int:
     m = run.model
     n = count_params(
         m
-        if m.family == "looped"
+        if not FAMILIES[m.family].shared_recipe  # the looped paper counts its own model
         else ModelConfig(
             arch="preln",
             n_layer=m.n_layer,

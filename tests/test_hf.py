@@ -139,6 +139,7 @@ assert 'depthbench_nb' not in sys.modules
 print(json.dumps(res))
 """
     env = dict(os.environ, HF_MODULES_CACHE=str(tmp_path / "modules"))
+    env.pop("PYTHONPATH", None)  # a checkout on PYTHONPATH would make depthbench_nb importable again
     proc = subprocess.run(
         [sys.executable, "-S", "-c", script], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=600
     )

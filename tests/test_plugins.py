@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 import pytest
@@ -137,3 +138,70 @@ def test_a_broken_plugin_is_named(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     assert "design plugin 'broken'" in done.stdout and "no_such_module_here" in done.stdout, done.stdout
     assert "broken-plugin" in done.stdout and "design plugin 'broken'" in done.stderr  # the package; the warning
+
+
+LOAD_EXPORT = r"""
+import json
+import sys
+
+import torch
+import depthbench_nb  # registers the model type 'depthbench'; the plugin's design comes from its entry point
+from transformers import AutoModelForCausalLM
+from depthbench_nb.runs import load_run
+
+run_dir, out = sys.argv[1:3]
+plugin = json.load(open(f"{out}/config.json"))["design_plugin"]
+assert plugin["distribution"] == "depthbench-denseformer" and plugin["version"] == "0.1.0", plugin
+assert plugin["module"] == "depthbench_denseformer", plugin
+model = AutoModelForCausalLM.from_pretrained(out)
+ours, run = load_run(run_dir)
+assert run.model.dwa_dilation == 2 and model.config.model_config() == run.model
+assert any(type(m).__module__ == "depthbench_denseformer" for m in model.model.modules())  # the plugin's blocks
+ids = torch.randint(0, run.model.vocab_size, (2, 16), generator=torch.Generator().manual_seed(0))
+remote = AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True)  # its remote code uses the plugin
+with torch.no_grad():
+    assert torch.equal(model(ids).logits, ours(ids)) and torch.equal(remote(ids).logits, ours(ids))
+print("ok")
+"""
+
+
+def test_plugin_design_exports_to_hf(plugin_site, tiny_data, tmp_path):
+    """export-hf of a plugin design's run: the config names the plugin (distribution, version), the export loads with
+    AutoModelForCausalLM where the plugin is installed, with the run's logits; without the plugin,
+    trust_remote_code=True stops with a one-line error naming what to pip install."""
+    env = _env(plugin_site, runs=tmp_path / "runs")
+    args = ["train", "--arch", "denseformer", "--dwa-dilation", "2", "--L", "2", "--d-model", "32"]
+    args += ["--preset", "tiny", "--max-steps", "2", "--data", str(tiny_data), "--json", "--no-progress"]
+    done = subprocess.run(_cli() + args, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    res = json.loads(done.stdout)
+    run_dir, out = tmp_path / "runs" / res["study"] / res["run_id"], tmp_path / "export"
+    done = subprocess.run(
+        _cli() + ["export-hf", str(run_dir), str(out), "--json"], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    files = set(json.loads(done.stdout)["files"])
+    assert {"config.json", "model.safetensors", "tokenizer.json", "README.md", "configuration_depthbench.py"} <= files
+    assert "pip install 'depthbench-denseformer==0.1.0'" in (out / "README.md").read_text()
+    done = subprocess.run(
+        [sys.executable, "-c", LOAD_EXPORT, str(run_dir), str(out)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
+    # no plugin on the path, with depthbench-nb and without it (remote code): a one-line error naming the plugin
+    code = "from transformers import AutoModelForCausalLM\n"
+    code += f"AutoModelForCausalLM.from_pretrained({str(out)!r}, trust_remote_code=True)"
+    bare = f"import sys\nsys.path.append({sysconfig.get_paths()['purelib']!r})  # no .pth files: no depthbench_nb\n"
+    for argv, extra in (([sys.executable, "-c", code], ROOT), ([sys.executable, "-S", "-c", bare + code], None)):
+        env = dict(os.environ, PYTHONPATH=str(extra or ""), HF_MODULES_CACHE=str(tmp_path / "modules"))
+        done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+        last = done.stderr.strip().splitlines()[-1]
+        assert (
+            done.returncode != 0
+            and "Error: design 'denseformer' comes from the plugin depthbench-denseformer 0.1.0" in last
+        ), done.stderr[-3000:]
+        assert "pip install 'depthbench-denseformer==0.1.0'" in last, last
+    assert "ImportError: design 'denseformer'" in last  # the second: the remote code's own error
