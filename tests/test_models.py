@@ -720,7 +720,7 @@ def test_the_readme_design_with_an_option_runs_as_written():
         exec(compile(example, "README.md", "exec"), {})
         assert not failures(check_design(tiny_config("gated", gate_start=0.5)))
         model = build_model(tiny_config("gated", gate_start=0.5))
-        assert all(float(b.gate) == 0.5 for b in model.blocks)  # the one init entry point used the option
+        assert all(b.gate.item() == 0.5 for b in model.blocks)  # the one init entry point used the option
         assert "--gate-start" in train_parser().format_help()
         with pytest.raises(ConfigError, match="gate_start must be > 0"):
             tiny_config("gated", gate_start=0.0)
