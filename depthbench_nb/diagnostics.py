@@ -1237,11 +1237,26 @@ def _matrix_of(rows: list) -> Tensor:
     return torch.tensor([[float("nan") if v is None else v for v in row] for row in rows], dtype=torch.float64)
 
 
-def _heatmap(M, title, path, xlabel="", ylabel="", **kw):
+def _pyplot():
+    "pyplot on the file backend (Agg): the diagnostics write figures, they never show them."
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save_figure(fig, path: Path) -> Path:
+    "Write the figure (110 dpi) and free it."
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    _pyplot().close(fig)
+    return path
+
+
+def _heatmap(M, title, path, xlabel="", ylabel="", **kw):
+    plt = _pyplot()
     import seaborn as sns
 
     fig, ax = plt.subplots(figsize=(5.5, 4.5))
@@ -1255,9 +1270,7 @@ def _heatmap(M, title, path, xlabel="", ylabel="", **kw):
     ax.set_title(title)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save_figure(fig, path)
 
 
 def _per_layer_csv(rows: list[dict]) -> str:
@@ -1315,10 +1328,7 @@ def write_diagnostics(res: dict, out_dir, figures: bool = True) -> list[Path]:
 
 def _block_influence_figure(res: dict, path: Path, tag: str) -> Path:
     "Block Influence per block (bars)."
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = _pyplot()
     from matplotlib.ticker import MaxNLocator
 
     fig, ax = plt.subplots(figsize=(5.5, 3.5))
@@ -1327,18 +1337,12 @@ def _block_influence_figure(res: dict, path: Path, tag: str) -> Path:
     ax.set_xlabel("block")
     ax.set_ylabel("1 − cos(input, output)")
     ax.set_title(f"Block Influence ({tag})")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save_figure(fig, path)
 
 
 def _logit_lens_figure(res: dict, path: Path, tag: str) -> Path:
     "Early-exit CE and KL to the final distribution over depth states."
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = _pyplot()
 
     fig, ax = plt.subplots(figsize=(5.5, 3.5))
     ll = res["logit_lens"]
@@ -1347,18 +1351,12 @@ def _logit_lens_figure(res: dict, path: Path, tag: str) -> Path:
     ax.set_xlabel("depth state")
     ax.set_title(f"logit lens ({tag})")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save_figure(fig, path)
 
 
 def _dead_zone_figure(res: dict, path: Path, tag: str) -> Path:
     "Depth-softmax mass on the partial sum per layer, with the dead-zone threshold."
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = _pyplot()
 
     fig, ax = plt.subplots(figsize=(5.5, 3.5))
     m = res["dead_zone"]["partial_mass"]
@@ -1368,18 +1366,12 @@ def _dead_zone_figure(res: dict, path: Path, tag: str) -> Path:
     ax.set_xlabel("layer (sublayer / 2)")
     ax.set_ylabel("mass on partial sum")
     ax.set_title(f"dead zone {res['dead_zone']['dead_layers']} layers ({tag})")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save_figure(fig, path)
 
 
 def _pruning_figure(res: dict, path: Path, tag: str) -> Path:
     "Δ loss per skipped block (bars) and Gromov et al.'s curve: Δ loss against the fraction of blocks dropped."
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = _pyplot()
     from matplotlib.ticker import MaxNLocator
 
     panels = [k for k in ("pruning", "angular_pruning") if k in res]
@@ -1397,10 +1389,7 @@ def _pruning_figure(res: dict, path: Path, tag: str) -> Path:
             ax.set_xlabel("fraction of blocks dropped")
             ax.set_ylabel("Δ loss (nats/token)")
             ax.set_title(f"angular-distance pruning ({tag})")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save_figure(fig, path)
 
 
 def load_checkpointed_run(run_dir):
