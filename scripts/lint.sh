@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Format and lint (README, Contributing): `ruff format --check` and `ruff check` over the whole checkout, with the
 # configuration in pyproject.toml (line length 120; the package depthbench_nb/*.py is nbdev's export of the formatted
-# notebooks, so the formatter skips it and its lint findings are fixed in nbs/). Both always run; exit 1 if either fails.
+# notebooks: scripts/check_package_format.py formats it apart from nbdev's own layout, and its lint findings are fixed
+# in nbs/). All checks always run; exit 1 if any fails.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 RUFF=.venv/bin/ruff
@@ -17,6 +18,11 @@ if ! "$RUFF" format --check .; then
     echo "lint: files are not formatted. Fix with:" >&2
     echo "    $RUFF format nbs tests benchmarks scripts && .venv/bin/nbdev_export" >&2
     echo "  (nbdev_export brings the package in line with the reformatted notebooks)" >&2
+fi
+
+echo "== ruff format --check of the package (scripts/check_package_format.py)"
+if ! .venv/bin/python scripts/check_package_format.py; then
+    status=1
 fi
 
 echo "== ruff check"
