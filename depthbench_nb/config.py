@@ -29,13 +29,13 @@ from typing import Any, Callable, Optional
 
 # %% auto #0
 __all__ = ['EXIT_OK', 'EXIT_NOT_DONE', 'EXIT_ERROR', 'EXIT_INTERRUPTED', 'MESSAGE_LIMIT', 'PLUGIN_GROUP', 'ARCHS', 'FAMILIES',
-           'RECORDED_OPTIONS', 'DESIGN_OPTIONS', 'OPTIMIZERS', 'SCHEDULES', 'PRECISIONS', 'EVAL_SETS', 'LOCK_FILE',
+           'RECORD_OPTION_KEYS', 'DESIGN_OPTIONS', 'OPTIMIZERS', 'SCHEDULES', 'PRECISIONS', 'EVAL_SETS', 'LOCK_FILE',
            'ConfigError', 'CorruptFile', 'UnsafeFile', 'FolderBusy', 'RunBusy', 'ResourceError', 'RunInterrupted',
            'short_repr', 'ForkNames', 'Design', 'Family', 'register_family', 'load_plugins', 'paper_designs',
-           'register_design', 'unregister_design', 'arch_names', 'resolve_arch', 'family_of', 'Config', 'config_hash',
-           'config_diff', 'ffn_hidden_default', 'DesignOptions', 'ModelConfig', 'DataConfig', 'TrainConfig',
-           'RunConfig', 'identity_content', 'operational_changes', 'package_dir', 'repo_root', 'runs_root',
-           'runs_root_reason', 'cache_dir', 'atomic_write_bytes', 'atomic_write_text', 'atomic_write_json',
+           'register_design', 'unregister_design', 'arch_names', 'resolve_arch', 'family_of', 'option', 'positive_int',
+           'Config', 'config_hash', 'config_diff', 'ffn_hidden_default', 'DesignOptions', 'ModelConfig', 'DataConfig',
+           'TrainConfig', 'RunConfig', 'identity_content', 'operational_changes', 'package_dir', 'repo_root',
+           'runs_root', 'runs_root_reason', 'cache_dir', 'atomic_write_bytes', 'atomic_write_text', 'atomic_write_json',
            'available_memory', 'memory_check_enabled', 'format_bytes', 'holder_alive', 'describe_holder', 'FolderLock',
            'lock_holder']
 
@@ -150,9 +150,7 @@ class Design:
     metrics: Optional[tuple] = None  # the design-restricted diagnostics that apply (() says: none)
     importer: Any = None  # its ForkNames (the fork checkpoints' layout), or a str: why none
     # ---- optional -----------------------------------------------------------------------------------------
-    options: Any = ()  # its options: a `DesignOptions` dataclass (new designs), or names of ModelConfig's recorded
-    # option fields (the designs whose options predate design-owned options; `RECORDED_OPTIONS`)
-    defaults: dict = field(default_factory=dict)  # default values of recorded option fields
+    options: Any = ()  # its options: a `DesignOptions` dataclass (their defaults and rules); () takes none
     paper: Optional[str] = None  # the paper whose architecture table lists it ('depthbench', 'looped'); None: added
     aliases: tuple = ()
     validate: Optional[Callable] = None  # cfg -> {option: filled value} or None; raises ConfigError
@@ -192,7 +190,7 @@ class Design:
         "The names of the options this design takes."
         if isinstance(self.options, type):
             return tuple(f.name for f in fields(self.options))
-        return tuple(self.options)
+        return ()
 
 
 PLUGIN_GROUP = "depthbench_nb.designs"  # entry points of installed packages that add designs
@@ -368,49 +366,53 @@ def family_of(arch) -> Optional[str]:
         return None
 
 # %% ../nbs/00b_config.ipynb #f32c7fae
-def _pos_int(v):
+RECORD_OPTION_KEYS = (
+    # every recorded config holds these keys (null where its design does not take them), so the content hash of a
+    # config, the end of its run id, is the same whichever designs exist: the options of HC, mHC, Block AttnRes,
+    # MoDA and the looped design, in their order in the registry
+    "hc_streams",
+    "hc_update",
+    "hc_tanh",
+    "mhc_backend",
+    "sinkhorn_iters",
+    "attnres_block_size",
+    "attnres_num_blocks",
+    "moda_ffn_kv",
+    "recurrence",
+    "injection",
+    "truncated_bptt",
+    "hc_lanes",
+    "logit_softcap",
+)
+
+
+def option(default, help: str, check: Optional[Callable] = None):
+    """A field of a design's `DesignOptions`: its default, its rule in words (the `--help` of `train` and the comment
+    of the papermill parameter) and, beyond its type, a check of one value (a predicate; `None` always passes)."""
+    return field(default=default, metadata=dict(help=help, check=check))
+
+
+def positive_int(v) -> bool:
+    "An int (not a bool) of at least 1."
     return isinstance(v, int) and not isinstance(v, bool) and v >= 1
 
 
-RECORDED_OPTIONS: dict[str, tuple] = {
-    # name: (check, rule in words): ModelConfig fields, in every recorded run's config (new designs: DesignOptions)
-    "hc_streams": (_pos_int, "a positive integer (number of residual streams n)"),
-    "hc_update": (("mixed", "unmixed").__contains__, "'mixed' (H' ← C_{t+1} + beta F) or 'unmixed' (H' ← H + beta F)"),
-    "hc_tanh": (lambda v: isinstance(v, bool), "a bool (tanh on the dynamic HC terms)"),
-    "mhc_backend": (
-        ("liger", "native", "static").__contains__,
-        "'liger' (standard), 'native' or 'static' (the mhc_static ablation)",
-    ),
-    "sinkhorn_iters": (_pos_int, "a positive integer"),
-    "attnres_block_size": (_pos_int, "a positive integer number of sublayers per block"),
-    "attnres_num_blocks": (_pos_int, "a positive integer number of blocks"),
-    "moda_ffn_kv": (lambda v: isinstance(v, bool), "a bool (extra FFN depth K/V projection)"),
-    "recurrence": (_pos_int, "a positive integer r dividing 16 (1, 2, 4, 8, 16)"),
-    "injection": (
-        ("linear", "additive", "passthrough", "hc").__contains__,
-        "'linear', 'additive', 'passthrough' or 'hc'",
-    ),
-    "truncated_bptt": (lambda v: isinstance(v, bool), "a bool (gradients through the last ceil(r/2) iterations only)"),
-    "hc_lanes": (_pos_int, "a positive integer K (loop hyper-connection lanes)"),
-    "logit_softcap": (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0, "a positive number"),
-    "real_vocab_size": (
-        _pos_int,
-        "a positive integer ≤ vocab_size (the tokenizer's; the LM head is padded to vocab_size)",
-    ),
-}
-
-
 class _OptionTable(typing.Mapping):
-    "Every design option of the registry, name -> (check, rule in words): recorded fields, then design-owned ones."
+    "Every design option of the registry, name -> (check, rule in words), in registry order."
+
+    _cache: tuple = ((), {})  # (the registry's designs when built, the table): rebuilt when a design registers
 
     def _table(self) -> dict:
-        table = dict(RECORDED_OPTIONS)
-        for design in ARCHS.values():
-            if isinstance(design.options, type):
-                hints = typing.get_type_hints(design.options)
-                for f in fields(design.options):
-                    table.setdefault(f.name, _option_rule(f, hints[f.name]))
-        return table
+        designs = tuple(ARCHS.values())
+        if self._cache[0] != designs:
+            table = {}
+            for design in designs:
+                if isinstance(design.options, type):
+                    hints = typing.get_type_hints(design.options)
+                    for f in fields(design.options):
+                        table.setdefault(f.name, _option_rule(f, hints[f.name]))
+            type(self)._cache = (designs, table)
+        return self._cache[1]
 
     def __getitem__(self, name):
         return self._table()[name]
@@ -423,10 +425,12 @@ class _OptionTable(typing.Mapping):
 
 
 def _option_rule(f, hint) -> tuple:
-    "(check, rule) of a design-owned option field: its annotation, and its help (field metadata) in words."
+    "(check, rule) of a design option field: its annotation and its check, and its help (field metadata) in words."
+    value_check = f.metadata.get("check")
 
     def check(value):
-        return _type_ok(value, hint)[0]
+        ok = _type_ok(value, hint)[0]
+        return ok and (value is None or value_check is None or value_check(value))
 
     return check, f.metadata.get("help", _type_name(hint))
 
@@ -435,21 +439,16 @@ DESIGN_OPTIONS = _OptionTable()  # live: a design registered later (a plugin's) 
 
 
 def _check_option_names(design: Design) -> None:
-    "A design takes recorded option fields by name, or declares its own in a DesignOptions dataclass."
-    if isinstance(design.options, type):
-        if not (dataclasses.is_dataclass(design.options) and issubclass(design.options, DesignOptions)):
-            raise ConfigError(f"{design.name}: options must be a DesignOptions dataclass, got {design.options!r}")
-        taken = {f.name for f in fields(ModelConfig)} - set(RECORDED_OPTIONS)
-        clash = sorted(set(design.option_names) & (taken | {"options"}))
-        if clash:
-            raise ConfigError(f"{design.name}: option names {clash} are ModelConfig fields; choose other names")
+    "A design declares its options in a DesignOptions dataclass whose names are not ModelConfig fields."
+    if design.options == ():
         return
-    unknown = set(design.options) - set(RECORDED_OPTIONS)
-    if unknown:
-        raise ConfigError(
-            f"{design.name}: unknown design options {sorted(unknown)}; declare them in a DesignOptions dataclass "
-            f"(recorded option fields: {sorted(RECORDED_OPTIONS)})"
-        )
+    if not (isinstance(design.options, type) and dataclasses.is_dataclass(design.options)):
+        raise ConfigError(f"{design.name}: options must be a DesignOptions dataclass, got {short_repr(design.options)}")
+    if not issubclass(design.options, DesignOptions):
+        raise ConfigError(f"{design.name}: options must be a DesignOptions dataclass, got {design.options!r}")
+    clash = sorted(set(design.option_names) & ({f.name for f in fields(ModelConfig)} | {"options"}))
+    if clash:
+        raise ConfigError(f"{design.name}: option names {clash} are ModelConfig fields; choose other names")
 
 # %% ../nbs/00b_config.ipynb #2bff4ade
 def _type_ok(value, tp) -> tuple[bool, Any]:
@@ -507,6 +506,11 @@ class Config:
     "Base of the typed config dataclasses."
 
     def __post_init__(self):
+        self._check_types()
+        self.validate()
+
+    def _check_types(self):
+        "Every field against its annotation (converting where the annotation allows: an int for a float field)."
         hints = typing.get_type_hints(type(self))
         for f in fields(self):
             v = getattr(self, f.name)
@@ -517,7 +521,6 @@ class Config:
                     f"{type(self).__name__}.{f.name} must be {want}, got {short_repr(v)} ({type(v).__name__})"
                 )
             object.__setattr__(self, f.name, conv)
-        self.validate()
 
     def validate(self):
         pass
@@ -606,14 +609,27 @@ def ffn_hidden_default(d_model: int, rule: str = "8/3") -> int:
 
 @dataclass(frozen=True)
 class DesignOptions(Config):
-    """Base of a design's own options: typed fields with their defaults, each field's rule in words as metadata
-    `help`, rules between them in `validate`. A design names its class in `Design.options`; the values live in
-    `ModelConfig.options`, sit flat beside the backbone fields in the run record, and read as `cfg.<option>`.
-    The train command (`--<option>`), papermill (`-p <option>`) and `RunParams` take them by name."""
+    """Base of a design's options: typed fields with their defaults, each declared with `option` (its rule in words
+    and a check of a value) or as a field whose metadata `help` gives the rule; rules between them in `validate`. A
+    design names its class in `Design.options`; the values live in `ModelConfig.options`, sit flat beside the
+    backbone fields in the run record, and read as `cfg.<option>`. The train command (`--<option>`), papermill
+    (`-p <option>`) and `RunParams` take them by name."""
+
+    def __post_init__(self):
+        self._check_types()
+        self._check_values()
+        self.validate()
+
+    def _check_values(self):
+        "Each field's own check (`option(check=...)`); None, an option left unset, passes."
+        for f in fields(self):
+            check, value = f.metadata.get("check"), getattr(self, f.name)
+            if check is not None and value is not None and not check(value):
+                raise ConfigError(f"{f.name}={short_repr(value)} is invalid: must be {f.metadata['help']}")
 
 
 def _takes_design_options(cls):
-    "ModelConfig(..., dilation=2): keywords that are not fields are design options, gathered into `options`."
+    "ModelConfig(..., hc_streams=8): keywords that are not fields are design options, gathered into `options`."
     init, names = cls.__init__, {f.name for f in fields(cls)}
 
     @functools.wraps(init)
@@ -643,43 +659,26 @@ class ModelConfig(Config):
     rope_theta: float = 10000.0
     norm_eps: float = 1e-6
     init_std: float = 0.02
-    # design options (None -> the design's default; only the designs listed in the registry accept them)
-    hc_streams: Optional[int] = None
-    hc_update: Optional[str] = None
-    hc_tanh: Optional[bool] = None
-    mhc_backend: Optional[str] = None
-    sinkhorn_iters: Optional[int] = None
-    attnres_block_size: Optional[int] = None
-    attnres_num_blocks: Optional[int] = None
-    moda_ffn_kv: Optional[bool] = None
-    recurrence: Optional[int] = None
-    injection: Optional[str] = None
-    truncated_bptt: Optional[bool] = None
-    hc_lanes: Optional[int] = None
-    logit_softcap: Optional[float] = None
-    real_vocab_size: Optional[int] = None  # looped: logits sliced to the tokenizer's vocabulary (None: vocab_size)
-    options: dict = field(default_factory=dict, hash=False)  # design-owned options (DesignOptions) by name
-
-    _OMIT_WHEN_NONE = frozenset({"real_vocab_size"})
+    options: dict = field(default_factory=dict, hash=False)  # the design's options by name (None: its default)
 
     def __getattr__(self, name):
-        "A design-owned option by name (`cfg.dilation`): its value; None when unset or not this design's."
+        "A design option by name (`cfg.hc_streams`): its value; None when unset or not this design's."
         if name.startswith("_") or name == "options" or name not in DESIGN_OPTIONS:
             raise AttributeError(f"ModelConfig has no attribute {name!r}")
         return self.__dict__.get("options", {}).get(name)
 
     def to_dict(self) -> dict:
-        "Flat: design-owned options beside the fields, no `options` key (a config without them hashes as before)."
+        "Flat, in the recorded layout: the design's options beside the backbone fields (`RECORD_OPTION_KEYS`)."
         out = super().to_dict()
-        owned = out.pop("options")
-        return out | {k: v for k, v in owned.items() if v is not None}
+        options = out.pop("options")
+        return out | dict.fromkeys(RECORD_OPTION_KEYS) | {k: v for k, v in options.items() if v is not None}
 
     @classmethod
     def from_dict(cls, d: dict):
         if not isinstance(d, dict):
             raise ConfigError(f"{cls.__name__} expects a dict, got {type(d).__name__}")
         names = [f.name for f in fields(cls)]
-        unknown = [k for k in d if k not in names and k not in DESIGN_OPTIONS]
+        unknown = [k for k in d if k not in names and k not in DESIGN_OPTIONS and k not in RECORD_OPTION_KEYS]
         if unknown:
             raise ConfigError(f"{cls.__name__}: unknown keys {short_repr(unknown)}; valid keys: {', '.join(names)}")
         return cls(**d)
@@ -708,43 +707,24 @@ class ModelConfig(Config):
         for name, v in (("norm_eps", self.norm_eps), ("init_std", self.init_std), ("rope_theta", self.rope_theta)):
             if not v > 0:
                 raise ConfigError(f"{name} must be > 0, got {v}")
-        self._validate_recorded_options(spec)
-        self._validate_owned_options(spec)
+        self._validate_options(spec)
         for opt, v in ((spec.validate(self) if spec.validate else None) or {}).items():
-            self._set_option(opt, v)  # the design's own rules
+            self.options[opt] = v  # the design's rules between its options and the backbone
 
-    def _validate_recorded_options(self, spec: Design) -> None:
-        "Recorded option fields: reject the ones the design does not take, fill its defaults, check values."
-        for opt, (check, rule) in RECORDED_OPTIONS.items():
-            v = getattr(self, opt)
+    def _validate_options(self, spec: Design) -> None:
+        "Only the design's own options (None: unset); its DesignOptions class fills the defaults and checks them."
+        given = {k: v for k, v in self.options.items() if v is not None}
+        for opt, v in given.items():
             if opt not in spec.option_names:
-                if v is not None:
-                    raise _option_error(opt, v, spec)
-                continue
-            if v is None and opt in spec.defaults:
-                v = spec.defaults[opt]
-                object.__setattr__(self, opt, v)
-            if v is not None and not check(v):
-                raise ConfigError(f"{opt}={short_repr(v)} is invalid for {spec.name}: must be {rule}")
-
-    def _validate_owned_options(self, spec: Design) -> None:
-        "Design-owned options: only the design's own; its DesignOptions class fills defaults and checks them."
-        for opt, v in self.options.items():
-            if opt not in spec.option_names or not isinstance(spec.options, type):
                 raise _option_error(opt, v, spec)
-        if not isinstance(spec.options, type):
+        if not spec.option_names:
+            object.__setattr__(self, "options", {})
             return
         try:
-            values = spec.options(**self.options)
+            values = spec.options(**given)
         except ConfigError as e:
             raise ConfigError(f"{spec.name} options: {e}") from None
         object.__setattr__(self, "options", {f.name: getattr(values, f.name) for f in fields(values)})
-
-    def _set_option(self, opt: str, v) -> None:
-        if opt in self.options:
-            self.options[opt] = v
-        else:
-            object.__setattr__(self, opt, v)
 
     @property
     def head_dim(self) -> int:

@@ -13,7 +13,16 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .config import ConfigError, Design, ModelConfig, _choice_error, register_design
+from depthbench_nb.config import (
+    ConfigError,
+    Design,
+    DesignOptions,
+    ModelConfig,
+    _choice_error,
+    option,
+    positive_int,
+    register_design,
+)
 from .kernels import relu_squared, rms_norm
 from .layers import KVCache, RMSNorm, causal_mask, rope_angles
 from .model import DepthModel
@@ -22,10 +31,11 @@ from .shapes import ParamCount
 # %% auto #0
 __all__ = ['PAPER_DEPTH', 'PAPER_VOCAB', 'PAPER_REAL_VOCAB', 'PAPER_SEQ_LEN', 'PAPER_BATCH_TOKENS', 'PAPER_HEAD_DIM', 'N_PRELUDE',
            'N_CODA', 'INJECTIONS', 'BASELINE_WIDTHS', 'TBPTT_WIDTHS', 'HC_WIDTHS', 'CASE_STUDY_BUDGETS',
-           'GRID_VARIANTS', 'GRID_COLUMNS', 'LoopLayout', 'backward_window', 'loop_layout', 'looped_config',
-           'looped_block_params', 'injection_params', 'LoopedParams', 'looped_params', 'count_looped_params',
-           'flops_per_token', 'steps_for_budget', 'tokens_for_budget', 'tokens_for_param_ratio', 'looped_grid_row',
-           'looped_grid_rows', 'looped_rope', 'LoopedAttention', 'LoopedMLP', 'LoopedBlock', 'LoopedLM', 'build_looped']
+           'GRID_VARIANTS', 'GRID_COLUMNS', 'LoopLayout', 'backward_window', 'LoopedOptions', 'loop_layout',
+           'looped_config', 'looped_block_params', 'injection_params', 'LoopedParams', 'looped_params',
+           'count_looped_params', 'flops_per_token', 'steps_for_budget', 'tokens_for_budget', 'tokens_for_param_ratio',
+           'looped_grid_row', 'looped_grid_rows', 'looped_rope', 'LoopedAttention', 'LoopedMLP', 'LoopedBlock',
+           'LoopedLM', 'build_looped']
 
 # %% ../nbs/01d_looped.ipynb #e8104e29
 PAPER_DEPTH = 20  # effective depth of every model in the paper
@@ -74,6 +84,25 @@ class LoopLayout:
 def backward_window(r: int, truncated_bptt: bool) -> int:
     "Iterations that carry gradients: ⌈r/2⌉ under truncated BPTT (§5.1, following Parcae), else all r."
     return math.ceil(r / 2) if truncated_bptt else r
+
+
+INJECTIONS = ("linear", "additive", "passthrough", "hc")  # how the loop re-reads the prelude's output (§3)
+
+
+@dataclass(frozen=True)
+class LoopedOptions(DesignOptions):
+    """The looped design's options (Looped LMs, arXiv 2604.21106 §3): recurrence r, the injection, truncated BPTT,
+    loop hyper-connection lanes, the logit soft-cap (15, `kschwethelm/looped-lm-scaling`, `nanochat/gpt.py`) and the
+    tokenizer's vocabulary the logits are sliced to. The rules that involve the backbone are `_looped_options`."""
+
+    recurrence: int = option(4, "a positive integer r dividing 16 (1, 2, 4, 8, 16)", positive_int)
+    injection: str = option("linear", "'linear', 'additive', 'passthrough' or 'hc'", INJECTIONS.__contains__)
+    truncated_bptt: bool = option(False, "a bool (gradients through the last ceil(r/2) iterations only)")
+    hc_lanes: Optional[int] = option(None, "a positive integer K (loop hyper-connection lanes)", positive_int)
+    logit_softcap: float = option(15.0, "a positive number", lambda v: v > 0)
+    real_vocab_size: Optional[int] = option(
+        None, "a positive integer ≤ vocab_size (the tokenizer's; the LM head is padded to vocab_size)", positive_int
+    )
 
 
 def _looped_options(cfg: ModelConfig) -> dict:
@@ -128,9 +157,6 @@ def loop_layout(cfg: ModelConfig) -> LoopLayout:
         backward_window(r, bool(cfg.truncated_bptt)),
         cfg.hc_lanes if cfg.injection == "hc" else 0,
     )
-
-
-INJECTIONS = ("linear", "additive", "passthrough", "hc")
 
 # %% ../nbs/01d_looped.ipynb #9670019f
 def looped_config(
@@ -636,8 +662,7 @@ register_design(
         shared_init=False,
         metrics=(),
         importer="the looped paper's checkpoints have no OLMo-core fork layout to import",
-        options=("recurrence", "injection", "truncated_bptt", "hc_lanes", "logit_softcap", "real_vocab_size"),
-        defaults=dict(recurrence=4, injection="linear", truncated_bptt=False, logit_softcap=15.0),
+        options=LoopedOptions,
         validate=_looped_options,
         ffn_rule="4d",
         run_tag=lambda cfg: f"r{cfg.recurrence}-",

@@ -20,12 +20,15 @@ import torch.nn as nn
 from depthbench_nb.config import (
     ConfigError,
     Design,
+    DesignOptions,
     ForkNames,
     ModelConfig,
     ResourceError,
     available_memory,
     format_bytes,
     memory_check_enabled,
+    option,
+    positive_int,
     register_design,
     resolve_arch,
 )
@@ -50,10 +53,11 @@ __all__ = ['SAME', 'SQUEEZE0', 'FLATTEN', 'PLAIN_FORK', 'PERILN_FORK', 'KEEL_FOR
            'LNSBlock', 'build_lns', 'lns_norm_gain', 'DeepNormBlock', 'build_deepnorm', 'KEELBlock', 'build_keel',
            'HCConnector', 'MHCConnector', 'log_sinkhorn', 'log_sinkhorn_fused', 'MHCNativeConnector',
            'MHCStaticConnector', 'MultiStreamBlock', 'MultiStreamTransformer', 'multistream_init',
-           'connector_fork_names', 'multistream_mixing_bytes', 'hc_connector', 'build_hc', 'mhc_connector', 'build_mhc',
-           'attnres_sources_per_site', 'attnres_site_split', 'attnres_mixing_bytes', 'AttnResMixer', 'AttnResBlock',
-           'AttnResTransformer', 'attnres_flops', 'attnres_activations', 'attnres_fork_names', 'attnres_fork',
-           'full_attnres_groups', 'build_attnres', 'block_attnres_groups', 'build_block_attnres', 'MoDABlock',
+           'connector_fork_names', 'multistream_mixing_bytes', 'StreamOptions', 'HCOptions', 'hc_connector', 'build_hc',
+           'MHCOptions', 'mhc_connector', 'build_mhc', 'attnres_sources_per_site', 'attnres_site_split',
+           'attnres_mixing_bytes', 'AttnResMixer', 'AttnResBlock', 'AttnResTransformer', 'attnres_flops',
+           'attnres_activations', 'attnres_fork_names', 'attnres_fork', 'full_attnres_groups', 'build_attnres',
+           'BlockAttnResOptions', 'block_attnres_groups', 'build_block_attnres', 'MoDAOptions', 'MoDABlock',
            'DepthSlots', 'build_moda', 'moda_mixing_bytes']
 
 # %% ../nbs/01c_model.ipynb #b4af3bf2
@@ -989,6 +993,24 @@ def _multistream_activations(cfg: ModelConfig, bytes_per_elem: int) -> int:
     return cfg.n_sublayers * 2 * cfg.hc_streams * cfg.d_model * bytes_per_elem
 
 # %% ../nbs/01c_model.ipynb #a45fbb12
+@dataclass(frozen=True)
+class StreamOptions(DesignOptions):
+    "The option HC and mHC share: the number of residual streams (n = 4 in both papers' runs)."
+
+    hc_streams: int = option(4, "a positive integer (number of residual streams n)", positive_int)
+
+
+@dataclass(frozen=True)
+class HCOptions(StreamOptions):
+    """HC's options (Hyper-Connections, arXiv 2409.19606): the stream update (`mixed`, the official block's rule, or
+    `unmixed`, its earlier one; see above) and tanh on the dynamic terms."""
+
+    hc_update: str = option(
+        "mixed", "'mixed' (H' ← C_{t+1} + beta F) or 'unmixed' (H' ← H + beta F)", ("mixed", "unmixed").__contains__
+    )
+    hc_tanh: bool = option(True, "a bool (tanh on the dynamic HC terms)")
+
+
 def hc_connector(cfg: ModelConfig, k: int) -> HCConnector:
     "The HC connector of sublayer `k` (streams, tanh and update rule from the config)."
     return HCConnector(cfg.d_model, cfg.hc_streams, k, use_tanh=cfg.hc_tanh, mixed=cfg.hc_update == "mixed")
@@ -1057,8 +1079,7 @@ register_design(
         check_init=_hc_init,
         metrics=("mixing", "usefulness", "residual_path"),
         importer=HC_FORK,
-        options=("hc_streams", "hc_update", "hc_tanh"),
-        defaults=dict(hc_streams=4, hc_update="mixed", hc_tanh=True),
+        options=HCOptions,
         activation_bytes=_multistream_activations,
         mixing_bytes=multistream_mixing_bytes,
         micro_batch_cap=8,
@@ -1067,6 +1088,16 @@ register_design(
 
 # %% ../nbs/01c_model.ipynb #5b971efb
 MHC_BACKENDS = {"liger": MHCConnector, "native": MHCNativeConnector, "static": MHCStaticConnector}
+
+
+@dataclass(frozen=True)
+class MHCOptions(StreamOptions):
+    "mHC's options: the connector backend (the official Liger kernel's by default) and its Sinkhorn iterations."
+
+    mhc_backend: str = option(
+        "liger", "'liger' (standard), 'native' or 'static' (the mhc_static ablation)", MHC_BACKENDS.__contains__
+    )
+    sinkhorn_iters: int = option(20, "a positive integer", positive_int)
 
 
 def mhc_connector(cfg: ModelConfig, k: int) -> nn.Module:
@@ -1197,8 +1228,7 @@ register_design(
         check_init=_mhc_init,
         metrics=("mixing", "usefulness", "residual_path"),
         importer=MHC_FORK,
-        options=("hc_streams", "mhc_backend", "sinkhorn_iters"),
-        defaults=dict(hc_streams=4, mhc_backend="liger", sinkhorn_iters=20),
+        options=MHCOptions,
         activation_bytes=_multistream_activations,
         mixing_bytes=multistream_mixing_bytes,
         micro_batch_cap=8,
@@ -1517,6 +1547,14 @@ register_design(
 )
 
 # %% ../nbs/01c_model.ipynb #9748f4a3
+@dataclass(frozen=True)
+class BlockAttnResOptions(DesignOptions):
+    "Block AttnRes's grouping: a block size S or a block count N (neither: 8 blocks, at most one per sublayer)."
+
+    attnres_block_size: Optional[int] = option(None, "a positive integer number of sublayers per block", positive_int)
+    attnres_num_blocks: Optional[int] = option(None, "a positive integer number of blocks", positive_int)
+
+
 def block_attnres_groups(cfg: ModelConfig) -> list[int]:
     "Sublayers per group over the 2L sublayers: S each (the last one short), or N groups differing by at most one."
     n_sub = cfg.n_sublayers
@@ -1578,12 +1616,19 @@ register_design(
         check_init=_attnres_init,
         metrics=("dead_zone", "residual_path"),
         importer=attnres_fork(_block_attnres_prepare),
-        options=("attnres_block_size", "attnres_num_blocks"),
+        options=BlockAttnResOptions,
         validate=_block_attnres_options,
     )
 )
 
 # %% ../nbs/01c_model.ipynb #450676f8
+@dataclass(frozen=True)
+class MoDAOptions(DesignOptions):
+    "MoDA's option: whether each FFN also writes a depth K/V pair through its own projection W_kv (the official default)."
+
+    moda_ffn_kv: bool = option(True, "a bool (extra FFN depth K/V projection)")
+
+
 class MoDABlock(Block):
     "Pre-LN whose attention also reads the depth slots of earlier sublayers; writes its own (and an FFN pair via W_kv)."
 
@@ -1727,8 +1772,7 @@ register_design(
         check_init=_moda_init,
         metrics=("usefulness", "residual_path"),
         importer=MODA_FORK,
-        options=("moda_ffn_kv",),
-        defaults=dict(moda_ffn_kv=True),
+        options=MoDAOptions,
         activation_bytes=lambda cfg, bytes_per_elem: 2 * cfg.n_sublayers * _moda_kv_width(cfg) * bytes_per_elem,
         mixing_bytes=moda_mixing_bytes,
         depth_cache_bytes=lambda cfg, bytes_per_elem: 2 * cfg.n_sublayers * _moda_kv_width(cfg) * bytes_per_elem,

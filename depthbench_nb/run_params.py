@@ -15,7 +15,6 @@ from depthbench_nb.config import (
     ARCHS,
     DESIGN_OPTIONS,
     FAMILIES,
-    RECORDED_OPTIONS,
     ConfigError,
     DataConfig,
     ModelConfig,
@@ -24,6 +23,7 @@ from depthbench_nb.config import (
     _choice_error,
     _type_ok,
     ffn_hidden_default,
+    paper_designs,
     resolve_arch,
 )
 from .console import parse_literal
@@ -69,6 +69,13 @@ def _param(help: str, default=None, **cli) -> Any:
 def _init_seed_arg(text: str):
     "--init-seed: 'official', 'tied' or an integer."
     return text if text in INIT_SEEDS else parse_literal(text)
+
+
+def _paper_options() -> dict:
+    """The options of the papers' designs, name -> (check, rule): the parameters cell lists them (any other design's
+    options pass by name, so a new design never changes the notebook)."""
+    names = {o for paper in ("depthbench", "looped") for a in paper_designs(paper) for o in ARCHS[a].option_names}
+    return {k: rule for k, rule in DESIGN_OPTIONS.items() if k in names}
 
 
 @dataclass
@@ -170,7 +177,7 @@ class RunParams:
         """The source of 10_train's parameters cell: every parameter and design option with its default (or `values`)
         and help."""
         rows = [(f.name, values.get(f.name, f.default), f.metadata["help"]) for f in fields(cls) if f.name != "options"]
-        rows += [(k, values.get(k), rule) for k, (_, rule) in RECORDED_OPTIONS.items() if k != "recurrence"]
+        rows += [(k, values.get(k), rule) for k, (_, rule) in _paper_options().items() if k != "recurrence"]
         return "\n".join(_assignment(k, v, h) for k, v, h in rows)
 
     def resolve(self, verbose: bool = True) -> RunConfig:
