@@ -1624,7 +1624,7 @@ register_design(
 # %% ../nbs/01c_model.ipynb #450676f8
 @dataclass(frozen=True)
 class MoDAOptions(DesignOptions):
-    "MoDA's option: whether each FFN also writes a depth K/V pair through its own projection W_kv (the official default)."
+    "MoDA's option: whether each FFN also writes a depth K/V pair through its own W_kv (the official default)."
 
     moda_ffn_kv: bool = option(True, "a bool (extra FFN depth K/V projection)")
 
