@@ -722,7 +722,7 @@ def test_the_readme_design_with_an_option_runs_as_written():
         model = build_model(tiny_config("gated", gate_start=0.5))
         assert all(b.gate.item() == 0.5 for b in model.blocks)  # the one init entry point used the option
         assert "--gate-start" in train_parser().format_help()
-        with pytest.raises(ConfigError, match="gate_start must be > 0"):
+        with pytest.raises(ConfigError, match="gate_start=0.0 is invalid: must be a positive number"):
             tiny_config("gated", gate_start=0.0)
     finally:
         unregister_design("gated")
