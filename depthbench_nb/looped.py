@@ -13,7 +13,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .config import ConfigError, Design, ModelConfig, _choice_error, register_design
+from .config import ConfigError, Design, ModelConfig, _choice_error, register_design, resolve_arch
 from .kernels import relu_squared, rms_norm
 from .layers import KVCache, RMSNorm, causal_mask, rope_angles
 from .model import DepthModel
@@ -109,7 +109,7 @@ def _looped_options(cfg: ModelConfig) -> dict:
 def loop_layout(cfg: ModelConfig) -> LoopLayout:
     """The layout of a looped `ModelConfig` (its options were checked by `_looped_options`; raises when the depth cannot
     be split)."""
-    if cfg.family != "looped":
+    if "recurrence" not in resolve_arch(cfg.arch).option_names:  # a design that takes no loop option
         raise ConfigError(f"loop_layout needs a looped config, got arch {cfg.arch!r}")
     r, L = cfg.recurrence, cfg.n_layer
     if r == 1:
