@@ -229,9 +229,9 @@ def _check_attnres_skip(model: DepthModel, idx, b, s_states, atol) -> CheckResul
     )
 
 # %% ../nbs/02b_checks.ipynb #bed63f8e
-def _generic_init(model: DepthModel) -> Optional[str]:
+def _generic_init(model: DepthModel, default_init_modules: tuple = ()) -> Optional[str]:
     std = model.config.init_std
-    exempt = {f"blocks.{b}.{n}" for b, blk in enumerate(model.blocks) for n in getattr(blk, "default_init_modules", ())}
+    exempt = {f"blocks.{b}.{n}" for b in range(len(model.blocks)) for n in default_init_modules}
     for name, m in model.named_modules():
         if name in exempt:
             continue  # a design's module that keeps PyTorch's default init (its check_init checks it)
@@ -246,7 +246,7 @@ def check_init(model: DepthModel, idx: torch.Tensor, atol: float = 1e-5) -> Chec
     "The shared init rule (unless the design has its own), then the invariants the design's registry entry states."
     design = resolve_arch(model.config.arch)
     if design.shared_init:
-        err = _generic_init(model)
+        err = _generic_init(model, design.default_init_modules)
         if err:
             return _fail(err)
     err = design.check_init(model, idx, atol)

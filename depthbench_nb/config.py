@@ -32,12 +32,12 @@ __all__ = ['EXIT_OK', 'EXIT_NOT_DONE', 'EXIT_ERROR', 'EXIT_INTERRUPTED', 'MESSAG
            'RECORD_OPTION_KEYS', 'DESIGN_OPTIONS', 'OPTIMIZERS', 'SCHEDULES', 'PRECISIONS', 'EVAL_SETS', 'LOCK_FILE',
            'ConfigError', 'CorruptFile', 'UnsafeFile', 'FolderBusy', 'RunBusy', 'ResourceError', 'RunInterrupted',
            'short_repr', 'ForkNames', 'Design', 'Family', 'register_family', 'load_plugins', 'paper_designs',
-           'register_design', 'unregister_design', 'arch_names', 'resolve_arch', 'family_of', 'option', 'positive_int',
-           'Config', 'config_hash', 'config_diff', 'ffn_hidden_default', 'DesignOptions', 'ModelConfig', 'DataConfig',
-           'TrainConfig', 'RunConfig', 'identity_content', 'operational_changes', 'package_dir', 'repo_root',
-           'runs_root', 'runs_root_reason', 'cache_dir', 'atomic_write_bytes', 'atomic_write_text', 'atomic_write_json',
-           'available_memory', 'memory_check_enabled', 'format_bytes', 'holder_alive', 'describe_holder', 'FolderLock',
-           'lock_holder']
+           'register_design', 'unregister_design', 'arch_names', 'resolve_arch', 'family_of', 'uses_shared_recipe',
+           'recipe_designs', 'option', 'positive_int', 'Config', 'config_hash', 'config_diff', 'ffn_hidden_default',
+           'DesignOptions', 'ModelConfig', 'DataConfig', 'TrainConfig', 'RunConfig', 'identity_content',
+           'operational_changes', 'package_dir', 'repo_root', 'runs_root', 'runs_root_reason', 'cache_dir',
+           'atomic_write_bytes', 'atomic_write_text', 'atomic_write_json', 'available_memory', 'memory_check_enabled',
+           'format_bytes', 'holder_alive', 'describe_holder', 'FolderLock', 'lock_holder']
 
 # %% ../nbs/00b_config.ipynb #535214f5
 class ConfigError(ValueError):
@@ -165,6 +165,7 @@ class Design:
     ffn_rule: str = "8/3"  # the FFN width when ffn_hidden is None
     micro_batch_cap: int = 16  # sequences per forward pass on a GPU (the official launchers)
     shared_init: bool = True  # DepthBench's truncated-normal init (False: check_init covers it all)
+    default_init_modules: tuple = ()  # block modules keeping PyTorch's default init: exempt from the ±3σ rule
     run_tag: Optional[Callable] = None  # cfg -> a run id tag such as 'r4-'
     grids: dict = field(default_factory=dict)  # named grids the design brings: name -> callable(variant) -> rows
     llama_norm_gain: Optional[Callable] = (
@@ -364,6 +365,19 @@ def family_of(arch) -> Optional[str]:
         return resolve_arch(arch).family
     except ConfigError:
         return None
+
+
+def uses_shared_recipe(arch) -> bool:
+    """Whether runs of `arch` are trained, costed and tabled with DepthBench's recipe and report: its family's
+    `shared_recipe` (False: the looped paper's own recipe and report). A run record of a design no longer registered
+    has no family and stays with DepthBench's report."""
+    family = family_of(arch)
+    return family is None or FAMILIES[family].shared_recipe
+
+
+def recipe_designs(shared: bool = True) -> list[str]:
+    "The registered designs on DepthBench's recipe (`shared=False`: on the looped paper's own), in registry order."
+    return [name for name, d in ARCHS.items() if FAMILIES[d.family].shared_recipe == shared]
 
 # %% ../nbs/00b_config.ipynb #f32c7fae
 RECORD_OPTION_KEYS = (

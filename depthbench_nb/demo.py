@@ -15,11 +15,11 @@ from typing import Annotated, Optional
 import pandas as pd
 
 from . import sweep
-from .config import ConfigError, DataConfig, RunInterrupted, family_of, runs_root
+from .config import ConfigError, DataConfig, RunInterrupted, runs_root
 from .data import prepare
 from .diagnostics import applicable_metrics, run_diagnostics
 from .report_cli import run_report_notebooks
-from .report_common import completed, normalize_runs, run_folder
+from .report_common import completed, normalize_runs, recipe_runs, run_folder
 from .runs import read_params, read_result
 from .shapes import PRESETS
 from .console import Arg, call_parsed, emit
@@ -79,9 +79,9 @@ def diagnose_study(
     eval_limit: int = 16,
     progress: bool = True,
 ) -> list[dict]:
-    """Diagnose the completed non-looped runs of a study that have no diagnostics yet (metrics that apply to each
-    design)."""
-    todo = completed(df[df["arch"].map(family_of) != "looped"]) if len(df) else df
+    """Diagnose the completed runs on DepthBench's recipe of a study that have no diagnostics yet (metrics that apply
+    to each design)."""
+    todo = completed(df[recipe_runs(df)]) if len(df) else df
     out = []
     for i, (_, r) in enumerate(todo.iterrows()):
         folder = run_folder(r)

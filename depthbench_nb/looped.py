@@ -22,6 +22,7 @@ from depthbench_nb.config import (
     option,
     positive_int,
     register_design,
+    resolve_arch,
 )
 from .kernels import relu_squared, rms_norm
 from .layers import KVCache, RMSNorm, causal_mask, rope_angles
@@ -138,7 +139,7 @@ def _looped_options(cfg: ModelConfig) -> dict:
 def loop_layout(cfg: ModelConfig) -> LoopLayout:
     """The layout of a looped `ModelConfig` (its options were checked by `_looped_options`; raises when the depth cannot
     be split)."""
-    if cfg.family != "looped":
+    if "recurrence" not in resolve_arch(cfg.arch).option_names:  # a design that takes no loop option
         raise ConfigError(f"loop_layout needs a looped config, got arch {cfg.arch!r}")
     r, L = cfg.recurrence, cfg.n_layer
     if r == 1:

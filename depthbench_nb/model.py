@@ -1632,8 +1632,6 @@ class MoDAOptions(DesignOptions):
 class MoDABlock(Block):
     "Pre-LN whose attention also reads the depth slots of earlier sublayers; writes its own (and an FFN pair via W_kv)."
 
-    default_init_modules = ("depth_kv",)  # W_kv keeps nn.Linear's default init: exempt from the shared ±3σ rule
-
     def __init__(self, cfg: ModelConfig, index: int):
         super().__init__(cfg, index)
         if cfg.moda_ffn_kv and index < cfg.n_layer - 1:
@@ -1770,6 +1768,7 @@ register_design(
         forward_flops=lambda cfg: 4.0 * cfg.d_model * cfg.n_layer * (cfg.n_layer - 1),
         matmul_params=_moda_matmul,
         check_init=_moda_init,
+        default_init_modules=("depth_kv",),  # W_kv keeps nn.Linear's default init: exempt from the shared ±3σ rule
         metrics=("usefulness", "residual_path"),
         importer=MODA_FORK,
         options=MoDAOptions,

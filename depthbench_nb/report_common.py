@@ -22,6 +22,7 @@ from depthbench_nb.config import (
     atomic_write_text,
     package_dir,
     runs_root,
+    uses_shared_recipe,
 )
 from .runs import list_runs, read_params, read_result
 from .shapes import count_params
@@ -30,9 +31,9 @@ from .shapes import count_params
 __all__ = ['REFERENCE_FILES', 'ACCOUNTING_LABEL', 'PAPER_LABEL', 'PAPER_PRESETS', 'PAPER_STATUSES', 'RUN_COLUMNS',
            'reference_table', 'Scale', 'study_scale', 'markdown_table', 'Report', 'PaperItem', 'paper_item_index',
            'normalize_runs', 'scan_study', 'study_table', 'completed', 'run_folder', 'load_diagnostics', 'best_lr_rows',
-           'status_section', 'PaperPlan', 'as_number', 'is_present', 'record_field', 'planned_steps', 'planned_tokens',
-           'run_comparability', 'scale_label', 'RunScale', 'themed_pyplot', 'lr_sensitivity_figure', 'show_report',
-           'show_artifact', 'show_missing']
+           'recipe_runs', 'status_section', 'PaperPlan', 'as_number', 'is_present', 'record_field', 'planned_steps',
+           'planned_tokens', 'run_comparability', 'scale_label', 'RunScale', 'themed_pyplot', 'lr_sensitivity_figure',
+           'show_report', 'show_artifact', 'show_missing']
 
 # %% ../nbs/06a_reports.ipynb #68cac690
 REFERENCE_FILES = {"depthbench": "depthbench_paper.csv", "looped": "looped_paper.csv"}
@@ -378,6 +379,12 @@ def best_lr_rows(df: pd.DataFrame, keys=("arch", "n_layer", "d_model")) -> pd.Da
     return out.sort_values(list(keys)).reset_index(drop=True)
 
 # %% ../nbs/06a_reports.ipynb #cc53a53d
+def recipe_runs(df: pd.DataFrame, shared: bool = True) -> pd.Series:
+    """The rows of run records `df` on DepthBench's recipe, which its report reads (`shared=False`: on the looped
+    paper's own, which the looped report reads), as each design's registry entry says (`uses_shared_recipe`)."""
+    return df["arch"].map(uses_shared_recipe).astype(bool) == shared
+
+
 def status_section(rep: Report, df: pd.DataFrame, family_mask) -> pd.DataFrame:
     "Counts per status of the report's runs and the non-completed runs; notes a study without runs."
     sub = df[family_mask(df)] if len(df) else df

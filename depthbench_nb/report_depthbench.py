@@ -16,8 +16,8 @@ import pandas as pd
 from depthbench_nb.config import (
     ARCHS,
     ConfigError,
-    family_of,
     paper_designs,
+    recipe_designs,
     runs_root,
 )
 from .costs import cost_row, measured_costs
@@ -38,6 +38,7 @@ from depthbench_nb.report_common import (
     paper_item_index,
     planned_tokens,
     record_field,
+    recipe_runs,
     reference_table,
     run_comparability,
     run_folder,
@@ -96,15 +97,11 @@ SCALE_PRESETS = (
 )  # the paper's scales, smallest first
 
 
-def _not_looped(df):
-    return df["arch"].map(family_of) != "looped"
-
-
 def _arch_palette(archs) -> dict:
     "One colour per design, the same in every DepthBench figure."
     import seaborn as sns
 
-    order = [a for a in ARCHS if ARCHS[a].family != "looped"]
+    order = recipe_designs()
     colours = sns.color_palette("tab10", len(order))
     return {a: colours[order.index(a) % len(colours)] if a in order else (0.4, 0.4, 0.4) for a in archs}
 
@@ -406,7 +403,7 @@ def depthbench_loss_section(rep: Report, df: pd.DataFrame, notes: Optional[dict]
     preset, LR sensitivity. Figure 2 is partial where a design x shape of the paper's figure or its fixed-backbone
     panel has no run."""
     notes = {} if notes is None else notes
-    best = best_lr_rows(df[_not_looped(df)] if len(df) else df, keys=("arch", "preset", "n_layer", "d_model"))
+    best = best_lr_rows(df[recipe_runs(df)] if len(df) else df, keys=("arch", "preset", "n_layer", "d_model"))
     paper = _paper_val_loss_table(rep)
     if not len(best):
         rep.note_missing(
@@ -415,7 +412,7 @@ def depthbench_loss_section(rep: Report, df: pd.DataFrame, notes: Optional[dict]
         )
         return best
     best = with_comparability(best)
-    done = completed(df[_not_looped(df)]).dropna(subset=["final_val_loss"])
+    done = completed(df[recipe_runs(df)]).dropna(subset=["final_val_loss"])
     at_400m = _val_loss_table(rep, best, done, paper)
     diffs = [_scale_note(best)] + _lr_notes(done, best)
     notes["Figure 2"] = diffs
@@ -587,7 +584,7 @@ def depthbench_heatmap_section(rep: Report, diag: list, notes: dict):
             rep.gap(
                 item,
                 f"the paper draws nine designs at L = 32; diagnosed here: {len(archs)} "
-                f"(not: {', '.join(a for a in ARCHS if ARCHS[a].family != 'looped' and a not in archs)})",
+                f"(not: {', '.join(a for a in recipe_designs() if a not in archs)})",
             )
         if key != "angular":
             _design_gap(rep, item, archs, f"without {key} maps")
@@ -1010,7 +1007,7 @@ def depthbench_domain_nll_section(rep: Report, diag: list, notes: dict):
     diffs = [_scale_note(pd.DataFrame([r for r, _ in diag])), "; ".join(status)]
     if absent:
         rep.gap("Figure 4", f"sets not evaluated (not reachable here): {', '.join(absent)}")
-    designs = [a for a in ARCHS if ARCHS[a].family != "looped"]
+    designs = recipe_designs()
     if not set(designs) <= set(t.arch):
         rep.gap("Figure 4", f"designs without domain NLL: {', '.join(a for a in designs if a not in set(t.arch))}")
     notes["Figure 4"] = diffs
@@ -1168,7 +1165,7 @@ def _table3_section(rep: Report, ref: pd.DataFrame) -> None:
 
 
 def _costed_designs() -> list[str]:
-    "The registered non-looped designs with a closed-form parameter count (the rows of the cost tables)."
+    "The registered designs on DepthBench's recipe with a closed-form parameter count (the rows of the cost tables)."
     s24 = shape_for("400m", 24)
 
     def counted(a):  # a design registered at run time without a closed-form count (a notebook's example) has no row
@@ -1178,7 +1175,7 @@ def _costed_designs() -> list[str]:
         except ConfigError:
             return False
 
-    return [a for a in ARCHS if ARCHS[a].family != "looped" and counted(a)]
+    return [a for a in recipe_designs() if counted(a)]
 
 
 def _architecture_table(rep: Report, archs: list[str]) -> None:
@@ -1377,7 +1374,7 @@ def depthbench_costs_section(rep: Report, df: pd.DataFrame, notes: Optional[dict
         "defines it (every design the same), MoDA's depth cache as its own column, memory",
         label=ACCOUNTING_LABEL,
     )
-    done = completed(df[_not_looped(df)]) if len(df) else df
+    done = completed(df[recipe_runs(df)]) if len(df) else df
     gpu, rank = _gpu_hours_tables(rep, costs, done)
     _costs_figure(rep, costs, gpu, rank, notes)
     _measured_costs_table(rep, done)
@@ -1475,7 +1472,7 @@ def build_depthbench_report(
     df = normalize_runs(df)
     if len(df):
         df = df.assign(preset=df["preset"].fillna("unknown"))
-    mine = df[_not_looped(df)] if len(df) else df
+    mine = df[recipe_runs(df)] if len(df) else df
     base = study_scale(mine, study)
     done = with_comparability(completed(mine)) if len(completed(mine)) else None
     n_ok = int(done["comparable"].sum()) if done is not None else 0
@@ -1491,7 +1488,7 @@ def build_depthbench_report(
         expected=DEPTHBENCH_ARTIFACTS,
     )
     notes: dict = {}
-    status_section(rep, df, _not_looped)
+    status_section(rep, df, recipe_runs)
     best = depthbench_loss_section(rep, df, notes)
     depthbench_scales_section(rep, best, notes)
     depthbench_diagnostics_section(rep, best, notes)

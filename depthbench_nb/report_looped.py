@@ -17,7 +17,6 @@ import pandas as pd
 
 from depthbench_nb.config import (
     ConfigError,
-    family_of,
     runs_root,
 )
 from .runs import read_params
@@ -34,6 +33,7 @@ from depthbench_nb.report_common import (
     normalize_runs,
     paper_item_index,
     planned_tokens,
+    recipe_runs,
     record_field,
     reference_table,
     run_comparability,
@@ -234,11 +234,7 @@ def looped_frame(df: pd.DataFrame) -> pd.DataFrame:
     from depthbench_nb.sweep import flatten
     from depthbench_nb.run_params import total_steps
 
-    done = (
-        completed(df[df["arch"].map(family_of) == "looped"]).dropna(subset=["final_val_loss"])
-        if len(df)
-        else df.iloc[0:0]
-    )
+    done = completed(df[recipe_runs(df, shared=False)]).dropna(subset=["final_val_loss"]) if len(df) else df.iloc[0:0]
     rows = []
     for _, r in done.iterrows():
         run = read_params(run_folder(r))
@@ -1623,8 +1619,9 @@ LOOPED_INDEX_CAPTION = (
 )
 
 
-def _is_looped(d: pd.DataFrame) -> pd.Series:
-    return d["arch"].map(family_of) == "looped"
+def _own_recipe_runs(d: pd.DataFrame) -> pd.Series:
+    "The runs this report reads: designs on the looped paper's own recipe (`Family.shared_recipe` False)."
+    return recipe_runs(d, shared=False)
 
 
 def _looped_runs_with_related(df: pd.DataFrame, related: list) -> pd.DataFrame:
@@ -1752,7 +1749,7 @@ def build_looped_report(
     looped_fig3_definitions_section(rep, paper)
     looped_paper_optima_section(rep, paper, effort)
     if from_runs:
-        status_section(rep, df, _is_looped)
+        status_section(rep, df, _own_recipe_runs)
     if not len(lf):
         return _finish_without_runs(rep)
     own = lf[lf.study == study] if "study" in lf else lf

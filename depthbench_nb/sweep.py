@@ -41,11 +41,11 @@ from depthbench_nb.config import (
     atomic_write_bytes,
     atomic_write_json,
     atomic_write_text,
-    family_of,
     lock_holder,
     package_dir,
     runs_root,
     short_repr,
+    uses_shared_recipe,
 )
 from depthbench_nb.runs import (
     PEAK_BF16_FLOPS,
@@ -1225,7 +1225,7 @@ def _record_row(study: str, group, status: str, run: RunConfig, params: dict, re
         arch=m.arch,
         L=m.n_layer,
         d_model=m.d_model,
-        r=params.get("r", m.recurrence if m.family == "looped" else None),
+        r=params.get("r", None if uses_shared_recipe(m.arch) else m.recurrence),
         s=params.get("s"),
         C=params.get("C"),
         lr=run.train.lr,
@@ -1268,7 +1268,7 @@ def looped_fit_table(df: pd.DataFrame, provenance: str = "real") -> pd.DataFrame
     "The `fit --law looped` table of a collected study's completed looped runs (configs read from params.json)."
     from depthbench_nb.looped import looped_params
 
-    done = df[(df.arch.map(family_of) == "looped") & (df.status == "completed")]
+    done = df[~df.arch.map(uses_shared_recipe).astype(bool) & (df.status == "completed")]
     rows = []
     for _, row in done.iterrows():
         cfg = read_params(runs_root() / row.study / row.run_id).model

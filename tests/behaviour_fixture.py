@@ -220,8 +220,8 @@ def _looped_report(tmp: Path) -> dict:
     import numpy as np
     from depthbench_nb.looped import looped_grid_rows, looped_params
     from depthbench_nb.report_looped import build_looped_report
-    from depthbench_nb.runs import provenance, run_dir, write_params, write_result
     from depthbench_nb.run_params import make_run_config
+    from looped_records import write_looped_record
 
     law = dict(E=1.56773, A=28.027, B=915.82, alpha=0.19924, beta=0.36863, phi=0.459)
     rng = np.random.default_rng(0)
@@ -236,32 +236,7 @@ def _looped_report(tmp: Path) -> dict:
             + law["B"] * run.train.tokens ** -law["beta"]
             + 0.003 * rng.standard_normal()
         )
-        folder = run_dir(run)
-        folder.mkdir(parents=True, exist_ok=True)
-        write_params(folder, run)
-        write_result(
-            folder,
-            dict(
-                status="completed",
-                run_id=run.run_id,
-                study=run.study,
-                arch="looped",
-                n_layer=run.model.n_layer,
-                d_model=run.model.d_model,
-                preset=run.preset,
-                lr=run.train.lr,
-                seed=run.train.seed,
-                steps=run.train.tokens // (run.train.seq_len * run.train.global_batch),
-                tokens=run.train.tokens,
-                final_val_loss=loss,
-                best_val_loss=loss,
-                wall_time_s=0.0,
-                train_flops=None,
-                params_total=None,
-                params_backbone=None,
-                provenance=provenance(),
-            ),
-        )
+        write_looped_record(run, loss, note=None)
     build_looped_report("looped-main", out_dir=tmp / "looped-report", restarts=24, n_bootstrap=0)
     return _tables(tmp / "looped-report")
 

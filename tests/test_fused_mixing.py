@@ -12,11 +12,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from depthbench_nb import kernels as K
 from depthbench_nb import model as M
-from depthbench_nb.config import ARCHS, ConfigError, ModelConfig
+from depthbench_nb.config import ConfigError, ModelConfig, recipe_designs
 from depthbench_nb.costs import mixing_bytes_per_token
 from depthbench_nb.model import build_model
 
-DESIGNS = [a for a, d in ARCHS.items() if d.family != "looped"]
+DESIGNS = recipe_designs()  # the designs on DepthBench's backbone and recipe
 VARIANTS = [
     ("hc", dict(hc_update="unmixed")),
     ("mhc", dict(mhc_backend="native")),

@@ -3,61 +3,38 @@ grids (arXiv 2604.21106): Table 3's case studies on their runs plus the r = 1 ru
 those r = 1 runs shared with `looped-main` by run id, the baseline refit and delta phi, TBPTT without r = 2; Fig. 3
 from the per-r laws; scale labels from the runs; the paper's fitting effort by default; bad input.
 
-The records are written with `runs.write_params/write_result` at the `looped` preset's exact shapes and budgets (248
-runs of the paper would take GPU-years); their losses come from the paper's law with each variant's phi plus noise.
+The records are written with `runs.write_params/write_result` (tests/looped_records.py) at the `looped` preset's exact
+shapes and budgets (248 runs of the paper would take GPU-years); their losses come from the paper's law with each
+variant's phi plus noise.
 """
 
+import dataclasses
 import json
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from depthbench_nb import report_looped, report_cli, report_common, scaling
-from depthbench_nb.config import ConfigError
+from depthbench_nb import report_depthbench, report_looped, report_cli, report_common, scaling
+from depthbench_nb.config import (
+    ARCHS,
+    FAMILIES,
+    ConfigError,
+    Family,
+    recipe_designs,
+    register_design,
+    register_family,
+    unregister_design,
+)
 from depthbench_nb.looped import CASE_STUDY_BUDGETS, looped_grid_rows, looped_params
-from depthbench_nb.runs import provenance, run_dir, write_params, write_result
+from depthbench_nb.runs import run_dir
 from depthbench_nb.sweep import expand_study, load_study, plan_rows
 from depthbench_nb.run_params import make_run_config
+from looped_records import write_looped_record
 
 LAW = dict(E=1.56773, A=28.027, B=915.82, alpha=0.19924, beta=0.36863)  # the project page's fit
 PHI = {"baseline": 0.459, "hc": 0.646, "tbptt": 0.380}  # Table 2 and Table 3
 RESTARTS = 24
-
-
-def record(run, loss: float, steps=None):
-    "A completed run record; by default it completed every planned step (the trainer's count)."
-    folder = run_dir(run)
-    folder.mkdir(parents=True, exist_ok=True)
-    write_params(folder, run)
-    tokens = (
-        run.train.tokens
-        if run.train.max_steps is None
-        else run.train.max_steps * run.train.global_batch * run.train.seq_len
-    )
-    write_result(
-        folder,
-        dict(
-            status="completed",
-            run_id=run.run_id,
-            study=run.study,
-            arch="looped",
-            n_layer=run.model.n_layer,
-            d_model=run.model.d_model,
-            preset=run.preset,
-            lr=run.train.lr,
-            seed=run.train.seed,
-            steps=steps if steps is not None else tokens // (run.train.seq_len * run.train.global_batch),
-            tokens=tokens,
-            final_val_loss=loss,
-            best_val_loss=loss,
-            wall_time_s=0.0,
-            train_flops=None,
-            params_total=None,
-            params_backbone=None,
-            provenance=dict(provenance(), note="test fixture: loss from the paper law"),
-        ),
-    )
 
 
 def grid_run(study: str, row: dict):
@@ -98,7 +75,7 @@ def paper_studies(tmp_path_factory):
                     continue  # the case studies' r = 1 rows are looped-main's runs
                 run = grid_run(study, row)
                 assert run.run_id in planned  # exactly the runs the shipped study plans
-                record(run, law_loss(run, PHI[variant], rng))
+                write_looped_record(run, law_loss(run, PHI[variant], rng))
         yield root
 
 
@@ -241,9 +218,9 @@ def test_scale_comes_from_the_runs(tmp_path, monkeypatch):
     full = make_run_config("looped", preset="looped", r=4, s=10, C=1e18, study="scales", verbose=False)
     capped = make_run_config("looped", preset="looped", r=4, s=12, C=1e18, study="scales", max_steps=20, verbose=False)
     short = make_run_config("looped", preset="looped", r=2, s=10, C=1e18, study="scales", verbose=False)
-    record(full, 2.8)
-    record(capped, 3.1)
-    record(short, 2.9, steps=100)
+    write_looped_record(full, 2.8)
+    write_looped_record(capped, 3.1)
+    write_looped_record(short, 2.9, steps=100)
     lf = report_looped.looped_frame(report_common.study_table("scales")).set_index("run_id")
     assert lf.loc[full.run_id, "scale"] == "paper scale" and lf.loc[full.run_id, "paper_scale"]
     assert (
@@ -410,7 +387,7 @@ def test_table10_and_the_downstream_results(tmp_path, monkeypatch):
         if row["s"] in (10, 12, 34) and row["r"] in (1, 4)
     }
     for (r, s, C), run in grid.items():
-        record(run, 2.3 + 0.01 * r + (0.02 if s == 12 else 0.0) + (0.5 if C < 2e19 else 0.0))
+        write_looped_record(run, 2.3 + 0.01 * r + (0.02 if s == 12 else 0.0) + (0.5 if C < 2e19 else 0.0))
     lf = report_looped.looped_frame(report_common.study_table("looped-main"))
     before = report_common.Report("looped-main", "looped", report_common.Scale((), True, "runs"), tmp_path / "before")
     report_looped.looped_extrapolation_section(before, lf, report_common.reference_table("looped"), {})
@@ -419,7 +396,7 @@ def test_table10_and_the_downstream_results(tmp_path, monkeypatch):
     )  # the grid's s = 34 runs are not Table 10's
     assert "sweep run looped-extrapolation" in dict(before.missing)["extrapolation comparison (Table 10)"]
     for r, loss in ((1, 2.05), (4, 2.11)):
-        record(flagship("looped-extrapolation", r), loss)
+        write_looped_record(flagship("looped-extrapolation", r), loss)
     paper_like = dict(
         parametric_knowledge=2.6,
         reading_comprehension=1.0,
@@ -465,3 +442,39 @@ def test_table10_and_the_downstream_results(tmp_path, monkeypatch):
         and "FP8" in index.loc["Table 10", "detail"]
     )
     assert "downstream tasks coqa, drop" in (tmp_path / "after" / "looped_index.md").read_text()
+
+
+def test_a_plugin_family_lands_in_the_report_of_its_recipe(tmp_path, monkeypatch):
+    """Which runs and designs a report reads is asked of the registry (`Family.shared_recipe`), never of a family's
+    name: a plugin's family on the looped paper's own recipe lands in the looped report, one on DepthBench's recipe in
+    DepthBench's report (its designs and cost rows), and a record of a design no longer registered stays there."""
+    monkeypatch.setenv("DEPTHBENCH_RUNS", str(tmp_path / "runs"))
+    register_family(Family("plugin_loops", "a plugin's loop, trained with its paper's own recipe", shared_recipe=False))
+    register_family(Family("plugin_streams", "a plugin's residual stream, on DepthBench's recipe"))
+    twins = dict(plugin_loop=("looped", "plugin_loops"), plugin_res=("preln", "plugin_streams"))
+    for name, (base, family) in twins.items():  # twins of shipped designs (without a second 'looped' grid)
+        register_design(dataclasses.replace(ARCHS[base], name=name, family=family, paper=None, aliases=(), grids={}))
+    try:
+        assert recipe_designs(shared=False) == ["looped", "plugin_loop"]
+        assert recipe_designs()[-1] == "plugin_res" and "plugin_loop" not in recipe_designs()
+        costed = report_depthbench._costed_designs()
+        assert "plugin_res" in costed and "plugin_loop" not in costed and "looped" not in costed
+        looped = make_run_config("looped", preset="looped", r=4, s=2, C=1e18, study="plugins", verbose=False)
+        # the looped recipe's run builder makes the paper's model: the plugin's record is that run under its own name
+        for run in (looped, looped.replace(model=looped.model.replace(arch="plugin_loop"))):
+            write_looped_record(run, 3.0)
+        shared_run = make_run_config("plugin_res", L=2, d_model=32, preset="tiny", study="plugins", verbose=False)
+        write_looped_record(shared_run, 4.0)  # the same record layout
+        df = report_common.study_table("plugins")
+        assert sorted(df.arch) == ["looped", "plugin_loop", "plugin_res"]
+        assert sorted(report_looped.looped_frame(df).run_id) == sorted(df.run_id[df.arch != "plugin_res"])
+        assert list(df[report_common.recipe_runs(df)].arch) == ["plugin_res"]
+        unregister_design("plugin_res")  # its record stays with DepthBench's report, as a record of a removed design
+        assert list(df[report_common.recipe_runs(df)].arch) == ["plugin_res"]
+        assert sorted(df[report_common.recipe_runs(df, shared=False)].arch) == ["looped", "plugin_loop"]
+    finally:
+        for name in twins:
+            if dict.__contains__(ARCHS, name):
+                unregister_design(name)
+        for family in ("plugin_loops", "plugin_streams"):
+            FAMILIES.pop(family)

@@ -22,6 +22,7 @@ from depthbench_nb.config import (
     ModelConfig,
     config_hash,
     paper_designs,
+    recipe_designs,
     register_design,
     unregister_design,
 )
@@ -38,7 +39,7 @@ from depthbench_nb.model import (
 )
 from depthbench_nb.shapes import count_params, grid_shapes, shape_for
 
-DESIGNS = [a for a, d in ARCHS.items() if d.family != "looped"]  # every registered design: registering one tests it
+DESIGNS = recipe_designs()  # every registered design on DepthBench's recipe: registering one tests it
 VARIANTS = [
     dict(arch="hc", hc_update="unmixed"),
     dict(arch="hc", hc_tanh=False),

@@ -21,6 +21,7 @@ from depthbench_nb.looped import looped_params
 from depthbench_nb.runs import provenance, run_dir, write_params, write_result
 from depthbench_nb.run_params import make_run_config
 from depthbench_nb.trainer import train
+from looped_records import write_looped_record
 
 STUDY = "report-fixture"
 PAPER_LAW = dict(E=1.57, A=28.027, B=915.82, alpha=0.199, beta=0.369, phi=0.459)  # arXiv 2604.21106 Table 2
@@ -50,37 +51,6 @@ def design_runs(data):
         )
         for a, L, o, lr in specs
     ]
-
-
-def write_looped_record(run, loss: float):
-    "A completed looped run record (params.json + result.json) with the given final validation loss."
-    folder = run_dir(run)
-    folder.mkdir(parents=True, exist_ok=True)
-    write_params(folder, run)
-    tokens = run.train.tokens
-    write_result(
-        folder,
-        dict(
-            status="completed",
-            run_id=run.run_id,
-            study=run.study,
-            arch="looped",
-            n_layer=run.model.n_layer,
-            d_model=run.model.d_model,
-            preset=run.preset,
-            lr=run.train.lr,
-            seed=run.train.seed,
-            steps=tokens // (run.train.seq_len * run.train.global_batch),
-            tokens=tokens,
-            final_val_loss=loss,
-            best_val_loss=loss,
-            wall_time_s=0.0,
-            train_flops=None,
-            params_total=None,
-            params_backbone=None,
-            provenance=dict(provenance(), note="test fixture: loss from the paper law"),
-        ),
-    )
 
 
 def looped_records(data, seed=0):
