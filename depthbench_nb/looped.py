@@ -168,9 +168,11 @@ def looped_config(
     truncated_bptt: bool = False,
     head_dim: int = PAPER_HEAD_DIM,
     n_layer: int = PAPER_DEPTH,
+    arch: str = "looped",
     **kw,
 ) -> ModelConfig:
-    "The paper's looped model at width scale `s` with `r` recurrences (injection default: linear; none at r = 1)."
+    """The paper's looped model at width scale `s` with `r` recurrences (injection default: linear; none at r = 1);
+    `arch`: a design of the looped recipe (a plugin's variant)."""
     if not isinstance(s, int) or isinstance(s, bool) or s < 1:
         raise ConfigError(f"width scale s must be a positive integer, got {s!r}")
     d = math.ceil(64 * s / head_dim) * head_dim
@@ -179,7 +181,7 @@ def looped_config(
     if vocab_size == PAPER_VOCAB:
         kw.setdefault("real_vocab_size", PAPER_REAL_VOCAB)  # the padded Llama-2 head
     cfg = ModelConfig(
-        arch="looped",
+        arch=arch,
         n_layer=n_layer,
         d_model=d,
         n_head=d // head_dim,

@@ -281,7 +281,7 @@ def _resolve(p: RunParams, verbose: bool) -> RunConfig:
         print(f"*** PRESET: {pre.name}  ({why}) ***")
     train_kw = _preset_train_kwargs(p, pre)
     if not FAMILIES[spec.family].shared_recipe:  # the looped paper's own model, recipe and budget
-        model, looped_tokens = _looped_model(pre, p.L, p.d_model, p.ratio, p.r, p.s, p.C, design_options)
+        model, looped_tokens = _looped_model(pre, p.L, p.d_model, p.ratio, p.r, p.s, p.C, design_options, spec.name)
         train_kw.update(LOOPED_RECIPE)
         if looped_tokens is not None:
             train_kw.update(tokens=looped_tokens, max_steps=None)
@@ -371,7 +371,7 @@ def _data_config(data, preset) -> DataConfig:
     )
 
 
-def _looped_model(p, L, d_model, ratio, r, s, C, opts) -> tuple[ModelConfig, Optional[int]]:
+def _looped_model(p, L, d_model, ratio, r, s, C, opts, arch) -> tuple[ModelConfig, Optional[int]]:
     "Looped shape: width scale s (d = 64·s), recurrence r, effective depth 20; a FLOP budget C sets the tokens."
     if d_model is not None or ratio is not None:
         raise ConfigError("looped models take the width scale s (d = 64·s), not d_model or ratio")
@@ -384,7 +384,7 @@ def _looped_model(p, L, d_model, ratio, r, s, C, opts) -> tuple[ModelConfig, Opt
         raise ConfigError("looped models need s (width scale) and r (recurrences) outside the tiny preset")
     kw = dict(head_dim=LOOPED_TINY["head_dim"]) if tiny else {}
     opts = {k: v for k, v in opts.items() if k != "recurrence"}
-    cfg = looped_config(s, r, vocab_size=GRIDS[p.grid].vocab_size if tiny else PAPER_VOCAB, **kw, **opts)
+    cfg = looped_config(s, r, vocab_size=GRIDS[p.grid].vocab_size if tiny else PAPER_VOCAB, arch=arch, **kw, **opts)
     if C is None:
         return cfg, None
     return cfg, tokens_for_budget(C, train_flops_per_token(cfg, p.seq_len), p.seq_len * p.global_batch)

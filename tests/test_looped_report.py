@@ -459,9 +459,9 @@ def test_a_plugin_family_lands_in_the_report_of_its_recipe(tmp_path, monkeypatch
         assert recipe_designs()[-1] == "plugin_res" and "plugin_loop" not in recipe_designs()
         costed = report_depthbench._costed_designs()
         assert "plugin_res" in costed and "plugin_loop" not in costed and "looped" not in costed
-        looped = make_run_config("looped", preset="looped", r=4, s=2, C=1e18, study="plugins", verbose=False)
-        # the looped recipe's run builder makes the paper's model: the plugin's record is that run under its own name
-        for run in (looped, looped.replace(model=looped.model.replace(arch="plugin_loop"))):
+        for arch in ("looped", "plugin_loop"):  # the looped recipe's run builder makes the plugin's own run
+            run = make_run_config(arch, preset="looped", r=4, s=2, C=1e18, study="plugins", verbose=False)
+            assert run.model.arch == arch
             write_looped_record(run, 3.0)
         shared_run = make_run_config("plugin_res", L=2, d_model=32, preset="tiny", study="plugins", verbose=False)
         write_looped_record(shared_run, 4.0)  # the same record layout
