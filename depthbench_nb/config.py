@@ -456,10 +456,9 @@ def _check_option_names(design: Design) -> None:
     "A design declares its options in a DesignOptions dataclass whose names are not ModelConfig fields."
     if design.options == ():
         return
-    if not (isinstance(design.options, type) and dataclasses.is_dataclass(design.options)):
-        raise ConfigError(f"{design.name}: options must be a DesignOptions dataclass, got {short_repr(design.options)}")
-    if not issubclass(design.options, DesignOptions):
-        raise ConfigError(f"{design.name}: options must be a DesignOptions dataclass, got {design.options!r}")
+    options = design.options
+    if not (isinstance(options, type) and dataclasses.is_dataclass(options) and issubclass(options, DesignOptions)):
+        raise ConfigError(f"{design.name}: options must be a DesignOptions dataclass, got {short_repr(options)}")
     clash = sorted(set(design.option_names) & ({f.name for f in fields(ModelConfig)} | {"options"}))
     if clash:
         raise ConfigError(f"{design.name}: option names {clash} are ModelConfig fields; choose other names")

@@ -1,6 +1,7 @@
 """The model zoo: every design through the shared check suite, parameter counts at the paper's shapes, independent
 reference implementations of the backbone and of the HC/mHC/AttnRes/MoDA equations, the analysis hooks, bad input."""
 
+import dataclasses
 import json
 import math
 import re
@@ -707,6 +708,13 @@ def test_a_design_declares_its_own_options():
     finally:
         unregister_design("gate_opt")
     assert config_hash(tiny_config("preln")) == before and "options" not in tiny_config("preln").to_dict()
+    loose = dataclasses.replace(ARCHS["preln"], name="loose_options", paper=None, options=("gate_start",))
+    with pytest.raises(ConfigError, match="loose_options: options must be a DesignOptions dataclass"):
+        register_design(loose)
+    clashing = dataclasses.make_dataclass("Clash", [("d_model", int, 8)], bases=(DesignOptions,), frozen=True)
+    with pytest.raises(ConfigError, match=r"option names \['d_model'\] are ModelConfig fields"):
+        register_design(dataclasses.replace(loose, options=clashing))
+    assert "loose_options" not in ARCHS
 
 
 def test_the_readme_design_with_an_option_runs_as_written():
