@@ -26,6 +26,7 @@ from depthbench_nb.config import (
     atomic_write_text,
     package_dir,
     resolve_arch,
+    uses_shared_recipe,
 )
 from .runs import list_checkpoints, load_run, read_result
 from .console import Arg, call_parsed, emit
@@ -189,14 +190,14 @@ def run_tokenizer(run: RunConfig, tokenizer=None) -> dict:
     )
 
 # %% ../nbs/03d_hf_export.ipynb #59d5930b
-PAPERS = {  # the study each model family belongs to (keys: the registry's families; anything else is DepthBench)
+PAPERS = {  # the paper of each recipe: the looped paper's own, or DepthBench's (`uses_shared_recipe`)
     "looped": dict(
         title="How Much Is One Recurrence Worth? Iso-Depth Scaling Laws for Looped LMs",
         authors="Schwethelm, Rückert, Kaissis",
         arxiv="2604.21106",
         code="https://github.com/kschwethelm/looped-lm-scaling",
     ),
-    "default": dict(
+    "depthbench": dict(
         title="DepthBench: Does Depth Become Effective Computational Depth? A Controlled Benchmark of Residual Designs",
         authors="the DepthBench authors",
         arxiv=None,
@@ -208,8 +209,8 @@ RECORD_NAME = "depthbench_run.json"
 
 
 def paper_of(cfg: ModelConfig) -> dict:
-    "The paper a model's family comes from (title, authors, arXiv id, official code), for its model card."
-    return PAPERS.get(cfg.family, PAPERS["default"])
+    "The paper a model's recipe comes from (title, authors, arXiv id, official code), for its model card."
+    return PAPERS["depthbench" if uses_shared_recipe(cfg.arch) else "looped"]
 
 
 def public_record(run: RunConfig, result: Optional[dict], step: int) -> dict:

@@ -166,7 +166,7 @@ def test_model_card_and_record(exported):
     assert PAPERS["looped"]["arxiv"] in card and result["provenance"]["git_commit"] in card
     assert record["result"]["final_val_loss"] == result["final_val_loss"] and "hostname" not in record["provenance"]
     _, out = exported("keel")
-    assert PAPERS["default"]["title"] in (out / "README.md").read_text()
+    assert PAPERS["depthbench"]["title"] in (out / "README.md").read_text()
     cfg = json.loads((out / "config.json").read_text())
     assert (
         cfg["model_type"] == "depthbench"
