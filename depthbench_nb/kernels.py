@@ -1996,15 +1996,20 @@ def _attnres_site_bwd_triton(
     return dc.sum(0), (dwo.sum(0) if dout is not None else None), dpart
 
 # %% ../nbs/01a_kernels.ipynb #a760c2d9
+_DOTS_CHUNK_ELEMS = 1 << 19  # a scratch product of about 2 MiB (fp32): a few slots per op, still in the caches
+
+
 def _slot_dots(X: Tensor, y: Tensor) -> Tensor:
-    """Per slot and row, X [S, w, N] . y [g, w, N] over w -> [S, g, N], a slot at a time (no [S, g, w, N] product is
-    formed) through one scratch product [g, w, N]: a fresh one per slot would cost more in page faults than the
-    product itself (an allocation this size is a new mapping on a CPU)."""
+    """Per slot and row, X [S, w, N] . y [g, w, N] over w -> [S, g, N], a few slots at a time through one scratch
+    product [c, g, w, N] (no [S, g, w, N] product is formed; a fresh product per slot would cost more in allocation
+    and first touch than the product itself)."""
     S, N = X.shape[0], X.shape[2]
     out = torch.empty((S, y.shape[0], N), dtype=torch.promote_types(X.dtype, y.dtype), device=X.device)
-    product = torch.empty(y.shape, dtype=out.dtype, device=X.device)
-    for s in range(S):
-        torch.sum(torch.mul(X[s][None], y, out=product), 1, out=out[s])
+    chunk = max(1, min(S, _DOTS_CHUNK_ELEMS // y.numel()))
+    product = torch.empty((chunk, *y.shape), dtype=out.dtype, device=X.device)
+    for s in range(0, S, chunk):
+        c = min(chunk, S - s)
+        torch.sum(torch.mul(X[s : s + c, None], y, out=product[:c]), 2, out=out[s : s + c])
     return out
 
 
