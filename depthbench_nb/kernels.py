@@ -1459,8 +1459,8 @@ class DepthStore:
         return self.grad
 
     def add_outer(self, S: int, a: Tensor, y: Tensor) -> None:
-        """Add sum_g a [S, g, N] y [g, w, N] to the gradients of the first S slots (rows_last). With one group the term is
-        kept and each slot's gradient is summed once, by its write's backward, in the readers' backward order (the
+        """Add sum_g a [S, g, N] y [g, w, N] to the gradients of the first S slots (rows_last). With one group the term
+        is kept and each slot's gradient is summed once, by its write's backward, in the readers' backward order (the
         numbers of adding every term into `grad` as it comes): a read of y per slot instead of a read and a write of
         each slot's sum per reader. With g groups that would be g reads: the terms are added into `grad` at once."""
         dtype = torch.promote_types(self.values.dtype, torch.float32)
