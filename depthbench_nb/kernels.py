@@ -1556,8 +1556,8 @@ def _attnres_partial_terms(partial: Tensor, c: Tensor, eps: float) -> tuple[Tens
 
 def _row_dots(sources: list[Tensor], y: Tensor) -> Tensor:
     """Per source and row, the dot products of every source [R, d] with y [R, d]: [S, R] (`torch.linalg.vecdot`'s
-    numbers), through one scratch product: a fresh [R, d] product per source costs more in page faults than the
-    product."""
+    numbers), through one scratch product: a fresh [R, d] product per source would cost more in allocation and first
+    touch than the product itself."""
     out = torch.empty((len(sources), y.shape[0]), dtype=y.dtype, device=y.device)
     product = torch.empty_like(y)
     for s, v in enumerate(sources):
