@@ -25,7 +25,9 @@ the model); `top_ops` = where one profiled step's time goes (share of the aten o
                                default path)
     --compile                  also time torch.compile'd steps next to eager (each compiled model is built and
                                warmed first)
-    --memory                   peak RSS of one step per design and mixing path, each in a fresh process (CPU)
+    --memory                   peak RSS of one step per design and mixing path, each in a fresh process (CPU);
+                               also with glibc's mmap threshold fixed at 128 KiB (`fixed mmap`: no heap
+                               fragmentation of large blocks, the peak of the live tensors)
 """
 
 import argparse
@@ -153,21 +155,30 @@ def add_roofline(rows: list[dict], runs: dict, copy_bps: float, bytes_per_elem: 
         row["roofline"] = round(model.fraction(1 / row["tokens_per_s"]), 3)
 
 
+FIXED_MMAP = dict(MALLOC_MMAP_THRESHOLD_="131072")  # glibc: every block >= 128 KiB its own mapping, unmapped when freed
+
+
 def peak_rss_rows(a, archs: list[str], mixings: list[str]) -> list[dict]:
-    "Peak RSS of one training step per design, mixing path and depth, each in a fresh Python process (CPU)."
+    """Peak RSS of one training step per design, mixing path and depth, each in a fresh Python process (CPU): with
+    glibc's default allocator, and with a fixed mmap threshold (`FIXED_MMAP`), where freed large blocks leave the
+    process at once, so the peak follows the live tensors rather than how the heap fragmented."""
     rows = []
     for L in (int(x) for x in a.L.split(",")):
         for arch in archs:
             for mixing in mixings:
-                cmd = [sys.executable, __file__, "--rss-child", f"{arch},{L},{mixing}", "--preset", a.preset]
-                out = subprocess.run(
-                    cmd, capture_output=True, text=True, env=dict(os.environ, DEPTHBENCH_MIXING=mixing)
-                )
-                if out.returncode:
-                    raise RuntimeError(f"peak RSS of {arch} L{L} ({mixing}) failed:\n{out.stderr[-2000:]}")
-                rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
-                print(json.dumps(rows[-1]), flush=True)
+                row = _rss_child_row(a.preset, arch, L, mixing, {})
+                row["peak_rss_fixed_mmap_mib"] = _rss_child_row(a.preset, arch, L, mixing, FIXED_MMAP)["peak_rss_mib"]
+                rows.append(row)
+                print(json.dumps(row), flush=True)
     return rows
+
+
+def _rss_child_row(preset: str, arch: str, L: int, mixing: str, env: dict) -> dict:
+    cmd = [sys.executable, __file__, "--rss-child", f"{arch},{L},{mixing}", "--preset", preset]
+    out = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, DEPTHBENCH_MIXING=mixing, **env))
+    if out.returncode:
+        raise RuntimeError(f"peak RSS of {arch} L{L} ({mixing}) failed:\n{out.stderr[-2000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def rss_child(spec: str, preset: str) -> None:
@@ -314,10 +325,11 @@ def main(argv=None):
         )
     memory = peak_rss_rows(a, archs, [m or "fused" for m in mixings]) if a.memory else None
     if memory:
-        print(f"\n{'arch':>14} {'L':>3} {'mixing':>9} {'peak RSS MiB':>12} {'step MiB':>9}")
+        print(f"\n{'arch':>14} {'L':>3} {'mixing':>9} {'peak RSS MiB':>12} {'step MiB':>9} {'fixed mmap':>10}")
         for r in memory:
             print(
-                f"{r['arch']:>14} {r['n_layer']:>3} {r['mixing']:>9} {r['peak_rss_mib']:>12.1f} {r['step_mib']:>9.1f}"
+                f"{r['arch']:>14} {r['n_layer']:>3} {r['mixing']:>9} {r['peak_rss_mib']:>12.1f} {r['step_mib']:>9.1f} "
+                f"{r['peak_rss_fixed_mmap_mib']:>10.1f}"
             )
     if a.json:
         with open(a.json, "w") as f:

@@ -1448,29 +1448,53 @@ class DepthStore:
         self.values = new(shape, dtype=dtype, device=device)  # [slots, N, w] (rows_last: [slots, w, N])
         self.rows_last = rows_last  # narrow w: reductions over w then run along N
         self.grad: Optional[Tensor] = None  # like `values`: the readers' sums
+        self.outers: list[tuple[int, Tensor, Tensor]] = []  # the readers' deferred terms (`add_outer`)
         self.handle: Optional[Tensor] = None  # newest write's autograd handle
         self.count = 0  # slots written so far (in order)
+        self.first: Optional[int] = None  # the first slot written: its write's backward runs last
 
     def grad_buffer(self) -> Tensor:
         if self.grad is None:
             self.grad = torch.zeros_like(self.values, dtype=torch.promote_types(self.values.dtype, torch.float32))
         return self.grad
 
+    def add_outer(self, S: int, a: Tensor, y: Tensor) -> None:
+        """Add sum_g a [S, g, N] y [g, w, N] to the gradients of the first S slots (rows_last). With one group the term
+        is kept and each slot's gradient is summed once, by its write's backward, in the readers' backward order (the
+        numbers of adding every term into `grad` as it comes): a read of y per slot instead of a read and a write of
+        each slot's sum per reader. With g groups that would be g reads: the terms are added into `grad` at once."""
+        dtype = torch.promote_types(self.values.dtype, torch.float32)
+        if a.shape[1] == 1:
+            self.outers.append((S, a.to(dtype), y.to(dtype)))
+            return
+        G = self.grad_buffer()[:S]
+        for j in range(a.shape[1]):
+            G.addcmul_(a[:, j, None, :].to(dtype), y[j][None].to(dtype))
+
     def write(self, slot: int, x: Tensor) -> None:
         """Fill `slot` with x [..., w] (rows in order); the slot's gradient flows back to x once every reader's backward
         ran."""
         self.handle = _WriteSlot.apply(self, slot, x, self.handle)
         self.count = max(self.count, slot + 1)
+        self.first = slot if self.first is None else self.first
 
     def _on_write(self, slot: int, rows: Tensor) -> None:
         "What a subclass derives from a new slot (AttnRes: its 1/rms)."
 
-    def _slot_grad(self, slot: int) -> Tensor:
-        "The accumulated gradient of one slot [N, w], with what a subclass adds (AttnRes: the 1/rms path)."
-        return self.grad[slot].clone()
+    def _slot_grad(self, slot: int) -> Optional[Tensor]:
+        """The accumulated gradient of one slot [N, w] (rows_last: [w, N]), with what a subclass adds (AttnRes: the
+        1/rms path); None where no reader reached it."""
+        total = self.grad[slot].clone() if self.grad is not None else None
+        for S, a, y in self.outers:
+            for weight, term in zip(a[slot], y) if slot < S else ():  # per group: [N] and [w, N]
+                total = weight * term if total is None else total.addcmul_(weight, term)
+        return total
 
     def _clear(self, slot: int) -> None:
-        self.grad[slot].zero_()  # a second backward (retain_graph) sums afresh
+        if self.grad is not None:
+            self.grad[slot].zero_()  # a second backward (retain_graph) sums afresh
+        if slot == self.first:
+            self.outers = []  # every slot has its gradient
 
 
 class _WriteSlot(torch.autograd.Function):
@@ -1488,10 +1512,12 @@ class _WriteSlot(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, _):
         store = ctx.store
-        if store.grad is None:
+        if store.grad is None and not store.outers:
             return None, None, None, None  # no reader reached the loss
         g = store._slot_grad(ctx.slot)
         store._clear(ctx.slot)
+        if g is None:
+            return None, None, None, None  # no reader of this slot reached the loss
         if store.rows_last:
             g = g.t()
         return None, None, g.reshape(ctx.shape).to(ctx.dtype), None
@@ -1528,6 +1554,17 @@ def _attnres_partial_terms(partial: Tensor, c: Tensor, eps: float) -> tuple[Tens
     return partial @ c, torch.rsqrt(torch.linalg.vector_norm(partial, dim=-1).square() / partial.shape[-1] + eps)
 
 
+def _row_dots(sources: list[Tensor], y: Tensor) -> Tensor:
+    """Per source and row, the dot products of every source [R, d] with y [R, d]: [S, R] (`torch.linalg.vecdot`'s
+    numbers), through one scratch product: a fresh [R, d] product per source would cost more in allocation and first
+    touch than the product itself."""
+    out = torch.empty((len(sources), y.shape[0]), dtype=y.dtype, device=y.device)
+    product = torch.empty_like(y)
+    for s, v in enumerate(sources):
+        torch.sum(torch.mul(v, y, out=product), -1, out=out[s])
+    return out
+
+
 def _attnres_site_fwd_torch(store: AttnResStore, n: int, c: Tensor, out_weight: Tensor, partial: Optional[Tensor]):
     """One mixing site over the n stored sources (+ the partial sum), weights over sources first: (out [R, d],
     raw [R, d], p [S, R], dot [S, R], 1/rms [S, R], 1/rms(raw) [R, 1]). The stored 1/rms are reused, never
@@ -1562,10 +1599,7 @@ def _attnres_site_bwd_torch(
         draw += rho * (g - raw * rho.square() * (g * raw).mean(-1, keepdim=True))
         dwo = (dout * raw * rho).sum(0)
     V = store.values[:n]  # [n, R, d]
-    dprob = torch.stack(
-        [torch.linalg.vecdot(V[s], draw) for s in range(n)]
-        + ([torch.linalg.vecdot(partial, draw)] if partial is not None else [])
-    )
+    dprob = _row_dots(list(V) + ([partial] if partial is not None else []), draw)  # [S, R]
     if dp_in is not None:
         dprob = dprob + dp_in
     dz = p * (dprob - (p * dprob).sum(0, keepdim=True))  # [S, R] softmax backward
@@ -1962,10 +1996,21 @@ def _attnres_site_bwd_triton(
     return dc.sum(0), (dwo.sum(0) if dout is not None else None), dpart
 
 # %% ../nbs/01a_kernels.ipynb #a760c2d9
+_DOTS_CHUNK_ELEMS = 1 << 19  # a scratch product of about 2 MiB (fp32): a few slots per op, still in the caches
+
+
 def _slot_dots(X: Tensor, y: Tensor) -> Tensor:
-    """Per slot and row, X [S, w, N] . y [g, w, N] over w -> [S, g, N], a slot at a time (no [S, g, w, N] product is
-    formed)."""
-    return torch.stack([(X[s][None] * y).sum(1) for s in range(X.shape[0])])
+    """Per slot and row, X [S, w, N] . y [g, w, N] over w -> [S, g, N], a few slots at a time through one scratch
+    product [c, g, w, N] (no [S, g, w, N] product is formed; a fresh product per slot would cost more in allocation
+    and first touch than the product itself)."""
+    S, N = X.shape[0], X.shape[2]
+    out = torch.empty((S, y.shape[0], N), dtype=torch.promote_types(X.dtype, y.dtype), device=X.device)
+    chunk = max(1, min(S, _DOTS_CHUNK_ELEMS // y.numel()))
+    product = torch.empty((chunk, *y.shape), dtype=out.dtype, device=X.device)
+    for s in range(0, S, chunk):
+        c = min(chunk, S - s)
+        torch.sum(torch.mul(X[s : s + c, None], y, out=product[:c]), 2, out=out[s : s + c])
+    return out
 
 
 def _slot_sum(X: Tensor, a: Tensor) -> Tensor:
@@ -1974,12 +2019,6 @@ def _slot_sum(X: Tensor, a: Tensor) -> Tensor:
     for s in range(1, X.shape[0]):
         out.addcmul_(X[s][None], a[s][:, None, :])
     return out
-
-
-def _slot_outer_(G: Tensor, a: Tensor, y: Tensor) -> None:
-    "G [S, w, N] += sum_g a [S, g, N] y [g, w, N] for every slot, in place."
-    for j in range(a.shape[1]):
-        G.addcmul_(a[:, j, None, :].to(G.dtype), y[j][None].to(G.dtype))
 
 
 class _DepthScoresFn(torch.autograd.Function):
@@ -1999,7 +2038,7 @@ class _DepthScoresFn(torch.autograd.Function):
         (q,) = ctx.saved_tensors
         dz = dz.contiguous()  # autograd may hand a permuted view: S strided passes
         K = ctx.store.values[: ctx.S]  # [S, hd, N]
-        _slot_outer_(ctx.store.grad_buffer()[: ctx.S], dz, q)
+        ctx.store.add_outer(ctx.S, dz, q)
         return None, None, _slot_sum(K, dz.to(K.dtype)).to(q.dtype), None
 
 
@@ -2020,7 +2059,7 @@ class _DepthValuesFn(torch.autograd.Function):
         (p,) = ctx.saved_tensors
         dy = dy.contiguous()
         V = ctx.store.values[: ctx.S]  # [S, hd, N]
-        _slot_outer_(ctx.store.grad_buffer()[: ctx.S], p, dy)
+        ctx.store.add_outer(ctx.S, p, dy)
         return None, None, _slot_dots(V, dy.to(V.dtype)).to(p.dtype), None
 
 
@@ -2051,22 +2090,22 @@ def _heads_of_rows(t: Tensor, B: int, T: int) -> Tensor:
     return t.view(groups, w, B, T, -1).permute(2, 4, 0, 3, 1).reshape(B, -1, T, w)
 
 
-def _scores_of_rows(z: Tensor, B: int, T: int) -> Tensor:
-    "[S, groups, N] -> [B, H, T, S]."
-    S, groups = z.shape[:2]
-    return z.view(S, groups, B, T, -1).permute(2, 4, 1, 3, 0).reshape(B, -1, T, S)
+def _rows_of_stats(t: Tensor, groups: int) -> Tensor:
+    "[B, H, T] -> [groups, N]: a per-head statistic (log-sum-exp, weight) in the rows of `_rows_of_heads`."
+    return _rows_of_heads(t[..., None], groups)[:, 0]
 
 
-def _rows_of_scores(p: Tensor, groups: int) -> Tensor:
-    "[B, H, T, S] -> [S, groups, N]."
-    B, H, T, S = p.shape
-    return p.reshape(B, H // groups, groups, T, S).permute(4, 2, 0, 3, 1).reshape(S, groups, -1)
+def _stats_of_rows(t: Tensor, B: int, T: int) -> Tensor:
+    "[groups, N] -> [B, H, T] (the inverse of `_rows_of_stats`)."
+    return _heads_of_rows(t[:, None], B, T)[..., 0]
 
 
 class _MoDAAttentionFn(torch.autograd.Function):
     """MoDA's attention with offset 0 on a CPU: flash attention over the sequence (its log-sum-exp kept), merged with
     the S same-token depth keys of the stores under one softmax; the backward runs flash attention's backward with the
-    joint output and log-sum-exp (so its probabilities and row terms are the joint ones) and adds the depth terms."""
+    joint output and log-sum-exp (so its probabilities and row terms are the joint ones) and adds the depth terms. The
+    depth scores and weights stay in the stores' layout [S, groups, N] (reductions over the slots run along the rows):
+    only per-head statistics [groups, N] and the outputs [B, H, T, hd] change layout."""
 
     @staticmethod
     def forward(
@@ -2084,14 +2123,16 @@ class _MoDAAttentionFn(torch.autograd.Function):
         B, H, T, hd = q.shape
         scale = 1 / math.sqrt(hd)
         out_seq, lse_seq = _FLASH_CPU(q, k, v, 0.0, True, scale=scale)  # [B, H, T, hd], [B, H, T]
-        z = _scores_of_rows(_slot_dots(keys.values[:S], _rows_of_heads(q, groups)), B, T) * scale  # [B, H, T, S]
-        m = torch.maximum(lse_seq, z.amax(-1))  # [B, H, T]
-        w_seq, e = torch.exp(lse_seq - m), torch.exp(z - m[..., None])
-        total = w_seq + e.sum(-1)  # [B, H, T]
-        p_depth = e / total[..., None]  # [B, H, T, S]
-        y_depth = _heads_of_rows(_slot_sum(values.values[:S], _rows_of_scores(p_depth, groups)), B, T)
-        y = out_seq * (w_seq / total)[..., None] + y_depth  # [B, H, T, hd]
-        lse = m + torch.log(total)
+        lse_rows = _rows_of_stats(lse_seq, groups)  # [groups, N]
+        z = _slot_dots(keys.values[:S], _rows_of_heads(q, groups)).mul_(scale)  # [S, groups, N]
+        m = torch.maximum(lse_rows, z.amax(0))  # [groups, N]
+        p_depth = z.sub_(m).exp_()  # [S, groups, N]: exp(z - m), divided by the total below
+        w_seq = torch.exp(lse_rows - m)  # [groups, N]
+        total = w_seq + p_depth.sum(0)
+        p_depth.div_(total)
+        y_depth = _heads_of_rows(_slot_sum(values.values[:S], p_depth), B, T)  # [B, H, T, hd]
+        y = out_seq * _stats_of_rows(w_seq / total, B, T)[..., None] + y_depth  # [B, H, T, hd]
+        lse = _stats_of_rows(m + torch.log(total), B, T)  # [B, H, T]
         ctx.save_for_backward(q, k, v, y, lse, p_depth)
         ctx.keys, ctx.values, ctx.S, ctx.groups = keys, values, S, groups
         return y
@@ -2105,12 +2146,12 @@ class _MoDAAttentionFn(torch.autograd.Function):
         dy = dy.contiguous()
         dq, dk, dv = _FLASH_CPU_BWD(dy, q, k, v, y, lse, 0.0, True, scale=scale)
         dy_rows = _rows_of_heads(dy, groups)  # [groups, hd, N]
-        dp = _scores_of_rows(_slot_dots(ctx.values.values[:S], dy_rows), B, T)  # [B, H, T, S]
-        dz = p_depth * (dp - (dy * y).sum(-1, keepdim=True))  # the joint softmax's row term: sum(dy * y)
-        dz_rows = _rows_of_scores(dz * scale, groups)  # [S, groups, N]
-        dq = dq + _heads_of_rows(_slot_sum(ctx.keys.values[:S], dz_rows), B, T)
-        _slot_outer_(ctx.keys.grad_buffer()[:S], dz_rows, _rows_of_heads(q, groups))
-        _slot_outer_(ctx.values.grad_buffer()[:S], _rows_of_scores(p_depth, groups), dy_rows)
+        dp = _slot_dots(ctx.values.values[:S], dy_rows)  # [S, groups, N]
+        row_term = _rows_of_stats((dy * y).sum(-1), groups)  # [groups, N]: the joint softmax's sum(dy * y)
+        dz = dp.sub_(row_term).mul_(p_depth).mul_(scale)  # [S, groups, N]: d loss / d (q . depth key)
+        dq = dq + _heads_of_rows(_slot_sum(ctx.keys.values[:S], dz), B, T)
+        ctx.keys.add_outer(S, dz, _rows_of_heads(q, groups))
+        ctx.values.add_outer(S, p_depth, dy_rows)
         return dq, dk, dv, None, None, None, None, None, None
 
 

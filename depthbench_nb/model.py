@@ -1723,10 +1723,19 @@ def _moda_matmul(cfg: ModelConfig) -> int:
 
 def moda_mixing_bytes(cfg: ModelConfig, bytes_per_elem: int) -> tuple[int, int]:
     """(forward, backward) bytes of depth keys and values per token: block b reads the 2b slots written before it (K and
-    V, zeros included) in the forward; the backward reads them again and adds into their gradient sums (read, write)."""
+    V, zeros included) in the forward; the backward reads them again, and each written slot's gradient is summed once
+    from its readers' terms (a query or output gradient and a weight per reader: `DepthStore.add_outer`) and written.
+    With grouped queries the readers add into the slots' gradient sums instead (a read and a write per reader)."""
     slots_read = sum(2 * b for b in range(cfg.n_layer))  # 2b slots per block b
-    per_pass = 2 * slots_read * _moda_kv_width(cfg) * bytes_per_elem  # keys and values
-    return per_pass, 3 * per_pass
+    width = _moda_kv_width(cfg)
+    per_pass = 2 * slots_read * width * bytes_per_elem  # keys and values
+    if cfg.n_head != cfg.n_kv_head:
+        return per_pass, 3 * per_pass
+    per_slot = 2 if cfg.moda_ffn_kv else 1  # written slots per block (attention, FFN): never-written ones have no sum
+    pairs = sum(per_slot * b for b in range(cfg.n_layer))  # (written slot, reader) pairs
+    terms = 2 * pairs * (width + cfg.n_kv_head) * bytes_per_elem  # a [hd] term and a weight per KV head, K and V
+    written = 2 * per_slot * (cfg.n_layer - 1) * width * bytes_per_elem  # slots with a reader: blocks 0..L-2
+    return per_pass, per_pass + terms + written
 
 
 def _moda_init(model: ResidualTransformer, idx: torch.Tensor, atol: float) -> Optional[str]:

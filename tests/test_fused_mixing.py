@@ -24,14 +24,15 @@ VARIANTS = [
     ("block_attnres", dict(attnres_block_size=2)),
     ("block_attnres", dict(attnres_num_blocks=3)),
     ("moda", dict(moda_ffn_kv=False)),
+    ("moda", dict(n_kv_head=4)),  # one group: the slots' gradients are summed by their writes (deferred)
+    ("moda", dict(n_kv_head=4, moda_ffn_kv=False)),
 ]
 
 
 def config(arch: str, L: int, **options) -> ModelConfig:
     "4 heads over 2 KV heads (GQA), d 32: small enough for CI, every code path of the fused ops."
-    return ModelConfig(
-        arch=arch, n_layer=L, d_model=32, n_head=4, n_kv_head=2, vocab_size=64, max_seq_len=32, **options
-    )
+    shape = dict(n_kv_head=2) | options  # an option may set n_kv_head = 4 (one query head per KV head)
+    return ModelConfig(arch=arch, n_layer=L, d_model=32, n_head=4, vocab_size=64, max_seq_len=32, **shape)
 
 
 def trained_like(cfg: ModelConfig, dtype=torch.float32, scale: float = 0.1) -> M.DepthModel:
@@ -110,20 +111,21 @@ def test_fused_path_is_the_same_math_in_fp64(arch):
     assert_same(trained_like(config(arch, 4), torch.float64), IDX, 1e-12)
 
 
-@pytest.mark.parametrize("arch", ["attnres", "block_attnres", "moda", "hc", "mhc"])
+@pytest.mark.parametrize("arch", ["attnres", "block_attnres", "moda", "moda-mha", "hc", "mhc"])
 def test_fused_path_with_skips_and_states(arch):
     """A skipped block (the store's first reader after a write may never reach the loss) and a loss on the depth states
     too: the stores' gradients still reach every source."""
-    model = trained_like(config(arch, 5, **({"attnres_num_blocks": 4} if arch == "block_attnres" else {})))
+    options = {"block_attnres": dict(attnres_num_blocks=4), "moda-mha": dict(n_kv_head=4)}.get(arch, {})
+    model = trained_like(config(arch.removesuffix("-mha"), 5, **options))
     assert_same(model, IDX, 1e-6, skip=[1], return_states=True)
     assert_same(model, IDX, 1e-6, skip=[0, 3], return_states=True)
 
 
-@pytest.mark.parametrize("arch", ["attnres", "moda"])
-def test_a_second_backward_through_the_stores_sums_like_the_reference(arch):
+@pytest.mark.parametrize("arch,options", [("attnres", {}), ("moda", {}), ("moda", dict(n_kv_head=4))])
+def test_a_second_backward_through_the_stores_sums_like_the_reference(arch, options):
     """retain_graph and a second backward: the slot gradients are summed afresh, not carried over (the store clears
     them)."""
-    model = trained_like(config(arch, 3))
+    model = trained_like(config(arch, 3, **options))
     grads = {}
     for mixing in ("reference", "fused"):
         m = copy.deepcopy(model)
@@ -234,12 +236,15 @@ def traced_step(model, idx) -> None:
         ("block_attnres", dict(attnres_block_size=3)),
         ("moda", {}),
         ("moda", dict(moda_ffn_kv=False)),
+        ("moda", dict(n_kv_head=4)),
+        ("moda", dict(n_kv_head=4, moda_ffn_kv=False)),
     ],
 )
 def test_mixing_bytes_of_the_stores_match_a_traced_step(arch, options, monkeypatch):
-    "Forward + backward bytes of AttnRes sources / MoDA depth slots touched per mixing call, summed over a step."
+    """Forward + backward bytes of AttnRes sources / MoDA depth slots touched per mixing call, summed over a step (MoDA
+    with one group: plus the readers' terms each slot's write reads to sum its gradient, and that gradient)."""
     cfg = config(arch, 4, **options)
-    mode = StateTraffic()
+    mode, grouped = StateTraffic(), cfg.n_kv_head != cfg.n_head
 
     def grads(st):
         return (st.values, st.grad_buffer())
@@ -250,8 +255,17 @@ def test_mixing_bytes_of_the_stores_match_a_traced_step(arch, options, monkeypat
             K._MoDAAttentionFn,
             mode,
             lambda q, k, v, keys, values, *_: (keys.values, values.values),
-            lambda ctx: grads(ctx.keys) + grads(ctx.values),
+            lambda ctx: grads(ctx.keys) + grads(ctx.values) if grouped else (ctx.keys.values, ctx.values.values),
         )
+        if not grouped:  # the slots' writes sum their gradients from the readers' terms
+            wrap(
+                monkeypatch,
+                K._WriteSlot,
+                mode,
+                lambda *_: (),
+                lambda ctx: [t for _, a, y in ctx.store.outers for t in (a, y)],
+                lambda ctx, out: [out[2]] if out[2] is not None else [],
+            )
     else:
         wrap(
             monkeypatch,
