@@ -676,9 +676,12 @@ class ModelConfig(Config):
 
     def __getattr__(self, name):
         "A design option by name (`cfg.hc_streams`): its value; None when unset or not this design's."
+        options = self.__dict__.get("options", {})
+        if name in options:  # the design's own: read on every forward pass, so before the registry's table
+            return options[name]
         if name.startswith("_") or name == "options" or name not in DESIGN_OPTIONS:
             raise AttributeError(f"ModelConfig has no attribute {name!r}")
-        return self.__dict__.get("options", {}).get(name)
+        return None
 
     def to_dict(self) -> dict:
         "Flat, in the recorded layout: the design's options beside the backbone fields (`RECORD_OPTION_KEYS`)."

@@ -45,6 +45,7 @@ from depthbench_nb.runs import (
     pickle_globals,
     provenance,
     read_json,
+    result_identity,
     run_dir,
     safe_torch_load,
     write_checksums,
@@ -779,14 +780,7 @@ def _imported_result(
     cfg = run.model
     return dict(
         status="completed",
-        run_id=run.run_id,
-        study=run.study,
-        arch=cfg.arch,
-        n_layer=cfg.n_layer,
-        d_model=cfg.d_model,
-        preset=run.preset,
-        lr=run.train.lr,
-        seed=run.train.seed,
+        **result_identity(run),
         steps=hints.get("step"),
         tokens=None,
         final_val_loss=None,

@@ -54,11 +54,11 @@ __all__ = ['RECORD_FILES', 'TORCH_STORAGES', 'TORCH_FILE_GLOBALS', 'LEGACY_NUMPY
            'check_torch_file', 'safe_torch_load', 'file_sha256', 'write_checksums', 'verify_checksums', 'RunFolderLock',
            'run_folder_holder', 'has_record', 'writing_run_folder', 'git_state', 'device_name', 'slurm_job_info',
            'provenance', 'gpu_peak_flops', 'format_diff', 'read_params', 'write_params', 'adopt_legacy_folder',
-           'read_result', 'write_result', 'metrics_header', 'MetricsLog', 'read_jsonl', 'read_metrics',
-           'read_metrics_headers', 'checkpoints_dir', 'list_checkpoints', 'checkpoint_content', 'save_checkpoint',
-           'verify_checkpoint', 'newest_intact_checkpoint', 'remove_stale_temporaries', 'check_checkpoint_config',
-           'load_checkpoint', 'load_run', 'run_status', 'list_runs', 'SignalCatcher', 'child_pids',
-           'forwarding_signals', 'papermill_output_path', 'record_executed_notebook']
+           'read_result', 'result_identity', 'write_result', 'metrics_header', 'MetricsLog', 'read_jsonl',
+           'read_metrics', 'read_metrics_headers', 'checkpoints_dir', 'list_checkpoints', 'checkpoint_content',
+           'save_checkpoint', 'verify_checkpoint', 'newest_intact_checkpoint', 'remove_stale_temporaries',
+           'check_checkpoint_config', 'load_checkpoint', 'load_run', 'run_status', 'list_runs', 'SignalCatcher',
+           'child_pids', 'forwarding_signals', 'papermill_output_path', 'record_executed_notebook']
 
 # %% ../nbs/02a_runs.ipynb #badf4e69
 RECORD_FILES = dict(
@@ -631,6 +631,20 @@ def read_result(folder: Path) -> Optional[dict]:
     if not isinstance(res, dict) or res.get("status") not in RESULT_STATUSES:
         raise CorruptFile(f"{path} is not a run result (no status among {', '.join(RESULT_STATUSES)})")
     return res
+
+
+def result_identity(run: RunConfig) -> dict:
+    "The part of a result record that names its run (`RESULT_KEYS` after `status`, up to `steps`)."
+    return dict(
+        run_id=run.run_id,
+        study=run.study,
+        arch=run.model.arch,
+        n_layer=run.model.n_layer,
+        d_model=run.model.d_model,
+        preset=run.preset,
+        lr=run.train.lr,
+        seed=run.train.seed,
+    )
 
 
 def write_result(folder: Path, result: dict) -> Path:

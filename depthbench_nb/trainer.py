@@ -54,6 +54,7 @@ from depthbench_nb.runs import (
     read_params,
     read_result,
     remove_stale_temporaries,
+    result_identity,
     run_dir,
     where_runs_go,
     write_params,
@@ -604,14 +605,7 @@ def _write_final(state: TrainState, status: str, steps_done: int, **extra) -> di
     pc = count_params(run.model)
     result = dict(
         status=status,
-        run_id=run.run_id,
-        study=run.study,
-        arch=run.model.arch,
-        n_layer=run.model.n_layer,
-        d_model=run.model.d_model,
-        preset=run.preset,
-        lr=run.train.lr,
-        seed=run.train.seed,
+        **result_identity(run),
         steps=steps_done,
         tokens=c["tokens"],
         final_val_loss=c.get("last_val_loss") if status == "completed" else None,

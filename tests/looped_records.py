@@ -5,7 +5,7 @@ grids would take GPU-years): tests/test_looped_report.py, tests/test_reports.py 
 from pathlib import Path
 from typing import Optional
 
-from depthbench_nb.runs import provenance, run_dir, write_params, write_result
+from depthbench_nb.runs import provenance, result_identity, run_dir, write_params, write_result
 
 FIXTURE_NOTE = "test fixture: loss from the paper law"  # said in each record's provenance
 
@@ -22,14 +22,7 @@ def write_looped_record(run, loss: float, steps: Optional[int] = None, note: Opt
         folder,
         dict(
             status="completed",
-            run_id=run.run_id,
-            study=run.study,
-            arch=run.model.arch,
-            n_layer=run.model.n_layer,
-            d_model=run.model.d_model,
-            preset=run.preset,
-            lr=train.lr,
-            seed=train.seed,
+            **result_identity(run),
             steps=steps if steps is not None else tokens // (train.seq_len * train.global_batch),
             tokens=tokens,
             final_val_loss=loss,

@@ -44,14 +44,19 @@ def _python(code: str, env: dict) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
 
 
-def test_plugin_trains_through_the_cli(plugin_site, tiny_data, tmp_path):
-    "depthbench-nb train --arch denseformer with its option: exit 0, a completed run record holding the option."
-    env = _env(plugin_site, runs=tmp_path / "runs")
+def _train_denseformer(env: dict, tiny_data) -> dict:
+    "`depthbench-nb train --arch denseformer --dwa-dilation 2` on the tiny data, two steps: its JSON result."
     args = ["train", "--arch", "denseformer", "--dwa-dilation", "2", "--L", "2", "--d-model", "32"]
     args += ["--preset", "tiny", "--max-steps", "2", "--data", str(tiny_data), "--json", "--no-progress"]
     done = subprocess.run(_cli() + args, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-    out = json.loads(done.stdout)
+    return json.loads(done.stdout)
+
+
+def test_plugin_trains_through_the_cli(plugin_site, tiny_data, tmp_path):
+    "depthbench-nb train --arch denseformer with its option: exit 0, a completed run record holding the option."
+    env = _env(plugin_site, runs=tmp_path / "runs")
+    out = _train_denseformer(env, tiny_data)
     assert out["status"] == "completed" and out["arch"] == "denseformer" and out["steps"] == 2
     assert out["params_total"] == out["params_closed_form"]
     folder = tmp_path / "runs" / out["study"] / out["run_id"]
@@ -170,11 +175,7 @@ def test_plugin_design_exports_to_hf(plugin_site, tiny_data, tmp_path):
     AutoModelForCausalLM where the plugin is installed, with the run's logits; without the plugin,
     trust_remote_code=True stops with a one-line error naming what to pip install."""
     env = _env(plugin_site, runs=tmp_path / "runs")
-    args = ["train", "--arch", "denseformer", "--dwa-dilation", "2", "--L", "2", "--d-model", "32"]
-    args += ["--preset", "tiny", "--max-steps", "2", "--data", str(tiny_data), "--json", "--no-progress"]
-    done = subprocess.run(_cli() + args, env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    res = json.loads(done.stdout)
+    res = _train_denseformer(env, tiny_data)
     run_dir, out = tmp_path / "runs" / res["study"] / res["run_id"], tmp_path / "export"
     done = subprocess.run(
         _cli() + ["export-hf", str(run_dir), str(out), "--json"], env=env, capture_output=True, text=True, timeout=600

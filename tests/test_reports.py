@@ -18,7 +18,7 @@ import pytest
 from depthbench_nb import demo, report_depthbench, report_looped, report_cli, report_common
 from depthbench_nb.config import ConfigError
 from depthbench_nb.looped import looped_params
-from depthbench_nb.runs import provenance, run_dir, write_params, write_result
+from depthbench_nb.runs import provenance, result_identity, run_dir, write_params, write_result
 from depthbench_nb.run_params import make_run_config
 from depthbench_nb.trainer import train
 from looped_records import write_looped_record
@@ -229,14 +229,7 @@ def test_study_with_only_failed_runs_and_missing_diagnostics(runs_dir, tmp_path,
         folder,
         dict(
             status="failed",
-            run_id=bad.run_id,
-            study="broken",
-            arch="hc",
-            n_layer=2,
-            d_model=32,
-            preset="tiny",
-            lr=bad.train.lr,
-            seed=42,
+            **result_identity(bad),
             steps=0,
             tokens=0,
             final_val_loss=None,
