@@ -1429,9 +1429,9 @@ def mixing_path(override: Optional[str] = None) -> str:
 class DepthStore:
     """The depth states of one forward pass in one buffer allocated once: `values` [slots, N, w], written slot by slot
     and never overwritten, so the first n slots are one contiguous [n, N, w] block that every reader reads in place.
-    Readers take the newest `handle`; the gradient of every slot accumulates in `grad` [slots, N, w] (allocated by the
-    first backward that reaches it) and leaves through the write that filled the slot, after all its readers
-    (autograd's order: `_WriteSlot`)."""
+    Readers take the newest handle, which `write` returns and the caller keeps (never the store: see above); the
+    gradient of every slot accumulates in `grad` [slots, N, w] (allocated by the first backward that reaches it) and
+    leaves through the write that filled the slot, after all its readers (autograd's order: `_WriteSlot`)."""
 
     def __init__(
         self,
@@ -1449,7 +1449,6 @@ class DepthStore:
         self.rows_last = rows_last  # narrow w: reductions over w then run along N
         self.grad: Optional[Tensor] = None  # like `values`: the readers' sums
         self.outers: list[tuple[int, Tensor, Tensor]] = []  # the readers' deferred terms (`add_outer`)
-        self.handle: Optional[Tensor] = None  # newest write's autograd handle
         self.count = 0  # slots written so far (in order)
         self.first: Optional[int] = None  # the first slot written: its write's backward runs last
 
@@ -1471,12 +1470,13 @@ class DepthStore:
         for j in range(a.shape[1]):
             G.addcmul_(a[:, j, None, :].to(dtype), y[j][None].to(dtype))
 
-    def write(self, slot: int, x: Tensor) -> None:
-        """Fill `slot` with x [..., w] (rows in order); the slot's gradient flows back to x once every reader's backward
-        ran."""
-        self.handle = _WriteSlot.apply(self, slot, x, self.handle)
+    def write(self, slot: int, x: Tensor, after: Optional[Tensor] = None) -> Tensor:
+        """Fill `slot` with x [..., w] (rows in order), after the write whose handle is `after`; returns this write's
+        handle, which readers of the slot take. The slot's gradient flows back to x once every reader's backward ran."""
+        handle = _WriteSlot.apply(self, slot, x, after)
         self.count = max(self.count, slot + 1)
         self.first = slot if self.first is None else self.first
+        return handle
 
     def _on_write(self, slot: int, rows: Tensor) -> None:
         "What a subclass derives from a new slot (AttnRes: its 1/rms)."
@@ -1666,6 +1666,7 @@ class _AttnResSiteFn(torch.autograd.Function):
 
 def attnres_site(
     store: AttnResStore,
+    handle: Tensor,
     n: int,
     query: Tensor,
     key_weight: Tensor,
@@ -1674,12 +1675,12 @@ def attnres_site(
     shape: tuple,
     triton_path: Optional[bool] = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """The fused AttnRes mix of the first n stored sources and an optional partial sum [*shape, d]: (out, raw
-    [*shape, d], p [*shape, S]); the same numbers as `attnres_mix` on the list of sources (Triton where `_use_triton`
-    says so)."""
+    """The fused AttnRes mix of the first n stored sources (`handle`: the newest write's) and an optional partial sum
+    [*shape, d]: (out, raw [*shape, d], p [*shape, S]); the same numbers as `attnres_mix` on the list of sources (Triton
+    where `_use_triton` says so)."""
     if triton_path is None:
         triton_path = _use_triton("attnres_site", store.values)
-    out, raw, p = _AttnResSiteFn.apply(store, n, query, key_weight, out_weight, partial, store.handle, triton_path)
+    out, raw, p = _AttnResSiteFn.apply(store, n, query, key_weight, out_weight, partial, handle, triton_path)
     d = store.values.shape[-1]
     return out.view(*shape, d), raw.view(*shape, d), p.t().reshape(*shape, p.shape[0])
 
@@ -2063,15 +2064,15 @@ class _DepthValuesFn(torch.autograd.Function):
         return None, None, _slot_dots(V, dy.to(V.dtype)).to(p.dtype), None
 
 
-def depth_scores(store: DepthStore, S: int, q: Tensor) -> Tensor:
+def depth_scores(store: DepthStore, handle: Tensor, S: int, q: Tensor) -> Tensor:
     """Dot products of queries q [g, hd, N] with the first S depth keys of their token in `store` [slots, hd, N]: [S, g,
     N]."""
-    return _DepthScoresFn.apply(store, S, q, store.handle)
+    return _DepthScoresFn.apply(store, S, q, handle)
 
 
-def depth_values(store: DepthStore, S: int, p: Tensor) -> Tensor:
+def depth_values(store: DepthStore, handle: Tensor, S: int, p: Tensor) -> Tensor:
     "Weighted sums p [S, g, N] of the first S depth values of their token in `store` [slots, hd, N]: [g, hd, N]."
-    return _DepthValuesFn.apply(store, S, p, store.handle)
+    return _DepthValuesFn.apply(store, S, p, handle)
 
 # %% ../nbs/01a_kernels.ipynb #464a1934
 _FLASH_CPU = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
@@ -2117,8 +2118,7 @@ class _MoDAAttentionFn(torch.autograd.Function):
         values: DepthStore,
         S: int,
         groups: int,
-        handle_k,
-        handle_v,
+        handle,
     ):
         B, H, T, hd = q.shape
         scale = 1 / math.sqrt(hd)
@@ -2152,17 +2152,17 @@ class _MoDAAttentionFn(torch.autograd.Function):
         dq = dq + _heads_of_rows(_slot_sum(ctx.keys.values[:S], dz), B, T)
         ctx.keys.add_outer(S, dz, _rows_of_heads(q, groups))
         ctx.values.add_outer(S, p_depth, dy_rows)
-        return dq, dk, dv, None, None, None, None, None, None
+        return dq, dk, dv, None, None, None, None, None
 
 
 def moda_attention(
-    q: Tensor, k: Tensor, v: Tensor, keys: DepthStore, values: DepthStore, S: int, groups: int
+    q: Tensor, k: Tensor, v: Tensor, keys: DepthStore, values: DepthStore, handle: Tensor, S: int, groups: int
 ) -> Optional[Tensor]:
     """MoDA's joint attention [B, H, T, hd] on a CPU (k, v repeated to H heads, causal from position 0; the stores hold
     `groups` query heads per KV head); None where it does not apply."""
     if _FLASH_CPU is None or _FLASH_CPU_BWD is None or q.device.type != "cpu" or q.dtype != torch.float32:
         return None
-    return _MoDAAttentionFn.apply(q, k, v, keys, values, S, groups, keys.handle, values.handle)
+    return _MoDAAttentionFn.apply(q, k, v, keys, values, S, groups, handle)
 
 # %% ../nbs/01a_kernels.ipynb #0ad9e44d
 class _SinkhornTokensLastFn(torch.autograd.Function):
@@ -2229,10 +2229,12 @@ def attnres_site_errors(
 
     def run(triton_path: bool):
         leaves = [t.clone().requires_grad_() for t in srcs + ([part] if partial else []) + [q, kw, wo]]
-        store = AttnResStore(rows, n, d, torch.float32, device, 1e-5)
+        store, handle = AttnResStore(rows, n, d, torch.float32, device, 1e-5), None
         for s in range(n):
-            store.write(s, leaves[s])
-        outs = attnres_site(store, n, *leaves[-3:], leaves[n] if partial else None, (rows,), triton_path=triton_path)
+            handle = store.write(s, leaves[s], handle)
+        outs = attnres_site(
+            store, handle, n, *leaves[-3:], leaves[n] if partial else None, (rows,), triton_path=triton_path
+        )
         loss = sum((o * c).sum() for o, c in zip(outs, cot))
         return [o.detach() for o in outs], torch.autograd.grad(loss, leaves)
 

@@ -199,7 +199,7 @@ class Attention(nn.Module):
         if groups > 1:
             k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)  # [B, H, Tk, hd]
         y = (
-            moda_attention(q, k, v, keys, values, S, groups) if offset == 0 else None
+            moda_attention(q, k, v, keys, values, slots.handle, S, groups) if offset == 0 else None
         )  # flash attention merged with the depth keys
         if y is not None:
             return y
@@ -208,13 +208,13 @@ class Attention(nn.Module):
         seq_scores = seq_scores.masked_fill(~causal_mask(T, offset, q.device), float("-inf"))
         Hk = self.n_kv_head  # rows N = (b, t, KV head); head h = KV head h // groups
         q_rows = q.view(B, Hk, groups, T, hd).permute(2, 4, 0, 3, 1).reshape(groups, hd, -1)  # [groups, hd, N]
-        z = depth_scores(keys, S, q_rows).view(S, groups, B, T, Hk)  # [S, groups, B, T, H_kv]
+        z = depth_scores(keys, slots.handle, S, q_rows).view(S, groups, B, T, Hk)  # [S, groups, B, T, H_kv]
         depth_scores_ = z.permute(2, 4, 1, 3, 0).reshape(B, H, T, S) * scale  # [B, H, T, S]
         p = torch.softmax(torch.cat([seq_scores, depth_scores_], dim=-1), dim=-1)
         p_seq, p_depth = p.split([seq_scores.shape[-1], S], dim=-1)
         p_rows = p_depth.reshape(B, Hk, groups, T, S).permute(4, 2, 0, 3, 1).reshape(S, groups, -1)  # [S, groups, N]
         y = (
-            depth_values(values, S, p_rows).view(groups, hd, B, T, Hk).permute(2, 4, 0, 3, 1)
+            depth_values(values, slots.handle, S, p_rows).view(groups, hd, B, T, Hk).permute(2, 4, 0, 3, 1)
         )  # [B, H_kv, groups, T, hd]
         return p_seq @ v + y.reshape(B, H, T, hd)  # [B, H, T, hd]
 

@@ -1343,6 +1343,7 @@ class _FusedDepthSources(_DepthSources):
         rows, d = embedding.numel() // embedding.shape[-1], embedding.shape[-1]
         compute = torch.float64 if embedding.dtype == torch.float64 else torch.float32
         self.store = AttnResStore(rows, n_slots, d, compute, embedding.device, ATTNRES_EPS)
+        self.handle = None  # the newest write's (`DepthStore`: the forward keeps it, the store never does)
         self.shape = embedding.shape[:-1]  # [B, T]
 
     def commit(self):
@@ -1350,7 +1351,7 @@ class _FusedDepthSources(_DepthSources):
         the dtype."""
         if self.partial is None:
             return
-        self.store.write(len(self.sources), self.partial)
+        self.handle = self.store.write(len(self.sources), self.partial, self.handle)
         if self.sources:
             self.sources[-1] = self.sources[-1].new_empty(0)  # the store holds its values: no second copy
         super().commit()
@@ -1363,7 +1364,14 @@ class _FusedDepthSources(_DepthSources):
             return super().mix(mixer, out_weight, identity=True)
         dtype = functools.reduce(torch.promote_types, (s.dtype for s in srcs))
         out, raw, p = attnres_site(
-            self.store, len(self.sources), mixer.query, mixer.key_weight, out_weight, self.partial, self.shape
+            self.store,
+            self.handle,
+            len(self.sources),
+            mixer.query,
+            mixer.key_weight,
+            out_weight,
+            self.partial,
+            self.shape,
         )
         return out.to(dtype), raw.to(dtype), p.to(dtype)
 
@@ -1668,12 +1676,13 @@ class MoDABlock(Block):
 
 class DepthSlots:
     """MoDA's depth keys and values of one forward, each in one store [2L, hd, B*T*H_kv] (zeros where a slot is never
-    written)."""
+    written); `handle`: the newest write's, to both stores (`DepthStore`: the forward keeps it, the stores never do)."""
 
     def __init__(self, n_slots: int):
         self.n_slots = n_slots
         self.keys: Optional[DepthStore] = None
         self.values: Optional[DepthStore] = None
+        self.handle: Optional[torch.Tensor] = None
 
     def stores(self, rows: int, head_dim: int, like: torch.Tensor) -> tuple[DepthStore, DepthStore]:
         "The two stores, allocated by the first write or read (a skipped block 0 writes nothing)."
@@ -1686,8 +1695,7 @@ class DepthSlots:
 
     def write(self, slot: int, k: torch.Tensor, v: torch.Tensor) -> None:
         keys, values = self.stores(k.numel() // k.shape[-1], k.shape[-1], k)
-        keys.write(slot, k)
-        values.write(slot, v)
+        self.handle = values.write(slot, v, keys.write(slot, k, self.handle))
 
 
 def _write_depth(ctx: ForwardContext, slot: int, k: torch.Tensor, v: torch.Tensor) -> None:
