@@ -27,7 +27,8 @@ the model); `top_ops` = where one profiled step's time goes (share of the aten o
                                warmed first)
     --memory                   peak RSS of one step per design and mixing path, each in a fresh process (CPU);
                                also with glibc's mmap threshold fixed at 128 KiB (`fixed mmap`: no heap
-                               fragmentation of large blocks, the peak of the live tensors)
+                               fragmentation of large blocks, the peak of the live tensors), and after four more
+                               steps (`after 6`: memory a step leaves behind makes it grow)
 """
 
 import argparse
@@ -155,6 +156,7 @@ def add_roofline(rows: list[dict], runs: dict, copy_bps: float, bytes_per_elem: 
         row["roofline"] = round(model.fraction(1 / row["tokens_per_s"]), 3)
 
 
+LATER_STEPS = 4  # steps after the first two: a step that leaves memory behind shows as a growing peak
 FIXED_MMAP = dict(MALLOC_MMAP_THRESHOLD_="131072")  # glibc: every block >= 128 KiB its own mapping, unmapped when freed
 
 
@@ -182,7 +184,8 @@ def _rss_child_row(preset: str, arch: str, L: int, mixing: str, env: dict) -> di
 
 
 def rss_child(spec: str, preset: str) -> None:
-    "Body of a --memory child: build, run two steps, print the process's peak RSS and the RSS before the first step."
+    """Body of a --memory child: build, run two steps and then `LATER_STEPS` more; print the process's peak RSS after
+    the first two and after all of them (memory a step leaves behind grows the second), and the RSS before the first."""
     arch, L, mixing = spec.split(",")
     run = make_run_config(arch, L=int(L), preset=preset, verbose=False)
     b = Bench(run, run.train.global_batch, torch.device("cpu"), mixing)
@@ -190,6 +193,8 @@ def rss_child(spec: str, preset: str) -> None:
     b.step()
     b.step()
     peak = _peak_rss_kib()
+    for _ in range(LATER_STEPS):
+        b.step()
     print(
         json.dumps(
             dict(
@@ -199,6 +204,7 @@ def rss_child(spec: str, preset: str) -> None:
                 rss_before_step_mib=round(before / 1024, 1),
                 peak_rss_mib=round(peak / 1024, 1),
                 step_mib=round((peak - before) / 1024, 1),
+                peak_rss_later_mib=round(_peak_rss_kib() / 1024, 1),
             )
         )
     )
@@ -325,11 +331,14 @@ def main(argv=None):
         )
     memory = peak_rss_rows(a, archs, [m or "fused" for m in mixings]) if a.memory else None
     if memory:
-        print(f"\n{'arch':>14} {'L':>3} {'mixing':>9} {'peak RSS MiB':>12} {'step MiB':>9} {'fixed mmap':>10}")
+        print(
+            f"\n{'arch':>14} {'L':>3} {'mixing':>9} {'peak RSS MiB':>12} {'step MiB':>9} {'fixed mmap':>10} "
+            f"{f'after {2 + LATER_STEPS}':>9}"
+        )
         for r in memory:
             print(
                 f"{r['arch']:>14} {r['n_layer']:>3} {r['mixing']:>9} {r['peak_rss_mib']:>12.1f} {r['step_mib']:>9.1f} "
-                f"{r['peak_rss_fixed_mmap_mib']:>10.1f}"
+                f"{r['peak_rss_fixed_mmap_mib']:>10.1f} {r['peak_rss_later_mib']:>9.1f}"
             )
     if a.json:
         with open(a.json, "w") as f:
