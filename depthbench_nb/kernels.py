@@ -2169,8 +2169,9 @@ class _SinkhornTokensLastFn(torch.autograd.Function):
     """`sinkhorn_ref` on z [n, n, R] (tokens last: every round is vectorised over the tokens), with its backward written
     out: each normalisation y = x / (sum x + eps) sends back (g - sum(g y)) / (sum x + eps), walking the saved iterates
     (what autograd of the reference saves as well) without its per-op graph. Each iterate is a tensor of its own, as
-    the reference's: one [2 n_iter - 1, n, n, R] block per connector, held from forward to backward, fragments glibc's
-    heap (about 50 MiB more peak RSS for mHC at L 32 tiny) and is touched afresh every step (about 4% of its time)."""
+    the reference's: one [2 n_iter - 1, n, n, R] block per connector, held from forward to backward, would fragment
+    glibc's heap (a peak RSS above the reference's for mHC at L 32 tiny: `bench_train.py --memory`) and be touched
+    afresh every step."""
 
     @staticmethod
     def forward(ctx, z: Tensor, n_iter: int):
