@@ -1429,9 +1429,11 @@ def mixing_path(override: Optional[str] = None) -> str:
 class DepthStore:
     """The depth states of one forward pass in one buffer allocated once: `values` [slots, N, w], written slot by slot
     and never overwritten, so the first n slots are one contiguous [n, N, w] block that every reader reads in place.
-    Readers take the newest handle, which `write` returns and the caller keeps (never the store: see above); the
-    gradient of every slot accumulates in `grad` [slots, N, w] (allocated by the first backward that reaches it) and
-    leaves through the write that filled the slot, after all its readers (autograd's order: `_WriteSlot`)."""
+    Readers take the newest handle, which `write` returns and the caller keeps: a store that kept it would close a
+    reference cycle with the graph that keeps the store, through autograd's C++ nodes, which Python's garbage collector
+    cannot collect. The gradient of every slot accumulates in `grad` [slots, N, w] (allocated by the first backward
+    that reaches it) and leaves through the write that filled the slot, after all its readers (autograd's order:
+    `_WriteSlot`)."""
 
     def __init__(
         self,
@@ -1666,7 +1668,7 @@ class _AttnResSiteFn(torch.autograd.Function):
 
 def attnres_site(
     store: AttnResStore,
-    handle: Tensor,
+    handle: Optional[Tensor],
     n: int,
     query: Tensor,
     key_weight: Tensor,
@@ -2064,13 +2066,13 @@ class _DepthValuesFn(torch.autograd.Function):
         return None, None, _slot_dots(V, dy.to(V.dtype)).to(p.dtype), None
 
 
-def depth_scores(store: DepthStore, handle: Tensor, S: int, q: Tensor) -> Tensor:
+def depth_scores(store: DepthStore, handle: Optional[Tensor], S: int, q: Tensor) -> Tensor:
     """Dot products of queries q [g, hd, N] with the first S depth keys of their token in `store` [slots, hd, N]: [S, g,
     N]."""
     return _DepthScoresFn.apply(store, S, q, handle)
 
 
-def depth_values(store: DepthStore, handle: Tensor, S: int, p: Tensor) -> Tensor:
+def depth_values(store: DepthStore, handle: Optional[Tensor], S: int, p: Tensor) -> Tensor:
     "Weighted sums p [S, g, N] of the first S depth values of their token in `store` [slots, hd, N]: [g, hd, N]."
     return _DepthValuesFn.apply(store, S, p, handle)
 
@@ -2156,7 +2158,14 @@ class _MoDAAttentionFn(torch.autograd.Function):
 
 
 def moda_attention(
-    q: Tensor, k: Tensor, v: Tensor, keys: DepthStore, values: DepthStore, handle: Tensor, S: int, groups: int
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    keys: DepthStore,
+    values: DepthStore,
+    handle: Optional[Tensor],
+    S: int,
+    groups: int,
 ) -> Optional[Tensor]:
     """MoDA's joint attention [B, H, T, hd] on a CPU (k, v repeated to H heads, causal from position 0; the stores hold
     `groups` query heads per KV head); None where it does not apply."""
