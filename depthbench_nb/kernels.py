@@ -1451,7 +1451,6 @@ class DepthStore:
         self.rows_last = rows_last  # narrow w: reductions over w then run along N
         self.grad: Optional[Tensor] = None  # like `values`: the readers' sums
         self.outers: list[tuple[int, Tensor, Tensor]] = []  # the readers' deferred terms (`add_outer`)
-        self.count = 0  # slots written so far (in order)
         self.first: Optional[int] = None  # the first slot written: its write's backward runs last
 
     def grad_buffer(self) -> Tensor:
@@ -1476,7 +1475,6 @@ class DepthStore:
         """Fill `slot` with x [..., w] (rows in order), after the write whose handle is `after`; returns this write's
         handle, which readers of the slot take. The slot's gradient flows back to x once every reader's backward ran."""
         handle = _WriteSlot.apply(self, slot, x, after)
-        self.count = max(self.count, slot + 1)
         self.first = slot if self.first is None else self.first
         return handle
 
