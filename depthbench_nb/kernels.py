@@ -1450,7 +1450,7 @@ class DepthStore:
         self.values = new(shape, dtype=dtype, device=device)  # [slots, N, w] (rows_last: [slots, w, N])
         self.rows_last = rows_last  # narrow w: reductions over w then run along N
         self.grad: Optional[Tensor] = None  # like `values`: the readers' sums
-        self.outers: list[tuple[int, Tensor, Tensor]] = []  # the readers' deferred terms (`add_outer`)
+        self.outers: list[tuple[int, tuple[Tensor, ...], Tensor]] = []  # the readers' deferred terms (`add_outer`)
         self.first: Optional[int] = None  # the first slot written: its write's backward runs last
 
     def grad_buffer(self) -> Tensor:
@@ -1465,7 +1465,7 @@ class DepthStore:
         each slot's sum per reader. With g groups that would be g reads: the terms are added into `grad` at once."""
         dtype = torch.promote_types(self.values.dtype, torch.float32)
         if a.shape[1] == 1:
-            self.outers.append((S, a.to(dtype), y.to(dtype)))
+            self.outers.append((S, a[:, 0].to(dtype).unbind(0), y[0].to(dtype)))  # each slot's weight [N], term [w, N]
             return
         G = self.grad_buffer()[:S]
         for j in range(a.shape[1]):
@@ -1485,9 +1485,9 @@ class DepthStore:
         """The accumulated gradient of one slot [N, w] (rows_last: [w, N]), with what a subclass adds (AttnRes: the
         1/rms path); None where no reader reached it."""
         total = self.grad[slot].clone() if self.grad is not None else None
-        for S, a, y in self.outers:
-            for weight, term in zip(a[slot], y) if slot < S else ():  # per group: [N] and [w, N]
-                total = weight * term if total is None else total.addcmul_(weight, term)
+        for S, weights, term in self.outers:
+            if slot < S:
+                total = weights[slot] * term if total is None else total.addcmul_(weights[slot], term)
         return total
 
     def _clear(self, slot: int) -> None:
@@ -1554,14 +1554,23 @@ def _attnres_partial_terms(partial: Tensor, c: Tensor, eps: float) -> tuple[Tens
     return partial @ c, torch.rsqrt(torch.linalg.vector_norm(partial, dim=-1).square() / partial.shape[-1] + eps)
 
 
-def _row_dots(sources: list[Tensor], y: Tensor) -> Tensor:
-    """Per source and row, the dot products of every source [R, d] with y [R, d]: [S, R] (`torch.linalg.vecdot`'s
-    numbers), through one scratch product: a fresh [R, d] product per source would cost more in allocation and first
-    touch than the product itself."""
-    out = torch.empty((len(sources), y.shape[0]), dtype=y.dtype, device=y.device)
-    product = torch.empty_like(y)
-    for s, v in enumerate(sources):
-        torch.sum(torch.mul(v, y, out=product), -1, out=out[s])
+_DOTS_CHUNK_ELEMS = 1 << 19  # a scratch product of about 2 MiB (fp32): a few sources per op, still in the caches
+
+
+def _row_dots(sources: Tensor, y: Tensor, partial: Optional[Tensor] = None) -> Tensor:
+    """Per source and row, the dot products of sources [n, R, d] (and of the partial sum [R, d], last) with y [R, d]:
+    [S, R] (`torch.linalg.vecdot`'s numbers), a few sources at a time through one scratch product. A fresh product
+    per source would cost more in allocation and first touch than the product itself, and a source per op would pay
+    the dispatch and a reduction over short rows S times."""
+    n = sources.shape[0]
+    out = torch.empty((n + (partial is not None), y.shape[0]), dtype=y.dtype, device=y.device)
+    chunk = max(1, min(n, _DOTS_CHUNK_ELEMS // y.numel()))
+    product = torch.empty((chunk, *y.shape), dtype=y.dtype, device=y.device)
+    for s in range(0, n, chunk):
+        c = min(chunk, n - s)
+        torch.sum(torch.mul(sources[s : s + c], y, out=product[:c]), -1, out=out[s : s + c])
+    if partial is not None:
+        torch.sum(torch.mul(partial, y, out=product[0]), -1, out=out[n])
     return out
 
 
@@ -1599,7 +1608,7 @@ def _attnres_site_bwd_torch(
         draw += rho * (g - raw * rho.square() * (g * raw).mean(-1, keepdim=True))
         dwo = (dout * raw * rho).sum(0)
     V = store.values[:n]  # [n, R, d]
-    dprob = _row_dots(list(V) + ([partial] if partial is not None else []), draw)  # [S, R]
+    dprob = _row_dots(V, draw, partial)  # [S, R]
     if dp_in is not None:
         dprob = dprob + dp_in
     dz = p * (dprob - (p * dprob).sum(0, keepdim=True))  # [S, R] softmax backward
@@ -1997,9 +2006,6 @@ def _attnres_site_bwd_triton(
     return dc.sum(0), (dwo.sum(0) if dout is not None else None), dpart
 
 # %% ../nbs/01a_kernels.ipynb #a760c2d9
-_DOTS_CHUNK_ELEMS = 1 << 19  # a scratch product of about 2 MiB (fp32): a few slots per op, still in the caches
-
-
 def _slot_dots(X: Tensor, y: Tensor) -> Tensor:
     """Per slot and row, X [S, w, N] . y [g, w, N] over w -> [S, g, N], a few slots at a time through one scratch
     product [c, g, w, N] (no [S, g, w, N] product is formed; a fresh product per slot would cost more in allocation
@@ -2015,10 +2021,12 @@ def _slot_dots(X: Tensor, y: Tensor) -> Tensor:
 
 
 def _slot_sum(X: Tensor, a: Tensor) -> Tensor:
-    "Sum over slots of a [S, g, N] times X [S, w, N] -> [g, w, N], a slot at a time."
-    out = X[0][None] * a[0][:, None, :]
-    for s in range(1, X.shape[0]):
-        out.addcmul_(X[s][None], a[s][:, None, :])
+    """Sum over slots of a [S, g, N] times X [S, w, N] -> [g, w, N], a slot at a time. The slots and their weights are
+    split by one `unbind` each: indexing them one by one in Python costs about as much as a pass over a tiny slot."""
+    slots, weights = X.unbind(0), a.unsqueeze(2).unbind(0)  # [w, N] and [g, 1, N] each
+    out = slots[0] * weights[0]
+    for x, weight in zip(slots[1:], weights[1:]):
+        out.addcmul_(x, weight)
     return out
 
 
@@ -2080,9 +2088,11 @@ _FLASH_CPU_BWD = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_fo
 
 
 def _rows_of_heads(t: Tensor, groups: int) -> Tensor:
-    "[B, H, T, w] -> [groups, w, N]: rows N = (b, t, KV head), head h = KV head h // groups (the store's layout)."
+    """[B, H, T, w] -> [groups, w, N]: rows N = (b, t, KV head), head h = KV head h // groups (the store's layout).
+    Always contiguous: the queries arrive as a transposed view ([B, T, H, w] in memory), whose rows would merge into a
+    strided view (N with stride w), and every pass over the slots against a strided operand runs at half speed."""
     B, H, T, w = t.shape
-    return t.view(B, H // groups, groups, T, w).permute(2, 4, 0, 3, 1).reshape(groups, w, -1)
+    return t.view(B, H // groups, groups, T, w).permute(2, 4, 0, 3, 1).reshape(groups, w, -1).contiguous()
 
 
 def _heads_of_rows(t: Tensor, B: int, T: int) -> Tensor:
