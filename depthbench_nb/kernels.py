@@ -1554,23 +1554,29 @@ def _attnres_partial_terms(partial: Tensor, c: Tensor, eps: float) -> tuple[Tens
     return partial @ c, torch.rsqrt(torch.linalg.vector_norm(partial, dim=-1).square() / partial.shape[-1] + eps)
 
 
-_DOTS_CHUNK_ELEMS = 1 << 19  # a scratch product of about 2 MiB (fp32): a few sources per op, still in the caches
+_DOTS_CHUNK_ELEMS = 1 << 19  # a scratch product of about 2 MiB (fp32): a few states per op, still in the caches
+
+
+def _chunked_dots(X: Tensor, y: Tensor, dim: int, out: Tensor) -> Tensor:
+    """out[s] = the sum over `dim` of X[s] * y (each X[s] broadcast to y's shape), a few s at a time through one
+    scratch product [c, *y.shape]. A fresh product per s would cost more in allocation and first touch than the product
+    itself, and one s per op would pay the dispatch and a reduction over short rows len(X) times."""
+    chunk = max(1, min(len(X), _DOTS_CHUNK_ELEMS // y.numel()))
+    product = torch.empty((chunk, *y.shape), dtype=out.dtype, device=out.device)
+    for s in range(0, len(X), chunk):
+        c = min(chunk, len(X) - s)
+        torch.sum(torch.mul(X[s : s + c], y, out=product[:c]), dim, out=out[s : s + c])
+    return out
 
 
 def _row_dots(sources: Tensor, y: Tensor, partial: Optional[Tensor] = None) -> Tensor:
     """Per source and row, the dot products of sources [n, R, d] (and of the partial sum [R, d], last) with y [R, d]:
-    [S, R] (`torch.linalg.vecdot`'s numbers), a few sources at a time through one scratch product. A fresh product
-    per source would cost more in allocation and first touch than the product itself, and a source per op would pay
-    the dispatch and a reduction over short rows S times."""
+    [S, R] (`torch.linalg.vecdot`'s numbers)."""
     n = sources.shape[0]
     out = torch.empty((n + (partial is not None), y.shape[0]), dtype=y.dtype, device=y.device)
-    chunk = max(1, min(n, _DOTS_CHUNK_ELEMS // y.numel()))
-    product = torch.empty((chunk, *y.shape), dtype=y.dtype, device=y.device)
-    for s in range(0, n, chunk):
-        c = min(chunk, n - s)
-        torch.sum(torch.mul(sources[s : s + c], y, out=product[:c]), -1, out=out[s : s + c])
+    _chunked_dots(sources, y, -1, out[:n])
     if partial is not None:
-        torch.sum(torch.mul(partial, y, out=product[0]), -1, out=out[n])
+        _chunked_dots(partial[None], y, -1, out[n:])
     return out
 
 
@@ -2007,17 +2013,11 @@ def _attnres_site_bwd_triton(
 
 # %% ../nbs/01a_kernels.ipynb #a760c2d9
 def _slot_dots(X: Tensor, y: Tensor) -> Tensor:
-    """Per slot and row, X [S, w, N] . y [g, w, N] over w -> [S, g, N], a few slots at a time through one scratch
-    product [c, g, w, N] (no [S, g, w, N] product is formed; a fresh product per slot would cost more in allocation
-    and first touch than the product itself)."""
+    """Per slot and row, X [S, w, N] . y [g, w, N] over w -> [S, g, N], a few slots at a time (`_chunked_dots`: no
+    [S, g, w, N] product is formed)."""
     S, N = X.shape[0], X.shape[2]
     out = torch.empty((S, y.shape[0], N), dtype=torch.promote_types(X.dtype, y.dtype), device=X.device)
-    chunk = max(1, min(S, _DOTS_CHUNK_ELEMS // y.numel()))
-    product = torch.empty((chunk, *y.shape), dtype=out.dtype, device=X.device)
-    for s in range(0, S, chunk):
-        c = min(chunk, S - s)
-        torch.sum(torch.mul(X[s : s + c, None], y, out=product[:c]), 2, out=out[s : s + c])
-    return out
+    return _chunked_dots(X[:, None], y, 2, out)
 
 
 def _slot_sum(X: Tensor, a: Tensor) -> Tensor:
@@ -2090,7 +2090,7 @@ _FLASH_CPU_BWD = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_fo
 def _rows_of_heads(t: Tensor, groups: int) -> Tensor:
     """[B, H, T, w] -> [groups, w, N]: rows N = (b, t, KV head), head h = KV head h // groups (the store's layout).
     Always contiguous: the queries arrive as a transposed view ([B, T, H, w] in memory), whose rows would merge into a
-    strided view (N with stride w), and every pass over the slots against a strided operand runs at half speed."""
+    strided view (N with stride w), and every pass over the slots against a strided operand would be far slower."""
     B, H, T, w = t.shape
     return t.view(B, H // groups, groups, T, w).permute(2, 4, 0, 3, 1).reshape(groups, w, -1).contiguous()
 
@@ -2187,8 +2187,7 @@ class _SinkhornTokensLastFn(torch.autograd.Function):
     out: each normalisation y = x / (sum x + eps) sends back (g - sum(g y)) / (sum x + eps), walking the saved iterates
     (what autograd of the reference saves as well) without its per-op graph. Each iterate is a tensor of its own, as
     the reference's: one [2 n_iter - 1, n, n, R] block per connector, held from forward to backward, would fragment
-    glibc's heap (a peak RSS above the reference's for mHC at L 32 tiny: `bench_train.py --memory`) and be touched
-    afresh every step."""
+    glibc's heap and be touched afresh every step."""
 
     @staticmethod
     def forward(ctx, z: Tensor, n_iter: int):
