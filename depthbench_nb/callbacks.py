@@ -5,6 +5,7 @@
 # %% ../nbs/02g_callbacks.ipynb #25c1f9be
 from __future__ import annotations
 
+import importlib
 import json
 import math
 import os
@@ -16,7 +17,7 @@ from typing import Callable, Optional, Sequence
 import torch
 import torch.nn.functional as F
 
-from .config import RunConfig
+from .config import ConfigError, RunConfig, short_repr
 from .console import flatten, scalar_or_str
 from .data import held_out_set
 from .runs import RECORD_FILES, MetricsLog, SignalCatcher, save_checkpoint
@@ -32,7 +33,8 @@ from depthbench_nb.parallel import (
 # %% auto #0
 __all__ = ['DEFAULT_CHECKPOINT_EVERY', 'LayerStats', 'evaluate', 'TrainState', 'Callback', 'callbacks_state_dict',
            'load_callbacks_state', 'save_state', 'StopAfter', 'DivergenceGuard', 'SpeedMeter', 'Evaluator',
-           'MetricsWriter', 'LayerStatsRecorder', 'Trackers', 'ProgressBar', 'Checkpointer', 'default_callbacks']
+           'MetricsWriter', 'LayerStatsRecorder', 'Trackers', 'ProgressBar', 'Checkpointer', 'default_callbacks',
+           'parse_callback', 'build_callbacks', 'callback_specs']
 
 # %% ../nbs/02g_callbacks.ipynb #384ee52b
 class LayerStats:
@@ -461,7 +463,7 @@ class Checkpointer(Callback):
 
 
 def default_callbacks(run: RunConfig, progress: bool = True, stop_after: Optional[int] = None) -> list[Callback]:
-    "The callbacks every run has; `train(callbacks=...)` adds to them."
+    "The callbacks every run has and the run's own (`RunConfig.callbacks`); `train(callbacks=...)` adds to them."
     t = run.train
     cbs = [DivergenceGuard(), SpeedMeter(), Evaluator(), MetricsWriter(), ProgressBar(progress), Checkpointer()]
     if stop_after is not None:
@@ -470,4 +472,58 @@ def default_callbacks(run: RunConfig, progress: bool = True, stop_after: Optiona
         cbs.append(LayerStatsRecorder(t.layer_stats_every))
     if t.trackers:
         cbs.append(Trackers())
-    return cbs
+    return cbs + (build_callbacks(run.callbacks) if run.callbacks else [])
+
+# %% ../nbs/02g_callbacks.ipynb #e96adffb
+def parse_callback(spec) -> dict:
+    """A callback spec as `{"path": "package.module:Name", "args": {...}}`, from that dict or from the text
+    `package.module:Name` or `package.module:Name={"key": value}` (the arguments as a JSON object)."""
+    if isinstance(spec, dict):
+        path, args = spec.get("path"), spec.get("args") or {}
+        extra = sorted(set(spec) - {"path", "args"})
+        if extra:
+            raise ConfigError(f"callback {short_repr(spec)}: unknown keys {extra}; a callback takes path and args")
+    elif isinstance(spec, str):
+        path, _, text = spec.partition("=")
+        try:
+            args = json.loads(text) if text.strip() else {}
+        except ValueError as e:
+            raise ConfigError(
+                f"callback {short_repr(spec)}: the arguments after '=' must be a JSON object ({e})"
+            ) from None
+    else:
+        raise ConfigError(f"a callback is 'package.module:Name[={{json}}]' or a dict, got {type(spec).__name__}")
+    if not isinstance(path, str) or path.count(":") != 1 or not all(path.strip().split(":")):
+        raise ConfigError(f"callback path must be 'package.module:Name', got {short_repr(path)}")
+    if not isinstance(args, dict):
+        raise ConfigError(f"callback {path}: its arguments must be a JSON object, got {short_repr(args)}")
+    return dict(path=path.strip(), args=args)
+
+
+def build_callbacks(specs: Sequence) -> list[Callback]:
+    "The callbacks of specs (`parse_callback`'s forms), each imported and built (ConfigError saying what failed)."
+    out = []
+    for spec in specs:
+        spec = parse_callback(spec)
+        module, name = spec["path"].split(":")
+        try:
+            cls = getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError) as e:
+            raise ConfigError(f"callback {spec['path']}: cannot import it ({type(e).__name__}: {e})") from None
+        base = importlib.import_module("depthbench_nb.callbacks").Callback  # the package's class (also in notebooks)
+        if not (isinstance(cls, type) and issubclass(cls, base)):
+            raise ConfigError(f"callback {spec['path']} is not a Callback class (depthbench_nb.callbacks.Callback)")
+        try:
+            out.append(cls(**spec["args"]))
+        except TypeError as e:
+            raise ConfigError(
+                f"callback {spec['path']}: its arguments {short_repr(spec['args'])} do not fit ({e})"
+            ) from None
+    return out
+
+
+def callback_specs(specs: Sequence) -> tuple[dict, ...]:
+    "Specs as a run records them, each checked by building it once (nothing of the run is built yet)."
+    out = tuple(parse_callback(s) for s in (specs or ()))
+    build_callbacks(out)
+    return out
