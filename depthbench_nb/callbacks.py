@@ -524,6 +524,7 @@ def build_callbacks(specs: Sequence) -> list[Callback]:
 
 def callback_specs(specs: Sequence) -> tuple[dict, ...]:
     "Specs as a run records them, each checked by building it once (nothing of the run is built yet)."
-    out = tuple(parse_callback(s) for s in (specs or ()))
+    specs = [specs] if isinstance(specs, (str, dict)) else (specs or ())  # one callback given alone
+    out = tuple(parse_callback(s) for s in specs)
     build_callbacks(out)
     return out

@@ -146,10 +146,10 @@ class RunParams:
     ortho_dtype: Optional[str] = _param(
         "looped MuonH orthogonalisation: None is bfloat16 (the paper) | float32 (exact comparisons)"
     )
-    overrides: dict = field(  # any config field by its dotted name (`settable_fields`); the CLI's --set
-        default_factory=dict, metadata=dict(help="dotted config name -> value: train.warmup_frac, model.n_kv_head, ...")
+    overrides: Optional[dict] = _param(  # any config field by its dotted name (`settable_fields`): the CLI's --set
+        "dotted config name -> value: {train.warmup_frac: 0.01, model.n_kv_head: 4, ...}"
     )
-    callbacks: tuple = _param("callbacks by import path: 'package.module:Name' or {path: ..., args: {...}}", ())
+    callbacks: Optional[list] = _param("callbacks by import path: ['package.module:Name', {path: ..., args: {...}}]")
     options: dict = field(default_factory=dict)  # design options: config.DESIGN_OPTIONS (looped: r is `recurrence`)
 
     @classmethod
@@ -184,27 +184,20 @@ class RunParams:
         "Every parameter as papermill's -p/-f values for nbs/10_train.ipynb (unset design options as None)."
         out = {k: getattr(self, k) for k in self.names()}
         out["trackers"] = ",".join(_tracker_list(self.trackers))
-        out["callbacks"] = list(self.callbacks)  # YAML (papermill's -f) has no tuples
+        out["callbacks"] = list(self.callbacks) if self.callbacks else None  # YAML (papermill's -f) has no tuples
         return out | {k: self.options.get(k) for k in DESIGN_OPTIONS if k != "recurrence"}
 
     @classmethod
     def parameters_cell(cls, **values) -> str:
         """The source of 10_train's parameters cell: every parameter and design option with its default (or `values`)
         and help."""
-        rows = [
-            (f.name, values.get(f.name, _default(f)), f.metadata["help"]) for f in fields(cls) if f.name != "options"
-        ]
+        rows = [(f.name, values.get(f.name, f.default), f.metadata["help"]) for f in fields(cls) if f.name != "options"]
         rows += [(k, values.get(k), rule) for k, (_, rule) in _paper_options().items() if k != "recurrence"]
         return "\n".join(_assignment(k, v, h) for k, v, h in rows)
 
     def resolve(self, verbose: bool = True) -> RunConfig:
         "The validated RunConfig: preset, shape, design options, data and recipe resolved (bad input: ConfigError)."
         return _resolve(self, verbose)
-
-
-def _default(f):
-    "A field's default, built where it has a factory."
-    return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
 
 
 def _literal(value) -> str:

@@ -608,7 +608,13 @@ def write_params(folder: Path, run: RunConfig, say: Callable[[str], None] = prin
                 f"(they are not part of the run id)"
             )
     notes.setdefault("provenance", provenance())
-    return atomic_write_json(path, dict(run.to_dict(), overrides=run.overrides, run_id=run.run_id, **notes))
+    record = run.to_dict() | {s: _every_field(getattr(run, s)) for s in ("model", "data", "train")}
+    return atomic_write_json(path, dict(record, overrides=run.overrides, run_id=run.run_id, **notes))
+
+
+def _every_field(cfg) -> dict:
+    "A config as a dict with every field, those its hash leaves out while unset (`_OMIT_WHEN_NONE`) as null."
+    return dict.fromkeys(cfg._OMIT_WHEN_NONE) | cfg.to_dict()
 
 
 def adopt_legacy_folder(run: RunConfig, say: Callable[[str], None] = print) -> Optional[Path]:

@@ -702,7 +702,7 @@ def cli_train(argv=None) -> int:
         if not a.arch:
             raise ConfigError("--arch is required (or --run-config)")
         opts = {o: getattr(a, o) for o in DESIGN_OPTIONS if o != "recurrence" and getattr(a, o) is not None}
-        values = dataclass_values(RunParams, a) | dict(overrides=parse_overrides(a.set), callbacks=tuple(a.callback))
+        values = dataclass_values(RunParams, a) | dict(overrides=parse_overrides(a.set), callbacks=a.callback)
         run = RunParams(**values, options=opts).resolve(verbose=not a.json)
         why = resolve_preset(a.preset)[1]
     with (
