@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from .config import ConfigError, RunConfig, short_repr
+from .run_params import parse_callback
 from .console import flatten, scalar_or_str
 from .data import held_out_set
 from .runs import RECORD_FILES, MetricsLog, SignalCatcher, save_checkpoint
@@ -34,7 +35,7 @@ from depthbench_nb.parallel import (
 __all__ = ['DEFAULT_CHECKPOINT_EVERY', 'LayerStats', 'evaluate', 'TrainState', 'Callback', 'callbacks_state_dict',
            'load_callbacks_state', 'save_state', 'StopAfter', 'DivergenceGuard', 'SpeedMeter', 'Evaluator',
            'MetricsWriter', 'LayerStatsRecorder', 'Trackers', 'ProgressBar', 'Checkpointer', 'default_callbacks',
-           'parse_callback', 'build_callbacks', 'callback_specs']
+           'build_callbacks']
 
 # %% ../nbs/02g_callbacks.ipynb #384ee52b
 class LayerStats:
@@ -475,31 +476,6 @@ def default_callbacks(run: RunConfig, progress: bool = True, stop_after: Optiona
     return cbs + (build_callbacks(run.callbacks) if run.callbacks else [])
 
 # %% ../nbs/02g_callbacks.ipynb #e96adffb
-def parse_callback(spec) -> dict:
-    """A callback spec as `{"path": "package.module:Name", "args": {...}}`, from that dict or from the text
-    `package.module:Name` or `package.module:Name={"key": value}` (the arguments as a JSON object)."""
-    if isinstance(spec, dict):
-        path, args = spec.get("path"), spec.get("args") or {}
-        extra = sorted(set(spec) - {"path", "args"})
-        if extra:
-            raise ConfigError(f"callback {short_repr(spec)}: unknown keys {extra}; a callback takes path and args")
-    elif isinstance(spec, str):
-        path, _, text = spec.partition("=")
-        try:
-            args = json.loads(text) if text.strip() else {}
-        except ValueError as e:
-            raise ConfigError(
-                f"callback {short_repr(spec)}: the arguments after '=' must be a JSON object ({e})"
-            ) from None
-    else:
-        raise ConfigError(f"a callback is 'package.module:Name[={{json}}]' or a dict, got {type(spec).__name__}")
-    if not isinstance(path, str) or path.count(":") != 1 or not all(path.strip().split(":")):
-        raise ConfigError(f"callback path must be 'package.module:Name', got {short_repr(path)}")
-    if not isinstance(args, dict):
-        raise ConfigError(f"callback {path}: its arguments must be a JSON object, got {short_repr(args)}")
-    return dict(path=path.strip(), args=args)
-
-
 def build_callbacks(specs: Sequence) -> list[Callback]:
     "The callbacks of specs (`parse_callback`'s forms), each imported and built (ConfigError saying what failed)."
     out = []
@@ -519,12 +495,4 @@ def build_callbacks(specs: Sequence) -> list[Callback]:
             raise ConfigError(
                 f"callback {spec['path']}: its arguments {short_repr(spec['args'])} do not fit ({e})"
             ) from None
-    return out
-
-
-def callback_specs(specs: Sequence) -> tuple[dict, ...]:
-    "Specs as a run records them, each checked by building it once (nothing of the run is built yet)."
-    specs = [specs] if isinstance(specs, (str, dict)) else (specs or ())  # one callback given alone
-    out = tuple(parse_callback(s) for s in specs)
-    build_callbacks(out)
     return out

@@ -8,6 +8,9 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import importlib
+import inspect
+import json
 import math
 import re
 import typing
@@ -51,7 +54,8 @@ from .costs import train_flops_per_token
 
 # %% auto #0
 __all__ = ['LOOPED_RECIPE', 'LOOPED_TINY', 'INIT_SEEDS', 'ON_GRID_FREE', 'RunParams', 'make_run_config', 'settable_fields',
-           'apply_overrides', 'dotted_values', 'parse_overrides', 'total_steps', 'open_data']
+           'apply_overrides', 'dotted_values', 'parse_overrides', 'parse_callback', 'callback_specs', 'total_steps',
+           'open_data']
 
 # %% ../nbs/02e_run_params.ipynb #895e7da2
 LOOPED_RECIPE = dict(
@@ -322,8 +326,6 @@ def _resolve(p: RunParams, verbose: bool) -> RunConfig:
         compile=p.compile,
         fsdp=p.fsdp,
     )
-    from depthbench_nb.callbacks import callback_specs  # the callbacks import the trainer's pieces: only when resolving
-
     if p.overrides:
         run = apply_overrides(run, p.overrides, paper_grid=None if pre.grid == "tiny" else pre.name, verbose=verbose)
     return run.replace(callbacks=callback_specs(p.callbacks)) if p.callbacks else run
@@ -531,6 +533,53 @@ def parse_overrides(texts) -> dict:
             out[name] = yaml.load(value, Loader=_Literal)
         except yaml.YAMLError as e:
             raise ConfigError(f"--set {name}: {short_repr(value)} is not a YAML literal ({type(e).__name__})") from None
+    return out
+
+# %% ../nbs/02e_run_params.ipynb #ff9a83ec
+def parse_callback(spec) -> dict:
+    """A callback spec as `{"path": "package.module:Name", "args": {...}}`, from that dict or from the text
+    `package.module:Name` or `package.module:Name={"key": value}` (the arguments as a JSON object)."""
+    if isinstance(spec, dict):
+        path, args = spec.get("path"), spec.get("args") or {}
+        extra = sorted(set(spec) - {"path", "args"})
+        if extra:
+            raise ConfigError(f"callback {short_repr(spec)}: unknown keys {extra}; a callback takes path and args")
+    elif isinstance(spec, str):
+        path, _, text = spec.partition("=")
+        try:
+            args = json.loads(text) if text.strip() else {}
+        except ValueError as e:
+            raise ConfigError(
+                f"callback {short_repr(spec)}: the arguments after '=' must be a JSON object ({e})"
+            ) from None
+    else:
+        raise ConfigError(f"a callback is 'package.module:Name[={{json}}]' or a dict, got {type(spec).__name__}")
+    if not isinstance(path, str) or path.count(":") != 1 or not all(path.strip().split(":")):
+        raise ConfigError(f"callback path must be 'package.module:Name', got {short_repr(path)}")
+    if not isinstance(args, dict):
+        raise ConfigError(f"callback {path}: its arguments must be a JSON object, got {short_repr(args)}")
+    return dict(path=path.strip(), args=args)
+
+
+def callback_specs(specs) -> tuple[dict, ...]:
+    """Callback specs as a run records them, each checked without building it: the module imports, the name is a class
+    with a callback's hooks (`callbacks.Callback`), its arguments fit its signature. `build_callbacks` builds them."""
+    specs = [specs] if isinstance(specs, (str, dict)) else (specs or ())  # one callback given alone
+    out = tuple(parse_callback(s) for s in specs)
+    for spec in out:
+        module, name = spec["path"].split(":")
+        try:
+            cls = getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError) as e:
+            raise ConfigError(f"callback {spec['path']}: cannot import it ({type(e).__name__}: {e})") from None
+        if not (isinstance(cls, type) and all(hasattr(cls, h) for h in ("state_dict", "on_step_end", "order"))):
+            raise ConfigError(f"callback {spec['path']} is not a Callback class (depthbench_nb.callbacks.Callback)")
+        try:
+            inspect.signature(cls).bind(**spec["args"])
+        except TypeError as e:
+            raise ConfigError(
+                f"callback {spec['path']}: its arguments {short_repr(spec['args'])} do not fit ({e})"
+            ) from None
     return out
 
 # %% ../nbs/02e_run_params.ipynb #1aaf25a2
