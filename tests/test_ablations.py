@@ -17,6 +17,7 @@ from depthbench_nb import run_params
 from depthbench_nb.cli import main
 from depthbench_nb.config import DataConfig, ModelConfig, TrainConfig, identity_rule_breaches
 from depthbench_nb.run_params import RunParams, make_run_config, parse_overrides, settable_fields
+from depthbench_nb.report_common import PaperPlan, run_comparability
 from depthbench_nb.runs import run_dir, write_params
 from depthbench_nb.sweep import StudyGroup, collect, collect_by, expand_study, load_study
 from depthbench_nb.trainer import train
@@ -129,6 +130,12 @@ def test_an_override_the_paper_grid_fixes_marks_the_run_off_grid(tmp_path, capsy
     assert tiny.off_grid == ()  # the tiny preset is no paper grid
     params = json.loads(write_params(tmp_path / "r", off, say=lambda m: None).read_text())
     assert params["off_grid"] == ["model.n_kv_head", "train.seq_len"] and params["model"]["n_kv_head"] == 4
+    # the reports: a run off the grid is not comparable with the paper's cell, whatever else matches
+    plan = PaperPlan(label="400M L16", shape=dict(d_model=off.model.d_model))
+    record = dict(status="completed", d_model=off.model.d_model)
+    assert run_comparability(record, plan) == (True, [])
+    ok, why = run_comparability(dict(record, off_grid=",".join(off.off_grid)), plan)
+    assert not ok and why == ["off the paper's grid: model.n_kv_head,train.seq_len"]
 
 
 def test_papermill_overrides_and_callbacks(runs_dir, tiny_data, tmp_path, probe_importable):
