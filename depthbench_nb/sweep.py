@@ -78,7 +78,7 @@ from depthbench_nb.slurm import (
 )
 from .shapes import count_params, get_grid, resolve_preset
 from .costs import train_flops_per_token
-from .console import Arg, call_parsed, emit, flatten, template_path
+from .console import Arg, call_parsed, emit, flatten, sequences_as_json, template_path
 
 # %% auto #0
 __all__ = ['MAX_STUDY_BYTES', 'MAX_STUDY_NODES', 'GPU_PEAK_FLOPS', 'DEFAULT_MFU', 'RUN_STATUSES', 'EXECUTORS', 'RESULT_FIELDS',
@@ -87,7 +87,7 @@ __all__ = ['MAX_STUDY_BYTES', 'MAX_STUDY_NODES', 'GPU_PEAK_FLOPS', 'DEFAULT_MFU'
            'entry_progress', 'run_command', 'execute_entry', 'TrainingWorker', 'close_workers', 'worker_main',
            'entry_status_locked', 'run_study', 'unfinished_runs', 'study_status', 'stale_runs', 'record_plan',
            'planned_run_ids', 'slurm_tasks', 'slurm_script', 'write_slurm_script', 'collect', 'status_by', 'collect_by',
-           'looped_fit_table', 'lr_optima', 'study_entries', 'add_extra_entries', 'extend_lr_entries',
+           'looped_fit_table', 'lr_optima', 'study_entries', 'add_extra_entries', 'extend_lr_entries', 'swept_names',
            'sweep_plan_command', 'sweep_run_command', 'sweep_status_command', 'cli_sweep', 'collect_command',
            'cli_collect']
 
@@ -1373,9 +1373,10 @@ def looped_fit_table(df: pd.DataFrame, provenance: str = "real") -> pd.DataFrame
 SHAPE_KEYS = ("arch", "L", "d_model", "r", "s", "C")
 
 
-def lr_optima(df: pd.DataFrame, loss_col: str = "final_val_loss", delta: float = 0.01) -> pd.DataFrame:
-    "Best LR, edge flag and log-LR parabola per (design, shape) of a collected table."
-    keys = [k for k in SHAPE_KEYS if k in df.columns]
+def lr_optima(df: pd.DataFrame, loss_col: str = "final_val_loss", delta: float = 0.01, by: tuple = ()) -> pd.DataFrame:
+    """Best LR, edge flag and log-LR parabola per (design, shape) of a collected table, and per value of each column
+    of `by` (an ablation's swept names, `swept_names`: one optimum per warmup, not the best over both)."""
+    keys = [k for k in (*SHAPE_KEYS, *by) if k in df.columns]
     out = []
     for key, g in df.groupby(keys, dropna=False, sort=True):
         ok = g[(g.status == "completed") & np.isfinite(pd.to_numeric(g[loss_col], errors="coerce"))]
@@ -1455,21 +1456,20 @@ def extend_lr_entries(spec: StudySpec, df: pd.DataFrame, factor: float = 2.0, sa
     edge."""
     from depthbench_nb.run_params import make_run_config
 
-    opt = lr_optima(df)
     planned = {e.run_id: e for e in study_entries(spec)}
+    swept = swept_names(planned.values())
+    opt = lr_optima(df, by=swept)
     by_shape = {}
     for e in planned.values():
-        m = e.run.model
-        by_shape.setdefault(
-            tuple(map(_norm, (m.arch, m.n_layer, m.d_model, e.params.get("r"), e.params.get("s"), e.params.get("C")))),
-            e,
-        )
+        m, values = e.run.model, flatten(e.run.content(), leaf=sequences_as_json)
+        shape = (m.arch, m.n_layer, m.d_model, e.params.get("r"), e.params.get("s"), e.params.get("C"))
+        by_shape.setdefault(tuple(map(_norm, shape + tuple(values.get(n) for n in swept))), e)
     new = []
-    for row in opt[opt.extend.notna()].itertuples():
-        base = by_shape.get(tuple(map(_norm, (row.arch, row.L, row.d_model, row.r, row.s, row.C))))
+    for row in opt[opt.extend.notna()].to_dict("records"):
+        base = by_shape.get(tuple(_norm(row.get(k)) for k in (*SHAPE_KEYS, *swept)))
         if base is None:
             continue
-        lr = row.best_lr * factor if row.extend == "higher" else row.best_lr / factor
+        lr = row["best_lr"] * factor if row["extend"] == "higher" else row["best_lr"] / factor
         params = dict(base.params, lr=float(f"{lr:.6g}"))
         with contextlib.redirect_stdout(None):
             run = make_run_config(**params, verbose=False)
@@ -1478,6 +1478,12 @@ def extend_lr_entries(spec: StudySpec, df: pd.DataFrame, factor: float = 2.0, sa
     if save and new:
         add_extra_entries(spec, new)
     return new
+
+# %% ../nbs/05b_sweep.ipynb #55c5f245
+def swept_names(entries) -> tuple[str, ...]:
+    """The dotted names an ablation sets (any run's `overrides`), but the LR and the seed: the LR optimum is sought,
+    and a table is grouped, per value of each (`lr_optima(by=...)`)."""
+    return tuple(sorted({n for e in entries for n in e.run.overrides} - {"train.lr", "train.seed"}))
 
 # %% ../nbs/05b_sweep.ipynb #9fbc344f
 def sweep_plan_command(
@@ -1712,7 +1718,7 @@ def collect_command(
     spec = load_study(study)
     df = collect(spec)
     root = runs_root() / spec.name
-    opt = lr_optima(df)
+    opt = lr_optima(df, by=swept_names(study_entries(spec)))
     stale = stale_runs(spec)
     out = dict(
         study=spec.name,
