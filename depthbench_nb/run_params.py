@@ -473,7 +473,7 @@ def apply_overrides(
         changes.setdefault(section, {})[key] = value
     new = run.replace(**{s: _replaced(getattr(run, s), s, c, table) for s, c in changes.items()})
     before, after = dotted_values(run), dotted_values(new)
-    changed = {n: after[n] for n in overrides if after.get(n) != before.get(n)}
+    changed = {n: after.get(n) for n in overrides if after.get(n) != before.get(n)}
     off = sorted(n for n in changed if paper_grid and n not in ON_GRID_FREE)
     if off and verbose:
         print(
@@ -504,10 +504,22 @@ def _unknown_name(name: str, table: dict) -> ConfigError:
 def _replaced(cfg, section: str, changes: dict, table: dict):
     "A config with its fields changed, its rules checked; a refusal names the overrides, their types and the rule."
     try:
-        return dataclasses.replace(cfg, **changes)
+        return dataclasses.replace(cfg, **(_derived_follow(cfg, changes) if section == "model" else changes))
     except ConfigError as e:
         given = ", ".join(f"{section}.{k}={short_repr(v)} ({table[f'{section}.{k}'][1]})" for k, v in changes.items())
         raise ConfigError(f"{given} refused: {e}") from None
+
+
+def _derived_follow(model: ModelConfig, changes: dict) -> dict:
+    """Fields the model derived from others (n_kv_head = n_head, ffn_hidden from d_model) are derived again from the
+    overridden ones, unless they were set themselves or held another value."""
+    out = dict(changes)
+    if "n_head" in out and "n_kv_head" not in out and model.n_kv_head == model.n_head:
+        out["n_kv_head"] = None
+    if "d_model" in out and "ffn_hidden" not in out:
+        if model.ffn_hidden == ffn_hidden_default(model.d_model, ARCHS[model.arch].ffn_rule):
+            out["ffn_hidden"] = None
+    return out
 
 # %% ../nbs/02e_run_params.ipynb #ebee0aa5
 class _Literal(yaml.SafeLoader):

@@ -214,7 +214,9 @@ def train(
             if run.num_processes > 1 and not in_launched_process():
                 if callbacks:
                     raise ConfigError(
-                        "callbacks run in the calling process; with num_processes > 1 the launched processes train"
+                        "callbacks given as objects run in the calling process; with num_processes > 1 the launched "
+                        "processes train: pass them by import path (--callback, make_run_config(callbacks=[...])), "
+                        "which every process builds"
                     )
                 device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
                 if resolve_compile(run.compile, device):

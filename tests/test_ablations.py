@@ -222,7 +222,15 @@ def test_the_warmup_ablation_study_plans_runs_and_groups_by_the_swept_name(runs_
     assert "closest: train.warmup_frac" in capsys.readouterr().err
 
 
-def test_a_study_group_set_is_checked_when_the_study_loads():
+def test_a_study_group_set_is_checked_when_the_study_loads(tmp_path):
+    group = dict(
+        name="g", archs=["preln"], depths=[2], callbacks=[PROBE], set={"train.betas": [[0.9, 0.95], [0.8, 0.9]]}
+    )
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(dict(name="s", preset="tiny", groups=[group])))
+    plan = expand_study(load_study(path))
+    assert [e.run.train.betas for e in plan] == [(0.9, 0.95), (0.8, 0.9)]  # a list of lists sweeps a list field
+    assert all(e.run.callbacks == ({"path": PROBE, "args": {}},) for e in plan)
     with pytest.raises(Exception, match="closest: train.warmup_frac"):
         StudyGroup(name="g", archs=("preln",), set={"train.warmup": [0.1]})
     with pytest.raises(Exception, match="sweeps an empty list"):
