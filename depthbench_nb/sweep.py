@@ -428,7 +428,7 @@ def plan_rows(entries: list[RunEntry], gpu_peak_flops: float = GPU_PEAK_FLOPS, m
     "One row per run: id, settings, params, tokens, estimated FLOPs and GPU-hours."
     from depthbench_nb.run_params import total_steps
 
-    rows = []
+    rows, swept = [], swept_names(entries)
     for e in entries:
         run, t = e.run, e.run.train
         steps = total_steps(run)
@@ -455,6 +455,8 @@ def plan_rows(entries: list[RunEntry], gpu_peak_flops: float = GPU_PEAK_FLOPS, m
                 gpu_hours=flops / (gpu_peak_flops * mfu) / 3600,
             )
         )
+        values = flatten(run.content(), leaf=sequences_as_json)
+        rows[-1].update({n: values.get(n) for n in swept})  # an ablation's swept names, one column each
     return rows
 
 # %% ../nbs/05b_sweep.ipynb #ec2010de
@@ -1528,6 +1530,7 @@ def sweep_plan_command(
             "tokens",
             "train_flops",
             "gpu_hours",
+            *swept_names(study_entries(spec)),
         ],
     )
     print(
