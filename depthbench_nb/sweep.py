@@ -83,13 +83,13 @@ from .console import Arg, call_parsed, emit, flatten, sequences_as_json, templat
 # %% auto #0
 __all__ = ['MAX_STUDY_BYTES', 'MAX_STUDY_NODES', 'GPU_PEAK_FLOPS', 'DEFAULT_MFU', 'RUN_STATUSES', 'EXECUTORS', 'RESULT_FIELDS',
            'SHAPE_KEYS', 'StudyGroup', 'StudySpec', 'group_sets', 'studies_dir', 'study_names', 'load_study',
-           'RunEntry', 'expand_study', 'plan_rows', 'sweep_dir', 'RunLock', 'is_running', 'attempts', 'entry_status',
-           'entry_progress', 'run_command', 'execute_entry', 'TrainingWorker', 'close_workers', 'worker_main',
-           'entry_status_locked', 'run_study', 'unfinished_runs', 'study_status', 'stale_runs', 'record_plan',
-           'planned_run_ids', 'slurm_tasks', 'slurm_script', 'write_slurm_script', 'collect', 'status_by', 'collect_by',
-           'looped_fit_table', 'lr_optima', 'study_entries', 'add_extra_entries', 'extend_lr_entries', 'swept_names',
-           'sweep_plan_command', 'sweep_run_command', 'sweep_status_command', 'cli_sweep', 'collect_command',
-           'cli_collect']
+           'RunEntry', 'expand_study', 'swept_names', 'plan_rows', 'sweep_dir', 'RunLock', 'is_running', 'attempts',
+           'entry_status', 'entry_progress', 'run_command', 'execute_entry', 'TrainingWorker', 'close_workers',
+           'worker_main', 'entry_status_locked', 'run_study', 'unfinished_runs', 'study_status', 'stale_runs',
+           'record_plan', 'planned_run_ids', 'slurm_tasks', 'slurm_script', 'write_slurm_script', 'collect',
+           'status_by', 'collect_by', 'looped_fit_table', 'lr_optima', 'study_entries', 'add_extra_entries',
+           'extend_lr_entries', 'sweep_plan_command', 'sweep_run_command', 'sweep_status_command', 'cli_sweep',
+           'collect_command', 'cli_collect']
 
 # %% ../nbs/05b_sweep.ipynb #a94f1d9d
 @dataclass(frozen=True)
@@ -418,6 +418,12 @@ def expand_study(spec: StudySpec) -> list[RunEntry]:
             seen[e.run_id] = f"{e.label()!r} (group {g.name!r})"
             entries.append(e)
     return entries
+
+# %% ../nbs/05b_sweep.ipynb #55c5f245
+def swept_names(entries) -> tuple[str, ...]:
+    """The dotted names an ablation sets (any run's `overrides`), but the LR and the seed: the LR optimum is sought,
+    and a table is grouped, per value of each (`lr_optima(by=...)`)."""
+    return tuple(sorted({n for e in entries for n in e.run.overrides} - {"train.lr", "train.seed"}))
 
 # %% ../nbs/05b_sweep.ipynb #07a2351e
 GPU_PEAK_FLOPS = PEAK_BF16_FLOPS["H100"]  # the planning GPU: H100 SXM dense bf16 (depthbench_nb.runs)
@@ -1480,12 +1486,6 @@ def extend_lr_entries(spec: StudySpec, df: pd.DataFrame, factor: float = 2.0, sa
     if save and new:
         add_extra_entries(spec, new)
     return new
-
-# %% ../nbs/05b_sweep.ipynb #55c5f245
-def swept_names(entries) -> tuple[str, ...]:
-    """The dotted names an ablation sets (any run's `overrides`), but the LR and the seed: the LR optimum is sought,
-    and a table is grouped, per value of each (`lr_optima(by=...)`)."""
-    return tuple(sorted({n for e in entries for n in e.run.overrides} - {"train.lr", "train.seed"}))
 
 # %% ../nbs/05b_sweep.ipynb #9fbc344f
 def sweep_plan_command(
