@@ -150,10 +150,18 @@ class RunParams:
     ortho_dtype: Optional[str] = _param(
         "looped MuonH orthogonalisation: None is bfloat16 (the paper) | float32 (exact comparisons)"
     )
-    overrides: Optional[dict] = _param(  # any config field by its dotted name (`settable_fields`): the CLI's --set
-        "dotted config name -> value: {train.warmup_frac: 0.01, model.n_kv_head: 4, ...}"
+    overrides: Optional[dict] = _param(  # any config field by its dotted name (`settable_fields`)
+        "any config field by its dotted name: {train.warmup_frac: 0.01} (the command line: --set, repeatable)",
+        flags=("--set",),
+        repeat=True,
+        metavar="NAME=VALUE",
     )
-    callbacks: Optional[list] = _param("callbacks by import path: ['package.module:Name', {path: ..., args: {...}}]")
+    callbacks: Optional[list] = _param(
+        "callbacks by import path: ['pkg.mod:Name', {path: ..., args: {}}] (CLI: --callback, repeatable)",
+        flags=("--callback",),
+        repeat=True,
+        metavar="MODULE:NAME[=JSON]",
+    )
     options: dict = field(default_factory=dict)  # design options: config.DESIGN_OPTIONS (looped: r is `recurrence`)
 
     @classmethod

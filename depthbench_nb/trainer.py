@@ -643,23 +643,7 @@ def train_parser() -> argparse.ArgumentParser:
         epilog=_settable_epilog(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    add_dataclass_options(p, RunParams, skip=("overrides", "callbacks"))
-    p.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="NAME=VALUE",
-        help="any config field by its dotted name, the value a YAML literal (repeatable): --set train.warmup_frac=0.01 "
-        "--set train.betas=[0.9,0.95] (every name: below)",
-    )
-    p.add_argument(
-        "--callback",
-        action="append",
-        default=[],
-        metavar="MODULE:NAME[=JSON]",
-        help="a Callback class by import path, its keyword arguments as a JSON object (repeatable): "
-        "--callback 'mypkg.probes:Probe={\"every\": 2}'; built on every process, recorded in params.json",
-    )
+    add_dataclass_options(p, RunParams)
     g = p.add_argument_group(
         "design options", "passed to the design (config.DESIGN_OPTIONS); a design refuses the ones it does not take"
     )
@@ -704,7 +688,8 @@ def cli_train(argv=None) -> int:
         if not a.arch:
             raise ConfigError("--arch is required (or --run-config)")
         opts = {o: getattr(a, o) for o in DESIGN_OPTIONS if o != "recurrence" and getattr(a, o) is not None}
-        values = dataclass_values(RunParams, a) | dict(overrides=parse_overrides(a.set), callbacks=a.callback)
+        values = dataclass_values(RunParams, a)
+        values["overrides"] = parse_overrides(values["overrides"])  # --set NAME=VALUE texts: a dotted-name mapping
         run = RunParams(**values, options=opts).resolve(verbose=not a.json)
         why = resolve_preset(a.preset)[1]
     with (
@@ -745,7 +730,11 @@ def _settable_epilog() -> str:
         option = kind.startswith("a design option")
         section = name.split(".")[0] + (" (design options)" if option else "")
         rows.setdefault(section, []).append(name.split(".", 1)[1] + ("" if option else f" ({kind})"))
-    lines = ["--set names (the preset gives the defaults; the docs' Ablations page is the guide):"]
+    lines = [
+        "--set NAME=VALUE: the value a YAML literal (0.01, 1e-3, [0.9,0.95], null); the preset gives the defaults",
+        "--callback 'package.module:Name={\"every\": 2}': a Callback class, its arguments as JSON (every process)",
+        "The docs' Ablations page is the guide. The names:",
+    ]
     for section, names in rows.items():
         lines.append(textwrap.fill(", ".join(names), 100, initial_indent=f"  {section}: ", subsequent_indent="    "))
     return "\n".join(lines)
