@@ -5,6 +5,7 @@
 # %% ../nbs/06a_reports.ipynb #0d8f3d17
 from __future__ import annotations
 
+import difflib
 import json
 import math
 import os
@@ -28,12 +29,13 @@ from .runs import list_runs, read_params, read_result
 from .shapes import count_params
 
 # %% auto #0
-__all__ = ['REFERENCE_FILES', 'ACCOUNTING_LABEL', 'PAPER_LABEL', 'PAPER_PRESETS', 'PAPER_STATUSES', 'RUN_COLUMNS',
-           'reference_table', 'Scale', 'study_scale', 'markdown_table', 'Report', 'PaperItem', 'paper_item_index',
-           'normalize_runs', 'scan_study', 'study_table', 'completed', 'run_folder', 'load_diagnostics', 'best_lr_rows',
-           'recipe_runs', 'status_section', 'PaperPlan', 'as_number', 'is_present', 'record_field', 'planned_steps',
-           'planned_tokens', 'run_comparability', 'scale_label', 'RunScale', 'themed_pyplot', 'lr_sensitivity_figure',
-           'show_report', 'show_artifact', 'show_missing']
+__all__ = ['REFERENCE_FILES', 'ACCOUNTING_LABEL', 'PAPER_LABEL', 'PAPER_PRESETS', 'PAPER_STATUSES', 'RUN_COLUMNS', 'REPLICATES',
+           'NOT_SWEPT', 'RECORD_NOTES', 'reference_table', 'Scale', 'study_scale', 'markdown_table', 'Report',
+           'PaperItem', 'paper_item_index', 'normalize_runs', 'scan_study', 'study_table', 'completed', 'run_folder',
+           'load_diagnostics', 'swept_names', 'with_swept', 'replicate_means', 'best_lr_rows', 'recipe_runs',
+           'status_section', 'PaperPlan', 'as_number', 'is_present', 'record_field', 'planned_steps', 'planned_tokens',
+           'run_comparability', 'scale_label', 'RunScale', 'themed_pyplot', 'lr_sensitivity_figure', 'show_report',
+           'show_artifact', 'show_missing']
 
 # %% ../nbs/06a_reports.ipynb #68cac690
 REFERENCE_FILES = {"depthbench": "depthbench_paper.csv", "looped": "looped_paper.csv"}
@@ -123,6 +125,7 @@ class Report:
     verdicts: list = field(default_factory=list)
     gaps: dict = field(default_factory=dict)  # paper item -> the panels, designs or scales it lacks (a partial item)
     paper_index: Optional[pd.DataFrame] = None  # one row per table and figure of the paper (`paper_item_index`)
+    by: tuple = ()  # dotted names the tables and figures group by besides the swept ones (`report --by`)
 
     def _stem(self, name):
         return name.rsplit(".", 1)[0]
@@ -271,6 +274,8 @@ RUN_COLUMNS = (
     "params_backbone",
     "diverged_step",
     "error",
+    "peak_mem_bytes",
+    "tokens_per_s_median",
 )
 
 
@@ -315,6 +320,7 @@ def scan_study(study: str) -> pd.DataFrame:
         )
         row.update({k: res.get(k) for k in RUN_COLUMNS if k not in row})
         row.update(flatten(run.to_dict()))
+        row.update(_record_notes(folder))
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -347,7 +353,7 @@ def study_table(study: str) -> pd.DataFrame:
                     f"[report] left out {len(stale)} stale run(s), not in the study's current plan: {', '.join(stale)}"
                 )
             df = df[df["run_id"].isin(plan)]
-    return normalize_runs(df)
+    return normalize_runs(_with_record_notes(df))
 
 
 def completed(df: pd.DataFrame) -> pd.DataFrame:
@@ -365,18 +371,136 @@ def load_diagnostics(row) -> Optional[dict]:
     p = run_folder(row) / "diagnostics" / "diagnostics.json"
     return json.loads(p.read_text()) if p.exists() else None
 
+# %% ../nbs/06a_reports.ipynb #44408ef5
+REPLICATES = ("train.seed",)  # fields whose runs repeat one cell: averaged, never a column of a report's tables
+NOT_SWEPT = ("train.lr",)  # chosen per cell (the best LR), never a group
 
-def best_lr_rows(df: pd.DataFrame, keys=("arch", "n_layer", "d_model")) -> pd.DataFrame:
-    "Per shape of a design: the completed run with the lowest final validation loss (the paper reports the best LR)."
+
+def swept_names(df: pd.DataFrame, by=()) -> list[str]:
+    """The dotted names an ablation varies among the runs of `df`: each name set in a record's `overrides` that takes
+    more than one value (replicates and the LR left out), then the names of `by` (any column of the table)."""
+    df = _with_record_notes(df)
+    names, replicates = set(), set(REPLICATES)
+    for notes in df.get("overrides", pd.Series(dtype=object)):
+        names |= set(_as_dict(notes))
+    names |= {c[len("overrides.") :] for c in df.columns if c.startswith("overrides.")}
+    for listed in df.get("replicates", pd.Series(dtype=object)):
+        replicates |= set(_as_list(listed))
+    df = _with_names(df, names)
+    swept = [n for n in sorted(names - replicates - set(NOT_SWEPT)) if df[n].nunique(dropna=False) > 1]
+    unknown = [b for b in by if b not in df.columns]
+    if unknown:
+        near = difflib.get_close_matches(unknown[0], [str(c) for c in df.columns if "." in str(c)], n=4)
+        raise ConfigError(
+            f"cannot group by {unknown[0]!r}: no such column in the run records"
+            + (f"; closest: {', '.join(near)}" if near else "; group by a dotted config name such as train.warmup_frac")
+        )
+    return swept + [b for b in by if b not in swept]
+
+# %% ../nbs/06a_reports.ipynb #56c90cc3
+RECORD_NOTES = ("overrides", "off_grid", "replicates")  # keys of params.json besides the config that reports read
+
+
+def _as_dict(v) -> dict:
+    "A record's `overrides`: a dict, or its JSON text (a CSV or parquet table); {} when absent."
+    if isinstance(v, str):
+        try:
+            v = json.loads(v)
+        except ValueError:
+            return {}
+    return v if isinstance(v, dict) else {}
+
+
+def _as_list(v) -> list:
+    if isinstance(v, str):
+        try:
+            v = json.loads(v)
+        except ValueError:
+            return [v]
+    return list(v) if isinstance(v, (list, tuple, np.ndarray)) else []
+
+
+def _overrides_of(record) -> dict:
+    "The dotted names a record's `overrides` sets (also read from `overrides.NAME` columns of a flattened table)."
+    out = _as_dict(record.get("overrides"))
+    items = record.items() if hasattr(record, "items") else ()
+    out.update({k[len("overrides.") :]: v for k, v in items if str(k).startswith("overrides.") and is_present(v)})
+    return out
+
+
+def _record_notes(folder: Path) -> dict:
+    "The keys of RECORD_NOTES a run folder's params.json holds (records made before them hold none)."
+    try:
+        d = json.loads((Path(folder) / "params.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return {k: d[k] for k in RECORD_NOTES if isinstance(d, dict) and k in d}
+
+
+def _with_record_notes(df: pd.DataFrame) -> pd.DataFrame:
+    """A run table with the RECORD_NOTES columns (None where a record has no such key), read from each run's
+    params.json where the table lacks them."""
+    lacking = [k for k in RECORD_NOTES if k not in df.columns]
+    if not len(df) or not lacking or not {"study", "run_id"} <= set(df.columns):
+        return df
+    notes = [_record_notes(runs_root() / str(s) / str(r)) for s, r in zip(df["study"], df["run_id"])]
+    return df.assign(**{k: [n.get(k) for n in notes] for k in lacking})
+
+
+def _hashable(v):
+    return json.dumps(v, sort_keys=True) if isinstance(v, (list, tuple, dict)) else v
+
+
+def _with_names(df: pd.DataFrame, names) -> pd.DataFrame:
+    """`df` with a column per dotted name of `names`: the table's own (flattened config) where it has one, else the
+    records' overrides (NaN where a record did not set it); lists as JSON text so they group."""
+    df = df.copy()
+    for n in names:
+        if n not in df.columns:
+            df[n] = [_overrides_of(r).get(n, np.nan) for r in (df.iloc[i] for i in range(len(df)))]
+        df[n] = df[n].map(_hashable)
+    return df
+
+# %% ../nbs/06a_reports.ipynb #3044805a
+def with_swept(df: pd.DataFrame, by=()) -> pd.DataFrame:
+    "`df` with a column per swept name (`swept_names`, `by` included), lists as JSON text so that they group."
+    return _with_names(df, swept_names(df, by))
+
+# %% ../nbs/06a_reports.ipynb #b944de99
+def replicate_means(df: pd.DataFrame, keys, loss: str = "final_val_loss") -> pd.DataFrame:
+    """One row per cell (`keys`) × learning rate of `df`: `loss` is the mean over the cell's replicates, `{loss}_std`
+    their sample standard deviation (ddof 1; NaN for a single run), `n_replicates` how many; the rest of the row is
+    the cell's lowest-loss run (its record: shape, steps, run id, diagnostics)."""
+    cols = list(keys) + ["lr"]
+    df = df.dropna(subset=[loss])
+    if not len(df):
+        return df.assign(**{f"{loss}_std": pd.Series(dtype=float), "n_replicates": pd.Series(dtype=int)})
+    g = df.groupby(cols, dropna=False, sort=False)[loss]
+    df = df.assign(_mean=g.transform("mean"), _std=g.transform("std"), _n=g.transform("size"))
+    out = df.sort_values(loss, kind="stable").drop_duplicates(cols)
+    out = out.assign(**{loss: out["_mean"], f"{loss}_std": out["_std"], "n_replicates": out["_n"].astype(int)})
+    return out.drop(columns=["_mean", "_std", "_n"]).sort_values(cols).reset_index(drop=True)
+
+# %% ../nbs/06a_reports.ipynb #aa9ae0d8
+def best_lr_rows(df: pd.DataFrame, keys=("arch", "n_layer", "d_model"), by=()) -> pd.DataFrame:
+    """Per cell of the completed runs (a shape of a design, and each value of the swept names, `swept_names`): the
+    learning rate with the lowest mean final validation loss over its replicates (the paper reports the best LR). A row
+    carries that mean (`final_val_loss`), `final_val_loss_std`, `n_replicates`, the LRs tried (`n_lrs`) and `ratio`."""
     done = completed(df).dropna(subset=["final_val_loss"])
     if not len(done):
-        return done.assign(n_lrs=pd.Series(dtype=int), ratio=pd.Series(dtype=float))
-    idx = done.groupby(list(keys))["final_val_loss"].idxmin()
-    out = done.loc[idx].copy()
-    n_lrs = done.groupby(list(keys))["lr"].nunique()
-    out["n_lrs"] = [int(n_lrs.loc[tuple(k)]) for k in out[list(keys)].itertuples(index=False)]
+        return done.assign(
+            n_lrs=pd.Series(dtype=int),
+            ratio=pd.Series(dtype=float),
+            final_val_loss_std=pd.Series(dtype=float),
+            n_replicates=pd.Series(dtype=int),
+        )
+    names = [n for n in swept_names(done, by) if n not in keys]
+    keys = list(keys) + names
+    means = replicate_means(_with_names(done, names), keys)
+    means["n_lrs"] = means.groupby(keys, dropna=False)["lr"].transform("size").astype(int)
+    out = means.sort_values("final_val_loss", kind="stable").drop_duplicates(keys)
     out["ratio"] = out["d_model"] / out["n_layer"]
-    return out.sort_values(list(keys)).reset_index(drop=True)
+    return out.sort_values(keys).reset_index(drop=True)
 
 # %% ../nbs/06a_reports.ipynb #cc53a53d
 def recipe_runs(df: pd.DataFrame, shared: bool = True) -> pd.Series:
@@ -494,6 +618,9 @@ def run_comparability(record, plan: Optional[PaperPlan]) -> tuple[bool, list[str
     diffs = []
     if is_present(record.get("status")) and record.get("status") != "completed":
         diffs.append(f"status {record.get('status')}")
+    if record.get("off_grid") in (True, "true", "True"):
+        set_ = ", ".join(f"{k}={_show(v)}" for k, v in sorted(_overrides_of(record).items()))
+        diffs.append("left the paper grid" + (f" (set: {set_})" if set_ else ""))
     for key, want in plan.shape.items():
         have = record_field(record, key)
         if have is None:
