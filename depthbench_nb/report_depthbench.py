@@ -346,8 +346,8 @@ def _val_loss_table(rep: Report, best: pd.DataFrame, done: pd.DataFrame, paper: 
         tab.sort_values(["preset", "arch", "n_layer"]),
         "depthbench_val_loss",
         "Validation loss at the best LR per design x shape x preset (and swept name): val_loss is the mean over the "
-        "cell's replicates (seeds) at the LR of the lowest mean, val_loss_std their sample standard deviation (ddof 1), "
-        "n_replicates how many; the paper's Figure 2 number where the run has the paper's shape",
+        "cell's replicates (seeds) at the LR of the lowest mean, val_loss_std their sample standard deviation "
+        "(ddof 1), n_replicates how many; the paper's Figure 2 number where the run has the paper's shape",
     )
     return at_400m
 
