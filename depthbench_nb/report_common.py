@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import difflib
+import hashlib
 import json
 import math
 import os
@@ -20,6 +21,7 @@ import pandas as pd
 from depthbench_nb.config import (
     ConfigError,
     ModelConfig,
+    TrainConfig,
     atomic_write_text,
     package_dir,
     runs_root,
@@ -32,10 +34,10 @@ from .shapes import count_params
 __all__ = ['REFERENCE_FILES', 'ACCOUNTING_LABEL', 'PAPER_LABEL', 'PAPER_PRESETS', 'PAPER_STATUSES', 'RUN_COLUMNS', 'REPLICATES',
            'NOT_SWEPT', 'RECORD_NOTES', 'reference_table', 'Scale', 'study_scale', 'markdown_table', 'Report',
            'PaperItem', 'paper_item_index', 'normalize_runs', 'scan_study', 'study_table', 'completed', 'run_folder',
-           'load_diagnostics', 'swept_names', 'with_swept', 'replicate_means', 'best_lr_rows', 'recipe_runs',
-           'status_section', 'PaperPlan', 'as_number', 'is_present', 'record_field', 'planned_steps', 'planned_tokens',
-           'run_comparability', 'scale_label', 'RunScale', 'themed_pyplot', 'lr_sensitivity_figure', 'show_report',
-           'show_artifact', 'show_missing']
+           'load_diagnostics', 'swept_names', 'with_swept', 'replicate_means', 'replicate_group', 'best_lr_rows',
+           'recipe_runs', 'status_section', 'PaperPlan', 'as_number', 'is_present', 'record_field', 'planned_steps',
+           'planned_tokens', 'run_comparability', 'scale_label', 'RunScale', 'themed_pyplot', 'lr_sensitivity_figure',
+           'show_report', 'show_artifact', 'show_missing']
 
 # %% ../nbs/06a_reports.ipynb #68cac690
 REFERENCE_FILES = {"depthbench": "depthbench_paper.csv", "looped": "looped_paper.csv"}
@@ -380,14 +382,12 @@ def swept_names(df: pd.DataFrame, by=()) -> list[str]:
     """The dotted names an ablation varies among the runs of `df`: each name set in a record's `overrides` that takes
     more than one value (replicates and the LR left out), then the names of `by` (any column of the table)."""
     df = _with_record_notes(df)
-    names, replicates = set(), set(REPLICATES)
+    names = set()
     for notes in df.get("overrides", pd.Series(dtype=object)):
         names |= set(_as_dict(notes))
     names |= {c[len("overrides.") :] for c in df.columns if c.startswith("overrides.")}
-    for listed in df.get("replicates", pd.Series(dtype=object)):
-        replicates |= set(_as_list(listed))
     df = _with_names(df, names)
-    swept = [n for n in sorted(names - replicates - set(NOT_SWEPT)) if df[n].nunique(dropna=False) > 1]
+    swept = [n for n in sorted(names - _replicates(df) - set(NOT_SWEPT)) if df[n].nunique(dropna=False) > 1]
     unknown = [b for b in by if b not in df.columns]
     if unknown:
         near = difflib.get_close_matches(unknown[0], [str(c) for c in df.columns if "." in str(c)], n=4)
@@ -418,6 +418,14 @@ def _as_list(v) -> list:
         except ValueError:
             return [v]
     return list(v) if isinstance(v, (list, tuple, np.ndarray)) else []
+
+
+def _replicates(df: pd.DataFrame) -> set:
+    "REPLICATES and the names the records list under `replicates`."
+    out = set(REPLICATES)
+    for listed in df.get("replicates", pd.Series(dtype=object)):
+        out |= set(_as_list(listed))
+    return out
 
 
 def _overrides_of(record) -> dict:
@@ -481,11 +489,23 @@ def replicate_means(df: pd.DataFrame, keys, loss: str = "final_val_loss") -> pd.
     out = out.assign(**{loss: out["_mean"], f"{loss}_std": out["_std"], "n_replicates": out["_n"].astype(int)})
     return out.drop(columns=["_mean", "_std", "_n"]).sort_values(cols).reset_index(drop=True)
 
+# %% ../nbs/06a_reports.ipynb #b43c8db6
+def replicate_group(record, replicates=REPLICATES) -> str:
+    """A short key of a run's configuration without its replicate fields (the seed), its learning rate and the
+    operational options: runs of one group at one LR repeat the same experiment, and the reports average them. Read
+    from a record's flattened config (`model.*`, `data.*`, `train.*`); a table without it makes every run one group."""
+    skip = set(replicates) | set(NOT_SWEPT) | {f"train.{k}" for k in TrainConfig.OPERATIONAL}
+    items = sorted(
+        (k, v) for k, v in record.items() if str(k).split(".", 1)[0] in ("model", "data", "train") and k not in skip
+    )
+    return hashlib.sha256(json.dumps(items, default=str).encode()).hexdigest()[:10]
+
 # %% ../nbs/06a_reports.ipynb #aa9ae0d8
 def best_lr_rows(df: pd.DataFrame, keys=("arch", "n_layer", "d_model"), by=()) -> pd.DataFrame:
     """Per cell of the completed runs (a shape of a design, and each value of the swept names, `swept_names`): the
-    learning rate with the lowest mean final validation loss over its replicates (the paper reports the best LR). A row
-    carries that mean (`final_val_loss`), `final_val_loss_std`, `n_replicates`, the LRs tried (`n_lrs`) and `ratio`."""
+    learning rate with the lowest mean final validation loss over its replicates (the paper reports the best LR; runs
+    are replicates when their `replicate_group` is the same). A row carries that mean (`final_val_loss`),
+    `final_val_loss_std`, `n_replicates`, the LRs tried (`n_lrs`) and `ratio`."""
     done = completed(df).dropna(subset=["final_val_loss"])
     if not len(done):
         return done.assign(
@@ -496,9 +516,14 @@ def best_lr_rows(df: pd.DataFrame, keys=("arch", "n_layer", "d_model"), by=()) -
         )
     names = [n for n in swept_names(done, by) if n not in keys]
     keys = list(keys) + names
-    means = replicate_means(_with_names(done, names), keys)
-    means["n_lrs"] = means.groupby(keys, dropna=False)["lr"].transform("size").astype(int)
-    out = means.sort_values("final_val_loss", kind="stable").drop_duplicates(keys)
+    done = _with_names(done, names)
+    reps = _replicates(done)
+    done = done.assign(_config=[replicate_group(r, reps) for r in done.to_dict("records")])
+    # runs of one cell that differ in more than their replicates and LR (a design option, a step cap) are not averaged:
+    # each configuration is a candidate, like each LR, and the cell shows the best mean
+    means = replicate_means(done, keys + ["_config"])
+    means["n_lrs"] = means.groupby(keys, dropna=False)["lr"].transform("nunique").astype(int)
+    out = means.sort_values("final_val_loss", kind="stable").drop_duplicates(keys).drop(columns="_config")
     out["ratio"] = out["d_model"] / out["n_layer"]
     return out.sort_values(keys).reset_index(drop=True)
 
@@ -692,13 +717,21 @@ def themed_pyplot():
 
 
 def lr_sensitivity_figure(
-    rep: "Report", data: pd.DataFrame, loss_col: str, name: str, caption: str, xlabel: str, figsize=(6, 4), **line_kw
+    rep: "Report",
+    data: pd.DataFrame,
+    loss_col: str,
+    name: str,
+    caption: str,
+    xlabel: str,
+    figsize=(6, 4),
+    hue: str = "shape",
+    **line_kw,
 ) -> None:
-    """Validation loss against learning rate (log axis), one line per `shape` (the LR sensitivity of a sweep), into
-    `rep`."""
+    """Validation loss against learning rate (log axis), one line per `shape` (the LR sensitivity of a sweep), coloured
+    by `hue`, into `rep`."""
     plt, sns = themed_pyplot()
     fig, ax = plt.subplots(figsize=figsize)
-    sns.lineplot(data=data, x="lr", y=loss_col, hue="shape", marker="o", ax=ax, **line_kw)
+    sns.lineplot(data=data, x="lr", y=loss_col, hue=hue, marker="o", ax=ax, **line_kw)
     ax.set_xscale("log")
     ax.set_xlabel(xlabel)
     ax.set_ylabel("validation loss (nats)")

@@ -194,8 +194,9 @@ def with_comparability(
     """`rows` plus comparable (bool), what_differs, paper_cell and paper_group (the paper's grid: '400M', '1.6B', ...),
     each from `run_comparability` against the row's paper cell, and paper_shape (the run has its cell's shape)."""
     out = rows.copy()
+    rows_ = out.to_dict("records")  # one conversion of the whole table (a row at a time costs ms per wide row)
     res = []
-    for r in (out.iloc[i].to_dict() for i in range(len(out))):
+    for r in rows_:
         plan = plan_for(r)
         ok, why = run_comparability(r, plan)
         res.append((plan, ok, why if plan is not None else [no_plan(r)]))
@@ -203,7 +204,6 @@ def with_comparability(
     out["what_differs"] = ["; ".join(why) for _, _, why in res]
     out["paper_cell"] = [p.label if p else "" for p, _, _ in res]
     out["paper_group"] = [p.group if p else "" for p, _, _ in res]
-    rows_ = [out.iloc[i].to_dict() for i in range(len(out))]
     out["paper_shape"] = [
         p is not None and all(as_number(record_field(r, k)) == as_number(v) for k, v in p.shape.items())
         for (p, _, _), r in zip(res, rows_)
@@ -389,10 +389,14 @@ def _loss_vs_ratio_figure(rep: Report, best: pd.DataFrame, paper: pd.DataFrame, 
     )
 
 
+_LEGEND_LINES = 12  # more lines than this in the LR figure: coloured by design
+
+
 def _depthbench_lr_figure(rep: Report, done: pd.DataFrame) -> None:
     "Loss vs peak LR for every design x shape x preset trained at more than one LR (the paper reports the best only)."
     names = swept_names(done, rep.by)
-    multi = done.groupby(["arch", "preset", "n_layer"] + names, dropna=False)["lr"].transform("nunique") > 1
+    keys = ["arch", "preset", "n_layer"] + names
+    multi = done.groupby(keys, dropna=False)["lr"].transform("nunique") > 1
     if not multi.any():
         rep.note_missing("LR sensitivity figure", "no design x shape was trained at more than one learning rate")
         return
@@ -401,17 +405,21 @@ def _depthbench_lr_figure(rep: Report, done: pd.DataFrame) -> None:
     )
     for n in names:  # an ablation: one line per value of each swept name
         sub["shape"] = sub["shape"] + f" {n}=" + sub[n].astype(str)
+    many = sub["shape"].nunique() > _LEGEND_LINES  # then one colour per design: a legend of every shape is unreadable
+    lines = dict(hue="arch", units="shape", estimator=None) if many else dict(estimator="mean", errorbar="sd")
+    if many:  # a line per shape through its mean over replicates
+        sub = sub.groupby(["arch", "shape", "lr"], as_index=False)["final_val_loss"].mean()
     lr_sensitivity_figure(
         rep,
         sub,
         "final_val_loss",
         "depthbench_lr_sensitivity",
-        "LR sensitivity: validation loss vs peak LR per design x shape x preset, the mean over replicates (seeds) with "
-        "a band of one standard deviation where there are several (the paper reports the best LR only)",
+        "LR sensitivity: validation loss vs peak LR per design x shape x preset, the mean over replicates (seeds)"
+        + (", one colour per design" if many else " with a band of one standard deviation where there are several")
+        + " (the paper reports the best LR only)",
         "peak learning rate (log)",
         figsize=(6, 4),
-        estimator="mean",
-        errorbar="sd",
+        **lines,
     )
 
 

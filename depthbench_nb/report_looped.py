@@ -36,6 +36,7 @@ from depthbench_nb.report_common import (
     recipe_runs,
     record_field,
     reference_table,
+    replicate_group,
     replicate_means,
     run_comparability,
     run_folder,
@@ -285,6 +286,7 @@ def looped_frame(df: pd.DataFrame, by=()) -> pd.DataFrame:
                 scale=scale_label(ok, diffs),
                 paper_item=plan.group if plan else "",
                 seed=run.train.seed,
+                config=replicate_group(record),  # runs of one config and LR are replicates (seeds)
                 **{n: r[n] for n in names},
             )
         )
@@ -355,7 +357,8 @@ def _best_per_cell(frame: pd.DataFrame) -> pd.DataFrame:
     if not len(frame):
         return frame
     keys = ["variant", "r", "s", "C"] + [c for c in frame.columns if "." in str(c)]
-    means = replicate_means(frame.reset_index(drop=True), keys, loss="loss")
+    configs = ["config"] if "config" in frame else []  # other configurations of a cell: candidates, like its LRs
+    means = replicate_means(frame.reset_index(drop=True), keys + configs, loss="loss")
     return means.sort_values("loss", kind="stable").drop_duplicates(keys).sort_values(["r", "C", "s"])
 
 # %% ../nbs/06c_report_looped.ipynb #2f23a191
