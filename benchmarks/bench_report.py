@@ -203,6 +203,11 @@ def main():
     print(f"\nratio old / new: read path {ro / rn:.1f}x" + ("" if fn is None else f", whole report {fo / fn:.1f}x"))
     if fn is not None:
         print(f"target: whole report of {NEW} <= 15 s: {'met' if fn <= 15 else 'NOT met'} ({fn:.1f} s)")
+    # the two paths give the same numbers: the summaries are what the metrics lines say
+    cols = ["arch", "n_layer", "d_model", "peak_mem_bytes", "tokens_per_s_median"]
+    tables = [pd.read_csv(out / f"{s}-read" / "depthbench_costs_measured.csv") for s in (NEW, OLD)]
+    same = [t[cols].sort_values(cols).reset_index(drop=True) for t in tables]
+    print(f"measured-costs tables of the two studies: {len(tables[0])} rows each, identical: {same[0].equals(same[1])}")
 
 
 if __name__ == "__main__":
