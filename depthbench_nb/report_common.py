@@ -322,7 +322,7 @@ def scan_study(study: str) -> pd.DataFrame:
         )
         row.update({k: res.get(k) for k in RUN_COLUMNS if k not in row})
         row.update(flatten(run.to_dict()))
-        row.update(_record_notes(folder))
+        row.update(dict.fromkeys(RECORD_NOTES) | _record_notes(folder))  # None: a record made before the key
         rows.append(row)
     return pd.DataFrame(rows)
 
