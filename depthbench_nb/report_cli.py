@@ -70,8 +70,9 @@ def report_command(
         raise ConfigError(f"--bootstrap must be 0 (none) or >= 2 resamples, got {bootstrap}")
     if workers is not None and workers < 1:
         raise ConfigError(f"--workers must be >= 1, got {workers}")
-    if by:  # an unknown name is refused before any notebook runs, naming the closest
-        swept_names(study_table(study), by)
+    table = study_table(study) if by else None
+    if by and len(table):  # an unknown name is refused before any notebook runs, naming the closest
+        swept_names(table, by)
     which = (only,) if only else tuple(REPORT_NOTEBOOKS)
     effort = dict(
         restarts=restarts, n_bootstrap=bootstrap, bootstrap_restarts=boot_restarts, seed=seed, workers=workers

@@ -9,7 +9,7 @@ import statistics
 import pandas as pd
 import pytest
 
-from depthbench_nb import report_common, report_depthbench, report_looped
+from depthbench_nb import report_cli, report_common, report_depthbench, report_looped
 from depthbench_nb.cli import main
 from depthbench_nb.config import ConfigError
 from depthbench_nb.run_params import make_run_config
@@ -84,7 +84,7 @@ def test_an_ablations_swept_name_is_a_column_and_a_facet(runs_dir, tmp_path, mon
     assert "preset 400m\ntrain.warmup_frac=0.01" in fig2 and "preset 400m\ntrain.warmup_frac=0.05" in fig2
 
 
-def test_by_groups_older_records_and_refuses_unknown_names(runs_dir, tmp_path):
+def test_by_groups_older_records_and_refuses_unknown_names(runs_dir, tmp_path, monkeypatch, capsys):
     "Records made before `overrides` sweep nothing; `--by` groups them by any dotted name; a typo names the closest."
     ablation_record(2.9, None, seed=0)
     ablation_record(2.8, None, seed=1)
@@ -98,6 +98,13 @@ def test_by_groups_older_records_and_refuses_unknown_names(runs_dir, tmp_path):
     with pytest.raises(ConfigError, match="closest: train.warmup_frac"):
         report_depthbench.build_depthbench_report(STUDY, out_dir=tmp_path / "c", related=[], by=["train.warmup"])
     assert main(["report", STUDY, "--by", "train.warmup"]) == 2  # before any notebook runs
+    seen = {}
+    (runs_dir / STUDY / "report").mkdir()
+    monkeypatch.setattr(
+        report_cli, "run_report_notebooks", lambda study, which, params, progress: seen.update(params) or []
+    )
+    report_cli.cli_report([STUDY, "--by", "train.seed", "--json"])
+    assert seen["by"] == ["train.seed"]  # the notebooks' `by` parameter
 
 
 def test_a_run_off_the_paper_grid_is_shown_not_comparable(runs_dir, tmp_path):
