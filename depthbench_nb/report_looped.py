@@ -1180,6 +1180,12 @@ def _cell_means_table(rep: Report, base: pd.DataFrame) -> None:
         "replicates (seeds) at the LR of the lowest mean, loss_std their sample standard deviation (ddof 1), "
         "n_replicates how many; each cell counts once in a fit",
     )
+    if names and len(base.drop_duplicates(["variant", "r", "s", "C"])) < len(base):
+        rep.note_missing(
+            "one fit per value of a swept name",
+            f"the laws are fitted to the cells of every value of {', '.join(names)} together; a study per value "
+            "(or the table above) keeps them apart",
+        )
 
 # %% ../nbs/06c_report_looped.ipynb #ebfd00c8
 def looped_ablation_sections(rep: Report, lf: pd.DataFrame, paper: pd.DataFrame):

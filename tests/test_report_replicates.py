@@ -150,3 +150,15 @@ def test_looped_cells_are_replicate_means(runs_dir, tmp_path):
     report_looped.build_looped_report("looped-seeds", out_dir=tmp_path, restarts=2, n_bootstrap=0)
     table = pd.read_csv(tmp_path / "looped_cell_means.csv")
     assert list(table.n_replicates) == [3] and table.loss[0] == pytest.approx(2.71)
+    # an ablation of the same cell (warmup 0.05, set as an override): its own cell, a column of the table
+    for seed, loss in enumerate([2.5, 2.6]):
+        run = make_run_config(
+            "looped", preset="looped", r=4, s=10, C=1e18, study="looped-seeds", lr=2e-3, seed=seed, verbose=False
+        )
+        run = run.replace(train=run.train.replace(warmup_frac=0.05))
+        write_params(write_looped_record(run, loss), run, overrides={"train.warmup_frac": 0.05})
+    base = report_looped._best_per_cell(report_looped.looped_frame(report_common.study_table("looped-seeds")))
+    assert sorted(zip(base["train.warmup_frac"], base.n_replicates, base.loss.round(6))) == [
+        (0.0, 3, 2.71),
+        (0.05, 2, 2.55),
+    ]
