@@ -264,6 +264,7 @@ class Claim:
 
 
 def verdict_word(ok: bool) -> str:
+    "A claim's verdict in the reports' words: 'reproduced' or 'NOT reproduced'."
     return "reproduced" if ok else "NOT reproduced"
 
 
@@ -279,12 +280,7 @@ def claims_table(rep: Report, claims) -> pd.DataFrame:
         elif c.artifact in rep.built():
             try:
                 found, verdict = c.check(pd.read_csv(path))
-            except (
-                KeyError,
-                IndexError,
-                ValueError,
-                TypeError,
-            ) as e:  # the table lacks the row or column the claim needs
+            except (KeyError, IndexError, ValueError, TypeError, AttributeError) as e:  # a row or column it lacks
                 found, verdict = "", f"not checkable from this table ({type(e).__name__}: {e})"
         at = (
             "any scale"

@@ -2021,11 +2021,12 @@ def _optima_verdict(t: pd.DataFrame) -> str:
     "The check's verdict in words: phi, then which coefficients the 24 points identify and which miss Table 2."
     phi = t.set_index("coefficient").loc["phi"]
     missed = ", ".join(t[~t.within].coefficient) or "none"
-    unidentified = ", ".join(t[t.identified.str.startswith("no")].coefficient) or "none"
+    unidentified = ", ".join(t[t.identified.str.startswith("no:")].coefficient) or "none"
+    unassessed = ", ".join(t[t.identified.str.startswith("not assessed")].coefficient)
     return (
         f"phi {'reproduced' if phi.within else 'NOT reproduced'} ({phi.ours:.3f}, paper CI [0.41, 0.53]); "
         f"outside their tolerance of Table 2: {missed}; not identified by resamples of the 24 points: {unidentified}"
-        + ("" if t.identified.iloc[0] != "not assessed (no bootstrap)" else " (no bootstrap run: not assessed)")
+        + (f"; not assessed (no bootstrap interval): {unassessed}" if unassessed else "")
     )
 
 # %% ../nbs/06c_report_looped.ipynb #4bfc3635
