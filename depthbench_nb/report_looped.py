@@ -1944,14 +1944,25 @@ def _width_figure(rep: Report, t: pd.DataFrame) -> None:
     fig, axes = plt.subplots(1, len(laws), figsize=(3.8 * len(laws), 3.2), squeeze=False)
     palette = _r_palette(t.r.unique())
     for ax, name in zip(axes[0], laws):
-        for r, g in t[(t.law == name) & (t.r > 1)].groupby("r"):
+        edge = set(t[(t.law == name) & t.at_bound].C)  # budgets whose optimum sits on the width range's edge
+        for r, g in t[(t.law == name) & (t.r > 1) & ~t.C.isin(edge)].groupby("r"):
             ax.plot(g.C, g.d_vs_r1, "o-", color=palette[str(r)], label=f"r = {r}", ms=3)
+        if edge:
+            ax.text(
+                0.5,
+                0.5,
+                f"{len(edge)} budget(s) unresolved:\nthe optimum lies on the width range's edge",
+                transform=ax.transAxes,
+                ha="center",
+                fontsize=7,
+            )
         ax.axhline(1, color="k", lw=0.6)
         ax.set_xscale("log")
         ax.set_xlabel("budget C (FLOPs)")
         ax.set_ylabel("d*(r) / d*(r = 1)")
         ax.set_title(name, fontsize=8)
-        ax.legend(fontsize=7)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
     rep.figure(fig, "looped_width", "Compute-optimal width of each looped r relative to r = 1 at equal FLOPs (§4.2)")
 
 # %% ../nbs/06c_report_looped.ipynb #204f4bf4
