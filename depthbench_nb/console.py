@@ -179,43 +179,6 @@ def _peel(annotation):
     return annotation, arg
 
 
-def _end_line_comments(fn) -> dict:
-    """The comment at the end of each parameter's last line: where `ruff format` wraps a long annotation, the comment
-    follows the default (`] = None,  # ...`), on a line fastcore's docments does not read."""
-    import ast
-    import io
-    import textwrap
-    import tokenize
-
-    source = textwrap.dedent(inspect.getsource(fn))
-    tokens = tokenize.generate_tokens(io.StringIO(source).readline)
-    comments = {t.start[0]: t.string.lstrip("#").strip() for t in tokens if t.type == tokenize.COMMENT}
-    node = ast.parse(source).body[0]
-    params = node.args.posonlyargs + node.args.args + node.args.kwonlyargs
-    positional = node.args.posonlyargs + node.args.args
-    defaults = [None] * (len(positional) - len(node.args.defaults)) + node.args.defaults + node.args.kw_defaults
-    starts = {p.lineno for p in params}
-    out = {}
-    for param, default in zip(params, defaults):
-        end = max(param.end_lineno, default.end_lineno if default is not None else 0)
-        if end in comments and end not in starts:
-            out[param.arg] = comments[end]
-    return out
-
-
-def _comments(fn) -> dict:
-    """The comment after each parameter (fastcore's docments, else the comment that ends a wrapped parameter); none
-    where the source cannot be read."""
-    # imported here: a Hugging Face export ships this module as remote code, which must not need fastcore
-    from fastcore.docments import docments
-
-    try:
-        found = docments(fn)
-    except (OSError, TypeError):
-        return {}
-    return found | {k: v for k, v in _end_line_comments(fn).items() if not found.get(k)}
-
-
 _STANDARD_HELP = dict(json="machine-readable JSON output")  # the help of a parameter every command has
 
 
@@ -296,6 +259,41 @@ def call_parsed(target, argv=None, prog: str | None = None, description: str | N
         for field in values[name]:
             values.pop(name + "_" + field)
     return fn(**values)
+
+# %% ../nbs/00a_console.ipynb #6f5318b8
+def _comments(fn) -> dict:
+    """The help comment of each parameter (None where it has none; {} where the source cannot be read): the comment
+    ending the parameter's last line (where `ruff format` wraps a long annotation, it follows the default), else
+    the one ending its first line, else whole-line comments right above it. A comment that ends a line another
+    parameter also ends on belongs to neither, and the line above a parameter counts only when it holds nothing but
+    a comment: fastcore's docments reads the line above a wrapped parameter, which ends the previous parameter."""
+    import ast
+    import io
+    import textwrap
+    import tokenize
+
+    try:
+        source = textwrap.dedent(inspect.getsource(fn))
+    except (OSError, TypeError):
+        return {}
+    tokens = [t for t in tokenize.generate_tokens(io.StringIO(source).readline) if t.type == tokenize.COMMENT]
+    comments = {t.start[0]: t.string.lstrip("#").strip() for t in tokens}
+    alone = {t.start[0] for t in tokens if t.line.strip().startswith("#")}
+    args = ast.parse(source).body[0].args
+    params, positional = args.posonlyargs + args.args + args.kwonlyargs, args.posonlyargs + args.args
+    defaults = [None] * (len(positional) - len(args.defaults)) + args.defaults + args.kw_defaults
+    spans = [
+        (p.arg, p.lineno, max(p.end_lineno, d.end_lineno if d is not None else 0)) for p, d in zip(params, defaults)
+    ]
+    shared = {n for n in range(1, source.count("\n") + 2) if sum(n in (a, b) for _, a, b in spans) > 1}
+    out = {}
+    for name, first, last in spans:
+        mine = [comments[n] for n in (last, first) if n in comments and n not in shared]
+        above, n = [], first - 1
+        while n in alone:
+            above, n = [comments[n]] + above, n - 1
+        out[name] = mine[0] if mine else " ".join(above) or None
+    return out
 
 # %% ../nbs/00a_console.ipynb #3c55f596
 def sequences_as_json(value):

@@ -34,7 +34,7 @@ from .console import Arg, call_parsed, emit
 __all__ = ['GEN_OPTIONS', 'DTYPES', 'NLL_ROUTES', 'DOWNSTREAM_TASKS', 'DOWNSTREAM_GROUPS', 'REGIMES', 'BUNDLES', 'TASK_TYPES',
            'TASK_PREFIX', 'DepthBenchLM', 'lm_eval_nll', 'native_nll', 'domain_nll', 'compare_nll_routes',
            'domain_nll_command', 'cli_domain_nll', 'DownstreamTask', 'downstream_tasks', 'bundle_task_specs',
-           'lm_eval_task_yaml', 'write_lm_eval_tasks', 'continuation_scores', 'group_scores', 'looped_downstream',
+           'write_lm_eval_tasks', 'lm_eval_task_yaml', 'continuation_scores', 'group_scores', 'looped_downstream',
            'downstream_command', 'cli_downstream']
 
 # %% ../nbs/04c_lm_eval.ipynb #b32a34fd
@@ -533,46 +533,6 @@ def bundle_task_specs(bundles_dir, tasks: list[DownstreamTask]) -> tuple[dict, d
 TASK_PREFIX = "looped_"
 
 
-def lm_eval_task_yaml(label: str, spec: dict) -> dict:
-    "The lm-eval task configuration of one bundle task (scored as the official core_eval renders its prompts)."
-    base = dict(
-        task=TASK_PREFIX + label,
-        dataset_path="json",
-        dataset_kwargs=dict(data_files=dict(test=spec["data_file"])),
-        test_split="test",
-        fewshot_split="test",
-        num_fewshot=spec["num_fewshot"],  # examples: the other documents target_delimiter=spec['delimiter'],
-        fewshot_delimiter="\n\n",
-        metric_list=[dict(metric="acc")],
-        metadata=dict(version=1.0),
-    )
-    if (
-        spec["task_type"] == "language_modeling"
-    ):  # lm-eval puts no delimiter before a loglikelihood target: it is in the target
-        return dict(
-            base,
-            output_type="loglikelihood",
-            doc_to_text="{{context | trim}}",
-            target_delimiter="",
-            doc_to_target=spec["delimiter"].replace("{", '{{ "{" }}') + "{{continuation}}",
-        )
-    if spec["task_type"] == "multiple_choice":
-        return dict(
-            base,
-            output_type="multiple_choice",
-            doc_to_text="{{query}}",
-            doc_to_choice="{{choices}}",
-            doc_to_target="{{gold}}",
-        )
-    return dict(
-        base,
-        output_type="multiple_choice",
-        doc_to_text="{{gold}}",
-        doc_to_choice="{{context_options}}",
-        doc_to_target="{{continuation}}",
-    )  # schema: the contexts vary, the continuation is shared
-
-
 def write_lm_eval_tasks(specs: dict, out_dir) -> dict:
     "One lm-eval task YAML per bundle task into `out_dir`; returns lm-eval task name -> bundle label."
     import yaml
@@ -584,6 +544,53 @@ def write_lm_eval_tasks(specs: dict, out_dir) -> dict:
             out / f"{TASK_PREFIX}{label}.yaml", yaml.safe_dump(lm_eval_task_yaml(label, spec), sort_keys=False)
         )
     return {TASK_PREFIX + label: label for label in specs}
+
+# %% ../nbs/04c_lm_eval.ipynb #4baefb6e
+def lm_eval_task_yaml(label: str, spec: dict) -> dict:
+    """The lm-eval task configuration of one bundle task: the official core_eval prompt, text and split (the context
+    lm-eval conditions on, the continuation it scores) as core_eval renders and scores it."""
+    base = dict(
+        task=TASK_PREFIX + label,
+        dataset_path="json",
+        dataset_kwargs=dict(data_files=dict(test=spec["data_file"])),
+        test_split="test",
+        fewshot_split="test",
+        num_fewshot=spec["num_fewshot"],  # examples: the other documents
+        fewshot_delimiter="\n\n",
+        metric_list=[dict(metric="acc")],
+        metadata=dict(version=1.0),
+    )
+    delimiter = _jinja_literal(spec["delimiter"])
+    if spec["task_type"] == "language_modeling":  # core_eval scores what follows strip(context + delimiter)
+        return dict(
+            base,
+            output_type="loglikelihood",
+            doc_to_text="{{context | trim}}" + delimiter,
+            target_delimiter="",
+            doc_to_target="{{continuation}}",
+        )
+    if spec["task_type"] == "multiple_choice":  # the delimiter is in the choices' common prefix: context, not scored
+        return dict(
+            base,
+            output_type="multiple_choice",
+            doc_to_text="{{query}}" + delimiter,
+            target_delimiter="",
+            doc_to_choice="{{choices}}",
+            doc_to_target="{{gold}}",
+        )
+    return dict(  # schema: the contexts vary; the delimiter is in the common suffix, scored with the continuation
+        base,
+        output_type="multiple_choice",
+        doc_to_text="{{gold}}",
+        doc_to_choice="{{context_options}}",
+        target_delimiter=spec["delimiter"],
+        doc_to_target="{{continuation}}",
+    )
+
+# %% ../nbs/04c_lm_eval.ipynb #4461698d
+def _jinja_literal(s: str) -> str:
+    "A Jinja expression rendering `s` verbatim (a template's own trailing newline would be dropped by Jinja)."
+    return "{{ " + json.dumps(s, ensure_ascii=False) + " }}"
 
 # %% ../nbs/04c_lm_eval.ipynb #a430d51c
 def _gold_index(sample: dict, task_type: str) -> int:

@@ -13,7 +13,7 @@ import os
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 import pandas as pd
@@ -34,11 +34,11 @@ from .shapes import count_params
 # %% auto #0
 __all__ = ['REFERENCE_FILES', 'ACCOUNTING_LABEL', 'PAPER_LABEL', 'PAPER_PRESETS', 'PAPER_STATUSES', 'RUN_COLUMNS', 'REPLICATES',
            'NOT_SWEPT', 'RECORD_NOTES', 'reference_table', 'Scale', 'study_scale', 'markdown_table', 'Report',
-           'PaperItem', 'paper_item_index', 'normalize_runs', 'scan_study', 'study_table', 'completed', 'run_folder',
-           'load_diagnostics', 'swept_names', 'with_swept', 'replicate_means', 'replicate_group', 'best_lr_rows',
-           'recipe_runs', 'status_section', 'PaperPlan', 'as_number', 'is_present', 'record_field', 'planned_steps',
-           'planned_tokens', 'run_comparability', 'scale_label', 'RunScale', 'themed_pyplot', 'lr_sensitivity_figure',
-           'show_report', 'show_artifact', 'show_missing']
+           'PaperItem', 'paper_item_index', 'Claim', 'verdict_word', 'claims_table', 'normalize_runs', 'scan_study',
+           'study_table', 'completed', 'run_folder', 'load_diagnostics', 'swept_names', 'with_swept', 'replicate_means',
+           'replicate_group', 'best_lr_rows', 'recipe_runs', 'status_section', 'PaperPlan', 'as_number', 'is_present',
+           'record_field', 'planned_steps', 'planned_tokens', 'run_comparability', 'scale_label', 'RunScale',
+           'themed_pyplot', 'lr_sensitivity_figure', 'show_report', 'show_artifact', 'show_missing']
 
 # %% ../nbs/06a_reports.ipynb #68cac690
 REFERENCE_FILES = {"depthbench": "depthbench_paper.csv", "looped": "looped_paper.csv"}
@@ -255,6 +255,63 @@ def paper_item_index(rep: Report, items, notes: dict, scale_free=(), reasons: Op
         detail = "; ".join((["missing: " + "; ".join(lacking)] if lacking else []) + diffs)
         rows.append(dict(paper=it.item, what=it.what, status=status, detail=detail, artifacts=", ".join(have)))
     return pd.DataFrame(rows)
+
+# %% ../nbs/06a_reports.ipynb #c45c5d53
+@dataclass(frozen=True)
+class Claim:
+    "A headline claim of a paper, the report table that tests it, the tolerance, and how the verdict is read off it."
+
+    claim: str
+    source: str  # where the paper states it (arXiv id, section / table / figure)
+    artifact: str  # the stem of the report table the verdict reads
+    tolerance: str
+    check: Callable  # the artifact's table -> (what the report found, 'reproduced' | 'NOT reproduced' | why not)
+    scale_free: bool = False  # accounting or the paper's own numbers: comparable at any scale
+
+
+def verdict_word(ok: bool) -> str:
+    "A claim's verdict in the reports' words: 'reproduced' or 'NOT reproduced'."
+    return "reproduced" if ok else "NOT reproduced"
+
+
+def claims_table(rep: Report, claims) -> pd.DataFrame:
+    """One row per claim: its artifact, what the report found there, the verdict and its tolerance (`not built` and
+    why where the artifact is absent); written as `<report>_claims`."""
+    rows = []
+    for c in claims:
+        path = rep.out_dir / f"{c.artifact}.csv"
+        found, verdict = "", "not built (see the index and Missing)"
+        if c.artifact in rep.built() and not path.is_file():
+            verdict = "a figure only: read it (no table to check a verdict on)"
+        elif c.artifact in rep.built():
+            try:
+                found, verdict = c.check(pd.read_csv(path))
+            except (KeyError, IndexError, ValueError, TypeError, AttributeError) as e:  # a row or column it lacks
+                found, verdict = "", f"not checkable from this table ({type(e).__name__}: {e})"
+        at = (
+            "any scale"
+            if c.scale_free
+            else ("paper scale" if rep.scale.comparable else "runs not at the paper's setting")
+        )
+        rows.append(
+            dict(
+                claim=c.claim,
+                source=c.source,
+                artifact=c.artifact,
+                found=found,
+                verdict=verdict,
+                tolerance=c.tolerance,
+                scale=at,
+            )
+        )
+    t = pd.DataFrame(rows)
+    rep.table(
+        t,
+        f"{rep.name}_claims",
+        "Every headline claim of the paper: artifact, what the report found, verdict, "
+        "tolerance (a verdict on runs not at the paper's setting checks the pipeline, it is not a measurement)",
+    )
+    return t
 
 # %% ../nbs/06a_reports.ipynb #148a6fdc
 RUN_COLUMNS = (

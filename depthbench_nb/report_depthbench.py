@@ -24,6 +24,7 @@ from .costs import cost_row, measured_costs
 from .shapes import GRIDS, OFFICIAL_STEPS, PRESETS, count_params, grid_shapes, shape_for
 from depthbench_nb.report_common import (
     ACCOUNTING_LABEL,
+    Claim,
     PAPER_LABEL,
     PaperItem,
     PaperPlan,
@@ -32,6 +33,7 @@ from depthbench_nb.report_common import (
     as_number,
     is_present,
     best_lr_rows,
+    claims_table,
     completed,
     load_diagnostics,
     lr_sensitivity_figure,
@@ -49,17 +51,20 @@ from depthbench_nb.report_common import (
     swept_names,
     themed_pyplot,
     with_swept,
+    verdict_word,
 )
 
 # %% auto #0
 __all__ = ['DEPTHBENCH_ARTIFACTS', 'PAPER_SOURCE', 'SCALE_PRESETS', 'DEPTHBENCH_GRIDS', 'DEPTHBENCH_SCALES', 'FIGURE3_DESIGNS',
            'FIGURE3_SCALES', 'FIGURE_DESIGNS', 'ESTIMATE_LABEL', 'GPU_HOURS_LABEL', 'PAPER_GPU_HOURS_RANKING',
-           'DEPTHBENCH_PAPER_ITEMS', 'DEPTHBENCH_STUDIES', 'depthbench_paper_cells', 'depthbench_paper_plan',
-           'with_comparability', 'depthbench_loss_section', 'depthbench_scales_section', 'depthbench_heatmap_section',
-           'depthbench_threshold_section', 'depthbench_mixing_section', 'depthbench_residual_path_section',
-           'depthbench_pruning_lens_section', 'depthbench_dead_zone_section', 'depthbench_domain_nll_section',
-           'depthbench_diagnostics_section', 'gpu_hours_frame', 'gpu_hours_ranking', 'depthbench_costs_section',
-           'depthbench_paper_index', 'depthbench_related_studies', 'build_depthbench_report']
+           'DEPTHBENCH_PAPER_ITEMS', 'DEPTHBENCH_STUDIES', 'DEPTHBENCH_CLAIMS', 'depthbench_paper_cells',
+           'depthbench_paper_plan', 'with_comparability', 'depthbench_loss_section', 'depthbench_scales_section',
+           'depthbench_heatmap_section', 'depthbench_threshold_section', 'depthbench_mixing_section',
+           'depthbench_residual_path_section', 'depthbench_pruning_lens_section', 'depthbench_dead_zone_section',
+           'depthbench_domain_nll_section', 'depthbench_diagnostics_section', 'gpu_hours_frame', 'gpu_hours_ranking',
+           'depthbench_costs_section', 'depthbench_paper_index', 'depthbench_related_studies',
+           'build_depthbench_report', 'depthbench_cost_claims', 'depthbench_cost_claims_section',
+           'depthbench_claims_section']
 
 # %% ../nbs/06b_report_depthbench.ipynb #9d54d629
 DEPTHBENCH_ARTIFACTS = (
@@ -88,6 +93,8 @@ DEPTHBENCH_ARTIFACTS = (
     "depthbench_costs_measured",
     "depthbench_paper_index",
     "depthbench_verdicts",
+    "depthbench_cost_claims",
+    "depthbench_claims",
 )
 PAPER_SOURCE = "DepthBench (arXiv 2609.32534), as on the authors' project page keyu-wang-2002/DepthBench-Website"
 SCALE_PRESETS = (
@@ -1417,6 +1424,7 @@ def depthbench_costs_section(rep: Report, df: pd.DataFrame, notes: Optional[dict
     gpu, rank = _gpu_hours_tables(rep, costs, done)
     _costs_figure(rep, costs, gpu, rank, notes)
     _measured_costs_table(rep, done)
+    depthbench_cost_claims_section(rep, costs, gpu)
 
 # %% ../nbs/06b_report_depthbench.ipynb #b653805b
 def _run_costs(run) -> dict:
@@ -1553,5 +1561,272 @@ def build_depthbench_report(
         "Every paper table and figure: rebuilt, rebuilt with a stated difference, partial (what it lacks) or missing "
         "and why",
     )
+    depthbench_claims_section(rep)
     rep.write_index()
     return rep
+
+# %% ../nbs/06b_report_depthbench.ipynb #b6511bd4
+def _ranking(s: pd.Series, unit: str = "", k: int = 4) -> str:
+    "The top `k` of a series, largest first: 'attnres 3.1 > hc 2.9 > ...'."
+    top = s.sort_values(ascending=False).head(k)
+    return " > ".join(f"{a} {v:.3g}{unit}" for a, v in top.items())
+
+
+def _measured_ranking(measured: Optional[pd.DataFrame], col: str, want: str) -> dict:
+    """Per (preset, n_layer, d_model) cell measured for two or more designs: the design with the largest `col`;
+    whether `want` is first wherever it was measured, as a claim row's found/verdict."""
+    if measured is None or col not in measured or not measured[col].notna().any():
+        return dict(found="", verdict="not measured: no completed run of this study recorded it")
+    m = measured.dropna(subset=[col]).groupby(["preset", "n_layer", "d_model", "arch"])[col].median().reset_index()
+    cells = [g.set_index("arch")[col] for _, g in m.groupby(["preset", "n_layer", "d_model"]) if g.arch.nunique() >= 2]
+    cells = [c for c in cells if want in c.index]
+    if not cells:
+        return dict(found="", verdict=f"not measured: no shape has runs of {want} and another design")
+    firsts = [c.idxmax() for c in cells]
+    found = f"first per measured shape: {', '.join(firsts)} ({len(cells)} shapes; e.g. {_ranking(cells[0])})"
+    return dict(found=found, verdict=verdict_word(all(f == want for f in firsts)))
+
+# %% ../nbs/06b_report_depthbench.ipynb #097bb515
+def depthbench_cost_claims(costs: pd.DataFrame, gpu: pd.DataFrame, measured: Optional[pd.DataFrame]) -> pd.DataFrame:
+    """The paper's two cost rankings (Figure 11: Full AttnRes the highest peak memory, HC the most GPU-hours) against
+    the cost model at the 400m shapes (`costs`: `cost_row`s; `gpu`: `gpu_hours_frame`) and the study's measured runs
+    (`measured`: the depthbench_costs_measured table, or None): one row per claim and evidence, with a verdict."""
+    src = "DepthBench Figure 11 (project page caption; measured on A100)"
+    mem = costs.assign(mem=costs.param_bytes * 2 + costs.optimizer_bytes + costs.activation_bytes)
+    mem = mem.groupby("arch").mem.mean() / 2**30
+    hours = gpu.groupby("arch").gpu_hours.mean()
+    n_meas, n = int(gpu.measured.sum()), len(gpu)
+    hours_from = "measured wall time x processes" if n_meas == n else f"FLOP estimate ({n - n_meas} of {n} cells)"
+    rows = [
+        dict(
+            claim="Full AttnRes has the highest peak memory",
+            source=src,
+            evidence="cost model (02c_costs: bf16 params + grads, AdamW states, one sequence of activations; mean "
+            "over the 400m shapes)",
+            found=_ranking(mem, " GiB"),
+            verdict=verdict_word(mem.idxmax() == "attnres"),
+        ),
+        dict(
+            claim="Full AttnRes has the highest peak memory",
+            source=src,
+            evidence="this study's runs: peak memory (metrics.jsonl), design against design at one preset and shape",
+            **_measured_ranking(measured, "peak_mem_bytes", "attnres"),
+        ),
+        dict(
+            claim="HC takes the most GPU-hours",
+            source=src,
+            evidence=f"GPU-hours at the 400m shapes ({hours_from}; depthbench_gpu_hours)",
+            found=_ranking(hours, " h"),
+            verdict=verdict_word(hours.idxmax() == "hc")
+            if n_meas
+            else "not tested: the FLOP estimate cannot see HC's multi-stream overhead "
+            f"(it ranks {hours.idxmax()} first)",
+        ),
+        dict(
+            claim="HC takes the most GPU-hours",
+            source=src,
+            evidence="this study's runs: seconds per token (1 / median tokens/s), design against design at one "
+            "preset and shape",
+            **_measured_ranking(
+                None if measured is None else measured.assign(s_per_token=1 / measured.tokens_per_s_median),
+                "s_per_token",
+                "hc",
+            ),
+        ),
+    ]
+    return pd.DataFrame(rows)
+
+# %% ../nbs/06b_report_depthbench.ipynb #84b48582
+def depthbench_cost_claims_section(rep: Report, costs: pd.DataFrame, gpu: pd.DataFrame) -> pd.DataFrame:
+    "The cost claims table (`depthbench_cost_claims`), reading the measured costs the report has written, if any."
+    path = rep.out_dir / "depthbench_costs_measured.csv"
+    measured = pd.read_csv(path) if "depthbench_costs_measured" in rep.built() and path.is_file() else None
+    t = depthbench_cost_claims(costs, gpu, measured)
+    rep.table(
+        t,
+        "depthbench_cost_claims",
+        "The paper's cost rankings (Figure 11) against the cost model and the "
+        "measured runs: Full AttnRes the highest peak memory, HC the most GPU-hours",
+        label=GPU_HOURS_LABEL,
+    )
+    return t
+
+# %% ../nbs/06b_report_depthbench.ipynb #b3319058
+def _trend(t: pd.DataFrame, arch: str) -> pd.Series:
+    "An architecture's best-LR loss by depth within the preset holding most of its depths (shallow to deep)."
+    a = t[t.arch == arch]
+    preset = a.groupby("preset").n_layer.nunique().idxmax()
+    return a[a.preset == preset].groupby("n_layer").final_val_loss.min().sort_index()
+
+
+def _depth_check(arch: str, better: bool):
+    def check(t):
+        s = _trend(t, arch)
+        if len(s) < 2:
+            return "", f"not checkable: {arch} has fewer than two depths"
+        ok = s.iloc[-1] < s.iloc[0] if better else s.iloc[-1] > s.iloc[0]
+        return ", ".join(f"L{L} {v:.3f}" for L, v in s.items()), verdict_word(bool(ok))
+
+    return check
+
+
+def _middle_best_check(arch: str):
+    def check(t):
+        s = _trend(t, arch)
+        if len(s) < 3:
+            return "", f"not checkable: {arch} has fewer than three depths"
+        return ", ".join(f"L{L} {v:.3f}" for L, v in s.items()), verdict_word(
+            s.idxmin() not in (s.index[0], s.index[-1])
+        )
+
+    return check
+
+
+def _threshold_check(col: str):
+    def check(t):
+        deep = t[t.n_layer == t.n_layer.max()].groupby("arch")[col].mean()
+        order = [a for a in ("attnres", "hc", "preln") if a in deep]
+        ok = len(order) >= 2 and all(deep[x] > deep[y] for x, y in zip(order, order[1:]))
+        return ", ".join(f"{a} {deep[a]:.0%}" for a in order), verdict_word(ok)
+
+    return check
+
+
+def _dead_zone_check(t):
+    b = t[(t.arch == "block_attnres") & t.paper_dead_zone_layers.notna()]
+    if not len(b):
+        return "", "not checkable: no Block AttnRes run at L16, L24 or L32"
+    ok = (b.dead_zone_layers == b.paper_dead_zone_layers).all()
+    return ", ".join(f"L{L}: {z}" for L, z in zip(b.n_layer, b.dead_zone_layers)), verdict_word(bool(ok))
+
+
+def _erank_check(t):
+    e = t.groupby("arch").erank_sv.mean()
+    ok = {"mhc", "hc"} <= set(e.index) and e["mhc"] < e["hc"]
+    return ", ".join(f"{a} {v:.2f}" for a, v in e.items()), verdict_word(bool(ok))
+
+
+def _prefill_check(t):
+    p = t[t.arch == "preln"].set_index("n_layer").prefill_flops / 1e12
+    lo, hi = p.loc[p.index.min()], p.loc[p.index.max()]
+    ok = abs(lo - 3.0) <= 0.3 and abs(hi - 4.4) <= 0.44
+    return f"{lo:.2f} -> {hi:.2f} TFLOPs per sequence", verdict_word(bool(ok))
+
+
+def _kv_check(t):
+    k = t[t.arch == "preln"].set_index("n_layer").kv_cache_bytes
+    ratio = k.loc[k.index.max()] / k.loc[k.index.min()]
+    return f"x{ratio:.2f} from ratio 76.0 to 9.1", verdict_word(bool(ratio > 2))
+
+
+def _cost_claim_check(claim: str):
+    def check(t):
+        rows = t[t.claim == claim]
+        return "; ".join(
+            f"{e.split(' (')[0]}: {f}" for e, f in zip(rows.evidence, rows.found) if isinstance(f, str) and f
+        ), "; ".join(f"{e.split(' (')[0].split(':')[0]}: {v}" for e, v in zip(rows.evidence, rows.verdict))
+
+    return check
+
+# %% ../nbs/06b_report_depthbench.ipynb #8ab12526
+_DB = "DepthBench"
+DEPTHBENCH_CLAIMS = (
+    Claim(
+        "Pre-LN gets worse with depth (2.759 at L16, 2.782 at L32)",
+        f"{_DB} Figure 2",
+        "depthbench_val_loss",
+        "direction, deepest vs shallowest shape of one preset",
+        _depth_check("preln", better=False),
+    ),
+    Claim(
+        "Full AttnRes improves with depth (2.751 to 2.718)",
+        f"{_DB} Figure 2",
+        "depthbench_val_loss",
+        "direction, deepest vs shallowest shape of one preset",
+        _depth_check("attnres", better=True),
+    ),
+    Claim(
+        "HC improves with depth (2.729 to 2.699)",
+        f"{_DB} Figure 2",
+        "depthbench_val_loss",
+        "direction, deepest vs shallowest shape of one preset",
+        _depth_check("hc", better=True),
+    ),
+    Claim(
+        "Block AttnRes is best at a middle depth (2.715 at L20) and regresses when deep (2.730 at L32)",
+        f"{_DB} Figure 2",
+        "depthbench_val_loss",
+        "minimum at neither end",
+        _middle_best_check("block_attnres"),
+    ),
+    Claim(
+        "mHC is best at a middle depth (L24), no consistent gain with depth",
+        f"{_DB} Figure 2",
+        "depthbench_val_loss",
+        "minimum at neither end",
+        _middle_best_check("mhc"),
+    ),
+    Claim(
+        "late-layer pairs with causal score > 0.45: Full AttnRes ~16% > HC ~7% > Pre-LN ~1% (L = 32)",
+        f"{_DB} threshold table",
+        "depthbench_threshold_fractions",
+        "the same order at the deepest shape",
+        _threshold_check("causal_frac_pairs_045"),
+    ),
+    Claim(
+        "late-layer pairs with permutation score > 0.15: Full AttnRes ~46% > HC ~35% > Pre-LN ~8% (L = 32)",
+        f"{_DB} threshold table",
+        "depthbench_threshold_fractions",
+        "the same order at the deepest shape",
+        _threshold_check("perm_frac_pairs_015"),
+    ),
+    Claim(
+        "Block AttnRes dead zone: 2, 5 and 8 layers at L16, L24, L32",
+        f"{_DB} dead-zone analysis",
+        "depthbench_dead_zone",
+        "equal layer counts",
+        _dead_zone_check,
+    ),
+    Claim(
+        "mHC's residual product has a lower effective rank (1.44-1.65) than HC's (2.53-2.81)",
+        f"{_DB} mixing analysis",
+        "depthbench_mixing_erank",
+        "mHC below HC",
+        _erank_check,
+    ),
+    Claim(
+        "prefill FLOPs grow from about 3.0 to 4.4 TFLOPs per sequence from ratio 76.0 to 9.1 (seq 4096)",
+        f"{_DB} Figure 11",
+        "depthbench_costs_400m",
+        "± 10%",
+        _prefill_check,
+        True,
+    ),
+    Claim(
+        "the KV cache more than doubles from ratio 76.0 to 9.1",
+        f"{_DB} Figure 11",
+        "depthbench_costs_400m",
+        "ratio > 2",
+        _kv_check,
+        True,
+    ),
+    Claim(
+        "Full AttnRes has the highest peak memory",
+        f"{_DB} Figure 11",
+        "depthbench_cost_claims",
+        "ranked first",
+        _cost_claim_check("Full AttnRes has the highest peak memory"),
+    ),
+    Claim(
+        "HC takes the most GPU-hours",
+        f"{_DB} Figure 11",
+        "depthbench_cost_claims",
+        "ranked first",
+        _cost_claim_check("HC takes the most GPU-hours"),
+    ),
+)
+
+
+def depthbench_claims_section(rep: Report) -> pd.DataFrame:
+    "The claims table of the DepthBench report (`DEPTHBENCH_CLAIMS`), read off the tables the report has built."
+    return claims_table(rep, DEPTHBENCH_CLAIMS)

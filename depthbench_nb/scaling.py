@@ -1638,8 +1638,8 @@ def fit_command(
     json: bool = False,
 ) -> int:
     """Fit the Chinchilla or the looped (phi) scaling law to a CSV of runs, with block-bootstrap CIs; defaults are the
-    looped paper's protocol (arXiv 2604.21106 §4.2, App. F): 500 restarts; 200 resamples, each refit from 500 restarts +
-    a warm start at the full fit."""
+    looped paper's stated protocol (arXiv 2604.21106 §4.2, App. F): 500 restarts, 200 resamples; each bootstrap refit
+    from 500 restarts + a warm start at the full fit (the paper does not state how many starts a refit used)."""
     for name, value in (("restarts", restarts), ("boot-restarts", boot_restarts)):
         if value < 1:
             raise ConfigError(f"--{name} must be >= 1, got {value}")

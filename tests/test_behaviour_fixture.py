@@ -100,6 +100,25 @@ def test_a_column_added_to_a_report_table_is_a_note_and_the_recorded_ones_still_
     assert compare(recorded, now, exact=True)[0] != []
 
 
+def test_an_index_row_added_or_renamed_is_a_note_and_a_recorded_row_still_compares():
+    recorded = _keyed(dict(a=2.0), runs=1)
+    index = dict(columns=["paper", "status"], index=[0, 1], data=[["Table 1", "rebuilt"], ["Tables 8-9", "partial"]])
+    recorded["designs"]["looped"] = dict(looped_report=dict(looped_paper_index=index))
+    now = copy.deepcopy(recorded)
+    rows = [["Table 1", "rebuilt"], ["Table 8", "partial"], ["Table 9", "partial"], ["Fig. 1", "missing"]]
+    now["designs"]["looped"]["looped_report"]["looped_paper_index"].update(index=[0, 1, 2, 3], data=rows)
+    diffs, notes = compare(recorded, now, exact=True)
+    assert diffs == [] and notes == [
+        "/looped_report/looped_paper_index: 'Tables 8-9' renamed Table 8, Table 9",
+        "/looped_report/looped_paper_index: item 'Fig. 1' added since the recording",
+    ]
+    rows[0][1] = "partial"  # a recorded row changed
+    diffs = compare(recorded, now, exact=True)[0]
+    assert diffs == ["/designs/looped/looped_report/looped_paper_index/data[0][1]: 'rebuilt' recorded, 'partial' now"]
+    del rows[2]  # half of the split row gone: the recorded row no longer has its replacement
+    assert compare(recorded, now, exact=True)[0] != []
+
+
 def test_the_comparison_sees_a_change():
     a = {"x": [1.0, 2.0], "n": 3, "s": "a"}
     assert differences(a, a, exact=True) == []

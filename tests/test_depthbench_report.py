@@ -409,3 +409,44 @@ def test_the_architecture_table_lists_the_papers_designs_only(runs_dir, tmp_path
     paper = ["preln", "periln", "lns", "deepnorm", "keel", "hc", "mhc", "attnres", "block_attnres", "moda"]
     assert list(table.arch) == paper
     assert "preln_twin" in set(pd.read_csv(tmp_path / "depthbench_costs_400m.csv").arch)
+
+
+def test_cost_claims_against_the_cost_model_and_the_measured_runs(tmp_path):
+    """The paper's cost rankings (Figure 11: Full AttnRes the highest peak memory, HC the most GPU-hours) set against
+    the cost model at the 400m shapes (memory: its bf16 + AdamW + activation bytes, summed here independently) and
+    against measured runs design by design at one shape; an estimate-only GPU-hours ranking is said not to test it."""
+    from depthbench_nb.costs import cost_row
+    from depthbench_nb.shapes import grid_shapes
+
+    archs = ("preln", "hc", "mhc", "attnres")
+    costs = pd.DataFrame([cost_row(s.model_config(a), seq_len=4096) for s in grid_shapes("400m") for a in archs])
+    costs["ratio"] = costs.d_model / costs.n_layer
+    gpu = report_depthbench.gpu_hours_frame(costs, pd.DataFrame())
+    measured = pd.DataFrame(
+        dict(
+            arch=["preln", "hc", "attnres", "preln", "hc"],
+            preset="tiny",
+            n_layer=[4, 4, 4, 8, 8],
+            d_model=64,
+            peak_mem_bytes=[1.0, 2.0, 3.0, 1.0, 5.0],  # at L8 no attnres run: that shape does not count
+            tokens_per_s_median=[300.0, 100.0, 200.0, 300.0, 50.0],
+        )
+    )
+    t = report_depthbench.depthbench_cost_claims(costs, gpu, measured)
+    mem = costs.assign(m=costs.param_bytes * 2 + costs.optimizer_bytes + costs.activation_bytes).groupby("arch").m.sum()
+    model_mem, measured_mem, model_hours, measured_hours = t.itertuples()
+    assert model_mem.verdict == ("reproduced" if mem.idxmax() == "attnres" else "NOT reproduced")
+    assert model_mem.found.startswith(mem.idxmax())
+    assert measured_mem.verdict == "reproduced" and "1 shapes" in measured_mem.found
+    assert model_hours.verdict.startswith("not tested") and not gpu.measured.any()
+    assert measured_hours.verdict == "reproduced"  # hc the slowest per token at both shapes
+    slow = measured.assign(tokens_per_s_median=[300.0, 250.0, 200.0, 300.0, 50.0])
+    assert report_depthbench.depthbench_cost_claims(costs, gpu, slow).verdict[3] == "NOT reproduced"
+    assert report_depthbench.depthbench_cost_claims(costs, gpu, None).verdict[1].startswith("not measured")
+    # in the report: the cost claims and the claims table, with the accounting claims checked at any scale
+    rep = report_depthbench.build_depthbench_report("no-such-study", df=pd.DataFrame(), out_dir=tmp_path)
+    claims = pd.read_csv(tmp_path / "depthbench_claims.csv").set_index("claim")
+    assert {"depthbench_cost_claims", "depthbench_claims"} <= rep.built()
+    assert claims.filter(like="prefill FLOPs", axis=0).verdict.iloc[0] == "reproduced"
+    assert claims.filter(like="Pre-LN gets worse", axis=0).verdict.iloc[0].startswith("not built")
+    assert "cost model: " in claims.filter(like="highest peak memory", axis=0).verdict.iloc[0]

@@ -303,3 +303,81 @@ def test_parsers_are_generated_not_hand_written():
     assert "add_dataclass_options(p, RunParams)" in trainer
     hand_written.pop("trainer.py")
     assert not {k: v for k, v in hand_written.items() if v}, hand_written
+
+
+def _owned_comments(fn) -> tuple[dict, set]:
+    """(parameter -> the comments written on its own lines: each line of its annotation and default, and the block
+    of whole-line comments right above it; every comment of the signature), read with ast and tokenize."""
+    import ast
+    import inspect
+    import io
+    import textwrap
+    import tokenize
+
+    source = textwrap.dedent(inspect.getsource(fn))
+    toks = [t for t in tokenize.generate_tokens(io.StringIO(source).readline) if t.type == tokenize.COMMENT]
+    text = {t.start[0]: t.string.lstrip("#").strip() for t in toks}
+    alone = {t.start[0] for t in toks if t.line.strip().startswith("#")}
+    node = ast.parse(source).body[0]
+    args = node.args
+    nodes = args.posonlyargs + args.args + args.kwonlyargs
+    defaults = [None] * (len(args.posonlyargs + args.args) - len(args.defaults)) + args.defaults + args.kw_defaults
+    body = max([p.end_lineno for p in nodes] + [d.end_lineno for d in defaults if d is not None])  # the parameters
+    text = {n: c for n, c in text.items() if n <= body}
+    owned = {}
+    for p, d in zip(nodes, defaults):
+        last = max(p.end_lineno, d.end_lineno if d is not None else 0)
+        mine = {text[n] for n in range(p.lineno, last + 1) if n in text}
+        block, n = [], p.lineno - 1
+        while n in alone:
+            block, n = [text[n]] + block, n - 1
+        owned[p.arg] = mine | ({" ".join(block)} if block else set())
+    everything = set(text.values())
+    blocks, run = set(), []
+    for n in range(1, body + 1):  # whole-line comment blocks joined, as a help may span lines
+        if n in alone:
+            run.append(text[n])
+        elif run:
+            blocks.add(" ".join(run))
+            run = []
+    return owned, everything | blocks
+
+
+def test_every_generated_option_help_belongs_to_its_option(monkeypatch, capsys):
+    """For every subcommand whose parser is generated from a signature (parser_from_signature: the help from the
+    comment after each parameter), each option's --help text is a comment written on that parameter's own lines,
+    never a neighbour's (a wrapped parameter once showed the comment of the parameter above it)."""
+    import argparse
+
+    from depthbench_nb import console
+    from depthbench_nb.cli import COMMANDS, main
+
+    seen, original = [], console.parser_from_signature
+
+    def recording(fn, *a, **kw):
+        p = original(fn, *a, **kw)
+        seen.append((fn, p))
+        return p
+
+    monkeypatch.setattr(console, "parser_from_signature", recording)
+    for cmd in COMMANDS:
+        for argv in [[cmd]] + [[cmd, sub] for sub in SUBCOMMAND_GROUPS.get(cmd, ())]:
+            try:
+                main(argv + ["--help"])
+            except SystemExit:
+                pass
+            capsys.readouterr()
+    checked = set()
+    for fn, parser in seen:
+        owned, comments = _owned_comments(fn)
+        for action in parser._actions:
+            if not action.option_strings or action.dest not in owned or isinstance(action, argparse._HelpAction):
+                continue
+            if action.help in comments:  # a help from a comment: the parameter's own
+                assert action.help in owned[action.dest], (fn.__name__, action.option_strings, action.help)
+                checked.add((fn.__name__, action.dest))
+            else:  # written elsewhere (an Arg(help=...) or the standard --json text), never a comment of the source
+                assert not any(action.help and action.help in owned[o] for o in owned), (fn.__name__, action.dest)
+    assert len({name for name, _ in checked}) >= 10 and ("diagnose_command", "eval_limit") in checked
+    help_of = {a.dest: a.help for fn, p in seen if fn.__name__ == "diagnose_command" for a in p._actions}
+    assert help_of["eval_limit"].startswith("pairs per evaluation set") and help_of["device"].startswith("cpu | cuda")

@@ -308,10 +308,10 @@ def test_looped_downstream_on_local_bundles(trained_run, tmp_path, monkeypatch, 
         ((ctx, cont),) = s["arguments"]
         assert (
             ctx.count("\n\n") == 2
-            and ctx.endswith(s["doc"]["context"].strip())
-            and cont == " " + s["doc"]["continuation"]
+            and ctx.endswith(s["doc"]["context"].strip() + " ")  # the delimiter: lm-eval moves it to the answer
+            and cont == s["doc"]["continuation"]
         )
-        assert s["doc"]["context"].strip() not in ctx[: -len(s["doc"]["context"].strip())]
+        assert s["doc"]["context"].strip() not in ctx.rstrip()[: -len(s["doc"]["context"].strip())]
     # the command: JSON with the groups, and a missing bundles folder is every task missing, not a crash
     capsys.readouterr()
     assert cli_downstream([str(run), "--bundles", str(tmp_path / "none"), "--json"]) == 0
@@ -321,3 +321,97 @@ def test_looped_downstream_on_local_bundles(trained_run, tmp_path, monkeypatch, 
         and len(empty["missing"]) == 3 + 5 + 3 + 5 + 4
         and "no saunshi_bundle/saunshi.yaml" in empty["missing"]["nq"]
     )
+
+
+def _official_prompts(task_type: str, doc: dict, delimiter: str, examples: list) -> list:
+    """The prompts the official nanochat/core_eval.py renders (render_prompts_mc / _schema / _lm), written out
+    independently: one per choice (multiple choice), per context option (schema); (without, with) for language
+    modelling, `without` stripped as core_eval strips it."""
+    if task_type == "multiple_choice":
+        shots = "".join(f"{e['query']}{delimiter}{e['choices'][e['gold']]}\n\n" for e in examples)
+        return [f"{shots}{doc['query']}{delimiter}{c}" for c in doc["choices"]]
+    if task_type == "schema":
+        shots = "".join(f"{e['context_options'][e['gold']]}{delimiter}{e['continuation']}\n\n" for e in examples)
+        return [f"{shots}{o}{delimiter}{doc['continuation']}" for o in doc["context_options"]]
+    shots = "".join(f"{e['context'].strip()}{delimiter}{e['continuation']}\n\n" for e in examples)
+    without = f"{shots}{doc['context'].strip()}{delimiter}"
+    return [without.strip(), without + doc["continuation"]]
+
+
+def test_bundle_delimiter_is_in_the_prompt_lm_eval_renders(trained_run, tmp_path, monkeypatch):
+    """A bundle task whose continuation_delimiter is not a space ("\\nAnswer: ", as several CORE tasks use): the
+    prompt lm-eval renders (its logged requests) is the official core_eval prompt, for a language-modelling, a
+    multiple-choice and a schema task, each with one few-shot example; the scored continuation starts after the
+    delimiter (language modelling, multiple choice) or carries it (schema), as core_eval's token spans do."""
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf-datasets"))
+    run, delim = trained_run("looped"), "\nAnswer: "
+    qa = [
+        dict(context=f"Question: {q}? ", continuation=a)
+        for q, a in (("who", "God"), ("what", "light"), ("when", "first"))
+    ]
+    arc = [
+        dict(query="Question: what came first?", choices=["the heaven", "the sea"], gold=0),
+        dict(query="Question: the earth was", choices=["full", "without form"], gold=1),
+        dict(query="Question: God said", choices=["let there be light", "no"], gold=0),
+    ]
+    wino = [
+        dict(context_options=["The heaven was made", "The sea was made"], continuation="first", gold=0),
+        dict(context_options=["The earth was void", "The earth was full"], continuation="then", gold=1),
+        dict(context_options=["Light was", "Darkness was"], continuation="good", gold=0),
+    ]
+    entry = dict(num_fewshot=[1], continuation_delimiter=delim)
+    _bundle(
+        tmp_path / "b",
+        "eval_bundle",
+        "core.yaml",
+        "icl_tasks",
+        [
+            dict(entry, label="arc_easy", dataset_uri="arc.jsonl", icl_task_type="multiple_choice"),
+            dict(entry, label="winograd", dataset_uri="wino.jsonl", icl_task_type="schema"),
+        ],
+        {"arc.jsonl": arc, "wino.jsonl": wino},
+    )
+    _bundle(
+        tmp_path / "b",
+        "saunshi_bundle",
+        "saunshi.yaml",
+        "tasks",
+        [
+            dict(
+                label="triviaqa",
+                dataset_uri="qa.jsonl",
+                task_type="language_modeling",
+                num_fewshot=1,
+                continuation_delimiter=delim,
+            )
+        ],
+        {"qa.jsonl": qa},
+    )
+    rec = looped_downstream(run, tmp_path / "b", regime="flagship")
+    assert {"arc_easy", "winograd", "triviaqa"} <= set(rec["tasks"])
+    lm = DepthBenchLM(str(run), device="cpu")
+    manager = TaskManager(include_path=str(run / "downstream" / "lm_eval_tasks"), include_defaults=False)
+    tasks = {
+        "looped_arc_easy": ("multiple_choice", arc),
+        "looped_winograd": ("schema", wino),
+        "looped_triviaqa": ("language_modeling", qa),
+    }
+    out = lm_eval.simple_evaluate(
+        model=lm, tasks=list(tasks), task_manager=manager, log_samples=True, bootstrap_iters=0
+    )
+    for name, (kind, docs) in tasks.items():
+        assert len(out["samples"][name]) == 3, name
+        for s in out["samples"][name]:
+            doc = next(d for d in docs if all(s["doc"][k] == v for k, v in d.items()))
+            renders = [
+                _official_prompts(kind, doc, delim, [e]) for e in docs if e is not doc
+            ]  # the example: another doc
+            texts = [ctx + cont for ctx, cont in s["arguments"]]
+            if kind == "language_modeling":
+                ((ctx, cont),) = s["arguments"]
+                assert any(texts == [r[1]] and ctx.strip() == r[0] for r in renders), (name, ctx, cont)
+                assert cont == doc["continuation"] and ctx.endswith(delim)  # the ' ' joins the answer when encoded
+            else:
+                assert any(texts == r for r in renders), (name, texts)
+                ctx, cont = s["arguments"][0]
+                assert ctx.endswith(delim) if kind == "multiple_choice" else cont == delim + doc["continuation"]

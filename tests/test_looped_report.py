@@ -178,14 +178,10 @@ def test_looped_main_report(paper_studies, tmp_path):
         "Table 1",
         "Table 2",
         "Table 3",
-        "Table 5",
-        "Table 7",
-        "Tables 8-9",
-        "Table 10",
-        "Fig. 3",
-        "Fig. 8",
-        "Fig. 9",
-        "Fig. 10",
+        *(f"Table {n}" for n in range(1, 11)),
+        *(f"Fig. {n}" for n in range(1, 11)),
+        "iso-FLOPs teaser (unnumbered)",
+        "width result",
         "worked example",
         "downstream results",
     } <= set(index.index)
@@ -208,8 +204,22 @@ def test_looped_main_report(paper_studies, tmp_path):
         and "depthbench-nb downstream" in index.loc["downstream results", "detail"]
     )
     assert index.loc["Table 5", "status"] == "missing" and "single injection" in index.loc["Table 5", "detail"]
+    assert (
+        index.loc["Fig. 5", "status"] == "missing"
+        and "do not say what this figure shows" in index.loc["Fig. 5", "detail"]
+    )
+    # the claims: each headline claim with its artifact, read off this report's tables (records from the paper's law)
+    claims = pd.read_csv(tmp_path / "looped_claims.csv").set_index("claim")
+    assert claims.filter(like="phi = 0.46", axis=0).verdict.iloc[0] == "reproduced"
+    assert claims.filter(like="hyperconnections raise phi", axis=0).verdict.iloc[0] == "reproduced"
+    assert (claims.filter(like="should be wider", axis=0).verdict == "reproduced").all()  # paper's and fitted law
+    assert claims.filter(like="extrapolation", axis=0).verdict.iloc[0].startswith("not built")
+    width = pd.read_csv(tmp_path / "looped_width_verdicts.csv")
+    assert {"fitted: tbptt (Table 3)", "fitted: hc (Table 3)"} <= set(width.law)
+    # the stability refits: all six budgets, so the paper's split, said in the caption
+    assert "the paper's split, C <= 2.15e18 and C >= 4.64e18" in (tmp_path / "looped_stability.md").read_text()
     text = (tmp_path / "looped_index.md").read_text()
-    assert "## The paper's tables and figures" in text and "| Tables 8-9 | rebuilt with a stated difference |" in text
+    assert "## The paper's tables and figures" in text and "| Table 9 | rebuilt with a stated difference |" in text
 
 
 def test_scale_comes_from_the_runs(tmp_path, monkeypatch):
@@ -337,6 +347,14 @@ def test_phi_refitted_on_the_papers_optima(tmp_path):
     )
     v = pd.read_csv(tmp_path / "looped_verdicts.csv").set_index("quantity")
     assert v.loc["phi refitted on the paper's 24 per-(C, r) optima", "verdict"] == "reproduced"
+    # every coefficient beside Table 2: phi inside the paper's CI, E, alpha and beta 30-40% off, said in the verdict
+    coef = pd.read_csv(tmp_path / "looped_paper_optima_coefficients.csv").set_index("coefficient")
+    assert list(coef.index) == ["A", "alpha", "B", "beta", "E", "phi"] and coef.loc["E", "paper"] == 1.56773
+    assert coef.loc["phi", "within"] and not coef.loc[["E", "alpha", "beta"], "within"].any()
+    assert coef.loc["E", "ours"] == pytest.approx(ours.E, rel=1e-3)
+    words = coef.verdict.iloc[0]
+    assert words.startswith("phi reproduced") and "outside their tolerance of Table 2: A, alpha, B, beta, E" in words
+    assert "phi reproduced" in v.loc["phi refitted on the paper's 24 per-(C, r) optima", "note"]
     assert (v.filter(like="Fig. 3 exponent", axis=0).verdict == "reproduced").sum() == 8
 
 
@@ -478,3 +496,64 @@ def test_a_plugin_family_lands_in_the_report_of_its_recipe(tmp_path, monkeypatch
                 unregister_design(name)
         for family in ("plugin_loops", "plugin_streams"):
             FAMILIES.pop(family)
+
+
+def test_table5_is_the_papers_cell_only(tmp_path):
+    """Table 5 sets the paper's losses beside the runs of its one cell (s = 10, r = 4, C = 1e18) only; the injections'
+    runs of other cells go to a table of their own, with no paper number."""
+    rows = [
+        dict(injection=i, r=r, s=s, C=C, D=1e9, loss=loss, scale="paper scale")
+        for i, r, s, C, loss in (
+            ("linear", 4, 10, 1e18, 2.80),
+            ("additive", 4, 10, 1e18, 2.81),
+            ("hc", 4, 10, 1e18, 2.76),
+            ("linear", 8, 16, 1e19, 2.61),  # another cell: never beside the paper's 2.793
+            ("additive", 8, 16, 1e19, 2.62),
+        )
+    ]
+    rep = report_common.Report("t", "looped", report_common.Scale((), True, "runs"), tmp_path)
+    report_looped.looped_table5_section(rep, pd.DataFrame(rows), report_common.reference_table("looped"))
+    t5 = pd.read_csv(tmp_path / "looped_table5_injection.csv")
+    other = pd.read_csv(tmp_path / "looped_table5_other_cells.csv")
+    assert set(t5.s) == {10} and set(t5.r) == {4} and np.allclose(t5.C, 1e18)
+    assert t5.set_index("injection").paper_val_loss.to_dict() == {"additive": 2.797, "hc": 2.757, "linear": 2.793}
+    assert set(other.s) == {16} and not any("paper" in c for c in other.columns)
+    assert rep.gaps["Table 5"] == ["injections without runs at s = 10, r = 4, C = 1e18: passthrough"]
+    # no run at the paper's cell: Table 5 is missing and says where the other cells' runs are
+    rep2 = report_common.Report("t", "looped", report_common.Scale((), True, "runs"), tmp_path / "b")
+    report_looped.looped_table5_section(rep2, pd.DataFrame(rows[3:]), report_common.reference_table("looped"))
+    assert "looped_table5_injection" not in rep2.built() and "no run at the paper's cell" in rep2.missing[0][1]
+
+
+def test_width_result_on_the_papers_coefficients():
+    """On the paper's own Table 2 coefficients (A, B: the project page) every looped r's compute-optimal model is wider
+    than r = 1's at every grid budget, with fewer unique parameters (§4.2); with the same coefficients a lower phi
+    (truncated BPTT's 0.38) moves the optimum wider and a higher one (hyperconnections' 0.646) narrower (App. G.3)."""
+    budgets = [4.64e17, 1e18, 2.15e18, 4.64e18, 1e19, 2.15e19]
+    paper = dict(scaling.PAPER_LOOPED)
+    laws = {
+        "paper": (scaling.law_from_params(**paper), "baseline", None),
+        "low phi": (scaling.law_from_params(**dict(paper, phi=0.38)), "baseline", "paper"),
+        "high phi": (scaling.law_from_params(**dict(paper, phi=0.646)), "baseline", "paper"),
+    }
+    t = report_looped.looped_width(laws, budgets)
+    v = report_looped.width_verdicts(t, {"paper": laws["paper"]})
+    assert v.verdict.tolist() == ["reproduced"] and v.cells[0] == "18 of 18 (r > 1, budget) cells wider"
+    p = t[t.law == "paper"]
+    # independent check of one optimum: a grid over widths at C = 1e19, r = 4 (the law and the §3.2 accounting)
+    acc = [scaling.paper_accounting(d, 4) for d in np.geomspace(256, 8192, 4000)]
+    law = laws["paper"][0]
+    loss = [float(law.predict(law.n_eff(a.n_once, a.n_rec, 4), 1e19 / a.flops_per_token)) for a in acc]
+    d_grid = acc[int(np.argmin(loss))].d
+    d_opt = p[(p.r == 4) & np.isclose(p.C, 1e19)].d.iloc[0]
+    assert d_opt == pytest.approx(d_grid, rel=0.01)
+    assert (p[p.r > 1].d_vs_r1 > 1).all() and (p[p.r > 1].N_vs_r1 < 1).all()
+    looped = t[t.r > 1]
+    assert (looped[looped.law == "low phi"].d_vs_baseline > 1).all()
+    assert (looped[looped.law == "high phi"].d_vs_baseline < 1).all()
+    # truncated BPTT's accounting: Eq. 6 (23-26% fewer training FLOPs per token at r = 2..8, s = 10)
+    from depthbench_nb.looped import flops_per_token
+
+    for r in (2, 4, 8):
+        ours = report_looped.variant_accounting("tbptt")(640.0, r).flops_per_token
+        assert ours == pytest.approx(flops_per_token(10, r, truncated_bptt=True), rel=0.01)

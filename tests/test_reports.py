@@ -130,6 +130,7 @@ def test_report_notebooks_build_every_artifact(fixture_study, capsys):
         "looped_downstream",
         "looped_downstream_matched",  # needs runs evaluated downstream (tests/test_looped_report.py)
         "depthbench_loss_across_scales",
+        "looped_table5_injection",  # needs runs at Table 5's one cell (s = 10, r = 4, C = 1e18)
     }  # needs runs at two of the paper's scales (tests/test_depthbench_report.py)
     for stem in report_depthbench.DEPTHBENCH_ARTIFACTS + report_looped.LOOPED_ARTIFACTS:
         if stem in expected_missing:
@@ -191,8 +192,10 @@ def test_report_notebooks_build_every_artifact(fixture_study, capsys):
     assert "case study tbptt_without_r2" in looped_index  # 2 runs + 3 anchors: too few points for the law, said so
     runs = pd.read_csv(out / "looped_runs.csv")
     assert runs.scale.str.startswith("reduced scale: the paper has no run").all() and not runs.paper_scale.any()
-    inj = pd.read_csv(out / "looped_table5_injection.csv")
-    assert {"linear", "additive", "hc"} <= set(inj.injection)
+    inj = pd.read_csv(
+        out / "looped_table5_other_cells.csv"
+    )  # tiny runs: none at Table 5's cell s = 10, r = 4, C = 1e18
+    assert {"linear", "additive", "hc"} <= set(inj.injection) and not (out / "looped_table5_injection.csv").exists()
     assert (pd.read_csv(out / "looped_verdicts.csv").verdict == "reproduced").all()
     assert (pd.read_csv(out / "depthbench_verdicts.csv").verdict == "reproduced").all()
 
