@@ -209,8 +209,12 @@ def _command_signals():
 
     previous = {}
     if threading.current_thread() is threading.main_thread():
-        for s, default in ((signal.SIGTERM, signal.SIG_DFL), (signal.SIGUSR1, signal.SIG_DFL), (signal.SIGINT, None)):
-            default = default or signal.default_int_handler
+        defaults = {
+            signal.SIGTERM: signal.SIG_DFL,
+            signal.SIGUSR1: signal.SIG_DFL,
+            signal.SIGINT: signal.default_int_handler,
+        }
+        for s, default in defaults.items():
             h = signal.getsignal(s)
             if h in (default, interrupted_at_start):
                 previous[s] = default
