@@ -10,10 +10,13 @@ import contextlib
 import importlib
 import json
 import shutil
+import signal
 import sys
+import threading
 import traceback
 from pathlib import Path
 
+from ._hooks import interrupted_at_start
 from .config import EXIT_ERROR, EXIT_INTERRUPTED, MESSAGE_LIMIT, ConfigError, RunInterrupted
 from .console import call_parsed, emit, json_stdout, notebooks_dir, template_notebooks
 
@@ -199,10 +202,6 @@ def _command_signals():
     """While `main` runs a command (main thread): SIGTERM and SIGUSR1 raise `RunInterrupted` (exit 3, one line; training
     installs its own catcher, which checkpoints first), SIGINT is Ctrl-C again. The start-up handler of
     `depthbench_nb._hooks` hands over here; default handlers come back after."""
-    import signal
-    import threading
-
-    from depthbench_nb._hooks import interrupted_at_start
 
     def stop(signum, frame):
         raise RunInterrupted(signum)

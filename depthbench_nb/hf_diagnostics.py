@@ -1202,15 +1202,7 @@ def diagnose_command(
         raise ConfigError("give a run folder (RUN_DIR) or --hf NAME_OR_PATH, exactly one")
     if no_memory_check:
         os.environ["DEPTHBENCH_MEMORY_CHECK"] = "0"  # as `train --no-memory-check`
-    hf_options = dict(
-        source=source,
-        text=text,
-        tokenizer=tokenizer,
-        dtype=dtype,
-        out=out,
-        revision=revision,
-        trust_remote_code=trust_remote_code,
-    )
+    hf_options = {k: v for k, v in locals().items() if k in _HF_ONLY}  # the --hf options as given
     shared = dict(figures=not no_figures, permutation_method=permutation_method, eval_limit=eval_limit)
     if hf is None:
         _refuse_hf_options(hf_options)
