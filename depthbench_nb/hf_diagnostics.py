@@ -71,12 +71,11 @@ from depthbench_nb.diagnostics import (
 
 # %% auto #0
 __all__ = ['LAYER_LISTS', 'FINAL_NORMS', 'Action', 'HF_METRICS', 'PERTURBING', 'METHODS', 'TEXT_STREAM_TOKENS', 'HF_DTYPES',
-           'MODEL_WEIGHT_SUFFIXES', 'SAFETENSORS_MAX_HEADER', 'HFLayout', 'describe_model', 'text_config',
-           'find_decoder', 'locate_layout', 'hidden_in', 'hidden_out', 'with_hidden', 'HFDepthModel', 'LayerCall',
-           'default_max_rows', 'BatchedRuns', 'check_hf_metrics', 'readout_error', 'diagnose_hf_model',
-           'eval_documents', 'token_stream', 'text_windows', 'resolve_device', 'load_hf_config', 'load_hf_model',
-           'default_out_dir', 'load_tokenizer_of', 'diagnose_hf', 'check_model_folder', 'check_hf_fits',
-           'diagnose_command', 'cli_diagnose']
+           'SAFETENSORS_MAX_HEADER', 'HFLayout', 'describe_model', 'text_config', 'find_decoder', 'locate_layout',
+           'hidden_in', 'hidden_out', 'with_hidden', 'HFDepthModel', 'LayerCall', 'default_max_rows', 'BatchedRuns',
+           'check_hf_metrics', 'readout_error', 'diagnose_hf_model', 'eval_documents', 'token_stream', 'text_windows',
+           'resolve_device', 'load_hf_config', 'load_hf_model', 'default_out_dir', 'load_tokenizer_of', 'diagnose_hf',
+           'check_model_folder', 'check_hf_fits', 'diagnose_command', 'cli_diagnose']
 
 # %% ../nbs/04b_hf_diagnostics.ipynb #cf529387
 LAYER_LISTS = ("layers", "h", "blocks", "block", "layer")  # decoder attributes holding the layers
@@ -992,7 +991,6 @@ def _weights_refused(name: str):
         raise CorruptFile(f"{name}: a weights file is not a readable safetensors file ({_first_line(e)})") from None
 
 # %% ../nbs/04b_hf_diagnostics.ipynb #4c02beb2
-MODEL_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 SAFETENSORS_MAX_HEADER = 100_000_000  # bytes: the limit of the safetensors library itself
 
 
@@ -1006,11 +1004,9 @@ def check_model_folder(folder) -> None:
             raise UnsafeFile(
                 f"{p} links outside the model folder (to {p.resolve()}); refused, nothing was read from it"
             )
-        if not p.is_file() or p.suffix not in MODEL_WEIGHT_SUFFIXES:
-            continue
-        if p.suffix == ".safetensors":
+        if p.is_file() and p.suffix == ".safetensors":
             _check_safetensors_header(p)
-        else:
+        elif p.is_file() and p.name.startswith("pytorch_model") and p.suffix == ".bin":  # what Transformers unpickles
             check_torch_file(p, str(p))
 
 # %% ../nbs/04b_hf_diagnostics.ipynb #cc5f0ff2
