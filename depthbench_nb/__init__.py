@@ -1,4 +1,8 @@
 __version__ = "0.1.0"
+# a signal while the command line starts (its imports take seconds) ends it with exit 3 and one line
+from ._hooks import stop_cleanly_at_start as _stop_cleanly_at_start  # noqa: E402
+
+_stop_cleanly_at_start()
 # registers with Transformers / lm-eval when they load
 from ._hooks import install as _install_hooks  # noqa: E402
 

@@ -6,7 +6,11 @@
 from __future__ import annotations
 
 import importlib.util
+import json
+import os
+import signal
 import sys
+import threading
 import warnings
 
 _PENDING: dict[str, list] = {}  # module name -> callbacks to run once it has executed
@@ -54,7 +58,8 @@ def on_import(module: str, callback) -> None:
         sys.meta_path.insert(0, _PostImportFinder())
 
 # %% auto #0
-__all__ = ['WATCHED', 'on_import', 'register_auto_config', 'register_auto_model', 'register_lm_eval_model', 'install']
+__all__ = ['WATCHED', 'EXIT_AT_START', 'CLI_MODULES', 'on_import', 'register_auto_config', 'register_auto_model',
+           'register_lm_eval_model', 'install', 'stop_cleanly_at_start', 'interrupted_at_start']
 
 # %% ../nbs/03e_hooks.ipynb #1cb941d0
 def register_auto_config() -> None:
@@ -101,3 +106,43 @@ def install() -> None:
     _installed = True
     for module, callback in WATCHED.items():
         on_import(module, callback)
+
+# %% ../nbs/03e_hooks.ipynb #66921439
+EXIT_AT_START = 3  # config.EXIT_INTERRUPTED; this module loads at interpreter start and imports nothing of the package
+CLI_MODULES = ("depthbench_nb", "depthbench_nb.cli", "depthbench_nb.trainer")  # `python -m` forms of the command line
+
+
+def stop_cleanly_at_start() -> None:
+    """In a `depthbench-nb` process, until its command takes over: SIGTERM, SIGINT or SIGUSR1 end it with exit 3 and
+    one line (JSON under --json), as a signal does later on. Any other program is left alone."""
+    if _cli_args(getattr(sys, "orig_argv", [])) is None or threading.current_thread() is not threading.main_thread():
+        return
+    for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
+        if signal.getsignal(s) in (signal.SIG_DFL, signal.default_int_handler):
+            signal.signal(s, interrupted_at_start)
+
+
+def interrupted_at_start(signum, frame) -> None:
+    "The one line of a signal that came while the command line was starting, then exit 3 (nothing had started)."
+    msg = f"interrupted by {signal.Signals(signum).name} while starting; nothing was started, nothing to save"
+    if "--json" in (_cli_args(getattr(sys, "orig_argv", [])) or []):
+        os.write(1, (json.dumps(dict(error=msg, kind="interrupted")) + "\n").encode())
+    else:
+        os.write(2, f"depthbench-nb: {msg}\n".encode())
+    os._exit(EXIT_AT_START)  # in the middle of an import: no clean-up to run, nothing written yet
+
+# %% ../nbs/03e_hooks.ipynb #bec2479f
+def _cli_args(argv) -> list | None:
+    "The arguments of a `depthbench-nb` command in an interpreter's full argv (`sys.orig_argv`); None: another program."
+    i = 1
+    while i < len(argv):
+        a = argv[i]
+        if a == "-m":
+            return list(argv[i + 2 :]) if i + 1 < len(argv) and argv[i + 1] in CLI_MODULES else None
+        if a == "-c":
+            return None
+        if a.startswith("-"):
+            i += 2 if a in ("-X", "-W") else 1
+            continue
+        return list(argv[i + 1 :]) if os.path.basename(a) == "depthbench-nb" else None
+    return None

@@ -10,10 +10,13 @@ import contextlib
 import importlib
 import json
 import shutil
+import signal
 import sys
+import threading
 import traceback
 from pathlib import Path
 
+from ._hooks import interrupted_at_start
 from .config import EXIT_ERROR, EXIT_INTERRUPTED, MESSAGE_LIMIT, ConfigError, RunInterrupted
 from .console import call_parsed, emit, json_stdout, notebooks_dir, template_notebooks
 
@@ -169,10 +172,11 @@ def main(argv=None) -> int:
             "", UsageError(f"unknown subcommand {cmd!r}; valid subcommands: {', '.join(COMMANDS)}"), as_json, out
         )
     try:
-        if not as_json:
-            return int(_load(COMMANDS[cmd][0])(rest) or 0)
-        with json_stdout(out), _usage_errors_raise():
-            return int(_load(COMMANDS[cmd][0])(rest) or 0)
+        with _command_signals():  # a signal before the command saves anything: exit 3 and one line
+            if not as_json:
+                return int(_load(COMMANDS[cmd][0])(rest) or 0)
+            with json_stdout(out), _usage_errors_raise():
+                return int(_load(COMMANDS[cmd][0])(rest) or 0)
     except (ConfigError, OSError) as e:  # bad input, damaged files, a busy run, the disk: a clear message
         return _fail(cmd, e, as_json, out)
     except RunInterrupted as e:  # a signal before there was anything to save (training saves, then returns)
@@ -191,6 +195,34 @@ def main(argv=None) -> int:
             raise
         traceback.print_exc(file=sys.stderr)
         return _fail(cmd, e, as_json, out)
+
+# %% ../nbs/07a_cli.ipynb #d9af8e1e
+@contextlib.contextmanager
+def _command_signals():
+    """While `main` runs a command (main thread): SIGTERM and SIGUSR1 raise `RunInterrupted` (exit 3, one line; training
+    installs its own catcher, which checkpoints first), SIGINT is Ctrl-C again. The start-up handler of
+    `depthbench_nb._hooks` hands over here; default handlers come back after."""
+
+    def stop(signum, frame):
+        raise RunInterrupted(signum)
+
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        defaults = {
+            signal.SIGTERM: signal.SIG_DFL,
+            signal.SIGUSR1: signal.SIG_DFL,
+            signal.SIGINT: signal.default_int_handler,
+        }
+        for s, default in defaults.items():
+            h = signal.getsignal(s)
+            if h in (default, interrupted_at_start):
+                previous[s] = default
+                signal.signal(s, default if s == signal.SIGINT else stop)
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
 
 # %% ../nbs/07a_cli.ipynb #1e2f03d4
 def notebooks_command(

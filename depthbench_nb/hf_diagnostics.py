@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import json
 import math
+import os
+import pickle
 import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -19,10 +22,22 @@ from torch import Tensor, nn
 from torch.func import functional_call
 from tqdm.auto import tqdm
 
-from .config import ConfigError, ModelConfig
+from depthbench_nb.config import (
+    ConfigError,
+    CorruptFile,
+    ModelConfig,
+    ResourceError,
+    UnsafeFile,
+    available_memory,
+    format_bytes,
+    memory_check_enabled,
+    short_repr,
+)
 from .console import Arg, call_parsed, emit
 from .costs import measure_latency
 from .data import _path_documents, resolve_source
+from .runs import _first_line, check_torch_file
+from .shapes import count_params
 from depthbench_nb.diagnostics import (
     METRICS,
     NLL_METRICS,
@@ -56,11 +71,11 @@ from depthbench_nb.diagnostics import (
 
 # %% auto #0
 __all__ = ['LAYER_LISTS', 'FINAL_NORMS', 'Action', 'HF_METRICS', 'PERTURBING', 'METHODS', 'TEXT_STREAM_TOKENS', 'HF_DTYPES',
-           'HFLayout', 'describe_model', 'text_config', 'find_decoder', 'locate_layout', 'hidden_in', 'hidden_out',
-           'with_hidden', 'HFDepthModel', 'LayerCall', 'default_max_rows', 'BatchedRuns', 'check_hf_metrics',
-           'readout_error', 'diagnose_hf_model', 'eval_documents', 'token_stream', 'text_windows', 'resolve_device',
-           'load_hf_config', 'load_hf_model', 'default_out_dir', 'load_tokenizer_of', 'diagnose_hf', 'diagnose_command',
-           'cli_diagnose']
+           'SAFETENSORS_MAX_HEADER', 'HFLayout', 'describe_model', 'text_config', 'find_decoder', 'locate_layout',
+           'hidden_in', 'hidden_out', 'with_hidden', 'HFDepthModel', 'LayerCall', 'default_max_rows', 'BatchedRuns',
+           'check_hf_metrics', 'readout_error', 'diagnose_hf_model', 'eval_documents', 'token_stream', 'text_windows',
+           'resolve_device', 'load_hf_config', 'load_hf_model', 'default_out_dir', 'load_tokenizer_of', 'diagnose_hf',
+           'check_model_folder', 'check_hf_fits', 'diagnose_command', 'cli_diagnose']
 
 # %% ../nbs/04b_hf_diagnostics.ipynb #cf529387
 LAYER_LISTS = ("layers", "h", "blocks", "block", "layer")  # decoder attributes holding the layers
@@ -802,10 +817,12 @@ def load_hf_model(
     if config.model_type == "depthbench":  # an export of ours: its own class builds the native model
         from depthbench_nb.hf import DepthBenchForCausalLM
 
-        return DepthBenchForCausalLM.from_pretrained(name, dtype=torch_dtype, **kw).to(device).eval()
+        with _weights_refused(name):
+            return DepthBenchForCausalLM.from_pretrained(name, dtype=torch_dtype, **kw).to(device).eval()
     placement = {} if device == "cpu" else dict(device_map="auto" if device == "auto" else {"": device})
     try:
-        model = AutoModelForCausalLM.from_pretrained(name, config=config, dtype=torch_dtype, **placement, **kw)
+        with _weights_refused(name):
+            model = AutoModelForCausalLM.from_pretrained(name, config=config, dtype=torch_dtype, **placement, **kw)
     except ValueError as e:
         raise ConfigError(
             f"{name!r} ({config.model_type}) is not a causal LM that AutoModelForCausalLM can load: {e}"
@@ -911,9 +928,12 @@ def diagnose_hf(
         n_samples = math.ceil(tokens / seq_len)
     _check_hf_options(n_samples, seq_len, permutation_method, dtype)
     device = resolve_device(device)
+    if Path(name).expanduser().is_dir():  # a folder someone else made: checked before anything reads it
+        check_model_folder(Path(name).expanduser())
     config = load_hf_config(
         name, revision, trust_remote_code
     )  # everything cheap first: a bad input fails before the weights load
+    check_hf_fits(config, n_samples, seq_len, dtype, device)  # train's memory rule, before anything is built
     native = config.model_type == "depthbench"  # an export of ours: its own model and metric set
     cfg = ModelConfig.from_dict(config.depthbench) if native else None
     requested, metrics = metrics, check_metrics(metrics, cfg) if native else check_hf_metrics(metrics)
@@ -954,6 +974,172 @@ def diagnose_hf(
         str(p) for p in write_diagnostics(res, Path(out_dir) if out_dir else default_out_dir(name), figures=figures)
     ]
     return res
+
+# %% ../nbs/04b_hf_diagnostics.ipynb #0047ccc8
+@contextlib.contextmanager
+def _weights_refused(name: str):
+    """Errors of Transformers reading weights as one-line refusals: a pickle naming code (`UnsafeFile`, nothing ran),
+    a safetensors file that is not one (`CorruptFile`); a hub model is downloaded first, so `check_model_folder` cannot
+    see it."""
+    try:
+        yield
+    except pickle.UnpicklingError as e:
+        raise UnsafeFile(f"{name}: a weights file would run code to be loaded ({_first_line(e)}); refused") from None
+    except Exception as e:
+        if type(e).__name__ != "SafetensorError":
+            raise
+        raise CorruptFile(f"{name}: a weights file is not a readable safetensors file ({_first_line(e)})") from None
+
+# %% ../nbs/04b_hf_diagnostics.ipynb #4c02beb2
+SAFETENSORS_MAX_HEADER = 100_000_000  # bytes: the limit of the safetensors library itself
+
+
+def check_model_folder(folder) -> None:
+    """Refuse a local model folder before anything reads it: a file linking outside the folder or a pickle that would
+    run code (`UnsafeFile`), a safetensors header that is not what its file holds (`CorruptFile`)."""
+    folder = Path(folder)
+    root = _link_root(folder)
+    for p in _folder_entries(folder):
+        if p.is_symlink() and not p.resolve().is_relative_to(root):
+            raise UnsafeFile(
+                f"{p} links outside the model folder (to {p.resolve()}); refused, nothing was read from it"
+            )
+        if p.is_file() and p.suffix == ".safetensors":
+            _check_safetensors_header(p)
+        elif p.is_file() and p.name.startswith("pytorch_model") and p.suffix == ".bin":  # what Transformers unpickles
+            check_torch_file(p, str(p))
+
+# %% ../nbs/04b_hf_diagnostics.ipynb #cc5f0ff2
+_SAFETENSORS_WIDTH = dict(
+    BOOL=1, U8=1, I8=1, F8_E4M3=1, F8_E5M2=1, I16=2, U16=2, F16=2, BF16=2, I32=4, U32=4, F32=4, I64=8, U64=8, F64=8
+)
+
+
+def _folder_entries(folder: Path) -> list[Path]:
+    "Every file and folder under `folder`, links listed but never descended into (no loop, nothing outside)."
+    return sorted(Path(top) / n for top, dirs, files in os.walk(folder) for n in dirs + files)
+
+
+def _link_root(folder: Path) -> Path:
+    "Where a folder's links may lead: inside it, or inside its hub cache repository (snapshots/REV -> ../../blobs)."
+    folder = folder.resolve()
+    return folder.parent.parent if folder.parent.name == "snapshots" else folder
+
+
+def _check_safetensors_header(path: Path) -> None:
+    "`CorruptFile` when the header of a safetensors file claims a size, shape or offset its bytes do not hold."
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(8)
+        n = int.from_bytes(head, "little") if len(head) == 8 else -1
+        if not 2 <= n <= min(SAFETENSORS_MAX_HEADER, size - 8):
+            raise CorruptFile(
+                f"{path} is not a readable safetensors file: its header claims {n:,} bytes, the file holds {size:,}"
+            )
+        try:
+            header = json.loads(f.read(n))
+        except (ValueError, UnicodeDecodeError) as e:
+            raise CorruptFile(f"{path} is not a readable safetensors file: its header is not JSON ({e})") from None
+    data = size - 8 - n
+    if not isinstance(header, dict):
+        raise CorruptFile(f"{path} is not a readable safetensors file: its header is not a JSON object")
+    for name, t in header.items():
+        if name != "__metadata__":
+            _check_tensor_entry(path, name, t, data)
+
+
+def _check_tensor_entry(path: Path, name: str, t, data: int) -> None:
+    "One tensor of a safetensors header: a known dtype, a shape of sizes, offsets inside the data spanning that shape."
+    bad = f"{path} is not a readable safetensors file: tensor {short_repr(name, 80)}"
+    if not isinstance(t, dict) or t.get("dtype") not in _SAFETENSORS_WIDTH:
+        raise CorruptFile(f"{bad} has no dtype safetensors knows ({short_repr(t, 120)})")
+    shape, offsets = t.get("shape"), t.get("data_offsets")
+    if not isinstance(shape, list) or not all(type(s) is int and s >= 0 for s in shape):
+        raise CorruptFile(f"{bad} has shape {short_repr(shape, 80)}; a shape is a list of sizes")
+    if not (isinstance(offsets, list) and len(offsets) == 2 and all(type(o) is int for o in offsets)):
+        raise CorruptFile(f"{bad} has data offsets {short_repr(offsets, 80)}; they are [begin, end]")
+    need = _SAFETENSORS_WIDTH[t["dtype"]] * math.prod(shape)
+    begin, end = offsets
+    if not 0 <= begin <= end <= data or end - begin != need:
+        raise CorruptFile(
+            f"{bad} claims shape {shape} ({need:,} bytes of {t['dtype']}), its offsets {offsets} span "
+            f"{end - begin:,} of the file's {data:,} bytes of data"
+        )
+
+# %% ../nbs/04b_hf_diagnostics.ipynb #765ceef3
+def check_hf_fits(config, n_samples: int, seq_len: int, dtype: str = "auto", device: str = "cpu") -> dict:
+    """Refuse (`ResourceError`, both figures) a Transformers model whose diagnostics need more memory than `device`
+    has, from its config before anything is built; returns the estimate (bytes: weights, states, logits, total)."""
+    if getattr(config, "model_type", None) == "depthbench":  # an export of ours: its design's closed form
+        cfg = ModelConfig.from_dict(config.depthbench)
+        d, L, V, context, params = cfg.d_model, cfg.n_layer, cfg.vocab_size, cfg.max_seq_len, count_params(cfg).total
+    else:
+        s = _hf_sizes(config)
+        (d, L, V), context, params = _hf_shape(s), s.get("max_position_embeddings"), _hf_params(config, s)
+    T = min(seq_len, context or seq_len)
+    width = 4 if dtype == "float32" or (dtype == "auto" and device == "cpu") else 2
+    need = dict(weights=width * params, states=4 * (L + 1) * n_samples * T * d, logits=4 * n_samples * T * V)
+    need["total"] = sum(need.values())
+    if not memory_check_enabled():
+        return need
+    free, source = _free_memory(device)
+    if free is not None and need["total"] > free:
+        raise ResourceError(
+            f"a model of {L:,} blocks, d {d:,} and about {params:,} parameters needs about "
+            f"{format_bytes(need['total'])} to diagnose ({format_bytes(need['weights'])} of weights, "
+            f"{format_bytes(need['states'] + need['logits'])} of states and logits for {n_samples} windows of {T} "
+            f"tokens), {source} is {format_bytes(free)}: choose a smaller model or fewer windows, or pass "
+            f"--no-memory-check (DEPTHBENCH_MEMORY_CHECK=0) to try anyway"
+        )
+    return need
+
+# %% ../nbs/04b_hf_diagnostics.ipynb #2d954360
+_HF_SIZES = (
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "intermediate_size",
+    "vocab_size",
+    "max_position_embeddings",
+)
+
+
+def _hf_sizes(config) -> dict:
+    "The sizes of a Transformers config the estimate reads; a given integer size must be >= 1 (ConfigError naming it)."
+    text, out = config.get_text_config(), {}
+    for key in _HF_SIZES:
+        v = getattr(text, key, None)
+        if isinstance(v, bool) or (isinstance(v, int) and v < 1):
+            raise ConfigError(f"the model's config.json has {key} {short_repr(v)}; it must be a positive integer")
+        if isinstance(v, int):
+            out[key] = v
+    return out
+
+
+def _hf_shape(s: dict) -> tuple[int, int, int]:
+    "(width, blocks, vocabulary) of a config's sizes (0 when one is not said: the estimate stays a lower bound)."
+    return s.get("hidden_size", 0), s.get("num_hidden_layers", 0), s.get("vocab_size", 0)
+
+
+def _hf_params(config, s: dict) -> int:
+    "A lower bound of the parameter count of a decoder from its config's sizes (attention, MLP, embeddings)."
+    d, L, V = _hf_shape(s)
+    heads = s.get("num_attention_heads", 1)
+    head_dim = s.get("head_dim", d // heads)
+    attn = 2 * d * heads * head_dim + 2 * d * s.get("num_key_value_heads", heads) * head_dim
+    tied = getattr(config.get_text_config(), "tie_word_embeddings", True)
+    return L * (attn + 2 * d * s.get("intermediate_size", 0)) + V * d * (1 if tied else 2)
+
+
+def _free_memory(device: str) -> tuple[Optional[int], str]:
+    "Memory available where the model goes (device 'auto': all visible GPUs together) and where the figure comes from."
+    if device != "auto":
+        free, source = available_memory(device)
+        return free, f"{source} on {device}"
+    frees = [available_memory(f"cuda:{i}")[0] for i in range(torch.cuda.device_count())]
+    return (sum(frees), "the free memory of every GPU") if frees else available_memory("cpu")
 
 # %% ../nbs/04b_hf_diagnostics.ipynb #0a2ded6b
 _HF_ONLY = dict(
@@ -1004,20 +1190,15 @@ def diagnose_command(
         str
     ] = None,  # cpu | cuda | cuda:N (--hf also auto: layers over all GPUs); default cuda when present
     no_figures: bool = False,  # write tables only
+    no_memory_check: bool = False,  # diagnose even when the estimated memory exceeds what is available
     json: bool = False,
 ) -> int:
     "Layer diagnostics of a run's last checkpoint (RUN_DIR) or of any Transformers causal LM (--hf NAME_OR_PATH)."
     if (run_dir is None) == (hf is None):
         raise ConfigError("give a run folder (RUN_DIR) or --hf NAME_OR_PATH, exactly one")
-    hf_options = dict(
-        source=source,
-        text=text,
-        tokenizer=tokenizer,
-        dtype=dtype,
-        out=out,
-        revision=revision,
-        trust_remote_code=trust_remote_code,
-    )
+    if no_memory_check:
+        os.environ["DEPTHBENCH_MEMORY_CHECK"] = "0"  # as `train --no-memory-check`
+    hf_options = {k: v for k, v in locals().items() if k in _HF_ONLY}  # the --hf options as given
     shared = dict(figures=not no_figures, permutation_method=permutation_method, eval_limit=eval_limit)
     if hf is None:
         _refuse_hf_options(hf_options)

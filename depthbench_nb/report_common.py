@@ -387,8 +387,8 @@ def scan_study(study: str) -> pd.DataFrame:
 
 def study_table(study: str) -> pd.DataFrame:
     """The run table of a study (empty, with the RUN_COLUMNS, when the study has no run folder): the runs of its current
-    plan (a shipped study's file, or the plan its last sweep recorded); run folders outside the plan (stale: the study
-    file was edited since) are left out and said. A study of runs trained by hand (no plan) is every run folder."""
+    plan (`sweep.current_plan`: its study file, read now); run folders outside the plan (stale: the study file was
+    edited since) are left out and said. A study of runs trained by hand (no plan) is every run folder."""
     from depthbench_nb import sweep
 
     if not (runs_root() / study).is_dir():

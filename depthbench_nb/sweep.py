@@ -88,8 +88,8 @@ __all__ = ['MAX_STUDY_BYTES', 'MAX_STUDY_NODES', 'GPU_PEAK_FLOPS', 'DEFAULT_MFU'
            'worker_main', 'entry_status_locked', 'run_study', 'unfinished_runs', 'study_status', 'stale_runs',
            'record_plan', 'planned_run_ids', 'slurm_tasks', 'slurm_script', 'write_slurm_script', 'collect',
            'status_by', 'collect_by', 'looped_fit_table', 'lr_optima', 'study_entries', 'add_extra_entries',
-           'extend_lr_entries', 'sweep_plan_command', 'sweep_run_command', 'sweep_status_command', 'cli_sweep',
-           'collect_command', 'cli_collect']
+           'extend_lr_entries', 'current_plan', 'sweep_plan_command', 'sweep_run_command', 'sweep_status_command',
+           'cli_sweep', 'collect_command', 'cli_collect']
 
 # %% ../nbs/05b_sweep.ipynb #a94f1d9d
 @dataclass(frozen=True)
@@ -559,8 +559,9 @@ def entry_status(e: RunEntry) -> str:
     if status == "interrupted":
         return status
     att = _attempts_path(e.run.study, e.run_id)
-    if att.exists() and _read_state(att)["history"][-1]["status"] == "failed":
-        return "failed"  # died without a record
+    last = _read_state(att)["history"][-1]["status"] if att.exists() else None
+    if last in ("failed", "interrupted"):
+        return last  # died without a record: on its own, or stopped by a signal before it had one
     return status
 
 
@@ -645,8 +646,10 @@ def execute_entry(
     device: str | None = None,
     nodes: int = 1,
     procs_per_node: int = 1,
+    stopping: list | tuple = (),
 ) -> tuple[str, int]:
-    "Run one entry under its (held) lock; returns (status after the run, return code)."
+    """Run one entry under its (held) lock; returns (status after the run, return code). `stopping`: the signals the
+    driver received and passed on (a run that then ends without a record was interrupted, not failed)."""
     folder = run_dir(e.run)
     made = not folder.exists()
     if executor == "papermill":
@@ -677,8 +680,8 @@ def execute_entry(
         with contextlib.suppress(OSError):
             folder.rmdir()  # a child that failed at once: no empty folder
     status = entry_status_locked(e)
-    if status in ("unfinished", "pending"):
-        status = "failed"  # the child died without a result
+    if status in ("unfinished", "pending"):  # the child died without a result: a signal (a kernel that was still
+        status = "interrupted" if stopping else "failed"  # starting dies of it) uses no attempt; else a failure
     _record_attempt(e.run.study, e.run_id, status, rc)
     with open(sweep_dir(e.run.study) / "executions.jsonl", "a") as f:  # one line per execution (audit, tests)
         f.write(
@@ -886,7 +889,7 @@ class _StudyDriver:
             if st in ("completed", "diverged"):
                 return self.note(e, "skipped", st)
             while True:
-                st, rc = execute_entry(e, lk, self.executor, device, self.nodes, self.procs_per_node)
+                st, rc = execute_entry(e, lk, self.executor, device, self.nodes, self.procs_per_node, self.stopping)
                 if st in ("completed", "diverged") or self.stopping or attempts(name, e.run_id) >= self.limit:
                     break
             self.note(e, "ran", st)
@@ -953,7 +956,7 @@ def run_study(
     except ConfigError as e:
         raise ConfigError(f"{e}; none of the {len(entries)} runs of study {spec.name!r} started") from None
     limit = max_attempts or spec.max_attempts
-    record_plan(spec)
+    record_plan(spec, _plan_source(study))
     driver = _StudyDriver(spec, entries, limit, executor, devices, nodes, procs_per_node, progress)
     driver.run(workers)
     counts = {}
@@ -989,7 +992,7 @@ def unfinished_runs(study, outcome: dict) -> list[dict]:
 def study_status(study, slurm: bool | None = None) -> dict:
     "Counts per status and the progress of started runs; joined with the Slurm queue when the study was sent there."
     spec = study if isinstance(study, StudySpec) else load_study(study)
-    entries = study_entries(spec)
+    entries = current_plan(spec)
     rows = [dict(run_id=e.run_id, group=e.group, label=e.label(), status=entry_status(e)) for e in entries]
     extra = {}
     if slurm or (slurm is None and _slurm_arrays(spec.name)):
@@ -1020,7 +1023,7 @@ def study_status(study, slurm: bool | None = None) -> dict:
 def stale_runs(spec: StudySpec, entries: list[RunEntry] | None = None) -> list[dict]:
     """Run folders of the study that its current plan no longer contains (the study file was edited: another LR, budget,
     design...): listed so that nothing is lost, never counted, collected, fitted or reported. Reads no params.json."""
-    planned = {e.run_id for e in (entries if entries is not None else study_entries(spec))}
+    planned = {e.run_id for e in (entries if entries is not None else current_plan(spec))}
     root, rows = runs_root() / spec.name, []
     for folder in sorted(
         p for p in root.glob("*") if p.is_dir() and p.name not in planned and (p / RECORD_FILES["params"]).exists()
@@ -1037,28 +1040,24 @@ def _plan_path(study: str) -> Path:
     return sweep_dir(study) / "plan.json"
 
 
-def record_plan(spec: StudySpec) -> None:
-    """Keep the study's current plan (its run ids) in .sweep/plan.json for readers that know the study by name only
-    (report)."""
-    ids, p = [e.run_id for e in study_entries(spec)], _plan_path(spec.name)
-    try:
-        old = _read_state(p) if p.exists() else None
-    except CorruptFile:
-        old = None
-    if not isinstance(old, dict) or old.get("run_ids") != ids:
-        atomic_write_json(p, dict(study=spec.name, run_ids=ids, time=time.time()))
+def record_plan(spec: StudySpec, source: Optional[str] = None) -> None:
+    """Keep where a study's file is (`source`) and its plan's run ids in .sweep/plan.json, for readers that know the
+    study by name only (report): `current_plan` reads the file again, the ids are kept for when it is gone."""
+    ids, p = [e.run_id for e in current_plan(spec)], _plan_path(spec.name)
+    old = _recorded_plan(spec.name) or {}
+    source = source or old.get("file")
+    if old.get("run_ids") != ids or old.get("file") != source:
+        atomic_write_json(p, dict(study=spec.name, run_ids=ids, time=time.time(), file=source))
 
 
 def planned_run_ids(study: str) -> Optional[list[str]]:
-    """The run ids of a study's current plan: a shipped study's entries, else the plan its last sweep or collect
-    recorded."""
-    if study in study_names():
-        return [e.run_id for e in study_entries(load_study(study))]
-    p = _plan_path(study)
-    if not p.exists():
-        return None
-    plan = _read_state(p)
-    return list(plan["run_ids"]) if isinstance(plan, dict) and isinstance(plan.get("run_ids"), list) else None
+    """The run ids of a study's current plan (`current_plan`); when its file is gone, the plan its last sweep or
+    collect recorded; None for runs trained by hand."""
+    entries = current_plan(study)
+    if entries is not None:
+        return [e.run_id for e in entries]
+    plan = _recorded_plan(study)
+    return list(plan["run_ids"]) if plan and isinstance(plan.get("run_ids"), list) else None
 
 
 def _bar(frac: float, width: int = 20) -> str:
@@ -1285,7 +1284,7 @@ def collect(study, write: bool = True) -> pd.DataFrame:
     "The run records of the study's current plan as one table (and collect.parquet / collect.csv in the study folder)."
     spec = study if isinstance(study, StudySpec) else load_study(study)
     rows = []
-    for e in study_entries(spec):  # the current plan only: stale runs are listed, not collected
+    for e in current_plan(spec):  # the current plan only: stale runs are listed, not collected
         folder = run_dir(e.run)
         res = read_result(folder) if folder.exists() else None
         status = entry_status(e) if not res or res["status"] == "interrupted" else res["status"]
@@ -1293,7 +1292,7 @@ def collect(study, write: bool = True) -> pd.DataFrame:
     root = runs_root() / spec.name
     df = pd.DataFrame(rows)
     if write:
-        record_plan(spec)
+        record_plan(spec, _plan_source(study))
         import io
 
         buf = io.BytesIO()
@@ -1466,7 +1465,7 @@ def extend_lr_entries(spec: StudySpec, df: pd.DataFrame, factor: float = 2.0, sa
     edge."""
     from depthbench_nb.run_params import make_run_config
 
-    planned = {e.run_id: e for e in study_entries(spec)}
+    planned = {e.run_id: e for e in current_plan(spec)}
     swept = swept_names(planned.values())
     opt = lr_optima(df, by=swept)
     by_shape = {}
@@ -1488,6 +1487,38 @@ def extend_lr_entries(spec: StudySpec, df: pd.DataFrame, factor: float = 2.0, sa
     if save and new:
         add_extra_entries(spec, new)
     return new
+
+# %% ../nbs/05b_sweep.ipynb #c385b165
+def current_plan(study) -> Optional[list[RunEntry]]:
+    """The runs of a study's current plan, computed now from its study file: a StudySpec, a shipped study's name, a
+    file's path, or the name of a study whose last sweep or collect recorded its file. None: no study file is known."""
+    if isinstance(study, StudySpec):
+        return study_entries(study)
+    if str(study) in study_names() or Path(str(study)).suffix.lower() in (".yaml", ".yml", ".json"):
+        return study_entries(load_study(study))
+    source = (_recorded_plan(study) or {}).get("file")
+    if isinstance(source, str) and Path(source).is_file():
+        spec = load_study(source)
+        if spec.name == study:
+            return study_entries(spec)
+    return None
+
+# %% ../nbs/05b_sweep.ipynb #6589d502
+def _recorded_plan(study: str) -> Optional[dict]:
+    "What .sweep/plan.json holds (None: nothing, or a damaged file: the plan is computed again)."
+    p = _plan_path(study)
+    try:
+        plan = _read_state(p) if p.exists() else None
+    except CorruptFile:
+        return None
+    return plan if isinstance(plan, dict) else None
+
+
+def _plan_source(study) -> Optional[str]:
+    "The absolute path of a study's file when `study` names one (None: a StudySpec or a shipped study)."
+    if isinstance(study, StudySpec) or str(study) in study_names():
+        return None
+    return str(Path(study).expanduser().resolve())
 
 # %% ../nbs/05b_sweep.ipynb #9fbc344f
 def sweep_plan_command(
@@ -1721,7 +1752,7 @@ def collect_command(
     """Gather a study's run records (all statuses) into <runs>/<study>/collect.parquet and collect.csv, and report LR
     optima per (design, shape)."""
     spec = load_study(study)
-    df = collect(spec)
+    df = collect(study)  # by its file: the plan records where the file is
     root = runs_root() / spec.name
     opt = lr_optima(df, by=swept_names(study_entries(spec)))
     stale = stale_runs(spec)

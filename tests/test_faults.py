@@ -1569,3 +1569,291 @@ def test_notebook_tests_ignore_a_runs_folder_that_holds_a_demo(tmp_path):
     )
     assert res.returncode == 0, (res.stdout[-3000:], res.stderr[-3000:])
     ledger(faults=1)
+
+
+# =================================================================================================================
+# Folders and moments a user did not choose: a hostile model folder is refused in one line of the right kind, a
+# model beyond memory is refused before it is built, a report reads the study file as status does, and a signal while
+# a command or a run's kernel starts is an interruption like any other.
+# =================================================================================================================
+@pytest.fixture(scope="module")
+def llama_folder(tiny_data, tmp_path_factory):
+    "A tiny LLaMA (1 block, d 16) saved by Transformers with the package's offline BPE: a folder diagnose --hf reads."
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from depthbench_nb.data import TokenData
+
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=TokenData(tiny_data).tokenizer(), eos_token="<|endoftext|>", pad_token="<|padding|>"
+    )
+    cfg = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
+    torch.manual_seed(0)
+    folder = tmp_path_factory.mktemp("hf") / "llama"
+    LlamaForCausalLM(cfg).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder
+
+
+def _safetensors(folder: Path) -> tuple[bytes, int, dict]:
+    "(the bytes, the header length, the header) of a folder's model.safetensors."
+    raw = (folder / "model.safetensors").read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    return raw, n, json.loads(raw[8 : 8 + n])
+
+
+def _pickle_in_bin(zip_format: bool):
+    def plant(folder: Path, marker: Path) -> None:
+        (folder / "model.safetensors").unlink()  # Transformers then reads pytorch_model.bin
+        (folder / "pytorch_model.bin").write_bytes(planted_pickle(marker, zip_format))
+
+    return plant
+
+
+def _tensor_of_10_12_elements(folder: Path, marker: Path) -> None:
+    raw, n, head = _safetensors(folder)
+    head[next(k for k in head if k != "__metadata__")]["shape"] = [10**6, 10**6]  # the same offsets, 10^12 elements
+    text = json.dumps(head).encode()
+    (folder / "model.safetensors").write_bytes(len(text).to_bytes(8, "little") + text + raw[8 + n :])
+
+
+def _header_of_2_60_bytes(folder: Path, marker: Path) -> None:
+    raw = (folder / "model.safetensors").read_bytes()
+    (folder / "model.safetensors").write_bytes((1 << 60).to_bytes(8, "little") + raw[8:])
+
+
+def _weights_link_out(folder: Path, marker: Path) -> None:
+    (folder / "model.safetensors").unlink()
+    (folder / "model.safetensors").symlink_to("/etc/passwd")
+
+
+def _negative_context(folder: Path, marker: Path) -> None:
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["max_position_embeddings"] = -5
+    (folder / "config.json").write_text(json.dumps(cfg))
+
+
+HOSTILE_FOLDERS = {  # case: (what is planted, the kind of refusal, what the line says)
+    "pickle-zip": (_pickle_in_bin(True), "unsafe", "would run code to be loaded"),
+    "pickle-raw": (_pickle_in_bin(False), "unsafe", "would run code to be loaded"),
+    "tensor-10^12": (_tensor_of_10_12_elements, "corrupt", "claims shape [1000000, 1000000]"),
+    "header-2^60": (_header_of_2_60_bytes, "corrupt", "its header claims 1,152,921,504,606,846,976 bytes"),
+    "link-to-etc-passwd": (_weights_link_out, "unsafe", "links outside the model folder (to /etc/passwd)"),
+    "negative-context": (_negative_context, "config", "max_position_embeddings -5"),
+}
+DIAGNOSE_SMALL = ["--n-samples", "2", "--seq-len", "16", "--device", "cpu", "--no-figures"]
+
+
+@pytest.mark.parametrize("as_json", [True, False], ids=["json", "plain"])
+@pytest.mark.parametrize("case", HOSTILE_FOLDERS)
+def test_a_hostile_model_folder_is_a_one_line_refusal(case, as_json, llama_folder, tmp_path, capsys):
+    """`diagnose --hf` on a model folder with a pickle in pytorch_model.bin (torch's zip layout or a raw pickle), a
+    safetensors header claiming a 10^12-element tensor or a 2^60-byte header, model.safetensors linking to
+    /etc/passwd, or a negative max_position_embeddings: exit 2 and one line of the right kind (JSON with --json), no
+    traceback; nothing planted ran and nothing was written."""
+    plant, kind, said = HOSTILE_FOLDERS[case]
+    folder, marker, out = tmp_path / "model", tmp_path / "ran", tmp_path / "out"
+    shutil.copytree(llama_folder, folder)
+    plant(folder, marker)
+    argv = ["diagnose", "--hf", str(folder), *DIAGNOSE_SMALL, "--out", str(out)]
+    if as_json:
+        obj = json_error(capsys, argv)
+        assert obj["kind"] == kind and said in obj["error"], obj
+    else:
+        capsys.readouterr()
+        rc = main(argv)
+        got, err = capsys.readouterr()
+        assert rc == 2 and got == "" and len(err.strip().splitlines()) == 1, (rc, got, err[-3000:])
+        assert err.startswith("depthbench-nb diagnose: error: ") and said in err, err
+    assert not marker.exists() and not out.exists()
+    ledger(faults=1)
+
+
+def _deep(folder: Path, hidden: int) -> None:
+    "The folder's LLaMA config made 100,000 blocks deep at width `hidden` (its small weights file kept)."
+    cfg = json.loads((folder / "config.json").read_text())
+    heads = dict(num_attention_heads=2, num_key_value_heads=2, head_dim=hidden // 2)
+    cfg.update(num_hidden_layers=100_000, hidden_size=hidden, intermediate_size=2 * hidden, **heads)
+    (folder / "config.json").write_text(json.dumps(cfg))
+
+
+def _address_space(gib: int):
+    "A child's address space capped at `gib` GiB: what it may allocate, whatever this machine has."
+    import resource
+
+    def cap():
+        resource.setrlimit(resource.RLIMIT_AS, (gib << 30, resource.getrlimit(resource.RLIMIT_AS)[1]))
+
+    return cap
+
+
+@pytest.mark.parametrize("case", ["llama-d64", "depthbench-export"])
+def test_a_model_beyond_memory_is_refused_before_it_is_built(case, llama_folder, trained_run, tmp_path, capsys):
+    """`diagnose --hf` on a LLaMA config of 100,000 blocks (d 64, with a real small weights file) or on an export whose
+    `depthbench.n_layer` is 100,000, in a process that may allocate 8 GiB: refused by train's memory rule from the
+    config alone, `resources`, exit 2, in seconds (building it took minutes and gigabytes)."""
+    folder = tmp_path / "model"
+    if case == "llama-d64":
+        shutil.copytree(llama_folder, folder)
+        _deep(folder, 64)
+    else:
+        assert main(["export-hf", str(trained_run("preln")), str(folder), "--json"]) == 0
+        cfg = json.loads((folder / "config.json").read_text())
+        cfg["depthbench"]["n_layer"] = cfg["num_hidden_layers"] = 100_000
+        (folder / "config.json").write_text(json.dumps(cfg))
+    t0 = time.time()
+    proc = subprocess.run(
+        CLI
+        + ["diagnose", "--hf", str(folder), "--device", "cpu", "--no-figures", "--out", str(tmp_path / "o"), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        preexec_fn=_address_space(8),
+    )
+    took = time.time() - t0
+    assert proc.returncode == 2 and len(proc.stdout.strip().splitlines()) == 1, (proc.stdout, proc.stderr[-3000:])
+    obj = json.loads(proc.stdout)
+    assert obj["kind"] == "resources" and "100,000 blocks" in obj["error"] and "--no-memory-check" in obj["error"]
+    assert took < 60 and "Traceback" not in proc.stderr, (took, proc.stderr[-2000:])
+    ledger(faults=1)
+
+
+def test_no_memory_check_lets_diagnose_go_ahead(llama_folder, tmp_path, capsys, monkeypatch):
+    """A LLaMA config of 100,000 blocks at d 4,096 (50 TiB) is refused (`resources`) before anything loads;
+    `--no-memory-check` goes past the check (here to the next check: the folder holds no tokenizer)."""
+    monkeypatch.setenv("DEPTHBENCH_MEMORY_CHECK", "1")  # the option sets it to 0: restored after the test
+    folder = tmp_path / "deep"
+    folder.mkdir()
+    shutil.copy(llama_folder / "config.json", folder / "config.json")
+    _deep(folder, 4096)
+    argv = ["diagnose", "--hf", str(folder), "--device", "cpu", "--no-figures", "--out", str(tmp_path / "o")]
+    refused = json_error(capsys, argv)
+    assert refused["kind"] == "resources" and "TiB" in refused["error"], refused
+    past = json_error(capsys, argv + ["--no-memory-check"])
+    assert past["kind"] == "config" and "no tokenizer could be loaded" in past["error"], past
+    ledger(faults=1)
+
+
+def test_a_dropped_lr_leaves_the_report_at_once(tiny_data, runs_dir, tmp_path, capsys):
+    """A study of two LRs trained and collected (its plan recorded), then one LR dropped from its file: `sweep status`
+    lists that run as stale, and the report's table (the study by name, as `report STUDY` reads it) leaves it out
+    at once: best_lr is the remaining LR and n_lrs is 1 (it read the recorded plan: n_lrs 2)."""
+    from depthbench_nb.report_common import best_lr_rows, study_table
+    from depthbench_nb.sweep import expand_study, load_study
+
+    study = tmp_path / "drop.yaml"
+
+    def write(lrs):
+        group = dict(name="g", archs=["preln"], depths=[2], lrs=lrs, max_steps=2)
+        study.write_text(yaml.safe_dump(dict(name="drop", preset="tiny", data=str(tiny_data), groups=[group])))
+        return expand_study(load_study(study))
+
+    both = write([1e-3, 2e-3])
+    for e in both:
+        assert train(e.run, progress=False)["status"] == "completed"
+    assert main(["collect", str(study), "--json"]) == 0  # records the plan, as `sweep run` does
+    kept = write([1e-3])
+    capsys.readouterr()
+    assert main(["sweep", "status", str(study), "--json"]) == 0
+    assert [r["run_id"] for r in json.loads(capsys.readouterr().out)["stale"]] == [both[1].run_id]
+    table = study_table("drop")
+    assert table.run_id.tolist() == [kept[0].run_id], table.run_id.tolist()
+    best = best_lr_rows(table)
+    assert best.n_lrs.tolist() == [1] and best.lr.tolist() == [1e-3], best[["lr", "n_lrs"]]
+    ledger(faults=1, runs=2, survived=2)
+
+
+def _catches(pid: int, signum: int) -> bool:
+    "Whether process `pid` has a handler for `signum` (Linux: the SigCgt mask of /proc/PID/status)."
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    mask = next(line.split()[1] for line in status.splitlines() if line.startswith("SigCgt:"))
+    return bool(int(mask, 16) >> (signum - 1) & 1)
+
+
+@pytest.mark.parametrize("when", ["first-handler", "0.3s"])
+def test_a_signal_while_train_imports_is_exit_3_and_one_line(when, tiny_data, runs_dir, tmp_path):
+    """`depthbench-nb train` (the console script) sent SIGTERM while it imports: as soon as it can catch one, before
+    torch is loaded, or 0.3 s in. Exit 3 and one line (JSON with --json), no traceback, no run folder."""
+    script = Path(sys.executable).parent / "depthbench-nb"
+    assert script.exists(), script
+    args = ["train", "--arch", "preln", "--preset", "tiny", "--L", "2", "--d-model", "32", "--max-steps", "2"]
+    as_json = when == "first-handler"
+    proc = subprocess.Popen(
+        [sys.executable, str(script), *args, "--data", str(tiny_data), *(["--json"] if as_json else [])],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, DEPTHBENCH_RUNS=str(runs_dir)),
+    )
+    if when == "first-handler":
+        deadline = time.time() + 60
+        while not _catches(proc.pid, signal.SIGTERM):
+            assert proc.poll() is None and time.time() < deadline, proc.communicate()
+            time.sleep(0.002)
+        assert "libtorch" not in Path(f"/proc/{proc.pid}/maps").read_text()  # still importing: torch not loaded
+    else:
+        time.sleep(0.3)
+    os.kill(proc.pid, signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 3 and "Traceback" not in err, (proc.returncode, out, err[-3000:])
+    line = (out if as_json else err).strip().splitlines()
+    assert len(line) == 1 and "interrupted by SIGTERM" in line[0], (out, err)
+    if as_json:
+        assert json.loads(out)["kind"] == "interrupted"
+    assert not runs_dir.exists() or not any(runs_dir.rglob("params.json"))  # no run folder
+    ledger(faults=1)
+
+
+def test_a_signal_as_a_runs_kernel_starts_is_an_interruption(tiny_data, tmp_path):
+    """`sweep run` (papermill executor) sent SIGTERM one second after its first run's kernel started (the kernel still
+    importing, so it dies of the signal passed on): the run is recorded `interrupted`, no attempt is used, nothing new
+    starts, exit 3, no process of its tree is left."""
+    runs = tmp_path / "runs"
+    study = tmp_path / "early.yaml"
+    group = dict(name="g", archs=["preln"], depths=[2], lrs=[1e-3, 2e-3], max_steps=2)
+    study.write_text(yaml.safe_dump(dict(name="early", preset="tiny", data=str(tiny_data), groups=[group])))
+    entries = study_entries_in(study, runs)
+    tree = f"depthbench-test-tree-{os.getpid()}-{time.time_ns()}"
+    env = hooked_env(tmp_path, DEPTHBENCH_RUNS=str(runs), DEPTHBENCH_TEST_TREE=tree)
+    driver = subprocess.Popen(
+        CLI + ["sweep", "run", str(study), "--executor", "papermill", "--no-progress", "--json"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+    def kernel() -> bool:
+        for pid in processes_with(tree):
+            with contextlib.suppress(OSError):
+                if b"ipykernel" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    return True
+        return False
+
+    deadline = time.time() + 300
+    while not kernel():
+        assert driver.poll() is None and time.time() < deadline, driver.communicate()
+        time.sleep(0.02)
+    time.sleep(1.0)
+    os.kill(driver.pid, signal.SIGTERM)
+    out, err = driver.communicate(timeout=300)
+    assert driver.returncode == 3, (driver.returncode, out[-2000:], err[-3000:])
+    assert processes_with(tree) == [], "a child of the signalled driver outlived it"
+    report = json.loads(out)
+    history = json.loads((runs / "early" / ".sweep" / "attempts" / f"{entries[0].run_id}.json").read_text())
+    assert history["attempts"] == 0 and history["history"][-1]["status"] == "interrupted", history
+    assert {r["run_id"]: r["status"] for r in report["not_done"]} == {
+        entries[0].run_id: "interrupted",
+        entries[1].run_id: "pending",
+    }, report["not_done"]
+    ledger(faults=1, runs=1, survived=1)
