@@ -897,8 +897,9 @@ class RunConfig(Config):
     overrides: dict = field(default_factory=dict)  # dotted name -> value set by the user that differs from the preset
     off_grid: tuple[str, ...] = ()  # the overrides that leave the preset's paper grid (not comparable with the paper)
     callbacks: tuple[dict, ...] = ()  # {"path": "package.module:Name", "args": {...}}: built on every process
+    replicates: tuple[str, ...] = ()  # dotted names whose runs the reports average like seeds (not the run's identity)
 
-    _OMIT_WHEN_EMPTY = ("overrides", "off_grid", "callbacks")  # absent from to_dict while empty, as in older records
+    _OMIT_WHEN_EMPTY = ("overrides", "off_grid", "callbacks", "replicates")  # absent from to_dict while empty
 
     def validate(self):
         if not self.study or any(c in self.study for c in "/\\") or self.study.startswith("."):

@@ -162,6 +162,12 @@ class RunParams:
         repeat=True,
         metavar="MODULE:NAME[=JSON]",
     )
+    replicates: Optional[list] = _param(  # recorded in params.json; never part of the run id
+        "dotted names the reports average over like seeds: [train.init_seed] (CLI: --replicate, repeatable)",
+        flags=("--replicate",),
+        repeat=True,
+        metavar="NAME",
+    )
     options: dict = field(default_factory=dict)  # design options: config.DESIGN_OPTIONS (looped: r is `recurrence`)
 
     @classmethod
@@ -197,6 +203,7 @@ class RunParams:
         out = {k: getattr(self, k) for k in self.names()}
         out["trackers"] = ",".join(_tracker_list(self.trackers))
         out["callbacks"] = list(self.callbacks) if self.callbacks else None  # YAML (papermill's -f) has no tuples
+        out["replicates"] = list(self.replicates) if self.replicates else None
         return out | {k: self.options.get(k) for k in DESIGN_OPTIONS if k != "recurrence"}
 
     @classmethod
@@ -336,6 +343,8 @@ def _resolve(p: RunParams, verbose: bool) -> RunConfig:
     )
     if p.overrides:
         run = apply_overrides(run, p.overrides, paper_grid=None if pre.grid == "tiny" else pre.name, verbose=verbose)
+    if p.replicates:
+        run = run.replace(replicates=_replicate_names(p.replicates))
     return run.replace(callbacks=callback_specs(p.callbacks)) if p.callbacks else run
 
 
@@ -554,6 +563,17 @@ def parse_overrides(texts) -> dict:
         except yaml.YAMLError as e:
             raise ConfigError(f"--set {name}: {short_repr(value)} is not a YAML literal ({type(e).__name__})") from None
     return out
+
+# %% ../nbs/02e_run_params.ipynb #a40c0002
+def _replicate_names(names) -> tuple[str, ...]:
+    "The dotted names a run marks as replicates, each checked against `settable_fields` (a typo names the closest)."
+    if isinstance(names, str) or not all(isinstance(n, str) for n in names):
+        raise ConfigError(f"replicates must be a list of dotted config names, got {short_repr(names)}")
+    table = settable_fields()
+    for name in names:
+        if name not in table:
+            raise _unknown_name(name, table)
+    return tuple(dict.fromkeys(names))
 
 # %% ../nbs/02e_run_params.ipynb #ff9a83ec
 def parse_callback(spec) -> dict:

@@ -597,6 +597,7 @@ def write_params(folder: Path, run: RunConfig, say: Callable[[str], None] = prin
             overrides=run.overrides,
             off_grid=run.off_grid,
             callbacks=run.callbacks,
+            replicates=run.replicates,
         )
         changed = operational_changes(old.to_dict(), run.to_dict())
         diff = [d for d in config_diff(old, run) if d not in changed]

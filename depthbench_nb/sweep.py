@@ -117,11 +117,13 @@ class StudyGroup(Config):
         default_factory=dict
     )  # dotted config name -> a value, or a list of values to sweep (`group_sets`)
     callbacks: tuple = ()  # callbacks by import path for every run ('package.module:Name={json}' or {path, args})
+    replicates: tuple = ()  # dotted names the reports average over like seeds (e.g. a swept train.init_seed)
 
     def validate(self):
         if not self.name:
             raise ConfigError("StudyGroup.name must be a non-empty string")
         group_sets(self)  # the names and the shape of the values, before any run is resolved
+        _group_replicates(self)
         if self.checkpoint_every is not None and self.checkpoint_every < 1:
             raise ConfigError(f"group {self.name!r}: checkpoint_every must be >= 1, got {self.checkpoint_every}")
         for a in self.archs:
@@ -198,6 +200,17 @@ def group_sets(g: StudyGroup) -> list[dict]:
             raise ConfigError(f"group {g.name!r}, set: {name} sweeps an empty list")
         axes.append([(name, v) for v in (value if swept else [value])])
     return [dict(combo) for combo in itertools.product(*axes)]
+
+# %% ../nbs/05b_sweep.ipynb #a40c0004
+def _group_replicates(g: StudyGroup) -> tuple[str, ...]:
+    """A group's `replicates:` names checked like `set:`'s: runs differing only in them are averaged by the reports
+    (each run's params.json lists them)."""
+    from depthbench_nb.run_params import _replicate_names
+
+    try:
+        return _replicate_names(g.replicates)
+    except ConfigError as e:
+        raise ConfigError(f"group {g.name!r}, replicates: {e}") from None
 
 # %% ../nbs/05b_sweep.ipynb #b02f183e
 def studies_dir() -> Path:
@@ -350,6 +363,8 @@ def _group_params(spec: StudySpec, g: StudyGroup) -> list[dict]:
         base["checkpoint_every"] = g.checkpoint_every
     if g.callbacks:
         base["callbacks"] = list(g.callbacks)
+    if g.replicates:
+        base["replicates"] = list(g.replicates)
     lrs, seeds, opts = (g.lrs or (None,)), g.seeds, g.option_sets or ({},)
     out = []
     if g.looped_grid is not None:

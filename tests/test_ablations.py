@@ -10,10 +10,11 @@ import sys
 from pathlib import Path
 from typing import Optional
 
+import pandas as pd
 import pytest
 import yaml
 
-from depthbench_nb import run_params
+from depthbench_nb import report_depthbench, run_params
 from depthbench_nb.cli import main
 from depthbench_nb.config import DataConfig, ModelConfig, TrainConfig, identity_rule_breaches
 from depthbench_nb.run_params import RunParams, make_run_config, parse_overrides, settable_fields
@@ -196,6 +197,7 @@ def test_the_warmup_ablation_study_plans_runs_and_groups_by_the_swept_name(runs_
     (g,) = shipped.groups
     short = dict(
         yaml.safe_load((REPO / "depthbench_nb" / "resources" / "studies" / "warmup-ablation.yaml").read_text()),
+        name="warmup-ablation-cpu",  # the shipped name would mean the shipped file's plan (40 steps) to the report
         data=str(tiny_data),
         groups=[dict(name=g.name, archs=list(g.archs), depths=list(g.depths), max_steps=2, set=dict(g.set, **SMALL))],
     )
@@ -220,6 +222,12 @@ def test_the_warmup_ablation_study_plans_runs_and_groups_by_the_swept_name(runs_
     assert [(r["train.warmup_frac"], r["completed"]) for r in by_value] == [(0.01, 4), (0.1, 4)]
     assert main(["collect", str(path), "--by", "train.warmup"]) == 2
     assert "closest: train.warmup_frac" in capsys.readouterr().err
+    # the DepthBench report's val-loss table: the swept name is a column, each (design, L) cell has both values
+    report_depthbench.build_depthbench_report(spec.name, out_dir=tmp_path / "report", related=[])
+    val = pd.read_csv(tmp_path / "report" / "depthbench_val_loss.csv")
+    cells = val.groupby(["arch", "n_layer"])["train.warmup_frac"].apply(sorted).to_dict()
+    assert cells == {(a, L): [0.01, 0.1] for a in ("attnres", "preln") for L in (4, 8)}
+    assert (val.n_replicates == 1).all()  # one seed per cell: nothing averaged across the two warmups
 
 
 def test_a_study_group_set_is_checked_when_the_study_loads(tmp_path):

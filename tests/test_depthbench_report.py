@@ -40,6 +40,11 @@ OFFICIAL = {
 def record(arch, L, preset, loss, steps=None, max_steps=None, study=STUDY, wall_time_s=1.0, **options):
     "A completed run record (params.json + result.json) that trained `steps` steps (default: its whole plan)."
     run = make_run_config(arch, L=L, preset=preset, study=study, verbose=False, max_steps=max_steps, **options)
+    return run, write_record(run, loss, steps, wall_time_s)
+
+
+def write_record(run, loss, steps=None, wall_time_s=1.0):
+    "The record of a completed `run` (a RunConfig, e.g. a study's planned run) with final loss `loss`: its folder."
     folder = run_dir(run)
     folder.mkdir(parents=True, exist_ok=True)
     write_params(folder, run)
@@ -49,11 +54,11 @@ def record(arch, L, preset, loss, steps=None, max_steps=None, study=STUDY, wall_
         dict(
             status="completed",
             run_id=run.run_id,
-            study=study,
-            arch=arch,
+            study=run.study,
+            arch=run.model.arch,
             n_layer=run.model.n_layer,
             d_model=run.model.d_model,
-            preset=preset,
+            preset=run.preset,
             lr=run.train.lr,
             seed=run.train.seed,
             steps=steps,
@@ -72,7 +77,7 @@ def record(arch, L, preset, loss, steps=None, max_steps=None, study=STUDY, wall_
             f'{{"step": {i}, "loss": {loss}, "peak_mem_bytes": {1000 + i}, "tokens_per_s": 50.0}}\n' for i in (1, 2)
         )
     )
-    return run, folder
+    return folder
 
 
 def diagnosed_record(arch, loss, **options):

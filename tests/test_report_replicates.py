@@ -8,14 +8,17 @@ import statistics
 
 import pandas as pd
 import pytest
+import yaml
 
 from depthbench_nb import report_cli, report_common, report_depthbench, report_looped
 from depthbench_nb.cli import main
 from depthbench_nb.config import ConfigError
 from depthbench_nb.run_params import make_run_config
 from depthbench_nb.runs import run_dir, write_params
+from depthbench_nb.run_params import RunParams
+from depthbench_nb.sweep import expand_study, load_study
 from looped_records import write_looped_record
-from test_depthbench_report import record
+from test_depthbench_report import record, write_record
 
 STUDY = "replicates"
 # 400m L16, three seeds per LR: the best single run (2.80) is at LR 2e-3, the best mean (2.85) at 4e-3
@@ -164,3 +167,38 @@ def test_looped_cells_are_replicate_means(runs_dir, tmp_path):
         (0.0, 3, 2.71),
         (0.05, 2, 2.55),
     ]
+
+
+def test_a_study_marks_replicates_and_the_report_averages_them(runs_dir, tmp_path, capsys):
+    "A group's `replicates:` (here a swept init seed): in each planned run's params.json, outside the run id, averaged."
+    group = dict(name="inits", archs=["preln"], depths=[16], lrs=[2e-3], set={"train.init_seed": [0, 1]})
+
+    def plan(**extra):
+        path = tmp_path / "inits.yaml"
+        path.write_text(yaml.safe_dump(dict(name=STUDY, preset="400m", groups=[dict(group, **extra)])))
+        return expand_study(load_study(path))
+
+    marked, unmarked = plan(replicates=["train.init_seed"]), plan()
+    assert [e.run_id for e in marked] == [e.run_id for e in unmarked]  # never part of the run id
+    assert [e.run.train.init_seed for e in marked] == [0, 1] and all(e.run.off_grid == () for e in marked)
+    # the papermill executor's parameters and the python executor's RunConfig both carry the names
+    assert all(RunParams.of(**e.params).notebook_values()["replicates"] == ["train.init_seed"] for e in marked)
+    assert "replicates" not in unmarked[0].run.to_dict()  # absent when empty: older records unchanged
+    folders = [write_record(e.run, loss) for e, loss in zip(marked, (2.80, 2.90))]
+    assert [json.loads((f / "params.json").read_text())["replicates"] for f in folders] == [["train.init_seed"]] * 2
+    report_depthbench.build_depthbench_report(STUDY, out_dir=tmp_path / "marked", related=[])
+    val = pd.read_csv(tmp_path / "marked" / "depthbench_val_loss.csv")
+    assert "train.init_seed" not in val and len(val) == 1  # one cell: the init seeds are its replicates
+    assert val.val_loss[0] == pytest.approx(2.85) and val.n_replicates[0] == 2
+    assert val.val_loss_std[0] == pytest.approx(statistics.stdev([2.80, 2.90]))
+    # the same runs unmarked (params.json without the key): the init seed is a swept name, a cell per value
+    for e, f in zip(unmarked, folders):
+        write_params(f, e.run)
+    report_depthbench.build_depthbench_report(STUDY, out_dir=tmp_path / "unmarked", related=[])
+    val = pd.read_csv(tmp_path / "unmarked" / "depthbench_val_loss.csv")
+    assert list(val["train.init_seed"]) == [0, 1] and list(val.n_replicates) == [1, 1]
+    # a name that is no config field: the closest ones, from the study and from the train command (exit 2)
+    with pytest.raises(ConfigError, match="group 'inits', replicates: unknown config name.*closest: train.init_seed"):
+        plan(replicates=["train.init_sed"])
+    assert main(["train", "--arch", "preln", "--L", "4", "--preset", "tiny", "--replicate", "train.init_sed"]) == 2
+    assert "closest: train.init_seed" in capsys.readouterr().err
