@@ -567,7 +567,7 @@ def parse_overrides(texts) -> dict:
 # %% ../nbs/02e_run_params.ipynb #a40c0002
 def _replicate_names(names) -> tuple[str, ...]:
     "The dotted names a run marks as replicates, each checked against `settable_fields` (a typo names the closest)."
-    if isinstance(names, str) or not all(isinstance(n, str) for n in names):
+    if not isinstance(names, (list, tuple)) or not all(isinstance(n, str) for n in names):
         raise ConfigError(f"replicates must be a list of dotted config names, got {short_repr(names)}")
     table = settable_fields()
     for name in names:

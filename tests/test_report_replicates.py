@@ -200,5 +200,7 @@ def test_a_study_marks_replicates_and_the_report_averages_them(runs_dir, tmp_pat
     # a name that is no config field: the closest ones, from the study and from the train command (exit 2)
     with pytest.raises(ConfigError, match="group 'inits', replicates: unknown config name.*closest: train.init_seed"):
         plan(replicates=["train.init_sed"])
+    with pytest.raises(ConfigError, match="replicates must be a list of dotted config names"):
+        plan(replicates=7)
     assert main(["train", "--arch", "preln", "--L", "4", "--preset", "tiny", "--replicate", "train.init_sed"]) == 2
     assert "closest: train.init_seed" in capsys.readouterr().err
