@@ -16,7 +16,7 @@ from typing import Callable, Optional, Sequence
 import torch
 import torch.nn.functional as F
 
-from .config import RunConfig
+from .config import RunConfig, append_text
 from .console import flatten, scalar_or_str
 from .data import held_out_set
 from .runs import RECORD_FILES, MetricsLog, SignalCatcher, save_checkpoint
@@ -383,8 +383,7 @@ class LayerStatsRecorder(Callback):
             return
         st = self.stats.collect(state.dist.sum_)  # every process: a sum over processes
         if state.dist.main:
-            with open(state.folder / RECORD_FILES["layer_stats"], "a") as f:
-                f.write(json.dumps(dict(step=state.step, layers=st)) + "\n")
+            append_text(state.folder / RECORD_FILES["layer_stats"], json.dumps(dict(step=state.step, layers=st)) + "\n")
 
 
 class Trackers(Callback):

@@ -25,7 +25,10 @@ __all__ = ['COMMANDS', 'OPTIONAL_DEPENDENCIES', 'UsageError', 'error_kind', 'bou
 COMMANDS: dict[str, tuple[str, str]] = {
     "shapes": ("depthbench_nb.shapes:cli_shapes", "list the paper grids and parameter counts"),
     "costs": ("depthbench_nb.costs:cli_costs", "FLOPs, KV cache and memory per design and shape"),
-    "data": ("depthbench_nb.slurm:cli_data", "prepare or inspect tokenized data (data prepare | data inspect)"),
+    "data": (
+        "depthbench_nb.slurm:cli_data",
+        "prepare, inspect or verify tokenized data (data prepare | inspect | verify)",
+    ),
     "train": ("depthbench_nb.trainer:cli_train", "train one model and write its run record"),
     "sweep": ("depthbench_nb.sweep:cli_sweep", "plan, run and monitor a study (sweep plan | run | status)"),
     "collect": ("depthbench_nb.sweep:cli_collect", "gather a study's run records into one table"),

@@ -9,9 +9,9 @@ import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
-from .config import EXIT_NOT_DONE, ConfigError, runs_root
+from .config import EXIT_NOT_DONE, ConfigError, runs_root, study_dir
 from .console import Arg, call_parsed, emit, template_path
-from .report_common import completed, study_table
+from .report_common import completed, report_dir, study_table
 from .report_looped import related_studies
 
 # %% auto #0
@@ -29,7 +29,7 @@ def run_report_notebooks(
     paths."""
     import papermill as pm
 
-    out_dir = runs_root() / study / "report"
+    out_dir = report_dir(study)
     out_dir.mkdir(parents=True, exist_ok=True)
     done = []
     for w in which:
@@ -60,7 +60,7 @@ def report_command(
     json: bool = False,
 ) -> int:
     "Rebuild a study's tables and figures (papermill_runs/STUDY/report/)."
-    if not (runs_root() / study).is_dir():
+    if not (study_dir(study)).is_dir():
         raise ConfigError(f"no study {study!r} under {runs_root()}: run `depthbench-nb sweep run {study}` first")
     for name, value in (("restarts", restarts), ("boot-restarts", boot_restarts)):
         if value < 1:
@@ -76,7 +76,7 @@ def report_command(
         dict(restarts=restarts, n_bootstrap=bootstrap, bootstrap_restarts=boot_restarts, seed=seed, workers=workers),
         progress=not json,
     )
-    out = runs_root() / study / "report"
+    out = report_dir(study)
     rows = [
         dict(file=str(f.relative_to(out)), bytes=f.stat().st_size)
         for f in sorted(out.iterdir())
