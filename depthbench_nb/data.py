@@ -2031,7 +2031,7 @@ def data_inspect_command(
         _print_shards(st["source_shards"])
     return 1 if bad else 0
 
-
+# %% ../nbs/00c_data.ipynb #a3c17b5c
 def _say_damaged(bad: list[dict]) -> str:
     "The damaged files by source shard, on one line."
     by = {}

@@ -688,7 +688,7 @@ def _typed(*types, required: bool = False):
 
 
 _NUM = (int, float)
-# the types of result.json's keys (RESULT_KEYS): a key of the wrong type makes the file `corrupt`, not a value in a table
+# the types of result.json's keys (RESULT_KEYS): a wrong type makes the file `corrupt`, not a value in a table
 _RESULT_TYPES = dict(
     run_id=_typed(str, required=True),
     study=_typed(str),

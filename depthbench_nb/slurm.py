@@ -868,7 +868,7 @@ def cli_data(argv=None) -> int:
         dict(prepare=data_prepare_command, inspect=data_inspect_command, verify=data_verify_command),
         argv,
         prog="depthbench-nb data",
-        description="Prepare or inspect tokenized data (DepthBench data: keyu-wang-2002/DepthBench, "
+        description="Prepare, inspect or verify tokenized data (DepthBench data: keyu-wang-2002/DepthBench, "
         "data_utils/tokenize_from_pretrain_datasets.py).",
     )
 
