@@ -14,7 +14,7 @@ import sys
 import traceback
 from pathlib import Path
 
-from .config import EXIT_ERROR, EXIT_INTERRUPTED, MESSAGE_LIMIT, ConfigError, RunInterrupted
+from .config import EXIT_ERROR, EXIT_INTERRUPTED, MESSAGE_LIMIT, ConfigError, RunInterrupted, safe_path
 from .console import call_parsed, emit, json_stdout, notebooks_dir, template_notebooks
 
 # %% auto #0
@@ -210,7 +210,7 @@ def notebooks_command(
         if target.exists() and not force:
             rows.append(dict(notebook=nb.name, status="exists (use --force)"))
             continue
-        shutil.copy2(nb, target)
+        shutil.copy2(nb, safe_path(dest, nb.name, "notebook"))  # a link planted at the name is refused
         rows.append(dict(notebook=nb.name, status="copied"))
     return emit(rows, json, title=f"notebooks from {notebooks_dir()} -> {dest.resolve()}")
 

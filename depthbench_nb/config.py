@@ -1251,7 +1251,8 @@ class FolderLock:
 
     def _try_link(self) -> Optional[bool]:
         tmp = self.path.with_name(f"{self.path.name}.{socket.gethostname()}.{os.getpid()}")
-        tmp.write_text(json.dumps(self._record()))
+        with os.fdopen(open_nofollow(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), "w") as f:
+            f.write(json.dumps(self._record()))
         try:
             os.link(tmp, self.path)
             return True  # atomic, also on NFS

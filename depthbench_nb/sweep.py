@@ -619,7 +619,7 @@ def execute_entry(
     env = dict(os.environ)
     if device is not None:
         env["CUDA_VISIBLE_DEVICES"] = str(device)
-    log = sweep_dir(e.run.study) / "logs" / f"{e.run_id}.log"
+    log = safe_path(sweep_dir(e.run.study), f"logs/{e.run_id}.log", "sweep log")
     log.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     with os.fdopen(open_nofollow(log), "ab") as out:

@@ -1960,3 +1960,21 @@ def test_8_a_dict_loss_without_run_id_is_not_a_key_error(tiny_data, runs_dir, tm
     assert json.loads(cap.out)["run_id"] == run.run_id
     assert read_result(folder)["run_id"] == run.run_id
     ledger(faults=1, runs=1, survived=1)
+
+
+@pytest.mark.parametrize("site", ["collect.csv", ".sweep", "notebooks"])
+def test_2_a_link_at_a_study_or_notebooks_output_writes_nothing_outside(site, tiny_data, runs_dir, tmp_path, capsys):
+    """A symbolic link at a name `collect` writes in a study folder (collect.csv, the driver's .sweep folder) or at a
+    notebook `notebooks DIR` copies: refused in one line (kind `unsafe`), nothing outside changed."""
+    f, d, unchanged = victim(tmp_path)
+    if site == "notebooks":
+        dest = tmp_path / "nbs"
+        plant(dest / "10_train.ipynb", f)
+        argv = ["notebooks", str(dest), "--force"]
+    else:
+        study, _, _ = one_run_study(tiny_data, tmp_path)
+        plant(runs_dir / "schema" / site, d if site == ".sweep" else f)
+        argv = ["collect", str(study)]
+    err = json_error(capsys, argv)
+    assert err["kind"] == "unsafe" and unchanged(), err
+    ledger(faults=1)
