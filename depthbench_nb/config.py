@@ -1047,11 +1047,9 @@ def safe_path(root, rel=".", what: str = "path") -> Path:
     if not _within(p, base):
         raise ConfigError(f"{what} {str(rel)!r} is outside {base}; give a path inside it (no '..', no other root)")
     if not _within(p.resolve(), base):
-        link = next(q for q in (*reversed(p.parents), p) if _within(q, base) and q.is_symlink())
-        raise UnsafeFile(
-            f"{what} {p} leads outside {base} through the symbolic link {link} -> {os.readlink(link)}; "
-            f"refused, nothing written (remove the link)"
-        )
+        link = next((q for q in (*reversed(p.parents), p) if _within(q, base) and q.is_symlink()), None)
+        how = f"the symbolic link {link} -> {os.readlink(link)}" if link else "a symbolic link"
+        raise UnsafeFile(f"{what} {p} leads outside {base} through {how}; refused, nothing written (remove the link)")
     return p
 
 

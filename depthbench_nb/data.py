@@ -1222,13 +1222,14 @@ def _worker_error(msg: tuple, shards: list[SourceShard]) -> Exception:
     return err
 
 
-def _kept_records(out: Path, shards: list, itemsize: int) -> tuple[dict, list[str]]:
+def _kept_records(out: Path, shards: list, itemsize: int, verify: bool = True) -> tuple[dict, list[str]]:
     """The records of the source shards tokenized before whose files match their checksums (checked as they are
-    kept), and what is wrong with the others that have a record (they are tokenized again)."""
+    kept; `verify=False`: by size only, for a preparer that leaves the packing to another, which checks them), and
+    what is wrong with the others that have a record (they are tokenized again)."""
     records, damaged = {}, []
     for s in shards:
         rec = _read_shard_record(out, s, itemsize)
-        bad = _shard_damage(out, rec) if rec is not None else []
+        bad = _shard_damage(out, rec) if rec is not None and verify else []
         if bad:
             damaged.append(f"source shard {s.index} ({s.name}): {', '.join(bad)}")
         elif rec is not None:
@@ -1236,12 +1237,14 @@ def _kept_records(out: Path, shards: list, itemsize: int) -> tuple[dict, list[st
     return records, damaged
 
 
-def _add_finished_records(out: Path, shards: list, records: dict, mine: set, itemsize: int) -> None:
+def _add_finished_records(
+    out: Path, shards: list, records: dict, mine: set, itemsize: int, verify: bool = True
+) -> None:
     "Add to `records` the shards finished since they were last read (by other preparers: `mine` are this run's own)."
     for s in shards:
         if s.index in records or s.index in mine:
             continue
-        rec = read_shard_record(out, s, itemsize, verify=True)
+        rec = read_shard_record(out, s, itemsize, verify=verify)
         if rec is not None:
             records[s.index] = rec
 
@@ -1254,7 +1257,7 @@ def _tokenize_shards(out: Path, plan: dict, workers: int, progress: bool, say: C
 
     shards, caps = plan_shards(plan), plan["caps"]
     itemsize = np.dtype(plan["dtype"]).itemsize
-    records, damaged = _kept_records(out, shards, itemsize)
+    records, damaged = _kept_records(out, shards, itemsize, verify=pack)  # the packer checks what it packs
     if damaged:
         say(f"redone: {'; '.join(damaged)} differ from the checksums in their records (changed since tokenized)")
     kept = len(records)
@@ -1289,7 +1292,7 @@ def _tokenize_shards(out: Path, plan: dict, workers: int, progress: bool, say: C
         while True:
             if time.monotonic() - looked > 2:  # what other preparers of the folder finished or gave up meanwhile
                 looked = time.monotonic()
-                _add_finished_records(out, shards, records, mine, itemsize)
+                _add_finished_records(out, shards, records, mine, itemsize, verify=pack)
                 busy = {k for k in busy if k not in records and lock_holder(_shard_dir(out, k)) is not None}
                 if not pack and read_manifest(out) is not None:
                     break

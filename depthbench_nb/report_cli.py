@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
-from .config import EXIT_NOT_DONE, ConfigError, runs_root, study_dir
+from .config import EXIT_NOT_DONE, ConfigError, runs_root, safe_path, study_dir
 from .console import Arg, call_parsed, emit, template_path
 from .report_common import completed, report_dir, study_table
 from .report_looped import related_studies
@@ -36,7 +36,7 @@ def run_report_notebooks(
         if w not in REPORT_NOTEBOOKS:
             raise ConfigError(f"unknown report {w!r}; valid: {', '.join(REPORT_NOTEBOOKS)}")
         src = template_path(REPORT_NOTEBOOKS[w])
-        out = out_dir / src.name
+        out = safe_path(out_dir, src.name, "report notebook")  # papermill writes through a link
         params = dict(
             study=study, **{k: v for k, v in (parameters or {}).items() if w == "looped" or k not in LOOPED_PARAMETERS}
         )

@@ -1962,10 +1962,11 @@ def test_8_a_dict_loss_without_run_id_is_not_a_key_error(tiny_data, runs_dir, tm
     ledger(faults=1, runs=1, survived=1)
 
 
-@pytest.mark.parametrize("site", ["collect.csv", ".sweep", "notebooks"])
+@pytest.mark.parametrize("site", ["collect.csv", ".sweep", "report/20_depthbench_report.ipynb", "notebooks"])
 def test_2_a_link_at_a_study_or_notebooks_output_writes_nothing_outside(site, tiny_data, runs_dir, tmp_path, capsys):
-    """A symbolic link at a name `collect` writes in a study folder (collect.csv, the driver's .sweep folder) or at a
-    notebook `notebooks DIR` copies: refused in one line (kind `unsafe`), nothing outside changed."""
+    """A symbolic link at a name `collect` writes in a study folder (collect.csv, the driver's .sweep folder), at the
+    notebook `report` executes into the report folder, or at a notebook `notebooks DIR` copies: refused in one line
+    (kind `unsafe`), nothing outside changed."""
     f, d, unchanged = victim(tmp_path)
     if site == "notebooks":
         dest = tmp_path / "nbs"
@@ -1974,7 +1975,7 @@ def test_2_a_link_at_a_study_or_notebooks_output_writes_nothing_outside(site, ti
     else:
         study, _, _ = one_run_study(tiny_data, tmp_path)
         plant(runs_dir / "schema" / site, d if site == ".sweep" else f)
-        argv = ["collect", str(study)]
+        argv = ["report", "schema", "--only", "depthbench"] if site.startswith("report") else ["collect", str(study)]
     err = json_error(capsys, argv)
     assert err["kind"] == "unsafe" and unchanged(), err
     ledger(faults=1)
