@@ -47,6 +47,7 @@ from depthbench_nb.config import (
     lock_holder,
     open_nofollow,
     refuse_links,
+    safe_path,
 )
 from .console import emit
 
@@ -1684,7 +1685,7 @@ class TokenData:
         self.vocab_size, self.eos_id, self.tokenizer_id = int(tk["vocab_size"]), int(tk["eos_id"]), tk["id"]
         files = [(s, sh) for s in ("train", "val") for sh in man["splits"][s]["shards"]]
         for _, sh in files:
-            p = self.path / sh["file"]
+            p = safe_path(self.path, sh["file"], "token file")  # a manifest naming a file outside the folder: refused
             want = sh["tokens"] * self.dtype.itemsize
             got = p.stat().st_size if p.exists() else None
             if got != want:
