@@ -2015,11 +2015,13 @@ def data_inspect_command(
         raise ConfigError(f"{dir} is not a prepared data folder (no manifest.json)")
     st = folder_status(dir)
     if st["state"] == "preparing":  # not usable yet: what is done, what is being written, and by whom
+        bad = [] if no_verify else verify_folder(dir)  # the finished shards against their records
+        st["checksums"] = "not checked" if no_verify else _say_damaged(bad) if bad else "ok"
         if json:
-            return emit(st, True)
+            return emit(dict(st, damaged=bad), True) or (1 if bad else 0)
         emit({k: v for k, v in st.items() if k != "source_shards"}, False, title=f"data {dir}: being prepared")
         _print_shards(st["source_shards"])
-        return 0
+        return 1 if bad else 0
     # a damaged folder is reported (exit 1), not raised: inspect is how users find out what is wrong
     try:
         td = TokenData(dir, verify=False)

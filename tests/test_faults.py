@@ -1671,6 +1671,9 @@ def test_1a_a_changed_token_file_is_redone_on_resume(data_source, tmp_path, caps
     raw = bytearray(f.read_bytes())
     raw[2:2002] = bytes(2000)  # 1,000 uint16 tokens set to 0
     f.write_bytes(bytes(raw))
+    capsys.readouterr()
+    assert main(["data", "inspect", str(out), "--json"]) == 1  # the folder being prepared: its finished shards
+    assert "source shard 0" in json.loads(capsys.readouterr().out)["checksums"]
     rc, said = resume(data_source, out, capsys)
     assert rc == 0 and "redone: source shard 0" in said and "train_00000.bin" in said, said
     assert "kept 1 of 4" in said, said
