@@ -4,7 +4,9 @@ kill -9 anywhere in a run (between checkpoints, at one, in the middle of writing
 to the record of an uninterrupted run; a sweep whose driver is killed twice finishes every run exactly once; one
 writer per run folder; a damaged checkpoint is survived; nothing read from a run folder or a checkpoint runs code;
 a sweep whose runs crash exits non-zero and lists them; bad input is one clear error (JSON with --json) and leaves
-no empty run folder. Marked `faults` (CI runs it: `scripts/test.sh` deselects nothing); run it alone with
+no empty run folder; folders a user did not make are verified before they are trusted (a changed source shard is
+redone, a changed token file refused on first use) and no write follows a symbolic link out of its folder; records of
+the wrong type are `corrupt`. Marked `faults` (CI runs it: `scripts/test.sh` deselects nothing); run it alone with
 `pytest -m faults`. The session's summary line (`conftest.py`) adds up the faults injected, the runs that
 survived them and the records lost (must be 0).
 
@@ -1660,7 +1662,7 @@ def resume(src: dict, out: Path, capsys) -> tuple[int, str]:
 
 
 def test_1a_a_changed_token_file_is_redone_on_resume(data_source, tmp_path, capsys):
-    """Issue 38, 1a: kill -9 after the second source shard's record, then 1,000 tokens of shards/00000/train_00000.bin
+    """kill -9 after the second source shard's record, then 1,000 tokens of shards/00000/train_00000.bin
     changed (same size): the resume finds it (checked as it is kept), says so, tokenizes the shard again and packs
     what a clean preparation packs."""
     from depthbench_nb.data import TokenData
@@ -1683,7 +1685,7 @@ def test_1a_a_changed_token_file_is_redone_on_resume(data_source, tmp_path, caps
 
 
 def test_1b_a_shifted_document_index_is_redone_and_found(data_source, tmp_path, capsys):
-    """Issue 38, 1b: 10 entries of shards/00000/train.docs.bin shifted by 3 in a killed preparation: the resume redoes
+    """10 entries of shards/00000/train.docs.bin shifted by 3 in a killed preparation: the resume redoes
     the shard (the packed document index is the clean one's); the same damage in a complete folder is found by
     verify(), `data inspect` and `data verify` (exit 1, naming source shard 0)."""
     from depthbench_nb.data import TokenData
@@ -1716,9 +1718,9 @@ def test_1b_a_shifted_document_index_is_redone_and_found(data_source, tmp_path, 
 
 
 def test_1_the_loader_checks_every_size_on_first_use(data_source, tmp_path, monkeypatch):
-    """Issue 38, 1: the loader checks checksums whatever the folder's size (no 1 GiB cap: here the cap is set to 0
+    """the loader checks checksums whatever the folder's size (no 1 GiB cap: here the cap is set to 0
     bytes, as a folder of 8B tokens is above any cap), on a token file's first use, naming the file and its source
-    shard; before, a folder over the cap trained on the changed tokens."""
+    shard."""
     from depthbench_nb import data as D
 
     monkeypatch.setattr(D, "VERIFY_BYTES", 0, raising=False)
@@ -1738,7 +1740,7 @@ def test_1_the_loader_checks_every_size_on_first_use(data_source, tmp_path, monk
 
 
 def test_9_a_killed_data_worker_is_one_line_and_the_resume_is_exact(data_source, tmp_path, capsys):
-    """Issue 38, 9: kill -9 of the worker of a `--workers 2` preparation that tokenizes source shard 1: its coordinator
+    """kill -9 of the worker of a `--workers 2` preparation that tokenizes source shard 1: its coordinator
     ends with one JSON error of kind `resources` (no traceback), exit 2; the same command again gives the clean
     preparation."""
     out = tmp_path / "w2"
@@ -1798,7 +1800,7 @@ RUN_SITES = (
 
 @pytest.mark.parametrize("site", RUN_SITES)
 def test_2_a_link_in_a_run_folder_writes_nothing_outside(site, tiny_data, runs_dir, tmp_path, capsys):
-    """Issue 38, 2: a symbolic link planted at each name `train` writes in a run folder (to a file or a folder outside
+    """a symbolic link planted at each name `train` writes in a run folder (to a file or a folder outside
     it) is refused before anything is written: exit 2, kind `unsafe`, naming it; nothing outside changed."""
     f, d, unchanged = victim(tmp_path)
     run = tiny(tiny_data, steps=2)
@@ -1813,8 +1815,8 @@ def test_2_a_link_in_a_run_folder_writes_nothing_outside(site, tiny_data, runs_d
 
 
 def test_2_a_checkpoints_link_on_resume_deletes_and_renames_nothing(stopped_run, tmp_path, capsys):
-    """Issue 38, 2: RUN/checkpoints -> DIR on a stopped run's resume: DIR's .tmp-step_* is not deleted and its step_*
-    not renamed (before, the resume cleaned DIR as its own); the refusal is one line, and the run resumes exactly once
+    """RUN/checkpoints -> DIR on a stopped run's resume: DIR's .tmp-step_* is not deleted and its step_*
+    not renamed; the refusal is one line, and the run resumes exactly once
     the link is replaced by the real folder."""
     folder = run_dir(stopped_run)
     _, d, unchanged = victim(tmp_path)
@@ -1874,7 +1876,7 @@ def test_2_a_link_in_a_data_folder_writes_nothing_outside(site, data_source, tmp
 
 
 def test_3_report_and_study_names_stay_inside_the_runs_root(tiny_data, runs_dir, tmp_path, capsys):
-    """Issue 38, 3: `report ../victim_report` (which wrote victim_report/report/* beside the runs root), a study file
+    """`report ../victim_report` (a folder beside the runs root), a study file
     named `..`, and a study's `report` folder that is a link out of it: each exit 2 in one line, nothing written
     outside."""
     runs_dir.mkdir(parents=True, exist_ok=True)
@@ -1927,8 +1929,8 @@ def one_run_study(tiny_data, tmp_path: Path):
 
 
 def test_8_a_result_of_the_wrong_type_is_corrupt(tiny_data, runs_dir, tmp_path, capsys):
-    """Issue 38, 8: result.json with `final_val_loss: "abc"` is refused by collect (exit 2, kind `corrupt`, the file
-    named; before, it went into collect.csv); params.json with a depth that is not a number, the same."""
+    """result.json with `final_val_loss: "abc"` is refused by collect (exit 2, kind `corrupt`, the file
+    named, nothing in collect.csv); params.json with a depth that is not a number, the same."""
     from depthbench_nb.runs import result_identity
 
     study, run, folder = one_run_study(tiny_data, tmp_path)
@@ -1950,8 +1952,8 @@ def test_8_a_result_of_the_wrong_type_is_corrupt(tiny_data, runs_dir, tmp_path, 
 
 
 def test_8_a_dict_loss_without_run_id_is_not_a_key_error(tiny_data, runs_dir, tmp_path, capsys):
-    """Issue 38, 8: a result.json holding a dict loss and no run_id made `train --json` fail with KeyError: 'run_id'
-    (kind internal). It is now a damaged record: said, ignored, and the run trains and writes a valid one."""
+    """a result.json holding a dict loss and no run_id is a damaged record for `train --json` (no KeyError):
+    said, ignored, and the run trains and writes a valid one."""
     from depthbench_nb.runs import read_result
 
     _, run, folder = one_run_study(tiny_data, tmp_path)
