@@ -44,6 +44,7 @@ from depthbench_nb.config import (
     lock_holder,
     package_dir,
     open_nofollow,
+    refuse_links,
     runs_root,
     safe_path,
     short_repr,
@@ -614,6 +615,7 @@ def execute_entry(
     folder = run_dir(e.run)
     made = not folder.exists()
     if executor == "papermill":
+        refuse_links(folder, [RECORD_FILES["notebook"]], "run file")  # papermill writes through a link
         folder.mkdir(parents=True, exist_ok=True)  # papermill writes its notebook into it
     cmd = run_command(e, executor, nodes, procs_per_node)
     env = dict(os.environ)
