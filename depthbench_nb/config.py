@@ -1059,7 +1059,7 @@ def refuse_links(root, names, what: str = "path") -> Path:
         safe_path(root, name, what)
     return Path(root)
 
-
+# %% ../nbs/00b_config.ipynb #2563dd3a
 def open_nofollow(path, flags: int = os.O_WRONLY | os.O_CREAT | os.O_APPEND, mode: int = 0o666) -> int:
     "`os.open` with `O_NOFOLLOW`: a symbolic link at `path` is an `UnsafeFile`, never followed."
     try:
@@ -1076,7 +1076,7 @@ def append_text(path, text: str) -> None:
         f.write(text)
         f.flush()
 
-
+# %% ../nbs/00b_config.ipynb #8c109efa
 def study_dir(study: str) -> Path:
     "The folder of a study under `runs_root()`: a name (or a record's) that leads out of it exits 2 (`safe_path`)."
     if not study or str(study).startswith("."):
