@@ -5,6 +5,7 @@
 # %% ../nbs/02g_callbacks.ipynb #25c1f9be
 from __future__ import annotations
 
+import importlib
 import json
 import math
 import os
@@ -16,7 +17,8 @@ from typing import Callable, Optional, Sequence
 import torch
 import torch.nn.functional as F
 
-from .config import RunConfig, append_text
+from .config import ConfigError, RunConfig, append_text, short_repr
+from .run_params import parse_callback
 from .console import flatten, scalar_or_str
 from .data import held_out_set
 from .runs import RECORD_FILES, MetricsLog, SignalCatcher, save_checkpoint
@@ -32,7 +34,8 @@ from depthbench_nb.parallel import (
 # %% auto #0
 __all__ = ['DEFAULT_CHECKPOINT_EVERY', 'LayerStats', 'evaluate', 'TrainState', 'Callback', 'callbacks_state_dict',
            'load_callbacks_state', 'save_state', 'StopAfter', 'DivergenceGuard', 'SpeedMeter', 'Evaluator',
-           'MetricsWriter', 'LayerStatsRecorder', 'Trackers', 'ProgressBar', 'Checkpointer', 'default_callbacks']
+           'MetricsWriter', 'LayerStatsRecorder', 'Trackers', 'ProgressBar', 'Checkpointer', 'default_callbacks',
+           'build_callbacks']
 
 # %% ../nbs/02g_callbacks.ipynb #384ee52b
 class LayerStats:
@@ -460,7 +463,7 @@ class Checkpointer(Callback):
 
 
 def default_callbacks(run: RunConfig, progress: bool = True, stop_after: Optional[int] = None) -> list[Callback]:
-    "The callbacks every run has; `train(callbacks=...)` adds to them."
+    "The callbacks every run has and the run's own (`RunConfig.callbacks`); `train(callbacks=...)` adds to them."
     t = run.train
     cbs = [DivergenceGuard(), SpeedMeter(), Evaluator(), MetricsWriter(), ProgressBar(progress), Checkpointer()]
     if stop_after is not None:
@@ -469,4 +472,26 @@ def default_callbacks(run: RunConfig, progress: bool = True, stop_after: Optiona
         cbs.append(LayerStatsRecorder(t.layer_stats_every))
     if t.trackers:
         cbs.append(Trackers())
-    return cbs
+    return cbs + (build_callbacks(run.callbacks) if run.callbacks else [])
+
+# %% ../nbs/02g_callbacks.ipynb #e96adffb
+def build_callbacks(specs: Sequence) -> list[Callback]:
+    "The callbacks of specs (`parse_callback`'s forms), each imported and built (ConfigError saying what failed)."
+    out = []
+    for spec in specs:
+        spec = parse_callback(spec)
+        module, name = spec["path"].split(":")
+        try:
+            cls = getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError) as e:
+            raise ConfigError(f"callback {spec['path']}: cannot import it ({type(e).__name__}: {e})") from None
+        base = importlib.import_module("depthbench_nb.callbacks").Callback  # the package's class (also in notebooks)
+        if not (isinstance(cls, type) and issubclass(cls, base)):
+            raise ConfigError(f"callback {spec['path']} is not a Callback class (depthbench_nb.callbacks.Callback)")
+        try:
+            out.append(cls(**spec["args"]))
+        except TypeError as e:
+            raise ConfigError(
+                f"callback {spec['path']}: its arguments {short_repr(spec['args'])} do not fit ({e})"
+            ) from None
+    return out

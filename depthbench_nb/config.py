@@ -29,16 +29,16 @@ from typing import Any, Callable, Optional
 
 # %% auto #0
 __all__ = ['EXIT_OK', 'EXIT_NOT_DONE', 'EXIT_ERROR', 'EXIT_INTERRUPTED', 'MESSAGE_LIMIT', 'PLUGIN_GROUP', 'ARCHS', 'FAMILIES',
-           'RECORD_OPTION_KEYS', 'DESIGN_OPTIONS', 'OPTIMIZERS', 'SCHEDULES', 'PRECISIONS', 'EVAL_SETS', 'LOCK_FILE',
-           'ConfigError', 'CorruptFile', 'UnsafeFile', 'FolderBusy', 'RunBusy', 'ResourceError', 'RunInterrupted',
-           'short_repr', 'ForkNames', 'Design', 'Family', 'register_family', 'load_plugins', 'paper_designs',
-           'register_design', 'unregister_design', 'arch_names', 'resolve_arch', 'family_of', 'uses_shared_recipe',
-           'recipe_designs', 'option', 'positive_int', 'Config', 'config_hash', 'config_diff', 'ffn_hidden_default',
-           'DesignOptions', 'ModelConfig', 'DataConfig', 'TrainConfig', 'RunConfig', 'identity_content',
-           'operational_changes', 'package_dir', 'repo_root', 'runs_root', 'runs_root_reason', 'cache_dir',
-           'atomic_write_bytes', 'atomic_write_text', 'atomic_write_json', 'safe_path', 'refuse_links', 'open_nofollow',
-           'append_text', 'study_dir', 'available_memory', 'memory_check_enabled', 'format_bytes', 'holder_alive',
-           'describe_holder', 'FolderLock', 'lock_holder']
+           'RECORD_OPTION_KEYS', 'DESIGN_OPTIONS', 'OPTIMIZERS', 'SCHEDULES', 'PRECISIONS', 'EVAL_SETS',
+           'RECORDED_FIELDS', 'LOCK_FILE', 'ConfigError', 'CorruptFile', 'UnsafeFile', 'FolderBusy', 'RunBusy',
+           'ResourceError', 'RunInterrupted', 'short_repr', 'ForkNames', 'Design', 'Family', 'register_family',
+           'load_plugins', 'paper_designs', 'register_design', 'unregister_design', 'arch_names', 'resolve_arch',
+           'family_of', 'uses_shared_recipe', 'recipe_designs', 'option', 'positive_int', 'Config', 'config_hash',
+           'config_diff', 'ffn_hidden_default', 'DesignOptions', 'ModelConfig', 'DataConfig', 'TrainConfig',
+           'RunConfig', 'identity_content', 'operational_changes', 'identity_rule_breaches', 'package_dir', 'repo_root',
+           'runs_root', 'runs_root_reason', 'cache_dir', 'atomic_write_bytes', 'atomic_write_text', 'atomic_write_json',
+           'safe_path', 'refuse_links', 'open_nofollow', 'append_text', 'study_dir', 'available_memory',
+           'memory_check_enabled', 'format_bytes', 'holder_alive', 'describe_holder', 'FolderLock', 'lock_holder']
 
 # %% ../nbs/00b_config.ipynb #535214f5
 class ConfigError(ValueError):
@@ -894,6 +894,11 @@ class RunConfig(Config):
     num_processes: int = 1
     compile: Optional[bool] = None  # torch.compile the model; None = on with CUDA, off on CPU
     fsdp: bool = False  # N processes: FSDP2 (fully_shard) instead of DDP
+    overrides: dict = field(default_factory=dict)  # dotted name -> value set by the user that differs from the preset
+    off_grid: tuple[str, ...] = ()  # the overrides that leave the preset's paper grid (not comparable with the paper)
+    callbacks: tuple[dict, ...] = ()  # {"path": "package.module:Name", "args": {...}}: built on every process
+
+    _OMIT_WHEN_EMPTY = ("overrides", "off_grid", "callbacks")  # absent from to_dict while empty, as in older records
 
     def validate(self):
         if not self.study or any(c in self.study for c in "/\\") or self.study.startswith("."):
@@ -912,6 +917,9 @@ class RunConfig(Config):
             raise ConfigError(
                 f"train.seq_len ({self.train.seq_len}) exceeds model.max_seq_len ({self.model.max_seq_len})"
             )
+
+    def to_dict(self) -> dict:
+        return {k: v for k, v in super().to_dict().items() if v or k not in self._OMIT_WHEN_EMPTY}
 
     def content(self) -> dict:
         "What the run computes: the model, data and training configs (a checkpoint's `config`)."
@@ -959,6 +967,27 @@ def operational_changes(old: dict, new: dict) -> list[tuple[str, Any, Any]]:
         for d in config_diff(old.get("train") or {}, new.get("train") or {}, "train.")
         if d[0].split(".", 1)[1] in TrainConfig.OPERATIONAL
     ]
+
+# %% ../nbs/00b_config.ipynb #8ad0046f
+RECORDED_FIELDS = dict(  # the config fields of the run records made before this list: their hashes must not change
+    model=tuple(f.name for f in fields(ModelConfig)),
+    data=tuple(f.name for f in fields(DataConfig)),
+    train=tuple(f.name for f in fields(TrainConfig)),
+)
+
+
+def identity_rule_breaches(classes: Optional[dict] = None) -> list[str]:
+    """The config fields added since `RECORDED_FIELDS` that would change the ids of older runs: each must default to
+    None and be listed in its class's `_OMIT_WHEN_NONE` (`classes`: section -> class, default the package's)."""
+    classes = classes or dict(model=ModelConfig, data=DataConfig, train=TrainConfig)
+    out = []
+    for section, cls in classes.items():
+        for f in fields(cls):
+            if f.name in RECORDED_FIELDS[section]:
+                continue
+            if f.default is not None or f.name not in cls._OMIT_WHEN_NONE:
+                out.append(f"{section}.{f.name}: default it to None and list it in {cls.__name__}._OMIT_WHEN_NONE")
+    return out
 
 # %% ../nbs/00b_config.ipynb #7ffefcf1
 def package_dir() -> Path:

@@ -108,11 +108,13 @@ def add_dataclass_options(parser, cls, prefix: str = "", skip: Iterable[str] = (
         md = f.metadata
         flags = md.get("flags") or ("--" + (prefix + (md.get("flag") or f.name)).replace("_", "-"),)
         kw = dict(dest=prefix + f.name, help=md["help"], default=f.default)
+        if "metavar" in md:
+            kw["metavar"] = md["metavar"]
         t = hints[f.name]
         args = [a for a in typing.get_args(t) if a is not type(None)]
         base = args[0] if typing.get_origin(t) is typing.Union and len(args) == 1 else t
         if md.get("repeat"):
-            kw.update(action="append", default=list(f.default))
+            kw.update(action="append", default=None if f.default is None else list(f.default))
         elif "parse" in md:
             kw["type"] = md["parse"]
         elif base is bool and t is bool:
@@ -135,7 +137,7 @@ def dataclass_values(cls, ns: argparse.Namespace, prefix: str = "") -> dict:
         if not hasattr(ns, prefix + f.name):
             continue
         v = getattr(ns, prefix + f.name)
-        out[f.name] = tuple(v) if f.metadata.get("repeat") else v
+        out[f.name] = tuple(v or ()) if f.metadata.get("repeat") else v
     return out
 
 # %% ../nbs/00a_console.ipynb #3f9c2b61

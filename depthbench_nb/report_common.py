@@ -19,6 +19,7 @@ import pandas as pd
 from depthbench_nb.config import (
     ConfigError,
     ModelConfig,
+    RunConfig,
     atomic_write_text,
     package_dir,
     safe_path,
@@ -322,7 +323,8 @@ def scan_study(study: str) -> pd.DataFrame:
             preset=run.preset,
         )
         row.update({k: res.get(k) for k in RUN_COLUMNS if k not in row})
-        row.update(flatten(run.to_dict()))
+        row.update(flatten({k: v for k, v in run.to_dict().items() if k not in RunConfig._OMIT_WHEN_EMPTY}))
+        row["off_grid"] = ",".join(run.off_grid)  # the overrides that left the paper's grid ('': none)
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -500,6 +502,9 @@ def run_comparability(record, plan: Optional[PaperPlan]) -> tuple[bool, list[str
     if plan is None:
         return False, ["the paper has no run at this setting"]
     diffs = []
+    off = record.get("off_grid")
+    if is_present(off) and off:  # an override of what the paper fixes (run_params.apply_overrides)
+        diffs.append(f"off the paper's grid: {off}")
     if is_present(record.get("status")) and record.get("status") != "completed":
         diffs.append(f"status {record.get('status')}")
     for key, want in plan.shape.items():

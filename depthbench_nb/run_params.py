@@ -5,11 +5,20 @@
 # %% ../nbs/02e_run_params.ipynb #def0856b
 from __future__ import annotations
 
+import dataclasses
+import difflib
+import functools
+import importlib
+import inspect
+import json
 import math
+import re
 import typing
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Optional
+
+import yaml
 
 from depthbench_nb.config import (
     ARCHS,
@@ -21,12 +30,14 @@ from depthbench_nb.config import (
     RunConfig,
     TrainConfig,
     _choice_error,
+    _type_name,
     _type_ok,
     ffn_hidden_default,
     paper_designs,
     resolve_arch,
+    short_repr,
 )
-from .console import parse_literal
+from .console import flatten, parse_literal
 from .data import TokenData, read_manifest, resolve_data
 from depthbench_nb.shapes import (
     GRIDS,
@@ -42,7 +53,9 @@ from .looped import PAPER_VOCAB, looped_config, tokens_for_budget
 from .costs import train_flops_per_token
 
 # %% auto #0
-__all__ = ['LOOPED_RECIPE', 'LOOPED_TINY', 'INIT_SEEDS', 'RunParams', 'make_run_config', 'total_steps', 'open_data']
+__all__ = ['LOOPED_RECIPE', 'LOOPED_TINY', 'INIT_SEEDS', 'ON_GRID_FREE', 'RunParams', 'make_run_config', 'settable_fields',
+           'apply_overrides', 'dotted_values', 'parse_overrides', 'parse_callback', 'callback_specs', 'total_steps',
+           'open_data']
 
 # %% ../nbs/02e_run_params.ipynb #895e7da2
 LOOPED_RECIPE = dict(
@@ -137,6 +150,18 @@ class RunParams:
     ortho_dtype: Optional[str] = _param(
         "looped MuonH orthogonalisation: None is bfloat16 (the paper) | float32 (exact comparisons)"
     )
+    overrides: Optional[dict] = _param(  # any config field by its dotted name (`settable_fields`)
+        "any config field by its dotted name: {train.warmup_frac: 0.01} (the command line: --set, repeatable)",
+        flags=("--set",),
+        repeat=True,
+        metavar="NAME=VALUE",
+    )
+    callbacks: Optional[list] = _param(
+        "callbacks by import path: ['pkg.mod:Name', {path: ..., args: {}}] (CLI: --callback, repeatable)",
+        flags=("--callback",),
+        repeat=True,
+        metavar="MODULE:NAME[=JSON]",
+    )
     options: dict = field(default_factory=dict)  # design options: config.DESIGN_OPTIONS (looped: r is `recurrence`)
 
     @classmethod
@@ -163,13 +188,15 @@ class RunParams:
         """Parameters from a namespace holding every name (the parameters cell's globals); design options left at None
         are dropped."""
         return cls(
-            **{k: ns[k] for k in cls.names()}, options={k: ns[k] for k in DESIGN_OPTIONS if ns.get(k) is not None}
+            **{k: ns[k] for k in cls.names() if k in ns},
+            options={k: ns[k] for k in DESIGN_OPTIONS if ns.get(k) is not None},
         )
 
     def notebook_values(self) -> dict:
         "Every parameter as papermill's -p/-f values for nbs/10_train.ipynb (unset design options as None)."
         out = {k: getattr(self, k) for k in self.names()}
         out["trackers"] = ",".join(_tracker_list(self.trackers))
+        out["callbacks"] = list(self.callbacks) if self.callbacks else None  # YAML (papermill's -f) has no tuples
         return out | {k: self.options.get(k) for k in DESIGN_OPTIONS if k != "recurrence"}
 
     @classmethod
@@ -293,20 +320,11 @@ def _resolve(p: RunParams, verbose: bool) -> RunConfig:
         train_kw.update(tokens=p.tokens, max_steps=None)
     if p.max_steps is not None:
         train_kw.update(max_steps=p.max_steps)
-    for k in (
-        "lr",
-        "precision",
-        "micro_batch",
-        "eval_every",
-        "ortho_dtype",
-        "checkpoint_every",
-        "layer_stats_every",
-        "divergence_factor",
-    ):
+    for k in _passed_to_train():
         if getattr(p, k) is not None:
             train_kw[k] = getattr(p, k)
     train = TrainConfig(seed=p.seed, init_seed=init_seed_value, trackers=tuple(_tracker_list(p.trackers)), **train_kw)
-    return RunConfig(
+    run = RunConfig(
         model=model,
         data=_data_config(p.data, pre),
         train=train,
@@ -316,6 +334,19 @@ def _resolve(p: RunParams, verbose: bool) -> RunConfig:
         compile=p.compile,
         fsdp=p.fsdp,
     )
+    if p.overrides:
+        run = apply_overrides(run, p.overrides, paper_grid=None if pre.grid == "tiny" else pre.name, verbose=verbose)
+    return run.replace(callbacks=callback_specs(p.callbacks)) if p.callbacks else run
+
+
+# RunParams fields _resolve reads itself; every other one named like a TrainConfig field passes through when set
+_READ_BY_RESOLVE = ("seed", "init_seed", "trackers", "tokens", "max_steps", "eval_set", "eval_rows", "eval_rows_fast")
+
+
+def _passed_to_train() -> list[str]:
+    "The RunParams that set the TrainConfig field of their name when not None."
+    train_fields = {f.name for f in fields(TrainConfig)}
+    return [k for k in RunParams.names() if k in train_fields and k not in _READ_BY_RESOLVE]
 
 
 def _shape_from(grid: str, L, d_model, ratio) -> Shape:
@@ -388,6 +419,188 @@ def _looped_model(p, L, d_model, ratio, r, s, C, opts, arch) -> tuple[ModelConfi
     if C is None:
         return cfg, None
     return cfg, tokens_for_budget(C, train_flops_per_token(cfg, p.seq_len), p.seq_len * p.global_batch)
+
+# %% ../nbs/02e_run_params.ipynb #275ce3fd
+# the fields a paper grid leaves to the user: changing one keeps a run comparable with the paper (how it is run,
+# evaluated, seeded and budgeted; the LR is swept); every other field is the paper's recipe or shape
+ON_GRID_FREE = frozenset(
+    {
+        *(f"train.{k}" for k in TrainConfig.OPERATIONAL),
+        *(
+            f"train.{k}"
+            for k in ("lr", "seed", "init_seed", "precision", "micro_batch", "eval_every", "eval_batches", "max_steps")
+        ),
+        *(f"train.{k}" for k in ("tokens", "eval_set", "eval_rows", "eval_rows_fast", "divergence_factor")),
+        "train.ortho_dtype",
+        *(f"data.{k}" for k in ("path", "max_tokens", "val_tokens")),
+    }
+)
+
+
+def _sections() -> dict:
+    "The config classes by section name (read when used: a test may swap one)."
+    return dict(model=ModelConfig, data=DataConfig, train=TrainConfig)
+
+
+def settable_fields() -> dict[str, tuple]:
+    """Every dotted name a run can set, name -> (check of a value returning (ok, converted), type in words): the
+    fields of ModelConfig (but `arch` and `options`), DataConfig and TrainConfig, and each design option as
+    `model.<option>`."""
+    out = {}
+    for section, cls in _sections().items():
+        hints = typing.get_type_hints(cls)
+        for f in fields(cls):
+            if section == "model" and f.name in ("arch", "options"):
+                continue
+            out[f"{section}.{f.name}"] = (functools.partial(_type_ok, tp=hints[f.name]), _type_name(hints[f.name]))
+    for name, (check, rule) in DESIGN_OPTIONS.items():
+        out.setdefault(f"model.{name}", (lambda v, check=check: (check(v), v), f"a design option: {rule}"))
+    return out
+
+# %% ../nbs/02e_run_params.ipynb #2d7cc2ef
+def apply_overrides(
+    run: RunConfig, overrides: dict, paper_grid: Optional[str] = None, verbose: bool = False
+) -> RunConfig:
+    """`run` with `overrides` (dotted name -> value) applied, checked by each field's type and its config's rules
+    (ConfigError naming the closest valid names, or the type and the rule). Records in the run the overrides that
+    differ from `run`'s values (`overrides`) and, on a paper grid (`paper_grid`: the preset's name), those that leave
+    it (`off_grid`)."""
+    if not overrides:
+        return run
+    if not isinstance(overrides, dict):
+        raise ConfigError(f"overrides must be a mapping of dotted names to values, got {type(overrides).__name__}")
+    table, changes = settable_fields(), {}
+    for name, value in overrides.items():
+        if name not in table:
+            raise _unknown_name(name, table)
+        check, kind = table[name]
+        ok, value = check(value)
+        if not ok:
+            raise ConfigError(f"{name} must be {kind}, got {short_repr(value)} ({type(value).__name__})")
+        section, key = name.split(".", 1)
+        changes.setdefault(section, {})[key] = value
+    new = run.replace(**{s: _replaced(getattr(run, s), s, c, table) for s, c in changes.items()})
+    before, after = dotted_values(run), dotted_values(new)
+    changed = {n: after.get(n) for n in overrides if after.get(n) != before.get(n)}
+    off = sorted(n for n in changed if paper_grid and n not in ON_GRID_FREE)
+    if off and verbose:
+        print(
+            f"*** OFF GRID: {', '.join(f'{n}={short_repr(changed[n])}' for n in off)} leave(s) the {paper_grid} grid "
+            f"(the paper's value: {', '.join(short_repr(before[n]) for n in off)}); the run is marked off_grid and is "
+            "not comparable with the paper ***"
+        )
+    return new.replace(overrides=changed, off_grid=tuple(off))
+
+
+def dotted_values(run: RunConfig) -> dict:
+    "Every settable field of a run by its dotted name, as recorded (tuples as lists)."
+    return flatten(run.content(), leaf=lambda v: v)
+
+# %% ../nbs/02e_run_params.ipynb #dc3ec8cc
+def _unknown_name(name: str, table: dict) -> ConfigError:
+    "An unknown dotted name: the closest valid names (difflib), and where the full list is."
+    close = difflib.get_close_matches(name, table, n=4, cutoff=0.5) or difflib.get_close_matches(
+        name.split(".")[-1], [n.split(".", 1)[1] for n in table], n=4, cutoff=0.5
+    )
+    close = [c if c in table else next(n for n in table if n.endswith("." + c)) for c in close]
+    hint = f"; closest: {', '.join(close)}" if close else ""
+    return ConfigError(
+        f"unknown config name {name!r}{hint} (every name: model.*, data.*, train.*; `depthbench-nb train --help`)"
+    )
+
+
+def _replaced(cfg, section: str, changes: dict, table: dict):
+    "A config with its fields changed, its rules checked; a refusal names the overrides, their types and the rule."
+    try:
+        return dataclasses.replace(cfg, **(_derived_follow(cfg, changes) if section == "model" else changes))
+    except ConfigError as e:
+        given = ", ".join(f"{section}.{k}={short_repr(v)} ({table[f'{section}.{k}'][1]})" for k, v in changes.items())
+        raise ConfigError(f"{given} refused: {e}") from None
+
+
+def _derived_follow(model: ModelConfig, changes: dict) -> dict:
+    """Fields the model derived from others (n_kv_head = n_head, ffn_hidden from d_model) are derived again from the
+    overridden ones, unless they were set themselves or held another value."""
+    out = dict(changes)
+    if "n_head" in out and "n_kv_head" not in out and model.n_kv_head == model.n_head:
+        out["n_kv_head"] = None
+    if "d_model" in out and "ffn_hidden" not in out:
+        if model.ffn_hidden == ffn_hidden_default(model.d_model, ARCHS[model.arch].ffn_rule):
+            out["ffn_hidden"] = None
+    return out
+
+# %% ../nbs/02e_run_params.ipynb #ebee0aa5
+class _Literal(yaml.SafeLoader):
+    "YAML 1.1 reads 1e-3 as a string; a value on the command line means a number."
+
+
+_Literal.add_implicit_resolver(
+    "tag:yaml.org,2002:float", re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"), list("-+0123456789")
+)
+
+
+def parse_overrides(texts) -> dict:
+    "`--set NAME=VALUE` texts as {dotted name: value}, each value a YAML literal (a name given twice: an error)."
+    out = {}
+    for text in texts or ():
+        name, eq, value = str(text).partition("=")
+        if not eq or not name.strip():
+            raise ConfigError(f"--set takes NAME=VALUE (e.g. train.warmup_frac=0.01), got {short_repr(text)}")
+        name = name.strip()
+        if name in out:
+            raise ConfigError(f"--set {name} given twice")
+        try:
+            out[name] = yaml.load(value, Loader=_Literal)
+        except yaml.YAMLError as e:
+            raise ConfigError(f"--set {name}: {short_repr(value)} is not a YAML literal ({type(e).__name__})") from None
+    return out
+
+# %% ../nbs/02e_run_params.ipynb #ff9a83ec
+def parse_callback(spec) -> dict:
+    """A callback spec as `{"path": "package.module:Name", "args": {...}}`, from that dict or from the text
+    `package.module:Name` or `package.module:Name={"key": value}` (the arguments as a JSON object)."""
+    if isinstance(spec, dict):
+        path, args = spec.get("path"), spec.get("args") or {}
+        extra = sorted(set(spec) - {"path", "args"})
+        if extra:
+            raise ConfigError(f"callback {short_repr(spec)}: unknown keys {extra}; a callback takes path and args")
+    elif isinstance(spec, str):
+        path, _, text = spec.partition("=")
+        try:
+            args = json.loads(text) if text.strip() else {}
+        except ValueError as e:
+            raise ConfigError(
+                f"callback {short_repr(spec)}: the arguments after '=' must be a JSON object ({e})"
+            ) from None
+    else:
+        raise ConfigError(f"a callback is 'package.module:Name[={{json}}]' or a dict, got {type(spec).__name__}")
+    if not isinstance(path, str) or path.count(":") != 1 or not all(path.strip().split(":")):
+        raise ConfigError(f"callback path must be 'package.module:Name', got {short_repr(path)}")
+    if not isinstance(args, dict):
+        raise ConfigError(f"callback {path}: its arguments must be a JSON object, got {short_repr(args)}")
+    return dict(path=path.strip(), args=args)
+
+
+def callback_specs(specs) -> tuple[dict, ...]:
+    """Callback specs as a run records them, each checked without building it: the module imports, the name is a class
+    with a callback's hooks (`callbacks.Callback`), its arguments fit its signature. `build_callbacks` builds them."""
+    specs = [specs] if isinstance(specs, (str, dict)) else (specs or ())  # one callback given alone
+    out = tuple(parse_callback(s) for s in specs)
+    for spec in out:
+        module, name = spec["path"].split(":")
+        try:
+            cls = getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError) as e:
+            raise ConfigError(f"callback {spec['path']}: cannot import it ({type(e).__name__}: {e})") from None
+        if not (isinstance(cls, type) and all(hasattr(cls, h) for h in ("state_dict", "on_step_end", "order"))):
+            raise ConfigError(f"callback {spec['path']} is not a Callback class (depthbench_nb.callbacks.Callback)")
+        try:
+            inspect.signature(cls).bind(**spec["args"])
+        except TypeError as e:
+            raise ConfigError(
+                f"callback {spec['path']}: its arguments {short_repr(spec['args'])} do not fit ({e})"
+            ) from None
+    return out
 
 # %% ../nbs/02e_run_params.ipynb #1aaf25a2
 def total_steps(run: RunConfig) -> int:

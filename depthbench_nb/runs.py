@@ -596,12 +596,19 @@ def read_params(folder: Path) -> RunConfig:
 
 
 def write_params(folder: Path, run: RunConfig, say: Callable[[str], None] = print, **notes) -> Path:
-    """Write params.json (the config, the run id, provenance and `notes`); refuse a folder that already holds a
-    different run. Operational options (checkpoint cadence, trackers, ...: `TrainConfig.OPERATIONAL`) may differ from
-    the last run of the folder: the run is the same, and what changed is said."""
+    """Write params.json (the config, the overrides asked for, the run id, provenance and `notes`); refuse a folder
+    that already holds a different run. Operational options (checkpoint cadence, trackers, ...:
+    `TrainConfig.OPERATIONAL`) may differ from the last run of the folder: the run is the same, and what changed is
+    said."""
     path = Path(folder) / RECORD_FILES["params"]
     if path.exists():
-        old = read_params(folder).replace(study=run.study, num_processes=run.num_processes)
+        old = read_params(folder).replace(  # where it runs, what it was asked as and who watches: not the run
+            study=run.study,
+            num_processes=run.num_processes,
+            overrides=run.overrides,
+            off_grid=run.off_grid,
+            callbacks=run.callbacks,
+        )
         changed = operational_changes(old.to_dict(), run.to_dict())
         diff = [d for d in config_diff(old, run) if d not in changed]
         if diff:
@@ -612,7 +619,13 @@ def write_params(folder: Path, run: RunConfig, say: Callable[[str], None] = prin
                 f"(they are not part of the run id)"
             )
     notes.setdefault("provenance", provenance())
-    return atomic_write_json(path, dict(run.to_dict(), run_id=run.run_id, **notes))
+    record = run.to_dict() | {s: _every_field(getattr(run, s)) for s in ("model", "data", "train")}
+    return atomic_write_json(path, dict(record, overrides=run.overrides, run_id=run.run_id, **notes))
+
+
+def _every_field(cfg) -> dict:
+    "A config as a dict with every field, those its hash leaves out while unset (`_OMIT_WHEN_NONE`) as null."
+    return dict.fromkeys(cfg._OMIT_WHEN_NONE) | cfg.to_dict()
 
 
 def adopt_legacy_folder(run: RunConfig, say: Callable[[str], None] = print) -> Optional[Path]:

@@ -17,7 +17,7 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal, Optional
 
@@ -82,17 +82,18 @@ from depthbench_nb.slurm import (
 )
 from .shapes import count_params, get_grid, resolve_preset
 from .costs import train_flops_per_token
-from .console import Arg, call_parsed, emit, flatten, template_path
+from .console import Arg, call_parsed, emit, flatten, sequences_as_json, template_path
 
 # %% auto #0
 __all__ = ['MAX_STUDY_BYTES', 'MAX_STUDY_NODES', 'GPU_PEAK_FLOPS', 'DEFAULT_MFU', 'RUN_STATUSES', 'EXECUTORS', 'RESULT_FIELDS',
-           'SHAPE_KEYS', 'StudyGroup', 'StudySpec', 'studies_dir', 'study_names', 'load_study', 'RunEntry',
-           'expand_study', 'plan_rows', 'sweep_dir', 'RunLock', 'is_running', 'attempts', 'entry_status',
-           'entry_progress', 'run_command', 'execute_entry', 'TrainingWorker', 'close_workers', 'worker_main',
-           'entry_status_locked', 'run_study', 'unfinished_runs', 'study_status', 'stale_runs', 'record_plan',
-           'planned_run_ids', 'slurm_tasks', 'slurm_script', 'write_slurm_script', 'collect', 'looped_fit_table',
-           'lr_optima', 'study_entries', 'add_extra_entries', 'extend_lr_entries', 'sweep_plan_command',
-           'sweep_run_command', 'sweep_status_command', 'cli_sweep', 'collect_command', 'cli_collect']
+           'SHAPE_KEYS', 'StudyGroup', 'StudySpec', 'group_sets', 'studies_dir', 'study_names', 'load_study',
+           'RunEntry', 'expand_study', 'swept_names', 'plan_rows', 'sweep_dir', 'RunLock', 'is_running', 'attempts',
+           'entry_status', 'entry_progress', 'run_command', 'execute_entry', 'TrainingWorker', 'close_workers',
+           'worker_main', 'entry_status_locked', 'run_study', 'unfinished_runs', 'study_status', 'stale_runs',
+           'record_plan', 'planned_run_ids', 'slurm_tasks', 'slurm_script', 'write_slurm_script', 'collect',
+           'status_by', 'collect_by', 'looped_fit_table', 'lr_optima', 'study_entries', 'add_extra_entries',
+           'extend_lr_entries', 'sweep_plan_command', 'sweep_run_command', 'sweep_status_command', 'cli_sweep',
+           'collect_command', 'cli_collect']
 
 # %% ../nbs/05b_sweep.ipynb #a94f1d9d
 @dataclass(frozen=True)
@@ -116,10 +117,15 @@ class StudyGroup(Config):
     looped_grid: Optional[str] = None  # 'baseline' | 'tbptt' | 'hc': the rows of the paper's grid
     include_reused: bool = False  # looped_grid: also the r = 1 rows reused from the baseline grid
     param_data_ratio: Optional[float] = None  # looped: tokens = ratio x effective params (the LR sweep's rule, App. D)
+    set: dict = field(
+        default_factory=dict
+    )  # dotted config name -> a value, or a list of values to sweep (`group_sets`)
+    callbacks: tuple = ()  # callbacks by import path for every run ('package.module:Name={json}' or {path, args})
 
     def validate(self):
         if not self.name:
             raise ConfigError("StudyGroup.name must be a non-empty string")
+        group_sets(self)  # the names and the shape of the values, before any run is resolved
         if self.checkpoint_every is not None and self.checkpoint_every < 1:
             raise ConfigError(f"group {self.name!r}: checkpoint_every must be >= 1, got {self.checkpoint_every}")
         for a in self.archs:
@@ -178,6 +184,24 @@ class StudySpec(Config):
             raise ConfigError(f"study {self.name!r}: duplicate group names {dup}")
         if self.reuses is not None and (not self.reuses or "/" in self.reuses or self.reuses == self.name):
             raise ConfigError(f"study {self.name!r}: reuses must name another study, got {self.reuses!r}")
+
+# %% ../nbs/05b_sweep.ipynb #626d18f4
+def group_sets(g: StudyGroup) -> list[dict]:
+    "The overrides of each run of a group: the product of its `set:` values ([{}] without `set:`)."
+    from depthbench_nb.run_params import settable_fields, _unknown_name
+
+    if not isinstance(g.set, dict):
+        raise ConfigError(f"group {g.name!r}: set must map dotted config names to values, got {short_repr(g.set)}")
+    table, axes = settable_fields(), []
+    for name, value in g.set.items():
+        if name not in table:
+            raise ConfigError(f"group {g.name!r}, set: {_unknown_name(name, table)}")
+        listy = table[name][1].startswith("tuple")  # a field holding a list: a list of lists sweeps it
+        swept = isinstance(value, list) and (not listy or all(isinstance(v, list) for v in value))
+        if swept and not value:
+            raise ConfigError(f"group {g.name!r}, set: {name} sweeps an empty list")
+        axes.append([(name, v) for v in (value if swept else [value])])
+    return [dict(combo) for combo in itertools.product(*axes)]
 
 # %% ../nbs/05b_sweep.ipynb #b02f183e
 def studies_dir() -> Path:
@@ -309,7 +333,11 @@ class RunEntry:
             f"{k}={vals[k]:g}" if isinstance(vals[k], float) else f"{k}={vals[k]}"
             for k in keys
             if vals.get(k) is not None
-        ) + "".join(f" {k}={v}" for k, v in self.params.items() if k in DESIGN_OPTIONS)
+        ) + "".join(
+            f" {k}={v}"
+            for k, v in [*self.params.items(), *self.params.get("overrides", {}).items()]
+            if k not in keys and (k in DESIGN_OPTIONS or "." in k)
+        )
 
 
 def _group_params(spec: StudySpec, g: StudyGroup) -> list[dict]:
@@ -324,6 +352,8 @@ def _group_params(spec: StudySpec, g: StudyGroup) -> list[dict]:
         base["tokens"] = g.tokens
     if g.checkpoint_every is not None:
         base["checkpoint_every"] = g.checkpoint_every
+    if g.callbacks:
+        base["callbacks"] = list(g.callbacks)
     lrs, seeds, opts = (g.lrs or (None,)), g.seeds, g.option_sets or ({},)
     out = []
     if g.looped_grid is not None:
@@ -362,6 +392,7 @@ def _group_params(spec: StudySpec, g: StudyGroup) -> list[dict]:
             raise ConfigError(f"group {g.name!r}: the {p.grid!r} grid has no fixed depths; list them in 'depths'")
         for arch, L, lr, seed, o in itertools.product(g.archs, depths, lrs, seeds, opts):
             out.append(dict(base, arch=arch, L=L, lr=lr, seed=seed, **o))
+    out = [dict(d, overrides=s) if s else d for d in out for s in group_sets(g)]  # the swept names last
     return [{k: v for k, v in d.items() if v is not None} for d in out]
 
 
@@ -392,6 +423,12 @@ def expand_study(spec: StudySpec) -> list[RunEntry]:
             entries.append(e)
     return entries
 
+# %% ../nbs/05b_sweep.ipynb #55c5f245
+def swept_names(entries) -> tuple[str, ...]:
+    """The dotted names an ablation sets (any run's `overrides`), but the LR and the seed: the LR optimum is sought,
+    and a table is grouped, per value of each (`lr_optima(by=...)`)."""
+    return tuple(sorted({n for e in entries for n in e.run.overrides} - {"train.lr", "train.seed"}))
+
 # %% ../nbs/05b_sweep.ipynb #07a2351e
 GPU_PEAK_FLOPS = PEAK_BF16_FLOPS["H100"]  # the planning GPU: H100 SXM dense bf16 (depthbench_nb.runs)
 DEFAULT_MFU = 0.40
@@ -401,7 +438,7 @@ def plan_rows(entries: list[RunEntry], gpu_peak_flops: float = GPU_PEAK_FLOPS, m
     "One row per run: id, settings, params, tokens, estimated FLOPs and GPU-hours."
     from depthbench_nb.run_params import total_steps
 
-    rows = []
+    rows, swept = [], swept_names(entries)
     for e in entries:
         run, t = e.run, e.run.train
         steps = total_steps(run)
@@ -428,6 +465,8 @@ def plan_rows(entries: list[RunEntry], gpu_peak_flops: float = GPU_PEAK_FLOPS, m
                 gpu_hours=flops / (gpu_peak_flops * mfu) / 3600,
             )
         )
+        values = flatten(run.content(), leaf=sequences_as_json)
+        rows[-1].update({n: values.get(n) for n in swept})  # an ablation's swept names, one column each
     return rows
 
 # %% ../nbs/05b_sweep.ipynb #ec2010de
@@ -1240,7 +1279,8 @@ def _record_row(study: str, group, status: str, run: RunConfig, params: dict, re
     row.update({k: (res or {}).get(k) for k in RESULT_FIELDS})
     if res and isinstance(res.get("provenance"), dict):
         row["device"] = res["provenance"].get("device")
-    row.update(flatten(run.to_dict()))
+    row.update(flatten({k: v for k, v in run.to_dict().items() if k not in RunConfig._OMIT_WHEN_EMPTY}))
+    row["off_grid"] = ",".join(run.off_grid)  # the overrides that leave the paper's grid ('': none)
     return row
 
 
@@ -1267,6 +1307,55 @@ def collect(study, write: bool = True) -> pd.DataFrame:
         if fit is not None and len(fit):
             atomic_write_text(root / "fit_looped.csv", fit.to_csv(index=False))
     return df
+
+# %% ../nbs/05b_sweep.ipynb #014aacea
+def status_by(study, by: str) -> dict:
+    "`study_status` with each run's value of `by` (a dotted config name) and the status counts per value."
+    from depthbench_nb.run_params import dotted_values
+
+    spec = study if isinstance(study, StudySpec) else load_study(study)
+    st = study_status(spec)
+    values = {e.run_id: dotted_values(e.run) | {"group": e.group} for e in study_entries(spec)}
+    _check_by(by, next(iter(values.values()), {}))
+    counts = {}
+    for row in st["runs"]:
+        row[by] = values[row["run_id"]].get(by)
+        key = json.dumps(row[by])
+        counts.setdefault(key, {s: 0 for s in RUN_STATUSES} | {by: row[by]})[row["status"]] += 1
+    st["by_value"] = [
+        {by: c.pop(by), "runs": sum(c.values()), **{k: v for k, v in c.items() if v}} for c in counts.values()
+    ]
+    return st
+
+
+def collect_by(df: pd.DataFrame, by: str) -> pd.DataFrame:
+    "A collected table grouped by column `by`: runs, completed runs, mean and best final loss per value."
+    _check_by(by, df.columns)
+    done = df.assign(completed=df.status.eq("completed"))
+    return (
+        done.groupby(by, dropna=False, sort=True)
+        .agg(
+            runs=("run_id", "size"),
+            completed=("completed", "sum"),
+            mean_final_val_loss=("final_val_loss", "mean"),
+            best_final_val_loss=("final_val_loss", "min"),
+        )
+        .reset_index()
+    )
+
+
+def _check_by(by: str, names) -> None:
+    "A --by name must be a column (closest ones named otherwise)."
+    import difflib
+
+    names = list(names)
+    if by not in names:
+        close = difflib.get_close_matches(by, names, n=4, cutoff=0.5)
+        raise ConfigError(
+            f"unknown --by name {by!r}"
+            + (f"; closest: {', '.join(close)}" if close else "")
+            + " (a dotted config name: model.*, data.*, train.*, or group)"
+        )
 
 # %% ../nbs/05b_sweep.ipynb #ce756b1f
 def looped_fit_table(df: pd.DataFrame, provenance: str = "real") -> pd.DataFrame:
@@ -1297,9 +1386,10 @@ def looped_fit_table(df: pd.DataFrame, provenance: str = "real") -> pd.DataFrame
 SHAPE_KEYS = ("arch", "L", "d_model", "r", "s", "C")
 
 
-def lr_optima(df: pd.DataFrame, loss_col: str = "final_val_loss", delta: float = 0.01) -> pd.DataFrame:
-    "Best LR, edge flag and log-LR parabola per (design, shape) of a collected table."
-    keys = [k for k in SHAPE_KEYS if k in df.columns]
+def lr_optima(df: pd.DataFrame, loss_col: str = "final_val_loss", delta: float = 0.01, by: tuple = ()) -> pd.DataFrame:
+    """Best LR, edge flag and log-LR parabola per (design, shape) of a collected table, and per value of each column
+    of `by` (an ablation's swept names, `swept_names`: one optimum per warmup, not the best over both)."""
+    keys = [k for k in (*SHAPE_KEYS, *by) if k in df.columns]
     out = []
     for key, g in df.groupby(keys, dropna=False, sort=True):
         ok = g[(g.status == "completed") & np.isfinite(pd.to_numeric(g[loss_col], errors="coerce"))]
@@ -1379,21 +1469,20 @@ def extend_lr_entries(spec: StudySpec, df: pd.DataFrame, factor: float = 2.0, sa
     edge."""
     from depthbench_nb.run_params import make_run_config
 
-    opt = lr_optima(df)
     planned = {e.run_id: e for e in study_entries(spec)}
+    swept = swept_names(planned.values())
+    opt = lr_optima(df, by=swept)
     by_shape = {}
     for e in planned.values():
-        m = e.run.model
-        by_shape.setdefault(
-            tuple(map(_norm, (m.arch, m.n_layer, m.d_model, e.params.get("r"), e.params.get("s"), e.params.get("C")))),
-            e,
-        )
+        m, values = e.run.model, flatten(e.run.content(), leaf=sequences_as_json)
+        shape = (m.arch, m.n_layer, m.d_model, e.params.get("r"), e.params.get("s"), e.params.get("C"))
+        by_shape.setdefault(tuple(map(_norm, shape + tuple(values.get(n) for n in swept))), e)
     new = []
-    for row in opt[opt.extend.notna()].itertuples():
-        base = by_shape.get(tuple(map(_norm, (row.arch, row.L, row.d_model, row.r, row.s, row.C))))
+    for row in opt[opt.extend.notna()].to_dict("records"):
+        base = by_shape.get(tuple(_norm(row.get(k)) for k in (*SHAPE_KEYS, *swept)))
         if base is None:
             continue
-        lr = row.best_lr * factor if row.extend == "higher" else row.best_lr / factor
+        lr = row["best_lr"] * factor if row["extend"] == "higher" else row["best_lr"] / factor
         params = dict(base.params, lr=float(f"{lr:.6g}"))
         with contextlib.redirect_stdout(None):
             run = make_run_config(**params, verbose=False)
@@ -1446,6 +1535,7 @@ def sweep_plan_command(
             "tokens",
             "train_flops",
             "gpu_hours",
+            *swept_names(study_entries(spec)),
         ],
     )
     print(
@@ -1590,11 +1680,18 @@ def _say_stale(stale: list[dict], file=None) -> None:
         )
 
 
-def sweep_status_command(study: str, json: bool = False) -> int:
+def sweep_status_command(
+    study: str,
+    by: Optional[str] = None,  # a dotted config name (train.warmup_frac) or a column: its value per run, counts by it
+    json: bool = False,
+) -> int:
     "completed / diverged / failed / interrupted / running / unfinished / pending, with progress; stale runs listed"
-    st = study_status(study)
+    st = status_by(study, by) if by else study_status(study)
     if json:
         return emit(st, True)
+    if by:
+        emit(st["by_value"], False, title=f"runs by {by}")
+        print()
     emit(
         st["runs"],
         False,
@@ -1621,6 +1718,7 @@ def cli_sweep(argv=None) -> int:
 
 def collect_command(
     study: str,  # study name or YAML path
+    by: Optional[str] = None,  # a dotted config name (train.warmup_frac) or a column: runs and losses grouped by it
     json: bool = False,
 ) -> int:
     """Gather a study's run records (all statuses) into <runs>/<study>/collect.parquet and collect.csv, and report LR
@@ -1628,7 +1726,7 @@ def collect_command(
     spec = load_study(study)
     df = collect(spec)
     root = study_dir(spec.name)
-    opt = lr_optima(df)
+    opt = lr_optima(df, by=swept_names(study_entries(spec)))
     stale = stale_runs(spec)
     out = dict(
         study=spec.name,
@@ -1638,8 +1736,13 @@ def collect_command(
         lr_optima=_json.loads(opt.to_json(orient="records")),
         stale=stale,
     )
+    if by:
+        out["by"] = _json.loads(collect_by(df, by).to_json(orient="records"))
     if json:
         return emit(out, True)
+    if by:
+        emit(out["by"], False, title=f"collected runs by {by}")
+        print()
     emit({k: v for k, v in out.items() if k not in ("lr_optima", "stale")}, False, title=f"collected study {spec.name}")
     _say_stale(stale)
     multi = opt[opt.n_lrs > 1] if "n_lrs" in opt else opt

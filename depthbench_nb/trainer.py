@@ -65,7 +65,7 @@ from .shapes import count_params, resolve_preset
 from .model import build_model
 from .costs import activation_bytes, memory_estimate, train_flops_per_token
 from .optim import build_optimizers
-from .run_params import RunParams, open_data, total_steps
+from .run_params import RunParams, open_data, parse_overrides, settable_fields, total_steps
 from depthbench_nb.parallel import (
     Dist,
     gather_objects,
@@ -214,7 +214,9 @@ def train(
             if run.num_processes > 1 and not in_launched_process():
                 if callbacks:
                     raise ConfigError(
-                        "callbacks run in the calling process; with num_processes > 1 the launched processes train"
+                        "callbacks given as objects run in the calling process; with num_processes > 1 the launched "
+                        "processes train: pass them by import path (--callback, make_run_config(callbacks=[...])), "
+                        "which every process builds"
                     )
                 device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
                 if resolve_compile(run.compile, device):
@@ -636,7 +638,10 @@ def _write_final(state: TrainState, status: str, steps_done: int, **extra) -> di
 def train_parser() -> argparse.ArgumentParser:
     "The parser of `depthbench-nb train`: every RunParams field and design option, then how to run it."
     p = argparse.ArgumentParser(
-        prog="depthbench-nb train", description="Train one model and write its run record (resumes unfinished runs)."
+        prog="depthbench-nb train",
+        description="Train one model and write its run record (resumes unfinished runs).",
+        epilog=_settable_epilog(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_dataclass_options(p, RunParams)
     g = p.add_argument_group(
@@ -683,7 +688,9 @@ def cli_train(argv=None) -> int:
         if not a.arch:
             raise ConfigError("--arch is required (or --run-config)")
         opts = {o: getattr(a, o) for o in DESIGN_OPTIONS if o != "recurrence" and getattr(a, o) is not None}
-        run = RunParams(**dataclass_values(RunParams, a), options=opts).resolve(verbose=not a.json)
+        values = dataclass_values(RunParams, a)
+        values["overrides"] = parse_overrides(values["overrides"])  # --set NAME=VALUE texts: a dotted-name mapping
+        run = RunParams(**values, options=opts).resolve(verbose=not a.json)
         why = resolve_preset(a.preset)[1]
     with (
         contextlib.redirect_stdout(sys.stderr) if a.json else contextlib.nullcontext()
@@ -712,3 +719,22 @@ if (
     from depthbench_nb.cli import main
 
     sys.exit(main(["train"] + sys.argv[1:]))  # clean one-line errors and exit codes, as from the console script
+
+# %% ../nbs/02i_trainer.ipynb #43489cc8
+def _settable_epilog() -> str:
+    "The dotted names `--set` takes, by section, with their types (the train command's --help)."
+    import textwrap
+
+    rows = {}
+    for name, (_, kind) in settable_fields().items():
+        option = kind.startswith("a design option")
+        section = name.split(".")[0] + (" (design options)" if option else "")
+        rows.setdefault(section, []).append(name.split(".", 1)[1] + ("" if option else f" ({kind})"))
+    lines = [
+        "--set NAME=VALUE: the value a YAML literal (0.01, 1e-3, [0.9,0.95], null); the preset gives the defaults",
+        "--callback 'package.module:Name={\"every\": 2}': a Callback class, its arguments as JSON (every process)",
+        "The docs' Ablations page is the guide. The names:",
+    ]
+    for section, names in rows.items():
+        lines.append(textwrap.fill(", ".join(names), 100, initial_indent=f"  {section}: ", subsequent_indent="    "))
+    return "\n".join(lines)
