@@ -11,7 +11,7 @@ from typing import Annotated, Optional
 
 from .config import EXIT_NOT_DONE, ConfigError, runs_root, safe_path, study_dir
 from .console import Arg, call_parsed, emit, template_path
-from .report_common import completed, report_dir, study_table
+from .report_common import completed, report_dir, study_table, swept_names
 from .report_looped import related_studies
 
 # %% auto #0
@@ -57,6 +57,7 @@ def report_command(
     boot_restarts: int = 500,  # random starts of every bootstrap refit, plus a warm start (default 500)
     seed: int = 0,  # seed of the fits and resamples
     workers: Optional[int] = None,  # bootstrap processes (default: min(2, CPU cores))
+    by: Optional[list] = None,  # group the tables and figures by this dotted name too (repeatable): train.warmup_frac
     json: bool = False,
 ) -> int:
     "Rebuild a study's tables and figures (papermill_runs/STUDY/report/)."
@@ -69,13 +70,14 @@ def report_command(
         raise ConfigError(f"--bootstrap must be 0 (none) or >= 2 resamples, got {bootstrap}")
     if workers is not None and workers < 1:
         raise ConfigError(f"--workers must be >= 1, got {workers}")
+    table = study_table(study) if by else None
+    if by and len(table):  # an unknown name is refused before any notebook runs, naming the closest
+        swept_names(table, by)
     which = (only,) if only else tuple(REPORT_NOTEBOOKS)
-    nbs = run_report_notebooks(
-        study,
-        which,
-        dict(restarts=restarts, n_bootstrap=bootstrap, bootstrap_restarts=boot_restarts, seed=seed, workers=workers),
-        progress=not json,
+    effort = dict(
+        restarts=restarts, n_bootstrap=bootstrap, bootstrap_restarts=boot_restarts, seed=seed, workers=workers
     )
+    nbs = run_report_notebooks(study, which, effort | ({"by": list(by)} if by else {}), progress=not json)
     out = report_dir(study)
     rows = [
         dict(file=str(f.relative_to(out)), bytes=f.stat().st_size)

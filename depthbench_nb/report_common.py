@@ -5,6 +5,8 @@
 # %% ../nbs/06a_reports.ipynb #0d8f3d17
 from __future__ import annotations
 
+import difflib
+import hashlib
 import json
 import math
 import os
@@ -20,6 +22,7 @@ from depthbench_nb.config import (
     ConfigError,
     ModelConfig,
     RunConfig,
+    TrainConfig,
     atomic_write_text,
     package_dir,
     safe_path,
@@ -30,9 +33,10 @@ from .runs import list_runs, read_params, read_result
 from .shapes import count_params
 
 # %% auto #0
-__all__ = ['REFERENCE_FILES', 'ACCOUNTING_LABEL', 'PAPER_LABEL', 'PAPER_PRESETS', 'PAPER_STATUSES', 'RUN_COLUMNS',
-           'reference_table', 'Scale', 'study_scale', 'markdown_table', 'Report', 'PaperItem', 'paper_item_index',
-           'report_dir', 'normalize_runs', 'scan_study', 'study_table', 'completed', 'run_folder', 'load_diagnostics',
+__all__ = ['REFERENCE_FILES', 'ACCOUNTING_LABEL', 'PAPER_LABEL', 'PAPER_PRESETS', 'PAPER_STATUSES', 'RUN_COLUMNS', 'REPLICATES',
+           'NOT_SWEPT', 'RECORD_NOTES', 'reference_table', 'Scale', 'study_scale', 'markdown_table', 'Report',
+           'PaperItem', 'paper_item_index', 'report_dir', 'normalize_runs', 'scan_study', 'study_table', 'completed',
+           'run_folder', 'load_diagnostics', 'swept_names', 'with_swept', 'replicate_means', 'replicate_group',
            'best_lr_rows', 'recipe_runs', 'status_section', 'PaperPlan', 'as_number', 'is_present', 'record_field',
            'planned_steps', 'planned_tokens', 'run_comparability', 'scale_label', 'RunScale', 'themed_pyplot',
            'lr_sensitivity_figure', 'show_report', 'show_artifact', 'show_missing']
@@ -125,6 +129,7 @@ class Report:
     verdicts: list = field(default_factory=list)
     gaps: dict = field(default_factory=dict)  # paper item -> the panels, designs or scales it lacks (a partial item)
     paper_index: Optional[pd.DataFrame] = None  # one row per table and figure of the paper (`paper_item_index`)
+    by: tuple = ()  # dotted names the tables and figures group by besides the swept ones (`report --by`)
 
     def _stem(self, name):
         return name.rsplit(".", 1)[0]
@@ -280,6 +285,8 @@ RUN_COLUMNS = (
     "params_backbone",
     "diverged_step",
     "error",
+    "peak_mem_bytes",
+    "tokens_per_s_median",
 )
 
 
@@ -324,7 +331,7 @@ def scan_study(study: str) -> pd.DataFrame:
         )
         row.update({k: res.get(k) for k in RUN_COLUMNS if k not in row})
         row.update(flatten({k: v for k, v in run.to_dict().items() if k not in RunConfig._OMIT_WHEN_EMPTY}))
-        row["off_grid"] = ",".join(run.off_grid)  # the overrides that left the paper's grid ('': none)
+        row.update(dict.fromkeys(RECORD_NOTES) | _record_notes(folder))  # None: a record made before the key
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -357,7 +364,7 @@ def study_table(study: str) -> pd.DataFrame:
                     f"[report] left out {len(stale)} stale run(s), not in the study's current plan: {', '.join(stale)}"
                 )
             df = df[df["run_id"].isin(plan)]
-    return normalize_runs(df)
+    return normalize_runs(_with_record_notes(df))
 
 
 def completed(df: pd.DataFrame) -> pd.DataFrame:
@@ -375,18 +382,170 @@ def load_diagnostics(row) -> Optional[dict]:
     p = run_folder(row) / "diagnostics" / "diagnostics.json"
     return json.loads(p.read_text()) if p.exists() else None
 
+# %% ../nbs/06a_reports.ipynb #44408ef5
+REPLICATES = ("train.seed",)  # fields whose runs repeat one cell: averaged, never a column of a report's tables
+NOT_SWEPT = ("train.lr",)  # chosen per cell (the best LR), never a group
 
-def best_lr_rows(df: pd.DataFrame, keys=("arch", "n_layer", "d_model")) -> pd.DataFrame:
-    "Per shape of a design: the completed run with the lowest final validation loss (the paper reports the best LR)."
+
+def swept_names(df: pd.DataFrame, by=()) -> list[str]:
+    """The dotted names an ablation varies among the runs of `df`: each name set in a record's `overrides` that takes
+    more than one value (replicates and the LR left out), then the names of `by` (any column of the table)."""
+    df = _with_record_notes(df)
+    names = set()
+    for notes in df.get("overrides", pd.Series(dtype=object)):
+        names |= set(_as_dict(notes))
+    names |= {c[len("overrides.") :] for c in df.columns if c.startswith("overrides.")}
+    df = _with_names(df, names)
+    swept = [n for n in sorted(names - _replicates(df) - set(NOT_SWEPT)) if df[n].nunique(dropna=False) > 1]
+    unknown = [b for b in by if b not in df.columns]
+    if unknown:
+        near = difflib.get_close_matches(unknown[0], [str(c) for c in df.columns if "." in str(c)], n=4)
+        raise ConfigError(
+            f"cannot group by {unknown[0]!r}: no such column in the run records"
+            + (f"; closest: {', '.join(near)}" if near else "; group by a dotted config name such as train.warmup_frac")
+        )
+    return swept + [b for b in by if b not in swept]
+
+# %% ../nbs/06a_reports.ipynb #56c90cc3
+RECORD_NOTES = ("overrides", "off_grid", "replicates")  # keys of params.json besides the config that reports read
+
+
+def _as_dict(v) -> dict:
+    "A record's `overrides`: a dict, or its JSON text (a CSV or parquet table); {} when absent."
+    if isinstance(v, str):
+        try:
+            v = json.loads(v)
+        except ValueError:
+            return {}
+    return v if isinstance(v, dict) else {}
+
+
+def _as_list(v) -> list:
+    if isinstance(v, str):
+        try:
+            v = json.loads(v)
+        except ValueError:
+            return [v]
+    return list(v) if isinstance(v, (list, tuple, np.ndarray)) else []
+
+
+def _replicates(df: pd.DataFrame) -> set:
+    "REPLICATES and the names the records list under `replicates`."
+    out = set(REPLICATES)
+    for listed in df.get("replicates", pd.Series(dtype=object)):
+        out |= set(_as_list(listed))
+    return out
+
+
+def _overrides_of(record) -> dict:
+    "The dotted names a record's `overrides` sets (also read from `overrides.NAME` columns of a flattened table)."
+    out = _as_dict(record.get("overrides"))
+    items = record.items() if hasattr(record, "items") else ()
+    out.update({k[len("overrides.") :]: v for k, v in items if str(k).startswith("overrides.") and is_present(v)})
+    return out
+
+
+def _off_grid_names(record) -> list:
+    """The dotted names whose overrides took a run off the paper's grid: params.json lists them (`off_grid`); a record
+    that says only `off_grid: true` names all its overrides."""
+    off = record.get("off_grid")
+    if off is True or off in ("true", "True"):
+        return sorted(_overrides_of(record)) or ["(unnamed)"]
+    if not is_present(off) or off is False or off in ("", "false", "False"):
+        return []
+    return [n for v in _as_list(off) for n in str(v).split(",") if n]
+
+
+def _record_notes(folder: Path) -> dict:
+    "The keys of RECORD_NOTES a run folder's params.json holds (records made before them hold none)."
+    try:
+        d = json.loads((Path(folder) / "params.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return {k: d[k] for k in RECORD_NOTES if isinstance(d, dict) and k in d}
+
+
+def _with_record_notes(df: pd.DataFrame) -> pd.DataFrame:
+    """A run table with the RECORD_NOTES columns (None where a record has no such key), read from each run's
+    params.json where the table lacks them."""
+    lacking = [k for k in RECORD_NOTES if k not in df.columns]
+    if not len(df) or not lacking or not {"study", "run_id"} <= set(df.columns):
+        return df
+    notes = [_record_notes(study_dir(str(s)) / str(r)) for s, r in zip(df["study"], df["run_id"])]
+    return df.assign(**{k: [n.get(k) for n in notes] for k in lacking})
+
+
+def _hashable(v):
+    return json.dumps(v, sort_keys=True) if isinstance(v, (list, tuple, dict)) else v
+
+
+def _with_names(df: pd.DataFrame, names) -> pd.DataFrame:
+    """`df` with a column per dotted name of `names`: the table's own (flattened config) where it has one, else the
+    records' overrides (NaN where a record did not set it); lists as JSON text so they group."""
+    df = df.copy()
+    for n in names:
+        if n not in df.columns:
+            df[n] = [_overrides_of(r).get(n, np.nan) for r in (df.iloc[i] for i in range(len(df)))]
+        df[n] = df[n].map(_hashable)
+    return df
+
+# %% ../nbs/06a_reports.ipynb #3044805a
+def with_swept(df: pd.DataFrame, by=()) -> pd.DataFrame:
+    "`df` with a column per swept name (`swept_names`, `by` included), lists as JSON text so that they group."
+    return _with_names(df, swept_names(df, by))
+
+# %% ../nbs/06a_reports.ipynb #b944de99
+def replicate_means(df: pd.DataFrame, keys, loss: str = "final_val_loss") -> pd.DataFrame:
+    """One row per cell (`keys`) × learning rate of `df`: `loss` is the mean over the cell's replicates, `{loss}_std`
+    their sample standard deviation (ddof 1; NaN for a single run), `n_replicates` how many; the rest of the row is
+    the cell's lowest-loss run (its record: shape, steps, run id, diagnostics)."""
+    cols = list(keys) + ["lr"]
+    df = df.dropna(subset=[loss])
+    if not len(df):
+        return df.assign(**{f"{loss}_std": pd.Series(dtype=float), "n_replicates": pd.Series(dtype=int)})
+    g = df.groupby(cols, dropna=False, sort=False)[loss]
+    df = df.assign(_mean=g.transform("mean"), _std=g.transform("std"), _n=g.transform("size"))
+    out = df.sort_values(loss, kind="stable").drop_duplicates(cols)
+    out = out.assign(**{loss: out["_mean"], f"{loss}_std": out["_std"], "n_replicates": out["_n"].astype(int)})
+    return out.drop(columns=["_mean", "_std", "_n"]).sort_values(cols).reset_index(drop=True)
+
+# %% ../nbs/06a_reports.ipynb #b43c8db6
+def replicate_group(record, replicates=REPLICATES) -> str:
+    """A short key of a run's configuration without its replicate fields (the seed), its learning rate and the
+    operational options: runs of one group at one LR repeat the same experiment, and the reports average them. Read
+    from a record's flattened config (`model.*`, `data.*`, `train.*`); a table without it makes every run one group."""
+    skip = set(replicates) | set(NOT_SWEPT) | {f"train.{k}" for k in TrainConfig.OPERATIONAL}
+    items = sorted(
+        (k, v) for k, v in record.items() if str(k).split(".", 1)[0] in ("model", "data", "train") and k not in skip
+    )
+    return hashlib.sha256(json.dumps(items, default=str).encode()).hexdigest()[:10]
+
+# %% ../nbs/06a_reports.ipynb #aa9ae0d8
+def best_lr_rows(df: pd.DataFrame, keys=("arch", "n_layer", "d_model"), by=()) -> pd.DataFrame:
+    """Per cell of the completed runs (a shape of a design, and each value of the swept names, `swept_names`): the
+    learning rate with the lowest mean final validation loss over its replicates (the paper reports the best LR; runs
+    are replicates when their `replicate_group` is the same). A row carries that mean (`final_val_loss`),
+    `final_val_loss_std`, `n_replicates`, the LRs tried (`n_lrs`) and `ratio`."""
     done = completed(df).dropna(subset=["final_val_loss"])
     if not len(done):
-        return done.assign(n_lrs=pd.Series(dtype=int), ratio=pd.Series(dtype=float))
-    idx = done.groupby(list(keys))["final_val_loss"].idxmin()
-    out = done.loc[idx].copy()
-    n_lrs = done.groupby(list(keys))["lr"].nunique()
-    out["n_lrs"] = [int(n_lrs.loc[tuple(k)]) for k in out[list(keys)].itertuples(index=False)]
+        return done.assign(
+            n_lrs=pd.Series(dtype=int),
+            ratio=pd.Series(dtype=float),
+            final_val_loss_std=pd.Series(dtype=float),
+            n_replicates=pd.Series(dtype=int),
+        )
+    names = [n for n in swept_names(done, by) if n not in keys]
+    keys = list(keys) + names
+    done = _with_names(done, names)
+    reps = _replicates(done)
+    done = done.assign(_config=[replicate_group(r, reps) for r in done.to_dict("records")])
+    # runs of one cell that differ in more than their replicates and LR (a design option, a step cap) are not averaged:
+    # each configuration is a candidate, like each LR, and the cell shows the best mean
+    means = replicate_means(done, keys + ["_config"])
+    means["n_lrs"] = means.groupby(keys, dropna=False)["lr"].transform("nunique").astype(int)
+    out = means.sort_values("final_val_loss", kind="stable").drop_duplicates(keys).drop(columns="_config")
     out["ratio"] = out["d_model"] / out["n_layer"]
-    return out.sort_values(list(keys)).reset_index(drop=True)
+    return out.sort_values(keys).reset_index(drop=True)
 
 # %% ../nbs/06a_reports.ipynb #cc53a53d
 def recipe_runs(df: pd.DataFrame, shared: bool = True) -> pd.Series:
@@ -502,11 +661,12 @@ def run_comparability(record, plan: Optional[PaperPlan]) -> tuple[bool, list[str
     if plan is None:
         return False, ["the paper has no run at this setting"]
     diffs = []
-    off = record.get("off_grid")
-    if is_present(off) and off:  # an override of what the paper fixes (run_params.apply_overrides)
-        diffs.append(f"off the paper's grid: {off}")
     if is_present(record.get("status")) and record.get("status") != "completed":
         diffs.append(f"status {record.get('status')}")
+    off = _off_grid_names(record)
+    if off:  # an override of a value the preset fixes for the paper's grid (run_params.apply_overrides)
+        set_ = ", ".join(f"{k}={_show(ov[k])}" if k in (ov := _overrides_of(record)) else k for k in off)
+        diffs.append(f"left the paper grid (set: {set_})")
     for key, want in plan.shape.items():
         have = record_field(record, key)
         if have is None:
@@ -578,13 +738,21 @@ def themed_pyplot():
 
 
 def lr_sensitivity_figure(
-    rep: "Report", data: pd.DataFrame, loss_col: str, name: str, caption: str, xlabel: str, figsize=(6, 4), **line_kw
+    rep: "Report",
+    data: pd.DataFrame,
+    loss_col: str,
+    name: str,
+    caption: str,
+    xlabel: str,
+    figsize=(6, 4),
+    hue: str = "shape",
+    **line_kw,
 ) -> None:
-    """Validation loss against learning rate (log axis), one line per `shape` (the LR sensitivity of a sweep), into
-    `rep`."""
+    """Validation loss against learning rate (log axis), one line per `shape` (the LR sensitivity of a sweep), coloured
+    by `hue`, into `rep`."""
     plt, sns = themed_pyplot()
     fig, ax = plt.subplots(figsize=figsize)
-    sns.lineplot(data=data, x="lr", y=loss_col, hue="shape", marker="o", ax=ax, **line_kw)
+    sns.lineplot(data=data, x="lr", y=loss_col, hue=hue, marker="o", ax=ax, **line_kw)
     ax.set_xscale("log")
     ax.set_xlabel(xlabel)
     ax.set_ylabel("validation loss (nats)")

@@ -31,6 +31,7 @@ from depthbench_nb.report_common import (
     Report,
     RunScale,
     as_number,
+    is_present,
     best_lr_rows,
     completed,
     load_diagnostics,
@@ -46,7 +47,9 @@ from depthbench_nb.report_common import (
     status_section,
     study_scale,
     study_table,
+    swept_names,
     themed_pyplot,
+    with_swept,
 )
 
 # %% auto #0
@@ -192,8 +195,9 @@ def with_comparability(
     """`rows` plus comparable (bool), what_differs, paper_cell and paper_group (the paper's grid: '400M', '1.6B', ...),
     each from `run_comparability` against the row's paper cell, and paper_shape (the run has its cell's shape)."""
     out = rows.copy()
+    rows_ = out.to_dict("records")  # one conversion of the whole table (a row at a time costs ms per wide row)
     res = []
-    for r in (out.iloc[i].to_dict() for i in range(len(out))):
+    for r in rows_:
         plan = plan_for(r)
         ok, why = run_comparability(r, plan)
         res.append((plan, ok, why if plan is not None else [no_plan(r)]))
@@ -201,7 +205,6 @@ def with_comparability(
     out["what_differs"] = ["; ".join(why) for _, _, why in res]
     out["paper_cell"] = [p.label if p else "" for p, _, _ in res]
     out["paper_group"] = [p.group if p else "" for p, _, _ in res]
-    rows_ = [out.iloc[i].to_dict() for i in range(len(out))]
     out["paper_shape"] = [
         p is not None and all(as_number(record_field(r, k)) == as_number(v) for k, v in p.shape.items())
         for (p, _, _), r in zip(res, rows_)
@@ -306,6 +309,8 @@ _VAL_LOSS_COLUMNS = [
     "lr",
     "n_lrs",
     "final_val_loss",
+    "final_val_loss_std",
+    "n_replicates",
     "steps",
     "comparable",
     "what_differs",
@@ -317,15 +322,20 @@ def _val_loss_table(rep: Report, best: pd.DataFrame, done: pd.DataFrame, paper: 
     """The best-LR loss per design x shape x preset, the LRs swept, and the paper's number where the run has the shape
     of the paper's 400M cell; returns that mask (a 1.6B or tiny row is never compared with the paper's number)."""
     same = paper.set_index(["arch", "n_layer"])["paper_val_loss"]
-    renames = {"lr": "best_lr", "final_val_loss": "val_loss", "steps": "steps_completed"}
-    tab = best[_VAL_LOSS_COLUMNS].rename(columns=renames)
-    swept = done.groupby(["arch", "preset", "n_layer", "d_model"])["lr"].apply(
-        lambda v: ", ".join(f"{x:g}" for x in sorted(set(v)))
-    )
+    renames = {
+        "lr": "best_lr",
+        "final_val_loss": "val_loss",
+        "final_val_loss_std": "val_loss_std",
+        "steps": "steps_completed",
+    }
+    names = swept_names(done, rep.by)  # an ablation's swept names: columns after the shape
+    tab = best[_VAL_LOSS_COLUMNS[:4] + names + _VAL_LOSS_COLUMNS[4:]].rename(columns=renames)
+    keys = ["arch", "preset", "n_layer", "d_model"] + names
+    swept = done.groupby(keys, dropna=False)["lr"].apply(lambda v: ", ".join(f"{x:g}" for x in sorted(set(v))))
     tab.insert(
         tab.columns.get_loc("n_lrs") + 1,
         "lrs_swept",
-        [swept.get((a, p, L, d), "") for a, p, L, d in zip(best.arch, best.preset, best.n_layer, best.d_model)],
+        [swept.get(tuple(k), "") for k in best[keys].itertuples(index=False)],
     )
     tab["planned_tokens"] = [planned_tokens(r) for r in (best.iloc[i].to_dict() for i in range(len(best)))]
     at_400m = best.paper_shape & (best.paper_group == "400M")
@@ -336,8 +346,9 @@ def _val_loss_table(rep: Report, best: pd.DataFrame, done: pd.DataFrame, paper: 
     rep.table(
         tab.sort_values(["preset", "arch", "n_layer"]),
         "depthbench_val_loss",
-        "Validation loss at the best LR per design x shape x preset; the paper's Figure 2 number where the run has "
-        "the paper's shape",
+        "Validation loss at the best LR per design x shape x preset (and swept name): val_loss is the mean over the "
+        "cell's replicates (seeds) at the LR of the lowest mean, val_loss_std their sample standard deviation "
+        "(ddof 1), n_replicates how many; the paper's Figure 2 number where the run has the paper's shape",
     )
     return at_400m
 
@@ -361,6 +372,7 @@ def _loss_vs_ratio_figure(rep: Report, best: pd.DataFrame, paper: pd.DataFrame, 
     panels = [
         (f"preset {p}" + (" (fixed backbone)" if p == "300m-backbone" else ""), data[data.preset == p]) for p in order
     ]
+    panels = _facets(panels, swept_names(best, rep.by))  # an ablation: one panel per value of its swept names
     ppanel = paper.assign(ratio=[depthbench_paper_plan(L).shape["d_model"] / L for L in paper.n_layer]).rename(
         columns={"paper_val_loss": "loss"}
     )
@@ -378,24 +390,37 @@ def _loss_vs_ratio_figure(rep: Report, best: pd.DataFrame, paper: pd.DataFrame, 
     )
 
 
+_LEGEND_LINES = 12  # more lines than this in the LR figure: coloured by design
+
+
 def _depthbench_lr_figure(rep: Report, done: pd.DataFrame) -> None:
     "Loss vs peak LR for every design x shape x preset trained at more than one LR (the paper reports the best only)."
-    multi = done.groupby(["arch", "preset", "n_layer"])["lr"].transform("nunique") > 1
+    names = swept_names(done, rep.by)
+    keys = ["arch", "preset", "n_layer"] + names
+    multi = done.groupby(keys, dropna=False)["lr"].transform("nunique") > 1
     if not multi.any():
         rep.note_missing("LR sensitivity figure", "no design x shape was trained at more than one learning rate")
         return
     sub = done[multi].assign(
         shape=lambda d: d["arch"] + " L" + d["n_layer"].astype(int).astype(str) + " (" + d["preset"] + ")"
     )
+    for n in names:  # an ablation: one line per value of each swept name
+        sub["shape"] = sub["shape"] + f" {n}=" + sub[n].astype(str)
+    many = sub["shape"].nunique() > _LEGEND_LINES  # then one colour per design: a legend of every shape is unreadable
+    lines = dict(hue="arch", units="shape", estimator=None) if many else dict(estimator="mean", errorbar="sd")
+    if many:  # a line per shape through its mean over replicates
+        sub = sub.groupby(["arch", "shape", "lr"], as_index=False)["final_val_loss"].mean()
     lr_sensitivity_figure(
         rep,
         sub,
         "final_val_loss",
         "depthbench_lr_sensitivity",
-        "LR sensitivity: validation loss vs peak LR per design x shape x preset (the paper reports the best LR only)",
+        "LR sensitivity: validation loss vs peak LR per design x shape x preset, the mean over replicates (seeds)"
+        + (", one colour per design" if many else " with a band of one standard deviation where there are several")
+        + " (the paper reports the best LR only)",
         "peak learning rate (log)",
         figsize=(6, 4),
-        estimator=None,
+        **lines,
     )
 
 
@@ -404,7 +429,9 @@ def depthbench_loss_section(rep: Report, df: pd.DataFrame, notes: Optional[dict]
     preset, LR sensitivity. Figure 2 is partial where a design x shape of the paper's figure or its fixed-backbone
     panel has no run."""
     notes = {} if notes is None else notes
-    best = best_lr_rows(df[recipe_runs(df)] if len(df) else df, keys=("arch", "preset", "n_layer", "d_model"))
+    best = best_lr_rows(
+        df[recipe_runs(df)] if len(df) else df, keys=("arch", "preset", "n_layer", "d_model"), by=rep.by
+    )
     paper = _paper_val_loss_table(rep)
     if not len(best):
         rep.note_missing(
@@ -413,7 +440,7 @@ def depthbench_loss_section(rep: Report, df: pd.DataFrame, notes: Optional[dict]
         )
         return best
     best = with_comparability(best)
-    done = completed(df[recipe_runs(df)]).dropna(subset=["final_val_loss"])
+    done = with_swept(completed(df[recipe_runs(df)]).dropna(subset=["final_val_loss"]), rep.by)
     at_400m = _val_loss_table(rep, best, done, paper)
     diffs = [_scale_note(best)] + _lr_notes(done, best)
     notes["Figure 2"] = diffs
@@ -474,6 +501,18 @@ def depthbench_scales_section(rep: Report, best: pd.DataFrame, notes: Optional[d
             diffs,
         ),
     )
+
+# %% ../nbs/06b_report_depthbench.ipynb #7a7f0041
+def _facets(panels: list, names: list) -> list:
+    "Each (title, rows) panel split into one panel per value of the swept `names` (an ablation's facets)."
+    if not names:
+        return panels
+    out = []
+    for title, rows in panels:
+        for vals, g in rows.groupby(names, dropna=False, sort=True):
+            vals = vals if isinstance(vals, tuple) else (vals,)
+            out.append((title + "\n" + ", ".join(f"{n}={v}" for n, v in zip(names, vals)), g))
+    return out
 
 # %% ../nbs/06b_report_depthbench.ipynb #48a1cdf7
 def _matrix(m) -> np.ndarray:
@@ -1328,7 +1367,7 @@ def _measured_costs_table(rep: Report, done: pd.DataFrame) -> None:
     meas = []
     for _, r in done.iterrows():
         try:
-            m = measured_costs(run_folder(r))
+            m = _run_costs(r)
         except ConfigError:
             continue
         meas.append(
@@ -1379,6 +1418,17 @@ def depthbench_costs_section(rep: Report, df: pd.DataFrame, notes: Optional[dict
     gpu, rank = _gpu_hours_tables(rep, costs, done)
     _costs_figure(rep, costs, gpu, rank, notes)
     _measured_costs_table(rep, done)
+
+# %% ../nbs/06b_report_depthbench.ipynb #b653805b
+def _run_costs(run) -> dict:
+    """A run's peak memory and median tokens/s: the summaries its result.json records (one file per run), else, for a
+    record made before the trainer wrote them, computed from every line of its metrics.jsonl (`measured_costs`)."""
+    mem, tps = run.get("peak_mem_bytes"), run.get("tokens_per_s_median")
+    if is_present(mem) or is_present(tps):
+        return dict(
+            peak_mem_bytes=mem if is_present(mem) else None, tokens_per_s_median=tps if is_present(tps) else None
+        )
+    return measured_costs(run_folder(run))
 
 # %% ../nbs/06b_report_depthbench.ipynb #c02fd37b
 # every table and figure of the paper (its project page: Figures 1-11, Table 3, the architecture and threshold tables)
@@ -1460,11 +1510,12 @@ def depthbench_related_studies(study: str) -> list[str]:
 
 
 def build_depthbench_report(
-    study: str, df: Optional[pd.DataFrame] = None, out_dir=None, related: Optional[list] = None
+    study: str, df: Optional[pd.DataFrame] = None, out_dir=None, related: Optional[list] = None, by=()
 ) -> Report:
     """All DepthBench tables and figures of a study into papermill_runs/<study>/report/, comparability decided run by
     run. Runs of the `related` studies join (default: `depthbench_related_studies`), so one report can hold every
-    suite."""
+    suite. Replicates (seeds) are averaged; an ablation's swept names, and the dotted names of `by`, group the tables
+    (columns) and figures (facets)."""
     if df is None:
         related = depthbench_related_studies(study) if related is None else related
         tables = [normalize_runs(study_table(s)) for s in [study] + list(related)]
@@ -1473,6 +1524,7 @@ def build_depthbench_report(
     df = normalize_runs(df)
     if len(df):
         df = df.assign(preset=df["preset"].fillna("unknown"))
+        swept_names(df, tuple(by))  # an unknown name of `by` is refused here, naming the closest
     mine = df[recipe_runs(df)] if len(df) else df
     base = study_scale(mine, study)
     done = with_comparability(completed(mine)) if len(completed(mine)) else None
@@ -1487,6 +1539,7 @@ def build_depthbench_report(
         scale,
         Path(out_dir) if out_dir else report_dir(study),
         expected=DEPTHBENCH_ARTIFACTS,
+        by=tuple(by),
     )
     notes: dict = {}
     status_section(rep, df, recipe_runs)

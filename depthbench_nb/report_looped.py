@@ -37,12 +37,16 @@ from depthbench_nb.report_common import (
     recipe_runs,
     record_field,
     reference_table,
+    replicate_group,
+    replicate_means,
     run_comparability,
     run_folder,
     scale_label,
     status_section,
     study_table,
+    swept_names,
     themed_pyplot,
+    with_swept,
 )
 
 # %% auto #0
@@ -226,16 +230,19 @@ def looped_paper_plan(record) -> Optional[PaperPlan]:
     return _budget_free_plan(record, shape, cfg, s, r)
 
 
-def looped_frame(df: pd.DataFrame) -> pd.DataFrame:
+def looped_frame(df: pd.DataFrame, by=()) -> pd.DataFrame:
     """Completed looped runs as the fitter's table: n_once, n_rec, r, D, loss, C (budget cell), s, variant, lr, and each
     run's scale: `paper_scale` and `scale` ('paper scale' or 'reduced scale: ' and what differs,
     `looped_paper_plan`), and `paper_item`, the set of the paper's runs its plan belongs to ('grid', 'table5',
-    'lr_sweep', 'table10'; '' none)."""
+    'lr_sweep', 'table10'; '' none). Each swept name of an ablation (`swept_names`, `by` included) is a column of its
+    own (a dotted name), which keeps its cells apart."""
     from depthbench_nb.looped import flops_per_token, looped_params
     from depthbench_nb.sweep import flatten
     from depthbench_nb.run_params import total_steps
 
     done = completed(df[recipe_runs(df, shared=False)]).dropna(subset=["final_val_loss"]) if len(df) else df.iloc[0:0]
+    names = swept_names(done, by) if len(done) else []
+    done = with_swept(done, by) if len(done) else done
     rows = []
     for _, r in done.iterrows():
         run = read_params(run_folder(r))
@@ -249,6 +256,8 @@ def looped_frame(df: pd.DataFrame) -> pd.DataFrame:
             "C": planned,
             "lr": run.train.lr,
             "planned_steps": total_steps(run),
+            "off_grid": r.get("off_grid"),
+            "overrides": r.get("overrides"),
         }
         plan = looped_paper_plan(record)
         ok, diffs = run_comparability(record, plan)
@@ -277,6 +286,9 @@ def looped_frame(df: pd.DataFrame) -> pd.DataFrame:
                 paper_scale=ok,
                 scale=scale_label(ok, diffs),
                 paper_item=plan.group if plan else "",
+                seed=run.train.seed,
+                config=replicate_group(record),  # runs of one config and LR are replicates (seeds)
+                **{n: r[n] for n in names},
             )
         )
     out = pd.DataFrame(rows)
@@ -285,15 +297,6 @@ def looped_frame(df: pd.DataFrame) -> pd.DataFrame:
         named = out.dropna(subset=["C_planned"]).groupby("C")["C_planned"].first()
         out["C"] = [named.get(c, c) for c in out["C"]]
     return out
-
-
-def _best_per_cell(frame: pd.DataFrame) -> pd.DataFrame:
-    """One point per (variant, r, s, C) cell: its lowest loss over learning rates (the paper fits each cell at its tuned
-    LR)."""
-    if not len(frame):
-        return frame
-    frame = frame.reset_index(drop=True)
-    return frame.loc[frame.groupby(["variant", "r", "s", "C"])["loss"].idxmin()].sort_values(["r", "C", "s"])
 
 
 def _budgets(values) -> str:
@@ -346,6 +349,18 @@ def baseline_refit_frame(lf: pd.DataFrame, budgets) -> pd.DataFrame:
     if not len(base):
         raise ConfigError(f"no baseline runs at the case-study budgets C = {_budgets(budgets)}")
     return _best_per_cell(base)
+
+# %% ../nbs/06c_report_looped.ipynb #2b8ce3b9
+def _best_per_cell(frame: pd.DataFrame) -> pd.DataFrame:
+    """One point per (variant, r, s, C) cell, and per value of the frame's swept names (its dotted columns): the mean
+    loss over the cell's replicates (seeds) at the learning rate of the lowest mean (the paper fits each cell at its
+    tuned LR), with `loss_std` (sample std) and `n_replicates`. The fits weigh each cell once; n is recorded."""
+    if not len(frame):
+        return frame
+    keys = ["variant", "r", "s", "C"] + [c for c in frame.columns if "." in str(c)]
+    configs = ["config"] if "config" in frame else []  # other configurations of a cell: candidates, like its LRs
+    means = replicate_means(frame.reset_index(drop=True), keys + configs, loss="loss")
+    return means.sort_values("loss", kind="stable").drop_duplicates(keys).sort_values(["r", "C", "s"])
 
 # %% ../nbs/06c_report_looped.ipynb #2f23a191
 FIT_COLUMNS = ("E", "A", "B", "alpha", "beta", "phi", "huber", "r2", "n_points", "provenance")
@@ -1005,6 +1020,7 @@ def looped_fit_sections(rep: Report, lf: pd.DataFrame, paper: pd.DataFrame, prov
         )
         return
     _r_gaps(rep, base, ("Table 1", "Table 2", "Table 7", "Fig. 3", "Fig. 8", "Fig. 9", "iso-FLOPs curves"))
+    _cell_means_table(rep, base)
     per_r = _per_r_fits(rep, base, prov, effort)
     if per_r:
         _table1_sections(rep, paper, per_r)
@@ -1152,6 +1168,25 @@ def looped_case_study_sections(
     refits = _baseline_refits(rep, lf, fits, prov, effort)
     _table3_case_studies(rep, paper, fits, refits)
     _fig10_case_study_residuals(rep, paper, fits)
+
+# %% ../nbs/06c_report_looped.ipynb #be2b1098
+def _cell_means_table(rep: Report, base: pd.DataFrame) -> None:
+    "The points the fits use: each cell's mean loss over its replicates, their spread and n."
+    names = [c for c in base.columns if "." in str(c)]
+    cols = ["variant", "r", "s", "C"] + names + ["lr", "loss", "loss_std", "n_replicates", "D", "scale"]
+    rep.table(
+        base[[c for c in cols if c in base]],
+        "looped_cell_means",
+        "The points of the fits: per cell (variant, r, s, budget C, and swept name) the mean final loss over its "
+        "replicates (seeds) at the LR of the lowest mean, loss_std their sample standard deviation (ddof 1), "
+        "n_replicates how many; each cell counts once in a fit",
+    )
+    if names and len(base.drop_duplicates(["variant", "r", "s", "C"])) < len(base):
+        rep.note_missing(
+            "one fit per value of a swept name",
+            f"the laws are fitted to the cells of every value of {', '.join(names)} together; a study per value "
+            "(or the table above) keeps them apart",
+        )
 
 # %% ../nbs/06c_report_looped.ipynb #ebfd00c8
 def looped_ablation_sections(rep: Report, lf: pd.DataFrame, paper: pd.DataFrame):
@@ -1625,12 +1660,12 @@ def _own_recipe_runs(d: pd.DataFrame) -> pd.Series:
     return recipe_runs(d, shared=False)
 
 
-def _looped_runs_with_related(df: pd.DataFrame, related: list) -> pd.DataFrame:
+def _looped_runs_with_related(df: pd.DataFrame, related: list, by=()) -> pd.DataFrame:
     "The looped table of a study's runs joined by run id with the runs of `related` studies (a shared run counts once)."
     others = [normalize_runs(study_table(s)) for s in related]
     both = pd.concat([df] + others, ignore_index=True) if others else df
     both = both.drop_duplicates("run_id", keep="first") if len(both) else both  # a run shared by id counts once
-    return looped_frame(both)
+    return looped_frame(both, by)
 
 
 def _new_looped_report(study: str, lf: pd.DataFrame, out: Path, provenance: Optional[str]) -> tuple[Report, str]:
@@ -1728,20 +1763,23 @@ def build_looped_report(
     provenance: Optional[str] = None,
     workers: Optional[int] = None,
     related: Optional[list] = None,
+    by=(),
 ) -> Report:
     """All looped-LM tables and figures of a study into papermill_runs/<study>/report/, at the paper's fitting effort
     by default (`lf`: a ready looped table instead of runs). Runs of `related` studies (default `related_studies`) join
     by run id: the case studies' r = 1 anchors and Table 10's runs; Tables 1, 2, 7 and Figs. 3, 8, 9 use this study's
     own baseline grid runs. The index lists every table and figure of the paper as rebuilt, rebuilt with a stated
-    difference, partial or missing and why."""
+    difference, partial or missing and why. Replicates (seeds) are averaged per cell; the dotted names of `by` group the
+    cells as an ablation's swept names do."""
     effort = FitEffort(restarts, n_bootstrap, bootstrap_restarts, seed, workers)
     df = normalize_runs(study_table(study) if df is None else df)
     out = Path(out_dir) if out_dir else report_dir(study)
     paper = reference_table("looped")
     from_runs = lf is None
     if from_runs:
-        lf = _looped_runs_with_related(df, related_studies(study) if related is None else related)
+        lf = _looped_runs_with_related(df, related_studies(study) if related is None else related, tuple(by))
     rep, prov = _new_looped_report(study, lf, out, provenance)
+    rep.by = tuple(by)
     _worked_example_section(rep)
     rep.table(
         paper, "looped_paper_numbers", "Paper numbers (reference only; each row cites its source)", label=PAPER_LABEL

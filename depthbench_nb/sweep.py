@@ -1256,6 +1256,8 @@ RESULT_FIELDS = (
     "params_backbone",
     "diverged_step",
     "error",
+    "peak_mem_bytes",
+    "tokens_per_s_median",
 )
 
 

@@ -63,7 +63,7 @@ from depthbench_nb.runs import (
 )
 from .shapes import count_params, resolve_preset
 from .model import build_model
-from .costs import activation_bytes, memory_estimate, train_flops_per_token
+from .costs import activation_bytes, measured_costs, memory_estimate, train_flops_per_token
 from .optim import build_optimizers
 from .run_params import RunParams, open_data, parse_overrides, settable_fields, total_steps
 from depthbench_nb.parallel import (
@@ -627,12 +627,23 @@ def _write_final(state: TrainState, status: str, steps_done: int, **extra) -> di
     if status != "diverged":
         result.pop("diverged_step", None)
     if dist.main:
+        result.update(_cost_summaries(state.folder))
         write_result(state.folder, result)
         try:
             plot_loss_curves(state.folder)
         except Exception as e:
             print(f"(loss-curve figure not drawn: {e})")
     return result
+
+# %% ../nbs/02i_trainer.ipynb #5e3573f2
+def _cost_summaries(folder: Path) -> dict:
+    """What result.json keeps of the run's step rows: peak memory (bytes) and median tokens/s over every row, those
+    of earlier starts of a resumed run included, so that a report reads one file per run, not every metrics line."""
+    try:
+        m = measured_costs(folder)
+    except ConfigError:  # no metrics.jsonl: the run stopped before its first step
+        return {}
+    return dict(peak_mem_bytes=m["peak_mem_bytes"], tokens_per_s_median=m["tokens_per_s_median"])
 
 # %% ../nbs/02i_trainer.ipynb #e1eb3e1f
 def train_parser() -> argparse.ArgumentParser:

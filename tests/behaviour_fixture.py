@@ -35,6 +35,7 @@ hashes). A machine's own recording of all designs is made from such code:
 from __future__ import annotations
 
 import argparse
+import copy
 import hashlib
 import importlib
 import json
@@ -427,12 +428,48 @@ def _positionless(entry: dict) -> dict:
     return dict(entry, depthbench_report=tables) if tables else entry
 
 
+def _recorded_columns(recorded: dict, now: dict) -> tuple[dict, list[str]]:
+    """`now` with each report table cut to the columns the recording has, and the notes saying what was added since:
+    a column added to a table, or a table added to the looped report, is new behaviour beside the recorded one (the
+    recorded columns and tables are still compared value by value; a column or table gone is still a difference)."""
+    now, notes = copy.deepcopy(now), []
+
+    def cut(rec_cols: list, table: dict, rows: list, path: str) -> list:
+        cols = table["columns"]
+        if cols == rec_cols or not set(rec_cols) <= set(cols):
+            return []
+        keep = [cols.index(c) for c in rec_cols]
+        for r in rows:
+            r["data"] = [[row[i] for i in keep] for row in r["data"]]
+        table["columns"] = list(rec_cols)
+        return [f"{path}: column(s) added since the recording, not compared: {sorted(set(cols) - set(rec_cols))}"]
+
+    shared = now["shared"]["depthbench_report"]
+    for name, table in recorded["shared"]["depthbench_report"].items():
+        if name in shared:
+            rows = [shared[name]] + [
+                e["depthbench_report"][name] for e in now["designs"].values() if name in e.get("depthbench_report", {})
+            ]
+            notes += cut(table["columns"], shared[name], rows, f"/depthbench_report/{name}")
+    looped, looped_now = recorded["designs"].get("looped", {}), now["designs"].get("looped", {})
+    for name in list(looped_now.get("looped_report", {})):
+        table = looped_now["looped_report"][name]
+        if name not in looped.get("looped_report", {}):
+            notes.append(f"/designs/looped/looped_report/{name}: a table added since the recording, not compared")
+            del looped_now["looped_report"][name]
+        elif isinstance(table, dict) and "columns" in table:
+            notes += cut(looped["looped_report"][name]["columns"], table, [table], f"/looped_report/{name}")
+    return now, notes
+
+
 def compare(recorded: dict, now: dict, exact: bool) -> tuple[list[str], list[str]]:
     """(differences, notes) of two keyed recordings. Each recorded design is compared with its entry now; a design
     not recorded yet is a note naming the command that records it, and so is a change of a shared table that
-    summarises all designs (`DESIGN_SPANNING`) while such a design exists."""
+    summarises all designs (`DESIGN_SPANNING`) while such a design exists, and a report column or looped table added
+    since the recording (`_recorded_columns`)."""
+    now, added = _recorded_columns(recorded, now)
     new = [name for name in now["designs"] if name not in recorded["designs"]]
-    notes = [f"design {name!r}: not recorded yet: record with {RECORD_DESIGN} {name}" for name in new]
+    notes = added + [f"design {name!r}: not recorded yet: record with {RECORD_DESIGN} {name}" for name in new]
     diffs = []
     for name, entry in recorded["designs"].items():
         if name not in now["designs"]:

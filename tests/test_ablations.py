@@ -134,8 +134,8 @@ def test_an_override_the_paper_grid_fixes_marks_the_run_off_grid(tmp_path, capsy
     plan = PaperPlan(label="400M L16", shape=dict(d_model=off.model.d_model))
     record = dict(status="completed", d_model=off.model.d_model)
     assert run_comparability(record, plan) == (True, [])
-    ok, why = run_comparability(dict(record, off_grid=",".join(off.off_grid)), plan)
-    assert not ok and why == ["off the paper's grid: model.n_kv_head,train.seq_len"]
+    ok, why = run_comparability(dict(record, off_grid=params["off_grid"], overrides=params["overrides"]), plan)
+    assert not ok and why == ["left the paper grid (set: model.n_kv_head=4, train.seq_len=1,024)"]
 
 
 def test_papermill_overrides_and_callbacks(runs_dir, tiny_data, tmp_path, probe_importable):

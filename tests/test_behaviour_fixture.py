@@ -83,6 +83,23 @@ def test_a_new_design_adds_an_entry_and_leaves_the_recorded_ones():
     ]
 
 
+def test_a_column_added_to_a_report_table_is_a_note_and_the_recorded_ones_still_compare():
+    recorded = _keyed(dict(a=2.0, b=3.0), runs=2)
+    recorded["shared"]["depthbench_report"]["t"] = dict(columns=["arch", "loss"], index=[], data=[])
+    now = copy.deepcopy(recorded)
+    now["shared"]["depthbench_report"]["t"]["columns"] = ["arch", "loss_std", "loss"]  # a spread column, new
+    for name, loss in (("a", 2.0), ("b", 3.0)):
+        now["designs"][name]["depthbench_report"]["t"]["data"] = [[name, 0.1, loss]]
+    diffs, notes = compare(recorded, now, exact=True)
+    assert diffs == [] and notes == [
+        "/depthbench_report/t: column(s) added since the recording, not compared: ['loss_std']"
+    ]
+    now["designs"]["b"]["depthbench_report"]["t"]["data"] = [["b", 0.1, 3.1]]  # a recorded column changed
+    assert compare(recorded, now, exact=True)[0] == ["/designs/b/depthbench_report/t[0][1]: 3.0 recorded, 3.1 now"]
+    now["shared"]["depthbench_report"]["t"]["columns"] = ["arch", "loss_std"]  # a recorded column gone
+    assert compare(recorded, now, exact=True)[0] != []
+
+
 def test_the_comparison_sees_a_change():
     a = {"x": [1.0, 2.0], "n": 3, "s": "a"}
     assert differences(a, a, exact=True) == []

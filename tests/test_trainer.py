@@ -5,6 +5,7 @@ import ast
 import json
 import math
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -186,6 +187,12 @@ def test_resume_reproduces_the_uninterrupted_curve_exactly(tmp_path, monkeypatch
     for key in ("loss", "grad_norm", "lr"):
         assert [r[key] for r in got] == [r[key] for r in want], key
     assert got_res["final_val_loss"] == full["final_val_loss"]
+    # result.json summarises the costs of every step row, the rows written before the resume included
+    tps = [r["tokens_per_s"] for r in got]
+    mem = [r["peak_mem_bytes"] for r in got if r.get("peak_mem_bytes") is not None]
+    assert got_res["tokens_per_s_median"] == pytest.approx(statistics.median(tps)) and len(tps) == 6
+    assert got_res["peak_mem_bytes"] == (max(mem) if mem else None)
+    assert read_result(folder)["tokens_per_s_median"] == got_res["tokens_per_s_median"]
     from depthbench_nb.runs import read_metrics_headers
 
     assert [h.get("resumed_at_step") for h in read_metrics_headers(folder)] == [
