@@ -18,6 +18,12 @@ in the same run. Each measurement is a fresh process; orders alternate; best of 
    the workers share: the plan, the tokenizer, packing, the manifest), `serial_fraction_1_worker` (median of the runs),
    and the speedup Amdahl's law bounds two workers to on two free cores with it, `amdahl_bound_2_workers` (the files
    are of equal size, so the shards split evenly).
+3. Checksums (`--hash-only` for this part alone): what the loader's check costs. `TokenData` hashes each token file
+   (sha256, `depthbench_nb.data.sha256_file`) on its first use, and a resumed `prepare` hashes each source shard it
+   keeps: the rate in GB/s of one process over a `--hash-mb` file of tokens (best of --repeats; the file is in the page
+   cache, so this is the CPU's rate, the floor; a cold disk or a shared filesystem slower than it sets the time
+   instead), and the seconds that makes at paper scale: 8B and 32B tokens at 2 bytes a token (16 and 64 GB; uint16,
+   the NeoX vocabulary) per process that reads the whole stream once.
 2. Memory per worker: peak resident set (RSS, which counts pages shared with the parent after fork) and peak
    private memory (USS: Private_Clean + Private_Dirty of /proc/PID/smaps_rollup, what each added worker costs),
    sampled every 50 ms, for the corpus at 1x and 4x its size: flat memory shows as a 4x/1x ratio close to 1.
@@ -239,6 +245,25 @@ def memory(tmp: Path, tokenizer: str, files: int, copies: int) -> dict:
     return out
 
 
+def hashing(tmp: Path, mb: int, repeats: int) -> dict:
+    "sha256 rate of one process over a file of `mb` MB of tokens, and what it makes at paper scale (8B, 32B tokens)."
+    import numpy as np
+
+    from depthbench_nb.data import sha256_file
+
+    path = tmp / "tokens.bin"
+    np.random.default_rng(0).integers(0, 50_000, size=mb * (1 << 19), dtype=np.uint16).tofile(path)
+    sha256_file(path)  # into the page cache
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        sha256_file(path)
+        best = min(best, time.perf_counter() - t0)
+    rate = mb * (1 << 20) / best
+    scale = {f"{n}B_tokens": dict(gb=n * 2, seconds=round(n * 2e9 / rate, 1)) for n in (8, 32)}
+    return dict(file_mb=mb, seconds=round(best, 3), gb_per_s=round(rate / 1e9, 3), paper_scale=scale)
+
+
 if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--tokenizer", default="bpe:4096", help="bpe:4096 (default, trained once on the sample) or neox")
@@ -248,7 +273,17 @@ if __name__ == "__main__":
     )
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--skip-memory", action="store_true")
+    p.add_argument("--hash-only", action="store_true", help="only the checksum rate (part 3)")
+    p.add_argument("--hash-mb", type=int, default=1024, help="MB of tokens hashed (default 1024)")
     a = p.parse_args()
+    if a.hash_only:
+        with tempfile.TemporaryDirectory() as d:
+            print(
+                json.dumps(
+                    dict(machine=dict(cpus=os.cpu_count()), checksums=hashing(Path(d), a.hash_mb, a.repeats)), indent=2
+                )
+            )
+        sys.exit(0)
     from depthbench_nb import data as D
 
     tok = D.load_tokenizer(a.tokenizer, D.resolve_source("sample"))
@@ -264,5 +299,6 @@ if __name__ == "__main__":
         )
         if not a.skip_memory:
             res["memory"] = memory(tmp, tokenizer, a.files, a.copies)
+        res["checksums"] = hashing(tmp, a.hash_mb, a.repeats)
         res["machine"]["load_after"] = os.getloadavg()
     print(json.dumps(res, indent=2))

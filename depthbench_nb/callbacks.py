@@ -17,7 +17,7 @@ from typing import Callable, Optional, Sequence
 import torch
 import torch.nn.functional as F
 
-from .config import ConfigError, RunConfig, short_repr
+from .config import ConfigError, RunConfig, append_text, short_repr
 from .run_params import parse_callback
 from .console import flatten, scalar_or_str
 from .data import held_out_set
@@ -386,8 +386,7 @@ class LayerStatsRecorder(Callback):
             return
         st = self.stats.collect(state.dist.sum_)  # every process: a sum over processes
         if state.dist.main:
-            with open(state.folder / RECORD_FILES["layer_stats"], "a") as f:
-                f.write(json.dumps(dict(step=state.step, layers=st)) + "\n")
+            append_text(state.folder / RECORD_FILES["layer_stats"], json.dumps(dict(step=state.step, layers=st)) + "\n")
 
 
 class Trackers(Callback):

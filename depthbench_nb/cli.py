@@ -17,7 +17,7 @@ import traceback
 from pathlib import Path
 
 from ._hooks import interrupted_at_start
-from .config import EXIT_ERROR, EXIT_INTERRUPTED, MESSAGE_LIMIT, ConfigError, RunInterrupted
+from .config import EXIT_ERROR, EXIT_INTERRUPTED, MESSAGE_LIMIT, ConfigError, RunInterrupted, safe_path
 from .console import call_parsed, emit, json_stdout, notebooks_dir, template_notebooks
 
 # %% auto #0
@@ -28,7 +28,10 @@ __all__ = ['COMMANDS', 'OPTIONAL_DEPENDENCIES', 'UsageError', 'error_kind', 'bou
 COMMANDS: dict[str, tuple[str, str]] = {
     "shapes": ("depthbench_nb.shapes:cli_shapes", "list the paper grids and parameter counts"),
     "costs": ("depthbench_nb.costs:cli_costs", "FLOPs, KV cache and memory per design and shape"),
-    "data": ("depthbench_nb.slurm:cli_data", "prepare or inspect tokenized data (data prepare | data inspect)"),
+    "data": (
+        "depthbench_nb.slurm:cli_data",
+        "prepare, inspect or verify tokenized data (data prepare | inspect | verify)",
+    ),
     "train": ("depthbench_nb.trainer:cli_train", "train one model and write its run record"),
     "sweep": ("depthbench_nb.sweep:cli_sweep", "plan, run and monitor a study (sweep plan | run | status)"),
     "collect": ("depthbench_nb.sweep:cli_collect", "gather a study's run records into one table"),
@@ -239,7 +242,7 @@ def notebooks_command(
         if target.exists() and not force:
             rows.append(dict(notebook=nb.name, status="exists (use --force)"))
             continue
-        shutil.copy2(nb, target)
+        shutil.copy2(nb, safe_path(dest, nb.name, "notebook"))  # a link planted at the name is refused
         rows.append(dict(notebook=nb.name, status="copied"))
     return emit(rows, json, title=f"notebooks from {notebooks_dir()} -> {dest.resolve()}")
 

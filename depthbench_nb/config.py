@@ -37,8 +37,8 @@ __all__ = ['EXIT_OK', 'EXIT_NOT_DONE', 'EXIT_ERROR', 'EXIT_INTERRUPTED', 'MESSAG
            'config_diff', 'ffn_hidden_default', 'DesignOptions', 'ModelConfig', 'DataConfig', 'TrainConfig',
            'RunConfig', 'identity_content', 'operational_changes', 'identity_rule_breaches', 'package_dir', 'repo_root',
            'runs_root', 'runs_root_reason', 'cache_dir', 'atomic_write_bytes', 'atomic_write_text', 'atomic_write_json',
-           'available_memory', 'memory_check_enabled', 'format_bytes', 'holder_alive', 'describe_holder', 'FolderLock',
-           'lock_holder']
+           'safe_path', 'refuse_links', 'open_nofollow', 'append_text', 'study_dir', 'available_memory',
+           'memory_check_enabled', 'format_bytes', 'holder_alive', 'describe_holder', 'FolderLock', 'lock_holder']
 
 # %% ../nbs/00b_config.ipynb #535214f5
 class ConfigError(ValueError):
@@ -1034,9 +1034,11 @@ def _umask() -> int:
     return mask
 
 
-def atomic_write_bytes(path, data: bytes) -> Path:
-    "Write bytes to `path` atomically (temporary file in the same folder, fsync, rename)."
+def atomic_write_bytes(path, data: bytes, root=None) -> Path:
+    """Write bytes to `path` atomically (temporary file in the same folder, fsync, rename). A symbolic link at `path`
+    is refused (`UnsafeFile`), and with `root` a path that leaves `root` (`safe_path`)."""
     path = Path(path)
+    _refuse_link(path, root)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -1053,14 +1055,71 @@ def atomic_write_bytes(path, data: bytes) -> Path:
     return path
 
 
-def atomic_write_text(path, text: str) -> Path:
+def atomic_write_text(path, text: str, root=None) -> Path:
     "Write text (UTF-8) to `path` atomically."
-    return atomic_write_bytes(path, text.encode("utf-8"))
+    return atomic_write_bytes(path, text.encode("utf-8"), root)
 
 
-def atomic_write_json(path, obj, indent: int = 2) -> Path:
+def atomic_write_json(path, obj, indent: int = 2, root=None) -> Path:
     "Write `obj` as JSON (sorted keys, a final newline) to `path` atomically."
-    return atomic_write_text(path, json.dumps(obj, indent=indent, sort_keys=True, default=str) + "\n")
+    return atomic_write_text(path, json.dumps(obj, indent=indent, sort_keys=True, default=str) + "\n", root)
+
+# %% ../nbs/00b_config.ipynb #03668ebe
+def _within(p: Path, root: Path) -> bool:
+    return p == root or root in p.parents
+
+
+def safe_path(root, rel=".", what: str = "path") -> Path:
+    """`root / rel` (not resolved) when it stays inside `root`; a `rel` that climbs out is a `ConfigError`, one that
+    leaves through a symbolic link (on the way or at its end) an `UnsafeFile`."""
+    base = Path(root).expanduser().resolve()
+    p = Path(os.path.normpath(base / Path(rel).expanduser()))
+    if not _within(p, base):
+        raise ConfigError(f"{what} {str(rel)!r} is outside {base}; give a path inside it (no '..', no other root)")
+    if not _within(p.resolve(), base):
+        link = next((q for q in (*reversed(p.parents), p) if _within(q, base) and q.is_symlink()), None)
+        how = f"the symbolic link {link} -> {os.readlink(link)}" if link else "a symbolic link"
+        raise UnsafeFile(f"{what} {p} leads outside {base} through {how}; refused, nothing written (remove the link)")
+    return p
+
+
+def refuse_links(root, names, what: str = "path") -> Path:
+    "Check that none of `root`'s entries `names` (made or not yet) leads outside `root` (`safe_path`); returns root."
+    for name in names:
+        safe_path(root, name, what)
+    return Path(root)
+
+# %% ../nbs/00b_config.ipynb #2563dd3a
+def open_nofollow(path, flags: int = os.O_WRONLY | os.O_CREAT | os.O_APPEND, mode: int = 0o666) -> int:
+    "`os.open` with `O_NOFOLLOW`: a symbolic link at `path` is an `UnsafeFile`, never followed."
+    try:
+        return os.open(path, flags | os.O_NOFOLLOW, mode)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise UnsafeFile(f"{path} is a symbolic link; refused to write through it (remove the link)") from None
+        raise
+
+
+def append_text(path, text: str) -> None:
+    "Append `text` to a file (made when missing) without following a symbolic link, flushed."
+    with os.fdopen(open_nofollow(path), "a", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+
+# %% ../nbs/00b_config.ipynb #8c109efa
+def study_dir(study: str) -> Path:
+    "The folder of a study under `runs_root()`: a name (or a record's) that leads out of it exits 2 (`safe_path`)."
+    if not study or str(study).startswith("."):
+        raise ConfigError(f"study must be a plain folder name, got {short_repr(study)}")
+    return safe_path(runs_root(), study, "study")
+
+# %% ../nbs/00b_config.ipynb #1b24b916
+def _refuse_link(path: Path, root=None) -> None:
+    "Refuse to write at a symbolic link, or (with `root`) anywhere outside `root`."
+    if root is not None:
+        safe_path(root, path, "file")
+    if path.is_symlink():
+        raise UnsafeFile(f"{path} is a symbolic link; refused to write through it (remove the link)")
 
 # %% ../nbs/00b_config.ipynb #55fd9e1a
 def _read_int(path) -> Optional[int]:
@@ -1196,7 +1255,7 @@ class FolderLock:
 
     # -- the two mechanisms: each returns True (held), False (someone else holds it) or None (try again now)
     def _try_flock(self) -> Optional[bool]:
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = open_nofollow(self.path, os.O_RDWR | os.O_CREAT, 0o644)  # a link planted at .lock is refused
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -1220,7 +1279,8 @@ class FolderLock:
 
     def _try_link(self) -> Optional[bool]:
         tmp = self.path.with_name(f"{self.path.name}.{socket.gethostname()}.{os.getpid()}")
-        tmp.write_text(json.dumps(self._record()))
+        with os.fdopen(open_nofollow(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), "w") as f:
+            f.write(json.dumps(self._record()))
         try:
             os.link(tmp, self.path)
             return True  # atomic, also on NFS

@@ -38,12 +38,16 @@ from depthbench_nb.config import (
     EVAL_SETS,
     FolderBusy,
     FolderLock,
+    ResourceError,
     _choice_error,
     atomic_write_bytes,
     atomic_write_json,
     cache_dir,
     describe_holder,
     lock_holder,
+    open_nofollow,
+    refuse_links,
+    safe_path,
 )
 from .console import emit
 
@@ -51,14 +55,15 @@ from .console import emit
 __all__ = ['PACKAGE_FILES', 'VAL_FRACTION', 'HUB_SOURCES', 'HUB_ALIASES', 'DEFAULT_VAL_TOKENS', 'TEXT_SUFFIXES', 'NAMED_SOURCES',
            'SHARD_SPLITS', 'NEOX_HUB_ID', 'NEOX_VOCAB', 'NEOX_EOS', 'NEOX_PAD', 'NEOX_KNOWN', 'BPE_SPECIALS',
            'BPE_TRAIN_CHARS', 'EOS_CANDIDATES', 'FORMAT_VERSION', 'SHARD_TOKENS', 'BATCH_DOCS', 'BATCH_CHARS',
-           'SHARDS_DIR', 'SHARD_RECORD', 'TOKENS_PER_BYTE_GUESS', 'TOKENS_PER_BYTE_TEXT', 'VERIFY_BYTES', 'EVAL_TASKS',
+           'SHARDS_DIR', 'SHARD_RECORD', 'DATA_FILES', 'TOKENS_PER_BYTE_GUESS', 'TOKENS_PER_BYTE_TEXT', 'EVAL_TASKS',
            'DOMAIN_CATEGORIES', 'PackageFile', 'sha256_file', 'file_lock', 'package_file', 'hub_offline', 'is_heldout',
            'SourceShard', 'Source', 'resolve_source', 'LoadedTokenizer', 'parse_tokenizer', 'check_neox', 'train_bpe',
            'source_key', 'load_tokenizer', 'token_dtype', 'encode_documents', 'default_data_dir', 'data_dir',
            'read_manifest', 'prepare_command', 'plan_shards', 'read_shard_record', 'shards_to_read', 'packed_selection',
            'Prepared', 'prepare_folder', 'prepare', 'folder_status', 'TokenData', 'resolve_data', 'HeldOutSet',
-           'held_out_set', 'data_inspect_command', 'EvalSet', 'gpqa_shuffle_seed', 'EvalTask', 'available_offline',
-           'load_eval_set', 'eval_sets', 'encode_pairs', 'domain_eval_sets', 'downstream_eval_sets']
+           'held_out_set', 'verify_folder', 'data_inspect_command', 'data_verify_command', 'EvalSet',
+           'gpqa_shuffle_seed', 'EvalTask', 'available_offline', 'load_eval_set', 'eval_sets', 'encode_pairs',
+           'domain_eval_sets', 'downstream_eval_sets']
 
 # %% ../nbs/00c_data.ipynb #478e4f17
 @dataclass(frozen=True)
@@ -619,6 +624,11 @@ def token_dtype(vocab_size: int, dtype: Optional[str] = None) -> np.dtype:
     return dt
 
 
+def _create(path):
+    "A new (truncated) binary file for writing; a symbolic link at its name is refused, never followed."
+    return os.fdopen(open_nofollow(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666), "wb")
+
+
 class _SplitWriter:
     "Append documents' token ids to contiguous token files of one split, hashing as it writes."
 
@@ -630,13 +640,13 @@ class _SplitWriter:
         self._f = None
         self._h = None
         self._in_shard = 0
-        self._docs_f = open(folder / f"{split}.docs.bin", "wb")
+        self._docs_f = _create(folder / f"{split}.docs.bin")
         self._docs_h = hashlib.sha256()
 
     def _roll(self):
         self._close_shard()
         name = f"{self.split}_{len(self.shards):05d}.bin"
-        self._f, self._h, self._in_shard = open(self.folder / name, "wb"), hashlib.sha256(), 0
+        self._f, self._h, self._in_shard = _create(self.folder / name), hashlib.sha256(), 0
         self.shards.append(dict(file=name, tokens=0, sha256=None))
 
     def _close_shard(self):
@@ -795,6 +805,19 @@ def prepare_command(cfg: DataConfig, out=None) -> str:
 # %% ../nbs/00c_data.ipynb #dc7f5721
 SHARDS_DIR = "shards"  # DIR/shards/<index>/: one source shard's token files, document offsets and record
 SHARD_RECORD = "shard.json"  # written last, atomically: the source shard is done
+# the names `prepare` writes at the top of a folder: none may be a symbolic link out of it
+DATA_FILES = (
+    LOCK_FILE,
+    "manifest.json",
+    "tokenizer.json",
+    SHARDS_DIR,
+    *(
+        f"{pre}{sp}.{kind}.bin{post}"
+        for sp in ("train", "val")
+        for kind in ("docs", "cut")
+        for pre, post in (("", ""), (".", ".tmp"))
+    ),
+)
 # tokens per byte of a file not read yet, by suffix, only to decide how many files to start ahead of a token cap (files
 # already read replace it with their own ratio): FineWeb-Edu's parquet files hold about 0.35 (sample-10BT: 10B GPT-2
 # tokens in 28.5 GB of 14 files), gzip'd JSON lines about twice plain text, plain English text about 1 per 4 bytes
@@ -838,8 +861,24 @@ def plan_shards(man: dict) -> list[SourceShard]:
     return [SourceShard(**{k: s[k] for k in names if k in s}) for s in man.get("source_shards") or []]
 
 
-def read_shard_record(out, shard: SourceShard, itemsize: int) -> Optional[dict]:
-    "The record of a tokenized source shard whose files are all there with their sizes, else None."
+def read_shard_record(out, shard: SourceShard, itemsize: int, verify: bool = False) -> Optional[dict]:
+    """The record of a tokenized source shard whose files are all there with their sizes (`verify`: and match the
+    checksums the record holds), else None."""
+    rec = _read_shard_record(out, shard, itemsize)
+    return rec if rec is not None and not (verify and _shard_damage(out, rec)) else None
+
+
+def _shard_files_of(rec: dict) -> list[dict]:
+    "Every file of a source shard's record (token files and document indexes of both splits): {file, sha256}."
+    return [f for sp in ("train", "val") for f in rec[sp]["shards"] + [rec[sp]["doc_index"]]]
+
+
+def _shard_damage(out, rec: dict) -> list[str]:
+    "The files of a source shard's record whose sha256 differs from the one it holds (empty: all good)."
+    return [f["file"] for f in _shard_files_of(rec) if sha256_file(Path(out) / f["file"]) != f["sha256"]]
+
+
+def _read_shard_record(out, shard: SourceShard, itemsize: int) -> Optional[dict]:
     rec = _read_json(_shard_dir(out, shard.index) / SHARD_RECORD)
     if rec is None or rec.get("index") != shard.index or rec.get("name") != shard.name:
         return None
@@ -956,13 +995,14 @@ def _prepare_shard(
     A shard folder without a complete record (a killed writer's) is emptied first."""
     out, shard = Path(job["out"]), SourceShard(**job["shard"])
     folder, dtype = _shard_dir(out, shard.index), np.dtype(job["dtype"])
+    refuse_links(out, [f"{SHARDS_DIR}/{folder.name}/{n}" for n in (LOCK_FILE, SHARD_RECORD)], "data file")
     lock = _ShardLock(folder, wait=wait, say=lambda m: None)
     try:
         lock.acquire()
     except FolderBusy:
         return "busy", None
     try:
-        rec = read_shard_record(out, shard, dtype.itemsize)
+        rec = read_shard_record(out, shard, dtype.itemsize, verify=True)  # a damaged one is tokenized again
         if rec is not None:
             return "done", rec
         for p in _shard_files(folder):
@@ -1086,10 +1126,7 @@ class _ShardPool:
         while True:
             dead = [p for p in self.procs if p.exitcode not in (None, 0)]
             if dead:
-                raise RuntimeError(
-                    f"a tokenizing worker died (pid {dead[0].pid}, exit code {dead[0].exitcode}); run the "
-                    f"same command again: it keeps every source shard already done"
-                )
+                raise _worker_died(dead[0].pid, dead[0].exitcode)
             try:
                 msg = self.results.get(timeout=max(0.01, deadline - time.monotonic()))
             except queue.Empty:
@@ -1106,6 +1143,15 @@ class _ShardPool:
                 self.tasks.put(None)
         for p in self.procs:
             p.join(timeout=30)
+
+# %% ../nbs/00c_data.ipynb #16ed2636
+def _worker_died(pid: int, code: int) -> ResourceError:
+    "The one-line error of a worker process that ended without reporting (killed: the out-of-memory killer, kill -9)."
+    how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+    return ResourceError(
+        f"a tokenizing worker died (pid {pid}, {how}; the out-of-memory killer or a kill ends one so); run the same "
+        f"command again: it keeps every source shard already done and redoes the one the worker left partial"
+    )
 
 # %% ../nbs/00c_data.ipynb #c6135e6e
 def _tokens_per_byte(shards: list[SourceShard], records: dict) -> Optional[float]:
@@ -1177,12 +1223,29 @@ def _worker_error(msg: tuple, shards: list[SourceShard]) -> Exception:
     return err
 
 
-def _add_finished_records(out: Path, shards: list, records: dict, mine: set, itemsize: int) -> None:
+def _kept_records(out: Path, shards: list, itemsize: int, verify: bool = True) -> tuple[dict, list[str]]:
+    """The records of the source shards tokenized before whose files match their checksums (checked as they are
+    kept; `verify=False`: by size only, for a preparer that leaves the packing to another, which checks them), and
+    what is wrong with the others that have a record (they are tokenized again)."""
+    records, damaged = {}, []
+    for s in shards:
+        rec = _read_shard_record(out, s, itemsize)
+        bad = _shard_damage(out, rec) if rec is not None and verify else []
+        if bad:
+            damaged.append(f"source shard {s.index} ({s.name}): {', '.join(bad)}")
+        elif rec is not None:
+            records[s.index] = rec
+    return records, damaged
+
+
+def _add_finished_records(
+    out: Path, shards: list, records: dict, mine: set, itemsize: int, verify: bool = True
+) -> None:
     "Add to `records` the shards finished since they were last read (by other preparers: `mine` are this run's own)."
     for s in shards:
         if s.index in records or s.index in mine:
             continue
-        rec = read_shard_record(out, s, itemsize)
+        rec = read_shard_record(out, s, itemsize, verify=verify)
         if rec is not None:
             records[s.index] = rec
 
@@ -1195,9 +1258,12 @@ def _tokenize_shards(out: Path, plan: dict, workers: int, progress: bool, say: C
 
     shards, caps = plan_shards(plan), plan["caps"]
     itemsize = np.dtype(plan["dtype"]).itemsize
-    records = {s.index: r for s in shards if (r := read_shard_record(out, s, itemsize)) is not None}
+    records, damaged = _kept_records(out, shards, itemsize, verify=pack)  # the packer checks what it packs
+    if damaged:
+        say(f"redone: {'; '.join(damaged)} differ from the checksums in their records (changed since tokenized)")
     kept = len(records)
     partial = sum(1 for s in shards if s.index not in records and _shard_files(_shard_dir(out, s.index)))
+    partial -= len(damaged)
     if kept or partial:
         say(
             f"kept {kept} of {len(shards)} source shards already tokenized"
@@ -1227,7 +1293,7 @@ def _tokenize_shards(out: Path, plan: dict, workers: int, progress: bool, say: C
         while True:
             if time.monotonic() - looked > 2:  # what other preparers of the folder finished or gave up meanwhile
                 looked = time.monotonic()
-                _add_finished_records(out, shards, records, mine, itemsize)
+                _add_finished_records(out, shards, records, mine, itemsize, verify=pack)
                 busy = {k for k in busy if k not in records and lock_holder(_shard_dir(out, k)) is not None}
                 if not pack and read_manifest(out) is not None:
                     break
@@ -1270,7 +1336,7 @@ def _cut_copy(out: Path, split: str, token_file: dict, n: int, dtype: np.dtype, 
     name, h = f"{split}.cut.bin", hashlib.sha256()
     src = np.memmap(out / token_file["file"], dtype=dtype, mode="r")
     tmp = out / f".{name}.tmp"
-    with open(tmp, "wb") as f:
+    with _create(tmp) as f:
         for i in range(0, n, chunk):
             b = np.asarray(src[i : min(n, i + chunk)]).tobytes()
             f.write(b)
@@ -1285,7 +1351,7 @@ def _pack_split(out: Path, split: str, parts: list, records: dict, dtype: np.dty
     "One split's stream: the source shards' token files in order (cut at the cap) and the global document index."
     files, n_docs, offset, h = [], 0, 0, hashlib.sha256()
     index, tmp = out / f"{split}.docs.bin", out / f".{split}.docs.bin.tmp"
-    with open(tmp, "wb") as f:
+    with _create(tmp) as f:
         for k, take in parts:
             part = records[k][split]
             starts = np.fromfile(out / part["doc_index"]["file"], dtype="<i8")
@@ -1492,6 +1558,7 @@ def prepare_folder(
     if source.kind == "hub":
         _require_hub(f"source {source.location}", "--source sample or a local .txt/.jsonl/.parquet path")
     out, inputs = data_dir(cfg), _inputs(cfg, source)
+    refuse_links(out, DATA_FILES, "data file")  # a link planted in the folder: refused before anything is written
     found = _existing(out, inputs)
     if found is not None and found.get("complete") is True:
         return _finished(out, found)
@@ -1516,7 +1583,8 @@ def prepare_folder(
     except BaseException as e:
         # bad input leaves no folder behind (a local source must be changed to go on, which makes other inputs); an
         # interruption keeps what a rerun resumes
-        if made and (isinstance(e, ConfigError) or not (out / "manifest.json").exists()):
+        bad_input = isinstance(e, ConfigError) and not isinstance(e, ResourceError)  # a killed worker is not
+        if made and (bad_input or not (out / "manifest.json").exists()):
             shutil.rmtree(out, ignore_errors=True)
         raise
     finally:
@@ -1590,11 +1658,11 @@ def folder_status(path) -> dict:
     )
 
 # %% ../nbs/00c_data.ipynb #4403f814
-VERIFY_BYTES = 1 << 30
-
-
 class TokenData:
-    "A prepared folder: manifest, tokenizer and memory-mapped train/val token streams."
+    """A prepared folder: manifest, tokenizer and memory-mapped train/val token streams. Checked against the manifest's
+    checksums: each token file on its first use, each document index and the tokenizer as they are read (`verify=None`,
+    the default: no second full read at start, at any size); `verify=True` checks every file at once, `verify=False`
+    nothing (`data inspect`, which reports instead)."""
 
     def __init__(self, path, verify: Optional[bool] = None):
         self.path = Path(path)
@@ -1617,7 +1685,7 @@ class TokenData:
         self.vocab_size, self.eos_id, self.tokenizer_id = int(tk["vocab_size"]), int(tk["eos_id"]), tk["id"]
         files = [(s, sh) for s in ("train", "val") for sh in man["splits"][s]["shards"]]
         for _, sh in files:
-            p = self.path / sh["file"]
+            p = safe_path(self.path, sh["file"], "token file")  # a manifest naming a file outside the folder: refused
             want = sh["tokens"] * self.dtype.itemsize
             got = p.stat().st_size if p.exists() else None
             if got != want:
@@ -1625,12 +1693,15 @@ class TokenData:
                     f"shard {sh['file']} is truncated or missing: expected {want} bytes, found {got}; "
                     f"prepare the folder again"
                 )
-        if verify or (verify is None and sum(sh["tokens"] for _, sh in files) * self.dtype.itemsize <= VERIFY_BYTES):
+        self._check = verify is not False
+        self._checked: set = set()  # token files hashed already (each once, on its first use)
+        if verify:
             bad = self.verify()
             if bad:
-                raise ConfigError(
+                raise CorruptFile(
                     f"checksum mismatch (corrupted files) in {self.path}: {', '.join(bad)}; prepare the folder again"
                 )
+            self._checked = {f["file"] for _, f in files}
         self._streams = {
             s: [
                 np.memmap(self.path / sh["file"], dtype=self.dtype, mode="r")
@@ -1646,18 +1717,34 @@ class TokenData:
         self._tok = None
 
     def verify(self) -> list[str]:
-        "Files whose sha256 differs from the manifest (empty list: all good)."
-        bad = []
-        for s in ("train", "val"):
-            sp = self.manifest["splits"][s]
-            for f in sp["shards"] + [sp["doc_index"]]:
-                p = self.path / f["file"]
-                if not p.exists() or sha256_file(p) != f["sha256"]:
-                    bad.append(f["file"])
-        tk = self.path / self.manifest["tokenizer"]["file"]
-        if not tk.exists() or hashlib.sha256(tk.read_bytes()).hexdigest() != self.manifest["tokenizer"]["sha256"]:
-            bad.append(tk.name)
-        return bad
+        """Files whose sha256 differs from the manifest (empty list: all good): the packed streams' files and document
+        indexes, every source shard's token files and document indexes (what a resume packs again), the tokenizer."""
+        return [b["file"] for b in verify_folder(self.path)]
+
+    def _checked_stream(self, split: str, i: int):
+        "Token file `i` of a split, hashed against the manifest on its first use (a damaged one is a CorruptFile)."
+        f = self.manifest["splits"][split]["shards"][i]
+        if self._check and f["file"] not in self._checked:
+            if f["tokens"] and sha256_file(self.path / f["file"]) != f["sha256"]:
+                raise CorruptFile(self._mismatch(f))
+            self._checked.add(f["file"])
+        return self._streams[split][i]
+
+    def _mismatch(self, f: dict) -> str:
+        shard = f.get("source_shard")
+        names = {e["index"]: e["name"] for e in self.manifest.get("source_shards") or []}
+        where = f" (source shard {shard}, {names.get(shard)})" if shard is not None else ""
+        return (
+            f"checksum mismatch (corrupted file) in {self.path}: {f['file']}{where} changed since it was prepared; "
+            f"prepare the folder again (`depthbench-nb data verify {self.path}` lists every damaged file)"
+        )
+
+    def _read_checked(self, f: dict) -> bytes:
+        "A small file of the manifest (a document index, the tokenizer), read once and checked as it is read."
+        data = (self.path / f["file"]).read_bytes()
+        if self._check and hashlib.sha256(data).hexdigest() != f["sha256"]:
+            raise CorruptFile(self._mismatch(f))
+        return data
 
     @property
     def n_train_tokens(self) -> int:
@@ -1672,7 +1759,7 @@ class TokenData:
         if self._tok is None:
             from tokenizers import Tokenizer
 
-            self._tok = Tokenizer.from_file(str(self.path / self.manifest["tokenizer"]["file"]))
+            self._tok = Tokenizer.from_str(self._read_checked(self.manifest["tokenizer"]).decode("utf-8"))
         return self._tok
 
     def decode(self, ids) -> str:
@@ -1680,10 +1767,10 @@ class TokenData:
 
     def tokens(self, split: str, start: int, length: int) -> np.ndarray:
         "`length` tokens of a split's concatenated stream from `start` (int64)."
-        offs, parts, out = self._offsets[split], self._streams[split], []
+        offs, out = self._offsets[split], []
         i = int(np.searchsorted(offs, start, side="right")) - 1
         while length > 0:
-            a = parts[i][start - offs[i] : start - offs[i] + length]
+            a = self._checked_stream(split, i)[start - offs[i] : start - offs[i] + length]
             out.append(np.asarray(a, dtype=np.int64))
             length -= len(a)
             start += len(a)
@@ -1692,7 +1779,7 @@ class TokenData:
 
     def documents(self, split: str) -> np.ndarray:
         "Start offsets of the split's documents."
-        return np.fromfile(self.path / self.manifest["splits"][split]["doc_index"]["file"], dtype="<i8")
+        return np.frombuffer(self._read_checked(self.manifest["splits"][split]["doc_index"]), dtype="<i8").copy()
 
     def _windows(self, split: str, starts: np.ndarray, seq_len: int):
         import torch
@@ -1748,6 +1835,21 @@ class TokenData:
             f"TokenData({self.path.name}: {self.n_train_tokens:,} train / {self.n_val_tokens:,} val tokens, "
             f"vocab {self.vocab_size})"
         )
+
+
+def _manifest_files(man: dict) -> list[dict]:
+    "Every file a complete manifest holds a checksum of, once: {file, sha256, source_shard (None: the packed index)}."
+    seen = {}
+    for s in ("train", "val"):
+        for f in man["splits"][s]["shards"] + [man["splits"][s]["doc_index"]]:
+            seen.setdefault(f["file"], dict(file=f["file"], sha256=f["sha256"], source_shard=f.get("source_shard")))
+    for entry in man.get("source_shards") or []:
+        if entry.get("status") == "packed":
+            for f in _shard_files_of(entry):
+                seen.setdefault(f["file"], dict(file=f["file"], sha256=f["sha256"], source_shard=entry["index"]))
+    tk = man["tokenizer"]
+    seen.setdefault(tk["file"], dict(file=tk["file"], sha256=tk["sha256"], source_shard=None))
+    return list(seen.values())
 
 
 def resolve_data(cfg: DataConfig, auto_prepare: bool = False, progress: bool = True) -> Path:
@@ -1860,6 +1962,32 @@ def held_out_set(
         raise ConfigError(f"empty held-out set ({kind}) in {data.path}")
     return HeldOutSet(data, kind, starts.astype(np.int64), lengths.astype(np.int64), seq_len, batch_size)
 
+# %% ../nbs/00c_data.ipynb #9eb2d112
+def verify_folder(path) -> list[dict]:
+    """Every file of a prepared folder checked against the checksums it was written with: a complete folder's
+    manifest (the packed streams, every source shard's token files and document indexes, the tokenizer), or the
+    records of the source shards a folder being prepared has finished. The damaged ones, each with its source shard
+    (None: the packed document index or the tokenizer) and what is wrong; empty when every file matches."""
+    out = Path(path)
+    man = _read_json(out / "manifest.json")
+    if man is None or man.get("format") != "depthbench-nb tokens":
+        raise ConfigError(f"{out} is not a prepared data folder (no manifest.json of depthbench-nb)")
+    if man.get("complete") is True:
+        files = _manifest_files(man)
+    else:
+        itemsize = np.dtype(man.get("dtype", "uint16")).itemsize
+        recs = [(s.index, r) for s in plan_shards(man) if (r := _read_shard_record(out, s, itemsize)) is not None]
+        files = [dict(f, source_shard=k) for k, r in recs for f in _shard_files_of(r)]
+    names = {e["index"]: e["name"] for e in man.get("source_shards") or []}
+    bad = []
+    for f in files:
+        p = out / f["file"]
+        problem = "missing" if not p.is_file() else "checksum mismatch" if sha256_file(p) != f["sha256"] else None
+        if problem:
+            k = f["source_shard"]
+            bad.append(dict(file=f["file"], source_shard=k, name=names.get(k), problem=problem))
+    return bad
+
 # %% ../nbs/00c_data.ipynb #618f1e7d
 def _print_shards(rows: list[dict], limit: int = 40) -> None:
     "The source shards as a table; past `limit` rows only those not done, and a count of the rest."
@@ -1887,24 +2015,52 @@ def data_inspect_command(
         raise ConfigError(f"{dir} is not a prepared data folder (no manifest.json)")
     st = folder_status(dir)
     if st["state"] == "preparing":  # not usable yet: what is done, what is being written, and by whom
+        bad = [] if no_verify else verify_folder(dir)  # the finished shards against their records
+        st["checksums"] = "not checked" if no_verify else _say_damaged(bad) if bad else "ok"
         if json:
-            return emit(st, True)
+            return emit(dict(st, damaged=bad), True) or (1 if bad else 0)
         emit({k: v for k, v in st.items() if k != "source_shards"}, False, title=f"data {dir}: being prepared")
         _print_shards(st["source_shards"])
-        return 0
+        return 1 if bad else 0
     # a damaged folder is reported (exit 1), not raised: inspect is how users find out what is wrong
     try:
         td = TokenData(dir, verify=False)
     except ConfigError as e:
         emit(dict(path=dir, checksums=f"FAILED: {e}"), json, title=f"prepared data {dir}")
         return 1
-    s = td.summary(verify=not no_verify)
+    s, bad = td.summary(verify=False), [] if no_verify else verify_folder(dir)
+    s["checksums"] = "not checked" if no_verify else _say_damaged(bad) if bad else "ok"
     if json:
-        emit(dict(s, source_shards=st["source_shards"]), True)
+        emit(dict(s, source_shards=st["source_shards"], damaged=bad), True)
     else:
         emit(s, False, title=f"prepared data {dir}")
         _print_shards(st["source_shards"])
-    return 1 if s["checksums"] == "MISMATCH" else 0
+    return 1 if bad else 0
+
+# %% ../nbs/00c_data.ipynb #a3c17b5c
+def _say_damaged(bad: list[dict]) -> str:
+    "The damaged files by source shard, on one line."
+    by = {}
+    for b in bad:
+        where = f"source shard {b['source_shard']} ({b['name']})" if b["source_shard"] is not None else "the folder"
+        by.setdefault(where, []).append(f"{b['file']} ({b['problem']})")
+    return "MISMATCH: " + "; ".join(f"{k}: {', '.join(v)}" for k, v in by.items())
+
+
+def data_verify_command(
+    dir: str,  # prepared (or preparing) folder
+    json: bool = False,
+) -> int:
+    """check every file of a prepared folder against its manifest's sha256 (a folder being prepared: its finished
+    source shards' records); exit 1 naming each damaged source shard"""
+    bad = verify_folder(dir)
+    if json:
+        return emit(dict(path=str(dir), ok=not bad, damaged=bad), True) or (1 if bad else 0)
+    if not bad:
+        print(f"{dir}: every file matches its checksum")
+        return 0
+    print(f"{dir}: {_say_damaged(bad)}; prepare the folder again (the same `data prepare` redoes those shards)")
+    return 1
 
 # %% ../nbs/00c_data.ipynb #2a07f075
 @dataclass(frozen=True)

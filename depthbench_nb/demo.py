@@ -15,11 +15,11 @@ from typing import Annotated, Optional
 import pandas as pd
 
 from . import sweep
-from .config import ConfigError, DataConfig, RunInterrupted, runs_root
+from .config import ConfigError, DataConfig, RunInterrupted, study_dir
 from .data import prepare
 from .diagnostics import applicable_metrics, run_diagnostics
 from .report_cli import run_report_notebooks
-from .report_common import completed, normalize_runs, recipe_runs, run_folder
+from .report_common import completed, normalize_runs, recipe_runs, report_dir, run_folder
 from .runs import read_params, read_result
 from .shapes import PRESETS
 from .console import Arg, call_parsed, emit
@@ -118,7 +118,7 @@ def run_times(study: str, outcome: dict) -> pd.DataFrame:
     for x in lines:
         if x["run_id"] not in ran or x.get("pid") != os.getpid() or "seconds" not in x:
             continue
-        result = read_result(runs_root() / study / x["run_id"]) or {}
+        result = read_result(study_dir(study) / x["run_id"]) or {}
         train_s = result.get("wall_time_s")
         rows.append(
             dict(
@@ -170,10 +170,7 @@ def demo(
         say(f"{name}: {stages[name]['wall_s']:.0f} s wall, {stages[name]['cpu_s']:.0f} s CPU")
         return out
 
-    say(
-        f"runs go to {runs_root() / study} ({workers} training worker(s), "
-        f"{os.environ['OMP_NUM_THREADS']} thread(s) each)"
-    )
+    say(f"runs go to {study_dir(study)} ({workers} training worker(s), {os.environ['OMP_NUM_THREADS']} thread(s) each)")
     p = PRESETS["tiny"]
     stage(
         "1/4 offline corpus",
@@ -200,7 +197,7 @@ def demo(
         stage(f"4/4 {which} report", lambda: run_report_notebooks(study, (which,), parameters=fits, progress=progress))
     counts = df["status"].value_counts().to_dict()
     out = dict(
-        report_dir=str(runs_root() / study / "report"),
+        report_dir=str(report_dir(study)),
         runs=counts,
         sweep=res["counts"],
         stages=stages,

@@ -23,6 +23,7 @@ from depthbench_nb.config import (
     ModelConfig,
     atomic_write_json,
     atomic_write_text,
+    refuse_links,
     package_dir,
 )
 from .costs import cost_row, measure_latency, measured_costs
@@ -1307,6 +1308,7 @@ def write_diagnostics(res: dict, out_dir, figures: bool = True) -> list[Path]:
     "diagnostics.json, per_layer.csv and PNG figures into out_dir; returns the written paths."
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    refuse_links(out_dir, [p.name for p in out_dir.iterdir()], "diagnostics file")  # figures' savefig follows links
     written = [atomic_write_json(out_dir / "diagnostics.json", res)]
     written.append(atomic_write_text(out_dir / "per_layer.csv", _per_layer_csv(per_layer_rows(res)) + "\n"))
     written.append(atomic_write_json(out_dir / "summary.json", summary(res)))

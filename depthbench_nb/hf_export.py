@@ -22,9 +22,11 @@ from depthbench_nb.config import (
     ConfigError,
     ModelConfig,
     RunConfig,
+    UnsafeFile,
     atomic_write_json,
     atomic_write_text,
     package_dir,
+    safe_path,
     resolve_arch,
     uses_shared_recipe,
 )
@@ -415,6 +417,10 @@ def export_hf(
     step = list_checkpoints(run_dir)[-1][0]
     record = public_record(run, read_result(run_dir), step)
     tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
+    for p in (out, tmp):  # the export and its temporary folder: a symbolic link there is refused, not followed
+        safe_path(out.parent, p.name, "export folder")
+        if p.is_symlink():
+            raise UnsafeFile(f"{p} is a symbolic link; refused to export through it (remove the link)")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     try:

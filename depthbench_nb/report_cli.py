@@ -9,9 +9,9 @@ import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
-from .config import EXIT_NOT_DONE, ConfigError, runs_root
+from .config import EXIT_NOT_DONE, ConfigError, runs_root, safe_path, study_dir
 from .console import Arg, call_parsed, emit, template_path
-from .report_common import completed, study_table, swept_names
+from .report_common import completed, report_dir, study_table, swept_names
 from .report_looped import related_studies
 
 # %% auto #0
@@ -29,14 +29,14 @@ def run_report_notebooks(
     paths."""
     import papermill as pm
 
-    out_dir = runs_root() / study / "report"
+    out_dir = report_dir(study)
     out_dir.mkdir(parents=True, exist_ok=True)
     done = []
     for w in which:
         if w not in REPORT_NOTEBOOKS:
             raise ConfigError(f"unknown report {w!r}; valid: {', '.join(REPORT_NOTEBOOKS)}")
         src = template_path(REPORT_NOTEBOOKS[w])
-        out = out_dir / src.name
+        out = safe_path(out_dir, src.name, "report notebook")  # papermill writes through a link
         params = dict(
             study=study, **{k: v for k, v in (parameters or {}).items() if w == "looped" or k not in LOOPED_PARAMETERS}
         )
@@ -61,7 +61,7 @@ def report_command(
     json: bool = False,
 ) -> int:
     "Rebuild a study's tables and figures (papermill_runs/STUDY/report/)."
-    if not (runs_root() / study).is_dir():
+    if not (study_dir(study)).is_dir():
         raise ConfigError(f"no study {study!r} under {runs_root()}: run `depthbench-nb sweep run {study}` first")
     for name, value in (("restarts", restarts), ("boot-restarts", boot_restarts)):
         if value < 1:
@@ -78,7 +78,7 @@ def report_command(
         restarts=restarts, n_bootstrap=bootstrap, bootstrap_restarts=boot_restarts, seed=seed, workers=workers
     )
     nbs = run_report_notebooks(study, which, effort | ({"by": list(by)} if by else {}), progress=not json)
-    out = runs_root() / study / "report"
+    out = report_dir(study)
     rows = [
         dict(file=str(f.relative_to(out)), bytes=f.stat().st_size)
         for f in sorted(out.iterdir())

@@ -25,7 +25,8 @@ from depthbench_nb.config import (
     TrainConfig,
     atomic_write_text,
     package_dir,
-    runs_root,
+    safe_path,
+    study_dir,
     uses_shared_recipe,
 )
 from .runs import list_runs, read_params, read_result
@@ -34,11 +35,12 @@ from .shapes import count_params
 # %% auto #0
 __all__ = ['REFERENCE_FILES', 'ACCOUNTING_LABEL', 'PAPER_LABEL', 'PAPER_PRESETS', 'PAPER_STATUSES', 'RUN_COLUMNS', 'REPLICATES',
            'NOT_SWEPT', 'RECORD_NOTES', 'reference_table', 'Scale', 'study_scale', 'markdown_table', 'Report',
-           'PaperItem', 'paper_item_index', 'Claim', 'verdict_word', 'claims_table', 'normalize_runs', 'scan_study',
-           'study_table', 'completed', 'run_folder', 'load_diagnostics', 'swept_names', 'with_swept', 'replicate_means',
-           'replicate_group', 'best_lr_rows', 'recipe_runs', 'status_section', 'PaperPlan', 'as_number', 'is_present',
-           'record_field', 'planned_steps', 'planned_tokens', 'run_comparability', 'scale_label', 'RunScale',
-           'themed_pyplot', 'lr_sensitivity_figure', 'show_report', 'show_artifact', 'show_missing']
+           'PaperItem', 'paper_item_index', 'Claim', 'verdict_word', 'claims_table', 'report_dir', 'normalize_runs',
+           'scan_study', 'study_table', 'completed', 'run_folder', 'load_diagnostics', 'swept_names', 'with_swept',
+           'replicate_means', 'replicate_group', 'best_lr_rows', 'recipe_runs', 'status_section', 'PaperPlan',
+           'as_number', 'is_present', 'record_field', 'planned_steps', 'planned_tokens', 'run_comparability',
+           'scale_label', 'RunScale', 'themed_pyplot', 'lr_sensitivity_figure', 'show_report', 'show_artifact',
+           'show_missing']
 
 # %% ../nbs/06a_reports.ipynb #68cac690
 REFERENCE_FILES = {"depthbench": "depthbench_paper.csv", "looped": "looped_paper.csv"}
@@ -136,9 +138,11 @@ class Report:
     def table(self, df: pd.DataFrame, name: str, caption: str, label: Optional[str] = None) -> pd.DataFrame:
         "Write a table as CSV + Markdown; `label` replaces the study's scale label (accounting, paper numbers)."
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(self.out_dir / f"{name}.csv", df.to_csv(index=False))
+        atomic_write_text(self.out_dir / f"{name}.csv", df.to_csv(index=False), root=self.out_dir)
         atomic_write_text(
-            self.out_dir / f"{name}.md", f"**{caption}**\n\n_{label or self.scale.label}_\n\n{markdown_table(df)}\n"
+            self.out_dir / f"{name}.md",
+            f"**{caption}**\n\n_{label or self.scale.label}_\n\n{markdown_table(df)}\n",
+            root=self.out_dir,
         )
         self.artifacts.append((f"{name}.csv", caption))
         return df
@@ -157,7 +161,7 @@ class Report:
             warnings.simplefilter("ignore")
             fig.tight_layout(rect=(0, 0, 1, top))
         for ext in ("png", "svg"):
-            tmp = self.out_dir / f".{name}.tmp.{ext}"
+            tmp = safe_path(self.out_dir, f".{name}.tmp.{ext}", "report file")  # savefig follows links
             fig.savefig(tmp, dpi=110, bbox_inches="tight", format=ext)
             os.replace(tmp, self.out_dir / f"{name}.{ext}")
         plt.close(fig)
@@ -213,7 +217,7 @@ class Report:
             lines += ["", "## Missing", ""] + [f"- {w}: {why}" for w, why in self.missing]
             if absent:
                 lines += [f"- not built: {', '.join(f'`{a}`' for a in absent)} (see the reasons above)"]
-        return atomic_write_text(self.out_dir / f"{self.name}_index.md", "\n".join(lines) + "\n")
+        return atomic_write_text(self.out_dir / f"{self.name}_index.md", "\n".join(lines) + "\n", root=self.out_dir)
 
 
 @dataclass(frozen=True)
@@ -313,6 +317,11 @@ def claims_table(rep: Report, claims) -> pd.DataFrame:
     )
     return t
 
+# %% ../nbs/06a_reports.ipynb #d8a7ade4
+def report_dir(study: str) -> Path:
+    "A study's report folder, `<study>/report/` (a study name, or a symbolic link, that leads out of it exits 2)."
+    return safe_path(study_dir(study), "report", "report folder")
+
 # %% ../nbs/06a_reports.ipynb #148a6fdc
 RUN_COLUMNS = (
     "study",
@@ -391,7 +400,7 @@ def study_table(study: str) -> pd.DataFrame:
     edited since) are left out and said. A study of runs trained by hand (no plan) is every run folder."""
     from depthbench_nb import sweep
 
-    if not (runs_root() / study).is_dir():
+    if not (study_dir(study)).is_dir():
         return normalize_runs(pd.DataFrame())
     df = None
     if study in sweep.study_names():
@@ -423,7 +432,7 @@ def completed(df: pd.DataFrame) -> pd.DataFrame:
 
 def run_folder(row) -> Path:
     "The run folder of a row of a runs table."
-    return runs_root() / str(row["study"]) / str(row["run_id"])
+    return study_dir(str(row["study"])) / str(row["run_id"])
 
 
 def load_diagnostics(row) -> Optional[dict]:
@@ -520,7 +529,7 @@ def _with_record_notes(df: pd.DataFrame) -> pd.DataFrame:
     lacking = [k for k in RECORD_NOTES if k not in df.columns]
     if not len(df) or not lacking or not {"study", "run_id"} <= set(df.columns):
         return df
-    notes = [_record_notes(runs_root() / str(s) / str(r)) for s, r in zip(df["study"], df["run_id"])]
+    notes = [_record_notes(study_dir(str(s)) / str(r)) for s, r in zip(df["study"], df["run_id"])]
     return df.assign(**{k: [n.get(k) for n in notes] for k in lacking})
 
 
@@ -609,7 +618,7 @@ def status_section(rep: Report, df: pd.DataFrame, family_mask) -> pd.DataFrame:
     if not len(sub):
         rep.note_missing(
             "every section",
-            f"no run records of this family under {runs_root() / rep.study}: "
+            f"no run records of this family under {study_dir(rep.study)}: "
             f"run `depthbench-nb sweep run {rep.study}` (or train runs with study={rep.study!r})",
         )
         return sub

@@ -18,11 +18,12 @@ from depthbench_nb.config import (
     ConfigError,
     paper_designs,
     recipe_designs,
-    runs_root,
+    study_dir,
 )
 from .costs import cost_row, measured_costs
 from .shapes import GRIDS, OFFICIAL_STEPS, PRESETS, count_params, grid_shapes, shape_for
 from depthbench_nb.report_common import (
+    report_dir,
     ACCOUNTING_LABEL,
     Claim,
     PAPER_LABEL,
@@ -1513,7 +1514,7 @@ def depthbench_related_studies(study: str) -> list[str]:
     need several suites (Figure 2's fixed-backbone panel, Figure 3's scales) are then built from all of them."""
     if study not in DEPTHBENCH_STUDIES:
         return []
-    return [s for s in DEPTHBENCH_STUDIES if s != study and (runs_root() / s).is_dir()]
+    return [s for s in DEPTHBENCH_STUDIES if s != study and study_dir(s).is_dir()]
 
 
 def build_depthbench_report(
@@ -1544,7 +1545,7 @@ def build_depthbench_report(
         study,
         "depthbench",
         scale,
-        Path(out_dir) if out_dir else runs_root() / study / "report",
+        Path(out_dir) if out_dir else report_dir(study),
         expected=DEPTHBENCH_ARTIFACTS,
         by=tuple(by),
     )

@@ -17,10 +17,11 @@ import pandas as pd
 
 from depthbench_nb.config import (
     ConfigError,
-    runs_root,
+    study_dir,
 )
 from .runs import read_params
 from depthbench_nb.report_common import (
+    report_dir,
     ACCOUNTING_LABEL,
     Claim,
     PAPER_LABEL,
@@ -1636,7 +1637,7 @@ def related_studies(study: str) -> list[str]:
         out.append(sweep.load_study(study).reuses)
     out += [n for n in names if n != study and sweep.load_study(n).reuses == study]
     out += list(COMPANION_STUDIES.get(study, ()))
-    return [s for s in dict.fromkeys(out) if (runs_root() / s).is_dir()]
+    return [s for s in dict.fromkeys(out) if study_dir(s).is_dir()]
 
 
 LOOPED_INDEX_CAPTION = (
@@ -1765,7 +1766,7 @@ def build_looped_report(
     cells as an ablation's swept names do."""
     effort = FitEffort(restarts, n_bootstrap, bootstrap_restarts, seed, workers)
     df = normalize_runs(study_table(study) if df is None else df)
-    out = Path(out_dir) if out_dir else runs_root() / study / "report"
+    out = Path(out_dir) if out_dir else report_dir(study)
     paper = reference_table("looped")
     from_runs = lf is None
     if from_runs:

@@ -28,12 +28,14 @@ if TYPE_CHECKING:  # annotations only: importing runs does not load torch
 from depthbench_nb.config import (
     ConfigError,
     CorruptFile,
+    LOCK_FILE,
     FolderLock,
     ResourceError,
     RunBusy,
     RunConfig,
     RunInterrupted,
     UnsafeFile,
+    append_text,
     atomic_write_json,
     atomic_write_text,
     config_diff,
@@ -41,10 +43,13 @@ from depthbench_nb.config import (
     identity_content,
     lock_holder,
     operational_changes,
+    refuse_links,
     repo_root,
     runs_root,
     runs_root_reason,
+    safe_path,
     short_repr,
+    study_dir,
 )
 
 # %% auto #0
@@ -74,7 +79,7 @@ RECORD_FILES = dict(
 
 def run_dir(run: RunConfig) -> Path:
     "The run's folder: runs_root()/study/run_id (independent of the working directory)."
-    return runs_root() / run.study / run.run_id
+    return study_dir(run.study) / run.run_id
 
 
 def where_runs_go() -> str:
@@ -412,6 +417,7 @@ def writing_run_folder(folder, wait: bool | float = False, say: Callable[[str], 
     under the lock, so an error leaves no empty run folder behind. An existing folder is locked first and cleared of
     temporary checkpoint folders a killed or failed write left (they may be what fills the disk), then checked."""
     folder = Path(folder)
+    refuse_links(folder, [LOCK_FILE, *RECORD_FILES.values()], "run file")  # before anything is written
     made = [p for p in (folder.parent, folder) if not p.exists()]
     if made:
         ensure_writable(folder)
@@ -577,11 +583,16 @@ def format_diff(diff: list) -> str:
 
 
 def read_params(folder: Path) -> RunConfig:
-    "The RunConfig stored in a run folder's params.json."
-    d = read_json(Path(folder) / RECORD_FILES["params"])
-    if not isinstance(d, dict):
-        raise CorruptFile(f"{Path(folder) / RECORD_FILES['params']} does not hold a run's parameters")
-    return RunConfig.from_dict({k: v for k, v in d.items() if k in RunConfig.__dataclass_fields__})
+    """The RunConfig stored in a run folder's params.json; one that does not validate (a value of the wrong type, a
+    missing section) is `CorruptFile` naming the file."""
+    path = Path(folder) / RECORD_FILES["params"]
+    d = read_json(path)
+    if not isinstance(d, dict) or not isinstance(d.get("run_id", ""), str):
+        raise CorruptFile(f"{path} does not hold a run's parameters")
+    try:
+        return RunConfig.from_dict({k: v for k, v in d.items() if k in RunConfig.__dataclass_fields__})
+    except (ConfigError, TypeError, ValueError, KeyError, AttributeError) as e:
+        raise CorruptFile(f"{path} does not hold a run's parameters: {short_repr(str(e), 300)}") from None
 
 
 def write_params(folder: Path, run: RunConfig, say: Callable[[str], None] = print, **notes) -> Path:
@@ -644,6 +655,13 @@ def read_result(folder: Path) -> Optional[dict]:
     res = read_json(path)
     if not isinstance(res, dict) or res.get("status") not in RESULT_STATUSES:
         raise CorruptFile(f"{path} is not a run result (no status among {', '.join(RESULT_STATUSES)})")
+    wrong = [
+        f"{k}: {short_repr(res.get(k), 40)} (expected {what})"
+        for k, (ok, what) in _RESULT_TYPES.items()
+        if not ok(res, k)
+    ]
+    if wrong:
+        raise CorruptFile(f"{path} is not a run result of depthbench-nb: {'; '.join(wrong)}")
     return res
 
 
@@ -670,6 +688,41 @@ def write_result(folder: Path, result: dict) -> Path:
         raise ConfigError(f"result is missing keys {missing}")
     return atomic_write_json(Path(folder) / RECORD_FILES["result"], result)
 
+# %% ../nbs/02a_runs.ipynb #b66eab8a
+def _typed(*types, required: bool = False):
+    "A rule of result.json's schema: the key holds one of `types` (bool is not a number), or is absent / null."
+
+    def ok(res: dict, key: str) -> bool:
+        v = res.get(key)
+        if v is None:
+            return not required
+        return isinstance(v, types) and not (isinstance(v, bool) and bool not in types)
+
+    return ok, " or ".join(t.__name__ for t in types) + ("" if required else " or null")
+
+
+_NUM = (int, float)
+# the types of result.json's keys (RESULT_KEYS): a wrong type makes the file `corrupt`, not a value in a table
+_RESULT_TYPES = dict(
+    run_id=_typed(str, required=True),
+    study=_typed(str),
+    arch=_typed(str),
+    preset=_typed(str),
+    n_layer=_typed(int),
+    d_model=_typed(int),
+    seed=_typed(int),
+    steps=_typed(int),
+    tokens=_typed(int),
+    lr=_typed(*_NUM),
+    final_val_loss=_typed(*_NUM),
+    best_val_loss=_typed(*_NUM),
+    wall_time_s=_typed(*_NUM),
+    train_flops=_typed(*_NUM),
+    params_total=_typed(int),
+    params_backbone=_typed(int),
+    provenance=_typed(dict),
+)
+
 # %% ../nbs/02a_runs.ipynb #3efcadc3
 def metrics_header(run: RunConfig, **extra) -> dict:
     "The header line of metrics.jsonl: what produced the rows below it (provenance and the full config)."
@@ -693,10 +746,7 @@ class MetricsLog:
     def append(self, row: dict) -> None:
         if not self.enabled:
             return
-        line = json.dumps(row, default=float, allow_nan=True) + "\n"
-        with open(self.path, "a") as f:
-            f.write(line)
-            f.flush()
+        append_text(self.path, json.dumps(row, default=float, allow_nan=True) + "\n")
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -732,7 +782,8 @@ _STEP_DIR = re.compile(r"step_(\d+)$")
 
 
 def checkpoints_dir(folder: Path) -> Path:
-    "The checkpoints folder of a run folder."
+    "The checkpoints folder of a run folder (one that is a symbolic link out of the run folder is refused)."
+    safe_path(folder, RECORD_FILES["checkpoints"], "checkpoints folder")
     return Path(folder) / RECORD_FILES["checkpoints"]
 
 

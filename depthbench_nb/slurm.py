@@ -21,7 +21,14 @@ from typing import Annotated, Literal, Optional
 
 from .config import Config, ConfigError, DataConfig, RunConfig, _choice_error, atomic_write_text
 from .console import Arg, call_parsed, emit
-from .data import NAMED_SOURCES, TokenData, data_dir, data_inspect_command, prepare_folder
+from depthbench_nb.data import (
+    NAMED_SOURCES,
+    TokenData,
+    data_dir,
+    data_inspect_command,
+    data_verify_command,
+    prepare_folder,
+)
 
 # %% auto #0
 __all__ = ['SLURM_TOOLS', 'SINFO_FORMAT', 'DEFAULT_CPUS_PER_TASK', 'DEFAULT_TIME', 'SQUEUE_FORMAT', 'QUEUED_STATES',
@@ -856,12 +863,12 @@ def data_prepare_command(
 
 
 def cli_data(argv=None) -> int:
-    "depthbench-nb data: prepare or inspect tokenized data."
+    "depthbench-nb data: prepare, inspect or verify tokenized data."
     return call_parsed(
-        dict(prepare=data_prepare_command, inspect=data_inspect_command),
+        dict(prepare=data_prepare_command, inspect=data_inspect_command, verify=data_verify_command),
         argv,
         prog="depthbench-nb data",
-        description="Prepare or inspect tokenized data (DepthBench data: keyu-wang-2002/DepthBench, "
+        description="Prepare, inspect or verify tokenized data (DepthBench data: keyu-wang-2002/DepthBench, "
         "data_utils/tokenize_from_pretrain_datasets.py).",
     )
 

@@ -43,8 +43,12 @@ from depthbench_nb.config import (
     atomic_write_text,
     lock_holder,
     package_dir,
+    open_nofollow,
+    refuse_links,
     runs_root,
+    safe_path,
     short_repr,
+    study_dir,
     uses_shared_recipe,
 )
 from depthbench_nb.runs import (
@@ -170,7 +174,7 @@ class StudySpec(Config):
     reuses: Optional[str] = None  # a study whose runs this one reuses by run id (a case study's r = 1 anchors)
 
     def validate(self):
-        if not self.name or "/" in self.name:
+        if not self.name or "/" in self.name or self.name.startswith("."):
             raise ConfigError(f"study name must be a non-empty folder name, got {self.name!r}")
         if self.max_attempts < 1:
             raise ConfigError(f"max_attempts must be >= 1, got {self.max_attempts}")
@@ -494,8 +498,8 @@ RUN_STATUSES = (
 
 
 def sweep_dir(study: str) -> Path:
-    "The driver's own folder for a study."
-    return runs_root() / study / ".sweep"
+    "The driver's own folder for a study (a symbolic link out of the study folder is refused)."
+    return safe_path(study_dir(study), ".sweep", "sweep folder")
 
 
 class RunLock(FolderLock):
@@ -528,7 +532,7 @@ class RunLock(FolderLock):
 def is_running(study: str, run_id: str) -> bool:
     "True when a process holds the run: the driver's claim (`RunLock`) or its run folder (a `train` started by hand)."
     claim = RunLock(study, run_id)
-    held = lock_holder(claim.folder, name=claim.path.name), run_folder_holder(runs_root() / study / run_id)
+    held = lock_holder(claim.folder, name=claim.path.name), run_folder_holder(study_dir(study) / run_id)
     return any(holder is not None for holder in held)
 
 
@@ -668,15 +672,16 @@ def execute_entry(
     folder = run_dir(e.run)
     made = not folder.exists()
     if executor == "papermill":
+        refuse_links(folder, [RECORD_FILES["notebook"]], "run file")  # papermill writes through a link
         folder.mkdir(parents=True, exist_ok=True)  # papermill writes its notebook into it
     cmd = run_command(e, executor, nodes, procs_per_node)
     env = dict(os.environ)
     if device is not None:
         env["CUDA_VISIBLE_DEVICES"] = str(device)
-    log = sweep_dir(e.run.study) / "logs" / f"{e.run_id}.log"
+    log = safe_path(sweep_dir(e.run.study), f"logs/{e.run_id}.log", "sweep log")
     log.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
-    with open(log, "ab") as out:
+    with os.fdopen(open_nofollow(log), "ab") as out:
         worker = _thread_worker(env) if executor == "worker" else None
         where = f"worker pid {worker.proc.pid}: " if worker else ""
         out.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} pid {os.getpid()}: {where}{shlex.join(cmd)}\n".encode())
@@ -698,7 +703,7 @@ def execute_entry(
     if status in ("unfinished", "pending"):  # the child died without a result: a signal (a kernel that was still
         status = "interrupted" if stopping else "failed"  # starting dies of it) uses no attempt; else a failure
     _record_attempt(e.run.study, e.run_id, status, rc)
-    with open(sweep_dir(e.run.study) / "executions.jsonl", "a") as f:  # one line per execution (audit, tests)
+    with os.fdopen(open_nofollow(sweep_dir(e.run.study) / "executions.jsonl"), "a") as f:  # one line per execution
         f.write(
             json.dumps(
                 dict(
@@ -802,7 +807,7 @@ def worker_main(fd: int) -> int:
         job = json.loads(msg)
         sys.stdout.flush()
         sys.stderr.flush()
-        with open(job["log"], "ab") as log:
+        with os.fdopen(open_nofollow(job["log"]), "ab") as log:
             os.dup2(log.fileno(), 1)
             os.dup2(log.fileno(), 2)  # this run's output goes to its log
             try:
@@ -1039,7 +1044,7 @@ def stale_runs(spec: StudySpec, entries: list[RunEntry] | None = None) -> list[d
     """Run folders of the study that its current plan no longer contains (the study file was edited: another LR, budget,
     design...): listed so that nothing is lost, never counted, collected, fitted or reported. Reads no params.json."""
     planned = {e.run_id for e in (entries if entries is not None else current_plan(spec))}
-    root, rows = runs_root() / spec.name, []
+    root, rows = study_dir(spec.name), []
     for folder in sorted(
         p for p in root.glob("*") if p.is_dir() and p.name not in planned and (p / RECORD_FILES["params"]).exists()
     ):
@@ -1158,7 +1163,7 @@ def slurm_script(
     exports = dict(DEPTHBENCH_RUNS=str(runs_root()))
     if os.environ.get("DEPTHBENCH_CACHE"):
         exports["DEPTHBENCH_CACHE"] = str(Path(os.environ["DEPTHBENCH_CACHE"]).resolve())
-    root = runs_root() / spec.name
+    root = study_dir(spec.name)
     header = [
         f"{len(run_ids)} runs of study {spec.name!r} not completed when this script was written "
         f"({time.strftime('%Y-%m-%d %H:%M')});",
@@ -1231,7 +1236,7 @@ def write_slurm_script(
     if not probe.reachable:
         notes.append(f"Slurm: {probe.message}")
     text, array_id = slurm_script(study, ids, fit, study_ref=study_ref, executor=executor, notes=notes)
-    path, logs = sweep_dir(spec.name) / f"slurm_{spec.name}.sh", runs_root() / spec.name / "logs"
+    path, logs = sweep_dir(spec.name) / f"slurm_{spec.name}.sh", study_dir(spec.name) / "logs"
     logs.mkdir(parents=True, exist_ok=True)  # Slurm does not create the log folder: a task would die silently
     atomic_write_text(path, text)
     path.chmod(0o755)
@@ -1245,7 +1250,7 @@ def write_slurm_script(
     if submit:
         job = submit_script(path, probe)  # missing sbatch / controller down: an error naming it, script kept
         _slurm_dir(spec.name).mkdir(parents=True, exist_ok=True)
-        with open(_slurm_dir(spec.name) / "submissions.jsonl", "a") as f:
+        with os.fdopen(open_nofollow(_slurm_dir(spec.name) / "submissions.jsonl"), "a") as f:
             f.write(
                 json.dumps(dict(job_id=job, array_id=array_id, script=str(path), runs=len(ids), time=time.time()))
                 + "\n"
@@ -1304,7 +1309,7 @@ def collect(study, write: bool = True) -> pd.DataFrame:
         res = read_result(folder) if folder.exists() else None
         status = entry_status(e) if not res or res["status"] == "interrupted" else res["status"]
         rows.append(_record_row(spec.name, e.group, status, e.run, e.params, res))
-    root = runs_root() / spec.name
+    root = study_dir(spec.name)
     df = pd.DataFrame(rows)
     if write:
         record_plan(spec, _plan_source(study))
@@ -1376,7 +1381,7 @@ def looped_fit_table(df: pd.DataFrame, provenance: str = "real") -> pd.DataFrame
     done = df[~df.arch.map(uses_shared_recipe).astype(bool) & (df.status == "completed")]
     rows = []
     for _, row in done.iterrows():
-        cfg = read_params(runs_root() / row.study / row.run_id).model
+        cfg = read_params(study_dir(row.study) / row.run_id).model
         p = looped_params(cfg)
         rows.append(
             dict(
@@ -1768,7 +1773,7 @@ def collect_command(
     optima per (design, shape)."""
     spec = load_study(study)
     df = collect(study)  # by its file: the plan records where the file is
-    root = runs_root() / spec.name
+    root = study_dir(spec.name)
     opt = lr_optima(df, by=swept_names(study_entries(spec)))
     stale = stale_runs(spec)
     out = dict(

@@ -225,8 +225,12 @@ def test_corrupted_and_truncated_shards(tmp_path):
     raw[100] ^= 0xFF
     shard.write_bytes(bytes(raw))
     with pytest.raises(ConfigError, match=f"checksum mismatch .*{name}"):
-        D.TokenData(out)
+        D.TokenData(out, verify=True)
+    td = D.TokenData(out)  # no full read at start: the damaged file is refused on its first use
+    with pytest.raises(ConfigError, match=f"checksum mismatch .*{name} \\(source shard 0"):
+        td.tokens("train", 0, 10)
     assert main(["data", "inspect", str(out), "--json"]) == 1
+    assert main(["data", "verify", str(out)]) == 1
     raw[100] ^= 0xFF
     shard.write_bytes(bytes(raw[:-2]))
     with pytest.raises(ConfigError, match="truncated or missing"):

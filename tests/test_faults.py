@@ -4,7 +4,9 @@ kill -9 anywhere in a run (between checkpoints, at one, in the middle of writing
 to the record of an uninterrupted run; a sweep whose driver is killed twice finishes every run exactly once; one
 writer per run folder; a damaged checkpoint is survived; nothing read from a run folder or a checkpoint runs code;
 a sweep whose runs crash exits non-zero and lists them; bad input is one clear error (JSON with --json) and leaves
-no empty run folder. Marked `faults` (CI runs it: `scripts/test.sh` deselects nothing); run it alone with
+no empty run folder; folders a user did not make are verified before they are trusted (a changed source shard is
+redone, a changed token file refused on first use) and no write follows a symbolic link out of its folder; records of
+the wrong type are `corrupt`. Marked `faults` (CI runs it: `scripts/test.sh` deselects nothing); run it alone with
 `pytest -m faults`. The session's summary line (`conftest.py`) adds up the faults injected, the runs that
 survived them and the records lost (must be 0).
 
@@ -26,6 +28,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import yaml
@@ -1857,3 +1860,415 @@ def test_a_signal_as_a_runs_kernel_starts_is_an_interruption(tiny_data, tmp_path
         entries[1].run_id: "pending",
     }, report["not_done"]
     ledger(faults=1, runs=1, survived=1)
+
+
+# ---------------------------------------------- 11. folders a user did not make: verify before trusting (data)
+DATA_KILLER = r"""
+import os, signal, sys
+from depthbench_nb import data as D
+from depthbench_nb.cli import main
+die = lambda: os.kill(os.getpid(), signal.SIGKILL)
+where, argv = sys.argv[1], sys.argv[2:]
+if where == 'second-record':                     # one worker: kill -9 once the second source shard is recorded
+    real, seen = D._Inline.get, []
+    def get(self, timeout):
+        msg = real(self, timeout)
+        if msg and msg[0] == 'shard': seen.append(msg[1])
+        if len(seen) == 2: die()
+        return msg
+    D._Inline.get = get
+elif where == 'worker':                          # two workers: the one given source shard 1 is killed (kill -9)
+    coordinator, real_shard = os.getpid(), D._prepare_shard
+    def prepare_shard(job, *a, **k):
+        if os.getpid() != coordinator and job['shard']['index'] == 1: die()
+        return real_shard(job, *a, **k)
+    D._prepare_shard = prepare_shard
+sys.exit(main(argv))
+"""
+N_SOURCE_FILES = 4
+
+
+@pytest.fixture(scope="module")
+def data_source(tiny_data, tmp_path_factory):
+    "Four JSON-lines files of KJV chapters (four source shards), the session's tokenizer, and a clean preparation."
+    from depthbench_nb import data as D
+    from depthbench_nb.config import DataConfig
+
+    root = tmp_path_factory.mktemp("data-faults")
+    (root / "src").mkdir()
+    chapters = list(D._kjv_chapters())[:240]
+    for i in range(N_SOURCE_FILES):
+        lines = [json.dumps(dict(text=text)) + "\n" for text in chapters[i::N_SOURCE_FILES]]
+        (root / "src" / f"{i:03d}.jsonl").write_text("".join(lines))
+    tokenizer = str(tiny_data / "tokenizer.json")
+    clean = D.prepare(
+        DataConfig(source=str(root / "src"), tokenizer=tokenizer, path=str(root / "clean")), progress=False
+    )
+    return dict(root=root, source=str(root / "src"), tokenizer=tokenizer, clean=clean)
+
+
+def data_argv(src: dict, out: Path, workers: int = 1) -> list[str]:
+    return [
+        "data",
+        "prepare",
+        "--source",
+        src["source"],
+        "--tokenizer",
+        src["tokenizer"],
+        "--out",
+        str(out),
+        "--workers",
+        str(workers),
+        "--no-progress",
+    ]
+
+
+def packed(out: Path) -> dict:
+    "What a preparation must give whatever happened to it: the packed streams and the source shard mapping."
+    man = json.loads((out / "manifest.json").read_text())
+    assert man["complete"] is True
+    return dict(splits=man["splits"], source_shards=man["source_shards"])
+
+
+def killed_preparation(src: dict, out: Path) -> None:
+    "A `data prepare --workers 1` killed (kill -9) right after its second source shard's record was written."
+    r = subprocess.run(
+        [*CLI[:1], "-c", DATA_KILLER, "second-record", *data_argv(src, out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == -signal.SIGKILL, r.stderr[-2000:]
+    assert (out / "shards" / "00001" / "shard.json").exists() and not (out / "shards" / "00002" / "shard.json").exists()
+
+
+def resume(src: dict, out: Path, capsys) -> tuple[int, str]:
+    capsys.readouterr()
+    rc = main(data_argv(src, out))
+    cap = capsys.readouterr()
+    return rc, cap.out + cap.err
+
+
+def test_1a_a_changed_token_file_is_redone_on_resume(data_source, tmp_path, capsys):
+    """kill -9 after the second source shard's record, then 1,000 tokens of shards/00000/train_00000.bin
+    changed (same size): the resume finds it (checked as it is kept), says so, tokenizes the shard again and packs
+    what a clean preparation packs."""
+    from depthbench_nb.data import TokenData
+
+    out = tmp_path / "killed"
+    killed_preparation(data_source, out)
+    f = out / "shards" / "00000" / "train_00000.bin"
+    raw = bytearray(f.read_bytes())
+    raw[2:2002] = bytes(2000)  # 1,000 uint16 tokens set to 0
+    f.write_bytes(bytes(raw))
+    capsys.readouterr()
+    assert main(["data", "inspect", str(out), "--json"]) == 1  # the folder being prepared: its finished shards
+    assert "source shard 0" in json.loads(capsys.readouterr().out)["checksums"]
+    rc, said = resume(data_source, out, capsys)
+    assert rc == 0 and "redone: source shard 0" in said and "train_00000.bin" in said, said
+    assert "kept 1 of 4" in said, said
+    assert packed(out) == packed(data_source["clean"])
+    assert TokenData(out, verify=True).verify() == []
+    ledger(faults=2, runs=1, survived=1)
+
+
+def test_1b_a_shifted_document_index_is_redone_and_found(data_source, tmp_path, capsys):
+    """10 entries of shards/00000/train.docs.bin shifted by 3 in a killed preparation: the resume redoes
+    the shard (the packed document index is the clean one's); the same damage in a complete folder is found by
+    verify(), `data inspect` and `data verify` (exit 1, naming source shard 0)."""
+    from depthbench_nb.data import TokenData
+
+    def shift(folder: Path) -> None:
+        f = folder / "shards" / "00000" / "train.docs.bin"
+        starts = np.frombuffer(f.read_bytes(), dtype="<i8").copy()
+        starts[1:11] += 3
+        f.write_bytes(starts.tobytes())
+
+    out = tmp_path / "killed"
+    killed_preparation(data_source, out)
+    shift(out)
+    rc, said = resume(data_source, out, capsys)
+    assert rc == 0 and "redone: source shard 0" in said and "train.docs.bin" in said, said
+    assert packed(out) == packed(data_source["clean"])
+    done = tmp_path / "complete"
+    shutil.copytree(data_source["clean"], done)
+    shift(done)
+    assert TokenData(done).verify() == ["shards/00000/train.docs.bin"]
+    capsys.readouterr()
+    assert main(["data", "inspect", str(done)]) == 1 and "source shard 0" in capsys.readouterr().out
+    assert main(["data", "verify", str(done), "--json"]) == 1
+    bad = json.loads(capsys.readouterr().out)["damaged"]
+    assert [(b["source_shard"], b["file"], b["problem"]) for b in bad] == [
+        (0, "shards/00000/train.docs.bin", "checksum mismatch")
+    ]
+    assert main(["data", "verify", str(data_source["clean"])]) == 0
+    ledger(faults=2)
+
+
+def test_1_the_loader_checks_every_size_on_first_use(data_source, tmp_path, monkeypatch):
+    """the loader checks checksums whatever the folder's size (no 1 GiB cap: here the cap is set to 0
+    bytes, as a folder of 8B tokens is above any cap), on a token file's first use, naming the file and its source
+    shard."""
+    from depthbench_nb import data as D
+
+    monkeypatch.setattr(D, "VERIFY_BYTES", 0, raising=False)
+    out = tmp_path / "data"
+    shutil.copytree(data_source["clean"], out)
+    f = out / "shards" / "00002" / "train_00000.bin"
+    raw = bytearray(f.read_bytes())
+    raw[10] ^= 0xFF
+    f.write_bytes(bytes(raw))
+    td = D.TokenData(out)  # opening reads no token file
+    first = td.manifest["splits"]["train"]["shards"][2]
+    start = int(td._offsets["train"][2])
+    with pytest.raises(D.CorruptFile, match=r"shards/00002/train_00000.bin \(source shard 2, 002.jsonl\)"):
+        td.tokens("train", start, 8)
+    assert first["source_shard"] == 2 and len(td.tokens("train", 0, 8)) == 8  # the intact shards still read
+    ledger(faults=1)
+
+
+def test_9_a_killed_data_worker_is_one_line_and_the_resume_is_exact(data_source, tmp_path, capsys):
+    """kill -9 of the worker of a `--workers 2` preparation that tokenizes source shard 1: its coordinator
+    ends with one JSON error of kind `resources` (no traceback), exit 2; the same command again gives the clean
+    preparation."""
+    out = tmp_path / "w2"
+    r = subprocess.run(
+        [*CLI[:1], "-c", DATA_KILLER, "worker", *data_argv(data_source, out, 2), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 2 and "Traceback" not in r.stderr, (r.stdout, r.stderr[-2000:])
+    err = json.loads(r.stdout)
+    assert err["kind"] == "resources" and "worker died" in err["error"] and "SIGKILL" in err["error"], err
+    rc, said = resume(data_source, out, capsys)
+    assert rc == 0 and packed(out) == packed(data_source["clean"]), said
+    ledger(faults=1, runs=1, survived=1)
+
+
+# ----------------------------------------------- 12. writes stay inside: a symbolic link at every place written
+def plant(link: Path, target: Path) -> Path:
+    link.parent.mkdir(parents=True, exist_ok=True)
+    if link.is_file():
+        link.unlink()  # a lock file left by the last writer
+    link.symlink_to(target)
+    return link
+
+
+def victim(tmp_path: Path) -> tuple[Path, Path, callable]:
+    "A file and a folder outside every root, and a check that neither changed."
+    f, d = tmp_path / "victim.txt", tmp_path / "victim-dir"
+    f.write_text("precious\n")
+    d.mkdir()
+    (d / ".tmp-step_00000003-1").mkdir()
+    (d / "step_00000006").mkdir()
+    (d / "keep.txt").write_text("x")
+
+    def unchanged() -> bool:
+        return f.read_text() == "precious\n" and sorted(p.name for p in d.iterdir()) == [
+            ".tmp-step_00000003-1",
+            "keep.txt",
+            "step_00000006",
+        ]
+
+    return f, d, unchanged
+
+
+RUN_SITES = (
+    ".lock",
+    "params.json",
+    "result.json",
+    "metrics.jsonl",
+    "layer_stats.jsonl",
+    "checkpoints",
+    "loss_curve.png",
+    "train.ipynb",
+)
+
+
+@pytest.mark.parametrize("site", RUN_SITES)
+def test_2_a_link_in_a_run_folder_writes_nothing_outside(site, tiny_data, runs_dir, tmp_path, capsys):
+    """a symbolic link planted at each name `train` writes in a run folder (to a file or a folder outside
+    it) is refused before anything is written: exit 2, kind `unsafe`, naming it; nothing outside changed."""
+    f, d, unchanged = victim(tmp_path)
+    run = tiny(tiny_data, steps=2)
+    folder = run_dir(run)
+    plant(folder / site, d if site == "checkpoints" else f)
+    params = tmp_path / "params.json"
+    params.write_text(json.dumps(dict(run.to_dict(), run_id=run.run_id)))
+    err = json_error(capsys, ["train", "--run-config", str(params), "--no-progress"])
+    assert err["kind"] == "unsafe" and site in err["error"], err
+    assert unchanged()
+    ledger(faults=1)
+
+
+def test_2_a_checkpoints_link_on_resume_deletes_and_renames_nothing(stopped_run, tmp_path, capsys):
+    """RUN/checkpoints -> DIR on a stopped run's resume: DIR's .tmp-step_* is not deleted and its step_*
+    not renamed; the refusal is one line, and the run resumes exactly once
+    the link is replaced by the real folder."""
+    folder = run_dir(stopped_run)
+    _, d, unchanged = victim(tmp_path)
+    real = tmp_path / "real-checkpoints"
+    shutil.move(str(folder / "checkpoints"), real)
+    plant(folder / "checkpoints", d)
+    err = json_error(capsys, ["train", "--run-config", str(folder / "params.json"), "--no-progress"])
+    assert err["kind"] == "unsafe" and "checkpoints" in err["error"] and unchanged(), err
+    (folder / "checkpoints").unlink()
+    shutil.move(str(real), folder / "checkpoints")
+    assert train(stopped_run, progress=False)["status"] == "completed"
+    ledger(faults=1, runs=1, survived=1)
+
+
+DATA_SITES = (
+    ".lock",
+    "shards",
+    "train.docs.bin",
+    ".train.docs.bin.tmp",
+    "val.docs.bin",
+    ".val.docs.bin.tmp",
+    "train.cut.bin",
+    ".train.cut.bin.tmp",
+    "shards/00000",
+    "shards/00000/.lock",
+    "shards/00000/shard.json",
+    "shards/00000/train_00000.bin",
+    "shards/00000/train.docs.bin",
+)
+
+
+@pytest.mark.parametrize("site", DATA_SITES)
+def test_2_a_link_in_a_data_folder_writes_nothing_outside(site, data_source, tmp_path, capsys):
+    """A symbolic link planted at each name `data prepare` writes, in a folder whose preparation was stopped after its
+    plan: refused in one line (kind `unsafe`), or (a token file, which a shard's writer removes before it writes) not
+    followed; nothing outside the folder changed either way, and a folder that was finished verifies."""
+    from depthbench_nb import data as D
+    from depthbench_nb.config import DataConfig
+
+    f, d, unchanged = victim(tmp_path)
+    out = tmp_path / "data"
+    D.prepare_folder(
+        DataConfig(source=data_source["source"], tokenizer=data_source["tokenizer"], path=str(out)),
+        progress=False,
+        plan_only=True,
+    )
+    plant(out / site, d if site in ("shards", "shards/00000") else f)
+    capsys.readouterr()
+    rc = main(data_argv(data_source, out) + ["--json"])
+    res = json.loads(capsys.readouterr().out)
+    assert unchanged(), site
+    if rc == 2:
+        assert res["kind"] == "unsafe" and site.split("/")[-1] in res["error"], res
+    else:
+        assert rc == 0 and not (out / site).is_symlink() and D.verify_folder(out) == [], res
+    ledger(faults=1)
+
+
+def test_3_report_and_study_names_stay_inside_the_runs_root(tiny_data, runs_dir, tmp_path, capsys):
+    """`report ../victim_report` (a folder beside the runs root), a study file
+    named `..`, and a study's `report` folder that is a link out of it: each exit 2 in one line, nothing written
+    outside."""
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    outside = runs_dir.parent / "victim_report"
+    outside.mkdir()
+    assert json_error(capsys, ["report", "../victim_report", "--only", "depthbench"])["kind"] == "config"
+    assert list(outside.iterdir()) == []
+    study = tmp_path / "up.yaml"
+    study.write_text(
+        yaml.safe_dump(
+            dict(
+                name="..",
+                preset="tiny",
+                data=str(tiny_data),
+                groups=[dict(name="g", archs=["preln"], depths=[2], max_steps=1)],
+            )
+        )
+    )
+    assert "study name" in json_error(capsys, ["collect", str(study)])["error"]
+    assert not (runs_dir.parent / "collect.csv").exists()
+    (runs_dir / "linked").mkdir()
+    plant(runs_dir / "linked" / "report", outside)
+    err = json_error(capsys, ["report", "linked", "--only", "depthbench"])
+    assert err["kind"] == "unsafe" and list(outside.iterdir()) == [], err
+    ledger(faults=3)
+
+
+# ------------------------------------------------------------ 13. records checked by schema (result, params)
+def one_run_study(tiny_data, tmp_path: Path):
+    "A one-run study file (2 steps) and its run, with the run's folder holding params.json."
+    from depthbench_nb.runs import write_params
+    from depthbench_nb.sweep import expand_study, load_study
+
+    study = tmp_path / "schema.yaml"
+    study.write_text(
+        yaml.safe_dump(
+            dict(
+                name="schema",
+                preset="tiny",
+                data=str(tiny_data),
+                groups=[dict(name="g", archs=["preln"], depths=[2], max_steps=2)],
+            )
+        )
+    )
+    (entry,) = expand_study(load_study(study))
+    folder = run_dir(entry.run)
+    folder.mkdir(parents=True)
+    write_params(folder, entry.run, say=lambda m: None)
+    return study, entry.run, folder
+
+
+def test_8_a_result_of_the_wrong_type_is_corrupt(tiny_data, runs_dir, tmp_path, capsys):
+    """result.json with `final_val_loss: "abc"` is refused by collect (exit 2, kind `corrupt`, the file
+    named, nothing in collect.csv); params.json with a depth that is not a number, the same."""
+    from depthbench_nb.runs import result_identity
+
+    study, run, folder = one_run_study(tiny_data, tmp_path)
+    (folder / "result.json").write_text(
+        json.dumps(dict(status="completed", **result_identity(run), final_val_loss="abc"))
+    )
+    err = json_error(capsys, ["collect", str(study)])
+    assert err["kind"] == "corrupt" and "result.json" in err["error"] and "final_val_loss" in err["error"], err
+    assert not (runs_dir / "schema" / "collect.csv").exists()
+    (folder / "result.json").unlink()
+    params = json.loads((folder / "params.json").read_text())
+    params["model"]["n_layer"] = "abc"
+    (folder / "params.json").write_text(json.dumps(params))
+    given = tmp_path / "p.json"  # the same run, given from outside its folder
+    given.write_text(json.dumps(dict(run.to_dict(), run_id=run.run_id)))
+    err = json_error(capsys, ["train", "--run-config", str(given), "--no-progress"])
+    assert err["kind"] == "corrupt" and "params.json" in err["error"], err
+    ledger(faults=2)
+
+
+def test_8_a_dict_loss_without_run_id_is_not_a_key_error(tiny_data, runs_dir, tmp_path, capsys):
+    """a result.json holding a dict loss and no run_id is a damaged record for `train --json` (no KeyError):
+    said, ignored, and the run trains and writes a valid one."""
+    from depthbench_nb.runs import read_result
+
+    _, run, folder = one_run_study(tiny_data, tmp_path)
+    (folder / "result.json").write_text(json.dumps(dict(status="completed", final_val_loss={"x": 1.0})))
+    capsys.readouterr()
+    rc = main(["train", "--run-config", str(folder / "params.json"), "--no-progress", "--json"])
+    cap = capsys.readouterr()
+    assert rc == 0 and "KeyError" not in cap.err and "result.json is not a run result" in cap.err + cap.out, cap
+    assert json.loads(cap.out)["run_id"] == run.run_id
+    assert read_result(folder)["run_id"] == run.run_id
+    ledger(faults=1, runs=1, survived=1)
+
+
+@pytest.mark.parametrize("site", ["collect.csv", ".sweep", "report/20_depthbench_report.ipynb", "notebooks"])
+def test_2_a_link_at_a_study_or_notebooks_output_writes_nothing_outside(site, tiny_data, runs_dir, tmp_path, capsys):
+    """A symbolic link at a name `collect` writes in a study folder (collect.csv, the driver's .sweep folder), at the
+    notebook `report` executes into the report folder, or at a notebook `notebooks DIR` copies: refused in one line
+    (kind `unsafe`), nothing outside changed."""
+    f, d, unchanged = victim(tmp_path)
+    if site == "notebooks":
+        dest = tmp_path / "nbs"
+        plant(dest / "10_train.ipynb", f)
+        argv = ["notebooks", str(dest), "--force"]
+    else:
+        study, _, _ = one_run_study(tiny_data, tmp_path)
+        plant(runs_dir / "schema" / site, d if site == ".sweep" else f)
+        argv = ["report", "schema", "--only", "depthbench"] if site.startswith("report") else ["collect", str(study)]
+    err = json_error(capsys, argv)
+    assert err["kind"] == "unsafe" and unchanged(), err
+    ledger(faults=1)

@@ -259,7 +259,7 @@ def test_wheel_builds_installs_and_ships_templates(tmp_path):
 
 # every subcommand group and its subcommands (the usage line of the group lists them)
 SUBCOMMAND_GROUPS = {
-    "data": ("prepare", "inspect"),
+    "data": ("prepare", "inspect", "verify"),
     "sweep": ("plan", "run", "status"),
     "slurm": ("info", "node-launch"),
 }
