@@ -1065,6 +1065,8 @@ class _Inline:
 def _pool_worker(tasks, results, parent: int) -> None:
     "A worker process: take shard jobs until told to stop; report tokens as they are written, then the shard's outcome."
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the coordinator stops us
+    for sig in (signal.SIGTERM, signal.SIGUSR1):  # the coordinator ends us with SIGTERM: die quietly, not through the
+        signal.signal(sig, signal.SIG_DFL)  # command line's handler, which fork copied and which raises RunInterrupted
 
     def orphaned():
         return os.getppid() != parent

@@ -102,7 +102,10 @@ def test_fused_path_is_as_accurate_as_the_reference_far_from_init(arch):
         return max((grads[n].double() - exact[n]).abs().max().item() for n in exact) / scale
 
     reference, fused = err(logits_and_grads(m32, IDX, "reference")[1]), err(logits_and_grads(m32, IDX, "fused")[1])
-    assert fused <= 2 * reference + 1e-7, f"fused {fused:.1e} vs reference {reference:.1e} (relative to fp64)"
+    # fp32 rounding of one step is a few 1e-6 of the largest gradient, and where in that range the reference falls
+    # depends on the CPU's summation order (AVX2 or AVX-512): within twice the reference's error, or within 1e-5 (about
+    # 80 fp32 ulps); a wrong gradient is off by far more, and the fp64 test below checks the math to 1e-12
+    assert fused <= max(2 * reference, 1e-5), f"fused {fused:.1e} vs reference {reference:.1e} (relative to fp64)"
 
 
 @pytest.mark.parametrize("arch", ["attnres", "block_attnres", "moda", "hc", "mhc"])

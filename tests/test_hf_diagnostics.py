@@ -210,7 +210,9 @@ def test_batched_diagnostics_equal_the_plain_loop(family, hf_folder):
     checked = 0
     for metric in set(DEFAULT) - {"latency"}:
         for path, a, b in number_pairs(shared[metric], naive[metric], metric):
-            assert a == pytest.approx(b, rel=1e-5, abs=1e-6), path
+            # a loss change is the difference of two fp32 losses near ln V: its rounding is a few ulps of the loss
+            # (about 1e-6 each), not of the (smaller) change
+            assert a == pytest.approx(b, rel=1e-5, abs=4e-6 if path.endswith("loss") else 1e-6), path
             checked += 1
     assert checked > 150
     with torch.no_grad():  # and the causal matrix against causal_row on the plain skipped forward
