@@ -1302,7 +1302,7 @@ def _record_row(study: str, group, status: str, run: RunConfig, params: dict, re
 
 def collect(study, write: bool = True) -> pd.DataFrame:
     "The run records of the study's current plan as one table (and collect.parquet / collect.csv in the study folder)."
-    spec = study if isinstance(study, StudySpec) else load_study(study)
+    spec = _current_spec(study) or load_study(study)
     rows = []
     for e in current_plan(spec):  # the current plan only: stale runs are listed, not collected
         folder = run_dir(e.run)
@@ -1512,16 +1512,23 @@ def extend_lr_entries(spec: StudySpec, df: pd.DataFrame, factor: float = 2.0, sa
 def current_plan(study) -> Optional[list[RunEntry]]:
     """The runs of a study's current plan, computed now from its study file: a StudySpec, a shipped study's name, a
     file's path, or the name of a study whose last sweep or collect recorded its file. None: no study file is known."""
+    spec = _current_spec(study)
+    return None if spec is None else study_entries(spec)
+
+
+def _current_spec(study) -> Optional[StudySpec]:
+    "The study file `current_plan` reads (None: none is known)."
     if isinstance(study, StudySpec):
-        return study_entries(study)
-    if str(study) in study_names() or Path(str(study)).suffix.lower() in (".yaml", ".yml", ".json"):
-        return study_entries(load_study(study))
+        return study
+    if Path(str(study)).suffix.lower() in (".yaml", ".yml", ".json"):
+        return load_study(study)
+    # a copy of a shipped study that keeps its name (as its header invites, with another preset) is what was swept
     source = (_recorded_plan(study) or {}).get("file")
     if isinstance(source, str) and Path(source).is_file():
         spec = load_study(source)
         if spec.name == study:
-            return study_entries(spec)
-    return None
+            return spec
+    return load_study(study) if str(study) in study_names() else None
 
 # %% ../nbs/05b_sweep.ipynb #6589d502
 def _recorded_plan(study: str) -> Optional[dict]:

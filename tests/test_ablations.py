@@ -197,7 +197,6 @@ def test_the_warmup_ablation_study_plans_runs_and_groups_by_the_swept_name(runs_
     (g,) = shipped.groups
     short = dict(
         yaml.safe_load((REPO / "depthbench_nb" / "resources" / "studies" / "warmup-ablation.yaml").read_text()),
-        name="warmup-ablation-cpu",  # the shipped name would mean the shipped file's plan (40 steps) to the report
         data=str(tiny_data),
         groups=[dict(name=g.name, archs=list(g.archs), depths=list(g.depths), max_steps=2, set=dict(g.set, **SMALL))],
     )
@@ -222,7 +221,8 @@ def test_the_warmup_ablation_study_plans_runs_and_groups_by_the_swept_name(runs_
     assert [(r["train.warmup_frac"], r["completed"]) for r in by_value] == [(0.01, 4), (0.1, 4)]
     assert main(["collect", str(path), "--by", "train.warmup"]) == 2
     assert "closest: train.warmup_frac" in capsys.readouterr().err
-    # the DepthBench report's val-loss table: the swept name is a column, each (design, L) cell has both values
+    # the DepthBench report's val-loss table: the swept name is a column, each (design, L) cell has both values; the
+    # copy keeps the shipped name, and the report reads the file `collect` recorded (not the shipped 40-step plan)
     report_depthbench.build_depthbench_report(spec.name, out_dir=tmp_path / "report", related=[])
     val = pd.read_csv(tmp_path / "report" / "depthbench_val_loss.csv")
     cells = val.groupby(["arch", "n_layer"])["train.warmup_frac"].apply(sorted).to_dict()
