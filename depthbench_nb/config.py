@@ -780,7 +780,7 @@ class DataConfig(Config):
             if v is not None and v < 1:
                 raise ConfigError(f"DataConfig.{n} must be >= 1, got {v}")
 
-
+# %% ../nbs/00b_config.ipynb #0660057a
 OPTIMIZERS = ("adamw", "muonh")
 SCHEDULES = ("cosine", "linear")
 PRECISIONS = ("auto", "fp32", "bf16-mixed", "bf16-pure")
@@ -881,7 +881,7 @@ class TrainConfig(Config):
         if self.divergence_factor is not None and self.divergence_factor <= 1:
             raise ConfigError(f"divergence_factor must be > 1, got {self.divergence_factor}")
 
-
+# %% ../nbs/00b_config.ipynb #3b8e75e0
 @dataclass(frozen=True)
 class RunConfig(Config):
     "One experiment: what `papermill nbs/10_train.ipynb` and `depthbench-nb train` run."

@@ -854,7 +854,7 @@ def _same(a, b) -> bool:
 def _shard_dir(out, index: int) -> Path:
     return Path(out) / SHARDS_DIR / f"{index:05d}"
 
-
+# %% ../nbs/00c_data.ipynb #65527a75
 def plan_shards(man: dict) -> list[SourceShard]:
     "The source shards of a plan or manifest, in order."
     names = [f.name for f in dataclasses.fields(SourceShard)]

@@ -2351,7 +2351,7 @@ LOOPED_CLAIMS = (
     ),
 )
 
-
+# %% ../nbs/06c_report_looped.ipynb #f3d4298f
 def looped_claims_section(rep: Report) -> pd.DataFrame:
     "The claims table of the looped report (`LOOPED_CLAIMS`), read off the tables the report has built."
     return claims_table(rep, LOOPED_CLAIMS)

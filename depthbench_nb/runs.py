@@ -646,7 +646,7 @@ def adopt_legacy_folder(run: RunConfig, say: Callable[[str], None] = print) -> O
     )
     return new
 
-
+# %% ../nbs/02a_runs.ipynb #f840cd42
 def read_result(folder: Path) -> Optional[dict]:
     "The result of a run folder, or None while the run is unfinished (`CorruptFile` when it is not a result)."
     path = Path(folder) / RECORD_FILES["result"]
