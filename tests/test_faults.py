@@ -2159,7 +2159,7 @@ def test_2_a_link_in_a_data_folder_writes_nothing_outside(site, data_source, tmp
     if rc == 2:
         assert res["kind"] == "unsafe" and site.split("/")[-1] in res["error"], res
     else:
-        assert rc == 0 and not (out / site).is_symlink() and D.verify_folder(out) == [], res
+        assert rc == 0 and not (out / site).is_symlink() and D._verify_folder(out) == [], res
     ledger(faults=1)
 
 
