@@ -19,12 +19,9 @@ from torch import Tensor
 from .config import ConfigError
 
 # %% auto #0
-__all__ = ['SINKHORN_EPS', 'KERNELS_ENV', 'KERNEL_BACKENDS', 'TRITON_INTERPRETED', 'REFERENCES', 'KERNEL_NAMES',
-           'SELF_CHECK_RTOL', 'MIXING_ENV', 'MIXING_PATHS', 'rms_norm_ref', 'swiglu_ref', 'relu_squared_ref',
-           'sinkhorn_ref', 'hc_read_ref', 'hc_write_ref', 'attnres_mix_ref', 'attnres_mix_list_ref', 'kernel_backend',
-           'rms_norm', 'swiglu', 'relu_squared', 'sinkhorn', 'hc_read', 'hc_write', 'attnres_mix', 'kernel_example',
-           'compare_to_reference', 'mixing_path', 'DepthStore', 'AttnResStore', 'attnres_site', 'depth_scores',
-           'depth_values', 'moda_attention', 'sinkhorn_fused', 'hc_kernels_apply', 'attnres_site_errors']
+__all__ = ['rms_norm', 'swiglu', 'relu_squared', 'sinkhorn', 'hc_read', 'hc_write', 'attnres_mix', 'mixing_path', 'DepthStore',
+           'AttnResStore', 'attnres_site', 'depth_scores', 'depth_values', 'moda_attention', 'sinkhorn_fused',
+           'hc_kernels_apply']
 
 # %% ../nbs/01a_kernels.ipynb #fbfd68e6
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -53,11 +50,11 @@ def _compute_dtype(*ts: Tensor) -> torch.dtype:
     return torch.float64 if any(t.dtype == torch.float64 for t in ts) else torch.float32
 
 
-def rms_norm_ref(x: Tensor, weight: Optional[Tensor], eps: float, residual: Optional[Tensor] = None):
+def _rms_norm_ref(x: Tensor, weight: Optional[Tensor], eps: float, residual: Optional[Tensor] = None):
     "Reference RMSNorm over the last axis; with `residual`: returns (rms_norm(x + residual), x + residual)."
     if residual is not None:
         h = x + residual  # [..., d] the new residual stream
-        return rms_norm_ref(h, weight, eps), h
+        return _rms_norm_ref(h, weight, eps), h
     ct = _compute_dtype(x)
     xf = x.to(ct)  # [..., d]
     y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
@@ -66,21 +63,21 @@ def rms_norm_ref(x: Tensor, weight: Optional[Tensor], eps: float, residual: Opti
     return y.to(x.dtype)
 
 # %% ../nbs/01a_kernels.ipynb #ad2e2c78
-def swiglu_ref(gate: Tensor, up: Tensor) -> Tensor:
+def _swiglu_ref(gate: Tensor, up: Tensor) -> Tensor:
     "Reference SwiGLU activation: silu(gate) * up."
     ct = _compute_dtype(gate, up)
     return (F.silu(gate.to(ct)) * up.to(ct)).to(torch.promote_types(gate.dtype, up.dtype))
 
 
-def relu_squared_ref(x: Tensor) -> Tensor:
+def _relu_squared_ref(x: Tensor) -> Tensor:
     "Reference squared ReLU: relu(x)**2."
     return F.relu(x.to(_compute_dtype(x))).pow(2).to(x.dtype)
 
 # %% ../nbs/01a_kernels.ipynb #8a1b2283
-SINKHORN_EPS = 1e-6
+_SINKHORN_EPS = 1e-6
 
 
-def sinkhorn_ref(logits: Tensor, n_iter: int = 20, eps: float = SINKHORN_EPS) -> Tensor:
+def _sinkhorn_ref(logits: Tensor, n_iter: int = 20, eps: float = _SINKHORN_EPS) -> Tensor:
     """Reference Sinkhorn of [..., n, n] logits (Liger ordering): row softmax, +eps, column norm, then (row, column) x
     (n_iter-1)."""
     ct = _compute_dtype(logits)
@@ -92,13 +89,13 @@ def sinkhorn_ref(logits: Tensor, n_iter: int = 20, eps: float = SINKHORN_EPS) ->
     return m.to(logits.dtype)
 
 # %% ../nbs/01a_kernels.ipynb #7e2189e5
-def hc_read_ref(streams: Tensor, read_w: Tensor) -> Tensor:
+def _hc_read_ref(streams: Tensor, read_w: Tensor) -> Tensor:
     "Reference stream read: [..., n, d], [..., n] -> [..., d] = sum_j read_w[j] * streams[j]."
     ct = _compute_dtype(streams)
     return torch.einsum("...nd,...n->...d", streams.to(ct), read_w.to(ct)).to(streams.dtype)
 
 
-def hc_write_ref(streams: Tensor, mix: Tensor, write_w: Tensor, branch: Tensor) -> Tensor:
+def _hc_write_ref(streams: Tensor, mix: Tensor, write_w: Tensor, branch: Tensor) -> Tensor:
     "Reference stream write: out_i = sum_j mix[i, j] * streams_j + write_w[i] * branch; -> [..., n, d]."
     ct = _compute_dtype(streams, branch)
     mixed = torch.einsum("...ij,...jd->...id", mix.to(ct), streams.to(ct))  # [..., n, d]
@@ -106,7 +103,7 @@ def hc_write_ref(streams: Tensor, mix: Tensor, write_w: Tensor, branch: Tensor) 
     return out.to(torch.promote_types(streams.dtype, branch.dtype))
 
 # %% ../nbs/01a_kernels.ipynb #5fa131cf
-def attnres_mix_ref(
+def _attnres_mix_ref(
     sources: Tensor,
     query: Tensor,
     key_weight: Tensor,
@@ -127,13 +124,13 @@ def attnres_mix_ref(
         logits = logits + bias.to(ct)
     p = torch.softmax(logits, dim=-1)  # [B, T, S]
     raw = torch.einsum("bts,sbtd->btd", p, v)  # [B, T, d]
-    out = rms_norm_ref(raw, out_weight.to(ct), eps)
+    out = _rms_norm_ref(raw, out_weight.to(ct), eps)
     if not return_all:
         return out.to(sources.dtype)
     return out.to(sources.dtype), raw.to(sources.dtype), p.to(sources.dtype)
 
 # %% ../nbs/01a_kernels.ipynb #2e1a8ae7
-def attnres_mix_list_ref(
+def _attnres_mix_list_ref(
     sources: list,
     query: Tensor,
     key_weight: Tensor,
@@ -143,7 +140,7 @@ def attnres_mix_list_ref(
     scale: float | Tensor = 1.0,
     return_all: bool = False,
 ):
-    "The AttnRes mix of a list of S sources [B, T, d] without stacking them (same results as `attnres_mix_ref`)."
+    "The AttnRes mix of a list of S sources [B, T, d] without stacking them (same results as `_attnres_mix_ref`)."
     ct = _compute_dtype(sources[0])
     u = (key_weight * query).to(ct)  # [d]: key gain folded into the query
     vs = [v.to(ct) for v in sources]
@@ -158,23 +155,23 @@ def attnres_mix_list_ref(
     raw = vs[0] * p[..., :1]
     for s in range(1, len(vs)):
         raw = torch.addcmul(raw, vs[s], p[..., s : s + 1])  # [B, T, d]
-    out = rms_norm_ref(raw, out_weight.to(ct), eps)
+    out = _rms_norm_ref(raw, out_weight.to(ct), eps)
     dt = sources[0].dtype
     if not return_all:
         return out.to(dt)
     return out.to(dt), raw.to(dt), p.to(dt)
 
 # %% ../nbs/01a_kernels.ipynb #87e5360b
-KERNELS_ENV = "DEPTHBENCH_KERNELS"
-KERNEL_BACKENDS = ("auto", "triton", "torch")
+_KERNELS_ENV = "DEPTHBENCH_KERNELS"
+_KERNEL_BACKENDS = ("auto", "triton", "torch")
 
 
-def kernel_backend() -> str:
+def _kernel_backend() -> str:
     "The requested backend, from the DEPTHBENCH_KERNELS environment variable (default 'auto')."
-    mode = os.environ.get(KERNELS_ENV, "auto").strip().lower() or "auto"
-    if mode not in KERNEL_BACKENDS:
+    mode = os.environ.get(_KERNELS_ENV, "auto").strip().lower() or "auto"
+    if mode not in _KERNEL_BACKENDS:
         raise ConfigError(
-            f"{KERNELS_ENV}={mode!r} is not a kernel backend; valid choices: {', '.join(KERNEL_BACKENDS)}"
+            f"{_KERNELS_ENV}={mode!r} is not a kernel backend; valid choices: {', '.join(_KERNEL_BACKENDS)}"
         )
     return mode
 
@@ -196,7 +193,7 @@ def _compiling() -> bool:
 
 
 #: whether this module's kernels run in Triton's interpreter (TRITON_INTERPRET=1 at import time)
-TRITON_INTERPRETED = HAS_TRITON and os.environ.get("TRITON_INTERPRET", "0") == "1"
+_TRITON_INTERPRETED = HAS_TRITON and os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 # name -> callable running the Triton path with the public signature; filled by the kernel sections below
 _TRITON_IMPLS: dict = {}
@@ -210,7 +207,7 @@ def _triton_unavailable_reason(device: torch.device) -> Optional[str]:
     if device.type == "cuda":
         return None
     if device.type == "cpu":
-        if TRITON_INTERPRETED:
+        if _TRITON_INTERPRETED:
             return None
         hint = (
             (
@@ -231,7 +228,7 @@ def _use_triton(name: str, *tensors: Optional[Tensor]) -> bool:
     "Decide, per call, whether kernel `name` runs its Triton implementation on these tensors."
     if _compiling():
         return False  # torch.compile traces the reference and generates its own kernels
-    mode = kernel_backend()
+    mode = _kernel_backend()
     if mode == "torch":
         return False
     ts = [t for t in tensors if t is not None]
@@ -244,9 +241,9 @@ def _use_triton(name: str, *tensors: Optional[Tensor]) -> bool:
             return False
         return _self_check(name, dev, strict=False)
     if reason is not None:
-        raise ConfigError(f"{KERNELS_ENV}=triton but {reason}; valid choices: {', '.join(KERNEL_BACKENDS)}")
+        raise ConfigError(f"{_KERNELS_ENV}=triton but {reason}; valid choices: {', '.join(_KERNEL_BACKENDS)}")
     if name not in _TRITON_IMPLS:
-        raise ConfigError(f"{KERNELS_ENV}=triton but there is no Triton kernel for {name!r}")
+        raise ConfigError(f"{_KERNELS_ENV}=triton but there is no Triton kernel for {name!r}")
     return _self_check(name, dev, strict=True) if dev.type == "cuda" else True
 
 
@@ -263,10 +260,10 @@ def _self_check(name: str, device: torch.device, strict: bool) -> bool:
         if not ok:
             msg = f"Triton kernel {name!r} failed its self-check against the torch reference on {device}: {detail}"
             if strict:
-                raise RuntimeError(msg + f" ({KERNELS_ENV}=triton)")
+                raise RuntimeError(msg + f" ({_KERNELS_ENV}=triton)")
             warnings.warn(msg + "; using the torch reference for this kernel from now on", RuntimeWarning)
     elif strict and not _SELF_CHECKS[key]:
-        raise RuntimeError(f"Triton kernel {name!r} failed its self-check earlier on {device} ({KERNELS_ENV}=triton)")
+        raise RuntimeError(f"Triton kernel {name!r} failed its self-check earlier on {device} ({_KERNELS_ENV}=triton)")
     return _SELF_CHECKS[key]
 
 # %% ../nbs/01a_kernels.ipynb #7c6a2a5b
@@ -620,7 +617,7 @@ def _sinkhorn_launch(z: Tensor, n_iter: int, out: Tensor, den: Optional[Tensor])
         B,
         n,
         n_iter,
-        SINKHORN_EPS,
+        _SINKHORN_EPS,
         STORE_DEN=den is not None,
         BLOCK_B=block_b,
         BLOCK_N=block_n,
@@ -658,7 +655,7 @@ class _SinkhornFn(torch.autograd.Function):
                 B,
                 n,
                 ctx.n_iter,
-                SINKHORN_EPS,
+                _SINKHORN_EPS,
                 BLOCK_B=block_b,
                 BLOCK_N=block_n,
             )
@@ -667,7 +664,7 @@ class _SinkhornFn(torch.autograd.Function):
 
 def _sinkhorn_triton(logits, n_iter=20):
     if logits.shape[-1] > _SINKHORN_MAX_N:
-        return sinkhorn_ref(logits, n_iter)  # whole matrices live in registers
+        return _sinkhorn_ref(logits, n_iter)  # whole matrices live in registers
     return _SinkhornFn.apply(logits, n_iter)
 
 # %% ../nbs/01a_kernels.ipynb #48f2bde3
@@ -1136,7 +1133,7 @@ def rms_norm(x: Tensor, weight: Optional[Tensor], eps: float, residual: Optional
         _same_device(x=x, residual=residual)
     if _use_triton("rms_norm", x, residual):
         return _TRITON_IMPLS["rms_norm"](x, weight, eps, residual)
-    return rms_norm_ref(x, weight, eps, residual)
+    return _rms_norm_ref(x, weight, eps, residual)
 
 
 def swiglu(gate: Tensor, up: Tensor) -> Tensor:
@@ -1147,7 +1144,7 @@ def swiglu(gate: Tensor, up: Tensor) -> Tensor:
     _same_device(gate=gate, up=up)
     if _use_triton("swiglu", gate, up):
         return _TRITON_IMPLS["swiglu"](gate, up)
-    return swiglu_ref(gate, up)
+    return _swiglu_ref(gate, up)
 
 
 def relu_squared(x: Tensor) -> Tensor:
@@ -1155,7 +1152,7 @@ def relu_squared(x: Tensor) -> Tensor:
     _need_tensor("x", x)
     if _use_triton("relu_squared", x):
         return _TRITON_IMPLS["relu_squared"](x)
-    return relu_squared_ref(x)
+    return _relu_squared_ref(x)
 
 
 def sinkhorn(logits: Tensor, n_iter: int = 20) -> Tensor:
@@ -1167,7 +1164,7 @@ def sinkhorn(logits: Tensor, n_iter: int = 20) -> Tensor:
         raise ValueError(f"n_iter must be an int >= 1 (normalisation rounds), got {n_iter!r}")
     if _use_triton("sinkhorn", logits):
         return _TRITON_IMPLS["sinkhorn"](logits, n_iter)
-    return sinkhorn_ref(logits, n_iter)
+    return _sinkhorn_ref(logits, n_iter)
 
 
 def _need_coeff(name: str, t: Tensor, lead: tuple, tail: tuple, streams: Tensor) -> None:
@@ -1197,7 +1194,7 @@ def hc_read(streams: Tensor, read_w: Tensor) -> Tensor:
     _need_coeff("read_w", read_w, lead, (n,), streams)
     if _use_triton("hc_read", streams):
         return _TRITON_IMPLS["hc_read"](streams, read_w)
-    return hc_read_ref(streams, read_w)
+    return _hc_read_ref(streams, read_w)
 
 
 def hc_write(streams: Tensor, mix: Tensor, write_w: Tensor, branch: Tensor) -> Tensor:
@@ -1213,7 +1210,7 @@ def hc_write(streams: Tensor, mix: Tensor, write_w: Tensor, branch: Tensor) -> T
     _same_device(streams=streams, branch=branch)
     if _use_triton("hc_write", streams, branch):
         return _TRITON_IMPLS["hc_write"](streams, mix, write_w, branch)
-    return hc_write_ref(streams, mix, write_w, branch)
+    return _hc_write_ref(streams, mix, write_w, branch)
 
 
 def attnres_mix(
@@ -1265,20 +1262,20 @@ def attnres_mix(
             sources = torch.stack(sources)  # [S, B, T, d]
         return _TRITON_IMPLS["attnres_mix"](sources, query, key_weight, out_weight, eps, bias, float(scale), return_all)
     if as_list:
-        return attnres_mix_list_ref(sources, query, key_weight, out_weight, eps, bias, scale, return_all)
-    return attnres_mix_ref(sources, query, key_weight, out_weight, eps, bias, scale, return_all)
+        return _attnres_mix_list_ref(sources, query, key_weight, out_weight, eps, bias, scale, return_all)
+    return _attnres_mix_ref(sources, query, key_weight, out_weight, eps, bias, scale, return_all)
 
 # %% ../nbs/01a_kernels.ipynb #ea5ba356
-REFERENCES = dict(
-    rms_norm=rms_norm_ref,
-    swiglu=swiglu_ref,
-    relu_squared=relu_squared_ref,
-    sinkhorn=sinkhorn_ref,
-    hc_read=hc_read_ref,
-    hc_write=hc_write_ref,
-    attnres_mix=attnres_mix_ref,
+_REFERENCES = dict(
+    rms_norm=_rms_norm_ref,
+    swiglu=_swiglu_ref,
+    relu_squared=_relu_squared_ref,
+    sinkhorn=_sinkhorn_ref,
+    hc_read=_hc_read_ref,
+    hc_write=_hc_write_ref,
+    attnres_mix=_attnres_mix_ref,
 )
-KERNEL_NAMES = tuple(REFERENCES)
+_KERNEL_NAMES = tuple(_REFERENCES)
 if HAS_TRITON:
     _TRITON_IMPLS.update(
         rms_norm=_rms_norm_triton,
@@ -1290,10 +1287,10 @@ if HAS_TRITON:
         attnres_mix=_attnres_mix_triton,
     )
 
-SELF_CHECK_RTOL = 1e-4  # fp32 forward and gradients, relative to the reference's largest magnitude
+_SELF_CHECK_RTOL = 1e-4  # fp32 forward and gradients, relative to the reference's largest magnitude
 
 
-def kernel_example(
+def _kernel_example(
     name: str,
     device="cpu",
     dtype=torch.float32,
@@ -1309,8 +1306,8 @@ def kernel_example(
 ):
     """Small random inputs (args, kwargs) for kernel `name`: `tokens` rows of width `d` (odd by default, to hit the
     masks); `dtype2`: the second activation's dtype."""
-    if name not in REFERENCES:
-        raise ConfigError(f"unknown kernel {name!r}; valid kernels: {', '.join(KERNEL_NAMES)}")
+    if name not in _REFERENCES:
+        raise ConfigError(f"unknown kernel {name!r}; valid kernels: {', '.join(_KERNEL_NAMES)}")
     gen = torch.Generator().manual_seed(seed)
 
     def rnd(*shape, scale=1.0, dt=dtype, offset=0.0):
@@ -1370,17 +1367,17 @@ def _run_with_grads(fn, args, kwargs, outputs=None):
     return [o.detach().float() for o in outs], [None if g is None else g.float() for g in grads]
 
 
-def compare_to_reference(name: str, args, kwargs=None, outputs: Optional[Sequence[int]] = None) -> dict[str, float]:
+def _compare_to_reference(name: str, args, kwargs=None, outputs: Optional[Sequence[int]] = None) -> dict[str, float]:
     """Relative errors {out0.., grad0..} of the Triton kernel `name` against its torch reference; `outputs`: which
     outputs carry gradient."""
     if name not in _TRITON_IMPLS:
         raise ConfigError(
-            f"no Triton kernel {name!r} (triton installed: {HAS_TRITON}); valid kernels: {', '.join(KERNEL_NAMES)}"
+            f"no Triton kernel {name!r} (triton installed: {HAS_TRITON}); valid kernels: {', '.join(_KERNEL_NAMES)}"
         )
     kwargs = kwargs or {}
     (o_k, g_k), (o_r, g_r) = (
         _run_with_grads(_TRITON_IMPLS[name], args, kwargs, outputs),
-        _run_with_grads(REFERENCES[name], args, kwargs, outputs),
+        _run_with_grads(_REFERENCES[name], args, kwargs, outputs),
     )
 
     def rel(a, b):
@@ -1404,24 +1401,24 @@ def _self_check_error(name: str, device: torch.device) -> Optional[str]:
         if name in _FUSED_CHECKS:
             errs = _FUSED_CHECKS[name](device)  # a fused kernel: against its torch twin
         else:
-            args, kwargs = kernel_example(name, device=device)
-            errs = compare_to_reference(name, args, kwargs)
-    bad = {k: f"{v:.2e}" for k, v in errs.items() if not v <= SELF_CHECK_RTOL}  # NaN counts as bad
-    return None if not bad else f"relative errors {bad} exceed {SELF_CHECK_RTOL:g}"
+            args, kwargs = _kernel_example(name, device=device)
+            errs = _compare_to_reference(name, args, kwargs)
+    bad = {k: f"{v:.2e}" for k, v in errs.items() if not v <= _SELF_CHECK_RTOL}  # NaN counts as bad
+    return None if not bad else f"relative errors {bad} exceed {_SELF_CHECK_RTOL:g}"
 
 # %% ../nbs/01a_kernels.ipynb #8e2a0b68
-MIXING_ENV = "DEPTHBENCH_MIXING"
-MIXING_PATHS = ("fused", "reference")
+_MIXING_ENV = "DEPTHBENCH_MIXING"
+_MIXING_PATHS = ("fused", "reference")
 
 
 def mixing_path(override: Optional[str] = None) -> str:
     """The depth-mixing path: `override` (a model's own choice) or DEPTHBENCH_MIXING (default 'fused'); always
     'reference' under torch.compile."""
-    path = (override or os.environ.get(MIXING_ENV, "fused")).strip().lower() or "fused"
-    if path not in MIXING_PATHS:
+    path = (override or os.environ.get(_MIXING_ENV, "fused")).strip().lower() or "fused"
+    if path not in _MIXING_PATHS:
         raise ConfigError(
-            f"depth-mixing path {path!r} is not one of: {', '.join(MIXING_PATHS)} "
-            f"(set by {MIXING_ENV} or a model's `mixing`)"
+            f"depth-mixing path {path!r} is not one of: {', '.join(_MIXING_PATHS)} "
+            f"(set by {_MIXING_ENV} or a model's `mixing`)"
         )
     return "reference" if _compiling() else path
 
@@ -2183,7 +2180,7 @@ def moda_attention(
 
 # %% ../nbs/01a_kernels.ipynb #0ad9e44d
 class _SinkhornTokensLastFn(torch.autograd.Function):
-    """`sinkhorn_ref` on z [n, n, R] (tokens last: every round is vectorised over the tokens), with its backward written
+    """`_sinkhorn_ref` on z [n, n, R] (tokens last: each round vectorised over the tokens), with its backward written
     out: each normalisation y = x / (sum x + eps) sends back (g - sum(g y)) / (sum x + eps), walking the saved iterates
     (what autograd of the reference saves as well) without its per-op graph. Each iterate is a tensor of its own, as
     the reference's: one [2 n_iter - 1, n, n, R] block per connector, held from forward to backward, would fragment
@@ -2193,10 +2190,10 @@ class _SinkhornTokensLastFn(torch.autograd.Function):
     def forward(ctx, z: Tensor, n_iter: int):
         P = torch.softmax(z, dim=1)  # rows i sum to one over the columns j
         steps, denoms = [], []  # every normalised iterate and its denominator
-        m = P + SINKHORN_EPS
+        m = P + _SINKHORN_EPS
         for k in range(2 * n_iter - 1):
             axis = 0 if k % 2 == 0 else 1  # columns first, then (rows, columns) rounds
-            den = m.sum(axis, keepdim=True).add_(SINKHORN_EPS)
+            den = m.sum(axis, keepdim=True).add_(_SINKHORN_EPS)
             m = torch.div(m, den)
             steps.append(m)
             denoms.append(den)
@@ -2216,7 +2213,7 @@ class _SinkhornTokensLastFn(torch.autograd.Function):
 
 
 def sinkhorn_fused(logits: Tensor, n_iter: int = 20) -> Tensor:
-    """`sinkhorn` of the fused path: the Triton kernel where it runs, else `sinkhorn_ref` with the tokens on the last
+    """`sinkhorn` of the fused path: the Triton kernel where it runs, else `_sinkhorn_ref` with the tokens on the last
     axis ([n, n, tokens]): the same rounds, each vectorised over the tokens instead of reducing axes of length n, and a
     written-out backward (about 10x faster on a CPU at n = 4); the result is [..., n, n] again."""
     if _use_triton("sinkhorn", logits):
@@ -2233,7 +2230,7 @@ def hc_kernels_apply(streams: Tensor) -> bool:
     return _use_triton("hc_read", streams) and _use_triton("hc_write", streams)
 
 # %% ../nbs/01a_kernels.ipynb #317d208f
-def attnres_site_errors(
+def _attnres_site_errors(
     device="cpu", n: int = 4, rows: int = 15, d: int = 37, partial: bool = True
 ) -> dict[str, float]:
     """Relative errors of the Triton AttnRes site against the torch site on one small example (n stored sources and a
@@ -2270,7 +2267,7 @@ def attnres_site_errors(
 
 
 _FUSED_CHECKS = dict(
-    attnres_site=attnres_site_errors
+    attnres_site=_attnres_site_errors
 )  # fused kernels checked against their torch twins, not a reference
 if HAS_TRITON:
     _TRITON_IMPLS["attnres_site"] = attnres_site

@@ -46,19 +46,10 @@ from .kernels import attnres_mix, hc_read, hc_write, sinkhorn
 from .shapes import count_params
 
 # %% auto #0
-__all__ = ['SAME', 'SQUEEZE0', 'FLATTEN', 'PLAIN_FORK', 'PERILN_FORK', 'KEEL_FORK', 'HC_FORK_TABLE', 'HC_FORK', 'MHC_BACKENDS',
-           'MHC_FORK_TABLES', 'MHC_FORK', 'ATTNRES_EPS', 'MODA_FORK', 'ForwardContext', 'DepthModel', 'no_extra_flops',
-           'no_extra_params', 'no_init_invariants', 'plain_fork_names', 'n_params', 'check_weights_fit', 'build_model',
-           'Block', 'ResidualTransformer', 'PreLNBlock', 'build_preln', 'unit_norm_gain', 'PeriLNBlock', 'build_periln',
-           'LNSBlock', 'build_lns', 'lns_norm_gain', 'DeepNormBlock', 'build_deepnorm', 'KEELBlock', 'build_keel',
-           'HCConnector', 'MHCConnector', 'log_sinkhorn', 'log_sinkhorn_fused', 'MHCNativeConnector',
-           'MHCStaticConnector', 'MultiStreamBlock', 'MultiStreamTransformer', 'multistream_init',
-           'connector_fork_names', 'multistream_mixing_bytes', 'StreamOptions', 'HCOptions', 'hc_connector', 'build_hc',
-           'MHCOptions', 'mhc_connector', 'build_mhc', 'attnres_sources_per_site', 'attnres_site_split',
-           'attnres_mixing_bytes', 'AttnResMixer', 'AttnResBlock', 'AttnResTransformer', 'attnres_flops',
-           'attnres_activations', 'attnres_fork_names', 'attnres_fork', 'full_attnres_groups', 'build_attnres',
-           'BlockAttnResOptions', 'block_attnres_groups', 'build_block_attnres', 'MoDAOptions', 'MoDABlock',
-           'DepthSlots', 'build_moda', 'moda_mixing_bytes']
+__all__ = ['SAME', 'ForwardContext', 'DepthModel', 'no_extra_flops', 'n_params', 'build_model', 'Block', 'ResidualTransformer',
+           'PreLNBlock', 'PeriLNBlock', 'LNSBlock', 'DeepNormBlock', 'KEELBlock', 'MultiStreamBlock', 'HCOptions',
+           'MHCOptions', 'attnres_sources_per_site', 'AttnResBlock', 'BlockAttnResOptions', 'MoDAOptions', 'MoDABlock',
+           'DepthSlots']
 
 # %% ../nbs/01c_model.ipynb #b4af3bf2
 @dataclass
@@ -241,32 +232,32 @@ def no_extra_flops(cfg: ModelConfig) -> float:
     return 0.0
 
 
-def no_extra_params(cfg: ModelConfig) -> tuple[int, int]:
+def _no_extra_params(cfg: ModelConfig) -> tuple[int, int]:
     "A design with exactly Pre-LN's parameters: nothing inside the blocks, nothing outside."
     return 0, 0
 
 
-def no_init_invariants(model: nn.Module, idx: torch.Tensor, atol: float) -> Optional[str]:
+def _no_init_invariants(model: nn.Module, idx: torch.Tensor, atol: float) -> Optional[str]:
     "A design whose init is the shared truncated normal and nothing else."
     return None
 
 
 # the official fork's checkpoints (depthbench_nb.interop): a design's own tensors change layout on the way in and out
 SAME = (lambda t: t, lambda t: t)  # (to ours, to the fork)
-SQUEEZE0 = (lambda t: t.reshape(-1), lambda t: t.reshape(1, -1))  # fork [1, d] <-> ours [d]
-FLATTEN = (lambda t: t.reshape(-1), lambda t: t.reshape(int(math.isqrt(t.numel())), -1))  # fork [n, n] <-> ours [n*n]
+_SQUEEZE0 = (lambda t: t.reshape(-1), lambda t: t.reshape(1, -1))  # fork [1, d] <-> ours [d]
+_FLATTEN = (lambda t: t.reshape(-1), lambda t: t.reshape(int(math.isqrt(t.numel())), -1))  # fork [n, n] <-> ours [n*n]
 
 
 def _has(names, pattern: str) -> bool:
     return any(re.search(pattern, n) for n in names)
 
 
-def plain_fork_names(names) -> bool:
+def _plain_fork_names(names) -> bool:
     "The plain Pre-LN tensor names (LNS and DeepNorm hold the same tensors: only the block rule differs)."
     return _has(names, r"attention\.w_q\.weight$")
 
 
-PLAIN_FORK = ForkNames(detect=plain_fork_names)  # the importer of the designs without tensors of their own
+_PLAIN_FORK = ForkNames(detect=_plain_fork_names)  # the importer of the designs without tensors of their own
 
 # %% ../nbs/01c_model.ipynb #b1d259ab
 def n_params(model: nn.Module) -> int:
@@ -274,7 +265,7 @@ def n_params(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def check_weights_fit(cfg: ModelConfig, device=None) -> None:
+def _check_weights_fit(cfg: ModelConfig, device=None) -> None:
     """Refuse (`ResourceError`) a model whose fp32 weights alone exceed the memory available where it is built (the
     CPU) and where it goes: from the closed-form parameter count, before anything is allocated."""
     if not memory_check_enabled():
@@ -293,13 +284,13 @@ def check_weights_fit(cfg: ModelConfig, device=None) -> None:
 
 def build_model(cfg: ModelConfig, seed: Optional[int] = 0, device=None) -> DepthModel:
     """Build and initialize the model of `cfg` (init from a generator seeded with `seed`; device='meta': no init).
-    A model whose weights cannot fit in memory is refused before any allocation (`check_weights_fit`)."""
+    A model whose weights cannot fit in memory is refused before any allocation (`_check_weights_fit`)."""
     if not isinstance(cfg, ModelConfig):
         raise ConfigError(f"build_model expects a ModelConfig, got {type(cfg).__name__}")
     design = resolve_arch(cfg.arch)
     meta = device is not None and torch.device(device).type == "meta"
     if not meta:
-        check_weights_fit(cfg, device)
+        _check_weights_fit(cfg, device)
     with torch.device("meta") if meta else contextlib.nullcontext():
         model = design.build(cfg)
     got, want = n_params(model), count_params(cfg).total
@@ -379,12 +370,12 @@ class PreLNBlock(Block):
         return h + self.ffn(self.ffn_norm(h))
 
 
-def build_preln(cfg: ModelConfig) -> ResidualTransformer:
+def _build_preln(cfg: ModelConfig) -> ResidualTransformer:
     "The Pre-LN model of a config."
     return ResidualTransformer(cfg, PreLNBlock)
 
 
-def unit_norm_gain(block: nn.Module) -> float:
+def _unit_norm_gain(block: nn.Module) -> float:
     "The factor folded into a block's norm gains for a LlamaForCausalLM export: 1 (a Pre-LN block is a LLaMA block)."
     return 1.0
 
@@ -395,13 +386,13 @@ register_design(
         "residual",
         "Pre-LN baseline: h = x + A(N(x))",
         paper="depthbench",
-        build=build_preln,
-        extra_params=no_extra_params,
+        build=_build_preln,
+        extra_params=_no_extra_params,
         forward_flops=no_extra_flops,
-        check_init=no_init_invariants,
+        check_init=_no_init_invariants,
         metrics=("usefulness", "residual_path"),
-        importer=PLAIN_FORK,
-        llama_norm_gain=unit_norm_gain,
+        importer=_PLAIN_FORK,
+        llama_norm_gain=_unit_norm_gain,
     )
 )
 
@@ -422,7 +413,7 @@ class PeriLNBlock(Block):
         return h + self.ffn_out_norm(self.ffn(self.ffn_norm(h)))
 
 
-def build_periln(cfg: ModelConfig) -> ResidualTransformer:
+def _build_periln(cfg: ModelConfig) -> ResidualTransformer:
     "The Peri-LN (Sandwich) model of a config."
     return ResidualTransformer(cfg, PeriLNBlock)
 
@@ -435,7 +426,7 @@ def _periln_fork(cfg: ModelConfig, b: int) -> dict:
     }
 
 
-PERILN_FORK = ForkNames(block=_periln_fork, detect=lambda names: "blocks.0.post_attention_norm.weight" in names)
+_PERILN_FORK = ForkNames(block=_periln_fork, detect=lambda names: "blocks.0.post_attention_norm.weight" in names)
 
 
 register_design(
@@ -444,12 +435,12 @@ register_design(
         "residual",
         "Peri-LN / Sandwich-LN: h = x + N_out(A(N_in(x))), no embedding norm",
         paper="depthbench",
-        build=build_periln,
+        build=_build_periln,
         extra_params=lambda cfg: (2 * cfg.d_model * cfg.n_layer, 0),
         forward_flops=no_extra_flops,
-        check_init=no_init_invariants,
+        check_init=_no_init_invariants,
         metrics=("usefulness", "residual_path"),
-        importer=PERILN_FORK,
+        importer=_PERILN_FORK,
         aliases=("sandwich",),
     )
 )
@@ -470,7 +461,7 @@ class LNSBlock(Block):
         return h + self.ffn(self.ffn_norm(h) * self.ln_scale)
 
 
-def build_lns(cfg: ModelConfig) -> ResidualTransformer:
+def _build_lns(cfg: ModelConfig) -> ResidualTransformer:
     "The LayerNorm-Scaling (LNS) model of a config."
     return ResidualTransformer(cfg, LNSBlock)
 
@@ -494,7 +485,7 @@ def _lns_init(model: ResidualTransformer, idx: torch.Tensor, atol: float) -> Opt
     return None if ok else f"block {b} attention input is not N_a(x)/sqrt({b + 1}) (diff {e:.2e})"
 
 
-def lns_norm_gain(block: nn.Module) -> float:
+def _lns_norm_gain(block: nn.Module) -> float:
     "N(x)/sqrt(b+1) is RMSNorm with gain g/sqrt(b+1): LNS exports as LLaMA with the factor folded into both gains."
     return block.ln_scale
 
@@ -505,13 +496,13 @@ register_design(
         "residual",
         "LayerNorm Scaling: pre-norm output scaled by 1/sqrt(block index, 1-based)",
         paper="depthbench",
-        build=build_lns,
-        extra_params=no_extra_params,
+        build=_build_lns,
+        extra_params=_no_extra_params,
         forward_flops=no_extra_flops,
         check_init=_lns_init,
         metrics=("usefulness", "residual_path"),
-        importer=PLAIN_FORK,
-        llama_norm_gain=lns_norm_gain,
+        importer=_PLAIN_FORK,
+        llama_norm_gain=_lns_norm_gain,
     )
 )
 
@@ -536,7 +527,7 @@ class DeepNormBlock(Block):
             lin.weight.mul_(self.beta)  # beta = (8L)^-1/4
 
 
-def build_deepnorm(cfg: ModelConfig) -> ResidualTransformer:
+def _build_deepnorm(cfg: ModelConfig) -> ResidualTransformer:
     "The DeepNorm model of a config."
     return ResidualTransformer(cfg, DeepNormBlock)
 
@@ -566,12 +557,12 @@ register_design(
         "residual",
         "DeepNorm: Post-LN (LayerNorm) with alpha=(2L)^1/4 shortcut, beta=(8L)^-1/4 init",
         paper="depthbench",
-        build=build_deepnorm,
-        extra_params=no_extra_params,
+        build=_build_deepnorm,
+        extra_params=_no_extra_params,
         forward_flops=no_extra_flops,
         check_init=_deepnorm_init,
         metrics=("usefulness",),
-        importer=PLAIN_FORK,
+        importer=_PLAIN_FORK,
     )
 )
 
@@ -595,7 +586,7 @@ class KEELBlock(Block):
         return self.ffn_out_norm(self.alpha * h + self.ffn(self.ffn_norm(h)))
 
 
-def build_keel(cfg: ModelConfig) -> ResidualTransformer:
+def _build_keel(cfg: ModelConfig) -> ResidualTransformer:
     "The KEEL model of a config."
     return ResidualTransformer(cfg, KEELBlock)
 
@@ -616,7 +607,7 @@ def _keel_fork(cfg: ModelConfig, b: int) -> dict:
     return out | {"post_feed_forward_norm.weight": ((d,), "ffn_out_norm.weight", SAME)}
 
 
-KEEL_FORK = ForkNames(
+_KEEL_FORK = ForkNames(
     block=_keel_fork,
     detect=lambda names: "blocks.0.post_attention_norm.weight" not in names and _has(names, r"post_feed_forward_norm"),
 )
@@ -628,17 +619,17 @@ register_design(
         "residual",
         "KEEL: Post-LN highway alpha = 2L with inner norm; block 0 special",
         paper="depthbench",
-        build=build_keel,
+        build=_build_keel,
         extra_params=lambda cfg: (2 * cfg.d_model * cfg.n_layer - cfg.d_model, 0),
         forward_flops=no_extra_flops,
         check_init=_keel_init,
         metrics=("usefulness",),
-        importer=KEEL_FORK,
+        importer=_KEEL_FORK,
     )
 )
 
 # %% ../nbs/01c_model.ipynb #8be14b83
-class HCConnector(nn.Module):
+class _HCConnector(nn.Module):
     "Dynamic hyper-connection of one sublayer (HC)."
 
     STATIC = ("static_alpha", "static_beta")  # no weight decay
@@ -693,7 +684,7 @@ def _gap8_res_bias(n: int) -> torch.Tensor:
     return torch.full((n, n), -8.0).fill_diagonal_(0.0)
 
 
-class MHCConnector(nn.Module):
+class _MHCConnector(nn.Module):
     "Manifold-constrained hyper-connection, Liger backend."
 
     STATIC = ("b", "alpha_pre", "alpha_post", "alpha_res")
@@ -727,7 +718,7 @@ class MHCConnector(nn.Module):
         return read, mix, write
 
 
-def log_sinkhorn(logits: torch.Tensor, n_iter: int = 20) -> torch.Tensor:
+def _log_sinkhorn(logits: torch.Tensor, n_iter: int = 20) -> torch.Tensor:
     "Log-domain Sinkhorn of the native mHC backend: marginals 1/n, result rescaled by n (rows and columns sum to 1)."
     n = logits.shape[-1]
     log_marginal = -math.log(n)
@@ -739,8 +730,8 @@ def log_sinkhorn(logits: torch.Tensor, n_iter: int = 20) -> torch.Tensor:
     return n * torch.exp(logits + u[..., :, None] + v[..., None, :])
 
 
-def log_sinkhorn_fused(logits: torch.Tensor, n_iter: int = 20) -> torch.Tensor:
-    """`log_sinkhorn` with the tokens on the last axis ([n, n, tokens]): each round vectorised over the tokens (as
+def _log_sinkhorn_fused(logits: torch.Tensor, n_iter: int = 20) -> torch.Tensor:
+    """`_log_sinkhorn` with the tokens on the last axis ([n, n, tokens]): each round vectorised over the tokens (as
     `sinkhorn_fused`)."""
     lead, n = logits.shape[:-2], logits.shape[-1]
     z = logits.reshape(-1, n, n).permute(1, 2, 0)  # [n, n, R]: rows, columns, tokens
@@ -753,7 +744,7 @@ def log_sinkhorn_fused(logits: torch.Tensor, n_iter: int = 20) -> torch.Tensor:
     return (n * torch.exp(z + u[:, None] + v[None])).permute(2, 0, 1).reshape(*lead, n, n)
 
 
-class MHCNativeConnector(nn.Module):
+class _MHCNativeConnector(nn.Module):
     "mHC native PyTorch backend."
 
     STATIC = ("b_pre", "b_post", "b_res")
@@ -790,14 +781,14 @@ class MHCNativeConnector(nn.Module):
         r = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-8)
         read = torch.sigmoid(f(self.alpha_pre) * (x @ f(self.phi_pre)) * r + f(self.b_pre))
         write = 2 * torch.sigmoid(f(self.alpha_post) * (x @ f(self.phi_post)) * r + f(self.b_post))
-        normalize = log_sinkhorn_fused if fused else log_sinkhorn
+        normalize = _log_sinkhorn_fused if fused else _log_sinkhorn
         res = normalize(
             (f(self.alpha_res) * (x @ f(self.phi_res)) * r + f(self.b_res)).unflatten(-1, (n, n)), self.iters
         )
         return read.to(H.dtype), res.transpose(-1, -2).to(H.dtype), write.to(H.dtype)  # x'_t = Σ_s H[s,t] x_s
 
 
-class MHCStaticConnector(nn.Module):
+class _MHCStaticConnector(nn.Module):
     "The input-independent mhc_static ablation."
 
     STATIC = ("res_logits", "pre_logits", "post_logits")
@@ -821,7 +812,7 @@ class MHCStaticConnector(nn.Module):
         write = torch.softmax(self.post_logits, -1).expand(*lead, self.n)  # [B, T, n]
         # the fork's static backend: P = log-domain Sinkhorn of the logits, streams mixed with P^T (x'_t = Σ_s P[s,t]
         # x_s)
-        mix = log_sinkhorn(self.res_logits, self.iters).transpose(-1, -2).expand(*lead, self.n, self.n)  # [B, T, n, n]
+        mix = _log_sinkhorn(self.res_logits, self.iters).transpose(-1, -2).expand(*lead, self.n, self.n)  # [B, T, n, n]
         return read, mix, write
 
 # %% ../nbs/01c_model.ipynb #f48bace5
@@ -858,7 +849,7 @@ class MultiStreamBlock(nn.Module):
         return hc_write(H, mix, write, branch(hc_read(H, read)))  # [B, T, n, d]
 
 
-class MultiStreamTransformer(DepthModel):
+class _MultiStreamTransformer(DepthModel):
     "HC and mHC: n residual streams, per-sublayer connectors, a sum or mean collapse before the LM head."
 
     family = "multistream"
@@ -926,7 +917,7 @@ class MultiStreamTransformer(DepthModel):
         return torch.stack(mixes)
 
 # %% ../nbs/01c_model.ipynb #edbccc36
-def _preln_twin(model: MultiStreamTransformer, write: float) -> ResidualTransformer:
+def _preln_twin(model: _MultiStreamTransformer, write: float) -> ResidualTransformer:
     "A Pre-LN model with the core weights of `model`, W_o and w2 scaled by the initial write weight."
     twin = ResidualTransformer(
         model.config.replace(
@@ -942,8 +933,8 @@ def _preln_twin(model: MultiStreamTransformer, write: float) -> ResidualTransfor
     return twin
 
 
-def multistream_init(
-    model: MultiStreamTransformer, idx: torch.Tensor, atol: float, write: float = 1.0
+def _multistream_init(
+    model: _MultiStreamTransformer, idx: torch.Tensor, atol: float, write: float = 1.0
 ) -> Optional[str]:
     "Equal streams at init, and the branch inputs of the Pre-LN twin (`write`: the initial write weight)."
     n = model.n_streams
@@ -966,7 +957,7 @@ def multistream_init(
     return None
 
 
-def connector_fork_names(table: dict) -> Callable:
+def _connector_fork_names(table: dict) -> Callable:
     """Block tensors of a connector design: `table` maps the fork's connector parameter to (our name, shape of (n, d),
     layout)."""
 
@@ -981,7 +972,7 @@ def connector_fork_names(table: dict) -> Callable:
     return block
 
 
-def multistream_mixing_bytes(cfg: ModelConfig, bytes_per_elem: int) -> tuple[int, int]:
+def _multistream_mixing_bytes(cfg: ModelConfig, bytes_per_elem: int) -> tuple[int, int]:
     """(forward, backward) bytes of streams per token: each sublayer reads the n streams and writes them mixed; its
     backward reads their gradient and the streams and writes the streams' gradient (n x d each)."""
     per_pass = cfg.n_sublayers * cfg.hc_streams * cfg.d_model * bytes_per_elem
@@ -994,14 +985,14 @@ def _multistream_activations(cfg: ModelConfig, bytes_per_elem: int) -> int:
 
 # %% ../nbs/01c_model.ipynb #a45fbb12
 @dataclass(frozen=True)
-class StreamOptions(DesignOptions):
+class _StreamOptions(DesignOptions):
     "The option HC and mHC share: the number of residual streams (n = 4 in both papers' runs)."
 
     hc_streams: int = option(4, "a positive integer (number of residual streams n)", positive_int)
 
 
 @dataclass(frozen=True)
-class HCOptions(StreamOptions):
+class HCOptions(_StreamOptions):
     """HC's options (Hyper-Connections, arXiv 2409.19606): the stream update (`mixed`, the official block's rule, or
     `unmixed`, its earlier one; see above) and tanh on the dynamic terms."""
 
@@ -1011,14 +1002,14 @@ class HCOptions(StreamOptions):
     hc_tanh: bool = option(True, "a bool (tanh on the dynamic HC terms)")
 
 
-def hc_connector(cfg: ModelConfig, k: int) -> HCConnector:
+def _hc_connector(cfg: ModelConfig, k: int) -> _HCConnector:
     "The HC connector of sublayer `k` (streams, tanh and update rule from the config)."
-    return HCConnector(cfg.d_model, cfg.hc_streams, k, use_tanh=cfg.hc_tanh, mixed=cfg.hc_update == "mixed")
+    return _HCConnector(cfg.d_model, cfg.hc_streams, k, use_tanh=cfg.hc_tanh, mixed=cfg.hc_update == "mixed")
 
 
-def build_hc(cfg: ModelConfig) -> MultiStreamTransformer:
+def _build_hc(cfg: ModelConfig) -> _MultiStreamTransformer:
     "The hyper-connections (HC) model of a config."
-    return MultiStreamTransformer(cfg, hc_connector, collapse="sum")
+    return _MultiStreamTransformer(cfg, _hc_connector, collapse="sum")
 
 
 def _hc_params(cfg: ModelConfig) -> tuple[int, int]:
@@ -1031,11 +1022,11 @@ def _hc_flops(cfg: ModelConfig) -> float:
     return cfg.n_sublayers * n * cfg.d_model * (4 * n + 11)
 
 
-def _hc_init(model: MultiStreamTransformer, idx: torch.Tensor, atol: float) -> Optional[str]:
-    return multistream_init(model, idx, 1e-4)
+def _hc_init(model: _MultiStreamTransformer, idx: torch.Tensor, atol: float) -> Optional[str]:
+    return _multistream_init(model, idx, 1e-4)
 
 
-HC_FORK_TABLE = {
+_HC_FORK_TABLE = {
     "static_alpha": ("static_alpha", lambda n, d: (n, n + 1), SAME),
     "dynamic_alpha_proj": ("dynamic_alpha_fn", lambda n, d: (d, n + 1), SAME),
     "dynamic_alpha_scale": ("dynamic_alpha_scale", lambda n, d: (), SAME),
@@ -1059,8 +1050,8 @@ def _hc_prepare(hints: dict, options: dict) -> list[str]:
     ]
 
 
-HC_FORK = ForkNames(
-    block=connector_fork_names(HC_FORK_TABLE),
+_HC_FORK = ForkNames(
+    block=_connector_fork_names(_HC_FORK_TABLE),
     detect=lambda names: _has(names, r"hyper_connection\.static_alpha$"),
     infer=_hc_infer,
     prepare=_hc_prepare,
@@ -1073,42 +1064,42 @@ register_design(
         "multistream",
         "Hyper-Connections: n=4 dynamic (tanh) streams, per-stream final norm then sum",
         paper="depthbench",
-        build=build_hc,
+        build=_build_hc,
         extra_params=_hc_params,
         forward_flops=_hc_flops,
         check_init=_hc_init,
         metrics=("mixing", "usefulness", "residual_path"),
-        importer=HC_FORK,
+        importer=_HC_FORK,
         options=HCOptions,
         activation_bytes=_multistream_activations,
-        mixing_bytes=multistream_mixing_bytes,
+        mixing_bytes=_multistream_mixing_bytes,
         micro_batch_cap=8,
     )
 )
 
 # %% ../nbs/01c_model.ipynb #5b971efb
-MHC_BACKENDS = {"liger": MHCConnector, "native": MHCNativeConnector, "static": MHCStaticConnector}
+_MHC_BACKENDS = {"liger": _MHCConnector, "native": _MHCNativeConnector, "static": _MHCStaticConnector}
 
 
 @dataclass(frozen=True)
-class MHCOptions(StreamOptions):
+class MHCOptions(_StreamOptions):
     "mHC's options: the connector backend (the official Liger kernel's by default) and its Sinkhorn iterations."
 
     mhc_backend: str = option(
-        "liger", "'liger' (standard), 'native' or 'static' (the mhc_static ablation)", MHC_BACKENDS.__contains__
+        "liger", "'liger' (standard), 'native' or 'static' (the mhc_static ablation)", _MHC_BACKENDS.__contains__
     )
     sinkhorn_iters: int = option(20, "a positive integer", positive_int)
 
 
-def mhc_connector(cfg: ModelConfig, k: int) -> nn.Module:
+def _mhc_connector(cfg: ModelConfig, k: int) -> nn.Module:
     "The mHC connector of sublayer `k`, from the backend the config names."
-    return MHC_BACKENDS[cfg.mhc_backend](cfg.d_model, cfg.hc_streams, k, cfg.sinkhorn_iters)
+    return _MHC_BACKENDS[cfg.mhc_backend](cfg.d_model, cfg.hc_streams, k, cfg.sinkhorn_iters)
 
 
-def build_mhc(cfg: ModelConfig) -> MultiStreamTransformer:
+def _build_mhc(cfg: ModelConfig) -> _MultiStreamTransformer:
     "The manifold-constrained hyper-connections (mHC) model of a config."
-    return MultiStreamTransformer(
-        cfg, mhc_connector, collapse="mean" if cfg.mhc_backend == "liger" else "sum"
+    return _MultiStreamTransformer(
+        cfg, _mhc_connector, collapse="mean" if cfg.mhc_backend == "liger" else "sum"
     )  # reduce_mode
 
 
@@ -1135,9 +1126,9 @@ def _doubly_stochastic_error(M: torch.Tensor) -> float:
     )
 
 
-def _mhc_init(model: MultiStreamTransformer, idx: torch.Tensor, atol: float) -> Optional[str]:
+def _mhc_init(model: _MultiStreamTransformer, idx: torch.Tensor, atol: float) -> Optional[str]:
     cfg, n = model.config, model.n_streams
-    err = multistream_init(model, idx, 1e-4, write=1 / n if cfg.mhc_backend == "static" else 1.0)
+    err = _multistream_init(model, idx, 1e-4, write=1 / n if cfg.mhc_backend == "static" else 1.0)
     if err:
         return err
     err = _doubly_stochastic_error(model.mixing_matrices(idx))
@@ -1168,7 +1159,7 @@ def _mhc_init(model: MultiStreamTransformer, idx: torch.Tensor, atol: float) -> 
     return None
 
 
-MHC_FORK_TABLES = {  # per backend: the fork's connector parameter -> (ours, shape of (n, d), layout)
+_MHC_FORK_TABLES = {  # per backend: the fork's connector parameter -> (ours, shape of (n, d), layout)
     "liger": {
         "phi": ("phi", lambda n, d: (n * d, n * n + 2 * n), SAME),
         "b": ("b", lambda n, d: (n * n + 2 * n,), SAME),
@@ -1177,7 +1168,7 @@ MHC_FORK_TABLES = {  # per backend: the fork's connector parameter -> (ours, sha
     "native": {
         "pre_bias": ("b_pre", lambda n, d: (n,), SAME),
         "post_bias": ("b_post", lambda n, d: (n,), SAME),
-        "residual_bias": ("b_res", lambda n, d: (n, n), FLATTEN),
+        "residual_bias": ("b_res", lambda n, d: (n, n), _FLATTEN),
         "pre_dynamic_proj": ("phi_pre", lambda n, d: (n * d, n), SAME),
         "post_dynamic_proj": ("phi_post", lambda n, d: (n * d, n), SAME),
         "residual_dynamic_proj": ("phi_res", lambda n, d: (n * d, n * n), SAME),
@@ -1194,7 +1185,7 @@ MHC_FORK_TABLES = {  # per backend: the fork's connector parameter -> (ours, sha
 
 
 def _mhc_fork(cfg: ModelConfig, b: int) -> dict:
-    return connector_fork_names(MHC_FORK_TABLES[cfg.mhc_backend])(cfg, b)
+    return _connector_fork_names(_MHC_FORK_TABLES[cfg.mhc_backend])(cfg, b)
 
 
 def _mhc_infer(sd: dict) -> dict:
@@ -1209,7 +1200,7 @@ def _mhc_infer(sd: dict) -> dict:
     return {}
 
 
-MHC_FORK = ForkNames(
+_MHC_FORK = ForkNames(
     block=_mhc_fork,
     detect=lambda names: _has(names, r"hyper_connection\.(phi|pre_bias|H_res_logits)$"),
     infer=_mhc_infer,
@@ -1222,21 +1213,21 @@ register_design(
         "multistream",
         "Manifold-constrained HC: n=4, Sinkhorn (20 it.) doubly stochastic mixing, gap-8 init, mean collapse",
         paper="depthbench",
-        build=build_mhc,
+        build=_build_mhc,
         extra_params=_mhc_params,
         forward_flops=_mhc_flops,
         check_init=_mhc_init,
         metrics=("mixing", "usefulness", "residual_path"),
-        importer=MHC_FORK,
+        importer=_MHC_FORK,
         options=MHCOptions,
         activation_bytes=_multistream_activations,
-        mixing_bytes=multistream_mixing_bytes,
+        mixing_bytes=_multistream_mixing_bytes,
         micro_batch_cap=8,
     )
 )
 
 # %% ../nbs/01c_model.ipynb #74f18d29
-ATTNRES_EPS = 1e-5
+_ATTNRES_EPS = 1e-5
 
 
 def attnres_sources_per_site(group_sizes: list[int]) -> list[int]:
@@ -1253,7 +1244,7 @@ def attnres_sources_per_site(group_sizes: list[int]) -> list[int]:
     return out
 
 
-def attnres_site_split(group_sizes: list[int]) -> list[tuple[int, int]]:
+def _attnres_site_split(group_sizes: list[int]) -> list[tuple[int, int]]:
     "Per mixing site (as `attnres_sources_per_site`): (stored sources, running partial sums: 0 or 1)."
     n_sub = sum(group_sizes)
     starts = {sum(group_sizes[:g]) for g in range(1, len(group_sizes))}
@@ -1265,17 +1256,17 @@ def attnres_site_split(group_sizes: list[int]) -> list[tuple[int, int]]:
     return out + [(1 + completed, 1)]
 
 
-def attnres_mixing_bytes(group_sizes: list[int], d: int, bytes_per_elem: int) -> tuple[int, int]:
+def _attnres_mixing_bytes(group_sizes: list[int], d: int, bytes_per_elem: int) -> tuple[int, int]:
     """(forward, backward) bytes of depth states per token a one-pass mix moves: the forward reads every source of
     every site once; the backward reads them again, adds into the stored sources' gradient sums (a read and a write)
     and writes the running partial's gradient (autograd sums it with the partial's other uses)."""
-    sites = attnres_site_split(group_sizes)
+    sites = _attnres_site_split(group_sizes)
     forward = sum(stored + partial for stored, partial in sites) * d
     backward = sum(3 * stored + 2 * partial for stored, partial in sites) * d
     return forward * bytes_per_elem, backward * bytes_per_elem
 
 
-class AttnResMixer(nn.Module):
+class _AttnResMixer(nn.Module):
     "A pseudo-query and a key-norm gain: one depth-mixing site."
 
     def __init__(self, d: int):
@@ -1299,8 +1290,8 @@ class AttnResBlock(nn.Module):
         self.attn, self.ffn = Attention(cfg), SwiGLU(d, cfg.ffn_hidden)
         self.attn_norm, self.ffn_norm = RMSNorm(d, cfg.norm_eps), RMSNorm(d, cfg.norm_eps)
         if index > 0:
-            self.attn_mix = AttnResMixer(d)  # block 0's attention reads N_a(embedding): no mixer (block.py)
-        self.ffn_mix = AttnResMixer(d)
+            self.attn_mix = _AttnResMixer(d)  # block 0's attention reads N_a(embedding): no mixer (block.py)
+        self.ffn_mix = _AttnResMixer(d)
 
 # %% ../nbs/01c_model.ipynb #ce7f2fda
 class _DepthSources:
@@ -1322,16 +1313,16 @@ class _DepthSources:
     def all(self) -> list[torch.Tensor]:
         return self.sources + ([self.partial] if self.partial is not None else [])
 
-    def mix(self, mixer: AttnResMixer, out_weight: torch.Tensor, identity: bool = False):
+    def mix(self, mixer: _AttnResMixer, out_weight: torch.Tensor, identity: bool = False):
         "(normalized input [B, T, d], raw mix [B, T, d], weights [B, T, S])"
         srcs = self.all()
         if identity:
             raw = srcs[-1]
             p = torch.zeros(*raw.shape[:-1], len(srcs), dtype=raw.dtype, device=raw.device)
             p[..., -1] = 1
-            return rms_norm(raw, out_weight, ATTNRES_EPS), raw, p
+            return rms_norm(raw, out_weight, _ATTNRES_EPS), raw, p
         return attnres_mix(
-            srcs, mixer.query, mixer.key_weight, out_weight, ATTNRES_EPS, return_all=True
+            srcs, mixer.query, mixer.key_weight, out_weight, _ATTNRES_EPS, return_all=True
         )  # a list: no stack on CPU
 
 
@@ -1342,7 +1333,7 @@ class _FusedDepthSources(_DepthSources):
         super().__init__(embedding)
         rows, d = embedding.numel() // embedding.shape[-1], embedding.shape[-1]
         compute = torch.float64 if embedding.dtype == torch.float64 else torch.float32
-        self.store = AttnResStore(rows, n_slots, d, compute, embedding.device, ATTNRES_EPS)
+        self.store = AttnResStore(rows, n_slots, d, compute, embedding.device, _ATTNRES_EPS)
         self.handle = None  # the newest write's (`DepthStore`: the forward keeps it, the store never does)
         self.shape = embedding.shape[:-1]  # [B, T]
 
@@ -1356,7 +1347,7 @@ class _FusedDepthSources(_DepthSources):
             self.sources[-1] = self.sources[-1].new_empty(0)  # the store holds its values: no second copy
         super().commit()
 
-    def mix(self, mixer: AttnResMixer, out_weight: torch.Tensor, identity: bool = False):
+    def mix(self, mixer: _AttnResMixer, out_weight: torch.Tensor, identity: bool = False):
         """(normalized input [B, T, d], raw mix [B, T, d], weights [B, T, S]) in the sources' common dtype, as the
         reference"""
         srcs = self.all()
@@ -1376,7 +1367,7 @@ class _FusedDepthSources(_DepthSources):
         return out.to(dtype), raw.to(dtype), p.to(dtype)
 
 
-class AttnResTransformer(DepthModel):
+class _AttnResTransformer(DepthModel):
     "Attention Residuals over sublayer groups (the design gives the group sizes: Full, Block)."
 
     family = "attnres"
@@ -1387,8 +1378,8 @@ class AttnResTransformer(DepthModel):
         if sum(group_sizes) != cfg.n_sublayers:
             raise ConfigError(f"AttnRes groups {group_sizes} do not cover the 2L = {cfg.n_sublayers} sublayers")
         self.blocks = nn.ModuleList([AttnResBlock(cfg, b) for b in range(cfg.n_layer)])
-        self.final_mix = AttnResMixer(cfg.d_model)
-        self.final_norm = RMSNorm(cfg.d_model, ATTNRES_EPS)  # only its gain is used: w_o of the final mix
+        self.final_mix = _AttnResMixer(cfg.d_model)
+        self.final_norm = RMSNorm(cfg.d_model, _ATTNRES_EPS)  # only its gain is used: w_o of the final mix
         sizes = self.group_sizes = list(group_sizes)
         self.boundaries = frozenset(sum(sizes[:g]) for g in range(len(sizes)))  # sublayers that start a group
 
@@ -1435,7 +1426,7 @@ class AttnResTransformer(DepthModel):
 
     def readout(self, state_index: int, state: torch.Tensor) -> torch.Tensor:
         "Logit lens: the final gain with the mixer's ε, then the LM head (exact for boundary states)."
-        return self.lm_head(rms_norm(state, self.final_norm.weight, ATTNRES_EPS))
+        return self.lm_head(rms_norm(state, self.final_norm.weight, _ATTNRES_EPS))
 
     def fsdp_units(self) -> list[nn.Module]:
         """The forward calls each block's attention and FFN, not the block: those are the FSDP units (mixers stay with
@@ -1463,13 +1454,13 @@ def _attnres_params(cfg: ModelConfig) -> tuple[int, int]:
     ) * 2 * cfg.d_model, 2 * cfg.d_model  # no mixer before block 0's attention; the final mixer
 
 
-def attnres_flops(group_sizes: list[int], d: int) -> float:
+def _attnres_flops(group_sizes: list[int], d: int) -> float:
     "Forward FLOPs per token of the depth mixes over these groups."
     sites = attnres_sources_per_site(group_sizes)
     return float(sum(8 * d * s + 3 * s + 4 * d for s in sites if s) + sum(group_sizes) * d)
 
 
-def attnres_activations(group_sizes: list[int], d: int) -> int:
+def _attnres_activations(group_sizes: list[int], d: int) -> int:
     "Activation bytes per token of the sources every mixing site saves (fp32)."
     return sum(attnres_sources_per_site(group_sizes)) * d * 4
 
@@ -1479,11 +1470,11 @@ def _attnres_fork(cfg: ModelConfig, b: int) -> dict:
     d, out = cfg.d_model, {}
     if b > 0:
         out |= {
-            "attn_res_proj.weight": ((1, d), "attn_mix.query", SQUEEZE0),
+            "attn_res_proj.weight": ((1, d), "attn_mix.query", _SQUEEZE0),
             "attn_res_norm.weight": ((d,), "attn_mix.key_weight", SAME),
         }
     return out | {
-        "mlp_res_proj.weight": ((1, d), "ffn_mix.query", SQUEEZE0),
+        "mlp_res_proj.weight": ((1, d), "ffn_mix.query", _SQUEEZE0),
         "mlp_res_norm.weight": ((d,), "ffn_mix.key_weight", SAME),
     }
 
@@ -1491,26 +1482,26 @@ def _attnres_fork(cfg: ModelConfig, b: int) -> dict:
 def _attnres_fork_top(cfg: ModelConfig) -> dict:
     d = cfg.d_model
     return {
-        "res_proj.weight": ((1, d), "final_mix.query", SQUEEZE0),
+        "res_proj.weight": ((1, d), "final_mix.query", _SQUEEZE0),
         "res_norm.weight": ((d,), "final_mix.key_weight", SAME),
     }
 
 
-def attnres_fork_names(names) -> bool:
+def _attnres_fork_names(names) -> bool:
     "Whether checkpoint tensor names are the official fork's AttnRes names (a `res_proj` weight)."
     return _has(names, r"(^|\.)res_proj\.weight$")
 
 
-def attnres_fork(prepare: Optional[Callable] = None) -> ForkNames:
+def _attnres_fork(prepare: Optional[Callable] = None) -> ForkNames:
     "The AttnRes designs' fork tensors (the same names for Full and Block AttnRes: the block size is in the config)."
-    return ForkNames(block=_attnres_fork, top=_attnres_fork_top, detect=attnres_fork_names, prepare=prepare)
+    return ForkNames(block=_attnres_fork, top=_attnres_fork_top, detect=_attnres_fork_names, prepare=prepare)
 
 
-def _attnres_init(model: AttnResTransformer, idx: torch.Tensor, atol: float) -> Optional[str]:
+def _attnres_init(model: _AttnResTransformer, idx: torch.Tensor, atol: float) -> Optional[str]:
     "No mixer before block 0's attention, zero pseudo-queries, uniform mixes."
     if hasattr(model.blocks[0], "attn_mix"):
         return "block 0's attention reads N_a(embedding): it has no mixer"
-    if any(m.query.abs().sum() != 0 for m in model.modules() if isinstance(m, AttnResMixer)):
+    if any(m.query.abs().sum() != 0 for m in model.modules() if isinstance(m, _AttnResMixer)):
         return "AttnRes pseudo-queries are not zero at init"
     for k, w in enumerate(model.depth_mix_weights(idx)):
         if not torch.allclose(w, torch.full_like(w, 1 / w.shape[-1]), atol=1e-6):
@@ -1518,14 +1509,14 @@ def _attnres_init(model: AttnResTransformer, idx: torch.Tensor, atol: float) -> 
     return None
 
 # %% ../nbs/01c_model.ipynb #154e1b6a
-def full_attnres_groups(cfg: ModelConfig) -> list[int]:
+def _full_attnres_groups(cfg: ModelConfig) -> list[int]:
     "Full AttnRes: every sublayer is a group of its own."
     return [1] * cfg.n_sublayers
 
 
-def build_attnres(cfg: ModelConfig) -> AttnResTransformer:
+def _build_attnres(cfg: ModelConfig) -> _AttnResTransformer:
     "The Full AttnRes model of a config."
-    return AttnResTransformer(cfg, full_attnres_groups(cfg))
+    return _AttnResTransformer(cfg, _full_attnres_groups(cfg))
 
 
 def _full_attnres_prepare(hints: dict, options: dict) -> list[str]:
@@ -1541,16 +1532,16 @@ register_design(
         "attnres",
         "Full Attention Residuals: every sublayer output a depth source",
         paper="depthbench",
-        build=build_attnres,
+        build=_build_attnres,
         extra_params=_attnres_params,
-        forward_flops=lambda cfg: attnres_flops(full_attnres_groups(cfg), cfg.d_model),
-        activation_bytes=lambda cfg, bytes_per_elem: attnres_activations(full_attnres_groups(cfg), cfg.d_model),
-        mixing_bytes=lambda cfg, bytes_per_elem: attnres_mixing_bytes(
-            full_attnres_groups(cfg), cfg.d_model, bytes_per_elem
+        forward_flops=lambda cfg: _attnres_flops(_full_attnres_groups(cfg), cfg.d_model),
+        activation_bytes=lambda cfg, bytes_per_elem: _attnres_activations(_full_attnres_groups(cfg), cfg.d_model),
+        mixing_bytes=lambda cfg, bytes_per_elem: _attnres_mixing_bytes(
+            _full_attnres_groups(cfg), cfg.d_model, bytes_per_elem
         ),
         check_init=_attnres_init,
         metrics=("residual_path",),
-        importer=attnres_fork(_full_attnres_prepare),
+        importer=_attnres_fork(_full_attnres_prepare),
     )
 )
 
@@ -1563,7 +1554,7 @@ class BlockAttnResOptions(DesignOptions):
     attnres_num_blocks: Optional[int] = option(None, "a positive integer number of blocks", positive_int)
 
 
-def block_attnres_groups(cfg: ModelConfig) -> list[int]:
+def _block_attnres_groups(cfg: ModelConfig) -> list[int]:
     "Sublayers per group over the 2L sublayers: S each (the last one short), or N groups differing by at most one."
     n_sub = cfg.n_sublayers
     if cfg.attnres_block_size is not None:
@@ -1603,9 +1594,9 @@ def _block_attnres_prepare(hints: dict, options: dict) -> list[str]:
     ]
 
 
-def build_block_attnres(cfg: ModelConfig) -> AttnResTransformer:
+def _build_block_attnres(cfg: ModelConfig) -> _AttnResTransformer:
     "The Block AttnRes model of a config."
-    return AttnResTransformer(cfg, block_attnres_groups(cfg))
+    return _AttnResTransformer(cfg, _block_attnres_groups(cfg))
 
 
 register_design(
@@ -1614,16 +1605,16 @@ register_design(
         "attnres",
         "Block Attention Residuals: sources are block sums (8 blocks over 2L sublayers by default)",
         paper="depthbench",
-        build=build_block_attnres,
+        build=_build_block_attnres,
         extra_params=_attnres_params,
-        forward_flops=lambda cfg: attnres_flops(block_attnres_groups(cfg), cfg.d_model),
-        activation_bytes=lambda cfg, bytes_per_elem: attnres_activations(block_attnres_groups(cfg), cfg.d_model),
-        mixing_bytes=lambda cfg, bytes_per_elem: attnres_mixing_bytes(
-            block_attnres_groups(cfg), cfg.d_model, bytes_per_elem
+        forward_flops=lambda cfg: _attnres_flops(_block_attnres_groups(cfg), cfg.d_model),
+        activation_bytes=lambda cfg, bytes_per_elem: _attnres_activations(_block_attnres_groups(cfg), cfg.d_model),
+        mixing_bytes=lambda cfg, bytes_per_elem: _attnres_mixing_bytes(
+            _block_attnres_groups(cfg), cfg.d_model, bytes_per_elem
         ),
         check_init=_attnres_init,
         metrics=("dead_zone", "residual_path"),
-        importer=attnres_fork(_block_attnres_prepare),
+        importer=_attnres_fork(_block_attnres_prepare),
         options=BlockAttnResOptions,
         validate=_block_attnres_options,
     )
@@ -1715,7 +1706,7 @@ def _read_depth(ctx: ForwardContext, b: int, like: torch.Tensor) -> dict:
     return dict(depth_k=torch.stack(ks, dim=2), depth_v=torch.stack(vs, dim=2))  # [B, T, S, H_kv, hd]
 
 
-def build_moda(cfg: ModelConfig) -> ResidualTransformer:
+def _build_moda(cfg: ModelConfig) -> ResidualTransformer:
     "The MoDA model of a config."
     return ResidualTransformer(cfg, MoDABlock)
 
@@ -1729,7 +1720,7 @@ def _moda_matmul(cfg: ModelConfig) -> int:
     return 2 * cfg.d_model * _moda_kv_width(cfg) * (cfg.n_layer - 1) if cfg.moda_ffn_kv else 0
 
 
-def moda_mixing_bytes(cfg: ModelConfig, bytes_per_elem: int) -> tuple[int, int]:
+def _moda_mixing_bytes(cfg: ModelConfig, bytes_per_elem: int) -> tuple[int, int]:
     """(forward, backward) bytes of depth keys and values per token: block b reads the 2b slots written before it (K and
     V, zeros included) in the forward; the backward reads them again, and each written slot's gradient is summed once
     from its readers' terms (a query or output gradient and a weight per reader: `DepthStore.add_outer`) and written.
@@ -1766,7 +1757,7 @@ def _moda_fork(cfg: ModelConfig, b: int) -> dict:
     return {"feed_forward.kv_proj.weight": ((2 * _moda_kv_width(cfg), cfg.d_model), "depth_kv.weight", SAME)}
 
 
-MODA_FORK = ForkNames(
+_MODA_FORK = ForkNames(
     block=_moda_fork,
     nested=True,
     detect=lambda names: _has(names, r"attention\.attention\.w_q\.weight$"),
@@ -1780,17 +1771,17 @@ register_design(
         "residual",
         "Mixture-of-Depths Attention: depth KV of earlier sublayers under one softmax (+2d^2 per block)",
         paper="depthbench",
-        build=build_moda,
+        build=_build_moda,
         extra_params=lambda cfg: (_moda_matmul(cfg), 0),
         forward_flops=lambda cfg: 4.0 * cfg.d_model * cfg.n_layer * (cfg.n_layer - 1),
         matmul_params=_moda_matmul,
         check_init=_moda_init,
         default_init_modules=("depth_kv",),  # W_kv keeps nn.Linear's default init: exempt from the shared ±3σ rule
         metrics=("usefulness", "residual_path"),
-        importer=MODA_FORK,
+        importer=_MODA_FORK,
         options=MoDAOptions,
         activation_bytes=lambda cfg, bytes_per_elem: 2 * cfg.n_sublayers * _moda_kv_width(cfg) * bytes_per_elem,
-        mixing_bytes=moda_mixing_bytes,
+        mixing_bytes=_moda_mixing_bytes,
         depth_cache_bytes=lambda cfg, bytes_per_elem: 2 * cfg.n_sublayers * _moda_kv_width(cfg) * bytes_per_elem,
     )
 )
