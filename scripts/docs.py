@@ -6,7 +6,8 @@ two additions:
 
 - every code cell runs, not only the cells `show_doc` needs, so a page shows its examples with their outputs; the cells
   flagged with settings.ini's `tst_flags` (`slow`, `gpu`) are shown without running, as `nbdev_test` skips them, and the
-  page says so; the papermill templates (10-19) are shown, not run;
+  page says so; the papermill templates (10-19) are shown, not run. A cell that raises fails the build: the build is
+  the notebooks' test (the test command runs each notebook once, here, and not again in `nbdev_test`);
 - each page lists the module's exported constants (name, type, value, the comment beside it), as `show_doc` lists its
   functions and classes, so every exported name has an entry.
 
@@ -179,6 +180,7 @@ def _inject_parameters(nb, parameters: dict) -> None:
 def process_notebook(nb_path: Path, proc_dir: Path, runs_root: Path, budget: float) -> dict:
     "Process one notebook into the _proc folder (in a process of its own, as nbdev_test runs one); returns its timings."
     os.environ["DEPTHBENCH_RUNS"] = str(runs_root)
+    os.environ["IN_TEST"] = "1"  # as nbdev_test sets it: this build is where the notebooks' tests run
     from execnb.nbio import read_nb, write_nb
     from nbdev.config import get_config
     from nbdev.process import NBProcessor
@@ -383,11 +385,24 @@ def slug(text: str) -> str:
     return s or "section"
 
 
+def equation(latex: str, display: str) -> str:
+    """A chapter's LaTeX (`$...$` inline, `$$...$$` display) as MathML, which browsers draw without a script or a
+    network; an equation that does not parse fails the build, naming it."""
+    from latex2mathml.converter import convert
+
+    try:
+        mathml = convert(latex, display=display)
+    except Exception as e:
+        raise ValueError(f"the equation ${latex}$ does not parse: {type(e).__name__}: {e}") from e
+    return f'<div class="math display">{mathml}</div>\n' if display == "block" else mathml
+
+
 class Renderer:
     "Markdown and cell outputs to HTML for one site (links into the site made relative, headings given ids)."
 
     def __init__(self, site_url: str):
         from markdown_it import MarkdownIt
+        from mdit_py_plugins.dollarmath import dollarmath_plugin
         from pygments.formatters import HtmlFormatter
 
         self.site_url = site_url.rstrip("/") + "/"
@@ -395,7 +410,10 @@ class Renderer:
             MarkdownIt("commonmark", {"html": True, "highlight": self.highlight})
             .enable("table")
             .enable("strikethrough")
+            .use(dollarmath_plugin, allow_space=False, allow_digits=False, double_inline=True)
         )
+        self.md.add_render_rule("math_inline", lambda _r, tokens, i, *_: equation(tokens[i].content, "inline"))
+        self.md.add_render_rule("math_block", lambda _r, tokens, i, *_: equation(tokens[i].content, "block"))
         self.formatter = HtmlFormatter(nowrap=True)
 
     def highlight(self, code: str, lang: str = "python", attrs=None) -> str:

@@ -119,7 +119,11 @@ def measure(root: Path = ROOT) -> dict:
     readme = readme_shape(root / "README.md")
     names = public_names(root / "depthbench_nb")
     per = LIMITS["exported_lines_per_example"]
-    thin = {nb["notebook"]: (nb["examples"], nb["exported_lines"]) for nb in nbs if nb["examples"] * per < nb["exported_lines"]}
+    thin = {
+        nb["notebook"]: (nb["examples"], nb["exported_lines"])
+        for nb in nbs
+        if nb["examples"] * per < nb["exported_lines"]
+    }
     figures = dict(
         notebooks=len(nbs),
         export_cells=len(sizes),
@@ -147,7 +151,9 @@ def measure(root: Path = ROOT) -> dict:
     for key in ("readme_lines", "readme_median_words", "readme_max_words", "public_names"):
         if figures[key] > LIMITS[key]:
             breaches.append(f"{key} {figures[key]} > {LIMITS[key]}")
-    breaches += [f"README sentence over {LIMITS['readme_max_words']} words: {s[:80]}..." for s in readme["long_sentences"]]
+    breaches += [
+        f"README sentence over {LIMITS['readme_max_words']} words: {s[:80]}..." for s in readme["long_sentences"]
+    ]
     return dict(figures=figures, limits=LIMITS, breaches=breaches, notebooks=nbs)
 
 
