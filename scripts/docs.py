@@ -54,10 +54,10 @@ def notebooks(nbs: Path) -> list[Path]:
 
 
 def kind_of(nb_path: Path) -> str:
-    "index, library (00-07), template (10-19) or report (20-29)."
+    "index, library (00-07), template (10-19), report (20-29) or manual (a page without a number: Performance)."
     if nb_path.stem == "index":
         return "index"
-    return {"0": "library", "1": "template", "2": "report"}.get(nb_path.name[0], "library")
+    return {"0": "library", "1": "template", "2": "report"}.get(nb_path.name[0], "manual")
 
 
 def page_name(nb_path: Path) -> str:
@@ -658,7 +658,7 @@ class Site:
     def section_of(self, page: Page) -> str:
         if page.kind == "index":
             return "Home"
-        return dict(library="Library", template="Papermill templates", report="Reports")[page.kind]
+        return dict(library="Library", template="Papermill templates", report="Reports", manual="Manual")[page.kind]
 
     def sidebar(self, current: Page) -> str:
         items = []
@@ -667,6 +667,7 @@ class Site:
             ("Library", ("library",)),
             ("Papermill templates", ("template",)),
             ("Reports", ("report",)),
+            ("Manual", ("manual",)),
         ):
             pages = [p for p in self.pages if p.kind in kinds]
             if not pages:

@@ -29,7 +29,12 @@ def _project(tmp_path: Path, export_lines: int, examples: int, readme: str, exam
     (tmp_path / "depthbench_nb").mkdir()
     (tmp_path / "depthbench_nb" / "m.py").write_text("__all__ = ['a', 'b']\n")
     body = "\n".join(f"x{i} = {i}" for i in range(export_lines))
-    cells = [("markdown", "# T\n\n> A chapter."), ("code", "#| default_exp m"), ("code", "#| hide\nimport os")]
+    cells = [
+        ("markdown", "# T\n\n> A chapter of the book."),
+        ("code", "#| default_exp m"),
+        ("code", "#| hide\nimport os"),
+    ]
+    cells += [("markdown", "What this chapter does.")]
     example = "\n".join(f"assert x{i} == {i}" for i in range(example_lines))
     cells += [("code", f"#| export\n{body}")] + [("code", example)] * examples
     _nb(tmp_path / "nbs" / "00_m.ipynb", cells)
@@ -55,6 +60,17 @@ def test_a_long_cell_and_too_few_examples_are_breaches(tmp_path):
 def test_a_chapter_within_the_limits_has_no_breach(tmp_path):
     result = shape.measure(_project(tmp_path, 20, 1, "One line of prose.\n", example_lines=6))  # 20 of 27 lines
     assert result["breaches"] == [] and result["figures"]["median_export_cell"] == 20
+
+
+def test_a_page_opening_with_code_or_a_cut_description_is_a_breach(tmp_path):
+    nb = _nb(tmp_path / "00_x.ipynb", [("markdown", "# T\n\n> each as the public"), ("code", "import os")])
+    found = shape.notebook_shape(nb)
+    assert found["opens_with"] == "example" and found["description"] == "each as the public"
+    nb = _nb(
+        tmp_path / "00_y.ipynb",
+        [("markdown", "# T\n\n> A whole sentence here."), ("code", "#| hide\nimport os"), ("markdown", "Intro.")],
+    )
+    assert shape.notebook_shape(nb)["opens_with"] == "markdown"
 
 
 def test_a_long_readme_sentence_is_a_breach_and_code_is_not_prose(tmp_path):
