@@ -385,6 +385,16 @@ def slug(text: str) -> str:
     return s or "section"
 
 
+_DOLLAR = "\ue024"  # a private-use character stands for `$` inside code while the equations are found
+
+
+def _hide_code_dollars(text: str) -> str:
+    "A `$` inside a code span or a fenced block is code, never the start or end of an equation."
+    hide = lambda m: m.group(0).replace("$", _DOLLAR)  # noqa: E731
+    text = re.sub(r"^(```|~~~).*?^\1", hide, text, flags=re.S | re.M)
+    return re.sub(r"(`+)(?!`).*?(?<!`)\1(?!`)", hide, text, flags=re.S)
+
+
 def equation(latex: str, display: str) -> str:
     """A chapter's LaTeX (`$...$` inline, `$$...$$` display) as MathML, which browsers draw without a script or a
     network; an equation that does not parse fails the build, naming it."""
@@ -394,6 +404,9 @@ def equation(latex: str, display: str) -> str:
         mathml = convert(latex, display=display)
     except Exception as e:
         raise ValueError(f"the equation ${latex}$ does not parse: {type(e).__name__}: {e}") from e
+    unknown = re.findall(r">(\\[A-Za-z]+)<", mathml)  # latex2mathml prints a command it does not know as text
+    if unknown:
+        raise ValueError(f"the equation ${latex}$ uses commands MathML has no rendering for: {sorted(set(unknown))}")
     return f'<div class="math display">{mathml}</div>\n' if display == "block" else mathml
 
 
@@ -433,7 +446,7 @@ class Renderer:
     def markdown(self, text: str, headings: list | None = None, ids: set | None = None) -> str:
         "Render markdown; record headings (level, id, text) in `headings`, keeping ids unique through `ids`."
         text = _re_link_attrs.sub(self._link_with_attrs, text)
-        tokens = self.md.parse(text)
+        tokens = self.md.parse(_hide_code_dollars(text))
         ids = set() if ids is None else ids
         for i, tok in enumerate(tokens):
             if tok.type == "heading_open":
@@ -454,7 +467,7 @@ class Renderer:
                     child.type = "text"
                 if child.type == "link_open":
                     child.attrSet("href", self.link(child.attrGet("href") or ""))
-        return self.md.renderer.render(tokens, self.md.options, {})
+        return self.md.renderer.render(tokens, self.md.options, {}).replace(_DOLLAR, "$")
 
     @staticmethod
     def _allowed(raw: str) -> bool:
