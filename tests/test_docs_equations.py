@@ -14,7 +14,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import docs  # noqa: E402  (scripts/docs.py: the builder)
-from test_docs import page_of, site  # noqa: E402, F401  (the built site, shared with the other documentation tests)
+from test_docs import page_of, site  # noqa: E402, F401, F811  (the built site, shared with the other documentation tests)
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +47,7 @@ def test_an_equation_that_does_not_parse_fails_naming_it():
         docs.equation(r"\undefinedmacro x", "inline")
 
 
-def test_library_pages_show_their_equations_as_mathml(site):
+def test_library_pages_show_their_equations_as_mathml(site):  # noqa: F811
     "A library notebook that writes LaTeX in its prose shows as many MathML equations as it writes, or more."
     missing = []
     for nb in sorted((ROOT / "nbs").glob("0*.ipynb")):
