@@ -673,7 +673,7 @@ def manual_link(target: str, source: Path, nbs: Path) -> str | None:
 
 
 class ManualPage(Page):
-    "One manual page rendered: its markdown after the front matter, links to notebooks and pages as the site names them."
+    "One manual page rendered: its markdown after the front matter, its links named as the site names them."
 
     def __init__(self, path: Path, site: "Site", nbs: Path):
         self.front, text = front_matter(path.read_text())
