@@ -93,6 +93,17 @@ MACHINE_FIGURE = re.compile(
 )
 
 
+def manual_notebooks() -> list[Path]:
+    "The manual's pages that are notebooks (a page without a number, such as Performance), in the sidebar's order."
+    return [nb for nb in docs.notebooks(NBS) if docs.kind_of(nb) == "manual"]
+
+
+def manual_titles() -> list[str]:
+    "The manual's page titles in the sidebar's order: the .qmd pages, then the manual's notebooks."
+    qmd = [docs.front_matter(p.read_text())[0]["title"] for p in docs.manual_sources(NBS)]
+    return qmd + [json.loads(nb.read_text())["cells"][0]["source"][0].strip("# \n") for nb in manual_notebooks()]
+
+
 def _prose(md: str) -> str:
     "Markdown without its code blocks."
     return re.sub(r"```.*?```", " ", md, flags=re.S)
@@ -114,7 +125,7 @@ def test_index_agrees_with_readme():
     manual = _plain(_readme_section(readme, "Where to read next").split("The manual:")[1])
     assert manual == _plain(index.split("## The manual")[1].split("\n## ")[0]), "the manual lists differ"
     titles = re.findall(r"^- \[([^\]]+)\]", _readme_section(readme, "Where to read next"), re.M)
-    assert titles == [docs.front_matter(p.read_text())[0]["title"] for p in docs.manual_sources(NBS)], titles
+    assert titles == manual_titles(), titles
     # the map of the notebooks: README's table, row for row, and it names every notebook there is
     tour = _table(_readme_section(readme, "A tour of the notebooks"))
     mine = _table(index.split("## A map of the notebooks")[1])
@@ -122,9 +133,8 @@ def test_index_agrees_with_readme():
         [r for r in tour if r not in mine] + [r for r in mine if r not in tour]
     )
     named = {n.strip() for row in tour[1:] for n in row[0].split(",")}
-    assert named == {p.stem for p in NBS.glob("*.ipynb")} - {"index"}, named ^ (
-        {p.stem for p in NBS.glob("*.ipynb")} - {"index"}
-    )
+    chapters = {p.stem for p in NBS.glob("*.ipynb") if docs.kind_of(p) not in ("index", "manual")}
+    assert named == chapters, named ^ chapters
     # how to build and look at the site, in both
     for doc in (readme, index):
         assert "bash scripts/docs.sh" in doc and "python -m http.server -d _docs" in doc
@@ -308,7 +318,7 @@ def test_manual_links_lead_to_pages_of_the_site(manual_site):
         b
         for b in internal_link_problems(out)
         if not re.match(r".+ -> ([\w.-]+\.html)(#\S*)?: no such file", b)
-        or re.match(r".+ -> ([\w.-]+\.html)", b).group(1) not in notebook_pages | {"performance.html"}
+        or re.match(r".+ -> ([\w.-]+\.html)", b).group(1) not in notebook_pages
     ]
     assert not bad, bad
     links = [link for p in out.glob("*.html") for link in Page(p).links]
@@ -549,10 +559,10 @@ def test_browser_index_renders(browser):
     title = _wait(driver, "the title", lambda: driver.find_element(By.CSS_SELECTOR, "h1.title"))
     assert title.text == "depthbench-nb" and title.is_displayed()
     sidebar = driver.find_elements(By.CSS_SELECTOR, "nav.sidebar a")
-    pages = [page_of(nb) for nb in docs.notebooks(NBS)]
-    manual = [f"{p.stem}.html" for p in docs.manual_sources(NBS)]
-    # the front page, the manual, then every notebook in the notebooks' order
-    assert [a.get_attribute("href").rsplit("/", 1)[1] for a in sidebar] == pages[:1] + manual + pages[1:]
+    chapters = [page_of(nb) for nb in docs.notebooks(NBS) if docs.kind_of(nb) != "manual"]
+    manual = [f"{p.stem}.html" for p in docs.manual_sources(NBS)] + [page_of(nb) for nb in manual_notebooks()]
+    # the front page, the manual, then every chapter, template and report in the notebooks' order
+    assert [a.get_attribute("href").rsplit("/", 1)[1] for a in sidebar] == chapters[:1] + manual + chapters[1:]
     assert all(a.is_displayed() for a in sidebar)
     # the map of the notebooks links every notebook's page, and the styles are in use (the navbar is coloured)
     links = {
