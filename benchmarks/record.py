@@ -28,7 +28,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
-# name -> (script, arguments, the option that names the JSON file it writes (None: it prints the JSON), what it measures)
+# name -> (script, arguments, the option naming the JSON file it writes (None: it prints the JSON), what it measures)
 BENCHMARKS = {
     "models": (
         "bench_models.py",
@@ -48,7 +48,7 @@ BENCHMARKS = {
         "bench_data.py",
         ["--files", "4", "--repeats", "2", "--skip-memory", "--hash-mb", "256"],
         None,
-        "Data preparation: tokens/s of 1 and 2 workers against raw `tokenizers` in the same run, and the checksum rate.",
+        "Data preparation: tokens/s of 1 and 2 workers against raw `tokenizers` in one run, and the checksum rate.",
     ),
     "decode": (
         "bench_decode.py",
