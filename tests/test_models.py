@@ -717,16 +717,17 @@ def test_a_design_declares_its_own_options():
     assert "loose_options" not in ARCHS
 
 
-def test_the_readme_design_with_an_option_runs_as_written():
-    """README's "Adding a residual design" example, executed as written: the design registers, passes the shared
-    checks with its option, and the train command offers the option with no edit of depthbench-nb."""
+def test_the_manual_design_with_an_option_runs_as_written():
+    """The manual's "Adding a residual design" example (nbs/manual/adding_a_design.qmd), executed as written: the
+    design registers, passes the shared checks with its option, and the train command offers the option with no edit
+    of depthbench-nb."""
     from depthbench_nb.trainer import train_parser
 
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    section = readme.split("## Adding a residual design", 1)[1].split("\n## ", 1)[0]
+    page = Path(__file__).resolve().parent.parent / "nbs" / "manual" / "adding_a_design.qmd"
+    section = page.read_text().split("## A design with an option", 1)[1].split("\n## ", 1)[0]
     example = re.findall(r"```python\n(.*?)```", section, re.S)[0]
     try:
-        exec(compile(example, "README.md", "exec"), {})
+        exec(compile(example, str(page), "exec"), {})
         assert not failures(check_design(tiny_config("gated", gate_start=0.5)))
         model = build_model(tiny_config("gated", gate_start=0.5))
         assert all(b.gate.item() == 0.5 for b in model.blocks)  # the one init entry point used the option
