@@ -14,6 +14,7 @@ from typing import Callable, Collection, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
+from fastcore.basics import patch
 from torch import Tensor
 
 from depthbench_nb.config import (
@@ -221,65 +222,67 @@ class _SharedSwapRunner:
         R = t.shape[0] // K  # rows per candidate
         return t[k * R : (k + 1) * R]
 
-    def losses(self, i: int, js: list[int], y: Tensor) -> list[float]:
-        "Mean loss of each swap (i, j) for j in js."
-        model, K, blocks = self.model, len(js), self.model.blocks
+# %% ../nbs/04a_diagnostics.ipynb #8502ae4f
+@patch
+def losses(self: _SharedSwapRunner, i: int, js: list[int], y: Tensor) -> list[float]:
+    "Mean loss of each swap (i, j) for j in js."
+    model, K, blocks = self.model, len(js), self.model.blocks
 
-        def tile(t):
-            return torch.cat([t] * K) if isinstance(t, Tensor) else t
+    def tile(t):
+        return torch.cat([t] * K) if isinstance(t, Tensor) else t
 
-        busy = [False]  # set while a hook runs a block itself
+    busy = [False]  # set while a hook runs a block itself
 
-        def recompute(p, args, kwargs, out, pairs):
-            # pairs [(k, partner)]: candidate k needs position p computed with the weights of block `partner`
-            rows_total = _first_tensor(out).shape[0]
-            if rows_total % K:
-                raise RuntimeError("batched rows do not split into candidates")
+    def recompute(p, args, kwargs, out, pairs):
+        # pairs [(k, partner)]: candidate k needs position p computed with the weights of block `partner`
+        rows_total = _first_tensor(out).shape[0]
+        if rows_total % K:
+            raise RuntimeError("batched rows do not split into candidates")
 
-            def pick(k):
-                return lambda t: self._rows(t, K, k) if t.shape[:1] == (rows_total,) else t
+        def pick(k):
+            return lambda t: self._rows(t, K, k) if t.shape[:1] == (rows_total,) else t
 
-            out = _map_tensors(out, lambda t: t.clone())
-            for k, partner in pairs:
+        out = _map_tensors(out, lambda t: t.clone())
+        for k, partner in pairs:
+            model.swap_blocks(p, partner)
+            busy[0] = True
+            try:
+                mod = blocks[p]
+                sub = type(mod).forward(mod, *_map_tensors(args, pick(k)), **_map_tensors(kwargs, pick(k)))
+            finally:
+                busy[0] = False
                 model.swap_blocks(p, partner)
-                busy[0] = True
-                try:
-                    mod = blocks[p]
-                    sub = type(mod).forward(mod, *_map_tensors(args, pick(k)), **_map_tensors(kwargs, pick(k)))
-                finally:
-                    busy[0] = False
-                    model.swap_blocks(p, partner)
-                _assign_rows(out, sub, K, k)
-            return out
+            _assign_rows(out, sub, K, k)
+        return out
 
-        def make_hook(p):
-            def hook(module, args, kwargs, out):
-                if busy[0]:
-                    return None
-                if p == i:
-                    return recompute(p, args, kwargs, out, [(k, j) for k, j in enumerate(js)])
-                if p in js:
-                    return recompute(p, args, kwargs, out, [(k, i) for k, j in enumerate(js) if j == p])
+    def make_hook(p):
+        def hook(module, args, kwargs, out):
+            if busy[0]:
                 return None
+            if p == i:
+                return recompute(p, args, kwargs, out, [(k, j) for k, j in enumerate(js)])
+            if p in js:
+                return recompute(p, args, kwargs, out, [(k, i) for k, j in enumerate(js) if j == p])
+            return None
 
-            return hook
+        return hook
 
-        handles = [blocks[p].register_forward_hook(make_hook(p), with_kwargs=True) for p in range(i, len(blocks))]
-        for b in range(i):
-            blocks[b].forward = (lambda out: lambda *a, **kw: out)(_map_tensors(self.cache[b], tile))
-        blocks[i].forward = lambda *a, **kw: a[
-            0
-        ]  # every row of position i is recomputed by its hook: skip the batched call
-        try:
-            with torch.no_grad():
-                logits = model(self.x.repeat(K, 1))  # [K*B, T, V]
-        finally:
-            for h in handles:
-                h.remove()
-            for b in range(i + 1):
-                del blocks[b].forward
-        per_row = lm_loss(logits, y.repeat(K, 1), per_row=True).view(K, self.B)
-        return per_row.mean(1).tolist()
+    handles = [blocks[p].register_forward_hook(make_hook(p), with_kwargs=True) for p in range(i, len(blocks))]
+    for b in range(i):
+        blocks[b].forward = (lambda out: lambda *a, **kw: out)(_map_tensors(self.cache[b], tile))
+    blocks[i].forward = lambda *a, **kw: a[
+        0
+    ]  # every row of position i is recomputed by its hook: skip the batched call
+    try:
+        with torch.no_grad():
+            logits = model(self.x.repeat(K, 1))  # [K*B, T, V]
+    finally:
+        for h in handles:
+            h.remove()
+        for b in range(i + 1):
+            del blocks[b].forward
+    per_row = lm_loss(logits, y.repeat(K, 1), per_row=True).view(K, self.B)
+    return per_row.mean(1).tolist()
 
 # %% ../nbs/04a_diagnostics.ipynb #1c61ff84
 def _first_tensor(obj) -> Tensor:
