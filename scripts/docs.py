@@ -6,7 +6,8 @@ two additions:
 
 - every code cell runs, not only the cells `show_doc` needs, so a page shows its examples with their outputs; the cells
   flagged with settings.ini's `tst_flags` (`slow`, `gpu`) are shown without running, as `nbdev_test` skips them, and the
-  page says so; the papermill templates (10-19) are shown, not run;
+  page says so; the papermill templates (10-19) are shown, not run. A cell that raises fails the build: the build is
+  the notebooks' test (the test command runs each notebook once, here, and not again in `nbdev_test`);
 - each page lists the module's exported constants (name, type, value, the comment beside it), as `show_doc` lists its
   functions and classes, so every exported name has an entry.
 
@@ -53,10 +54,10 @@ def notebooks(nbs: Path) -> list[Path]:
 
 
 def kind_of(nb_path: Path) -> str:
-    "index, library (00-07), template (10-19) or report (20-29)."
+    "index, library (00-07), template (10-19), report (20-29) or manual (a page without a number: Performance)."
     if nb_path.stem == "index":
         return "index"
-    return {"0": "library", "1": "template", "2": "report"}.get(nb_path.name[0], "library")
+    return {"0": "library", "1": "template", "2": "report"}.get(nb_path.name[0], "manual")
 
 
 def page_name(nb_path: Path) -> str:
@@ -179,6 +180,7 @@ def _inject_parameters(nb, parameters: dict) -> None:
 def process_notebook(nb_path: Path, proc_dir: Path, runs_root: Path, budget: float) -> dict:
     "Process one notebook into the _proc folder (in a process of its own, as nbdev_test runs one); returns its timings."
     os.environ["DEPTHBENCH_RUNS"] = str(runs_root)
+    os.environ["IN_TEST"] = "1"  # as nbdev_test sets it: this build is where the notebooks' tests run
     from execnb.nbio import read_nb, write_nb
     from nbdev.config import get_config
     from nbdev.process import NBProcessor
@@ -383,11 +385,37 @@ def slug(text: str) -> str:
     return s or "section"
 
 
+_DOLLAR = "\ue024"  # a private-use character stands for `$` inside code while the equations are found
+
+
+def _hide_code_dollars(text: str) -> str:
+    "A `$` inside a code span or a fenced block is code, never the start or end of an equation."
+    hide = lambda m: m.group(0).replace("$", _DOLLAR)  # noqa: E731
+    text = re.sub(r"^(```|~~~).*?^\1", hide, text, flags=re.S | re.M)
+    return re.sub(r"(`+)(?!`).*?(?<!`)\1(?!`)", hide, text, flags=re.S)
+
+
+def equation(latex: str, display: str) -> str:
+    """A chapter's LaTeX (`$...$` inline, `$$...$$` display) as MathML, which browsers draw without a script or a
+    network; an equation that does not parse fails the build, naming it."""
+    from latex2mathml.converter import convert
+
+    try:
+        mathml = convert(latex, display=display)
+    except Exception as e:
+        raise ValueError(f"the equation ${latex}$ does not parse: {type(e).__name__}: {e}") from e
+    unknown = re.findall(r">(\\[A-Za-z]+)<", mathml)  # latex2mathml prints a command it does not know as text
+    if unknown:
+        raise ValueError(f"the equation ${latex}$ uses commands MathML has no rendering for: {sorted(set(unknown))}")
+    return f'<div class="math display">{mathml}</div>\n' if display == "block" else mathml
+
+
 class Renderer:
     "Markdown and cell outputs to HTML for one site (links into the site made relative, headings given ids)."
 
     def __init__(self, site_url: str):
         from markdown_it import MarkdownIt
+        from mdit_py_plugins.dollarmath import dollarmath_plugin
         from pygments.formatters import HtmlFormatter
 
         self.site_url = site_url.rstrip("/") + "/"
@@ -395,7 +423,10 @@ class Renderer:
             MarkdownIt("commonmark", {"html": True, "highlight": self.highlight})
             .enable("table")
             .enable("strikethrough")
+            .use(dollarmath_plugin, allow_space=False, allow_digits=False, double_inline=True)
         )
+        self.md.add_render_rule("math_inline", lambda _r, tokens, i, *_: equation(tokens[i].content, "inline"))
+        self.md.add_render_rule("math_block", lambda _r, tokens, i, *_: equation(tokens[i].content, "block"))
         self.formatter = HtmlFormatter(nowrap=True)
 
     def highlight(self, code: str, lang: str = "python", attrs=None) -> str:
@@ -415,7 +446,7 @@ class Renderer:
     def markdown(self, text: str, headings: list | None = None, ids: set | None = None) -> str:
         "Render markdown; record headings (level, id, text) in `headings`, keeping ids unique through `ids`."
         text = _re_link_attrs.sub(self._link_with_attrs, text)
-        tokens = self.md.parse(text)
+        tokens = self.md.parse(_hide_code_dollars(text))
         ids = set() if ids is None else ids
         for i, tok in enumerate(tokens):
             if tok.type == "heading_open":
@@ -436,7 +467,7 @@ class Renderer:
                     child.type = "text"
                 if child.type == "link_open":
                     child.attrSet("href", self.link(child.attrGet("href") or ""))
-        return self.md.renderer.render(tokens, self.md.options, {})
+        return self.md.renderer.render(tokens, self.md.options, {}).replace(_DOLLAR, "$")
 
     @staticmethod
     def _allowed(raw: str) -> bool:
@@ -640,7 +671,7 @@ class Site:
     def section_of(self, page: Page) -> str:
         if page.kind == "index":
             return "Home"
-        return dict(library="Library", template="Papermill templates", report="Reports")[page.kind]
+        return dict(library="Library", template="Papermill templates", report="Reports", manual="Manual")[page.kind]
 
     def sidebar(self, current: Page) -> str:
         items = []
@@ -649,6 +680,7 @@ class Site:
             ("Library", ("library",)),
             ("Papermill templates", ("template",)),
             ("Reports", ("report",)),
+            ("Manual", ("manual",)),
         ):
             pages = [p for p in self.pages if p.kind in kinds]
             if not pages:
