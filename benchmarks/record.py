@@ -28,7 +28,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
-# name -> (script, arguments, the option that names the JSON file it writes, what it measures)
+# name -> (script, arguments, the option naming the JSON file it writes (None: it prints the JSON), what it measures)
 BENCHMARKS = {
     "models": (
         "bench_models.py",
@@ -38,9 +38,17 @@ BENCHMARKS = {
     ),
     "train": (
         "bench_train.py",
-        ["--L", "8,32", "--archs", "preln,hc,mhc,attnres,block_attnres,moda", "--steps", "4"],
+        ["--L", "8,32", "--archs", "preln,hc,mhc,attnres,block_attnres,moda", "--steps", "4"]
+        + ["--mixing", "fused,reference"],
         "--json",
-        "Training throughput (full optimizer steps) of six designs relative to Pre-LN at L = 8 and 32 (tiny, CPU).",
+        "Training throughput of six designs relative to Pre-LN at L = 8 and 32 (tiny, CPU), with the depth mixing "
+        "computed by the fused path and by the reference ops side by side.",
+    ),
+    "data": (
+        "bench_data.py",
+        ["--files", "4", "--repeats", "2", "--skip-memory", "--hash-mb", "256"],
+        None,
+        "Data preparation: tokens/s of 1 and 2 workers against raw `tokenizers` in one run, and the checksum rate.",
     ),
     "decode": (
         "bench_decode.py",
@@ -111,14 +119,14 @@ def record(name: str, info: dict) -> dict:
     script, args, json_opt, what = BENCHMARKS[name]
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "out.json"
-        cmd = [sys.executable, str(HERE / script), *args, json_opt, str(out)]
+        cmd = [sys.executable, str(HERE / script), *args] + ([json_opt, str(out)] if json_opt else [])
         load_before, start = os.getloadavg(), time.time()
         done = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
-        if done.returncode != 0 or not out.exists():
+        if done.returncode != 0 or not (out.exists() or json_opt is None):
             raise SystemExit(
                 f"{name}: {script} exited {done.returncode}:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}"
             )
-        result = json.loads(out.read_text())
+        result = json.loads(out.read_text() if json_opt else done.stdout)
     shown = "OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 .venv/bin/python " + shlex.join([f"benchmarks/{script}", *args])
     rec = dict(
         benchmark=name,

@@ -660,13 +660,94 @@ class Page:
         return out
 
 
+# ----------------------------------------------------------------------------------------------------------------------
+# Manual pages: Quarto-style markdown (nbs/manual/*.qmd, *.md) rendered beside the notebooks
+# ----------------------------------------------------------------------------------------------------------------------
+MANUAL = "manual"  # the folder of nbs/ that holds the manual pages
+_re_front = re.compile(r"\A---\s*\n(.*?)\n---\s*\n", re.S)
+_re_md_link = re.compile(r"(!?)\[([^\]\n]*)\]\(([^)\s]+)\)")
+
+
+def manual_sources(nbs: Path) -> list[Path]:
+    "The manual pages' sources, in the order their front matter gives (`order:`), then by name."
+    found = [p for p in (Path(nbs) / MANUAL).glob("*") if p.suffix in (".qmd", ".md")]
+    return sorted(found, key=lambda p: (front_matter(p.read_text())[0].get("order", 1e9), p.name))
+
+
+def front_matter(text: str) -> tuple[dict, str]:
+    "A page's YAML front matter (title, description, order) and the markdown after it."
+    import yaml
+
+    m = _re_front.match(text)
+    if not m:
+        return {}, text
+    meta = yaml.safe_load(m.group(1))
+    return (meta if isinstance(meta, dict) else {}), text[m.end() :]
+
+
+def manual_link(target: str, source: Path, nbs: Path) -> str | None:
+    """A relative link of a manual page as the site names it: a notebook by its page (`../01c_model.ipynb` ->
+    `model.html`), another manual page by its stem (`reliability.qmd` -> `reliability.html`); None when it is
+    neither (it stays as written)."""
+    from urllib.parse import urlsplit
+
+    u = urlsplit(target)
+    if u.scheme or u.netloc or not u.path:
+        return None
+    path = (source.parent / u.path).resolve()
+    anchor = f"#{u.fragment}" if u.fragment else ""
+    if path.suffix == ".ipynb" and path.parent == Path(nbs).resolve():
+        return page_name(path) + anchor
+    if path.suffix in (".qmd", ".md") and path.parent == (Path(nbs) / MANUAL).resolve():
+        return f"{path.stem}.html{anchor}"
+    return None
+
+
+class ManualPage(Page):
+    "One manual page rendered: its markdown after the front matter, its links named as the site names them."
+
+    def __init__(self, path: Path, site: "Site", nbs: Path):
+        self.front, text = front_matter(path.read_text())
+        self.kind, self.source, self.name = "manual", f"{MANUAL}/{path.name}", f"{path.stem}.html"
+        self.site, self.headings, self.ids, self.figures = site, [], set(), []
+        self.title = str(self.front.get("title") or path.stem)
+        self.description = str(self.front.get("description") or "")
+        self.body = self.render_markdown(text, path, Path(nbs))
+
+    def render_markdown(self, text: str, path: Path, nbs: Path) -> str:
+        "Links rewritten to the site's names and images copied beside the page, then the markdown rendered."
+
+        def fix(m):
+            bang, label, target = m.groups()
+            if bang:
+                image = (path.parent / target).resolve()
+                if target.startswith(("http:", "https:", "data:")) or not image.is_file():
+                    return m.group(0)
+                name = f"{Path(self.name).stem}_files/{image.name}"
+                self.figures.append((name, image.read_bytes()))
+                return f"![{label}]({name})"
+            return f"[{label}]({manual_link(target, path, nbs) or target})"
+
+        text = "\n".join(
+            _re_md_link.sub(fix, part) if i % 2 == 0 else part
+            for i, part in enumerate(re.split(r"(^```.*?^```)", text, flags=re.S | re.M))
+        )  # links in prose only: a code block is shown as written
+        return f'<div class="cell markdown">{self.site.renderer.markdown(text, self.headings, self.ids)}</div>'
+
+
+def manual_pages(site: "Site", nbs: Path) -> list[ManualPage]:
+    "The manual's pages of a site, in the manual's order."
+    return [ManualPage(p, site, nbs) for p in manual_sources(nbs)]
+
+
 class Site:
     "All pages of the site, the sidebar, the search index, and the checks."
 
     def __init__(self, proc_dir: Path, out_dir: Path, cfg):
         self.cfg, self.out = cfg, out_dir
         self.renderer = Renderer(cfg.doc_host + cfg.doc_baseurl)
-        self.pages = [Page(p, self) for p in notebooks(proc_dir)]
+        pages = [Page(p, self) for p in notebooks(proc_dir)]
+        self.pages = pages[:1] + manual_pages(self, Path(cfg.nbs_path)) + pages[1:]  # the manual after the front page
 
     def section_of(self, page: Page) -> str:
         if page.kind == "index":
@@ -677,17 +758,18 @@ class Site:
         items = []
         for title, kinds in (
             ("", ("index",)),
+            ("Manual", ("manual",)),
             ("Library", ("library",)),
             ("Papermill templates", ("template",)),
             ("Reports", ("report",)),
-            ("Manual", ("manual",)),
         ):
             pages = [p for p in self.pages if p.kind in kinds]
             if not pages:
                 continue
             links = "".join(
                 f'<li><a href="{p.name}"{" class=active aria-current=page" if p is current else ""}>'
-                f'<span class="nb">{html.escape(Path(p.source).stem)}</span> {inline(p.title)}</a></li>'
+                + ("" if p.kind == "manual" else f'<span class="nb">{html.escape(Path(p.source).stem)}</span> ')
+                + f"{inline(p.title)}</a></li>"
                 for p in pages
             )
             head = f'<div class="sidebar-section">{title}</div>' if title else ""
@@ -817,6 +899,7 @@ def inputs_digest() -> str:
     files = [
         ROOT / "settings.ini",
         *sorted((ROOT / "nbs").glob("*.ipynb")),
+        *sorted((ROOT / "nbs" / MANUAL).glob("*")),
         *sorted((ROOT / "depthbench_nb").rglob("*.py")),
         *sorted(ASSETS.parent.glob("docs*.py")),
         *sorted(ASSETS.rglob("*")),

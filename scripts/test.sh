@@ -27,7 +27,7 @@ $BIN/python scripts/notebook_shape.py
 echo "== 5/6 the documentation site into _docs/: every notebook runs once, its examples and tests included (the"
 echo "       notebooks' test, as nbdev_test runs them), the reports on the demo's records, links checked"
 bash scripts/docs.sh
-echo "== 6/6 pytest (without the markers 'exhaustive' and 'paper_effort': see README, Testing)"
+echo "== 6/6 pytest (without the markers 'exhaustive' and 'paper_effort': see the Testing page, nbs/manual/testing.qmd)"
 # `exhaustive`: the rest of the per-family sweeps (2-rank training, compile of every family): pytest -m exhaustive
 # `paper_effort`: the fitter's longer checks against the scipy loop: pytest -m paper_effort
 $BIN/python -m pytest -n 2 --durations=15 -q -m "not exhaustive and not paper_effort" "$@"
