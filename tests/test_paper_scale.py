@@ -185,13 +185,13 @@ def test_looped_embedding_is_bf16_on_cuda_and_the_stream_fp32():
 
 def test_looped_rope_uses_the_reference_bf16_tables():
     "gpt.py: cos/sin precomputed in fp32, kept in bf16; y1 = x1 cos + x2 sin, y2 = x1 (-sin) + x2 cos."
-    from depthbench_nb.looped import looped_rope
+    from depthbench_nb.looped import _looped_rope
 
     cos, sin = rope_angles(32, torch.arange(17))
     c, s = cos[None, :, None, :16].bfloat16(), sin[None, :, None, :16].bfloat16()
     for x in (torch.randn(2, 17, 3, 32), torch.randn(2, 17, 3, 32).bfloat16()):
         x1, x2 = x[..., :16], x[..., 16:]
-        assert torch.equal(looped_rope(x, cos, sin), torch.cat([x1 * c + x2 * s, x1 * (-s) + x2 * c], -1))
+        assert torch.equal(_looped_rope(x, cos, sin), torch.cat([x1 * c + x2 * s, x1 * (-s) + x2 * c], -1))
 
 
 def reference_muonh(W, grads, lr, mu=0.95):
