@@ -25,12 +25,12 @@ from depthbench_nb.looped import (
     tokens_for_budget,
 )
 from depthbench_nb.optim import (
-    POLAR_EXPRESS_COEFFS,
+    _POLAR_EXPRESS_COEFFS,
     HyperP,
     MuonH,
     build_looped_optimizer,
     hyperp_lrs,
-    reference_tokens,
+    _reference_tokens,
 )
 from depthbench_nb.shapes import count_params
 
@@ -307,7 +307,7 @@ def naive_muonh(W, grads, lr, mu=0.95):
         m = mu * m + (1 - mu) * g
         u = (1 - mu) * g + mu * m
         X = u / (1.02 * u.norm() + 1e-6)
-        for a, b, cc in POLAR_EXPRESS_COEFFS:
+        for a, b, cc in _POLAR_EXPRESS_COEFFS:
             if X.shape[0] > X.shape[1]:
                 A = X.T @ X
                 X = a * X + b * (X @ A) + cc * (X @ A @ A)
@@ -378,15 +378,15 @@ def test_hyperp_rules():
     d_ref = 10 * (
         4 * (12 * 640**2 + 2 * 640) + 3 * 640 + 4 * (4 * (12 * 640**2 + 2 * 640) + 2 * 640**2)
     )  # 2-4-2 at r = 4
-    assert reference_tokens(looped_config(14, 4)) == d_ref
+    assert _reference_tokens(looped_config(14, 4)) == d_ref
     assert math.isclose(lr["matrix"], 0.014 * batch * (D / d_ref) ** -0.32)
     assert math.isclose(lr["embedding"], 0.3 * batch * width) and math.isclose(lr["unembedding"], 0.004 * batch * width)
     assert math.isclose(lr["norms"], 0.005 * width) and math.isclose(lr["lanes"], 0.01 * width)
     # the quirk: D_ref follows the training model's r (r = 8: 10 [4 n_b + 3d + 8 (4 n_b + 2d^2)])
     n_b = 12 * 640**2 + 2 * 640
-    assert reference_tokens(looped_config(14, 8)) == 10 * (4 * n_b + 3 * 640 + 8 * (4 * n_b + 2 * 640**2))
-    assert reference_tokens(looped_config(14, 8), HyperP(d_ref_quirk=False)) == d_ref
-    assert reference_tokens(looped_config(14, 1)) == 10 * (20 * n_b + 3 * 640)  # the 0-20-0 reference
+    assert _reference_tokens(looped_config(14, 8)) == 10 * (4 * n_b + 3 * 640 + 8 * (4 * n_b + 2 * 640**2))
+    assert _reference_tokens(looped_config(14, 8), HyperP(d_ref_quirk=False)) == d_ref
+    assert _reference_tokens(looped_config(14, 1)) == 10 * (20 * n_b + 3 * 640)  # the 0-20-0 reference
     assert hyperp_lrs(looped_config(14, 4), D, B, HyperP(data_scaling=False))["data_factor"] == 1.0
 
 

@@ -196,7 +196,7 @@ def test_looped_rope_uses_the_reference_bf16_tables():
 
 def reference_muonh(W, grads, lr, mu=0.95):
     "The released muon_step_fused (nanochat/optim.py), dtype by dtype, on a stack of one matrix."
-    from depthbench_nb.optim import POLAR_EXPRESS_COEFFS
+    from depthbench_nb.optim import _POLAR_EXPRESS_COEFFS
 
     p = W.detach().clone().unsqueeze(0)  # [1, m, n]
     buf, p_norm, out = torch.zeros_like(p), p.norm(dim=(-2, -1), keepdim=True).clone(), []
@@ -208,7 +208,7 @@ def reference_muonh(W, grads, lr, mu=0.95):
         g = g.lerp_(buf, momentum)
         X = g.bfloat16()
         X = X / (X.norm(dim=(-2, -1), keepdim=True) * 1.02 + 1e-6)
-        for a, b, c in POLAR_EXPRESS_COEFFS:
+        for a, b, c in _POLAR_EXPRESS_COEFFS:
             if g.size(-2) > g.size(-1):
                 A = X.mT @ X
                 X = a * X + X @ (b * A + c * (A @ A))

@@ -19,7 +19,7 @@ from depthbench_nb.config import ARCHS, DESIGN_OPTIONS, ConfigError, RunConfig
 from depthbench_nb.runs import list_checkpoints, load_run, read_metrics, read_result, run_dir
 from depthbench_nb.shapes import count_params, shape_for
 from depthbench_nb.callbacks import Callback, DivergenceGuard
-from depthbench_nb.optim import build_adamw, lr_multiplier
+from depthbench_nb.optim import _build_adamw, lr_multiplier
 from depthbench_nb.trainer import init_model, train
 from depthbench_nb.run_params import make_run_config
 
@@ -88,7 +88,7 @@ def test_schedule_matches_olmo_core_closed_form():
 def test_weight_decay_exempts_only_static_routing():
     for arch in ("preln", "hc", "mhc"):
         model = init_model(tiny_run(arch, data="sample"))
-        opt = build_adamw(model, tiny_run(arch, data="sample").train)
+        opt = _build_adamw(model, tiny_run(arch, data="sample").train)
         exempt = model.no_weight_decay_names()
         groups = {g["group"]: g for g in opt.param_groups}
         assert groups["decay"]["weight_decay"] == 0.1
