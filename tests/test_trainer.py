@@ -193,9 +193,9 @@ def test_resume_reproduces_the_uninterrupted_curve_exactly(tmp_path, monkeypatch
     assert got_res["tokens_per_s_median"] == pytest.approx(statistics.median(tps)) and len(tps) == 6
     assert got_res["peak_mem_bytes"] == (max(mem) if mem else None)
     assert read_result(folder)["tokens_per_s_median"] == got_res["tokens_per_s_median"]
-    from depthbench_nb.runs import read_metrics_headers
+    from depthbench_nb.runs import _read_metrics_headers
 
-    assert [h.get("resumed_at_step") for h in read_metrics_headers(folder)] == [
+    assert [h.get("resumed_at_step") for h in _read_metrics_headers(folder)] == [
         None,
         4,
     ]  # the first run's, the resume's
@@ -433,7 +433,7 @@ def test_make_run_config_takes_run_params_by_position_and_name():
 
 # ------------------------------------------------------------------------------------------ callbacks and provenance
 def test_a_user_callback_adds_a_column_and_sees_every_hook(runs_dir, tiny_data):
-    from depthbench_nb.runs import read_metrics_headers
+    from depthbench_nb.runs import _read_metrics_headers
 
     seen = []
 
@@ -455,7 +455,7 @@ def test_a_user_callback_adds_a_column_and_sees_every_hook(runs_dir, tiny_data):
     rows = read_metrics(run_dir(run))
     assert res["status"] == "completed" and seen == ["start", 0, 1, 2, "completed"]
     assert all(r["grad_norm_sq"] == pytest.approx(r["grad_norm"] ** 2) for r in rows)
-    (header,) = read_metrics_headers(run_dir(run))  # the first line names what produced the rows
+    (header,) = _read_metrics_headers(run_dir(run))  # the first line names what produced the rows
     assert header["run_id"] == run.run_id and header["config"] == run.to_dict() and "git_dirty" in header["provenance"]
     params = json.loads((run_dir(run) / "params.json").read_text())
     assert {"git_commit", "git_dirty", "git_diff_sha256", "torch", "device"} <= set(params["provenance"])
