@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from depthbench_nb.checks import check_design, failures, tiny_config
+from depthbench_nb.checks import check_design, failures, _tiny_config
 from depthbench_nb.config import ConfigError, ModelConfig, TrainConfig, resolve_arch
 from depthbench_nb.looped import (
     LoopedLM,
@@ -444,7 +444,7 @@ def test_shared_check_suite(opts):
     (N(0, 1) embedding, uniform matrices) is checked by test_init_follows_the_paper instead. The model is moved off its
     init (make): at init W_inj = [I | 0] ignores the state, so skipping a layer of a non-final iteration has no effect
     on the logits, which the suite's skip check (rightly, for the other designs) calls a failure."""
-    cfg = tiny_config("looped", **opts)
+    cfg = _tiny_config("looped", **opts)
     report = check_design(cfg, build=lambda c: make(c))
     assert set(report) >= {"param_count", "finite", "causal", "states", "kv_cache", "skip", "swap"}
     bad = {k: v for k, v in failures(report).items() if k != "init"}
@@ -461,7 +461,7 @@ def test_shared_suite_checks_the_looped_paper_init(opts):
     it."""
     from depthbench_nb.checks import check_init
 
-    cfg = tiny_config("looped", **opts)
+    cfg = _tiny_config("looped", **opts)
     assert check_design(cfg)["init"].ok
     x = torch.randint(0, cfg.vocab_size, (2, 8))
     moved = make(cfg)  # off the paper's init
