@@ -18,9 +18,9 @@ from .runs import read_metrics
 from .console import Arg, call_parsed, comma_ints, emit
 
 # %% auto #0
-__all__ = ['olmo_core_flops_per_token', 'train_flops_per_token', 'prefill_flops', 'kv_cache_bytes', 'mixing_bytes_per_token',
-           'depth_cache_bytes', 'activation_bytes', 'memory_estimate', 'cost_row', 'measured_costs', 'measure_latency',
-           'roofline', 'copy_bandwidth', 'top_ops', 'costs_command', 'cli_costs']
+__all__ = ['train_flops_per_token', 'prefill_flops', 'kv_cache_bytes', 'mixing_bytes_per_token', 'depth_cache_bytes',
+           'activation_bytes', 'memory_estimate', 'cost_row', 'measured_costs', 'measure_latency', 'roofline',
+           'copy_bandwidth', 'top_ops', 'costs_command', 'cli_costs']
 
 # %% ../nbs/02c_costs.ipynb #8e8f39ca
 def _backbone_matmul_params(cfg: ModelConfig) -> int:
@@ -36,7 +36,7 @@ def _lm_head_params(cfg: ModelConfig) -> int:
     return cfg.vocab_size * cfg.d_model
 
 # %% ../nbs/02c_costs.ipynb #f79caf71
-def olmo_core_flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
+def _olmo_core_flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
     "What OLMo-core's `num_flops_per_token` reports: 6 × matmul params (LM head included) + 12·L·d·T."
     _check_seq_len(seq_len)
     if resolve_arch(cfg.arch).train_flops is not None:
@@ -60,7 +60,7 @@ def train_flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
     design = resolve_arch(cfg.arch)
     if design.train_flops is not None:
         return float(design.train_flops(cfg, seq_len))  # a design with its own count (looped)
-    return olmo_core_flops_per_token(cfg, seq_len) + 3.0 * _design_forward_flops_per_token(cfg)
+    return _olmo_core_flops_per_token(cfg, seq_len) + 3.0 * _design_forward_flops_per_token(cfg)
 
 # %% ../nbs/02c_costs.ipynb #6070b282
 def prefill_flops(cfg: ModelConfig, seq_len: int) -> float:
@@ -148,7 +148,7 @@ def cost_row(cfg: ModelConfig, seq_len: int = 4096, train_seq_len: int = 2048) -
         params_backbone=pc.backbone,
         train_flops_per_token=train_flops_per_token(cfg, train_seq_len),
         olmo_core_flops_per_token=(
-            None if resolve_arch(cfg.arch).train_flops else olmo_core_flops_per_token(cfg, train_seq_len)
+            None if resolve_arch(cfg.arch).train_flops else _olmo_core_flops_per_token(cfg, train_seq_len)
         ),
         prefill_flops=prefill_flops(cfg, seq_len),
         kv_cache_bytes=kv_cache_bytes(cfg, seq_len),

@@ -33,9 +33,9 @@ from .shapes import ParamCount
 
 # %% auto #0
 __all__ = ['PAPER_DEPTH', 'PAPER_VOCAB', 'PAPER_SEQ_LEN', 'PAPER_BATCH_TOKENS', 'BASELINE_WIDTHS', 'TBPTT_WIDTHS', 'HC_WIDTHS',
-           'CASE_STUDY_BUDGETS', 'LoopedOptions', 'loop_layout', 'looped_config', 'looped_params',
-           'count_looped_params', 'flops_per_token', 'steps_for_budget', 'tokens_for_budget', 'tokens_for_param_ratio',
-           'looped_grid_rows', 'LoopedLM', 'build_looped']
+           'CASE_STUDY_BUDGETS', 'LoopedOptions', 'loop_layout', 'looped_config', 'looped_params', 'flops_per_token',
+           'steps_for_budget', 'tokens_for_budget', 'tokens_for_param_ratio', 'looped_grid_rows', 'LoopedLM',
+           'build_looped']
 
 # %% ../nbs/01d_looped.ipynb #bf299691
 PAPER_DEPTH = 20  # effective depth of every model in the paper
@@ -244,7 +244,7 @@ def looped_params(cfg: ModelConfig) -> _LoopedParams:
     )
 
 # %% ../nbs/01d_looped.ipynb #8b1e186c
-def count_looped_params(cfg: ModelConfig) -> ParamCount:
+def _count_looped_params(cfg: ModelConfig) -> ParamCount:
     "Closed-form `ParamCount` of a looped model (backbone = N_once + N_rec, design_extra = the injection)."
     p = looped_params(cfg)
     return ParamCount(total=p.total, backbone=p.n_unique, embeddings=p.embeddings, design_extra=_injection_params(cfg))
@@ -676,7 +676,7 @@ register_design(
         "Looped LM: prelude -> shared recurrent block x r -> coda (effective depth 20)",
         paper="looped",
         build=build_looped,
-        count_params=count_looped_params,
+        count_params=_count_looped_params,
         train_flops=lambda cfg, seq_len: flops_per_token(cfg, seq_len=seq_len),
         prefill_flops=_looped_prefill,
         check_init=_looped_init,

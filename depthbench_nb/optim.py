@@ -18,7 +18,7 @@ from .config import FAMILIES, ConfigError, RunConfig, TrainConfig, _choice_error
 from .looped import PAPER_BATCH_TOKENS, looped_config, looped_params
 
 # %% auto #0
-__all__ = ['polar_express', 'MuonH', 'HyperP', 'hyperp_lrs', 'build_looped_optimizer', 'lr_multiplier', 'build_optimizers']
+__all__ = ['polar_express', 'MuonH', 'HyperP', 'build_optimizers']
 
 # %% ../nbs/02d_optim.ipynb #0cccf5d5
 _POLAR_EXPRESS_COEFFS: tuple[tuple[float, float, float], ...] = (
@@ -186,7 +186,7 @@ def _reference_tokens(cfg, recipe: HyperP = HyperP()) -> int:
     return int(recipe.ref_data_ratio * looped_params(ref).effective(r_eff))
 
 # %% ../nbs/02d_optim.ipynb #b837bce2
-def hyperp_lrs(cfg, tokens: int, batch_tokens: int, recipe: HyperP = HyperP()) -> dict:
+def _hyperp_lrs(cfg, tokens: int, batch_tokens: int, recipe: HyperP = HyperP()) -> dict:
     "Peak learning rate of every group (and the factors) for a model config, a token budget and a batch."
     width = (cfg.d_model / recipe.d_ref()) ** -0.5
     batch = (batch_tokens / recipe.batch_ref) ** recipe.batch_exponent
@@ -256,7 +256,7 @@ def _linear_decay(total_steps: int, final_lr_frac: float = 0.1) -> Callable[[int
     return lr_lambda
 
 # %% ../nbs/02d_optim.ipynb #fff7727f
-def build_looped_optimizer(
+def _build_looped_optimizer(
     model: nn.Module,
     train_cfg: TrainConfig,
     tokens: int,
@@ -282,14 +282,14 @@ def build_looped_optimizer(
     batch_tokens = batch_tokens or train_cfg.global_batch * train_cfg.seq_len
     if tokens < 1:
         raise ConfigError(f"tokens must be >= 1, got {tokens}")
-    lrs = hyperp_lrs(cfg, tokens, batch_tokens, recipe)
+    lrs = _hyperp_lrs(cfg, tokens, batch_tokens, recipe)
     opt = MuonH(_looped_param_groups(model, lrs, recipe), lr=lrs["matrix"])
     opt.hyperp = lrs  # the factors, for logging
     steps = total_steps if total_steps is not None else max(1, round(tokens / batch_tokens))
     return opt, _linear_decay(steps, recipe.final_lr_frac)
 
 # %% ../nbs/02d_optim.ipynb #db69048d
-def lr_multiplier(
+def _lr_multiplier(
     step: int, total: int, schedule: str = "cosine", warmup_frac: float = 0.1, final_lr_frac: float = 0.1
 ) -> float:
     "LR / peak LR at update `step` of `total` (0-based)."
@@ -325,6 +325,6 @@ def build_optimizers(
     "The run's optimizer(s) and its LR multiplier (AdamW recipe, or the looped MuonH recipe)."
     t = run.train
     if t.optimizer == "muonh":
-        opt, lr_lambda = build_looped_optimizer(model, t, steps * t.global_batch * t.seq_len)
+        opt, lr_lambda = _build_looped_optimizer(model, t, steps * t.global_batch * t.seq_len)
         return [opt], lr_lambda
-    return [_build_adamw(model, t)], lambda s: lr_multiplier(s, steps, t.schedule, t.warmup_frac, t.final_lr_frac)
+    return [_build_adamw(model, t)], lambda s: _lr_multiplier(s, steps, t.schedule, t.warmup_frac, t.final_lr_frac)

@@ -16,7 +16,7 @@ from depthbench_nb.costs import (
     depth_cache_bytes,
     _design_forward_flops_per_token,
     kv_cache_bytes,
-    olmo_core_flops_per_token,
+    _olmo_core_flops_per_token,
     prefill_flops,
     train_flops_per_token,
 )
@@ -81,7 +81,7 @@ def test_design_extras_are_counted_but_not_by_olmo_core():
     for arch in ("hc", "mhc", "attnres", "block_attnres", "moda"):
         cfg = base.model_config(arch)
         assert _design_forward_flops_per_token(cfg) > 0
-        assert train_flops_per_token(cfg, 2048) == olmo_core_flops_per_token(
+        assert train_flops_per_token(cfg, 2048) == _olmo_core_flops_per_token(
             cfg, 2048
         ) + 3 * _design_forward_flops_per_token(cfg)
     assert _design_forward_flops_per_token(base.model_config("preln")) == 0

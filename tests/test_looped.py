@@ -16,7 +16,7 @@ from depthbench_nb.config import ConfigError, ModelConfig, TrainConfig, resolve_
 from depthbench_nb.looped import (
     LoopedLM,
     build_looped,
-    count_looped_params,
+    _count_looped_params,
     flops_per_token,
     loop_layout,
     looped_config,
@@ -28,8 +28,8 @@ from depthbench_nb.optim import (
     _POLAR_EXPRESS_COEFFS,
     HyperP,
     MuonH,
-    build_looped_optimizer,
-    hyperp_lrs,
+    _build_looped_optimizer,
+    _hyperp_lrs,
     _reference_tokens,
 )
 from depthbench_nb.shapes import count_params
@@ -178,7 +178,7 @@ def test_registry_builds_the_looped_model():
     assert isinstance(a, LoopedLM) and all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters()))
     assert abs(a.tok_emb.weight.std().item() - 1) < 0.05  # the paper's init, not the DepthBench one
     big = build_model(looped_config(34, 4), device="meta")  # the paper's s = 34 model, no memory
-    assert n_params(big) == count_looped_params(big.config).total
+    assert n_params(big) == _count_looped_params(big.config).total
 
 
 @pytest.mark.parametrize(
@@ -186,7 +186,7 @@ def test_registry_builds_the_looped_model():
 )
 def test_model_count_causality_states_and_grads(cfg):
     m = make(cfg)
-    assert sum(p.numel() for p in m.parameters()) == count_looped_params(cfg).total == count_params(cfg).total
+    assert sum(p.numel() for p in m.parameters()) == _count_looped_params(cfg).total == count_params(cfg).total
     assert m.n_blocks == cfg.n_layer and len(m.blocks) == loop_layout(cfg).n_unique
     x = torch.randint(0, 97, (2, 10))
     logits, states = m(x, return_states=True)
@@ -373,7 +373,7 @@ def test_adamw_groups_match_torch_adamw():
 
 def test_hyperp_rules():
     D, B = 2 * 10**9, 2**19
-    lr = hyperp_lrs(looped_config(14, 4), D, B)
+    lr = _hyperp_lrs(looped_config(14, 4), D, B)
     width, batch = (896 / 640) ** -0.5, 2**0.558
     d_ref = 10 * (
         4 * (12 * 640**2 + 2 * 640) + 3 * 640 + 4 * (4 * (12 * 640**2 + 2 * 640) + 2 * 640**2)
@@ -387,13 +387,13 @@ def test_hyperp_rules():
     assert _reference_tokens(looped_config(14, 8)) == 10 * (4 * n_b + 3 * 640 + 8 * (4 * n_b + 2 * 640**2))
     assert _reference_tokens(looped_config(14, 8), HyperP(d_ref_quirk=False)) == d_ref
     assert _reference_tokens(looped_config(14, 1)) == 10 * (20 * n_b + 3 * 640)  # the 0-20-0 reference
-    assert hyperp_lrs(looped_config(14, 4), D, B, HyperP(data_scaling=False))["data_factor"] == 1.0
+    assert _hyperp_lrs(looped_config(14, 4), D, B, HyperP(data_scaling=False))["data_factor"] == 1.0
 
 
 def test_build_looped_optimizer_for_the_trainer():
     m = make(tiny(4, 12, injection="hc"))
     t = TrainConfig(optimizer="muonh", lr=0.014, global_batch=4, seq_len=16, final_lr_frac=0.1)
-    opt, lr_lambda = build_looped_optimizer(m, t, 64 * 50)  # the trainer's 3-argument call
+    opt, lr_lambda = _build_looped_optimizer(m, t, 64 * 50)  # the trainer's 3-argument call
     kinds = {g["group"]: g["kind"] for g in opt.param_groups}
     assert kinds == dict(matrix="muonh", unembedding="adamw", embedding="adamw", norms="adamw", lanes="adamw")
     lanes = next(g for g in opt.param_groups if g["group"] == "lanes")
@@ -410,7 +410,7 @@ def test_build_looped_optimizer_for_the_trainer():
     assert math.isclose(opt.param_groups[0]["lr"], 0.1 * peak, rel_tol=1e-9)  # linear decay to 10%, no warmup
     assert lr_lambda(0) == 1.0 and lr_lambda(25) == pytest.approx(0.55)
     with pytest.raises(ConfigError, match="looped"):
-        build_looped_optimizer(torch.nn.Linear(3, 3), t, 100)
+        _build_looped_optimizer(torch.nn.Linear(3, 3), t, 100)
 
 
 def test_muonh_bad_input():

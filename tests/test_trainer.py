@@ -19,7 +19,7 @@ from depthbench_nb.config import ARCHS, DESIGN_OPTIONS, ConfigError, RunConfig
 from depthbench_nb.runs import list_checkpoints, load_run, read_metrics, read_result, run_dir
 from depthbench_nb.shapes import count_params, shape_for
 from depthbench_nb.callbacks import Callback, DivergenceGuard
-from depthbench_nb.optim import _build_adamw, lr_multiplier
+from depthbench_nb.optim import _build_adamw, _lr_multiplier
 from depthbench_nb.trainer import init_model, train
 from depthbench_nb.run_params import make_run_config
 
@@ -81,8 +81,8 @@ def test_schedule_matches_olmo_core_closed_form():
     total, w = 7600, 760
     for s in (0, 100, 759, 760, 2000, 5000, 7599):
         want = s / w if s < w else 0.1 + 0.9 * (1 + math.cos(math.pi * (s - w) / (total - w))) / 2
-        assert lr_multiplier(s, total) == pytest.approx(want, abs=1e-15)
-    assert lr_multiplier(0, 10, "linear", 0.0) == 1.0 and lr_multiplier(10, 10, "linear", 0.0) == pytest.approx(0.1)
+        assert _lr_multiplier(s, total) == pytest.approx(want, abs=1e-15)
+    assert _lr_multiplier(0, 10, "linear", 0.0) == 1.0 and _lr_multiplier(10, 10, "linear", 0.0) == pytest.approx(0.1)
 
 
 def test_weight_decay_exempts_only_static_routing():
