@@ -262,7 +262,7 @@ def check_design(
     seq_len: int = 8,
     build: Callable = build_model,
 ) -> dict[str, _CheckResult]:
-    "Run the whole suite on one design; returns {check: CheckResult}."
+    "Run the whole suite on one design; returns {check: _CheckResult}."
     if isinstance(cfg, str):
         cfg = _tiny_config(cfg)
     if seq_len < 4 or seq_len > cfg.max_seq_len:

@@ -699,7 +699,7 @@ def _typed(*types, required: bool = False):
 
 # %% ../nbs/02a_runs.ipynb #f44e90bd
 _NUM = (int, float)
-# the types of result.json's keys (RESULT_KEYS): a wrong type makes the file `corrupt`, not a value in a table
+# the types of result.json's keys (_RESULT_KEYS): a wrong type makes the file `corrupt`, not a value in a table
 _RESULT_TYPES = dict(
     run_id=_typed(str, required=True),
     study=_typed(str),
@@ -786,7 +786,7 @@ def checkpoints_dir(folder: Path) -> Path:
 # %% ../nbs/02a_runs.ipynb #683e1616
 def list_checkpoints(folder: Path) -> list[tuple[int, Path]]:
     """Complete checkpoints of a run folder as (step, path), oldest first (complete: renamed into place; see
-    verify_checkpoint)."""
+    _verify_checkpoint)."""
     d = checkpoints_dir(folder)
     if not d.exists():
         return []
