@@ -972,7 +972,7 @@ def test_a_signal_checkpoints_at_its_step_and_the_resume_is_exact(sig, twice, re
     step 4: it finishes the step, writes checkpoint step 5 (not one of its every-3 checkpoints), records result.json as
     interrupted with the signal and the step, prints one JSON line and exits 3. A second Ctrl-C while the checkpoint
     is written changes nothing. Training again resumes there and ends with the uninterrupted record."""
-    from depthbench_nb.runs import verify_checkpoint
+    from depthbench_nb.runs import _verify_checkpoint
 
     run = reference["run"]
     folder = run_dir(run)
@@ -1002,7 +1002,7 @@ def test_a_signal_checkpoints_at_its_step_and_the_resume_is_exact(sig, twice, re
         assert f"{sig} again: already stopping" in err
     assert read_result(folder)["status"] == "interrupted"
     ckpt = dict(list_checkpoints(folder))[5]
-    assert verify_checkpoint(ckpt) is None and not list((folder / "checkpoints").glob(".tmp-step_*"))
+    assert _verify_checkpoint(ckpt) is None and not list((folder / "checkpoints").glob(".tmp-step_*"))
     assert [r["step"] for r in read_metrics(folder)] == list(range(5))
     capsys.readouterr()
     result = train(run, progress=False)  # the same run again: it resumes at the signal's step
