@@ -395,7 +395,7 @@ def _hide_code_dollars(text: str) -> str:
     return re.sub(r"(`+)(?!`).*?(?<!`)\1(?!`)", hide, text, flags=re.S)
 
 
-def equation(latex: str, display: str) -> str:
+def equation(latex: str, display: str, tag: str = "div") -> str:
     """A chapter's LaTeX (`$...$` inline, `$$...$$` display) as MathML, which browsers draw without a script or a
     network; an equation that does not parse fails the build, naming it."""
     from latex2mathml.converter import convert
@@ -407,7 +407,7 @@ def equation(latex: str, display: str) -> str:
     unknown = re.findall(r">(\\[A-Za-z]+)<", mathml)  # latex2mathml prints a command it does not know as text
     if unknown:
         raise ValueError(f"the equation ${latex}$ uses commands MathML has no rendering for: {sorted(set(unknown))}")
-    return f'<div class="math display">{mathml}</div>\n' if display == "block" else mathml
+    return f'<{tag} class="math display">{mathml}</{tag}>\n' if display == "block" else mathml
 
 
 class Renderer:
@@ -427,6 +427,11 @@ class Renderer:
         )
         self.md.add_render_rule("math_inline", lambda _r, tokens, i, *_: equation(tokens[i].content, "inline"))
         self.md.add_render_rule("math_block", lambda _r, tokens, i, *_: equation(tokens[i].content, "block"))
+        self.md.add_render_rule("math_block_label", lambda _r, tokens, i, *_: equation(tokens[i].content, "block"))
+        # `$$...$$` inside a paragraph (the sentence goes on after it) is a display equation as well
+        self.md.add_render_rule(
+            "math_inline_double", lambda _r, tokens, i, *_: equation(tokens[i].content, "block", tag="span")
+        )
         self.formatter = HtmlFormatter(nowrap=True)
 
     def highlight(self, code: str, lang: str = "python", attrs=None) -> str:

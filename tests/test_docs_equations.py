@@ -32,6 +32,10 @@ def test_a_display_equation_is_a_block(renderer):
     html = renderer.markdown(r"$$L = E + A\,N_{\text{eff}}^{-\alpha} + B\,D^{-\beta}$$")
     assert '<div class="math display"><math' in html and 'display="block"' in html
     assert "<mtext>eff</mtext>" in html
+    inside = renderer.markdown(
+        r"Sublayer $l$ reads:" + "\n" + r"$$h_l = \sum_{i<l} \alpha_{i\to l} v_i,$$" + "\nwhere ..."
+    )
+    assert inside.count("<math") == 2 and 'display="block"' in inside and "$" not in inside
 
 
 def test_dollars_in_prose_stay_text(renderer):

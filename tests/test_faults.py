@@ -857,16 +857,16 @@ def test_a_sweep_whose_driver_is_killed_twice_finishes_every_run_once(tiny_data,
 def test_a_killed_holder_not_yet_reaped_holds_nothing():
     "A lock holder killed but not yet reaped (a zombie: its parent died, init reaps it later) is dead, not busy."
     import socket
-    from depthbench_nb.config import _process_start, holder_alive
+    from depthbench_nb.config import _process_start, _holder_alive
 
     child = subprocess.Popen(["sleep", "60"])
     record = dict(host=socket.gethostname(), pid=child.pid, start=_process_start(child.pid))
-    assert holder_alive(record) is True
+    assert _holder_alive(record) is True
     os.kill(child.pid, signal.SIGKILL)
     deadline = time.time() + 10
     while Path(f"/proc/{child.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z" and time.time() < deadline:
         time.sleep(0.01)
-    assert holder_alive(record) is False  # still in the process table (not reaped yet), holding nothing
+    assert _holder_alive(record) is False  # still in the process table (not reaped yet), holding nothing
     child.wait()
 
 
@@ -2159,7 +2159,7 @@ def test_2_a_link_in_a_data_folder_writes_nothing_outside(site, data_source, tmp
     if rc == 2:
         assert res["kind"] == "unsafe" and site.split("/")[-1] in res["error"], res
     else:
-        assert rc == 0 and not (out / site).is_symlink() and D.verify_folder(out) == [], res
+        assert rc == 0 and not (out / site).is_symlink() and D._verify_folder(out) == [], res
     ledger(faults=1)
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from depthbench_nb.config import ConfigError, ModelConfig, RunConfig, arch_names
+from depthbench_nb.config import ConfigError, ModelConfig, RunConfig, _arch_names
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -23,7 +23,7 @@ def run_cli(*args, check=True):
 
 
 def test_registry_has_the_papers_designs():
-    assert set(arch_names()) >= {
+    assert set(_arch_names()) >= {
         "preln",
         "periln",
         "lns",
@@ -36,7 +36,7 @@ def test_registry_has_the_papers_designs():
         "moda",
         "looped",
     }
-    assert "sandwich" in arch_names(include_aliases=True)
+    assert "sandwich" in _arch_names(include_aliases=True)
 
 
 def test_400m_grid_matches_the_paper():

@@ -21,7 +21,7 @@ from depthbench_nb.config import (
     Design,
     DesignOptions,
     ModelConfig,
-    config_hash,
+    _config_hash,
     paper_designs,
     recipe_designs,
     register_design,
@@ -677,7 +677,7 @@ def _gate_init(model, idx, atol):
 
 def test_a_design_declares_its_own_options():
     "Options in the design's own dataclass: defaults, rules, records and hashes, with no edit of ModelConfig."
-    before = config_hash(tiny_config("preln"))
+    before = _config_hash(tiny_config("preln"))
     register_design(
         Design(
             "gate_opt",
@@ -697,7 +697,7 @@ def test_a_design_declares_its_own_options():
         cfg = tiny_config("gate_opt", gate_start=0.5)
         assert cfg.to_dict()["gate_start"] == 0.5 and "options" not in cfg.to_dict()
         assert ModelConfig.from_json(cfg.to_json()) == cfg and cfg.replace(gate_start=0.25).gate_start == 0.25
-        assert config_hash(cfg) != config_hash(tiny_config("gate_opt"))
+        assert _config_hash(cfg) != _config_hash(tiny_config("gate_opt"))
         assert not failures(check_design(cfg))
         with pytest.raises(ConfigError, match=r"gate_start=0.5 does not apply to arch 'preln' \(it applies to: gate"):
             tiny_config("preln", gate_start=0.5)
@@ -707,7 +707,7 @@ def test_a_design_declares_its_own_options():
             tiny_config("gate_opt", gate_start="big")
     finally:
         unregister_design("gate_opt")
-    assert config_hash(tiny_config("preln")) == before and "options" not in tiny_config("preln").to_dict()
+    assert _config_hash(tiny_config("preln")) == before and "options" not in tiny_config("preln").to_dict()
     loose = dataclasses.replace(ARCHS["preln"], name="loose_options", paper=None, options=("gate_start",))
     with pytest.raises(ConfigError, match="loose_options: options must be a DesignOptions dataclass"):
         register_design(loose)

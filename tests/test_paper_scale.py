@@ -473,7 +473,7 @@ def test_kernel_fallbacks_accept_bf16(name, monkeypatch):
 
 # ================================================================================================ held-out sets
 def test_paper_presets_evaluate_the_papers_held_out_sets():
-    from depthbench_nb.data import DEFAULT_VAL_TOKENS, _inputs, resolve_source
+    from depthbench_nb.data import _DEFAULT_VAL_TOKENS, _inputs, resolve_source
     from depthbench_nb.config import DataConfig
     from depthbench_nb.run_params import make_run_config
 
@@ -484,7 +484,7 @@ def test_paper_presets_evaluate_the_papers_held_out_sets():
     assert lo.train.eval_rows * lo.train.seq_len == 70_778_880 and lo.model.real_vocab_size == 32001
     tiny = make_run_config("preln", L=2, preset="tiny", verbose=False)
     assert tiny.train.eval_set is None and "eval_set" not in tiny.train.to_dict()  # tiny: its small window set
-    assert DEFAULT_VAL_TOKENS == {}  # whole held-out files
+    assert _DEFAULT_VAL_TOKENS == {}  # whole held-out files
     hub = DataConfig(source="fineweb-edu", tokenizer="neox")
     assert _inputs(hub, resolve_source("fineweb-edu"))["val_split"] == "whole held-out files"
     assert "val_split" not in _inputs(DataConfig(), resolve_source("sample"))  # offline folders unchanged

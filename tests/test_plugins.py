@@ -72,14 +72,14 @@ from pathlib import Path
 
 import torch
 from depthbench_nb.checks import assert_design_ok, tiny_config
-from depthbench_nb.config import ModelConfig, arch_names, paper_designs, DESIGN_OPTIONS
+from depthbench_nb.config import ModelConfig, _arch_names, paper_designs, DESIGN_OPTIONS
 from depthbench_nb.costs import cost_row
 from depthbench_nb.model import build_model, n_params
 from depthbench_nb.shapes import count_params
 from depthbench_nb.sweep import expand_study, load_study
 from depthbench_nb.trainer import train_parser
 
-assert "denseformer" in arch_names() and "denseformer" not in paper_designs(), arch_names()
+assert "denseformer" in _arch_names() and "denseformer" not in paper_designs(), _arch_names()
 for k in (1, 2, 3):  # the shared check suite, with its option
     assert_design_ok(tiny_config("denseformer", dwa_dilation=k))
 cfg = tiny_config("denseformer")
