@@ -21,8 +21,7 @@ from .config import EXIT_ERROR, EXIT_INTERRUPTED, MESSAGE_LIMIT, ConfigError, Ru
 from .console import call_parsed, emit, json_stdout, notebooks_dir, template_notebooks
 
 # %% auto #0
-__all__ = ['COMMANDS', 'OPTIONAL_DEPENDENCIES', 'UsageError', 'error_kind', 'bounded', 'main', 'notebooks_command',
-           'cli_notebooks']
+__all__ = ['COMMANDS', 'bounded', 'main', 'cli_notebooks']
 
 # %% ../nbs/07a_cli.ipynb #d2636155
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -79,7 +78,7 @@ def _usage() -> str:
 
 
 # optional dependencies and the extra that installs each (settings.ini)
-OPTIONAL_DEPENDENCIES = {"lm_eval": "eval", "transformers": "hf", "tensorboard": "tensorboard", "wandb": "wandb"}
+_OPTIONAL_DEPENDENCIES = {"lm_eval": "eval", "transformers": "hf", "tensorboard": "tensorboard", "wandb": "wandb"}
 
 
 def _load(target: str):
@@ -92,21 +91,21 @@ def _load(target: str):
             raise ConfigError(f"subcommand not available: module {mod} is missing from this install") from e
         missing = e if isinstance(e, ModuleNotFoundError) else e.__cause__
         top = (getattr(missing, "name", None) or "").split(".")[0]
-        if top in OPTIONAL_DEPENDENCIES:
+        if top in _OPTIONAL_DEPENDENCIES:
             raise ConfigError(
-                f"this subcommand needs {top}: pip install 'depthbench-nb[{OPTIONAL_DEPENDENCIES[top]}]' ({e})"
+                f"this subcommand needs {top}: pip install 'depthbench-nb[{_OPTIONAL_DEPENDENCIES[top]}]' ({e})"
             ) from e
         raise
     return getattr(module, fn)
 
 
-class UsageError(ConfigError):
+class _UsageError(ConfigError):
     "Bad command-line options (argparse's message and the usage line)."
 
     kind = "usage"
 
 
-def error_kind(e: BaseException) -> str:
+def _error_kind(e: BaseException) -> str:
     """The `kind` of an error in `--json` output: config, usage, corrupt, unsafe, busy, resources, not_found, io or
     internal (and interrupted)."""
     if isinstance(e, ConfigError):
@@ -120,11 +119,11 @@ def error_kind(e: BaseException) -> str:
 
 @contextlib.contextmanager
 def _usage_errors_raise():
-    "argparse reports a bad option by printing the usage and exiting 2; under --json it raises UsageError instead."
+    "argparse reports a bad option by printing the usage and exiting 2; under --json it raises `_UsageError` instead."
     original = argparse.ArgumentParser.error
 
     def error(self, message):
-        raise UsageError(f"{message} ({self.format_usage().strip()})")
+        raise _UsageError(f"{message} ({self.format_usage().strip()})")
 
     argparse.ArgumentParser.error = error
     try:
@@ -143,7 +142,7 @@ def bounded(message: str, limit: int = MESSAGE_LIMIT) -> str:
 
 
 def _fail(cmd: str, e: BaseException, as_json: bool, out, kind: str | None = None, code: int = EXIT_ERROR) -> int:
-    kind = kind or error_kind(e)
+    kind = kind or _error_kind(e)
     msg = bounded(str(e) if kind != "internal" else f"{type(e).__name__}: {e}")
     if as_json:
         print(json.dumps(dict(error=msg, kind=kind)), file=out)
@@ -172,7 +171,7 @@ def main(argv=None) -> int:
     as_json, out = "--json" in rest, sys.stdout
     if cmd not in COMMANDS:
         return _fail(
-            "", UsageError(f"unknown subcommand {cmd!r}; valid subcommands: {', '.join(COMMANDS)}"), as_json, out
+            "", _UsageError(f"unknown subcommand {cmd!r}; valid subcommands: {', '.join(COMMANDS)}"), as_json, out
         )
     try:
         with _command_signals():  # a signal before the command saves anything: exit 3 and one line
@@ -228,7 +227,7 @@ def _command_signals():
             signal.signal(s, h)
 
 # %% ../nbs/07a_cli.ipynb #1e2f03d4
-def notebooks_command(
+def _notebooks_command(
     dir: str,  # destination folder (created if missing)
     force: bool = False,  # overwrite notebooks that already exist in DIR
     json: bool = False,
@@ -249,7 +248,7 @@ def notebooks_command(
 
 def cli_notebooks(argv=None) -> int:
     "depthbench-nb notebooks DIR: copy the templates and reports out of the package."
-    return call_parsed(notebooks_command, argv, prog="depthbench-nb notebooks")
+    return call_parsed(_notebooks_command, argv, prog="depthbench-nb notebooks")
 
 # %% ../nbs/07a_cli.ipynb #9da8631f
 #| eval: false

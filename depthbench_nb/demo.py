@@ -25,11 +25,10 @@ from .shapes import PRESETS
 from .console import Arg, call_parsed, emit
 
 # %% auto #0
-__all__ = ['DEMO_EXTRA_GROUPS', 'DEMO_METRICS', 'demo_extra_entries', 'diagnose_study', 'run_times', 'demo', 'demo_command',
-           'cli_demo']
+__all__ = ['demo', 'cli_demo']
 
 # %% ../nbs/06e_demo.ipynb #a3cf46cd
-DEMO_EXTRA_GROUPS = (
+_DEMO_EXTRA_GROUPS = (
     dict(name="looped-width3", r=[1, 2, 4], s=[3], C=[5.0e11, 1.0e12]),
     dict(
         name="looped-variants",
@@ -43,16 +42,16 @@ DEMO_EXTRA_GROUPS = (
 )
 
 
-def demo_extra_entries(study: str = "demo") -> list:
+def _demo_extra_entries(study: str = "demo") -> list:
     "The demo's extra looped runs as sweep entries of `study`."
     spec = sweep.load_study("demo")
     extra = sweep.StudySpec.from_dict(
-        dict(spec.to_dict(), name=study, groups=tuple(sweep.StudyGroup.from_dict(g) for g in DEMO_EXTRA_GROUPS))
+        dict(spec.to_dict(), name=study, groups=tuple(sweep.StudyGroup.from_dict(g) for g in _DEMO_EXTRA_GROUPS))
     )
     return sweep.expand_study(extra)
 
 # %% ../nbs/06e_demo.ipynb #315e05f3
-DEMO_METRICS = (
+_DEMO_METRICS = (
     "angular",
     "causal",
     "permutation",
@@ -70,10 +69,10 @@ def _cpu_s() -> float:
     return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
 
 
-def diagnose_study(
+def _diagnose_study(
     study: str,
     df: pd.DataFrame,
-    metrics=DEMO_METRICS,
+    metrics=_DEMO_METRICS,
     n_samples: int = 8,
     seq_len: int = 64,
     eval_limit: int = 16,
@@ -107,12 +106,12 @@ def diagnose_study(
     return out
 
 # %% ../nbs/06e_demo.ipynb #a6b7c8d9
-def run_times(study: str, outcome: dict) -> pd.DataFrame:
+def _run_times(study: str, outcome: dict) -> pd.DataFrame:
     """Per run this driver trained: the driver's wall seconds for it, the run's own training time (`wall_time_s` of its
     result: the training loop, evaluations, checkpoints) and the rest, start-up and wrap-up (a process, imports,
     data)."""
     ran = {o["run_id"]: o["label"] for o in outcome["outcomes"] if o["action"] == "ran"}
-    path = sweep.sweep_dir(study) / "executions.jsonl"
+    path = sweep._sweep_dir(study) / "executions.jsonl"
     lines = [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
     rows = []
     for x in lines:
@@ -179,7 +178,7 @@ def demo(
     res = stage(
         "2/4 train the demo study",
         lambda: sweep.run_study(
-            study, workers=workers, executor=executor, progress=progress, extra=demo_extra_entries(study)
+            study, workers=workers, executor=executor, progress=progress, extra=_demo_extra_entries(study)
         ),
     )
     if res["interrupted"]:  # its runs are checkpointed: `depthbench-nb demo` again resumes them
@@ -188,10 +187,10 @@ def demo(
             f"demo interrupted by {res['interrupted']} while training; "
             f"its runs are checkpointed: run `depthbench-nb demo` again to resume",
         )
-    times = run_times(study, res)
+    times = _run_times(study, res)
     _say_run_times(times, say)
     df = normalize_runs(sweep.collect(study))
-    stage("3/4 diagnose the design runs", lambda: diagnose_study(study, df, progress=progress))
+    stage("3/4 diagnose the design runs", lambda: _diagnose_study(study, df, progress=progress))
     fits = dict(restarts=restarts, n_bootstrap=n_bootstrap, bootstrap_restarts=bootstrap_restarts)
     for which in ("depthbench", "looped"):
         stage(f"4/4 {which} report", lambda: run_report_notebooks(study, (which,), parameters=fits, progress=progress))
@@ -212,12 +211,12 @@ def demo(
     return out
 
 
-def demo_command(
+def _demo_command(
     workers: Optional[int] = None,  # parallel training runs (default: min(2, CPU cores))
     executor: Annotated[
         str,
         Arg(
-            choices=sweep.EXECUTORS,
+            choices=sweep._EXECUTORS,
             help="how each run is trained: worker (one process per worker trains its runs in turn), python (a process "
             "per run) or papermill (keeps an executed train.ipynb per run)",
         ),
@@ -244,4 +243,4 @@ def demo_command(
 
 def cli_demo(argv=None) -> int:
     "depthbench-nb demo: the CPU demo study end to end."
-    return call_parsed(demo_command, argv, prog="depthbench-nb demo")
+    return call_parsed(_demo_command, argv, prog="depthbench-nb demo")

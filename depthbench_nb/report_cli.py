@@ -15,11 +15,17 @@ from .report_common import completed, report_dir, study_table, swept_names
 from .report_looped import related_studies
 
 # %% auto #0
-__all__ = ['REPORT_NOTEBOOKS', 'LOOPED_PARAMETERS', 'run_report_notebooks', 'report_command', 'cli_report']
+__all__ = ['run_report_notebooks', 'cli_report']
 
 # %% ../nbs/06d_report_cli.ipynb #18284cca
-REPORT_NOTEBOOKS = {"depthbench": "20_depthbench_report", "looped": "21_looped_report"}
-LOOPED_PARAMETERS = ("restarts", "n_bootstrap", "bootstrap_restarts", "seed", "workers")  # notebook 21's fitting effort
+_REPORT_NOTEBOOKS = {"depthbench": "20_depthbench_report", "looped": "21_looped_report"}
+_LOOPED_PARAMETERS = (
+    "restarts",
+    "n_bootstrap",
+    "bootstrap_restarts",
+    "seed",
+    "workers",
+)  # notebook 21's fitting effort
 
 
 def run_report_notebooks(
@@ -33,12 +39,12 @@ def run_report_notebooks(
     out_dir.mkdir(parents=True, exist_ok=True)
     done = []
     for w in which:
-        if w not in REPORT_NOTEBOOKS:
-            raise ConfigError(f"unknown report {w!r}; valid: {', '.join(REPORT_NOTEBOOKS)}")
-        src = template_path(REPORT_NOTEBOOKS[w])
+        if w not in _REPORT_NOTEBOOKS:
+            raise ConfigError(f"unknown report {w!r}; valid: {', '.join(_REPORT_NOTEBOOKS)}")
+        src = template_path(_REPORT_NOTEBOOKS[w])
         out = safe_path(out_dir, src.name, "report notebook")  # papermill writes through a link
         params = dict(
-            study=study, **{k: v for k, v in (parameters or {}).items() if w == "looped" or k not in LOOPED_PARAMETERS}
+            study=study, **{k: v for k, v in (parameters or {}).items() if w == "looped" or k not in _LOOPED_PARAMETERS}
         )
         if progress:
             print(f"[report] executing {src.name} -> {out}", flush=True)
@@ -49,9 +55,9 @@ def run_report_notebooks(
     return done
 
 
-def report_command(
+def _report_command(
     study: str,  # study name (a folder under the runs root)
-    only: Annotated[Optional[str], Arg(choices=REPORT_NOTEBOOKS)] = None,  # build one report only
+    only: Annotated[Optional[str], Arg(choices=_REPORT_NOTEBOOKS)] = None,  # build one report only
     restarts: int = 500,  # random starts of every law fit (default 500, the paper)
     bootstrap: int = 200,  # block-bootstrap resamples for the phi CI (default 200, the paper; 0: none)
     boot_restarts: int = 500,  # random starts of every bootstrap refit, plus a warm start (default 500)
@@ -73,7 +79,7 @@ def report_command(
     table = study_table(study) if by else None
     if by and len(table):  # an unknown name is refused before any notebook runs, naming the closest
         swept_names(table, by)
-    which = (only,) if only else tuple(REPORT_NOTEBOOKS)
+    which = (only,) if only else tuple(_REPORT_NOTEBOOKS)
     effort = dict(
         restarts=restarts, n_bootstrap=bootstrap, bootstrap_restarts=boot_restarts, seed=seed, workers=workers
     )
@@ -104,4 +110,4 @@ def report_command(
 
 def cli_report(argv=None) -> int:
     "depthbench-nb report STUDY: rebuild a study's tables and figures."
-    return call_parsed(report_command, argv, prog="depthbench-nb report")
+    return call_parsed(_report_command, argv, prog="depthbench-nb report")

@@ -33,31 +33,29 @@ from .runs import list_runs, read_params, read_result
 from .shapes import count_params
 
 # %% auto #0
-__all__ = ['REFERENCE_FILES', 'ACCOUNTING_LABEL', 'PAPER_LABEL', 'PAPER_PRESETS', 'PAPER_STATUSES', 'RUN_COLUMNS', 'REPLICATES',
-           'NOT_SWEPT', 'RECORD_NOTES', 'reference_table', 'Scale', 'study_scale', 'markdown_table', 'Report',
-           'PaperItem', 'paper_item_index', 'Claim', 'verdict_word', 'claims_table', 'report_dir', 'normalize_runs',
-           'scan_study', 'study_table', 'completed', 'run_folder', 'load_diagnostics', 'swept_names', 'with_swept',
-           'replicate_means', 'replicate_group', 'best_lr_rows', 'recipe_runs', 'status_section', 'PaperPlan',
-           'as_number', 'is_present', 'record_field', 'planned_steps', 'planned_tokens', 'run_comparability',
-           'scale_label', 'RunScale', 'themed_pyplot', 'lr_sensitivity_figure', 'show_report', 'show_artifact',
-           'show_missing']
+__all__ = ['ACCOUNTING_LABEL', 'PAPER_LABEL', 'reference_table', 'Scale', 'study_scale', 'Report', 'PaperItem',
+           'paper_item_index', 'Claim', 'verdict_word', 'claims_table', 'report_dir', 'normalize_runs', 'study_table',
+           'completed', 'run_folder', 'load_diagnostics', 'swept_names', 'with_swept', 'replicate_means',
+           'replicate_group', 'best_lr_rows', 'recipe_runs', 'status_section', 'PaperPlan', 'as_number', 'is_present',
+           'record_field', 'planned_steps', 'planned_tokens', 'run_comparability', 'scale_label', 'RunScale',
+           'themed_pyplot', 'lr_sensitivity_figure', 'show_artifact', 'show_missing']
 
 # %% ../nbs/06a_reports.ipynb #68cac690
-REFERENCE_FILES = {"depthbench": "depthbench_paper.csv", "looped": "looped_paper.csv"}
+_REFERENCE_FILES = {"depthbench": "depthbench_paper.csv", "looped": "looped_paper.csv"}
 
 
 def reference_table(name: str) -> pd.DataFrame:
     "Reference numbers of a paper: 'depthbench' or 'looped' (each row cites its source)."
-    if name not in REFERENCE_FILES:
-        raise ConfigError(f"unknown reference table {name!r}; valid: {', '.join(REFERENCE_FILES)}")
-    return pd.read_csv(package_dir() / "resources" / "reference" / REFERENCE_FILES[name])
+    if name not in _REFERENCE_FILES:
+        raise ConfigError(f"unknown reference table {name!r}; valid: {', '.join(_REFERENCE_FILES)}")
+    return pd.read_csv(package_dir() / "resources" / "reference" / _REFERENCE_FILES[name])
 
 # %% ../nbs/06a_reports.ipynb #169f98d4
 ACCOUNTING_LABEL = (
     "Accounting from closed forms at the paper shapes: comparable at any scale (no training data involved)."
 )
 PAPER_LABEL = "The paper's numbers (reference only), each with its source."
-PAPER_PRESETS = (
+_PAPER_PRESETS = (
     "400m",
     "400m-main",
     "300m-backbone",
@@ -98,11 +96,11 @@ def study_scale(df: pd.DataFrame, study: str = "") -> Scale:
         if study == "demo"
         else ("imported" if "provenance" in df and (df["provenance"] == "imported").any() else "runs")
     )
-    comparable = bool(presets) and all(p in PAPER_PRESETS for p in presets) and provenance != "demo"
+    comparable = bool(presets) and all(p in _PAPER_PRESETS for p in presets) and provenance != "demo"
     return Scale(presets, comparable, provenance)
 
 # %% ../nbs/06a_reports.ipynb #5b14a4a7
-def markdown_table(df: pd.DataFrame, floatfmt: str = ".4g") -> str:
+def _markdown_table(df: pd.DataFrame, floatfmt: str = ".4g") -> str:
     "A DataFrame as a GitHub Markdown table (no extra dependency)."
 
     def fmt(v):
@@ -141,7 +139,7 @@ class Report:
         atomic_write_text(self.out_dir / f"{name}.csv", df.to_csv(index=False), root=self.out_dir)
         atomic_write_text(
             self.out_dir / f"{name}.md",
-            f"**{caption}**\n\n_{label or self.scale.label}_\n\n{markdown_table(df)}\n",
+            f"**{caption}**\n\n_{label or self.scale.label}_\n\n{_markdown_table(df)}\n",
             root=self.out_dir,
         )
         self.artifacts.append((f"{name}.csv", caption))
@@ -209,7 +207,7 @@ class Report:
             lines += [
                 "## The paper's tables and figures",
                 "",
-                markdown_table(self.paper_index[["paper", "status", "detail", "artifacts"]]),
+                _markdown_table(self.paper_index[["paper", "status", "detail", "artifacts"]]),
                 "",
             ]
         lines += ["## Artifacts", ""] + [f"- `{a}`: {c}" for a, c in self.artifacts]
@@ -230,7 +228,7 @@ class PaperItem:
     keys: tuple = ()  # substrings of the Missing notes that concern it (default: the item's name)
 
 
-PAPER_STATUSES = ("rebuilt", "rebuilt with a stated difference", "partial", "missing")
+_PAPER_STATUSES = ("rebuilt", "rebuilt with a stated difference", "partial", "missing")
 
 
 def paper_item_index(rep: Report, items, notes: dict, scale_free=(), reasons: Optional[dict] = None) -> pd.DataFrame:
@@ -323,7 +321,7 @@ def report_dir(study: str) -> Path:
     return safe_path(study_dir(study), "report", "report folder")
 
 # %% ../nbs/06a_reports.ipynb #148a6fdc
-RUN_COLUMNS = (
+_RUN_COLUMNS = (
     "study",
     "run_id",
     "status",
@@ -349,14 +347,14 @@ RUN_COLUMNS = (
 
 
 def normalize_runs(df: pd.DataFrame) -> pd.DataFrame:
-    "Every column of RUN_COLUMNS present (None where unknown); `n_layer` from `L` / `model.n_layer` when needed."
+    "Every column of `_RUN_COLUMNS` present (None where unknown); `n_layer` from `L` / `model.n_layer` when needed."
     df = df.copy()
     if "n_layer" not in df:
         for alt in ("L", "model.n_layer"):
             if alt in df:
                 df["n_layer"] = df[alt]
                 break
-    for c in RUN_COLUMNS:
+    for c in _RUN_COLUMNS:
         if c not in df:
             df[c] = None
     for c in ("n_layer", "d_model", "lr", "final_val_loss", "tokens", "train_flops", "wall_time_s"):
@@ -364,7 +362,7 @@ def normalize_runs(df: pd.DataFrame) -> pd.DataFrame:
     return df
 
 
-def scan_study(study: str) -> pd.DataFrame:
+def _scan_study(study: str) -> pd.DataFrame:
     "One row per run folder of a study (any status), read from params.json and result.json."
     from depthbench_nb.sweep import flatten
 
@@ -387,15 +385,15 @@ def scan_study(study: str) -> pd.DataFrame:
             seed=run.train.seed,
             preset=run.preset,
         )
-        row.update({k: res.get(k) for k in RUN_COLUMNS if k not in row})
+        row.update({k: res.get(k) for k in _RUN_COLUMNS if k not in row})
         row.update(flatten({k: v for k, v in run.to_dict().items() if k not in RunConfig._OMIT_WHEN_EMPTY}))
-        row.update(dict.fromkeys(RECORD_NOTES) | _record_notes(folder))  # None: a record made before the key
+        row.update(dict.fromkeys(_RECORD_NOTES) | _record_notes(folder))  # None: a record made before the key
         rows.append(row)
     return pd.DataFrame(rows)
 
 
 def study_table(study: str) -> pd.DataFrame:
-    """The run table of a study (empty, with the RUN_COLUMNS, when the study has no run folder): the runs of its current
+    """The run table of a study (empty, with `_RUN_COLUMNS`, when the study has no run folder): the runs of its current
     plan (`sweep.current_plan`: its study file, read now); run folders outside the plan (stale: the study file was
     edited since) are left out and said. A study of runs trained by hand (no plan) is every run folder."""
     from depthbench_nb import sweep
@@ -409,9 +407,9 @@ def study_table(study: str) -> pd.DataFrame:
         except ConfigError as e:
             print(f"[report] collect({study!r}) failed ({e}); reading the run folders instead")
     if df is None:
-        df = scan_study(study)
+        df = _scan_study(study)
         try:
-            plan = sweep.planned_run_ids(study)
+            plan = sweep._planned_run_ids(study)
         except ConfigError as e:
             print(f"[report] the plan of study {study!r} is unreadable ({e}): every run folder is read")
             plan = None
@@ -441,8 +439,8 @@ def load_diagnostics(row) -> Optional[dict]:
     return json.loads(p.read_text()) if p.exists() else None
 
 # %% ../nbs/06a_reports.ipynb #44408ef5
-REPLICATES = ("train.seed",)  # fields whose runs repeat one cell: averaged, never a column of a report's tables
-NOT_SWEPT = ("train.lr",)  # chosen per cell (the best LR), never a group
+_REPLICATES = ("train.seed",)  # fields whose runs repeat one cell: averaged, never a column of a report's tables
+_NOT_SWEPT = ("train.lr",)  # chosen per cell (the best LR), never a group
 
 
 def swept_names(df: pd.DataFrame, by=()) -> list[str]:
@@ -454,7 +452,7 @@ def swept_names(df: pd.DataFrame, by=()) -> list[str]:
         names |= set(_as_dict(notes))
     names |= {c[len("overrides.") :] for c in df.columns if c.startswith("overrides.")}
     df = _with_names(df, names)
-    swept = [n for n in sorted(names - _replicates(df) - set(NOT_SWEPT)) if df[n].nunique(dropna=False) > 1]
+    swept = [n for n in sorted(names - _replicates(df) - set(_NOT_SWEPT)) if df[n].nunique(dropna=False) > 1]
     unknown = [b for b in by if b not in df.columns]
     if unknown:
         near = difflib.get_close_matches(unknown[0], [str(c) for c in df.columns if "." in str(c)], n=4)
@@ -465,7 +463,7 @@ def swept_names(df: pd.DataFrame, by=()) -> list[str]:
     return swept + [b for b in by if b not in swept]
 
 # %% ../nbs/06a_reports.ipynb #56c90cc3
-RECORD_NOTES = ("overrides", "off_grid", "replicates")  # keys of params.json besides the config that reports read
+_RECORD_NOTES = ("overrides", "off_grid", "replicates")  # keys of params.json besides the config that reports read
 
 
 def _as_dict(v) -> dict:
@@ -488,8 +486,8 @@ def _as_list(v) -> list:
 
 
 def _replicates(df: pd.DataFrame) -> set:
-    "REPLICATES and the names the records list under `replicates`."
-    out = set(REPLICATES)
+    "`_REPLICATES` and the names the records list under `replicates`."
+    out = set(_REPLICATES)
     for listed in df.get("replicates", pd.Series(dtype=object)):
         out |= set(_as_list(listed))
     return out
@@ -515,18 +513,18 @@ def _off_grid_names(record) -> list:
 
 
 def _record_notes(folder: Path) -> dict:
-    "The keys of RECORD_NOTES a run folder's params.json holds (records made before them hold none)."
+    "The keys of `_RECORD_NOTES` a run folder's params.json holds (records made before them hold none)."
     try:
         d = json.loads((Path(folder) / "params.json").read_text())
     except (OSError, ValueError):
         return {}
-    return {k: d[k] for k in RECORD_NOTES if isinstance(d, dict) and k in d}
+    return {k: d[k] for k in _RECORD_NOTES if isinstance(d, dict) and k in d}
 
 
 def _with_record_notes(df: pd.DataFrame) -> pd.DataFrame:
-    """A run table with the RECORD_NOTES columns (None where a record has no such key), read from each run's
+    """A run table with the `_RECORD_NOTES` columns (None where a record has no such key), read from each run's
     params.json where the table lacks them."""
-    lacking = [k for k in RECORD_NOTES if k not in df.columns]
+    lacking = [k for k in _RECORD_NOTES if k not in df.columns]
     if not len(df) or not lacking or not {"study", "run_id"} <= set(df.columns):
         return df
     notes = [_record_notes(study_dir(str(s)) / str(r)) for s, r in zip(df["study"], df["run_id"])]
@@ -568,11 +566,11 @@ def replicate_means(df: pd.DataFrame, keys, loss: str = "final_val_loss") -> pd.
     return out.drop(columns=["_mean", "_std", "_n"]).sort_values(cols).reset_index(drop=True)
 
 # %% ../nbs/06a_reports.ipynb #b43c8db6
-def replicate_group(record, replicates=REPLICATES) -> str:
+def replicate_group(record, replicates=_REPLICATES) -> str:
     """A short key of a run's configuration without its replicate fields (the seed), its learning rate and the
     operational options: runs of one group at one LR repeat the same experiment, and the reports average them. Read
     from a record's flattened config (`model.*`, `data.*`, `train.*`); a table without it makes every run one group."""
-    skip = set(replicates) | set(NOT_SWEPT) | {f"train.{k}" for k in TrainConfig.OPERATIONAL}
+    skip = set(replicates) | set(_NOT_SWEPT) | {f"train.{k}" for k in TrainConfig.OPERATIONAL}
     items = sorted(
         (k, v) for k, v in record.items() if str(k).split(".", 1)[0] in ("model", "data", "train") and k not in skip
     )
@@ -817,7 +815,7 @@ def lr_sensitivity_figure(
     rep.figure(fig, name, caption)
 
 # %% ../nbs/06a_reports.ipynb #94002069
-def show_report(rep: Report, max_rows: int = 30):
+def _show_report(rep: Report, max_rows: int = 30):
     "Display a report's tables and figures inline (in Jupyter), then what is missing."
     from IPython.display import Image, Markdown, display
 
