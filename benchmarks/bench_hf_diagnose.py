@@ -12,8 +12,10 @@ ratio is the steadier figure).
 """
 
 import argparse
+import json
 import os
 import time
+from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
@@ -52,6 +54,7 @@ def main(argv=None):
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--seq-len", type=int, default=64)
     p.add_argument("--repeat", type=int, default=1)
+    p.add_argument("--json", default=None, help="also write the figures to this JSON file")
     a = p.parse_args(argv)
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     model = HFDepthModel(build(a.family, a.L, a.d_model, a.vocab))
@@ -67,6 +70,7 @@ def main(argv=None):
         return torch.tensor([[0.0 if v is None else v for v in r] for r in rows])
 
     total = {"naive": [0.0, 0.0], "shared": [0.0, 0.0]}
+    rows = []
     for group, forwards in GROUPS.items():
         metrics = group.split("+")
         times, results = {}, {}
@@ -94,12 +98,29 @@ def main(argv=None):
             f"naive/shared wall {n[0] / s[0]:.2f}x cpu {n[1] / s[1]:.2f}x | max diff {diff:.1e}"
         )
         assert diff < 1e-4, "the two methods disagree"
+        rows.append(
+            dict(
+                group=group,
+                forwards=forwards(a.L),
+                naive_wall_s=n[0],
+                naive_cpu_s=n[1],
+                shared_wall_s=s[0],
+                shared_cpu_s=s[1],
+                wall_ratio=n[0] / s[0],
+                cpu_ratio=n[1] / s[1],
+                max_diff=diff,
+            )
+        )
     n, s = total["naive"], total["shared"]
     print(
         f"{'all':<16} {sum(f(a.L) for f in GROUPS.values()):>4} perturbed forwards: "
         f"naive wall {n[0]:6.2f} s cpu {n[1]:6.2f} s | "
         f"shared wall {s[0]:6.2f} s cpu {s[1]:6.2f} s | naive/shared wall {n[0] / s[0]:.2f}x cpu {n[1] / s[1]:.2f}x"
     )
+    if a.json:
+        shape = dict(family=a.family, L=a.L, d_model=a.d_model, batch=a.batch, seq_len=a.seq_len)
+        ratios = dict(wall=n[0] / s[0], cpu=n[1] / s[1])
+        Path(a.json).write_text(json.dumps(dict(shape=shape, rows=rows, naive_over_shared=ratios)))
 
 
 if __name__ == "__main__":

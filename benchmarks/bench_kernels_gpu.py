@@ -196,10 +196,10 @@ def bf16_accuracy(K, name, args, kwargs, grad_outputs):
         return a.detach().double().requires_grad_(a.requires_grad) if isinstance(a, torch.Tensor) else a
 
     o64, g64 = K._run_with_grads(
-        K.REFERENCES[name], [as64(a) for a in args], {k: as64(v) for k, v in kwargs.items()}, grad_outputs
+        K._REFERENCES[name], [as64(a) for a in args], {k: as64(v) for k, v in kwargs.items()}, grad_outputs
     )
     res = {}
-    for label, fn in (("triton", K._TRITON_IMPLS[name]), ("eager", K.REFERENCES[name])):
+    for label, fn in (("triton", K._TRITON_IMPLS[name]), ("eager", K._REFERENCES[name])):
         o, gr = K._run_with_grads(fn, args, kwargs, grad_outputs)
 
         def rel(a, b):
@@ -394,9 +394,9 @@ def main(argv=None) -> int:
     )
     rows = []
     for label, (name, args, kwargs, gout) in cases.items():
-        impls = {"triton": K._TRITON_IMPLS[name], "eager": K.REFERENCES[name]}
+        impls = {"triton": K._TRITON_IMPLS[name], "eager": K._REFERENCES[name]}
         if not a.skip_compile:
-            impls["compile"] = torch.compile(K.REFERENCES[name], dynamic=False)
+            impls["compile"] = torch.compile(K._REFERENCES[name], dynamic=False)
         impls.update(liger_variants(name))
         for impl, fn in impls.items():
             try:

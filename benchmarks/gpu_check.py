@@ -105,7 +105,7 @@ def kernel_rows(dev, B, T, d, ffn, S_list, reps, copy_gbs) -> list[dict]:
 
     rows = []
     for label, (name, args, kwargs, gout) in bk.kernel_cases(dev, (B, T), d, ffn, 4, S_list).items():
-        impls = {"torch": K.REFERENCES[name]}
+        impls = {"torch": K._REFERENCES[name]}
         if dev.type == "cuda" and K.HAS_TRITON and name in K._TRITON_IMPLS:
             impls["triton"] = K._TRITON_IMPLS[name]
         for impl, fn in impls.items():

@@ -6,7 +6,8 @@ two additions:
 
 - every code cell runs, not only the cells `show_doc` needs, so a page shows its examples with their outputs; the cells
   flagged with settings.ini's `tst_flags` (`slow`, `gpu`) are shown without running, as `nbdev_test` skips them, and the
-  page says so; the papermill templates (10-19) are shown, not run;
+  page says so; the papermill templates (10-19) are shown, not run. A cell that raises fails the build: the build is
+  the notebooks' test (the test command runs each notebook once, here, and not again in `nbdev_test`);
 - each page lists the module's exported constants (name, type, value, the comment beside it), as `show_doc` lists its
   functions and classes, so every exported name has an entry.
 
@@ -53,10 +54,10 @@ def notebooks(nbs: Path) -> list[Path]:
 
 
 def kind_of(nb_path: Path) -> str:
-    "index, library (00-07), template (10-19) or report (20-29)."
+    "index, library (00-07), template (10-19), report (20-29) or manual (a page without a number: Performance)."
     if nb_path.stem == "index":
         return "index"
-    return {"0": "library", "1": "template", "2": "report"}.get(nb_path.name[0], "library")
+    return {"0": "library", "1": "template", "2": "report"}.get(nb_path.name[0], "manual")
 
 
 def page_name(nb_path: Path) -> str:
@@ -179,6 +180,7 @@ def _inject_parameters(nb, parameters: dict) -> None:
 def process_notebook(nb_path: Path, proc_dir: Path, runs_root: Path, budget: float) -> dict:
     "Process one notebook into the _proc folder (in a process of its own, as nbdev_test runs one); returns its timings."
     os.environ["DEPTHBENCH_RUNS"] = str(runs_root)
+    os.environ["IN_TEST"] = "1"  # as nbdev_test sets it: this build is where the notebooks' tests run
     from execnb.nbio import read_nb, write_nb
     from nbdev.config import get_config
     from nbdev.process import NBProcessor
@@ -383,11 +385,37 @@ def slug(text: str) -> str:
     return s or "section"
 
 
+_DOLLAR = "\ue024"  # a private-use character stands for `$` inside code while the equations are found
+
+
+def _hide_code_dollars(text: str) -> str:
+    "A `$` inside a code span or a fenced block is code, never the start or end of an equation."
+    hide = lambda m: m.group(0).replace("$", _DOLLAR)  # noqa: E731
+    text = re.sub(r"^(```|~~~).*?^\1", hide, text, flags=re.S | re.M)
+    return re.sub(r"(`+)(?!`).*?(?<!`)\1(?!`)", hide, text, flags=re.S)
+
+
+def equation(latex: str, display: str, tag: str = "div") -> str:
+    """A chapter's LaTeX (`$...$` inline, `$$...$$` display) as MathML, which browsers draw without a script or a
+    network; an equation that does not parse fails the build, naming it."""
+    from latex2mathml.converter import convert
+
+    try:
+        mathml = convert(latex, display=display)
+    except Exception as e:
+        raise ValueError(f"the equation ${latex}$ does not parse: {type(e).__name__}: {e}") from e
+    unknown = re.findall(r">(\\[A-Za-z]+)<", mathml)  # latex2mathml prints a command it does not know as text
+    if unknown:
+        raise ValueError(f"the equation ${latex}$ uses commands MathML has no rendering for: {sorted(set(unknown))}")
+    return f'<{tag} class="math display">{mathml}</{tag}>\n' if display == "block" else mathml
+
+
 class Renderer:
     "Markdown and cell outputs to HTML for one site (links into the site made relative, headings given ids)."
 
     def __init__(self, site_url: str):
         from markdown_it import MarkdownIt
+        from mdit_py_plugins.dollarmath import dollarmath_plugin
         from pygments.formatters import HtmlFormatter
 
         self.site_url = site_url.rstrip("/") + "/"
@@ -395,6 +423,14 @@ class Renderer:
             MarkdownIt("commonmark", {"html": True, "highlight": self.highlight})
             .enable("table")
             .enable("strikethrough")
+            .use(dollarmath_plugin, allow_space=False, allow_digits=False, double_inline=True)
+        )
+        self.md.add_render_rule("math_inline", lambda _r, tokens, i, *_: equation(tokens[i].content, "inline"))
+        self.md.add_render_rule("math_block", lambda _r, tokens, i, *_: equation(tokens[i].content, "block"))
+        self.md.add_render_rule("math_block_label", lambda _r, tokens, i, *_: equation(tokens[i].content, "block"))
+        # `$$...$$` inside a paragraph (the sentence goes on after it) is a display equation as well
+        self.md.add_render_rule(
+            "math_inline_double", lambda _r, tokens, i, *_: equation(tokens[i].content, "block", tag="span")
         )
         self.formatter = HtmlFormatter(nowrap=True)
 
@@ -415,7 +451,7 @@ class Renderer:
     def markdown(self, text: str, headings: list | None = None, ids: set | None = None) -> str:
         "Render markdown; record headings (level, id, text) in `headings`, keeping ids unique through `ids`."
         text = _re_link_attrs.sub(self._link_with_attrs, text)
-        tokens = self.md.parse(text)
+        tokens = self.md.parse(_hide_code_dollars(text))
         ids = set() if ids is None else ids
         for i, tok in enumerate(tokens):
             if tok.type == "heading_open":
@@ -436,7 +472,7 @@ class Renderer:
                     child.type = "text"
                 if child.type == "link_open":
                     child.attrSet("href", self.link(child.attrGet("href") or ""))
-        return self.md.renderer.render(tokens, self.md.options, {})
+        return self.md.renderer.render(tokens, self.md.options, {}).replace(_DOLLAR, "$")
 
     @staticmethod
     def _allowed(raw: str) -> bool:
@@ -629,23 +665,105 @@ class Page:
         return out
 
 
+# ----------------------------------------------------------------------------------------------------------------------
+# Manual pages: Quarto-style markdown (nbs/manual/*.qmd, *.md) rendered beside the notebooks
+# ----------------------------------------------------------------------------------------------------------------------
+MANUAL = "manual"  # the folder of nbs/ that holds the manual pages
+_re_front = re.compile(r"\A---\s*\n(.*?)\n---\s*\n", re.S)
+_re_md_link = re.compile(r"(!?)\[([^\]\n]*)\]\(([^)\s]+)\)")
+
+
+def manual_sources(nbs: Path) -> list[Path]:
+    "The manual pages' sources, in the order their front matter gives (`order:`), then by name."
+    found = [p for p in (Path(nbs) / MANUAL).glob("*") if p.suffix in (".qmd", ".md")]
+    return sorted(found, key=lambda p: (front_matter(p.read_text())[0].get("order", 1e9), p.name))
+
+
+def front_matter(text: str) -> tuple[dict, str]:
+    "A page's YAML front matter (title, description, order) and the markdown after it."
+    import yaml
+
+    m = _re_front.match(text)
+    if not m:
+        return {}, text
+    meta = yaml.safe_load(m.group(1))
+    return (meta if isinstance(meta, dict) else {}), text[m.end() :]
+
+
+def manual_link(target: str, source: Path, nbs: Path) -> str | None:
+    """A relative link of a manual page as the site names it: a notebook by its page (`../01c_model.ipynb` ->
+    `model.html`), another manual page by its stem (`reliability.qmd` -> `reliability.html`); None when it is
+    neither (it stays as written)."""
+    from urllib.parse import urlsplit
+
+    u = urlsplit(target)
+    if u.scheme or u.netloc or not u.path:
+        return None
+    path = (source.parent / u.path).resolve()
+    anchor = f"#{u.fragment}" if u.fragment else ""
+    if path.suffix == ".ipynb" and path.parent == Path(nbs).resolve():
+        return page_name(path) + anchor
+    if path.suffix in (".qmd", ".md") and path.parent == (Path(nbs) / MANUAL).resolve():
+        return f"{path.stem}.html{anchor}"
+    return None
+
+
+class ManualPage(Page):
+    "One manual page rendered: its markdown after the front matter, its links named as the site names them."
+
+    def __init__(self, path: Path, site: "Site", nbs: Path):
+        self.front, text = front_matter(path.read_text())
+        self.kind, self.source, self.name = "manual", f"{MANUAL}/{path.name}", f"{path.stem}.html"
+        self.site, self.headings, self.ids, self.figures = site, [], set(), []
+        self.title = str(self.front.get("title") or path.stem)
+        self.description = str(self.front.get("description") or "")
+        self.body = self.render_markdown(text, path, Path(nbs))
+
+    def render_markdown(self, text: str, path: Path, nbs: Path) -> str:
+        "Links rewritten to the site's names and images copied beside the page, then the markdown rendered."
+
+        def fix(m):
+            bang, label, target = m.groups()
+            if bang:
+                image = (path.parent / target).resolve()
+                if target.startswith(("http:", "https:", "data:")) or not image.is_file():
+                    return m.group(0)
+                name = f"{Path(self.name).stem}_files/{image.name}"
+                self.figures.append((name, image.read_bytes()))
+                return f"![{label}]({name})"
+            return f"[{label}]({manual_link(target, path, nbs) or target})"
+
+        text = "\n".join(
+            _re_md_link.sub(fix, part) if i % 2 == 0 else part
+            for i, part in enumerate(re.split(r"(^```.*?^```)", text, flags=re.S | re.M))
+        )  # links in prose only: a code block is shown as written
+        return f'<div class="cell markdown">{self.site.renderer.markdown(text, self.headings, self.ids)}</div>'
+
+
+def manual_pages(site: "Site", nbs: Path) -> list[ManualPage]:
+    "The manual's pages of a site, in the manual's order."
+    return [ManualPage(p, site, nbs) for p in manual_sources(nbs)]
+
+
 class Site:
     "All pages of the site, the sidebar, the search index, and the checks."
 
     def __init__(self, proc_dir: Path, out_dir: Path, cfg):
         self.cfg, self.out = cfg, out_dir
         self.renderer = Renderer(cfg.doc_host + cfg.doc_baseurl)
-        self.pages = [Page(p, self) for p in notebooks(proc_dir)]
+        pages = [Page(p, self) for p in notebooks(proc_dir)]
+        self.pages = pages[:1] + manual_pages(self, Path(cfg.nbs_path)) + pages[1:]  # the manual after the front page
 
     def section_of(self, page: Page) -> str:
         if page.kind == "index":
             return "Home"
-        return dict(library="Library", template="Papermill templates", report="Reports")[page.kind]
+        return dict(library="Library", template="Papermill templates", report="Reports", manual="Manual")[page.kind]
 
     def sidebar(self, current: Page) -> str:
         items = []
         for title, kinds in (
             ("", ("index",)),
+            ("Manual", ("manual",)),
             ("Library", ("library",)),
             ("Papermill templates", ("template",)),
             ("Reports", ("report",)),
@@ -655,7 +773,8 @@ class Site:
                 continue
             links = "".join(
                 f'<li><a href="{p.name}"{" class=active aria-current=page" if p is current else ""}>'
-                f'<span class="nb">{html.escape(Path(p.source).stem)}</span> {inline(p.title)}</a></li>'
+                + ("" if p.kind == "manual" else f'<span class="nb">{html.escape(Path(p.source).stem)}</span> ')
+                + f"{inline(p.title)}</a></li>"
                 for p in pages
             )
             head = f'<div class="sidebar-section">{title}</div>' if title else ""
@@ -785,6 +904,7 @@ def inputs_digest() -> str:
     files = [
         ROOT / "settings.ini",
         *sorted((ROOT / "nbs").glob("*.ipynb")),
+        *sorted((ROOT / "nbs" / MANUAL).glob("*")),
         *sorted((ROOT / "depthbench_nb").rglob("*.py")),
         *sorted(ASSETS.parent.glob("docs*.py")),
         *sorted(ASSETS.rglob("*")),

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Format and lint (README, Contributing): `ruff format --check` and `ruff check` over the whole checkout, with the
+# Format and lint (the Contributing page, nbs/manual/contributing.qmd): `ruff format --check` and `ruff check` over the whole checkout, with the
 # configuration in pyproject.toml (line length 120; the package depthbench_nb/*.py is nbdev's export of the formatted
 # notebooks: scripts/check_package_format.py formats it apart from nbdev's own layout, and its lint findings are fixed
 # in nbs/). All checks always run; exit 1 if any fails.

@@ -12,7 +12,8 @@ The limits (the fastcore notebooks, nbdev's model, have a median export cell of 
   per 40 exported lines;
 - exported code is at most 75% of the library notebooks' code lines;
 - README.md has at most 250 lines; its prose sentences have a median of at most 20 words and none over 50;
-- the package's `__all__` lists at most 500 names.
+- the package's `__all__` lists at most 500 names;
+- each chapter's page opens with its introduction (set-up cells hidden) and its description is a complete sentence.
 """
 
 from __future__ import annotations
@@ -59,9 +60,31 @@ def _cell_kind(cell: dict) -> str:
     return "example"
 
 
+def _opening(cells: list[dict]) -> tuple[str, str]:
+    """The page's description (the title cell's `> ` lines) and the kind of the first cell a reader sees after the
+    title: hidden set-up and the `default_exp` cell are not shown."""
+    title = "".join(cells[0]["source"]) if cells and cells[0]["cell_type"] == "markdown" else ""
+    # nbdev takes the first `> ` line as the page's description: a sentence wrapped over two lines is cut
+    description = next((ln[1:].strip() for ln in title.splitlines() if ln.startswith(">")), "")
+    first = next((_cell_kind(c) for c in cells[1:] if _cell_kind(c) not in ("setup", "empty") and _shown(c)), "none")
+    return description, first
+
+
+def _shown(cell: dict) -> bool:
+    "Whether a cell shows on its page: an export cell of imports only shows nothing (nbdev hides export sources)."
+    if _cell_kind(cell) != "export":
+        return True
+    try:
+        tree = ast.parse("\n".join(_code_lines("".join(cell["source"]))))
+    except SyntaxError:
+        return True
+    return not all(isinstance(n, (ast.Import, ast.ImportFrom)) for n in tree.body)
+
+
 def notebook_shape(path: Path) -> dict:
     "Export cells' sizes, exported and example code lines, and the count of example cells of one notebook."
     cells = json.loads(path.read_text())["cells"]
+    description, first = _opening(cells)
     sizes, exported, other, examples = [], 0, 0, 0
     for cell in cells:
         kind = _cell_kind(cell)
@@ -72,7 +95,15 @@ def notebook_shape(path: Path) -> dict:
         else:
             other += lines
             examples += kind == "example"
-    return dict(notebook=path.name, export_cells=sizes, exported_lines=exported, other_lines=other, examples=examples)
+    return dict(
+        notebook=path.name,
+        export_cells=sizes,
+        exported_lines=exported,
+        other_lines=other,
+        examples=examples,
+        description=description,
+        opens_with=first,
+    )
 
 
 def _sentences(markdown: str) -> list[str]:
@@ -119,7 +150,11 @@ def measure(root: Path = ROOT) -> dict:
     readme = readme_shape(root / "README.md")
     names = public_names(root / "depthbench_nb")
     per = LIMITS["exported_lines_per_example"]
-    thin = {nb["notebook"]: (nb["examples"], nb["exported_lines"]) for nb in nbs if nb["examples"] * per < nb["exported_lines"]}
+    thin = {
+        nb["notebook"]: (nb["examples"], nb["exported_lines"])
+        for nb in nbs
+        if nb["examples"] * per < nb["exported_lines"]
+    }
     figures = dict(
         notebooks=len(nbs),
         export_cells=len(sizes),
@@ -142,12 +177,21 @@ def measure(root: Path = ROOT) -> dict:
             breaches.append(f"{nb['notebook']}: export cells of {big} lines > {LIMITS['max_export_cell']}")
     for name, (n, lines) in thin.items():
         breaches.append(f"{name}: {n} example cells for {lines} exported lines (need {-(-lines // per)})")
+    for path in sorted((root / "nbs").glob("*.ipynb")):  # every page, the templates and reports included
+        d, _ = _opening(json.loads(path.read_text())["cells"])
+        if not re.match(r"^[A-Z`].*[.!?]$", d) or len(d.split()) < 4:
+            breaches.append(f"{path.name}: the page's description is not one complete sentence on one line: {d!r}")
+    for nb in nbs:
+        if nb["opens_with"] != "markdown":
+            breaches.append(f"{nb['notebook']}: the page opens with a {nb['opens_with']} cell, not its introduction")
     if figures["exported_share"] > LIMITS["exported_share"]:
         breaches.append(f"exported code is {figures['exported_share']:.0%} of the code lines > 75%")
     for key in ("readme_lines", "readme_median_words", "readme_max_words", "public_names"):
         if figures[key] > LIMITS[key]:
             breaches.append(f"{key} {figures[key]} > {LIMITS[key]}")
-    breaches += [f"README sentence over {LIMITS['readme_max_words']} words: {s[:80]}..." for s in readme["long_sentences"]]
+    breaches += [
+        f"README sentence over {LIMITS['readme_max_words']} words: {s[:80]}..." for s in readme["long_sentences"]
+    ]
     return dict(figures=figures, limits=LIMITS, breaches=breaches, notebooks=nbs)
 
 

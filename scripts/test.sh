@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The test command (README, CI): formatted and lint-clean (ruff, scripts/lint.sh), notebooks and package agree,
-# notebooks are clean, the notebooks' own tests (nbdev_test), the documentation site built (scripts/docs.sh) and the
-# pytest suite, which reads the site in headless Chromium (tests/test_docs.py). Offline and single-threaded per worker by design.
+# notebooks are clean, the notebooks read as chapters (scripts/notebook_shape.py), the documentation site built
+# (scripts/docs.sh: every notebook runs there once, its examples and tests included, so the build is the notebooks'
+# test) and the pytest suite, which reads the site in headless Chromium (tests/test_docs.py). Offline and
+# single-threaded per worker by design.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 BIN=.venv/bin
@@ -20,11 +22,12 @@ echo "== 2/6 nbdev_export leaves depthbench_nb/ unchanged"
 $BIN/python scripts/check_sync.py export
 echo "== 3/6 notebooks are clean (nbdev_clean changes nothing)"
 $BIN/python scripts/check_sync.py clean
-echo "== 4/6 nbdev_test (the tests inside the library notebooks)"
-$BIN/nbdev_test --n_workers 2 --timing --skip_file_re '^[12][0-9]_' 2>&1 | tail -n 40
-echo "== 5/6 the documentation site into _docs/ (every notebook run, the reports on the demo's records, links checked)"
+echo "== 4/6 the notebooks read as chapters (cell sizes, examples, README, public names: scripts/notebook_shape.py)"
+$BIN/python scripts/notebook_shape.py
+echo "== 5/6 the documentation site into _docs/: every notebook runs once, its examples and tests included (the"
+echo "       notebooks' test, as nbdev_test runs them), the reports on the demo's records, links checked"
 bash scripts/docs.sh
-echo "== 6/6 pytest (without the markers 'exhaustive' and 'paper_effort': see README, Testing)"
+echo "== 6/6 pytest (without the markers 'exhaustive' and 'paper_effort': see the Testing page, nbs/manual/testing.qmd)"
 # `exhaustive`: the rest of the per-family sweeps (2-rank training, compile of every family): pytest -m exhaustive
 # `paper_effort`: the fitter's longer checks against the scipy loop: pytest -m paper_effort
 $BIN/python -m pytest -n 2 --durations=15 -q -m "not exhaustive and not paper_effort" "$@"

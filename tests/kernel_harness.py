@@ -14,18 +14,18 @@ from depthbench_nb.config import ConfigError
 from depthbench_nb.kernels import (
     _FUSED_CHECKS,
     HAS_TRITON,
-    KERNEL_NAMES,
-    KERNELS_ENV,
-    TRITON_INTERPRETED,
+    _KERNEL_NAMES,
+    _KERNELS_ENV,
+    _TRITON_INTERPRETED,
     _use_triton,
-    compare_to_reference,
-    kernel_example,
+    _compare_to_reference,
+    _kernel_example,
 )
 
 HERE = Path(__file__).resolve().parent
 
 
-DEFAULT_INTERPRETER_CASES = tuple(dict(kernel=k) for k in KERNEL_NAMES)
+DEFAULT_INTERPRETER_CASES = tuple(dict(kernel=k) for k in _KERNEL_NAMES)
 
 
 def _interpreter_worker() -> None:
@@ -34,7 +34,7 @@ def _interpreter_worker() -> None:
     import sys
     import time
 
-    if not TRITON_INTERPRETED:
+    if not _TRITON_INTERPRETED:
         raise RuntimeError("the interpreter worker needs TRITON_INTERPRET=1 before import")
     results = []
     for case in json.load(sys.stdin):
@@ -58,8 +58,8 @@ def _interpreter_worker() -> None:
         example = {
             k: (getattr(torch, v) if k in ("dtype", "dtype2") else v) for k, v in case.get("example", {}).items()
         }
-        args, kwargs = kernel_example(case["kernel"], **example)
-        errs = compare_to_reference(case["kernel"], args, kwargs, case.get("outputs"))
+        args, kwargs = _kernel_example(case["kernel"], **example)
+        errs = _compare_to_reference(case["kernel"], args, kwargs, case.get("outputs"))
         # the public function dispatches to the kernel (DEPTHBENCH_KERNELS=triton) on CPU tensors
         dispatched = _use_triton(case["kernel"], *[a for a in args if isinstance(a, Tensor)])
         results.append(dict(case=case, errors=errs, dispatched=dispatched, seconds=time.perf_counter() - t0))
@@ -83,14 +83,14 @@ def _model_kernels_vs_torch(case: dict) -> dict[str, float]:
     idx = torch.randint(0, 64, (1, 5), generator=torch.Generator().manual_seed(0))  # [B, T]
     runs = {}
     for backend in ("torch", "triton"):
-        os.environ[KERNELS_ENV] = backend
+        os.environ[_KERNELS_ENV] = backend
         model = build_model(cfg, seed=0)
         model.mixing = case.get("mixing")  # None: DEPTHBENCH_MIXING (fused)
         logits = model(idx)  # [B, T, V]
         loss = F.cross_entropy(logits.flatten(0, 1), idx.flatten())
         loss.backward()
         runs[backend] = (logits.detach(), {k: p.grad for k, p in model.named_parameters() if p.grad is not None})
-    os.environ[KERNELS_ENV] = "triton"
+    os.environ[_KERNELS_ENV] = "triton"
     (lt, gt), (lk, gk) = runs["torch"], runs["triton"]
     if set(gt) != set(gk):
         return dict(grad_names=float("inf"))
@@ -110,7 +110,7 @@ def interpreter_report(cases=DEFAULT_INTERPRETER_CASES, timeout: float = 300.0) 
 
     if not HAS_TRITON:
         raise ConfigError("interpreter_report needs triton installed (pip install triton)")
-    env = dict(os.environ, TRITON_INTERPRET="1", **{KERNELS_ENV: "triton"})
+    env = dict(os.environ, TRITON_INTERPRET="1", **{_KERNELS_ENV: "triton"})
     code = (
         f"import sys; sys.path.insert(0, {str(HERE)!r}); "
         "from kernel_harness import _interpreter_worker; _interpreter_worker()"

@@ -17,15 +17,15 @@ from depthbench_nb.diagnostics import (
     dead_zone,
     diagnose_model,
     effective_rank,
-    forward_product,
-    last_three_quarters,
+    _forward_product,
+    _last_three_quarters,
     lm_loss,
     logit_lens,
-    mixing_stats,
+    _mixing_stats,
     permutation_matrix,
     run_diagnostics,
-    spectrum_stats,
-    sublayer_partial_mass,
+    _spectrum_stats,
+    _sublayer_partial_mass,
     summarize_causal,
     summarize_permutation,
     usefulness,
@@ -123,7 +123,7 @@ def test_summaries_and_thresholds():
     for s in range(L - 1):
         C[s, s + 1 :] = 0.5 if s >= 4 else 0.1
     sc = summarize_causal(C)
-    assert list(last_three_quarters(L)) == [2, 3, 4, 5, 6, 7]
+    assert list(_last_three_quarters(L)) == [2, 3, 4, 5, 6, 7]
     # the paper counts late pairs (s, l), s < l, both in 2..7: C(6, 2) = 15; above 0.45 those with s >= 4: 3 + 2 + 1 = 6
     assert sc.frac_above == pytest.approx(6 / 15) and (sc.extra["late_pairs"], sc.extra["late_pairs_above"]) == (15, 6)
     assert sc.per_layer[4] == 0.5 and math.isnan(sc.per_layer[7])
@@ -190,7 +190,7 @@ def test_usefulness_identity_block_is_exactly_affine(xy):
 
 
 def test_spectrum_stats_known_answers():
-    s = spectrum_stats(torch.diag(torch.tensor([3.0, 1.0])))
+    s = _spectrum_stats(torch.diag(torch.tensor([3.0, 1.0])))
     p = torch.tensor([9 / 10, 1 / 10])
     assert s["stable_rank"] == pytest.approx(10 / 9) and s["l1_l2"] == pytest.approx(4 / math.sqrt(10))
     assert s["erank"] == pytest.approx(math.exp(-float((p * p.log()).sum())))
@@ -210,17 +210,17 @@ def test_logit_lens_final_state_agrees_with_the_output(xy):
 # ---- mixing structure, dead zone -------------------------------------------------------------------------------------
 def test_mixing_erank_known_answers():
     n = 4
-    assert mixing_stats(torch.eye(n).repeat(10, 2, 3, 1, 1))["mixing_erank"] == pytest.approx(n)
+    assert _mixing_stats(torch.eye(n).repeat(10, 2, 3, 1, 1))["mixing_erank"] == pytest.approx(n)
     g = torch.Generator().manual_seed(3)
     M = torch.rand(40, 5, n, n, generator=g, dtype=torch.float64) + 0.05
     for _ in range(300):
         M = M / M.sum(-1, keepdim=True)
         M = M / M.sum(-2, keepdim=True)
-    st = mixing_stats(M)
+    st = _mixing_stats(M)
     assert st["mixing_erank"] == pytest.approx(1.0, abs=1e-3) and st["distance_to_uniform"] < 1e-3
     # a permutation matrix keeps full rank; the product is taken in forward order (later sites on the left)
     A, B = torch.tensor([[1.0, 2.0], [0.0, 1.0]]), torch.tensor([[1.0, 0.0], [3.0, 1.0]])
-    assert torch.equal(forward_product(torch.stack([A, B])), (B @ A).double())
+    assert torch.equal(_forward_product(torch.stack([A, B])), (B @ A).double())
     assert float(effective_rank(torch.eye(3)[[2, 0, 1]])) == pytest.approx(3.0)
 
 
@@ -241,7 +241,7 @@ def test_mixing_on_real_hc_and_mhc(xy):
 def test_dead_zone_on_block_attnres(xy):
     x, y = xy
     model, cfg = tiny("block_attnres", L=8)  # 16 sublayers, 8 blocks of 2
-    mass = sublayer_partial_mass(model.depth_mix_weights(x), cfg)
+    mass = _sublayer_partial_mass(model.depth_mix_weights(x), cfg)
     # zero pseudo-queries: uniform weights, so the partial gets 1/S; odd sublayers have a partial, S = 2, 3, ...
     assert mass[0] is None and mass[2] is None
     assert [round(m, 6) for m in mass[1::2]] == [round(1 / s, 6) for s in range(2, 10)]

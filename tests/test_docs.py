@@ -86,6 +86,29 @@ def index_markdown() -> str:
     return "\n\n".join("".join(c["source"]) for c in nb["cells"])
 
 
+# a measured time or rate in prose ("477 s wall", "0.68M tokens/s", "load average"): such figures belong on the
+# Performance page, built from the benchmarks' output, not on the front pages
+MACHINE_FIGURE = re.compile(
+    r"\b\d[\d,.]*\s?(?:s|ms|min|minutes|seconds|h|hours|GB/s|MB/s|M? ?tokens/s|it/s)\b|load average|\d\s?x faster",
+)
+
+
+def manual_notebooks() -> list[Path]:
+    "The manual's pages that are notebooks (a page without a number, such as Performance), in the sidebar's order."
+    return [nb for nb in docs.notebooks(NBS) if docs.kind_of(nb) == "manual"]
+
+
+def manual_titles() -> list[str]:
+    "The manual's page titles in the sidebar's order: the .qmd pages, then the manual's notebooks."
+    qmd = [docs.front_matter(p.read_text())[0]["title"] for p in docs.manual_sources(NBS)]
+    return qmd + [json.loads(nb.read_text())["cells"][0]["source"][0].strip("# \n") for nb in manual_notebooks()]
+
+
+def _prose(md: str) -> str:
+    "Markdown without its code blocks."
+    return re.sub(r"```.*?```", " ", md, flags=re.S)
+
+
 def test_index_agrees_with_readme():
     readme, index = (ROOT / "README.md").read_text(), index_markdown()
     # what the project is: README's opening paragraphs, word for word
@@ -97,7 +120,12 @@ def test_index_agrees_with_readme():
     assert all(c in _code_blocks(index) for c in commands), "nbs/index.ipynb lacks one of README's two commands"
     # the two papers, by arXiv id and official code
     for ref in ("arXiv 2609.32534", "keyu-wang-2002/DepthBench", "arXiv 2604.21106", "kschwethelm/looped-lm-scaling"):
-        assert ref in index, ref
+        assert ref in readme and ref in index, ref
+    # the manual: the same pages in the same order, each a page the site builds
+    manual = _plain(_readme_section(readme, "Where to read next").split("The manual:")[1])
+    assert manual == _plain(index.split("## The manual")[1].split("\n## ")[0]), "the manual lists differ"
+    titles = re.findall(r"^- \[([^\]]+)\]", _readme_section(readme, "Where to read next"), re.M)
+    assert titles == manual_titles(), titles
     # the map of the notebooks: README's table, row for row, and it names every notebook there is
     tour = _table(_readme_section(readme, "A tour of the notebooks"))
     mine = _table(index.split("## A map of the notebooks")[1])
@@ -105,12 +133,108 @@ def test_index_agrees_with_readme():
         [r for r in tour if r not in mine] + [r for r in mine if r not in tour]
     )
     named = {n.strip() for row in tour[1:] for n in row[0].split(",")}
-    assert named == {p.stem for p in NBS.glob("*.ipynb")} - {"index"}, named ^ (
-        {p.stem for p in NBS.glob("*.ipynb")} - {"index"}
-    )
+    chapters = {p.stem for p in NBS.glob("*.ipynb") if docs.kind_of(p) not in ("index", "manual")}
+    assert named == chapters, named ^ chapters
     # how to build and look at the site, in both
     for doc in (readme, index):
         assert "bash scripts/docs.sh" in doc and "python -m http.server -d _docs" in doc
+    # no machine figures in either one's prose
+    for name, doc in (("README.md", readme), ("nbs/index.ipynb", index)):
+        found = MACHINE_FIGURE.findall(_prose(doc))
+        assert not found, f"{name} quotes machine figures {found}: they belong on the Performance page"
+
+
+def test_machine_figure_pattern_finds_timings():
+    prose = "Measured on a 2-core machine: 477 s wall (887 s CPU), 0.68M tokens/s, load average 0.7; 1.5x faster."
+    assert MACHINE_FIGURE.findall(prose) == ["477 s", "887 s", "0.68M tokens/s", "load average", "5x faster"]
+    assert not MACHINE_FIGURE.findall(_prose("7,600 steps of 512 × 2048 tokens\n```\nsleep 5 s\n```"))
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# README's links: each one leads somewhere
+# ------------------------------------------------------------------------------------------------------------------
+def site_url() -> str:
+    from nbdev.config import get_config
+
+    cfg = get_config()
+    return (cfg.doc_host + cfg.doc_baseurl).rstrip("/") + "/"
+
+
+def site_pages() -> set[str]:
+    "The pages scripts/docs.py builds: one per notebook, one per manual page."
+    return {docs.page_name(nb) for nb in docs.notebooks(NBS)} | {f"{p.stem}.html" for p in docs.manual_sources(NBS)}
+
+
+def github_slug(heading: str) -> str:
+    "A heading's anchor as GitHub makes it: lower case, punctuation dropped, spaces to hyphens."
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def markdown_links(md: str) -> list[str]:
+    "The targets of a markdown text's links and images, code blocks and code spans left out."
+    text = re.sub(r"`[^`\n]*`", "", _prose(md))
+    return [m.group(2) for m in re.finditer(r"!?\[([^\]]*)\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)", text)]
+
+
+def readme_link_problems(readme: Path, site: Path | None = None) -> list[str]:
+    """Links of a README that lead nowhere: a file of the repository that is missing, an `#anchor` that is no heading
+    of its file, a page of the documentation site that the build does not make (or, given the built site, a page or
+    anchor missing from it). Other web addresses are not followed."""
+    text, url, pages, bad = readme.read_text(), site_url(), site_pages(), []
+    for link in markdown_links(text):
+        u = urlsplit(link)
+        if link.startswith(url) or link.rstrip("/") + "/" == url:
+            page = link[len(url) :].split("#")[0] or "index.html"
+            if page not in pages:
+                bad.append(f"{link}: no such page of the documentation site")
+            elif site is not None and not (site / page).is_file():
+                bad.append(f"{link}: not in the built site")
+            elif site is not None and u.fragment and unquote(u.fragment) not in Page(site / page).ids:
+                bad.append(f"{link}: no such anchor in the built site")
+            continue
+        if u.scheme or u.netloc:
+            continue  # another site: not followed
+        target = (readme.parent / unquote(u.path)).resolve() if u.path else readme
+        if not target.exists():
+            bad.append(f"{link}: no such file")
+        elif u.fragment and target.suffix in (".md", ".qmd"):
+            headings = re.findall(r"^#{1,6}\s+(.+?)\s*$", _prose(target.read_text()), re.M)
+            if unquote(u.fragment) not in {github_slug(h) for h in headings}:
+                bad.append(f"{link}: no such heading")
+    return bad
+
+
+def test_readme_links_resolve():
+    links = markdown_links((ROOT / "README.md").read_text())
+    assert len(links) >= 10 and any(link.startswith("nbs/manual/") for link in links), links
+    bad = readme_link_problems(ROOT / "README.md")
+    assert not bad, "README.md has broken links:\n" + "\n".join(bad)
+
+
+def test_readme_link_check_finds_broken_links(tmp_path):
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "here.md").write_text("# Here\n\n## A section\n")
+    url = site_url()
+    (tmp_path / "README.md").write_text(
+        "# Title\n\n## The two commands\n\n"
+        "[ok](docs/here.md) [ok](docs/here.md#a-section) [ok](#the-two-commands) [ok](#title) "
+        f"[ok]({url}model.html) [ok]({url}reliability.html) [ok](https://example.org/x)\n"
+        "[bad](docs/gone.md) [bad](docs/here.md#no-section) [bad](#no-heading) "
+        f"[bad]({url}no_page.html) ![bad](docs/missing.png)\n\n"
+        "```bash\n[not a link](nowhere.md)\n```\n"
+    )
+    assert readme_link_problems(tmp_path / "README.md") == [
+        "docs/gone.md: no such file",
+        "docs/here.md#no-section: no such heading",
+        "#no-heading: no such heading",
+        f"{url}no_page.html: no such page of the documentation site",
+        "docs/missing.png: no such file",
+    ]
+
+
+def test_readme_site_links_are_in_the_built_site(site):
+    bad = readme_link_problems(ROOT / "README.md", site)
+    assert not bad, "README.md links pages the built site lacks:\n" + "\n".join(bad)
 
 
 def test_exported_functions_and_classes_have_docstrings():
@@ -129,6 +253,123 @@ def test_exported_functions_and_classes_have_docstrings():
             if not (doc or "").strip() or (inspect.isclass(obj) and doc.startswith(f"{name}(")):
                 missing.append(f"{mod_name}.{name}")
     assert not missing, f"{len(missing)} exported functions/classes without a docstring: {missing}"
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# The manual: nbs/manual/*.qmd rendered by scripts/docs.py beside the notebooks
+# ------------------------------------------------------------------------------------------------------------------
+MANUAL_PAGES = [
+    "preparing_data",
+    "reliability",
+    "clusters",
+    "transformers",
+    "testing",
+    "contributing",
+    "adding_a_design",
+    "exit_codes",
+]
+
+
+def test_manual_pages_have_a_title_and_a_one_sentence_description():
+    sources = docs.manual_sources(NBS)
+    assert [p.stem for p in sources][: len(MANUAL_PAGES)] == MANUAL_PAGES
+    for p in sources:
+        front, body = docs.front_matter(p.read_text())
+        assert front.get("title") and not body.lstrip().startswith("# "), p.name  # the title is the page's only h1
+        description = front.get("description", "")
+        assert description.endswith(".") and description.count(". ") == 0, (p.name, description)
+
+
+@pytest.fixture(scope="module")
+def manual_site(tmp_path_factory):
+    "The manual's pages rendered alone (no notebook processed), as scripts/docs.py renders them into the site."
+    from nbdev.config import get_config
+
+    out = tmp_path_factory.mktemp("manual-site")
+    site = docs.Site(out / "no_notebooks", out / "_docs", get_config())
+    site.write()
+    return site, out / "_docs"
+
+
+def test_manual_pages_render_with_sidebar_contents_and_search(manual_site):
+    site, out = manual_site
+    assert [p.name for p in site.pages] == [f"{n}.html" for n in MANUAL_PAGES]
+    search = json.loads((out / "search.json").read_text())
+    for page in site.pages:
+        html = (out / page.name).read_text()
+        sidebar = html.split('<nav class="sidebar"')[1].split("</nav>")[0]
+        assert '<div class="sidebar-section">Manual</div>' in sidebar
+        assert all(f'href="{n}.html"' in sidebar for n in MANUAL_PAGES), page.name
+        toc = html.split('<nav class="toc">')[1].split("</nav>")[0] if '<nav class="toc">' in html else ""
+        h2 = [hid for lvl, hid, _ in page.headings if lvl == 2]
+        assert h2 and all(f'href="#{hid}"' in toc for hid in h2), page.name  # every section in "On this page"
+        assert '<h1 class="title">' in html and "<h1 " not in html.split('<h1 class="title">')[1]
+        sections = {e["href"] for e in search if e["href"].split("#")[0] == page.name}
+        assert {f"{page.name}#{hid}" for hid in h2} <= sections, page.name
+        assert all(e["crumbs"] == ["Manual"] for e in search if e["href"].split("#")[0] == page.name)
+
+
+def test_manual_links_lead_to_pages_of_the_site(manual_site):
+    """Every internal link of the manual resolves, but those to the notebooks' pages, which this site lacks: those
+    must name a page the full build makes (the full build checks them all, test_no_broken_internal_link)."""
+    _, out = manual_site
+    notebook_pages = {docs.page_name(nb) for nb in docs.notebooks(NBS)}
+    bad = [
+        b
+        for b in internal_link_problems(out)
+        if not re.match(r".+ -> ([\w.-]+\.html)(#\S*)?: no such file", b)
+        or re.match(r".+ -> ([\w.-]+\.html)", b).group(1) not in notebook_pages
+    ]
+    assert not bad, bad
+    links = [link for p in out.glob("*.html") for link in Page(p).links]
+    assert "model.html" in links and "reliability.html" in links  # notebooks and pages by their site names
+    left = [link for link in links if link.endswith((".qmd", ".ipynb")) and not urlsplit(link).scheme]
+    assert not left, f"links left with their sources' names: {left}"
+
+
+def test_manual_link_names_notebooks_and_pages_as_the_site_does():
+    source = NBS / "manual" / "testing.qmd"
+    assert docs.manual_link("../01c_model.ipynb", source, NBS) == "model.html"
+    assert docs.manual_link("reliability.qmd#one-writer-per-run", source, NBS) == "reliability.html#one-writer-per-run"
+    assert docs.manual_link("performance.html", source, NBS) is None  # a site page: left as written
+    assert docs.manual_link("https://example.org/a.qmd", source, NBS) is None
+
+
+def test_contributing_worked_example_runs_as_shown():
+    """The three cells of Contributing's worked example: an export cell, its markdown with the equation, an example;
+    run as a notebook runs them, the example gives the output the page shows."""
+    import math
+
+    import torch
+    import torch.nn.functional as F
+    from fastcore.test import test_close
+
+    page = (NBS / "manual" / "contributing.qmd").read_text()
+    cells = json.loads(re.search(r"```json\n(.*?)```", page, re.S).group(1))
+    assert [c["cell_type"] for c in cells] == ["code", "markdown", "code"]
+    export, prose, example = ("".join(c["source"]) for c in cells)
+    assert export.startswith("#| export\n") and "$$" in prose and "arXiv" in prose and "test_close" in example
+    ns = dict(math=math, torch=torch, F=F, Tensor=torch.Tensor, test_close=test_close)
+    exec(export, ns)
+    *body, last = example.splitlines()
+    exec("\n".join(body), ns)
+    shown = re.findall(r"```\n(tensor\(.*?\))\n```", page)
+    assert shown == [repr(eval(last, ns))], shown
+    # the rendered half shows the same code and prose
+    rendered = page.split('<div class="rendered-example">')[1]
+    assert example in rendered and prose.replace("\\\\", "\\") in rendered
+
+
+def test_manual_is_plain_prose():
+    "Short sentences, as README's: a median of at most 20 words and none over 50 on every page."
+    import statistics
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from notebook_shape import _sentences
+
+    for p in docs.manual_sources(NBS):
+        words = [len(s.split()) for s in _sentences(docs.front_matter(p.read_text())[1])]
+        assert statistics.median(words) <= 20 and max(words) <= 50, (p.name, statistics.median(words), max(words))
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -223,6 +464,8 @@ def test_every_notebook_is_a_page_and_searchable(site):
     assert {"objectID", "href", "title", "section", "text"} <= set(entries[0])
     searched = {e["href"].split("#")[0] for e in entries}
     assert searched >= {page_of(nb) for nb in notebooks}, {page_of(nb) for nb in notebooks} - searched
+    manual = {f"{p.stem}.html" for p in docs.manual_sources(NBS)}
+    assert manual and all((site / p).is_file() for p in manual) and searched >= manual, manual - searched
 
 
 def test_every_exported_name_has_a_doc_entry(site):
@@ -316,9 +559,10 @@ def test_browser_index_renders(browser):
     title = _wait(driver, "the title", lambda: driver.find_element(By.CSS_SELECTOR, "h1.title"))
     assert title.text == "depthbench-nb" and title.is_displayed()
     sidebar = driver.find_elements(By.CSS_SELECTOR, "nav.sidebar a")
-    assert [a.get_attribute("href").rsplit("/", 1)[1] for a in sidebar] == [
-        page_of(nb) for nb in docs.notebooks(NBS)
-    ]  # every notebook, in the notebooks' order
+    chapters = [page_of(nb) for nb in docs.notebooks(NBS) if docs.kind_of(nb) != "manual"]
+    manual = [f"{p.stem}.html" for p in docs.manual_sources(NBS)] + [page_of(nb) for nb in manual_notebooks()]
+    # the front page, the manual, then every chapter, template and report in the notebooks' order
+    assert [a.get_attribute("href").rsplit("/", 1)[1] for a in sidebar] == chapters[:1] + manual + chapters[1:]
     assert all(a.is_displayed() for a in sidebar)
     # the map of the notebooks links every notebook's page, and the styles are in use (the navbar is coloured)
     links = {

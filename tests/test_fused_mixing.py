@@ -159,11 +159,11 @@ def test_a_training_step_leaves_no_store_behind(arch):
 
 
 def test_mixing_path_is_chosen_by_the_model_the_environment_or_compile(monkeypatch):
-    monkeypatch.delenv(K.MIXING_ENV, raising=False)
+    monkeypatch.delenv(K._MIXING_ENV, raising=False)
     assert K.mixing_path() == "fused" and K.mixing_path("reference") == "reference"
-    monkeypatch.setenv(K.MIXING_ENV, "reference")
+    monkeypatch.setenv(K._MIXING_ENV, "reference")
     assert K.mixing_path() == "reference" and K.mixing_path("fused") == "fused"  # a model's own choice wins
-    monkeypatch.setenv(K.MIXING_ENV, "fast")
+    monkeypatch.setenv(K._MIXING_ENV, "fast")
     with pytest.raises(ConfigError, match="fused, reference"):
         K.mixing_path()
     monkeypatch.setattr(K, "_compiling", lambda: True)

@@ -22,28 +22,28 @@ def _rand(*shape, seed=0, dtype=torch.float64, requires_grad=True):
 
 def test_gradcheck_rms_norm():
     x, w, r = _rand(3, 5, seed=1), _rand(5, seed=2), _rand(3, 5, seed=3)
-    assert torch.autograd.gradcheck(lambda x, w: K.rms_norm_ref(x, w, 1e-6), (x, w))
-    assert torch.autograd.gradcheck(lambda x, w, r: K.rms_norm_ref(x, w, 1e-6, residual=r), (x, w, r))
+    assert torch.autograd.gradcheck(lambda x, w: K._rms_norm_ref(x, w, 1e-6), (x, w))
+    assert torch.autograd.gradcheck(lambda x, w, r: K._rms_norm_ref(x, w, 1e-6, residual=r), (x, w, r))
 
 
 def test_gradcheck_activations():
     g, u = _rand(4, 3, seed=1), _rand(4, 3, seed=2)
-    assert torch.autograd.gradcheck(K.swiglu_ref, (g, u))
+    assert torch.autograd.gradcheck(K._swiglu_ref, (g, u))
     x = (torch.rand(7, generator=_g(3), dtype=torch.float64) + 0.1) * torch.tensor(
         [1, -1, 1, -1, 1, -1, 1.0], dtype=torch.float64
     )
-    assert torch.autograd.gradcheck(K.relu_squared_ref, (x.requires_grad_(),))  # away from the kink at 0
+    assert torch.autograd.gradcheck(K._relu_squared_ref, (x.requires_grad_(),))  # away from the kink at 0
 
 
 def test_gradcheck_sinkhorn():
-    assert torch.autograd.gradcheck(lambda z: K.sinkhorn_ref(z, n_iter=5), (_rand(2, 4, 4, seed=4),))
+    assert torch.autograd.gradcheck(lambda z: K._sinkhorn_ref(z, n_iter=5), (_rand(2, 4, 4, seed=4),))
 
 
 def test_gradcheck_hc():
     s, rw = _rand(2, 3, 4, 5, seed=1), _rand(2, 3, 4, seed=2)
-    assert torch.autograd.gradcheck(K.hc_read_ref, (s, rw))
+    assert torch.autograd.gradcheck(K._hc_read_ref, (s, rw))
     m, ww, b = _rand(2, 3, 4, 4, seed=3), _rand(2, 3, 4, seed=4), _rand(2, 3, 5, seed=5)
-    assert torch.autograd.gradcheck(K.hc_write_ref, (s, m, ww, b))
+    assert torch.autograd.gradcheck(K._hc_write_ref, (s, m, ww, b))
 
 
 def test_gradcheck_attnres():
@@ -56,7 +56,7 @@ def test_gradcheck_attnres():
     )
 
     def f(src, q, wk, wo, bias):
-        return K.attnres_mix_ref(src, q, wk, wo, 1e-5, bias=bias, scale=0.7, return_all=True)
+        return K._attnres_mix_ref(src, q, wk, wo, 1e-5, bias=bias, scale=0.7, return_all=True)
 
     assert torch.autograd.gradcheck(f, (src, q, wk, wo, bias))
 
@@ -84,9 +84,9 @@ def test_sinkhorn_matches_naive_loop_and_gap8():
         for _ in range(6):
             m = cols(rows(m))
         out.append(m)
-    assert torch.allclose(K.sinkhorn_ref(z, n_iter=7), torch.tensor(out, dtype=torch.float64), atol=1e-10)
+    assert torch.allclose(K._sinkhorn_ref(z, n_iter=7), torch.tensor(out, dtype=torch.float64), atol=1e-10)
     gap8 = torch.full((4, 4), -8.0, dtype=torch.float64).fill_diagonal_(0)
-    P = K.sinkhorn_ref(gap8)
+    P = K._sinkhorn_ref(gap8)
     assert abs(P[1, 1].item() - 0.998995) < 1e-5 and abs(P[2, 3].item() - 0.000335) < 2e-6
 
 
@@ -117,12 +117,12 @@ def test_public_api_bad_input():
 
 
 def test_backend_env(monkeypatch):
-    monkeypatch.setenv(K.KERNELS_ENV, "gpu")
+    monkeypatch.setenv(K._KERNELS_ENV, "gpu")
     with pytest.raises(ConfigError, match="auto, triton, torch"):
         K.rms_norm(torch.randn(2, 3), None, 1e-6)
-    monkeypatch.setenv(K.KERNELS_ENV, "torch")
+    monkeypatch.setenv(K._KERNELS_ENV, "torch")
     x = torch.randn(2, 3)
-    assert torch.equal(K.rms_norm(x, None, 1e-6), K.rms_norm_ref(x, None, 1e-6))
+    assert torch.equal(K.rms_norm(x, None, 1e-6), K._rms_norm_ref(x, None, 1e-6))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -131,7 +131,7 @@ def test_backend_env(monkeypatch):
 
 INTERP_CASES = {
     # every kernel at its default odd sizes (d = 37, 15 tokens)
-    **{f"{k}-default": dict(kernel=k) for k in K.KERNEL_NAMES},
+    **{f"{k}-default": dict(kernel=k) for k in K._KERNEL_NAMES},
     # RMSNorm: no residual, no gain; residual where only y or only h carries gradient; wide rows
     "rms_norm-plain": dict(kernel="rms_norm", example=dict(residual=False, d=130, tokens=9)),
     "rms_norm-only-y": dict(kernel="rms_norm", outputs=[0]),
@@ -221,28 +221,28 @@ def test_interpreter_grids_are_small(case):
     # values, so each launch is a handful of programs (a size bound, not a timing: the machine may be loaded)
     spec = INTERP_CASES[case]
     ex = {k: getattr(torch, v) if k.startswith("dtype") else v for k, v in spec.get("example", {}).items()}
-    args, kw = K.kernel_example(spec["kernel"], **ex)
+    args, kw = K._kernel_example(spec["kernel"], **ex)
     sizes = [t.numel() for t in (*args, *kw.values()) if isinstance(t, torch.Tensor)]
     assert sizes and max(sizes) <= 16384, f"{case}: an input of {max(sizes)} values makes a large interpreter grid"
 
 
 def test_compare_to_reference_detects_a_wrong_kernel(monkeypatch):
     # the comparison the self-check relies on must see a 1% error (here a deliberately wrong "kernel")
-    monkeypatch.setitem(K._TRITON_IMPLS, "relu_squared", lambda x: K.relu_squared_ref(x) * 1.01)
-    args, kw = K.kernel_example("relu_squared")
-    errs = K.compare_to_reference("relu_squared", args, kw)
+    monkeypatch.setitem(K._TRITON_IMPLS, "relu_squared", lambda x: K._relu_squared_ref(x) * 1.01)
+    args, kw = K._kernel_example("relu_squared")
+    errs = K._compare_to_reference("relu_squared", args, kw)
     assert errs["out0"] == pytest.approx(0.01, rel=1e-3) and errs["grad0"] == pytest.approx(0.01, rel=1e-3)
 
 
 def test_self_check_falls_back_with_warning_or_raises(monkeypatch):
-    monkeypatch.setitem(K._TRITON_IMPLS, "swiglu", lambda g, u: K.swiglu_ref(g, u) + 1e-2)
+    monkeypatch.setitem(K._TRITON_IMPLS, "swiglu", lambda g, u: K._swiglu_ref(g, u) + 1e-2)
     monkeypatch.setattr(K, "_SELF_CHECKS", {})
     with pytest.warns(RuntimeWarning, match="'swiglu' failed its self-check"):
         assert K._self_check("swiglu", torch.device("cpu"), strict=False) is False
     assert K._SELF_CHECKS[("swiglu", "cpu")] is False  # checked once, remembered
     with pytest.raises(RuntimeError, match="failed its self-check"):
         K._self_check("swiglu", torch.device("cpu"), strict=True)
-    monkeypatch.setitem(K._TRITON_IMPLS, "swiglu", lambda g, u: K.swiglu_ref(g, u))
+    monkeypatch.setitem(K._TRITON_IMPLS, "swiglu", lambda g, u: K._swiglu_ref(g, u))
     monkeypatch.setattr(K, "_SELF_CHECKS", {})
     assert K._self_check("swiglu", torch.device("cpu"), strict=True) is True
 
@@ -267,16 +267,16 @@ def test_self_check_is_independent_of_the_callers_context(monkeypatch, context):
 
 
 def test_forced_triton_on_cpu_without_interpreter_is_a_clear_error(monkeypatch):
-    if K.TRITON_INTERPRETED:
+    if K._TRITON_INTERPRETED:
         pytest.fail("this test process must not run the interpreter")
-    monkeypatch.setenv(K.KERNELS_ENV, "triton")
+    monkeypatch.setenv(K._KERNELS_ENV, "triton")
     with pytest.raises(ConfigError, match="TRITON_INTERPRET=1"):
         K.swiglu(torch.randn(3), torch.randn(3))
     # fp64 (gradcheck) always goes to the reference, even when Triton is forced
     x = torch.randn(3, dtype=torch.float64)
-    assert torch.equal(K.relu_squared(x), K.relu_squared_ref(x))
-    monkeypatch.setenv(K.KERNELS_ENV, "auto")
-    assert torch.equal(K.relu_squared(x.float()), K.relu_squared_ref(x.float()))  # auto on CPU: the reference
+    assert torch.equal(K.relu_squared(x), K._relu_squared_ref(x))
+    monkeypatch.setenv(K._KERNELS_ENV, "auto")
+    assert torch.equal(K.relu_squared(x.float()), K._relu_squared_ref(x.float()))  # auto on CPU: the reference
 
 
 def test_mixed_precision_promotes_like_torch():
@@ -303,24 +303,24 @@ def test_gpu_benchmark_refuses_without_cuda():
 
 def test_forced_triton_without_triton_installed_is_a_clear_error(monkeypatch):
     monkeypatch.setattr(K, "HAS_TRITON", False)
-    monkeypatch.setenv(K.KERNELS_ENV, "triton")
+    monkeypatch.setenv(K._KERNELS_ENV, "triton")
     with pytest.raises(ConfigError, match="triton is not installed"):
         K.relu_squared(torch.randn(3))
-    monkeypatch.setenv(K.KERNELS_ENV, "auto")
+    monkeypatch.setenv(K._KERNELS_ENV, "auto")
     x = torch.randn(3)
-    assert torch.equal(K.relu_squared(x), K.relu_squared_ref(x))
+    assert torch.equal(K.relu_squared(x), K._relu_squared_ref(x))
 
 
 def test_attnres_list_path_equals_the_stacked_reference():
     "The model passes its sources as a list; the torch path mixes them without stacking: same values and gradients."
-    from depthbench_nb.kernels import attnres_mix, attnres_mix_ref
+    from depthbench_nb.kernels import attnres_mix, _attnres_mix_ref
 
     g = torch.Generator().manual_seed(0)
     srcs = [torch.randn(2, 5, 7, dtype=torch.float64, generator=g, requires_grad=True) for _ in range(6)]
     q, kw, ow = (torch.randn(7, dtype=torch.float64, generator=g, requires_grad=True) for _ in range(3))
     bias = torch.randn(6, dtype=torch.float64, generator=g)
     outs = attnres_mix(srcs, q, kw, ow, 1e-5, bias=bias, scale=0.5, return_all=True)
-    refs = attnres_mix_ref(torch.stack(srcs), q, kw, ow, 1e-5, bias=bias, scale=0.5, return_all=True)
+    refs = _attnres_mix_ref(torch.stack(srcs), q, kw, ow, 1e-5, bias=bias, scale=0.5, return_all=True)
     for a, b in zip(outs, refs):
         assert torch.allclose(a, b, atol=1e-12)
     params = [*srcs, q, kw, ow]

@@ -124,7 +124,7 @@ def test_looped_main_report(paper_studies, tmp_path):
     # Fig. 3 comes from the per-r laws: the exponents are those of each r's own fit, not of the joint law
     lf = pd.read_csv(tmp_path / "looped_runs.csv")
     base = lf[(lf.study == "looped-main")]
-    per_r = scaling.fit_per_r(base.assign(provenance="real"), restarts=RESTARTS)
+    per_r = scaling._fit_per_r(base.assign(provenance="real"), restarts=RESTARTS)
     paper = report_common.reference_table("looped")
     mine = report_looped.frontier_exponents(per_r, base, paper, report_looped.per_r_frontier(per_r, base)).set_index(
         "r"

@@ -31,12 +31,12 @@ from depthbench_nb.layers import KVCache
 from depthbench_nb.model import (
     PreLNBlock,
     ResidualTransformer,
-    block_attnres_groups,
+    _block_attnres_groups,
     build_model,
     n_params,
     no_extra_flops,
-    no_extra_params,
-    no_init_invariants,
+    _no_extra_params,
+    _no_init_invariants,
 )
 from depthbench_nb.shapes import count_params, grid_shapes, shape_for
 
@@ -445,9 +445,9 @@ def test_attnres_matches_naive(kw):
 
 def test_block_attnres_group_sizes_of_the_paper():
     for L, size in ((16, 4), (20, 5), (24, 6), (28, 7), (32, 8)):
-        assert block_attnres_groups(ModelConfig(arch="block_attnres", n_layer=L)) == [size] * 8
-    assert block_attnres_groups(ModelConfig(arch="block_attnres", n_layer=30)) == [8, 8, 8, 8, 7, 7, 7, 7]
-    assert block_attnres_groups(ModelConfig(arch="block_attnres", n_layer=24, attnres_block_size=5)) == [5] * 9 + [3]
+        assert _block_attnres_groups(ModelConfig(arch="block_attnres", n_layer=L)) == [size] * 8
+    assert _block_attnres_groups(ModelConfig(arch="block_attnres", n_layer=30)) == [8, 8, 8, 8, 7, 7, 7, 7]
+    assert _block_attnres_groups(ModelConfig(arch="block_attnres", n_layer=24, attnres_block_size=5)) == [5] * 9 + [3]
 
 
 def test_attnres_states_and_readout():
@@ -615,9 +615,9 @@ def test_a_miscounted_design_fails_at_build_before_training():
             "residual",
             "Pre-LN with an uncounted gate",
             build=build_extra,
-            extra_params=no_extra_params,
+            extra_params=_no_extra_params,
             forward_flops=no_extra_flops,
-            check_init=no_init_invariants,
+            check_init=_no_init_invariants,
             metrics=(),
             importer="a test",
         )
@@ -717,16 +717,17 @@ def test_a_design_declares_its_own_options():
     assert "loose_options" not in ARCHS
 
 
-def test_the_readme_design_with_an_option_runs_as_written():
-    """README's "Adding a residual design" example, executed as written: the design registers, passes the shared
-    checks with its option, and the train command offers the option with no edit of depthbench-nb."""
+def test_the_manual_design_with_an_option_runs_as_written():
+    """The manual's "Adding a residual design" example (nbs/manual/adding_a_design.qmd), executed as written: the
+    design registers, passes the shared checks with its option, and the train command offers the option with no edit
+    of depthbench-nb."""
     from depthbench_nb.trainer import train_parser
 
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    section = readme.split("## Adding a residual design", 1)[1].split("\n## ", 1)[0]
+    page = Path(__file__).resolve().parent.parent / "nbs" / "manual" / "adding_a_design.qmd"
+    section = page.read_text().split("## A design with an option", 1)[1].split("\n## ", 1)[0]
     example = re.findall(r"```python\n(.*?)```", section, re.S)[0]
     try:
-        exec(compile(example, "README.md", "exec"), {})
+        exec(compile(example, str(page), "exec"), {})
         assert not failures(check_design(tiny_config("gated", gate_start=0.5)))
         model = build_model(tiny_config("gated", gate_start=0.5))
         assert all(b.gate.item() == 0.5 for b in model.blocks)  # the one init entry point used the option

@@ -67,10 +67,10 @@ def test_attnres_block0_has_no_mixer_and_the_count_is_4Ld():
 
 def test_gradient_check_catches_an_unused_parameter():
     "The shared suite's new check: the old AttnRes (a mixer built for block 0 and never used) fails it."
-    from depthbench_nb.model import AttnResMixer
+    from depthbench_nb.model import _AttnResMixer
 
     m = build_model(tiny_config("attnres"))
-    m.blocks[0].attn_mix = AttnResMixer(32)  # what the old model built
+    m.blocks[0].attn_mix = _AttnResMixer(32)  # what the old model built
     res = check_gradients(m, torch.randint(0, 64, (2, 8)))
     assert not res.ok and "blocks.0.attn_mix.query" in res.detail and "second step" in res.detail
 
@@ -454,7 +454,7 @@ def test_kernel_fallbacks_accept_bf16(name, monkeypatch):
 
     monkeypatch.setenv("DEPTHBENCH_KERNELS", "torch")
     fn = getattr(K, name)
-    args, kwargs = K.kernel_example(name, dtype=torch.bfloat16)
+    args, kwargs = K._kernel_example(name, dtype=torch.bfloat16)
     outs = fn(*args, **kwargs)
     outs = outs if isinstance(outs, tuple) else (outs,)
 

@@ -12,28 +12,28 @@ from depthbench_nb.cli import main
 from depthbench_nb.config import ConfigError
 from depthbench_nb import scaling
 from depthbench_nb.scaling import (
-    LOWER,
+    _LOWER,
     PAPER_LOOPED,
-    SCIPY_OPTIONS,
-    UPPER,
+    _SCIPY_OPTIONS,
+    _UPPER,
     FitResult,
     block_bootstrap,
-    chinchilla_data,
+    _chinchilla_data,
     empirical_optima,
-    fit_chinchilla,
+    _fit_chinchilla,
     fit_frame,
-    fit_per_r,
+    _fit_per_r,
     law_data_from_frame,
-    law_objective,
+    _law_objective,
     law_optimum,
-    looped_data,
+    _looped_data,
     minimise_law,
     naive_objective,
     paper_accounting,
     paper_grid_frame,
-    single_objective,
+    _single_objective,
     synthetic_looped_frame,
-    theta_from_params,
+    _theta_from_params,
     worked_example,
 )
 
@@ -61,15 +61,15 @@ def synthetic_fit(synthetic):
 def test_objective_matches_naive_and_numeric_gradient():
     rng = np.random.default_rng(1)
     n = 20
-    data = looped_data(
+    data = _looped_data(
         n_once=rng.uniform(1e7, 1e8, n) * (rng.random(n) > 0.3),
         n_rec=rng.uniform(1e7, 1e8, n),
         r=rng.choice([1, 2, 4, 8], n),
         D=rng.uniform(1e8, 1e10, n),
         loss=rng.uniform(2.3, 3.3, n),
     )
-    theta = LOWER + (UPPER - LOWER) * rng.random((8, 6))
-    J, G = law_objective(theta, data)
+    theta = _LOWER + (_UPPER - _LOWER) * rng.random((8, 6))
+    J, G = _law_objective(theta, data)
     assert np.allclose(J, [naive_objective(t, data) for t in theta], rtol=1e-12, atol=0)
     eps = 1e-6
     for t, g in zip(theta, G):
@@ -77,19 +77,19 @@ def test_objective_matches_naive_and_numeric_gradient():
         assert np.allclose(g, num, rtol=1e-5, atol=1e-9)
     # the optimiser's lean single-θ path: same J and gradient (φ free, or fixed and dropped)
     for t, j, g in zip(theta, J, G):
-        Js, gs = single_objective(data)(t)
+        Js, gs = _single_objective(data)(t)
         assert np.isclose(Js, j, rtol=1e-12) and np.allclose(gs, g, rtol=1e-10, atol=1e-14)
         t1 = t.copy()
         t1[5] = 1.0
-        Js, gs = single_objective(data, phi=1.0)(t1[:5])
+        Js, gs = _single_objective(data, phi=1.0)(t1[:5])
         assert np.isclose(Js, naive_objective(t1, data), rtol=1e-12) and np.allclose(
-            gs, law_objective(t1, data)[1][0, :5], rtol=1e-10, atol=1e-14
+            gs, _law_objective(t1, data)[1][0, :5], rtol=1e-10, atol=1e-14
         )
 
 
 def test_chinchilla_replication_matches_besiroglu():
     df = chinchilla_frame()
-    fit = fit_chinchilla(df.N, df.D, df.loss, restarts=500, seed=0)
+    fit = _fit_chinchilla(df.N, df.D, df.loss, restarts=500, seed=0)
     assert fit.n_points == 240 and fit.provenance == "real" and fit.law == "chinchilla" and fit.phi is None
     # within a fraction of the published standard errors (A, B are loosely identified: SE 26 % and 62 %)
     for name, (est, se) in BESIROGLU.items():
@@ -97,8 +97,8 @@ def test_chinchilla_replication_matches_besiroglu():
     assert abs(fit.E - 1.8172) < 0.005 and abs(fit.alpha - 0.3478) < 0.005 and abs(fit.beta - 0.3658) < 0.005
     assert fit.n_at_best >= 10  # many starts agree on the optimum
     # the optimum is a true minimum: no random point of the box nor the published point does better
-    data = chinchilla_data(df.N, df.D, df.loss)
-    published = theta_from_params(**{k: v[0] for k, v in BESIROGLU.items()})
+    data = _chinchilla_data(df.N, df.D, df.loss)
+    published = _theta_from_params(**{k: v[0] for k, v in BESIROGLU.items()})
     assert fit.huber <= naive_objective(published, data) + 1e-12
     assert abs(fit.huber - naive_objective(np.array(fit.theta), data)) < 1e-15
 
@@ -109,20 +109,20 @@ def test_tight_tolerances_beat_scipy_defaults():
     from scipy.optimize import minimize
 
     df = chinchilla_frame()
-    data = chinchilla_data(df.N, df.D, df.loss)
+    data = _chinchilla_data(df.N, df.D, df.loss)
     tight = minimise_law(data, restarts=10, seed=0, method="scipy")
-    lo, hi = LOWER[:5], UPPER[:5]
+    lo, hi = _LOWER[:5], _UPPER[:5]
     rng = np.random.default_rng(0)
     loose = min(
         minimize(
-            lambda x: law_objective(np.r_[x, 0.0], data)[0][0],
+            lambda x: _law_objective(np.r_[x, 0.0], data)[0][0],
             lo + (hi - lo) * rng.random(5),
             method="L-BFGS-B",
             bounds=list(zip(lo, hi)),
         ).fun
         for _ in range(10)
     )
-    assert tight.J < loose and SCIPY_OPTIONS["ftol"] <= 1e-15
+    assert tight.J < loose and _SCIPY_OPTIONS["ftol"] <= 1e-15
 
 
 def test_synthetic_recovery_of_phi(synthetic, synthetic_fit):
@@ -135,7 +135,7 @@ def test_synthetic_recovery_of_phi(synthetic, synthetic_fit):
     edge = fit_frame(outside, "looped", restarts=5, seed=0)
     assert edge.phi == pytest.approx(3.0) and "phi" in edge.at_bounds
     # the fit is at least as good as the truth it was generated from
-    truth = theta_from_params(**PAPER_LOOPED)
+    truth = _theta_from_params(**PAPER_LOOPED)
     assert fit.huber <= naive_objective(truth, law_data_from_frame(synthetic, "looped")) + 1e-12
     # residual table per r: 4 r values and the pooled row, RMSE near the noise level
     rows = {row["r"]: row for row in fit.residuals}
@@ -228,9 +228,9 @@ def test_batched_kernel_weights_are_multiplicities(synthetic):
     data = law_data_from_frame(synthetic, "looped")
     w = np.random.default_rng(2).integers(0, 4, data.n).astype(float)
     rows = scaling._objective_rows(data, w)
-    theta = LOWER + (UPPER - LOWER) * np.random.default_rng(3).random((5, 6))
-    J, g, _ = scaling.batch_objective(theta, {k: np.repeat(v[None], 5, 0) for k, v in rows.items()}, True, "g")
-    J2, g2 = law_objective(theta, scaling._repeat_runs(data, w))
+    theta = _LOWER + (_UPPER - _LOWER) * np.random.default_rng(3).random((5, 6))
+    J, g, _ = scaling._batch_objective(theta, {k: np.repeat(v[None], 5, 0) for k, v in rows.items()}, True, "g")
+    J2, g2 = _law_objective(theta, scaling._repeat_runs(data, w))
     assert np.allclose(J, J2, rtol=1e-12) and np.allclose(g, g2, rtol=1e-10, atol=1e-15)
 
 
@@ -263,7 +263,7 @@ def test_warm_start_matches_cold_refit(synthetic, synthetic_fit):
 
 
 def test_per_r_fits(synthetic):
-    fits = fit_per_r(synthetic, restarts=8, seed=0)
+    fits = _fit_per_r(synthetic, restarts=8, seed=0)
     assert sorted(fits) == [1, 2, 4, 8]
     for r, f in fits.items():
         assert f.law == "chinchilla" and f.n_points == 29 and f.provenance == "synthetic" and f.r2 > 0.99
@@ -304,7 +304,7 @@ def test_law_optimum_against_brute_force():
         r2=1.0,
         n_points=0,
         provenance="synthetic",
-        theta=list(theta_from_params(**PAPER_LOOPED)),
+        theta=list(_theta_from_params(**PAPER_LOOPED)),
         restarts=0,
         seed=0,
         n_at_best=0,
