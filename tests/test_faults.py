@@ -857,16 +857,16 @@ def test_a_sweep_whose_driver_is_killed_twice_finishes_every_run_once(tiny_data,
 def test_a_killed_holder_not_yet_reaped_holds_nothing():
     "A lock holder killed but not yet reaped (a zombie: its parent died, init reaps it later) is dead, not busy."
     import socket
-    from depthbench_nb.config import _process_start, holder_alive
+    from depthbench_nb.config import _process_start, _holder_alive
 
     child = subprocess.Popen(["sleep", "60"])
     record = dict(host=socket.gethostname(), pid=child.pid, start=_process_start(child.pid))
-    assert holder_alive(record) is True
+    assert _holder_alive(record) is True
     os.kill(child.pid, signal.SIGKILL)
     deadline = time.time() + 10
     while Path(f"/proc/{child.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z" and time.time() < deadline:
         time.sleep(0.01)
-    assert holder_alive(record) is False  # still in the process table (not reaped yet), holding nothing
+    assert _holder_alive(record) is False  # still in the process table (not reaped yet), holding nothing
     child.wait()
 
 
@@ -972,7 +972,7 @@ def test_a_signal_checkpoints_at_its_step_and_the_resume_is_exact(sig, twice, re
     step 4: it finishes the step, writes checkpoint step 5 (not one of its every-3 checkpoints), records result.json as
     interrupted with the signal and the step, prints one JSON line and exits 3. A second Ctrl-C while the checkpoint
     is written changes nothing. Training again resumes there and ends with the uninterrupted record."""
-    from depthbench_nb.runs import verify_checkpoint
+    from depthbench_nb.runs import _verify_checkpoint
 
     run = reference["run"]
     folder = run_dir(run)
@@ -1002,7 +1002,7 @@ def test_a_signal_checkpoints_at_its_step_and_the_resume_is_exact(sig, twice, re
         assert f"{sig} again: already stopping" in err
     assert read_result(folder)["status"] == "interrupted"
     ckpt = dict(list_checkpoints(folder))[5]
-    assert verify_checkpoint(ckpt) is None and not list((folder / "checkpoints").glob(".tmp-step_*"))
+    assert _verify_checkpoint(ckpt) is None and not list((folder / "checkpoints").glob(".tmp-step_*"))
     assert [r["step"] for r in read_metrics(folder)] == list(range(5))
     capsys.readouterr()
     result = train(run, progress=False)  # the same run again: it resumes at the signal's step
@@ -2159,7 +2159,7 @@ def test_2_a_link_in_a_data_folder_writes_nothing_outside(site, data_source, tmp
     if rc == 2:
         assert res["kind"] == "unsafe" and site.split("/")[-1] in res["error"], res
     else:
-        assert rc == 0 and not (out / site).is_symlink() and D.verify_folder(out) == [], res
+        assert rc == 0 and not (out / site).is_symlink() and D._verify_folder(out) == [], res
     ledger(faults=1)
 
 

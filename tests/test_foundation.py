@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from depthbench_nb.config import ConfigError, ModelConfig, RunConfig, arch_names
+from depthbench_nb.config import ConfigError, ModelConfig, RunConfig, _arch_names
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -23,7 +23,7 @@ def run_cli(*args, check=True):
 
 
 def test_registry_has_the_papers_designs():
-    assert set(arch_names()) >= {
+    assert set(_arch_names()) >= {
         "preln",
         "periln",
         "lns",
@@ -36,7 +36,7 @@ def test_registry_has_the_papers_designs():
         "moda",
         "looped",
     }
-    assert "sandwich" in arch_names(include_aliases=True)
+    assert "sandwich" in _arch_names(include_aliases=True)
 
 
 def test_400m_grid_matches_the_paper():
@@ -378,6 +378,6 @@ def test_every_generated_option_help_belongs_to_its_option(monkeypatch, capsys):
                 checked.add((fn.__name__, action.dest))
             else:  # written elsewhere (an Arg(help=...) or the standard --json text), never a comment of the source
                 assert not any(action.help and action.help in owned[o] for o in owned), (fn.__name__, action.dest)
-    assert len({name for name, _ in checked}) >= 10 and ("diagnose_command", "eval_limit") in checked
-    help_of = {a.dest: a.help for fn, p in seen if fn.__name__ == "diagnose_command" for a in p._actions}
+    assert len({name for name, _ in checked}) >= 10 and ("_diagnose_command", "eval_limit") in checked
+    help_of = {a.dest: a.help for fn, p in seen if fn.__name__ == "_diagnose_command" for a in p._actions}
     assert help_of["eval_limit"].startswith("pairs per evaluation set") and help_of["device"].startswith("cpu | cuda")

@@ -96,7 +96,7 @@ def test_case_studies_are_fitted_with_their_r1_anchors(paper_studies, tmp_path):
     assert (t3.scale == "paper scale").all() and (t3.provenance == "real").all()
     # the anchors are looped-main's runs, found by run id: the planned r = 1 rows of the HC grid
     lf = pd.read_csv(tmp_path / "looped_runs.csv")
-    anchors = report_looped.case_study_frame(lf, "hc")
+    anchors = report_looped._case_study_frame(lf, "hc")
     anchors = anchors[anchors.r == 1]
     planned = {grid_run("looped-main", row).run_id for row in looped_grid_rows("hc") if row["reused"]}
     assert set(anchors.run_id) == planned and set(anchors.study) == {"looped-main"}
@@ -126,7 +126,7 @@ def test_looped_main_report(paper_studies, tmp_path):
     base = lf[(lf.study == "looped-main")]
     per_r = scaling._fit_per_r(base.assign(provenance="real"), restarts=RESTARTS)
     paper = report_common.reference_table("looped")
-    mine = report_looped.frontier_exponents(per_r, base, paper, report_looped.per_r_frontier(per_r, base)).set_index(
+    mine = report_looped._frontier_exponents(per_r, base, paper, report_looped._per_r_frontier(per_r, base)).set_index(
         "r"
     )
     shown = pd.read_csv(tmp_path / "looped_frontier_exponents.csv").set_index("r")
@@ -145,7 +145,7 @@ def test_looped_main_report(paper_studies, tmp_path):
         assert shown.loc[r, "gamma"] == pytest.approx(gamma, rel=1e-9)
         assert shown.loc[r, "a_N_star"] == pytest.approx(f.beta / (f.alpha + gamma * f.beta), rel=1e-9)
     joint = scaling.fit_frame(base.assign(provenance="real"), "looped", restarts=RESTARTS)
-    via_joint = report_looped.frontier_exponents({r: joint for r in per_r}, base, paper)
+    via_joint = report_looped._frontier_exponents({r: joint for r in per_r}, base, paper)
     assert not np.allclose(via_joint.set_index("r").b_D_star, shown.b_D_star, atol=1e-3)
     assert ((shown.a_N_star + shown.b_D_star) > 1.0).all() and shown.paper_b_D_star.tolist() == [0.53, 0.42, 0.37, 0.44]
     assert shown.a_exact_frontier.notna().all() and (shown.n_widths == 11).all()
@@ -231,7 +231,7 @@ def test_scale_comes_from_the_runs(tmp_path, monkeypatch):
     write_looped_record(full, 2.8)
     write_looped_record(capped, 3.1)
     write_looped_record(short, 2.9, steps=100)
-    lf = report_looped.looped_frame(report_common.study_table("scales")).set_index("run_id")
+    lf = report_looped._looped_frame(report_common.study_table("scales")).set_index("run_id")
     assert lf.loc[full.run_id, "scale"] == "paper scale" and lf.loc[full.run_id, "paper_scale"]
     assert (
         lf.loc[capped.run_id, "scale"].startswith("reduced scale: planned tokens")
@@ -243,13 +243,13 @@ def test_scale_comes_from_the_runs(tmp_path, monkeypatch):
 
 
 def test_case_study_without_r1_runs_is_a_clear_error(paper_studies, tmp_path):
-    lf = report_looped.looped_frame(
+    lf = report_looped._looped_frame(
         pd.concat([report_common.study_table("looped-hc")])
     )  # the HC runs alone, without looped-main
     with pytest.raises(
         ConfigError, match=r"no r = 1 runs at its budgets C = 4\.64e\+17, 1e\+18, 2\.15e\+18, 4\.64e\+18"
     ):
-        report_looped.case_study_frame(lf, "hc")
+        report_looped._case_study_frame(lf, "hc")
     report_looped.build_looped_report("looped-hc", out_dir=tmp_path, restarts=2, n_bootstrap=0, related=[])
     index = (tmp_path / "looped_index.md").read_text()
     assert "case study hc (Table 3)" in index and "no r = 1 runs at its budgets" in index and "looped-main" in index
@@ -262,7 +262,9 @@ def test_fit_on_the_box_edge_is_said_in_words():
     scaling.attach_bootstrap(
         joint, scaling.block_bootstrap(syn, "looped", n_resamples=3, restarts=2, warm_start=joint, workers=1)
     )
-    t2 = report_looped.table2_rows({"phi_free": (joint, syn)}, report_common.reference_table("looped")).set_index("fit")
+    t2 = report_looped._table2_rows({"phi_free": (joint, syn)}, report_common.reference_table("looped")).set_index(
+        "fit"
+    )
     assert not t2.loc["phi_free", "identified"] and "do not identify the law" in t2.loc["phi_free", "note"]
     assert t2.loc["phi_free", "phi_ci"].startswith("these 116 runs do not identify") and np.isnan(
         t2.loc["phi_free", "phi_ci_low"]
@@ -275,7 +277,7 @@ def test_fit_on_the_box_edge_is_said_in_words():
             scaling.synthetic_looped_frame(seed=1), "looped", n_resamples=4, restarts=4, warm_start=good, workers=1
         ),
     )
-    t2 = report_looped.table2_rows({"phi_free": (good, syn)}, report_common.reference_table("looped")).set_index("fit")
+    t2 = report_looped._table2_rows({"phi_free": (good, syn)}, report_common.reference_table("looped")).set_index("fit")
     lo, hi = good.ci["phi"]
     assert t2.loc["phi_free", "phi_ci"] == f"[{lo:.3f}, {hi:.3f}]" and t2.loc["phi_free", "note"] == ""
 
@@ -299,9 +301,9 @@ def test_fig3_exponents_from_the_papers_table1():
     """The paper's own Table 1 coefficients give its Fig. 3 exponents under the report's definition, to 0.02 (the old
     one: no)."""
     paper = report_common.reference_table("looped")
-    laws = report_looped.paper_table1_laws(paper)
+    laws = report_looped._paper_table1_laws(paper)
     grid = scaling.paper_grid_frame().assign(vocab=32064, seq_len=2048)
-    ex = report_looped.frontier_exponents(laws, grid, paper, report_looped.per_r_frontier(laws, grid)).set_index("r")
+    ex = report_looped._frontier_exponents(laws, grid, paper, report_looped._per_r_frontier(laws, grid)).set_index("r")
     assert ex.paper_a_N_star.tolist() == [0.57, 0.70, 0.76, 0.67] and ex.paper_b_D_star.tolist() == [
         0.53,
         0.42,
@@ -319,8 +321,8 @@ def test_phi_refitted_on_the_papers_optima(tmp_path):
     """The joint law refitted on the paper's 24 published per-(C, r) optima lands inside the paper's CI, as scipy's
     loop finds it."""
     paper = report_common.reference_table("looped")
-    frame = report_looped.paper_optima_frame(paper)
-    opt = report_looped.paper_optima(paper)
+    frame = report_looped._paper_optima_frame(paper)
+    opt = report_looped._paper_optima(paper)
     assert len(frame) == 24 and np.allclose(frame.n_once + frame.n_rec, opt.N_star, rtol=1e-9)
     from depthbench_nb.scaling import paper_accounting
 
@@ -363,7 +365,7 @@ def test_case_study_frame_keeps_the_four_lowest_budgets():
     grid, tb = scaling.paper_grid_frame(), scaling.paper_grid_frame("tbptt")
     above = tb[tb.r > 1].iloc[:1].assign(C=1e19)
     lf = pd.concat([grid, tb[tb.r > 1], above]).assign(loss=2.5, lr=0.014)
-    cs = report_looped.case_study_frame(lf, "tbptt")
+    cs = report_looped._case_study_frame(lf, "tbptt")
     assert set(cs.C) == set(CASE_STUDY_BUDGETS) and len(cs) == 89 and (cs.r == 1).sum() == 20
 
 
@@ -406,9 +408,9 @@ def test_table10_and_the_downstream_results(tmp_path, monkeypatch):
     }
     for (r, s, C), run in grid.items():
         write_looped_record(run, 2.3 + 0.01 * r + (0.02 if s == 12 else 0.0) + (0.5 if C < 2e19 else 0.0))
-    lf = report_looped.looped_frame(report_common.study_table("looped-main"))
+    lf = report_looped._looped_frame(report_common.study_table("looped-main"))
     before = report_common.Report("looped-main", "looped", report_common.Scale((), True, "runs"), tmp_path / "before")
-    report_looped.looped_extrapolation_section(before, lf, report_common.reference_table("looped"), {})
+    report_looped._looped_extrapolation_section(before, lf, report_common.reference_table("looped"), {})
     assert (
         set(lf[lf.s == 34].paper_item) == {"grid"} and not before.built()
     )  # the grid's s = 34 runs are not Table 10's
@@ -485,7 +487,7 @@ def test_a_plugin_family_lands_in_the_report_of_its_recipe(tmp_path, monkeypatch
         write_looped_record(shared_run, 4.0)  # the same record layout
         df = report_common.study_table("plugins")
         assert sorted(df.arch) == ["looped", "plugin_loop", "plugin_res"]
-        assert sorted(report_looped.looped_frame(df).run_id) == sorted(df.run_id[df.arch != "plugin_res"])
+        assert sorted(report_looped._looped_frame(df).run_id) == sorted(df.run_id[df.arch != "plugin_res"])
         assert list(df[report_common.recipe_runs(df)].arch) == ["plugin_res"]
         unregister_design("plugin_res")  # its record stays with DepthBench's report, as a record of a removed design
         assert list(df[report_common.recipe_runs(df)].arch) == ["plugin_res"]
@@ -512,7 +514,7 @@ def test_table5_is_the_papers_cell_only(tmp_path):
         )
     ]
     rep = report_common.Report("t", "looped", report_common.Scale((), True, "runs"), tmp_path)
-    report_looped.looped_table5_section(rep, pd.DataFrame(rows), report_common.reference_table("looped"))
+    report_looped._looped_table5_section(rep, pd.DataFrame(rows), report_common.reference_table("looped"))
     t5 = pd.read_csv(tmp_path / "looped_table5_injection.csv")
     other = pd.read_csv(tmp_path / "looped_table5_other_cells.csv")
     assert set(t5.s) == {10} and set(t5.r) == {4} and np.allclose(t5.C, 1e18)
@@ -521,7 +523,7 @@ def test_table5_is_the_papers_cell_only(tmp_path):
     assert rep.gaps["Table 5"] == ["injections without runs at s = 10, r = 4, C = 1e18: passthrough"]
     # no run at the paper's cell: Table 5 is missing and says where the other cells' runs are
     rep2 = report_common.Report("t", "looped", report_common.Scale((), True, "runs"), tmp_path / "b")
-    report_looped.looped_table5_section(rep2, pd.DataFrame(rows[3:]), report_common.reference_table("looped"))
+    report_looped._looped_table5_section(rep2, pd.DataFrame(rows[3:]), report_common.reference_table("looped"))
     assert "looped_table5_injection" not in rep2.built() and "no run at the paper's cell" in rep2.missing[0][1]
 
 
@@ -537,7 +539,7 @@ def test_width_result_on_the_papers_coefficients():
         "high phi": (scaling.law_from_params(**dict(paper, phi=0.646)), "baseline", "paper"),
     }
     t = report_looped.looped_width(laws, budgets)
-    v = report_looped.width_verdicts(t, {"paper": laws["paper"]})
+    v = report_looped._width_verdicts(t, {"paper": laws["paper"]})
     assert v.verdict.tolist() == ["reproduced"] and v.cells[0] == "18 of 18 (r > 1, budget) cells wider"
     p = t[t.law == "paper"]
     # independent check of one optimum: a grid over widths at C = 1e19, r = 4 (the law and the §3.2 accounting)
@@ -555,5 +557,5 @@ def test_width_result_on_the_papers_coefficients():
     from depthbench_nb.looped import flops_per_token
 
     for r in (2, 4, 8):
-        ours = report_looped.variant_accounting("tbptt")(640.0, r).flops_per_token
+        ours = report_looped._variant_accounting("tbptt")(640.0, r).flops_per_token
         assert ours == pytest.approx(flops_per_token(10, r, truncated_bptt=True), rel=0.01)

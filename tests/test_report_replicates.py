@@ -145,7 +145,7 @@ def test_looped_cells_are_replicate_means(runs_dir, tmp_path):
                 "looped", preset="looped", r=4, s=10, C=1e18, study="looped-seeds", lr=lr, seed=seed, verbose=False
             )
             write_looped_record(run, loss)
-    lf = report_looped.looped_frame(report_common.study_table("looped-seeds"))
+    lf = report_looped._looped_frame(report_common.study_table("looped-seeds"))
     assert len(lf) == 6 and sorted(set(lf.seed)) == [0, 1, 2]
     base = report_looped._best_per_cell(lf)
     assert len(base) == 1
@@ -162,7 +162,7 @@ def test_looped_cells_are_replicate_means(runs_dir, tmp_path):
         )
         run = run.replace(train=run.train.replace(warmup_frac=0.05), overrides={"train.warmup_frac": 0.05})
         write_looped_record(run, loss)
-    base = report_looped._best_per_cell(report_looped.looped_frame(report_common.study_table("looped-seeds")))
+    base = report_looped._best_per_cell(report_looped._looped_frame(report_common.study_table("looped-seeds")))
     assert sorted(zip(base["train.warmup_frac"], base.n_replicates, base.loss.round(6))) == [
         (0.0, 3, 2.71),
         (0.05, 2, 2.55),

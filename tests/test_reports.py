@@ -132,7 +132,7 @@ def test_report_notebooks_build_every_artifact(fixture_study, capsys):
         "depthbench_loss_across_scales",
         "looped_table5_injection",  # needs runs at Table 5's one cell (s = 10, r = 4, C = 1e18)
     }  # needs runs at two of the paper's scales (tests/test_depthbench_report.py)
-    for stem in report_depthbench.DEPTHBENCH_ARTIFACTS + report_looped.LOOPED_ARTIFACTS:
+    for stem in report_depthbench._DEPTHBENCH_ARTIFACTS + report_looped._LOOPED_ARTIFACTS:
         if stem in expected_missing:
             continue
         assert (out / f"{stem}.csv").exists() or (out / f"{stem}.png").exists(), stem
@@ -269,14 +269,14 @@ def test_demo_extras_complete_the_looped_grid():
     extra = demo._demo_extra_entries()
     assert not {e.run_id for e in planned} & {e.run_id for e in extra}
     looped = [e.run.model for e in planned + extra if e.run.model.arch == "looped"]
-    base = [m for m in looped if report_looped.looped_variant(m) == "baseline"]
+    base = [m for m in looped if report_looped._looped_variant(m) == "baseline"]
     assert all(sum(m.recurrence == r for m in base) >= 6 for r in (1, 2, 4))
-    assert {report_looped.looped_variant(m) for m in looped} == {"baseline", "tbptt", "hc", "additive"}
+    assert {report_looped._looped_variant(m) for m in looped} == {"baseline", "tbptt", "hc", "additive"}
     for v in (
         "tbptt",
         "hc",
     ):  # each case study: r in {2, 4} x s in {1, 2} at the first budget, + 3 r = 1 runs there: 7 points
-        assert sorted((m.recurrence, m.d_model) for m in looped if report_looped.looped_variant(m) == v) == [
+        assert sorted((m.recurrence, m.d_model) for m in looped if report_looped._looped_variant(m) == v) == [
             (2, 64),
             (2, 128),
             (4, 64),
