@@ -1550,15 +1550,15 @@ def test_notebook_tests_ignore_a_runs_folder_that_holds_a_demo(tmp_path):
     extra runs in .sweep/) holds the demo's records: nbdev_test of the sweep notebook (its Slurm-script cell included)
     still passes. And this test session's runs folder is its own, never the checkout's."""
     from depthbench_nb.config import repo_root, runs_root
-    from depthbench_nb.demo import demo_extra_entries
-    from depthbench_nb.sweep import add_extra_entries, load_study
+    from depthbench_nb.demo import _demo_extra_entries
+    from depthbench_nb.sweep import _add_extra_entries, load_study
 
     if repo_root() is not None:
         assert not runs_root().is_relative_to(repo_root() / "papermill_runs"), runs_root()
     polluted = tmp_path / "checkout-runs"
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("DEPTHBENCH_RUNS", str(polluted))
-        add_extra_entries(load_study("demo"), demo_extra_entries())
+        _add_extra_entries(load_study("demo"), _demo_extra_entries())
     assert (polluted / "demo" / ".sweep" / "extra_entries.json").exists()
     nbdev_test = Path(sys.executable).parent / "nbdev_test"
     repo = Path(__file__).resolve().parent.parent
