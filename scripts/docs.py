@@ -1003,7 +1003,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1), help="notebooks processed at once")
     ap.add_argument(
-        "--budget", type=float, default=300.0, help="seconds a notebook may take to run (the build fails past it)"
+        "--budget", type=float, default=600.0, help="seconds a notebook may take to run (the build fails past it)"
     )
     ap.add_argument(
         "--only",
