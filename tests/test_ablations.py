@@ -20,7 +20,7 @@ from depthbench_nb.config import DataConfig, ModelConfig, TrainConfig, identity_
 from depthbench_nb.run_params import RunParams, make_run_config, parse_overrides, settable_fields
 from depthbench_nb.report_common import PaperPlan, run_comparability
 from depthbench_nb.runs import run_dir, write_params
-from depthbench_nb.sweep import StudyGroup, collect, collect_by, expand_study, load_study
+from depthbench_nb.sweep import StudyGroup, collect, _collect_by, expand_study, load_study
 from depthbench_nb.trainer import train
 
 REPO = Path(__file__).resolve().parents[1]
@@ -207,7 +207,7 @@ def test_the_warmup_ablation_study_plans_runs_and_groups_by_the_swept_name(runs_
         assert train(e.run, progress=False)["status"] == "completed"
     df = collect(spec)
     assert "train.warmup_frac" in df and df["train.warmup_frac"].tolist() == [0.01, 0.1] * 4
-    table = collect_by(df, "train.warmup_frac")
+    table = _collect_by(df, "train.warmup_frac")
     assert table["train.warmup_frac"].tolist() == [0.01, 0.1] and table.runs.tolist() == [4, 4]
     assert table.completed.tolist() == [4, 4]
     assert table.mean_final_val_loss.tolist() == pytest.approx(

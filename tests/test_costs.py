@@ -14,9 +14,9 @@ from depthbench_nb.costs import (
     cli_costs,
     cost_row,
     depth_cache_bytes,
-    design_forward_flops_per_token,
+    _design_forward_flops_per_token,
     kv_cache_bytes,
-    olmo_core_flops_per_token,
+    _olmo_core_flops_per_token,
     prefill_flops,
     train_flops_per_token,
 )
@@ -80,20 +80,20 @@ def test_design_extras_are_counted_but_not_by_olmo_core():
     base = shape_for("400m", 24)
     for arch in ("hc", "mhc", "attnres", "block_attnres", "moda"):
         cfg = base.model_config(arch)
-        assert design_forward_flops_per_token(cfg) > 0
-        assert train_flops_per_token(cfg, 2048) == olmo_core_flops_per_token(
+        assert _design_forward_flops_per_token(cfg) > 0
+        assert train_flops_per_token(cfg, 2048) == _olmo_core_flops_per_token(
             cfg, 2048
-        ) + 3 * design_forward_flops_per_token(cfg)
-    assert design_forward_flops_per_token(base.model_config("preln")) == 0
+        ) + 3 * _design_forward_flops_per_token(cfg)
+    assert _design_forward_flops_per_token(base.model_config("preln")) == 0
     # HC, per sublayer n·d·(4n + 11) at n = 4: by hand 4·1024·27 per sublayer, 48 sublayers
-    assert design_forward_flops_per_token(base.model_config("hc")) == 48 * 4 * 1024 * 27
+    assert _design_forward_flops_per_token(base.model_config("hc")) == 48 * 4 * 1024 * 27
     # MoDA's depth attention: block b attends to 2b entries, 4·d FLOPs each -> 4·d·L(L-1)
-    assert design_forward_flops_per_token(base.model_config("moda")) == 4 * 1024 * 24 * 23
+    assert _design_forward_flops_per_token(base.model_config("moda")) == 4 * 1024 * 24 * 23
     # Full AttnRes mixing grows quadratically with depth at a fixed width
     wide = dict(d_model=64, n_head=4)
-    r = design_forward_flops_per_token(
+    r = _design_forward_flops_per_token(
         ModelConfig(arch="attnres", n_layer=32, **wide)
-    ) / design_forward_flops_per_token(ModelConfig(arch="attnres", n_layer=16, **wide))
+    ) / _design_forward_flops_per_token(ModelConfig(arch="attnres", n_layer=16, **wide))
     assert 3.5 < r < 4.1
 
 

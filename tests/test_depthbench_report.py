@@ -291,7 +291,7 @@ def check_every_paper_figure(rep, out, parts):
         )  # each caption names its paper figure
     index = pd.read_csv(out / "depthbench_paper_index.csv").set_index("paper")
     assert set(index.index) == {p.item for p in report_depthbench.DEPTHBENCH_PAPER_ITEMS} and set(index.status) <= set(
-        report_common.PAPER_STATUSES
+        report_common._PAPER_STATUSES
     )
     assert index.loc["Figure 1", "status"] == "missing" and "caption" in index.loc["Figure 1", "detail"]
     assert (index.drop("Figure 1").status != "missing").all()

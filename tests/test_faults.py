@@ -972,7 +972,7 @@ def test_a_signal_checkpoints_at_its_step_and_the_resume_is_exact(sig, twice, re
     step 4: it finishes the step, writes checkpoint step 5 (not one of its every-3 checkpoints), records result.json as
     interrupted with the signal and the step, prints one JSON line and exits 3. A second Ctrl-C while the checkpoint
     is written changes nothing. Training again resumes there and ends with the uninterrupted record."""
-    from depthbench_nb.runs import verify_checkpoint
+    from depthbench_nb.runs import _verify_checkpoint
 
     run = reference["run"]
     folder = run_dir(run)
@@ -1002,7 +1002,7 @@ def test_a_signal_checkpoints_at_its_step_and_the_resume_is_exact(sig, twice, re
         assert f"{sig} again: already stopping" in err
     assert read_result(folder)["status"] == "interrupted"
     ckpt = dict(list_checkpoints(folder))[5]
-    assert verify_checkpoint(ckpt) is None and not list((folder / "checkpoints").glob(".tmp-step_*"))
+    assert _verify_checkpoint(ckpt) is None and not list((folder / "checkpoints").glob(".tmp-step_*"))
     assert [r["step"] for r in read_metrics(folder)] == list(range(5))
     capsys.readouterr()
     result = train(run, progress=False)  # the same run again: it resumes at the signal's step
@@ -1550,15 +1550,15 @@ def test_notebook_tests_ignore_a_runs_folder_that_holds_a_demo(tmp_path):
     extra runs in .sweep/) holds the demo's records: nbdev_test of the sweep notebook (its Slurm-script cell included)
     still passes. And this test session's runs folder is its own, never the checkout's."""
     from depthbench_nb.config import repo_root, runs_root
-    from depthbench_nb.demo import demo_extra_entries
-    from depthbench_nb.sweep import add_extra_entries, load_study
+    from depthbench_nb.demo import _demo_extra_entries
+    from depthbench_nb.sweep import _add_extra_entries, load_study
 
     if repo_root() is not None:
         assert not runs_root().is_relative_to(repo_root() / "papermill_runs"), runs_root()
     polluted = tmp_path / "checkout-runs"
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("DEPTHBENCH_RUNS", str(polluted))
-        add_extra_entries(load_study("demo"), demo_extra_entries())
+        _add_extra_entries(load_study("demo"), _demo_extra_entries())
     assert (polluted / "demo" / ".sweep" / "extra_entries.json").exists()
     nbdev_test = Path(sys.executable).parent / "nbdev_test"
     repo = Path(__file__).resolve().parent.parent

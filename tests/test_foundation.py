@@ -378,6 +378,6 @@ def test_every_generated_option_help_belongs_to_its_option(monkeypatch, capsys):
                 checked.add((fn.__name__, action.dest))
             else:  # written elsewhere (an Arg(help=...) or the standard --json text), never a comment of the source
                 assert not any(action.help and action.help in owned[o] for o in owned), (fn.__name__, action.dest)
-    assert len({name for name, _ in checked}) >= 10 and ("diagnose_command", "eval_limit") in checked
-    help_of = {a.dest: a.help for fn, p in seen if fn.__name__ == "diagnose_command" for a in p._actions}
+    assert len({name for name, _ in checked}) >= 10 and ("_diagnose_command", "eval_limit") in checked
+    help_of = {a.dest: a.help for fn, p in seen if fn.__name__ == "_diagnose_command" for a in p._actions}
     assert help_of["eval_limit"].startswith("pairs per evaluation set") and help_of["device"].startswith("cpu | cuda")

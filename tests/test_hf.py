@@ -17,7 +17,7 @@ from depthbench_nb.cli import main
 from depthbench_nb.config import ARCHS
 from depthbench_nb.hf import DepthBenchForCausalLM, GenerationCache
 from depthbench_nb.hf_config import DepthBenchConfig
-from depthbench_nb.hf_export import PAPERS, RECORD_NAME, export_hf, load_for_eval
+from depthbench_nb.hf_export import _PAPERS, _RECORD_NAME, export_hf, load_for_eval
 from depthbench_nb.interop import generate as our_generate
 from depthbench_nb.runs import write_params
 from depthbench_nb.runs import load_run
@@ -158,15 +158,15 @@ print(json.dumps(res))
 def test_model_card_and_record(exported):
     run, out = exported("looped")
     card = (out / "README.md").read_text()
-    record = json.loads((out / RECORD_NAME).read_text())
+    record = json.loads((out / _RECORD_NAME).read_text())
     result = json.loads((run / "result.json").read_text())
     assert card.startswith("---\nlibrary_name: transformers") and "- custom_code" in card
     assert f"# {result['run_id']}" in card and "`looped` (looped)" in card and "recurrence=" in card
     assert f"{result['tokens']:,}" in card and f"{result['final_val_loss']:.4f} nats/token" in card
-    assert PAPERS["looped"]["arxiv"] in card and result["provenance"]["git_commit"] in card
+    assert _PAPERS["looped"]["arxiv"] in card and result["provenance"]["git_commit"] in card
     assert record["result"]["final_val_loss"] == result["final_val_loss"] and "hostname" not in record["provenance"]
     _, out = exported("keel")
-    assert PAPERS["depthbench"]["title"] in (out / "README.md").read_text()
+    assert _PAPERS["depthbench"]["title"] in (out / "README.md").read_text()
     cfg = json.loads((out / "config.json").read_text())
     assert (
         cfg["model_type"] == "depthbench"

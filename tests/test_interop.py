@@ -13,21 +13,21 @@ import torch
 from depthbench_nb.config import ConfigError, ModelConfig
 from depthbench_nb.interop import (
     llama_exportable,
-    canonical_fork_state_dict,
-    check_fork_layout,
+    _canonical_fork_state_dict,
+    _check_fork_layout,
     cli_import_checkpoint,
     decode_throughput,
     detect_arch,
     export_llama,
-    fork_layout,
+    _fork_layout,
     generate,
     import_checkpoint,
     infer_model_config,
     load_pretrained,
-    model_from_fork_state_dict,
+    _model_from_fork_state_dict,
     name_map,
-    ours_to_fork,
-    read_dcp_state_dict,
+    _ours_to_fork,
+    _read_dcp_state_dict,
     read_state_dict,
     save_pretrained,
 )
@@ -63,7 +63,7 @@ def tiny(name: str, **kw) -> ModelConfig:
 
 def random_fork_sd(cfg: ModelConfig, seed: int = 0, scale: float = 1.0) -> dict:
     g = torch.Generator().manual_seed(seed)
-    return {k: scale * torch.randn(s, generator=g) for k, s in fork_layout(cfg).items()}
+    return {k: scale * torch.randn(s, generator=g) for k, s in _fork_layout(cfg).items()}
 
 
 def refusal(fn, *args, **kw) -> str:
@@ -139,7 +139,7 @@ def test_olmo_core_state_dict_names_are_the_fork_layout():
     for arch in OLMO_BLOCKS:
         cfg = tiny(arch)
         sd = olmo_core_model(cfg).state_dict()
-        assert {k: tuple(v.shape) for k, v in canonical_fork_state_dict(sd).items()} == fork_layout(cfg)
+        assert {k: tuple(v.shape) for k, v in _canonical_fork_state_dict(sd).items()} == _fork_layout(cfg)
 
 
 def test_olmo_core_lns_with_wrong_ln_scale_is_refused(tmp_path, runs_dir):
@@ -165,7 +165,7 @@ def test_plain_torch_dcp_is_read(tmp_path):
             {"model": {k: v.clone() for k, v in sd.items()}, "optim": {"step": torch.tensor(3.0)}},
             checkpoint_id=str(tmp_path / "dcp"),
         )
-    got = read_dcp_state_dict(tmp_path / "dcp")
+    got = _read_dcp_state_dict(tmp_path / "dcp")
     assert got.keys() == sd.keys() and all(torch.equal(got[k], sd[k]) for k in sd)
 
 
@@ -177,8 +177,8 @@ def test_fork_layout_round_trip(name):
     "Fork-named tensors -> our model -> fork names is the identity; every parameter of ours is covered."
     cfg = tiny(name)
     sd = random_fork_sd(cfg)
-    model = model_from_fork_state_dict(sd, cfg)
-    back = ours_to_fork(model)
+    model = _model_from_fork_state_dict(sd, cfg)
+    back = _ours_to_fork(model)
     assert back.keys() == sd.keys() and all(torch.equal(back[k], sd[k]) for k in sd)
     mapped = {r.ours for r in name_map(cfg)}
     extra = {n for n, _ in model.named_parameters()} - mapped
@@ -190,7 +190,7 @@ def test_fork_layout_counts_match_closed_form(name):
     """Parameter count of the fork layout = shapes.count_params, every design (AttnRes: 4Ld mixer parameters on both
     sides)."""
     cfg = tiny(name, n_layer=3)
-    fork = sum(math.prod(s) for s in fork_layout(cfg).values())
+    fork = sum(math.prod(s) for s in _fork_layout(cfg).values())
     assert fork == count_params(cfg).total
 
 
@@ -216,7 +216,7 @@ def _set_fork_init(sd: dict, cfg: ModelConfig) -> dict:
 def _preln_twin(sd: dict, cfg: ModelConfig):
     "Pre-LN model holding the same core weights (the fork's Pre-LN names are a subset of every design's)."
     pre = ModelConfig(arch="preln", **{k: getattr(cfg, k) for k in TINY})
-    return model_from_fork_state_dict({k: sd[k] for k in fork_layout(pre)}, pre)
+    return _model_from_fork_state_dict({k: sd[k] for k in _fork_layout(pre)}, pre)
 
 
 @pytest.mark.parametrize("update", ["mixed", "unmixed"])
@@ -227,7 +227,7 @@ def test_imported_hc_at_fork_init_is_n_times_preln(update):
     sd = _set_fork_init(random_fork_sd(cfg, seed=3, scale=0.5), cfg)
     idx = torch.randint(0, 64, (2, 10))
     with torch.no_grad():
-        hc, pre = model_from_fork_state_dict(sd, cfg)(idx), _preln_twin(sd, cfg)(idx)
+        hc, pre = _model_from_fork_state_dict(sd, cfg)(idx), _preln_twin(sd, cfg)(idx)
     assert torch.allclose(hc, cfg.hc_streams * pre, rtol=1e-4, atol=1e-4)
 
 
@@ -239,7 +239,7 @@ def test_imported_attnres_with_zero_queries_is_preln(name):
     sd = _set_fork_init(random_fork_sd(cfg, seed=4), cfg)  # unit-scale weights: eps (1e-5 vs 1e-6) is negligible
     idx = torch.randint(0, 64, (2, 10))
     with torch.no_grad():
-        ar, pre = model_from_fork_state_dict(sd, cfg)(idx), _preln_twin(sd, cfg)(idx)
+        ar, pre = _model_from_fork_state_dict(sd, cfg)(idx), _preln_twin(sd, cfg)(idx)
     assert ((ar - pre).abs().max() / pre.abs().max()).item() < 1e-3
 
 
@@ -260,7 +260,7 @@ def test_fork_checkpoint_with_aliases_and_prefixes_imports(tmp_path, runs_dir):
     model, run = load_run(folder)
     assert run.model == cfg and run.train.lr == 1e-3 and result["provenance"]["source_format"] == "torch"
     idx = torch.randint(0, 64, (1, 8))
-    assert torch.equal(model(idx), model_from_fork_state_dict(sd, cfg)(idx))
+    assert torch.equal(model(idx), _model_from_fork_state_dict(sd, cfg)(idx))
 
 
 def test_mismatches_are_refused_naming_the_first_tensor(tmp_path, runs_dir):
@@ -275,11 +275,11 @@ def test_mismatches_are_refused_naming_the_first_tensor(tmp_path, runs_dir):
     bad = dict(sd)
     bad["blocks.1.feed_forward.w2.weight"] = torch.zeros(32, 7)
     assert "blocks.1.feed_forward.w2.weight has shape [32, 7], expected [32, 96]" in refusal(
-        check_fork_layout, bad, cfg
+        _check_fork_layout, bad, cfg
     )
     alias = dict(sd)
     alias["blocks.0.attention_hyper_connection.branch.norm.weight"] = torch.zeros(32)
-    assert "should alias blocks.0.attention_norm.weight" in refusal(canonical_fork_state_dict, alias)
+    assert "should alias blocks.0.attention_norm.weight" in refusal(_canonical_fork_state_dict, alias)
     assert "option" in refusal(
         cli_import_checkpoint, [str(tmp_path / "hc.pt"), "--arch", "hc", "--option", "hc_update"]
     )
@@ -345,7 +345,7 @@ def test_export_llama_logits_parity(arch, tmp_path):
     assert ((ours - theirs).abs().max() / ours.abs().max()).item() <= 1e-5
     back, fmt = read_state_dict(tmp_path / "hf")  # Hugging Face LLaMA names import back
     if arch == "preln":
-        assert torch.equal(model_from_fork_state_dict(canonical_fork_state_dict(back), cfg)(idx), ours)
+        assert torch.equal(_model_from_fork_state_dict(_canonical_fork_state_dict(back), cfg)(idx), ours)
 
 
 def test_export_refuses_other_designs(tmp_path):
@@ -639,7 +639,7 @@ def _fork_like_weights(cfg, seed):
     "Random fork tensors at trained-model-like scales: routing near the fork's init plus noise, so every term matters."
     g = torch.Generator().manual_seed(seed)
     sd = {}
-    for k, s in fork_layout(cfg).items():
+    for k, s in _fork_layout(cfg).items():
         t = torch.randn(s, generator=g)
         if k.endswith("norm.weight"):
             t = 1 + 0.2 * t
@@ -668,7 +668,7 @@ def test_imported_model_matches_the_forks_forward(name, monkeypatch):
     def rel_error():
         with torch.no_grad():
             ref = fork_reference_logits({k: v.double() for k, v in sd.items()}, cfg, idx)
-            got = model_from_fork_state_dict(sd, cfg).double()(idx)
+            got = _model_from_fork_state_dict(sd, cfg).double()(idx)
         return ((got - ref).abs().max() / ref.abs().max()).item()
 
     if name == "mhc_native":  # ours normalizes in fp32 on purpose (the fork's fp32 upcast), even in a float64 model
@@ -727,4 +727,4 @@ def test_dcp_index_unpickler_refuses_code(tmp_path):
     from depthbench_nb.config import UnsafeFile  # a clear error (kind 'unsafe'), not a raw UnpicklingError
 
     with pytest.raises(UnsafeFile, match="refusing to unpickle"):
-        read_dcp_state_dict(tmp_path / "evil")
+        _read_dcp_state_dict(tmp_path / "evil")

@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from depthbench_nb.checks import check_design, failures, tiny_config
+from depthbench_nb.checks import check_design, failures, _tiny_config
 from depthbench_nb.config import ConfigError, ModelConfig, TrainConfig, resolve_arch
 from depthbench_nb.looped import (
     LoopedLM,
     build_looped,
-    count_looped_params,
+    _count_looped_params,
     flops_per_token,
     loop_layout,
     looped_config,
@@ -25,12 +25,12 @@ from depthbench_nb.looped import (
     tokens_for_budget,
 )
 from depthbench_nb.optim import (
-    POLAR_EXPRESS_COEFFS,
+    _POLAR_EXPRESS_COEFFS,
     HyperP,
     MuonH,
-    build_looped_optimizer,
-    hyperp_lrs,
-    reference_tokens,
+    _build_looped_optimizer,
+    _hyperp_lrs,
+    _reference_tokens,
 )
 from depthbench_nb.shapes import count_params
 
@@ -178,7 +178,7 @@ def test_registry_builds_the_looped_model():
     assert isinstance(a, LoopedLM) and all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters()))
     assert abs(a.tok_emb.weight.std().item() - 1) < 0.05  # the paper's init, not the DepthBench one
     big = build_model(looped_config(34, 4), device="meta")  # the paper's s = 34 model, no memory
-    assert n_params(big) == count_looped_params(big.config).total
+    assert n_params(big) == _count_looped_params(big.config).total
 
 
 @pytest.mark.parametrize(
@@ -186,7 +186,7 @@ def test_registry_builds_the_looped_model():
 )
 def test_model_count_causality_states_and_grads(cfg):
     m = make(cfg)
-    assert sum(p.numel() for p in m.parameters()) == count_looped_params(cfg).total == count_params(cfg).total
+    assert sum(p.numel() for p in m.parameters()) == _count_looped_params(cfg).total == count_params(cfg).total
     assert m.n_blocks == cfg.n_layer and len(m.blocks) == loop_layout(cfg).n_unique
     x = torch.randint(0, 97, (2, 10))
     logits, states = m(x, return_states=True)
@@ -307,7 +307,7 @@ def naive_muonh(W, grads, lr, mu=0.95):
         m = mu * m + (1 - mu) * g
         u = (1 - mu) * g + mu * m
         X = u / (1.02 * u.norm() + 1e-6)
-        for a, b, cc in POLAR_EXPRESS_COEFFS:
+        for a, b, cc in _POLAR_EXPRESS_COEFFS:
             if X.shape[0] > X.shape[1]:
                 A = X.T @ X
                 X = a * X + b * (X @ A) + cc * (X @ A @ A)
@@ -373,27 +373,27 @@ def test_adamw_groups_match_torch_adamw():
 
 def test_hyperp_rules():
     D, B = 2 * 10**9, 2**19
-    lr = hyperp_lrs(looped_config(14, 4), D, B)
+    lr = _hyperp_lrs(looped_config(14, 4), D, B)
     width, batch = (896 / 640) ** -0.5, 2**0.558
     d_ref = 10 * (
         4 * (12 * 640**2 + 2 * 640) + 3 * 640 + 4 * (4 * (12 * 640**2 + 2 * 640) + 2 * 640**2)
     )  # 2-4-2 at r = 4
-    assert reference_tokens(looped_config(14, 4)) == d_ref
+    assert _reference_tokens(looped_config(14, 4)) == d_ref
     assert math.isclose(lr["matrix"], 0.014 * batch * (D / d_ref) ** -0.32)
     assert math.isclose(lr["embedding"], 0.3 * batch * width) and math.isclose(lr["unembedding"], 0.004 * batch * width)
     assert math.isclose(lr["norms"], 0.005 * width) and math.isclose(lr["lanes"], 0.01 * width)
     # the quirk: D_ref follows the training model's r (r = 8: 10 [4 n_b + 3d + 8 (4 n_b + 2d^2)])
     n_b = 12 * 640**2 + 2 * 640
-    assert reference_tokens(looped_config(14, 8)) == 10 * (4 * n_b + 3 * 640 + 8 * (4 * n_b + 2 * 640**2))
-    assert reference_tokens(looped_config(14, 8), HyperP(d_ref_quirk=False)) == d_ref
-    assert reference_tokens(looped_config(14, 1)) == 10 * (20 * n_b + 3 * 640)  # the 0-20-0 reference
-    assert hyperp_lrs(looped_config(14, 4), D, B, HyperP(data_scaling=False))["data_factor"] == 1.0
+    assert _reference_tokens(looped_config(14, 8)) == 10 * (4 * n_b + 3 * 640 + 8 * (4 * n_b + 2 * 640**2))
+    assert _reference_tokens(looped_config(14, 8), HyperP(d_ref_quirk=False)) == d_ref
+    assert _reference_tokens(looped_config(14, 1)) == 10 * (20 * n_b + 3 * 640)  # the 0-20-0 reference
+    assert _hyperp_lrs(looped_config(14, 4), D, B, HyperP(data_scaling=False))["data_factor"] == 1.0
 
 
 def test_build_looped_optimizer_for_the_trainer():
     m = make(tiny(4, 12, injection="hc"))
     t = TrainConfig(optimizer="muonh", lr=0.014, global_batch=4, seq_len=16, final_lr_frac=0.1)
-    opt, lr_lambda = build_looped_optimizer(m, t, 64 * 50)  # the trainer's 3-argument call
+    opt, lr_lambda = _build_looped_optimizer(m, t, 64 * 50)  # the trainer's 3-argument call
     kinds = {g["group"]: g["kind"] for g in opt.param_groups}
     assert kinds == dict(matrix="muonh", unembedding="adamw", embedding="adamw", norms="adamw", lanes="adamw")
     lanes = next(g for g in opt.param_groups if g["group"] == "lanes")
@@ -410,7 +410,7 @@ def test_build_looped_optimizer_for_the_trainer():
     assert math.isclose(opt.param_groups[0]["lr"], 0.1 * peak, rel_tol=1e-9)  # linear decay to 10%, no warmup
     assert lr_lambda(0) == 1.0 and lr_lambda(25) == pytest.approx(0.55)
     with pytest.raises(ConfigError, match="looped"):
-        build_looped_optimizer(torch.nn.Linear(3, 3), t, 100)
+        _build_looped_optimizer(torch.nn.Linear(3, 3), t, 100)
 
 
 def test_muonh_bad_input():
@@ -444,7 +444,7 @@ def test_shared_check_suite(opts):
     (N(0, 1) embedding, uniform matrices) is checked by test_init_follows_the_paper instead. The model is moved off its
     init (make): at init W_inj = [I | 0] ignores the state, so skipping a layer of a non-final iteration has no effect
     on the logits, which the suite's skip check (rightly, for the other designs) calls a failure."""
-    cfg = tiny_config("looped", **opts)
+    cfg = _tiny_config("looped", **opts)
     report = check_design(cfg, build=lambda c: make(c))
     assert set(report) >= {"param_count", "finite", "causal", "states", "kv_cache", "skip", "swap"}
     bad = {k: v for k, v in failures(report).items() if k != "init"}
@@ -461,7 +461,7 @@ def test_shared_suite_checks_the_looped_paper_init(opts):
     it."""
     from depthbench_nb.checks import check_init
 
-    cfg = tiny_config("looped", **opts)
+    cfg = _tiny_config("looped", **opts)
     assert check_design(cfg)["init"].ok
     x = torch.randint(0, cfg.vocab_size, (2, 8))
     moved = make(cfg)  # off the paper's init

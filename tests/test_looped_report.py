@@ -185,7 +185,7 @@ def test_looped_main_report(paper_studies, tmp_path):
         "worked example",
         "downstream results",
     } <= set(index.index)
-    assert set(index.status) <= set(report_common.PAPER_STATUSES)
+    assert set(index.status) <= set(report_common._PAPER_STATUSES)
     assert index[index.status != "rebuilt"].detail.fillna("").ne("").all()  # every other status says why
     assert index.loc["Table 1", "status"] == "rebuilt" and index.loc["Table 7", "status"] == "rebuilt"
     assert (

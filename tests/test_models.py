@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from depthbench_nb.checks import check_design, failures, tiny_config
+from depthbench_nb.checks import check_design, failures, _tiny_config
 from depthbench_nb.config import (
     ARCHS,
     ConfigError,
@@ -65,7 +65,7 @@ def _id(kw):
 
 @pytest.mark.parametrize("kw", [dict(arch=a) for a in DESIGNS] + VARIANTS, ids=_id)
 def test_check_suite(kw):
-    report = check_design(tiny_config(**kw))
+    report = check_design(_tiny_config(**kw))
     assert not failures(report), failures(report)
 
 
@@ -174,7 +174,7 @@ def _naive_preln(model, idx):
 
 @pytest.mark.parametrize("n_kv_head", [4, 2])
 def test_preln_matches_a_naive_reference(n_kv_head):
-    model = build_model(tiny_config("preln", n_kv_head=n_kv_head), seed=3)
+    model = build_model(_tiny_config("preln", n_kv_head=n_kv_head), seed=3)
     idx = torch.randint(0, 64, (2, 7))
     with torch.no_grad():
         got = model(idx).double()
@@ -204,7 +204,7 @@ def _attn(blk, u):
 
 @pytest.mark.parametrize("arch", ["periln", "lns", "deepnorm", "keel"])
 def test_block_equations(arch):
-    model = build_model(tiny_config(arch), seed=1)
+    model = build_model(_tiny_config(arch), seed=1)
     with torch.no_grad():
         for p in model.parameters():
             if p.ndim == 1:
@@ -256,7 +256,7 @@ def test_keel_alpha_is_2L():
 # ---- MoDA: depth attention against an explicit per-token computation
 # --------------------------------------------------
 def test_moda_depth_attention_reference():
-    model = build_model(tiny_config("moda", n_layer=3, n_kv_head=4), seed=2)
+    model = build_model(_tiny_config("moda", n_layer=3, n_kv_head=4), seed=2)
     cfg, idx = model.config, torch.randint(0, 64, (1, 5))
     H, hd = cfg.n_head, cfg.head_dim
     slots = []  # (k before RoPE, v) per token: [T, H, hd]
@@ -298,7 +298,7 @@ def _perturb(model, scale=0.3):
 
 def test_hc_mixed_and_unmixed_updates():
     for update in ("mixed", "unmixed"):
-        model = build_model(tiny_config("hc", hc_update=update, n_layer=2), seed=4)
+        model = build_model(_tiny_config("hc", hc_update=update, n_layer=2), seed=4)
         _perturb(model)
         idx = torch.randint(0, 64, (2, 5))
         blk, n = model.blocks[0], 4
@@ -328,7 +328,7 @@ def _sinkhorn_liger(logits, iters):
 
 
 def test_mhc_liger_update_and_mean_readout():
-    model = build_model(tiny_config("mhc", n_layer=2), seed=5)
+    model = build_model(_tiny_config("mhc", n_layer=2), seed=5)
     _perturb(model, 0.05)
     idx = torch.randint(0, 64, (2, 5))
     blk, n = model.blocks[0], 4
@@ -351,7 +351,7 @@ def test_mhc_liger_update_and_mean_readout():
 
 
 def test_hc_readout_is_per_stream_norm_then_sum():
-    model = build_model(tiny_config("hc"), seed=6)
+    model = build_model(_tiny_config("hc"), seed=6)
     _perturb(model)
     idx = torch.randint(0, 64, (2, 5))
     with torch.no_grad():
@@ -365,25 +365,25 @@ def test_hc_readout_is_per_stream_norm_then_sum():
 
 
 def test_mhc_gap8_values_and_static_quarter_write():
-    m = build_model(tiny_config("mhc"))
+    m = build_model(_tiny_config("mhc"))
     M = m.mixing_matrices(torch.randint(0, 64, (1, 3)))[0, 0, 0]
     assert (
         abs(M[0, 0].item() - 0.998995) < 1e-5 and abs(M[0, 1].item() - 0.000335) < 1e-5
     )  # official mHC init, nn/hyper_connections.py (the +1e-6 of each normalization shifts the 6th digit)
-    s = build_model(tiny_config("mhc", mhc_backend="static"))
+    s = build_model(_tiny_config("mhc", mhc_backend="static"))
     read, mix, write = s.blocks[0].attn_hc(torch.zeros(1, 1, 4, 32))
     assert torch.allclose(write, torch.full_like(write, 0.25)) and read.argmax().item() == 0
     assert s.no_weight_decay_names() == {n for n, _ in s.named_parameters() if n.endswith("_logits")}
 
 
 def test_hc_weight_decay_exclusions():
-    m = build_model(tiny_config("hc"))
+    m = build_model(_tiny_config("hc"))
     names = m.no_weight_decay_names()
     assert len(names) == 2 * 2 * m.n_blocks and all(
         n.rsplit(".", 1)[-1] in ("static_alpha", "static_beta") for n in names
     )
-    assert build_model(tiny_config("preln")).no_weight_decay_names() == set()
-    nat = build_model(tiny_config("mhc", mhc_backend="native")).no_weight_decay_names()
+    assert build_model(_tiny_config("preln")).no_weight_decay_names() == set()
+    nat = build_model(_tiny_config("mhc", mhc_backend="native")).no_weight_decay_names()
     assert {n.rsplit(".", 1)[-1] for n in nat} == {"b_pre", "b_post", "b_res"}
 
 
@@ -434,7 +434,7 @@ def _naive_attnres(model, idx):
     ids=_id,
 )
 def test_attnres_matches_naive(kw):
-    model = build_model(tiny_config(**kw), seed=7)
+    model = build_model(_tiny_config(**kw), seed=7)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "mix." in name:
@@ -451,7 +451,7 @@ def test_block_attnres_group_sizes_of_the_paper():
 
 
 def test_attnres_states_and_readout():
-    model = build_model(tiny_config("block_attnres", attnres_block_size=4), seed=8)  # groups of 2 blocks
+    model = build_model(_tiny_config("block_attnres", attnres_block_size=4), seed=8)  # groups of 2 blocks
     idx = torch.randint(0, 64, (2, 5))
     with torch.no_grad():
         logits, states = model(idx, return_states=True)
@@ -463,7 +463,7 @@ def test_attnres_states_and_readout():
 # ---- analysis hooks
 # ----------------------------------------------------------------------------------------------------
 def test_swap_rules():
-    lns = build_model(tiny_config("lns"))
+    lns = build_model(_tiny_config("lns"))
     lns.swap_blocks(0, 3)
     assert [b.ln_scale for b in lns.blocks] == [
         0.5,
@@ -471,17 +471,17 @@ def test_swap_rules():
         1 / math.sqrt(3),
         1.0,
     ]  # travels with the weights
-    keel = build_model(tiny_config("keel"))
+    keel = build_model(_tiny_config("keel"))
     n_pa = keel.blocks[2].attn_out_norm.weight
     with torch.no_grad():
         n_pa.fill_(3.0)
     keel.swap_blocks(0, 2)
     assert torch.all(keel.blocks[2].attn_out_norm.weight == 3.0)  # block 0 has no N_pa: it stays put
-    moda = build_model(tiny_config("moda"))
+    moda = build_model(_tiny_config("moda"))
     w = moda.blocks[1].depth_kv.weight.clone()
     moda.swap_blocks(1, 3)
     assert torch.equal(moda.blocks[1].depth_kv.weight, w) and not hasattr(moda.blocks[3], "depth_kv")
-    ar = build_model(tiny_config("attnres"))
+    ar = build_model(_tiny_config("attnres"))
     with torch.no_grad():
         for i, blk in enumerate(ar.blocks[1:], 1):
             blk.attn_mix.query.fill_(i)
@@ -502,7 +502,7 @@ def test_swap_rules():
 
 
 def test_hc_swap_moves_connectors():
-    m = build_model(tiny_config("hc"))
+    m = build_model(_tiny_config("hc"))
     m.swap_blocks(0, 1)
     assert (
         m.blocks[1].attn_hc.static_alpha[0, 0] == 1 and m.blocks[0].attn_hc.static_alpha[2, 0] == 1
@@ -510,7 +510,7 @@ def test_hc_swap_moves_connectors():
 
 
 def test_moda_skip_leaves_zero_slots():
-    model = build_model(tiny_config("moda"))
+    model = build_model(_tiny_config("moda"))
     idx = torch.randint(0, 64, (1, 4))
     seen = []
     h = model.blocks[2].attn.register_forward_hook(lambda m, a, kw, o: seen.append(dict(kw)), with_kwargs=True)
@@ -529,7 +529,7 @@ def test_moda_skip_leaves_zero_slots():
 
 def test_generation_with_cache_equals_without():
     for arch in DESIGNS:
-        model = build_model(tiny_config(arch))
+        model = build_model(_tiny_config(arch))
         idx = torch.randint(0, 64, (1, 3))
         seq, cache, nxt = idx, KVCache(), idx
         with torch.no_grad():
@@ -553,7 +553,7 @@ def test_bad_input_errors():
         ModelConfig(n_head=4, n_kv_head=3, d_model=32)
     with pytest.raises(ConfigError, match="ModelConfig"):
         build_model({"arch": "preln"})
-    m = build_model(tiny_config("hc"))
+    m = build_model(_tiny_config("hc"))
     with pytest.raises(ConfigError, match="out of range"):
         m(torch.zeros(1, 4, dtype=torch.long), skip=[4])
     with pytest.raises(ConfigError, match="max_seq_len"):
@@ -570,7 +570,7 @@ def test_bad_input_errors():
 def test_bf16_pure_and_autocast(kw):
     """The GPU recipe runs bf16 autocast (and optionally pure bf16 weights): both must run forward, backward and the
     cache."""
-    model = build_model(tiny_config(**kw))
+    model = build_model(_tiny_config(**kw))
     idx = torch.randint(0, 64, (2, 9))
     with torch.autocast("cpu", dtype=torch.bfloat16):
         loss = F.cross_entropy(model(idx[:, :-1]).flatten(0, 1).float(), idx[:, 1:].flatten())
@@ -624,9 +624,9 @@ def test_a_miscounted_design_fails_at_build_before_training():
     )
     try:
         with pytest.raises(ConfigError, match=r"'extra' builds .* but its closed form counts"):
-            build_model(tiny_config("extra"))
+            build_model(_tiny_config("extra"))
         with pytest.raises(ConfigError, match="closed form"):
-            build_model(tiny_config("extra"), device="meta")
+            build_model(_tiny_config("extra"), device="meta")
     finally:
         unregister_design("extra")
     assert "extra" not in ARCHS
@@ -677,7 +677,7 @@ def _gate_init(model, idx, atol):
 
 def test_a_design_declares_its_own_options():
     "Options in the design's own dataclass: defaults, rules, records and hashes, with no edit of ModelConfig."
-    before = _config_hash(tiny_config("preln"))
+    before = _config_hash(_tiny_config("preln"))
     register_design(
         Design(
             "gate_opt",
@@ -693,21 +693,21 @@ def test_a_design_declares_its_own_options():
         )
     )
     try:
-        assert tiny_config("gate_opt").gate_start == 1.0  # the default, filled in and recorded
-        cfg = tiny_config("gate_opt", gate_start=0.5)
+        assert _tiny_config("gate_opt").gate_start == 1.0  # the default, filled in and recorded
+        cfg = _tiny_config("gate_opt", gate_start=0.5)
         assert cfg.to_dict()["gate_start"] == 0.5 and "options" not in cfg.to_dict()
         assert ModelConfig.from_json(cfg.to_json()) == cfg and cfg.replace(gate_start=0.25).gate_start == 0.25
-        assert _config_hash(cfg) != _config_hash(tiny_config("gate_opt"))
+        assert _config_hash(cfg) != _config_hash(_tiny_config("gate_opt"))
         assert not failures(check_design(cfg))
         with pytest.raises(ConfigError, match=r"gate_start=0.5 does not apply to arch 'preln' \(it applies to: gate"):
-            tiny_config("preln", gate_start=0.5)
+            _tiny_config("preln", gate_start=0.5)
         with pytest.raises(ConfigError, match="gate_opt options: gate_start must be > 0"):
-            tiny_config("gate_opt", gate_start=-1.0)
+            _tiny_config("gate_opt", gate_start=-1.0)
         with pytest.raises(ConfigError, match="gate_start must be float"):
-            tiny_config("gate_opt", gate_start="big")
+            _tiny_config("gate_opt", gate_start="big")
     finally:
         unregister_design("gate_opt")
-    assert _config_hash(tiny_config("preln")) == before and "options" not in tiny_config("preln").to_dict()
+    assert _config_hash(_tiny_config("preln")) == before and "options" not in _tiny_config("preln").to_dict()
     loose = dataclasses.replace(ARCHS["preln"], name="loose_options", paper=None, options=("gate_start",))
     with pytest.raises(ConfigError, match="loose_options: options must be a DesignOptions dataclass"):
         register_design(loose)
@@ -728,11 +728,11 @@ def test_the_manual_design_with_an_option_runs_as_written():
     example = re.findall(r"```python\n(.*?)```", section, re.S)[0]
     try:
         exec(compile(example, str(page), "exec"), {})
-        assert not failures(check_design(tiny_config("gated", gate_start=0.5)))
-        model = build_model(tiny_config("gated", gate_start=0.5))
+        assert not failures(check_design(_tiny_config("gated", gate_start=0.5)))
+        model = build_model(_tiny_config("gated", gate_start=0.5))
         assert all(b.gate.item() == 0.5 for b in model.blocks)  # the one init entry point used the option
         assert "--gate-start" in train_parser().format_help()
         with pytest.raises(ConfigError, match="gate_start=0.0 is invalid: must be a positive number"):
-            tiny_config("gated", gate_start=0.0)
+            _tiny_config("gated", gate_start=0.0)
     finally:
         unregister_design("gated")

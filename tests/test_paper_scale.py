@@ -22,7 +22,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from depthbench_nb.checks import check_gradients, tiny_config
+from depthbench_nb.checks import _check_gradients, _tiny_config
 from depthbench_nb.cli import main
 from depthbench_nb.config import ARCHS, ConfigError, ModelConfig
 from depthbench_nb.layers import LayerNorm, RMSNorm, apply_rope, rope_angles
@@ -39,7 +39,7 @@ def family_config(arch: str) -> ModelConfig:
     "A small config of each family (Block AttnRes with groups that differ from Full AttnRes)."
     if arch == "looped":
         return ModelConfig(arch="looped", n_layer=8, d_model=64, n_head=2, vocab_size=64, max_seq_len=64, recurrence=2)
-    return tiny_config(arch, **(dict(attnres_num_blocks=3) if arch == "block_attnres" else {}))
+    return _tiny_config(arch, **(dict(attnres_num_blocks=3) if arch == "block_attnres" else {}))
 
 
 def rms(x, w=None, eps=1e-6):
@@ -62,23 +62,23 @@ def test_attnres_block0_has_no_mixer_and_the_count_is_4Ld():
         assert not hasattr(m.blocks[0], "attn_mix") and all(hasattr(b, "attn_mix") for b in m.blocks[1:])
         assert count_params(cfg).design_extra == 4 * 24 * 1024  # was 4Ld + 2d
         assert n_params(m) - n_params(build_model(s.model_config("preln"), device="meta")) == 4 * 24 * 1024
-    assert check_gradients(build_model(tiny_config("attnres")), torch.randint(0, 64, (2, 8))).ok
+    assert _check_gradients(build_model(_tiny_config("attnres")), torch.randint(0, 64, (2, 8))).ok
 
 
 def test_gradient_check_catches_an_unused_parameter():
     "The shared suite's new check: the old AttnRes (a mixer built for block 0 and never used) fails it."
     from depthbench_nb.model import _AttnResMixer
 
-    m = build_model(tiny_config("attnres"))
+    m = build_model(_tiny_config("attnres"))
     m.blocks[0].attn_mix = _AttnResMixer(32)  # what the old model built
-    res = check_gradients(m, torch.randint(0, 64, (2, 8)))
+    res = _check_gradients(m, torch.randint(0, 64, (2, 8)))
     assert not res.ok and "blocks.0.attn_mix.query" in res.detail and "second step" in res.detail
 
 
 def test_deepnorm_final_norm_is_rmsnorm():
     """pretrain_deepnorm.py switches only the block norm config (after .merge() the LM head's is separate): RMSNorm,
     eps 1e-6."""
-    m = build_model(tiny_config("deepnorm"))
+    m = build_model(_tiny_config("deepnorm"))
     assert isinstance(m.final_norm, RMSNorm) and m.final_norm.eps == 1e-6
     assert all(isinstance(x, LayerNorm) for b in m.blocks for x in (b.attn_norm, b.ffn_norm))
     with torch.no_grad():
@@ -94,8 +94,8 @@ def test_deepnorm_final_norm_is_rmsnorm():
 
 def test_static_mhc_sums_its_normalized_streams():
     "config.py reduce_mode: collapse 'auto' is mean only for liger_mhc; mhc_static sums N_f(H_i) like HC."
-    m = build_model(tiny_config("mhc", mhc_backend="static"))
-    assert m.collapse == "sum" and build_model(tiny_config("mhc")).collapse == "mean"
+    m = build_model(_tiny_config("mhc", mhc_backend="static"))
+    assert m.collapse == "sum" and build_model(_tiny_config("mhc")).collapse == "mean"
     with torch.no_grad():
         idx = torch.randint(0, 64, (2, 9))
         logits, states = m(idx, return_states=True)
@@ -125,7 +125,7 @@ def test_rope_rotates_in_fp32_like_olmo_core():
 def test_moda_without_ffn_kv_keeps_zero_slots_in_the_softmax():
     """moda.py: no kv_proj writes nothing, and the kernel attends to all 2b slots (current_depth = 2b), on both mixing
     paths."""
-    m = build_model(tiny_config("moda", moda_ffn_kv=False))
+    m = build_model(_tiny_config("moda", moda_ffn_kv=False))
     idx = torch.randint(0, 64, (1, 5))
     seen = []
     h = m.blocks[2].attn.register_forward_hook(lambda mod, a, kw, o: seen.append(dict(kw)), with_kwargs=True)
@@ -180,23 +180,23 @@ def test_looped_embedding_is_bf16_on_cuda_and_the_stream_fp32():
         logits, states = m(torch.randint(0, 64, (2, 9)), return_states=True)
     assert states[0].dtype == torch.float32 and torch.isfinite(logits).all()
     m.prepare_for_device("cpu")
-    build_model(tiny_config("preln")).prepare_for_device("cuda")  # a no-op for the others
+    build_model(_tiny_config("preln")).prepare_for_device("cuda")  # a no-op for the others
 
 
 def test_looped_rope_uses_the_reference_bf16_tables():
     "gpt.py: cos/sin precomputed in fp32, kept in bf16; y1 = x1 cos + x2 sin, y2 = x1 (-sin) + x2 cos."
-    from depthbench_nb.looped import looped_rope
+    from depthbench_nb.looped import _looped_rope
 
     cos, sin = rope_angles(32, torch.arange(17))
     c, s = cos[None, :, None, :16].bfloat16(), sin[None, :, None, :16].bfloat16()
     for x in (torch.randn(2, 17, 3, 32), torch.randn(2, 17, 3, 32).bfloat16()):
         x1, x2 = x[..., :16], x[..., 16:]
-        assert torch.equal(looped_rope(x, cos, sin), torch.cat([x1 * c + x2 * s, x1 * (-s) + x2 * c], -1))
+        assert torch.equal(_looped_rope(x, cos, sin), torch.cat([x1 * c + x2 * s, x1 * (-s) + x2 * c], -1))
 
 
 def reference_muonh(W, grads, lr, mu=0.95):
     "The released muon_step_fused (nanochat/optim.py), dtype by dtype, on a stack of one matrix."
-    from depthbench_nb.optim import POLAR_EXPRESS_COEFFS
+    from depthbench_nb.optim import _POLAR_EXPRESS_COEFFS
 
     p = W.detach().clone().unsqueeze(0)  # [1, m, n]
     buf, p_norm, out = torch.zeros_like(p), p.norm(dim=(-2, -1), keepdim=True).clone(), []
@@ -208,7 +208,7 @@ def reference_muonh(W, grads, lr, mu=0.95):
         g = g.lerp_(buf, momentum)
         X = g.bfloat16()
         X = X / (X.norm(dim=(-2, -1), keepdim=True) * 1.02 + 1e-6)
-        for a, b, c in POLAR_EXPRESS_COEFFS:
+        for a, b, c in _POLAR_EXPRESS_COEFFS:
             if g.size(-2) > g.size(-1):
                 A = X.mT @ X
                 X = a * X + X @ (b * A + c * (A @ A))

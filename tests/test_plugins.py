@@ -71,7 +71,7 @@ import tempfile
 from pathlib import Path
 
 import torch
-from depthbench_nb.checks import assert_design_ok, tiny_config
+from depthbench_nb.checks import assert_design_ok, _tiny_config
 from depthbench_nb.config import ModelConfig, _arch_names, paper_designs, DESIGN_OPTIONS
 from depthbench_nb.costs import cost_row
 from depthbench_nb.model import build_model, n_params
@@ -81,16 +81,16 @@ from depthbench_nb.trainer import train_parser
 
 assert "denseformer" in _arch_names() and "denseformer" not in paper_designs(), _arch_names()
 for k in (1, 2, 3):  # the shared check suite, with its option
-    assert_design_ok(tiny_config("denseformer", dwa_dilation=k))
-cfg = tiny_config("denseformer")
+    assert_design_ok(_tiny_config("denseformer", dwa_dilation=k))
+cfg = _tiny_config("denseformer")
 assert cfg.dwa_dilation == 1 and "dwa_dilation" in DESIGN_OPTIONS
 extra = sum((b + 1) // 2 + 1 for b in range(cfg.n_layer))  # dilation 2: positions b+1, b-1, ... >= 0
-assert count_params(cfg.replace(dwa_dilation=2)).total == count_params(tiny_config("preln")).total + extra
+assert count_params(cfg.replace(dwa_dilation=2)).total == count_params(_tiny_config("preln")).total + extra
 assert n_params(build_model(cfg)) == count_params(cfg).total
 row = cost_row(cfg.replace(n_layer=8, d_model=64, n_head=4), seq_len=128, train_seq_len=128)
 assert row["arch"] == "denseformer", row
 x = torch.randint(0, cfg.vocab_size, (2, 8))
-assert torch.equal(build_model(cfg)(x), build_model(tiny_config("preln"))(x))  # its init is Pre-LN
+assert torch.equal(build_model(cfg)(x), build_model(_tiny_config("preln"))(x))  # its init is Pre-LN
 assert "--dwa-dilation" in train_parser().format_help()
 # sweeps: a study file names the plugin design and its option like any built-in one
 study = Path(tempfile.mkdtemp()) / "plug.yaml"

@@ -97,7 +97,7 @@ def fixture_study(tmp_path_factory, tiny_data):
         for run in runs:
             assert train(run, progress=False)["status"] == "completed"
         df = report_common.study_table(STUDY)
-        done = demo.diagnose_study(STUDY, df, n_samples=2, seq_len=16, eval_limit=2, progress=False)
+        done = demo._diagnose_study(STUDY, df, n_samples=2, seq_len=16, eval_limit=2, progress=False)
         assert len(done) == len(runs)
         looped_records(tiny_data)
         yield root
@@ -266,7 +266,7 @@ def test_demo_extras_complete_the_looped_grid():
     from depthbench_nb.sweep import expand_study, load_study
 
     planned = expand_study(load_study("demo"))
-    extra = demo.demo_extra_entries()
+    extra = demo._demo_extra_entries()
     assert not {e.run_id for e in planned} & {e.run_id for e in extra}
     looped = [e.run.model for e in planned + extra if e.run.model.arch == "looped"]
     base = [m for m in looped if report_looped._looped_variant(m) == "baseline"]

@@ -25,7 +25,7 @@ import yaml
 
 from depthbench_nb.config import ConfigError, DataConfig
 from depthbench_nb.runs import read_metrics, read_result
-from depthbench_nb.sweep import expand_study, load_study, study_status, write_slurm_script
+from depthbench_nb.sweep import expand_study, load_study, study_status, _write_slurm_script
 
 sys.path.insert(0, str(Path(__file__).parent))
 from slurm_cluster import SlurmCluster, free_port, why_not_available  # noqa: E402
@@ -588,7 +588,7 @@ def test_script_without_a_reachable_cluster(tiny_data, tmp_path, runs_dir, monke
     spec = load_study(study)
     from depthbench_nb.slurm import SlurmRequest
 
-    out = write_slurm_script(
+    out = _write_slurm_script(
         spec,
         study_ref=str(study),
         request=SlurmRequest(gpus=2, time="02:00:00", partition="gpu", parallel=2, extra=("--mail-type=END",)),
@@ -619,7 +619,7 @@ def test_script_without_a_reachable_cluster(tiny_data, tmp_path, runs_dir, monke
     assert "RUN_IDS=(" + " ".join(ids) + ")" in text and f"export DEPTHBENCH_RUNS={runs_dir}\n" in text
     assert subprocess.run([bash, "-n", out["script"]]).returncode == 0
     with pytest.raises(ConfigError, match="needs Slurm's sbatch"):
-        write_slurm_script(spec, submit=True, study_ref=str(study), request=SlurmRequest(gpus=0))
+        _write_slurm_script(spec, submit=True, study_ref=str(study), request=SlurmRequest(gpus=0))
     from depthbench_nb.cli import main
 
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)

@@ -22,11 +22,11 @@ from depthbench_nb.sweep import (
     StudySpec,
     collect,
     expand_study,
-    extend_lr_entries,
+    _extend_lr_entries,
     load_study,
     lr_optima,
     plan_rows,
-    study_entries,
+    _study_entries,
     study_names,
     study_status,
 )
@@ -244,7 +244,7 @@ def test_collect_all_statuses_and_lr_optimum(killed_and_resumed, monkeypatch):
     # a third run recorded as diverged and a fourth as failed (records written as the trainer would), added to the
     # study's plan as extra entries (as an LR extension is): a run outside the plan is stale and never collected
     from depthbench_nb.runs import run_dir, write_params
-    from depthbench_nb.sweep import RunEntry, add_extra_entries
+    from depthbench_nb.sweep import RunEntry, _add_extra_entries
     from depthbench_nb.run_params import make_run_config
 
     for lr, status in ((8e-3, "diverged"), (1.6e-2, "failed")):
@@ -264,7 +264,7 @@ def test_collect_all_statuses_and_lr_optimum(killed_and_resumed, monkeypatch):
         (folder / "result.json").write_text(
             json.dumps(dict(status=status, run_id=run.run_id, study="killme", arch="preln", lr=lr))
         )
-        add_extra_entries(spec, [RunEntry(0, "extra", params, run)])
+        _add_extra_entries(spec, [RunEntry(0, "extra", params, run)])
     df = collect(spec)
     assert (k["runs"] / "killme" / "collect.parquet").exists() and (k["runs"] / "killme" / "collect.csv").exists()
     assert len(df) == 4 and sorted(df.status) == ["completed", "completed", "diverged", "failed"]
@@ -350,21 +350,21 @@ def test_lr_optimum_parabola_and_extension(tmp_path, runs_dir, tiny_data):
             final_val_loss=[3.2, 3.1],
         )
     )
-    new = extend_lr_entries(spec, d)
+    new = _extend_lr_entries(spec, d)
     assert [e.params["lr"] for e in new] == [4e-3]
-    assert len(study_entries(spec)) == 3 and extend_lr_entries(spec, d) == []
+    assert len(_study_entries(spec)) == 3 and _extend_lr_entries(spec, d) == []
     # other extra runs (e.g. a report's) are remembered with their group and parameters
-    from depthbench_nb.sweep import RunEntry, add_extra_entries
+    from depthbench_nb.sweep import RunEntry, _add_extra_entries
     from depthbench_nb.run_params import make_run_config
 
     params = dict(new[0].params, arch="looped", r=2, s=1, C=5e11)
     params.pop("L")
     params.pop("lr")
-    add_extra_entries(spec, [RunEntry(0, "looped-extra", params, make_run_config(**params, verbose=False))])
-    entries = study_entries(spec)
+    _add_extra_entries(spec, [RunEntry(0, "looped-extra", params, make_run_config(**params, verbose=False))])
+    entries = _study_entries(spec)
     assert len(entries) == 4 and entries[-1].group == "looped-extra" and entries[-1].params["C"] == 5e11
     with pytest.raises(ConfigError, match="must belong to study"):
-        add_extra_entries(
+        _add_extra_entries(
             spec, [RunEntry(0, "x", params, make_run_config(**dict(params, study="other"), verbose=False))]
         )
 
@@ -373,7 +373,7 @@ def test_papermill_executor_and_looped_fit_table(tmp_path, monkeypatch, tiny_dat
     "Both kinds of run through the papermill template (nbs/10_train.ipynb), then the looped fit table."
     from depthbench_nb.looped import looped_params
     from depthbench_nb.runs import read_params, read_result
-    from depthbench_nb.sweep import looped_fit_table, run_study
+    from depthbench_nb.sweep import _looped_fit_table, run_study
 
     runs = tmp_path / "runs"
     monkeypatch.setenv("DEPTHBENCH_RUNS", str(runs))
@@ -400,7 +400,7 @@ def test_papermill_executor_and_looped_fit_table(tmp_path, monkeypatch, tiny_dat
         nb = json.loads((folder / "train.ipynb").read_text())
         assert nb["metadata"]["papermill"]["parameters"]["arch"] == e.params["arch"]
     df = collect(spec)
-    fit = looped_fit_table(df)
+    fit = _looped_fit_table(df)
     assert len(fit) == 1 and fit.r.iloc[0] == 2 and fit.provenance.iloc[0] == "real"
     p = looped_params(read_params(runs / "pm" / fit.run_id.iloc[0]).model)
     assert (

@@ -19,7 +19,7 @@ from depthbench_nb.config import ARCHS, DESIGN_OPTIONS, ConfigError, RunConfig
 from depthbench_nb.runs import list_checkpoints, load_run, read_metrics, read_result, run_dir
 from depthbench_nb.shapes import count_params, shape_for
 from depthbench_nb.callbacks import Callback, DivergenceGuard
-from depthbench_nb.optim import build_adamw, lr_multiplier
+from depthbench_nb.optim import _build_adamw, _lr_multiplier
 from depthbench_nb.trainer import init_model, train
 from depthbench_nb.run_params import make_run_config
 
@@ -81,14 +81,14 @@ def test_schedule_matches_olmo_core_closed_form():
     total, w = 7600, 760
     for s in (0, 100, 759, 760, 2000, 5000, 7599):
         want = s / w if s < w else 0.1 + 0.9 * (1 + math.cos(math.pi * (s - w) / (total - w))) / 2
-        assert lr_multiplier(s, total) == pytest.approx(want, abs=1e-15)
-    assert lr_multiplier(0, 10, "linear", 0.0) == 1.0 and lr_multiplier(10, 10, "linear", 0.0) == pytest.approx(0.1)
+        assert _lr_multiplier(s, total) == pytest.approx(want, abs=1e-15)
+    assert _lr_multiplier(0, 10, "linear", 0.0) == 1.0 and _lr_multiplier(10, 10, "linear", 0.0) == pytest.approx(0.1)
 
 
 def test_weight_decay_exempts_only_static_routing():
     for arch in ("preln", "hc", "mhc"):
         model = init_model(tiny_run(arch, data="sample"))
-        opt = build_adamw(model, tiny_run(arch, data="sample").train)
+        opt = _build_adamw(model, tiny_run(arch, data="sample").train)
         exempt = model.no_weight_decay_names()
         groups = {g["group"]: g for g in opt.param_groups}
         assert groups["decay"]["weight_decay"] == 0.1
@@ -193,9 +193,9 @@ def test_resume_reproduces_the_uninterrupted_curve_exactly(tmp_path, monkeypatch
     assert got_res["tokens_per_s_median"] == pytest.approx(statistics.median(tps)) and len(tps) == 6
     assert got_res["peak_mem_bytes"] == (max(mem) if mem else None)
     assert read_result(folder)["tokens_per_s_median"] == got_res["tokens_per_s_median"]
-    from depthbench_nb.runs import read_metrics_headers
+    from depthbench_nb.runs import _read_metrics_headers
 
-    assert [h.get("resumed_at_step") for h in read_metrics_headers(folder)] == [
+    assert [h.get("resumed_at_step") for h in _read_metrics_headers(folder)] == [
         None,
         4,
     ]  # the first run's, the resume's
@@ -433,7 +433,7 @@ def test_make_run_config_takes_run_params_by_position_and_name():
 
 # ------------------------------------------------------------------------------------------ callbacks and provenance
 def test_a_user_callback_adds_a_column_and_sees_every_hook(runs_dir, tiny_data):
-    from depthbench_nb.runs import read_metrics_headers
+    from depthbench_nb.runs import _read_metrics_headers
 
     seen = []
 
@@ -455,7 +455,7 @@ def test_a_user_callback_adds_a_column_and_sees_every_hook(runs_dir, tiny_data):
     rows = read_metrics(run_dir(run))
     assert res["status"] == "completed" and seen == ["start", 0, 1, 2, "completed"]
     assert all(r["grad_norm_sq"] == pytest.approx(r["grad_norm"] ** 2) for r in rows)
-    (header,) = read_metrics_headers(run_dir(run))  # the first line names what produced the rows
+    (header,) = _read_metrics_headers(run_dir(run))  # the first line names what produced the rows
     assert header["run_id"] == run.run_id and header["config"] == run.to_dict() and "git_dirty" in header["provenance"]
     params = json.loads((run_dir(run) / "params.json").read_text())
     assert {"git_commit", "git_dirty", "git_diff_sha256", "torch", "device"} <= set(params["provenance"])
