@@ -1654,7 +1654,8 @@ def _trend(t: pd.DataFrame, arch: str) -> pd.Series:
     "An architecture's best-LR loss by depth within the preset holding most of its depths (shallow to deep)."
     a = t[t.arch == arch]
     preset = a.groupby("preset").n_layer.nunique().idxmax()
-    return a[a.preset == preset].groupby("n_layer").final_val_loss.min().sort_index()
+    loss = "final_val_loss" if "final_val_loss" in a else "val_loss"  # the report's val-loss table says val_loss
+    return a[a.preset == preset].groupby("n_layer")[loss].min().sort_index()
 
 # %% ../nbs/06b_report_depthbench.ipynb #dfa8354e
 def _depth_check(arch: str, better: bool):

@@ -455,3 +455,14 @@ def test_cost_claims_against_the_cost_model_and_the_measured_runs(tmp_path):
     assert claims.filter(like="prefill FLOPs", axis=0).verdict.iloc[0] == "reproduced"
     assert claims.filter(like="Pre-LN gets worse", axis=0).verdict.iloc[0].startswith("not built")
     assert "cost model: " in claims.filter(like="highest peak memory", axis=0).verdict.iloc[0]
+
+
+def test_depth_trend_claims_read_the_val_loss_table_as_the_report_writes_it():
+    "Figure 2's depth-trend claims check the columns of `depthbench_val_loss` (val_loss), not the runs' field name."
+    table = pd.DataFrame(
+        dict(arch="preln", preset="400m", n_layer=[16, 24, 32], val_loss=[2.759, 2.770, 2.782], shape=["a", "b", "c"])
+    )
+    found, verdict = report_depthbench._depth_check("preln", better=False)(table)
+    assert (found, verdict) == ("L16 2.759, L24 2.770, L32 2.782", "reproduced")
+    found, verdict = report_depthbench._depth_check("preln", better=True)(table)
+    assert verdict == "NOT reproduced"
