@@ -400,8 +400,10 @@ def equation(latex: str, display: str, tag: str = "div") -> str:
     network; an equation that does not parse fails the build, naming it."""
     from latex2mathml.converter import convert
 
+    # operator names latex2mathml does not know, written as LaTeX writes them
+    known = re.sub(r"\\(arg)(?![A-Za-z])", r"\\operatorname{\1}", latex)
     try:
-        mathml = convert(latex, display=display)
+        mathml = convert(known, display=display)
     except Exception as e:
         raise ValueError(f"the equation ${latex}$ does not parse: {type(e).__name__}: {e}") from e
     unknown = re.findall(r">(\\[A-Za-z]+)<", mathml)  # latex2mathml prints a command it does not know as text

@@ -63,3 +63,9 @@ def test_library_pages_show_their_equations_as_mathml(site):  # noqa: F811
         if shown < written:
             missing.append(f"{nb.name}: {written} written, {shown} shown")
     assert not missing, missing
+
+
+def test_arg_min_renders_as_an_operator():
+    "latex2mathml lacks `\\arg`: the build writes it as the operator name it is."
+    mathml = docs.equation(r"\arg\min_\ell d(z_\ell)", "inline")
+    assert "<mo>arg</mo>" in mathml and "<msub><mo>min</mo>" in mathml
