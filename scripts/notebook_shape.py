@@ -70,6 +70,15 @@ def _opening(cells: list[dict]) -> tuple[str, str]:
     return description, first
 
 
+def _title_prose(cells: list[dict]) -> str:
+    "Text of the title cell besides its title, description and nbdev's `- key: value` lines (nbdev drops it)."
+    if not cells or cells[0]["cell_type"] != "markdown":
+        return ""
+    lines = "".join(cells[0]["source"]).splitlines()
+    other = [ln for ln in lines if ln.strip() and not re.match(r"^(# |>|- [\w_]+: )", ln)]
+    return " ".join(other)[:80]
+
+
 def _shown(cell: dict) -> bool:
     "Whether a cell shows on its page: an export cell of imports only shows nothing (nbdev hides export sources)."
     if _cell_kind(cell) != "export":
@@ -178,7 +187,10 @@ def measure(root: Path = ROOT) -> dict:
     for name, (n, lines) in thin.items():
         breaches.append(f"{name}: {n} example cells for {lines} exported lines (need {-(-lines // per)})")
     for path in sorted((root / "nbs").glob("*.ipynb")):  # every page, the templates and reports included
-        d, _ = _opening(json.loads(path.read_text())["cells"])
+        cells = json.loads(path.read_text())["cells"]
+        d, _ = _opening(cells)
+        if _title_prose(cells):  # nbdev turns the title cell into the page's header and drops the rest of it
+            breaches.append(f"{path.name}: the title cell holds prose the page would not show: {_title_prose(cells)!r}")
         if not re.match(r"^[A-Z`].*[.!?]$", d) or len(d.split()) < 4:
             breaches.append(f"{path.name}: the page's description is not one complete sentence on one line: {d!r}")
     for nb in nbs:

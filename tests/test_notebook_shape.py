@@ -73,6 +73,15 @@ def test_a_page_opening_with_code_or_a_cut_description_is_a_breach(tmp_path):
     assert shape.notebook_shape(nb)["opens_with"] == "markdown"
 
 
+def test_prose_in_the_title_cell_is_a_breach(tmp_path):
+    root = _project(tmp_path, 10, 1, "Short.\n", example_lines=4)
+    nb = root / "nbs" / "00_m.ipynb"
+    cells = json.loads(nb.read_text())
+    cells["cells"][0]["source"] = "# T\n\n> A chapter of the book.\n\nAn introduction nbdev would drop."
+    nb.write_text(json.dumps(cells))
+    assert any("title cell holds prose" in b for b in shape.measure(root)["breaches"])
+
+
 def test_a_long_readme_sentence_is_a_breach_and_code_is_not_prose(tmp_path):
     long = " ".join(["word"] * 51) + "."
     code = "```bash\n" + " ".join(["arg"] * 80) + "\n```\n"
