@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Hashable, Optional
 
 import torch
@@ -64,29 +65,31 @@ class LayerNorm(nn.Module):
 
 # %% ../nbs/01b_layers.ipynb #84276096
 def rope_angles(head_dim: int, positions: torch.Tensor, theta: float = 1e4) -> tuple[torch.Tensor, torch.Tensor]:
-    "cos, sin [T, head_dim] for the given positions (rotate-half layout)."
+    "cos, sin [T, head_dim] for the given positions [T] (rotate-half layout); per-row positions [B, T] give [B, T, head_dim]."
     inv_freq = theta ** -(torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim)
-    freqs = positions.float()[:, None] * inv_freq[None, :]  # [T, head_dim/2]
-    emb = torch.cat([freqs, freqs], dim=-1)  # [T, head_dim]
+    freqs = positions.float()[..., None] * inv_freq  # [(B,) T, head_dim/2]
+    emb = torch.cat([freqs, freqs], dim=-1)  # [(B,) T, head_dim]
     return emb.cos(), emb.sin()
 
 # %% ../nbs/01b_layers.ipynb #52ee2517
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate x [B, T, H, head_dim] by the angles cos/sin [T, head_dim], in fp32 (OLMo-core's full_precision); same
-    dtype out."""
+    """Rotate x [B, T, H, head_dim] by the angles cos/sin [T, head_dim] (or per row [B, T, head_dim]), in fp32
+    (OLMo-core's full_precision); same dtype out."""
     xf = x.float()  # [B, T, H, head_dim]
     x1, x2 = xf.chunk(2, dim=-1)
     rotated = torch.cat([-x2, x1], dim=-1)
-    cos, sin = cos[None, :, None, :].float(), sin[None, :, None, :].float()  # [1, T, 1, head_dim]
+    cos, sin = cos.unsqueeze(-2).float(), sin.unsqueeze(-2).float()  # [(B,) T, 1, head_dim]
     return (xf * cos + rotated * sin).to(x.dtype)
 
 # %% ../nbs/01b_layers.ipynb #065b982a
 class KVCache:
-    "Per-layer attention keys (post-RoPE) and values [B, H_kv, T, head_dim], plus the position offset."
+    """Per-layer attention keys (post-RoPE) and values [B, H_kv, T, head_dim], the position offset, and `mask`
+    [B, offset]: which cached keys are real tokens (None: all of them, no padding so far)."""
 
     def __init__(self):
         self.offset = 0
         self.layers: dict[Hashable, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.mask: Optional[torch.Tensor] = None
 
     def update(self, key: Hashable, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         "Append this call's k, v [B, H_kv, T, hd] to layer `key`; return all keys and values so far."
@@ -96,9 +99,11 @@ class KVCache:
         self.layers[key] = (k, v)
         return k, v
 
-    def advance(self, n_tokens: int) -> None:
-        "Called once by the model after a forward: the next call's positions start n_tokens later."
+    def advance(self, n_tokens: int, mask: Optional[torch.Tensor] = None) -> None:
+        """Called once by the model after a forward: the next call's positions start n_tokens later; `mask`
+        [B, offset + n_tokens] marks the real tokens of a padded batch (None: no padding)."""
         self.offset += n_tokens
+        self.mask = mask
 
     def __len__(self) -> int:
         return self.offset
@@ -117,6 +122,52 @@ def causal_mask(n_new: int, offset: int, device=None) -> torch.Tensor:
     "Boolean [n_new, offset+n_new]: query i (position offset+i) may see key j iff j <= offset+i."
     q_pos = offset + torch.arange(n_new, device=device)
     return torch.arange(offset + n_new, device=device)[None, :] <= q_pos[:, None]
+
+# %% ../nbs/01b_layers.ipynb #5e28b895
+@dataclass
+class _Padding:
+    "One forward's padding: the new tokens' positions [B, T], the attention mask [B, 1, T, Tk], the real keys [B, Tk]."
+
+    positions: torch.Tensor
+    mask: torch.Tensor  # True: the query may attend to the key
+    keys: torch.Tensor  # True: a real token (what the cache keeps)
+
+
+def _tracing() -> bool:
+    "torch.export / torch.compile: no data-dependent shortcut (always the masked path)."
+    return torch.compiler.is_compiling() or torch.compiler.is_exporting()
+
+
+def _key_mask(attention_mask, past, offset: int, B: int, T: int, device) -> torch.Tensor:
+    "Real keys [B, offset+T]: the caller's mask of the whole sequence or of the new tokens (after the cache's own)."
+    before = past if past is not None else torch.ones(B, offset, dtype=torch.bool, device=device)
+    if attention_mask is None:
+        return torch.cat([before, torch.ones(B, T, dtype=torch.bool, device=device)], 1)
+    m = attention_mask.to(device=device, dtype=torch.bool)
+    if m.shape != (B, offset + T) and m.shape != (B, T):
+        raise ValueError(
+            f"attention_mask of shape {tuple(m.shape)}: want [B, T] = {(B, T)} for the new tokens "
+            f"or [B, offset + T] = {(B, offset + T)} with the cached ones"
+        )
+    return m if m.shape[1] == offset + T else torch.cat([before, m], 1)
+
+# %% ../nbs/01b_layers.ipynb #6037a2fb
+def _padding(attention_mask, position_ids, past, offset: int, B: int, T: int, device) -> Optional[_Padding]:
+    """The padding of a forward of T new tokens after `offset` cached ones (`past`: the cache's key mask), or None
+    when there is none (every key real, positions offset..offset+T-1): attention's unpadded path."""
+    if attention_mask is None and position_ids is None and past is None:
+        return None
+    keys = _key_mask(attention_mask, past, offset, B, T, device)  # [B, Tk]
+    if position_ids is None:
+        positions = (keys.long().cumsum(-1) - 1).clamp(min=0)[:, offset:]  # real tokens counted from 0
+    else:
+        positions = position_ids.to(device=device, dtype=torch.long).expand(B, T)
+    plain = torch.arange(offset, offset + T, device=device)
+    if not _tracing() and bool(keys.all()) and bool((positions == plain).all()):
+        return None
+    diag = torch.arange(offset + T, device=device)[None, :] == plain[:, None]  # [T, Tk]: each query's own key
+    mask = (causal_mask(T, offset, device) & keys[:, None, :]) | diag  # [B, T, Tk]
+    return _Padding(positions, mask[:, None], keys)
 
 # %% ../nbs/01b_layers.ipynb #4cc64486
 class Attention(nn.Module):
@@ -141,6 +192,7 @@ class Attention(nn.Module):
         depth_v: Optional[torch.Tensor] = None,
         depth_slots=None,
         n_depth: int = 0,
+        pad: Optional[_Padding] = None,
     ):
         """x [B, T, d] -> (out [B, T, d], (k before RoPE, v) each [B, T, H_kv, hd]); MoDA depth keys stacked or in
         `depth_slots`."""
@@ -148,7 +200,8 @@ class Attention(nn.Module):
         q = self.wq(x).view(B, T, self.n_head, self.head_dim)  # [B, T, H, hd]
         k_raw = self.wk(x).view(B, T, self.n_kv_head, self.head_dim)  # [B, T, H_kv, hd]
         v_raw = self.wv(x).view(B, T, self.n_kv_head, self.head_dim)  # [B, T, H_kv, hd]
-        cos, sin = rope_angles(self.head_dim, torch.arange(offset, offset + T, device=x.device), self.rope_theta)
+        positions = torch.arange(offset, offset + T, device=x.device) if pad is None else pad.positions  # [(B,) T]
+        cos, sin = rope_angles(self.head_dim, positions, self.rope_theta)
         q, k = (
             apply_rope(q, cos, sin).transpose(1, 2),
             apply_rope(k_raw, cos, sin).transpose(1, 2),
@@ -156,18 +209,19 @@ class Attention(nn.Module):
         v = v_raw.transpose(1, 2)  # [B, H_kv, T, hd]
         if cache is not None:
             k, v = cache.update(cache_key, k, v)  # [B, H_kv, offset+T, hd]
+        mask = None if pad is None else pad.mask  # [B, 1, T, offset+T]
         if depth_slots is not None:
-            y = self._depth_attention_fused(q, k, v, offset, depth_slots, n_depth)
+            y = self._depth_attention_fused(q, k, v, offset, depth_slots, n_depth, mask)
         elif depth_k is None:
-            y = self._sdpa(q, k, v, offset)
+            y = self._sdpa(q, k, v, offset, mask)
         else:
-            y = self._depth_attention(q, k, v, offset, depth_k, depth_v)
+            y = self._depth_attention(q, k, v, offset, depth_k, depth_v, mask)
         y = y.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim)  # [B, T, H*hd]
         return self.wo(y), (k_raw, v_raw)
 
 # %% ../nbs/01b_layers.ipynb #448fcc71
 @patch
-def _sdpa(self: Attention, q, k, v, offset):
+def _sdpa(self: Attention, q, k, v, offset, mask=None):
     kw = {}
     if self.n_kv_head != self.n_head:
         if _SDPA_HAS_GQA:
@@ -175,6 +229,8 @@ def _sdpa(self: Attention, q, k, v, offset):
         else:
             groups = self.n_head // self.n_kv_head
             k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)  # [B, H, Tk, hd]
+    if mask is not None:  # padded rows: [B, 1, T, offset+T]
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, **kw)
     if offset == 0:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, **kw)
     mask = causal_mask(q.shape[2], offset, q.device)  # [T, offset+T]
@@ -182,7 +238,7 @@ def _sdpa(self: Attention, q, k, v, offset):
 
 # %% ../nbs/01b_layers.ipynb #dacf95fe
 @patch
-def _depth_attention(self: Attention, q, k, v, offset, depth_k, depth_v):
+def _depth_attention(self: Attention, q, k, v, offset, depth_k, depth_v, mask=None):
     "One softmax over the causal sequence keys and the S same-token depth keys (MoDA, MoDA, `moda.py`)."
     groups = self.n_head // self.n_kv_head
     k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)  # [B, H, Tk, hd]
@@ -190,7 +246,8 @@ def _depth_attention(self: Attention, q, k, v, offset, depth_k, depth_v):
     dv = depth_v.repeat_interleave(groups, dim=3).permute(0, 3, 1, 2, 4)  # [B, H, T, S, hd]
     scale = 1 / math.sqrt(self.head_dim)
     seq_scores = (q @ k.transpose(-1, -2)) * scale  # [B, H, T, Tk]
-    seq_scores = seq_scores.masked_fill(~causal_mask(q.shape[2], offset, q.device), float("-inf"))
+    allowed = causal_mask(q.shape[2], offset, q.device) if mask is None else mask  # [(B, 1,) T, Tk]
+    seq_scores = seq_scores.masked_fill(~allowed, float("-inf"))
     depth_scores = (q.unsqueeze(-2) * dk).sum(-1) * scale  # [B, H, T, S]
     p = torch.softmax(torch.cat([seq_scores, depth_scores], dim=-1), dim=-1)
     p_seq, p_depth = p.split([seq_scores.shape[-1], depth_scores.shape[-1]], dim=-1)
@@ -198,7 +255,7 @@ def _depth_attention(self: Attention, q, k, v, offset, depth_k, depth_v):
 
 # %% ../nbs/01b_layers.ipynb #93087f5d
 @patch
-def _depth_attention_fused(self: Attention, q, k, v, offset, slots, S: int):
+def _depth_attention_fused(self: Attention, q, k, v, offset, slots, S: int, mask=None):
     "`_depth_attention` reading the first S depth slots in place (`DepthSlots`): no stacked or repeated depth keys."
     B, H, T, hd = q.shape
     groups = self.n_head // self.n_kv_head
@@ -206,13 +263,14 @@ def _depth_attention_fused(self: Attention, q, k, v, offset, slots, S: int):
     if groups > 1:
         k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)  # [B, H, Tk, hd]
     y = (
-        moda_attention(q, k, v, keys, values, slots.handle, S, groups) if offset == 0 else None
-    )  # flash attention merged with the depth keys
+        moda_attention(q, k, v, keys, values, slots.handle, S, groups) if offset == 0 and mask is None else None
+    )  # flash attention merged with the depth keys (it takes no padding mask)
     if y is not None:
         return y
     scale = 1 / math.sqrt(self.head_dim)
     seq_scores = (q @ k.transpose(-1, -2)) * scale  # [B, H, T, Tk]
-    seq_scores = seq_scores.masked_fill(~causal_mask(T, offset, q.device), float("-inf"))
+    allowed = causal_mask(T, offset, q.device) if mask is None else mask  # [(B, 1,) T, Tk]
+    seq_scores = seq_scores.masked_fill(~allowed, float("-inf"))
     Hk = self.n_kv_head  # rows N = (b, t, KV head); head h = KV head h // groups
     q_rows = q.view(B, Hk, groups, T, hd).permute(2, 4, 0, 3, 1).reshape(groups, hd, -1)  # [groups, hd, N]
     z = depth_scores(keys, slots.handle, S, q_rows).view(S, groups, B, T, Hk)  # [S, groups, B, T, H_kv]

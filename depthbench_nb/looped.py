@@ -378,12 +378,12 @@ def looped_grid_rows(variant: str = "baseline", budgets: Union[str, Collection[f
 
 # %% ../nbs/01d_looped.ipynb #75eeb6fc
 def _looped_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """RoPE as the released code: bf16 tables, y1 = x1 cos + x2 sin, y2 = x2 cos − x1 sin, in x's dtype promoted with
-    bf16."""
+    """RoPE as the released code: bf16 tables [T, hd] (or per row [B, T, hd]), y1 = x1 cos + x2 sin,
+    y2 = x2 cos − x1 sin, in x's dtype promoted with bf16."""
     h = x.shape[-1] // 2
     x1, x2 = x[..., :h], x[..., h:]  # [B, T, H, hd/2]
-    c = cos[None, :, None, :h].to(torch.bfloat16)  # [1, T, 1, hd/2]: the code's bf16 table
-    s = sin[None, :, None, :h].to(torch.bfloat16)
+    c = cos[..., None, :h].to(torch.bfloat16)  # [(B,) T, 1, hd/2]: the code's bf16 table
+    s = sin[..., None, :h].to(torch.bfloat16)
     return torch.cat([x1 * c + x2 * s, x1 * (-s) + x2 * c], dim=-1)
 
 # %% ../nbs/01d_looped.ipynb #4f00f398
@@ -399,7 +399,7 @@ class _LoopedAttention(nn.Module):
         self.c_v = nn.Linear(d, self.n_kv_head * self.head_dim, bias=False)
         self.c_proj = nn.Linear(self.n_head * self.head_dim, d, bias=False)
 
-    def forward(self, x, cos, sin, offset: int = 0, cache: Optional[KVCache] = None, cache_key=0):
+    def forward(self, x, cos, sin, offset: int = 0, cache: Optional[KVCache] = None, cache_key=0, mask=None):
         B, T, _ = x.shape
         q = self.c_q(x).view(B, T, self.n_head, self.head_dim)  # [B, T, H, hd]
         k = self.c_k(x).view(B, T, self.n_kv_head, self.head_dim)  # [B, T, H_kv, hd]
@@ -410,7 +410,9 @@ class _LoopedAttention(nn.Module):
         if cache is not None:
             k, v = cache.update(cache_key, k, v)  # [B, H_kv, offset + T, hd]
         gqa = self.n_kv_head != self.n_head
-        if offset == 0:
+        if mask is not None:  # a padded batch: [B, 1, T, offset + T] (`_padding`)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+        elif offset == 0:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
         else:
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=causal_mask(T, offset, x.device), enable_gqa=gqa)
@@ -437,8 +439,8 @@ class _LoopedBlock(nn.Module):
         self.n1, self.attn = RMSNorm(cfg.d_model, cfg.norm_eps), _LoopedAttention(cfg)
         self.n3, self.mlp = RMSNorm(cfg.d_model, cfg.norm_eps), _LoopedMLP(cfg)
 
-    def forward(self, x, cos, sin, offset: int = 0, cache: Optional[KVCache] = None, cache_key=0):
-        x = x + self.attn(self.n1(x), cos, sin, offset, cache, cache_key)
+    def forward(self, x, cos, sin, offset: int = 0, cache: Optional[KVCache] = None, cache_key=0, mask=None):
+        x = x + self.attn(self.n1(x), cos, sin, offset, cache, cache_key, mask)
         return x + self.mlp(self.n3(x))
 
 # %% ../nbs/01d_looped.ipynb #6d35cf53
@@ -477,15 +479,16 @@ class LoopedLM(DepthModel):
         skip: Collection[int] = (),
         return_states: bool = False,
         kv_cache: Optional[KVCache] = None,
+        attention_mask: Optional[torch.Tensor] = None,
+        position_ids: Optional[torch.Tensor] = None,
     ):
         "idx [B, T] -> logits [B, T, V] (fp32), or (logits, states z_0..z_n_blocks) with return_states."
         lay = self.layout
-        skip, ctx = self._begin(idx, skip, kv_cache)  # checks idx, skip, max_seq_len
+        skip, ctx = self._begin(idx, skip, kv_cache, attention_mask, position_ids)  # checks idx, skip, max_seq_len
         T = idx.shape[1]
-        cos, sin = (
-            self.rope_cos[ctx.offset : ctx.offset + T],
-            self.rope_sin[ctx.offset : ctx.offset + T],
-        )  # [T, hd] bf16
+        pad, mask = ctx.pad, ctx.pad.mask if ctx.pad is not None else None  # a padded batch: positions per row
+        where = slice(ctx.offset, ctx.offset + T) if pad is None else pad.positions
+        cos, sin = self.rope_cos[where], self.rope_sin[where]  # [(B,) T, hd] bf16
         e = self.tok_emb(idx)  # [B, T, d] (bf16 on CUDA: prepare_for_device)
         x = self.norm_emb(e.to(self.norm_emb.weight.dtype))  # an fp32 gain makes an fp32 stream
         states = [x] if return_states else None
@@ -493,7 +496,7 @@ class LoopedLM(DepthModel):
         def run(k, h):  # executed layer k, or the identity
             if states is not None and k > 0:
                 states.append(h)  # z_k: what executed layer k reads
-            return h if k in skip else self.blocks[self.schedule[k]](h, cos, sin, ctx.offset, kv_cache, k)
+            return h if k in skip else self.blocks[self.schedule[k]](h, cos, sin, ctx.offset, kv_cache, k, mask)
 
         k = 0
         for _ in range(lay.n_prelude):
@@ -535,7 +538,7 @@ class LoopedLM(DepthModel):
             k += 1
         if states is not None:
             states.append(x)  # z_L: what RMSNorm_final reads
-        return self._end(self._logits(x), states, return_states, kv_cache, T)
+        return self._end(self._logits(x), states, return_states, kv_cache, T, pad)
 
 # %% ../nbs/01d_looped.ipynb #31b1d0c0
 @patch

@@ -40,6 +40,8 @@ from depthbench_nb.layers import (
     LayerNorm,
     RMSNorm,
     SwiGLU,
+    _Padding,
+    _padding,
     rms_norm,
     trunc_normal_,
 )
@@ -62,6 +64,7 @@ class ForwardContext:
 
     offset: int = 0  # position of the first token of this call
     cache: Optional[KVCache] = None
+    pad: Optional[_Padding] = None  # a padded batch: per-row positions and the attention mask (None: none)
     depth: Optional[list] = None  # MoDA: 2L slots of (k before RoPE, v) [B, T, H_kv, hd], None = never written
     mixes: Optional[list] = None  # HC/mHC: each sublayer's residual mixing matrix, in forward order
     fused: bool = False  # the fused depth-mixing path (`mixing_path`), else the reference ops
@@ -140,7 +143,12 @@ class DepthModel(nn.Module):
 # %% ../nbs/01c_model.ipynb #504fb2a444614c0babb325280ed9130a
 @patch
 def _begin(
-    self: DepthModel, idx: torch.Tensor, skip: Collection[int], kv_cache: Optional[KVCache]
+    self: DepthModel,
+    idx: torch.Tensor,
+    skip: Collection[int],
+    kv_cache: Optional[KVCache],
+    attention_mask: Optional[torch.Tensor] = None,
+    position_ids: Optional[torch.Tensor] = None,
 ) -> tuple[frozenset, ForwardContext]:
     if not isinstance(idx, torch.Tensor) or idx.ndim != 2 or idx.dtype not in (torch.long, torch.int32, torch.int64):
         raise ConfigError(
@@ -153,8 +161,10 @@ def _begin(
             f"sequence length {offset + idx.shape[1]} (cache offset {offset} + {idx.shape[1]} new) "
             f"exceeds max_seq_len {self.config.max_seq_len}"
         )
+    past = kv_cache.mask if kv_cache is not None else None
+    pad = _padding(attention_mask, position_ids, past, offset, *idx.shape, idx.device)
     return self._check_skip(skip), ForwardContext(
-        offset=offset, cache=kv_cache, fused=mixing_path(self.mixing) == "fused"
+        offset=offset, cache=kv_cache, pad=pad, fused=mixing_path(self.mixing) == "fused"
     )
 
 
@@ -168,9 +178,9 @@ def _check_skip(self: DepthModel, skip: Collection[int]) -> frozenset:
 
 
 @patch
-def _end(self: DepthModel, logits, states, return_states, kv_cache, n_tokens):
+def _end(self: DepthModel, logits, states, return_states, kv_cache, n_tokens, pad: Optional[_Padding] = None):
     if kv_cache is not None:
-        kv_cache.advance(n_tokens)
+        kv_cache.advance(n_tokens, pad.keys if pad is not None else None)  # the cache keeps a padded batch's mask
     return (logits, states) if return_states else logits
 
 # %% ../nbs/01c_model.ipynb #59bbdb311c014d738909a11f9e486628
@@ -333,7 +343,7 @@ class Block(nn.Module):
 
     def attend(self, u: torch.Tensor, ctx: ForwardContext, **depth):
         "Attention of this block's position in the cache: (output [B, T, d], (k before RoPE, v))."
-        return self.attn(u, ctx.offset, ctx.cache, self.index, **depth)
+        return self.attn(u, ctx.offset, ctx.cache, self.index, pad=ctx.pad, **depth)
 
         "The design's init after the shared truncated normal (none here)."
 
@@ -355,8 +365,16 @@ class ResidualTransformer(DepthModel):
             cfg.d_model, cfg.norm_eps
         )  # the LM head's norm: RMSNorm for every design (DeepNorm too)
 
-    def forward(self, idx, skip: Collection[int] = (), return_states: bool = False, kv_cache: Optional[KVCache] = None):
-        skip, ctx = self._begin(idx, skip, kv_cache)
+    def forward(
+        self,
+        idx,
+        skip: Collection[int] = (),
+        return_states: bool = False,
+        kv_cache: Optional[KVCache] = None,
+        attention_mask: Optional[torch.Tensor] = None,
+        position_ids: Optional[torch.Tensor] = None,
+    ):
+        skip, ctx = self._begin(idx, skip, kv_cache, attention_mask, position_ids)
         self.block_cls.begin_forward(ctx, self)
         x = self.tok_emb(idx)  # [B, T, d]
         states = [x]
@@ -366,7 +384,7 @@ class ResidualTransformer(DepthModel):
             if return_states:
                 states.append(x)
         logits = self.lm_head(self.final_norm(x))  # [B, T, V]
-        return self._end(logits, states, return_states, kv_cache, idx.shape[1])
+        return self._end(logits, states, return_states, kv_cache, idx.shape[1], ctx.pad)
 
     def _swap_attributes(self):
         return self.block_cls.swap_attributes
@@ -840,9 +858,11 @@ class MultiStreamBlock(nn.Module):
 
     def forward(self, H: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         "H [B, T, n, d] -> [B, T, n, d]"
-        H = self._sublayer(
-            H, self.attn_hc, lambda u: self.attn(self.attn_norm(u), ctx.offset, ctx.cache, self.index)[0], ctx
-        )
+
+        def attend(u):
+            return self.attn(self.attn_norm(u), ctx.offset, ctx.cache, self.index, pad=ctx.pad)[0]
+
+        H = self._sublayer(H, self.attn_hc, attend, ctx)
         return self._sublayer(H, self.ffn_hc, lambda u: self.ffn(self.ffn_norm(u)), ctx)
 
     @staticmethod
@@ -883,9 +903,11 @@ class _MultiStreamTransformer(DepthModel):
         skip: Collection[int] = (),
         return_states: bool = False,
         kv_cache: Optional[KVCache] = None,
+        attention_mask: Optional[torch.Tensor] = None,
+        position_ids: Optional[torch.Tensor] = None,
         _mixes: Optional[list] = None,
     ):
-        skip, ctx = self._begin(idx, skip, kv_cache)
+        skip, ctx = self._begin(idx, skip, kv_cache, attention_mask, position_ids)
         ctx.mixes = _mixes
         e = self.tok_emb(idx)  # [B, T, d]
         H = e.unsqueeze(-2).expand(*e.shape[:-1], self.n_streams, e.shape[-1])  # [B, T, n, d]
@@ -899,7 +921,7 @@ class _MultiStreamTransformer(DepthModel):
             h = self.final_norm(H).sum(-2)  # Σ_i N_f(H_i)
         else:
             h = self.final_norm(H.mean(-2))  # N_f(mean_i H_i)
-        return self._end(self.lm_head(h), states, return_states, kv_cache, idx.shape[1])
+        return self._end(self.lm_head(h), states, return_states, kv_cache, idx.shape[1], ctx.pad)
 
 # %% ../nbs/01c_model.ipynb #8c55fba33aa346cf939c9cd632996673
 @patch
@@ -1408,9 +1430,11 @@ class _AttnResTransformer(DepthModel):
         skip: Collection[int] = (),
         return_states: bool = False,
         kv_cache: Optional[KVCache] = None,
+        attention_mask: Optional[torch.Tensor] = None,
+        position_ids: Optional[torch.Tensor] = None,
         _weights: Optional[list] = None,
     ):
-        skip, ctx = self._begin(idx, skip, kv_cache)
+        skip, ctx = self._begin(idx, skip, kv_cache, attention_mask, position_ids)
         e = self.tok_emb(idx)  # [B, T, d]
         src = _FusedDepthSources(e, len(self.group_sizes)) if ctx.fused else _DepthSources(e)
         states = [e]
@@ -1431,7 +1455,7 @@ class _AttnResTransformer(DepthModel):
                 continue
             src.pending_skip = False
             record(p)
-            src.add(blk.attn(x_in, ctx.offset, ctx.cache, b)[0])
+            src.add(blk.attn(x_in, ctx.offset, ctx.cache, b, pad=ctx.pad)[0])
             if k + 1 in self.boundaries:
                 src.commit()
             x_in, _, p = src.mix(blk.ffn_mix, blk.ffn_norm.weight)
@@ -1441,7 +1465,7 @@ class _AttnResTransformer(DepthModel):
         record(p)
         if return_states:
             states.append(raw)
-        return self._end(self.lm_head(out), states, return_states, kv_cache, idx.shape[1])
+        return self._end(self.lm_head(out), states, return_states, kv_cache, idx.shape[1], ctx.pad)
 
 # %% ../nbs/01c_model.ipynb #f0d2bca8277b4eb596a056b79c7e9bcb
 @patch
