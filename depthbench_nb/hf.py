@@ -9,7 +9,7 @@ from typing import Optional
 
 import torch
 import torch.nn.functional as F
-from transformers import GenerationMixin, PreTrainedModel
+from transformers import Cache, GenerationMixin, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from .config import ModelConfig
@@ -21,20 +21,51 @@ from .model import build_model
 __all__ = ['GenerationCache', 'DepthBenchForCausalLM']
 
 # %% ../nbs/03c_hf.ipynb #295580d1
-class GenerationCache(KVCache):
-    "Our KVCache with the few attributes Transformers' `generate()` reads from a cache."
+class GenerationCache(KVCache, Cache):
+    """Our KVCache behind Transformers' `Cache` interface: the length, crop and row selection that `generate()`, beam
+    search, assisted and prompt-lookup decoding call; rows, crops and the key mask of a padded batch move together."""
 
     is_linear = (False,)  # attention layers only: generate() may slice a prompt against get_seq_length()
     is_compileable = False  # no static shapes: generate() never compiles around it
-    is_croppable = False  # assisted decoding (which crops) is not offered
+    is_croppable = True  # every key is kept: a crop rolls back exactly (assisted decoding)
+
+    def __init__(self):
+        Cache.__init__(self, layers=[])  # Transformers' bookkeeping (no offloading)
+        KVCache.__init__(self)  # ours: keys and values by layer, the offset, the key mask
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self.offset
 
+    def get_mask_sizes(self, query_length: int, layer_idx: int = 0) -> tuple[int, int]:
+        return self.offset + query_length, 0
+
+    def activate_past_recording(self) -> None:
+        "Nothing to record: every key stays until `crop`."
+
+    def crop(self, tokens_to_remove: int) -> None:
+        "Drop the last -n positions for n <= 0 (Transformers 5); a positive n is the length to keep (older callers)."
+        keep = self.offset + tokens_to_remove if tokens_to_remove <= 0 else min(tokens_to_remove, self.offset)
+        self.layers = {key: (k[:, :, :keep], v[:, :, :keep]) for key, (k, v) in self.layers.items()}
+        self.mask = self.mask[:, :keep] if self.mask is not None else None
+        self.offset = keep
+
+    def _rows(self, pick) -> None:
+        "Apply `pick` to the batch rows of every cached tensor: keys, values [B, H_kv, T, hd] and the mask [B, T]."
+        self.layers = {key: (pick(k), pick(v)) for key, (k, v) in self.layers.items()}
+        self.mask = pick(self.mask) if self.mask is not None else None
+
     def reorder_cache(self, beam_idx: torch.Tensor) -> None:
         "Beam search: keep the rows of the chosen beams, [B, H_kv, T, hd] -> [B, H_kv, T, hd]."
-        for key, (k, v) in self.layers.items():
-            self.layers[key] = (k.index_select(0, beam_idx.to(k.device)), v.index_select(0, beam_idx.to(v.device)))
+        self._rows(lambda t: t.index_select(0, beam_idx.to(t.device)))
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        self._rows(lambda t: t[indices.to(t.device)])
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        self._rows(lambda t: t.repeat_interleave(repeats, dim=0))
+
+    def reset(self) -> None:
+        KVCache.__init__(self)
 
 # %% ../nbs/03c_hf.ipynb #e3890cfd
 class DepthBenchForCausalLM(PreTrainedModel, GenerationMixin):
@@ -56,6 +87,13 @@ class DepthBenchForCausalLM(PreTrainedModel, GenerationMixin):
     @classmethod
     def _supports_default_dynamic_cache(cls) -> bool:
         return False  # generate(): our KVCache, not a DynamicCache
+
+    def _prepare_cache_for_generation(self, generation_config, model_kwargs, *args, **kwargs):
+        "generate(): a fresh GenerationCache before the prefill (assisted decoding asks for one), unless given or off."
+        if model_kwargs.get("cache") is None and generation_config.use_cache is not False:
+            model_kwargs["cache"] = GenerationCache()
+            return
+        return super()._prepare_cache_for_generation(generation_config, model_kwargs, *args, **kwargs)
 
     def _init_weights(self, module):
         pass  # build_model initialises (the paper's init)
@@ -79,7 +117,7 @@ class DepthBenchForCausalLM(PreTrainedModel, GenerationMixin):
         self,
         input_ids: Optional[torch.Tensor] = None,
         attention_mask: Optional[torch.Tensor] = None,
-        cache: Optional[KVCache] = None,
+        cache: Optional[Cache] = None,
         labels: Optional[torch.Tensor] = None,
         use_cache: Optional[bool] = None,
         output_hidden_states: Optional[bool] = None,
@@ -91,25 +129,18 @@ class DepthBenchForCausalLM(PreTrainedModel, GenerationMixin):
         "input_ids [B, T] -> CausalLMOutputWithPast(loss, logits [B, T, V], cache, hidden_states)."
         if inputs_embeds is not None or input_ids is None:
             raise ValueError("DepthBenchForCausalLM takes input_ids (token ids [B, T]); inputs_embeds is not supported")
-        if attention_mask is not None and not bool(attention_mask.all()):
-            raise ValueError(
-                "padded batches are not supported: depthbench-nb models have no attention mask "
-                "(batch prompts of equal length, or generate one prompt at a time)"
-            )
-        offset = cache.offset if cache is not None else 0
-        if position_ids is not None:
-            want = torch.arange(offset, offset + input_ids.shape[1], device=position_ids.device)
-            if not bool((position_ids == want).all()):
-                raise ValueError(
-                    "position_ids must be consecutive from the cache length (positions follow the KV cache)"
-                )
+        if cache is not None and not isinstance(cache, KVCache):
+            if cache.get_seq_length() > 0:
+                raise ValueError(f"cache: a {type(cache).__name__} with content; these models take a GenerationCache")
+            cache = None  # an empty Transformers cache (DynamicCache()): ours instead
         use_cache = self.config.use_cache if use_cache is None else use_cache
         if not use_cache:
             cache = None
         elif cache is None and labels is None:
             cache = GenerationCache()  # training with labels keeps no cache
         want_states = bool(self.config.output_hidden_states if output_hidden_states is None else output_hidden_states)
-        out = self.model(input_ids, kv_cache=cache, return_states=want_states)
+        pad = {k: v for k, v in dict(attention_mask=attention_mask, position_ids=position_ids).items() if v is not None}
+        out = self.model(input_ids, kv_cache=cache, return_states=want_states, **pad)  # padding: `layers._padding`
         logits, states = out if want_states else (out, None)  # [B, T, V], depth states
         loss = None
         if labels is not None:  # next-token cross-entropy, fp32
