@@ -65,7 +65,7 @@ class LayerNorm(nn.Module):
 
 # %% ../nbs/01b_layers.ipynb #84276096
 def rope_angles(head_dim: int, positions: torch.Tensor, theta: float = 1e4) -> tuple[torch.Tensor, torch.Tensor]:
-    "cos, sin [T, head_dim] for the given positions [T] (rotate-half layout); per-row positions [B, T] give [B, T, head_dim]."
+    "cos, sin [T, head_dim] for positions [T] (rotate-half layout); per-row positions [B, T] give [B, T, head_dim]."
     inv_freq = theta ** -(torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim)
     freqs = positions.float()[..., None] * inv_freq  # [(B,) T, head_dim/2]
     emb = torch.cat([freqs, freqs], dim=-1)  # [(B,) T, head_dim]
