@@ -223,7 +223,7 @@ def loglikelihood_rolling(self: DepthBenchLM, requests, disable_tqdm: bool = Fal
 @patch
 def generate_until(self: DepthBenchLM, requests, disable_tqdm: bool = False) -> list[str]:
     """Continuations up to a stop string, EOS or max_gen_toks;
-    equal-length contexts with equal options decode as one batch."""
+    contexts with equal options decode as one left-padded batch."""
     out: list = [None] * len(requests)
     groups: dict = {}
     for i, req in enumerate(requests):
@@ -244,9 +244,9 @@ def generate_until(self: DepthBenchLM, requests, disable_tqdm: bool = False) -> 
                 f"max_gen_toks={max_new} leaves no room for a context in the window of {self.max_length} tokens"
             )
         ctx = self.tok_encode(context)[-room:] or [self.prefix_token_id]
-        groups.setdefault((len(ctx), max_new, tuple(until), temperature), []).append((i, ctx))
+        groups.setdefault((max_new, tuple(until), temperature), []).append((i, ctx))
     bar = tqdm(total=len(requests), disable=disable_tqdm, desc="depthbench generate_until")
-    for (_, max_new, until, temperature), items in groups.items():
+    for (max_new, until, temperature), items in groups.items():
         for start in range(0, len(items), self.batch_size):
             chunk = items[start : start + self.batch_size]
             for (i, _), text in zip(chunk, self._generate([c for _, c in chunk], max_new, list(until), temperature)):
@@ -262,12 +262,19 @@ def generate_until(self: DepthBenchLM, requests, disable_tqdm: bool = False) -> 
 def _generate(
     self: DepthBenchLM, contexts: list[list[int]], max_new: int, until: list[str], temperature: float = 0.0
 ) -> list[str]:
-    """Equal-length contexts [B, T] continued with our KV cache until every row met EOS,
+    """Contexts, left-padded to [B, T], continued with our KV cache until every row met EOS,
     a stop string or max_new tokens."""
-    step_in = torch.tensor(contexts, dtype=torch.long, device=self._device)  # [B, T]
+    T = max(map(len, contexts))
+    step_in = torch.full((len(contexts), T), self.eot_token_id, dtype=torch.long)  # [B, T]
+    mask = torch.zeros_like(step_in)
+    for r, c in enumerate(contexts):  # left padding: every row's last token is the last column
+        step_in[r, T - len(c) :], mask[r, T - len(c) :] = torch.tensor(c, dtype=torch.long), 1
+    step_in = step_in.to(self._device)
+    pad = {} if bool(mask.all()) else dict(attention_mask=mask.to(self._device))  # equal lengths: no mask
     cache, new, done = KVCache(), [[] for _ in contexts], [False] * len(contexts)
     for _ in range(max_new):
-        logits = self.model(step_in, kv_cache=cache)[:, -1].float()  # [B, V]
+        logits = self.model(step_in, kv_cache=cache, **pad)[:, -1].float()  # [B, V]
+        pad = {}  # the cache keeps the padding
         nxt = (
             torch.multinomial(torch.softmax(logits / temperature, -1), 1)
             if temperature > 0
