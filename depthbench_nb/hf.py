@@ -53,8 +53,8 @@ def _remote_code(config: DepthBenchConfig) -> dict[str, str]:
     """File name -> source of the remote code a folder of this model needs: vendored from depthbench-nb when this
     class is the package's, else the files this remote-code copy was loaded from: each entry file and what it
     imports, from the folder Transformers loaded it into (the configuration's and the model's are two folders)."""
-    if __package__ == "depthbench_nb":  # by name: a plain import would make the loader copy hf_export too
-        return import_module(__package__ + ".hf_export")._remote_code(config.model_config().arch)
+    if not __name__.startswith("transformers_modules."):  # the package's class (a plain import of hf_export
+        return import_module(".hf_export", "depthbench_nb")._remote_code(config.model_config().arch)  # would ship it)
     files, folders = {}, dict(configuration_depthbench=inspect.getfile(type(config)), modeling_depthbench=__file__)
     for entry, beside in folders.items():
         todo = [entry]
@@ -248,7 +248,5 @@ class DepthBenchForCausalLM(_FineTuning, PreTrainedModel, GenerationMixin):
         if labels is not None or kwargs.get("shift_labels") is not None:  # next-token cross-entropy, fp32
             loss = _causal_lm_loss(logits, labels, **kwargs)
         states = _hidden_states(self.model, states, kwargs.get("output_hidden_streams", False))
-        res = CausalLMOutputWithPast(
-            loss=loss, logits=logits, cache=cache, hidden_states=states
-        )
+        res = CausalLMOutputWithPast(loss=loss, logits=logits, cache=cache, hidden_states=states)
         return res if (return_dict if return_dict is not None else self.config.return_dict) else res.to_tuple()

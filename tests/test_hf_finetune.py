@@ -20,7 +20,6 @@ from depthbench_nb.hf import DepthBenchForCausalLM
 from depthbench_nb.hf_config import DepthBenchConfig
 from depthbench_nb.hf_export import export_hf
 from depthbench_nb.model import build_model
-from depthbench_nb.runs import load_run
 
 DESIGNS = ["preln", "hc", "attnres", "looped"]  # the acceptance designs, exported from tiny trained runs
 TEXT = "In the beginning God created the heaven and the earth."
