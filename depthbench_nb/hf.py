@@ -121,19 +121,20 @@ class _FineTuning:
 
     supports_gradient_checkpointing = True
 
-    def save_pretrained(self, save_directory, *args, push_to_hub: bool = False, **kwargs):
+    def save_pretrained(self, save_directory, is_main_process=True, *args, push_to_hub=False, **kwargs):
         """Transformers' save, then the remote code the folder needs and `auto_map` naming its entry files (with or
         without depthbench-nb installed; a remote-code class saves its own module files and names them): the folder
         loads anywhere, as an export does."""
         repo_id = kwargs.pop("repo_id", None)
-        out = super().save_pretrained(save_directory, *args, **kwargs)
+        out = super().save_pretrained(save_directory, is_main_process, *args, **kwargs)
         self.config.auto_map = dict(_AUTO_MAP)
-        if kwargs.get("is_main_process", True):
+        if is_main_process:
             for name, source in _remote_code(self.config).items():
                 (Path(save_directory) / name).write_text(source, encoding="utf-8")
             self.config.to_json_file(Path(save_directory) / "config.json", use_diff=True)
-        if push_to_hub:  # uploads a folder written by this method
-            self.push_to_hub(repo_id or Path(save_directory).name, **kwargs)
+        if push_to_hub:  # uploads a folder this method writes
+            hub = ("commit_message", "commit_description", "private", "token", "revision", "create_pr", "tags")
+            self.push_to_hub(repo_id or Path(save_directory).name, **{k: kwargs[k] for k in hub if k in kwargs})
         return out
 
     def set_input_embeddings(self, value):
