@@ -5,10 +5,16 @@
 # %% ../nbs/03c_hf.ipynb #8efb231e
 from __future__ import annotations
 
+import contextlib
+import inspect
+import re
+from importlib import import_module
+from pathlib import Path
 from typing import Optional
 
 import torch
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 from transformers import Cache, GenerationMixin, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
@@ -67,14 +73,134 @@ class GenerationCache(KVCache, Cache):
     def reset(self) -> None:
         KVCache.__init__(self)
 
+# %% ../nbs/03c_hf.ipynb #0dec96d8
+_AUTO_MAP = {  # config.json's auto_map: the two remote-code entry files of every folder of this model
+    "AutoConfig": "configuration_depthbench.DepthBenchConfig",
+    "AutoModelForCausalLM": "modeling_depthbench.DepthBenchForCausalLM",
+}
+
+# %% ../nbs/03c_hf.ipynb #ba010372
+def _remote_code(config: DepthBenchConfig) -> dict[str, str]:
+    """File name -> source of the remote code a folder of this model needs: vendored from depthbench-nb when this
+    class is the package's, else the files this remote-code copy was loaded from: each entry file and what it
+    imports, from the folder Transformers loaded it into (the configuration's and the model's are two folders)."""
+    if not __name__.startswith("transformers_modules."):  # the package's class (a plain import of hf_export
+        return import_module(".hf_export", "depthbench_nb")._remote_code(config.model_config().arch)  # would ship it)
+    files, folders = {}, dict(configuration_depthbench=inspect.getfile(type(config)), modeling_depthbench=__file__)
+    for entry, beside in folders.items():
+        todo = [entry]
+        while todo:
+            name, here = todo.pop(), Path(beside).parent
+            if f"{name}.py" not in files and (here / f"{name}.py").is_file():
+                files[f"{name}.py"] = source = (here / f"{name}.py").read_text(encoding="utf-8")
+                todo += re.findall(r"^\s*from\s+\.(\w+)\s+import", source, re.M)
+    return files
+
+# %% ../nbs/03c_hf.ipynb #9086eb05
+def _checkpointed(unit: torch.nn.Module, run_checkpoint):
+    "A forward for `unit` that recomputes its activations in backward (training with gradients), else its own."
+    forward = type(unit).forward.__get__(unit)
+
+    def run(*args, **kwargs):
+        if unit.training and torch.is_grad_enabled():
+            return run_checkpoint(forward, *args, **kwargs)
+        return forward(*args, **kwargs)
+
+    return run
+
+# %% ../nbs/03c_hf.ipynb #e69b6d10
+@contextlib.contextmanager
+def _embeds_as_input(model: torch.nn.Module, inputs_embeds: Optional[torch.Tensor]):
+    "While open, the model's token embedding returns `inputs_embeds` [B, T, d] (None: no change)."
+    if inputs_embeds is None:
+        yield
+        return
+    hook = model.tok_emb.register_forward_hook(lambda mod, args, out: inputs_embeds.to(out.dtype))
+    try:
+        yield
+    finally:
+        hook.remove()
+
+# %% ../nbs/03c_hf.ipynb #d3b688a9
+def _causal_lm_loss(logits, labels=None, shift_labels=None, num_items_in_batch=None, ignore_index=-100, **_):
+    """Next-token cross-entropy in fp32 (`ignore_index` ignored), as Transformers' ForCausalLMLoss: `labels` [B, T]
+    shifted here, or `shift_labels` [B, T] already shifted; a sum over `num_items_in_batch` when given."""
+    if shift_labels is None:
+        logits, shift_labels = logits[:, :-1], labels[:, 1:]
+    target = shift_labels.reshape(-1).to(logits.device)
+    reduction = "mean" if num_items_in_batch is None else "sum"
+    loss = F.cross_entropy(logits.float().flatten(0, 1), target, ignore_index=ignore_index, reduction=reduction)
+    return loss if num_items_in_batch is None else loss / torch.as_tensor(num_items_in_batch, device=loss.device)
+
+# %% ../nbs/03c_hf.ipynb #0df1bca9
+def _hidden_states(model: torch.nn.Module, states, streams: bool = False):
+    """The depth states as Transformers returns them, [B, T, d] each. HC/mHC: the n streams collapsed as the
+    design reads them out (`collapse`: the sum, or mHC's liger mean); `streams=True`: [B, T, n, d]."""
+    if not states:
+        return None
+    n = getattr(model, "n_streams", None)
+    if n is None:
+        return tuple(states)
+    split = [s.unflatten(-1, (n, -1)) for s in states]  # [B, T, n*d] -> [B, T, n, d]
+    if streams:
+        return tuple(split)
+    return tuple(s.sum(-2) if model.collapse == "sum" else s.mean(-2) for s in split)
+
+# %% ../nbs/03c_hf.ipynb #cd68cb74
+class _FineTuning:
+    "What fine-tuning and sharing need beside the forward: a self-contained save, resized embeddings, checkpointing."
+
+    supports_gradient_checkpointing = True
+
+    def save_pretrained(self, save_directory, is_main_process=True, *args, push_to_hub=False, **kwargs):
+        """Transformers' save, then the remote code the folder needs and `auto_map` naming its entry files (with or
+        without depthbench-nb installed; a remote-code class saves its own module files and names them): the folder
+        loads anywhere, as an export does."""
+        repo_id = kwargs.pop("repo_id", None)
+        out = super().save_pretrained(save_directory, is_main_process, *args, **kwargs)
+        self.config.auto_map = dict(_AUTO_MAP)
+        if is_main_process:
+            for name, source in _remote_code(self.config).items():
+                (Path(save_directory) / name).write_text(source, encoding="utf-8")
+            self.config.to_json_file(Path(save_directory) / "config.json", use_diff=True)
+        if push_to_hub:  # uploads a folder this method writes
+            hub = ("commit_message", "commit_description", "private", "token", "revision", "create_pr", "tags")
+            self.push_to_hub(repo_id or Path(save_directory).name, **{k: kwargs[k] for k in hub if k in kwargs})
+        return out
+
+    def set_input_embeddings(self, value):
+        self.model.tok_emb = value
+
+    def set_output_embeddings(self, value):
+        self.model.lm_head = value
+
+    def resize_token_embeddings(self, new_num_tokens=None, pad_to_multiple_of=None, mean_resizing=True):
+        """Transformers' resize of the (untied) token embedding and LM head; our ModelConfig follows (looped: every
+        row of the resized head is a real token)."""
+        emb = super().resize_token_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
+        cfg, n = self.model.config, emb.weight.shape[0]
+        if n != cfg.vocab_size:
+            options = dict(cfg.options, real_vocab_size=None) if "real_vocab_size" in cfg.options else cfg.options
+            self.model.config = cfg = cfg.replace(vocab_size=n, options=options)
+            self.config.depthbench, self.config.vocab_size = cfg.to_dict(), n
+        return emb
+
+    def _set_gradient_checkpointing(self, enable=True, gradient_checkpointing_func=checkpoint, every_n_layers=1):
+        """Activation checkpointing of the units the model's forward calls (`fsdp_units`: the blocks; AttnRes:
+        each block's attention and FFN), every `every_n_layers`-th one."""
+        for i, unit in enumerate(self.model.fsdp_units()):
+            unit.__dict__.pop("forward", None)
+            if enable and i % every_n_layers == 0:
+                unit.forward = _checkpointed(unit, gradient_checkpointing_func)
+        self.gradient_checkpointing = enable
+
 # %% ../nbs/03c_hf.ipynb #e3890cfd
-class DepthBenchForCausalLM(PreTrainedModel, GenerationMixin):
+class DepthBenchForCausalLM(_FineTuning, PreTrainedModel, GenerationMixin):
     "Any model this package builds, as a Transformers causal LM (forward, loss and KV cache are the package's own)."
 
     config_class = DepthBenchConfig
     base_model_prefix = "model"
     main_input_name = "input_ids"
-    supports_gradient_checkpointing = False
 
     def __init__(self, config: DepthBenchConfig, model: Optional[torch.nn.Module] = None):
         super().__init__(config)
@@ -96,15 +222,18 @@ class DepthBenchForCausalLM(PreTrainedModel, GenerationMixin):
         return super()._prepare_cache_for_generation(generation_config, model_kwargs, *args, **kwargs)
 
     def _init_weights(self, module):
-        pass  # build_model initialises (the paper's init)
+        "build_model initialises (the paper's init); here only the derived buffers, after a meta-device build."
+        if module is getattr(self, "model", None) and hasattr(module, "init_buffers"):
+            module.init_buffers()  # the looped model's RoPE tables, on its weights' device
 
     @classmethod
     def from_pretrained(cls, *args, **kwargs):
         """Transformers' loader; then the derived buffers (not in the weights file) are computed on the loaded
         weights' device."""
         loaded = super().from_pretrained(*args, **kwargs)
-        if hasattr(loaded.model, "init_buffers"):
-            loaded.model.init_buffers()
+        model = loaded[0] if isinstance(loaded, tuple) else loaded  # output_loading_info=True: (model, info)
+        if hasattr(model.model, "init_buffers"):
+            model.model.init_buffers()
         return loaded
 
     def get_input_embeddings(self):
@@ -127,27 +256,29 @@ class DepthBenchForCausalLM(PreTrainedModel, GenerationMixin):
         **kwargs,
     ):
         "input_ids [B, T] -> CausalLMOutputWithPast(loss, logits [B, T, V], cache, hidden_states)."
-        if inputs_embeds is not None or input_ids is None:
-            raise ValueError("DepthBenchForCausalLM takes input_ids (token ids [B, T]); inputs_embeds is not supported")
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("pass exactly one of input_ids (token ids [B, T]) and inputs_embeds ([B, T, d])")
+        if inputs_embeds is not None:  # placeholder ids: the token embedding's output is replaced by inputs_embeds
+            input_ids = torch.zeros(inputs_embeds.shape[:2], dtype=torch.long, device=inputs_embeds.device)
         if cache is not None and not isinstance(cache, KVCache):
             if cache.get_seq_length() > 0:
                 raise ValueError(f"cache: a {type(cache).__name__} with content; these models take a GenerationCache")
             cache = None  # an empty Transformers cache (DynamicCache()): ours instead
         use_cache = self.config.use_cache if use_cache is None else use_cache
+        if self.training and getattr(self, "gradient_checkpointing", False):
+            use_cache = False  # a recomputed block would write the cache twice
         if not use_cache:
             cache = None
         elif cache is None and labels is None:
             cache = GenerationCache()  # training with labels keeps no cache
         want_states = bool(self.config.output_hidden_states if output_hidden_states is None else output_hidden_states)
         pad = {k: v for k, v in dict(attention_mask=attention_mask, position_ids=position_ids).items() if v is not None}
-        out = self.model(input_ids, kv_cache=cache, return_states=want_states, **pad)  # padding: `layers._padding`
+        with _embeds_as_input(self.model, inputs_embeds):
+            out = self.model(input_ids, kv_cache=cache, return_states=want_states, **pad)  # padding: `layers._padding`
         logits, states = out if want_states else (out, None)  # [B, T, V], depth states
         loss = None
-        if labels is not None:  # next-token cross-entropy, fp32
-            loss = F.cross_entropy(
-                logits[:, :-1].float().flatten(0, 1), labels[:, 1:].flatten().to(logits.device), ignore_index=-100
-            )
-        res = CausalLMOutputWithPast(
-            loss=loss, logits=logits, cache=cache, hidden_states=tuple(states) if states else None
-        )
+        if labels is not None or kwargs.get("shift_labels") is not None:  # next-token cross-entropy, fp32
+            loss = _causal_lm_loss(logits, labels, **kwargs)
+        states = _hidden_states(self.model, states, kwargs.get("output_hidden_streams", False))
+        res = CausalLMOutputWithPast(loss=loss, logits=logits, cache=cache, hidden_states=states)
         return res if (return_dict if return_dict is not None else self.config.return_dict) else res.to_tuple()

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from transformers.configuration_utils import PretrainedConfig
 
-from .config import ARCHS, ConfigError, ModelConfig
+from .config import ARCHS, ConfigError, ModelConfig, ffn_hidden_default, resolve_arch
 
 # %% auto #0
 __all__ = ['DepthBenchConfig', 'plugin_missing']
@@ -15,7 +15,7 @@ __all__ = ['DepthBenchConfig', 'plugin_missing']
 # %% ../nbs/03b_hf_config.ipynb #0133a3b4
 class DepthBenchConfig(PretrainedConfig):
     """Transformers' view of a depthbench-nb model: our ModelConfig whole in `depthbench`, the usual HF names mirrored
-    from it."""
+    from it (given when the config is built, each sets our field of the same meaning: `_HF_NAMES`)."""
 
     model_type = "depthbench"
     depthbench: dict | None = None  # ModelConfig.to_dict(): the source of truth
@@ -24,7 +24,9 @@ class DepthBenchConfig(PretrainedConfig):
     num_hidden_layers: int | None = None  # blocks (looped: the effective depth)
     num_attention_heads: int | None = None
     num_key_value_heads: int | None = None
+    intermediate_size: int | None = None
     max_position_embeddings: int | None = None
+    rms_norm_eps: float | None = None
     tie_word_embeddings: bool = False  # every design here has an untied LM head
     use_cache: bool = True
     bos_token_id: int | None = None
@@ -33,11 +35,16 @@ class DepthBenchConfig(PretrainedConfig):
     design_plugin: dict | None = None  # a plugin's design: distribution, version, module, entry point (else None)
 
     def __post_init__(self, **kwargs):
+        given = {f: getattr(self, n) for n, f in _HF_NAMES.items() if getattr(self, n, None) is not None}
+        given |= {f: kwargs.pop(n) for n, f in _HF_NAMES.items() if kwargs.get(n) is not None}
+        if given:  # the usual names set our fields (the derived ones follow unless given too)
+            self.depthbench = _with_hf_names(self.depthbench or {}, given)
         cfg = self.model_config()  # validates: a bad dict is a ConfigError here
+        _refuse_hf_names(self, kwargs, cfg)
         self.depthbench = cfg.to_dict()
-        self.vocab_size, self.hidden_size, self.num_hidden_layers = cfg.vocab_size, cfg.d_model, cfg.n_layer
-        self.num_attention_heads, self.num_key_value_heads = cfg.n_head, cfg.n_kv_head
-        self.max_position_embeddings = cfg.max_seq_len
+        for name, f in _HF_NAMES.items():
+            if name in type(self).__annotations__:
+                setattr(self, name, getattr(cfg, f))
         super().__post_init__(**kwargs)
 
     def model_config(self) -> ModelConfig:
@@ -48,6 +55,53 @@ class DepthBenchConfig(PretrainedConfig):
         if self.design_plugin and arch not in ARCHS:  # the plugin that provides the design is not installed here
             raise ConfigError(plugin_missing(arch, self.design_plugin))
         return ModelConfig.from_dict(self.depthbench)
+
+# %% ../nbs/03b_hf_config.ipynb #60981f8e
+_HF_NAMES = {  # Transformers' usual config name -> our ModelConfig field
+    "vocab_size": "vocab_size",
+    "hidden_size": "d_model",
+    "num_hidden_layers": "n_layer",
+    "num_attention_heads": "n_head",
+    "num_key_value_heads": "n_kv_head",
+    "intermediate_size": "ffn_hidden",
+    "max_position_embeddings": "max_seq_len",
+    "rms_norm_eps": "norm_eps",
+    "rope_theta": "rope_theta",
+    "initializer_range": "init_std",
+}
+
+# %% ../nbs/03b_hf_config.ipynb #000c25e9
+_HF_REFUSED = {  # a usual name with no field here: the values it may take, and why
+    "tie_word_embeddings": ((False,), "every design has an untied LM head (lm_head apart from tok_emb)"),
+    "head_dim": (None, "head_dim is d_model / n_head here (set hidden_size and num_attention_heads)"),
+    "hidden_act": ((None,), "the activation is the design's (SwiGLU; looped: squared ReLU), not a setting"),
+    "attention_bias": ((None, False), "no linear layer has a bias here"),
+    "mlp_bias": ((None, False), "no linear layer has a bias here"),
+    "attention_dropout": ((None, 0, 0.0), "there is no dropout here"),
+    "rope_scaling": ((None,), "RoPE is unscaled here (its base is rope_theta)"),
+    "sliding_window": ((None,), "attention is full causal here"),
+}
+
+# %% ../nbs/03b_hf_config.ipynb #33dc3d68
+def _refuse_hf_names(config, kwargs: dict, cfg: ModelConfig) -> None:
+    "A one-line ConfigError for a usual name given a value this package cannot honour, naming our field or rule."
+    for name, (allowed, why) in _HF_REFUSED.items():
+        value = kwargs.get(name, getattr(config, name, None))
+        if value not in (allowed if name != "head_dim" else (None, cfg.head_dim)):
+            raise ConfigError(f"DepthBenchConfig: {name}={value!r} cannot be honoured: {why}")
+
+# %% ../nbs/03b_hf_config.ipynb #888977c5
+def _with_hf_names(base: dict, given: dict) -> dict:
+    """`base` (a ModelConfig dict, or {} for the defaults) with the fields the usual names gave; a derived field of
+    base (n_kv_head = n_head, the design's FFN width) is derived again from the new shape unless given too."""
+    out = dict(base, **given)
+    if base.get("n_kv_head") == base.get("n_head") and "n_kv_head" not in given:
+        out["n_kv_head"] = None  # multi-head attention stays multi-head
+    if "ffn_hidden" not in given and base.get("d_model") is not None:
+        rule = resolve_arch(base.get("arch", "preln")).ffn_rule
+        if base.get("ffn_hidden") == ffn_hidden_default(base["d_model"], rule):
+            out["ffn_hidden"] = None
+    return out
 
 # %% ../nbs/03b_hf_config.ipynb #0294ffb5
 def plugin_missing(arch: str, plugin: dict) -> str:

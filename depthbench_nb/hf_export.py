@@ -39,12 +39,6 @@ __all__ = ['design_plugin', 'export_hf', 'load_for_eval', 'cli_export_hf']
 # %% ../nbs/03d_hf_export.ipynb #90330b1d
 _HF_CODE_ENTRIES = ("hf_config", "hf")  # the modules that define the Transformers classes
 
-# %% ../nbs/03d_hf_export.ipynb #bfdb886b
-_AUTO_MAP = {
-    "AutoConfig": "configuration_depthbench.DepthBenchConfig",
-    "AutoModelForCausalLM": "modeling_depthbench.DepthBenchForCausalLM",
-}
-
 # %% ../nbs/03d_hf_export.ipynb #c803b9e8
 _FROM_PACKAGE = re.compile(r"^(\s*)from depthbench_nb((?:\.\w+)*) import", re.M)  # from depthbench_nb.x import y
 
@@ -152,6 +146,13 @@ def _plugin_remote_code(arch: str, plugin: dict) -> dict[str, str]:
             f"    raise ImportError({plugin_missing(arch, plugin)!r}) from None\n"
         )
     return files
+
+# %% ../nbs/03d_hf_export.ipynb #a9063148
+def _remote_code(arch: str) -> dict[str, str]:
+    """File name -> source of the remote code of a folder of `arch` (what `DepthBenchForCausalLM.save_pretrained`
+    writes beside the weights): our vendored modules, or a plugin design's two entry files."""
+    plugin = design_plugin(arch)
+    return _vendored_code(arch) if plugin is None else _plugin_remote_code(arch, plugin)
 
 # %% ../nbs/03d_hf_export.ipynb #2984be43
 def _run_tokenizer(run: RunConfig, tokenizer=None) -> dict:
@@ -356,23 +357,18 @@ def _check_llama_exportable(arch: str) -> None:
 
 # %% ../nbs/03d_hf_export.ipynb #6bea7313
 def _write_depthbench_weights(folder: Path, model, cfg, tok: dict, dtype: str) -> None:
-    "Our config (with its auto_map), the weights and the vendored modeling code, for any design."
+    "Our config, the weights and the remote code with its auto_map (`save_pretrained` writes them), for any design."
     from depthbench_nb.hf import DepthBenchForCausalLM
     from depthbench_nb.hf_config import DepthBenchConfig
 
-    plugin = design_plugin(cfg.arch)  # a plugin's design: named in config.json, its remote code uses the plugin
     hf_cfg = DepthBenchConfig(
         depthbench=cfg.to_dict(),
         eos_token_id=tok["eos_id"],
         pad_token_id=tok["pad_id"],
         dtype=dtype,
-        design_plugin=plugin,
+        design_plugin=design_plugin(cfg.arch),  # a plugin's design: named in config.json, its remote code uses it
     )
-    hf_cfg.auto_map = dict(_AUTO_MAP)
     DepthBenchForCausalLM(hf_cfg, model=model).save_pretrained(folder)
-    code = _vendored_code(cfg.arch) if plugin is None else _plugin_remote_code(cfg.arch, plugin)
-    for name, source in code.items():
-        atomic_write_text(folder / name, source)
 
 # %% ../nbs/03d_hf_export.ipynb #852d6843
 def _write_llama_weights(folder: Path, model, cfg, tok: dict, dtype: str) -> None:

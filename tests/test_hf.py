@@ -233,8 +233,10 @@ def test_registration_on_package_import_in_any_order(tmp_path):
         "package first": "import depthbench_nb\nfrom transformers import AutoModelForCausalLM\n",
         "transformers first": "import transformers.modeling_utils\n"
         "from transformers import AutoConfig, AutoModelForCausalLM\n"
-        f"try: AutoConfig.from_pretrained({str(tmp_path / 'm')!r}); print('KNOWN BEFORE IMPORT')\n"
-        "except ValueError: pass\nimport depthbench_nb\n",
+        # trust_remote_code=False: the saved folder carries remote code, which must not stand in for the registration
+        f"try: AutoConfig.from_pretrained({str(tmp_path / 'm')!r}, trust_remote_code=False)\n"
+        "except ValueError: pass\nelse: print('KNOWN BEFORE IMPORT')\n"
+        "import depthbench_nb\n",
     }
     for name, body in orders.items():
         proc = subprocess.run(
