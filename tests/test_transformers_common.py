@@ -24,11 +24,18 @@ ROOT = Path(__file__).resolve().parent.parent
 MANUAL = ROOT / "nbs" / "manual" / "transformers.qmd"
 
 try:
-    SUITE = transformers_suite.load()
+    SUITE, UNAVAILABLE = transformers_suite.load(), None
 except transformers_suite.SuiteUnavailable as e:
-    if transformers_suite.IN_CI:  # CI has PyPI: a missing suite is a failure there, never a skip
-        raise
-    pytest.skip(f"Transformers' common model tests are unavailable: {e}", allow_module_level=True)
+    SUITE, UNAVAILABLE = None, f"Transformers' common model tests are unavailable: {e}"
+    if not transformers_suite.IN_CI:  # CI has PyPI: there a missing suite is a failure (below), never a skip
+        pytest.skip(UNAVAILABLE, allow_module_level=True)
+
+
+def test_the_suite_is_available():
+    "Under CI=true the module runs even without the suite, and this test fails with the reason."
+    if UNAVAILABLE:
+        pytest.fail(UNAVAILABLE, pytrace=False)
+
 
 FAMILIES = ["preln", "hc", "attnres", "block_attnres", "moda", "looped"]  # one design of each family, in CI
 EXHAUSTIVE = ["periln", "lns", "deepnorm", "keel", "mhc"]  # the rest of the designs: pytest -m exhaustive
@@ -54,7 +61,9 @@ DECLARED = {
         "above the suite's limit of 2; Transformers' own looped model test is an exception at 4",
     ),
 }
-if SUITE.real["generation.test_utils"]:  # a full tests tree (DEPTHBENCH_TRANSFORMERS_TESTS_TREE): the real mixin
+if (
+    SUITE and SUITE.real["generation.test_utils"]
+):  # a full tests tree (DEPTHBENCH_TRANSFORMERS_TESTS_TREE): the real mixin
     DECLARED.pop("test_generation_tester_mixin_inheritance")
 
 
@@ -144,8 +153,8 @@ def _export_classes(request, remote_classes):
 
 
 @pytest.mark.usefixtures("_export_classes")
-class _DepthBenchCommonTests(SUITE.ModelTesterMixin, SUITE.GenerationTesterMixin):
-    "Transformers' common tests of one design's remote-code classes (subclassed per design below)."
+class _DepthBenchCommonTests:
+    "The tester's part of Transformers' common tests of one design's remote-code classes (classes per design below)."
 
     arch = None
     has_attentions = False  # DECLARED
@@ -171,7 +180,7 @@ class _DepthBenchCommonTests(SUITE.ModelTesterMixin, SUITE.GenerationTesterMixin
 
 
 def _declare(name: str, designs: str, reason: str):
-    test = getattr(_DepthBenchCommonTests, name)
+    test = getattr(SUITE.ModelTesterMixin, name)
 
     def skipped(self, *args, **kwargs):
         if designs == ALL or self.arch in designs.split(", "):
@@ -182,16 +191,17 @@ def _declare(name: str, designs: str, reason: str):
     return skipped
 
 
-for _name, (_designs, _reason) in DECLARED.items():
-    if _name.startswith("test_"):
-        setattr(_DepthBenchCommonTests, _name, _declare(_name, _designs, _reason))
+def _test_class(arch: str) -> type:
+    "Transformers' common tests of `arch`: the tester first, then Transformers' mixins (DECLARED overrides theirs)."
+    body = {"arch": arch}
+    body.update({k: _declare(k, *v) for k, v in DECLARED.items() if k.startswith("test_")})
+    bases = (_DepthBenchCommonTests, SUITE.ModelTesterMixin, SUITE.GenerationTesterMixin, unittest.TestCase)
+    cls = type(f"Test{arch.title().replace('_', '')}", bases, body)
+    return pytest.mark.exhaustive(cls) if arch in EXHAUSTIVE else cls
 
-for _arch in FAMILIES + EXHAUSTIVE:
-    _cls = type(f"Test{_arch.title().replace('_', '')}", (_DepthBenchCommonTests, unittest.TestCase), {"arch": _arch})
-    if _arch in EXHAUSTIVE:
-        _cls = pytest.mark.exhaustive(_cls)
-    globals()[_cls.__name__] = _cls
-del _cls
+
+if SUITE is not None:
+    globals().update({cls.__name__: cls for cls in map(_test_class, FAMILIES + EXHAUSTIVE)})
 
 
 def test_every_design_is_covered():

