@@ -120,9 +120,11 @@ class DepthBenchModelTester:
 @pytest.fixture(scope="session")
 def remote_classes(trained_run, tmp_path_factory):
     """Factory: (config class, model class, the export's ModelConfig dict) of a design's export, loaded by remote code
-    (trust_remote_code), once per design and process."""
+    (trust_remote_code), once per design and process; the copies Transformers makes of the code are removed after."""
     import json
+    import shutil
 
+    from transformers import dynamic_module_utils
     from transformers.dynamic_module_utils import get_class_from_dynamic_module
 
     from depthbench_nb.hf_export import export_hf
@@ -142,7 +144,10 @@ def remote_classes(trained_run, tmp_path_factory):
             done[arch] = (config_class, model_class, config_class.from_pretrained(out).depthbench)
         return done[arch]
 
-    return make
+    yield make
+    modules = Path(dynamic_module_utils.HF_MODULES_CACHE) / "transformers_modules"
+    for arch in done:  # this process's copies (named after its export folders)
+        shutil.rmtree(modules / f"{arch}_{os.getpid()}", ignore_errors=True)
 
 
 @pytest.fixture(scope="class")
