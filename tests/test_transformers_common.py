@@ -61,10 +61,6 @@ DECLARED = {
         "above the suite's limit of 2; Transformers' own looped model test is an exception at 4",
     ),
 }
-if (
-    SUITE and SUITE.real["generation.test_utils"]
-):  # a full tests tree (DEPTHBENCH_TRANSFORMERS_TESTS_TREE): the real mixin
-    DECLARED.pop("test_generation_tester_mixin_inheritance")
 
 
 def tiny(base: dict, arch: str, tester) -> dict:
@@ -202,6 +198,8 @@ def _test_class(arch: str) -> type:
     "Transformers' common tests of `arch`: the tester first, then Transformers' mixins (DECLARED overrides theirs)."
     body = {"arch": arch}
     body.update({k: _declare(k, *v) for k, v in DECLARED.items() if k.startswith("test_")})
+    if SUITE.real["generation.test_utils"]:  # a full tests tree (DEPTHBENCH_TRANSFORMERS_TESTS_TREE): the real mixin
+        body.pop("test_generation_tester_mixin_inheritance")
     bases = (_DepthBenchCommonTests, SUITE.ModelTesterMixin, SUITE.GenerationTesterMixin, unittest.TestCase)
     cls = type(f"Test{arch.title().replace('_', '')}", bases, body)
     return pytest.mark.exhaustive(cls) if arch in EXHAUSTIVE else cls
