@@ -45,12 +45,12 @@ def _records(root, phi: float, seed: int = 0):
         write_looped_record(run, float(loss + 0.003 * rng.standard_normal()))
 
 
-def _report(tmp_path_factory, monkeypatch_module, phi: float):
+def _report(tmp_path_factory, monkeypatch_module, phi: float, restarts: int = RESTARTS):
     root = tmp_path_factory.mktemp(f"runs-phi{phi}")
     monkeypatch_module.setenv("DEPTHBENCH_RUNS", str(root))
     _records(root, phi)
     out = root / "report"
-    rep = report_looped.build_looped_report("looped-main", out_dir=out, restarts=RESTARTS, n_bootstrap=0, related=[])
+    rep = report_looped.build_looped_report("looped-main", out_dir=out, restarts=restarts, n_bootstrap=0, related=[])
     return rep, pd.read_csv(out / "looped_claims.csv").set_index("claim")
 
 
@@ -69,7 +69,7 @@ def paper_law(tmp_path_factory, monkeypatch_module):
 @pytest.fixture(scope="module")
 def pinned(tmp_path_factory, monkeypatch_module):
     "The same grid with losses from phi = 3.5: the fit puts phi on the search box's edge (it identifies nothing)."
-    return _report(tmp_path_factory, monkeypatch_module, 3.5)
+    return _report(tmp_path_factory, monkeypatch_module, 3.5, restarts=4)
 
 
 def _verdict(claims: pd.DataFrame, like: str) -> str:
@@ -186,7 +186,7 @@ def test_the_demo_records_give_no_citable_verdict_but_scale_free_ones(tmp_path, 
     from pathlib import Path
 
     monkeypatch.setenv("DEPTHBENCH_RUNS", str(Path(__file__).parents[1] / "docs" / "example_study"))
-    report_looped.build_looped_report("demo", out_dir=tmp_path, restarts=4, n_bootstrap=0)
+    report_looped.build_looped_report("demo", out_dir=tmp_path, restarts=2, n_bootstrap=0)
     claims = pd.read_csv(tmp_path / "looped_claims.csv")
     citable = claims[claims.verdict.isin(CITABLE)]
     assert set(citable.scale) == {"any scale"} and len(citable) == 2
