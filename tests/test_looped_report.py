@@ -539,7 +539,7 @@ def test_width_result_on_the_papers_coefficients():
         "high phi": (scaling.law_from_params(**dict(paper, phi=0.646)), "baseline", "paper"),
     }
     t = report_looped.looped_width(laws, budgets)
-    v = report_looped._width_verdicts(t, {"paper": laws["paper"]})
+    v = report_looped._width_verdicts(t, {"paper": laws["paper"]}, {"paper": dict(scale_free=True)})
     assert v.verdict.tolist() == ["reproduced"] and v.cells[0] == "18 of 18 (r > 1, budget) cells wider"
     p = t[t.law == "paper"]
     # independent check of one optimum: a grid over widths at C = 1e19, r = 4 (the law and the §3.2 accounting)
