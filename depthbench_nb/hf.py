@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import inspect
 import re
 from importlib import import_module
@@ -16,12 +17,13 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 from transformers import GenerationMixin, PreTrainedModel
+from transformers import initialization as init
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from .config import ModelConfig
 from .hf_config import DepthBenchConfig
-from .layers import KVCache
-from .model import build_model
+from .layers import KVCache, LayerNorm, RMSNorm
+from .model import DeepNormBlock, _MultiStreamTransformer, build_model
 
 # %% auto #0
 __all__ = ['GenerationCache', 'DepthBenchForCausalLM']
@@ -260,14 +262,6 @@ class DepthBenchForCausalLM(_FineTuning, PreTrainedModel, GenerationMixin):
         return res if (return_dict if return_dict is not None else self.config.return_dict) else res.to_tuple()
 
 # %% ../nbs/03c_hf.ipynb #a70404ce
-import copy
-
-from transformers import initialization as init
-
-from .layers import LayerNorm, RMSNorm
-from .model import DeepNormBlock, _MultiStreamTransformer
-
-
 def _leaf_init_rules(model: torch.nn.Module) -> dict[int, tuple[str, float]]:
     """(distribution, scale) of each Linear and Embedding of `model` under build_model's init, by module id:
     'trunc' N(0, s²) cut at ±3s, 'normal' N(0, s²), 'uniform' U(±s). The shared init (init_std) times the design's
