@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import inspect
 import re
 from importlib import import_module
@@ -16,12 +17,13 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 from transformers import Cache, GenerationMixin, PreTrainedModel
+from transformers import initialization as init
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from .config import ModelConfig
 from .hf_config import DepthBenchConfig
-from .layers import KVCache
-from .model import build_model
+from .layers import KVCache, LayerNorm, RMSNorm
+from .model import DeepNormBlock, _MultiStreamTransformer, build_model
 
 # %% auto #0
 __all__ = ['GenerationCache', 'DepthBenchForCausalLM']
@@ -208,6 +210,8 @@ class DepthBenchForCausalLM(_FineTuning, PreTrainedModel, GenerationMixin):
         cfg = ModelConfig.from_dict(config.depthbench)
         meta = torch.get_default_device().type == "meta"  # from_pretrained builds on meta, then loads
         self.model = model if model is not None else build_model(cfg, device="meta" if meta else None)
+        if model is not None:  # a given (trained) model: post_init's initialisation keeps its tensors
+            _mark_initialized(model)
         self.post_init()
 
     @classmethod
@@ -222,8 +226,13 @@ class DepthBenchForCausalLM(_FineTuning, PreTrainedModel, GenerationMixin):
         return super()._prepare_cache_for_generation(generation_config, model_kwargs, *args, **kwargs)
 
     def _init_weights(self, module):
-        "build_model initialises (the paper's init); here only the derived buffers, after a meta-device build."
-        if module is getattr(self, "model", None) and hasattr(module, "init_buffers"):
+        """build_model's init rule for this ONE module (the design's distribution, std and scalings), through
+        Transformers' guarded init functions: a tensor a checkpoint loaded is kept. Then the derived buffers."""
+        model = getattr(self, "model", None)
+        if model is None:
+            return
+        _init_module(model, module, _init_rules(self, module))
+        if module is model and hasattr(module, "init_buffers"):
             module.init_buffers()  # the looped model's RoPE tables, on its weights' device
 
     @classmethod
@@ -282,3 +291,84 @@ class DepthBenchForCausalLM(_FineTuning, PreTrainedModel, GenerationMixin):
         states = _hidden_states(self.model, states, kwargs.get("output_hidden_streams", False))
         res = CausalLMOutputWithPast(loss=loss, logits=logits, cache=cache, hidden_states=states)
         return res if (return_dict if return_dict is not None else self.config.return_dict) else res.to_tuple()
+
+# %% ../nbs/03c_hf.ipynb #a70404ce
+def _leaf_init_rules(model: torch.nn.Module) -> dict[int, tuple[str, float]]:
+    """(distribution, scale) of each Linear and Embedding of `model` under build_model's init, by module id:
+    'trunc' N(0, s²) cut at ±3s, 'normal' N(0, s²), 'uniform' U(±s). The shared init (init_std) times the design's
+    scalings: DeepNorm's beta on V, O and the FFN, multi-stream's 1/sqrt(n) on each output projection, MoDA's
+    nn.Linear default on W_kv; the looped model: its own (arXiv 2604.21106 §3.1, `init_weights` in 01d)."""
+    cfg = model.config
+    if getattr(model, "family", None) == "looped":
+        a, a_proj = 3**0.5 * cfg.d_model**-0.5, 3**0.5 * cfg.ffn_hidden**-0.5
+        rules = {id(model.tok_emb): ("normal", 1.0), id(model.lm_head): ("normal", 1e-3)}
+        for blk in model.blocks:
+            for w in (blk.attn.c_q, blk.attn.c_k, blk.attn.c_v, blk.attn.c_proj, blk.mlp.c_fc):
+                rules[id(w)] = ("uniform", a)
+            rules[id(blk.mlp.c_proj)] = ("uniform", a_proj)
+        return rules
+    linear = (torch.nn.Linear, torch.nn.Embedding)
+    rules = {id(m): ("trunc", cfg.init_std) for m in model.modules() if isinstance(m, linear)}
+    for blk in model.blocks:
+        if isinstance(blk, DeepNormBlock):
+            scaled, f = (blk.attn.wv, blk.attn.wo, blk.ffn.w1, blk.ffn.w2, blk.ffn.w3), blk.beta
+        elif isinstance(model, _MultiStreamTransformer):
+            scaled, f = (blk.attn.wo, blk.ffn.w2), model.n_streams**-0.5
+        else:
+            scaled, f = (), 1.0
+        for lin in scaled:
+            rules[id(lin)] = ("trunc", cfg.init_std * f)
+        if hasattr(blk, "depth_kv"):  # MoDA's W_kv: nn.Linear's default U(±1/sqrt(d))
+            rules[id(blk.depth_kv)] = ("uniform", blk.depth_kv.in_features**-0.5)
+    return rules
+
+
+def _init_rules(hf: torch.nn.Module, module: torch.nn.Module) -> dict[int, tuple[str, float]]:
+    "The rules of `hf.model`, cached on `hf` (recomputed for a module they do not know: a resized embedding)."
+    rules = hf.__dict__.get("_depthbench_init_rules")
+    if rules is None or (isinstance(module, (torch.nn.Linear, torch.nn.Embedding)) and id(module) not in rules):
+        rules = hf.__dict__["_depthbench_init_rules"] = _leaf_init_rules(hf.model)
+    return rules
+
+
+def _mark_initialized(model: torch.nn.Module) -> None:
+    "Flag every tensor of `model` as loaded: Transformers' guarded init functions then leave it as it is."
+    for t in [*model.parameters(), *model.buffers()]:
+        t._is_hf_initialized = True
+
+
+@torch.no_grad()
+def _init_looped_own(model: torch.nn.Module) -> None:
+    "The looped model's deterministic tensors: the linear injection [I | 0] and the hc lanes (cyclic reads)."
+    d = model.config.d_model
+    if hasattr(model, "inject"):
+        init.copy_(model.inject.weight, torch.eye(d, 2 * d))  # u = e at init
+    if hasattr(model, "lane_alpha"):
+        R, K = model.lane_alpha.shape
+        init.copy_(model.lane_alpha, F.one_hot(torch.arange(R) % K, K).float())
+        init.copy_(model.lane_mixing, torch.eye(K).expand(R, K, K))
+        init.ones_(model.lane_beta)
+
+
+@torch.no_grad()
+def _init_module(model: torch.nn.Module, module: torch.nn.Module, rules: dict) -> None:
+    """build_model's init of one module of `model` with Transformers' guarded init functions (a tensor flagged as
+    loaded, `_is_hf_initialized`, is left as it is)."""
+    if id(module) in rules:
+        kind, s = rules[id(module)]
+        if kind == "trunc":
+            init.trunc_normal_(module.weight, 0.0, s, -3 * s, 3 * s)
+        elif kind == "normal":
+            init.normal_(module.weight, 0.0, s)
+        else:
+            init.uniform_(module.weight, -s, s)
+    elif isinstance(module, (RMSNorm, LayerNorm)):
+        init.ones_(module.weight)
+    own = dict(module.named_parameters(recurse=False))
+    if own and hasattr(module, "init_design") and not any(module.children()):  # a connector, a depth-mixing site
+        fresh = copy.deepcopy(module)
+        fresh.init_design(None)  # deterministic: zeros, ones, identities, the ±8 logits
+        for name, p in own.items():
+            init.copy_(p, getattr(fresh, name))
+    if module is model and getattr(model, "family", None) == "looped":
+        _init_looped_own(model)

@@ -315,8 +315,8 @@ def test_looped_rope_tables_rebuilt_after_a_meta_device_build():
         empty = DepthBenchForCausalLM(model.config)
     assert empty.model.rope_cos.device.type == "meta"
     empty.to_empty(device="cpu")
+    empty.init_weights()  # Transformers' init: our _init_weights rebuilds the derived buffers (and inits weights)
     empty.load_state_dict(model.state_dict())
-    empty.init_weights()  # Transformers' init: our _init_weights rebuilds the derived buffers
     assert torch.equal(empty.model.rope_cos, model.model.rope_cos)
     assert torch.equal(empty.model.rope_sin, model.model.rope_sin)
     with torch.no_grad():
