@@ -1,4 +1,15 @@
 __version__ = "0.1.0"
+# `python -m depthbench_nb ...` puts the working directory first on sys.path (sys.argv[0] is "-m" while the package is
+# found): a yaml.py or a callback module planted there would be imported. Drop that entry before anything is imported.
+import sys as _sys  # noqa: E402
+
+if (
+    _sys.argv[:1] == ["-m"]
+    and not _sys.flags.safe_path
+    and _sys.path
+    and _sys.path[0] in ("", __import__("os").getcwd())
+):
+    del _sys.path[0]
 # a signal while the command line starts (its imports take seconds) ends it with exit 3 and one line
 from ._hooks import stop_cleanly_at_start as _stop_cleanly_at_start  # noqa: E402
 

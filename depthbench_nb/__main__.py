@@ -7,7 +7,11 @@ from __future__ import annotations
 
 import sys
 
-from .cli import main
+from ._hooks import _drop_cwd_entry
+
+if __name__ == "__main__" and "__file__" in globals():  # `python -m`: the working directory is first on sys.path
+    _drop_cwd_entry()
+from .cli import main  # noqa: E402
 
 # %% auto #0
 __all__ = []

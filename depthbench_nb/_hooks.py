@@ -150,3 +150,9 @@ def _cli_args(argv) -> list | None:
             continue
         return list(argv[i + 1 :]) if os.path.basename(a) == "depthbench-nb" else None
     return None
+
+# %% ../nbs/03e_hooks.ipynb #acae54e37e7d407bbb7b55eff062a284
+def _drop_cwd_entry() -> None:
+    "Take the working directory off the front of `sys.path`, where `python -m` / `-c` put it (not under PYTHONSAFEPATH)."
+    if not sys.flags.safe_path and sys.path and sys.path[0] in ("", os.getcwd()):
+        del sys.path[0]

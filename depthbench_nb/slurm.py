@@ -931,6 +931,8 @@ def cli_slurm(argv=None) -> int:
 if (
     __name__ == "__main__" and "__file__" in globals()
 ):  # `python -m depthbench_nb.slurm node-launch ...` (srun); not in notebooks
+    from depthbench_nb._hooks import _drop_cwd_entry
     from depthbench_nb.cli import main
 
+    _drop_cwd_entry()  # `python -m` put the working directory first on sys.path: nothing is imported from it
     sys.exit(main(["slurm"] + sys.argv[1:]))  # clean errors, as from the console script

@@ -828,6 +828,9 @@ def _worker_main(fd: int) -> int:
 if (
     __name__ == "__main__" and "__file__" in globals()
 ):  # `python -m depthbench_nb.sweep --worker-fd N`: a `_TrainingWorker`
+    from depthbench_nb._hooks import _drop_cwd_entry
+
+    _drop_cwd_entry()  # `python -m` put the working directory first on sys.path: nothing is imported from it
     sys.exit(_worker_main(int(sys.argv[sys.argv.index("--worker-fd") + 1])))
 
 # %% ../nbs/05b_sweep.ipynb #be0504a7
