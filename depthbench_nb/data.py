@@ -40,6 +40,7 @@ from depthbench_nb.config import (
     FolderBusy,
     FolderLock,
     ResourceError,
+    _child_env,
     _choice_error,
     atomic_write_bytes,
     atomic_write_json,
@@ -157,7 +158,7 @@ def _pip_download(requirement: str, dest: Path) -> None:
         str(dest),
     ]
     try:
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=_child_env())  # no pip.py from cwd
     except (OSError, subprocess.TimeoutExpired) as e:
         r = None
         err = str(e)

@@ -36,6 +36,7 @@ from depthbench_nb.config import (
     RunConfig,
     RunInterrupted,
     UnsafeFile,
+    _child_env,
     append_text,
     atomic_write_json,
     atomic_write_text,
@@ -1277,6 +1278,7 @@ def record_executed_notebook(folder: Path) -> Optional[Path]:
     subprocess.Popen(
         [sys.executable, "-c", _COPY_WHEN_DONE, str(os.getppid()), str(out), str(target)],
         start_new_session=True,
+        env=_child_env(),  # the kernel's working directory is not on its sys.path
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

@@ -27,6 +27,7 @@ import yaml
 from fastcore.basics import patch
 
 from depthbench_nb.config import (
+    _child_env,
     ARCHS,
     EXIT_INTERRUPTED,
     EXIT_NOT_DONE,
@@ -672,7 +673,7 @@ def _execute_entry(
         refuse_links(folder, [RECORD_FILES["notebook"]], "run file")  # papermill writes through a link
         folder.mkdir(parents=True, exist_ok=True)  # papermill writes its notebook into it
     cmd = _run_command(e, executor, nodes, procs_per_node)
-    env = dict(os.environ)
+    env = _child_env()  # papermill, its kernel, the trainer: nothing imported from the working directory
     if device is not None:
         env["CUDA_VISIBLE_DEVICES"] = str(device)
     log = safe_path(_sweep_dir(e.run.study), f"logs/{e.run_id}.log", "sweep log")
