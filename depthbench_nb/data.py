@@ -2038,7 +2038,9 @@ def _check_counts(out: Path, man: dict) -> None:
                 raise lie(f"a split claims {part['tokens']!r} tokens, its files hold {held:,}")
             if (out / part["doc_index"]["file"]).stat().st_size != 8 * part["documents"]:
                 raise lie(f"{part['doc_index']['file']} does not hold {part['documents']!r} document offsets")
-    except (KeyError, TypeError, ValueError, OSError) as e:
+    except ConfigError:
+        raise
+    except (KeyError, TypeError, ValueError, OSError) as e:  # a manifest missing a key or of the wrong shape
         raise lie(f"{type(e).__name__}: {str(e)[:120]}") from None
 
 
