@@ -9,12 +9,13 @@ import sys
 
 from ._hooks import _drop_cwd_entry
 
-if __name__ == "__main__" and "__file__" in globals():  # `python -m`: the working directory is first on sys.path
-    _drop_cwd_entry()
-from .cli import main  # noqa: E402
-
 # %% auto #0
 __all__ = []
+
+# %% ../nbs/07b_main.ipynb #d7e1a9c2
+if __name__ == "__main__" and "__file__" in globals():  # `python -m`: the working directory is first on sys.path
+    _drop_cwd_entry()  # before the command line's modules are imported
+from .cli import main  # noqa: E402
 
 # %% ../nbs/07b_main.ipynb #aeefb786
 #| eval: false
