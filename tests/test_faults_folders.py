@@ -341,7 +341,7 @@ def test_2_a_linked_newest_checkpoint_is_never_loaded(command, run_copy, tmp_pat
     ledger(faults=1)
 
 
-SWEEP_STATE = ["executions.jsonl", "plan.json", "extra_entries.json", "attempts", "locks", "logs", "params"]
+SWEEP_STATE = ["executions.jsonl", "extra_entries.json", "attempts", "locks", "logs", "params", "slurm"]
 
 
 @pytest.mark.parametrize("name", SWEEP_STATE)
