@@ -235,7 +235,9 @@ def test_1_slurm_job_scripts_export_a_safe_path(which, tiny_data, runs_dir, tmp_
 
     req = slurm.SlurmRequest()
     if which == "sweep array":
-        text = slurm.array_script("j", ["a", "b"], 'depthbench-nb sweep run s --run-id "$RUN_ID"', req, "o", "w", "c", {})
+        text = slurm.array_script(
+            "j", ["a", "b"], 'depthbench-nb sweep run s --run-id "$RUN_ID"', req, "o", "w", "c", {}
+        )
     else:
         cfg = DataConfig(source="sample", tokenizer="bpe:4096", path=str(tmp_path / "d"))
         text = slurm._data_prepare_script(cfg, req, 2, final=which == "data packing job")
@@ -367,7 +369,9 @@ def test_2_a_linked_attempt_record_is_never_read(command, tiny_data, runs_dir, t
     outside = tmp_path / "attempt.json"
     outside.write_text(json.dumps(dict(attempts=1, history=[dict(status="failed", rc=1, time=0, pid=1)])))
     plant(runs_dir / "schema" / ".sweep" / "attempts" / f"{run.run_id}.json", outside)
-    argv = command.split() + [str(study)] + (["--executor", "python", "--no-progress"] if command == "sweep run" else [])
+    argv = (
+        command.split() + [str(study)] + (["--executor", "python", "--no-progress"] if command == "sweep run" else [])
+    )
     err = json_error(capsys, argv)
     assert err["kind"] == "unsafe" and run.run_id in err["error"], err
     ledger(faults=1)
@@ -513,7 +517,9 @@ RELATIVE = [
 
 @pytest.mark.parametrize("command", ["sweep plan", "sweep run"])
 @pytest.mark.parametrize("where,value", RELATIVE)
-def test_2_a_studys_relative_data_path_is_refused(where, value, command, tiny_data, runs_dir, tmp_path, monkeypatch, capsys):
+def test_2_a_studys_relative_data_path_is_refused(
+    where, value, command, tiny_data, runs_dir, tmp_path, monkeypatch, capsys
+):
     """A study naming its data folder relatively (`set: {data.path: ../../x}`, `data: ../x`): refused in one line
     (exit 2, kind `config`) by `sweep plan` and `sweep run`, and nothing is prepared relative to whoever runs it."""
     here = tmp_path / "a" / "b" / "downloaded"
@@ -592,7 +598,9 @@ RESULT_LIES = [
 
 @pytest.mark.parametrize("command", COMMANDS)
 @pytest.mark.parametrize("key,value", RESULT_LIES, ids=[f"{k}={v}" for k, v in RESULT_LIES])
-def test_3_a_result_unlike_its_run_or_not_a_number_is_corrupt(key, value, command, tiny_data, runs_dir, tmp_path, capsys):
+def test_3_a_result_unlike_its_run_or_not_a_number_is_corrupt(
+    key, value, command, tiny_data, runs_dir, tmp_path, capsys
+):
     """result.json whose design, shape, LR or seed differ from its folder's params, whose loss is NaN or infinite, or
     whose count is negative: `corrupt` (exit 2, the file and the key named), never counted."""
     study, run, folder = one_run_study(tiny_data, tmp_path)
