@@ -7,10 +7,15 @@ from __future__ import annotations
 
 import sys
 
-from .cli import main
+from ._hooks import _drop_cwd_entry
 
 # %% auto #0
 __all__ = []
+
+# %% ../nbs/07b_main.ipynb #d7e1a9c2
+if __name__ == "__main__" and "__file__" in globals():  # `python -m`: the working directory is first on sys.path
+    _drop_cwd_entry()  # before the command line's modules are imported
+from .cli import main  # noqa: E402
 
 # %% ../nbs/07b_main.ipynb #aeefb786
 #| eval: false

@@ -150,3 +150,14 @@ def _cli_args(argv) -> list | None:
             continue
         return list(argv[i + 1 :]) if os.path.basename(a) == "depthbench-nb" else None
     return None
+
+# %% ../nbs/03e_hooks.ipynb #acae54e37e7d407bbb7b55eff062a284
+_cwd_dropped = False  # once per process: a PYTHONPATH entry naming the same folder is the user's and stays
+
+
+def _drop_cwd_entry() -> None:
+    "Take the working directory off the front of `sys.path`, where `python -m` / `-c` put it (unless PYTHONSAFEPATH)."
+    global _cwd_dropped
+    if not _cwd_dropped and not sys.flags.safe_path and sys.path and sys.path[0] in ("", os.getcwd()):
+        del sys.path[0]
+    _cwd_dropped = True

@@ -253,4 +253,7 @@ def cli_notebooks(argv=None) -> int:
 # %% ../nbs/07a_cli.ipynb #9da8631f
 #| eval: false
 if __name__ == "__main__" and "__file__" in globals():  # `python -m depthbench_nb.cli ...`, not a notebook kernel
+    from depthbench_nb._hooks import _drop_cwd_entry
+
+    _drop_cwd_entry()  # `python -m` put the working directory first on sys.path: nothing is imported from it
     sys.exit(main())

@@ -1035,6 +1035,20 @@ def runs_root_reason() -> str:
         return "DEPTHBENCH_RUNS"
     return "the checkout" if repo_root() else "the current folder (no checkout found)"
 
+# %% ../nbs/00b_config.ipynb #7fb27b941602401d91542211134fc71a
+def _child_env(env: Optional[dict] = None, **extra) -> dict:
+    """The environment of every Python process the package starts (a sweep's runs, papermill and its kernels,
+    `accelerate launch`, Slurm jobs): `PYTHONSAFEPATH=1`, so that neither its working directory (`-c`, `-m`, a
+    kernel) nor its script's folder goes first on `sys.path`: a `yaml.py` beside a study never runs. `PYTHONPATH`
+    is kept (the user's own choice); a checkout's root is added to it so that the child imports this package."""
+    out = dict(os.environ if env is None else env, **extra)
+    out["PYTHONSAFEPATH"] = "1"
+    root = repo_root()
+    paths = [p for p in out.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if root is not None and str(root) not in paths:
+        out["PYTHONPATH"] = os.pathsep.join([*paths, str(root)])
+    return out
+
 # %% ../nbs/00b_config.ipynb #7f33cdc4
 def cache_dir() -> Path:
     """Cache for tokenizers and prepared data: $DEPTHBENCH_CACHE, $XDG_CACHE_HOME/depthbench-nb or

@@ -12,6 +12,7 @@ import hashlib
 import itertools
 import json
 import os
+import stat
 import queue
 import re
 import shutil
@@ -35,11 +36,13 @@ from depthbench_nb.config import (
     LOCK_FILE,
     ConfigError,
     CorruptFile,
+    UnsafeFile,
     DataConfig,
     EVAL_SETS,
     FolderBusy,
     FolderLock,
     ResourceError,
+    _child_env,
     _choice_error,
     atomic_write_bytes,
     atomic_write_json,
@@ -157,7 +160,7 @@ def _pip_download(requirement: str, dest: Path) -> None:
         str(dest),
     ]
     try:
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=_child_env())  # no pip.py from cwd
     except (OSError, subprocess.TimeoutExpired) as e:
         r = None
         err = str(e)
@@ -1737,6 +1740,10 @@ def _checked_stream(self: TokenData, split: str, i: int):
     if self._check and f["file"] not in self._checked:
         if f["tokens"] and sha256_file(self.path / f["file"]) != f["sha256"]:
             raise CorruptFile(self._mismatch(f))
+        if f["tokens"] and int(self._streams[split][i].max()) >= self.vocab_size:  # an embedding row that is not there
+            raise CorruptFile(
+                f"{self.path / f['file']} holds token ids >= the vocabulary ({self.vocab_size}); prepare again"
+            )
         self._checked.add(f["file"])
     return self._streams[split][i]
 
@@ -1988,6 +1995,60 @@ def held_out_set(
         raise ConfigError(f"empty held-out set ({kind}) in {data.path}")
     return HeldOutSet(data, kind, starts.astype(np.int64), lengths.astype(np.int64), seq_len, batch_size)
 
+# %% ../nbs/00c_data.ipynb #7fb27b941602401d91542211134fc71a
+def _own_file(folder: Path, rel) -> Optional[Path]:
+    """`folder / rel` when it is one of the folder's own regular files (None: missing). A name outside the folder, a
+    symbolic link or anything but a regular file (a FIFO would block the read) is refused, never read."""
+    if not isinstance(rel, str):
+        raise CorruptFile(f"{folder}/manifest.json names a file {repr(rel)[:40]}: not a file name")
+    p = safe_path(folder, rel, "data file")  # '..', an absolute name, a link on the way out: refused
+    try:
+        st = os.lstat(p)
+    except FileNotFoundError:
+        return None
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISREG(st.st_mode):
+        what = f"a symbolic link -> {os.readlink(p)}" if stat.S_ISLNK(st.st_mode) else "not a regular file"
+        raise UnsafeFile(f"data file {p} is {what}; only the folder's own files are read (prepare it again)")
+    return p
+
+# %% ../nbs/00c_data.ipynb #acae54e37e7d407bbb7b55eff062a284
+def _check_counts(out: Path, man: dict) -> None:
+    """What a complete manifest claims about files whose checksums match: each token file holds its `tokens` ids of
+    the dtype (its size), each split's count is the sum of its files', each document index holds `documents`
+    offsets, and every id is below the vocabulary. A claim the files do not bear out is `CorruptFile`, in one line."""
+
+    def lie(msg: str) -> CorruptFile:
+        return CorruptFile(f"{out}/manifest.json does not describe its files: {msg}; prepare the folder again")
+
+    try:
+        vocab = int(man["tokenizer"]["vocab_size"])
+        dt = _token_dtype(vocab, man["dtype"]).newbyteorder("<")
+        parts = [man["splits"][s] for s in ("train", "val")]
+        parts += [e[s] for e in man.get("source_shards") or [] if e.get("status") == "packed" for s in ("train", "val")]
+        for part in parts:
+            for sh in part["shards"]:
+                n, size = sh["tokens"], (out / sh["file"]).stat().st_size
+                if not isinstance(n, int) or n < 0 or size != n * dt.itemsize:
+                    raise lie(f"{sh['file']} holds {size:,} bytes, not {n!r} {dt.name} tokens")
+                top = max((int(a.max()) for a in _chunks(out / sh["file"], dt, n)), default=-1)
+                if top >= vocab:
+                    raise lie(f"{sh['file']} holds token id {top}, outside the vocabulary of {vocab:,}")
+            held = sum(sh["tokens"] for sh in part["shards"])
+            if part["tokens"] != held:
+                raise lie(f"a split claims {part['tokens']!r} tokens, its files hold {held:,}")
+            if (out / part["doc_index"]["file"]).stat().st_size != 8 * part["documents"]:
+                raise lie(f"{part['doc_index']['file']} does not hold {part['documents']!r} document offsets")
+    except ConfigError:
+        raise
+    except (KeyError, TypeError, ValueError, OSError) as e:  # a manifest missing a key or of the wrong shape
+        raise lie(f"{type(e).__name__}: {str(e)[:120]}") from None
+
+
+def _chunks(path: Path, dt: np.dtype, n: int, size: int = 1 << 24):
+    "A token file's ids in pieces of `size` (memory-mapped: one pass, bounded memory)."
+    a = np.memmap(path, dtype=dt, mode="r", shape=(n,)) if n else np.zeros(0, dt)
+    return (a[i : i + size] for i in range(0, n, size))
+
 # %% ../nbs/00c_data.ipynb #9eb2d112
 def _verify_folder(path) -> list[dict]:
     """Every file of a prepared folder checked against the checksums it was written with: a complete folder's
@@ -2007,11 +2068,13 @@ def _verify_folder(path) -> list[dict]:
     names = {e["index"]: e["name"] for e in man.get("source_shards") or []}
     bad = []
     for f in files:
-        p = out / f["file"]
-        problem = "missing" if not p.is_file() else "checksum mismatch" if sha256_file(p) != f["sha256"] else None
+        p = _own_file(out, f["file"])  # outside the folder, a link, not a regular file: refused, never read
+        problem = "missing" if p is None else "checksum mismatch" if sha256_file(p) != f["sha256"] else None
         if problem:
             k = f["source_shard"]
             bad.append(dict(file=f["file"], source_shard=k, name=names.get(k), problem=problem))
+    if not bad and man.get("complete") is True:
+        _check_counts(out, man)  # the checksums match: now what the manifest claims about them
     return bad
 
 # %% ../nbs/00c_data.ipynb #9ed2de6e
@@ -2048,13 +2111,15 @@ def data_inspect_command(
         emit({k: v for k, v in st.items() if k != "source_shards"}, False, title=f"data {dir}: being prepared")
         _print_shards(st["source_shards"])
         return 1 if bad else 0
-    # a damaged folder is reported (exit 1), not raised: inspect is how users find out what is wrong
+    # a damaged folder is reported (exit 1), not raised: inspect is how users find out what is wrong; a manifest
+    # naming files outside the folder, or claiming what files with matching checksums do not hold, is refused (exit 2)
+    bad = [] if no_verify else _verify_folder(dir)
     try:
         td = TokenData(dir, verify=False)
     except ConfigError as e:
         emit(dict(path=dir, checksums=f"FAILED: {e}"), json, title=f"prepared data {dir}")
         return 1
-    s, bad = td.summary(verify=False), [] if no_verify else _verify_folder(dir)
+    s = td.summary(verify=False)
     s["checksums"] = "not checked" if no_verify else _say_damaged(bad) if bad else "ok"
     if json:
         emit(dict(s, source_shards=st["source_shards"], damaged=bad), True)

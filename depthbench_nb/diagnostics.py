@@ -26,6 +26,7 @@ from depthbench_nb.config import (
     atomic_write_text,
     refuse_links,
     package_dir,
+    safe_path,
 )
 from .costs import cost_row, measure_latency, measured_costs
 from .runs import load_run
@@ -1472,6 +1473,7 @@ def run_diagnostics(
     "Diagnose a run's last checkpoint on held-out windows; writes tables and figures into <run_dir>/diagnostics/."
     if n_samples < 1:
         raise ConfigError(f"n_samples must be >= 1, got {n_samples}")
+    out_dir = safe_path(run_dir, "diagnostics", "diagnostics folder")  # a link out of the run: refused, before any work
     model, run = _load_checkpointed_run(run_dir)
     cfg = run.model
     metrics = check_metrics(metrics, cfg)
@@ -1498,5 +1500,5 @@ def run_diagnostics(
     res["costs"] = cost_row(cfg, seq_len=4096, train_seq_len=run.train.seq_len) if costed else None
     if (Path(run_dir) / "metrics.jsonl").exists():
         res["measured"] = measured_costs(run_dir)  # what training measured
-    res["files"] = [str(p) for p in write_diagnostics(res, Path(run_dir) / "diagnostics", figures=figures)]
+    res["files"] = [str(p) for p in write_diagnostics(res, out_dir, figures=figures)]
     return res

@@ -5,13 +5,12 @@
 # %% ../nbs/02h_launch.ipynb #6a4da257
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
-from .config import RunConfig, RunInterrupted
+from .config import RunConfig, RunInterrupted, _child_env
 from .runs import child_pids, ensure_writable, forwarding_signals, read_result, run_dir, write_params
 from .run_params import open_data
 
@@ -66,7 +65,7 @@ def launch(
     params = write_params(folder, run, **({"preset_reason": preset_reason} if preset_reason else {}))
     cmd = launch_command(run, params, launch_args=launch_args)
     print("launching:", " ".join(cmd[1:]))
-    env = dict(os.environ, DEPTHBENCH_LAUNCHED="1", PYTHONUNBUFFERED="1")
+    env = _child_env(DEPTHBENCH_LAUNCHED="1", PYTHONUNBUFFERED="1")  # no module from the working directory
     env.setdefault("OMP_NUM_THREADS", "1")
     keep = (lock.fd,) if lock is not None and getattr(lock, "fd", None) is not None else ()
     proc = subprocess.Popen(

@@ -5,11 +5,14 @@
 # %% ../nbs/06d_report_cli.ipynb #d4e2e272
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
+import tempfile
 from pathlib import Path
 from typing import Annotated, Optional
 
-from .config import EXIT_NOT_DONE, ConfigError, runs_root, safe_path, study_dir
+from .config import EXIT_NOT_DONE, ConfigError, _child_env, refuse_links, runs_root, safe_path, study_dir
 from .console import Arg, call_parsed, emit, template_path
 from .report_common import completed, report_dir, study_table, swept_names
 from .report_looped import related_studies
@@ -27,6 +30,26 @@ _LOOPED_PARAMETERS = (
     "workers",
 )  # notebook 21's fitting effort
 
+# %% ../nbs/06d_report_cli.ipynb #7fb27b941602401d91542211134fc71a
+@contextlib.contextmanager
+def _neutral_kernel():
+    """A kernel's working directory and environment: an empty temporary folder (not the report folder, where a planted
+    `yaml.py` would be imported first), `PYTHONSAFEPATH=1` and the runs root as an absolute path (the records' folder
+    the notebooks read, whatever the working directory). Yields the folder; the environment is restored after."""
+    keys = ("PYTHONSAFEPATH", "PYTHONPATH", "DEPTHBENCH_RUNS")
+    saved = {k: os.environ.get(k) for k in keys}
+    env = _child_env(DEPTHBENCH_RUNS=str(runs_root()))
+    os.environ.update({k: env[k] for k in keys if k in env})
+    try:
+        with tempfile.TemporaryDirectory(prefix="depthbench-kernel-") as cwd:
+            yield cwd
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
 # %% ../nbs/06d_report_cli.ipynb #9d07d02e
 def run_report_notebooks(
     study: str, which=("depthbench", "looped"), parameters: Optional[dict] = None, progress: bool = True
@@ -37,6 +60,7 @@ def run_report_notebooks(
 
     out_dir = report_dir(study)
     out_dir.mkdir(parents=True, exist_ok=True)
+    refuse_links(out_dir, [p.name for p in out_dir.iterdir()], "report file")  # the notebooks write through links
     done = []
     for w in which:
         if w not in _REPORT_NOTEBOOKS:
@@ -48,9 +72,10 @@ def run_report_notebooks(
         )
         if progress:
             print(f"[report] executing {src.name} -> {out}", flush=True)
-        pm.execute_notebook(
-            str(src), str(out), parameters=params, kernel_name="python3", progress_bar=False, cwd=str(out_dir)
-        )
+        with _neutral_kernel() as cwd:
+            pm.execute_notebook(
+                str(src), str(out), parameters=params, kernel_name="python3", progress_bar=False, cwd=cwd
+            )
         done.append(out)
     return done
 

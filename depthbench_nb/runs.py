@@ -10,6 +10,7 @@ import datetime
 import errno
 import hashlib
 import json
+import math
 import os
 import platform
 import random
@@ -35,6 +36,7 @@ from depthbench_nb.config import (
     RunConfig,
     RunInterrupted,
     UnsafeFile,
+    _child_env,
     append_text,
     atomic_write_json,
     atomic_write_text,
@@ -659,7 +661,42 @@ def read_result(folder: Path) -> Optional[dict]:
     ]
     if wrong:
         raise CorruptFile(f"{path} is not a run result of depthbench-nb: {'; '.join(wrong)}")
+    _check_numbers(path, res)
+    _check_identity(Path(folder), res)
     return res
+
+# %% ../nbs/02a_runs.ipynb #7fb27b941602401d91542211134fc71a
+_COUNTS = ("n_layer", "d_model", "seed", "steps", "tokens", "params_total", "params_backbone")
+_FINITE = ("lr", "final_val_loss", "best_val_loss", "wall_time_s", "train_flops")
+
+
+def _check_numbers(path: Path, res: dict) -> None:
+    "A result's counts are >= 0 and its losses, LR, time and FLOPs finite (NaN / inf is no result): else `CorruptFile`."
+    bad = [f"{k}: {res[k]}" for k in _COUNTS if res.get(k) is not None and res[k] < 0]
+    bad += [f"{k}: {res[k]}" for k in _FINITE if res.get(k) is not None and not math.isfinite(res[k])]
+    if bad:
+        raise CorruptFile(
+            f"{path} is not a run result of depthbench-nb: {'; '.join(bad)} (counts >= 0, numbers finite)"
+        )
+
+# %% ../nbs/02a_runs.ipynb #acae54e37e7d407bbb7b55eff062a284
+def _check_identity(folder: Path, res: dict) -> None:
+    """A record is its folder's: params.json's run (its config's id) and result.json's run_id name the folder (or the
+    old id of a run `adopt_legacy_folder` renamed), and the result's design, shape, LR and seed are the params'."""
+    ids, params = {folder.name}, folder / RECORD_FILES["params"]
+    if params.exists():
+        cfg = read_params(folder)
+        if folder.name not in (cfg.run_id, cfg.legacy_run_id):
+            raise CorruptFile(f"{params} holds run {cfg.run_id}, not its folder's {folder.name}: a record copied here")
+        ids = {cfg.run_id, cfg.legacy_run_id}
+        want = {k: v for k, v in result_identity(cfg).items() if k not in ("run_id", "study", "preset")}
+        differ = [f"{k}: {res[k]!r} (params: {v!r})" for k, v in want.items() if res.get(k) not in (None, v)]
+        if differ:
+            raise CorruptFile(f"{folder / RECORD_FILES['result']} is not its params' run: {'; '.join(differ)}")
+    if res["run_id"] not in ids:
+        raise CorruptFile(
+            f"{folder / RECORD_FILES['result']} holds run {res['run_id']}, not its folder's {folder.name}"
+        )
 
 # %% ../nbs/02a_runs.ipynb #98667c69
 def result_identity(run: RunConfig) -> dict:
@@ -790,12 +827,13 @@ def list_checkpoints(folder: Path) -> list[tuple[int, Path]]:
     d = checkpoints_dir(folder)
     if not d.exists():
         return []
-    out = [
-        (int(m.group(1)), p)
-        for p in d.iterdir()
-        if (m := _STEP_DIR.fullmatch(p.name)) and p.is_dir() and (p / "meta.json").exists()
-    ]
-    return sorted(out)
+    steps = [(m, p) for p in d.iterdir() if (m := _STEP_DIR.fullmatch(p.name))]
+    for _, p in steps:  # a checkpoint planted as a link would be loaded from wherever it points
+        if p.is_symlink():
+            raise UnsafeFile(
+                f"checkpoint {p} is a symbolic link -> {os.readlink(p)}; refused, nothing loaded (remove it)"
+            )
+    return sorted((int(m.group(1)), p) for m, p in steps if p.is_dir() and (p / "meta.json").exists())
 
 # %% ../nbs/02a_runs.ipynb #a6660e6b
 def _rng_state() -> dict:
@@ -1240,6 +1278,7 @@ def record_executed_notebook(folder: Path) -> Optional[Path]:
     subprocess.Popen(
         [sys.executable, "-c", _COPY_WHEN_DONE, str(os.getppid()), str(out), str(target)],
         start_new_session=True,
+        env=_child_env(),  # the kernel's working directory is not on its sys.path
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

@@ -19,7 +19,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Literal, Optional
 
-from .config import Config, ConfigError, DataConfig, RunConfig, _choice_error, atomic_write_text
+from depthbench_nb.config import (
+    Config,
+    ConfigError,
+    DataConfig,
+    RunConfig,
+    _child_env,
+    _choice_error,
+    atomic_write_text,
+)
 from .console import Arg, call_parsed, emit
 from depthbench_nb.data import (
     NAMED_SOURCES,
@@ -415,6 +423,9 @@ def sbatch_options(req: SlurmRequest) -> list[str]:
     return out + list(req.extra)
 
 # %% ../nbs/05a_slurm.ipynb #962fcb8b
+_SAFE_PATH = "export PYTHONSAFEPATH=1  # no Python of the job imports from its working directory"
+
+
 def array_script(
     job_name: str,
     run_ids: list[str],
@@ -443,7 +454,7 @@ def array_script(
     lines += [f"# {h}" for h in header]
     if req.setup:
         lines += ["", "# environment set-up (--slurm-setup)"] + list(req.setup)
-    lines += ["", "set -euo pipefail"]
+    lines += ["", "set -euo pipefail", _SAFE_PATH]
     lines += [f"export {k}={shlex.quote(str(v))}" for k, v in exports.items()]
     lines += [
         "RUN_IDS=(" + " ".join(run_ids) + ")",
@@ -660,7 +671,7 @@ def _node_launch(run_config: str) -> int:
     cmd = launch_command(run, path, launch_args=args)  # the multi-machine arguments override its single-machine ones
     nnodes, rank = args[1], args[3]
     print(f"node {rank}/{nnodes} ({socket.gethostname()}): {shlex.join(cmd[1:])}", flush=True)
-    env = dict(os.environ, DEPTHBENCH_LAUNCHED="1", PYTHONUNBUFFERED="1")
+    env = _child_env(DEPTHBENCH_LAUNCHED="1", PYTHONUNBUFFERED="1")  # no module from the working directory
     env.setdefault("OMP_NUM_THREADS", "1")
     return subprocess.call(cmd, env=env)
 
@@ -718,7 +729,7 @@ def _data_prepare_script(
     lines += [f"# {h}" for h in header]
     if req.setup:
         lines += ["", "# environment set-up (--slurm-setup)"] + list(req.setup)
-    lines += ["", "set -euo pipefail"]
+    lines += ["", "set -euo pipefail", _SAFE_PATH]
     if os.environ.get("DEPTHBENCH_CACHE"):
         lines.append(f"export DEPTHBENCH_CACHE={shlex.quote(str(Path(os.environ['DEPTHBENCH_CACHE']).resolve()))}")
     what = "packing job" if final else "array task $SLURM_ARRAY_TASK_ID of job $SLURM_ARRAY_JOB_ID"
@@ -931,6 +942,8 @@ def cli_slurm(argv=None) -> int:
 if (
     __name__ == "__main__" and "__file__" in globals()
 ):  # `python -m depthbench_nb.slurm node-launch ...` (srun); not in notebooks
+    from depthbench_nb._hooks import _drop_cwd_entry
     from depthbench_nb.cli import main
 
+    _drop_cwd_entry()  # `python -m` put the working directory first on sys.path: nothing is imported from it
     sys.exit(main(["slurm"] + sys.argv[1:]))  # clean errors, as from the console script

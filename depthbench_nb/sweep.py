@@ -27,6 +27,7 @@ import yaml
 from fastcore.basics import patch
 
 from depthbench_nb.config import (
+    _child_env,
     ARCHS,
     EXIT_INTERRUPTED,
     EXIT_NOT_DONE,
@@ -34,6 +35,7 @@ from depthbench_nb.config import (
     Config,
     ConfigError,
     CorruptFile,
+    UnsafeFile,
     DESIGN_OPTIONS,
     FolderBusy,
     FolderLock,
@@ -157,6 +159,28 @@ def validate(self: StudyGroup):
         if not self.param_data_ratio > 0:
             raise ConfigError(f"group {self.name!r}: param_data_ratio must be > 0")
 
+# %% ../nbs/05b_sweep.ipynb #7fb27b941602401d91542211134fc71a
+def _relative(path) -> bool:
+    "A folder named relative to whoever runs the study (not absolute, not ~)."
+    return isinstance(path, str) and not Path(path).expanduser().is_absolute()
+
+
+def _check_study_paths(spec) -> None:
+    """A study runs on any machine, from any folder: a relative `data.path` in a group's `set:`, or a `data:` folder
+    given as ./x or ../x, would name another folder for each person who runs it (and be prepared there). Refused: give
+    an absolute path, or leave it unset (the data cache)."""
+    bad = [("data", spec.data)] if isinstance(spec.data, str) and spec.data.startswith(("./", "../", "..")) else []
+    for g in spec.groups:
+        value = g.set.get("data.path") if isinstance(g.set, dict) else None
+        bad += [(f"group {g.name!r}, set: data.path", v) for v in (value if isinstance(value, list) else [value])]
+    bad = [(k, v) for k, v in bad if _relative(v)]
+    if bad:
+        where, value = bad[0]
+        raise ConfigError(
+            f"study {spec.name!r}, {where}: {value!r} is a relative path, which names another folder for whoever "
+            "runs the study; give an absolute path (or leave it unset: the data cache)"
+        )
+
 # %% ../nbs/05b_sweep.ipynb #79067531
 @dataclass(frozen=True)
 class StudySpec(Config):
@@ -183,6 +207,7 @@ class StudySpec(Config):
             raise ConfigError(f"study {self.name!r}: duplicate group names {dup}")
         if self.reuses is not None and (not self.reuses or "/" in self.reuses or self.reuses == self.name):
             raise ConfigError(f"study {self.name!r}: reuses must name another study, got {self.reuses!r}")
+        _check_study_paths(self)
 
 # %% ../nbs/05b_sweep.ipynb #626d18f4
 def _group_sets(g: StudyGroup) -> list[dict]:
@@ -537,8 +562,29 @@ def _attempts_path(study: str, run_id: str) -> Path:
     return _sweep_dir(study) / "attempts" / f"{run_id}.json"
 
 
+_SWEEP_STATE = ("executions.jsonl", "plan.json", "extra_entries.json", "attempts", "locks", "logs", "params", "slurm")
+
+
+def _refuse_state_link(path: Path) -> None:
+    "The driver's state is its own: a symbolic link in its place is `UnsafeFile`, never read or written through."
+    if Path(path).is_symlink():
+        raise UnsafeFile(
+            f"{path} is a symbolic link -> {os.readlink(path)}; the sweep's own state: refused (remove it)"
+        )
+
+
+def _refuse_state_links(study: str) -> None:
+    "Every file and folder of a study's `.sweep` (and each attempt record): no symbolic link, before any run starts."
+    d = _sweep_dir(study)
+    for name in _SWEEP_STATE:
+        _refuse_state_link(d / name)
+    for p in sorted((d / "attempts").glob("*")) if (d / "attempts").is_dir() else []:
+        _refuse_state_link(p)
+
+
 def _read_state(path: Path):
     "A JSON file of the driver's state (attempts, extra entries); a damaged one is CorruptFile naming it and the fix."
+    _refuse_state_link(path)
     try:
         return read_json(path)
     except CorruptFile as e:
@@ -672,7 +718,7 @@ def _execute_entry(
         refuse_links(folder, [RECORD_FILES["notebook"]], "run file")  # papermill writes through a link
         folder.mkdir(parents=True, exist_ok=True)  # papermill writes its notebook into it
     cmd = _run_command(e, executor, nodes, procs_per_node)
-    env = dict(os.environ)
+    env = _child_env()  # papermill, its kernel, the trainer: nothing imported from the working directory
     if device is not None:
         env["CUDA_VISIBLE_DEVICES"] = str(device)
     log = safe_path(_sweep_dir(e.run.study), f"logs/{e.run_id}.log", "sweep log")
@@ -828,6 +874,9 @@ def _worker_main(fd: int) -> int:
 if (
     __name__ == "__main__" and "__file__" in globals()
 ):  # `python -m depthbench_nb.sweep --worker-fd N`: a `_TrainingWorker`
+    from depthbench_nb._hooks import _drop_cwd_entry
+
+    _drop_cwd_entry()  # `python -m` put the working directory first on sys.path: nothing is imported from it
     sys.exit(_worker_main(int(sys.argv[sys.argv.index("--worker-fd") + 1])))
 
 # %% ../nbs/05b_sweep.ipynb #be0504a7
@@ -976,8 +1025,9 @@ def run_study(
     entries = _selected_entries(spec, run_ids)
     try:
         ensure_writable(_sweep_dir(spec.name))
+        _refuse_state_links(spec.name)
     except ConfigError as e:
-        raise ConfigError(f"{e}; none of the {len(entries)} runs of study {spec.name!r} started") from None
+        raise type(e)(f"{e}; none of the {len(entries)} runs of study {spec.name!r} started") from None
     limit = max_attempts or spec.max_attempts
     _record_plan(spec, _plan_source(study))
     driver = _StudyDriver(spec, entries, limit, executor, devices, nodes, procs_per_node, progress)

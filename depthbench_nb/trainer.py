@@ -745,6 +745,8 @@ def cli_train(argv=None) -> int:
 if (
     __name__ == "__main__" and "__file__" in globals()
 ):  # `python -m depthbench_nb.trainer` (accelerate launch); not in notebooks
+    from depthbench_nb._hooks import _drop_cwd_entry
     from depthbench_nb.cli import main
 
+    _drop_cwd_entry()  # `python -m` put the working directory first on sys.path: nothing is imported from it
     sys.exit(main(["train"] + sys.argv[1:]))  # clean one-line errors and exit codes, as from the console script
