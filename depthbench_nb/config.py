@@ -94,6 +94,7 @@ class RunInterrupted(BaseException):
 
 # %% ../nbs/00b_config.ipynb #49f6b886
 MESSAGE_LIMIT = 600  # characters of a message on the command line (values in it: `short_repr`, fewer)
+_NAME_MAX = 255  # bytes of a file or folder name (Linux NAME_MAX): a study's name is a folder's
 
 # %% ../nbs/00b_config.ipynb #57ff5dff
 def short_repr(value, limit: int = 120) -> str:
@@ -124,7 +125,8 @@ def _number_note(value) -> str:
 def _choice_error(kind: str, value, valid) -> ConfigError:
     valid = list(valid)
     shown = ", ".join(map(str, valid[:40])) + (f", ... ({len(valid)} in all)" if len(valid) > 40 else "")
-    return ConfigError(f"unknown {kind} {short_repr(value)}; valid {kind}s: {shown}")
+    plural = kind[:-1] + "ies" if kind.endswith("y") and kind[-2:-1] not in "aeiou" else kind + "s"  # studies
+    return ConfigError(f"unknown {kind} {short_repr(value)}; valid {plural}: {shown}")
 
 # %% ../nbs/00b_config.ipynb #e2732d6a
 def _no_mixing(cfg, *args) -> tuple[int, int]:
@@ -940,6 +942,8 @@ class RunConfig(Config):
     def validate(self):
         if not self.study or any(c in self.study for c in "/\\") or self.study.startswith("."):
             raise ConfigError(f"study must be a plain folder name, got {short_repr(self.study)}")
+        if len(self.study.encode()) > _NAME_MAX:
+            raise ConfigError(f"study name is {len(self.study.encode())} bytes; a folder name is at most {_NAME_MAX}")
         if self.num_processes < 1:
             raise ConfigError(f"num_processes must be >= 1, got {self.num_processes}")
         if self.fsdp and self.num_processes < 2:
