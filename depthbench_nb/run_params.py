@@ -643,8 +643,12 @@ def _import_callback(path: str):
                 mod = importlib.import_module(module)
         return getattr(mod, name)
     except (Exception, SystemExit) as e:  # foreign code at import: one line (KeyboardInterrupt stays a Ctrl-C)
-        what = f"SystemExit({e.code!r}) (the module called sys.exit)" if isinstance(e, SystemExit) else type(e).__name__
-        raise ConfigError(f"callback {path}: cannot import it ({what}: {short_repr(str(e), 200)})") from None
+        what = (
+            f"it called sys.exit({e.code!r}) while imported"
+            if isinstance(e, SystemExit)
+            else f"{type(e).__name__}: {short_repr(str(e), 200)}"
+        )
+        raise ConfigError(f"callback {path}: cannot import it ({what})") from None
 
 
 def _import_file(file: Path):
