@@ -970,6 +970,8 @@ def diagnose_hf(
         name, revision, trust_remote_code
     )  # everything cheap first: a bad input fails before the weights load
     _check_hf_fits(config, n_samples, seq_len, dtype, device)  # train's memory rule, before anything is built
+    if Path(name).expanduser().is_dir() and config.model_type != "depthbench":
+        _check_embedding(Path(name).expanduser(), _hf_sizes(config))  # the weights are the config's
     native = config.model_type == "depthbench"  # an export of ours: its own model and metric set
     cfg = ModelConfig.from_dict(config.depthbench) if native else None
     requested, metrics = metrics, check_metrics(metrics, cfg) if native else _check_hf_metrics(metrics)
@@ -1029,6 +1031,10 @@ def _weights_refused(name: str):
 # %% ../nbs/04b_hf_diagnostics.ipynb #c6064ef7
 _SAFETENSORS_MAX_HEADER = 100_000_000  # bytes: the limit of the safetensors library itself
 
+# %% ../nbs/04b_hf_diagnostics.ipynb #c4af87ce
+_MAX_BLOCK_PASSES = 250_000  # block passes of the per-layer scores (L^2): 500 blocks; the deepest HF LMs have ~130
+
+
 # %% ../nbs/04b_hf_diagnostics.ipynb #4223dec3
 def _check_model_folder(folder) -> None:
     """Refuse a local model folder before anything reads it: a file linking outside the folder or a pickle that would
@@ -1053,8 +1059,7 @@ _EMBEDDING_NAMES = ("embed_tokens.weight", "wte.weight", "embed_in.weight", "wor
 
 def _check_config_file(folder: Path) -> None:
     """A local folder's config.json, read before Transformers builds anything: JSON of bounded size and depth (one
-    line, never a RecursionError), its sizes checked (`_checked_sizes`), its vocabulary and width those of the
-    weights' embedding (`_check_embedding`)."""
+    line, never a RecursionError), its sizes checked (`_checked_sizes`)."""
     p = folder / "config.json"
     if not p.is_file():
         return  # Transformers says what is missing
@@ -1069,8 +1074,7 @@ def _check_config_file(folder: Path) -> None:
     if not isinstance(raw, dict):
         raise CorruptFile(f"{p} holds {type(raw).__name__}; a config.json is a mapping")
     text = raw["text_config"] if isinstance(raw.get("text_config"), dict) else raw
-    sizes = _checked_sizes({k: text.get(k) for k in _HF_SIZES}, f"the model's config.json ({p})")
-    _check_embedding(folder, sizes)
+    _checked_sizes({k: text.get(k) for k in _HF_SIZES}, f"the model's config.json ({p})")
 
 
 # %% ../nbs/04b_hf_diagnostics.ipynb #2e2a5582
@@ -1151,7 +1155,8 @@ def _check_tensor_entry(path: Path, name: str, t, data: int) -> None:
 # %% ../nbs/04b_hf_diagnostics.ipynb #534c40dd
 def _check_hf_fits(config, n_samples: int, seq_len: int, dtype: str = "auto", device: str = "cpu") -> dict:
     """Refuse (`ResourceError`, both figures) a Transformers model whose diagnostics need more memory than `device`
-    has, from its config before anything is built; returns the estimate (bytes: weights, states, logits, total)."""
+    has, or more block passes than `_MAX_BLOCK_PASSES` (time), from its config before anything is built; returns the
+    estimate (bytes: weights, states, logits, total)."""
     if getattr(config, "model_type", None) == "depthbench":  # an export of ours: its design's closed form
         cfg = ModelConfig.from_dict(config.depthbench)
         d, L, V, context, params = cfg.d_model, cfg.n_layer, cfg.vocab_size, cfg.max_seq_len, count_params(cfg).total
@@ -1172,6 +1177,13 @@ def _check_hf_fits(config, n_samples: int, seq_len: int, dtype: str = "auto", de
             f"{format_bytes(need['states'] + need['logits'])} of states and logits for {n_samples} windows of {T} "
             f"tokens), {source} is {format_bytes(free)}: choose a smaller model or fewer windows, or pass "
             f"--no-memory-check (DEPTHBENCH_MEMORY_CHECK=0) to try anyway"
+        )
+    if L * L > _MAX_BLOCK_PASSES:
+        raise ResourceError(
+            f"a model of {L:,} blocks needs about {L * L:,} block passes for its per-layer scores (skipping each "
+            f"block reruns every other: time grows with the square of the depth); the cap is {_MAX_BLOCK_PASSES:,} "
+            f"({math.isqrt(_MAX_BLOCK_PASSES):,} blocks): pass --no-memory-check (DEPTHBENCH_MEMORY_CHECK=0) to "
+            "diagnose anyway"
         )
     return need
 

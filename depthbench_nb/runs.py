@@ -121,6 +121,8 @@ def read_json(path, what: Optional[str] = None):
     data = path.read_bytes()  # FileNotFoundError stays what it is
     try:
         return json.loads(data.decode("utf-8"))
+    except RecursionError:
+        raise CorruptFile(f"{what or path} nests deeper than Python can read ({len(data):,} bytes)") from None
     except (UnicodeDecodeError, ValueError) as e:
         raise CorruptFile(
             f"{what or path} is not valid JSON ({len(data)} bytes; truncated or not written by "
