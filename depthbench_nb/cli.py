@@ -17,7 +17,15 @@ import traceback
 from pathlib import Path
 
 from ._hooks import interrupted_at_start
-from .config import EXIT_ERROR, EXIT_INTERRUPTED, MESSAGE_LIMIT, ConfigError, CorruptFile, RunInterrupted, safe_path
+from depthbench_nb.config import (
+    EXIT_ERROR,
+    EXIT_INTERRUPTED,
+    MESSAGE_LIMIT,
+    ConfigError,
+    CorruptFile,
+    RunInterrupted,
+    safe_path,
+)
 from .console import call_parsed, emit, json_stdout, notebooks_dir, template_notebooks
 
 # %% auto #0

@@ -120,7 +120,6 @@ def _number_note(value) -> str:
         return "; integers are 64-bit (between -2**63 and 2**63 - 1)"
     return ""
 
-
 # %% ../nbs/00b_config.ipynb #89548362
 def _choice_error(kind: str, value, valid) -> ConfigError:
     valid = list(valid)

@@ -1034,7 +1034,6 @@ _SAFETENSORS_MAX_HEADER = 100_000_000  # bytes: the limit of the safetensors lib
 # %% ../nbs/04b_hf_diagnostics.ipynb #c4af87ce
 _MAX_BLOCK_PASSES = 250_000  # block passes of the per-layer scores (L^2): 500 blocks; the deepest HF LMs have ~130
 
-
 # %% ../nbs/04b_hf_diagnostics.ipynb #4223dec3
 def _check_model_folder(folder) -> None:
     """Refuse a local model folder before anything reads it: a file linking outside the folder or a pickle that would
@@ -1076,7 +1075,6 @@ def _check_config_file(folder: Path) -> None:
     text = raw["text_config"] if isinstance(raw.get("text_config"), dict) else raw
     _checked_sizes({k: text.get(k) for k in _HF_SIZES}, f"the model's config.json ({p})")
 
-
 # %% ../nbs/04b_hf_diagnostics.ipynb #2e2a5582
 def _check_embedding(folder: Path, sizes: dict) -> None:
     "The input embedding in the folder's safetensors headers has vocab_size rows of hidden_size (ConfigError)."
@@ -1093,7 +1091,6 @@ def _check_embedding(folder: Path, sizes: dict) -> None:
                         f"embedding {name} ({path.name}) is {rows} x {width}: the folder's files do not belong together"
                     )
                 return
-
 
 # %% ../nbs/04b_hf_diagnostics.ipynb #d82ffc80
 _SAFETENSORS_WIDTH = dict(

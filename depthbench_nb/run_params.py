@@ -271,7 +271,9 @@ def _check_types(p: RunParams) -> None:
         if value is None or base not in _TYPE_RULES or _type_ok(value, base)[0]:
             continue
         rule = f.metadata.get("rule", _TYPE_RULES[base])
-        raise ConfigError(f"{f.name} must be {rule}, got {short_repr(value)} ({type(value).__name__}){_number_note(value)}")
+        raise ConfigError(
+            f"{f.name} must be {rule}, got {short_repr(value)} ({type(value).__name__}){_number_note(value)}"
+        )
 
 
 def _init_seed_value(init_seed) -> Optional[int]:
@@ -627,7 +629,6 @@ def _callback_target(path: str) -> str:
         )
     return path
 
-
 # %% ../nbs/02e_run_params.ipynb #b0a33a25
 def _import_callback(path: str):
     """The class a callback spec names: from an installed module (the working directory and `''` are left out of the
@@ -671,7 +672,6 @@ def _import_file(file: Path):
             raise
     return sys.modules[name]
 
-
 # %% ../nbs/02e_run_params.ipynb #387e6355
 @contextlib.contextmanager
 def _installed_only():
@@ -683,12 +683,13 @@ def _installed_only():
     chosen = {os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p}
     here = os.path.abspath(os.getcwd())
     saved = list(sys.path)
-    sys.path[:] = [p for p in sys.path if p not in ("", ".") and not (os.path.abspath(p) == here and here not in chosen)]
+    sys.path[:] = [
+        p for p in sys.path if p not in ("", ".") and not (os.path.abspath(p) == here and here not in chosen)
+    ]
     try:
         yield
     finally:
         sys.path[:] = saved
-
 
 # %% ../nbs/02e_run_params.ipynb #4ecc2a2e
 def _callback_specs(specs) -> tuple[dict, ...]:

@@ -238,7 +238,6 @@ def _grid_depths(preset: str) -> int:
     except ConfigError:
         return 1
 
-
 # %% ../nbs/05b_sweep.ipynb #2e34430a
 def _check_run_count(spec: StudySpec) -> None:
     "A study planning more than `_MAX_STUDY_RUNS` runs is refused with its count, before any run is built."
@@ -252,7 +251,6 @@ def _check_run_count(spec: StudySpec) -> None:
             "values, or split it into several studies)"
         )
 
-
 # %% ../nbs/05b_sweep.ipynb #c01dd554
 def _study_callbacks(g: StudyGroup) -> tuple:
     """A group's `callbacks:`: one spec given alone (a string or a mapping) is one callback, never its characters;
@@ -261,7 +259,9 @@ def _study_callbacks(g: StudyGroup) -> tuple:
 
     specs = (g.callbacks,) if isinstance(g.callbacks, (str, dict)) else g.callbacks
     if not isinstance(specs, (list, tuple)):
-        raise ConfigError(f"group {g.name!r}: callbacks must be a list of 'package.module:Name', got {short_repr(specs)}")
+        raise ConfigError(
+            f"group {g.name!r}: callbacks must be a list of 'package.module:Name', got {short_repr(specs)}"
+        )
     for spec in specs:
         try:
             path = parse_callback(spec)["path"]
@@ -273,7 +273,6 @@ def _study_callbacks(g: StudyGroup) -> tuple:
                 "installed packages ('package.module:Name'; pip install the package), a study's folder runs no code"
             )
     return tuple(specs)
-
 
 # %% ../nbs/05b_sweep.ipynb #a40c0004
 def _group_replicates(g: StudyGroup) -> tuple[str, ...]:

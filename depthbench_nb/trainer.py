@@ -681,7 +681,6 @@ def _exit_from_callback(state: TrainState, call: Callable, e: SystemExit) -> Non
         + (f" with a checkpoint at step {done} (the same command resumes it)" if done else "")
     ) from None
 
-
 # %% ../nbs/02i_trainer.ipynb #b448c7b2
 def train_parser() -> argparse.ArgumentParser:
     "The parser of `depthbench-nb train`: every RunParams field and design option, then how to run it."
