@@ -114,6 +114,8 @@ def _number_note(value) -> str:
     """Why a number of the right kind is still refused, in words ('' when it is not that): every float option is
     finite (NaN and infinity mean nothing in any option; None switches off one that can be off) and every integer
     fits 64 bits."""
+    if isinstance(value, (list, tuple)):  # a list option: the first element that is refused says why
+        return next((note for note in map(_number_note, value[:1000]) if note), "")
     if isinstance(value, float) and not math.isfinite(value):
         return "; NaN and infinity are no option's value (None switches off an option that can be off)"
     if isinstance(value, int) and not isinstance(value, bool) and not -_INT_LIMIT <= value < _INT_LIMIT:

@@ -1034,6 +1034,42 @@ _SAFETENSORS_MAX_HEADER = 100_000_000  # bytes: the limit of the safetensors lib
 # %% ../nbs/04b_hf_diagnostics.ipynb #c4af87ce
 _MAX_BLOCK_PASSES = 250_000  # block passes of the per-layer scores (L^2): 500 blocks; the deepest HF LMs have ~130
 
+# %% ../nbs/04b_hf_diagnostics.ipynb #b6c2d3ae
+_HF_SIZES = (
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "intermediate_size",
+    "vocab_size",
+    "max_position_embeddings",
+)
+
+# %% ../nbs/04b_hf_diagnostics.ipynb #6ae7e21a
+def _hf_sizes(config) -> dict:
+    "The sizes of a Transformers config the estimate reads; a given integer size must be >= 1 (ConfigError naming it)."
+    text = config.get_text_config()
+    return _checked_sizes({key: getattr(text, key, None) for key in _HF_SIZES}, "the model's config.json")
+
+
+def _checked_sizes(values: dict, where: str) -> dict:
+    """The sizes given (None: not said), each a positive 64-bit integer (not 12.0, not true), the attention heads
+    dividing the width (unless head_dim is given) and the key/value heads dividing the heads: ConfigError otherwise."""
+    out = {}
+    for key, v in values.items():
+        if v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v < 2**63:
+            raise ConfigError(f"{where} has {key} {short_repr(v)}; it must be a positive integer")
+        out[key] = v
+    heads, kv, d = out.get("num_attention_heads"), out.get("num_key_value_heads"), out.get("hidden_size")
+    if heads and d and "head_dim" not in out and d % heads:
+        raise ConfigError(f"{where}: hidden_size {d} is not a multiple of num_attention_heads {heads}")
+    if heads and kv and heads % kv:
+        raise ConfigError(f"{where}: num_attention_heads {heads} is not a multiple of num_key_value_heads {kv}")
+    return out
+
 # %% ../nbs/04b_hf_diagnostics.ipynb #4223dec3
 def _check_model_folder(folder) -> None:
     """Refuse a local model folder before anything reads it: a file linking outside the folder or a pickle that would
@@ -1183,42 +1219,6 @@ def _check_hf_fits(config, n_samples: int, seq_len: int, dtype: str = "auto", de
             "diagnose anyway"
         )
     return need
-
-# %% ../nbs/04b_hf_diagnostics.ipynb #b6c2d3ae
-_HF_SIZES = (
-    "hidden_size",
-    "num_hidden_layers",
-    "num_attention_heads",
-    "num_key_value_heads",
-    "head_dim",
-    "intermediate_size",
-    "vocab_size",
-    "max_position_embeddings",
-)
-
-# %% ../nbs/04b_hf_diagnostics.ipynb #6ae7e21a
-def _hf_sizes(config) -> dict:
-    "The sizes of a Transformers config the estimate reads; a given integer size must be >= 1 (ConfigError naming it)."
-    text = config.get_text_config()
-    return _checked_sizes({key: getattr(text, key, None) for key in _HF_SIZES}, "the model's config.json")
-
-
-def _checked_sizes(values: dict, where: str) -> dict:
-    """The sizes given (None: not said), each a positive 64-bit integer (not 12.0, not true), the attention heads
-    dividing the width (unless head_dim is given) and the key/value heads dividing the heads: ConfigError otherwise."""
-    out = {}
-    for key, v in values.items():
-        if v is None:
-            continue
-        if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v < 2**63:
-            raise ConfigError(f"{where} has {key} {short_repr(v)}; it must be a positive integer")
-        out[key] = v
-    heads, kv, d = out.get("num_attention_heads"), out.get("num_key_value_heads"), out.get("hidden_size")
-    if heads and d and "head_dim" not in out and d % heads:
-        raise ConfigError(f"{where}: hidden_size {d} is not a multiple of num_attention_heads {heads}")
-    if heads and kv and heads % kv:
-        raise ConfigError(f"{where}: num_attention_heads {heads} is not a multiple of num_key_value_heads {kv}")
-    return out
 
 # %% ../nbs/04b_hf_diagnostics.ipynb #852c4317
 def _hf_shape(s: dict) -> tuple[int, int, int]:
