@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from .config import ConfigError, RunConfig, append_text, short_repr
-from .run_params import parse_callback
+from .run_params import _import_callback, parse_callback
 from .console import flatten, scalar_or_str
 from .data import held_out_set
 from .runs import RECORD_FILES, MetricsLog, SignalCatcher, save_checkpoint
@@ -478,11 +478,7 @@ def build_callbacks(specs: Sequence) -> list[Callback]:
     out = []
     for spec in specs:
         spec = parse_callback(spec)
-        module, name = spec["path"].split(":")
-        try:
-            cls = getattr(importlib.import_module(module), name)
-        except (ImportError, AttributeError) as e:
-            raise ConfigError(f"callback {spec['path']}: cannot import it ({type(e).__name__}: {e})") from None
+        cls = _import_callback(spec["path"])  # installed modules, or the file the command line named
         base = importlib.import_module("depthbench_nb.callbacks").Callback  # the package's class (also in notebooks)
         if not (isinstance(cls, type) and issubclass(cls, base)):
             raise ConfigError(f"callback {spec['path']} is not a Callback class (depthbench_nb.callbacks.Callback)")

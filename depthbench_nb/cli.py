@@ -17,7 +17,15 @@ import traceback
 from pathlib import Path
 
 from ._hooks import interrupted_at_start
-from .config import EXIT_ERROR, EXIT_INTERRUPTED, MESSAGE_LIMIT, ConfigError, RunInterrupted, safe_path
+from depthbench_nb.config import (
+    EXIT_ERROR,
+    EXIT_INTERRUPTED,
+    MESSAGE_LIMIT,
+    ConfigError,
+    CorruptFile,
+    RunInterrupted,
+    safe_path,
+)
 from .console import call_parsed, emit, json_stdout, notebooks_dir, template_notebooks
 
 # %% auto #0
@@ -181,6 +189,9 @@ def main(argv=None) -> int:
                 return int(_load(COMMANDS[cmd][0])(rest) or 0)
     except (ConfigError, OSError) as e:  # bad input, damaged files, a busy run, the disk: a clear message
         return _fail(cmd, e, as_json, out)
+    except RecursionError as e:  # an input nested deeper than Python reads (JSON 100,000 levels deep): one line
+        why = CorruptFile(f"an input nests deeper than Python can read ({e}); a file this command reads is damaged")
+        return _fail(cmd, why, as_json, out)
     except RunInterrupted as e:  # a signal before there was anything to save (training saves, then returns)
         return _fail(cmd, e, as_json, out, kind="interrupted", code=EXIT_INTERRUPTED)
     except KeyboardInterrupt:  # Ctrl-C in a command that does not catch it itself

@@ -94,6 +94,7 @@ class RunInterrupted(BaseException):
 
 # %% ../nbs/00b_config.ipynb #49f6b886
 MESSAGE_LIMIT = 600  # characters of a message on the command line (values in it: `short_repr`, fewer)
+_NAME_MAX = 255  # bytes of a file or folder name (Linux NAME_MAX): a study's name is a folder's
 
 # %% ../nbs/00b_config.ipynb #57ff5dff
 def short_repr(value, limit: int = 120) -> str:
@@ -105,11 +106,28 @@ def short_repr(value, limit: int = 120) -> str:
     text = r.repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
+# %% ../nbs/00b_config.ipynb #688e4f9b
+_INT_LIMIT = 2**63  # config integers are 64-bit signed (torch and numpy seed and index with them)
+
+
+def _number_note(value) -> str:
+    """Why a number of the right kind is still refused, in words ('' when it is not that): every float option is
+    finite (NaN and infinity mean nothing in any option; None switches off one that can be off) and every integer
+    fits 64 bits."""
+    if isinstance(value, (list, tuple)):  # a list option: the first element that is refused says why
+        return next((note for note in map(_number_note, value[:1000]) if note), "")
+    if isinstance(value, float) and not math.isfinite(value):
+        return "; NaN and infinity are no option's value (None switches off an option that can be off)"
+    if isinstance(value, int) and not isinstance(value, bool) and not -_INT_LIMIT <= value < _INT_LIMIT:
+        return "; integers are 64-bit (between -2**63 and 2**63 - 1)"
+    return ""
+
 # %% ../nbs/00b_config.ipynb #89548362
 def _choice_error(kind: str, value, valid) -> ConfigError:
     valid = list(valid)
     shown = ", ".join(map(str, valid[:40])) + (f", ... ({len(valid)} in all)" if len(valid) > 40 else "")
-    return ConfigError(f"unknown {kind} {short_repr(value)}; valid {kind}s: {shown}")
+    plural = kind[:-1] + "ies" if kind.endswith("y") and kind[-2:-1] not in "aeiou" else kind + "s"  # studies
+    return ConfigError(f"unknown {kind} {short_repr(value)}; valid {plural}: {shown}")
 
 # %% ../nbs/00b_config.ipynb #e2732d6a
 def _no_mixing(cfg, *args) -> tuple[int, int]:
@@ -500,13 +518,15 @@ def _type_ok(value, tp) -> tuple[bool, Any]:
     if tp is bool:
         return isinstance(value, bool), value
     if tp is int:
-        return (isinstance(value, int) and not isinstance(value, bool)), value
+        return (isinstance(value, int) and not isinstance(value, bool) and -_INT_LIMIT <= value < _INT_LIMIT), value
     if tp is float:
-        if isinstance(value, bool):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
             return False, value
-        if isinstance(value, (int, float)):
-            return True, float(value)
-        return False, value
+        try:
+            number = float(value)
+        except OverflowError:  # an int beyond any float
+            return False, value
+        return math.isfinite(number), number  # NaN and infinity are no option's value (`_number_note`)
     if tp is str:
         return isinstance(value, str), value
     if isinstance(tp, type) and issubclass(tp, Config):
@@ -535,6 +555,7 @@ class Config:
                 want = _type_name(hints[f.name])
                 raise ConfigError(
                     f"{type(self).__name__}.{f.name} must be {want}, got {short_repr(v)} ({type(v).__name__})"
+                    + _number_note(v)
                 )
             object.__setattr__(self, f.name, conv)
 
@@ -870,6 +891,13 @@ def validate(self: TrainConfig):  # noqa: F811 (each @patch names a method)
         raise ConfigError(f"lr must be a finite positive number, got {self.lr}")
     if self.weight_decay < 0:
         raise ConfigError(f"weight_decay must be >= 0, got {self.weight_decay}")
+    if not self.eps > 0:
+        raise ConfigError(f"eps must be > 0 (Adam divides by sqrt(v) + eps), got {self.eps}")
+    if self.tokens_per_param is not None and not self.tokens_per_param > 0:
+        raise ConfigError(f"tokens_per_param must be > 0 or None, got {self.tokens_per_param}")
+    for n in ("seed", "init_seed"):
+        if (getattr(self, n) or 0) < 0:
+            raise ConfigError(f"{n} must be >= 0 (numpy and torch seeds are unsigned), got {getattr(self, n)}")
     if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
         raise ConfigError(f"betas must be two numbers in [0, 1), got {self.betas}")
     if not 0 <= self.warmup_frac < 1:
@@ -915,6 +943,8 @@ class RunConfig(Config):
     def validate(self):
         if not self.study or any(c in self.study for c in "/\\") or self.study.startswith("."):
             raise ConfigError(f"study must be a plain folder name, got {short_repr(self.study)}")
+        if len(self.study.encode()) > _NAME_MAX:
+            raise ConfigError(f"study name is {len(self.study.encode())} bytes; a folder name is at most {_NAME_MAX}")
         if self.num_processes < 1:
             raise ConfigError(f"num_processes must be >= 1, got {self.num_processes}")
         if self.fsdp and self.num_processes < 2:

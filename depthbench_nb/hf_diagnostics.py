@@ -822,10 +822,15 @@ def _load_hf_config(name: str, revision: Optional[str] = None, trust_remote_code
 
     try:
         return AutoConfig.from_pretrained(name, revision=revision, trust_remote_code=trust_remote_code)
-    except (OSError, ValueError) as e:
+    except Exception as e:  # a config Transformers refuses (its strict fields raise *ValidationError): one line
+        if not isinstance(e, (OSError, ValueError, TypeError, RecursionError)) and not type(e).__name__.endswith(
+            "ValidationError"
+        ):
+            raise
         raise ConfigError(
-            f"cannot load a Transformers configuration from {name!r} (a hub name or a folder with config.json): {e}"
-        ) from e
+            f"cannot load a Transformers configuration from {name!r} (a hub name or a folder with config.json): "
+            f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
+        ) from None
 
 # %% ../nbs/04b_hf_diagnostics.ipynb #7b147d6c
 def _load_hf_model(
@@ -965,6 +970,8 @@ def diagnose_hf(
         name, revision, trust_remote_code
     )  # everything cheap first: a bad input fails before the weights load
     _check_hf_fits(config, n_samples, seq_len, dtype, device)  # train's memory rule, before anything is built
+    if Path(name).expanduser().is_dir() and config.model_type != "depthbench":
+        _check_embedding(Path(name).expanduser(), _hf_sizes(config))  # the weights are the config's
     native = config.model_type == "depthbench"  # an export of ours: its own model and metric set
     cfg = ModelConfig.from_dict(config.depthbench) if native else None
     requested, metrics = metrics, check_metrics(metrics, cfg) if native else _check_hf_metrics(metrics)
@@ -1024,6 +1031,45 @@ def _weights_refused(name: str):
 # %% ../nbs/04b_hf_diagnostics.ipynb #c6064ef7
 _SAFETENSORS_MAX_HEADER = 100_000_000  # bytes: the limit of the safetensors library itself
 
+# %% ../nbs/04b_hf_diagnostics.ipynb #c4af87ce
+_MAX_BLOCK_PASSES = 250_000  # block passes of the per-layer scores (L^2): 500 blocks; the deepest HF LMs have ~130
+
+# %% ../nbs/04b_hf_diagnostics.ipynb #b6c2d3ae
+_HF_SIZES = (
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "intermediate_size",
+    "vocab_size",
+    "max_position_embeddings",
+)
+
+# %% ../nbs/04b_hf_diagnostics.ipynb #6ae7e21a
+def _hf_sizes(config) -> dict:
+    "The sizes of a Transformers config the estimate reads; a given integer size must be >= 1 (ConfigError naming it)."
+    text = config.get_text_config()
+    return _checked_sizes({key: getattr(text, key, None) for key in _HF_SIZES}, "the model's config.json")
+
+
+def _checked_sizes(values: dict, where: str) -> dict:
+    """The sizes given (None: not said), each a positive 64-bit integer (not 12.0, not true), the attention heads
+    dividing the width (unless head_dim is given) and the key/value heads dividing the heads: ConfigError otherwise."""
+    out = {}
+    for key, v in values.items():
+        if v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v < 2**63:
+            raise ConfigError(f"{where} has {key} {short_repr(v)}; it must be a positive integer")
+        out[key] = v
+    heads, kv, d = out.get("num_attention_heads"), out.get("num_key_value_heads"), out.get("hidden_size")
+    if heads and d and "head_dim" not in out and d % heads:
+        raise ConfigError(f"{where}: hidden_size {d} is not a multiple of num_attention_heads {heads}")
+    if heads and kv and heads % kv:
+        raise ConfigError(f"{where}: num_attention_heads {heads} is not a multiple of num_key_value_heads {kv}")
+    return out
+
 # %% ../nbs/04b_hf_diagnostics.ipynb #4223dec3
 def _check_model_folder(folder) -> None:
     """Refuse a local model folder before anything reads it: a file linking outside the folder or a pickle that would
@@ -1039,6 +1085,48 @@ def _check_model_folder(folder) -> None:
             _check_safetensors_header(p)
         elif p.is_file() and p.name.startswith("pytorch_model") and p.suffix == ".bin":  # what Transformers unpickles
             check_torch_file(p, str(p))
+    _check_config_file(folder)
+
+# %% ../nbs/04b_hf_diagnostics.ipynb #1ea6d1a9
+_CONFIG_MAX_BYTES = 10_000_000  # a config.json is a few kilobytes
+_EMBEDDING_NAMES = ("embed_tokens.weight", "wte.weight", "embed_in.weight", "word_embeddings.weight")
+
+
+def _check_config_file(folder: Path) -> None:
+    """A local folder's config.json, read before Transformers builds anything: JSON of bounded size and depth (one
+    line, never a RecursionError), its sizes checked (`_checked_sizes`)."""
+    p = folder / "config.json"
+    if not p.is_file():
+        return  # Transformers says what is missing
+    if p.stat().st_size > _CONFIG_MAX_BYTES:
+        raise CorruptFile(f"{p} is {p.stat().st_size:,} bytes; a config.json is a few kilobytes")
+    try:
+        raw = json.loads(p.read_bytes())
+    except RecursionError:
+        raise CorruptFile(f"{p} nests deeper than Python can read; a config.json is a flat mapping") from None
+    except (ValueError, UnicodeDecodeError) as e:
+        raise CorruptFile(f"{p} is not JSON ({short_repr(str(e), 200)})") from None
+    if not isinstance(raw, dict):
+        raise CorruptFile(f"{p} holds {type(raw).__name__}; a config.json is a mapping")
+    text = raw["text_config"] if isinstance(raw.get("text_config"), dict) else raw
+    _checked_sizes({k: text.get(k) for k in _HF_SIZES}, f"the model's config.json ({p})")
+
+# %% ../nbs/04b_hf_diagnostics.ipynb #2e2a5582
+def _check_embedding(folder: Path, sizes: dict) -> None:
+    "The input embedding in the folder's safetensors headers has vocab_size rows of hidden_size (ConfigError)."
+    for path in sorted(folder.glob("*.safetensors")):
+        with open(path, "rb") as f:
+            header = json.loads(f.read(int.from_bytes(f.read(8), "little")))  # checked by _check_safetensors_header
+        for name, t in header.items():
+            if name.endswith(_EMBEDDING_NAMES) and len(t.get("shape", ())) == 2:
+                rows, width = t["shape"]
+                want = (sizes.get("vocab_size", rows), sizes.get("hidden_size", width))
+                if (rows, width) != want:
+                    raise ConfigError(
+                        f"the model's config.json says vocab_size {want[0]} and hidden_size {want[1]}; the weights' "
+                        f"embedding {name} ({path.name}) is {rows} x {width}: the folder's files do not belong together"
+                    )
+                return
 
 # %% ../nbs/04b_hf_diagnostics.ipynb #d82ffc80
 _SAFETENSORS_WIDTH = dict(
@@ -1100,7 +1188,8 @@ def _check_tensor_entry(path: Path, name: str, t, data: int) -> None:
 # %% ../nbs/04b_hf_diagnostics.ipynb #534c40dd
 def _check_hf_fits(config, n_samples: int, seq_len: int, dtype: str = "auto", device: str = "cpu") -> dict:
     """Refuse (`ResourceError`, both figures) a Transformers model whose diagnostics need more memory than `device`
-    has, from its config before anything is built; returns the estimate (bytes: weights, states, logits, total)."""
+    has, or more block passes than `_MAX_BLOCK_PASSES` (time), from its config before anything is built; returns the
+    estimate (bytes: weights, states, logits, total)."""
     if getattr(config, "model_type", None) == "depthbench":  # an export of ours: its design's closed form
         cfg = ModelConfig.from_dict(config.depthbench)
         d, L, V, context, params = cfg.d_model, cfg.n_layer, cfg.vocab_size, cfg.max_seq_len, count_params(cfg).total
@@ -1122,31 +1211,14 @@ def _check_hf_fits(config, n_samples: int, seq_len: int, dtype: str = "auto", de
             f"tokens), {source} is {format_bytes(free)}: choose a smaller model or fewer windows, or pass "
             f"--no-memory-check (DEPTHBENCH_MEMORY_CHECK=0) to try anyway"
         )
+    if L * L > _MAX_BLOCK_PASSES:
+        raise ResourceError(
+            f"a model of {L:,} blocks needs about {L * L:,} block passes for its per-layer scores (skipping each "
+            f"block reruns every other: time grows with the square of the depth); the cap is {_MAX_BLOCK_PASSES:,} "
+            f"({math.isqrt(_MAX_BLOCK_PASSES):,} blocks): pass --no-memory-check (DEPTHBENCH_MEMORY_CHECK=0) to "
+            "diagnose anyway"
+        )
     return need
-
-# %% ../nbs/04b_hf_diagnostics.ipynb #b6c2d3ae
-_HF_SIZES = (
-    "hidden_size",
-    "num_hidden_layers",
-    "num_attention_heads",
-    "num_key_value_heads",
-    "head_dim",
-    "intermediate_size",
-    "vocab_size",
-    "max_position_embeddings",
-)
-
-# %% ../nbs/04b_hf_diagnostics.ipynb #6ae7e21a
-def _hf_sizes(config) -> dict:
-    "The sizes of a Transformers config the estimate reads; a given integer size must be >= 1 (ConfigError naming it)."
-    text, out = config.get_text_config(), {}
-    for key in _HF_SIZES:
-        v = getattr(text, key, None)
-        if isinstance(v, bool) or (isinstance(v, int) and v < 1):
-            raise ConfigError(f"the model's config.json has {key} {short_repr(v)}; it must be a positive integer")
-        if isinstance(v, int):
-            out[key] = v
-    return out
 
 # %% ../nbs/04b_hf_diagnostics.ipynb #852c4317
 def _hf_shape(s: dict) -> tuple[int, int, int]:

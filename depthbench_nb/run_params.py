@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from fastcore.basics import patch
 
+import contextlib
 import dataclasses
 import difflib
 import functools
@@ -32,6 +33,7 @@ from depthbench_nb.config import (
     RunConfig,
     TrainConfig,
     _choice_error,
+    _number_note,
     _type_name,
     _type_ok,
     ffn_hidden_default,
@@ -269,7 +271,9 @@ def _check_types(p: RunParams) -> None:
         if value is None or base not in _TYPE_RULES or _type_ok(value, base)[0]:
             continue
         rule = f.metadata.get("rule", _TYPE_RULES[base])
-        raise ConfigError(f"{f.name} must be {rule}, got {value!r} ({type(value).__name__})")
+        raise ConfigError(
+            f"{f.name} must be {rule}, got {short_repr(value)} ({type(value).__name__}){_number_note(value)}"
+        )
 
 
 def _init_seed_value(init_seed) -> Optional[int]:
@@ -494,7 +498,9 @@ def apply_overrides(
         check, kind = table[name]
         ok, value = check(value)
         if not ok:
-            raise ConfigError(f"{name} must be {kind}, got {short_repr(value)} ({type(value).__name__})")
+            raise ConfigError(
+                f"{name} must be {kind}, got {short_repr(value)} ({type(value).__name__}){_number_note(value)}"
+            )
         section, key = name.split(".", 1)
         changes.setdefault(section, {})[key] = value
     new = run.replace(**{s: _replaced(getattr(run, s), s, c, table) for s, c in changes.items()})
@@ -607,7 +613,83 @@ def parse_callback(spec) -> dict:
         raise ConfigError(f"callback path must be 'package.module:Name', got {short_repr(path)}")
     if not isinstance(args, dict):
         raise ConfigError(f"callback {path}: its arguments must be a JSON object, got {short_repr(args)}")
-    return dict(path=path.strip(), args=args)
+    return dict(path=_callback_target(path.strip()), args=args)
+
+# %% ../nbs/02e_run_params.ipynb #5802e45b
+def _callback_target(path: str) -> str:
+    """`module:Name` with an absolute dotted module name (an installed package's), or `file.py:Name` with the file
+    made absolute; anything else (a relative `.mod`, a name that is no identifier) is refused in one line."""
+    module, name = path.split(":")
+    if module.endswith(".py"):
+        return f"{Path(module).expanduser().resolve()}:{name}"
+    if not (all(part.isidentifier() for part in module.split(".")) and name.isidentifier()):
+        raise ConfigError(
+            f"callback {short_repr(path)}: give an installed module by its absolute dotted name "
+            "('package.module:Name', no leading dot) or a Python file ('path/to/file.py:Name', command line only)"
+        )
+    return path
+
+# %% ../nbs/02e_run_params.ipynb #b0a33a25
+def _import_callback(path: str):
+    """The class a callback spec names: from an installed module (the working directory and `''` are left out of the
+    search, so a file planted beside a study or in the current folder never runs) or from the `.py` file a user gave
+    on the command line. Whatever the module raises while it is imported (a SyntaxError, an exception, `sys.exit`) is
+    one ConfigError."""
+    module, name = path.split(":")
+    try:
+        if module.endswith(".py"):
+            mod = _import_file(Path(module))
+        else:
+            with _installed_only():
+                mod = importlib.import_module(module)
+        return getattr(mod, name)
+    except (Exception, SystemExit) as e:  # foreign code at import: one line (KeyboardInterrupt stays a Ctrl-C)
+        what = (
+            f"it called sys.exit({e.code!r}) while imported"
+            if isinstance(e, SystemExit)
+            else f"{type(e).__name__}: {short_repr(str(e), 200)}"
+        )
+        raise ConfigError(f"callback {path}: cannot import it ({what})") from None
+
+
+def _import_file(file: Path):
+    "A module from a `.py` file (named after its path's hash, so two files of one name do not collide)."
+    import hashlib
+    import importlib.util
+    import sys
+
+    if not file.is_file():
+        raise ConfigError(f"{file} is not a file")
+    name = "_depthbench_callback_" + hashlib.sha256(str(file).encode()).hexdigest()[:12]
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, file)
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        try:
+            spec.loader.exec_module(mod)
+        except BaseException:
+            sys.modules.pop(name, None)
+            raise
+    return sys.modules[name]
+
+# %% ../nbs/02e_run_params.ipynb #387e6355
+@contextlib.contextmanager
+def _installed_only():
+    """sys.path without the working directory ('' or its path), unless PYTHONPATH names it: a module is then found in
+    the installed packages and the folders the user chose, never in whatever folder a command happens to run in."""
+    import os
+    import sys
+
+    chosen = {os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p}
+    here = os.path.abspath(os.getcwd())
+    saved = list(sys.path)
+    sys.path[:] = [
+        p for p in sys.path if p not in ("", ".") and not (os.path.abspath(p) == here and here not in chosen)
+    ]
+    try:
+        yield
+    finally:
+        sys.path[:] = saved
 
 # %% ../nbs/02e_run_params.ipynb #4ecc2a2e
 def _callback_specs(specs) -> tuple[dict, ...]:
@@ -616,11 +698,7 @@ def _callback_specs(specs) -> tuple[dict, ...]:
     specs = [specs] if isinstance(specs, (str, dict)) else (specs or ())  # one callback given alone
     out = tuple(parse_callback(s) for s in specs)
     for spec in out:
-        module, name = spec["path"].split(":")
-        try:
-            cls = getattr(importlib.import_module(module), name)
-        except (ImportError, AttributeError) as e:
-            raise ConfigError(f"callback {spec['path']}: cannot import it ({type(e).__name__}: {e})") from None
+        cls = _import_callback(spec["path"])
         if not (isinstance(cls, type) and all(hasattr(cls, h) for h in ("state_dict", "on_step_end", "order"))):
             raise ConfigError(f"callback {spec['path']} is not a Callback class (depthbench_nb.callbacks.Callback)")
         try:

@@ -123,6 +123,8 @@ def read_json(path, what: Optional[str] = None):
     data = path.read_bytes()  # FileNotFoundError stays what it is
     try:
         return json.loads(data.decode("utf-8"))
+    except RecursionError:
+        raise CorruptFile(f"{what or path} nests deeper than Python can read ({len(data):,} bytes)") from None
     except (UnicodeDecodeError, ValueError) as e:
         raise CorruptFile(
             f"{what or path} is not valid JSON ({len(data)} bytes; truncated or not written by "
@@ -1152,10 +1154,12 @@ def _signal_numbers(names=_INTERRUPT_SIGNALS) -> list:
 class SignalCatcher:
     """SIGTERM, SIGINT and SIGUSR1 as a request to stop (in the main thread; elsewhere nothing is installed). Before
     `armed` (setup) the first signal raises `RunInterrupted`; armed, it is recorded in `received` for the training loop.
-    Later signals are said and ignored. The previous handlers are restored on exit."""
+    Later signals are said and ignored, but while a user's callback runs (`user_code` names it) the second one raises
+    `RunInterrupted` in it: a callback that never returns cannot hold the run. The previous handlers are restored on
+    exit."""
 
     def __init__(self, say: Callable[[str], None] = print):
-        self.say, self.received, self.armed, self.previous = say, None, False, {}
+        self.say, self.received, self.armed, self.previous, self.user_code = say, None, False, {}, None
 
     @property
     def signal_name(self) -> Optional[str]:
@@ -1167,6 +1171,8 @@ class SignalCatcher:
         import signal
 
         name = signal.Signals(signum).name
+        if self.received is not None and self.user_code:
+            raise RunInterrupted(signum, f"{name} again while callback {self.user_code} ran: it was stopped there")
         if self.received is not None:
             self.say(f"{name} again: already stopping (finishing the step and its checkpoint); waiting is safe")
             return

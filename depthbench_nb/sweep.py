@@ -40,6 +40,7 @@ from depthbench_nb.config import (
     FolderBusy,
     FolderLock,
     RunConfig,
+    _NAME_MAX,
     _choice_error,
     atomic_write_bytes,
     atomic_write_json,
@@ -125,7 +126,8 @@ class StudyGroup(Config):
 def validate(self: StudyGroup):
     if not self.name:
         raise ConfigError("StudyGroup.name must be a non-empty string")
-    _group_sets(self)  # the names and the shape of the values, before any run is resolved
+    _group_axes(self)  # the names and the shape of the values, before any run is resolved (or any product built)
+    object.__setattr__(self, "callbacks", _study_callbacks(self))
     _group_replicates(self)
     if self.checkpoint_every is not None and self.checkpoint_every < 1:
         raise ConfigError(f"group {self.name!r}: checkpoint_every must be >= 1, got {self.checkpoint_every}")
@@ -207,11 +209,22 @@ class StudySpec(Config):
             raise ConfigError(f"study {self.name!r}: duplicate group names {dup}")
         if self.reuses is not None and (not self.reuses or "/" in self.reuses or self.reuses == self.name):
             raise ConfigError(f"study {self.name!r}: reuses must name another study, got {self.reuses!r}")
+        if len(self.name.encode()) > _NAME_MAX:
+            raise ConfigError(
+                f"study name is {len(self.name.encode())} bytes long; a study name is a folder name: at most "
+                f"{_NAME_MAX} bytes"
+            )
+        _check_run_count(self)
         _check_study_paths(self)
 
 # %% ../nbs/05b_sweep.ipynb #626d18f4
 def _group_sets(g: StudyGroup) -> list[dict]:
     "The overrides of each run of a group: the product of its `set:` values ([{}] without `set:`)."
+    return [dict(combo) for combo in itertools.product(*_group_axes(g))]
+
+
+def _group_axes(g: StudyGroup) -> list[list]:
+    "The axes of a group's `set:`, each a list of (name, value): checked, their product not built."
     from depthbench_nb.run_params import settable_fields, _unknown_name
 
     if not isinstance(g.set, dict):
@@ -225,7 +238,66 @@ def _group_sets(g: StudyGroup) -> list[dict]:
         if swept and not value:
             raise ConfigError(f"group {g.name!r}, set: {name} sweeps an empty list")
         axes.append([(name, v) for v in (value if swept else [value])])
-    return [dict(combo) for combo in itertools.product(*axes)]
+    return axes
+
+# %% ../nbs/05b_sweep.ipynb #cb725ca5
+_MAX_STUDY_RUNS = 5_000  # runs one study may plan (the largest shipped study plans 210; planning takes ~20 ms a run)
+
+
+def _group_run_count(spec: StudySpec, g: StudyGroup) -> int:
+    "How many runs a group plans: the product of its lists' lengths (no run, no list of them is built)."
+    n = math.prod(len(axis) for axis in _group_axes(g)) * max(1, len(g.lrs)) * len(g.seeds) * max(1, len(g.option_sets))
+    if g.looped_grid is not None:
+        from depthbench_nb.looped import looped_grid_rows
+
+        return n * sum(1 for row in looped_grid_rows(g.looped_grid) if g.include_reused or not row["reused"])
+    if g.r or g.s or g.C:
+        return n * max(1, len(g.r)) * max(1, len(g.s)) * max(1, len(g.C))
+    return n * len(g.archs) * (len(g.depths) or _grid_depths(g.preset or spec.preset))
+
+
+def _grid_depths(preset: str) -> int:
+    "The number of depths of a preset's grid (1 when it cannot be told yet: expanding the group says why)."
+    try:
+        return max(1, len(get_grid(resolve_preset(preset)[0].grid).depths))
+    except ConfigError:
+        return 1
+
+# %% ../nbs/05b_sweep.ipynb #2e34430a
+def _check_run_count(spec: StudySpec) -> None:
+    "A study planning more than `_MAX_STUDY_RUNS` runs is refused with its count, before any run is built."
+    counts = {g.name: _group_run_count(spec, g) for g in spec.groups}
+    total = sum(counts.values())
+    if total > _MAX_STUDY_RUNS:
+        big = max(counts, key=counts.get)
+        raise ConfigError(
+            f"study {spec.name!r} plans {total:,} runs (group {big!r}: {counts[big]:,}, the product of its lists' "
+            f"lengths); a study plans at most {_MAX_STUDY_RUNS:,} runs: refused before building any (sweep fewer "
+            "values, or split it into several studies)"
+        )
+
+# %% ../nbs/05b_sweep.ipynb #c01dd554
+def _study_callbacks(g: StudyGroup) -> tuple:
+    """A group's `callbacks:`: one spec given alone (a string or a mapping) is one callback, never its characters;
+    each names a module of an installed package (a study's folder runs no code: a `.py` file is refused)."""
+    from depthbench_nb.run_params import parse_callback
+
+    specs = (g.callbacks,) if isinstance(g.callbacks, (str, dict)) else g.callbacks
+    if not isinstance(specs, (list, tuple)):
+        raise ConfigError(
+            f"group {g.name!r}: callbacks must be a list of 'package.module:Name', got {short_repr(specs)}"
+        )
+    for spec in specs:
+        try:
+            path = parse_callback(spec)["path"]
+        except ConfigError as e:
+            raise ConfigError(f"group {g.name!r}, callbacks: {e}") from None
+        if path.split(":")[0].endswith(".py"):
+            raise ConfigError(
+                f"group {g.name!r}, callbacks: {short_repr(spec)} is a file; a study's callbacks name modules of "
+                "installed packages ('package.module:Name'; pip install the package), a study's folder runs no code"
+            )
+    return tuple(specs)
 
 # %% ../nbs/05b_sweep.ipynb #a40c0004
 def _group_replicates(g: StudyGroup) -> tuple[str, ...]:
@@ -1576,7 +1648,8 @@ def _current_spec(study) -> Optional[StudySpec]:
     if Path(str(study)).suffix.lower() in (".yaml", ".yml", ".json"):
         return load_study(study)
     # a copy of a shipped study that keeps its name (as its header invites, with another preset) is what was swept
-    source = (_recorded_plan(study) or {}).get("file")
+    plan = _recorded_plan(study) or {}
+    source = plan.get("file") if plan.get("study") == study else None  # a plan.json of another study: not this one's
     if isinstance(source, str) and Path(source).is_file():
         spec = load_study(source)
         if spec.name == study:

@@ -32,6 +32,7 @@ from depthbench_nb.config import (
     CorruptFile,
     ResourceError,
     RunConfig,
+    RunInterrupted,
     available_memory,
     format_bytes,
     memory_check_enabled,
@@ -621,7 +622,8 @@ def train_loop(state: TrainState, callbacks: Sequence[Callback]) -> dict:
 
     def call(hook: str, *args) -> None:
         for cb in state.callbacks:
-            getattr(cb, hook)(state, *args)
+            with _user_code(state, cb, hook):
+                getattr(cb, hook)(state, *args)
 
     if state.dist.main:
         print(_banner(state))
@@ -629,6 +631,10 @@ def train_loop(state: TrainState, callbacks: Sequence[Callback]) -> dict:
     state.seg_start = time.time()
     try:
         _run_steps(state, call)
+    except (RunInterrupted, KeyboardInterrupt) as e:  # from a callback: a second signal, or its own Ctrl-C
+        state.interrupted = getattr(e, "signum", signal.SIGINT)
+    except SystemExit as e:  # a callback ended the process: a failed run, checkpointed, never an exit 0
+        _exit_from_callback(state, call, e)
     except BaseException as e:
         oom = _record_failure(state, call, e)
         if oom:
@@ -643,6 +649,37 @@ def train_loop(state: TrainState, callbacks: Sequence[Callback]) -> dict:
         call("on_train_end")
         return dict(status="stopped", step=state.step, run_id=state.run.run_id)
     return _finish(state, call)
+
+# %% ../nbs/02i_trainer.ipynb #d6bb9214
+@contextlib.contextmanager
+def _user_code(state: TrainState, cb: Callback, hook: str):
+    "While a callback that is not the package's own runs, the signal catcher names it (a second signal stops it)."
+    own = type(cb).__module__.startswith("depthbench_nb.")
+    signals = state.signals
+    if own or signals is None:
+        yield
+        return
+    signals.user_code = f"{type(cb).__module__}.{type(cb).__name__}.{hook}"
+    try:
+        yield
+    finally:
+        signals.user_code = None
+
+
+def _exit_from_callback(state: TrainState, call: Callable, e: SystemExit) -> None:
+    """A callback raised SystemExit (sys.exit) mid-run: a checkpoint where the run stands, the run recorded as failed,
+    and a ConfigError saying so (exit 2), whatever exit code it asked for."""
+    done = state.steps_done
+    if done > 0 and state.last_checkpoint != done:
+        save_state(state, done, dict(state.counters, wall_time_s=state.wall_time()))
+    why = f"a callback called sys.exit({e.code!r}) at step {state.step}"
+    if state.dist.main:
+        _write_final(state, "failed", done, error=f"SystemExit: {why}")
+    call("on_exception", e)
+    raise ConfigError(
+        f"{why}: run {state.run.run_id} is recorded as failed"
+        + (f" with a checkpoint at step {done} (the same command resumes it)" if done else "")
+    ) from None
 
 # %% ../nbs/02i_trainer.ipynb #b448c7b2
 def train_parser() -> argparse.ArgumentParser:
