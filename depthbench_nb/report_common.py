@@ -11,7 +11,7 @@ import json
 import math
 import os
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -34,12 +34,13 @@ from .runs import list_runs, read_params, read_result
 from .shapes import count_params
 
 # %% auto #0
-__all__ = ['ACCOUNTING_LABEL', 'PAPER_LABEL', 'reference_table', 'Scale', 'study_scale', 'Report', 'PaperItem',
-           'paper_item_index', 'Claim', 'verdict_word', 'claims_table', 'report_dir', 'normalize_runs', 'study_table',
-           'completed', 'run_folder', 'load_diagnostics', 'swept_names', 'with_swept', 'replicate_means',
-           'replicate_group', 'best_lr_rows', 'recipe_runs', 'status_section', 'PaperPlan', 'as_number', 'is_present',
-           'record_field', 'planned_steps', 'planned_tokens', 'run_comparability', 'scale_label', 'RunScale',
-           'themed_pyplot', 'lr_sensitivity_figure', 'show_artifact', 'show_missing']
+__all__ = ['ACCOUNTING_LABEL', 'PAPER_LABEL', 'VERDICT_GUIDE', 'reference_table', 'Scale', 'study_scale', 'Report', 'PaperItem',
+           'paper_item_index', 'Claim', 'verdict_word', 'Evidence', 'claim_verdict', 'fit_identification',
+           'optima_identification', 'claims_table', 'report_dir', 'normalize_runs', 'study_table', 'completed',
+           'run_folder', 'load_diagnostics', 'swept_names', 'with_swept', 'replicate_means', 'replicate_group',
+           'best_lr_rows', 'recipe_runs', 'status_section', 'PaperPlan', 'as_number', 'is_present', 'record_field',
+           'planned_steps', 'planned_tokens', 'run_comparability', 'scale_label', 'RunScale', 'themed_pyplot',
+           'lr_sensitivity_figure', 'show_artifact', 'show_missing']
 
 # %% ../nbs/06a_reports.ipynb #68cac690
 _REFERENCE_FILES = {"depthbench": "depthbench_paper.csv", "looped": "looped_paper.csv"}
@@ -132,6 +133,7 @@ class Report:
     gaps: dict = field(default_factory=dict)  # paper item -> the panels, designs or scales it lacks (a partial item)
     paper_index: Optional[pd.DataFrame] = None  # one row per table and figure of the paper (`paper_item_index`)
     by: tuple = ()  # dotted names the tables and figures group by besides the swept ones (`report --by`)
+    notes: dict = field(default_factory=dict)  # table stem -> the lines shown first with it (how to read it)
 
     def _stem(self, name):
         return name.rsplit(".", 1)[0]
@@ -141,15 +143,21 @@ class Report:
 
 # %% ../nbs/06a_reports.ipynb #d0412f5e
 @patch
-def table(self: Report, df: pd.DataFrame, name: str, caption: str, label: Optional[str] = None) -> pd.DataFrame:
-    "Write a table as CSV + Markdown; `label` replaces the study's scale label (accounting, paper numbers)."
+def table(
+    self: Report, df: pd.DataFrame, name: str, caption: str, label: Optional[str] = None, note: str = ""
+) -> pd.DataFrame:
+    """Write a table as CSV + Markdown; `label` replaces the study's scale label (accounting, paper numbers); `note`
+    is shown first under the caption (how to read the table)."""
     self.out_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_text(self.out_dir / f"{name}.csv", df.to_csv(index=False), root=self.out_dir)
+    head = f"**{caption}**\n\n" + (f"{note}\n\n" if note else "")
     atomic_write_text(
         self.out_dir / f"{name}.md",
-        f"**{caption}**\n\n_{label or self.scale.label}_\n\n{_markdown_table(df)}\n",
+        f"{head}_{label or self.scale.label}_\n\n{_markdown_table(df)}\n",
         root=self.out_dir,
     )
+    if note:
+        self.notes[name] = note
     self.artifacts.append((f"{name}.csv", caption))
     return df
 
@@ -218,6 +226,9 @@ def write_index(self: Report) -> Path:
         )
     absent = [e for e in self.expected if e not in self.built()]
     lines = [f"# {self.name} report: study `{self.study}`", "", f"_{self.scale.label}_", ""]
+    claims = f"{self.name}_claims"
+    if claims in self.built():  # what a researcher quotes: linked first
+        lines += [f"**Claims**: [`{claims}.md`]({claims}.md): every headline claim of the paper with its verdict.", ""]
     if self.paper_index is not None:
         lines += [
             "## The paper's tables and figures",
@@ -279,10 +290,10 @@ class Claim:
     "A headline claim of a paper, the report table that tests it, the tolerance, and how the verdict is read off it."
 
     claim: str
-    source: str  # where the paper states it (arXiv id, section / table / figure)
+    source: str  # where the paper states it (arXiv id and version, section / table / figure)
     artifact: str  # the stem of the report table the verdict reads
     tolerance: str
-    check: Callable  # the artifact's table -> (what the report found, 'reproduced' | 'NOT reproduced' | why not)
+    check: Callable  # the artifact's table -> (what the report found, an `Evidence`, or a verdict string: see below)
     scale_free: bool = False  # accounting or the paper's own numbers: comparable at any scale
 
 # %% ../nbs/06a_reports.ipynb #31a8cc34
@@ -290,21 +301,114 @@ def verdict_word(ok: bool) -> str:
     "A claim's verdict in the reports' words: 'reproduced' or 'NOT reproduced'."
     return "reproduced" if ok else "NOT reproduced"
 
+# %% ../nbs/06a_reports.ipynb #49022a14
+@dataclass(frozen=True)
+class Evidence:
+    """What a claim's verdict rests on. `outcome`: the numbers computed hold the claim within its tolerance (True),
+    do not (False), or cannot say (None: `not_checkable` says why). Each condition is '' when it holds, else why not:
+    `not_comparable` (None: the report's scale decides, `claims_table` fills it; a `scale_free` claim skips it),
+    `not_identified` (the fits the claim rests on that the data do not identify), `not_measured` (a measurement not
+    valid for the claim)."""
+
+    outcome: Optional[bool] = None
+    scale_free: bool = False
+    not_comparable: Optional[str] = None
+    not_identified: str = ""
+    not_measured: str = ""
+    not_checkable: str = ""
+
+# %% ../nbs/06a_reports.ipynb #d9616613
+def claim_verdict(ev: Evidence) -> str:
+    """The one verdict rule of both reports: `verdict_word(outcome)` only when the claim is scale-free or comparable,
+    identified and measured; else each failing condition, 'not comparable: …; not identified: …; not measured: …;
+    not checkable: …' (an unstated comparability counts as not comparable)."""
+    fails = []
+    if not ev.scale_free and ev.not_comparable != "":
+        fails.append(f"not comparable: {ev.not_comparable or 'the runs were not judged against the paper setting'}")
+    fails += [f"not identified: {ev.not_identified}"] if ev.not_identified else []
+    fails += [f"not measured: {ev.not_measured}"] if ev.not_measured else []
+    if ev.outcome is None:
+        fails.append(f"not checkable: {ev.not_checkable or 'the table cannot say'}")
+    return "; ".join(fails) if fails else verdict_word(bool(ev.outcome))
+
+# %% ../nbs/06a_reports.ipynb #a44bd067
+VERDICT_GUIDE = (
+    "How to read a verdict: `reproduced` / `NOT reproduced` only when (a) the claim is scale-free (accounting, the "
+    "paper's own numbers) or its runs are at the paper's setting (shape, planned tokens, completed steps), (b) every "
+    "fit it rests on is identified (optimum and bootstrap interval inside the search box, compute-optimal width off "
+    "the edge of the range searched) and (c) its measurement is valid for it (device kind, per run). Otherwise the "
+    "verdict names what fails: `not comparable: …`, `not identified: …`, `not measured: …`, `not checkable: …`; the "
+    "`found` cell still shows what was computed (a direction at a reduced scale is information, not a verdict). "
+    "`source` names the paper, its version and where it states the claim."
+)
+
+# %% ../nbs/06a_reports.ipynb #0c55e413
+def fit_identification(fit, name: str = "the fit") -> str:
+    """'' when a fit identifies its law, else '`name`: why': a `scaling.FitResult`, or a row of a fit table (a dict or
+    Series with `identified` and `note` / `at_bounds`, as the reports write them). A fit whose best point or whose
+    bootstrap interval reaches the search box's edge does not identify it (`FitResult.identification_note`)."""
+    if hasattr(fit, "identification_note"):
+        note = fit.identification_note()
+        return f"{name}: {note}" if note else ""
+    get = fit.get if hasattr(fit, "get") else (lambda k, d=None: d)
+    note, flag = get("note", ""), get("identified", True)
+    note = note.strip() if isinstance(note, str) else ""  # a CSV reads an empty note as NaN
+    if str(flag).strip().lower() in ("false", "0", "no") or note:
+        edge = get("at_bounds", "")
+        return f"{name}: " + (note or f"the best fit puts {edge} on the edge of the search box")
+    return ""
+
+# %% ../nbs/06a_reports.ipynb #c0e1b11f
+def optima_identification(t: pd.DataFrame, name: str = "the compute optima", flag: str = "at_bound") -> str:
+    """'' when no compute-optimal width of `t` (rows with a boolean `flag` column, `scaling.law_optimum`'s
+    `at_bound`) lies on the edge of the width range searched, else '`name`: k of n on the edge'."""
+    if flag not in t or not len(t):
+        return ""
+    edge = t[flag].astype(str).str.lower().isin(("true", "1"))
+    if not edge.any():
+        return ""
+    k = int(edge.sum())
+    return f"{name}: {k} of {len(t)} lie on the edge of the width range searched (the range, not a measurement)"
+
 # %% ../nbs/06a_reports.ipynb #3934890c
+def _scale_reason(scale: Scale) -> str:
+    "'' when a report's runs are all at the paper's setting, else why not (condition (a) of `claim_verdict`)."
+    if scale.comparable:
+        return ""
+    what = ", ".join(scale.presets) if scale.presets else "no runs"
+    n = getattr(scale, "n_runs", 0)
+    some = f"{n - scale.n_comparable} of {n} runs" if n else "the runs"
+    return f"{some} not at the paper's setting (presets {what}; provenance {scale.provenance})"
+
+
+def _claim_row(rep: Report, c: Claim) -> tuple:
+    "(found, verdict) of one claim: its check's evidence through `claim_verdict` (a bare verdict word too)."
+    path = rep.out_dir / f"{c.artifact}.csv"
+    if c.artifact not in rep.built():
+        return "", "not built (see the index and Missing)"
+    if not path.is_file():
+        return "", "a figure only: read it (no table to check a verdict on)"
+    try:
+        found, ev = c.check(pd.read_csv(path))
+    except (KeyError, IndexError, ValueError, TypeError, AttributeError) as e:  # a row or column it lacks
+        return "", f"not checkable: the table lacks what the check reads ({type(e).__name__}: {e})"
+    if isinstance(ev, str) and ev in (verdict_word(True), verdict_word(False)):  # a check that gives a bare word
+        ev = Evidence(ev == verdict_word(True))
+    if isinstance(ev, Evidence):
+        ev = replace(ev, scale_free=ev.scale_free or c.scale_free)
+        if ev.not_comparable is None:
+            ev = replace(ev, not_comparable=_scale_reason(rep.scale))
+        ev = claim_verdict(ev)
+    return found, ev
+
+# %% ../nbs/06a_reports.ipynb #e362f6dc
 def claims_table(rep: Report, claims) -> pd.DataFrame:
-    """One row per claim: its artifact, what the report found there, the verdict and its tolerance (`not built` and
-    why where the artifact is absent); written as `<report>_claims`."""
+    """One row per claim: its artifact, what the report found there, the verdict (`claim_verdict` on the check's
+    `Evidence`; `not built` and why where the artifact is absent) and its tolerance; written as `<report>_claims`, with
+    `VERDICT_GUIDE` in its first lines."""
     rows = []
     for c in claims:
-        path = rep.out_dir / f"{c.artifact}.csv"
-        found, verdict = "", "not built (see the index and Missing)"
-        if c.artifact in rep.built() and not path.is_file():
-            verdict = "a figure only: read it (no table to check a verdict on)"
-        elif c.artifact in rep.built():
-            try:
-                found, verdict = c.check(pd.read_csv(path))
-            except (KeyError, IndexError, ValueError, TypeError, AttributeError) as e:  # a row or column it lacks
-                found, verdict = "", f"not checkable from this table ({type(e).__name__}: {e})"
+        found, verdict = _claim_row(rep, c)
         at = (
             "any scale"
             if c.scale_free
@@ -325,8 +429,8 @@ def claims_table(rep: Report, claims) -> pd.DataFrame:
     rep.table(
         t,
         f"{rep.name}_claims",
-        "Every headline claim of the paper: artifact, what the report found, verdict, "
-        "tolerance (a verdict on runs not at the paper's setting checks the pipeline, it is not a measurement)",
+        "Every headline claim of the paper: artifact, what the report found, verdict, tolerance",
+        note=VERDICT_GUIDE,
     )
     return t
 
@@ -848,8 +952,8 @@ def _show_report(rep: Report, max_rows: int = 30):
 
 # %% ../nbs/06a_reports.ipynb #c01b00fa
 def show_artifact(rep: Report, *stems: str, max_rows: int = 30):
-    """Display the named artifacts of a report inline, each table then its figure under its caption; say so when one was
-    not built."""
+    """Display the named artifacts of a report inline, each table then its figure under its caption (and the table's
+    note, e.g. how to read a verdict); say so when one was not built."""
     from IPython.display import Image, Markdown, display
 
     captions = dict(rep.artifacts)
@@ -862,6 +966,8 @@ def show_artifact(rep: Report, *stems: str, max_rows: int = 30):
         for name in found:
             display(Markdown(f"**{captions[name]}**"))
             if name.endswith(".csv"):
+                if rep.notes.get(stem):
+                    display(Markdown(rep.notes[stem]))
                 display(pd.read_csv(rep.out_dir / name).head(max_rows))
             else:
                 display(Image(filename=str(rep.out_dir / name)))
