@@ -64,7 +64,6 @@ __all__ = ['DEPTHBENCH_PAPER_ITEMS', 'depthbench_paper_index', 'build_depthbench
 # %% ../nbs/06b_report_depthbench.ipynb #9d54d629
 _DEPTHBENCH_ARTIFACTS = (
     "depthbench_run_status",
-    "depthbench_runs_not_completed",
     "depthbench_val_loss",
     "depthbench_paper_val_loss",
     "depthbench_loss_vs_ratio",
@@ -2105,7 +2104,7 @@ def _cost_claim_check(claim: str):
     return check
 
 # %% ../nbs/06b_report_depthbench.ipynb #a73c08d8
-_DEPTHBENCH_CLAIMS = (
+_DEPTHBENCH_LOSS_CLAIMS = (  # Figures 2-4: losses and NLL by depth
     Claim(
         "Pre-LN gets worse with depth (2.759 at L16, 2.782 at L32)",
         f"{_DB}, Figure 2",
@@ -2178,6 +2177,10 @@ _DEPTHBENCH_CLAIMS = (
         "L32 below L16 per design and category, beyond 0.005 nats",
         _domain_nll_check(),
     ),
+)
+
+# %% ../nbs/06b_report_depthbench.ipynb #a599e82b
+_DEPTHBENCH_CLAIMS = _DEPTHBENCH_LOSS_CLAIMS + (  # Figures 5-11: the layer analysis, HC, costs
     Claim(
         "angular distance: the Pre-LN family's layers become more similar with depth",
         f"{_DB}, Figure 5",

@@ -561,7 +561,7 @@ def _write_final(state: TrainState, status: str, steps_done: int, **extra) -> di
 def _cost_summaries(folder: Path, device: torch.device) -> dict:
     """What result.json keeps of the run's step rows: peak memory (bytes) and median tokens/s over every row, those
     of earlier starts of a resumed run included, so that a report reads one file per run, not every metrics line.
-    `peak_mem_per_run`: the peak is the run's own (reset at every start); else `peak_mem_note` says why there is none."""
+    `peak_mem_per_run`: the peak is the run's own (reset at every start); else `peak_mem_note` says why not."""
     try:
         m = measured_costs(folder)
     except ConfigError:  # no metrics.jsonl: the run stopped before its first step

@@ -52,7 +52,7 @@ def test_the_gpu_path_resets_cuda_peak_statistics_and_reads_the_peak_since(monke
 
 
 def test_the_trainer_resets_the_peak_at_the_start_and_on_resume(runs_dir, tiny_data, monkeypatch):
-    "A stand-in GPU allocator: the process's peak is 3 GiB until a reset; between the two segments it holds 3 GiB again."
+    "A stand-in GPU allocator: the process peaks at 3 GiB until a reset, and again between the two segments."
     resets, peak = [], {"bytes": 3 * GIB}
 
     def reset(device):
