@@ -70,3 +70,39 @@ def test_the_trainer_resets_the_peak_at_the_start_and_on_resume(runs_dir, tiny_d
     rows = read_metrics(run_dir(run))
     assert [r["step"] for r in rows] == [0, 1, 2, 3]
     assert [r["peak_mem_bytes"] for r in rows] == [1_000, 1_000, 2_000, 2_000]  # each segment's own peak
+
+
+def test_records_before_and_after_the_per_run_peak_read_by_the_schema(tmp_path):
+    "A record from before the new keys reads as it was; the new keys are typed (a wrong type makes the file corrupt)."
+    import json
+
+    import pytest
+
+    from depthbench_nb.config import CorruptFile
+    from depthbench_nb.runs import write_result
+
+    old = dict(status="completed", run_id="r", steps=2, tokens=64, peak_mem_bytes=3_800_000_000)  # a CPU's ru_maxrss
+    write_result(
+        tmp_path,
+        old
+        | {k: None for k in ("study", "arch", "n_layer", "d_model", "preset", "lr", "seed")}
+        | {
+            k: None
+            for k in (
+                "final_val_loss",
+                "best_val_loss",
+                "wall_time_s",
+                "train_flops",
+                "params_total",
+                "params_backbone",
+                "provenance",
+            )
+        },
+    )
+    assert read_result(tmp_path)["peak_mem_bytes"] == 3_800_000_000 and "peak_mem_per_run" not in read_result(tmp_path)
+    good = json.loads((tmp_path / "result.json").read_text()) | dict(peak_mem_bytes=None, peak_mem_per_run=False)
+    (tmp_path / "result.json").write_text(json.dumps(good | dict(peak_mem_note="not measured: on a CPU ...")))
+    assert read_result(tmp_path)["peak_mem_note"].startswith("not measured")
+    (tmp_path / "result.json").write_text(json.dumps(good | dict(peak_mem_per_run="yes")))
+    with pytest.raises(CorruptFile, match="peak_mem_per_run: 'yes' \\(expected bool or null\\)"):
+        read_result(tmp_path)
