@@ -1995,13 +1995,14 @@ def _angular_check(part: str):
     def check(t):
         at = t[t.n_layer == 32]
         use = at if len(at) else t.loc[t.groupby("arch").n_layer.idxmax()]
-        off = use[~use.comparable.fillna(False).astype(bool)]
+        want = dict(converge=_PRELN_FAMILY, large=("hc", "attnres"), blocks=("block_attnres",))[part]
+        read = use[use.arch.isin(want + (("preln",) if part == "large" else ()))]
+        off = read[~read.comparable.fillna(False).astype(bool)]
         why = "; ".join(
             f"{a} L{L}: {w if isinstance(w, str) and w else 'not at L = 32'}"
             for a, L, w in zip(off.arch, off.n_layer, off.what_differs)
         )
         m = use.groupby("arch")[["adjacent_early", "adjacent_late", "roughness", "boundary_over_inside"]].mean()
-        want = dict(converge=_PRELN_FAMILY, large=("hc", "attnres"), blocks=("block_attnres",))[part]
         have = [a for a in want if a in m.index]
         if not have or (part == "large" and "preln" not in m.index):
             return "", Evidence(
