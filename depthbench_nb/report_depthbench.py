@@ -107,6 +107,7 @@ _SCALE_PRESETS = (
 _LOSS_MARGIN = 0.005  # nats: the stated margin of a loss difference where a cell has no replicates (see below)
 _FRACTION_MARGIN = 0.02  # the stated margin of a late-pair fraction difference (2 points)
 _400M = ("400m", "400m-main")  # the presets of the paper's 400M main benchmark (Figure 2)
+_TRAINS_400M = " at 400M L16-L32 (the `depthbench-400m` study trains them)"
 # the paper and the version quoted: its text as the authors' project page states it (figure numbers and captions)
 _DB = "DepthBench, arXiv 2609.32534 (as quoted on the project page keyu-wang-2002/DepthBench-Website)"
 
@@ -1831,7 +1832,9 @@ def _depth_check(arch: str, better: bool, presets=_400M, lo: int = 16, hi: int =
     def check(t):
         s, why = _series(t, arch, presets, lo, hi)
         if len(s) < 2:
-            return _fmt(s), Evidence(None, not_comparable=why, not_checkable=f"{arch} has fewer than two depths")
+            return _fmt(s), Evidence(
+                None, not_comparable=why, not_checkable=f"{arch} has fewer than two depths{_TRAINS_400M}"
+            )
         v, a, b = s[_loss_col(s)], s.index[0], s.index[-1]
         m, how = _margin(s, a, b)
         d = v[b] - v[a]
@@ -1847,7 +1850,9 @@ def _middle_best_check(arch: str):
     def check(t):
         s, why = _series(t, arch)
         if len(s) < 3:
-            return _fmt(s), Evidence(None, not_comparable=why, not_checkable=f"{arch} has fewer than three depths")
+            return _fmt(s), Evidence(
+                None, not_comparable=why, not_checkable=f"{arch} has fewer than three depths{_TRAINS_400M}"
+            )
         v = s[_loss_col(s)]
         best, deep = v.idxmin(), s.index[-1]
         m, how = _margin(s, best, deep)
@@ -1864,7 +1869,9 @@ def _weak_check(arch: str):
     def check(t):
         s, why = _series(t, arch)
         if len(s) < 2:
-            return _fmt(s), Evidence(None, not_comparable=why, not_checkable=f"{arch} has fewer than two depths")
+            return _fmt(s), Evidence(
+                None, not_comparable=why, not_checkable=f"{arch} has fewer than two depths{_TRAINS_400M}"
+            )
         v, deep = s[_loss_col(s)], s.index[-1]
         best = v.drop(deep).idxmin()
         m, how = _margin(s, best, deep)
