@@ -24,6 +24,7 @@ from .data import held_out_set
 from .runs import RECORD_FILES, MetricsLog, SignalCatcher, save_checkpoint
 from depthbench_nb.parallel import (
     Dist,
+    _reset_peak_memory,
     autocast_context,
     full_state_dict,
     peak_flops,
@@ -301,6 +302,7 @@ class _SpeedMeter(Callback):
 
     def on_train_start(self, state):
         self.peak = peak_flops(state.dist.device)
+        _reset_peak_memory(state.dist.device)  # at every start and resume: this run's peak, not the process's
 
     def on_step_start(self, state):
         self.t0 = time.time()
@@ -308,7 +310,9 @@ class _SpeedMeter(Callback):
     def on_step_end(self, state):
         t = state.run.train
         state.row["tokens_per_s"] = t.global_batch * t.seq_len / (time.time() - self.t0)
-        state.row["peak_mem_bytes"] = peak_memory_bytes(state.dist.device)
+        mem = peak_memory_bytes(state.dist.device)  # None on a CPU: the header's peak_mem_note says why
+        if mem is not None:
+            state.row["peak_mem_bytes"] = mem
         if self.peak:
             state.row["mfu"] = state.flops_per_token * state.row["tokens_per_s"] / (self.peak * state.dist.world)
 

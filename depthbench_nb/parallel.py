@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import resource
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -212,8 +211,26 @@ def peak_flops(device: torch.device) -> Optional[float]:
     return gpu_peak_flops(torch.cuda.get_device_name(device))
 
 # %% ../nbs/02f_parallel.ipynb #9a15d823
-def peak_memory_bytes(device: torch.device) -> int:
-    "Peak memory of this process: CUDA memory allocated on a GPU, the peak resident set size on a CPU."
+_PEAK_MEM_NOTE = (
+    "not measured: on a {kind} the only peak is the process's resident set (ru_maxrss), which never resets and "
+    "counts the interpreter, libraries, data and every earlier run of the process, not this run's memory"
+)
+
+
+def peak_memory_bytes(device: torch.device) -> Optional[int]:
+    """This run's peak memory: CUDA memory allocated since `_reset_peak_memory` (the run's start or resume) on a GPU;
+    None elsewhere (`_peak_memory_note` says why)."""
     if device.type == "cuda":
         return int(torch.cuda.max_memory_allocated(device))
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux reports KiB
+    return None
+
+# %% ../nbs/02f_parallel.ipynb #5e285f69
+def _peak_memory_note(device: torch.device) -> Optional[str]:
+    "Why a run on `device` records no peak memory (None on a GPU, where it does)."
+    return None if device.type == "cuda" else _PEAK_MEM_NOTE.format(kind=device.type.upper())
+
+
+def _reset_peak_memory(device: torch.device) -> None:
+    "Start a run's peak memory from what it holds now (a GPU's peak statistics reset; nothing to reset elsewhere)."
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)

@@ -462,6 +462,8 @@ _RUN_COLUMNS = (
     "error",
     "peak_mem_bytes",
     "tokens_per_s_median",
+    "peak_mem_per_run",
+    "peak_mem_note",
 )
 
 # %% ../nbs/06a_reports.ipynb #5b9258ca

@@ -21,11 +21,13 @@ from depthbench_nb.config import (
     study_dir,
 )
 from .costs import cost_row, measured_costs
+from .runs import read_result
 from .shapes import GRIDS, OFFICIAL_STEPS, PRESETS, count_params, grid_shapes, shape_for
 from depthbench_nb.report_common import (
     report_dir,
     ACCOUNTING_LABEL,
     Claim,
+    Evidence,
     PAPER_LABEL,
     PaperItem,
     PaperPlan,
@@ -34,6 +36,7 @@ from depthbench_nb.report_common import (
     as_number,
     is_present,
     best_lr_rows,
+    claim_verdict,
     claims_table,
     completed,
     load_diagnostics,
@@ -66,7 +69,9 @@ _DEPTHBENCH_ARTIFACTS = (
     "depthbench_loss_vs_ratio",
     "depthbench_loss_across_scales",
     "depthbench_lr_sensitivity",
+    "depthbench_lr_sweep",
     "depthbench_angular",
+    "depthbench_angular_summary",
     "depthbench_causal",
     "depthbench_permutation",
     "depthbench_threshold_fractions",
@@ -97,6 +102,14 @@ _SCALE_PRESETS = (
     "ladder-500m",
     "1.6b",
 )  # the paper's scales, smallest first
+
+# %% ../nbs/06b_report_depthbench.ipynb #a18b0b13
+_LOSS_MARGIN = 0.005  # nats: the stated margin of a loss difference where a cell has no replicates (see below)
+_FRACTION_MARGIN = 0.02  # the stated margin of a late-pair fraction difference (2 points)
+_400M = ("400m", "400m-main")  # the presets of the paper's 400M main benchmark (Figure 2)
+_TRAINS_400M = " at 400M L16-L32 (the `depthbench-400m` study trains them)"
+# the paper and the version quoted: its text as the authors' project page states it (figure numbers and captions)
+_DB = "DepthBench, arXiv 2609.32534 (as quoted on the project page keyu-wang-2002/DepthBench-Website)"
 
 # %% ../nbs/06b_report_depthbench.ipynb #0db7ac94
 def _arch_palette(archs) -> dict:
@@ -420,6 +433,12 @@ def _depthbench_lr_figure(rep: Report, done: pd.DataFrame) -> None:
     sub = done[multi].assign(
         shape=lambda d: d["arch"] + " L" + d["n_layer"].astype(int).astype(str) + " (" + d["preset"] + ")"
     )
+    rep.table(
+        sub[[c for c in keys + ["lr", "seed", "final_val_loss"] if c in sub]],
+        "depthbench_lr_sweep",
+        "Validation loss of every completed run of a design x shape x preset trained at more than one LR (the LR "
+        "sensitivity figure's data)",
+    )
     for n in names:  # an ablation: one line per value of each swept name
         sub["shape"] = sub["shape"] + f" {n}=" + sub[n].astype(str)
     many = sub["shape"].nunique() > _LEGEND_LINES  # then one colour per design: a legend of every shape is unreadable
@@ -575,6 +594,55 @@ def _samples_note(diag: list) -> str:
     n = sorted({(d.get("n_samples"), d.get("seq_len")) for _, d in diag})
     return "held-out windows " + ", ".join(f"{a} x {b}" for a, b in n)
 
+# %% ../nbs/06b_report_depthbench.ipynb #c4743d03
+def _block_boundaries(r) -> list:
+    "The depth steps of a Block AttnRes run at which a new block begins (steps k: state k to k+1, sublayers 2k, 2k+1)."
+    from depthbench_nb.model import _block_attnres_groups
+    from depthbench_nb.runs import read_params
+
+    try:
+        cfg = read_params(run_folder(r)).model
+    except (ConfigError, OSError, KeyError, TypeError, ValueError):
+        return []
+    return [int(c) // 2 for c in np.cumsum(_block_attnres_groups(cfg))[:-1]]
+
+
+def _angular_row(r, d: dict, comp: dict, jumps=()) -> dict:
+    """One diagnosed run's angular distances between consecutive depth states: early and late quarter means (the
+    Pre-LN family converges: late below early), their roughness (mean |change| / mean) and, for Block AttnRes, the
+    mean step at block boundaries (`jumps`, `_block_boundaries`) over the mean step inside blocks."""
+    a = np.diag(_matrix(d["angular"]["matrix"]), 1)
+    q = max(1, len(a) // 4)
+    jumps = list(jumps)
+    inside = np.setdiff1d(np.arange(len(a)), jumps)
+    ok, why = comp.get((r["arch"], r["preset"], int(r["n_layer"])), (False, ""))
+    return dict(
+        arch=r["arch"],
+        preset=r["preset"],
+        n_layer=int(r["n_layer"]),
+        adjacent_early=float(np.nanmean(a[:q])),
+        adjacent_late=float(np.nanmean(a[-q:])),
+        roughness=float(np.nanmean(np.abs(np.diff(a))) / np.nanmean(a)) if len(a) > 1 else np.nan,
+        boundary_over_inside=float(np.nanmean(a[jumps]) / np.nanmean(a[inside])) if jumps and len(inside) else np.nan,
+        comparable=ok,
+        what_differs=why,
+    )
+
+# %% ../nbs/06b_report_depthbench.ipynb #835348d9
+def _angular_summary_table(rep: Report, diag: list) -> None:
+    "One row per diagnosed run with an angular map (`_angular_row`): the table Figure 5's claims read."
+    have = [(r, d) for r, d in diag if "angular" in d]
+    if not have:
+        return
+    comp = {(a, p, L): (ok, w) for a, p, L, ok, w in _comparability_of(have).itertuples(index=False)}
+    rows = [_angular_row(r, d, comp, _block_boundaries(r) if r["arch"] == "block_attnres" else ()) for r, d in have]
+    rep.table(
+        pd.DataFrame(rows),
+        "depthbench_angular_summary",
+        "Angular distance between consecutive depth states per diagnosed run: early and late quarter means, roughness "
+        "(mean |change| / mean), Block AttnRes's boundary steps over its steps inside blocks (Figure 5 in numbers)",
+    )
+
 # %% ../nbs/06b_report_depthbench.ipynb #8955e6b3
 def _depthbench_heatmap_section(rep: Report, diag: list, notes: dict):
     """The paper's Figure 5 (angular distance) and Figure 6's score maps (causal, permutation), deepest diagnosed shape
@@ -633,6 +701,7 @@ def _depthbench_heatmap_section(rep: Report, diag: list, notes: dict):
         if key != "angular":
             _design_gap(rep, item, archs, f"without {key} maps")
         rep.figure(fig, fname, _caption(paper, title + " per design", diffs))
+    _angular_summary_table(rep, diag)
 
 # %% ../nbs/06b_report_depthbench.ipynb #a5aabda1
 def _threshold_row(r, d: dict, ref: pd.DataFrame) -> dict:
@@ -1024,7 +1093,11 @@ def _depthbench_domain_nll_section(rep: Report, diag: list, notes: dict):
             "no run was diagnosed with the domain_nll metric (`depthbench-nb diagnose RUN --metrics domain_nll`)",
         )
         return
-    t = pd.DataFrame(rows)
+    t = pd.DataFrame(rows).merge(
+        _comparability_of(diag).drop_duplicates(["arch", "preset", "n_layer"]),
+        on=["arch", "preset", "n_layer"],
+        how="left",
+    )
     rep.table(
         t,
         "depthbench_domain_nll",
@@ -1108,6 +1181,21 @@ _GPU_HOURS_LABEL = (
 )
 _PAPER_GPU_HOURS_RANKING = {"hc": "the most GPU-hours (measured on A100)"}  # the project page's caption of Figure 11
 
+# %% ../nbs/06b_report_depthbench.ipynb #89b0e2ea
+def _measurement_fields(run) -> dict:
+    """The run's device (its provenance) and whether its peak memory is its own (`peak_mem_per_run`, else
+    `peak_mem_note`): from the run table's row, else from its result.json (a record before them has none)."""
+    keys = ("device", "peak_mem_per_run", "peak_mem_note")
+    got = {k: run.get(k) if is_present(run.get(k)) else None for k in keys}
+    if got["device"] is None:
+        try:
+            res = read_result(run_folder(run)) or {}
+        except (ConfigError, OSError, KeyError, TypeError, ValueError):
+            res = {}
+        got = {k: got[k] if got[k] is not None else res.get(k) for k in keys}
+        got["device"] = (res.get("provenance") or {}).get("device")
+    return got
+
 # %% ../nbs/06b_report_depthbench.ipynb #d892236d
 def _measured_gpu_hours(run) -> tuple[float, str]:
     """(GPU-hours of the official step count, in words how) from a run's wall time x processes, scaled when it stopped
@@ -1129,8 +1217,8 @@ def _measured_gpu_hours(run) -> tuple[float, str]:
 # %% ../nbs/06b_report_depthbench.ipynb #de8778ed
 def _gpu_hours_frame(costs: pd.DataFrame, done: pd.DataFrame) -> pd.DataFrame:
     """GPU-hours per design x 400m shape: the median over the completed runs at that 400M cell's shape of wall time x
-    processes (scaled to the official 7,600 steps), else the FLOP estimate; `source` says which, `gpu_hours_est` is
-    the estimate everywhere."""
+    processes (scaled to the official 7,600 steps), else the FLOP estimate; `source` says which (`device`: where it was
+    measured), `gpu_hours_est` is the estimate everywhere."""
     from depthbench_nb.sweep import DEFAULT_MFU, GPU_PEAK_FLOPS
 
     tokens = OFFICIAL_STEPS["400m"] * PRESETS["400m"].global_batch * PRESETS["400m"].seq_len
@@ -1141,11 +1229,13 @@ def _gpu_hours_frame(costs: pd.DataFrame, done: pd.DataFrame) -> pd.DataFrame:
     runs = runs[runs.paper_shape & (runs.paper_group == "400M")] if len(runs) else runs
     measured = {}
     for (arch, L), g in runs.groupby(["arch", "n_layer"]) if len(runs) else []:
-        got = [h for h in (_measured_gpu_hours(r) for _, r in g.iterrows()) if not math.isnan(h[0])]
+        got = [(*_measured_gpu_hours(r), _measurement_fields(r)["device"]) for _, r in g.iterrows()]
+        got = [x for x in got if not math.isnan(x[0])]
         if got:
             measured[(arch, int(L))] = (
-                float(np.median([h for h, _ in got])),
+                float(np.median([h for h, _, _ in got])),
                 got[0][1] + (f" (median of {len(got)} runs)" if len(got) > 1 else ""),
+                ", ".join(sorted({str(x[2]) for x in got})),
             )
     est = "estimate: FLOPs / (H100 bf16 peak x 40% MFU)"
     gpu["gpu_hours"] = [
@@ -1153,6 +1243,7 @@ def _gpu_hours_frame(costs: pd.DataFrame, done: pd.DataFrame) -> pd.DataFrame:
     ]
     gpu["source"] = [measured.get((a, int(L)), (0, est))[1] for a, L in zip(gpu.arch, gpu.n_layer)]
     gpu["measured"] = [(a, int(L)) in measured for a, L in zip(gpu.arch, gpu.n_layer)]
+    gpu["device"] = [measured.get((a, int(L)), (0, "", None))[2] for a, L in zip(gpu.arch, gpu.n_layer)]
     return gpu
 
 # %% ../nbs/06b_report_depthbench.ipynb #1f4f7bec
@@ -1385,13 +1476,17 @@ def _measured_costs_table(rep: Report, done: pd.DataFrame) -> None:
                 train_flops=r.get("train_flops"),
                 peak_mem_bytes=m["peak_mem_bytes"],
                 tokens_per_s_median=m["tokens_per_s_median"],
+                device=m["device"],
+                peak_mem_per_run=m["peak_mem_per_run"],
+                peak_mem_note=m["peak_mem_note"],
             )
         )
     if meas:
         rep.table(
             pd.DataFrame(meas),
             "depthbench_costs_measured",
-            "Measured on this study's runs: peak memory, tokens/s, wall time, device-hours",
+            "Measured on this study's runs: peak memory (the run's own where peak_mem_per_run, else peak_mem_note says "
+            "why not), tokens/s, wall time, device-hours, the device",
         )
     else:
         rep.note_missing("measured costs", "no completed run with metrics.jsonl")
@@ -1425,13 +1520,17 @@ def _depthbench_costs_section(rep: Report, df: pd.DataFrame, notes: Optional[dic
 # %% ../nbs/06b_report_depthbench.ipynb #b653805b
 def _run_costs(run) -> dict:
     """A run's peak memory and median tokens/s: the summaries its result.json records (one file per run), else, for a
-    record made before the trainer wrote them, computed from every line of its metrics.jsonl (`measured_costs`)."""
+    record made before the trainer wrote them, computed from every line of its metrics.jsonl (`measured_costs`); and
+    what says whether they are valid for a claim (`_measurement_fields`)."""
     mem, tps = run.get("peak_mem_bytes"), run.get("tokens_per_s_median")
     if is_present(mem) or is_present(tps):
-        return dict(
+        got = dict(
             peak_mem_bytes=mem if is_present(mem) else None, tokens_per_s_median=tps if is_present(tps) else None
         )
-    return measured_costs(run_folder(run))
+    else:
+        m = measured_costs(run_folder(run))
+        got = dict(peak_mem_bytes=m["peak_mem_bytes"], tokens_per_s_median=m["tokens_per_s_median"])
+    return got | _measurement_fields(run)
 
 # %% ../nbs/06b_report_depthbench.ipynb #c02fd37b
 # every table and figure of the paper (its project page: Figures 1-11, Table 3, the architecture and threshold tables)
@@ -1570,65 +1669,105 @@ def _ranking(s: pd.Series, unit: str = "", k: int = 4) -> str:
     return " > ".join(f"{a} {v:.3g}{unit}" for a, v in top.items())
 
 # %% ../nbs/06b_report_depthbench.ipynb #f4f65c41
-def _measured_ranking(measured: Optional[pd.DataFrame], col: str, want: str) -> dict:
+_PAPER_GPU = "A100"  # Figure 11's memory and GPU-hours: measured on A100 40GB (the project page's caption)
+
+
+def _true(v) -> bool:
+    return str(v) == "True"  # a bool, numpy's, or a CSV's text
+
+
+def _mem_invalid(r) -> str:
+    "'' when a run's peak memory is its own (a GPU's peak statistics reset at every start), else why not."
+    note = r.get("peak_mem_note")
+    if _true(r.get("peak_mem_per_run")):
+        return ""
+    if isinstance(note, str) and note:
+        return note.removeprefix("not measured: ")
+    return "a record from before peak memory was reset per run"
+
+
+def _time_invalid(r) -> str:
+    "'' when a run's time was measured on the paper's GPU class, else why not."
+    dev = r.get("device")
+    return "" if isinstance(dev, str) and _PAPER_GPU in dev else f"timed on {dev or 'an unrecorded device'}"
+
+
+def _measured_ranking(measured: Optional[pd.DataFrame], col: str, want: str, invalid: Callable) -> dict:
     """Per (preset, n_layer, d_model) cell measured for two or more designs: the design with the largest `col`;
-    whether `want` is first wherever it was measured, as a claim row's found/verdict."""
+    whether `want` is first wherever it was measured, as a claim row's found and verdict. Only rows whose measurement
+    is valid for the claim count (`invalid`: a row -> '' or why not); without any, the ranking is shown, unverdicted."""
     if measured is None or col not in measured or not measured[col].notna().any():
         return dict(found="", verdict="not measured: no completed run of this study recorded it")
-    m = measured.dropna(subset=[col]).groupby(["preset", "n_layer", "d_model", "arch"])[col].median().reset_index()
+    m = measured.dropna(subset=[col])
+    why = [invalid(r) for _, r in m.iterrows()]
+    ok = [not w for w in why]
+    m = m[ok] if any(ok) else m
+    m = m.groupby(["preset", "n_layer", "d_model", "arch"])[col].median().reset_index()
     cells = [g.set_index("arch")[col] for _, g in m.groupby(["preset", "n_layer", "d_model"]) if g.arch.nunique() >= 2]
     cells = [c for c in cells if want in c.index]
     if not cells:
         return dict(found="", verdict=f"not measured: no shape has runs of {want} and another design")
     firsts = [c.idxmax() for c in cells]
     found = f"first per measured shape: {', '.join(firsts)} ({len(cells)} shapes; e.g. {_ranking(cells[0])})"
-    return dict(found=found, verdict=verdict_word(all(f == want for f in firsts)))
+    off = sorted(set(m.preset) - set(_400M))
+    ev = Evidence(
+        all(f == want for f in firsts),
+        not_comparable=f"runs at {', '.join(off)}, not the paper's 400M shapes" if off else "",
+        not_measured="" if any(ok) else "; ".join(dict.fromkeys(why)),
+    )
+    return dict(found=found, verdict=claim_verdict(ev))
 
 # %% ../nbs/06b_report_depthbench.ipynb #097bb515
 def depthbench_cost_claims(costs: pd.DataFrame, gpu: pd.DataFrame, measured: Optional[pd.DataFrame]) -> pd.DataFrame:
     """The paper's two cost rankings (Figure 11: Full AttnRes the highest peak memory, HC the most GPU-hours) against
     the cost model at the 400m shapes (`costs`: `cost_row`s; `gpu`: `_gpu_hours_frame`) and the study's measured runs
-    (`measured`: the depthbench_costs_measured table, or None): one row per claim and evidence, with a verdict."""
-    src = "DepthBench Figure 11 (project page caption; measured on A100)"
+    (`measured`: the depthbench_costs_measured table, or None): one row per claim and evidence, with a verdict. The
+    cost model's ranking is its prediction, never a reproduction; a measurement counts only where it is valid."""
+    src = f"{_DB}, Figure 11 (the project page's caption; measured on {_PAPER_GPU})"
     mem = costs.assign(mem=costs.param_bytes * 2 + costs.optimizer_bytes + costs.activation_bytes)
     mem = mem.groupby("arch").mem.mean() / 2**30
     hours = gpu.groupby("arch").gpu_hours.mean()
     n_meas, n = int(gpu.measured.sum()), len(gpu)
-    hours_from = "measured wall time x processes" if n_meas == n else f"FLOP estimate ({n - n_meas} of {n} cells)"
+    devices = sorted({d for d in gpu.get("device", pd.Series(dtype=object)).dropna() if d})
+    if n_meas < n:
+        why_hours = f"{n - n_meas} of {n} cells are the FLOP estimate, which cannot see HC's multi-stream overhead"
+    else:
+        off = [d for d in devices if _PAPER_GPU not in d]
+        why_hours = f"measured on {', '.join(off)}, not the paper's {_PAPER_GPU}" if off or not devices else ""
+    predicted = "the cost model's prediction (its own activation term), not a measurement"
     rows = [
         dict(
             claim="Full AttnRes has the highest peak memory",
             source=src,
-            evidence="cost model (02c_costs: bf16 params + grads, AdamW states, one sequence of activations; mean "
-            "over the 400m shapes)",
-            found=_ranking(mem, " GiB"),
-            verdict=verdict_word(mem.idxmax() == "attnres"),
+            evidence="cost model's prediction (02c_costs: bf16 params + grads, AdamW states, one sequence of "
+            "activations; mean over the 400m shapes)",
+            found="predicted: " + _ranking(mem, " GiB"),
+            verdict=claim_verdict(Evidence(bool(mem.idxmax() == "attnres"), scale_free=True, not_measured=predicted)),
         ),
         dict(
             claim="Full AttnRes has the highest peak memory",
             source=src,
-            evidence="this study's runs: peak memory (metrics.jsonl), design against design at one preset and shape",
-            **_measured_ranking(measured, "peak_mem_bytes", "attnres"),
+            evidence="this study's runs: peak memory per run (a GPU's, reset at the run's start), design against "
+            "design at one preset and shape",
+            **_measured_ranking(measured, "peak_mem_bytes", "attnres", _mem_invalid),
         ),
         dict(
             claim="HC takes the most GPU-hours",
             source=src,
-            evidence=f"GPU-hours at the 400m shapes ({hours_from}; depthbench_gpu_hours)",
+            evidence=f"GPU-hours at the 400m shapes ({n_meas} of {n} cells measured; depthbench_gpu_hours)",
             found=_ranking(hours, " h"),
-            verdict=verdict_word(hours.idxmax() == "hc")
-            if n_meas
-            else "not tested: the FLOP estimate cannot see HC's multi-stream overhead "
-            f"(it ranks {hours.idxmax()} first)",
+            verdict=claim_verdict(Evidence(bool(hours.idxmax() == "hc"), not_comparable="", not_measured=why_hours)),
         ),
         dict(
             claim="HC takes the most GPU-hours",
             source=src,
-            evidence="this study's runs: seconds per token (1 / median tokens/s), design against design at one "
-            "preset and shape",
+            evidence=f"this study's runs: seconds per token (1 / median tokens/s) on {_PAPER_GPU}s, design against "
+            "design at one preset and shape",
             **_measured_ranking(
                 None if measured is None else measured.assign(s_per_token=1 / measured.tokens_per_s_median),
                 "s_per_token",
                 "hc",
+                _time_invalid,
             ),
         ),
     ]
@@ -1649,44 +1788,289 @@ def _depthbench_cost_claims_section(rep: Report, costs: pd.DataFrame, gpu: pd.Da
     )
     return t
 
-# %% ../nbs/06b_report_depthbench.ipynb #b3319058
-def _trend(t: pd.DataFrame, arch: str) -> pd.Series:
-    "An architecture's best-LR loss by depth within the preset holding most of its depths (shallow to deep)."
-    a = t[t.arch == arch]
-    preset = a.groupby("preset").n_layer.nunique().idxmax()
-    loss = "final_val_loss" if "final_val_loss" in a else "val_loss"  # the report's val-loss table says val_loss
-    return a[a.preset == preset].groupby("n_layer")[loss].min().sort_index()
+# %% ../nbs/06b_report_depthbench.ipynb #0f24ed0c
+def _loss_col(t: pd.DataFrame) -> str:
+    return "val_loss" if "val_loss" in t else "final_val_loss"
 
-# %% ../nbs/06b_report_depthbench.ipynb #dfa8354e
-def _depth_check(arch: str, better: bool):
+
+def _series(t: pd.DataFrame, arch: str, presets=_400M, lo: int = 16, hi: int = 32, fallback: bool = True):
+    """`arch`'s best-LR cells by depth (the lowest loss per depth) of `presets` between L`lo` and L`hi` (the paper's
+    span), and '' when they are at the paper's setting and span it, else why not. Without two such depths: the
+    preset holding most of the design's depths (`fallback`), never comparable."""
+    a = t[t.arch == arch]
+    at = a[a.preset.isin(presets) & a.n_layer.between(lo, hi)]
+    if at.n_layer.nunique() < 2 and fallback and len(a):
+        at = a[a.preset == a.groupby("preset").n_layer.nunique().idxmax()]
+    s = at.sort_values(_loss_col(at)).drop_duplicates("n_layer").set_index("n_layer").sort_index()
+    ok = s["comparable"].fillna(False).astype(bool) if "comparable" in s else pd.Series(False, index=s.index)
+    why = [
+        f"{p} L{L}: {w if isinstance(w, str) and w else 'not the paper setting'}"
+        for p, L, c, w in zip(s.preset, s.index, ok, s.get("what_differs", pd.Series("", index=s.index)))
+        if not (c and p in presets)
+    ][:3]
+    if len(s) and (s.index[0], s.index[-1]) != (lo, hi):
+        why.append(f"the paper reads L{lo} to L{hi}, these runs L{s.index[0]} to L{s.index[-1]}")
+    return s, "; ".join(why)
+
+
+def _margin(s: pd.DataFrame, a, b) -> tuple[float, str]:
+    """The noise margin of loss(a) - loss(b) (depths of `_series`): two standard errors where both cells have
+    replicates (seeds), else the stated `_LOSS_MARGIN`."""
+    n, sd = s.get("n_replicates"), s.get(_loss_col(s) + "_std")
+    if n is not None and sd is not None and min(n[a], n[b]) >= 2 and sd[[a, b]].notna().all():
+        return 2 * math.hypot(sd[a] / math.sqrt(n[a]), sd[b] / math.sqrt(n[b])), f"2 s.e., {n[a]:g}+{n[b]:g} seeds"
+    return _LOSS_MARGIN, "stated, no replicates"
+
+
+def _fmt(s: pd.DataFrame) -> str:
+    return ", ".join(f"L{L} {v:.3f}" for L, v in s[_loss_col(s)].items())
+
+# %% ../nbs/06b_report_depthbench.ipynb #b17afe8a
+def _depth_check(arch: str, better: bool, presets=_400M, lo: int = 16, hi: int = 32):
+    "Figure 2's direction from L`lo` to L`hi`: better (or worse) beyond the noise margin (`_margin`)."
+
     def check(t):
-        s = _trend(t, arch)
+        s, why = _series(t, arch, presets, lo, hi)
         if len(s) < 2:
-            return "", f"not checkable: {arch} has fewer than two depths"
-        ok = s.iloc[-1] < s.iloc[0] if better else s.iloc[-1] > s.iloc[0]
-        return ", ".join(f"L{L} {v:.3f}" for L, v in s.items()), verdict_word(bool(ok))
+            return _fmt(s), Evidence(
+                None, not_comparable=why, not_checkable=f"{arch} has fewer than two depths{_TRAINS_400M}"
+            )
+        v, a, b = s[_loss_col(s)], s.index[0], s.index[-1]
+        m, how = _margin(s, a, b)
+        d = v[b] - v[a]
+        found = f"{_fmt(s)}; L{b} - L{a} = {d:+.3f} (margin {m:.3f}, {how})"
+        return found, Evidence(bool(d < -m if better else d > m), not_comparable=why)
 
     return check
 
-# %% ../nbs/06b_report_depthbench.ipynb #a4d449b1
+# %% ../nbs/06b_report_depthbench.ipynb #7de5d443
 def _middle_best_check(arch: str):
+    "Best at a middle depth of L16 to L32 (at neither end), the deepest worse than the best beyond the margin."
+
     def check(t):
-        s = _trend(t, arch)
+        s, why = _series(t, arch)
         if len(s) < 3:
-            return "", f"not checkable: {arch} has fewer than three depths"
-        return ", ".join(f"L{L} {v:.3f}" for L, v in s.items()), verdict_word(
-            s.idxmin() not in (s.index[0], s.index[-1])
+            return _fmt(s), Evidence(
+                None, not_comparable=why, not_checkable=f"{arch} has fewer than three depths{_TRAINS_400M}"
+            )
+        v = s[_loss_col(s)]
+        best, deep = v.idxmin(), s.index[-1]
+        m, how = _margin(s, best, deep)
+        found = f"{_fmt(s)}; best L{best}, L{deep} {v[deep] - v[best]:+.3f} above it (margin {m:.3f}, {how})"
+        return found, Evidence(bool(best not in (s.index[0], deep) and v[deep] - v[best] > m), not_comparable=why)
+
+    return check
+
+
+def _weak_check(arch: str):
+    """Weak or non-monotone with depth, best at a shallow or middle shape: L32 no better than the best shallower
+    shape beyond the margin."""
+
+    def check(t):
+        s, why = _series(t, arch)
+        if len(s) < 2:
+            return _fmt(s), Evidence(
+                None, not_comparable=why, not_checkable=f"{arch} has fewer than two depths{_TRAINS_400M}"
+            )
+        v, deep = s[_loss_col(s)], s.index[-1]
+        best = v.drop(deep).idxmin()
+        m, how = _margin(s, best, deep)
+        found = f"{_fmt(s)}; L{deep} - best shallower (L{best}) = {v[deep] - v[best]:+.3f} (margin {m:.3f}, {how})"
+        return found, Evidence(bool(v[deep] > v[best] - m), not_comparable=why)
+
+    return check
+
+# %% ../nbs/06b_report_depthbench.ipynb #7a31ad29
+# the paper's other scales and their depth spans (keyu-wang-2002/DepthBench configs/README.md), the study that
+# trains them
+_SCALE_SPANS = {
+    "ladder-200m": (12, 24, "ladder"),
+    "ladder-300m": (14, 28, "ladder"),
+    "ladder-500m": (17, 34, "ladder"),
+    "1.6b": (28, 54, "depthbench-1.6b"),
+    "300m-backbone": (16, 84, "backbone-300m"),
+}
+
+
+def _scales_check(arch: str, presets, gain: bool = True):
+    """A depth trend at each of `presets` (their own spans, `_SCALE_SPANS`): the deepest better than the shallowest
+    beyond the margin (`gain`), or not (no gain). A preset without two depths of `arch` leaves it not checkable and
+    says which study trains it."""
+
+    def check(t):
+        found, oks, whys, absent = [], [], [], []
+        for p in presets:
+            lo, hi, study = _SCALE_SPANS[p]
+            s, why = _series(t, arch, (p,), lo, hi, fallback=False)
+            if len(s) < 2:
+                absent.append(f"{p} (the `{study}` study)")
+                continue
+            v, a, b = s[_loss_col(s)], s.index[0], s.index[-1]
+            m, how = _margin(s, a, b)
+            oks.append(v[b] < v[a] - m if gain else v[b] >= v[a] - m)
+            found.append(f"{p}: {_fmt(s)} ({v[b] - v[a]:+.3f}, margin {m:.3f})")
+            whys += [why] if why else []
+        missing = f"no {arch} runs at {', '.join(absent)}" if absent else ""
+        return "; ".join(found), Evidence(
+            all(oks) if oks and not absent else None, not_comparable="; ".join(whys), not_checkable=missing
         )
 
     return check
 
-# %% ../nbs/06b_report_depthbench.ipynb #4ee56cae
-def _threshold_check(col: str):
+# %% ../nbs/06b_report_depthbench.ipynb #9e927d35
+def _both(t: pd.DataFrame, checks) -> tuple:
+    "One claim that several checks share (each design of it): the found cells joined, one `Evidence` for all."
+    got = [c(t) for c in checks]
+    evs = [e for _, e in got]
+    join = lambda k: "; ".join(dict.fromkeys(getattr(e, k) for e in evs if getattr(e, k)))  # noqa: E731
+    outs = [e.outcome for e in evs]
+    return "; ".join(f for f, _ in got if f), Evidence(
+        None if None in outs else all(outs),
+        not_comparable=join("not_comparable"),
+        not_checkable=join("not_checkable"),
+    )
+
+# %% ../nbs/06b_report_depthbench.ipynb #29da50ae
+def _diverged_check(arch: str, n_layer: int):
+    "A run of `arch` at depth `n_layer` ended diverged (the table of runs that did not complete)."
+
     def check(t):
-        deep = t[t.n_layer == t.n_layer.max()].groupby("arch")[col].mean()
-        order = [a for a in ("attnres", "hc", "preln") if a in deep]
-        ok = len(order) >= 2 and all(deep[x] > deep[y] for x, y in zip(order, order[1:]))
-        return ", ".join(f"{a} {deep[a]:.0%}" for a in order), verdict_word(ok)
+        a = t[t.arch == arch]
+        found = ", ".join(f"L{int(L)} lr {lr:g}: {st}" for L, lr, st in zip(a.n_layer, a.lr, a.status))
+        return found, Evidence(bool(((a.n_layer == n_layer) & (a.status == "diverged")).any()))
+
+    return check
+
+
+def _lr_spread_check(arch: str, than: str = "preln", presets=_400M):
+    """LR-sensitive: the loss's spread over the learning rates swept (max - min at a shape, the median over shapes)
+    larger for `arch` than for `than` beyond the margin (the LR sweep's table, the paper's presets)."""
+
+    def check(t):
+        t = t[t.preset.isin(presets)] if t.preset.isin(presets).any() else t
+        why = "" if t.preset.isin(presets).all() else f"LR sweeps at {', '.join(sorted(set(t.preset)))}"
+        cells = t.groupby(["arch", "preset", "n_layer", "lr"])[_loss_col(t)].mean().groupby(level=[0, 1, 2])
+        spread = (cells.max() - cells.min()).groupby(level=0).median()
+        if not {arch, than} <= set(spread.index):
+            return _ranking(spread, " nats"), Evidence(
+                None, not_comparable=why, not_checkable=f"no LR sweep of {arch} and {than}"
+            )
+        found = f"median loss spread over LRs: {arch} {spread[arch]:.3f}, {than} {spread[than]:.3f} nats"
+        return found, Evidence(bool(spread[arch] > spread[than] + _LOSS_MARGIN), not_comparable=why or None)
+
+    return check
+
+# %% ../nbs/06b_report_depthbench.ipynb #c3d9a744
+def _domain_nll_check(archs=("hc", "attnres"), cats=("coding", "stem", "math")):
+    """Deep `archs` have a lower teacher-forced NLL than shallow ones on each category: per design and category,
+    the deepest of L16 to L32 (400M) below the shallowest beyond the stated margin (the domain NLL table)."""
+
+    def check(t):
+        keep = {k: (k, f) for k, f in (("comparable", "all"), ("what_differs", "first")) if k in t}
+        c = t.groupby(["arch", "preset", "n_layer", "category"], as_index=False).agg(
+            nll_sum=("nll_sum", "sum"), tokens=("tokens", "sum"), **keep
+        )
+        c["val_loss"] = c.nll_sum / c.tokens  # nats per target token of the category
+        found, oks, whys, lacking = [], [], [], []
+        for a, cat in ((a, cat) for a in archs for cat in cats):
+            s, why = _series(c[c.category == cat], a)
+            if len(s) < 2:
+                lacking.append(f"{a} {cat}")
+                continue
+            d = s.val_loss.iloc[-1] - s.val_loss.iloc[0]
+            oks.append(d < -_LOSS_MARGIN)
+            found.append(f"{a} {cat} L{s.index[0]}->L{s.index[-1]} {d:+.3f}")
+            whys += [f"{a} {cat}: {why}"] if why else []
+        ev = Evidence(
+            all(oks) if oks and not lacking else None,
+            not_comparable="; ".join(whys[:2]),
+            not_checkable=f"fewer than two depths: {', '.join(lacking)}" if lacking else "",
+        )
+        return "; ".join(found), ev
+
+    return check
+
+# %% ../nbs/06b_report_depthbench.ipynb #afdb6e8d
+_PRELN_FAMILY = ("preln", "periln", "lns", "deepnorm", "keel")
+
+
+def _angular_check(part: str):
+    """Figure 5's finding at L = 32 (else each design's deepest run, not comparable), one `part`: 'converge' (the Pre-LN
+    family's late steps below its early ones), 'large' (HC's and Full AttnRes's late steps and roughness above
+    Pre-LN's), 'blocks' (Block AttnRes's boundary steps over 1.5 times its steps inside blocks)."""
+
+    def check(t):
+        at = t[t.n_layer == 32]
+        use = at if len(at) else t.loc[t.groupby("arch").n_layer.idxmax()]
+        want = dict(converge=_PRELN_FAMILY, large=("hc", "attnres"), blocks=("block_attnres",))[part]
+        read = use[use.arch.isin(want + (("preln",) if part == "large" else ()))]
+        off = read[~read.comparable.fillna(False).astype(bool)]
+        why = "; ".join(
+            f"{a} L{L}: {w if isinstance(w, str) and w else 'not at L = 32'}"
+            for a, L, w in zip(off.arch, off.n_layer, off.what_differs)
+        )
+        m = use.groupby("arch")[["adjacent_early", "adjacent_late", "roughness", "boundary_over_inside"]].mean()
+        have = [a for a in want if a in m.index]
+        if not have or (part == "large" and "preln" not in m.index):
+            return "", Evidence(
+                None,
+                not_comparable=why,
+                not_checkable=f"no angular map of {', '.join(want)}" + (" and preln" if part == "large" else ""),
+            )
+        if part == "converge":
+            ok = all(m.adjacent_late[a] < m.adjacent_early[a] for a in have)
+            found = ", ".join(f"{a} {m.adjacent_early[a]:.2f} -> {m.adjacent_late[a]:.2f}" for a in have)
+        elif part == "large":
+            ok = all(
+                m.adjacent_late[a] > m.adjacent_late["preln"] and m.roughness[a] > m.roughness["preln"] for a in have
+            )
+            found = ", ".join(
+                f"{a} late {m.adjacent_late[a]:.2f}, roughness {m.roughness[a]:.2f}" for a in [*have, "preln"]
+            )
+        else:
+            ok = bool(m.boundary_over_inside["block_attnres"] > 1.5)
+            found = f"block_attnres: boundary steps / inside steps = {m.boundary_over_inside['block_attnres']:.2f}"
+        return found, Evidence(ok, not_comparable=why)
+
+    return check
+
+# %% ../nbs/06b_report_depthbench.ipynb #d1cbd67b
+def _threshold_check(col: str):
+    """The order Full AttnRes > HC > Pre-LN of a late-pair fraction at L = 32 (the paper's models; else the deepest
+    shape, not comparable), each gap beyond its margin: two standard errors where both designs have replicates, else
+    the stated `_FRACTION_MARGIN`."""
+
+    def check(t):
+        at = t[t.n_layer == 32]
+        use = at if len(at) else t[t.n_layer == t.n_layer.max()]
+        off = use[~use.comparable.fillna(False).astype(bool)] if "comparable" in use else use
+        why = "; ".join(
+            dict.fromkeys(
+                f"{a} L{L}: {w}"
+                for a, L, w in zip(
+                    off.arch, off.n_layer, off.get("what_differs", pd.Series("not at L = 32", index=off.index))
+                )
+            )
+        )
+        g = use.groupby("arch")[col].agg(["mean", "std", "count"])
+        order = [a for a in ("attnres", "hc", "preln") if a in g.index]
+
+        def margin(x, y):
+            if min(g["count"][x], g["count"][y]) >= 2:
+                return 2 * math.hypot(g["std"][x] / math.sqrt(g["count"][x]), g["std"][y] / math.sqrt(g["count"][y]))
+            return _FRACTION_MARGIN
+
+        found = ", ".join(
+            f"{a} {g['mean'][a]:.0%}" + (f" ({g['count'][a]} runs)" if g["count"][a] > 1 else "") for a in order
+        )
+        if len(order) < 3:
+            return found, Evidence(
+                None,
+                not_comparable=why,
+                not_checkable=f"the paper orders attnres, hc and preln: runs of {', '.join(order) or 'none'}",
+            )
+        ok = all(g["mean"][x] - g["mean"][y] > margin(x, y) for x, y in zip(order, order[1:]))
+        return f"{found} at L{int(use.n_layer.max())}", Evidence(ok, not_comparable=why)
 
     return check
 
@@ -1727,77 +2111,157 @@ def _cost_claim_check(claim: str):
 
     return check
 
-# %% ../nbs/06b_report_depthbench.ipynb #8ab12526
-_DB = "DepthBench"
-
 # %% ../nbs/06b_report_depthbench.ipynb #a73c08d8
-_DEPTHBENCH_CLAIMS = (
+_DEPTHBENCH_LOSS_CLAIMS = (  # Figures 2-4: losses and NLL by depth
     Claim(
         "Pre-LN gets worse with depth (2.759 at L16, 2.782 at L32)",
-        f"{_DB} Figure 2",
+        f"{_DB}, Figure 2",
         "depthbench_val_loss",
-        "direction, deepest vs shallowest shape of one preset",
+        "L16 -> L32 at 400M, beyond the noise margin",
         _depth_check("preln", better=False),
     ),
     Claim(
         "Full AttnRes improves with depth (2.751 to 2.718)",
-        f"{_DB} Figure 2",
+        f"{_DB}, Figure 2",
         "depthbench_val_loss",
-        "direction, deepest vs shallowest shape of one preset",
+        "L16 -> L32 at 400M, beyond the noise margin",
         _depth_check("attnres", better=True),
     ),
     Claim(
         "HC improves with depth (2.729 to 2.699)",
-        f"{_DB} Figure 2",
+        f"{_DB}, Figure 2",
         "depthbench_val_loss",
-        "direction, deepest vs shallowest shape of one preset",
+        "L16 -> L32 at 400M, beyond the noise margin",
         _depth_check("hc", better=True),
     ),
     Claim(
         "Block AttnRes is best at a middle depth (2.715 at L20) and regresses when deep (2.730 at L32)",
-        f"{_DB} Figure 2",
+        f"{_DB}, Figure 2",
         "depthbench_val_loss",
-        "minimum at neither end",
+        "minimum inside L16-L32, L32 above it beyond the margin",
         _middle_best_check("block_attnres"),
     ),
     Claim(
         "mHC is best at a middle depth (L24), no consistent gain with depth",
-        f"{_DB} Figure 2",
+        f"{_DB}, Figure 2",
         "depthbench_val_loss",
-        "minimum at neither end",
+        "minimum inside L16-L32, L32 above it beyond the margin",
         _middle_best_check("mhc"),
+    ),
+    *(
+        Claim(
+            f"{name} is weak or non-monotone with depth, best at a shallow or middle shape",
+            f"{_DB}, Figure 2",
+            "depthbench_val_loss",
+            "L32 no better than the best of L16-L28 beyond the margin",
+            _weak_check(arch),
+        )
+        for arch, name in (
+            ("periln", "Sandwich-LN / Peri-LN"),
+            ("lns", "LNS"),
+            ("deepnorm", "DeepNorm"),
+            ("keel", "KEEL"),
+            ("moda", "MoDA"),
+        )
+    ),
+    Claim(
+        "300M fixed-backbone control: deep-narrow keeps improving (Full AttnRes, HC)",
+        f"{_DB}, Figure 2 (fixed-backbone panel)",
+        "depthbench_val_loss",
+        "deepest below shallowest beyond the margin, per design",
+        lambda t: _both(t, [_scales_check(a, ("300m-backbone",)) for a in ("attnres", "hc")]),
+    ),
+    Claim(
+        "the Full AttnRes depth trend holds at 200M-500M and at 1.6B",
+        f"{_DB}, Figure 3",
+        "depthbench_val_loss",
+        "deepest below shallowest beyond the margin, at each scale",
+        _scales_check("attnres", ("ladder-200m", "ladder-300m", "ladder-500m", "1.6b")),
+    ),
+    Claim(
+        "deep HC and Full AttnRes have a lower teacher-forced NLL on coding, STEM and math",
+        f"{_DB}, Figure 4",
+        "depthbench_domain_nll",
+        "L32 below L16 per design and category, beyond 0.005 nats",
+        _domain_nll_check(),
+    ),
+)
+
+# %% ../nbs/06b_report_depthbench.ipynb #a599e82b
+_DEPTHBENCH_CLAIMS = _DEPTHBENCH_LOSS_CLAIMS + (  # Figures 5-11: the layer analysis, HC, costs
+    Claim(
+        "angular distance: the Pre-LN family's layers become more similar with depth",
+        f"{_DB}, Figure 5",
+        "depthbench_angular_summary",
+        "late-quarter steps below early-quarter steps, per design (L = 32)",
+        _angular_check("converge"),
+    ),
+    Claim(
+        "angular distance: HC and AttnRes keep large, non-smooth distances along depth (the paper's main mechanism)",
+        f"{_DB}, Figure 5",
+        "depthbench_angular_summary",
+        "late steps and roughness above Pre-LN's (L = 32)",
+        _angular_check("large"),
+    ),
+    Claim(
+        "angular distance: Block AttnRes is smooth within blocks and abrupt at block boundaries",
+        f"{_DB}, Figure 5",
+        "depthbench_angular_summary",
+        "boundary steps > 1.5 x steps inside blocks (L = 32)",
+        _angular_check("blocks"),
     ),
     Claim(
         "late-layer pairs with causal score > 0.45: Full AttnRes ~16% > HC ~7% > Pre-LN ~1% (L = 32)",
-        f"{_DB} threshold table",
+        f"{_DB}, threshold table",
         "depthbench_threshold_fractions",
-        "the same order at the deepest shape",
+        "the same order at L = 32, each gap beyond its margin",
         _threshold_check("causal_frac_pairs_045"),
     ),
     Claim(
         "late-layer pairs with permutation score > 0.15: Full AttnRes ~46% > HC ~35% > Pre-LN ~8% (L = 32)",
-        f"{_DB} threshold table",
+        f"{_DB}, threshold table",
         "depthbench_threshold_fractions",
-        "the same order at the deepest shape",
+        "the same order at L = 32, each gap beyond its margin",
         _threshold_check("perm_frac_pairs_015"),
     ),
     Claim(
         "Block AttnRes dead zone: 2, 5 and 8 layers at L16, L24, L32",
-        f"{_DB} dead-zone analysis",
+        f"{_DB}, dead-zone analysis (Figure 9)",
         "depthbench_dead_zone",
         "equal layer counts",
         _dead_zone_check,
     ),
     Claim(
         "mHC's residual product has a lower effective rank (1.44-1.65) than HC's (2.53-2.81)",
-        f"{_DB} mixing analysis",
+        f"{_DB}, mixing analysis (Figure 10)",
         "depthbench_mixing_erank",
         "mHC below HC",
         _erank_check,
     ),
     Claim(
+        "HC is unstable: a gradient explosion in its largest-ratio 500M run (L17)",
+        f"{_DB}, practical conclusions",
+        "depthbench_runs_not_completed",
+        "an HC run at L17 ended diverged",
+        _diverged_check("hc", 17),
+    ),
+    Claim(
+        "HC is unstable: no clear depth gain at 1.6B",
+        f"{_DB}, practical conclusions",
+        "depthbench_val_loss",
+        "L54 not below L28 beyond the margin",
+        _scales_check("hc", ("1.6b",), gain=False),
+    ),
+    Claim(
+        "HC is LR-sensitive and needs careful tuning at scale",
+        f"{_DB}, practical conclusions",
+        "depthbench_lr_sweep",
+        "HC's loss spread over the LRs swept above Pre-LN's beyond 0.005 nats",
+        _lr_spread_check("hc"),
+    ),
+    Claim(
         "prefill FLOPs grow from about 3.0 to 4.4 TFLOPs per sequence from ratio 76.0 to 9.1 (seq 4096)",
-        f"{_DB} Figure 11",
+        f"{_DB}, Figure 11",
         "depthbench_costs_400m",
         "± 10%",
         _prefill_check,
@@ -1805,7 +2269,7 @@ _DEPTHBENCH_CLAIMS = (
     ),
     Claim(
         "the KV cache more than doubles from ratio 76.0 to 9.1",
-        f"{_DB} Figure 11",
+        f"{_DB}, Figure 11",
         "depthbench_costs_400m",
         "ratio > 2",
         _kv_check,
@@ -1813,16 +2277,16 @@ _DEPTHBENCH_CLAIMS = (
     ),
     Claim(
         "Full AttnRes has the highest peak memory",
-        f"{_DB} Figure 11",
+        f"{_DB}, Figure 11",
         "depthbench_cost_claims",
-        "ranked first",
+        "ranked first (per-run GPU memory)",
         _cost_claim_check("Full AttnRes has the highest peak memory"),
     ),
     Claim(
         "HC takes the most GPU-hours",
-        f"{_DB} Figure 11",
+        f"{_DB}, Figure 11",
         "depthbench_cost_claims",
-        "ranked first",
+        f"ranked first (times on {_PAPER_GPU})",
         _cost_claim_check("HC takes the most GPU-hours"),
     ),
 )

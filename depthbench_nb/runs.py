@@ -757,6 +757,11 @@ _RESULT_TYPES = dict(
     params_total=_typed(int),
     params_backbone=_typed(int),
     provenance=_typed(dict),
+    # the run's peak memory and throughput (records before them lack them: absent reads as null)
+    peak_mem_bytes=_typed(*_NUM),
+    peak_mem_per_run=_typed(bool),  # true: reset at every start (a GPU); false or absent: not the run's own
+    peak_mem_note=_typed(str),  # why there is no peak memory (a CPU run)
+    tokens_per_s_median=_typed(*_NUM),
 )
 
 # %% ../nbs/02a_runs.ipynb #23e7ba1f

@@ -1397,6 +1397,8 @@ _RESULT_FIELDS = (
     "error",
     "peak_mem_bytes",
     "tokens_per_s_median",
+    "peak_mem_per_run",
+    "peak_mem_note",
 )
 
 # %% ../nbs/05b_sweep.ipynb #b24007a2

@@ -69,6 +69,7 @@ from .optim import build_optimizers
 from .run_params import RunParams, open_data, parse_overrides, settable_fields, total_steps
 from depthbench_nb.parallel import (
     Dist,
+    _peak_memory_note,
     gather_objects,
     autocast_context,
     average_replicated_grads,
@@ -381,9 +382,8 @@ def _setup(run: RunConfig, folder: Path, progress: bool, preset_reason: Optional
     if meta is not None:
         _resume_from(state, ckpt)
     if dist.main:  # before step 0: what produced the rows below
-        state.metrics.start(
-            metrics_header(run, **({"resumed_at_step": state.start} if state.start else {})), state.start
-        )
+        extra = dict(resumed_at_step=state.start or None, peak_mem_note=_peak_memory_note(dist.device))
+        state.metrics.start(metrics_header(run, **{k: v for k, v in extra.items() if v}), state.start)
     state.flops_per_token = float(train_flops_per_token(run.model, run.train.seq_len))  # the cost model's (MFU)
     state.step = state.steps_done = state.start
     return state
@@ -550,7 +550,7 @@ def _write_final(state: TrainState, status: str, steps_done: int, **extra) -> di
     if status != "diverged":
         result.pop("diverged_step", None)
     if dist.main:
-        result.update(_cost_summaries(state.folder))
+        result.update(_cost_summaries(state.folder, dist.device))
         write_result(state.folder, result)
         try:
             _plot_loss_curves(state.folder)
@@ -559,14 +559,20 @@ def _write_final(state: TrainState, status: str, steps_done: int, **extra) -> di
     return result
 
 # %% ../nbs/02i_trainer.ipynb #2dac87cc
-def _cost_summaries(folder: Path) -> dict:
+def _cost_summaries(folder: Path, device: torch.device) -> dict:
     """What result.json keeps of the run's step rows: peak memory (bytes) and median tokens/s over every row, those
-    of earlier starts of a resumed run included, so that a report reads one file per run, not every metrics line."""
+    of earlier starts of a resumed run included, so that a report reads one file per run, not every metrics line.
+    `peak_mem_per_run`: the peak is the run's own (reset at every start); else `peak_mem_note` says why not."""
     try:
         m = measured_costs(folder)
     except ConfigError:  # no metrics.jsonl: the run stopped before its first step
         return {}
-    return dict(peak_mem_bytes=m["peak_mem_bytes"], tokens_per_s_median=m["tokens_per_s_median"])
+    note = _peak_memory_note(device)
+    mem = None if note else m["peak_mem_bytes"]  # rows an older version wrote on a CPU hold the process's peak
+    if mem is None and not note:
+        note = "not measured: no step recorded it"
+    out = dict(peak_mem_bytes=mem, tokens_per_s_median=m["tokens_per_s_median"], peak_mem_per_run=mem is not None)
+    return out | ({"peak_mem_note": note} if note else {})
 
 # %% ../nbs/02i_trainer.ipynb #48b94869
 def _finish(state: TrainState, call: Callable) -> dict:
