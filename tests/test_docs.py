@@ -349,7 +349,15 @@ def test_contributing_worked_example_runs_as_shown():
     assert [c["cell_type"] for c in cells] == ["code", "markdown", "code"]
     export, prose, example = ("".join(c["source"]) for c in cells)
     assert export.startswith("#| export\n") and "$$" in prose and "arXiv" in prose and "test_close" in example
-    ns = dict(math=math, torch=torch, F=F, Tensor=torch.Tensor, test_close=test_close)
+    # the definition is the package's own, cell for cell (nbs/03a_diagnostics.ipynb), not one made up for the page
+    chapter = json.loads((NBS / "03a_diagnostics.ipynb").read_text())["cells"]
+    assert export in ["".join(c["source"]) for c in chapter if c["cell_type"] == "code"], "not a cell of 03a"
+    from typing import Sequence
+
+    from depthbench_nb.config import ConfigError
+
+    ns = dict(math=math, torch=torch, F=F, Tensor=torch.Tensor, Sequence=Sequence, ConfigError=ConfigError)
+    ns.update(test_close=test_close)
     exec(export, ns)
     *body, last = example.splitlines()
     exec("\n".join(body), ns)
