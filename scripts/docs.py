@@ -54,7 +54,7 @@ def notebooks(nbs: Path) -> list[Path]:
 
 
 def kind_of(nb_path: Path) -> str:
-    "index, library (00-09: the Book 00-04, the reference 05-09), template (10-19), report (20-29) or manual (Performance)."
+    "index, library (the Book 00-04, the reference 05-09), template (10-19), report (20-29) or manual (Performance)."
     if nb_path.stem == "index":
         return "index"
     return {"0": "library", "1": "template", "2": "report"}.get(nb_path.name[0], "manual")
@@ -782,9 +782,7 @@ class Site:
             ("Papermill templates", ("template",), None),
             ("Reports", ("report",), None),
         ):
-            pages = [
-                p for p in self.pages if p.kind in kinds and (book is None or in_book(Path(p.source)) == book)
-            ]
+            pages = [p for p in self.pages if p.kind in kinds and (book is None or in_book(Path(p.source)) == book)]
             if not pages:
                 continue
             links = "".join(
