@@ -54,10 +54,18 @@ def notebooks(nbs: Path) -> list[Path]:
 
 
 def kind_of(nb_path: Path) -> str:
-    "index, library (00-07), template (10-19), report (20-29) or manual (a page without a number: Performance)."
+    "index, library (the Book 00-04, the reference 05-09), template (10-19), report (20-29) or manual (Performance)."
     if nb_path.stem == "index":
         return "index"
     return {"0": "library", "1": "template", "2": "report"}.get(nb_path.name[0], "manual")
+
+
+BOOK_END = "05"  # library notebooks numbered below this are the Book (the designs); the rest is the reference machinery
+
+
+def in_book(nb_path: Path) -> bool:
+    "Whether a library notebook is a Book chapter (00-04: the papers' subject) rather than a reference chapter (05-09)."
+    return kind_of(nb_path) == "library" and nb_path.name < BOOK_END
 
 
 def page_name(nb_path: Path) -> str:
@@ -693,7 +701,7 @@ def front_matter(text: str) -> tuple[dict, str]:
 
 
 def manual_link(target: str, source: Path, nbs: Path) -> str | None:
-    """A relative link of a manual page as the site names it: a notebook by its page (`../01c_model.ipynb` ->
+    """A relative link of a manual page as the site names it: a notebook by its page (`../01a_model.ipynb` ->
     `model.html`), another manual page by its stem (`reliability.qmd` -> `reliability.html`); None when it is
     neither (it stays as written)."""
     from urllib.parse import urlsplit
@@ -759,18 +767,22 @@ class Site:
     def section_of(self, page: Page) -> str:
         if page.kind == "index":
             return "Home"
+        if page.kind == "library":
+            return "Book" if in_book(Path(page.source)) else "Reference"
         return dict(library="Library", template="Papermill templates", report="Reports", manual="Manual")[page.kind]
 
     def sidebar(self, current: Page) -> str:
         items = []
-        for title, kinds in (
-            ("", ("index",)),
-            ("Manual", ("manual",)),
-            ("Library", ("library",)),
-            ("Papermill templates", ("template",)),
-            ("Reports", ("report",)),
+        # the Book (the designs) right after the front page, the manual, then the machinery as reference chapters
+        for title, kinds, book in (
+            ("", ("index",), None),
+            ("Book", ("library",), True),
+            ("Manual", ("manual",), None),
+            ("Reference", ("library",), False),
+            ("Papermill templates", ("template",), None),
+            ("Reports", ("report",), None),
         ):
-            pages = [p for p in self.pages if p.kind in kinds]
+            pages = [p for p in self.pages if p.kind in kinds and (book is None or in_book(Path(p.source)) == book)]
             if not pages:
                 continue
             links = "".join(

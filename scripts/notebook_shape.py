@@ -7,7 +7,7 @@ against the project's limits, prints one line per figure and exits 1 naming what
 
 The limits (the fastcore notebooks, nbdev's model, have a median export cell of 7 lines and none over 56):
 
-- an export cell (`#| export`, `#| exporti`) has at most 120 lines; their median is at most 25;
+- an export cell (`#| export`, `#| exporti`, `#| exports`) has at most 120 lines; their median is at most 25;
 - every notebook has at least one example cell (a code cell that is not exported, not hidden set-up and not empty)
   per 40 exported lines;
 - exported code is at most 75% of the library notebooks' code lines;
@@ -37,7 +37,7 @@ LIMITS = dict(
     readme_max_words=50,
     public_names=500,
 )
-EXPORT = re.compile(r"^\s*#\|\s*export(i)?\b", re.M)
+EXPORT = re.compile(r"^\s*#\|\s*export(i|s)?\b", re.M)  # exports: exported, and its code shown on the page
 HIDE = re.compile(r"^\s*#\|\s*hide\b", re.M)
 
 

@@ -38,7 +38,7 @@ from test_jupyterlab import ARTIFACTS, _browser_or_skip, _chromium  # noqa: E402
 
 
 def page_of(nb: Path) -> str:
-    "The page nbdev names after a notebook: the number prefix dropped (nbs/02b_checks.ipynb -> checks.html)."
+    "The page nbdev names after a notebook: the number prefix dropped (nbs/05e_checks.ipynb -> checks.html)."
     return re.sub(r"^\d+[a-zA-Z0-9]*_", "", nb.stem.lower()) + ".html"
 
 
@@ -329,7 +329,7 @@ def test_manual_links_lead_to_pages_of_the_site(manual_site):
 
 def test_manual_link_names_notebooks_and_pages_as_the_site_does():
     source = NBS / "manual" / "testing.qmd"
-    assert docs.manual_link("../01c_model.ipynb", source, NBS) == "model.html"
+    assert docs.manual_link("../01a_model.ipynb", source, NBS) == "model.html"
     assert docs.manual_link("reliability.qmd#one-writer-per-run", source, NBS) == "reliability.html#one-writer-per-run"
     assert docs.manual_link("performance.html", source, NBS) is None  # a site page: left as written
     assert docs.manual_link("https://example.org/a.qmd", source, NBS) is None
@@ -349,7 +349,15 @@ def test_contributing_worked_example_runs_as_shown():
     assert [c["cell_type"] for c in cells] == ["code", "markdown", "code"]
     export, prose, example = ("".join(c["source"]) for c in cells)
     assert export.startswith("#| export\n") and "$$" in prose and "arXiv" in prose and "test_close" in example
-    ns = dict(math=math, torch=torch, F=F, Tensor=torch.Tensor, test_close=test_close)
+    # the definition is the package's own, cell for cell (nbs/03a_diagnostics.ipynb), not one made up for the page
+    chapter = json.loads((NBS / "03a_diagnostics.ipynb").read_text())["cells"]
+    assert export in ["".join(c["source"]) for c in chapter if c["cell_type"] == "code"], "not a cell of 03a"
+    from typing import Sequence
+
+    from depthbench_nb.config import ConfigError
+
+    ns = dict(math=math, torch=torch, F=F, Tensor=torch.Tensor, Sequence=Sequence, ConfigError=ConfigError)
+    ns.update(test_close=test_close)
     exec(export, ns)
     *body, last = example.splitlines()
     exec("\n".join(body), ns)
@@ -560,9 +568,11 @@ def test_browser_index_renders(browser):
     assert title.text == "depthbench-nb" and title.is_displayed()
     sidebar = driver.find_elements(By.CSS_SELECTOR, "nav.sidebar a")
     chapters = [page_of(nb) for nb in docs.notebooks(NBS) if docs.kind_of(nb) != "manual"]
+    book = [page_of(nb) for nb in docs.notebooks(NBS) if docs.in_book(nb)]
     manual = [f"{p.stem}.html" for p in docs.manual_sources(NBS)] + [page_of(nb) for nb in manual_notebooks()]
-    # the front page, the manual, then every chapter, template and report in the notebooks' order
-    assert [a.get_attribute("href").rsplit("/", 1)[1] for a in sidebar] == chapters[:1] + manual + chapters[1:]
+    # the front page, the Book, the manual, then the reference chapters, templates and reports in the notebooks' order
+    rest = [c for c in chapters[1:] if c not in book]
+    assert [a.get_attribute("href").rsplit("/", 1)[1] for a in sidebar] == chapters[:1] + book + manual + rest
     assert all(a.is_displayed() for a in sidebar)
     # the map of the notebooks links every notebook's page, and the styles are in use (the navbar is coloured)
     links = {

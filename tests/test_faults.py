@@ -1563,7 +1563,7 @@ def test_notebook_tests_ignore_a_runs_folder_that_holds_a_demo(tmp_path):
     nbdev_test = Path(sys.executable).parent / "nbdev_test"
     repo = Path(__file__).resolve().parent.parent
     res = subprocess.run(
-        [str(nbdev_test), "--path", "nbs/05b_sweep.ipynb", "--n_workers", "1"],
+        [str(nbdev_test), "--path", "nbs/07b_sweep.ipynb", "--n_workers", "1"],
         cwd=repo,
         capture_output=True,
         text=True,
