@@ -1,5 +1,6 @@
-"""Activation checkpointing of the Transformers wrapper is Transformers' own (each unit a GradientCheckpointingLayer),
-and its gradients are those of the plain backward, reentrant or not (MoDA: its depth K/V cross blocks in the context)."""
+"""Activation checkpointing of the Transformers wrapper is Transformers' own (each unit a
+GradientCheckpointingLayer), and its gradients are those of the plain backward, reentrant or not (MoDA: its depth K/V
+cross blocks in the forward context)."""
 
 import warnings
 
