@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import inspect
 import re
+import warnings
 from importlib import import_module
 from pathlib import Path
 from typing import Optional
@@ -18,6 +20,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 from transformers import Cache, GenerationMixin, PreTrainedModel
 from transformers import initialization as init
+from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from .config import ModelConfig
@@ -99,16 +102,33 @@ def _remote_code(config: DepthBenchConfig) -> dict[str, str]:
     return files
 
 # %% ../nbs/06c_hf.ipynb #9086eb05
-def _checkpointed(unit: torch.nn.Module, run_checkpoint):
-    "A forward for `unit` that recomputes its activations in backward (training with gradients), else its own."
-    forward = type(unit).forward.__get__(unit)
+_CHECKPOINTING: dict[type, type] = {}  # a unit's class -> the same class as a GradientCheckpointingLayer
 
-    def run(*args, **kwargs):
-        if unit.training and torch.is_grad_enabled():
-            return run_checkpoint(forward, *args, **kwargs)
-        return forward(*args, **kwargs)
 
-    return run
+def _checkpointing_layer(unit: torch.nn.Module) -> torch.nn.Module:
+    """`unit` as a Transformers `GradientCheckpointingLayer`, in place: its class gains that base (as FSDP2's
+    `fully_shard` gives a module its FSDP class), so Transformers' checkpointing reaches it; weights, names and the
+    forward without checkpointing are unchanged."""
+    cls = type(unit)
+    if not isinstance(unit, GradientCheckpointingLayer):
+        if cls not in _CHECKPOINTING:  # the base wraps the class's forward (checkpointed when flagged and training)
+            _CHECKPOINTING[cls] = type(cls.__name__, (cls, GradientCheckpointingLayer), {})
+        unit.__class__ = _CHECKPOINTING[cls]
+    return unit
+
+
+_CONTEXT_STATE = {"moda"}  # designs whose blocks hand tensors to later blocks through the forward context
+
+
+def _non_reentrant(model: torch.nn.Module, run_checkpoint):
+    """`run_checkpoint`, non-reentrant for a design of `_CONTEXT_STATE` (with a warning): reentrant checkpointing
+    only passes gradients to a unit's positional inputs, and MoDA's depth K/V (W_kv, written by a block for the later
+    ones) travel in the context, so their gradient would silently be lost."""
+    kw = getattr(run_checkpoint, "keywords", {})
+    if model.config.arch not in _CONTEXT_STATE or not kw.get("use_reentrant"):
+        return run_checkpoint
+    warnings.warn(f"{model.config.arch}: use_reentrant=True would drop gradients; checkpointing runs non-reentrant")
+    return functools.partial(run_checkpoint.func, *run_checkpoint.args, **dict(kw, use_reentrant=False))
 
 # %% ../nbs/06c_hf.ipynb #e69b6d10
 @contextlib.contextmanager
@@ -152,7 +172,8 @@ def _hidden_states(model: torch.nn.Module, states, streams: bool = False):
 class _FineTuning:
     "What fine-tuning and sharing need beside the forward: a self-contained save, resized embeddings, checkpointing."
 
-    supports_gradient_checkpointing = True
+    supports_gradient_checkpointing = True  # each unit a GradientCheckpointingLayer (_checkpointing_layer)
+    gradient_checkpointing = False  # Transformers sets it with the units' flags; forward then keeps no cache
 
     def save_pretrained(self, save_directory, is_main_process=True, *args, push_to_hub=False, **kwargs):
         """Transformers' save, then the remote code the folder needs and `auto_map` naming its entry files (with or
@@ -187,14 +208,12 @@ class _FineTuning:
             self.config.depthbench, self.config.vocab_size = cfg.to_dict(), n
         return emb
 
-    def _set_gradient_checkpointing(self, enable=True, gradient_checkpointing_func=checkpoint, every_n_layers=1):
-        """Activation checkpointing of the units the model's forward calls (`fsdp_units`: the blocks; AttnRes:
-        each block's attention and FFN), every `every_n_layers`-th one."""
-        for i, unit in enumerate(self.model.fsdp_units()):
-            unit.__dict__.pop("forward", None)
-            if enable and i % every_n_layers == 0:
-                unit.forward = _checkpointed(unit, gradient_checkpointing_func)
-        self.gradient_checkpointing = enable
+    def _set_gradient_checkpointing(self, enable=True, gradient_checkpointing_func=None, every_n_layers=1):
+        "Transformers' own, on the units (`_checkpointing_layer`); MoDA non-reentrant (`_non_reentrant`)."
+        run = _non_reentrant(
+            self.model, gradient_checkpointing_func or functools.partial(checkpoint, use_reentrant=False)
+        )
+        super()._set_gradient_checkpointing(enable, run, every_n_layers)
 
 # %% ../nbs/06c_hf.ipynb #e3890cfd
 class DepthBenchForCausalLM(_FineTuning, PreTrainedModel, GenerationMixin):
@@ -212,6 +231,8 @@ class DepthBenchForCausalLM(_FineTuning, PreTrainedModel, GenerationMixin):
         self.model = model if model is not None else build_model(cfg, device="meta" if meta else None)
         if model is not None:  # a given (trained) model: post_init's initialisation keeps its tensors
             _mark_initialized(model)
+        for unit in self.model.fsdp_units():  # the blocks (AttnRes: each attention and FFN) checkpoint one by one
+            _checkpointing_layer(unit)
         self.post_init()
 
     @classmethod

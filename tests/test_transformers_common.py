@@ -55,6 +55,11 @@ DECLARED = {
         "`GenerationTesterMixin` (tests/generation/test_utils.py) is not in the sdist; `generate` is tested by the "
         "project's own tests (tests/test_hf.py, tests/test_hf_padding.py)",
     ),
+    "test_retain_grad_hidden_states_attentions": (
+        "hc, mhc",
+        "the multi-stream state is n streams [B, T, n, d]; `hidden_states` are their read-out (the sum, or mHC's "
+        "mean), a many-to-one summary that no block computes through, so no gradient reaches it",
+    ),
     "test_num_layers_is_small": (
         "looped",
         "the looped model's smallest shape is 6 effective layers (prelude 2, one shared block run twice, coda 2), "
