@@ -21,7 +21,7 @@ from depthbench_nb.config import (
     study_dir,
 )
 from .costs import cost_row, measured_costs
-from .runs import read_result
+from .runs import read_params, read_result
 from .shapes import GRIDS, OFFICIAL_STEPS, PRESETS, count_params, grid_shapes, shape_for
 from depthbench_nb.report_common import (
     report_dir,
@@ -598,7 +598,6 @@ def _samples_note(diag: list) -> str:
 def _block_boundaries(r) -> list:
     "The depth steps of a Block AttnRes run at which a new block begins (steps k: state k to k+1, sublayers 2k, 2k+1)."
     from depthbench_nb.model import _block_attnres_groups
-    from depthbench_nb.runs import read_params
 
     try:
         cfg = read_params(run_folder(r)).model

@@ -1,4 +1,4 @@
-"""The DepthBench claims through the one verdict rule (issue 46): on records at the paper's setting (the 400M main
+"""The DepthBench claims through the one verdict rule: on records at the paper's setting (the 400M main
 benchmark at its official steps, written as a finished sweep leaves them, as in test_depthbench_report.py) a claim is
 `reproduced` or `NOT reproduced` both ways, read where the paper reads it (L16 -> L32, thresholds at L = 32) and beyond
 a noise margin; on tiny records no claim but a scale-free one has a verdict; an invalid measurement (a CPU's time, a

@@ -1,5 +1,5 @@
 """The fault suite, folders: no code runs from a folder the user did not write, every read and write stays inside its
-root, and a record is its folder's (issue 45, items 1-6, 13-14 and the smaller link cases).
+root, and a record is its folder's.
 
 A module planted in the working directory (`python -m depthbench_nb`), beside a study (`sweep run`, papermill and its
 kernel) or in a study's report folder (`report`) never runs: every process the package starts gets

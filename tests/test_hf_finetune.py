@@ -1,4 +1,4 @@
-"""Fine-tuning and sharing an export (issue 47): a re-saved export loads where depthbench-nb is not installed (saved
+"""Fine-tuning and sharing an export: a re-saved export loads where depthbench-nb is not installed (saved
 with and without it), `resize_token_embeddings`, gradient checkpointing with the gradients of the plain backward for
 every registered design, `output_loading_info`, `inputs_embeds`, the usual Transformers config names, HC/mHC hidden
 states of width d, `shift_labels`, and the looped model's RoPE tables rebuilt after a meta-device build."""

@@ -1,4 +1,4 @@
-"""Transformers' initialisation of missing weights (issue 47): `_init_weights` applies build_model's init rule to each
+"""Transformers' initialisation of missing weights: `_init_weights` applies build_model's init rule to each
 module a checkpoint did not provide, and never overwrites a loaded tensor. References: a fresh `build_model` (its
 distributions and its deterministic tensors) and the loaded state dict itself."""
 

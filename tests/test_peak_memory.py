@@ -1,4 +1,4 @@
-"""Peak memory per run (issue 46, item 3): a run records its own peak, not the process's. On a GPU the trainer resets
+"""Peak memory per run: a run records its own peak, not the process's. On a GPU the trainer resets
 CUDA's peak statistics at every start and resume; on a CPU, whose only peak (ru_maxrss) never resets, it records none
 and says why. The GPU path is checked on a CPU by standing in for torch.cuda's two functions."""
 

@@ -1,4 +1,4 @@
-"""One verdict rule for both reports (issue 46): a claim says `reproduced` / `NOT reproduced` only when its runs are at
+"""One verdict rule for both reports: a claim says `reproduced` / `NOT reproduced` only when its runs are at
 the paper's setting (or it is scale-free), every fit it rests on is identified and its measurement is valid; otherwise
 the verdict names the condition that fails (`not comparable`, `not identified`, `not measured`, `not checkable`).
 
