@@ -670,12 +670,14 @@ def read_result(folder: Path) -> Optional[dict]:
 # %% ../nbs/05d_runs.ipynb #7fb27b941602401d91542211134fc71a
 _COUNTS = ("n_layer", "d_model", "seed", "steps", "tokens", "params_total", "params_backbone")
 _FINITE = ("lr", "final_val_loss", "best_val_loss", "wall_time_s", "train_flops")
+_LOSSES = ("final_val_loss", "best_val_loss")  # NaN / inf is what a diverged (or failed) run reached
 
 
 def _check_numbers(path: Path, res: dict) -> None:
-    "A result's counts are >= 0 and its losses, LR, time and FLOPs finite (NaN / inf is no result): else `CorruptFile`."
+    "A result's counts are >= 0, its LR, time and FLOPs finite, and a completed run's losses finite: else `CorruptFile`."
     bad = [f"{k}: {res[k]}" for k in _COUNTS if res.get(k) is not None and res[k] < 0]
-    bad += [f"{k}: {res[k]}" for k in _FINITE if res.get(k) is not None and not math.isfinite(res[k])]
+    finite = _FINITE if res.get("status") == "completed" else [k for k in _FINITE if k not in _LOSSES]
+    bad += [f"{k}: {res[k]}" for k in finite if res.get(k) is not None and not math.isfinite(res[k])]
     if bad:
         raise CorruptFile(
             f"{path} is not a run result of depthbench-nb: {'; '.join(bad)} (counts >= 0, numbers finite)"
