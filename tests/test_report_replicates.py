@@ -57,6 +57,8 @@ def ablation_record(loss, warmup, seed=0, off_grid=False, **options):
         folder.rename(run_dir(moved))
         run, folder = moved, run_dir(moved)
         (folder / "params.json").unlink()  # rewritten below for the moved run
+        result = json.loads((folder / "result.json").read_text())  # a record names its folder's run
+        (folder / "result.json").write_text(json.dumps(dict(result, run_id=moved.run_id)))
     overrides = {"train.warmup_frac": warmup} if warmup is not None else {}
     if off_grid:  # recorded as apply_overrides records it; the run's seq_len stays, so its id is unchanged
         run = run.replace(overrides=dict(overrides, **{"train.seq_len": 4096}), off_grid=("train.seq_len",))
