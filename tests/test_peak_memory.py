@@ -74,6 +74,8 @@ def test_the_trainer_resets_the_peak_at_the_start_and_on_resume(runs_dir, tiny_d
 
 def test_records_before_and_after_the_per_run_peak_read_by_the_schema(tmp_path):
     "A record from before the new keys reads as it was; the new keys are typed (a wrong type makes the file corrupt)."
+    folder = tmp_path / "r"  # a record names its folder's run
+    folder.mkdir()
     import json
 
     import pytest
@@ -83,7 +85,7 @@ def test_records_before_and_after_the_per_run_peak_read_by_the_schema(tmp_path):
 
     old = dict(status="completed", run_id="r", steps=2, tokens=64, peak_mem_bytes=3_800_000_000)  # a CPU's ru_maxrss
     write_result(
-        tmp_path,
+        folder,
         old
         | {k: None for k in ("study", "arch", "n_layer", "d_model", "preset", "lr", "seed")}
         | {
@@ -99,10 +101,10 @@ def test_records_before_and_after_the_per_run_peak_read_by_the_schema(tmp_path):
             )
         },
     )
-    assert read_result(tmp_path)["peak_mem_bytes"] == 3_800_000_000 and "peak_mem_per_run" not in read_result(tmp_path)
-    good = json.loads((tmp_path / "result.json").read_text()) | dict(peak_mem_bytes=None, peak_mem_per_run=False)
-    (tmp_path / "result.json").write_text(json.dumps(good | dict(peak_mem_note="not measured: on a CPU ...")))
-    assert read_result(tmp_path)["peak_mem_note"].startswith("not measured")
-    (tmp_path / "result.json").write_text(json.dumps(good | dict(peak_mem_per_run="yes")))
+    assert read_result(folder)["peak_mem_bytes"] == 3_800_000_000 and "peak_mem_per_run" not in read_result(folder)
+    good = json.loads((folder / "result.json").read_text()) | dict(peak_mem_bytes=None, peak_mem_per_run=False)
+    (folder / "result.json").write_text(json.dumps(good | dict(peak_mem_note="not measured: on a CPU ...")))
+    assert read_result(folder)["peak_mem_note"].startswith("not measured")
+    (folder / "result.json").write_text(json.dumps(good | dict(peak_mem_per_run="yes")))
     with pytest.raises(CorruptFile, match="peak_mem_per_run: 'yes' \\(expected bool or null\\)"):
-        read_result(tmp_path)
+        read_result(folder)
