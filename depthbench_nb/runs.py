@@ -674,7 +674,7 @@ _LOSSES = ("final_val_loss", "best_val_loss")  # NaN / inf is what a diverged (o
 
 
 def _check_numbers(path: Path, res: dict) -> None:
-    "A result's counts are >= 0, its LR, time and FLOPs finite, and a completed run's losses finite: else `CorruptFile`."
+    "Counts >= 0; LR, time and FLOPs finite; a completed run's losses finite: else `CorruptFile`."
     bad = [f"{k}: {res[k]}" for k in _COUNTS if res.get(k) is not None and res[k] < 0]
     finite = _FINITE if res.get("status") == "completed" else [k for k in _FINITE if k not in _LOSSES]
     bad += [f"{k}: {res[k]}" for k in finite if res.get(k) is not None and not math.isfinite(res[k])]
