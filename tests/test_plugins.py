@@ -161,7 +161,7 @@ assert plugin["module"] == "depthbench_denseformer", plugin
 model = AutoModelForCausalLM.from_pretrained(out)
 ours, run = load_run(run_dir)
 assert run.model.dwa_dilation == 2 and model.config.model_config() == run.model
-assert any(c.__module__ == "depthbench_denseformer" for m in model.model.modules() for c in type(m).__mro__)  # plugin blocks (checkpointable subclasses)
+assert any(c.__module__ == "depthbench_denseformer" for m in model.model.modules() for c in type(m).__mro__)
 ids = torch.randint(0, run.model.vocab_size, (2, 16), generator=torch.Generator().manual_seed(0))
 remote = AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True)  # its remote code uses the plugin
 with torch.no_grad():
