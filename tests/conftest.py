@@ -126,3 +126,48 @@ def trained_run(tiny_data, tmp_path_factory):
         return done[key]
 
     return make
+
+
+@pytest.fixture(scope="session")
+def exported(trained_run, tmp_path_factory):
+    """Factory: (run folder, export folder) of a design, exported once per session (read-only: a test that writes
+    saves elsewhere)."""
+    from depthbench_nb.hf_export import export_hf
+
+    root, done = tmp_path_factory.mktemp("exports"), {}
+
+    def make(arch: str):
+        if arch not in done:
+            run = trained_run(arch)
+            export_hf(run, root / arch)
+            done[arch] = (run, root / arch)
+        return done[arch]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def llama_folder(tiny_data, tmp_path_factory):
+    """A tiny LLaMA (1 block, d 16) saved by Transformers with the package's offline BPE: a folder diagnose --hf
+    reads (copy it to change it)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from depthbench_nb.data import TokenData
+
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=TokenData(tiny_data).tokenizer(), eos_token="<|endoftext|>", pad_token="<|padding|>"
+    )
+    cfg = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
+    torch.manual_seed(0)
+    folder = tmp_path_factory.mktemp("hf-llama") / "llama"
+    LlamaForCausalLM(cfg).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder

@@ -1579,31 +1579,6 @@ def test_notebook_tests_ignore_a_runs_folder_that_holds_a_demo(tmp_path):
 # model beyond memory is refused before it is built, a report reads the study file as status does, and a signal while
 # a command or a run's kernel starts is an interruption like any other.
 # =================================================================================================================
-@pytest.fixture(scope="module")
-def llama_folder(tiny_data, tmp_path_factory):
-    "A tiny LLaMA (1 block, d 16) saved by Transformers with the package's offline BPE: a folder diagnose --hf reads."
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-    from depthbench_nb.data import TokenData
-
-    tok = PreTrainedTokenizerFast(
-        tokenizer_object=TokenData(tiny_data).tokenizer(), eos_token="<|endoftext|>", pad_token="<|padding|>"
-    )
-    cfg = LlamaConfig(
-        vocab_size=len(tok),
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-    )
-    torch.manual_seed(0)
-    folder = tmp_path_factory.mktemp("hf") / "llama"
-    LlamaForCausalLM(cfg).save_pretrained(folder)
-    tok.save_pretrained(folder)
-    return folder
-
-
 def _safetensors(folder: Path) -> tuple[bytes, int, dict]:
     "(the bytes, the header length, the header) of a folder's model.safetensors."
     raw = (folder / "model.safetensors").read_bytes()

@@ -18,7 +18,6 @@ import uuid
 from pathlib import Path
 
 import pytest
-import torch
 import yaml
 
 from depthbench_nb.cli import main
@@ -486,31 +485,6 @@ def test_a_callback_that_never_returns_is_stopped_by_the_second_signal(sig, tmp_
 
 
 # ============================================================================================ 6. diagnose --hf inputs
-@pytest.fixture(scope="module")
-def llama_folder(tiny_data, tmp_path_factory):
-    "A tiny LLaMA (1 block, d 16) saved by Transformers with the package's offline BPE."
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-    from depthbench_nb.data import TokenData
-
-    tok = PreTrainedTokenizerFast(
-        tokenizer_object=TokenData(tiny_data).tokenizer(), eos_token="<|endoftext|>", pad_token="<|padding|>"
-    )
-    cfg = LlamaConfig(
-        vocab_size=len(tok),
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-    )
-    torch.manual_seed(0)
-    folder = tmp_path_factory.mktemp("hf-inputs") / "llama"
-    LlamaForCausalLM(cfg).save_pretrained(folder)
-    tok.save_pretrained(folder)
-    return folder
-
-
 HF_CONFIGS = {  # case: (config.json changes, what the line says)
     "layers-100000.0": (dict(num_hidden_layers=100000.0), "num_hidden_layers 100000.0"),
     "layers-true": (dict(num_hidden_layers=True), "num_hidden_layers True"),

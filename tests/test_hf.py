@@ -17,7 +17,7 @@ from depthbench_nb.cli import main
 from depthbench_nb.config import ARCHS
 from depthbench_nb.hf import DepthBenchForCausalLM, GenerationCache
 from depthbench_nb.hf_config import DepthBenchConfig
-from depthbench_nb.hf_export import _PAPERS, _RECORD_NAME, export_hf, load_for_eval
+from depthbench_nb.hf_export import _PAPERS, _RECORD_NAME, load_for_eval
 from depthbench_nb.interop import generate as our_generate
 from depthbench_nb.runs import write_params
 from depthbench_nb.runs import load_run
@@ -26,21 +26,6 @@ ROOT = Path(__file__).resolve().parent.parent
 DESIGNS = list(ARCHS)  # the ten DepthBench designs and the looped model
 TEXT = "In the beginning God created the heaven and the earth."
 NEW_TOKENS = 8
-
-
-@pytest.fixture(scope="session")
-def exported(trained_run, tmp_path_factory):
-    "Factory: (run folder, export folder) of a design, exported once per session."
-    root, done = tmp_path_factory.mktemp("exports"), {}
-
-    def make(arch: str):
-        if arch not in done:
-            run = trained_run(arch)
-            export_hf(run, root / arch)
-            done[arch] = (run, root / arch)
-        return done[arch]
-
-    return make
 
 
 def prompts(tokenizer) -> torch.Tensor:

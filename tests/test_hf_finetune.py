@@ -18,7 +18,6 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from depthbench_nb.config import ARCHS, ConfigError, ModelConfig
 from depthbench_nb.hf import DepthBenchForCausalLM
 from depthbench_nb.hf_config import DepthBenchConfig
-from depthbench_nb.hf_export import export_hf
 from depthbench_nb.model import build_model
 
 DESIGNS = ["preln", "hc", "attnres", "looped"]  # the acceptance designs, exported from tiny trained runs
@@ -28,21 +27,6 @@ AUTO_MAP = {
     "AutoConfig": "configuration_depthbench.DepthBenchConfig",
     "AutoModelForCausalLM": "modeling_depthbench.DepthBenchForCausalLM",
 }
-
-
-@pytest.fixture(scope="session")
-def exported(trained_run, tmp_path_factory):
-    "Factory: (run folder, export folder) of a design, exported once per session."
-    root, done = tmp_path_factory.mktemp("finetune-exports"), {}
-
-    def make(arch: str):
-        if arch not in done:
-            run = trained_run(arch)
-            export_hf(run, root / arch)
-            done[arch] = (run, root / arch)
-        return done[arch]
-
-    return make
 
 
 def prompt_ids(out) -> torch.Tensor:
