@@ -540,7 +540,7 @@ class LoopedLM(DepthModel):
             states.append(x)  # z_L: what RMSNorm_final reads
         return self._end(self._logits(x), states, return_states, kv_cache, T, pad)
 
-# %% ../nbs/01b_looped.ipynb #31b1d0c0
+# %% ../nbs/01b_looped.ipynb #8dd0d8092fe74a7c96281538738b07e2
 @patch
 def init_buffers(self: LoopedLM) -> None:
     """The code's RoPE tables: computed once in fp32, kept in bf16 (buffers, not recomputed in a compiled graph).
@@ -554,12 +554,7 @@ def init_buffers(self: LoopedLM) -> None:
     self.register_buffer("rope_cos", cos.to(device=device, dtype=torch.bfloat16), persistent=False)
     self.register_buffer("rope_sin", sin.to(device=device, dtype=torch.bfloat16), persistent=False)
 
-# %% ../nbs/01b_looped.ipynb #3087ac41
-@patch(as_prop=True)
-def n_blocks(self: LoopedLM) -> int:
-    return self.layout.n_executed
 
-# %% ../nbs/01b_looped.ipynb #b693f65e
 @patch
 @torch.no_grad()
 def init_weights(self: LoopedLM, generator: Optional[torch.Generator] = None) -> "LoopedLM":
@@ -585,7 +580,7 @@ def init_weights(self: LoopedLM, generator: Optional[torch.Generator] = None) ->
             m.weight.fill_(1.0)
     return self
 
-# %% ../nbs/01b_looped.ipynb #50e52c3f
+
 @patch
 def _logits(self: LoopedLM, x):
     cap, real = self.config.logit_softcap, self.config.real_vocab_size
@@ -595,14 +590,19 @@ def _logits(self: LoopedLM, x):
     z = z.float()  # [B, T, V] in fp32
     return cap * torch.tanh(z / cap)
 
-# %% ../nbs/01b_looped.ipynb #b942d8b3
+
 @patch
 def prepare_for_device(self: LoopedLM, device) -> None:
     "On CUDA the embedding table is stored in bf16, as the released GPT.init_weights does (the paper's Table 4)."
     if torch.device(device).type == "cuda":
         self.tok_emb.to(torch.bfloat16)
 
-# %% ../nbs/01b_looped.ipynb #51b01122
+# %% ../nbs/01b_looped.ipynb #8edb47106e1a46a883d545849b8ab81b
+@patch(as_prop=True)
+def n_blocks(self: LoopedLM) -> int:
+    return self.layout.n_executed
+
+
 @patch
 def _check_index(self: LoopedLM, k: int, n: int, what: str) -> int:
     if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k < n:
@@ -616,14 +616,14 @@ def readout(self: LoopedLM, state_index: int, state: torch.Tensor) -> torch.Tens
     self._check_index(state_index, self.n_blocks + 1, "state_index")
     return self._logits(state)
 
-# %% ../nbs/01b_looped.ipynb #e512e6f9
+
 @patch
 def swap_blocks(self: LoopedLM, i: int, j: int) -> None:
     "Swap which unique layer runs at executed positions i and j (twice restores; see the notebook)."
     i, j = self._check_index(i, self.n_blocks, "swap index"), self._check_index(j, self.n_blocks, "swap index")
     self.schedule[i], self.schedule[j] = self.schedule[j], self.schedule[i]
 
-# %% ../nbs/01b_looped.ipynb #9a6f0387
+
 @patch
 def no_weight_decay_names(self: LoopedLM) -> set[str]:
     "Loop hyper-connection scalars (AdamW without weight decay, §5.2); nothing else is special."

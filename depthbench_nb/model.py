@@ -923,39 +923,31 @@ class _MultiStreamTransformer(DepthModel):
             h = self.final_norm(H.mean(-2))  # N_f(mean_i H_i)
         return self._end(self.lm_head(h), states, return_states, kv_cache, idx.shape[1], ctx.pad)
 
-# %% ../nbs/01a_model.ipynb #8c55fba33aa346cf939c9cd632996673
-@patch
-@torch.no_grad()
-def init_design(self: _MultiStreamTransformer, generator: Optional[torch.Generator] = None):
-    for blk in self.blocks:  # scale_output_init_by_sqrt_n
-        blk.attn.wo.weight.div_(math.sqrt(self.n_streams))
-        blk.ffn.w2.weight.div_(math.sqrt(self.n_streams))
+    @torch.no_grad()
+    def init_design(self, generator: Optional[torch.Generator] = None):
+        for blk in self.blocks:  # scale_output_init_by_sqrt_n
+            blk.attn.wo.weight.div_(math.sqrt(self.n_streams))
+            blk.ffn.w2.weight.div_(math.sqrt(self.n_streams))
 
+    def readout(self, state_index: int, state: torch.Tensor) -> torch.Tensor:
+        """Logit lens: the model's stream reduction (sum or mean), then the final norm. For sum-collapse HC this is
+        N_f(Σ H_i), not the forward's Σ N_f(H_i) (the official analysis code's choice)."""
+        H = state.unflatten(-1, (self.n_streams, -1))  # [B, T, n, d]
+        return self.lm_head(self.final_norm(H.sum(-2) if self.collapse == "sum" else H.mean(-2)))
 
-@patch
-def readout(self: _MultiStreamTransformer, state_index: int, state: torch.Tensor) -> torch.Tensor:  # noqa: F811 (the same method on another class)
-    """Logit lens: the model's stream reduction (sum or mean), then the final norm. For sum-collapse HC this is
-    N_f(Σ H_i), not the forward's Σ N_f(H_i) (the official analysis code's choice)."""
-    H = state.unflatten(-1, (self.n_streams, -1))  # [B, T, n, d]
-    return self.lm_head(self.final_norm(H.sum(-2) if self.collapse == "sum" else H.mean(-2)))
+    def no_weight_decay_names(self) -> set[str]:
+        return {
+            name
+            for name, _ in self.named_parameters()
+            if name.rsplit(".", 1)[-1] in {s for blk in self.blocks for s in blk.attn_hc.STATIC}
+        }
 
-# %% ../nbs/01a_model.ipynb #47d658866ccb404681cf21a4419000da
-@patch
-def no_weight_decay_names(self: _MultiStreamTransformer) -> set[str]:  # noqa: F811 (the same method on another class)
-    return {
-        name
-        for name, _ in self.named_parameters()
-        if name.rsplit(".", 1)[-1] in {s for blk in self.blocks for s in blk.attn_hc.STATIC}
-    }
-
-
-@patch
-@torch.no_grad()
-def mixing_matrices(self: _MultiStreamTransformer, idx: torch.Tensor) -> torch.Tensor:  # noqa: F811 (the same method on another class)
-    "Per-sublayer residual mix M (H'_i = Σ_j M[i,j] H_j + ...), [2L, B, T, n, n] in forward order."
-    mixes = []
-    self.forward(idx, _mixes=mixes)
-    return torch.stack(mixes)
+    @torch.no_grad()
+    def mixing_matrices(self, idx: torch.Tensor) -> torch.Tensor:
+        "Per-sublayer residual mix M (H'_i = Σ_j M[i,j] H_j + ...), [2L, B, T, n, n] in forward order."
+        mixes = []
+        self.forward(idx, _mixes=mixes)
+        return torch.stack(mixes)
 
 # %% ../nbs/01a_model.ipynb #1c9cbe9d9a794dbd8aaa1fa72bce99a9
 def _preln_twin(model: _MultiStreamTransformer, write: float) -> ResidualTransformer:
@@ -1467,36 +1459,28 @@ class _AttnResTransformer(DepthModel):
             states.append(raw)
         return self._end(self.lm_head(out), states, return_states, kv_cache, idx.shape[1], ctx.pad)
 
-# %% ../nbs/01a_model.ipynb #f0d2bca8277b4eb596a056b79c7e9bcb
-@patch
-def readout(self: _AttnResTransformer, state_index: int, state: torch.Tensor) -> torch.Tensor:  # noqa: F811 (the same method on another class)
-    "Logit lens: the final gain with the mixer's ε, then the LM head (exact for boundary states)."
-    return self.lm_head(rms_norm(state, self.final_norm.weight, _ATTNRES_EPS))
+    def readout(self, state_index: int, state: torch.Tensor) -> torch.Tensor:
+        "Logit lens: the final gain with the mixer's ε, then the LM head (exact for boundary states)."
+        return self.lm_head(rms_norm(state, self.final_norm.weight, _ATTNRES_EPS))
 
+    def fsdp_units(self) -> list[nn.Module]:
+        """The forward calls each block's attention and FFN, not the block: those are the FSDP units (mixers stay with
+        the root)."""
+        return [m for blk in self.blocks for m in (blk.attn, blk.ffn)]
 
-@patch
-def fsdp_units(self: _AttnResTransformer) -> list[nn.Module]:
-    """The forward calls each block's attention and FFN, not the block: those are the FSDP units (mixers stay with
-    the root)."""
-    return [m for blk in self.blocks for m in (blk.attn, blk.ffn)]
+    def _swap_unit(self, i: int) -> dict[str, nn.Parameter]:
+        "Core weights of block i plus the mixer of its right boundary; its own input (attention) mixer stays."
+        core = {f"core.{n}": p for n, p in self.blocks[i].named_parameters() if not n.startswith("attn_mix.")}
+        right = self.blocks[i + 1].attn_mix if i + 1 < self.n_blocks else self.final_mix
+        return core | {f"boundary.{n}": p for n, p in right.named_parameters()}
 
-
-@patch
-def _swap_unit(self: _AttnResTransformer, i: int) -> dict[str, nn.Parameter]:  # noqa: F811 (the same method on another class)
-    "Core weights of block i plus the mixer of its right boundary; its own input (attention) mixer stays."
-    core = {f"core.{n}": p for n, p in self.blocks[i].named_parameters() if not n.startswith("attn_mix.")}
-    right = self.blocks[i + 1].attn_mix if i + 1 < self.n_blocks else self.final_mix
-    return core | {f"boundary.{n}": p for n, p in right.named_parameters()}
-
-# %% ../nbs/01a_model.ipynb #f549461620ea4eed9a2f326eb12847bb
-@patch
-@torch.no_grad()
-def depth_mix_weights(self: _AttnResTransformer, idx: torch.Tensor) -> list[torch.Tensor]:  # noqa: F811 (the same method on another class)
-    """Softmax weights over sources [B, T, S] of every sublayer in forward order, then the final mix (2L + 1
-    entries)."""
-    weights = []
-    self.forward(idx, _weights=weights)
-    return weights
+    @torch.no_grad()
+    def depth_mix_weights(self, idx: torch.Tensor) -> list[torch.Tensor]:
+        """Softmax weights over sources [B, T, S] of every sublayer in forward order, then the final mix (2L + 1
+        entries)."""
+        weights = []
+        self.forward(idx, _weights=weights)
+        return weights
 
 # %% ../nbs/01a_model.ipynb #716298bd59234545a22eae9583c852d3
 def _attnres_params(cfg: ModelConfig) -> tuple[int, int]:
