@@ -74,12 +74,12 @@ def _register_auto_config() -> None:
 # %% ../nbs/06e_hooks.ipynb #06a5017f
 def _register_auto_model() -> None:
     "AutoModelForCausalLM builds DepthBenchForCausalLM for a 'depthbench' config."
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING, AutoModelForCausalLM
-    from depthbench_nb.hf import DepthBenchForCausalLM
+    hf = sys.modules.get("depthbench_nb.hf")
+    if hf is not None and not hasattr(hf, "_register_auto_classes"):
+        return  # depthbench_nb.hf's own import loaded the Auto classes: it registers itself when it is done
+    from depthbench_nb.hf import _register_auto_classes
 
-    _register_auto_config()
-    if DepthBenchForCausalLM.config_class not in MODEL_FOR_CAUSAL_LM_MAPPING:
-        AutoModelForCausalLM.register(DepthBenchForCausalLM.config_class, DepthBenchForCausalLM)
+    _register_auto_classes()
 
 # %% ../nbs/06e_hooks.ipynb #a01c1241
 def _register_lm_eval_model() -> None:

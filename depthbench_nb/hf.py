@@ -393,3 +393,18 @@ def _init_module(model: torch.nn.Module, module: torch.nn.Module, rules: dict) -
             init.copy_(p, getattr(fresh, name))
     if module is model and getattr(model, "family", None) == "looped":
         _init_looped_own(model)
+
+# %% ../nbs/06c_hf.ipynb #71d814fa
+def _register_auto_classes() -> None:
+    "AutoConfig and AutoModelForCausalLM know model type 'depthbench' (idempotent)."
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    if "depthbench" not in CONFIG_MAPPING:
+        AutoConfig.register("depthbench", DepthBenchConfig)
+    if DepthBenchConfig not in MODEL_FOR_CAUSAL_LM_MAPPING:
+        AutoModelForCausalLM.register(DepthBenchConfig, DepthBenchForCausalLM)
+
+
+_register_auto_classes()  # this module's own import loaded the Auto classes before the hook could see this class

@@ -232,3 +232,27 @@ def test_registration_on_package_import_in_any_order(tmp_path):
             proc.stdout,
             proc.stderr[-2000:],
         )
+
+
+@pytest.mark.parametrize("first", ["depthbench_nb.hf", "transformers"])
+def test_the_auto_classes_know_depthbench_whichever_is_imported_first(first, tmp_path):
+    """Importing depthbench_nb.hf loads Transformers' Auto classes halfway through its own import: the model type is
+    registered all the same, with no warning, and a saved model loads as our class without remote code."""
+    second = "transformers" if first == "depthbench_nb.hf" else "depthbench_nb.hf"
+    code = f"""
+import {first}, {second}
+import torch
+from transformers import AutoModelForCausalLM
+from depthbench_nb.config import ModelConfig
+from depthbench_nb.hf import DepthBenchForCausalLM
+from depthbench_nb.hf_config import DepthBenchConfig
+from depthbench_nb.model import build_model
+m = build_model(ModelConfig(arch='preln', n_layer=1, d_model=16, n_head=2, vocab_size=32, max_seq_len=16))
+DepthBenchForCausalLM(DepthBenchConfig(depthbench=m.config.to_dict()), model=m).save_pretrained({str(tmp_path)!r})
+print(type(AutoModelForCausalLM.from_pretrained({str(tmp_path)!r})).__module__)
+"""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["depthbench_nb.hf"]
+    assert "depthbench-nb:" not in proc.stderr, proc.stderr[-2000:]  # the hook warns when a registration fails
