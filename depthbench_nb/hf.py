@@ -407,4 +407,5 @@ def _register_auto_classes() -> None:
         AutoModelForCausalLM.register(DepthBenchConfig, DepthBenchForCausalLM)
 
 
-_register_auto_classes()  # this module's own import loaded the Auto classes before the hook could see this class
+if __name__.split(".")[0] == "depthbench_nb":  # an export's copy (remote code) leaves the Auto mappings alone
+    _register_auto_classes()  # this module's own import loaded the Auto classes before the hook could see this class
