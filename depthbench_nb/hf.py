@@ -396,13 +396,11 @@ def _init_module(model: torch.nn.Module, module: torch.nn.Module, rules: dict) -
 
 # %% ../nbs/06c_hf.ipynb #71d814fa
 def _register_auto_classes() -> None:
-    "AutoConfig and AutoModelForCausalLM know model type 'depthbench' (idempotent)."
-    from transformers import AutoConfig, AutoModelForCausalLM
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+    """AutoModelForCausalLM knows model type 'depthbench' (idempotent). AutoConfig learnt it from the hook on
+    `configuration_auto`, which Transformers imports before `modeling_auto`."""
+    from transformers import AutoModelForCausalLM
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
-    if "depthbench" not in CONFIG_MAPPING:
-        AutoConfig.register("depthbench", DepthBenchConfig)
     if DepthBenchConfig not in MODEL_FOR_CAUSAL_LM_MAPPING:
         AutoModelForCausalLM.register(DepthBenchConfig, DepthBenchForCausalLM)
 
